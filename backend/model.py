@@ -1,0 +1,119 @@
+"""The typed vocabulary shared by every target: checks, plans, step events.
+
+Everything here is plain data (pydantic), so the CLI can print it as JSON, the run
+store can persist it and the TUI can render it without knowing which target made it.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CheckStatus(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    INFO = "info"
+
+
+class CheckResult(BaseModel):
+    """One preflight finding: what was checked, the verdict, and what to do about it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    title: str
+    status: CheckStatus
+    detail: str = ""
+    remedy: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Action(StrEnum):
+    CREATE = "create"
+    UPDATE = "update"
+    REPLACE = "replace"
+    DELETE = "delete"
+    NOOP = "noop"
+
+
+ACTION_SYMBOL: dict[Action, str] = {
+    Action.CREATE: "+",
+    Action.UPDATE: "~",
+    Action.REPLACE: "-/+",
+    Action.DELETE: "-",
+    Action.NOOP: " ",
+}
+
+
+class Change(BaseModel):
+    """One thing the plan will create, change or leave alone (Terraform-style)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action: Action
+    kind: str
+    name: str
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    cost_per_hour: float | None = None
+    reason: str = ""
+
+    @property
+    def symbol(self) -> str:
+        return ACTION_SYMBOL[self.action]
+
+
+class Plan(BaseModel):
+    """What ``apply`` will do: the difference between desired and discovered state."""
+
+    target: str
+    changes: list[Change] = Field(default_factory=list)
+
+    @property
+    def is_noop(self) -> bool:
+        return all(c.action is Action.NOOP for c in self.changes)
+
+    @property
+    def cost_per_hour(self) -> float:
+        return sum(c.cost_per_hour or 0.0 for c in self.changes if c.action is not Action.DELETE)
+
+    def counts(self) -> dict[str, int]:
+        out = {a.value: 0 for a in Action}
+        for c in self.changes:
+            out[c.action.value] += 1
+        return out
+
+
+class EventKind(StrEnum):
+    STARTED = "started"
+    PROGRESS = "progress"
+    LOG = "log"
+    RETRYING = "retrying"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_EVENTS = frozenset({EventKind.DONE, EventKind.FAILED, EventKind.SKIPPED, EventKind.CANCELLED})
+
+
+class StepEvent(BaseModel):
+    """Something that happened to one step. The runner emits these; the UI renders them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: str
+    kind: EventKind
+    message: str = ""
+    fraction: float | None = None
+    cause: str | None = None
+    remedy: str | None = None
+    attempt: int = 1
+    ts: float = Field(default_factory=time.time)
+    data: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,38 @@
+"""The wire format between the training program and whoever reads its log.
+
+Stdlib only: the training program runs inside the cluster image, and the backend's
+telemetry parses these lines from the job log. One line per record, so a record
+survives any log pipeline (Ray job logs, pod logs, CloudWatch) intact:
+
+    RTUI_METRIC {"step": 3, "loss": 6.9, "tokens_per_s": 812.4, ...}
+    RTUI_SUMMARY {"steps": 20, "tokens_per_s_mean": 790.1, ...}
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+METRIC_TAG = "RTUI_METRIC"
+SUMMARY_TAG = "RTUI_SUMMARY"
+
+# Keys every metric record carries. Later versions may add keys, never remove these.
+METRIC_KEYS = ("step", "loss", "tokens_per_s", "step_time_s", "world_size", "ts")
+
+
+def format_record(tag: str, record: dict[str, Any]) -> str:
+    return f"{tag} {json.dumps(record, separators=(',', ':'), sort_keys=True)}"
+
+
+def parse_record(line: str) -> tuple[str, dict[str, Any]] | None:
+    """Find a tagged record anywhere in a (possibly prefixed) log line."""
+    for tag in (METRIC_TAG, SUMMARY_TAG):
+        idx = line.find(tag + " {")
+        if idx >= 0:
+            payload = line[idx + len(tag) + 1 :].strip()
+            try:
+                value = json.loads(payload)
+            except ValueError:
+                return None
+            return (tag, value) if isinstance(value, dict) else None
+    return None
