@@ -33,3 +33,7 @@ class OperationError(RtuiError):
     """The operation itself failed: a process, a cloud call, a job (exit 1)."""
 
     exit_code = 1
+
+
+class TransientError(OperationError):
+    """A failure worth retrying (throttling, a port race, a server still starting)."""

@@ -1,1 +1,1 @@
-"""rtui screens."""
+"""rtui screens: each renders one stage of the wizard and routes to the next."""

@@ -1,0 +1,214 @@
+"""RunConfig: every knob of the reference workflow, and where each value came from.
+
+Sources, highest precedence first: CLI flag > ``RTUI_*`` environment variable >
+``rtui.toml`` (``--config FILE``, else the current directory, else the XDG config
+dir) > built-in default. ``resolve_config`` records the source of every field so
+``rtui config show`` can explain the effective configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from backend.errors import UserError
+from backend.paths import config_dir
+
+ENV_PREFIX = "RTUI_"
+CONFIG_FILENAME = "rtui.toml"
+
+Target = Literal["local", "aws", "kube"]
+Precision = Literal["bf16", "fp32"]
+
+
+class RunConfig(BaseModel):
+    """The whole desired state of a run. Immutable once resolved."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    target: Target = Field("local", description="Where to run: local machine, new AWS EKS cluster, or kubeconfig cluster")
+    cluster_name: str = Field("rtui-ray", description="Name of the cluster (and of the RayCluster); identifies the run")
+    # --- AWS / Kubernetes ---
+    region: str = Field("us-east-1", description="AWS region")
+    availability_zone: str | None = Field(None, description="AZ for the GPU nodes (chosen by preflight when unset)")
+    profile: str | None = Field(None, description="AWS profile (else the usual credential chain)")
+    kubernetes_version: str = Field("1.34", description="EKS Kubernetes version")
+    system_node_type: str = Field("m7i.xlarge", description="Instance type of the system node (Ray head, KubeRay operator)")
+    system_node_count: int = Field(1, ge=1, le=10, description="Number of system nodes")
+    gpu_node_type: str = Field("g6.12xlarge", description="Instance type of the GPU worker nodes")
+    gpu_node_count: int = Field(2, ge=1, le=64, description="Number of GPU worker nodes")
+    gpus_per_node: int = Field(4, ge=1, le=16, description="GPUs per GPU node")
+    namespace: str = Field("rtui", description="Kubernetes namespace")
+    image: str = Field(
+        "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
+        description="Container image of the Ray head and workers",
+    )
+    kuberay_version: str = Field("1.7.0", description="KubeRay operator version")
+    ray_version: str = Field("2.58.0", description="Ray version in the image")
+    nvidia_device_plugin_version: str = Field("0.18.0", description="NVIDIA device plugin version")
+    efa_device_plugin_version: str = Field("0.5.6", description="EFA device plugin version")
+    # --- training ---
+    model_id: str = Field("Qwen/Qwen2.5-1.5B", description="Hugging Face model id (cluster targets)")
+    steps: int = Field(100, ge=1, le=10_000_000, description="Training steps")
+    seq_len: int = Field(128, ge=8, le=131_072, description="Sequence length in tokens")
+    batch_size: int = Field(1, ge=1, le=4096, description="Per-worker batch size")
+    learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate")
+    num_workers: int = Field(0, ge=0, le=4096, description="Ray Train workers (0 = every GPU; locally 0 = 2)")
+    precision: Precision = Field("bf16", description="Parameter precision for FSDP mixed precision")
+    # --- local target ---
+    local_cpus: int = Field(0, ge=0, le=1024, description="CPUs given to the local Ray head (0 = all cores)")
+    local_worker_nodes: int = Field(0, ge=0, le=8, description="Extra local Ray worker nodes")
+    local_dashboard_port: int = Field(0, ge=0, le=65535, description="Local Ray dashboard port (0 = a free port)")
+    local_hidden_size: int = Field(64, ge=8, le=8192, description="Tiny local model: hidden size")
+    local_layers: int = Field(2, ge=1, le=64, description="Tiny local model: decoder layers")
+    local_heads: int = Field(4, ge=1, le=128, description="Tiny local model: attention heads")
+    local_vocab_size: int = Field(1024, ge=16, le=262_144, description="Tiny local model: vocabulary size")
+
+    @field_validator("cluster_name")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?", v):
+            raise ValueError("lowercase letters, digits and '-', starting with a letter, at most 40 characters")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", v):
+            raise ValueError("a DNS label: lowercase letters, digits and '-', at most 63 characters")
+        return v
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d", v):
+            raise ValueError("an AWS region name such as us-east-1")
+        return v
+
+    @field_validator("gpu_node_type", "system_node_type")
+    @classmethod
+    def _instance_type(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", v):
+            raise ValueError("an EC2 instance type such as g6.12xlarge")
+        return v
+
+    def effective_workers(self) -> int:
+        if self.num_workers:
+            return self.num_workers
+        return 2 if self.target == "local" else self.gpu_node_count * self.gpus_per_node
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+class ResolvedConfig(BaseModel):
+    config: RunConfig
+    sources: dict[str, str]
+    config_file: str | None = None
+
+
+def _find_config_file(explicit: str | None, cwd: Path) -> Path | None:
+    if explicit is not None:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise UserError(f"config file {explicit} does not exist", remedy="pass an existing --config FILE")
+        return path
+    for candidate in (cwd / CONFIG_FILENAME, config_dir() / CONFIG_FILENAME):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML ({exc})", remedy="fix the file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    unknown = sorted(set(data) - set(FIELD_NAMES))
+    if unknown:
+        raise UserError(
+            f"{path}: unknown config key {unknown[0]!r}",
+            remedy="see `rtui config show` for the accepted keys",
+        )
+    return data
+
+
+def _describe_error(exc: ValidationError, sources: Mapping[str, str], raw: Mapping[str, Any]) -> UserError:
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err["loc"] else "config"
+    where = sources.get(field, "default")
+    shown = flag_name(field) if where == "flag" else env_name(field) if where == "env" else field
+    value = raw.get(field, err.get("input"))
+    msg = err["msg"].removeprefix("Value error, ")
+    if field in RunConfig.model_fields:
+        annotation = RunConfig.model_fields[field].annotation
+        if "Literal" in str(annotation):
+            msg = f"expected one of {', '.join(getattr(annotation, '__args__', ()))}"
+    return UserError(f"invalid {shown}={value!r} (from {where}): {msg}")
+
+
+def resolve_config(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    config_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> ResolvedConfig:
+    """Merge every source into one validated RunConfig with per-field provenance."""
+    environ = os.environ if environ is None else environ
+    cwd = Path.cwd() if cwd is None else cwd
+    raw: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    path = _find_config_file(config_file, cwd)
+    if path is not None:
+        for key, value in _load_toml(path).items():
+            raw[key] = value
+            sources[key] = f"file:{path}"
+    for field in FIELD_NAMES:
+        value = environ.get(env_name(field))
+        if value is not None:
+            raw[field] = value
+            sources[field] = "env"
+    unknown_env = sorted(
+        k for k in environ if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in FIELD_NAMES
+    )
+    unknown_env = [k for k in unknown_env if k not in _NON_CONFIG_ENV]
+    if unknown_env:
+        raise UserError(f"unknown environment variable {unknown_env[0]}", remedy="unset it or fix its name")
+    for field, value in (flags or {}).items():
+        if value is not None:
+            raw[field] = value
+            sources[field] = "flag"
+    for field in FIELD_NAMES:
+        sources.setdefault(field, "default")
+    # Empty strings from env/flags mean "unset" for optional fields.
+    for field in ("availability_zone", "profile"):
+        if raw.get(field) == "":
+            raw[field] = None
+    try:
+        config = RunConfig.model_validate(raw, strict=False)
+    except ValidationError as exc:
+        raise _describe_error(exc, sources, raw) from None
+    return ResolvedConfig(config=config, sources=sources, config_file=str(path) if path else None)
+
+
+# RTUI_* variables that are not config fields (so they are not reported as typos).
+_NON_CONFIG_ENV = frozenset({"RTUI_STATE_DIR", "RTUI_CONFIG_DIR", "RTUI_LOG_LEVEL"})

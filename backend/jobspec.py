@@ -1,0 +1,70 @@
+"""What the training job is, as submitted to the Ray Jobs API on every target.
+
+The spec hash decides whether a second ``up`` must submit a new job: the same config
+on the same target gives the same hash, so applying twice is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import training
+from backend.config import RunConfig
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    entrypoint: str
+    runtime_env: dict[str, Any]
+    workers: int
+
+    @property
+    def spec_hash(self) -> str:
+        env = {k: v for k, v in self.runtime_env.items() if k != "py_modules"}
+        blob = json.dumps({"entrypoint": self.entrypoint, "env": env}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def summary(self) -> dict[str, Any]:
+        return {"entrypoint": self.entrypoint, "workers": self.workers}
+
+
+def training_package_dir() -> Path:
+    return Path(training.__file__).resolve().parent
+
+
+def build_job_spec(config: RunConfig) -> JobSpec:
+    workers = config.effective_workers()
+    args = [
+        "python", "-m", "training.train",
+        "--steps", str(config.steps),
+        "--seq-len", str(config.seq_len),
+        "--batch-size", str(config.batch_size),
+        "--lr", repr(config.learning_rate),
+        "--num-workers", str(workers),
+        "--precision", config.precision,
+    ]
+    env_vars = {
+        # Ray Train patches print() and doubles every worker line otherwise (DESIGN.md §3).
+        "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if config.target == "local":
+        args += [
+            "--device", "cpu",
+            "--tiny-hidden-size", str(config.local_hidden_size),
+            "--tiny-layers", str(config.local_layers),
+            "--tiny-heads", str(config.local_heads),
+            "--tiny-vocab-size", str(config.local_vocab_size),
+        ]
+        env_vars.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    else:
+        args += ["--device", "cuda", "--model-id", config.model_id]
+        env_vars.update({"NCCL_DEBUG": "INFO"})
+    runtime_env = {"py_modules": [str(training_package_dir())], "env_vars": env_vars}
+    return JobSpec(entrypoint=shlex.join(args), runtime_env=runtime_env, workers=workers)

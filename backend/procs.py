@@ -1,0 +1,147 @@
+"""Processes we start and must be able to find and stop again, even after a crash.
+
+A process is identified by (pid, create_time) so a recycled pid is never mistaken
+for ours. Detached processes run in their own session (``start_new_session``), so
+everything they spawn shares that session id: teardown finds the whole family by
+session, plus anything whose command line names our private temp dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from backend.errors import OperationError, UserError
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    pid: int
+    create_time: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"pid": self.pid, "create_time": self.create_time}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> ProcRef:
+        return cls(pid=int(data["pid"]), create_time=float(data["create_time"]))
+
+    def process(self) -> psutil.Process | None:
+        """The live process, or None if it is gone, a zombie, or the pid was reused."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > 0.5:
+                return None
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    def alive(self) -> bool:
+        return self.process() is not None
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct ports free right now. Held open together so none is handed out twice."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def check_port_free(port: int, host: str = "127.0.0.1", what: str = "port") -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise UserError(
+                f"{what} {port} on {host} is already taken",
+                remedy="choose another port, or 0 for a free one",
+            ) from None
+
+
+def start_detached(
+    argv: Sequence[str], *, log_path: Path, env: dict[str, str], cwd: Path
+) -> ProcRef:
+    """Start a process that outlives us (own session, no terminal, output to a file)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+        try:
+            proc = subprocess.Popen(
+                list(argv), stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                start_new_session=True, close_fds=True,
+            )
+        except OSError as exc:
+            raise OperationError(f"cannot start {argv[0]}: {exc.strerror}") from None
+    ps = psutil.Process(proc.pid)
+    return ProcRef(pid=proc.pid, create_time=ps.create_time())
+
+
+def family(roots: Iterable[ProcRef], marker: str | None = None) -> list[psutil.Process]:
+    """Every live process started by ``roots``: same session, descendants, or naming ``marker``."""
+    found: dict[int, psutil.Process] = {}
+    sessions: set[int] = set()
+    for ref in roots:
+        proc = ref.process()
+        if proc is None:
+            continue
+        found[proc.pid] = proc
+        with contextlib.suppress(OSError):
+            sessions.add(os.getsid(proc.pid))
+        with contextlib.suppress(psutil.Error):
+            for child in proc.children(recursive=True):
+                found[child.pid] = child
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid in found or proc.pid == me:
+            continue
+        try:
+            if sessions and os.getsid(proc.pid) in sessions:
+                found[proc.pid] = proc
+                continue
+            if marker and any(marker in part for part in (proc.info.get("cmdline") or [])):
+                found[proc.pid] = proc
+        except (OSError, psutil.Error):
+            continue
+    return [p for p in found.values() if _alive(p)]
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def terminate(procs: Sequence[psutil.Process], *, grace_s: float = 3.0) -> list[psutil.Process]:
+    """SIGTERM, wait, then SIGKILL what is left. Returns what survived (should be nothing)."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(list(procs), timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    _, alive = psutil.wait_procs(alive, timeout=5)
+    deadline = time.monotonic() + 2
+    survivors = [p for p in alive if _alive(p)]
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.1)
+        survivors = [p for p in survivors if _alive(p)]
+    return survivors

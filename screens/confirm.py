@@ -1,0 +1,34 @@
+"""Teardown confirmation: type the cluster name, as destructive consoles ask."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label
+
+
+class ConfirmTeardown(ModalScreen[bool]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="cancel", tooltip="Keep everything running")]
+
+    def __init__(self, cluster_name: str, what: str) -> None:
+        super().__init__()
+        self.cluster_name = cluster_name
+        self.what = what
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm"):
+            yield Label(f"Tear down {self.what}?", classes="heading")
+            yield Label(f"Type the cluster name [b]{self.cluster_name}[/b] and press enter. Escape cancels.")
+            yield Input(placeholder=self.cluster_name, id="confirm-input")
+            yield Label("", id="confirm-error")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.value.strip() == self.cluster_name:
+            self.dismiss(True)
+        else:
+            self.query_one("#confirm-error", Label).update("That is not the cluster name.")
+
+    def action_cancel(self) -> None:
+        self.dismiss(False)

@@ -1,0 +1,165 @@
+"""The `rtui` command line. Every command takes --target, --config and one flag per config field.
+
+Exit codes: 0 done, 1 the operation failed, 2 bad input or usage (one line, no
+traceback), 3 a check found nothing feasible. Output with --json is stable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn, TextIO
+
+from backend.config import FIELD_NAMES, RunConfig, flag_name, resolve_config
+from backend.errors import RtuiError, UserError
+
+LATEST = "__latest__"
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line with what to do next, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"rtui: {message} (see `{self.prog} --help`)\n")
+
+
+def _config_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("configuration (flag > RTUI_* env > rtui.toml > default)")
+    group.add_argument("--config", dest="config_file", metavar="FILE", default=argparse.SUPPRESS,
+                       help="rtui.toml to read instead of ./rtui.toml or the XDG config dir")
+    for field in FIELD_NAMES:
+        info = RunConfig.model_fields[field]
+        group.add_argument(flag_name(field), dest=f"cfg_{field}", metavar=field.split("_")[-1].upper(),
+                           default=argparse.SUPPRESS, help=info.description)
+    return parent
+
+
+def build_parser() -> Parser:
+    common = _config_parent()
+    parser = Parser(prog="rtui", parents=[common],
+                    description="Fine-tune a model with Ray Train, locally or across GPU machines on AWS.")
+    parser.add_argument("--resume", nargs="?", const=LATEST, metavar="RUN_ID",
+                        help="reattach the wizard to a run (the latest when RUN_ID is omitted)")
+    parser.add_argument("--read-only", action="store_true", help="hide every action that changes anything")
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+
+    p = add("plan", "show what `up` would create or change")
+    p.add_argument("--json", action="store_true")
+    p = add("up", "create what the plan says, submit the job and follow it")
+    p.add_argument("--yes", action="store_true", help="apply without asking")
+    p.add_argument("--until", metavar="STEP", help="stop after this step (e.g. head, job)")
+    p.add_argument("--json", action="store_true", help="JSON lines of step events")
+    p = add("status", "the state of a run, reconciled with what is live")
+    p.add_argument("run_id", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p = add("logs", "print a run's job log; `rtui logs classify FILE...` reports NCCL transports")
+    p.add_argument("run_id", nargs="?")
+    p.add_argument("files", nargs="*", help=argparse.SUPPRESS)
+    p.add_argument("--follow", "-f", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p = add("down", "tear down everything a run created")
+    p.add_argument("run_id", nargs="?")
+    p.add_argument("--yes", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p = add("runs", "list runs")
+    p.add_argument("--json", action="store_true")
+    p = add("config", "show the effective configuration")
+    p.add_argument("action", choices=["show"])
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def _flags(ns: argparse.Namespace) -> dict[str, Any]:
+    return {f: getattr(ns, f"cfg_{f}") for f in FIELD_NAMES if hasattr(ns, f"cfg_{f}")}
+
+
+def resolved_from(ns: argparse.Namespace):  # type: ignore[no-untyped-def]
+    return resolve_config(_flags(ns), config_file=getattr(ns, "config_file", None))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except RtuiError as exc:
+        print(f"rtui: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("rtui: interrupted; nothing was torn down (see `rtui status`)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _main(argv: list[str]) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    out = sys.stdout
+    if ns.command is None:
+        return _wizard(ns)
+    if ns.command == "config":
+        return _config_show(ns, out)
+    if ns.command == "logs" and ns.run_id == "classify":
+        return _classify(ns, out)
+    if ns.command == "logs" and ns.files:
+        raise UserError(f"unexpected argument {ns.files[0]!r}", remedy="use `rtui logs [RUN_ID] [--follow]`")
+    from tui import commands
+
+    handler = {
+        "plan": commands.plan, "up": commands.up, "status": commands.status, "logs": commands.logs,
+        "down": commands.down, "runs": commands.runs,
+    }[ns.command]
+    return asyncio.run(handler(ns, out))
+
+
+def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
+    resolved = resolved_from(ns)
+    values = resolved.config.model_dump(mode="json")
+    if ns.json:
+        json.dump({"config": values, "sources": resolved.sources, "config_file": resolved.config_file}, out)
+        out.write("\n")
+        return 0
+    width = max(len(f) for f in values)
+    for field, value in values.items():
+        out.write(f"{field:<{width}}  {json.dumps(value):<48}  {resolved.sources[field]}\n")
+    return 0
+
+
+def _classify(ns: argparse.Namespace, out: TextIO) -> int:
+    if not ns.files:
+        raise UserError("no files to classify", remedy="use `rtui logs classify FILE... [--json]` (- for stdin)")
+    try:
+        from backend.telemetry.classify import classify_command
+    except ImportError:
+        raise UserError("log classification is not available in this version") from None
+    return classify_command(ns.files, as_json=ns.json, stdout=out, stdin=sys.stdin)
+
+
+def _wizard(ns: argparse.Namespace) -> int:
+    from backend.session import RunSession
+
+    session: RunSession
+    if ns.resume is not None:
+        try:
+            session = RunSession.open(None if ns.resume == LATEST else ns.resume)
+        except UserError as exc:
+            if "no runs yet" in exc.message:
+                raise UserError("no runs to resume", remedy="start one with `rtui`") from None
+            raise
+    else:
+        session = RunSession.for_config(resolved_from(ns))
+    from tui.app import RtuiApp
+
+    app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only)
+    app.run()
+    return int(app.return_code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

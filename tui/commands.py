@@ -1,0 +1,175 @@
+"""The non-interactive commands: each resolves a run, calls the backend, prints the result."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from backend.errors import OperationError, UserError
+from backend.model import EventKind, Plan, StepEvent
+from backend.session import RunSession
+from backend.store import RunStatus, RunStore
+from tui.cli import resolved_from
+from tui.render import format_event, format_plan, format_status
+
+
+def _json_line(out: TextIO, payload: dict[str, Any]) -> None:
+    out.write(json.dumps(payload, default=str) + "\n")
+    out.flush()
+
+
+async def plan(ns: argparse.Namespace, out: TextIO) -> int:
+    session = RunSession.for_config(resolved_from(ns))
+    the_plan = await session.plan()
+    if ns.json:
+        _json_line(out, {"run_id": session.run_id, "target": the_plan.target, "noop": the_plan.is_noop,
+                         "cost_per_hour": the_plan.cost_per_hour, "counts": the_plan.counts(),
+                         "changes": [c.model_dump(mode="json") for c in the_plan.changes]})
+    else:
+        out.write(format_plan(the_plan, run_id=session.run_id))
+    return 0
+
+
+async def up(ns: argparse.Namespace, out: TextIO) -> int:
+    if not ns.yes:
+        raise UserError("`rtui up` changes things and needs --yes", remedy="or run `rtui` to review the plan first")
+    session = RunSession.for_config(resolved_from(ns))
+    session.store.ensure_writable()
+    with session.locked():
+        checks = await session.preflight()
+        failed = [c for c in checks if c.status == "fail"]
+        if failed:
+            raise OperationError(f"preflight: {failed[0].title}: {failed[0].detail}", remedy=failed[0].remedy)
+        the_plan = await session.plan()
+        emit = _emitter(ns.json, out)
+        emit(StepEvent(step="run", kind=EventKind.STARTED, message=f"run {session.run_id}",
+                       data={"run_id": session.run_id, "plan": the_plan.model_dump(mode="json"),
+                             "noop": the_plan.is_noop}))
+        if not ns.json:
+            out.write(format_plan(the_plan, run_id=session.run_id))
+        ok = True
+        async for event in session.apply(the_plan, until=ns.until):
+            emit(event)
+            ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
+        job = session.record.current_job
+        final = StepEvent(step="run", kind=EventKind.DONE if ok else EventKind.FAILED,
+                          message=("run is up" if ok else "run failed") + f": {session.run_id}",
+                          data={"run_id": session.run_id, "job_status": job.status if job else None,
+                                "status": session.record.status.value})
+        emit(final)
+        if ok and not ns.json:
+            out.write(f"\nThe cluster stays up. Logs: rtui logs {session.run_id}  ·  "
+                      f"tear down: rtui down {session.run_id} --yes\n")
+        return 0 if ok else 1
+
+
+def _emitter(as_json: bool, out: TextIO):  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+
+    def emit(event: StepEvent) -> None:
+        if as_json:
+            _json_line(out, event.model_dump(mode="json"))
+        elif event.kind is not EventKind.LOG:
+            out.write(format_event(event, time.monotonic() - started) + "\n")
+            out.flush()
+
+    return emit
+
+
+async def status(ns: argparse.Namespace, out: TextIO) -> int:
+    session = RunSession.open(ns.run_id)
+    summary = await session.summary()
+    if ns.json:
+        _json_line(out, summary.to_dict())
+    else:
+        out.write(format_status(summary.to_dict()))
+    return 0
+
+
+async def logs(ns: argparse.Namespace, out: TextIO) -> int:
+    session = RunSession.open(ns.run_id)
+    spool = session.spool()
+    for line in spool.iter_lines():
+        out.write(line + "\n")
+    live = session.record.status is not RunStatus.DOWN and session.record.current_job is not None
+    if not live:
+        return 0
+    if session.store.is_locked(session.run_id):
+        # Another rtui is attached and owns the spool: read what it writes.
+        if ns.follow:
+            await _tail_file(session, spool.size(), out)
+        return 0
+    if not await session.target.cluster_alive():
+        return 0
+    with session.locked():
+        follower = session.follower()
+        if not ns.follow:
+            for line in await follower.catch_up():
+                out.write(line + "\n")
+            return 0
+        async for batch in follower.lines():
+            out.write("\n".join(batch) + "\n")
+            out.flush()
+    return 0
+
+
+async def _tail_file(session: RunSession, offset: int, out: TextIO) -> None:
+    spool = session.spool()
+    while True:
+        lines, offset = spool.read_from(offset)
+        for line in lines:
+            out.write(line + "\n")
+        out.flush()
+        if not session.store.is_locked(session.run_id):
+            lines, offset = spool.read_from(offset)
+            for line in lines:
+                out.write(line + "\n")
+            return
+        await asyncio.sleep(0.5)
+
+
+async def down(ns: argparse.Namespace, out: TextIO) -> int:
+    if not ns.yes:
+        raise UserError("`rtui down` deletes everything the run created and needs --yes",
+                        remedy="or press D in the wizard")
+    session = RunSession.open(ns.run_id)
+    if session.record.status is RunStatus.DOWN:
+        out.write(f"run {session.run_id} is already down\n")
+        return 0
+    emit = _emitter(ns.json, out)
+    ok = True
+    with session.locked():
+        async for event in session.teardown():
+            emit(event)
+            ok = ok and event.kind is not EventKind.FAILED
+    if not ns.json:
+        out.write(f"run {session.run_id} is {'down' if ok else 'NOT fully down: see the errors above'}\n")
+    return 0 if ok else 1
+
+
+async def runs(ns: argparse.Namespace, out: TextIO) -> int:
+    records, warnings = RunStore().list()
+    for warning in warnings:
+        print(f"rtui: {warning}", file=sys.stderr)
+    rows = [{"run_id": r.run_id, "target": r.target, "cluster_name": r.cluster_name, "status": r.status.value,
+             "created_at": r.created_at, "job": r.current_job.submission_id if r.current_job else None,
+             "job_status": r.current_job.status if r.current_job else None} for r in records]
+    if ns.json:
+        _json_line(out, {"runs": rows})
+        return 0
+    if not rows:
+        out.write("no runs yet: start one with `rtui` or `rtui up --yes`\n")
+        return 0
+    out.write(f"{'RUN':<24} {'TARGET':<6} {'CLUSTER':<16} {'STATUS':<13} {'JOB':<10} CREATED\n")
+    for row in rows:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["created_at"]))
+        out.write(f"{row['run_id']:<24} {row['target']:<6} {row['cluster_name']:<16} {row['status']:<13} "
+                  f"{(row['job_status'] or '-'):<10} {created}\n")
+    return 0
+
+
+__all__ = ["plan", "up", "status", "logs", "down", "runs", "Plan"]

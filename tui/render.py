@@ -1,0 +1,73 @@
+"""Plain-text renderings shared by the CLI (and by tests): plans, events, status."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from backend.model import Action, EventKind, Plan, StepEvent
+
+_EVENT_MARK = {
+    EventKind.STARTED: "…", EventKind.PROGRESS: "·", EventKind.RETRYING: "↻", EventKind.DONE: "✓",
+    EventKind.FAILED: "✗", EventKind.SKIPPED: "=", EventKind.CANCELLED: "⊘", EventKind.LOG: " ",
+}
+
+
+def _brief(value: dict[str, Any] | None) -> str:
+    if not value:
+        return ""
+    return ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in value.items())
+
+
+def format_plan(plan: Plan, *, run_id: str | None = None) -> str:
+    """Terraform-style: one line per change with its symbol, then a count line."""
+    lines = [f"Plan for the {plan.target} target" + (f" (run {run_id})" if run_id else "") + ":"]
+    for change in plan.changes:
+        detail = _brief(change.after if change.action is not Action.DELETE else change.before)
+        cost = f"  ${change.cost_per_hour:.4f}/h" if change.cost_per_hour else ""
+        lines.append(f"  {change.symbol:>3} {change.kind} {change.name}" + (f"  [{detail}]" if detail else "")
+                     + cost + (f"  # {change.reason}" if change.reason else ""))
+    counts = plan.counts()
+    lines.append(
+        f"Plan: {counts['create']} to create, {counts['update']} to update, {counts['replace']} to replace, "
+        f"{counts['delete']} to delete, {counts['noop']} unchanged."
+        + (f" Cost: ${plan.cost_per_hour:.2f}/hour." if plan.cost_per_hour else "")
+    )
+    if plan.is_noop:
+        lines.append("Nothing to do: everything is already in place.")
+    return "\n".join(lines) + "\n"
+
+
+def format_event(event: StepEvent, elapsed_s: float) -> str:
+    mark = _EVENT_MARK.get(event.kind, "?")
+    text = event.message
+    if event.kind is EventKind.FAILED and event.remedy:
+        text = f"{text} — {event.remedy}"
+    if event.kind is EventKind.PROGRESS and event.fraction is not None:
+        text = f"{text} ({event.fraction:.0%})"
+    return f"{elapsed_s:7.1f}s {mark} {event.step:<12} {text}"
+
+
+def format_status(data: dict[str, Any]) -> str:
+    created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data["created_at"]))
+    cluster = data["cluster"]
+    lines = [
+        f"run      {data['run_id']}  ({data['target']}, cluster {data['cluster_name']}, created {created})",
+        f"status   {data['status']}" + ("  [an rtui is attached]" if data["attached"] else ""),
+        f"cluster  {'up' if cluster['alive'] else 'not running'}"
+        + (f" — dashboard {cluster['dashboard_url']}" if cluster["alive"] and cluster["dashboard_url"] else ""),
+    ]
+    job = data.get("job")
+    if job:
+        lines.append(f"job      {job['submission_id']}: {job['status']}"
+                     + (f" — {job['message'].splitlines()[0][:120]}" if job.get("message") else ""))
+    metric = data.get("last_metric")
+    if metric:
+        lines.append(f"training step {metric.get('step')} loss {metric.get('loss')} "
+                     f"{metric.get('tokens_per_s', 0):,.0f} tokens/s (world {metric.get('world_size')})")
+    for name, step in data["steps"].items():
+        took = f"{step['duration_s']:.1f}s" if step.get("duration_s") is not None else ""
+        extra = step.get("error") or step.get("message") or ""
+        lines.append(f"  {step['status']:<9} {name:<22} {took:>7}  {extra[:100]}")
+    return "\n".join(lines) + "\n"

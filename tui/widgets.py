@@ -1,0 +1,155 @@
+"""Widgets: a step pane for provisioning, and a log tail fed through a bounded ring buffer."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.widgets import Label, Log, ProgressBar, Static
+
+from backend.model import EventKind, StepEvent
+
+_STATUS_STYLE = {
+    "pending": ("○", "dim"), "running": ("◐", "bold yellow"), "done": ("✓", "bold green"),
+    "failed": ("✗", "bold red"), "skipped": ("=", "green"), "cancelled": ("⊘", "red"),
+}
+
+
+class StepPane(Vertical):
+    """One provisioning step: status, title, elapsed time, last message, progress."""
+
+    status: reactive[str] = reactive("pending")
+    """pending | running | done | failed | skipped | cancelled"""
+    message: reactive[str] = reactive("")
+
+    def __init__(self, step_id: str, title: str, expected_s: float) -> None:
+        super().__init__(id=f"step-{step_id}", classes="step-pane")
+        self.step_id = step_id
+        self.title_text = title
+        self.expected_s = expected_s
+        self.started: float | None = None
+        self.ended: float | None = None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(classes="step-head"):
+            yield Label(id="step-status")
+            yield Label(self.title_text, classes="step-title")
+            yield Label("", id="step-elapsed")
+        yield Static("", id="step-message")
+        yield ProgressBar(total=1.0, show_eta=False, show_percentage=True, id="step-progress")
+
+    def on_mount(self) -> None:
+        self._render_status()
+        self.set_interval(0.5, self._tick)
+
+    def _tick(self) -> None:
+        if self.started is not None:
+            end = self.ended or time.time()
+            self.query_one("#step-elapsed", Label).update(f"{end - self.started:5.1f}s")
+
+    def _render_status(self) -> None:
+        mark, style = _STATUS_STYLE.get(self.status, ("?", ""))
+        self.query_one("#step-status", Label).update(Text(f"{mark} ", style=style))
+        self.set_class(self.status == "failed", "-failed")
+        self.set_class(self.status in ("done", "skipped"), "-done")
+
+    def watch_status(self) -> None:
+        if self.is_mounted:
+            self._render_status()
+
+    def watch_message(self, message: str) -> None:
+        if self.is_mounted:
+            self.query_one("#step-message", Static).update(Text(message))
+
+    def apply_event(self, event: StepEvent) -> None:
+        bar = self.query_one("#step-progress", ProgressBar)
+        if event.kind is EventKind.STARTED:
+            self.started = self.started or event.ts
+            self.status = "running"
+        elif event.kind is EventKind.PROGRESS:
+            if event.message:
+                self.message = event.message
+            if event.fraction is not None:
+                bar.update(progress=event.fraction)
+        elif event.kind is EventKind.RETRYING:
+            self.message = f"retrying: {event.message}"
+        elif event.kind in (EventKind.DONE, EventKind.SKIPPED):
+            self.ended = event.ts
+            self.started = self.started or event.ts
+            self.status = "done" if event.kind is EventKind.DONE else "skipped"
+            bar.update(progress=1.0)
+        elif event.kind in (EventKind.FAILED, EventKind.CANCELLED):
+            self.ended = event.ts
+            self.status = "failed" if event.kind is EventKind.FAILED else "cancelled"
+            self.message = event.message + (f" — {event.remedy}" if event.remedy else "")
+        self._tick()
+
+
+class LogTail(Vertical):
+    """A live log: producers push lines into a bounded ring; one timer drains it per frame.
+
+    Writing one line at a time into ``Log`` costs ~140 µs each and a message per line
+    lets the queue grow without bound (DESIGN.md §5); a ring drained at 20 Hz doesn't.
+    """
+
+    following: reactive[bool] = reactive(True)
+    """Keep the newest line in view. Scrolling up (or `f`) pauses it."""
+
+    def __init__(self, *, ring_size: int = 20_000, max_lines: int = 10_000, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._ring: deque[str] = deque(maxlen=ring_size)
+        self._max_lines = max_lines
+        self.unseen = 0
+        self.dropped = 0
+        self.total = 0
+
+    def compose(self) -> ComposeResult:
+        yield Log(max_lines=self._max_lines, auto_scroll=True, id="log")
+        yield Label("", id="log-status")
+
+    def on_mount(self) -> None:
+        self.set_interval(1 / 20, self.drain)
+
+    def push(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            if len(self._ring) == self._ring.maxlen:
+                self.dropped += 1
+            self._ring.append(line)
+
+    def drain(self) -> None:
+        if not self._ring:
+            return
+        batch = list(self._ring)
+        self._ring.clear()
+        log = self.query_one(Log)
+        log.write_lines(batch, scroll_end=self.following)
+        self.total += len(batch)
+        if not self.following:
+            self.unseen += len(batch)
+        self._update_status()
+
+    def _update_status(self) -> None:
+        text = "following" if self.following else f"paused · +{self.unseen} new lines (f to follow)"
+        self.query_one("#log-status", Label).update(f"{self.total} lines · {text}")
+
+    def watch_following(self, following: bool) -> None:
+        if not self.is_mounted:
+            return
+        log = self.query_one(Log)
+        log.auto_scroll = following
+        if following:
+            self.unseen = 0
+            log.scroll_end(animate=False)
+        self._update_status()
+
+    def on_mouse_scroll_up(self) -> None:
+        self.following = False
+
+    @property
+    def lines(self) -> list[str]:
+        return [str(line) for line in self.query_one(Log).lines]
