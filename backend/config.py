@@ -24,7 +24,7 @@ ENV_PREFIX = "RTUI_"
 CONFIG_FILENAME = "rtui.toml"
 
 Target = Literal["local", "aws", "kube"]
-Precision = Literal["bf16", "fp32"]
+Precision = Literal["auto", "bf16", "fp32"]
 
 
 class RunConfig(BaseModel):
@@ -32,14 +32,14 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    target: Target = Field("local", description="Where to run: local machine, new AWS EKS cluster, or kubeconfig cluster")
+    target: Target = Field("local", description="Where to run: this machine, a new EKS cluster, or a kubeconfig one")
     cluster_name: str = Field("rtui-ray", description="Name of the cluster (and of the RayCluster); identifies the run")
     # --- AWS / Kubernetes ---
     region: str = Field("us-east-1", description="AWS region")
     availability_zone: str | None = Field(None, description="AZ for the GPU nodes (chosen by preflight when unset)")
     profile: str | None = Field(None, description="AWS profile (else the usual credential chain)")
     kubernetes_version: str = Field("1.34", description="EKS Kubernetes version")
-    system_node_type: str = Field("m7i.xlarge", description="Instance type of the system node (Ray head, KubeRay operator)")
+    system_node_type: str = Field("m7i.xlarge", description="Instance type of the system node (Ray head, operator)")
     system_node_count: int = Field(1, ge=1, le=10, description="Number of system nodes")
     gpu_node_type: str = Field("g6.12xlarge", description="Instance type of the GPU worker nodes")
     gpu_node_count: int = Field(2, ge=1, le=64, description="Number of GPU worker nodes")
@@ -57,10 +57,10 @@ class RunConfig(BaseModel):
     model_id: str = Field("Qwen/Qwen2.5-1.5B", description="Hugging Face model id (cluster targets)")
     steps: int = Field(100, ge=1, le=10_000_000, description="Training steps")
     seq_len: int = Field(128, ge=8, le=131_072, description="Sequence length in tokens")
-    batch_size: int = Field(1, ge=1, le=4096, description="Per-worker batch size")
+    batch_size: int = Field(0, ge=0, le=4096, description="Per-worker batch size (0 = 1 on GPU clusters, 8 locally)")
     learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate")
     num_workers: int = Field(0, ge=0, le=4096, description="Ray Train workers (0 = every GPU; locally 0 = 2)")
-    precision: Precision = Field("bf16", description="Parameter precision for FSDP mixed precision")
+    precision: Precision = Field("auto", description="FSDP parameter precision (auto = bf16 on GPUs, fp32 on CPU)")
     # --- local target ---
     local_cpus: int = Field(0, ge=0, le=1024, description="CPUs given to the local Ray head (0 = all cores)")
     local_worker_nodes: int = Field(0, ge=0, le=8, description="Extra local Ray worker nodes")
@@ -97,6 +97,19 @@ class RunConfig(BaseModel):
         if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", v):
             raise ValueError("an EC2 instance type such as g6.12xlarge")
         return v
+
+    def effective_batch_size(self) -> int:
+        # Locally a tiny model's step is dominated by per-step collective overheads:
+        # a bigger per-worker batch keeps the CPU busy computing (measured in bench/).
+        if self.batch_size:
+            return self.batch_size
+        return 8 if self.target == "local" else 1
+
+    def effective_precision(self) -> str:
+        # bf16 matmuls on CPUs without bf16 units are several times slower than fp32.
+        if self.precision != "auto":
+            return self.precision
+        return "fp32" if self.target == "local" else "bf16"
 
     def effective_workers(self) -> int:
         if self.num_workers:

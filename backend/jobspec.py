@@ -43,10 +43,10 @@ def build_job_spec(config: RunConfig) -> JobSpec:
         "python", "-m", "training.train",
         "--steps", str(config.steps),
         "--seq-len", str(config.seq_len),
-        "--batch-size", str(config.batch_size),
+        "--batch-size", str(config.effective_batch_size()),
         "--lr", repr(config.learning_rate),
         "--num-workers", str(workers),
-        "--precision", config.precision,
+        "--precision", config.effective_precision(),
     ]
     env_vars = {
         # Ray Train patches print() and doubles every worker line otherwise (DESIGN.md §3).

@@ -117,7 +117,7 @@ class RayJobs:
                     seen += len(chunk)
                     if start < len(chunk):
                         yield chunk[start:]
-            except (RuntimeError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, RuntimeError, OSError):
                 pass  # connection dropped: decide from the job's status below
             status = await self.status(submission_id)
             if on_status is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from backend.errors import RtuiError, TransientError
@@ -76,7 +76,7 @@ class Runner:
         steps: Iterable[Step],
         *,
         on_state: StateCallback | None = None,
-        sleep: Callable[[float], object] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.steps = list(steps)
         ids = [s.id for s in self.steps]

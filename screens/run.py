@@ -15,8 +15,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from backend.textutil import display_lines
-from tui.widgets import LogTail
 from training.protocol import METRIC_TAG, SUMMARY_TAG, parse_record
+from tui.widgets import LogTail
 
 REPLAY_LINES = 5_000
 
@@ -140,9 +140,7 @@ class RunScreen(Screen[None]):
         tail.following = not tail.following
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "teardown" and self.app.read_only:  # type: ignore[attr-defined]
-            return False
-        return True
+        return not (action == "teardown" and self.app.read_only)  # type: ignore[attr-defined]
 
     def action_teardown(self) -> None:
         from screens.confirm import ConfirmTeardown

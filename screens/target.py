@@ -45,8 +45,8 @@ class TargetScreen(Screen[None]):
         summary = Text()
         summary.append("Configuration\n", style="bold")
         rows = [("cluster", cfg.cluster_name), ("workers", str(cfg.effective_workers())),
-                ("steps", str(cfg.steps)), ("seq len × batch", f"{cfg.seq_len} × {cfg.batch_size}"),
-                ("precision", cfg.precision),
+                ("steps", str(cfg.steps)), ("seq len × batch", f"{cfg.seq_len} × {cfg.effective_batch_size()}"),
+                ("precision", cfg.effective_precision()),
                 ("model", f"tiny Qwen2 ({cfg.local_layers} layers, hidden {cfg.local_hidden_size})"
                  if cfg.target == "local" else cfg.model_id)]
         for key, value in rows:

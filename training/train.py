@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny-heads", type=int, default=4)
     p.add_argument("--tiny-vocab-size", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reshard-after-forward", choices=("auto", "yes", "no"), default="auto",
+                   help="free gathered layers after forward (auto: yes on GPUs to save memory, no on CPU)")
     p.add_argument("--storage-path", default=os.environ.get("RTUI_STORAGE_PATH"))
     args = p.parse_args(argv)
     for name in ("steps", "seq_len", "batch_size", "num_workers", "tiny_hidden_size", "tiny_layers",
@@ -61,7 +63,7 @@ def build_model(cfg: dict[str, Any]) -> Any:
     return Qwen2ForCausalLM(config)
 
 
-def shard_model(model: Any, precision: str) -> Any:
+def shard_model(model: Any, precision: str, reshard_after_forward: bool = True) -> Any:
     """FSDP2: shard each decoder layer, then the root (so layers gather one at a time)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -69,8 +71,8 @@ def shard_model(model: Any, precision: str) -> Any:
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if precision == "bf16" else MixedPrecisionPolicy())
     for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return model
 
 
@@ -87,7 +89,8 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
     model = build_model(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     model.to(device)
-    model = shard_model(model, cfg["precision"])
+    reshard = cfg["reshard_after_forward"]
+    model = shard_model(model, cfg["precision"], reshard == "yes" or (reshard == "auto" and device.type == "cuda"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "precision": args.precision, "model_id": args.model_id, "seed": args.seed,
         "tiny_hidden_size": args.tiny_hidden_size, "tiny_layers": args.tiny_layers,
         "tiny_heads": args.tiny_heads, "tiny_vocab_size": args.tiny_vocab_size,
+        "reshard_after_forward": args.reshard_after_forward,
     }
     use_gpu = args.device == "cuda"
     storage = args.storage_path or os.path.join(tempfile.gettempdir(), "rtui-train-results")
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer.fit()
     except Exception as exc:  # Ray wraps worker errors; say what failed in one line, then exit non-zero
-        root = exc
+        root: BaseException = exc
         while root.__cause__ is not None:
             root = root.__cause__
         print(f"rtui-train: training failed: {type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}",

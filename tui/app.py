@@ -7,6 +7,7 @@ notification is ``RtuiApp.report_error``.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from textual.app import App
@@ -32,7 +33,7 @@ class RtuiApp(App[None]):
         self.session = session
         self.resume = resume
         self.read_only = read_only
-        self._lock = None
+        self._lock: contextlib.AbstractContextManager[None] | None = None
         self.sub_title = f"{session.config.target} · {session.config.cluster_name} · run {session.run_id}"
 
     # --- lifecycle ---------------------------------------------------------------------

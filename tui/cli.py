@@ -40,7 +40,7 @@ def _config_parent() -> argparse.ArgumentParser:
 
 def build_parser() -> Parser:
     common = _config_parent()
-    parser = Parser(prog="rtui", parents=[common],
+    parser = Parser(prog="rtui", parents=[common],  # type: ignore[list-item]
                     description="Fine-tune a model with Ray Train, locally or across GPU machines on AWS.")
     parser.add_argument("--resume", nargs="?", const=LATEST, metavar="RUN_ID",
                         help="reattach the wizard to a run (the latest when RUN_ID is omitted)")
@@ -48,7 +48,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        return sub.add_parser(name, parents=[common], help=help_text, description=help_text)  # type: ignore[list-item]
 
     p = add("plan", "show what `up` would create or change")
     p.add_argument("--json", action="store_true")

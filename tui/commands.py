@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from backend.errors import OperationError, UserError
+from backend.errors import UserError
 from backend.model import EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
@@ -43,7 +43,7 @@ async def up(ns: argparse.Namespace, out: TextIO) -> int:
         checks = await session.preflight()
         failed = [c for c in checks if c.status == "fail"]
         if failed:
-            raise OperationError(f"preflight: {failed[0].title}: {failed[0].detail}", remedy=failed[0].remedy)
+            raise UserError(f"preflight: {failed[0].title}: {failed[0].detail}", remedy=failed[0].remedy)
         the_plan = await session.plan()
         emit = _emitter(ns.json, out)
         emit(StepEvent(step="run", kind=EventKind.STARTED, message=f"run {session.run_id}",
@@ -166,7 +166,7 @@ async def runs(ns: argparse.Namespace, out: TextIO) -> int:
         return 0
     out.write(f"{'RUN':<24} {'TARGET':<6} {'CLUSTER':<16} {'STATUS':<13} {'JOB':<10} CREATED\n")
     for row in rows:
-        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["created_at"]))
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(row["created_at"] or 0)))
         out.write(f"{row['run_id']:<24} {row['target']:<6} {row['cluster_name']:<16} {row['status']:<13} "
                   f"{(row['job_status'] or '-'):<10} {created}\n")
     return 0

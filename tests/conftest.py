@@ -1,0 +1,41 @@
+"""Shared fixtures: an isolated state dir per test, and helpers to run the real `rtui` binary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RTUI = str(Path(sys.executable).parent / "rtui")
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """No test reads the user's config or writes the user's state."""
+    for key in list(os.environ):
+        if key.startswith("RTUI_"):
+            monkeypatch.delenv(key)
+    state = tmp_path / "state"
+    monkeypatch.setenv("RTUI_STATE_DIR", str(state))
+    monkeypatch.setenv("RTUI_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    yield state
+
+
+def run_rtui(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
+             check: bool = False) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([RTUI, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"rtui {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

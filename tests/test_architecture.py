@@ -1,0 +1,52 @@
+"""The one direction of knowledge (DESIGN.md §1), checked in a clean interpreter."""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def modules_of(package: str) -> list[str]:
+    pkg_dir = REPO / package
+    names = [package]
+    for info in pkgutil.walk_packages([str(pkg_dir)], prefix=f"{package}."):
+        names.append(info.name)
+    return names
+
+
+def imported_after(modules: list[str]) -> set[str]:
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    return set(json.loads(out.stdout))
+
+
+def top_level(mods: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in mods}
+
+
+def test_backend_never_imports_the_ui() -> None:
+    loaded = top_level(imported_after(modules_of("backend")))
+    assert not loaded & {"textual", "tui", "screens"}, loaded & {"textual", "tui", "screens"}
+
+
+def test_training_knows_nothing_of_the_rest() -> None:
+    light = [m for m in modules_of("training") if m != "training.train"] + ["training.train"]
+    loaded = top_level(imported_after(light))
+    assert not loaded & {"textual", "tui", "screens", "backend"}
+
+
+def test_the_tui_process_stays_light() -> None:
+    """Reaching the first frame must not pay for torch, transformers or ray.train."""
+    loaded = imported_after(["tui.cli", "tui.app", "tui.commands", "screens.target", "screens.plan",
+                             "screens.provision", "screens.run", "backend.session", "backend.targets.local"])
+    heavy = {m for m in loaded if m.split(".")[0] in {"torch", "transformers", "ray"}}
+    assert not heavy, sorted(heavy)[:10]

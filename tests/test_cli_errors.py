@@ -1,0 +1,103 @@
+"""Bad input gets one clear line and the right exit code; nothing is lost."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.store import RunStatus, RunStore
+from tests.conftest import REPO, run_rtui
+
+
+def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    assert err.count("\n") == 0, f"expected one line, got:\n{err}"
+    assert err.startswith("rtui: ") and needle in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["plan", "--target", "gcp"], "expected one of local, aws, kube"),
+        (["plan", "--gpu-node-count", "-2"], "--gpu-node-count='-2'"),
+        (["plan", "--local-worker-nodes", "-1"], "--local-worker-nodes"),
+        (["plan", "--config", "/nonexistent/rtui.toml"], "does not exist"),
+        (["up"], "needs --yes"),
+        (["down", "--yes"], "no runs yet"),
+        (["status", "r-nope"], "no run r-nope"),
+        (["--resume"], "no runs to resume"),
+        (["frobnicate"], "invalid choice"),
+        (["up", "--yes", "--target", "aws"], "cannot provision yet"),
+        (["logs", "classify"], "no files to classify"),
+        (["up", "--yes", "--until", "nowhere"], "unknown step 'nowhere'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    assert_one_line(run_rtui(*args), 2, needle)
+
+
+def test_unknown_config_key_in_file(tmp_path: Path) -> None:
+    (tmp_path / "rtui.toml").write_text("gpu_nodes = 2\n")
+    assert_one_line(run_rtui("plan"), 2, "unknown config key 'gpu_nodes'")
+
+
+def test_unwritable_state_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    proc = run_rtui("up", "--yes", env={"RTUI_STATE_DIR": str(blocker / "state")})
+    assert_one_line(proc, 2, "not writable")
+
+
+def test_port_already_taken() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = run_rtui("up", "--yes", "--local-dashboard-port", str(port))
+    assert_one_line(proc, 2, f"dashboard port {port} on 127.0.0.1 is already taken")
+
+
+def test_second_up_while_one_runs_changes_nothing(isolated_env: Path) -> None:
+    store = RunStore()
+    rec = store.create(target="local", cluster_name="rtui-ray", config={})
+    rec.status = RunStatus.APPLYING
+    store.save(rec)
+    before = store.path_for(rec.run_id).read_bytes()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys,time; from backend.store import RunStore\nwith RunStore().lock(sys.argv[1]):\n"
+         " print('held', flush=True); time.sleep(60)", rec.run_id],
+        stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        proc = run_rtui("up", "--yes")
+        assert_one_line(proc, 1, f"run {rec.run_id} is in use by another rtui (pid {holder.pid})")
+        assert store.path_for(rec.run_id).read_bytes() == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_corrupt_run_record(isolated_env: Path) -> None:
+    store = RunStore()
+    rec = store.create(target="local", cluster_name="rtui-ray", config={})
+    store.path_for(rec.run_id).write_text("{ torn")
+    proc = run_rtui("status", rec.run_id)
+    assert_one_line(proc, 1, f"run record {rec.run_id} is corrupt")
+    kept = list(store.corrupt_dir.iterdir())
+    assert len(kept) == 1 and kept[0].read_text() == "{ torn"
+    listing = run_rtui("runs")
+    assert listing.returncode == 0 and "no runs yet" in listing.stdout
+
+
+def test_help_and_plan_work_without_any_state(isolated_env: Path) -> None:
+    assert run_rtui("--help").returncode == 0
+    proc = run_rtui("plan", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert not isolated_env.exists(), "plan must not write anything"

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend.config import FIELD_NAMES, RunConfig, env_name, flag_name, resolve_config
+from backend.errors import UserError
+from tests.conftest import json_lines, run_rtui
+
+
+def test_defaults_match_the_reference() -> None:
+    cfg = resolve_config({}, environ={}).config
+    assert cfg.target == "local"
+    assert (cfg.gpu_node_type, cfg.gpu_node_count, cfg.gpus_per_node) == ("g6.12xlarge", 2, 4)
+    assert (cfg.system_node_type, cfg.system_node_count) == ("m7i.xlarge", 1)
+    assert cfg.image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+    assert cfg.model_id == "Qwen/Qwen2.5-1.5B"
+
+
+def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
+    (tmp_path / "rtui.toml").write_text('steps = 7\nregion = "eu-west-1"\nseq_len = 64\n')
+    resolved = resolve_config({"steps": "9"}, environ={"RTUI_REGION": "us-west-2"}, cwd=tmp_path)
+    cfg, src = resolved.config, resolved.sources
+    assert (cfg.steps, src["steps"]) == (9, "flag")
+    assert (cfg.region, src["region"]) == ("us-west-2", "env")
+    assert (cfg.seq_len, src["seq_len"]) == (64, f"file:{tmp_path / 'rtui.toml'}")
+    assert (cfg.namespace, src["namespace"]) == ("rtui", "default")
+
+
+def test_xdg_config_file_used_when_cwd_has_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg_dir = tmp_path / "xdg"
+    cfg_dir.mkdir()
+    (cfg_dir / "rtui.toml").write_text("gpu_node_count = 3\n")
+    monkeypatch.setenv("RTUI_CONFIG_DIR", str(cfg_dir))
+    work = tmp_path / "work"
+    work.mkdir()
+    assert resolve_config({}, environ={}, cwd=work).config.gpu_node_count == 3
+    (work / "rtui.toml").write_text("gpu_node_count = 5\n")
+    assert resolve_config({}, environ={}, cwd=work).config.gpu_node_count == 5
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        ({"target": "gcp"}, "--target='gcp'"),
+        ({"gpu_node_count": "-1"}, "--gpu-node-count='-1'"),
+        ({"steps": "many"}, "--steps='many'"),
+        ({"cluster_name": "Bad_Name"}, "--cluster-name"),
+        ({"region": "mars-1"}, "--region"),
+    ],
+)
+def test_bad_values_name_field_value_and_what_is_accepted(flags: dict, needle: str) -> None:
+    with pytest.raises(UserError) as info:
+        resolve_config(flags, environ={})
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_target_error_lists_accepted_values() -> None:
+    with pytest.raises(UserError, match="expected one of local, aws, kube"):
+        resolve_config({"target": "gcp"}, environ={})
+
+
+def test_unknown_file_key_and_env_typo(tmp_path: Path) -> None:
+    (tmp_path / "rtui.toml").write_text("stepz = 3\n")
+    with pytest.raises(UserError, match="unknown config key 'stepz'"):
+        resolve_config({}, environ={}, cwd=tmp_path)
+    with pytest.raises(UserError, match="RTUI_STEPZ"):
+        resolve_config({}, environ={"RTUI_STEPZ": "3"}, cwd=tmp_path / "nowhere")
+
+
+def test_missing_and_invalid_config_file(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_config({}, config_file=str(tmp_path / "missing.toml"), environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("steps = = 3")
+    with pytest.raises(UserError, match="not valid TOML"):
+        resolve_config({}, config_file=str(bad), environ={})
+
+
+def test_every_field_has_a_flag_and_an_env_name() -> None:
+    from tui.cli import build_parser
+
+    help_text = build_parser().format_help()
+    for field in FIELD_NAMES:
+        assert flag_name(field) in help_text
+        assert env_name(field) == "RTUI_" + field.upper()
+    assert RunConfig.model_fields.keys() == set(FIELD_NAMES)
+
+
+def test_auto_values_depend_on_target() -> None:
+    local = resolve_config({}, environ={}).config
+    aws = resolve_config({"target": "aws"}, environ={}).config
+    assert (local.effective_workers(), local.effective_batch_size(), local.effective_precision()) == (2, 8, "fp32")
+    assert (aws.effective_workers(), aws.effective_batch_size(), aws.effective_precision()) == (8, 1, "bf16")
+
+
+def test_config_show_json_reports_sources(tmp_path: Path) -> None:
+    (tmp_path / "rtui.toml").write_text("steps = 11\n")
+    proc = run_rtui("config", "show", "--json", "--seq-len", "32", env={"RTUI_REGION": "ap-south-1"})
+    assert proc.returncode == 0, proc.stderr
+    data = json_lines(proc.stdout)[0]
+    assert data["config"]["steps"] == 11 and data["sources"]["steps"].startswith("file:")
+    assert data["config"]["seq_len"] == 32 and data["sources"]["seq_len"] == "flag"
+    assert data["config"]["region"] == "ap-south-1" and data["sources"]["region"] == "env"
+    human = run_rtui("config", "show").stdout
+    assert "steps" in human and "file:" in human

@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from backend.errors import OperationError, TransientError, UserError
+from backend.model import EventKind, StepEvent
+from backend.runner import Progress, Runner, Step, select_until
+from backend.store import StepState, StepStatus
+
+
+def sleeper(log: list[str], name: str, seconds: float = 0.0, fail: Exception | None = None):
+    async def action() -> AsyncIterator[Progress]:
+        log.append(f"start:{name}")
+        yield Progress(f"{name} working", 0.5)
+        await asyncio.sleep(seconds)
+        if fail is not None:
+            raise fail
+        log.append(f"end:{name}")
+
+    return action
+
+
+async def collect(runner: Runner) -> list[StepEvent]:
+    return [event async for event in runner.events()]
+
+
+async def test_dependencies_order_steps_and_independent_steps_overlap() -> None:
+    log: list[str] = []
+    steps = [
+        Step("a", "A", sleeper(log, "a", 0.2)),
+        Step("b", "B", sleeper(log, "b", 0.2)),
+        Step("c", "C", sleeper(log, "c"), deps=("a", "b")),
+    ]
+    started = time.monotonic()
+    events = await collect(Runner(steps))
+    elapsed = time.monotonic() - started
+    assert elapsed < 0.38, f"a and b should run concurrently, took {elapsed:.2f}s"
+    assert log.index("start:c") > log.index("end:a") and log.index("start:c") > log.index("end:b")
+    assert {e.step for e in events if e.kind is EventKind.DONE} == {"a", "b", "c"}
+
+
+async def test_transient_errors_are_retried_with_backoff_then_succeed() -> None:
+    attempts = []
+    delays: list[float] = []
+
+    async def flaky() -> AsyncIterator[Progress]:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise TransientError("throttled")
+        yield Progress("ok")
+
+    async def fake_sleep(delay: float) -> None:
+        delays.append(delay)
+
+    runner = Runner([Step("s", "S", flaky, retries=3, backoff_s=1.0)], sleep=fake_sleep)
+    events = await collect(runner)
+    assert len(attempts) == 3
+    assert [e.kind for e in events].count(EventKind.RETRYING) == 2
+    assert 0.8 <= delays[0] <= 1.2 and 1.6 <= delays[1] <= 2.4  # exponential, with jitter
+    assert runner.states["s"].status is StepStatus.DONE and runner.states["s"].attempts == 3
+
+
+async def test_retries_exhausted_and_permanent_errors_fail_without_retry() -> None:
+    calls = {"t": 0, "p": 0}
+
+    async def transient() -> AsyncIterator[Progress]:
+        calls["t"] += 1
+        raise TransientError("still throttled")
+        yield Progress()  # pragma: no cover
+
+    async def permanent() -> AsyncIterator[Progress]:
+        calls["p"] += 1
+        raise OperationError("quota exceeded", remedy="ask for more")
+        yield Progress()  # pragma: no cover
+
+    async def no_sleep(_d: float) -> None:
+        return None
+
+    runner = Runner([Step("t", "T", transient, retries=2), Step("p", "P", permanent, retries=5)], sleep=no_sleep)
+    events = await collect(runner)
+    assert calls == {"t": 3, "p": 1}
+    failed = {e.step: e for e in events if e.kind is EventKind.FAILED}
+    assert failed["p"].remedy == "ask for more" and failed["t"].cause == "still throttled"
+    assert runner.failed
+
+
+async def test_failure_cancels_dependents_but_not_independent_steps() -> None:
+    log: list[str] = []
+    steps = [
+        Step("bad", "Bad", sleeper(log, "bad", fail=UserError("nope"))),
+        Step("after", "After", sleeper(log, "after"), deps=("bad",)),
+        Step("other", "Other", sleeper(log, "other", 0.05)),
+    ]
+    runner = Runner(steps)
+    await collect(runner)
+    assert runner.states["after"].status is StepStatus.CANCELLED
+    assert "needs bad" in (runner.states["after"].error or "")
+    assert runner.states["other"].status is StepStatus.DONE
+    assert "start:after" not in log
+
+
+async def test_unexpected_exceptions_become_failed_steps() -> None:
+    runner = Runner([Step("x", "X", sleeper([], "x", fail=KeyError("boom")))])
+    events = await collect(runner)
+    assert events[-1].kind is EventKind.FAILED and "KeyError" in events[-1].message
+
+
+async def test_closing_the_event_stream_cancels_running_steps_and_persists() -> None:
+    saved: list[tuple[str, StepStatus]] = []
+    runner = Runner(
+        [Step("long", "Long", sleeper([], "long", 30)), Step("next", "Next", sleeper([], "n"), deps=("long",))],
+        on_state=lambda sid, st: saved.append((sid, st.status)),
+    )
+    stream = runner.events()
+    async for event in stream:
+        if event.kind is EventKind.PROGRESS:
+            break
+    await stream.aclose()
+    assert runner.states["long"].status is StepStatus.CANCELLED
+    assert runner.states["next"].status is StepStatus.CANCELLED
+    assert ("long", StepStatus.CANCELLED) in saved
+
+
+async def test_state_is_persisted_after_every_transition() -> None:
+    snapshots: list[tuple[str, StepState]] = []
+    runner = Runner([Step("a", "A", sleeper([], "a"))], on_state=lambda sid, st: snapshots.append((sid, st)))
+    await collect(runner)
+    statuses = [st.status for _, st in snapshots]
+    assert statuses[0] is StepStatus.RUNNING and statuses[-1] is StepStatus.DONE
+    assert any(st.message == "a working" for _, st in snapshots)
+    final = snapshots[-1][1]
+    assert final.started_at is not None and final.ended_at is not None and final.duration_s is not None
+
+
+async def test_skip_if_marks_step_skipped_and_dependents_still_run() -> None:
+    log: list[str] = []
+    runner = Runner([Step("a", "A", sleeper(log, "a"), skip_if=lambda: True),
+                     Step("b", "B", sleeper(log, "b"), deps=("a",))])
+    await collect(runner)
+    assert runner.states["a"].status is StepStatus.SKIPPED and log == ["start:b", "end:b"]
+
+
+def test_select_until_keeps_only_what_the_step_needs() -> None:
+    steps = [Step("a", "A", sleeper([], "a")), Step("b", "B", sleeper([], "b"), deps=("a",)),
+             Step("c", "C", sleeper([], "c"), deps=("b",)), Step("d", "D", sleeper([], "d"))]
+    assert [s.id for s in select_until(steps, "b")] == ["a", "b"]
+    assert len(select_until(steps, None)) == 4
+    with pytest.raises(UserError, match="unknown step 'zz'"):
+        select_until(steps, "zz")
+
+
+def test_invalid_graphs_are_rejected() -> None:
+    with pytest.raises(ValueError, match="cycle"):
+        Runner([Step("a", "A", sleeper([], "a"), deps=("b",)), Step("b", "B", sleeper([], "b"), deps=("a",))])
+    with pytest.raises(ValueError, match="unknown"):
+        Runner([Step("a", "A", sleeper([], "a"), deps=("zz",))])
+    with pytest.raises(ValueError, match="duplicate"):
+        Runner([Step("a", "A", sleeper([], "a")), Step("a", "A2", sleeper([], "a"))])

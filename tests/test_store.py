@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.errors import UserError
+from backend.spool import LogSpool
+from backend.store import CorruptRecordError, RunLockedError, RunStatus, RunStore
+
+
+def make(store: RunStore):
+    return store.create(target="local", cluster_name="c1", config={"steps": 3})
+
+
+def test_records_are_private_and_round_trip(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "s")
+    rec = make(store)
+    path = store.path_for(rec.run_id)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(store.runs_dir.stat().st_mode) == 0o700
+    rec.resources["head"] = {"pid": 1, "create_time": 2.0}
+    store.save(rec)
+    loaded = store.load(rec.run_id)
+    assert loaded.resources == rec.resources and loaded.schema_version == 1
+
+
+def test_a_crash_while_saving_leaves_the_old_record_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = RunStore(tmp_path / "s")
+    rec = make(store)
+    before = store.path_for(rec.run_id).read_bytes()
+
+    def crash(*_a: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    rec.status = RunStatus.UP
+    with pytest.raises(OSError):
+        store.save(rec)
+    assert store.path_for(rec.run_id).read_bytes() == before
+    assert not list(store.runs_dir.glob("*.tmp")), "temp file left behind"
+
+
+def test_kill_during_many_saves_never_leaves_a_torn_record(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    rec = make(RunStore(root))
+    code = (
+        "import sys; from backend.store import RunStore; s=RunStore(__import__('pathlib').Path(sys.argv[1]));"
+        "r=s.load(sys.argv[2])\n"
+        "for i in range(100000):\n r.resources['i']=i; r.resources['pad']='x'*4096*(i%7); s.save(r)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(root), rec.run_id], cwd=Path(__file__).parents[1])
+    import time
+
+    time.sleep(1.0)
+    proc.kill()
+    proc.wait()
+    loaded = RunStore(root).load(rec.run_id)  # parses: never half-written
+    assert loaded.resources.get("i", 0) > 0
+
+
+def test_corrupt_record_is_kept_aside_and_reported(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "s")
+    rec = make(store)
+    path = store.path_for(rec.run_id)
+    path.write_text('{"schema_version": 1, "run_id": ')
+    with pytest.raises(CorruptRecordError) as info:
+        store.load(rec.run_id)
+    assert rec.run_id in str(info.value) and "kept it as" in str(info.value)
+    kept = list(store.corrupt_dir.iterdir())
+    assert len(kept) == 1 and kept[0].read_text().startswith('{"schema_version": 1')
+    assert not path.exists()
+
+
+def test_unknown_schema_version_is_not_silently_read(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "s")
+    rec = make(store)
+    path = store.path_for(rec.run_id)
+    data = json.loads(path.read_text())
+    data["schema_version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(CorruptRecordError, match="schema version 99"):
+        store.load(rec.run_id)
+
+
+def test_list_skips_corrupt_records_with_a_warning(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "s")
+    good = make(store)
+    bad = make(store)
+    store.path_for(bad.run_id).write_text("not json")
+    records, warnings = store.list()
+    assert [r.run_id for r in records] == [good.run_id]
+    assert len(warnings) == 1 and bad.run_id in warnings[0]
+
+
+def test_unwritable_state_dir_is_a_user_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="not writable"):
+        RunStore(blocker / "state").ensure_writable()
+
+
+def test_find_active_and_latest(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "s")
+    with pytest.raises(UserError, match="no runs yet"):
+        store.latest()
+    first = make(store)
+    first.status = RunStatus.DOWN
+    store.save(first)
+    assert store.find_active("local", "c1") is None
+    second = make(store)
+    assert store.find_active("local", "c1").run_id == second.run_id
+    assert store.find_active("local", "other") is None
+
+
+def test_lock_is_exclusive_across_processes_and_released_on_kill(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    store = RunStore(root)
+    rec = make(store)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys,time; from pathlib import Path; from backend.store import RunStore;"
+         "s=RunStore(Path(sys.argv[1]));\nwith s.lock(sys.argv[2]):\n print('held', flush=True); time.sleep(60)",
+         str(root), rec.run_id],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with pytest.raises(RunLockedError, match=f"pid {holder.pid}"), store.lock(rec.run_id):
+        pass
+    assert store.is_locked(rec.run_id)
+    holder.kill()
+    holder.wait()
+    assert not store.is_locked(rec.run_id)
+
+
+def test_spool_lines_partial_chunks_and_offsets(tmp_path: Path) -> None:
+    spool = LogSpool(tmp_path / "x.log")
+    assert spool.char_count() == 0 and list(spool.iter_lines()) == []
+    spool.append("héllo\nwor")
+    assert spool.read_from(0) == (["héllo"], len("héllo\n".encode()))
+    spool.append("ld\n")
+    lines, offset = spool.read_from(len("héllo\n".encode()))
+    assert lines == ["world"] and offset == spool.size()
+    assert spool.char_count() == len("héllo\nworld\n")
+    assert stat.S_IMODE(spool.path.stat().st_mode) == 0o600
