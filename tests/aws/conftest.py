@@ -87,3 +87,15 @@ def world(moto_endpoint: str) -> Iterator[World]:
     SCRIPT.default_quotas.update({G: 192, P: 0, STANDARD: 640})
     yield World(moto_endpoint, SCRIPT)
     SCRIPT.reset()
+
+
+@pytest.fixture
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shrink botocore's standard-mode backoff 50×: we test that retries happen, not how long they wait."""
+    from botocore.retries.standard import ExponentialBackoff
+
+    monkeypatch.setattr(
+        ExponentialBackoff,
+        "_DEFAULT_BACKOFF_CONFIG",
+        {"throttling_base_scale": 0.02, "non_throttling_base_scale": 0.001},
+    )

@@ -171,8 +171,14 @@ def remove_offerings(script: Script) -> None:
 
 
 def reservation(
-    zone: str, *, count: int, instance_type: str = "g6.12xlarge", platform: str = "Linux/UNIX",
-    kind: str = "default", state: str = "active", available: int | None = None,
+    zone: str,
+    *,
+    count: int,
+    instance_type: str = "g6.12xlarge",
+    platform: str = "Linux/UNIX",
+    kind: str = "default",
+    state: str = "active",
+    available: int | None = None,
 ) -> dict[str, Any]:
     return {
         "CapacityReservationId": f"cr-{uuid.uuid4().hex[:17]}",
@@ -246,14 +252,27 @@ def _pricing(start_response: Any, body: bytes) -> Iterable[bytes]:
     price_list = []
     if price is not None:
         product = {
-            "product": {"attributes": {"instanceType": terms["instanceType"], "regionCode": terms["regionCode"]}},
-            "terms": {"OnDemand": {"X.JRTCKXETXF": {"priceDimensions": {
-                "X.JRTCKXETXF.6YS6EN2CT7": {"unit": "Hrs", "pricePerUnit": {"USD": f"{price:.10f}"}}
-            }}}},
+            "product": {
+                "attributes": {"instanceType": terms["instanceType"], "regionCode": terms["regionCode"]}
+            },
+            "terms": {
+                "OnDemand": {
+                    "X.JRTCKXETXF": {
+                        "priceDimensions": {
+                            "X.JRTCKXETXF.6YS6EN2CT7": {
+                                "unit": "Hrs",
+                                "pricePerUnit": {"USD": f"{price:.10f}"},
+                            }
+                        }
+                    }
+                }
+            },
         }
         price_list.append(json.dumps(product))
     out = json.dumps({"FormatVersion": "aws_v1", "PriceList": price_list}).encode()
-    start_response("200 OK", [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(out)))])
+    start_response(
+        "200 OK", [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(out)))]
+    )
     return [out]
 
 
@@ -306,6 +325,8 @@ class ScriptedMotoServer(ThreadedMotoServer):
 
     def _server_entry(self) -> None:
         app = FaultInjector(DomainDispatcherApplication(create_backend_app), self.script)
-        self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
+        self._server = make_server(
+            self._ip_address, self._port, app, True, request_handler=MotoRequestHandler
+        )
         self._server_ready_event.set()
         self._server.serve_forever()
