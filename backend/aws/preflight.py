@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -26,15 +27,21 @@ ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")
 
 
 class CallPool:
-    """Runs blocking boto3 calls off the event loop, at most ``limit`` at once.
+    """Runs blocking boto3 calls off the event loop on at most ``limit`` worker threads.
 
     Not ``asyncio.to_thread``: its executor is joined when ``asyncio.run`` ends and at
     interpreter exit, so one hung region would hold the CLI until its socket timed out.
-    Daemon threads let a timed-out region be abandoned for real.
+    These workers are daemon threads, so a timed-out region is abandoned for real. They
+    persist for the pool's life because starting a thread per call stalls the loop ~1 ms
+    each while the new thread waits for the GIL.
     """
 
     def __init__(self, limit: int) -> None:
         self._semaphore = asyncio.Semaphore(limit)
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._workers = 0
+        self._idle = 0
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         async with self._semaphore:
@@ -48,7 +55,7 @@ class CallPool:
                     else:
                         future.set_exception(value)
 
-            def work() -> None:
+            def job() -> None:
                 try:
                     outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
                 except BaseException as exc:
@@ -57,8 +64,34 @@ class CallPool:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(settle, *outcome)
 
-            threading.Thread(target=work, name="rtui-aws-call", daemon=True).start()
+            self._submit(job)
             return await future
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            # The semaphore bounds calls in flight, so workers never outnumber it by much.
+            if self._idle == 0:
+                self._workers += 1
+                threading.Thread(target=self._work, name="rtui-aws-call", daemon=True).start()
+            else:
+                self._idle -= 1
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job()
+            with self._lock:
+                self._idle += 1
+
+    def close(self) -> None:
+        """Let idle workers end; a worker stuck in a hung call ends when that call returns."""
+        with self._lock:
+            count, self._workers, self._idle = self._workers, 0, 0
+        for _ in range(count):
+            self._jobs.put(None)
 
 
 class _Scan:
@@ -72,8 +105,10 @@ class _Scan:
         self.gpu: InstanceFacts
         self.system: InstanceFacts
 
-    def ec2(self, region: str) -> Any:
-        return self.aws.client("ec2", region)
+    async def call(self, service: str, region: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(client, *args)`` in a worker thread. The client is made there too: creating
+        one costs ~10 ms of CPU, which would otherwise stall the loop once per region."""
+        return await self.pool.run(lambda: fn(self.aws.client(service, region), *args, **kwargs))
 
 
 async def run_preflight(
@@ -88,11 +123,24 @@ async def run_preflight(
     started = time.perf_counter()
     aws = session or AwsSession(request.profile)
     scan = _Scan(request, aws)
+    try:
+        return await _matrix(scan, on_region, started)
+    finally:
+        scan.pool.close()
+
+
+async def _matrix(
+    scan: _Scan, on_region: Callable[[RegionReport], None] | None, started: float
+) -> PreflightReport:
+    request, aws = scan.request, scan.aws
     home = request.default_region
-    home_ec2 = scan.ec2(home)
     types = sorted({request.gpu_node_type, request.system_node_type})
-    regions_task = asyncio.ensure_future(scan.pool.run(home_ec2.describe_regions, AllRegions=True))
-    types_task = asyncio.ensure_future(scan.pool.run(home_ec2.describe_instance_types, InstanceTypes=types))
+    regions_task = asyncio.ensure_future(
+        scan.call("ec2", home, lambda c: c.describe_regions(AllRegions=True))
+    )
+    types_task = asyncio.ensure_future(
+        scan.call("ec2", home, lambda c: c.describe_instance_types(InstanceTypes=types))
+    )
     try:
         regions_resp, types_resp = await asyncio.gather(regions_task, types_task)
     except Exception as exc:
@@ -195,23 +243,22 @@ async def _optional(coro: Any) -> tuple[Any, BaseException | None]:
 
 
 async def _scan_region(scan: _Scan, region: str) -> RegionReport:
-    req, ec2, pool = scan.request, scan.ec2(region), scan.pool
-    sq = scan.aws.client("service-quotas", region)
+    req, pool = scan.request, scan.pool
     types = sorted({req.gpu_node_type, req.system_node_type})
     codes = sorted(
         {c for c in (scan.gpu.quota_code, scan.system.quota_code if req.system_node_count else None) if c}
     )
 
-    zones_call = pool.run(
-        ec2.describe_availability_zones, Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
+    zones_call = scan.call(
+        "ec2", region, _zones, Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
     )
-    offers_call = pool.run(_offerings, ec2, types)
-    results = await asyncio.gather(
+    offers_call = scan.call("ec2", region, _offerings, types)
+    results: list[Any] = await asyncio.gather(
         zones_call,
         offers_call,
-        _optional(pool.run(running_instances, ec2)),
-        _optional(pool.run(_reservations, ec2, req.gpu_node_type)),
-        *(_optional(pool.run(read_quota_limit, sq, code)) for code in codes),
+        _optional(scan.call("ec2", region, running_instances)),
+        _optional(scan.call("ec2", region, _reservations, req.gpu_node_type)),
+        *(_optional(scan.call("service-quotas", region, read_quota_limit, code)) for code in codes),
         pool.run(scan.prices.instance_price, region, req.gpu_node_type),
         pool.run(scan.prices.instance_price, region, req.system_node_type),
     )
@@ -223,7 +270,7 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
     if instances:
         missing = sorted({i["InstanceType"] for i in instances if i["vcpus"] is None} - set(vcpus_by_type))
         if missing:
-            vcpus_by_type.update(await pool.run(_vcpus_of, ec2, missing))
+            vcpus_by_type.update(await scan.call("ec2", region, _vcpus_of, missing))
     used = vcpus_in_use(instances or [], vcpus_by_type)
 
     def quota_for(code: str | None, needed: int) -> QuotaStatus:
@@ -296,6 +343,10 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
         feasible=any(z.feasible for z in zone_reports),
         reasons=reasons,
     )
+
+
+def _zones(ec2: Any, **kwargs: Any) -> dict[str, Any]:
+    return dict(ec2.describe_availability_zones(**kwargs))
 
 
 def _offerings(ec2: Any, types: list[str]) -> dict[str, set[str]]:
