@@ -1,0 +1,417 @@
+"""The AWS preflight feasibility matrix: which regions and AZs can run the plan, and why not.
+
+Read-only by construction: only Describe/Get calls. Regions are scanned concurrently; inside
+a region the independent calls run at once too, so a region costs about one round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+from backend.aws.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
+from backend.aws.pricing import PriceBook, plan_price
+from backend.aws.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
+from backend.aws.report import PreflightReport, PreflightRequest, QuotaStatus, RegionReport, Reservation
+from backend.aws.session import AwsSession, describe_aws_error, error_code
+from backend.aws.verdict import ZoneInputs, assess_zone, recommend
+from backend.errors import UserError
+
+T = TypeVar("T")
+ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")
+
+
+class CallPool:
+    """Runs blocking boto3 calls off the event loop on at most ``limit`` worker threads.
+
+    Not ``asyncio.to_thread``: its executor is joined when ``asyncio.run`` ends and at
+    interpreter exit, so one hung region would hold the CLI until its socket timed out.
+    These workers are daemon threads, so a timed-out region is abandoned for real. They
+    persist for the pool's life because starting a thread per call stalls the loop ~1 ms
+    each while the new thread waits for the GIL.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._semaphore = asyncio.Semaphore(limit)
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._workers = 0
+        self._idle = 0
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        async with self._semaphore:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[T] = loop.create_future()
+
+            def settle(ok: bool, value: Any) -> None:
+                if not future.done():
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+
+            def job() -> None:
+                try:
+                    outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
+                except BaseException as exc:
+                    outcome = (False, exc)
+                # RuntimeError: the loop is gone, so nobody is waiting for this answer any more.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(settle, *outcome)
+
+            self._submit(job)
+            return await future
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            # The semaphore bounds calls in flight, so workers never outnumber it by much.
+            if self._idle == 0:
+                self._workers += 1
+                threading.Thread(target=self._work, name="rtui-aws-call", daemon=True).start()
+            else:
+                self._idle -= 1
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job()
+            with self._lock:
+                self._idle += 1
+
+    def close(self) -> None:
+        """Let idle workers end; a worker stuck in a hung call ends when that call returns."""
+        with self._lock:
+            count, self._workers, self._idle = self._workers, 0, 0
+        for _ in range(count):
+            self._jobs.put(None)
+
+
+class _Scan:
+    """The state one preflight run shares between its region scans."""
+
+    def __init__(self, request: PreflightRequest, aws: AwsSession) -> None:
+        self.request = request
+        self.aws = aws
+        self.pool = CallPool(request.max_concurrency)
+        self.prices = PriceBook(aws)
+        self.gpu: InstanceFacts
+        self.system: InstanceFacts
+
+    async def call(self, service: str, region: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(client, *args)`` in a worker thread. The client is made there too: creating
+        one costs ~10 ms of CPU, which would otherwise stall the loop once per region."""
+        return await self.pool.run(lambda: fn(self.aws.client(service, region), *args, **kwargs))
+
+
+async def run_preflight(
+    request: PreflightRequest,
+    *,
+    on_region: Callable[[RegionReport], None] | None = None,
+    session: AwsSession | None = None,
+) -> PreflightReport:
+    """Build the matrix. Raises ``UserError`` for bad input and ``OperationError`` for AWS failures
+    that stop the whole check (credentials, permissions); per-region trouble lands in the report.
+    ``on_region`` is called once per region as it completes (progress)."""
+    started = time.perf_counter()
+    aws = session or AwsSession(request.profile)
+    scan = _Scan(request, aws)
+    try:
+        return await _matrix(scan, on_region, started)
+    finally:
+        scan.pool.close()
+
+
+async def _matrix(
+    scan: _Scan, on_region: Callable[[RegionReport], None] | None, started: float
+) -> PreflightReport:
+    request, aws = scan.request, scan.aws
+    home = request.default_region
+    types = sorted({request.gpu_node_type, request.system_node_type})
+    regions_task = asyncio.ensure_future(
+        scan.call("ec2", home, lambda c: c.describe_regions(AllRegions=True))
+    )
+    types_task = asyncio.ensure_future(
+        scan.call("ec2", home, lambda c: c.describe_instance_types(InstanceTypes=types))
+    )
+    try:
+        regions_resp, types_resp = await asyncio.gather(regions_task, types_task)
+    except Exception as exc:
+        for task in (regions_task, types_task):
+            task.cancel()
+        if error_code(exc) in ("InvalidInstanceType", "InvalidParameterValue") and "nstance" in str(exc):
+            raise UserError(
+                f"instance type does not exist in {home}: {_aws_message(exc)}",
+                remedy="check the GPU and system node types",
+            ) from exc
+        raise describe_aws_error(
+            exc, action=f"listing regions and instance types in {home}", profile=request.profile
+        ) from exc
+
+    facts = {t["InstanceType"]: InstanceFacts.from_api(t) for t in types_resp.get("InstanceTypes", [])}
+    for name in types:
+        if name not in facts:
+            raise UserError(f"instance type {name!r} does not exist", remedy="check the node types")
+    scan.gpu, scan.system = facts[request.gpu_node_type], facts[request.system_node_type]
+    if scan.gpu.gpus == 0:
+        raise UserError(
+            f"{request.gpu_node_type} has no GPUs", remedy="choose a GPU instance type (g6, g5, p4d, p5)"
+        )
+    if request.require_efa and not scan.gpu.efa_supported:
+        raise UserError(
+            f"{request.gpu_node_type} does not support EFA, which this plan requires",
+            remedy="choose an EFA-capable type such as g6.12xlarge or turn EFA off",
+        )
+
+    opt_in = {r["RegionName"]: r.get("OptInStatus", "opt-in-not-required") for r in regions_resp["Regions"]}
+    partition = aws.partition_of(home)
+    targets = _target_regions(request, opt_in, partition, aws)
+
+    async def one(region: str) -> RegionReport:
+        report = await _scan_region_bounded(scan, region, opt_in[region])
+        if on_region is not None:
+            on_region(report)
+        return report
+
+    reports = await asyncio.gather(*(one(r) for r in targets))
+    return PreflightReport(
+        gpu_node_type=request.gpu_node_type,
+        gpu_node_count=request.gpu_node_count,
+        system_node_type=request.system_node_type,
+        system_node_count=request.system_node_count,
+        gpu_instance=scan.gpu,
+        system_instance=scan.system,
+        regions=list(reports),
+        recommendation=recommend(list(reports)),
+        elapsed_s=round(time.perf_counter() - started, 3),
+    )
+
+
+def _target_regions(
+    request: PreflightRequest, opt_in: dict[str, str], partition: str | None, aws: AwsSession
+) -> list[str]:
+    if request.all_regions:
+        # describe_regions may list other partitions' regions (moto does); they need other credentials.
+        return sorted(r for r in opt_in if partition is None or aws.partition_of(r) == partition)
+    wanted = list(dict.fromkeys(request.regions or [request.default_region]))
+    unknown = [r for r in wanted if r not in opt_in]
+    if unknown:
+        raise UserError(f"unknown region {', '.join(unknown)}", remedy="use a region name such as us-east-1")
+    return wanted
+
+
+async def _scan_region_bounded(scan: _Scan, region: str, opt_in_status: str) -> RegionReport:
+    started = time.perf_counter()
+    if opt_in_status not in ENABLED_OPT_IN:
+        return RegionReport(
+            region=region,
+            enabled=False,
+            opt_in_status=opt_in_status,
+            reasons=[f"{region} is not enabled for this account ({opt_in_status})"],
+        )
+    try:
+        report = await asyncio.wait_for(_scan_region(scan, region), scan.request.region_timeout_s)
+    except TimeoutError:
+        report = RegionReport(
+            region=region,
+            enabled=True,
+            reachable=False,
+            error=f"no answer within {scan.request.region_timeout_s:g} s",
+            reasons=[f"{region} did not answer within {scan.request.region_timeout_s:g} s (unreachable)"],
+        )
+    except Exception as exc:
+        line = str(describe_aws_error(exc, action=f"checking {region}", profile=scan.request.profile))
+        report = RegionReport(region=region, enabled=True, error=line, reasons=[line])
+    report.opt_in_status = opt_in_status
+    report.elapsed_s = round(time.perf_counter() - started, 3)
+    return report
+
+
+async def _optional(coro: Any) -> tuple[Any, BaseException | None]:
+    """Await a call whose failure degrades the verdict (a warning) instead of failing the region."""
+    try:
+        return await coro, None
+    except Exception as exc:
+        return None, exc
+
+
+async def _scan_region(scan: _Scan, region: str) -> RegionReport:
+    req, pool = scan.request, scan.pool
+    types = sorted({req.gpu_node_type, req.system_node_type})
+    codes = sorted(
+        {c for c in (scan.gpu.quota_code, scan.system.quota_code if req.system_node_count else None) if c}
+    )
+
+    zones_call = scan.call(
+        "ec2", region, _zones, Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
+    )
+    offers_call = scan.call("ec2", region, _offerings, types)
+    results: list[Any] = await asyncio.gather(
+        zones_call,
+        offers_call,
+        _optional(scan.call("ec2", region, running_instances)),
+        _optional(scan.call("ec2", region, _reservations, req.gpu_node_type)),
+        *(_optional(scan.call("service-quotas", region, read_quota_limit, code)) for code in codes),
+        pool.run(scan.prices.instance_price, region, req.gpu_node_type),
+        pool.run(scan.prices.instance_price, region, req.system_node_type),
+    )
+    zones_resp, offered, (instances, inst_err), (reservations, res_err) = results[:4]
+    limits = dict(zip(codes, results[4 : 4 + len(codes)], strict=True))
+    gpu_price, system_price = results[-2], results[-1]
+
+    vcpus_by_type = {scan.gpu.instance_type: scan.gpu.vcpus, scan.system.instance_type: scan.system.vcpus}
+    if instances:
+        missing = sorted({i["InstanceType"] for i in instances if i["vcpus"] is None} - set(vcpus_by_type))
+        if missing:
+            vcpus_by_type.update(await scan.call("ec2", region, _vcpus_of, missing))
+    used = vcpus_in_use(instances or [], vcpus_by_type)
+
+    def quota_for(code: str | None, needed: int) -> QuotaStatus:
+        if code is None:
+            return headroom(None, needed=needed, limit=None, used=None)
+        (limit_source, err) = limits[code]
+        problem = err or inst_err
+        if problem is not None:
+            return headroom(code, needed=needed, limit=None, used=None, error=_short_error(problem))
+        return headroom(
+            code, needed=needed, limit=limit_source[0], used=used.get(code, 0), source=limit_source[1]
+        )
+
+    gpu_needed = req.gpu_node_count * scan.gpu.vcpus
+    system_needed = req.system_node_count * scan.system.vcpus
+    same_code = scan.gpu.quota_code is not None and scan.gpu.quota_code == scan.system.quota_code
+    quota = quota_for(scan.gpu.quota_code, gpu_needed + (system_needed if same_code else 0))
+    system_quota = (
+        None if same_code or not req.system_node_count else quota_for(scan.system.quota_code, system_needed)
+    )
+
+    zones = [
+        (z["ZoneName"], z["ZoneId"])
+        for z in zones_resp["AvailabilityZones"]
+        if z.get("State", "available") == "available"
+    ]
+    eks_ids = {zid for _, zid in zones if zid not in EKS_REJECTED_ZONE_IDS}
+    system_anywhere = any(req.system_node_type in offered.get(name, ()) for name, _ in zones)
+    by_zone: dict[str, list[Reservation]] = {}
+    for r in reservations or []:
+        by_zone.setdefault(r.zone, []).append(r)
+
+    zone_reports = [
+        assess_zone(
+            ZoneInputs(
+                region=region,
+                zone=name,
+                zone_id=zid,
+                offered=frozenset(offered.get(name, ())),
+                other_eks_zone_ids=frozenset(eks_ids - {zid}),
+                system_offered_in_region=system_anywhere,
+                reservations=tuple(by_zone.get(name, [])),
+            ),
+            gpu=scan.gpu,
+            gpu_count=req.gpu_node_count,
+            system=scan.system,
+            system_count=req.system_node_count,
+            require_efa=req.require_efa,
+            quota=quota,
+            system_quota=system_quota,
+        )
+        for name, zid in sorted(zones)
+    ]
+    price, source, breakdown = plan_price(gpu_price, req.gpu_node_count, system_price, req.system_node_count)
+    reasons = []
+    if not any(z.gpu_offered for z in zone_reports):
+        reasons.append(f"{req.gpu_node_type} is not offered in {region}")
+    if res_err is not None:
+        for z in zone_reports:
+            z.warnings.append(f"could not list capacity reservations: {_short_error(res_err)}")
+    return RegionReport(
+        region=region,
+        enabled=True,
+        price_per_hour=price,
+        price_source=source,
+        price_breakdown=breakdown,
+        quota=quota,
+        system_quota=system_quota,
+        zones=zone_reports,
+        feasible=any(z.feasible for z in zone_reports),
+        reasons=reasons,
+    )
+
+
+def _zones(ec2: Any, **kwargs: Any) -> dict[str, Any]:
+    return dict(ec2.describe_availability_zones(**kwargs))
+
+
+def _offerings(ec2: Any, types: list[str]) -> dict[str, set[str]]:
+    """Instance types offered per AZ name, for the given types."""
+    offered: dict[str, set[str]] = {}
+    paginator = ec2.get_paginator("describe_instance_type_offerings")
+    pages = paginator.paginate(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": types}]
+    )
+    for page in pages:
+        for offer in page.get("InstanceTypeOfferings", []):
+            offered.setdefault(offer["Location"], set()).add(offer["InstanceType"])
+    return offered
+
+
+def _reservations(ec2: Any, instance_type: str) -> list[Reservation]:
+    found: list[Reservation] = []
+    paginator = ec2.get_paginator("describe_capacity_reservations")
+    filters = [
+        {"Name": "instance-type", "Values": [instance_type]},
+        {"Name": "state", "Values": ["active", "scheduled", "pending", "payment-pending"]},
+    ]
+    for page in paginator.paginate(Filters=filters):
+        for cr in page.get("CapacityReservations", []):
+            if cr.get("InstanceType") != instance_type:
+                continue  # filters are advisory for us: trust only what matches
+            kind: Literal["odcr", "capacity-block"] = (
+                "capacity-block" if cr.get("ReservationType") == "capacity-block" else "odcr"
+            )
+            end = cr.get("EndDate")
+            reservation = Reservation(
+                id=cr["CapacityReservationId"],
+                kind=kind,
+                instance_type=cr["InstanceType"],
+                platform=cr.get("InstancePlatform", ""),
+                zone=cr.get("AvailabilityZone", ""),
+                zone_id=cr.get("AvailabilityZoneId"),
+                tenancy=cr.get("Tenancy", "default"),
+                available=int(cr.get("AvailableInstanceCount", 0)),
+                total=int(cr.get("TotalInstanceCount", 0)),
+                state=cr.get("State", ""),
+                end_date=end.isoformat() if hasattr(end, "isoformat") else end,
+                match_criteria=cr.get("InstanceMatchCriteria", "open"),
+            )
+            reservation.usable = (
+                reservation.state == "active"
+                and reservation.available > 0
+                and reservation.platform == "Linux/UNIX"
+                and reservation.tenancy == "default"
+            )
+            found.append(reservation)
+    return found
+
+
+def _vcpus_of(ec2: Any, types: list[str]) -> dict[str, int]:
+    response = ec2.describe_instance_types(InstanceTypes=types)
+    return {t["InstanceType"]: int(t["VCpuInfo"]["DefaultVCpus"]) for t in response.get("InstanceTypes", [])}
+
+
+def _aws_message(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Message", exc))
+    return str(exc)
+
+
+def _short_error(exc: BaseException) -> str:
+    return f"{error_code(exc)}: {_aws_message(exc)}"[:200]

@@ -1,0 +1,147 @@
+"""boto3 session and clients for the aws target, and AWS errors turned into one clear line.
+
+Credentials come from the usual chain (explicit profile, ``AWS_PROFILE``, environment, SSO,
+instance roles); ``AWS_ENDPOINT_URL`` and its per-service variants are honoured by botocore
+itself, so nothing here knows or cares which endpoint it talks to.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    ProfileNotFound,
+    ReadTimeoutError,
+    SSOError,
+    TokenRetrievalError,
+    UnauthorizedSSOTokenError,
+)
+
+from backend.errors import OperationError, RtuiError, UserError
+
+# Standard mode retries throttling and transient errors with jittered backoff; six
+# attempts ride out the bursts a whole-account scan provokes.
+RETRY_ATTEMPTS = 6
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 20
+
+_CREDENTIAL_CODES = frozenset(
+    {
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "RequestExpired",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+        "AuthFailure",
+        "SignatureDoesNotMatch",
+        "InvalidAccessKeyId",
+    }
+)
+_PERMISSION_CODES = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
+THROTTLING_CODES = frozenset(
+    {"Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException"}
+)
+
+
+class AwsSession:
+    """One boto3 session and one client per (service, region), created once and shared.
+
+    boto3 sessions are not thread-safe, clients are: creation happens under a lock, the
+    calls themselves from any thread.
+    """
+
+    def __init__(self, profile: str | None = None, *, max_pool_connections: int = 16) -> None:
+        self.profile = profile
+        try:
+            self._session = boto3.session.Session(profile_name=profile)
+        except ProfileNotFound as exc:
+            raise UserError(
+                f"AWS profile {profile!r} not found", remedy="check ~/.aws/config or drop --profile"
+            ) from exc
+        self._config = Config(
+            retries={"mode": "standard", "max_attempts": RETRY_ATTEMPTS},
+            connect_timeout=CONNECT_TIMEOUT_S,
+            read_timeout=READ_TIMEOUT_S,
+            max_pool_connections=max_pool_connections,
+            user_agent_extra="rtui-preflight",
+        )
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+
+    def client(self, service: str, region: str, *, config: Config | None = None) -> Any:
+        key = (service, region)
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                merged = self._config.merge(config) if config is not None else self._config
+                client = self._session.client(service, region_name=region, config=merged)
+                self._clients[key] = client
+            return client
+
+    def partition_of(self, region: str) -> str | None:
+        try:
+            return str(self._session._session.get_partition_for_region(region))
+        except Exception:  # an unknown region name: the caller decides what that means
+            return None
+
+
+def error_code(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", "ClientError"))
+    return type(exc).__name__
+
+
+def is_credential_error(exc: BaseException) -> bool:
+    if isinstance(exc, NoCredentialsError | TokenRetrievalError | UnauthorizedSSOTokenError | SSOError):
+        return True
+    return isinstance(exc, ClientError) and error_code(exc) in _CREDENTIAL_CODES
+
+
+def login_hint(profile: str | None) -> str:
+    if profile:
+        return f"run `aws sso login --profile {profile}` (or refresh that profile's keys), then retry"
+    return "run `aws sso login` or `aws configure`, or set AWS_PROFILE to a profile with valid credentials"
+
+
+def describe_aws_error(exc: BaseException, *, action: str, profile: str | None = None) -> RtuiError:
+    """Turn a boto3 failure into the one line (code + what to do) the CLI prints."""
+    code = error_code(exc)
+    if isinstance(exc, RtuiError):
+        return exc
+    if isinstance(exc, ProfileNotFound):
+        return UserError(f"AWS profile {profile!r} not found", remedy="check ~/.aws/config or drop --profile")
+    if isinstance(exc, NoRegionError):
+        return UserError("no AWS region configured", remedy="pass --region or set AWS_REGION")
+    if is_credential_error(exc):
+        return OperationError(
+            f"AWS rejected the credentials while {action} ({code})", remedy=login_hint(profile)
+        )
+    if code in _PERMISSION_CODES:
+        return OperationError(
+            f"AWS denied {action} ({code})",
+            remedy="the identity needs ec2:Describe*, servicequotas:Get* and pricing:GetProducts",
+        )
+    if code in THROTTLING_CODES:
+        return OperationError(
+            f"AWS throttled {action} after retries ({code})", remedy="wait a minute and retry"
+        )
+    if isinstance(exc, EndpointConnectionError | ConnectTimeoutError | ReadTimeoutError):
+        return OperationError(
+            f"could not reach AWS while {action} ({code})", remedy="check the network or proxy"
+        )
+    if isinstance(exc, ClientError | BotoCoreError):
+        message = (
+            str(exc.response.get("Error", {}).get("Message", "")) if isinstance(exc, ClientError) else ""
+        )
+        detail = f": {message}" if message else ""
+        return OperationError(f"AWS error while {action} ({code}){detail}")
+    return OperationError(f"unexpected error while {action} ({code}: {exc})")

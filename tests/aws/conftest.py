@@ -1,0 +1,101 @@
+"""A moto server over real HTTP for the aws backend, reached through AWS_ENDPOINT_URL only."""
+
+from __future__ import annotations
+
+import logging
+import os
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+from moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
+
+G, P, STANDARD = "L-DB2E81BA", "L-417A185B", "L-1216C47A"
+
+_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_CONFIG_FILE": "/nonexistent/rtui-test-aws-config",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/rtui-test-aws-credentials",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+_UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    saved = {k: os.environ.get(k) for k in (*_ENV, *_UNSET, "AWS_ENDPOINT_URL")}
+    uninstall = install()
+    server = ScriptedMotoServer(SCRIPT)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    os.environ.update(_ENV)
+    for key in _UNSET:
+        os.environ.pop(key, None)
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    try:
+        yield endpoint
+    finally:
+        SCRIPT.reset()
+        server.stop()
+        uninstall()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@dataclass
+class World:
+    """The scripted AWS account a test arranges before it runs the preflight."""
+
+    endpoint: str
+    script: Script
+
+    def quota(self, region: str, code: str, value: float) -> None:
+        self.script.quotas[(region, code)] = value
+
+    def run_instances(self, region: str, instance_type: str, count: int = 1) -> None:
+        ec2 = boto3.client("ec2", region_name=region)
+        ec2.run_instances(ImageId="ami-12c6146b", InstanceType=instance_type, MinCount=count, MaxCount=count)
+
+    def reserve(self, region: str, zone: str, **kwargs: Any) -> dict[str, Any]:
+        cr = reservation(zone, **kwargs)
+        self.script.reservations.setdefault(region, []).append(cr)
+        return cr
+
+    def offer(self, region: str, zone: str, instance_type: str) -> None:
+        offer(self.script, region, zone, instance_type)
+
+    def actions(self) -> set[str]:
+        return {action for _, _, action in self.script.calls}
+
+
+@pytest.fixture
+def world(moto_endpoint: str) -> Iterator[World]:
+    SCRIPT.reset()
+    request = urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")
+    urllib.request.urlopen(request, timeout=10).close()
+    # A generous account by default; tests tighten what they are about.
+    SCRIPT.default_quotas.update({G: 192, P: 0, STANDARD: 640})
+    yield World(moto_endpoint, SCRIPT)
+    SCRIPT.reset()
+
+
+@pytest.fixture
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shrink botocore's standard-mode backoff 50×: we test that retries happen, not how long they wait."""
+    from botocore.retries.standard import ExponentialBackoff
+
+    monkeypatch.setattr(
+        ExponentialBackoff,
+        "_DEFAULT_BACKOFF_CONFIG",
+        {"throttling_base_scale": 0.02, "non_throttling_base_scale": 0.001},
+    )

@@ -1,0 +1,332 @@
+"""What moto 5.2 lacks for the preflight, added in-process, plus scripted latency and faults.
+
+- service-quotas: moto knows only the ``vpc`` service. We answer ``ec2`` quotas (applied and
+  AWS default) from ``SCRIPT`` and record ``RequestServiceQuotaIncrease`` calls.
+- ec2: ``DescribeCapacityReservations`` is not implemented; we serve ``SCRIPT.reservations``.
+- pricing: moto has no Pricing API at all (the request crashes its dispatcher); the WSGI
+  middleware answers ``GetProducts`` from ``SCRIPT.prices`` or denies it.
+- Faults: per-call latency, throttling of a share of calls, regions that hang, and scripted
+  error codes, all in a WSGI middleware in front of moto's dispatcher, so the client under
+  test sees them over real HTTP exactly as it would from AWS.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from moto.core.responses import ActionResult
+from moto.ec2.models import instance_types as moto_instance_types
+from moto.ec2.responses import EC2Response
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from moto.servicequotas.exceptions import NoSuchResource
+from moto.servicequotas.models import ServiceQuotasBackend
+from moto.servicequotas.responses import ServiceQuotasResponse
+from werkzeug.serving import make_server
+
+QUOTA_NAMES = {
+    "L-DB2E81BA": "Running On-Demand G and VT instances",
+    "L-417A185B": "Running On-Demand P instances",
+    "L-1216C47A": "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances",
+}
+
+
+@dataclass
+class Script:
+    """The scripted world. Tests mutate it; ``reset()`` runs before each test."""
+
+    quotas: dict[tuple[str, str], float] = field(default_factory=dict)  # (region, code) -> applied
+    default_quotas: dict[str, float] = field(default_factory=dict)  # code -> AWS default
+    reservations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # region -> API dicts
+    prices: dict[tuple[str, str], float] = field(default_factory=dict)  # (region, type) -> USD/h
+    pricing_denied: bool = True
+    latency_s: float = 0.0
+    throttle_rate: float = 0.0
+    # Never throttle an attempt beyond this one, so scripted throttling cannot outlast retries.
+    throttle_max_attempt: int = 3
+    hang_regions: set[str] = field(default_factory=set)
+    # (service, action) -> error code answered instead of the real call; action "*" matches all.
+    errors: dict[tuple[str, str], str] = field(default_factory=dict)
+    calls: list[tuple[str, str, str]] = field(default_factory=list)  # (service, region, action)
+    throttled: int = 0
+    quota_requests: list[dict[str, Any]] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(5))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    release: threading.Event = field(default_factory=threading.Event)
+    extra_offerings: list[dict[str, Any]] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.release.set()  # let any hung request from the previous test finish
+        remove_offerings(self)
+        fresh = Script()
+        for name in self.__dataclass_fields__:
+            if name not in ("lock",):
+                setattr(self, name, getattr(fresh, name))
+
+
+SCRIPT = Script()
+
+
+# --- moto extensions ------------------------------------------------------------------------
+
+
+def _quota_dict(region: str, code: str, value: float) -> dict[str, Any]:
+    return {
+        "ServiceCode": "ec2",
+        "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+        "QuotaArn": f"arn:aws:servicequotas:{region}:123456789012:ec2/{code}",
+        "QuotaCode": code,
+        "QuotaName": QUOTA_NAMES.get(code, code),
+        "Value": value,
+        "Unit": "None",
+        "Adjustable": True,
+        "GlobalQuota": False,
+    }
+
+
+_original_get_service_quota = ServiceQuotasBackend.get_service_quota
+
+
+def _get_service_quota(self: ServiceQuotasBackend, service_code: str, quota_code: str) -> dict[str, Any]:
+    if service_code != "ec2":
+        return _original_get_service_quota(self, service_code, quota_code)
+    value = SCRIPT.quotas.get((self.region_name, quota_code))
+    if value is None:
+        raise NoSuchResource()
+    return _quota_dict(self.region_name, quota_code, value)
+
+
+def _get_aws_default_service_quota(self: ServiceQuotasResponse) -> str:
+    params = json.loads(self.body)
+    code = str(params.get("QuotaCode"))
+    value = SCRIPT.default_quotas.get(code)
+    if params.get("ServiceCode") != "ec2" or value is None:
+        raise NoSuchResource()
+    return json.dumps({"Quota": _quota_dict(self.region, code, value)})
+
+
+def _request_service_quota_increase(self: ServiceQuotasResponse) -> str:
+    params = json.loads(self.body)
+    change = {
+        "Id": uuid.uuid4().hex,
+        "ServiceCode": params["ServiceCode"],
+        "QuotaCode": params["QuotaCode"],
+        "DesiredValue": params["DesiredValue"],
+        "Status": "PENDING",
+        "Created": time.time(),
+    }
+    SCRIPT.quota_requests.append({**change, "Region": self.region})
+    return json.dumps({"RequestedQuota": change})
+
+
+def _describe_capacity_reservations(self: EC2Response) -> ActionResult:
+    filters = self._filters_from_querystring()
+    found = []
+    for cr in SCRIPT.reservations.get(self.region, []):
+        if "instance-type" in filters and cr["InstanceType"] not in filters["instance-type"]:
+            continue
+        if "state" in filters and cr["State"] not in filters["state"]:
+            continue
+        found.append(cr)
+    return ActionResult({"CapacityReservations": found})
+
+
+def install() -> Callable[[], None]:
+    """Patch moto's classes; returns the function that undoes it."""
+    ServiceQuotasBackend.get_service_quota = _get_service_quota  # type: ignore[method-assign]
+    ServiceQuotasResponse.get_aws_default_service_quota = _get_aws_default_service_quota  # type: ignore[attr-defined]
+    ServiceQuotasResponse.request_service_quota_increase = _request_service_quota_increase  # type: ignore[attr-defined]
+    EC2Response.describe_capacity_reservations = _describe_capacity_reservations  # type: ignore[attr-defined]
+
+    def uninstall() -> None:
+        ServiceQuotasBackend.get_service_quota = _original_get_service_quota  # type: ignore[method-assign]
+        del ServiceQuotasResponse.get_aws_default_service_quota  # type: ignore[attr-defined]
+        del ServiceQuotasResponse.request_service_quota_increase  # type: ignore[attr-defined]
+        del EC2Response.describe_capacity_reservations  # type: ignore[attr-defined]
+
+    return uninstall
+
+
+def offer(script: Script, region: str, zone: str, instance_type: str) -> None:
+    """Make moto offer a type in an AZ where its bundled data does not (undone by ``reset``)."""
+    entry = {"InstanceType": instance_type, "Location": zone, "LocationType": "availability-zone"}
+    moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"][region].append(entry)
+    script.extra_offerings.append({"region": region, "entry": entry})
+
+
+def remove_offerings(script: Script) -> None:
+    for item in script.extra_offerings:
+        offerings = moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"][item["region"]]
+        if item["entry"] in offerings:
+            offerings.remove(item["entry"])
+    script.extra_offerings.clear()
+
+
+def reservation(
+    zone: str,
+    *,
+    count: int,
+    instance_type: str = "g6.12xlarge",
+    platform: str = "Linux/UNIX",
+    kind: str = "default",
+    state: str = "active",
+    available: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "CapacityReservationId": f"cr-{uuid.uuid4().hex[:17]}",
+        "OwnerId": "123456789012",
+        "InstanceType": instance_type,
+        "InstancePlatform": platform,
+        "AvailabilityZone": zone,
+        "Tenancy": "default",
+        "TotalInstanceCount": count,
+        "AvailableInstanceCount": count if available is None else available,
+        "State": state,
+        "EndDateType": "limited" if kind == "capacity-block" else "unlimited",
+        "EndDate": "2031-01-01T00:00:00Z" if kind == "capacity-block" else None,
+        "InstanceMatchCriteria": "targeted" if kind == "capacity-block" else "open",
+        "ReservationType": kind,
+    }
+
+
+# --- the HTTP layer: latency, faults, Pricing API --------------------------------------------
+
+
+def _service_region(environ: dict[str, Any]) -> tuple[str, str]:
+    auth = environ.get("HTTP_AUTHORIZATION", "")
+    try:
+        scope = auth.split("Credential=", 1)[1].split(",", 1)[0]
+        _, _, region, service, _ = scope.split("/")
+        return service, region
+    except (IndexError, ValueError):
+        return "", ""
+
+
+def _action(environ: dict[str, Any], body: bytes) -> str:
+    target = environ.get("HTTP_X_AMZ_TARGET")
+    if target:
+        return str(target).rsplit(".", 1)[-1]
+    for pair in body.decode("utf-8", "replace").split("&"):
+        if pair.startswith("Action="):
+            return pair[len("Action=") :]
+    return ""
+
+
+def _attempt(environ: dict[str, Any]) -> int:
+    header = str(environ.get("HTTP_AMZ_SDK_REQUEST", "attempt=1"))
+    try:
+        return int(header.split("attempt=", 1)[1].split(";", 1)[0])
+    except (IndexError, ValueError):
+        return 1
+
+
+def _error(start_response: Any, service: str, code: str, message: str, status: int) -> Iterable[bytes]:
+    if service == "ec2":
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error>'
+            f"<Code>{code}</Code><Message>{message}</Message></Error></Errors>"
+            f"<RequestID>{uuid.uuid4()}</RequestID></Response>"
+        ).encode()
+        content_type = "text/xml"
+    else:
+        body = json.dumps({"__type": code, "message": message}).encode()
+        content_type = "application/x-amz-json-1.1"
+    start_response(f"{status} Error", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def _pricing(start_response: Any, body: bytes) -> Iterable[bytes]:
+    if SCRIPT.pricing_denied:
+        return _error(start_response, "pricing", "AccessDeniedException", "not authorized: pricing", 400)
+    params = json.loads(body or b"{}")
+    terms = {f["Field"]: f["Value"] for f in params.get("Filters", [])}
+    price = SCRIPT.prices.get((terms.get("regionCode", ""), terms.get("instanceType", "")))
+    price_list = []
+    if price is not None:
+        product = {
+            "product": {
+                "attributes": {"instanceType": terms["instanceType"], "regionCode": terms["regionCode"]}
+            },
+            "terms": {
+                "OnDemand": {
+                    "X.JRTCKXETXF": {
+                        "priceDimensions": {
+                            "X.JRTCKXETXF.6YS6EN2CT7": {
+                                "unit": "Hrs",
+                                "pricePerUnit": {"USD": f"{price:.10f}"},
+                            }
+                        }
+                    }
+                }
+            },
+        }
+        price_list.append(json.dumps(product))
+    out = json.dumps({"FormatVersion": "aws_v1", "PriceList": price_list}).encode()
+    start_response(
+        "200 OK", [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(out)))]
+    )
+    return [out]
+
+
+class FaultInjector:
+    """WSGI middleware in front of moto: records calls, adds latency and the scripted faults."""
+
+    def __init__(self, app: Any, script: Script) -> None:
+        self.app = app
+        self.script = script
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        service, region = _service_region(environ)
+        if not service:
+            return self.app(environ, start_response)  # moto's own API (reset) and the like
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(body)
+        action = _action(environ, body)
+        script = self.script
+        with script.lock:
+            script.calls.append((service, region, action))
+            throttle = (
+                script.throttle_rate > 0
+                and _attempt(environ) <= script.throttle_max_attempt
+                and script.rng.random() < script.throttle_rate
+            )
+            if throttle:
+                script.throttled += 1
+        if script.latency_s:
+            time.sleep(script.latency_s)
+        if region in script.hang_regions:
+            script.release.wait(timeout=60)
+        code = script.errors.get((service, action)) or script.errors.get((service, "*"))
+        if code:
+            return _error(start_response, service, code, f"scripted failure {code}", 400)
+        if throttle:
+            code = "RequestLimitExceeded" if service == "ec2" else "ThrottlingException"
+            return _error(start_response, service, code, "Rate exceeded", 503 if service == "ec2" else 400)
+        if service == "pricing":
+            return _pricing(start_response, body)
+        return self.app(environ, start_response)
+
+
+class ScriptedMotoServer(ThreadedMotoServer):
+    """moto's threaded server with ``FaultInjector`` in front of its dispatcher."""
+
+    def __init__(self, script: Script) -> None:
+        super().__init__(ip_address="127.0.0.1", port=0, verbose=False)
+        self.script = script
+
+    def _server_entry(self) -> None:
+        app = FaultInjector(DomainDispatcherApplication(create_backend_app), self.script)
+        self._server = make_server(
+            self._ip_address, self._port, app, True, request_handler=MotoRequestHandler
+        )
+        self._server_ready_event.set()
+        self._server.serve_forever()
