@@ -66,6 +66,12 @@ class LineSplitter:
         self._pending.clear()
         return [line]
 
+    def discard_pending(self) -> int:
+        """Forget a partial last line (it will be read again once complete); returns its size."""
+        size = len(self._pending)
+        self._pending.clear()
+        return size
+
     def _check_overflow(self) -> None:
         if len(self._pending) > self.max_line_bytes:
             self.consumed += len(self._pending)

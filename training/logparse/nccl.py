@@ -362,14 +362,22 @@ class NcclAnalyzer:
         # The lines that decided the verdict first, context after.
         order = {"channel": 0, "provider": 1, "network": 2, "forced": 2, "plugin-failed": 2,
                  "provider-missing": 2, "plugin": 3, "plugin-missing": 3, "version": 4, "nodes": 5}
-        items = sorted(self._evidence.items(), key=lambda kv: order.get(kv[0][0], 9))
+
+        def rank(key: tuple[str, ...]) -> int:
+            if key[0] == "channel" and key[1] == "intra" and transport != "intra_node":
+                return 6
+            return order.get(key[0], 9)
+
+        items = sorted(self._evidence.items(), key=lambda kv: rank(kv[0]))
         return [line for _, line in items]
 
 
 def _msg(text: str) -> str:
-    idx = text.find("NCCL ")
-    body = text[idx:] if idx >= 0 else text
-    return body[:200]
+    for level in ("NCCL INFO ", "NCCL WARN "):
+        idx = text.find(level)
+        if idx >= 0:
+            return text[idx + len(level) :][:200]
+    return text[:200]
 
 
 def classify_lines(lines: Any) -> Verdict:
