@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any, BinaryIO, TextIO
 
-from training.logparse.lines import iter_stream_lines
+from training.logparse.lines import iter_stream_marked
 from training.logparse.nccl import NcclAnalyzer
 from training.logparse.verdict import Verdict
 
@@ -22,9 +22,8 @@ _HUMAN_EVIDENCE = 6
 def classify_stream(stream: BinaryIO) -> Verdict:
     analyzer = NcclAnalyzer()
     feed = analyzer.feed
-    for line in iter_stream_lines(stream):
-        if "NCCL" in line:
-            feed(line)
+    for line in iter_stream_marked(stream, (b"NCCL",)):
+        feed(line)
     return analyzer.verdict()
 
 
@@ -45,23 +44,8 @@ def verdict_record(name: str, verdict: Verdict) -> dict[str, Any]:
 
 
 def format_human(name: str, verdict: Verdict) -> str:
-    lines = [f"{name}: {verdict.transport} — {verdict.label}", f"  why: {verdict.reason}"]
-    versions = [f"NCCL {verdict.nccl_version or '?'}"]
-    if verdict.plugin or verdict.plugin_version:
-        versions.append("plugin " + " / ".join(x for x in (verdict.plugin, verdict.plugin_version) if x))
-    if verdict.provider:
-        versions.append(f"provider {verdict.provider}")
-    lines.append("  " + ", ".join(versions))
-    lines.append(f"  nodes {verdict.nodes if verdict.nodes is not None else '?'}, "
-                 f"ranks {verdict.ranks if verdict.ranks is not None else '?'}")
-    if len(verdict.hosts) > 1 and len(set(verdict.hosts.values())) > 1:
-        lines.append("  per host: " + ", ".join(f"{h}={t}" for h, t in verdict.hosts.items()))
-    for warning in verdict.warnings:
-        lines.append(f"  warning: {warning}")
-    if verdict.evidence:
-        lines.append("  evidence:")
-        lines.extend(f"    {line}" for line in verdict.evidence[:_HUMAN_EVIDENCE])
-    return "\n".join(lines)
+    head = f"{name}: {verdict.transport} — {verdict.label}"
+    return "\n".join([head, *verdict.describe(max_evidence=_HUMAN_EVIDENCE)])
 
 
 def classify_command(paths: list[str], *, as_json: bool, stdout: TextIO, stdin: TextIO,

@@ -10,8 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from backend.telemetry.mfu import estimate_mfu
 from training.protocol import METRIC_TAG, SUMMARY_TAG, parse_record
@@ -21,8 +20,9 @@ _RECENT_KEYS = 256
 _KV = re.compile(r"(\w+)=([-+0-9.eE]+|nan|inf)")
 
 
-@dataclass(frozen=True, slots=True)
-class MetricPoint:
+class MetricPoint(NamedTuple):
+    """One step; a tuple because replay creates millions of them and tuples are cheapest."""
+
     step: int | None
     ts: float | None
     loss: float | None
@@ -32,14 +32,15 @@ class MetricPoint:
     mfu: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
 
 def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
+    if value.__class__ is float:
+        return value if math.isfinite(value) else None
+    if value.__class__ is int:
+        return float(value)
+    return None  # missing, text, bool, or anything else JSON may hold
 
 
 class MetricSeries:
@@ -96,7 +97,7 @@ class MetricSeries:
 
     def add_record(self, record: dict[str, Any]) -> bool:
         step = record.get("step")
-        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        step = step if step.__class__ is int else None
         ts = _num(record.get("ts"))
         key = (step, ts, record.get("loss"))
         if step is not None and key in self._recent_set:
@@ -114,7 +115,8 @@ class MetricSeries:
             step=step, ts=ts, loss=_num(record.get("loss")), tokens_per_s=tokens_per_s,
             steps_per_s=steps_per_s, step_time_s=step_time,
             mfu=estimate_mfu(tokens_per_s, params, self.peak_flops_per_gpu,
-                             world if isinstance(world, int) else None),
+                             world if isinstance(world, int) else None)
+            if self.peak_flops_per_gpu else None,
         )
         if step is not None:
             if len(self._recent) == self._recent.maxlen:

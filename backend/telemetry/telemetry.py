@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from backend.telemetry.metrics import DEFAULT_MAX_POINTS, MetricSeries
-from training.logparse.lines import READ_SIZE, LineSplitter
+from training.logparse.lines import READ_SIZE, LineSplitter, marked_lines
 from training.logparse.nccl import NcclAnalyzer
 from training.logparse.verdict import Verdict
 
 SNAPSHOT_SCHEMA = 1
+# Every line either analyser acts on contains one of these.
+MARKERS = (b"NCCL", b"RTUI_", b"THROUGHPUT")
 
 
 class Telemetry:
@@ -59,7 +61,16 @@ class Telemetry:
 
     def feed_bytes(self, chunk: bytes) -> int:
         """Feed raw bytes from a stream (pod log, pipe); a partial line waits for the rest."""
-        return self.feed_lines(self._live.push(chunk))
+        return self._feed_block(self._live.push_block(chunk))
+
+    def _feed_block(self, block: bytes) -> int:
+        """Complete lines as bytes: only the lines holding a marker are decoded and parsed."""
+        if not block:
+            return 0
+        count = block.count(b"\n")
+        fed = self.feed_lines(marked_lines(block, MARKERS))
+        self.lines += count - fed  # feed_lines counted only the lines it was given
+        return count
 
     def end_of_stream(self) -> int:
         """The stream is finished: its unterminated last line is a line after all."""
@@ -118,7 +129,7 @@ class Telemetry:
                 chunk = read(READ_SIZE)
                 if not chunk:
                     break
-                self.feed_lines(splitter.push(chunk))
+                self._feed_block(splitter.push_block(chunk))
         splitter.discard_pending()
         gained = splitter.consumed - before
         self._spool_offset += gained

@@ -31,11 +31,20 @@ class LineSplitter:
         return len(self._pending)
 
     def push(self, chunk: bytes) -> list[str]:
+        block = self.push_block(chunk)
+        if not block:
+            return []
+        lines = block.decode("utf-8", "replace").split("\n")
+        lines.pop()  # the empty string after the final newline
+        return lines
+
+    def push_block(self, chunk: bytes) -> bytes:
+        """Like ``push`` but undecoded: the complete lines finished by ``chunk``, ending in \\n."""
         if self._skipping:
             nl = chunk.find(b"\n")
             if nl < 0:
                 self.consumed += len(chunk)
-                return []
+                return b""
             self.consumed += nl + 1
             chunk = chunk[nl + 1 :]
             self._skipping = False
@@ -43,7 +52,7 @@ class LineSplitter:
         if last < 0:
             self._pending += chunk
             self._check_overflow()
-            return []
+            return b""
         if self._pending:
             self._pending += chunk[: last + 1]
             head = bytes(self._pending)
@@ -53,9 +62,7 @@ class LineSplitter:
         self._pending += chunk[last + 1 :]
         self._check_overflow()
         self.consumed += len(head)
-        lines = head.decode("utf-8", "replace").split("\n")
-        lines.pop()  # the empty string after the final newline
-        return lines
+        return head
 
     def flush(self) -> list[str]:
         """At the end of a finished stream, the unterminated last line counts too."""
@@ -78,6 +85,48 @@ class LineSplitter:
             self._pending.clear()
             self._skipping = True
             self.dropped_lines += 1
+
+
+def marked_lines(block: bytes, markers: tuple[bytes, ...]) -> list[str]:
+    """The lines of ``block`` (complete lines) that contain any marker, decoded, in order.
+
+    Finding markers with ``bytes.find`` over the whole block and decoding only the lines
+    around the hits is what lets a parser outrun a plain ``for line in f`` loop: most log
+    lines never become Python strings at all.
+    """
+    starts: set[int] = set()
+    find, rfind = block.find, block.rfind
+    for marker in markers:
+        pos = find(marker)
+        while pos >= 0:
+            start = rfind(b"\n", 0, pos) + 1
+            starts.add(start)
+            end = find(b"\n", pos)
+            if end < 0:
+                break
+            pos = find(marker, end)
+    out = []
+    for start in sorted(starts):
+        end = find(b"\n", start)
+        out.append(block[start : end if end >= 0 else len(block)].decode("utf-8", "replace"))
+    return out
+
+
+def iter_stream_marked(stream: BinaryIO, markers: tuple[bytes, ...], *,
+                       splitter: LineSplitter | None = None) -> Iterator[str]:
+    """Only the lines of a finished binary stream that contain one of ``markers``."""
+    splitter = splitter or LineSplitter()
+    read = stream.read
+    while True:
+        chunk = read(READ_SIZE)
+        if not chunk:
+            break
+        block = splitter.push_block(chunk)
+        if block:
+            yield from marked_lines(block, markers)
+    for line in splitter.flush():
+        if any(m.decode() in line for m in markers):
+            yield line
 
 
 def iter_stream_lines(stream: BinaryIO, *, final: bool = True,

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.logparse.normalize import LogLine, normalize
+from training.logparse.normalize import LogLine, normalize, strip_ansi
 from training.logparse.verdict import SLOWEST_FIRST, Verdict, provider_transport
 
 MAX_EVIDENCE = 24
@@ -23,10 +23,24 @@ MAX_WARNINGS = 16
 MAX_PROCESSES = 4096
 _MAX_TEXT = 4096
 
-# Cheap substring gates, checked before any regex: a NCCL line without one of these
-# cannot change the verdict (most NCCL lines are topology, affinity and tuning chatter).
-_INTERESTING = (" via ", "version", "etwork", "NET/", "lugin", "nNodes", "nranks", "nRanks",
-                "WARN", "NCCL_NET", "ovider")
+MAX_PREFIX_CACHE = 4096
+# Dispatch on the first word after "NCCL INFO ": one dict lookup rejects the topology,
+# affinity and tuning chatter that makes up most NCCL output, before any regex runs.
+_CHANNEL, _OFI, _PLUGIN, _DETAIL, _RANKS = 1, 2, 3, 4, 5
+_FIRST_WORDS = {
+    "Channel": _CHANNEL, "Ring": _CHANNEL,
+    "NET/OFI": _OFI, "OFI": _OFI,
+    "NET/Plugin": _PLUGIN, "NET/Plugin:": _PLUGIN, "Plugin": _PLUGIN, "TUNER/Plugin:": 0,
+    "NCCL": _DETAIL, "NCCL_NET": _DETAIL, "Using": _DETAIL, "Loaded": _DETAIL,
+    "Initialized": _DETAIL, "Assigned": _DETAIL, "Successfully": _DETAIL, "P2P": _DETAIL,
+    "comm": _RANKS, "ncclCommInitRank": _RANKS, "ncclCommInitRankConfig": _RANKS, "[Rank": _RANKS,
+    "Failed": _DETAIL, "Unable": _DETAIL, "No": _DETAIL,
+}
+# NET/OFI lines are plentiful; only these say something about the verdict.
+_OFI_INTERESTING = ("rovider", "aws-ofi-nccl", "fail", "Fail", "nvalid")
+# For lines that do not carry the usual "NCCL INFO " (WARN lines, unprefixed lines).
+_INTERESTING = ("version", "etwork ", "rovider", "lugin", "nNodes", "nranks", "NCCL_NET ",
+                "fail", "Fail", " via ")
 
 _VERSION = re.compile(r"\bNCCL version (\d+\.\d+(?:\.\d+)?(?:[+\-][\w.]+)?)")
 _NETWORK = re.compile(r"\bUsing (?:internal )?[Nn]etwork (\S.*?)\s*$")
@@ -54,7 +68,7 @@ _INTRA_VIA = ("P2P", "SHM", "direct shared memory", "NVLS", "CUMEM", "IPC")
 
 def _net_kind(name: str) -> str:
     """The family of a ``via NET/<name>`` network; never guessed from interface names."""
-    low = name.lower()
+    low = name.lower().strip()
     if "libfabric" in low or "ofi" in low or low.startswith("aws"):
         return "ofi"
     if low == "socket":
@@ -72,11 +86,10 @@ class _Proc:
     n_nodes: int = 0
     network: str | None = None
     provider: str | None = None
-    ofi_seen: bool = False
     plugin_missing: bool = False
     plugin_failed: bool = False
-    net: dict[str, list[int]] = field(default_factory=dict)  # kind -> [channels, with GDRDMA]
-    intra: int = 0
+    net: dict[str, bool] = field(default_factory=dict)  # kind -> every channel had GDRDMA
+    intra: bool = False
 
 
 class NcclAnalyzer:
@@ -84,11 +97,15 @@ class NcclAnalyzer:
 
     def __init__(self) -> None:
         self._procs: dict[tuple[str, int | None], _Proc] = {}
+        # Raw text before " NCCL " -> its process: most lines that matter are channel lines
+        # of a few processes, so normalising each of them again would dominate the cost.
+        self._by_prefix: dict[str, _Proc] = {}
+        self._kinds: dict[str, str] = {}
         self._versions: list[str] = []
         self._plugin: str | None = None
         self._plugin_version: str | None = None
         self._providers: list[str] = []
-        self._forced: str | None = None
+        self._ofi_seen = False
         self._evidence: dict[tuple[str, ...], str] = {}
         self._notes: dict[str, str] = {}  # warning key -> message, first come
         self._cached: Verdict | None = None
@@ -96,124 +113,192 @@ class NcclAnalyzer:
 
     # -- feeding -----------------------------------------------------------------------
     def feed(self, line: str) -> None:
-        if "NCCL" not in line:
+        start = line.find("NCCL INFO ")
+        if start < 0:
+            if "NCCL" in line:
+                self._unusual(line)
             return
+        start += 10
+        end = line.find(" ", start)
+        action = _FIRST_WORDS.get(line[start:end] if end > 0 else line[start:].rstrip())
+        if not action:
+            if line.startswith("plugin/", start):
+                self._detail(line[:_MAX_TEXT])  # "plugin/net.cc:118 -> 2": a plugin call failed
+            return
+        self.nccl_lines += 1
+        if action == _CHANNEL:
+            if " via " in line and "->" in line:
+                self._channel(line)
+            return
+        if action == _RANKS:
+            self._ranks(line)
+            return
+        if action == _OFI:
+            self._ofi_seen = True
+            for marker in _OFI_INTERESTING:
+                if marker in line:
+                    break
+            else:
+                return
+        elif action == _PLUGIN and "symbol" in line:
+            return  # probing for older plugin API versions: harmless
+        self._detail(line[:_MAX_TEXT])
+
+    def _unusual(self, line: str) -> None:
+        self.nccl_lines += 1
+        if " via " in line and "->" in line:
+            self._channel(line)
+            return
+        if "NET/OFI" in line:
+            self._ofi_seen = True
         for marker in _INTERESTING:
             if marker in line:
-                break
-        else:
-            return
-        self.feed_normalized(normalize(line[:_MAX_TEXT]), line)
+                self._detail(line[:_MAX_TEXT])
+                return
+        if "WARN" in line:
+            self._detail(line[:_MAX_TEXT])
 
-    def feed_normalized(self, ln: LogLine, raw: str | None = None) -> None:
-        text = ln.text
-        self.nccl_lines += 1
-        proc = self._proc(ln)
-        shown = (raw if raw is not None else text).strip()
-        if len(shown) > 300:
-            shown = shown[:300] + "…"
-        via = text.find(" via ")
-        if via >= 0 and "->" in text:
-            self._channel(proc, text[via + 5 :], shown)
-            return
-        if "NET/OFI" in text or "aws-ofi-nccl" in text:
-            proc.ofi_seen = True
-        m = _VERSION.search(text)
-        if m:
-            if m.group(1) not in self._versions and len(self._versions) < 8:
-                self._versions.append(m.group(1))
-                self._keep(("version", m.group(1)), shown)
-            self._changed()
-            return
-        m = _PROVIDER.search(text)
-        if m:
-            provider = m.group(1)
-            proc.provider = provider
-            if provider not in self._providers and len(self._providers) < 8:
-                self._providers.append(provider)
-            self._keep(("provider", provider), shown)
-            if provider_transport(provider) != "efa":
-                self._note("provider:" + provider,
-                           f"the OFI plugin selected libfabric provider '{provider}', which is not EFA")
-            self._changed()
-            return
-        m = _NETWORK.search(text)
-        if m:
-            proc.network = m.group(1)
-            self._keep(("network", m.group(1)), shown)
-            self._changed()
-            return
-        m = _OFI_VERSION.search(text)
-        if m:
-            self._plugin_version = "aws-ofi-nccl " + m.group(1)
-            self._plugin = self._plugin or "aws-ofi-nccl"
-            self._keep(("plugin",), shown)
-            self._changed()
-            return
-        m = _LOADED_PLUGIN.search(text) or _P2P_PLUGIN.search(text)
-        if m:
-            name = m.group(1)
-            self._plugin = f"{name} ({m.group(2)})" if m.re is _LOADED_PLUGIN and m.group(2) else name
-            self._keep(("plugin",), shown)
-            self._changed()
-            return
-        m = _INIT_PLUGIN.search(text)
-        if m:
-            if _net_kind(m.group(1)) == "ofi" and self._plugin is None:
-                self._plugin = m.group(1)
-            return
-        m = _COMM_RANKS.search(text)
-        if m:
-            proc.rank, proc.n_ranks = int(m.group(1)), max(proc.n_ranks, int(m.group(2)))
-            proc.n_nodes = max(proc.n_nodes, int(m.group(3)))
-            self._keep(("nodes", str(proc.n_nodes)), shown)
-            self._changed()
-            return
-        m = _COMM_RANKS_OLD.search(text)
-        if m:
-            proc.rank, proc.n_ranks = int(m.group(1)), max(proc.n_ranks, int(m.group(2)))
-            self._changed()
-            return
-        m = _NET_FORCED.search(text)
-        if m:
-            self._forced = m.group(1)
-            self._keep(("forced",), shown)
-            self._note("forced", f"NCCL_NET is forced to '{m.group(1)}' by the environment")
-            self._changed()
-            return
-        if _PROVIDER_MISSING.search(text):
-            proc.plugin_failed = True
-            self._keep(("provider-missing",), shown)
-            self._note("provider-missing", "libfabric found no usable provider: " + _msg(text))
-            self._changed()
-        elif _PLUGIN_FAILED.search(text):
-            proc.plugin_failed = True
-            self._keep(("plugin-failed",), shown)
-            self._note("plugin-failed", "the network plugin failed to initialise: " + _msg(text))
-            self._changed()
-        elif _PLUGIN_MISSING.search(text):
-            proc.plugin_missing = True
-            self._keep(("plugin-missing",), shown)
-            self._changed()
+    def feed_normalized(self, ln: LogLine) -> None:
+        """For callers that already normalised: re-attach the prefix fields and feed."""
+        prefix = f"{ln.host}:{ln.pid}:0 [{ln.device or 0}] " if ln.host and ln.pid is not None else ""
+        self.feed(prefix + ln.text)
 
-    def _channel(self, proc: _Proc, target: str, shown: str) -> None:
+    def _channel(self, line: str) -> None:
+        target = line[line.find(" via ") + 5 :]
         if target.startswith("NET/"):
-            name = target[4:].split("/", 1)[0].strip()
-            kind = _net_kind(name)
-            counts = proc.net.get(kind)
-            if counts is None:
-                counts = proc.net[kind] = [0, 0]
-                self._keep(("channel", kind, proc.host), shown)
+            name = target[4:].split("/", 1)[0]
+            kind = self._kinds.get(name)
+            if kind is None:
+                kind = self._kinds[name] = _net_kind(name)
+            proc = self._proc_of(line)
+            gdr = "GDRDMA" in target
+            all_gdr = proc.net.get(kind)
+            if all_gdr is None:
+                proc.net[kind] = gdr
+                self._keep(("channel", kind, proc.host), line)
                 self._changed()
-            counts[0] += 1
-            if "GDRDMA" in target:
-                counts[1] += 1
+            elif all_gdr and not gdr:
+                proc.net[kind] = False
+                self._changed()
+        elif target.startswith(_INTRA_VIA):
+            proc = self._proc_of(line)
+            if not proc.intra:
+                proc.intra = True
+                self._keep(("channel", "intra", proc.host), line)
+                self._changed()
+
+    def _detail(self, line: str) -> None:
+        if "NCCL version" in line:
+            m = _VERSION.search(line)
+            if m and m.group(1) not in self._versions and len(self._versions) < 8:
+                self._versions.append(m.group(1))
+                self._keep(("version", m.group(1)), line)
+                self._changed()
             return
-        if target.startswith(_INTRA_VIA):
-            if proc.intra == 0:
-                self._keep(("channel", "intra", proc.host), shown)
+        if "rovider" in line:
+            m = _PROVIDER.search(line)
+            if m:
+                self._on_provider(line, m.group(1))
+                return
+            if _PROVIDER_MISSING.search(line):
+                self._proc_of(line).plugin_failed = True
+                self._fault("provider-missing", line, "libfabric found no usable provider")
+                return
+        if "etwork " in line:
+            m = _NETWORK.search(line)
+            if m:
+                proc = self._proc_of(line)
+                if proc.network != m.group(1):
+                    proc.network = m.group(1)
+                    self._keep(("network", m.group(1)), line)
+                    self._changed()
+                return
+        if "aws-ofi-nccl" in line:
+            m = _OFI_VERSION.search(line)
+            if m:
+                if self._plugin_version is None:
+                    self._plugin_version = "aws-ofi-nccl " + m.group(1)
+                    self._plugin = self._plugin or "aws-ofi-nccl"
+                    self._keep(("plugin",), line)
+                    self._changed()
+                return
+        if "lugin" in line:
+            m = _LOADED_PLUGIN.search(line) or _P2P_PLUGIN.search(line)
+            if m:
+                name = m.group(1)
+                plugin = f"{name} ({m.group(2)})" if m.re is _LOADED_PLUGIN and m.group(2) else name
+                if plugin != self._plugin:
+                    self._plugin = plugin
+                    self._keep(("plugin",), line)
+                    self._changed()
+                return
+            m = _INIT_PLUGIN.search(line)
+            if m:
+                if self._plugin is None and _net_kind(m.group(1)) == "ofi":
+                    self._plugin = m.group(1)
+                    self._changed()
+                return
+        if ("nNodes" in line or "nranks" in line) and self._ranks(line):
+            return
+        if "NCCL_NET " in line:
+            m = _NET_FORCED.search(line)
+            if m:
+                self._keep(("forced",), line)
+                self._note("forced", f"NCCL_NET is forced to '{m.group(1)}' by the environment")
                 self._changed()
-            proc.intra += 1
+                return
+        if _PLUGIN_FAILED.search(line):
+            self._proc_of(line).plugin_failed = True
+            self._fault("plugin-failed", line, "the network plugin failed to initialise")
+        elif _PLUGIN_MISSING.search(line):
+            self._proc_of(line).plugin_missing = True
+            self._keep(("plugin-missing",), line)
+            self._changed()
+
+    def _ranks(self, line: str) -> bool:
+        m = _COMM_RANKS.search(line) if "nNodes" in line else None
+        old = _COMM_RANKS_OLD.search(line) if m is None and "nranks" in line else None
+        if m is None and old is None:
+            return False
+        proc = self._proc_of(line)
+        rank, n_ranks = (m or old).group(1, 2)  # type: ignore[union-attr]
+        n_nodes = int(m.group(3)) if m else 0
+        if proc.rank != int(rank) or proc.n_ranks < int(n_ranks) or proc.n_nodes < n_nodes:
+            proc.rank, proc.n_ranks = int(rank), max(proc.n_ranks, int(n_ranks))
+            if n_nodes > proc.n_nodes:
+                proc.n_nodes = n_nodes
+                self._keep(("nodes", str(n_nodes)), line)
+            self._changed()
+        return True
+
+    def _on_provider(self, line: str, provider: str) -> None:
+        proc = self._proc_of(line)
+        if proc.provider == provider:
+            return
+        proc.provider = provider
+        if provider not in self._providers and len(self._providers) < 8:
+            self._providers.append(provider)
+        self._keep(("provider", provider), line)
+        if provider_transport(provider) != "efa":
+            self._note("provider:" + provider,
+                       f"the OFI plugin selected libfabric provider '{provider}', which is not EFA")
+        self._changed()
+
+    def _fault(self, key: str, line: str, what: str) -> None:
+        self._keep((key,), line)
+        self._note(key, f"{what}: {_msg(line)}")
+        self._changed()
+
+    def _proc_of(self, line: str) -> _Proc:
+        cut = line.find(" NCCL ")
+        prefix = line[:cut] if cut > 0 else ""
+        proc = self._by_prefix.get(prefix)
+        if proc is None:
+            proc = self._proc(normalize(prefix + " NCCL INFO" if prefix else line))
+            if len(self._by_prefix) >= MAX_PREFIX_CACHE:
+                self._by_prefix.clear()  # timestamped prefixes never repeat: keep memory flat
+            self._by_prefix[prefix] = proc
+        return proc
 
     def _proc(self, ln: LogLine) -> _Proc:
         host = ln.host or ""
@@ -232,7 +317,8 @@ class NcclAnalyzer:
 
     def _keep(self, key: tuple[str, ...], line: str) -> None:
         if key not in self._evidence and len(self._evidence) < MAX_EVIDENCE:
-            self._evidence[key] = line
+            shown = strip_ansi(line).strip()
+            self._evidence[key] = shown if len(shown) <= 300 else shown[:300] + "…"
 
     def _note(self, key: str, message: str) -> None:
         if key not in self._notes and len(self._notes) < MAX_WARNINGS:
@@ -249,10 +335,10 @@ class NcclAnalyzer:
 
     def _proc_transports(self, proc: _Proc, host_provider: str | None) -> set[str]:
         found: set[str] = set()
-        for kind, (channels, gdr) in proc.net.items():
+        for kind, all_gdr in proc.net.items():
             if kind == "ofi":
                 base = provider_transport(proc.provider or host_provider or self._job_provider())
-                if base == "efa" and gdr == channels:
+                if base == "efa" and all_gdr:
                     base = "efa_gdr"
                 found.add(base)
             elif kind.startswith("other:"):
@@ -282,7 +368,7 @@ class NcclAnalyzer:
         host_intra: dict[str, bool] = {}
         for p in procs:
             per_host.setdefault(p.host, set()).update(self._proc_transports(p, host_providers.get(p.host)))
-            host_intra[p.host] = host_intra.get(p.host, False) or p.intra > 0
+            host_intra[p.host] = host_intra.get(p.host, False) or p.intra
         used = set().union(*per_host.values()) if per_host else set()
         multi_node = (nodes or 0) > 1
         warnings = dict(self._notes)
@@ -309,11 +395,11 @@ class NcclAnalyzer:
             transport = "unknown"
             reason = ("no NCCL output seen" if not self.nccl_lines
                       else "no NCCL channel has connected yet")
-        if transport == "unknown" and any(p.net.get("ofi") for p in procs) and not self._providers:
+        if transport == "unknown" and any("ofi" in p.net for p in procs) and not self._providers:
             warnings.setdefault("no-provider",
                                 "the OFI plugin carried traffic but its provider was never logged")
         if transport == "socket":
-            tried = any(p.ofi_seen or p.plugin_failed or p.plugin_missing for p in procs) or self._plugin
+            tried = self._ofi_seen or self._plugin or any(p.plugin_failed or p.plugin_missing for p in procs)
             if tried:
                 warnings.setdefault("fallback", "NCCL fell back to TCP sockets although a network plugin "
                                     "was configured or attempted")

@@ -60,6 +60,25 @@ class Verdict:
             return self.transport in ("efa", "efa_gdr")
         return self.transport == required
 
+    def describe(self, *, max_evidence: int = 6) -> list[str]:
+        """Indented human lines: why, versions, size, warnings, the top evidence."""
+        out = [f"  why: {self.reason}"]
+        versions = [f"NCCL {self.nccl_version or '?'}"]
+        if self.plugin or self.plugin_version:
+            versions.append("plugin " + " / ".join(x for x in (self.plugin, self.plugin_version) if x))
+        if self.provider:
+            versions.append(f"provider {self.provider}")
+        out.append("  " + ", ".join(versions))
+        out.append(f"  nodes {'?' if self.nodes is None else self.nodes}, "
+                   f"ranks {'?' if self.ranks is None else self.ranks}")
+        if len(set(self.hosts.values())) > 1:
+            out.append("  per host: " + ", ".join(f"{h}={t}" for h, t in self.hosts.items()))
+        out.extend(f"  warning: {w}" for w in self.warnings)
+        if self.evidence and max_evidence:
+            out.append("  evidence:")
+            out.extend(f"    {line}" for line in self.evidence[:max_evidence])
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "transport": self.transport, "label": self.label, "reason": self.reason,
