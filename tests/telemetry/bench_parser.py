@@ -1,6 +1,6 @@
 """Parser throughput vs a bare ``for line in f`` loop over the same file, in the same run.
 
-    python -m tests.telemetry.bench_parser [--lines 1000000] [--nccl-share 0.25]
+    python tests/telemetry/bench_parser.py [--lines 1000000] [--nccl-share 0.05]
 
 Prints both rates, their ratio (goal >= 0.5) and the traced memory peak of a full parse
 next to that of a parse of a quarter of the file (bounded state means the two match).
@@ -16,15 +16,16 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from nccl_synth import training_log  # type: ignore[import-not-found,no-redef]
-else:
-    from tests.telemetry.nccl_synth import training_log
+# Runnable as a script from the repo root: the repo and this folder must be importable.
+for _path in (Path(__file__).resolve().parents[2], Path(__file__).resolve().parent):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
-from backend.telemetry import Telemetry
+from nccl_synth import training_log  # noqa: E402
+
+from backend.telemetry import Telemetry  # noqa: E402
 
 
 def write_log(path: Path, n_lines: int, nccl_share: float) -> None:
@@ -78,7 +79,7 @@ def traced_peak(path: Path, limit: int | None) -> int:
     return peak
 
 
-def measure(path: Path, n_lines: int, runs: int = 3) -> dict[str, float]:
+def measure(path: Path, n_lines: int, runs: int = 3) -> dict[str, Any]:
     bare = _best_of(runs, lambda: bare_loop(path))
     parsed = _best_of(runs, lambda: parse(path))
     replayed = _best_of(runs, lambda: replay(path))
@@ -98,8 +99,9 @@ def measure(path: Path, n_lines: int, runs: int = 3) -> dict[str, float]:
         "feed_lines_ratio": bare / parsed,
         "peak_quarter_bytes": traced_peak(path, n_lines // 4),
         "peak_full_bytes": traced_peak(path, None),
-        "transport": telemetry.transport.transport,  # type: ignore[dict-item]
+        "transport": telemetry.transport.transport,
         "points": len(telemetry.series),
+        "records": telemetry.series.records,
     }
 
 

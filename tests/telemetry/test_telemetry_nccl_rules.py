@@ -107,7 +107,8 @@ def test_simple_order_and_tuner_fallbacks_are_not_network_fallbacks() -> None:
     lines = two_node("NET/Libfabric/0/GDRDMA", provider="efa", extra=(
         at("a", 1, 0, "NET/OFI NCCL_OFI_TUNER is not available for platform : g6e.48xlarge, "
                       "Fall back to NCCL's tuner"),
-        at("a", 1, 0, "TUNER/Plugin: Failed to find ncclTunerPlugin_v2 symbol, using internal tuner instead."),
+        at("a", 1, 0, "TUNER/Plugin: Failed to find ncclTunerPlugin_v2 symbol, using internal tuner "
+                      "instead."),
         at("a", 1, 0, "NVLS comm 0x1 headRank 0 nHeads 1 buffSize 4194304, falling back to simple order"),
         at("a", 1, 0, "NET/Plugin: Failed to find ncclCollNetPlugin_v8 symbol."),
     ))
@@ -172,7 +173,8 @@ def test_binary_garbage_and_empty_input() -> None:
 def test_state_is_bounded_per_process_not_per_line() -> None:
     analyzer = NcclAnalyzer()
     for i in range(20_000):
-        analyzer.feed(at("a", 1, 0, f"Channel {i % 32:02d}/0 : 1[0] -> 0[0] [receive] via NET/Socket/{i % 4}"))
+        channel = f"Channel {i % 32:02d}/0 : 1[0] -> 0[0] [receive] via NET/Socket/{i % 4}"
+        analyzer.feed(at("a", 1, 0, channel))
         analyzer.feed(at(f"ts-{i}", 1, 0, "Using network Socket"))  # a new process every line
     verdict = analyzer.verdict()
     assert len(verdict.evidence) <= 24 and len(analyzer._procs) <= 4096 + 1

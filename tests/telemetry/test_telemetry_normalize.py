@@ -11,7 +11,8 @@ NCCL = "NCCL INFO Using network Libfabric"
     ("line", "host", "pid", "rank", "device"),
     [
         (f"node-1:123:456 [3] {NCCL}", "node-1", 123, None, 3),
-        (f"\x1b[36m(RayTrainWorker pid=77, ip=10.0.1.5)\x1b[0m node-1:123:456 [0] {NCCL}", "node-1", 123, None, 0),
+        (f"\x1b[36m(RayTrainWorker pid=77, ip=10.0.1.5)\x1b[0m node-1:123:456 [0] {NCCL}",
+         "node-1", 123, None, 0),
         (f"(RayTrainWorker pid=77, ip=10.0.1.5) {NCCL}", "10.0.1.5", 77, None, None),
         (f"(TrainController pid=9) {NCCL}", None, 9, None, None),
         (f"(pid=9) {NCCL}", None, 9, None, None),
@@ -62,7 +63,8 @@ def test_stacked_prefixes() -> None:
     line = ("2026-01-26T07:53:00Z [pod/w-1/c] \x1b[36m(RayTrainWorker pid=5, ip=10.0.0.9)\x1b[0m "
             "[rank3]:w-1:5:6 [3] NCCL INFO hi")
     out = normalize(line)
-    assert (out.text, out.host, out.pid, out.rank, out.actor) == ("NCCL INFO hi", "w-1", 5, 3, "RayTrainWorker")
+    fields = (out.text, out.host, out.pid, out.rank, out.actor)
+    assert fields == ("NCCL INFO hi", "w-1", 5, 3, "RayTrainWorker")
 
 
 def test_garbage_does_not_crash() -> None:

@@ -25,7 +25,7 @@ def _leading_int(value: Any) -> int | None:
     return int(m.group()) if m else None
 
 
-@pytest.mark.parametrize("entry", ENTRIES or [None], ids=ids or ["no-logs"])
+@pytest.mark.parametrize("entry", list[dict[str, Any] | None](ENTRIES) or [None], ids=ids or ["no-logs"])
 def test_real_log_matches_manifest(entry: dict[str, Any] | None, nccl_logs: Path) -> None:
     assert entry is not None
     verdict = classify_lines(iter_file_lines(nccl_logs / entry["file"]))

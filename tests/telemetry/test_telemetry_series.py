@@ -44,7 +44,7 @@ def test_reference_throughput_style() -> None:
 
 def test_malformed_and_unrelated_lines_are_ignored() -> None:
     series = MetricSeries()
-    for line in ("RTUI_METRIC {broken", "RTUI_METRIC [1, 2]", "RTUI_METRIC {\"step\": \"x\", \"loss\": \"nan\"}",
+    for line in ("RTUI_METRIC {broken", "RTUI_METRIC [1, 2]", 'RTUI_METRIC {"step": "x", "loss": "nan"}',
                  "hello", "RTUI_METRIC"):
         series.feed(line)
     assert all(p.step is None and p.loss is None for p in series.points)
