@@ -1,0 +1,136 @@
+"""The single entry point for log telemetry: every log line goes through ``Telemetry.feed``.
+
+The TUI, the CLI and the run store read the NCCL transport verdict and the metric series
+from here and never parse logs themselves (DESIGN.md §1). A resumed session rebuilds the
+same state by replaying the run's spool with ``replay_file`` and then keeps up with
+``feed_from``, which continues at the byte offset already consumed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from backend.telemetry.metrics import DEFAULT_MAX_POINTS, MetricSeries
+from training.logparse.lines import READ_SIZE, LineSplitter, marked_lines
+from training.logparse.nccl import NcclAnalyzer
+from training.logparse.verdict import Verdict
+
+SNAPSHOT_SCHEMA = 1
+# Every line either analyser acts on contains one of these.
+MARKERS = (b"NCCL", b"RTUI_", b"THROUGHPUT")
+
+
+class Telemetry:
+    """NCCL transport verdict + bounded metric series, fed line by line from any source."""
+
+    def __init__(self, *, max_points: int = DEFAULT_MAX_POINTS, model_params: float | None = None,
+                 peak_flops_per_gpu: float | None = None, n_gpus: int | None = None) -> None:
+        self.nccl = NcclAnalyzer()
+        self.series = MetricSeries(max_points=max_points, model_params=model_params,
+                                   peak_flops_per_gpu=peak_flops_per_gpu, n_gpus=n_gpus)
+        self.lines = 0
+        self._live = LineSplitter()
+        self._spool: Path | None = None
+        self._spool_splitter = LineSplitter()
+        self._spool_offset = 0
+
+    # -- live feeding --------------------------------------------------------------------
+    def feed(self, line: str) -> None:
+        self.lines += 1
+        if "NCCL" in line:
+            self.nccl.feed(line)
+        elif "RTUI_" in line or "THROUGHPUT" in line:
+            self.series.feed(line)
+
+    def feed_lines(self, lines: Iterable[str]) -> int:
+        """Feed many lines; the hot loop of replay and classify, so kept free of calls."""
+        nccl_feed = self.nccl.feed
+        series_feed = self.series.feed
+        count = 0
+        for line in lines:
+            count += 1
+            if "NCCL" in line:
+                nccl_feed(line)
+            elif "RTUI_" in line or "THROUGHPUT" in line:
+                series_feed(line)
+        self.lines += count
+        return count
+
+    def feed_bytes(self, chunk: bytes) -> int:
+        """Feed raw bytes from a stream (pod log, pipe); a partial line waits for the rest."""
+        return self._feed_block(self._live.push_block(chunk))
+
+    def _feed_block(self, block: bytes) -> int:
+        """Complete lines as bytes: only the lines holding a marker are decoded and parsed."""
+        if not block:
+            return 0
+        count = block.count(b"\n")
+        fed = self.feed_lines(marked_lines(block, MARKERS))
+        self.lines += count - fed  # feed_lines counted only the lines it was given
+        return count
+
+    def end_of_stream(self) -> int:
+        """The stream is finished: its unterminated last line is a line after all."""
+        return self.feed_lines(self._live.flush())
+
+    # -- results ---------------------------------------------------------------------------
+    @property
+    def transport(self) -> Verdict:
+        return self.nccl.verdict()
+
+    def snapshot(self, *, tail: int = 240) -> dict[str, Any]:
+        """JSON-able state for the run store (the spool, not this, is the source of truth)."""
+        return {
+            "schema": SNAPSHOT_SCHEMA,
+            "lines": self.lines,
+            "transport": self.transport.to_dict(),
+            "metrics": self.series.to_dict(tail=tail),
+            "spool": {"path": str(self._spool) if self._spool else None, "offset": self._spool_offset},
+        }
+
+    # -- spool replay ------------------------------------------------------------------------
+    @property
+    def spool_offset(self) -> int:
+        """Bytes of the spool consumed so far: always the end of a complete line."""
+        return self._spool_offset
+
+    def replay_file(self, path: str | os.PathLike[str]) -> int:
+        """Consume a whole spool from its start; returns the bytes consumed.
+
+        Replaying the spool this object already follows does not start over (that would
+        count every metric twice); it just continues like ``feed_from``.
+        """
+        spool = Path(path)
+        if self._spool is None or self._spool != spool:
+            self._spool = spool
+            self._spool_offset = 0
+            self._spool_splitter = LineSplitter()
+        return self.feed_from()
+
+    def feed_from(self, path: str | os.PathLike[str] | None = None) -> int:
+        """Consume what was appended to the spool since the last call; returns bytes consumed.
+
+        A last line without its newline is left for the next call. A spool that shrank
+        (replaced behind our back) is not re-read, so nothing is ever counted twice.
+        """
+        if path is not None and Path(path) != self._spool:
+            return self.replay_file(path)
+        if self._spool is None:
+            raise ValueError("feed_from() needs a path before replay_file() has been called")
+        splitter = self._spool_splitter
+        before = splitter.consumed
+        with open(self._spool, "rb") as stream:
+            stream.seek(self._spool_offset)
+            read = stream.read
+            while True:
+                chunk = read(READ_SIZE)
+                if not chunk:
+                    break
+                self._feed_block(splitter.push_block(chunk))
+        splitter.discard_pending()
+        gained = splitter.consumed - before
+        self._spool_offset += gained
+        return gained

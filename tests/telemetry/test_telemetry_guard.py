@@ -1,0 +1,125 @@
+"""The strict --require-transport check, against fake per-rank NCCL debug files."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from training.transport_guard import (
+    DEBUG_FILE_PATTERN,
+    capture_nccl_debug,
+    check_transport,
+    enforce_transport,
+    read_verdict,
+)
+
+
+def rank_file(directory: Path, host: str, pid: int, channel: str, *, provider: str | None = "efa",
+              n_nodes: int = 2) -> Path:
+    lines = [f"{host}:{pid}:{pid} [0] NCCL INFO NCCL version 2.27.3+cuda12.9"]
+    if provider:
+        lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO NET/OFI Selected provider is {provider}, fabric is x")
+    lines += [f"{host}:{pid}:{pid} [0] NCCL INFO comm 0x1 rank 0 nRanks {2 * n_nodes} nNodes {n_nodes} "
+              "localRanks 2 localRank 0 MNNVL 0",
+              f"{host}:{pid}:{pid + 1} [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via {channel}"]
+    path = directory / f"nccl.{host}.{pid}.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_capture_sets_env_for_per_process_files(tmp_path: Path) -> None:
+    env: dict[str, str] = {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "COLL"}
+    directory = capture_nccl_debug(tmp_path / "nccl", env)
+    assert directory.is_dir()
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl" / DEBUG_FILE_PATTERN)
+    assert env["NCCL_DEBUG_SUBSYS"].split(",") == ["COLL", "INIT", "NET", "ENV"]
+    excluded = {"NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "^INIT,GRAPH"}
+    capture_nccl_debug(tmp_path, excluded)
+    assert excluded["NCCL_DEBUG"] == "TRACE" and excluded["NCCL_DEBUG_SUBSYS"] == "^GRAPH"
+    untouched: dict[str, str] = {}
+    capture_nccl_debug(tmp_path, untouched)
+    assert "NCCL_DEBUG_SUBSYS" not in untouched
+
+
+def test_efa_and_efa_gdr_satisfy_efa(tmp_path: Path) -> None:
+    rank_file(tmp_path, "a", 10, "NET/Libfabric/0/GDRDMA")
+    rank_file(tmp_path, "a", 11, "NET/Libfabric/1/GDRDMA")
+    verdict = enforce_transport("efa", tmp_path, wait_s=0)
+    assert verdict.transport == "efa_gdr"
+    assert enforce_transport("any", tmp_path, wait_s=0) is not None
+
+
+def test_socket_fallback_exits_with_evidence(tmp_path: Path) -> None:
+    rank_file(tmp_path, "a", 10, "NET/Socket/0", provider=None)
+    with pytest.raises(SystemExit) as info:
+        enforce_transport("efa", tmp_path, wait_s=0)
+    message = str(info.value.code)
+    assert message.startswith("rtui: NCCL transport check failed: required efa, but NCCL uses TCP sockets")
+    assert "evidence:" in message and "via NET/Socket/0" in message
+    assert enforce_transport("socket", tmp_path, wait_s=0).transport == "socket"
+
+
+def test_libfabric_tcp_provider_is_not_efa(tmp_path: Path) -> None:
+    rank_file(tmp_path, "a", 10, "NET/Libfabric/0", provider="tcp;ofi_rxm")
+    with pytest.raises(SystemExit, match="TCP sockets"):
+        enforce_transport("efa", [tmp_path / "nccl.a.10.log"], wait_s=0)
+
+
+def test_single_node_fails_efa_with_an_explanation(tmp_path: Path) -> None:
+    rank_file(tmp_path, "a", 10, "P2P/CUMEM/read", n_nodes=1)
+    with pytest.raises(SystemExit, match="single-node job"):
+        enforce_transport("efa", tmp_path, wait_s=0)
+
+
+def test_multi_node_without_network_evidence_fails_after_waiting(tmp_path: Path) -> None:
+    rank_file(tmp_path, "a", 10, "P2P/IPC/read", n_nodes=2)
+    start = time.monotonic()
+    with pytest.raises(SystemExit, match="no network evidence was seen"):
+        enforce_transport("efa", tmp_path, wait_s=0.3, poll_s=0.05)
+    assert time.monotonic() - start >= 0.3
+
+
+def test_no_nccl_output_at_all(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no NCCL output was captured"):
+        enforce_transport("socket", tmp_path / "nothing-here", wait_s=0)
+
+
+def test_waits_for_a_late_rank_to_flush(tmp_path: Path) -> None:
+    rank_file(tmp_path, "a", 10, "P2P/IPC/read")
+    timer = threading.Timer(0.2, rank_file, args=(tmp_path, "a", 11, "NET/Libfabric/0"))
+    timer.start()
+    try:
+        assert enforce_transport("efa", tmp_path, wait_s=5, poll_s=0.05).transport == "efa"
+    finally:
+        timer.cancel()
+
+
+def test_lines_and_echo(tmp_path: Path) -> None:
+    lines = rank_file(tmp_path, "b", 5, "NET/IB/0/GDRDMA").read_text().splitlines()
+    echo = io.StringIO()
+    verdict = enforce_transport("ib", lines=lines, echo=echo)
+    assert verdict.transport == "ib"
+    assert read_verdict(lines=echo.getvalue().splitlines()) == verdict  # the TUI sees the same thing
+
+
+def test_unknown_requirement_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        check_transport("unknown", read_verdict(lines=[]))
+
+
+def test_guard_imports_no_backend_or_heavy_modules() -> None:
+    code = ("import sys, training.transport_guard, training.logparse\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('backend', 'tui', 'screens', 'pydantic', 'torch', 'ray', 'textual')]\n"
+            "print(bad); sys.exit(1 if bad else 0)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd(),
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

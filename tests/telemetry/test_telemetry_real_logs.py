@@ -1,0 +1,79 @@
+"""Every real NCCL log in shared/nccl_logs is classified as its MANIFEST says."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tel_support import NCCL_LOGS, manifest_entries
+
+from backend.telemetry.classify import classify_command
+from training.logparse import classify_lines, iter_file_lines
+
+ENTRIES = manifest_entries()
+ids = [e["file"][:2] for e in ENTRIES]
+
+
+def _leading_int(value: Any) -> int | None:
+    if isinstance(value, int):
+        return value
+    m = re.match(r"\d+", str(value or ""))
+    return int(m.group()) if m else None
+
+
+@pytest.mark.parametrize("entry", list[dict[str, Any] | None](ENTRIES) or [None], ids=ids or ["no-logs"])
+def test_real_log_matches_manifest(entry: dict[str, Any] | None, nccl_logs: Path) -> None:
+    assert entry is not None
+    verdict = classify_lines(iter_file_lines(nccl_logs / entry["file"]))
+    expected = entry["expected_transport"]
+    # The manifest names the family; every NET channel carrying /GDRDMA refines efa to efa_gdr.
+    assert verdict.transport == expected or (expected == "efa" and verdict.transport == "efa_gdr"), (
+        verdict.reason, verdict.evidence)
+    assert verdict.satisfies(expected)
+    assert verdict.nccl_version == entry["nccl_version"]
+    assert verdict.ranks == entry["ranks"]
+    assert verdict.nodes == _leading_int(entry["nodes"])
+    ofi = re.search(r"aws-ofi-nccl (\d+\.\d+\.\d+)", entry["plugin_version"] or "")
+    if ofi:
+        assert verdict.plugin_version == f"aws-ofi-nccl {ofi.group(1)}"
+    if entry["failure"]:
+        assert verdict.warnings, "a log the manifest marks as a failure must raise a warning"
+    assert verdict.evidence
+
+
+def test_gdr_refinement_and_plugin_failure_details(nccl_logs: Path) -> None:
+    gdr = classify_lines(iter_file_lines(next(nccl_logs.glob("01_*.log"))))
+    assert gdr.transport == "efa_gdr" and gdr.provider == "efa" and gdr.plugin_version is None
+    no_gdr = classify_lines(iter_file_lines(next(nccl_logs.glob("02_*.log"))))
+    assert no_gdr.transport == "efa"
+    ib = classify_lines(iter_file_lines(next(nccl_logs.glob("15_*.log"))))
+    assert ib.provider == "verbs;ofi_rxm"
+    assert any("not EFA" in w for w in ib.warnings)
+    assert any("failed to initialise" in w for w in ib.warnings)
+    for intra in ("21_*.log", "22_*.log", "23_*.log"):
+        verdict = classify_lines(iter_file_lines(next(nccl_logs.glob(intra))))
+        assert "never used" in verdict.reason and verdict.network
+
+
+def test_classify_json_one_object_per_file(nccl_logs: Path) -> None:
+    paths = sorted(str(p) for p in nccl_logs.glob("*.log"))
+    out = io.StringIO()
+    code = classify_command(paths, as_json=True, stdout=out, stdin=io.StringIO(""))
+    assert code == 0
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["file"] for r in records] == paths
+    by_name = {Path(r["file"]).name: r for r in records}
+    for entry in manifest_entries():
+        record = by_name[entry["file"]]
+        for key in ("file", "transport", "nccl_version", "plugin", "provider", "nodes", "ranks",
+                    "warnings", "evidence"):
+            assert key in record
+        assert record["transport"].startswith(entry["expected_transport"])
+
+
+def test_nccl_logs_path_is_relative_to_repo() -> None:
+    assert NCCL_LOGS.name == "nccl_logs" and NCCL_LOGS.parent.name == "shared"

@@ -1,0 +1,96 @@
+"""Byte streams: partial lines, garbage, and a 2 GB stream without a newline in bounded memory."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tracemalloc
+from collections.abc import Iterator
+
+from backend.telemetry import Telemetry
+from backend.telemetry.classify import classify_stream
+from training.logparse.lines import LineSplitter, iter_stream_lines, iter_stream_marked, marked_lines
+
+SOCKET_LINE = b"a:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0\n"
+SOCKET_LINE_B = b"b:2:3 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [send] via NET/Socket/0\n"
+
+
+def test_splitter_counts_only_complete_lines() -> None:
+    splitter = LineSplitter()
+    assert splitter.push(b"one\ntw") == ["one"] and splitter.consumed == 4
+    assert splitter.push(b"o\nthree") == ["two"] and splitter.consumed == 8
+    assert splitter.pending_bytes == 5
+    assert splitter.flush() == ["three"] and splitter.consumed == 13
+
+
+def test_splitter_decodes_invalid_utf8_and_multibyte_across_chunks() -> None:
+    data = "한국어 ✓\n".encode() + b"\xff\xfe bad\n"
+    splitter = LineSplitter()
+    out = [line for i in range(len(data)) for line in splitter.push(data[i : i + 1])]
+    assert out == ["한국어 ✓", "\ufffd\ufffd bad"]
+
+
+def test_overlong_line_is_dropped_with_memory_bounded() -> None:
+    splitter = LineSplitter(max_line_bytes=1000)
+    assert splitter.push(b"x" * 600) == [] and splitter.push(b"x" * 600) == []
+    assert splitter.pending_bytes == 0 and splitter.dropped_lines == 1
+    assert splitter.push(b"xxx\nok\n") == ["ok"] and splitter.consumed == 1200 + 7
+
+
+def test_marked_lines_keeps_order_and_only_marked() -> None:
+    block = b"a NCCL 1\nnoise\nRTUI_ 2\nboth NCCL RTUI_\n\nNCCL NCCL twice\nlast"
+    assert marked_lines(block, (b"NCCL", b"RTUI_")) == ["a NCCL 1", "RTUI_ 2", "both NCCL RTUI_",
+                                                         "NCCL NCCL twice"]
+
+
+def _blob(total: int, chunk: int) -> Iterator[bytes]:
+    piece = (bytes(range(256)).replace(b"\n", b"?") * (chunk // 256 + 1))[:chunk]
+    sent = 0
+    while sent < total:
+        yield piece
+        sent += len(piece)
+
+
+def test_two_gigabytes_without_newline_stays_bounded() -> None:
+    telemetry = Telemetry()
+    tracemalloc.start()
+    for chunk in _blob(2 * 1024**3, 4 * 1024**2):
+        telemetry.feed_bytes(chunk)
+    telemetry.feed_bytes(b"\n" + SOCKET_LINE + SOCKET_LINE_B)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 16 * 1024**2, f"peak {peak} bytes"
+    assert telemetry._live.dropped_lines == 1
+    assert telemetry.transport.transport == "socket"
+
+
+def test_binary_garbage_stream() -> None:
+    garbage = os.urandom(1 << 20) + b"\nNCCL\x00 via NET/\xff\n" + SOCKET_LINE + SOCKET_LINE_B
+    assert classify_stream(io.BytesIO(garbage)).transport == "socket"
+    assert list(iter_stream_lines(io.BytesIO(b""))) == []
+    assert list(iter_stream_marked(io.BytesIO(b"x NCCL y"), (b"NCCL",))) == ["x NCCL y"]
+
+
+def test_classify_reads_a_pipe_in_bounded_memory() -> None:
+    """256 MiB of newline-free output through a real pipe, then evidence: rss stays small."""
+    code = (
+        "import sys, resource\n"
+        "from backend.telemetry.classify import classify_command\n"
+        "rc = classify_command(['-'], as_json=True, stdout=sys.stdout, stdin=sys.stdin)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            cwd=os.getcwd())
+    assert proc.stdin is not None
+    for chunk in _blob(256 * 1024**2, 1024**2):
+        proc.stdin.write(chunk)
+    proc.stdin.write(b"\n" + SOCKET_LINE + SOCKET_LINE_B)
+    proc.stdin.close()
+    assert proc.stdout is not None
+    out = proc.stdout.read().decode().splitlines()
+    assert proc.wait(timeout=120) == 0
+    assert '"transport": "socket"' in out[0]
+    assert int(out[1]) < 200 * 1024  # KiB: the interpreter plus a few MiB, never the 256 MiB

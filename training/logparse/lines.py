@@ -1,0 +1,148 @@
+"""Turn a byte stream into complete lines with bounded memory, counting bytes consumed.
+
+Byte offsets matter for the run's log spool: a resumed session continues exactly where
+the replay stopped, so a partial last line (still being written) is held back until its
+newline arrives. A stream with no newline at all (binary garbage, a 2 GB blob) must not
+grow memory: past ``max_line_bytes`` the line is dropped and skipped to its end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import BinaryIO
+
+MAX_LINE_BYTES = 1 << 20
+READ_SIZE = 1 << 16
+
+
+class LineSplitter:
+    """Feed bytes with ``push``; get back the complete lines they finish, decoded."""
+
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.consumed = 0  # bytes handed out as lines or deliberately dropped
+        self.dropped_lines = 0
+        self._pending = bytearray()
+        self._skipping = False
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._pending)
+
+    def push(self, chunk: bytes) -> list[str]:
+        block = self.push_block(chunk)
+        if not block:
+            return []
+        lines = block.decode("utf-8", "replace").split("\n")
+        lines.pop()  # the empty string after the final newline
+        return lines
+
+    def push_block(self, chunk: bytes) -> bytes:
+        """Like ``push`` but undecoded: the complete lines finished by ``chunk``, ending in \\n."""
+        if self._skipping:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                self.consumed += len(chunk)
+                return b""
+            self.consumed += nl + 1
+            chunk = chunk[nl + 1 :]
+            self._skipping = False
+        last = chunk.rfind(b"\n")
+        if last < 0:
+            self._pending += chunk
+            self._check_overflow()
+            return b""
+        if self._pending:
+            self._pending += chunk[: last + 1]
+            head = bytes(self._pending)
+            self._pending.clear()
+        else:
+            head = chunk[: last + 1]
+        self._pending += chunk[last + 1 :]
+        self._check_overflow()
+        self.consumed += len(head)
+        return head
+
+    def flush(self) -> list[str]:
+        """At the end of a finished stream, the unterminated last line counts too."""
+        if not self._pending:
+            return []
+        self.consumed += len(self._pending)
+        line = self._pending.decode("utf-8", "replace")
+        self._pending.clear()
+        return [line]
+
+    def discard_pending(self) -> int:
+        """Forget a partial last line (it will be read again once complete); returns its size."""
+        size = len(self._pending)
+        self._pending.clear()
+        return size
+
+    def _check_overflow(self) -> None:
+        if len(self._pending) > self.max_line_bytes:
+            self.consumed += len(self._pending)
+            self._pending.clear()
+            self._skipping = True
+            self.dropped_lines += 1
+
+
+def marked_lines(block: bytes, markers: tuple[bytes, ...]) -> list[str]:
+    """The lines of ``block`` (complete lines) that contain any marker, decoded, in order.
+
+    Finding markers with ``bytes.find`` over the whole block and decoding only the lines
+    around the hits is what lets a parser outrun a plain ``for line in f`` loop: most log
+    lines never become Python strings at all.
+    """
+    starts: set[int] = set()
+    find, rfind = block.find, block.rfind
+    for marker in markers:
+        pos = find(marker)
+        while pos >= 0:
+            start = rfind(b"\n", 0, pos) + 1
+            starts.add(start)
+            end = find(b"\n", pos)
+            if end < 0:
+                break
+            pos = find(marker, end)
+    out = []
+    for start in sorted(starts):
+        end = find(b"\n", start)
+        out.append(block[start : end if end >= 0 else len(block)].decode("utf-8", "replace"))
+    return out
+
+
+def iter_stream_marked(stream: BinaryIO, markers: tuple[bytes, ...], *,
+                       splitter: LineSplitter | None = None) -> Iterator[str]:
+    """Only the lines of a finished binary stream that contain one of ``markers``."""
+    splitter = splitter or LineSplitter()
+    read = stream.read
+    while True:
+        chunk = read(READ_SIZE)
+        if not chunk:
+            break
+        block = splitter.push_block(chunk)
+        if block:
+            yield from marked_lines(block, markers)
+    for line in splitter.flush():
+        if any(m.decode() in line for m in markers):
+            yield line
+
+
+def iter_stream_lines(stream: BinaryIO, *, final: bool = True,
+                      splitter: LineSplitter | None = None) -> Iterator[str]:
+    """Every line of a binary stream; ``final=False`` leaves a partial last line unread."""
+    splitter = splitter or LineSplitter()
+    read = stream.read
+    while True:
+        chunk = read(READ_SIZE)
+        if not chunk:
+            break
+        yield from splitter.push(chunk)
+    if final:
+        yield from splitter.flush()
+
+
+def iter_file_lines(path: str | os.PathLike[str]) -> Iterator[str]:
+    with open(path, "rb") as stream:
+        yield from iter_stream_lines(stream)

@@ -1,0 +1,90 @@
+"""The transport verdict: what NCCL uses, and the evidence for it (plain data, stdlib only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TRANSPORTS = ("efa", "efa_gdr", "socket", "ib", "intra_node", "unknown")
+# When ranks disagree the job runs at the pace of its slowest link.
+SLOWEST_FIRST = ("socket", "unknown", "ib", "efa", "efa_gdr")
+LABELS = {
+    "efa": "EFA (libfabric efa provider)",
+    "efa_gdr": "EFA with GPUDirect RDMA",
+    "socket": "TCP sockets",
+    "ib": "InfiniBand / RoCE verbs",
+    "intra_node": "intra-node only (P2P/SHM/NVLS), no network used",
+    "unknown": "unknown (not enough evidence yet)",
+}
+
+def provider_transport(provider: str | None) -> str:
+    """What a libfabric provider string means for us: ``tcp;ofi_rxm`` is not EFA."""
+    if not provider:
+        return "unknown"
+    core = provider.lower().split(";", 1)[0]
+    if core.startswith("efa"):
+        return "efa"
+    if core in ("tcp", "sockets", "udp", "net"):
+        return "socket"
+    if core in ("verbs", "psm3", "psm2", "opx", "cxi"):
+        return "ib"
+    return "unknown"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The transport verdict for a whole job, plus why we believe it."""
+
+    transport: str
+    reason: str
+    nccl_version: str | None = None
+    plugin: str | None = None
+    plugin_version: str | None = None
+    provider: str | None = None
+    network: str | None = None
+    nodes: int | None = None
+    ranks: int | None = None
+    hosts: dict[str, str] = field(default_factory=dict)
+    evidence: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.transport]
+
+    def satisfies(self, required: str) -> bool:
+        """``efa_gdr`` is a kind of ``efa``; ``any`` accepts every verdict."""
+        if required == "any":
+            return True
+        if required == "efa":
+            return self.transport in ("efa", "efa_gdr")
+        return self.transport == required
+
+    def describe(self, *, max_evidence: int = 6) -> list[str]:
+        """Indented human lines: why, versions, size, warnings, the top evidence."""
+        out = [f"  why: {self.reason}"]
+        versions = [f"NCCL {self.nccl_version or '?'}"]
+        if self.plugin or self.plugin_version:
+            versions.append("plugin " + " / ".join(x for x in (self.plugin, self.plugin_version) if x))
+        if self.provider:
+            versions.append(f"provider {self.provider}")
+        out.append("  " + ", ".join(versions))
+        out.append(f"  nodes {'?' if self.nodes is None else self.nodes}, "
+                   f"ranks {'?' if self.ranks is None else self.ranks}")
+        if len(set(self.hosts.values())) > 1:
+            out.append("  per host: " + ", ".join(f"{h}={t}" for h, t in self.hosts.items()))
+        out.extend(f"  warning: {w}" for w in self.warnings)
+        if self.evidence and max_evidence:
+            out.append("  evidence:")
+            out.extend(f"    {line}" for line in self.evidence[:max_evidence])
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "transport": self.transport, "label": self.label, "reason": self.reason,
+            "nccl_version": self.nccl_version, "plugin": self.plugin,
+            "plugin_version": self.plugin_version, "provider": self.provider,
+            "network": self.network, "nodes": self.nodes, "ranks": self.ranks,
+            "hosts": dict(self.hosts), "warnings": list(self.warnings),
+            "evidence": list(self.evidence),
+        }

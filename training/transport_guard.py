@@ -1,0 +1,124 @@
+"""``--require-transport``: stop a training run whose NCCL is not on the network asked for.
+
+Call ``capture_nccl_debug(dir)`` before the process group starts, so every rank writes its
+NCCL INFO log to ``dir/nccl.<host>.<pid>.log``; after the first collective call
+``enforce_transport(required, dir)``. It reads every rank's file in that directory (the
+ranks of this node), and raises ``SystemExit`` with the evidence when the verdict is not
+the one required. Stdlib only (runs inside the cluster image).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, MutableMapping
+from pathlib import Path
+from typing import TextIO
+
+from training.logparse.lines import iter_stream_marked
+from training.logparse.nccl import NcclAnalyzer
+from training.logparse.verdict import TRANSPORTS, Verdict
+
+REQUIREMENTS = ("any", *TRANSPORTS[:-1])  # requiring "unknown" makes no sense
+DEBUG_FILE_PATTERN = "nccl.%h.%p.log"
+# Subsystems that print the lines the verdict needs (init, plugin and channel setup).
+_NEEDED_SUBSYS = ("INIT", "NET", "ENV")
+
+PathLike = str | os.PathLike[str]
+
+
+def capture_nccl_debug(log_dir: PathLike, env: MutableMapping[str, str] | None = None) -> Path:
+    """Make NCCL log at INFO level into one file per process under ``log_dir``."""
+    env = os.environ if env is None else env
+    directory = Path(log_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    if env.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+        env["NCCL_DEBUG"] = "INFO"
+    subsys = env.get("NCCL_DEBUG_SUBSYS", "").strip()
+    if subsys:
+        parts = [p.strip() for p in subsys.lstrip("^").split(",") if p.strip()]
+        if subsys.startswith("^"):
+            kept = [p for p in parts if p.upper() not in _NEEDED_SUBSYS]
+            env["NCCL_DEBUG_SUBSYS"] = "^" + ",".join(kept) if kept else "ALL"
+        elif "ALL" not in (p.upper() for p in parts):
+            missing = [s for s in _NEEDED_SUBSYS if s not in (p.upper() for p in parts)]
+            env["NCCL_DEBUG_SUBSYS"] = ",".join(parts + missing)
+    env["NCCL_DEBUG_FILE"] = str(directory / DEBUG_FILE_PATTERN)
+    return directory
+
+
+def _files(sources: PathLike | Iterable[PathLike]) -> list[Path]:
+    items = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
+    files: list[Path] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.iterdir() if p.is_file()))
+        elif path.exists():
+            files.append(path)
+    return files
+
+
+def read_verdict(sources: PathLike | Iterable[PathLike] | None = None, *,
+                 lines: Iterable[str] | None = None) -> Verdict:
+    """The verdict over NCCL debug files (a directory, files) and/or lines already in hand."""
+    analyzer = NcclAnalyzer()
+    if sources is not None:
+        for path in _files(sources):
+            try:
+                with open(path, "rb") as stream:
+                    for line in iter_stream_marked(stream, (b"NCCL",)):
+                        analyzer.feed(line)
+            except OSError:
+                continue  # a rank's file can vanish or be unreadable; the others still count
+    for line in lines or ():
+        analyzer.feed(line)
+    return analyzer.verdict()
+
+
+def check_transport(required: str, verdict: Verdict) -> str | None:
+    """None when ``verdict`` satisfies ``required``, else the one-line reason it does not."""
+    if required not in REQUIREMENTS:
+        raise ValueError(f"unknown transport requirement {required!r}; use one of {', '.join(REQUIREMENTS)}")
+    if verdict.satisfies(required):
+        return None
+    if verdict.transport == "intra_node":
+        return (f"required {required}, but this is a single-node job: NCCL connects its ranks with "
+                "P2P/SHM/NVLS and never uses the network, so the network transport cannot be "
+                "verified. Run on two or more nodes, or use --require-transport any")
+    if verdict.transport == "unknown":
+        if verdict.nccl_version is None and not verdict.evidence:
+            return (f"required {required}, but no NCCL output was captured: is the backend NCCL, and "
+                    "were NCCL_DEBUG=INFO and NCCL_DEBUG_FILE set before the process group started?")
+        return (f"required {required}, but no network evidence was seen after the first collective "
+                f"({verdict.reason})")
+    return f"required {required}, but NCCL uses {verdict.label} ({verdict.transport})"
+
+
+def enforce_transport(required: str, sources: PathLike | Iterable[PathLike] | None = None, *,
+                      lines: Iterable[str] | None = None, wait_s: float = 10.0, poll_s: float = 0.5,
+                      echo: TextIO | None = None) -> Verdict:
+    """Return the verdict when it satisfies ``required``; otherwise exit with the evidence.
+
+    Other ranks may still be flushing their logs, so an ``unknown`` verdict is re-read for
+    up to ``wait_s`` seconds before it counts as a failure. With ``echo`` (e.g. sys.stdout)
+    the evidence lines are printed, so the job log (captured NCCL output no longer goes
+    there) still lets the TUI reach the same verdict.
+    """
+    line_list = list(lines) if lines is not None else None
+    deadline = time.monotonic() + max(wait_s, 0.0)
+    while True:
+        verdict = read_verdict(sources, lines=line_list)
+        if verdict.transport != "unknown" or sources is None or time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    if echo is not None:
+        for line in verdict.evidence:
+            echo.write(line + "\n")
+        echo.flush()
+    failure = check_transport(required, verdict)
+    if failure is None:
+        return verdict
+    message = "\n".join(["rtui: NCCL transport check failed: " + failure,
+                         *verdict.describe(max_evidence=12)])
+    raise SystemExit(message)  # Python prints a string exit code to stderr and exits 1
