@@ -18,7 +18,7 @@ from backend.spool import LogSpool
 from backend.store import RunLockedError, RunRecord, RunStatus, RunStore
 from backend.targets.base import Target
 from backend.targets.follow import JobFollower
-from training.protocol import METRIC_TAG, SUMMARY_TAG, parse_record
+from backend.telemetry import Telemetry
 
 
 def make_target(config: RunConfig, record: RunRecord, store: RunStore) -> Target:
@@ -43,6 +43,7 @@ class RunSummary:
     attached: bool
     last_metric: dict[str, Any] | None
     summary: dict[str, Any] | None
+    transport: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         r = self.record
@@ -58,7 +59,8 @@ class RunSummary:
             },
             "steps": {k: {"status": v.status.value, "message": v.message, "error": v.error,
                           "attempts": v.attempts, "duration_s": v.duration_s} for k, v in r.steps.items()},
-            "last_metric": self.last_metric, "summary": self.summary, "spool_path": r.spool_path,
+            "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
+            "spool_path": r.spool_path,
         }
 
 
@@ -127,6 +129,14 @@ class RunSession:
     def spool(self) -> LogSpool:
         return LogSpool(self.record.spool_path)
 
+    def telemetry(self) -> Telemetry:
+        """Verdict and metric series rebuilt from the spool; keep it current with ``feed_from()``."""
+        telemetry = Telemetry()
+        spool = self.spool()
+        if spool.exists():
+            telemetry.replay_file(spool.path)
+        return telemetry
+
     async def summary(self) -> RunSummary:
         alive = await self.target.cluster_alive() if self.record.status is not RunStatus.DOWN else False
         job = self.record.current_job
@@ -141,19 +151,8 @@ class RunSession:
             with contextlib.suppress(RunLockedError), self.locked():
                 job.status, job.message = status, message
                 self.store.save(self.record)
-        last_metric, summary = last_records(self.spool())
-        return RunSummary(self.record, alive, status, message, attached, last_metric, summary)
-
-
-def last_records(spool: LogSpool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    metric: dict[str, Any] | None = None
-    summary: dict[str, Any] | None = None
-    for line in spool.iter_lines():
-        if METRIC_TAG in line or SUMMARY_TAG in line:
-            parsed = parse_record(line)
-            if parsed is not None:
-                if parsed[0] == METRIC_TAG:
-                    metric = parsed[1]
-                else:
-                    summary = parsed[1]
-    return metric, summary
+        telemetry = self.telemetry()
+        latest = telemetry.series.latest
+        return RunSummary(self.record, alive, status, message, attached,
+                          latest.to_dict() if latest else None, telemetry.series.summary,
+                          telemetry.transport.to_dict())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +15,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
+from backend.telemetry import MetricPoint, Telemetry
 from backend.textutil import display_lines
-from training.protocol import METRIC_TAG, SUMMARY_TAG, parse_record
 from tui.widgets import LogTail
 
 REPLAY_LINES = 5_000
@@ -35,8 +36,15 @@ class RunScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.job_status = "?"
-        self.metric: dict[str, Any] | None = None
-        self.summary: dict[str, Any] | None = None
+        self.telemetry = Telemetry()
+
+    @property
+    def metric(self) -> MetricPoint | None:
+        return self.telemetry.series.latest
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        return self.telemetry.series.summary
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -69,16 +77,16 @@ class RunScreen(Screen[None]):
         self.query_one("#job-status", Static).update(text)
 
     def _take_lines(self, lines: list[str]) -> None:
-        for line in lines:
-            if METRIC_TAG in line or SUMMARY_TAG in line:
-                parsed = parse_record(line)
-                if parsed is not None:
-                    if parsed[0] == METRIC_TAG:
-                        self.metric = parsed[1]
-                    else:
-                        self.summary = parsed[1]
+        """Show new lines; the metrics come from telemetry, which reads the spool once."""
         self.query_one(LogTail).push(display_lines(lines))
+        self.telemetry.feed_from(self.app.session.spool().path)  # type: ignore[attr-defined]
         self._render_metrics()
+
+    def _transport_label(self) -> str:
+        if self.app.session.config.target == "local":  # type: ignore[attr-defined]
+            return "gloo/TCP (local: no NCCL)"
+        verdict = self.telemetry.transport
+        return verdict.label
 
     def _render_metrics(self) -> None:
         m = self.metric
@@ -86,11 +94,11 @@ class RunScreen(Screen[None]):
             return
         steps = self.app.session.config.steps  # type: ignore[attr-defined]
         text = Text()
-        text.append(f"step {m.get('step')}/{steps}", style="bold")
-        text.append(f"   loss {m.get('loss', float('nan')):.4f}")
-        text.append(f"   {m.get('tokens_per_s', 0):,.0f} tokens/s", style="bold cyan")
-        text.append(f"   step {m.get('step_time_s', 0) * 1000:.0f} ms   world {m.get('world_size')}")
-        text.append("   transport: gloo/TCP (local)", style="dim")
+        text.append(f"step {m.step}/{steps}", style="bold")
+        text.append(f"   loss {m.loss if m.loss is not None else float('nan'):.4f}")
+        text.append(f"   {m.tokens_per_s or 0:,.0f} tokens/s", style="bold cyan")
+        text.append(f"   step {(m.step_time_s or 0) * 1000:.0f} ms")
+        text.append(f"   transport: {self._transport_label()}", style="dim")
         if self.summary:
             text.append(f"\nfinished: mean {self.summary.get('tokens_per_s_mean', 0):,.0f} tokens/s, "
                         f"final loss {self.summary.get('final_loss')}", style="green")
@@ -100,9 +108,10 @@ class RunScreen(Screen[None]):
     async def follow_job(self) -> None:
         session = self.app.session  # type: ignore[attr-defined]
         spool = session.spool()
-        replay = list(spool.iter_lines())[-REPLAY_LINES:]
-        if replay:
-            self._take_lines(replay)
+        if spool.exists():
+            # Replay from disk: the view gets the tail, telemetry the whole history once.
+            replay = deque(spool.iter_lines(), maxlen=REPLAY_LINES)
+            self._take_lines(list(replay))
         try:
             if not self.app.acquire():  # type: ignore[attr-defined]
                 await self._watch_spool(spool.size())

@@ -136,10 +136,10 @@ def test_sigkill_mid_job_then_status_resume_and_down() -> None:
             for _ in range(60):
                 await pilot.pause(0.25)
                 metric = getattr(app.screen, "metric", None)
-                if metric and metric["step"] > after[-1]:
+                if metric and metric.step > after[-1]:
                     break
             screen_name = type(app.screen).__name__
-            step = app.screen.metric["step"]  # type: ignore[attr-defined]
+            step = app.screen.metric.step  # type: ignore[attr-defined]
             await pilot.press("q")
         return screen_name, step
 

@@ -33,8 +33,10 @@ def _config_parent() -> argparse.ArgumentParser:
                        help="rtui.toml to read instead of ./rtui.toml or the XDG config dir")
     for field in FIELD_NAMES:
         info = RunConfig.model_fields[field]
+        # --region may be repeated for `rtui check`; everywhere else the last one wins.
+        extra: dict[str, Any] = {"action": "append"} if field == "region" else {}
         group.add_argument(flag_name(field), dest=f"cfg_{field}", metavar=field.split("_")[-1].upper(),
-                           default=argparse.SUPPRESS, help=info.description)
+                           default=argparse.SUPPRESS, help=info.description, **extra)
     return parent
 
 
@@ -68,6 +70,9 @@ def build_parser() -> Parser:
     p.add_argument("run_id", nargs="?")
     p.add_argument("--yes", action="store_true")
     p.add_argument("--json", action="store_true")
+    p = add("check", "preflight checks; for aws, a feasibility matrix per region and AZ")
+    p.add_argument("--all-regions", action="store_true", help="check every region enabled for the account")
+    p.add_argument("--json", action="store_true")
     p = add("runs", "list runs")
     p.add_argument("--json", action="store_true")
     p = add("config", "show the effective configuration")
@@ -77,7 +82,10 @@ def build_parser() -> Parser:
 
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
-    return {f: getattr(ns, f"cfg_{f}") for f in FIELD_NAMES if hasattr(ns, f"cfg_{f}")}
+    flags = {f: getattr(ns, f"cfg_{f}") for f in FIELD_NAMES if hasattr(ns, f"cfg_{f}")}
+    if isinstance(flags.get("region"), list):
+        flags["region"] = flags["region"][-1]
+    return flags
 
 
 def resolved_from(ns: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -105,6 +113,8 @@ def _main(argv: list[str]) -> int:
         return _wizard(ns)
     if ns.command == "config":
         return _config_show(ns, out)
+    if ns.command == "check":
+        return _check(ns, out)
     if ns.command == "logs" and ns.run_id == "classify":
         return _classify(ns, out)
     if ns.command == "logs" and ns.files:
@@ -131,6 +141,25 @@ def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _check(ns: argparse.Namespace, out: TextIO) -> int:
+    config = resolved_from(ns).config
+    if config.target == "aws":
+        from backend.aws import PreflightRequest, check_command
+
+        request = PreflightRequest(
+            regions=getattr(ns, "cfg_region", None), all_regions=ns.all_regions,
+            gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
+            system_node_type=config.system_node_type, system_node_count=config.system_node_count,
+            profile=config.profile, default_region=config.region,
+        )
+        return check_command(request, as_json=ns.json, stdout=out, stderr=sys.stderr)
+    if ns.all_regions:
+        raise UserError("--all-regions is for --target aws")
+    from tui import commands
+
+    return asyncio.run(commands.check(ns, out))
+
+
 def _classify(ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.files:
         raise UserError("no files to classify", remedy="use `rtui logs classify FILE... [--json]` (- for stdin)")
@@ -138,7 +167,7 @@ def _classify(ns: argparse.Namespace, out: TextIO) -> int:
         from backend.telemetry.classify import classify_command
     except ImportError:
         raise UserError("log classification is not available in this version") from None
-    return classify_command(ns.files, as_json=ns.json, stdout=out, stdin=sys.stdin)
+    return classify_command(ns.files, as_json=ns.json, stdout=out, stdin=sys.stdin, stderr=sys.stderr)
 
 
 def _wizard(ns: argparse.Namespace) -> int:

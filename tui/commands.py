@@ -80,6 +80,21 @@ def _emitter(as_json: bool, out: TextIO):  # type: ignore[no-untyped-def]
     return emit
 
 
+async def check(ns: argparse.Namespace, out: TextIO) -> int:
+    """Preflight of a non-AWS target: exit 0 when nothing fails, 3 when something does."""
+    session = RunSession.for_config(resolved_from(ns))
+    results = await session.preflight()
+    if ns.json:
+        _json_line(out, {"target": session.config.target, "checks": [r.model_dump(mode="json") for r in results],
+                         "feasible": not any(r.status == "fail" for r in results)})
+    else:
+        marks = {"ok": "✓", "warn": "!", "fail": "✗", "info": "i"}
+        for r in results:
+            out.write(f"{marks[r.status]} {r.title}" + (f" — {r.detail}" if r.detail else "")
+                      + (f"\n    {r.remedy}" if r.remedy and r.status != "ok" else "") + "\n")
+    return 3 if any(r.status == "fail" for r in results) else 0
+
+
 async def status(ns: argparse.Namespace, out: TextIO) -> int:
     session = RunSession.open(ns.run_id)
     summary = await session.summary()

@@ -14,7 +14,7 @@ from backend.errors import OperationError
 from backend.rayjobs import JobStatus
 from backend.runner import Progress
 from backend.spool import LogSpool
-from training.protocol import METRIC_TAG, parse_record
+from backend.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from backend.targets.base import Target
@@ -83,25 +83,33 @@ def follow_job_step(target: Target, listener: LineListener | None = None) -> Cal
 
     async def follow() -> AsyncIterator[Progress]:
         follower = JobFollower(target)
+        # The spool is parsed once, by telemetry, continuing where any earlier session stopped.
+        telemetry = Telemetry()
+        if follower.spool.exists():
+            telemetry.replay_file(follower.spool.path)
         steps_total = target.config.steps
-        last_emit = 0.0
+        last_emit = last_saved = 0.0
+        shown: tuple[str, int | None] = ("", None)
         latest = ""
-        fraction: float | None = None
         async for batch in follower.lines():
             if listener is not None:
                 listener(batch)
-            for line in batch:
-                parsed = parse_record(line) if METRIC_TAG in line else None
-                if parsed is not None:
-                    rec = parsed[1]
-                    step = int(rec.get("step", 0))
-                    fraction = min(1.0, step / steps_total)
-                    latest = (f"step {step}/{steps_total} loss {rec.get('loss', float('nan')):.4f} "
-                              f"{rec.get('tokens_per_s', 0):,.0f} tok/s")
-            now = time.monotonic()
-            if now - last_emit >= 0.5 and (latest or fraction is not None):
-                last_emit = now
-                yield Progress(latest, fraction)
+            telemetry.feed_from(follower.spool.path)
+            point = telemetry.series.latest
+            if point is not None and point.step is not None:
+                latest = (f"step {point.step}/{steps_total} loss {point.loss or float('nan'):.4f} "
+                          f"{point.tokens_per_s or 0:,.0f} tok/s")
+                now = time.monotonic()
+                if now - last_emit >= 0.5 and (latest, point.step) != shown:
+                    last_emit = now
+                    shown = (latest, point.step)
+                    yield Progress(latest, min(1.0, point.step / steps_total))
+                if now - last_saved >= 10:
+                    last_saved = now
+                    target.record.telemetry = telemetry.snapshot(tail=0)
+                    target.save()
+        target.record.telemetry = telemetry.snapshot(tail=0)
+        target.save()
         status = follower.last_status
         if status is None or status.status != "SUCCEEDED":
             state = status.status if status else "UNKNOWN"

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # the child process below imports moto_ext from here
 
 from moto_ext import SCRIPT, ScriptedMotoServer, install  # noqa: E402
 

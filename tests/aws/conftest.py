@@ -11,7 +11,8 @@ from typing import Any
 
 import boto3
 import pytest
-from moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
+
+from tests.aws.moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
 
 G, P, STANDARD = "L-DB2E81BA", "L-417A185B", "L-1216C47A"
 

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import G, World
 
 from backend.aws import PreflightRequest, check_command, request_quota_increase
+from tests.aws.conftest import G, World
 
 ZONE_KEYS = {
     "zone",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import World
 
 from backend.aws import PreflightRequest, run_preflight
 from backend.errors import OperationError, UserError
+from tests.aws.conftest import World
 
 REGIONS = ["us-east-1", "eu-west-2", "us-west-1"]
 

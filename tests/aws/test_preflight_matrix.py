@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import STANDARD, G, World
 
 from backend.aws import PreflightRequest, run_preflight
 from backend.aws.report import RegionReport, ZoneReport
+from tests.aws.conftest import STANDARD, G, World
 
 
 def zone(region: RegionReport, name: str) -> ZoneReport:

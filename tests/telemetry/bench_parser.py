@@ -23,9 +23,8 @@ for _path in (Path(__file__).resolve().parents[2], Path(__file__).resolve().pare
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from nccl_synth import training_log  # noqa: E402
-
 from backend.telemetry import Telemetry  # noqa: E402
+from tests.telemetry.nccl_synth import training_log  # noqa: E402
 
 
 def write_log(path: Path, n_lines: int, nccl_share: float) -> None:

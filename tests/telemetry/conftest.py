@@ -3,7 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tel_support import NCCL_LOGS
+
+from tests.telemetry.tel_support import NCCL_LOGS
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench_parser import measure, write_log
+from tests.telemetry.bench_parser import measure, write_log
 
 
 def test_parser_throughput_and_memory_are_measured(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from nccl_synth import rank_init_lines
-from tel_support import NCCL_LOGS
 
+from tests.telemetry.nccl_synth import rank_init_lines
+from tests.telemetry.tel_support import NCCL_LOGS
 from training.logparse import classify_lines, iter_file_lines
 
 SYNTH = {

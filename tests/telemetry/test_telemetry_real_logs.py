@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tel_support import NCCL_LOGS, manifest_entries
 
 from backend.telemetry.classify import classify_command
+from tests.telemetry.tel_support import NCCL_LOGS, manifest_entries
 from training.logparse import classify_lines, iter_file_lines
 
 ENTRIES = manifest_entries()
