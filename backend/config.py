@@ -25,6 +25,7 @@ CONFIG_FILENAME = "rtui.toml"
 
 Target = Literal["local", "aws", "kube"]
 Precision = Literal["auto", "bf16", "fp32"]
+Transport = Literal["auto", "any", "efa", "efa_gdr", "socket", "ib"]
 
 
 class RunConfig(BaseModel):
@@ -61,6 +62,8 @@ class RunConfig(BaseModel):
     learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate")
     num_workers: int = Field(0, ge=0, le=4096, description="Ray Train workers (0 = every GPU; locally 0 = 2)")
     precision: Precision = Field("auto", description="FSDP parameter precision (auto = bf16 on GPUs, fp32 on CPU)")
+    require_transport: Transport = Field(
+        "auto", description="Fail the job early unless NCCL uses this network (auto = efa on aws, any elsewhere)")
     # --- local target ---
     local_cpus: int = Field(0, ge=0, le=1024, description="CPUs given to the local Ray head (0 = all cores)")
     local_worker_nodes: int = Field(0, ge=0, le=8, description="Extra local Ray worker nodes")
@@ -110,6 +113,11 @@ class RunConfig(BaseModel):
         if self.precision != "auto":
             return self.precision
         return "fp32" if self.target == "local" else "bf16"
+
+    def effective_require_transport(self) -> str:
+        if self.require_transport != "auto":
+            return self.require_transport
+        return "efa" if self.target == "aws" else "any"
 
     def effective_workers(self) -> int:
         if self.num_workers:
@@ -220,6 +228,12 @@ def resolve_config(
         config = RunConfig.model_validate(raw, strict=False)
     except ValidationError as exc:
         raise _describe_error(exc, sources, raw) from None
+    if config.target == "local" and config.effective_require_transport() != "any":
+        raise UserError(f"--require-transport={config.require_transport} needs NCCL on GPUs",
+                        remedy="the local target trains on CPU with gloo; use --target aws or kube")
+    if config.local_hidden_size % config.local_heads:
+        raise UserError(f"--local-hidden-size={config.local_hidden_size} is not a multiple of "
+                        f"--local-heads={config.local_heads}", remedy="pick sizes that divide evenly")
     return ResolvedConfig(config=config, sources=sources, config_file=str(path) if path else None)
 
 

@@ -64,7 +64,8 @@ def build_job_spec(config: RunConfig) -> JobSpec:
         ]
         env_vars.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     else:
-        args += ["--device", "cuda", "--model-id", config.model_id]
+        args += ["--device", "cuda", "--model-id", config.model_id,
+                 "--require-transport", config.effective_require_transport()]
         env_vars.update({"NCCL_DEBUG": "INFO"})
     runtime_env = {"py_modules": [str(training_package_dir())], "env_vars": env_vars}
     return JobSpec(entrypoint=shlex.join(args), runtime_env=runtime_env, workers=workers)

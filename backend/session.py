@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from backend.config import ResolvedConfig, RunConfig
 from backend.errors import OperationError, UserError
@@ -17,8 +18,10 @@ from backend.model import CheckResult, Plan, StepEvent
 from backend.spool import LogSpool
 from backend.store import RunLockedError, RunRecord, RunStatus, RunStore
 from backend.targets.base import Target
-from backend.targets.follow import JobFollower
-from backend.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from backend.targets.follow import JobFollower
+    from backend.telemetry import Telemetry
 
 
 def make_target(config: RunConfig, record: RunRecord, store: RunStore) -> Target:
@@ -69,7 +72,13 @@ class RunSession:
         self.store = store
         self.record = record
         self.config = config
-        self.target = make_target(config, record, store)
+        if config.target != "local":
+            make_target(config, record, store)  # refuse unsupported targets now, with one clear line
+
+    @cached_property
+    def target(self) -> Target:
+        # Built on first use: the target's modules (processes, telemetry) stay off the first frame.
+        return make_target(self.config, self.record, self.store)
 
     # --- opening -----------------------------------------------------------------------
     @classmethod
@@ -124,6 +133,8 @@ class RunSession:
             yield event
 
     def follower(self) -> JobFollower:
+        from backend.targets.follow import JobFollower
+
         return JobFollower(self.target)
 
     def spool(self) -> LogSpool:
@@ -131,6 +142,8 @@ class RunSession:
 
     def telemetry(self) -> Telemetry:
         """Verdict and metric series rebuilt from the spool; keep it current with ``feed_from()``."""
+        from backend.telemetry import Telemetry
+
         telemetry = Telemetry()
         spool = self.spool()
         if spool.exists():

@@ -57,7 +57,8 @@ class TargetScreen(Screen[None]):
         targets = self.query_one(OptionList)
         targets.highlighted = 0
         targets.focus()
-        self.run_checks()
+        # After the first paint: the checks import the target's modules, which the first frame doesn't need.
+        self.call_after_refresh(self.run_checks)
 
     @work(exclusive=True, group="checks")
     async def run_checks(self) -> None:

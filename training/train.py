@@ -37,7 +37,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reshard-after-forward", choices=("auto", "yes", "no"), default="auto",
                    help="free gathered layers after forward (auto: yes on GPUs to save memory, no on CPU)")
     p.add_argument("--storage-path", default=os.environ.get("RTUI_STORAGE_PATH"))
+    p.add_argument("--require-transport", default="any",
+                   choices=("any", "efa", "efa_gdr", "socket", "ib", "intra_node"),
+                   help="stop after the first collective unless NCCL uses this network")
     args = p.parse_args(argv)
+    if args.require_transport != "any" and args.device != "cuda":
+        p.error("--require-transport needs --device cuda: on CPU the collectives run on gloo, not NCCL")
     for name in ("steps", "seq_len", "batch_size", "num_workers", "tiny_hidden_size", "tiny_layers",
                  "tiny_heads", "tiny_vocab_size"):
         if getattr(args, name) < 1:
@@ -76,12 +81,37 @@ def shard_model(model: Any, precision: str, reshard_after_forward: bool = True) 
     return model
 
 
+class TransportMismatch(RuntimeError):
+    """NCCL is not on the network the run requires; the message carries the evidence."""
+
+
+def _guard_transport(cfg: dict[str, Any]) -> Any:
+    """Before any collective: make this rank's NCCL write its INFO log where the guard reads it."""
+    if cfg["require_transport"] == "any":
+        return None
+    from training.transport_guard import capture_nccl_debug
+
+    return capture_nccl_debug(cfg["nccl_dir"])
+
+
+def _enforce_transport(cfg: dict[str, Any], nccl_dir: Any) -> None:
+    from training.transport_guard import enforce_transport
+
+    try:
+        verdict = enforce_transport(cfg["require_transport"], nccl_dir, echo=sys.stdout)
+    except SystemExit as exc:  # a Ray worker must fail with a message, not exit
+        raise TransportMismatch(str(exc.code)) from None
+    print(f"rtui-train: NCCL transport {verdict.transport} satisfies --require-transport "
+          f"{cfg['require_transport']}", flush=True)
+
+
 def train_loop_per_worker(cfg: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
     import torch
     import torch.distributed as dist
 
+    nccl_dir = _guard_transport(cfg)  # NCCL creates communicators lazily: this is early enough
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
@@ -112,6 +142,8 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
             reduced /= world  # gloo has no AVG
         loss_value = float(reduced)
         step_time = time.perf_counter() - start
+        if step == 1 and nccl_dir is not None:
+            _enforce_transport(cfg, nccl_dir)
         times.append(step_time)
         if rank == 0:
             print(format_record(METRIC_TAG, {
@@ -146,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         "tiny_hidden_size": args.tiny_hidden_size, "tiny_layers": args.tiny_layers,
         "tiny_heads": args.tiny_heads, "tiny_vocab_size": args.tiny_vocab_size,
         "reshard_after_forward": args.reshard_after_forward,
+        "require_transport": args.require_transport,
+        "nccl_dir": os.path.join(tempfile.gettempdir(), f"rtui-nccl-{os.getpid()}-{int(time.time())}"),
     }
     use_gpu = args.device == "cuda"
     storage = args.storage_path or os.path.join(tempfile.gettempdir(), "rtui-train-results")
@@ -163,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         root: BaseException = exc
         while root.__cause__ is not None:
             root = root.__cause__
-        print(f"rtui-train: training failed: {type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}",
-              file=sys.stderr, flush=True)
+        text = str(root)
+        if not isinstance(root, TransportMismatch):  # the transport evidence is worth every line
+            text = text.splitlines()[0] if text else ""
+        print(f"rtui-train: training failed: {type(root).__name__}: {text}", file=sys.stderr, flush=True)
         return 1
     finally:
         if ray.is_initialized():

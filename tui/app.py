@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 from textual.app import App
 from textual.binding import Binding
+from textual.screen import Screen
 
 from backend.errors import RtuiError
 from backend.session import RunSession
@@ -37,19 +39,20 @@ class RtuiApp(App[None]):
         self.sub_title = f"{session.config.target} · {session.config.cluster_name} · run {session.run_id}"
 
     # --- lifecycle ---------------------------------------------------------------------
-    def on_mount(self) -> None:
-        from screens.run import RunScreen
-        from screens.target import TargetScreen
-
+    def get_default_screen(self) -> Screen[Any]:
+        """The first screen is the default one: no blank screen is laid out before it."""
         record = self.session.record
         if self.resume and record.current_job is not None and record.status is not RunStatus.DOWN:
-            self.push_screen(RunScreen())
-        elif self.resume and record.status is not RunStatus.DOWN and record.resources:
+            from screens.run import RunScreen
+
+            return RunScreen()
+        if self.resume and record.status is not RunStatus.DOWN and record.resources:
             from screens.plan import PlanScreen
 
-            self.push_screen(PlanScreen())
-        else:
-            self.push_screen(TargetScreen())
+            return PlanScreen()
+        from screens.target import TargetScreen
+
+        return TargetScreen()
 
     def acquire(self) -> bool:
         """Hold the run's lock from the first change until we exit (crash-safe: kernel releases it)."""

@@ -1,0 +1,76 @@
+"""The training program's own contract: arguments, the transport guard wiring, the model, one real step."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from backend.config import resolve_config
+from backend.jobspec import build_job_spec
+from tests.conftest import REPO
+from training import train
+
+
+def test_require_transport_is_refused_on_cpu() -> None:
+    proc = subprocess.run([sys.executable, "-m", "training.train", "--require-transport", "efa"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert "--require-transport needs --device cuda" in proc.stderr
+
+
+def test_bad_tiny_shape_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        train.parse_args(["--tiny-hidden-size", "30", "--tiny-heads", "4"])
+
+
+def test_job_spec_per_target() -> None:
+    local = build_job_spec(resolve_config({"steps": "3"}, environ={}).config)
+    assert "--device cpu" in local.entrypoint and "--require-transport" not in local.entrypoint
+    assert "--batch-size 8" in local.entrypoint and "--precision fp32" in local.entrypoint
+    aws = build_job_spec(resolve_config({"target": "aws"}, environ={}).config)
+    assert "--require-transport efa" in aws.entrypoint and "--model-id Qwen/Qwen2.5-1.5B" in aws.entrypoint
+    assert "--num-workers 8" in aws.entrypoint and "--precision bf16" in aws.entrypoint
+    assert aws.runtime_env["env_vars"]["RAY_TRAIN_ENABLE_PRINT_PATCH"] == "0"
+    # Same config, same hash: a second `up` is a no-op; a changed knob is a new job.
+    assert local.spec_hash == build_job_spec(resolve_config({"steps": "3"}, environ={}).config).spec_hash
+    assert local.spec_hash != build_job_spec(resolve_config({"steps": "4"}, environ={}).config).spec_hash
+
+
+def _fake_rank_log(directory: Path, host: str, channel: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"nccl.{host}.1.log").write_text(
+        f"{host}:1:1 [0] NCCL INFO NCCL version 2.29.7+cuda13.0\n"
+        f"{host}:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0 MNNVL 0\n"
+        f"{host}:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via {channel}\n")
+
+
+def test_guard_fails_the_run_with_evidence_on_tcp_fallback(tmp_path: Path) -> None:
+    _fake_rank_log(tmp_path, "gpu-a", "NET/Socket/0")
+    cfg = {"require_transport": "efa"}
+    with pytest.raises(train.TransportMismatch) as info, redirect_stdout(io.StringIO()):
+        train._enforce_transport(cfg, tmp_path)
+    assert "socket" in str(info.value) and "NET/Socket" in str(info.value)
+
+
+def test_guard_passes_on_efa(tmp_path: Path) -> None:
+    (tmp_path / "x").mkdir()
+    _fake_rank_log(tmp_path, "gpu-a", "NET/Libfabric/0")
+    (tmp_path / "nccl.gpu-a.1.log").write_text(
+        (tmp_path / "nccl.gpu-a.1.log").read_text()
+        + "gpu-a:1:1 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)\n")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        train._enforce_transport({"require_transport": "efa"}, tmp_path)
+    assert "satisfies --require-transport efa" in out.getvalue()
+
+
+def test_tiny_model_is_qwen2_from_config_without_download() -> None:
+    model = train.build_model({"tiny_vocab_size": 128, "tiny_hidden_size": 32, "tiny_layers": 2,
+                               "tiny_heads": 4, "seq_len": 16})
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 128

@@ -1,0 +1,128 @@
+"""The wizard as a person uses it: Pilot for behaviour, SVG snapshots for looks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from textual.app import App, ComposeResult
+
+from backend.config import resolve_config
+from backend.procs import ProcRef, family
+from backend.session import RunSession
+from backend.store import RunStatus, RunStore
+from screens.confirm import ConfirmTeardown
+from tui.app import RtuiApp
+
+FIXED_RUN_ID = "r20260101-000000-beef"
+
+
+def fixed_session(**flags: str) -> RunSession:
+    session = RunSession.for_config(resolve_config({"local_cpus": "2", **flags}, environ={}))
+    session.record.run_id = FIXED_RUN_ID
+    session.record.spool_path = str(RunStore().spool_dir / f"{FIXED_RUN_ID}.log")
+    return session
+
+
+async def wait_for(pilot, predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.25)
+
+
+async def test_read_only_hides_apply_and_plan_writes_nothing(isolated_env: Path) -> None:
+    app = RtuiApp(fixed_session(), read_only=True)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: getattr(app.screen, "plan", None) is not None, 10, "plan")
+        assert app.screen.check_action("apply", ()) is False
+        await pilot.press("a")
+        await pilot.pause(0.2)
+        assert type(app.screen).__name__ == "PlanScreen"
+        await pilot.press("q")
+    assert app.return_code == 0
+    assert not isolated_env.exists(), "browsing the plan must not write state"
+
+
+class ConfirmHarness(App[None]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer: bool | None = None
+
+    def compose(self) -> ComposeResult:
+        return iter(())
+
+    def on_mount(self) -> None:
+        def done(value: bool | None) -> None:
+            self.answer = value
+
+        self.push_screen(ConfirmTeardown("rtui-ray", "run r1"), done)
+
+
+async def test_teardown_needs_the_exact_cluster_name() -> None:
+    app = ConfirmHarness()
+    async with app.run_test() as pilot:
+        await pilot.press(*"rtui-rat", "enter")
+        await pilot.pause(0.1)
+        assert app.answer is None and "not the cluster name" in str(
+            app.screen.query_one("#confirm-error").render())
+        await pilot.press("backspace", "y", "enter")
+        await pilot.pause(0.1)
+        assert app.answer is True
+    app2 = ConfirmHarness()
+    async with app2.run_test() as pilot:
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert app2.answer is False
+
+
+def test_plan_screen_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    async def to_plan(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: getattr(pilot.app.screen, "plan", None) is not None, 10, "plan")
+
+    assert snap_compare(RtuiApp(fixed_session(steps="20")), run_before=to_plan, terminal_size=(110, 30))
+
+
+def test_teardown_modal_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(ConfirmHarness(), terminal_size=(90, 20))
+
+
+@pytest.mark.ray
+async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
+    app = RtuiApp(RunSession.for_config(resolve_config({"steps": "12"})))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: getattr(app.screen, "plan", None) is not None, 15, "plan")
+        assert [c.action for c in app.screen.plan.changes] == ["create", "create"]
+        await pilot.press("a")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "ProvisionScreen", 5, "provisioning")
+        panes = {p.step_id for p in app.screen.query("StepPane")}
+        assert panes == {"head", "job"}
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "RunScreen", 120, "run screen")
+        run = app.screen
+        await wait_for(pilot, lambda: run.job_status == "SUCCEEDED", 240, "job to succeed")
+        await pilot.pause(0.3)
+        assert run.metric is not None and run.metric.step == 12
+        assert run.summary is not None and run.summary["steps"] == 12
+        tail = run.query_one("LogTail")
+        assert any("RTUI_METRIC" in line for line in tail.lines)
+        assert not any("\x1b[" in line for line in tail.lines), "ANSI escapes must not reach the view"
+        metrics_text = str(run.query_one("#metrics").render())
+        assert "step 12/12" in metrics_text and "gloo/TCP" in metrics_text
+
+        record = app.session.record
+        head = ProcRef.from_dict(record.resources["head"])
+        temp_dir = Path(record.resources["temp_dir"])
+        await pilot.press("D")
+        await pilot.pause(0.2)
+        await pilot.press(*"rtui-ray", "enter")
+        await wait_for(pilot, lambda: "down" in str(app.sub_title), 60, "teardown")
+        assert RunStore().load(record.run_id).status is RunStatus.DOWN
+        assert not family([head], str(temp_dir)) and not temp_dir.exists()
+        await pilot.press("q")
+    assert app.return_code == 0
