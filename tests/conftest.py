@@ -26,6 +26,27 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     monkeypatch.setenv("RTUI_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path)
     yield state
+    _reap_clusters(state)
+
+
+def _reap_clusters(state: Path) -> None:
+    """A failed test must not leave a Ray cluster running for the rest of the suite."""
+    if not (state / "runs").is_dir():
+        return
+    import shutil
+
+    from backend.procs import ProcRef, family, terminate
+    from backend.store import RunStore
+
+    records, _ = RunStore(state).list()
+    for record in records:
+        roots = [ProcRef.from_dict(r) for r in [record.resources.get("head"), *record.resources.get("workers", [])]
+                 if r]
+        marker = record.resources.get("temp_dir")
+        if roots or marker:
+            terminate(family(roots, marker))
+        if marker:
+            shutil.rmtree(marker, ignore_errors=True)
 
 
 def run_rtui(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
