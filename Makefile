@@ -8,14 +8,17 @@ STAMP_DEV := $(VENV)/.installed-dev
 .PHONY: run test lint clean
 
 $(BIN)/python:
+	@echo "Creating $(VENV) with $(PYTHON)…"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP_RUN): pyproject.toml | $(BIN)/python
+	@echo "Installing rtui with Ray, PyTorch (CPU) and transformers into $(VENV): about a minute the first time…"
 	$(BIN)/python -m pip install --quiet -e '.[local]'
 	touch $@
 
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
+	@echo "Installing rtui with its test tools into $(VENV): about a minute the first time…"
 	$(BIN)/python -m pip install --quiet -e '.[local,dev]'
 	touch $@ $(STAMP_RUN)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -155,6 +154,8 @@ def _find_config_file(explicit: str | None, cwd: Path) -> Path | None:
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
+    import tomllib  # only when there is a file to read
+
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)

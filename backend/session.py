@@ -17,9 +17,9 @@ from backend.errors import OperationError, UserError
 from backend.model import CheckResult, Plan, StepEvent
 from backend.spool import LogSpool
 from backend.store import RunLockedError, RunRecord, RunStatus, RunStore
-from backend.targets.base import Target
 
 if TYPE_CHECKING:
+    from backend.targets.base import Target
     from backend.targets.follow import JobFollower
     from backend.telemetry import Telemetry
 

@@ -133,7 +133,7 @@ def test_sigkill_mid_job_then_status_resume_and_down() -> None:
     async def resume() -> tuple[str, int]:
         app = RtuiApp(RunSession.open(None), resume=True)
         async with app.run_test(size=(120, 40)) as pilot:
-            for _ in range(60):
+            for _ in range(360):  # generous: CI machines can be loaded
                 await pilot.pause(0.25)
                 metric = getattr(app.screen, "metric", None)
                 if metric and metric.step > after[-1]:
@@ -153,3 +153,25 @@ def test_sigkill_mid_job_then_status_resume_and_down() -> None:
     assert not our_processes(run_id)
     job = RunStore().load(run_id).current_job
     assert job is not None and job.status == "STOPPED"
+
+
+def test_two_runs_on_one_machine_do_not_collide() -> None:
+    ups = [subprocess.Popen([RTUI, "up", "--yes", "--json", "--until", "head", "--cluster-name", name],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for name in ("first", "second")]
+    outs = [p.communicate(timeout=240) for p in ups]
+    assert [p.returncode for p in ups] == [0, 0], outs
+    run_ids = [json_lines(out)[0]["data"]["run_id"] for out, _ in outs]
+    records = [RunStore().load(r) for r in run_ids]
+    ports = [set(r.resources["ports"].values()) for r in records]
+    assert not ports[0] & ports[1], "the two clusters share a port"
+    assert records[0].resources["temp_dir"] != records[1].resources["temp_dir"]
+    second_procs = {p.pid for p in our_processes(run_ids[1])}
+
+    assert run_rtui("down", run_ids[0], "--yes", timeout=120).returncode == 0
+    assert not our_processes(run_ids[0])
+    assert {p.pid for p in our_processes(run_ids[1])} == second_procs, "tearing down one run touched the other"
+    status = json_lines(run_rtui("status", run_ids[1], "--json", check=True).stdout)[0]
+    assert status["cluster"]["alive"] is True
+    assert run_rtui("down", run_ids[1], "--yes", timeout=120).returncode == 0
+    assert not our_processes(run_ids[1])
