@@ -32,3 +32,26 @@ class ConfirmTeardown(ModalScreen[bool]):
 
     def action_cancel(self) -> None:
         self.dismiss(False)
+
+
+class ConfirmDetach(ModalScreen[bool]):
+    """Quitting while steps run: say what keeps running, and how to come back."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Quit", id="yes", tooltip="Quit now; started processes keep running"),
+        Binding("n,escape", "answer(False)", "Stay", id="no", tooltip="Keep watching the steps"),
+    ]
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm"):
+            yield Label("Steps are still running.", classes="heading")
+            yield Label("Quitting stops the steps in flight; whatever has started keeps running "
+                        f"and nothing is torn down. Come back with `rtui --resume {self.run_id}`.")
+            yield Label("Quit now? [b]y[/b] / [b]n[/b]")
+
+    def action_answer(self, value: bool) -> None:
+        self.dismiss(value)

@@ -126,3 +126,34 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
         assert not family([head], str(temp_dir)) and not temp_dir.exists()
         await pilot.press("q")
     assert app.return_code == 0
+
+
+async def test_quit_while_steps_run_asks_first(isolated_env: Path) -> None:
+    import asyncio
+
+    from backend.model import Action, Change, EventKind, Plan, StepEvent
+    from screens.confirm import ConfirmDetach
+    from screens.provision import ProvisionScreen
+
+    session = fixed_session()
+    plan = Plan(target="local", changes=[Change(action=Action.CREATE, kind="ray-head", name="rtui-ray"),
+                                         Change(action=Action.CREATE, kind="ray-job", name="train")])
+
+    async def slow_apply(_plan, *, until=None):  # type: ignore[no-untyped-def]
+        yield StepEvent(step="head", kind=EventKind.STARTED, message="Start the Ray head")
+        await asyncio.sleep(30)
+
+    session.apply = slow_apply  # type: ignore[method-assign]
+    app = RtuiApp(session)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await app.push_screen(ProvisionScreen(plan))
+        await wait_for(pilot, lambda: app.screen.query("StepPane"), 5, "panes")
+        await pilot.press("q")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, ConfirmDetach)
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, ProvisionScreen) and app.screen.running
+        await pilot.press("q", "y")
+        await pilot.pause(0.2)
+    assert app.return_code == 0

@@ -26,7 +26,8 @@ class RtuiApp(App[None]):
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
         Binding("q", "quit_detach", "Quit", id="quit", tooltip="Quit; never tears anything down"),
-        Binding("ctrl+q", "quit_detach", "Quit", show=False, id="quit_ctrl", priority=True),
+        Binding("ctrl+q", "quit_detach", "Quit", show=False, id="quit_ctrl", priority=True,
+                tooltip="Quit; never tears anything down"),
         Binding("question_mark,f1", "toggle_help", "Help", id="help", tooltip="Show every key"),
     ]
 
@@ -90,6 +91,21 @@ class RtuiApp(App[None]):
             self.action_show_help_panel()
 
     def action_quit_detach(self) -> None:
+        from screens.confirm import ConfirmDetach
+        from screens.provision import ProvisionScreen
+
+        if isinstance(self.screen, ConfirmDetach):
+            return
+        if isinstance(self.screen, ProvisionScreen) and self.screen.running:
+            def answered(yes: bool | None) -> None:
+                if yes:
+                    self._exit_detached()
+
+            self.push_screen(ConfirmDetach(self.session.run_id), answered)
+            return
+        self._exit_detached()
+
+    def _exit_detached(self) -> None:
         record = self.session.record
         saved = self.session.store.path_for(record.run_id).exists()
         if saved and record.status is not RunStatus.DOWN:

@@ -54,7 +54,9 @@ def format_status(data: dict[str, Any]) -> str:
     cluster = data["cluster"]
     lines = [
         f"run      {data['run_id']}  ({data['target']}, cluster {data['cluster_name']}, created {created})",
-        f"status   {data['status']}" + ("  [an rtui is attached]" if data["attached"] else ""),
+        f"status   {data['status']}" + ("  [an rtui is attached]" if data["attached"] else
+                                          "  [interrupted: no rtui attached; `rtui --resume` continues]"
+                                          if data["status"] in ("applying", "tearing_down") else ""),
         f"cluster  {'up' if cluster['alive'] else 'not running'}"
         + (f" — dashboard {cluster['dashboard_url']}" if cluster["alive"] and cluster["dashboard_url"] else ""),
     ]
