@@ -103,6 +103,22 @@ class RunSession:
             raise OperationError(f"run {record.run_id} has an unusable config: {exc}") from None
         return cls(store, record, config)
 
+    @classmethod
+    def resume(cls, run_id: str | None, store: RunStore | None = None) -> RunSession:
+        """The run to reattach to: the one named, else the newest that is not torn down."""
+        store = store or RunStore()
+        if run_id is None:
+            records, _ = store.list()
+            live = [r for r in records if r.status is not RunStatus.DOWN]
+            if not live:
+                latest = f" (the latest, {records[0].run_id}, is down)" if records else ""
+                raise UserError(f"no runs to resume{latest}", remedy="start one with `rtui`")
+            run_id = live[0].run_id
+        session = cls.open(run_id, store)
+        if session.record.status is RunStatus.DOWN:
+            raise UserError(f"run {run_id} is already down", remedy="start a new one with `rtui`")
+        return session
+
     @property
     def run_id(self) -> str:
         return self.record.run_id

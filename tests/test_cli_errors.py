@@ -101,3 +101,12 @@ def test_help_and_plan_work_without_any_state(isolated_env: Path) -> None:
     proc = run_rtui("plan", "--json")
     assert proc.returncode == 0, proc.stderr
     assert not isolated_env.exists(), "plan must not write anything"
+
+
+def test_resume_skips_runs_that_are_down(isolated_env: Path) -> None:
+    store = RunStore()
+    rec = store.create(target="local", cluster_name="rtui-ray", config={})
+    rec.status = RunStatus.DOWN
+    store.save(rec)
+    assert_one_line(run_rtui("--resume"), 2, f"no runs to resume (the latest, {rec.run_id}, is down)")
+    assert_one_line(run_rtui("--resume", rec.run_id), 2, f"run {rec.run_id} is already down")

@@ -175,12 +175,7 @@ def _wizard(ns: argparse.Namespace) -> int:
 
     session: RunSession
     if ns.resume is not None:
-        try:
-            session = RunSession.open(None if ns.resume == LATEST else ns.resume)
-        except UserError as exc:
-            if "no runs yet" in exc.message:
-                raise UserError("no runs to resume", remedy="start one with `rtui`") from None
-            raise
+        session = RunSession.resume(None if ns.resume == LATEST else ns.resume)
     else:
         session = RunSession.for_config(resolved_from(ns))
     from tui.app import RtuiApp
