@@ -115,11 +115,16 @@ def family(roots: Iterable[ProcRef], marker: str | None = None) -> list[psutil.P
             if sessions and os.getsid(proc.pid) in sessions:
                 found[proc.pid] = proc
                 continue
-            if marker and any(marker in part for part in (proc.info.get("cmdline") or [])):
+            if marker and any(_names(part, marker) for part in (proc.info.get("cmdline") or [])):
                 found[proc.pid] = proc
         except (OSError, psutil.Error):
             continue
     return [p for p in found.values() if _alive(p)]
+
+
+def _names(arg: str, path: str) -> bool:
+    """Whether a command-line argument names ``path`` or something inside it (not a sibling)."""
+    return arg == path or arg.endswith("=" + path) or path + "/" in arg
 
 
 def _alive(proc: psutil.Process) -> bool:

@@ -127,6 +127,8 @@ class RunScreen(Screen[None]):
                                                             follower.last_status.message))
             if follower.last_status:
                 self.post_message(self.JobStatusChanged(follower.last_status.status, follower.last_status.message))
+            session.record.telemetry = self.telemetry.snapshot(tail=0)
+            session.store.save(session.record)
         except Exception as exc:  # noqa: BLE001
             self.app.report_error(exc)  # type: ignore[attr-defined]
 

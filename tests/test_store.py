@@ -147,3 +147,26 @@ def test_spool_lines_partial_chunks_and_offsets(tmp_path: Path) -> None:
     assert lines == ["world"] and offset == spool.size()
     assert spool.char_count() == len("héllo\nworld\n")
     assert stat.S_IMODE(spool.path.stat().st_mode) == 0o600
+
+
+def test_family_matches_our_temp_dir_not_a_sibling(tmp_path: Path) -> None:
+    from backend.procs import ProcRef, family, start_detached, terminate
+
+    ours = tmp_path / "rtui-abc"
+    sibling = tmp_path / "rtui-abcd"
+    ours.mkdir()
+    sibling.mkdir()
+    env = dict(os.environ)
+    mine = start_detached([sys.executable, "-c", "import time; time.sleep(60)", f"--temp-dir={ours}"],
+                          log_path=tmp_path / "a.log", env=env, cwd=tmp_path)
+    other = start_detached([sys.executable, "-c", "import time; time.sleep(60)", f"--temp-dir={sibling}"],
+                           log_path=tmp_path / "b.log", env=env, cwd=tmp_path)
+    try:
+        found = {p.pid for p in family([], str(ours))}
+        assert mine.pid in found and other.pid not in found
+        assert {p.pid for p in family([mine], None)} == {mine.pid}
+        assert not terminate(family([mine], str(ours)))
+        assert not mine.alive() and other.alive()
+        assert not ProcRef(pid=other.pid, create_time=other.create_time + 100).alive(), "pid reuse guard"
+    finally:
+        terminate(family([other], None))

@@ -171,7 +171,11 @@ class LocalTarget(Target):
         return steps
 
     async def _start_head(self) -> AsyncIterator[Progress]:
-        await self._stop_everything()  # a replaced or half-started head
+        # A replaced or half-started head: stop it and drop its temp dir before starting afresh.
+        await self._stop_everything()
+        old_tmp = self.res.get("temp_dir")
+        if old_tmp:
+            await asyncio.to_thread(shutil.rmtree, old_tmp, True)
         tmp = Path(tempfile.mkdtemp(prefix="rtui-", dir="/tmp"))
         ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
         if self.config.local_dashboard_port:
