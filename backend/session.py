@@ -29,9 +29,13 @@ def make_target(config: RunConfig, record: RunRecord, store: RunStore) -> Target
         from backend.targets.local import LocalTarget
 
         return LocalTarget(config, record, store)
+    if config.target == "aws":
+        from backend.targets.aws import AwsTarget
+
+        return AwsTarget(config, record, store)
     raise UserError(
-        f"the {config.target} target cannot provision yet in this version",
-        remedy="use --target local (`rtui check --target aws` already works for AWS preflight)",
+        f"the {config.target} target is not in this version",
+        remedy="use --target local, or `rtui check --target aws` for AWS feasibility",
     )
 
 
@@ -72,7 +76,7 @@ class RunSession:
         self.store = store
         self.record = record
         self.config = config
-        if config.target != "local":
+        if config.target not in ("local", "aws"):
             make_target(config, record, store)  # refuse unsupported targets now, with one clear line
 
     @cached_property

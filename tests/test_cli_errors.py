@@ -33,7 +33,7 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: s
         (["status", "r-nope"], "no run r-nope"),
         (["--resume"], "no runs to resume"),
         (["frobnicate"], "invalid choice"),
-        (["up", "--yes", "--target", "aws"], "cannot provision yet"),
+        (["plan", "--target", "kube"], "the kube target is not in this version"),
         (["logs", "classify"], "no files to classify"),
         (["up", "--yes", "--until", "nowhere"], "unknown step 'nowhere'"),
     ],

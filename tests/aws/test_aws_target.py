@@ -1,0 +1,41 @@
+"""The aws target's preflight() and the real `rtui check` binary, against moto over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from backend.config import resolve_config
+from backend.model import CheckStatus
+from backend.session import RunSession
+from tests.aws.conftest import World
+from tests.conftest import run_rtui
+
+
+async def test_aws_target_preflight_returns_the_matrix_as_checks(world: World) -> None:
+    session = RunSession.for_config(resolve_config({"target": "aws", "region": "us-east-1"}, environ={}))
+    results = await session.preflight()
+    recommendation = [r for r in results if r.id == "aws.recommendation"]
+    assert len(recommendation) == 1 and recommendation[0].status is CheckStatus.OK
+    assert recommendation[0].data["region"] == "us-east-1"
+    assert world.actions() and all(a.startswith(("Describe", "Get", "List")) for a in world.actions())
+
+
+def test_rtui_check_binary_feasible_and_infeasible(world: World) -> None:
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    ok = run_rtui("check", "--target", "aws", "--region", "us-east-1", "--json", env=env)
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout)
+    assert report["recommendation"]["region"] == "us-east-1"
+    assert {z["zone"] for z in report["regions"][0]["zones"] if z["feasible"]}
+    world.quota("us-east-1", "L-DB2E81BA", 48)  # half of what 2× g6.12xlarge need
+    short = run_rtui("check", "--target", "aws", "--region", "us-east-1", "--json", env=env)
+    assert short.returncode == 3, short.stderr
+    assert json.loads(short.stdout)["recommendation"] is None
+
+
+def test_plan_on_aws_says_it_is_not_there_yet() -> None:
+    proc = run_rtui("plan", "--target", "aws")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("rtui: provisioning the aws target is not in this version — `rtui check "
+                                   "--target aws` shows where it could run; use --target local to train now")
