@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from backend.config import ResolvedConfig, RunConfig
 from backend.errors import OperationError, UserError
-from backend.model import CheckResult, Plan, StepEvent
 from backend.spool import LogSpool
 from backend.store import RunLockedError, RunRecord, RunStatus, RunStore
 
 if TYPE_CHECKING:
+    from backend.model import CheckResult, Plan, StepEvent
     from backend.targets.base import Target
     from backend.targets.follow import JobFollower
     from backend.telemetry import Telemetry

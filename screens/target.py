@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -11,15 +13,16 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
-from backend.model import CheckResult, CheckStatus
+if TYPE_CHECKING:
+    from backend.model import CheckResult
 
 TARGETS = [
     ("local", "Local — a real Ray cluster on this machine, tiny model, no cloud account"),
     ("aws", "AWS — new EKS cluster with EFA GPU nodes (preflight: rtui check --target aws)"),
     ("kube", "Kubernetes — an existing cluster from kubeconfig"),
 ]
-_CHECK_MARK = {CheckStatus.OK: ("✓", "green"), CheckStatus.WARN: ("!", "yellow"),
-               CheckStatus.FAIL: ("✗", "red"), CheckStatus.INFO: ("i", "blue")}
+# Keyed by CheckStatus values (a StrEnum): backend.model's pydantic models stay off the first frame.
+_CHECK_MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "info": ("i", "blue")}
 
 
 class TargetScreen(Screen[None]):
@@ -79,7 +82,7 @@ class TargetScreen(Screen[None]):
         self.action_next()
 
     def action_next(self) -> None:
-        failed = [c for c in getattr(self, "checks", []) if c.status is CheckStatus.FAIL]
+        failed = [c for c in getattr(self, "checks", []) if c.status == "fail"]
         if failed:
             self.notify(f"{failed[0].title}: {failed[0].remedy or failed[0].detail}", severity="error")
             return
@@ -98,6 +101,6 @@ def render_checks(results: list[CheckResult]) -> Text:
         if check.detail:
             text.append(f" — {check.detail}", style="dim")
         text.append("\n")
-        if check.remedy and check.status is not CheckStatus.OK:
+        if check.remedy and check.status != "ok":
             text.append(f"    {check.remedy}\n", style="italic")
     return text
