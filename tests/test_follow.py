@@ -73,3 +73,22 @@ async def test_reattaching_never_duplicates_the_spool(tmp_path: Path) -> None:
     [u async for u in follow_job_step(target)()]
     [u async for u in follow_job_step(target)()]
     assert Path(target.record.spool_path).read_text() == METRICS
+
+
+def test_apply_steps_follow_the_plan_for_worker_nodes(tmp_path: Path) -> None:
+    from backend.model import Action, Change, Plan
+    from backend.targets import local
+
+    config = resolve_config({"local_worker_nodes": "2"}, environ={}).config
+    store = RunStore(tmp_path / "state")
+    target = LocalTarget(config, store.new(target="local", cluster_name="c", config={}), store)
+    plan = Plan(target="local", changes=[
+        Change(action=Action.NOOP, kind="ray-head", name="c"),
+        Change(action=Action.NOOP, kind="ray-worker-node", name="c-worker-0"),
+        Change(action=Action.CREATE, kind="ray-worker-node", name="c-worker-1"),
+        Change(action=Action.NOOP, kind="ray-job", name="j"),
+    ])
+    steps = {s.id: s for s in target.apply_steps(plan)}
+    assert steps["head"].action is local._noop and steps["worker-0"].action is local._noop
+    assert steps["worker-1"].action is not local._noop, "a missing worker node must be started"
+    assert steps["job"].action is local._noop

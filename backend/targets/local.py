@@ -158,8 +158,10 @@ class LocalTarget(Target):
             Step("head", "Start the Ray head", self._start_head if head.action is not Action.NOOP else _noop,
                  expected_s=15, retries=2, backoff_s=0.5),
         ]
-        for i in range(self.config.local_worker_nodes):
-            steps.append(Step(f"worker-{i}", f"Start Ray worker node {i}", self._worker_starter(i), deps=("head",),
+        worker_changes = [c for c in plan.changes if c.kind == "ray-worker-node"]
+        for i, change in enumerate(worker_changes):
+            action = self._worker_starter(i) if change.action is not Action.NOOP else _noop
+            steps.append(Step(f"worker-{i}", f"Start Ray worker node {i}", action, deps=("head",),
                               expected_s=8, retries=1, backoff_s=0.5))
         workers = tuple(s.id for s in steps[1:])
         spec = build_job_spec(self.config)
