@@ -192,9 +192,10 @@ async def bench(ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.yes:
         raise UserError(f"`rtui bench {ns.bench}` starts a cluster and runs jobs on it and needs --yes",
                         remedy=f"see `rtui bench {ns.bench} --help` for what it runs")
-    for name in ("iters", "warmup", "max_mib"):
-        if (getattr(ns, name, None) or 1) < (0 if name == "warmup" else 1):
-            raise UserError(f"--{name.replace('_', '-')} must be at least {0 if name == 'warmup' else 1}")
+    for name, least in (("iters", 1), ("warmup", 0), ("max_mib", 1)):
+        value = getattr(ns, name, None)
+        if value is not None and value < least:
+            raise UserError(f"--{name.replace('_', '-')} must be at least {least}")
     if ns.timeout <= 0:
         raise UserError("--timeout must be positive")
     from backend import bench as benches  # the bench code (and telemetry) only for this command
