@@ -17,18 +17,19 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import re
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.jobspec import JobSpec, build_job_spec
-from backend.model import EventKind, StepEvent
+from backend.model import Action, EventKind, StepEvent
 from backend.rayjobs import RayJobs
 from training.protocol import FABRIC_TAG, parse_record
 
@@ -196,6 +197,11 @@ async def bring_up(session: RunSession, on_event: EventSink) -> RayJobs:
     if failed:
         raise UserError(f"preflight: {failed[0].title}: {failed[0].detail}", remedy=failed[0].remedy)
     plan = await session.plan()
+    if all(c.action is Action.NOOP for c in plan.changes if c.kind != "ray-job"):
+        # Already up as configured. Not re-applied: the local target's worker-node steps
+        # start a node whenever they run, so applying again would add nodes.
+        on_event(_event("cluster", EventKind.DONE, "cluster already up"))
+        return await _jobs_of(session)
     steps = session.target.apply_steps(plan)
     by_id = {s.id: s for s in steps}
 
@@ -212,6 +218,10 @@ async def bring_up(session: RunSession, on_event: EventSink) -> RayJobs:
             if event.kind in (EventKind.FAILED, EventKind.CANCELLED):
                 raise OperationError(f"bringing the cluster up failed at {event.step}: {event.message}",
                                      remedy=event.remedy or f"see `rtui status {session.run_id}`")
+    return await _jobs_of(session)
+
+
+async def _jobs_of(session: RunSession) -> RayJobs:
     jobs = session.target.jobs()
     if jobs is None:
         raise OperationError("the cluster is up but has no Jobs API address")
@@ -231,9 +241,15 @@ async def _refuse_if_training(session: RunSession, jobs: RayJobs) -> None:
 
 
 def bench_dir(session: RunSession) -> Path:
+    """``<state>/bench/<run id>/``: private like the run records (job logs can name hosts and paths)."""
     path = session.store.root / "bench" / session.run_id
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for directory in (path.parent.parent, path.parent, path):
+        directory.mkdir(exist_ok=True, mode=0o700)
     return path
+
+
+def _private_open(path: Path) -> TextIO:
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8")
 
 
 _FABRIC_PROGRESS = re.compile(r"rtui-fabric: (\S+ \S+) done")
@@ -277,7 +293,7 @@ async def run_job(session: RunSession, jobs: RayJobs, spec: JobSpec, *, label: s
     text: list[str] = []
     last_said = started
     try:
-        with log_path.open("w", encoding="utf-8") as log:
+        with _private_open(log_path) as log:
             async with asyncio.timeout(timeout_s):
                 while True:
                     if time.monotonic() - last_said >= HEARTBEAT_S:  # alive while Ray starts workers
@@ -331,8 +347,8 @@ def fabric_spec(config: RunConfig, *, iters: int | None = None, warmup: int | No
 
 
 def _save(session: RunSession, name: str, report: dict[str, Any]) -> None:
-    path = bench_dir(session) / f"{name}.json"
-    path.write_text(json.dumps({"at": time.time(), **report}, indent=1) + "\n", encoding="utf-8")
+    with _private_open(bench_dir(session) / f"{name}.json") as fh:
+        fh.write(json.dumps({"at": time.time(), **report}, indent=1) + "\n")
 
 
 async def run_fabric(session: RunSession, *, variants: Sequence[str] | None = None,

@@ -18,7 +18,7 @@ import pytest
 from backend import bench
 from backend.config import resolve_config
 from backend.errors import OperationError, UserError
-from backend.model import EventKind, StepEvent
+from backend.model import Action, Change, EventKind, Plan, StepEvent
 from backend.rayjobs import JobStatus
 from backend.runner import Progress, Step
 from tests.conftest import REPO
@@ -192,6 +192,7 @@ async def test_run_job_logs_to_a_file_and_reports_progress(tmp_path: Path) -> No
                                      variant=bench.VARIANTS["gloo"], on_event=events.append)
     assert bench.parse_fabric_log(lines, variant="gloo").results[0]["size_bytes"] == MIB
     assert log.read_text().endswith(record[20:] + "\n") and log.parent == tmp_path / "state" / "bench" / "r1"
+    assert log.stat().st_mode & 0o777 == 0o600 and log.parent.stat().st_mode & 0o777 == 0o700
     assert [e.kind for e in events] == [EventKind.STARTED, EventKind.PROGRESS, EventKind.DONE]
     assert events[1].message == "swept 1 MiB"
     env = jobs.submitted[0]["runtime_env"]["env_vars"]
@@ -220,7 +221,12 @@ async def test_bring_up_applies_every_non_job_step_through_session_apply() -> No
              Step("job", "j", nothing, deps=("head", "worker-0", "worker-1")),
              Step("train", "t", nothing, deps=("job",))]
     applied: list[str] = []
-    plans = iter(["plan-1", "plan-2"])
+
+    def plan(name: str, head: Action) -> Plan:
+        return Plan(target=name, changes=[Change(action=head, kind="ray-head", name="h"),
+                                          Change(action=Action.CREATE, kind="ray-job", name="train")])
+
+    plans = iter([plan("plan-1", Action.CREATE), plan("plan-2", Action.CREATE)])
 
     class Session:
         run_id = "r1"
@@ -230,15 +236,20 @@ async def test_bring_up_applies_every_non_job_step_through_session_apply() -> No
         async def preflight(self) -> list[Any]:
             return []
 
-        async def plan(self) -> str:
+        async def plan(self) -> Plan:
             return next(plans)
 
-        async def apply(self, plan: str, *, until: str | None = None) -> AsyncIterator[StepEvent]:
-            applied.append(f"{plan}:{until}")
+        async def apply(self, plan: Plan, *, until: str | None = None) -> AsyncIterator[StepEvent]:
+            applied.append(f"{plan.target}:{until}")
             yield StepEvent(step=str(until), kind=EventKind.DONE)
 
     await bench.bring_up(Session(), lambda e: None)  # type: ignore[arg-type]
     assert applied == ["plan-1:worker-0", "plan-2:worker-1"]
+    # A cluster already up as configured is not applied again (that would start more worker nodes).
+    plans = iter([plan("plan-3", Action.NOOP)])
+    events: list[StepEvent] = []
+    await bench.bring_up(Session(), events.append)  # type: ignore[arg-type]
+    assert applied == ["plan-1:worker-0", "plan-2:worker-1"] and events[0].message == "cluster already up"
 
 
 # --- the CLI ----------------------------------------------------------------------------------
