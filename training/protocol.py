@@ -6,6 +6,7 @@ survives any log pipeline (Ray job logs, pod logs, CloudWatch) intact:
 
     RTUI_METRIC {"step": 3, "loss": 6.9, "tokens_per_s": 812.4, ...}
     RTUI_SUMMARY {"steps": 20, "tokens_per_s_mean": 790.1, ...}
+    RTUI_FABRIC {"world_size": 2, "results": [{"size_bytes": 1048576, "busbw_gbps": 1.2, ...}], ...}
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 METRIC_TAG = "RTUI_METRIC"
 SUMMARY_TAG = "RTUI_SUMMARY"
+# The all-reduce sweep of `python -m training.fabric` (read by backend.bench, not by telemetry).
+FABRIC_TAG = "RTUI_FABRIC"
 
 # Keys every metric record carries. Later versions may add keys, never remove these.
 METRIC_KEYS = ("step", "loss", "tokens_per_s", "step_time_s", "world_size", "ts")
@@ -24,9 +27,9 @@ def format_record(tag: str, record: dict[str, Any]) -> str:
     return f"{tag} {json.dumps(record, separators=(',', ':'), sort_keys=True)}"
 
 
-def parse_record(line: str) -> tuple[str, dict[str, Any]] | None:
-    """Find a tagged record anywhere in a (possibly prefixed) log line."""
-    for tag in (METRIC_TAG, SUMMARY_TAG):
+def parse_record(line: str, tags: tuple[str, ...] = (METRIC_TAG, SUMMARY_TAG)) -> tuple[str, dict[str, Any]] | None:
+    """Find a tagged record (one of ``tags``) anywhere in a (possibly prefixed) log line."""
+    for tag in tags:
         idx = line.find(tag + " {")
         if idx >= 0:
             payload = line[idx + len(tag) + 1 :].strip()

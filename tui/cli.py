@@ -78,7 +78,42 @@ def build_parser() -> Parser:
     p = add("config", "show the effective configuration")
     p.add_argument("action", choices=["show"])
     p.add_argument("--json", action="store_true")
+    _add_bench(sub, common)
     return parser
+
+
+BENCH_HELP = {
+    "fabric": "all-reduce bus-bandwidth sweep across every worker (nccl-tests' busbw), EFA vs forced TCP",
+    "ab": "two short training jobs, EFA vs forced TCP: both throughputs and the speedup",
+}
+
+
+def _add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`rtui bench fabric|ab`: starts what the target needs (like `up`), runs the bench jobs."""
+    epilog = ("Starts the run's cluster like `rtui up --until head` and leaves it up afterwards (tear it down "
+              "with `rtui down --yes`), unless --down is given. On GPU targets each bench runs twice: with the "
+              "EFA environment and forced onto TCP (NCCL_NET=Socket, FI_PROVIDER=tcp, NCCL_NET_PLUGIN=none). "
+              "The local target has no EFA: one gloo run, and the ratio is null with the reason. Progress goes "
+              "to stderr with --json; stdout then holds one JSON object. Results and job logs are kept under "
+              "the state dir (bench/RUN_ID/).")
+    bench = sub.add_parser("bench", parents=[common], help="measure the fabric before training (fabric, ab)",
+                           description="Measure the network a run will train on.", epilog=epilog)
+    kinds = bench.add_subparsers(dest="bench", parser_class=Parser, metavar="{fabric,ab}", required=True)
+    for kind, text in BENCH_HELP.items():
+        p = kinds.add_parser(kind, parents=[common], help=text, description=text, epilog=epilog)
+        p.add_argument("--yes", action="store_true", help="start the cluster and run the jobs without asking")
+        p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+        p.add_argument("--down", action="store_true", help="tear the run down afterwards (also on failure)")
+        p.add_argument("--variant", action="append", choices=("efa", "tcp", "gloo"),
+                       help="run only this variant (repeatable; default efa and tcp on GPUs, gloo locally)")
+        p.add_argument("--timeout", type=float, default=900.0, metavar="S", help="per job, in seconds")
+        if kind == "fabric":
+            p.add_argument("--iters", type=int, help="timed all-reduces per size (default 20 on GPUs, 5 on CPU)")
+            p.add_argument("--warmup", type=int, help="untimed all-reduces per size (default 5 on GPUs, 2 on CPU)")
+            p.add_argument("--max-mib", type=int, help="largest message in MiB (default 1024 on GPUs, 64 on CPU)")
+        else:
+            p.epilog = epilog + (" Each job trains the run's model for 12 steps locally, 20 on GPUs, unless "
+                                 "--steps is given on this command line.")
 
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
@@ -123,7 +158,7 @@ def _main(argv: list[str]) -> int:
 
     handler = {
         "plan": commands.plan, "up": commands.up, "status": commands.status, "logs": commands.logs,
-        "down": commands.down, "runs": commands.runs,
+        "down": commands.down, "runs": commands.runs, "bench": commands.bench,
     }[ns.command]
     return asyncio.run(handler(ns, out))
 

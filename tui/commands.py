@@ -187,4 +187,89 @@ async def runs(ns: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-__all__ = ["plan", "up", "status", "logs", "down", "runs", "Plan"]
+async def bench(ns: argparse.Namespace, out: TextIO) -> int:
+    """`rtui bench fabric|ab`: bring the cluster up, run the bench jobs, print the table and the ratio."""
+    if not ns.yes:
+        raise UserError(f"`rtui bench {ns.bench}` starts a cluster and runs jobs on it and needs --yes",
+                        remedy=f"see `rtui bench {ns.bench} --help` for what it runs")
+    for name, least in (("iters", 1), ("warmup", 0), ("max_mib", 1)):
+        value = getattr(ns, name, None)
+        if value is not None and value < least:
+            raise UserError(f"--{name.replace('_', '-')} must be at least {least}")
+    if ns.timeout <= 0:
+        raise UserError("--timeout must be positive")
+    from backend import bench as benches  # the bench code (and telemetry) only for this command
+
+    resolved = resolved_from(ns)
+    session = RunSession.for_config(resolved)
+    session.store.ensure_writable()
+    # Progress is human text; with --json it goes to stderr so stdout holds only the result.
+    emit = _emitter(False, sys.stderr if ns.json else out)
+    ok = True
+    with session.locked():
+        try:
+            if ns.bench == "fabric":
+                max_mib = getattr(ns, "max_mib", None)
+                report = await benches.run_fabric(
+                    session, variants=ns.variant, on_event=emit, iters=ns.iters, warmup=ns.warmup,
+                    max_bytes=max_mib * 2**20 if max_mib else None, timeout_s=ns.timeout)
+            else:
+                steps = resolved.config.steps if resolved.sources.get("steps") == "flag" else None
+                report = await benches.run_ab(session, variants=ns.variant, steps=steps, on_event=emit,
+                                              timeout_s=ns.timeout)
+        finally:
+            if ns.down:
+                async for event in session.teardown():
+                    emit(event)
+                    ok = ok and event.kind is not EventKind.FAILED
+    report = {**report, "run_id": session.run_id, "cluster": "down" if ns.down and ok else "up"}
+    if ns.json:
+        _json_line(out, report)
+    else:
+        out.write("\n" + (_format_fabric(report) if ns.bench == "fabric" else _format_ab(report)))
+        if not ns.down:
+            out.write(f"The cluster stays up: tear it down with `rtui down {session.run_id} --yes`\n")
+        elif not ok:
+            out.write(f"run {session.run_id} is NOT fully down: see the errors above\n")
+    return 0 if ok else 1
+
+
+def _format_fabric(report: dict[str, Any]) -> str:
+    from training.fabric import format_table, human_size  # stdlib-only at import
+
+    lines = []
+    for name, run in report["variants"].items():
+        lines.append(f"{name}: all_reduce on {run['transport']} — {run['world_size']} workers on "
+                     f"{run['nodes']} node(s), {run.get('iters', '?')} iters after {run.get('warmup', '?')} warmup")
+        lines.append(format_table(run["results"]))
+        if run.get("capped"):
+            lines.append(f"(CPU: the sweep stops at {human_size(run['results'][-1]['size_bytes'])}; GPUs go to 1 GiB)")
+        lines.append("")
+    size = report.get("ratio_size_bytes")
+    if report["ratio"] is not None and size:
+        lines.append(f"EFA vs TCP busbw at {human_size(size)}: {report['ratio']:.2f}×")
+    else:
+        raw = report.get("raw_ratio")
+        lines.append(f"EFA vs TCP: n/a — {report['reason']}" + (f" (raw busbw ratio {raw:.2f}×)" if raw else ""))
+    return "\n".join(lines) + "\n"
+
+
+def _format_ab(report: dict[str, Any]) -> str:
+    lines = [f"training A/B, {report['steps']} steps each:"]
+    for key in ("a", "b"):
+        side = report[key]
+        if side is None:
+            lines.append(f"  {key}  —  not run")
+            continue
+        steps_s = f"{side['steps_per_s']:.4f} steps/s" if side.get("steps_per_s") else ""
+        lines.append(f"  {key}  {side['variant']:<5} on {side['transport']:<10} {side['tokens_per_s']:>12,.1f} "
+                     f"tokens/s  {steps_s}")
+    if report["speedup"] is not None:
+        lines.append(f"speedup (efa/tcp): {report['speedup']:.2f}×")
+    else:
+        raw = report.get("raw_speedup")
+        lines.append(f"speedup: n/a — {report['reason']}" + (f" (raw ratio {raw:.2f}×)" if raw else ""))
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["plan", "up", "status", "logs", "down", "runs", "bench", "Plan"]
