@@ -72,6 +72,9 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true")
     p = add("check", "preflight checks; for aws, a feasibility matrix per region and AZ")
     p.add_argument("--all-regions", action="store_true", help="check every region enabled for the account")
+    p.add_argument("--request-quota-increase", action="store_true",
+                   help="aws: file a vCPU quota increase request for every short quota (needs --yes)")
+    p.add_argument("--yes", action="store_true", help="confirm --request-quota-increase")
     p.add_argument("--json", action="store_true")
     p = add("runs", "list runs")
     p.add_argument("--json", action="store_true")
@@ -187,12 +190,34 @@ def _check(ns: argparse.Namespace, out: TextIO) -> int:
             system_node_type=config.system_node_type, system_node_count=config.system_node_count,
             profile=config.profile, default_region=config.region,
         )
+        if ns.request_quota_increase:
+            return _request_quota(request, ns, out)
         return check_command(request, as_json=ns.json, stdout=out, stderr=sys.stderr)
+    if ns.request_quota_increase:
+        raise UserError("--request-quota-increase is for --target aws")
     if ns.all_regions:
         raise UserError("--all-regions is for --target aws")
     from tui import commands
 
     return asyncio.run(commands.check(ns, out))
+
+
+def _request_quota(request: Any, ns: argparse.Namespace, out: TextIO) -> int:
+    if not ns.yes:
+        raise UserError("--request-quota-increase files a request with AWS and needs --yes",
+                        remedy="run `rtui check --target aws` first to see what is short")
+    from backend.aws.quota_requests import request_missing_quota
+
+    filed = asyncio.run(request_missing_quota(request))
+    if ns.json:
+        json.dump({"requests": [r.model_dump(mode="json") for r in filed]}, out)
+        out.write("\n")
+    elif not filed:
+        out.write("No quota is short for this plan: nothing was requested.\n")
+    for r in filed if not ns.json else []:
+        out.write(f"requested {r.quota_code} = {r.desired_value:g} vCPUs in {r.region}: {r.status}"
+                  + (f" (case {r.case_id})" if r.case_id else "") + "\n")
+    return 0
 
 
 def _classify(ns: argparse.Namespace, out: TextIO) -> int:

@@ -39,3 +39,21 @@ def test_plan_on_aws_says_it_is_not_there_yet() -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("rtui: provisioning the aws target is not in this version — `rtui check "
                                    "--target aws` shows where it could run; use --target local to train now")
+
+
+def test_quota_increase_only_on_explicit_request(world: World) -> None:
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    args = ["check", "--target", "aws", "--region", "us-east-1"]
+    plenty = run_rtui(*args, "--request-quota-increase", "--yes", env=env)
+    assert plenty.returncode == 0 and "nothing was requested" in plenty.stdout
+    world.quota("us-east-1", "L-DB2E81BA", 48)
+    run_rtui(*args, "--json", env=env)  # a plain check never asks
+    assert "RequestServiceQuotaIncrease" not in world.actions()
+    refused = run_rtui(*args, "--request-quota-increase", env=env)
+    assert refused.returncode == 2 and "needs --yes" in refused.stderr
+    assert "RequestServiceQuotaIncrease" not in world.actions()
+    filed = run_rtui(*args, "--request-quota-increase", "--yes", "--json", env=env)
+    assert filed.returncode == 0, filed.stderr
+    requests = json.loads(filed.stdout)["requests"]
+    assert [(r["region"], r["quota_code"], r["desired_value"]) for r in requests] == [("us-east-1", "L-DB2E81BA", 96.0)]
+    assert "RequestServiceQuotaIncrease" in world.actions()
