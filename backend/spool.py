@@ -65,6 +65,18 @@ class LogSpool:
         text = data[: end + 1].decode("utf-8", errors="replace")
         return text.splitlines(), offset + end + 1
 
+    def iter_from(self, offset: int = 0) -> Iterator[tuple[str, int]]:
+        """Complete lines after byte ``offset``, streamed, each with the offset just past it."""
+        if not self.exists():
+            return
+        with self.path.open("rb") as fh:
+            fh.seek(offset)
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    return  # a line still being written
+                offset += len(raw)
+                yield raw.decode("utf-8", errors="replace").rstrip("\r\n"), offset
+
     def iter_lines(self) -> Iterator[str]:
         if not self.exists():
             return

@@ -170,3 +170,12 @@ def test_family_matches_our_temp_dir_not_a_sibling(tmp_path: Path) -> None:
         assert not ProcRef(pid=other.pid, create_time=other.create_time + 100).alive(), "pid reuse guard"
     finally:
         terminate(family([other], None))
+
+
+def test_spool_iter_from_streams_complete_lines_with_offsets(tmp_path: Path) -> None:
+    spool = LogSpool(tmp_path / "y.log")
+    spool.append("a\nbb\nccc")
+    got = list(spool.iter_from(0))
+    assert got == [("a", 2), ("bb", 5)]
+    spool.append("\n")
+    assert list(spool.iter_from(5)) == [("ccc", 9)]

@@ -13,6 +13,7 @@ from backend.errors import UserError
 from backend.model import EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
+from backend.textutil import strip_ansi
 from tui.cli import resolved_from
 from tui.render import format_event, format_plan, format_status
 
@@ -105,44 +106,53 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _line_writer(out: TextIO):  # type: ignore[no-untyped-def]
+    """Colour escapes are kept for a terminal and dropped for a pipe or a file."""
+    keep = out.isatty()
+
+    def write(lines: list[str]) -> None:
+        for line in lines:
+            out.write((line if keep else strip_ansi(line)) + "\n")
+        out.flush()
+
+    return write
+
+
 async def logs(ns: argparse.Namespace, out: TextIO) -> int:
     session = RunSession.open(ns.run_id)
     spool = session.spool()
-    for line in spool.iter_lines():
-        out.write(line + "\n")
+    write = _line_writer(out)
+    offset = 0
+    for line, end in spool.iter_from(0):
+        write([line])
+        offset = end
     live = session.record.status is not RunStatus.DOWN and session.record.current_job is not None
     if not live:
         return 0
     if session.store.is_locked(session.run_id):
         # Another rtui is attached and owns the spool: read what it writes.
         if ns.follow:
-            await _tail_file(session, spool.size(), out)
+            await _tail_file(session, offset, write)
         return 0
     if not await session.target.cluster_alive():
         return 0
     with session.locked():
         follower = session.follower()
         if not ns.follow:
-            for line in await follower.catch_up():
-                out.write(line + "\n")
+            write(await follower.catch_up())
             return 0
         async for batch in follower.lines():
-            out.write("\n".join(batch) + "\n")
-            out.flush()
+            write(batch)
     return 0
 
 
-async def _tail_file(session: RunSession, offset: int, out: TextIO) -> None:
+async def _tail_file(session: RunSession, offset: int, write) -> None:  # type: ignore[no-untyped-def]
     spool = session.spool()
     while True:
+        attached = session.store.is_locked(session.run_id)
         lines, offset = spool.read_from(offset)
-        for line in lines:
-            out.write(line + "\n")
-        out.flush()
-        if not session.store.is_locked(session.run_id):
-            lines, offset = spool.read_from(offset)
-            for line in lines:
-                out.write(line + "\n")
+        write(lines)
+        if not attached:
             return
         await asyncio.sleep(0.5)
 
