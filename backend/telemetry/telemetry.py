@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from backend.telemetry.metrics import DEFAULT_MAX_POINTS, MetricSeries
-from training.logparse.lines import READ_SIZE, LineSplitter, marked_lines
-from training.logparse.nccl import NcclAnalyzer
+from training.logparse.lines import READ_SIZE, LineSplitter
+from training.logparse.nccl import INFO_WORDS, NcclAnalyzer
+from training.logparse.scan import scan_block
 from training.logparse.verdict import Verdict
 
 SNAPSHOT_SCHEMA = 1
-# Every line either analyser acts on contains one of these.
-MARKERS = (b"NCCL", b"RTUI_", b"THROUGHPUT")
 
 
 class Telemetry:
@@ -64,12 +63,17 @@ class Telemetry:
         return self._feed_block(self._live.push_block(chunk))
 
     def _feed_block(self, block: bytes) -> int:
-        """Complete lines as bytes: only the lines holding a marker are decoded and parsed."""
+        """Complete lines as bytes: only the lines an analyser acts on are decoded (see scan.py)."""
         if not block:
             return 0
-        count = block.count(b"\n")
-        fed = self.feed_lines(marked_lines(block, MARKERS))
-        self.lines += count - fed  # feed_lines counted only the lines it was given
+        count, nccl_lines, series_lines = scan_block(block, INFO_WORDS)
+        self.lines += count
+        nccl_feed = self.nccl.feed
+        for line in nccl_lines:
+            nccl_feed(line)
+        series_feed = self.series.feed
+        for line in series_lines:
+            series_feed(line)
         return count
 
     def end_of_stream(self) -> int:

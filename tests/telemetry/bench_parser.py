@@ -66,6 +66,11 @@ def replay(path: Path) -> Telemetry:
     return telemetry
 
 
+def replay_ratios(path: Path, repeats: int = 3) -> list[float]:
+    """bare/replay throughput ratios, each pair measured back to back (load hits both alike)."""
+    return [_best_of(1, lambda: bare_loop(path)) / _best_of(1, lambda: replay(path)) for _ in range(repeats)]
+
+
 def traced_peak(path: Path, limit: int | None) -> int:
     gc.collect()
     tracemalloc.start()
