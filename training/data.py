@@ -62,7 +62,10 @@ def data_format(path: str) -> str:
     import pyarrow.fs as pafs
 
     fs, root = pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), path)
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    except (OSError, FileNotFoundError) as exc:
+        raise ValueError(f"--data {path}: cannot list it ({exc})") from None
     names = [i.path.lower() for i in infos if i.type == pafs.FileType.File]
     if any(n.endswith((".parquet", ".pq")) for n in names):
         return "parquet"
@@ -111,7 +114,7 @@ def build_text_dataset(path: str, *, tokenizer: str, text_field: str, seq_len: i
 
     remote = {"num_cpus": data_cpus}
     if data_format(path) == "parquet":
-        ds = ray.data.read_parquet(path, columns=[text_field], ray_remote_args=remote)
+        ds = ray.data.read_parquet(path, ray_remote_args=remote).select_columns([text_field])
     else:
         ds = ray.data.read_json(path, lines=True, ray_remote_args=remote)
     return ds.map_batches(

@@ -58,6 +58,11 @@ def _r(value: float | None, digits: int = 5) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _sig(value: float | None, digits: int = 4) -> float | None:
+    """Significant digits, for ratios like MFU that can be tiny (a CPU-sized model on a big GPU)."""
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """What every record repeats: the model and step shape, the device and its peak."""
@@ -95,7 +100,7 @@ def metric_record(facts: RunFacts, *, step: int, loss: float, step_time_s: float
         "loss_sync_wait_s": _r(timings.loss_sync_wait_s), "comm_wait_s": _r(timings.comm_wait_s),
         "compute_s": _r(max(0.0, step_time_s - timings.data_wait_s - timings.comm_wait_s)),
         "peak_mem_gib": round(peak_mem_bytes / GIB, 4), "peak_mem_kind": mem_kind,
-        "mfu": _r(util, 6), "device": facts.device_name, "lr": lr,
+        "mfu": _sig(util), "device": facts.device_name, "lr": lr,
         "grad_norm": _r(grad_norm),
     }
     if util is None:
@@ -137,7 +142,7 @@ class RunSummary:
             "tokens_per_s_mean": round(facts.tokens_per_step / mean, 2) if mean else None,
             "tokens_per_step": facts.tokens_per_step, "grad_accum": facts.grad_accum,
             "micro_batch": facts.micro_batch, "seq_len": facts.seq_len,
-            "mfu_mean": _r(sum(self.mfus[1:] or self.mfus) / len(self.mfus[1:] or self.mfus), 6)
+            "mfu_mean": _sig(sum(self.mfus[1:] or self.mfus) / len(self.mfus[1:] or self.mfus))
             if self.mfus else None,
             "peak_mem_gib": round(self.peak_mem_bytes / GIB, 4), "device": facts.device_name,
         }

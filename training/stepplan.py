@@ -10,6 +10,7 @@ and the memory estimate decides the largest micro-batch that fits (``--batch-siz
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 GIB = 2**30
@@ -87,6 +88,10 @@ def estimate_memory(shape: ModelShape, *, micro_batch: int, seq_len: int, shard_
     return MemoryEstimate(sharded, gathered, activations, logits)
 
 
+# micro_batch -> (estimate, fits); FitCheck is the real one, tests pass plain functions.
+Fits = Callable[[int], "tuple[MemoryEstimate, bool]"]
+
+
 @dataclass(frozen=True)
 class StepPlan:
     micro_batch: int
@@ -119,7 +124,7 @@ def sequences_per_rank(tokens_per_step: int, seq_len: int, world: int) -> int:
 
 
 def plan_step(*, tokens_per_step: int, seq_len: int, world: int, micro_batch: int | None,
-              fits: FitCheck | None = None) -> StepPlan:
+              fits: Fits | None = None) -> StepPlan:
     """Choose micro-batch and gradient accumulation.
 
     ``tokens_per_step`` 0 means one micro-batch per step (no accumulation; ``micro_batch`` required).
@@ -179,7 +184,7 @@ class FitCheck:
                 f"{self.budget_bytes * MEMORY_HEADROOM / GIB:.2f} GiB")
 
 
-def _checked(plan: StepPlan, fits: FitCheck | None) -> StepPlan:
+def _checked(plan: StepPlan, fits: Fits | None) -> StepPlan:
     if fits is None:
         return plan
     estimate, ok = fits(plan.micro_batch)
@@ -189,9 +194,10 @@ def _checked(plan: StepPlan, fits: FitCheck | None) -> StepPlan:
     return plan
 
 
-def _too_big(plan: StepPlan, fits: FitCheck | None = None) -> str:
+def _too_big(plan: StepPlan, fits: Fits | None = None) -> str:
     assert plan.memory is not None
-    budget = f" > {fits.describe_budget()}" if fits is not None else " does not fit the memory budget"
+    describe = getattr(fits, "describe_budget", None)
+    budget = f" > {describe()}" if describe is not None else " does not fit the memory budget"
     return (f"micro-batch {plan.micro_batch} × seq {plan.seq_len} needs an estimated {plan.memory.describe()} per "
             f"rank{budget}. Lower --batch-size (or use auto with --tokens-per-step), shorten --seq-len, add "
             "--activation-checkpointing, use --shard full or a larger --shard-size, or skip the estimate with "

@@ -19,6 +19,7 @@ from typing import Any
 
 from training.loop import TransportMismatch, build_model, enforce_transport, train_loop_per_worker
 from training.sharding import shard_model
+from training.stepplan import StepPlanError, plan_step
 
 __all__ = ["TransportMismatch", "build_model", "main", "parse_args", "shard_model", "train_loop_per_worker"]
 _enforce_transport = enforce_transport  # the name the guard tests have always used
@@ -107,8 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must not be negative")
     if args.tiny_hidden_size % args.tiny_heads:
         p.error("--tiny-hidden-size must be a multiple of --tiny-heads")
-    if args.batch_size is None and not args.tokens_per_step:
-        p.error("--batch-size auto needs --tokens-per-step")
+    try:  # the arithmetic needs no model: refuse an impossible step shape before Ray starts
+        plan_step(tokens_per_step=args.tokens_per_step, seq_len=args.seq_len, world=args.num_workers,
+                  micro_batch=args.batch_size)
+    except StepPlanError as exc:
+        p.error(str(exc))
     if args.shard == "full" and args.shard_size:
         p.error("--shard-size applies to --shard hybrid only")
     if args.shard_size and args.num_workers % args.shard_size:
