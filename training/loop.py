@@ -83,8 +83,10 @@ def _plan(cfg: dict[str, Any], model: Any, world: int, shard_size: int, budget: 
                        c.intermediate_size, c.vocab_size)
     fits = None if cfg["no_memory_check"] else FitCheck(
         shape, seq_len=cfg["seq_len"], shard_size=shard_size, compute_bytes=2 if cfg["precision"] == "bf16" else 4,
+        grad_accum_bytes=4 if cfg["precision"] == "fp32" or cfg["reduce_dtype"] == "fp32" else 2,
         reshard_after_forward=reshard, activation_checkpointing=cfg["activation_checkpointing"],
-        budget_bytes=budget[0], budget_source=budget[1])
+        budget_bytes=budget[0], budget_source=budget[1],
+        sequences_per_rank=cfg["tokens_per_step"] // (cfg["seq_len"] * world) if cfg["tokens_per_step"] else None)
     return plan_step(tokens_per_step=cfg["tokens_per_step"], seq_len=cfg["seq_len"], world=world,
                      micro_batch=cfg["batch_size"], fits=fits)
 
@@ -126,7 +128,8 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
         if spanning and rank == 0:
             print(f"rtui-train: warning: hybrid shard groups starting at ranks {spanning} span nodes; their "
                   "all-gathers cross the network (set --shard-size to the workers per node)", flush=True)
-    model = shard_model(model, cfg["precision"], reshard, mesh=mesh, compile_layers=cfg["compile"])
+    model = shard_model(model, cfg["precision"], reshard, mesh=mesh, compile_layers=cfg["compile"],
+                        reduce_dtype=cfg["reduce_dtype"])
     optimizer = build_optimizer(model.parameters(), cfg["lr"], cfg["optimizer"], device.type, cfg["weight_decay"])
     if rank == 0:
         mesh_desc = "x".join(str(d) for d in mesh.shape) + f" {mesh.mesh_dim_names}"
@@ -172,9 +175,14 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
             t1 = time.perf_counter()
             t.data_wait_s += t1 - t0
             if plan.grad_accum > 1:
+                last = micro == plan.grad_accum - 1
                 # Reduce-scatter (and HSDP's all-reduce) only on the last micro-step: the others
-                # accumulate unsharded-free local gradients without touching the network.
-                model.set_requires_gradient_sync(micro == plan.grad_accum - 1)
+                # accumulate unsharded local gradients without touching the network.
+                model.set_requires_gradient_sync(last)
+                if not reshard:
+                    # Parameters gathered once stay gathered until the step's last backward, so an
+                    # optimizer step costs one all-gather however many micro-steps it has.
+                    model.set_reshard_after_backward(last)
             loss = model(input_ids=ids, labels=ids).loss / plan.grad_accum
             loss.backward()
             loss_sum += loss.detach().float()

@@ -48,19 +48,21 @@ class MemoryEstimate:
     gathered_params: int  # unsharded compute-dtype copies alive at the peak
     activations: int  # saved for backward, one micro-batch
     logits: int  # logits and their gradient, one micro-batch (large vocabularies dominate here)
+    accumulated_grads: int = 0  # unsharded gradients kept between micro-steps that skip gradient sync
 
     @property
     def total(self) -> int:
-        return self.sharded_state + self.gathered_params + self.activations + self.logits
+        return self.sharded_state + self.gathered_params + self.activations + self.logits + self.accumulated_grads
 
     def describe(self) -> str:
         return (f"{self.total / GIB:.2f} GiB = state {self.sharded_state / GIB:.2f} + gathered params "
                 f"{self.gathered_params / GIB:.2f} + activations {self.activations / GIB:.2f} + logits "
-                f"{self.logits / GIB:.2f}")
+                f"{self.logits / GIB:.2f} + accumulated grads {self.accumulated_grads / GIB:.2f}")
 
 
 def estimate_memory(shape: ModelShape, *, micro_batch: int, seq_len: int, shard_size: int, compute_bytes: int,
-                    reshard_after_forward: bool, activation_checkpointing: bool) -> MemoryEstimate:
+                    reshard_after_forward: bool, activation_checkpointing: bool, grad_accum: int = 1,
+                    grad_accum_bytes: int = 4) -> MemoryEstimate:
     """Per-rank peak bytes of one training step (a planning estimate, not a measurement).
 
     * State: FSDP keeps fp32 params, fp32 grads and AdamW's exp_avg/exp_avg_sq sharded over the
@@ -72,6 +74,8 @@ def estimate_memory(shape: ModelShape, *, micro_batch: int, seq_len: int, shard_
       SDPA kernel that stores no s² attention matrix): ~ tokens × (15·hidden + 6·intermediate) bytes,
       scaled by compute_bytes / 2. Checkpointing keeps only each layer's input plus one layer's full set.
     * Logits: tokens × vocab × (compute_bytes + 8): the logits, their fp32 upcast in the loss, its grad.
+    * Accumulated grads: with accumulation, the micro-steps that skip gradient sync keep unsharded
+      gradients (``grad_accum_bytes`` each: the reduce dtype) until the step's last backward.
     """
     tokens = micro_batch * seq_len
     sharded = 16 * shape.n_params // max(1, shard_size)
@@ -85,7 +89,8 @@ def estimate_memory(shape: ModelShape, *, micro_batch: int, seq_len: int, shard_
     else:
         activations = shape.n_layers * per_layer
     logits = tokens * shape.vocab * (compute_bytes + 8)
-    return MemoryEstimate(sharded, gathered, activations, logits)
+    accumulated = shape.n_params * grad_accum_bytes if grad_accum > 1 else 0
+    return MemoryEstimate(sharded, gathered, activations, logits, accumulated)
 
 
 # micro_batch -> (estimate, fits); FitCheck is the real one, tests pass plain functions.
@@ -163,16 +168,19 @@ class FitCheck:
 
     def __init__(self, shape: ModelShape, *, seq_len: int, shard_size: int, compute_bytes: int,
                  reshard_after_forward: bool, activation_checkpointing: bool, budget_bytes: int | None,
-                 budget_source: str) -> None:
+                 budget_source: str, grad_accum_bytes: int = 4, sequences_per_rank: int | None = None) -> None:
         self.shape = shape
+        self.sequences_per_rank = sequences_per_rank
         self.kwargs = {"seq_len": seq_len, "shard_size": shard_size, "compute_bytes": compute_bytes,
                        "reshard_after_forward": reshard_after_forward,
-                       "activation_checkpointing": activation_checkpointing}
+                       "activation_checkpointing": activation_checkpointing, "grad_accum_bytes": grad_accum_bytes}
         self.budget_bytes = budget_bytes
         self.budget_source = budget_source
 
     def __call__(self, micro_batch: int) -> tuple[MemoryEstimate, bool]:
-        estimate = estimate_memory(self.shape, micro_batch=micro_batch, **self.kwargs)  # type: ignore[arg-type]
+        accum = (self.sequences_per_rank // micro_batch) if self.sequences_per_rank else 1
+        estimate = estimate_memory(self.shape, micro_batch=micro_batch, grad_accum=accum,
+                                   **self.kwargs)  # type: ignore[arg-type]
         if self.budget_bytes is None:
             return estimate, True  # nothing to compare with: do not block the run on an unknown
         return estimate, estimate.total <= self.budget_bytes * MEMORY_HEADROOM

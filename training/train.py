@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="AdamW implementation (auto: fused on CUDA, foreach on CPU)")
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="gradient reduce-scatter/all-reduce dtype under --precision bf16 (bf16 halves the bytes)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--model-id", default=None, help="Hugging Face model id (weights loaded on the cluster)")
     p.add_argument("--tiny-hidden-size", type=int, default=64)
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = {name: getattr(args, name) for name in (
         "steps", "seq_len", "batch_size", "tokens_per_step", "no_memory_check", "lr", "lr_schedule",
-        "warmup_steps", "weight_decay", "max_grad_norm", "optimizer", "precision", "model_id", "seed",
+        "warmup_steps", "weight_decay", "max_grad_norm", "optimizer", "precision", "reduce_dtype", "model_id", "seed",
         "tiny_hidden_size", "tiny_layers", "tiny_heads", "tiny_vocab_size", "shard", "shard_size",
         "reshard_after_forward", "activation_checkpointing", "compile", "data", "checkpoint_every",
         "require_transport")}
