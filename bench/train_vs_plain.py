@@ -28,15 +28,27 @@ from training.protocol import SUMMARY_TAG, parse_record  # noqa: E402
 SHAPE = {"seq_len": 128, "hidden": 64, "layers": 2, "heads": 4, "vocab": 1024}
 
 
-def profile_worker(out: str, stop: threading.Event) -> None:
-    """py-spy the rank-0 worker for 15 s once it is training (it is the one printing metrics)."""
+def profile_workers(out: str, stop: threading.Event, driver: list[int]) -> None:
+    """py-spy this run's training workers (descendants of our driver; other people's Ray runs on the
+    machine are left alone) for 10 s once they train (use --steps >= 150 so they still do)."""
+    import psutil
+
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     while not stop.is_set():
-        found = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split()
-        if found:
-            time.sleep(20)  # past model build and the first steps
-            subprocess.run([shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), "record",
-                            "-p", found[0], "-d", "15", "-r", "50", "--format", "raw", "-o", out, "--nonblocking"],
-                           capture_output=True)
+        found = []
+        if driver:
+            try:
+                found = [str(c.pid) for c in psutil.Process(driver[0]).children(recursive=True)
+                         if "RayTrainWorker" in " ".join(c.cmdline())]
+            except psutil.Error:
+                found = []
+        if len(found) >= 2:
+            time.sleep(15)  # past worker start, model build and the first steps
+            procs = [subprocess.Popen([pyspy, "record", "-p", pid, "-d", "10", "-r", "50", "--format", "raw",
+                                       "-o", f"{out}.{pid}", "--nonblocking"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL) for pid in found]
+            for proc in procs:
+                proc.wait()
             return
         time.sleep(0.5)
 
@@ -51,17 +63,20 @@ def main() -> None:
     cores = os.cpu_count() or 2
     env = {**os.environ, "RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
-    stop = threading.Event()
+    stop, driver = threading.Event(), []
     if a.py_spy:
-        threading.Thread(target=profile_worker, args=(a.py_spy, stop), daemon=True).start()
+        threading.Thread(target=profile_workers, args=(a.py_spy, stop, driver), daemon=True).start()
     with tempfile.TemporaryDirectory() as tmp:
-        ray_run = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "training.train", "--steps", str(a.steps), "--num-workers", str(a.workers),
              "--batch-size", str(a.per_worker_batch), "--precision", "fp32", "--device", "cpu", "--data", "random",
              "--seq-len", str(SHAPE["seq_len"]), "--tiny-hidden-size", str(SHAPE["hidden"]),
              "--tiny-layers", str(SHAPE["layers"]), "--tiny-heads", str(SHAPE["heads"]),
              "--tiny-vocab-size", str(SHAPE["vocab"]), "--storage-path", tmp],
-            capture_output=True, text=True, env=env, cwd=REPO)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        driver.append(proc.pid)
+        out, err = proc.communicate()
+        ray_run = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     stop.set()
     summary = next((r[1] for r in map(parse_record, ray_run.stdout.splitlines()) if r and r[0] == SUMMARY_TAG), None)
     if ray_run.returncode != 0 or summary is None:
