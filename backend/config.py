@@ -61,6 +61,16 @@ class RunConfig(BaseModel):
     learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate")
     num_workers: int = Field(0, ge=0, le=4096, description="Ray Train workers (0 = every GPU; locally 0 = 2)")
     precision: Precision = Field("auto", description="FSDP parameter precision (auto = bf16 on GPUs, fp32 on CPU)")
+    data: str = Field("random", description="Training data: random, cycle, or a JSONL/Parquet path or s3:// URI")
+    text_field: str = Field("text", description="Text column of the data files")
+    tokenizer: str | None = Field(None, description="Tokenizer dir or hub id for data files (default: the model id)")
+    shard: Literal["full", "hybrid"] = Field("full", description="FSDP2 sharding: full, or hybrid (shard in a node)")
+    tokens_per_step: int = Field(0, ge=0, description="Tokens per optimizer step (0 = no gradient accumulation)")
+    activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory")
+    compile: bool = Field(False, description="torch.compile each decoder layer")
+    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps and at the end (0 = never)")
+    storage_path: str | None = Field(None, description="Checkpoints and results: a dir or s3:// (local default: temp)")
+    resume_from: str | None = Field(None, description="Resume from a checkpoint dir, run dir or 'latest'")
     require_transport: Transport = Field(
         "auto", description="Fail the job early unless NCCL uses this network (auto = efa on aws, any elsewhere)")
     # --- local target ---
@@ -99,6 +109,9 @@ class RunConfig(BaseModel):
         if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", v):
             raise ValueError("an EC2 instance type such as g6.12xlarge")
         return v
+
+    def data_is_file(self) -> bool:
+        return self.data not in ("random", "cycle")
 
     def effective_batch_size(self) -> int:
         # Locally a tiny model's step is dominated by per-step collective overheads:
@@ -222,7 +235,7 @@ def resolve_config(
     for field in FIELD_NAMES:
         sources.setdefault(field, "default")
     # Empty strings from env/flags mean "unset" for optional fields.
-    for field in ("availability_zone", "profile"):
+    for field in ("availability_zone", "profile", "tokenizer", "storage_path", "resume_from"):
         if raw.get(field) == "":
             raw[field] = None
     try:
@@ -232,6 +245,15 @@ def resolve_config(
     if config.target == "local" and config.effective_require_transport() != "any":
         raise UserError(f"--require-transport={config.require_transport} needs NCCL on GPUs",
                         remedy="the local target trains on CPU with gloo; use --target aws or kube")
+    if config.data_is_file() and not config.data.startswith("s3://"):
+        data_path = (cwd / config.data).resolve()
+        if not data_path.exists():
+            raise UserError(f"--data {config.data}: no such file or directory",
+                            remedy="give a JSONL/Parquet file or folder, an s3:// URI, `random` or `cycle`")
+        config = config.model_copy(update={"data": str(data_path)})
+    if config.target == "local" and config.data_is_file() and not config.tokenizer:
+        raise UserError("--data with a file needs --tokenizer on the local target",
+                        remedy="pass a local tokenizer dir (the local target works offline)")
     if config.local_hidden_size % config.local_heads:
         raise UserError(f"--local-hidden-size={config.local_hidden_size} is not a multiple of "
                         f"--local-heads={config.local_heads}", remedy="pick sizes that divide evenly")

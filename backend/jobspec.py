@@ -47,7 +47,25 @@ def build_job_spec(config: RunConfig) -> JobSpec:
         "--lr", repr(config.learning_rate),
         "--num-workers", str(workers),
         "--precision", config.effective_precision(),
+        "--shard", config.shard,
+        "--data", config.data,
     ]
+    if config.data_is_file():
+        args += ["--text-field", config.text_field]
+        if config.tokenizer:
+            args += ["--tokenizer", config.tokenizer]
+    if config.tokens_per_step:
+        args += ["--tokens-per-step", str(config.tokens_per_step)]
+    if config.activation_checkpointing:
+        args.append("--activation-checkpointing")
+    if config.compile:
+        args.append("--compile")
+    if config.checkpoint_every:
+        args += ["--checkpoint-every", str(config.checkpoint_every)]
+    if config.storage_path:
+        args += ["--storage-path", config.storage_path]
+    if config.resume_from:
+        args += ["--resume-from", config.resume_from]
     env_vars = {
         # Ray Train patches print() and doubles every worker line otherwise (DESIGN.md §3).
         "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",

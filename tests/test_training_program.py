@@ -74,3 +74,30 @@ def test_tiny_model_is_qwen2_from_config_without_download() -> None:
                                "tiny_heads": 4, "seq_len": 16})
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 128
+
+
+def test_training_knobs_reach_the_entrypoint(tmp_path: Path) -> None:
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    cfg = resolve_config({"data": "train.jsonl", "tokenizer": str(tok), "shard": "hybrid",
+                          "tokens_per_step": "4096", "checkpoint_every": "5", "activation_checkpointing": "true",
+                          "resume_from": "latest"}, environ={}, cwd=tmp_path).config
+    assert cfg.data == str(data)  # made absolute: the job does not run in this directory
+    entry = build_job_spec(cfg).entrypoint
+    for part in (f"--data {data}", f"--tokenizer {tok}", "--shard hybrid", "--tokens-per-step 4096",
+                 "--checkpoint-every 5", "--activation-checkpointing", "--resume-from latest"):
+        assert part in entry, part
+    parsed = train.parse_args(entry.split()[3:])
+    assert parsed.shard == "hybrid" and parsed.tokens_per_step == 4096 and parsed.checkpoint_every == 5
+
+
+def test_data_file_errors_are_one_line(tmp_path: Path) -> None:
+    from backend.errors import UserError
+
+    with pytest.raises(UserError, match="no such file"):
+        resolve_config({"data": "missing.jsonl"}, environ={}, cwd=tmp_path)
+    (tmp_path / "d.jsonl").write_text("{}\n")
+    with pytest.raises(UserError, match="needs --tokenizer on the local target"):
+        resolve_config({"data": "d.jsonl"}, environ={}, cwd=tmp_path)

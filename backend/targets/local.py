@@ -49,7 +49,9 @@ class LocalTarget(Target):
 
     # --- shape -------------------------------------------------------------------------
     def head_cpus(self) -> int:
-        return self.config.local_cpus or max(os.cpu_count() or 1, self.config.effective_workers())
+        # Ray Data's tokenising tasks need a CPU beyond the training workers' one each.
+        needed = self.config.effective_workers() + (1 if self.config.data_is_file() else 0)
+        return self.config.local_cpus or max(os.cpu_count() or 1, needed)
 
     def shape(self) -> dict[str, Any]:
         return {"cpus": self.head_cpus(), "worker_nodes": self.config.local_worker_nodes,
