@@ -170,7 +170,8 @@ def test_two_runs_on_one_machine_do_not_collide() -> None:
 
     assert run_rtui("down", run_ids[0], "--yes", timeout=120).returncode == 0
     assert not our_processes(run_ids[0])
-    assert {p.pid for p in our_processes(run_ids[1])} == second_procs, "tearing down one run touched the other"
+    # Ray may have started more workers meanwhile; none of the second run's processes may be gone.
+    assert second_procs <= {p.pid for p in our_processes(run_ids[1])}, "tearing down one run touched the other"
     status = json_lines(run_rtui("status", run_ids[1], "--json", check=True).stdout)[0]
     assert status["cluster"]["alive"] is True
     assert run_rtui("down", run_ids[1], "--yes", timeout=120).returncode == 0
