@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from backend.errors import UserError
 from backend.paths import config_dir
@@ -25,6 +25,19 @@ CONFIG_FILENAME = "rtui.toml"
 Target = Literal["local", "aws", "kube"]
 Precision = Literal["auto", "bf16", "fp32"]
 Transport = Literal["auto", "any", "efa", "efa_gdr", "socket", "ib"]
+
+
+_INSTANCE_TYPE = (r"[a-z][a-z0-9-]*\.[a-z0-9]+", "an EC2 instance type such as g6.12xlarge")
+# field -> (full-match pattern, what is accepted: the second half of the error line)
+_PATTERNS: dict[str, tuple[str, str]] = {
+    "cluster_name": (r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?",
+                     "lowercase letters, digits and '-', starting with a letter, at most 40 characters"),
+    "namespace": (r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?",
+                  "a DNS label: lowercase letters, digits and '-', at most 63 characters"),
+    "region": (r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d", "an AWS region name such as us-east-1"),
+    "gpu_node_type": _INSTANCE_TYPE,
+    "system_node_type": _INSTANCE_TYPE,
+}
 
 
 class RunConfig(BaseModel):
@@ -82,32 +95,12 @@ class RunConfig(BaseModel):
     local_heads: int = Field(4, ge=1, le=128, description="Tiny local model: attention heads")
     local_vocab_size: int = Field(1024, ge=16, le=262_144, description="Tiny local model: vocabulary size")
 
-    @field_validator("cluster_name")
+    @field_validator("cluster_name", "namespace", "region", "gpu_node_type", "system_node_type")
     @classmethod
-    def _dns_label(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?", v):
-            raise ValueError("lowercase letters, digits and '-', starting with a letter, at most 40 characters")
-        return v
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", v):
-            raise ValueError("a DNS label: lowercase letters, digits and '-', at most 63 characters")
-        return v
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d", v):
-            raise ValueError("an AWS region name such as us-east-1")
-        return v
-
-    @field_validator("gpu_node_type", "system_node_type")
-    @classmethod
-    def _instance_type(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", v):
-            raise ValueError("an EC2 instance type such as g6.12xlarge")
+    def _matches_pattern(cls, v: str, info: ValidationInfo) -> str:
+        pattern, accepted = _PATTERNS[info.field_name or ""]
+        if not re.fullmatch(pattern, v):
+            raise ValueError(accepted)
         return v
 
     def data_is_file(self) -> bool:
