@@ -7,13 +7,11 @@ a region the independent calls run at once too, so a region costs about one roun
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from backend.aws.calls import CallPool
 from backend.aws.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
 from backend.aws.pricing import PriceBook, plan_price
 from backend.aws.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
@@ -26,81 +24,13 @@ T = TypeVar("T")
 ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")
 
 
-class CallPool:
-    """Runs blocking boto3 calls off the event loop on at most ``limit`` worker threads.
-
-    Not ``asyncio.to_thread``: its executor is joined when ``asyncio.run`` ends and at
-    interpreter exit, so one hung region would hold the CLI until its socket timed out.
-    These workers are daemon threads, so a timed-out region is abandoned for real. They
-    persist for the pool's life because starting a thread per call stalls the loop ~1 ms
-    each while the new thread waits for the GIL.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._semaphore = asyncio.Semaphore(limit)
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._workers = 0
-        self._idle = 0
-
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        async with self._semaphore:
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[T] = loop.create_future()
-
-            def settle(ok: bool, value: Any) -> None:
-                if not future.done():
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
-
-            def job() -> None:
-                try:
-                    outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
-                except BaseException as exc:
-                    outcome = (False, exc)
-                # RuntimeError: the loop is gone, so nobody is waiting for this answer any more.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(settle, *outcome)
-
-            self._submit(job)
-            return await future
-
-    def _submit(self, job: Callable[[], None]) -> None:
-        with self._lock:
-            # The semaphore bounds calls in flight, so workers never outnumber it by much.
-            if self._idle == 0:
-                self._workers += 1
-                threading.Thread(target=self._work, name="rtui-aws-call", daemon=True).start()
-            else:
-                self._idle -= 1
-        self._jobs.put(job)
-
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            job()
-            with self._lock:
-                self._idle += 1
-
-    def close(self) -> None:
-        """Let idle workers end; a worker stuck in a hung call ends when that call returns."""
-        with self._lock:
-            count, self._workers, self._idle = self._workers, 0, 0
-        for _ in range(count):
-            self._jobs.put(None)
-
-
 class _Scan:
     """The state one preflight run shares between its region scans."""
 
     def __init__(self, request: PreflightRequest, aws: AwsSession) -> None:
         self.request = request
         self.aws = aws
-        self.pool = CallPool(request.max_concurrency)
+        self.pool = CallPool(aws.workers, request.max_concurrency)
         self.prices = PriceBook(aws)
         self.gpu: InstanceFacts
         self.system: InstanceFacts
@@ -122,11 +52,7 @@ async def run_preflight(
     ``on_region`` is called once per region as it completes (progress)."""
     started = time.perf_counter()
     aws = session or AwsSession(request.profile)
-    scan = _Scan(request, aws)
-    try:
-        return await _matrix(scan, on_region, started)
-    finally:
-        scan.pool.close()
+    return await _matrix(_Scan(request, aws), on_region, started)
 
 
 async def _matrix(

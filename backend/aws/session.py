@@ -26,6 +26,7 @@ from botocore.exceptions import (
     UnauthorizedSSOTokenError,
 )
 
+from backend.aws.calls import Workers
 from backend.errors import OperationError, RtuiError, UserError
 
 # Standard mode retries throttling and transient errors with jittered backoff; six
@@ -53,7 +54,8 @@ THROTTLING_CODES = frozenset(
 
 
 class AwsSession:
-    """One boto3 session and one client per (service, region), created once and shared.
+    """One boto3 session and one client per (service, region), created once and shared,
+    and the worker threads its blocking calls run on (``workers``).
 
     boto3 sessions are not thread-safe, clients are: creation happens under a lock, the
     calls themselves from any thread.
@@ -76,6 +78,7 @@ class AwsSession:
         )
         self._clients: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
+        self.workers = Workers()
 
     def client(self, service: str, region: str, *, config: Config | None = None) -> Any:
         key = (service, region)
