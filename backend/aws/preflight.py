@@ -32,8 +32,18 @@ class _Scan:
         self.aws = aws
         self.pool = CallPool(aws.workers, request.max_concurrency)
         self.prices = PriceBook(aws)
+        self._price_gate = asyncio.Lock()
         self.gpu: InstanceFacts
         self.system: InstanceFacts
+
+    async def price(self, region: str, instance_type: str) -> tuple[float | None, str | None]:
+        if not self.prices.api_answered:
+            # Until the Pricing API has answered once the PriceBook lets one caller ask it at a
+            # time; wait here rather than in a worker, where the wait would hold a pool slot.
+            async with self._price_gate:
+                if not self.prices.api_answered:
+                    return await self.pool.run(self.prices.instance_price, region, instance_type)
+        return await self.pool.run(self.prices.instance_price, region, instance_type)
 
     async def call(self, service: str, region: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(client, *args)`` in a worker thread. The client is made there too: creating
@@ -169,25 +179,37 @@ async def _optional(coro: Any) -> tuple[Any, BaseException | None]:
 
 
 async def _scan_region(scan: _Scan, region: str) -> RegionReport:
-    req, pool = scan.request, scan.pool
+    req = scan.request
     types = sorted({req.gpu_node_type, req.system_node_type})
     codes = sorted(
         {c for c in (scan.gpu.quota_code, scan.system.quota_code if req.system_node_count else None) if c}
     )
 
-    zones_call = scan.call(
-        "ec2", region, _zones, Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
-    )
-    offers_call = scan.call("ec2", region, _offerings, types)
-    results: list[Any] = await asyncio.gather(
-        zones_call,
-        offers_call,
-        _optional(scan.call("ec2", region, running_instances)),
-        _optional(scan.call("ec2", region, _reservations, req.gpu_node_type)),
-        *(_optional(scan.call("service-quotas", region, read_quota_limit, code)) for code in codes),
-        pool.run(scan.prices.instance_price, region, req.gpu_node_type),
-        pool.run(scan.prices.instance_price, region, req.system_node_type),
-    )
+    # A quota read can take a second round trip (no applied value: ask for the AWS default),
+    # so quota reads go out first, in every region, before any region's other calls: the
+    # second trips then overlap the rest instead of trailing the whole scan.
+    quota_reads = [
+        asyncio.ensure_future(_optional(scan.call("service-quotas", region, read_quota_limit, code)))
+        for code in codes
+    ]
+    try:
+        await asyncio.sleep(0)
+        zones_call = scan.call(
+            "ec2", region, _zones, Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
+        )
+        offers_call = scan.call("ec2", region, _offerings, types)
+        results: list[Any] = await asyncio.gather(
+            zones_call,
+            offers_call,
+            _optional(scan.call("ec2", region, running_instances)),
+            _optional(scan.call("ec2", region, _reservations, req.gpu_node_type)),
+            *quota_reads,
+            scan.price(region, req.gpu_node_type),
+            scan.price(region, req.system_node_type),
+        )
+    finally:
+        for task in quota_reads:
+            task.cancel()  # a no-op once done; else the region was abandoned (timeout)
     zones_resp, offered, (instances, inst_err), (reservations, res_err) = results[:4]
     limits = dict(zip(codes, results[4 : 4 + len(codes)], strict=True))
     gpu_price, system_price = results[-2], results[-1]

@@ -37,6 +37,11 @@ class PriceBook:
         # then costs the scan one failed call, not one per region and type.
         self._first_answer = threading.Lock()
 
+    @property
+    def api_answered(self) -> bool:
+        """The API answered once, or is known unusable: callers need not wait for a first answer."""
+        return self._api_answered or self._api_broken
+
     def instance_price(self, region: str, instance_type: str) -> tuple[float | None, str | None]:
         """(USD per hour, source) — source is None when nothing is known. Blocking."""
         key = (region, instance_type)
@@ -45,7 +50,7 @@ class PriceBook:
                 return self._cache[key]
         result: tuple[float | None, str | None] = (None, None)
         if self._aws.partition_of(region) == "aws":
-            if self._api_answered:
+            if self.api_answered:
                 result = self._ask_api(region, instance_type)
             else:
                 with self._first_answer:
