@@ -30,7 +30,7 @@ class Workers:
 
     def __init__(self, idle_exit_s: float = IDLE_EXIT_S) -> None:
         self._idle_exit_s = idle_exit_s
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0  # workers waiting for a job
         self._queued = 0  # jobs put but not yet taken
@@ -46,6 +46,14 @@ class Workers:
             threading.Thread(target=self._work, name="rtui-aws-call", daemon=True).start()
         self._jobs.put(job)
 
+    def close(self) -> None:
+        """Let the idle workers end now (the owner will submit nothing more); a worker busy
+        with a hung call ends when that call returns, or after ``idle_exit_s``."""
+        with self._lock:
+            idle = self._idle
+        for _ in range(idle):
+            self._jobs.put(None)
+
     def _work(self) -> None:
         while True:
             with self._lock:
@@ -53,16 +61,19 @@ class Workers:
             try:
                 job = self._jobs.get(timeout=self._idle_exit_s)
             except queue.Empty:
-                with self._lock:
-                    self._idle -= 1
-                    # A job may have been put in the moment we timed out, counting on us.
-                    if self._queued <= self._idle:
-                        return
-                continue
+                job = None
             with self._lock:
                 self._idle -= 1
+                if job is None:
+                    # A job may have been put in the moment we were told to go, counting on us.
+                    if self._queued <= self._idle:
+                        return
+                    continue
                 self._queued -= 1
             job()
+            # A finished job's closure holds its scan (clients, event loop): do not keep it
+            # alive while parked.
+            del job
 
 
 class CallPool:

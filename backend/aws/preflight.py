@@ -62,7 +62,11 @@ async def run_preflight(
     ``on_region`` is called once per region as it completes (progress)."""
     started = time.perf_counter()
     aws = session or AwsSession(request.profile)
-    return await _matrix(_Scan(request, aws), on_region, started)
+    try:
+        return await _matrix(_Scan(request, aws), on_region, started)
+    finally:
+        if session is None:
+            aws.close()  # nobody else can reuse its worker threads
 
 
 async def _matrix(

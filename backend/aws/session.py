@@ -90,6 +90,10 @@ class AwsSession:
                 self._clients[key] = client
             return client
 
+    def close(self) -> None:
+        """Let this session's idle worker threads end; the session stays usable."""
+        self.workers.close()
+
     def partition_of(self, region: str) -> str | None:
         try:
             return str(self._session._session.get_partition_for_region(region))
