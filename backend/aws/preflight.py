@@ -7,13 +7,11 @@ a region the independent calls run at once too, so a region costs about one roun
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from backend.aws.calls import CallPool
 from backend.aws.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
 from backend.aws.pricing import PriceBook, plan_price
 from backend.aws.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
@@ -26,84 +24,26 @@ T = TypeVar("T")
 ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")
 
 
-class CallPool:
-    """Runs blocking boto3 calls off the event loop on at most ``limit`` worker threads.
-
-    Not ``asyncio.to_thread``: its executor is joined when ``asyncio.run`` ends and at
-    interpreter exit, so one hung region would hold the CLI until its socket timed out.
-    These workers are daemon threads, so a timed-out region is abandoned for real. They
-    persist for the pool's life because starting a thread per call stalls the loop ~1 ms
-    each while the new thread waits for the GIL.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._semaphore = asyncio.Semaphore(limit)
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._workers = 0
-        self._idle = 0
-
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        async with self._semaphore:
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[T] = loop.create_future()
-
-            def settle(ok: bool, value: Any) -> None:
-                if not future.done():
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
-
-            def job() -> None:
-                try:
-                    outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
-                except BaseException as exc:
-                    outcome = (False, exc)
-                # RuntimeError: the loop is gone, so nobody is waiting for this answer any more.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(settle, *outcome)
-
-            self._submit(job)
-            return await future
-
-    def _submit(self, job: Callable[[], None]) -> None:
-        with self._lock:
-            # The semaphore bounds calls in flight, so workers never outnumber it by much.
-            if self._idle == 0:
-                self._workers += 1
-                threading.Thread(target=self._work, name="rtui-aws-call", daemon=True).start()
-            else:
-                self._idle -= 1
-        self._jobs.put(job)
-
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            job()
-            with self._lock:
-                self._idle += 1
-
-    def close(self) -> None:
-        """Let idle workers end; a worker stuck in a hung call ends when that call returns."""
-        with self._lock:
-            count, self._workers, self._idle = self._workers, 0, 0
-        for _ in range(count):
-            self._jobs.put(None)
-
-
 class _Scan:
     """The state one preflight run shares between its region scans."""
 
     def __init__(self, request: PreflightRequest, aws: AwsSession) -> None:
         self.request = request
         self.aws = aws
-        self.pool = CallPool(request.max_concurrency)
+        self.pool = CallPool(aws.workers, request.max_concurrency)
         self.prices = PriceBook(aws)
+        self._price_gate = asyncio.Lock()
         self.gpu: InstanceFacts
         self.system: InstanceFacts
+
+    async def price(self, region: str, instance_type: str) -> tuple[float | None, str | None]:
+        if not self.prices.api_answered:
+            # Until the Pricing API has answered once the PriceBook lets one caller ask it at a
+            # time; wait here rather than in a worker, where the wait would hold a pool slot.
+            async with self._price_gate:
+                if not self.prices.api_answered:
+                    return await self.pool.run(self.prices.instance_price, region, instance_type)
+        return await self.pool.run(self.prices.instance_price, region, instance_type)
 
     async def call(self, service: str, region: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(client, *args)`` in a worker thread. The client is made there too: creating
@@ -122,11 +62,11 @@ async def run_preflight(
     ``on_region`` is called once per region as it completes (progress)."""
     started = time.perf_counter()
     aws = session or AwsSession(request.profile)
-    scan = _Scan(request, aws)
     try:
-        return await _matrix(scan, on_region, started)
+        return await _matrix(_Scan(request, aws), on_region, started)
     finally:
-        scan.pool.close()
+        if session is None:
+            aws.close()  # nobody else can reuse its worker threads
 
 
 async def _matrix(
@@ -243,25 +183,37 @@ async def _optional(coro: Any) -> tuple[Any, BaseException | None]:
 
 
 async def _scan_region(scan: _Scan, region: str) -> RegionReport:
-    req, pool = scan.request, scan.pool
+    req = scan.request
     types = sorted({req.gpu_node_type, req.system_node_type})
     codes = sorted(
         {c for c in (scan.gpu.quota_code, scan.system.quota_code if req.system_node_count else None) if c}
     )
 
-    zones_call = scan.call(
-        "ec2", region, _zones, Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
-    )
-    offers_call = scan.call("ec2", region, _offerings, types)
-    results: list[Any] = await asyncio.gather(
-        zones_call,
-        offers_call,
-        _optional(scan.call("ec2", region, running_instances)),
-        _optional(scan.call("ec2", region, _reservations, req.gpu_node_type)),
-        *(_optional(scan.call("service-quotas", region, read_quota_limit, code)) for code in codes),
-        pool.run(scan.prices.instance_price, region, req.gpu_node_type),
-        pool.run(scan.prices.instance_price, region, req.system_node_type),
-    )
+    # A quota read can take a second round trip (no applied value: ask for the AWS default),
+    # so quota reads go out first, in every region, before any region's other calls: the
+    # second trips then overlap the rest instead of trailing the whole scan.
+    quota_reads = [
+        asyncio.ensure_future(_optional(scan.call("service-quotas", region, read_quota_limit, code)))
+        for code in codes
+    ]
+    try:
+        await asyncio.sleep(0)
+        zones_call = scan.call(
+            "ec2", region, _zones, Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
+        )
+        offers_call = scan.call("ec2", region, _offerings, types)
+        results: list[Any] = await asyncio.gather(
+            zones_call,
+            offers_call,
+            _optional(scan.call("ec2", region, running_instances)),
+            _optional(scan.call("ec2", region, _reservations, req.gpu_node_type)),
+            *quota_reads,
+            scan.price(region, req.gpu_node_type),
+            scan.price(region, req.system_node_type),
+        )
+    finally:
+        for task in quota_reads:
+            task.cancel()  # a no-op once done; else the region was abandoned (timeout)
     zones_resp, offered, (instances, inst_err), (reservations, res_err) = results[:4]
     limits = dict(zip(codes, results[4 : 4 + len(codes)], strict=True))
     gpu_price, system_price = results[-2], results[-1]

@@ -32,6 +32,15 @@ class PriceBook:
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[float | None, str | None]] = {}
         self._api_broken = False
+        self._api_answered = False
+        # Until the API has answered once, one caller at a time asks it: a denied Pricing API
+        # then costs the scan one failed call, not one per region and type.
+        self._first_answer = threading.Lock()
+
+    @property
+    def api_answered(self) -> bool:
+        """The API answered once, or is known unusable: callers need not wait for a first answer."""
+        return self._api_answered or self._api_broken
 
     def instance_price(self, region: str, instance_type: str) -> tuple[float | None, str | None]:
         """(USD per hour, source) — source is None when nothing is known. Blocking."""
@@ -39,22 +48,30 @@ class PriceBook:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-            api_broken = self._api_broken
         result: tuple[float | None, str | None] = (None, None)
-        if not api_broken and self._aws.partition_of(region) == "aws":
-            try:
-                price = self._from_api(region, instance_type)
-                if price is not None:
-                    result = (price, SOURCE_API)
-            except Exception:
-                # No permission, no endpoint, throttled out: the table is the honest fallback.
-                with self._lock:
-                    self._api_broken = True
+        if self._aws.partition_of(region) == "aws":
+            if self.api_answered:
+                result = self._ask_api(region, instance_type)
+            else:
+                with self._first_answer:
+                    result = self._ask_api(region, instance_type)
         if result[0] is None:
             result = builtin_instance_price(region, instance_type)
         with self._lock:
             self._cache[key] = result
         return result
+
+    def _ask_api(self, region: str, instance_type: str) -> tuple[float | None, str | None]:
+        if self._api_broken:
+            return None, None
+        try:
+            price = self._from_api(region, instance_type)
+        except Exception:
+            # No permission, no endpoint, throttled out: the table is the honest fallback.
+            self._api_broken = True
+            return None, None
+        self._api_answered = True
+        return (price, SOURCE_API) if price is not None else (None, None)
 
     def _from_api(self, region: str, instance_type: str) -> float | None:
         client = self._aws.client("pricing", PRICING_REGION, config=_PRICING_CONFIG)

@@ -26,6 +26,7 @@ from botocore.exceptions import (
     UnauthorizedSSOTokenError,
 )
 
+from backend.aws.calls import Workers
 from backend.errors import OperationError, RtuiError, UserError
 
 # Standard mode retries throttling and transient errors with jittered backoff; six
@@ -53,7 +54,8 @@ THROTTLING_CODES = frozenset(
 
 
 class AwsSession:
-    """One boto3 session and one client per (service, region), created once and shared.
+    """One boto3 session and one client per (service, region), created once and shared,
+    and the worker threads its blocking calls run on (``workers``).
 
     boto3 sessions are not thread-safe, clients are: creation happens under a lock, the
     calls themselves from any thread.
@@ -76,6 +78,7 @@ class AwsSession:
         )
         self._clients: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
+        self.workers = Workers()
 
     def client(self, service: str, region: str, *, config: Config | None = None) -> Any:
         key = (service, region)
@@ -86,6 +89,10 @@ class AwsSession:
                 client = self._session.client(service, region_name=region, config=merged)
                 self._clients[key] = client
             return client
+
+    def close(self) -> None:
+        """Let this session's idle worker threads end; the session stays usable."""
+        self.workers.close()
 
     def partition_of(self, region: str) -> str | None:
         try:
