@@ -70,7 +70,7 @@ class RunConfig(BaseModel):
     model_id: str = Field("Qwen/Qwen2.5-1.5B", description="Hugging Face model id (cluster targets)")
     steps: int = Field(100, ge=1, le=10_000_000, description="Training steps")
     seq_len: int = Field(128, ge=8, le=131_072, description="Sequence length in tokens")
-    batch_size: int = Field(0, ge=0, le=4096, description="Per-worker batch size (0 = 1 on GPU clusters, 8 locally)")
+    batch_size: int = Field(0, ge=0, le=4096, description="Per-worker micro-batch (0 = 1 on GPU clusters, 32 locally)")
     learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate")
     num_workers: int = Field(0, ge=0, le=4096, description="Ray Train workers (0 = every GPU; locally 0 = 2)")
     precision: Precision = Field("auto", description="FSDP parameter precision (auto = bf16 on GPUs, fp32 on CPU)")
@@ -108,10 +108,11 @@ class RunConfig(BaseModel):
 
     def effective_batch_size(self) -> int:
         # Locally a tiny model's step is dominated by per-step collective overheads:
-        # a bigger per-worker batch keeps the CPU busy computing (measured in bench/).
+        # a bigger per-worker batch keeps the CPU busy computing. bench/local_throughput.py measured
+        # FSDP2 vs a plain loop at 0.62x with batch 8, 0.71x with 16 and 0.97x with 32.
         if self.batch_size:
             return self.batch_size
-        return 8 if self.target == "local" else 1
+        return 32 if self.target == "local" else 1
 
     def effective_precision(self) -> str:
         # bf16 matmuls on CPUs without bf16 units are several times slower than fp32.

@@ -55,13 +55,13 @@ def sample_memory(state: Path, rtui_pid: int, stop: threading.Event, peak: list[
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
-    args = parser.parse_args()
+    args, rtui_flags = parser.parse_known_args()  # anything else goes to `rtui up` (e.g. --batch-size 16)
     rtui = str(Path(sys.executable).parent / "rtui")
     cores = os.cpu_count() or 2
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
         env = {**os.environ, "RTUI_STATE_DIR": str(state), "RTUI_CONFIG_DIR": f"{tmp}/cfg"}
-        flags = ["--steps", str(args.steps), "--cluster-name", f"bench-{os.getpid()}"]
+        flags = ["--steps", str(args.steps), "--cluster-name", f"bench-{os.getpid()}", *rtui_flags]
         started = time.time()
         up = subprocess.Popen([rtui, "up", "--yes", "--json", *flags], stdout=subprocess.PIPE, text=True,
                               env=env, cwd=tmp)

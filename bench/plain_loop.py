@@ -22,6 +22,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--precision", default="bf16")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="clip like the training program (0 = off)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -36,6 +37,8 @@ def main() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
+        if a.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)

@@ -92,7 +92,7 @@ def test_every_field_has_a_flag_and_an_env_name() -> None:
 def test_auto_values_depend_on_target() -> None:
     local = resolve_config({}, environ={}).config
     aws = resolve_config({"target": "aws"}, environ={}).config
-    assert (local.effective_workers(), local.effective_batch_size(), local.effective_precision()) == (2, 8, "fp32")
+    assert (local.effective_workers(), local.effective_batch_size(), local.effective_precision()) == (2, 32, "fp32")
     assert (aws.effective_workers(), aws.effective_batch_size(), aws.effective_precision()) == (8, 1, "bf16")
 
 

@@ -31,7 +31,7 @@ def test_bad_tiny_shape_is_refused() -> None:
 def test_job_spec_per_target() -> None:
     local = build_job_spec(resolve_config({"steps": "3"}, environ={}).config)
     assert "--device cpu" in local.entrypoint and "--require-transport" not in local.entrypoint
-    assert "--batch-size 8" in local.entrypoint and "--precision fp32" in local.entrypoint
+    assert "--batch-size 32" in local.entrypoint and "--precision fp32" in local.entrypoint
     aws = build_job_spec(resolve_config({"target": "aws"}, environ={}).config)
     assert "--require-transport efa" in aws.entrypoint and "--model-id Qwen/Qwen2.5-1.5B" in aws.entrypoint
     assert "--num-workers 8" in aws.entrypoint and "--precision bf16" in aws.entrypoint
