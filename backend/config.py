@@ -248,6 +248,14 @@ def resolve_config(
     if config.target == "local" and config.data_is_file() and not config.tokenizer:
         raise UserError("--data with a file needs --tokenizer on the local target",
                         remedy="pass a local tokenizer dir (the local target works offline)")
+    if config.tokens_per_step:
+        from training.stepplan import StepPlanError, plan_step
+
+        try:
+            plan_step(tokens_per_step=config.tokens_per_step, seq_len=config.seq_len,
+                      world=config.effective_workers(), micro_batch=config.batch_size or None)
+        except StepPlanError as exc:
+            raise UserError(str(exc)) from None
     if config.local_hidden_size % config.local_heads:
         raise UserError(f"--local-hidden-size={config.local_hidden_size} is not a multiple of "
                         f"--local-heads={config.local_heads}", remedy="pick sizes that divide evenly")

@@ -43,7 +43,9 @@ def build_job_spec(config: RunConfig) -> JobSpec:
         "python", "-m", "training.train",
         "--steps", str(config.steps),
         "--seq-len", str(config.seq_len),
-        "--batch-size", str(config.effective_batch_size()),
+        # With a token budget and no explicit micro-batch, the program picks the largest that fits.
+        "--batch-size", "auto" if config.tokens_per_step and not config.batch_size
+        else str(config.effective_batch_size()),
         "--lr", repr(config.learning_rate),
         "--num-workers", str(workers),
         "--precision", config.effective_precision(),

@@ -82,15 +82,15 @@ def test_training_knobs_reach_the_entrypoint(tmp_path: Path) -> None:
     tok = tmp_path / "tok"
     tok.mkdir()
     cfg = resolve_config({"data": "train.jsonl", "tokenizer": str(tok), "shard": "hybrid",
-                          "tokens_per_step": "4096", "checkpoint_every": "5", "activation_checkpointing": "true",
+                          "tokens_per_step": "16384", "checkpoint_every": "5", "activation_checkpointing": "true",
                           "resume_from": "latest"}, environ={}, cwd=tmp_path).config
     assert cfg.data == str(data)  # made absolute: the job does not run in this directory
     entry = build_job_spec(cfg).entrypoint
-    for part in (f"--data {data}", f"--tokenizer {tok}", "--shard hybrid", "--tokens-per-step 4096",
-                 "--checkpoint-every 5", "--activation-checkpointing", "--resume-from latest"):
+    for part in (f"--data {data}", f"--tokenizer {tok}", "--shard hybrid", "--tokens-per-step 16384",
+                 "--batch-size auto", "--checkpoint-every 5", "--activation-checkpointing", "--resume-from latest"):
         assert part in entry, part
     parsed = train.parse_args(entry.split()[3:])
-    assert parsed.shard == "hybrid" and parsed.tokens_per_step == 4096 and parsed.checkpoint_every == 5
+    assert parsed.shard == "hybrid" and parsed.tokens_per_step == 16384 and parsed.checkpoint_every == 5
 
 
 def test_data_file_errors_are_one_line(tmp_path: Path) -> None:
@@ -101,3 +101,7 @@ def test_data_file_errors_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "d.jsonl").write_text("{}\n")
     with pytest.raises(UserError, match="needs --tokenizer on the local target"):
         resolve_config({"data": "d.jsonl"}, environ={}, cwd=tmp_path)
+    with pytest.raises(UserError, match="not a multiple of --batch-size 32"):
+        resolve_config({"tokens_per_step": "4096", "batch_size": "32"}, environ={}, cwd=tmp_path)
+    with pytest.raises(UserError, match="not a multiple of seq_len"):
+        resolve_config({"tokens_per_step": "1000"}, environ={}, cwd=tmp_path)
