@@ -167,3 +167,14 @@ def test_parquet_pipeline_packs_fixed_length_rows(ray_address: str, tmp_path: Pa
     rows = ds.take_all()
     # 40 documents × 6 sentences × 10 words + 40 EOS = 2440 ids → 152 full rows of 16 (8 ids left in the tail).
     assert len(rows) == 2440 // 16 and all(len(r["input_ids"]) == 16 for r in rows)
+
+
+def test_activation_checkpointing_recomputes_the_same_losses(ray_address: str, full_run: tuple[Run, Path],
+                                                             tmp_path: Path) -> None:
+    """Recomputing activations in backward must not change the math: same first losses as the plain run."""
+    run, _ = full_run
+    ac = _ok(train(ray_address, *CYCLE, "--steps", "4", "--shard", "full", "--activation-checkpointing",
+                   "--storage-path", str(tmp_path), "--run-name", "ac"))
+    assert sorted(ac.metrics) == [1, 2, 3, 4]
+    for step in (1, 2, 3, 4):
+        assert math.isclose(ac.metrics[step]["loss"], run.metrics[step]["loss"], abs_tol=2e-4), step
