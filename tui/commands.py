@@ -10,7 +10,7 @@ import time
 from typing import Any, TextIO
 
 from backend.errors import UserError
-from backend.model import EventKind, Plan, StepEvent
+from backend.model import EventKind, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from backend.textutil import strip_ansi
@@ -282,4 +282,4 @@ def _format_ab(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["plan", "up", "status", "logs", "down", "runs", "bench", "Plan"]
+__all__ = ["plan", "up", "status", "logs", "down", "runs", "check", "bench"]
