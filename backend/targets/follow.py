@@ -1,4 +1,4 @@
-"""Following a job: its log into the spool, its lines to listeners, its end into the record.
+"""Following a job: its log into the spool, its lines to the caller, its end into the record.
 
 Shared by every target: the Jobs API looks the same on a local head and a KubeRay head.
 On reattach the spool already holds part of the log, and only the rest is taken.
@@ -18,8 +18,6 @@ from backend.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from backend.targets.base import Target
-
-LineListener = Callable[[list[str]], None]
 
 
 class JobFollower:
@@ -78,7 +76,7 @@ class JobFollower:
         self._on_status(await jobs.status(job.submission_id))
 
 
-def follow_job_step(target: Target, listener: LineListener | None = None) -> Callable[[], AsyncIterator[Progress]]:
+def follow_job_step(target: Target) -> Callable[[], AsyncIterator[Progress]]:
     """A runner step that lasts as long as the job and reports training progress."""
 
     async def follow() -> AsyncIterator[Progress]:
@@ -91,9 +89,7 @@ def follow_job_step(target: Target, listener: LineListener | None = None) -> Cal
         last_emit = last_saved = 0.0
         shown: tuple[str, int | None] = ("", None)
         latest = ""
-        async for batch in follower.lines():
-            if listener is not None:
-                listener(batch)
+        async for _lines in follower.lines():  # they are in the spool, which telemetry reads
             telemetry.feed_from(follower.spool.path)
             point = telemetry.series.latest
             if point is not None and point.step is not None:
