@@ -94,7 +94,12 @@ def start_detached(
 
 
 def family(roots: Iterable[ProcRef], marker: str | None = None) -> list[psutil.Process]:
-    """Every live process started by ``roots``: same session, descendants, or naming ``marker``."""
+    """Every live process started by ``roots``: same session, descendants, or naming ``marker``.
+
+    Ray renames some processes (``ray::DashboardAgent``), so their command line no longer
+    names our temp dir; they still share the session of the processes that do. So the
+    sessions of marker matches count too: that finds them even after the head has died.
+    """
     found: dict[int, psutil.Process] = {}
     sessions: set[int] = set()
     for ref in roots:
@@ -102,23 +107,26 @@ def family(roots: Iterable[ProcRef], marker: str | None = None) -> list[psutil.P
         if proc is None:
             continue
         found[proc.pid] = proc
-        with contextlib.suppress(OSError):
-            sessions.add(os.getsid(proc.pid))
         with contextlib.suppress(psutil.Error):
             for child in proc.children(recursive=True):
                 found[child.pid] = child
-    me = os.getpid()
+    table: list[tuple[psutil.Process, int | None]] = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
-        if proc.pid in found or proc.pid == me:
-            continue
         try:
-            if sessions and os.getsid(proc.pid) in sessions:
-                found[proc.pid] = proc
-                continue
-            if marker and any(_names(part, marker) for part in (proc.info.get("cmdline") or [])):
-                found[proc.pid] = proc
-        except (OSError, psutil.Error):
-            continue
+            sid: int | None = os.getsid(proc.pid)
+        except OSError:
+            sid = None
+        table.append((proc, sid))
+        if marker and proc.pid not in found and any(_names(part, marker) for part in (proc.info.get("cmdline") or [])):
+            found[proc.pid] = proc
+    for proc in found.values():
+        with contextlib.suppress(OSError):
+            sessions.add(os.getsid(proc.pid))
+    sessions.discard(os.getsid(0))  # never our own (the user's terminal) session
+    for proc, sid in table:
+        if sid is not None and sid in sessions:
+            found.setdefault(proc.pid, proc)
+    found.pop(os.getpid(), None)
     return [p for p in found.values() if _alive(p)]
 
 

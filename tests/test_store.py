@@ -179,3 +179,33 @@ def test_spool_iter_from_streams_complete_lines_with_offsets(tmp_path: Path) -> 
     assert got == [("a", 2), ("bb", 5)]
     spool.append("\n")
     assert list(spool.iter_from(5)) == [("ccc", 9)]
+
+
+def test_family_finds_renamed_processes_of_our_session_after_the_leader_died(tmp_path: Path) -> None:
+    """Ray renames agents (`ray::DashboardAgent`): they are still ours by session."""
+    from backend.procs import family, start_detached, terminate
+
+    ours = tmp_path / "rtui-zz"
+    ours.mkdir()
+    script = (
+        "import subprocess, sys, time\n"
+        "a = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', sys.argv[1]])\n"
+        "b = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(a.pid, b.pid, flush=True); time.sleep(60)\n"
+    )
+    leader = start_detached([sys.executable, "-c", script, f"--temp-dir={ours}"], log_path=tmp_path / "l.log",
+                            env=dict(os.environ), cwd=tmp_path)
+    import time
+
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "l.log").read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    named, renamed = (int(x) for x in (tmp_path / "l.log").read_text().split())
+    proc = leader.process()
+    assert proc is not None
+    proc.kill()
+    proc.wait(5)
+    found = {p.pid for p in family([], str(ours))}
+    assert {named, renamed} <= found
+    assert not terminate(family([], str(ours)))
