@@ -30,7 +30,7 @@ from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.jobspec import JobSpec, build_job_spec
 from backend.model import Action, EventKind, StepEvent
-from backend.rayjobs import RayJobs
+from backend.rayjobs import RayJobs, submit_when_ready
 from training.protocol import FABRIC_TAG, parse_record
 
 if TYPE_CHECKING:
@@ -276,9 +276,10 @@ async def run_job(session: RunSession, jobs: RayJobs, spec: JobSpec, *, label: s
     log_path = bench_dir(session) / f"{submission_id}.log"
     on_event(_event(label, EventKind.STARTED, f"submitting {submission_id}", submission_id=submission_id,
                     log=str(log_path), entrypoint=spec.entrypoint, env=variant.env))
-    await jobs.submit(entrypoint=spec.entrypoint, submission_id=submission_id,
-                      runtime_env={**spec.runtime_env, "env_vars": env},
-                      metadata={"rtui_run": session.run_id, "rtui_bench": label})
+    async for waiting in submit_when_ready(jobs, entrypoint=spec.entrypoint, submission_id=submission_id,
+                                           runtime_env={**spec.runtime_env, "env_vars": env},
+                                           metadata={"rtui_run": session.run_id, "rtui_bench": label}):
+        on_event(_event(label, EventKind.PROGRESS, waiting))
     started = time.monotonic()
     queue: asyncio.Queue[str | None] = asyncio.Queue()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
@@ -76,7 +77,12 @@ class RayJobs:
                 runtime_env=runtime_env, metadata=metadata,
             ))
         except RuntimeError as exc:
-            raise OperationError(f"job submission failed: {str(exc).splitlines()[0]}") from None
+            first = str(exc).splitlines()[0]
+            if "already exists" in first:
+                return submission_id  # an earlier attempt got through before its answer was lost
+            # Right after the dashboard answers, the head's job agent may not have registered yet.
+            err = TransientError if "try again" in first or "No available agent" in first else OperationError
+            raise err(f"job submission failed: {first}") from None
 
     async def status(self, submission_id: str) -> JobStatus:
         client = await self._sdk()
@@ -131,3 +137,21 @@ class RayJobs:
             skip_chars = max(skip_chars, seen)
             seen = 0
             await asyncio.sleep(1.0)
+
+
+async def submit_when_ready(jobs: RayJobs, *, timeout_s: float = 90.0, **kwargs: Any) -> AsyncIterator[str]:
+    """Submit, waiting out a job agent that is not registered yet; yields progress messages."""
+    started = time.monotonic()
+    delay = 0.5
+    while True:
+        try:
+            await jobs.submit(**kwargs)
+            return
+        except TransientError as exc:
+            waited = time.monotonic() - started
+            if waited > timeout_s:
+                raise OperationError(f"{exc.message} (still after {waited:.0f}s)",
+                                     remedy="see the head log in the run's temp dir") from None
+            yield f"waiting for the job agent ({waited:.0f}s)"
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -92,3 +92,40 @@ def test_apply_steps_follow_the_plan_for_worker_nodes(tmp_path: Path) -> None:
     assert steps["head"].action is local._noop and steps["worker-0"].action is local._noop
     assert steps["worker-1"].action is not local._noop, "a missing worker node must be started"
     assert steps["job"].action is local._noop
+
+
+async def test_submission_waits_for_the_job_agent_and_tolerates_a_lost_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend import rayjobs
+    from backend.errors import TransientError
+
+    class Client:
+        calls = 0
+
+        def submit_job(self, **kwargs: object) -> str:
+            Client.calls += 1
+            if Client.calls < 3:
+                raise RuntimeError("Request failed with status code 500: No available agent to submit job, "
+                                   "please try again later..")
+            if Client.calls == 3:
+                raise RuntimeError("Job with submission_id j1 already exists. Please use a different id.")
+            return "j1"
+
+    async def no_sleep(_s: float) -> None:
+        return None
+
+    jobs = rayjobs.RayJobs("http://fake")
+    jobs._client = Client()
+    monkeypatch.setattr(rayjobs.asyncio, "sleep", no_sleep)
+    waits = [w async for w in rayjobs.submit_when_ready(jobs, entrypoint="x", submission_id="j1",
+                                                         runtime_env={}, metadata={})]
+    assert len(waits) == 2 and Client.calls == 3 and "waiting for the job agent" in waits[0]
+
+    class Broken:
+        def submit_job(self, **kwargs: object) -> str:
+            raise RuntimeError("Request failed with status code 400: bad runtime_env")
+
+    jobs._client = Broken()
+    with pytest.raises(OperationError, match="bad runtime_env") as info:
+        [w async for w in rayjobs.submit_when_ready(jobs, entrypoint="x", submission_id="j2", runtime_env={},
+                                                     metadata={})]
+    assert not isinstance(info.value, TransientError)

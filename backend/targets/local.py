@@ -22,7 +22,7 @@ from backend.errors import OperationError, TransientError, UserError
 from backend.jobspec import JobSpec, build_job_spec
 from backend.model import Action, Change, CheckResult, CheckStatus, Plan
 from backend.procs import ProcRef, check_port_free, family, free_ports, start_detached, terminate
-from backend.rayjobs import RayJobs
+from backend.rayjobs import RayJobs, submit_when_ready
 from backend.runner import Progress, Step
 from backend.store import JobRecord
 from backend.targets.base import Target
@@ -268,8 +268,10 @@ class LocalTarget(Target):
             runtime_env = dict(spec.runtime_env)
             runtime_env["env_vars"] = {**spec.runtime_env["env_vars"],
                                        "RTUI_STORAGE_PATH": str(Path(self.res["temp_dir"]) / "results")}
-            await jobs.submit(entrypoint=spec.entrypoint, submission_id=submission_id,
-                              runtime_env=runtime_env, metadata={"rtui_run": self.record.run_id})
+            async for waiting in submit_when_ready(
+                    jobs, entrypoint=spec.entrypoint, submission_id=submission_id,
+                    runtime_env=runtime_env, metadata={"rtui_run": self.record.run_id}):
+                yield Progress(waiting, 0.3)
             self.record.jobs.append(JobRecord(submission_id=submission_id, submitted_at=time.time(),
                                               spec_hash=spec.spec_hash))
             self.save()
