@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,27 +29,23 @@ _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGIO
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    saved = {k: os.environ.get(k) for k in (*_ENV, *_UNSET, "AWS_ENDPOINT_URL")}
     uninstall = install()
     server = ScriptedMotoServer(SCRIPT)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    os.environ.update(_ENV)
-    for key in _UNSET:
-        os.environ.pop(key, None)
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    try:
-        yield endpoint
-    finally:
-        SCRIPT.reset()
-        server.stop()
-        uninstall()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with pytest.MonkeyPatch.context() as mp:  # restores the environment whatever happens
+        for key, value in _ENV.items():
+            mp.setenv(key, value)
+        for key in _UNSET:
+            mp.delenv(key, raising=False)
+        mp.setenv("AWS_ENDPOINT_URL", endpoint)
+        try:
+            yield endpoint
+        finally:
+            SCRIPT.reset()
+            server.stop()
+            uninstall()
 
 
 @dataclass

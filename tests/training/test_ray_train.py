@@ -36,19 +36,15 @@ def ray_address() -> Iterator[str]:
     """A private Ray for this module; workers inherit the environment the raylet starts with."""
     import ray
 
-    saved = {k: os.environ.get(k) for k in WORKER_ENV}
-    os.environ.update(WORKER_ENV)
-    # 4 logical CPUs on 2 cores: 2 for the training workers, the rest for Ray Data's tasks.
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:  # restores the environment whatever happens
+        for key, value in WORKER_ENV.items():
+            mp.setenv(key, value)
+        # 4 logical CPUs on 2 cores: 2 for the training workers, the rest for Ray Data's tasks.
+        ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
+        try:
+            yield ray.get_runtime_context().gcs_address
+        finally:
+            ray.shutdown()
 
 
 @dataclass
