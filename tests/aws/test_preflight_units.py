@@ -98,19 +98,15 @@ def test_no_second_eks_az_blocks() -> None:
     assert not zone.feasible and "no second EKS-supported AZ" in zone.reasons[0]
 
 
+def _reservation(cr_id: str, *, available: int) -> Reservation:
+    """An active, usable Linux ODCR for g6.12xlarge in us-east-1a, fully available."""
+    return Reservation(id=cr_id, kind="odcr", instance_type="g6.12xlarge", platform="Linux/UNIX",
+                       zone="us-east-1a", tenancy="default", available=available, total=available,
+                       state="active", usable=True)
+
+
 def test_partial_reservation_does_not_rescue_a_zero_quota() -> None:
-    cr = Reservation(
-        id="cr-1",
-        kind="odcr",
-        instance_type="g6.12xlarge",
-        platform="Linux/UNIX",
-        zone="us-east-1a",
-        tenancy="default",
-        available=1,
-        total=1,
-        state="active",
-        usable=True,
-    )
+    cr = _reservation("cr-1", available=1)
     assert not _zone(reservations=(cr,), limit=0).feasible
     assert _zone(reservations=(cr,), limit=48).feasible
 
@@ -119,18 +115,7 @@ def test_recommend_prefers_reservation_then_price() -> None:
     cheap = RegionReport(region="us-east-2", enabled=True, price_per_hour=9.0, feasible=True, zones=[_zone()])
     reserved_zone = _zone(
         reservations=(
-            Reservation(
-                id="cr-2",
-                kind="odcr",
-                instance_type="g6.12xlarge",
-                platform="Linux/UNIX",
-                zone="us-east-1a",
-                tenancy="default",
-                available=2,
-                total=2,
-                state="active",
-                usable=True,
-            ),
+            _reservation("cr-2", available=2),
         )
     )
     dear = RegionReport(
