@@ -13,7 +13,7 @@ import pytest
 from backend.config import resolve_config
 from backend.jobspec import build_job_spec
 from tests.conftest import REPO
-from training import train
+from training import loop, train
 
 
 def test_require_transport_is_refused_on_cpu() -> None:
@@ -52,8 +52,8 @@ def _fake_rank_log(directory: Path, host: str, channel: str) -> None:
 def test_guard_fails_the_run_with_evidence_on_tcp_fallback(tmp_path: Path) -> None:
     _fake_rank_log(tmp_path, "gpu-a", "NET/Socket/0")
     cfg = {"require_transport": "efa"}
-    with pytest.raises(train.TransportMismatch) as info, redirect_stdout(io.StringIO()):
-        train._enforce_transport(cfg, tmp_path)
+    with pytest.raises(loop.TransportMismatch) as info, redirect_stdout(io.StringIO()):
+        loop.enforce_transport(cfg, tmp_path)
     assert "socket" in str(info.value) and "NET/Socket" in str(info.value)
 
 
@@ -65,7 +65,7 @@ def test_guard_passes_on_efa(tmp_path: Path) -> None:
         + "gpu-a:1:1 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)\n")
     out = io.StringIO()
     with redirect_stdout(out):
-        train._enforce_transport({"require_transport": "efa"}, tmp_path)
+        loop.enforce_transport({"require_transport": "efa"}, tmp_path)
     assert "satisfies --require-transport efa" in out.getvalue()
 
 

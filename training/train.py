@@ -17,12 +17,10 @@ import tempfile
 import time
 from typing import Any
 
-from training.loop import TransportMismatch, build_model, enforce_transport, train_loop_per_worker
-from training.sharding import shard_model
+from training.loop import TransportMismatch, build_model, train_loop_per_worker
 from training.stepplan import StepPlanError, plan_step
 
-__all__ = ["TransportMismatch", "build_model", "main", "parse_args", "shard_model", "train_loop_per_worker"]
-_enforce_transport = enforce_transport  # the name the guard tests have always used
+__all__ = ["TransportMismatch", "build_model", "main", "parse_args", "train_loop_per_worker"]
 
 
 def _batch_size(text: str) -> int | None:
