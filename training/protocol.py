@@ -28,14 +28,20 @@ def format_record(tag: str, record: dict[str, Any]) -> str:
 
 
 def parse_record(line: str, tags: tuple[str, ...] = (METRIC_TAG, SUMMARY_TAG)) -> tuple[str, dict[str, Any]] | None:
-    """Find a tagged record (one of ``tags``) anywhere in a (possibly prefixed) log line."""
+    """Find a tagged record (one of ``tags``) anywhere in a (possibly prefixed) log line.
+
+    Text after the record (a log pipeline's suffix such as Ray's ``[repeated 2x across
+    cluster]``) is ignored; a record that is not one whole JSON object is not a record.
+    """
     for tag in tags:
         idx = line.find(tag + " {")
         if idx >= 0:
-            payload = line[idx + len(tag) + 1 :].strip()
             try:
-                value = json.loads(payload)
+                value, _end = _DECODER.raw_decode(line, idx + len(tag) + 1)
             except ValueError:
                 return None
             return (tag, value) if isinstance(value, dict) else None
     return None
+
+
+_DECODER = json.JSONDecoder()

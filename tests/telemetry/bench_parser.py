@@ -1,20 +1,31 @@
 """Parser throughput vs a bare ``for line in f`` loop over the same file, in the same run.
 
-    python tests/telemetry/bench_parser.py [--lines 1000000] [--nccl-share 0.05]
+    python tests/telemetry/bench_parser.py [--lines 1000000] [--sweep] [--json]
 
-Prints both rates, their ratio (goal >= 0.5) and the traced memory peak of a full parse
-next to that of a parse of a quarter of the file (bounded state means the two match).
+The default log is one real 16-rank run as its Ray job log shows it (``nccl_synth.run_log``:
+2 nodes x 8 ranks, every rank's NCCL INFO init on 2 communicators, again after one resume,
+the training program's metric lines, the workers' chatter), so its NCCL INFO density is what
+such a run gives a log of this length. ``--sweep`` adds logs with NCCL lines spread evenly at
+higher shares, up to a log of nothing but NCCL init, to show where the ratio falls.
+
+For each log: the best of ``--runs`` timings of the bare loop, ``Telemetry.replay_file``
+(the block scanner: spool replay, ``rtui logs classify``) and ``Telemetry.feed_lines`` (one
+str per line: the live path), each pair measured back to back; their ratios (goal >= 0.5);
+and the traced memory peak of replaying the whole file next to replaying its first quarter
+(bounded state means the two match).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +35,20 @@ for _path in (Path(__file__).resolve().parents[2], Path(__file__).resolve().pare
         sys.path.insert(0, str(_path))
 
 from backend.telemetry import Telemetry  # noqa: E402
-from tests.telemetry.nccl_synth import training_log  # noqa: E402
+from tests.telemetry.nccl_synth import run_log, training_log  # noqa: E402
+
+GOAL = 0.5
+SWEEP_SHARES = (0.01, 0.05, 0.25)
 
 
-def write_log(path: Path, n_lines: int, nccl_share: float) -> None:
+def write_lines(path: Path, lines: Iterator[str]) -> None:
     with open(path, "w", encoding="utf-8") as out:
-        out.writelines(line + "\n" for line in training_log(n_lines, nccl_share=nccl_share))
+        out.writelines(line + "\n" for line in lines)
+
+
+def write_log(path: Path, n_lines: int, nccl_share: float | None = None) -> None:
+    """The run profile when ``nccl_share`` is None, else NCCL lines spread evenly at that share."""
+    write_lines(path, run_log(n_lines) if nccl_share is None else training_log(n_lines, nccl_share=nccl_share))
 
 
 def _best_of(runs: int, fn: Callable[[], object]) -> float:
@@ -50,13 +69,10 @@ def bare_loop(path: Path) -> int:
     return count
 
 
-def parse(path: Path, limit: int | None = None) -> Telemetry:
+def parse(path: Path) -> Telemetry:
     telemetry = Telemetry()
     with open(path, encoding="utf-8", errors="replace") as f:
-        if limit is None:
-            telemetry.feed_lines(f)
-        else:
-            telemetry.feed_lines(line for i, line in zip(range(limit), f, strict=False))
+        telemetry.feed_lines(f)
     return telemetry
 
 
@@ -71,38 +87,50 @@ def replay_ratios(path: Path, repeats: int = 3) -> list[float]:
     return [_best_of(1, lambda: bare_loop(path)) / _best_of(1, lambda: replay(path)) for _ in range(repeats)]
 
 
-def traced_peak(path: Path, limit: int | None) -> int:
+def traced_peak(path: Path) -> int:
     gc.collect()
     tracemalloc.start()
-    if limit is None:
-        replay(path)
-    else:
-        parse(path, limit)
+    replay(path)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return peak
 
 
-def measure(path: Path, n_lines: int, runs: int = 3) -> dict[str, Any]:
-    bare = _best_of(runs, lambda: bare_loop(path))
-    parsed = _best_of(runs, lambda: parse(path))
+def nccl_share_of(path: Path) -> float:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        total = nccl = 0
+        for line in f:
+            total += 1
+            nccl += "NCCL INFO" in line
+    return nccl / max(total, 1)
+
+
+def measure(path: Path, runs: int = 3) -> dict[str, Any]:
+    """Timings of one log file, each against a bare loop timed right before it."""
+    n_lines = bare_loop(path)
+    bare_r = _best_of(runs, lambda: bare_loop(path))
     replayed = _best_of(runs, lambda: replay(path))
-    telemetry = replay(path)
-    by_line = parse(path)
+    bare_f = _best_of(runs, lambda: bare_loop(path))
+    parsed = _best_of(runs, lambda: parse(path))
+    telemetry, by_line = replay(path), parse(path)
+    # Both paths must agree, or the faster one is not doing the same work.
     assert by_line.snapshot(tail=0)["transport"] == telemetry.snapshot(tail=0)["transport"]
-    assert by_line.series.records == telemetry.series.records and by_line.lines == telemetry.lines
+    assert by_line.series.records == telemetry.series.records and by_line.lines == telemetry.lines == n_lines
+    quarter = path.with_suffix(".quarter")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        write_lines(quarter, (line.rstrip("\n") for line in islice(f, n_lines // 4)))
     return {
-        "replay_s": replayed,
-        "replay_lines_per_s": n_lines / replayed,
-        "replay_ratio": bare / replayed,
         "lines": n_lines,
-        "bare_s": bare,
-        "parser_s": parsed,
-        "bare_lines_per_s": n_lines / bare,
-        "parser_lines_per_s": n_lines / parsed,
-        "feed_lines_ratio": bare / parsed,
-        "peak_quarter_bytes": traced_peak(path, n_lines // 4),
-        "peak_full_bytes": traced_peak(path, None),
+        "mib": path.stat().st_size / 2**20,
+        "nccl_share": nccl_share_of(path),
+        "bare_s": bare_r,
+        "replay_s": replayed,
+        "replay_ratio": bare_r / replayed,
+        "feed_lines_s": parsed,
+        "feed_lines_ratio": bare_f / parsed,
+        "replay_lines_per_s": n_lines / replayed,
+        "peak_quarter_bytes": traced_peak(quarter),
+        "peak_full_bytes": traced_peak(path),
         "transport": telemetry.transport.transport,
         "points": len(telemetry.series),
         "records": telemetry.series.records,
@@ -110,25 +138,33 @@ def measure(path: Path, n_lines: int, runs: int = 3) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=1_000_000)
-    parser.add_argument("--nccl-share", type=float, default=0.05)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sweep", action="store_true", help="also logs with NCCL lines spread evenly")
+    parser.add_argument("--json", action="store_true", help="one JSON object per log")
     args = parser.parse_args(argv)
+    logs: list[tuple[str, float | None]] = [("16-rank run", None)]
+    if args.sweep:
+        logs += [(f"even {share:.0%} NCCL", share) for share in SWEEP_SHARES] + [("NCCL init only", 1.0)]
+    if not args.json:
+        print(f"{'log':<16} {'lines':>9} {'MiB':>6} {'NCCL':>6} {'bare s':>7} {'replay s':>8} "
+              f"{'replay/bare':>11} {'feed_lines/bare':>15} {'peak 1/4 → full KiB':>20}  verdict")
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "synthetic.log"
-        write_log(path, args.lines, args.nccl_share)
-        size = path.stat().st_size
-        r = measure(path, args.lines, args.runs)
-    print(f"file: {args.lines:,} lines, {size / 2**20:.1f} MiB, NCCL share {args.nccl_share:.0%}")
-    print(f"bare `for line in f`: {r['bare_s']:.3f} s ({r['bare_lines_per_s']:,.0f} lines/s)")
-    print(f"Telemetry.replay_file (block scan): {r['replay_s']:.3f} s "
-          f"({r['replay_lines_per_s']:,.0f} lines/s), ratio to bare {r['replay_ratio']:.2f} (goal >= 0.5)")
-    print(f"Telemetry.feed_lines (str per line, live path): {r['parser_s']:.3f} s "
-          f"({r['parser_lines_per_s']:,.0f} lines/s), ratio to bare {r['feed_lines_ratio']:.2f}")
-    print(f"traced peak: feed_lines over a quarter of the file {r['peak_quarter_bytes'] / 2**10:.0f} KiB, "
-          f"replay_file of the full file {r['peak_full_bytes'] / 2**10:.0f} KiB")
-    print(f"verdict {r['transport']}, metric points {r['points']}")
+        for name, share in logs:
+            path = Path(tmp) / "synthetic.log"
+            write_log(path, args.lines, share)
+            r = measure(path, args.runs)
+            if args.json:
+                print(json.dumps({"log": name, **r}))
+                continue
+            print(f"{name:<16} {r['lines']:>9,} {r['mib']:>6.1f} {r['nccl_share']:>6.1%} {r['bare_s']:>7.3f} "
+                  f"{r['replay_s']:>8.3f} {r['replay_ratio']:>11.2f} {r['feed_lines_ratio']:>15.2f} "
+                  f"{r['peak_quarter_bytes'] / 1024:>9.0f} → {r['peak_full_bytes'] / 1024:>6.0f}  "
+                  f"{r['transport']}")
+    if not args.json:
+        print(f"goal: replay/bare >= {GOAL} (throughput ratio; bare and parser timed back to back, best of "
+              f"{args.runs})")
     return 0
 
 

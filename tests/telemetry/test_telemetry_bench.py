@@ -1,6 +1,6 @@
 """A fast version of bench_parser.py in the normal suite: measured ratios, bounded memory.
 
-The full measurement (>= 1M lines) is ``python tests/telemetry/bench_parser.py``.
+The full measurement (>= 1M lines) is ``python tests/telemetry/bench_parser.py --sweep``.
 """
 
 from __future__ import annotations
@@ -10,32 +10,33 @@ from pathlib import Path
 
 from tests.telemetry.bench_parser import measure, replay_ratios, write_log
 
-# The goal is 0.5 (bench_parser.py). Today replay measures ~0.27 on 1M lines and 0.18-0.23
-# here; under a neighbour's load single pairs dropped to 0.09, so the floor only catches a
-# gross regression (the median of five back-to-back pairs absorbs most bursts).
-REPLAY_RATIO_FLOOR = 0.08
+# The goal is 0.5 on 1M lines (bench_parser.py measures ~0.6 for the 16-rank run profile).
+# On 200k lines here, alone, it measures 0.5-0.6; the suite's other work and a busy CI
+# neighbour can halve a single pair, so the floor catches a return of the old design
+# (0.25-0.3: a full-block search per marker) only when the median of five pairs is kept.
+REPLAY_RATIO_FLOOR = 0.3
 
 
 def test_parser_throughput_and_memory_are_measured(tmp_path: Path) -> None:
     path = tmp_path / "synthetic.log"
-    n_lines = 120_000
-    write_log(path, n_lines, nccl_share=0.05)
-    result = measure(path, n_lines, runs=2)
+    write_log(path, 120_000)
+    result = measure(path, runs=2)
     print(f"\nreplay/bare ratio {result['replay_ratio']:.2f}, "
           f"feed_lines/bare {result['feed_lines_ratio']:.2f}, "
-          f"peak {result['peak_full_bytes'] / 1024:.0f} KiB")
+          f"peak {result['peak_quarter_bytes'] / 1024:.0f} KiB for a quarter, "
+          f"{result['peak_full_bytes'] / 1024:.0f} KiB for all")
     assert result["transport"] == "efa_gdr"
+    assert 0.001 < result["nccl_share"] < 0.1
     assert result["points"] == min(4096, result["records"]) and result["records"] > 100
     # State is per process and the series is capped: a 4x longer input must not need 4x memory.
-    assert result["peak_full_bytes"] < 2 * result["peak_quarter_bytes"] + 512 * 1024
+    assert result["peak_full_bytes"] < 1.5 * result["peak_quarter_bytes"] + 256 * 1024
     assert result["peak_full_bytes"] < 8 * 1024**2
-    # A gross-regression guard only; the goal (>= 0.5) is reported by bench_parser.py.
     assert result["replay_ratio"] > 0.05
 
 
 def test_replay_keeps_pace_with_a_bare_loop(tmp_path: Path) -> None:
     path = tmp_path / "synthetic.log"
-    write_log(path, 200_000, nccl_share=0.05)
+    write_log(path, 200_000)
     ratio = statistics.median(replay_ratios(path, repeats=5))
     print(f"\nreplay/bare ratio, median of 5 on 200k lines: {ratio:.2f} (goal 0.5, floor {REPLAY_RATIO_FLOOR})")
     assert ratio >= REPLAY_RATIO_FLOOR

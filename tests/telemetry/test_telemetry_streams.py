@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import subprocess
 import sys
 import tracemalloc
 from collections.abc import Iterator
 
+import pytest
+
 from backend.telemetry import Telemetry
 from backend.telemetry.classify import classify_stream
+from tests.telemetry.nccl_synth import run_log
 from training.logparse.lines import LineSplitter, iter_stream_lines, iter_stream_marked, marked_lines
 
 SOCKET_LINE = b"a:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0\n"
@@ -96,3 +100,41 @@ def test_classify_reads_a_pipe_in_bounded_memory() -> None:
     assert proc.wait(timeout=120) == 0
     assert '"transport": "socket"' in out[0]
     assert int(out[1]) < 200 * 1024  # KiB: the interpreter plus a few MiB, never the 256 MiB
+
+
+def _lines_by_push_split(splitter: LineSplitter, chunk: bytes) -> list[bytes]:
+    first, rest, skip_head = splitter.push_split(chunk)
+    out = [first[:-1]] if first else []
+    if rest:
+        lo = rest.find(b"\n") + 1 if skip_head else 0
+        out += rest[lo : rest.rfind(b"\n")].split(b"\n")
+    return out
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_push_split_gives_the_lines_and_offsets_push_block_gives(seed: int) -> None:
+    rng = random.Random(seed)
+    lines = [b"y" * rng.choice((0, 1, 5, 80, 300, 2500)) for _ in range(rng.randrange(1, 300))]
+    data = b"\n".join(lines) + rng.choice((b"\n", b"", b"tail"))
+    by_block, by_split = LineSplitter(max_line_bytes=1000), LineSplitter(max_line_bytes=1000)
+    pos = 0
+    while pos < len(data):
+        chunk = data[pos : pos + rng.choice((1, 7, 64, 999, 4096))]
+        pos += len(chunk)
+        block = by_block.push_block(chunk)
+        assert _lines_by_push_split(by_split, chunk) == (block[:-1].split(b"\n") if block else [])
+        assert (by_split.consumed, by_split.pending_bytes, by_split.dropped_lines) == (
+            by_block.consumed, by_block.pending_bytes, by_block.dropped_lines)
+    assert by_split.flush() == by_block.flush()
+
+
+def test_live_bytes_in_any_chunking_give_what_the_lines_give() -> None:
+    data = "".join(line + "\n" for line in run_log(3000, metric_every=7)).encode()
+    whole = Telemetry()
+    whole.feed_lines(data.decode().splitlines())
+    for size in (1, 113, 4096, 1 << 18):
+        live = Telemetry()
+        for at in range(0, len(data), size):
+            live.feed_bytes(data[at : at + size])
+        assert live.lines == whole.lines == 3000
+        assert live.series.records == whole.series.records and live.transport == whole.transport

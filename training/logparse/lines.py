@@ -64,6 +64,43 @@ class LineSplitter:
         self.consumed += len(head)
         return head
 
+    def push_split(self, chunk: bytes) -> tuple[bytes, bytes, bool]:
+        """Like ``push_block`` without copying ``chunk``: ``(first, rest, skip_head)``.
+
+        ``first`` is the line a pending partial line completes (b"" if none). ``rest`` is
+        ``chunk`` itself when more complete lines end in it (b"" if not); its lines are
+        those a newline ends, and with ``skip_head`` not the one up to its first newline
+        (that one is ``first``, or the end of a line too long to keep).
+        """
+        head_end = -1  # chunk[:head_end + 1] is taken care of here
+        first = b""
+        if self._skipping or self._pending:
+            head_end = chunk.find(b"\n")
+            if head_end < 0:
+                if self._skipping:
+                    self.consumed += len(chunk)
+                else:
+                    self._pending += chunk
+                    self._check_overflow()
+                return b"", b"", False
+            if self._skipping:
+                self._skipping = False
+                self.consumed += head_end + 1
+            else:
+                self._pending += chunk[: head_end + 1]
+                first = bytes(self._pending)
+                self._pending.clear()
+                self.consumed += len(first)
+        last = chunk.rfind(b"\n")
+        rest = b""
+        if last > head_end:
+            rest = chunk
+            self.consumed += last - head_end
+        if last + 1 < len(chunk):
+            self._pending += chunk[last + 1 :]
+            self._check_overflow()
+        return first, rest, head_end >= 0
+
     def flush(self) -> list[str]:
         """At the end of a finished stream, the unterminated last line counts too."""
         if not self._pending:
