@@ -10,11 +10,12 @@ from pathlib import Path
 
 from tests.telemetry.bench_parser import measure, replay_ratios, write_log
 
-# The goal is 0.5 on 1M lines (bench_parser.py measures ~0.6 for the 16-rank run profile).
-# On 200k lines here, alone, it measures 0.5-0.6; the suite's other work and a busy CI
-# neighbour can halve a single pair, so the floor catches a return of the old design
-# (0.25-0.3: a full-block search per marker) only when the median of five pairs is kept.
-REPLAY_RATIO_FLOOR = 0.3
+# The goal is 0.5 on 1M lines (bench_parser.py measures 0.58-0.62 for the 16-rank run
+# profile). On this 200k-line log the init bursts are a bigger share: it measures 0.42-0.52,
+# where the design before the squeeze-guided search measured 0.26-0.28 (both on this machine,
+# same script). The floor sits between them, with the median of five back-to-back pairs
+# (each side best of two) absorbing bursts of load.
+REPLAY_RATIO_FLOOR = 0.33
 
 
 def test_parser_throughput_and_memory_are_measured(tmp_path: Path) -> None:
