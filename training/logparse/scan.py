@@ -207,17 +207,10 @@ def _lines_at(block: bytes, positions: list[int], width: int) -> list[tuple[int,
 
 def _nccl_lines(block: bytes, spans: list[tuple[int, int]], info: InfoWords) -> list[str]:
     """Decode the NCCL lines the analyser acts on; an ``NCCL INFO`` line with an ignored first word is not."""
-    find = block.find
-    words, prefixes = info
+    find, matter = block.find, info.matter
     out = []
     for start, end in spans:
         at = find(NCCL_INFO, start, end)
-        if at >= 0:
-            word = at + len(NCCL_INFO)
-            space = find(b" ", word, word + _MAX_WORD)
-            if space >= 0 and space <= end:
-                w = block[word:space]
-                if w not in words and not w.startswith(prefixes):
-                    continue
-        out.append(block[start:end].decode("utf-8", "replace"))
+        if at < 0 or matter(block, at + len(NCCL_INFO)):
+            out.append(block[start:end].decode("utf-8", "replace"))
     return out
