@@ -5,12 +5,15 @@
 The default log is one real 16-rank run as its Ray job log shows it (``nccl_synth.run_log``:
 2 nodes x 8 ranks, every rank's NCCL INFO init on 2 communicators, again after one resume,
 the training program's metric lines, the workers' chatter), so its NCCL INFO density is what
-such a run gives a log of this length. ``--sweep`` adds logs with NCCL lines spread evenly at
-higher shares, up to a log of nothing but NCCL init, to show where the ratio falls.
+such a run gives a log of this length. ``--sweep`` adds the same run with 4x the channels and a
+third communicator (NCCL chattier per rank, as on 8-GPU nodes with 32 channels), and logs with
+NCCL lines spread evenly at higher shares, up to a log of nothing but NCCL init, to show where
+the ratio falls.
 
 For each log: the best of ``--runs`` timings of the bare loop, ``Telemetry.replay_file``
-(the block scanner: spool replay, ``rtui logs classify``) and ``Telemetry.feed_lines`` (one
-str per line: the live path), each pair measured back to back; their ratios (goal >= 0.5);
+(the block scanner: what spool replay and following a live run use) and
+``Telemetry.feed_lines`` (one str per line, for lines already in hand), each pair measured
+back to back; their ratios (goal >= 0.5);
 and the traced memory peak of replaying the whole file next to replaying its first quarter
 (bounded state means the two match).
 """
@@ -46,9 +49,10 @@ def write_lines(path: Path, lines: Iterator[str]) -> None:
         out.writelines(line + "\n" for line in lines)
 
 
-def write_log(path: Path, n_lines: int, nccl_share: float | None = None) -> None:
-    """The run profile when ``nccl_share`` is None, else NCCL lines spread evenly at that share."""
-    write_lines(path, run_log(n_lines) if nccl_share is None else training_log(n_lines, nccl_share=nccl_share))
+def write_log(path: Path, n_lines: int, nccl_share: float | None = None, **run: int) -> None:
+    """The run profile (``run`` overrides its settings) when ``nccl_share`` is None, else NCCL
+    lines spread evenly at that share."""
+    write_lines(path, run_log(n_lines, **run) if nccl_share is None else training_log(n_lines, nccl_share=nccl_share))
 
 
 def _best_of(runs: int, fn: Callable[[], object]) -> float:
@@ -145,21 +149,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also logs with NCCL lines spread evenly")
     parser.add_argument("--json", action="store_true", help="one JSON object per log")
     args = parser.parse_args(argv)
-    logs: list[tuple[str, float | None]] = [("16-rank run", None)]
+    logs: list[tuple[str, float | None, dict[str, int]]] = [("16-rank run", None, {})]
     if args.sweep:
-        logs += [(f"even {share:.0%} NCCL", share) for share in SWEEP_SHARES] + [("NCCL init only", 1.0)]
+        logs += [("same, 32ch 3 comms", None, {"channels": 32, "communicators": 3})]
+        logs += [(f"even {share:.0%} NCCL", share, {}) for share in SWEEP_SHARES] + [("NCCL init only", 1.0, {})]
     if not args.json:
-        print(f"{'log':<16} {'lines':>9} {'MiB':>6} {'NCCL':>6} {'bare s':>7} {'replay s':>8} "
+        print(f"{'log':<18} {'lines':>9} {'MiB':>6} {'NCCL':>6} {'bare s':>7} {'replay s':>8} "
               f"{'replay/bare':>11} {'feed_lines/bare':>15} {'peak 1/4 → full KiB':>20}  verdict")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, share in logs:
+        for name, share, run in logs:
             path = Path(tmp) / "synthetic.log"
-            write_log(path, args.lines, share)
+            write_log(path, args.lines, share, **run)
             r = measure(path, args.runs)
             if args.json:
                 print(json.dumps({"log": name, **r}))
                 continue
-            print(f"{name:<16} {r['lines']:>9,} {r['mib']:>6.1f} {r['nccl_share']:>6.1%} {r['bare_s']:>7.3f} "
+            print(f"{name:<18} {r['lines']:>9,} {r['mib']:>6.1f} {r['nccl_share']:>6.1%} {r['bare_s']:>7.3f} "
                   f"{r['replay_s']:>8.3f} {r['replay_ratio']:>11.2f} {r['feed_lines_ratio']:>15.2f} "
                   f"{r['peak_quarter_bytes'] / 1024:>9.0f} → {r['peak_full_bytes'] / 1024:>6.0f}  "
                   f"{r['transport']}")
