@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.telemetry.metrics import DEFAULT_MAX_POINTS, MetricSeries
-from training.logparse.lines import LineSplitter
+from training.logparse.lines import LineSplitter, read_chunks
 from training.logparse.nccl import INFO_WORDS, NcclAnalyzer
 from training.logparse.scan import scan_block
 from training.logparse.verdict import Verdict
@@ -134,11 +134,7 @@ class Telemetry:
         before = splitter.consumed
         with open(self._spool, "rb") as stream:
             stream.seek(self._spool_offset)
-            read = stream.read
-            while True:
-                chunk = read(SPOOL_READ_SIZE)
-                if not chunk:
-                    break
+            for chunk in read_chunks(stream, SPOOL_READ_SIZE):
                 self._feed_chunk(splitter, chunk)
         splitter.discard_pending()
         gained = splitter.consumed - before

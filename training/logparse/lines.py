@@ -149,15 +149,18 @@ def marked_lines(block: bytes, markers: tuple[bytes, ...]) -> list[str]:
     return out
 
 
+def read_chunks(stream: BinaryIO, size: int = READ_SIZE) -> Iterator[bytes]:
+    """``stream`` read ``size`` bytes at a time, to its end."""
+    read = stream.read
+    while chunk := read(size):
+        yield chunk
+
+
 def iter_stream_marked(stream: BinaryIO, markers: tuple[bytes, ...], *,
                        splitter: LineSplitter | None = None) -> Iterator[str]:
     """Only the lines of a finished binary stream that contain one of ``markers``."""
     splitter = splitter or LineSplitter()
-    read = stream.read
-    while True:
-        chunk = read(READ_SIZE)
-        if not chunk:
-            break
+    for chunk in read_chunks(stream):
         block = splitter.push_block(chunk)
         if block:
             yield from marked_lines(block, markers)
@@ -170,11 +173,7 @@ def iter_stream_lines(stream: BinaryIO, *, final: bool = True,
                       splitter: LineSplitter | None = None) -> Iterator[str]:
     """Every line of a binary stream; ``final=False`` leaves a partial last line unread."""
     splitter = splitter or LineSplitter()
-    read = stream.read
-    while True:
-        chunk = read(READ_SIZE)
-        if not chunk:
-            break
+    for chunk in read_chunks(stream):
         yield from splitter.push(chunk)
     if final:
         yield from splitter.flush()
