@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from training.logparse.scan import find_all, lines_at
+
 MAX_LINE_BYTES = 1 << 20
 READ_SIZE = 1 << 16
 
@@ -131,22 +133,10 @@ def marked_lines(block: bytes, markers: tuple[bytes, ...]) -> list[str]:
     around the hits is what lets a parser outrun a plain ``for line in f`` loop: most log
     lines never become Python strings at all.
     """
-    starts: set[int] = set()
-    find, rfind = block.find, block.rfind
+    spans: set[tuple[int, int]] = set()
     for marker in markers:
-        pos = find(marker)
-        while pos >= 0:
-            start = rfind(b"\n", 0, pos) + 1
-            starts.add(start)
-            end = find(b"\n", pos)
-            if end < 0:
-                break
-            pos = find(marker, end)
-    out = []
-    for start in sorted(starts):
-        end = find(b"\n", start)
-        out.append(block[start : end if end >= 0 else len(block)].decode("utf-8", "replace"))
-    return out
+        spans.update(lines_at(block, find_all(block, marker), len(marker)))
+    return [block[start:end].decode("utf-8", "replace") for start, end in sorted(spans)]
 
 
 def read_chunks(stream: BinaryIO, size: int = READ_SIZE) -> Iterator[bytes]:

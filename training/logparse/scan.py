@@ -99,12 +99,12 @@ def scan_block(block: bytes, info: InfoWords, *, skip_head: bool = False) -> tup
     expected = _all(squeezed, _FORMS[NCCL])
     if expected:
         found = locate(block, squeezed, NCCL, expected, n_lines, lo, hi)
-        nccl = _nccl_lines(block, _lines_at(block, found, len(NCCL)), info)
+        nccl = _nccl_lines(block, lines_at(block, found, len(NCCL)), info)
     spans: list[tuple[int, int]] = []
     for marker in SERIES_MARKERS:
         expected = _all(squeezed, _FORMS[marker])
         if expected:
-            spans += _lines_at(block, locate(block, squeezed, marker, expected, n_lines, lo, hi), len(marker))
+            spans += lines_at(block, locate(block, squeezed, marker, expected, n_lines, lo, hi), len(marker))
     if spans:
         if len(spans) > 1:
             spans = sorted(set(spans))
@@ -189,7 +189,7 @@ def _all(data: bytes, needle: bytes) -> list[int]:
     return out
 
 
-def _lines_at(block: bytes, positions: list[int], width: int) -> list[tuple[int, int]]:
+def lines_at(block: bytes, positions: list[int], width: int) -> list[tuple[int, int]]:
     """(start, end) of the lines holding ``positions`` (sorted), each line once."""
     out = []
     find, rfind = block.find, block.rfind
