@@ -42,7 +42,7 @@ def _config_parent() -> argparse.ArgumentParser:
 
 def build_parser() -> Parser:
     common = _config_parent()
-    parser = Parser(prog="rtui", parents=[common],  # type: ignore[list-item]
+    parser = Parser(prog="rtui", parents=[common],
                     description="Fine-tune a model with Ray Train, locally or across GPU machines on AWS.")
     parser.add_argument("--resume", nargs="?", const=LATEST, metavar="RUN_ID",
                         help="reattach the wizard to a run (the latest when RUN_ID is omitted)")
