@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.jobspec import JobSpec, build_job_spec
-from backend.model import Action, EventKind, StepEvent
+from backend.model import EventKind, StepEvent
 from backend.rayjobs import RayJobs, submit_when_ready
+from backend.store import JobState
 from training.protocol import FABRIC_TAG, parse_record
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ VARIANTS = {
 NO_EFA_LOCALLY = ("the local target has no EFA: only gloo over loopback TCP was measured "
                   "(use --target aws for an EFA-vs-TCP ratio)")
 AB_STEPS = {"local": 12, "cluster": 20}
+JOB_LAYER = "ray-job"
 JOB_TIMEOUT_S = 900.0
 HEARTBEAT_S = 5.0
 
@@ -191,38 +193,24 @@ def _event(step: str, kind: EventKind, message: str, **data: Any) -> StepEvent:
 
 
 async def bring_up(session: RunSession, on_event: EventSink) -> RayJobs:
-    """What ``rtui up --until head`` does (plus the target's other non-job steps), via ``session.apply``."""
-    checks = await session.preflight()
-    failed = [c for c in checks if c.status == "fail"]
-    if failed:
-        raise UserError(f"preflight: {failed[0].title}: {failed[0].detail}", remedy=failed[0].remedy)
+    """What ``rtui up --until <cluster layer>`` does: the same flow, stopping below the job."""
+    from backend import flows
+
+    cluster_layer = session.stack.layers[-2].name
     plan = await session.plan()
-    if all(c.action is Action.NOOP for c in plan.changes if c.kind != "ray-job"):
-        # Already up as configured. Not re-applied: the local target's worker-node steps
-        # start a node whenever they run, so applying again would add nodes.
+    if flows.plan_is_noop_below(plan, JOB_LAYER):
         on_event(_event("cluster", EventKind.DONE, "cluster already up"))
         return await _jobs_of(session)
-    steps = session.target.apply_steps(plan)
-    by_id = {s.id: s for s in steps}
-
-    def needs_job(sid: str) -> bool:
-        return sid == "job" or any(needs_job(d) for d in by_id[sid].deps)
-
-    infra = [s.id for s in steps if not needs_job(s.id)]
-    sinks = [sid for sid in infra if not any(sid in by_id[o].deps for o in infra)]
-    for i, sink in enumerate(sinks):
-        if i:
-            plan = await session.plan()  # what the previous apply started is now a no-op
-        async for event in session.apply(plan, until=sink):
-            on_event(event)
-            if event.kind in (EventKind.FAILED, EventKind.CANCELLED):
-                raise OperationError(f"bringing the cluster up failed at {event.step}: {event.message}",
-                                     remedy=event.remedy or f"see `rtui status {session.run_id}`")
+    async for event in flows.up(session, until=cluster_layer, follow=False):
+        on_event(event)
+        if event.kind in (EventKind.FAILED, EventKind.CANCELLED) and event.step != flows.RUN:
+            raise OperationError(f"bringing the cluster up failed at {event.step}: {event.message}",
+                                 remedy=event.remedy or f"see `rtui status {session.run_id}`")
     return await _jobs_of(session)
 
 
 async def _jobs_of(session: RunSession) -> RayJobs:
-    jobs = session.target.jobs()
+    jobs = await session.jobs()
     if jobs is None:
         raise OperationError("the cluster is up but has no Jobs API address")
     await _refuse_if_training(session, jobs)
@@ -269,9 +257,8 @@ async def run_job(session: RunSession, jobs: RayJobs, spec: JobSpec, *, label: s
                   on_event: EventSink, timeout_s: float = JOB_TIMEOUT_S) -> tuple[list[str], Path]:
     """Submit one bench job, follow its log into a file, return its lines once it succeeded."""
     env = {**spec.runtime_env.get("env_vars", {}), **variant.env}
-    temp_dir = session.record.resources.get("temp_dir")
-    if temp_dir:  # the local target's results dir: teardown removes it with everything else
-        env["RTUI_STORAGE_PATH"] = str(Path(temp_dir) / "results")
+    # The cluster's own job environment (locally: results inside its dir, which teardown removes).
+    env.update(session.ctx.cluster.job_env(session.ctx) if session.ctx.cluster is not None else {})
     submission_id = f"rtui-{session.run_id}-{label}-{time.strftime('%H%M%S')}"
     log_path = bench_dir(session) / f"{submission_id}.log"
     on_event(_event(label, EventKind.STARTED, f"submitting {submission_id}", submission_id=submission_id,
@@ -326,7 +313,7 @@ async def run_job(session: RunSession, jobs: RayJobs, spec: JobSpec, *, label: s
         raise
     status = await jobs.status(submission_id)
     lines = "".join(text).splitlines()
-    if status.status != "SUCCEEDED":
+    if status.state is not JobState.SUCCEEDED:
         detail = next((ln for ln in reversed(lines) if "failed" in ln), status.message or "")
         raise OperationError(f"{label} job {status.status.lower()}: {detail.strip()[:200]}",
                              remedy=f"see {log_path}")

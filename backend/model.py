@@ -50,14 +50,45 @@ ACTION_SYMBOL: dict[Action, str] = {
 }
 
 
-class Change(BaseModel):
-    """One thing the plan will create, change or leave alone (Terraform-style)."""
+class Resource(BaseModel):
+    """Something a layer wants to exist: its stable address, its kind and the spec that matters."""
 
     model_config = ConfigDict(frozen=True)
 
-    action: Action
+    address: str
+    layer: str
     kind: str
-    name: str
+    spec: dict[str, Any] = Field(default_factory=dict)
+    depends_on: tuple[str, ...] = ()
+    cost_per_hour: float | None = None
+
+
+class Observed(BaseModel):
+    """Something of this run that discovery found live (by marker, tags or labels, never the record alone)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: str
+    layer: str
+    kind: str
+    id: str
+    state: dict[str, Any] = Field(default_factory=dict)
+    depends_on: tuple[str, ...] = ()
+    healthy: bool = True
+    adopted: bool = False
+    reason: str = ""
+
+
+class Change(BaseModel):
+    """One thing the plan will create, change or leave alone (Terraform-style). Its step shares its address."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: str
+    layer: str
+    kind: str
+    action: Action
+    depends_on: tuple[str, ...] = ()
     before: dict[str, Any] | None = None
     after: dict[str, Any] | None = None
     cost_per_hour: float | None = None
@@ -69,7 +100,7 @@ class Change(BaseModel):
 
 
 class Plan(BaseModel):
-    """What ``apply`` will do: the difference between desired and discovered state."""
+    """What ``apply`` will do: the difference between desired and discovered state, bottom layer first."""
 
     target: str
     changes: list[Change] = Field(default_factory=list)
@@ -87,6 +118,12 @@ class Plan(BaseModel):
         for c in self.changes:
             out[c.action.value] += 1
         return out
+
+    def layers(self) -> list[str]:
+        return list(dict.fromkeys(c.layer for c in self.changes))
+
+    def change(self, address: str) -> Change | None:
+        return next((c for c in self.changes if c.address == address), None)
 
 
 class EventKind(StrEnum):

@@ -13,25 +13,42 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from backend.errors import OperationError, TransientError
-
-TERMINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+from backend.store import JobState
 
 
 @dataclass(frozen=True)
 class JobStatus:
     submission_id: str
-    status: str
+    state: JobState
     message: str = ""
     start_time: float | None = None
     end_time: float | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    entrypoint: str = ""
 
     @property
     def terminal(self) -> bool:
-        return self.status in TERMINAL_JOB_STATES
+        return self.state.terminal
+
+    @property
+    def status(self) -> str:
+        return self.state.value
+
+    @classmethod
+    def from_info(cls, submission_id: str, info: Any) -> JobStatus:
+        raw = str(getattr(info.status, "value", info.status))
+        try:
+            state = JobState(raw)
+        except ValueError:
+            state = JobState.PENDING
+        return cls(submission_id, state, info.message or "",
+                   info.start_time / 1000 if info.start_time else None,
+                   info.end_time / 1000 if info.end_time else None,
+                   dict(getattr(info, "metadata", None) or {}), str(getattr(info, "entrypoint", "") or ""))
 
 
 class RayJobs:
@@ -90,10 +107,16 @@ class RayJobs:
             info = await asyncio.to_thread(client.get_job_info, submission_id)
         except RuntimeError as exc:
             raise OperationError(f"cannot read job {submission_id}: {str(exc).splitlines()[0]}") from None
-        status = getattr(info.status, "value", str(info.status))
-        start = info.start_time / 1000 if info.start_time else None
-        end = info.end_time / 1000 if info.end_time else None
-        return JobStatus(submission_id, str(status), info.message or "", start, end)
+        return JobStatus.from_info(submission_id, info)
+
+    async def list(self) -> list[JobStatus]:
+        """Every job the cluster knows (submitted through the Jobs API), with its metadata."""
+        client = await self._sdk()
+        try:
+            infos = await asyncio.to_thread(client.list_jobs)
+        except RuntimeError as exc:
+            raise OperationError(f"cannot list jobs: {str(exc).splitlines()[0]}") from None
+        return [JobStatus.from_info(str(i.submission_id), i) for i in infos if i.submission_id]
 
     async def stop(self, submission_id: str) -> bool:
         client = await self._sdk()

@@ -50,26 +50,6 @@ class StepFailed(RtuiError):
     """Raised by ``run_to_completion`` when at least one step failed."""
 
 
-def select_until(steps: Iterable[Step], until: str | None) -> list[Step]:
-    """The steps ``until`` needs (transitively), in the given order; all when None."""
-    steps = list(steps)
-    if until is None:
-        return steps
-    by_id = {s.id: s for s in steps}
-    if until not in by_id:
-        from backend.errors import UserError
-
-        raise UserError(f"unknown step {until!r} for --until", remedy=f"use one of {', '.join(by_id)}")
-    wanted: set[str] = set()
-    stack = [until]
-    while stack:
-        sid = stack.pop()
-        if sid not in wanted:
-            wanted.add(sid)
-            stack.extend(by_id[sid].deps)
-    return [s for s in steps if s.id in wanted]
-
-
 class Runner:
     def __init__(
         self,

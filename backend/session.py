@@ -1,7 +1,8 @@
-"""RunSession: one run and the operations on it, shared by the CLI and the TUI.
+"""RunSession: one run, its config and its stack of layers, shared by the CLI, the TUI and bench.
 
-It finds or makes the run record, builds the target, and offers plan / apply /
-follow / status / teardown. The UI layers only render what it returns.
+It finds or makes the run record and offers plan / apply / teardown over the target's
+layers (``backend.planner``), the live Jobs API, and the status report. The flows that
+string these together live in ``backend.flows``; the UI layers only render what they yield.
 """
 
 from __future__ import annotations
@@ -14,43 +15,51 @@ from typing import TYPE_CHECKING, Any
 
 from backend.config import ResolvedConfig, RunConfig
 from backend.errors import OperationError, UserError
+from backend.model import StepEvent
 from backend.spool import LogSpool
-from backend.store import RunLockedError, RunRecord, RunStatus, RunStore
+from backend.store import RunRecord, RunStatus, RunStore, StepState
 
 if TYPE_CHECKING:
-    from backend.model import CheckResult, Plan, StepEvent
-    from backend.targets.base import Target
-    from backend.targets.follow import JobFollower
+    from backend.layers.base import Context
+    from backend.model import CheckResult, Observed
+    from backend.planner import PlanResult, Stack
+    from backend.rayjobs import RayJobs
     from backend.telemetry import Telemetry
 
+SUPPORTED_TARGETS = ("local", "aws")
 
-def make_target(config: RunConfig, record: RunRecord, store: RunStore) -> Target:
-    if config.target == "local":
-        from backend.targets.local import LocalTarget
 
-        return LocalTarget(config, record, store)
-    if config.target == "aws":
-        from backend.targets.aws import AwsTarget
+def make_stack(target: str) -> Stack:
+    """The target's layers, bottom up (DESIGN.md §1). Imported here: they stay off the first frame."""
+    from backend.layers.ray_job import RayJobLayer
+    from backend.planner import Stack
 
-        return AwsTarget(config, record, store)
-    raise UserError(
-        f"the {config.target} target is not in this version",
-        remedy="use --target local, or `rtui check --target aws` for AWS feasibility",
-    )
+    if target == "local":
+        from backend.layers.local_ray import LocalRay
+
+        return Stack("local", [LocalRay(), RayJobLayer()])
+    if target == "aws":
+        from backend.layers.aws_preflight import AwsPreflight
+
+        return Stack("aws", [AwsPreflight()])
+    raise UserError(f"the {target} target is not in this version",
+                    remedy="use --target local, or `rtui check --target aws` for AWS feasibility")
 
 
 @dataclass
-class RunSummary:
+class StatusReport:
     """What `rtui status` shows: the record reconciled with what is live right now."""
 
     record: RunRecord
     cluster_alive: bool
+    dashboard_url: str | None
     job_status: str | None
     job_message: str
     attached: bool
     last_metric: dict[str, Any] | None
     summary: dict[str, Any] | None
     transport: dict[str, Any]
+    resources: dict[str, dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
         r = self.record
@@ -58,10 +67,10 @@ class RunSummary:
         return {
             "run_id": r.run_id, "target": r.target, "cluster_name": r.cluster_name, "status": r.status.value,
             "attached": self.attached, "created_at": r.created_at, "updated_at": r.updated_at,
-            "cluster": {"alive": self.cluster_alive, "dashboard_url": r.resources.get("dashboard_url"),
-                        "temp_dir": r.resources.get("temp_dir")},
+            "cluster": {"alive": self.cluster_alive, "dashboard_url": self.dashboard_url},
+            "resources": self.resources,
             "job": None if job is None else {
-                "submission_id": job.submission_id, "status": self.job_status or job.status,
+                "submission_id": job.submission_id, "status": self.job_status or job.status.value,
                 "message": self.job_message or job.message, "submitted_at": job.submitted_at,
             },
             "steps": {k: {"status": v.status.value, "message": v.message, "error": v.error,
@@ -76,13 +85,21 @@ class RunSession:
         self.store = store
         self.record = record
         self.config = config
-        if config.target not in ("local", "aws"):
-            make_target(config, record, store)  # refuse unsupported targets now, with one clear line
+        if config.target not in SUPPORTED_TARGETS:
+            make_stack(config.target)  # refuse unsupported targets now, with one clear line
+        self._held: list[contextlib.ExitStack] = []
 
     @cached_property
-    def target(self) -> Target:
-        # Built on first use: the target's modules (processes, telemetry) stay off the first frame.
-        return make_target(self.config, self.record, self.store)
+    def stack(self) -> Stack:
+        # Built on first use: the layers' modules (processes, telemetry) stay off the first frame.
+        return make_stack(self.config.target)
+
+    @cached_property
+    def ctx(self) -> Context:
+        from backend.layers.base import Context
+
+        access = next((a for layer in self.stack.layers if (a := layer.access()) is not None), None)
+        return Context(self.config, self.record, self.store, cluster=access)
 
     # --- opening -----------------------------------------------------------------------
     @classmethod
@@ -97,14 +114,35 @@ class RunSession:
         return cls(store, record, config)
 
     @classmethod
-    def open(cls, run_id: str | None, store: RunStore | None = None) -> RunSession:
-        """An existing run with the config it was applied with."""
+    def open(cls, run_id: str | None, store: RunStore | None = None, *, lenient: bool = False) -> RunSession:
+        """An existing run with the config it was applied with.
+
+        ``lenient`` (teardown): a config this rtui no longer accepts falls back to the defaults
+        for the run's target and cluster name, since tearing down needs neither.
+        """
         store = store or RunStore()
         record = store.resolve(run_id)
         try:
             config = RunConfig.model_validate(record.config)
         except ValueError as exc:
-            raise OperationError(f"run {record.run_id} has an unusable config: {exc}") from None
+            if lenient:
+                return cls(store, record, RunConfig.model_validate({"target": record.target,
+                                                                    "cluster_name": record.cluster_name}))
+            first = str(exc).splitlines()
+            detail = first[1].strip() if len(first) > 1 else first[0]
+            raise OperationError(f"run {record.run_id} has a config this rtui cannot use ({detail[:120]})",
+                                 remedy=f"tear it down by cluster name: `rtui down --yes --target {record.target} "
+                                        f"--cluster-name {record.cluster_name}`") from None
+        return cls(store, record, config)
+
+    @classmethod
+    def orphan(cls, run_id: str, config: RunConfig, store: RunStore | None = None) -> RunSession:
+        """A run whose record is gone but whose resources discovery found: enough to tear it down."""
+        store = store or RunStore()
+        record = store.new(target=config.target, cluster_name=config.cluster_name,
+                           config=config.model_dump(mode="json"))
+        record = record.model_copy(update={"run_id": run_id, "spool_path": str(store.spool_dir / f"{run_id}.log"),
+                                           "status": RunStatus.UP})
         return cls(store, record, config)
 
     @classmethod
@@ -127,35 +165,103 @@ class RunSession:
     def run_id(self) -> str:
         return self.record.run_id
 
+    # --- locks ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        with self.store.lock(self.record.run_id):
+        """The run's lock, re-entrant within this session (the TUI holds it while attached)."""
+        if self._held:
             yield
+            return
+        with contextlib.ExitStack() as held:
+            held.enter_context(self.store.lock(self.run_id))
+            self._held.append(held)
+            try:
+                yield
+            finally:
+                self._held.remove(held)
+
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[None]:
+        """The run's lock and its cluster's: no other rtui changes the same cluster meanwhile."""
+        with self.locked(), self.store.cluster_lock(self.config.target, self.config.cluster_name, self.run_id):
+            yield
+
+    def attached_elsewhere(self) -> bool:
+        """Whether another rtui holds this run (it then owns the spool)."""
+        return not self._held and self.store.runs_dir.exists() and self.store.is_locked(self.run_id)
 
     # --- operations --------------------------------------------------------------------
     async def preflight(self) -> list[CheckResult]:
-        return await self.target.preflight()
+        results: list[CheckResult] = []
+        for layer in self.stack.layers:
+            results.extend(await layer.preflight(self.ctx))
+        return results
 
-    async def plan(self) -> Plan:
-        return await self.target.plan()
+    async def plan(self) -> PlanResult:
+        from backend.planner import make_plan
 
-    def adopt_config(self) -> None:
-        """Applying a plan makes its config the run's config."""
+        return await make_plan(self.stack, self.ctx)
+
+    async def discover(self) -> list[Observed]:
+        from backend.planner import discover
+
+        return await discover(self.stack, self.ctx)
+
+    async def apply(self, plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:
+        from backend.planner import apply_steps, reconcile, select_until
+
+        steps = select_until(apply_steps(self.stack, self.ctx, plan), plan, until)
         self.record.config = self.config.model_dump(mode="json")
-
-    async def apply(self, plan: Plan, *, until: str | None = None) -> AsyncIterator[StepEvent]:
-        self.adopt_config()
-        async for event in self.target.apply(plan, until=until):
+        self.record.plan = plan.model_dump(mode="json")
+        self.record.status = RunStatus.APPLYING
+        self.store.save(self.record)
+        reconcile(self.ctx, plan)
+        async for event in self._run(steps, prefix="", done=RunStatus.UP):
             yield event
 
     async def teardown(self) -> AsyncIterator[StepEvent]:
-        async for event in self.target.teardown():
+        from backend.planner import forget_missing, teardown_steps
+
+        self.record.status = RunStatus.TEARING_DOWN
+        self.store.save(self.record)
+        observed = await self.discover()
+        async for event in self._run(teardown_steps(self.stack, self.ctx, observed), prefix="teardown:",
+                                     done=RunStatus.DOWN):
             yield event
+        if self.record.status is RunStatus.DOWN:
+            forget_missing(self.ctx, await self.discover())
 
-    def follower(self) -> JobFollower:
-        from backend.targets.follow import JobFollower
+    async def _run(self, steps: list[Any], *, prefix: str, done: RunStatus) -> AsyncIterator[StepEvent]:
+        from backend.runner import Runner
 
-        return JobFollower(self.target)
+        def on_state(step_id: str, state: StepState) -> None:
+            self.record.steps[f"{prefix}{step_id}"] = state
+            self.store.save(self.record)
+
+        runner = Runner(steps, on_state=on_state)
+        try:
+            async for event in runner.events():
+                yield event
+        finally:
+            self.record.status = RunStatus.FAILED if runner.failed else done
+            self.store.save(self.record)
+
+    async def jobs(self) -> RayJobs | None:
+        return await self.ctx.jobs()
+
+    async def cluster_alive(self) -> bool:
+        if self.record.status is RunStatus.DOWN:
+            return False
+        jobs = await self.jobs()
+        if jobs is None:
+            return False
+        from backend.errors import TransientError
+
+        try:
+            await jobs.version(timeout_s=2.0)
+        except TransientError:
+            return False
+        return True
 
     def spool(self) -> LogSpool:
         return LogSpool(self.record.spool_path)
@@ -170,22 +276,23 @@ class RunSession:
             telemetry.replay_file(spool.path)
         return telemetry
 
-    async def summary(self) -> RunSummary:
-        alive = await self.target.cluster_alive() if self.record.status is not RunStatus.DOWN else False
+    async def status_report(self) -> StatusReport:
+        jobs = await self.jobs() if self.record.status is not RunStatus.DOWN else None
+        alive = jobs is not None and await self.cluster_alive()
         job = self.record.current_job
         status, message = None, ""
-        jobs = self.target.jobs()
         if alive and job is not None and jobs is not None:
             with contextlib.suppress(OperationError):
                 live = await jobs.status(job.submission_id)
                 status, message = live.status, live.message
-        attached = self.store.is_locked(self.record.run_id) if self.store.runs_dir.exists() else False
-        if status and job is not None and status != job.status and not attached:
-            with contextlib.suppress(RunLockedError), self.locked():
-                job.status, job.message = status, message
-                self.store.save(self.record)
+                if live.state is not job.status and not self.attached_elsewhere():
+                    with contextlib.suppress(OperationError), self.locked():
+                        job.status, job.message = live.state, live.message
+                        self.store.save(self.record)
         telemetry = self.telemetry()
         latest = telemetry.series.latest
-        return RunSummary(self.record, alive, status, message, attached,
-                          latest.to_dict() if latest else None, telemetry.series.summary,
-                          telemetry.transport.to_dict())
+        resources = {address: {"kind": r.kind, "id": r.id, "status": r.status.value}
+                     for address, r in self.record.resources.items()}
+        return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
+                            self.attached_elsewhere(), latest.to_dict() if latest else None,
+                            telemetry.series.summary, telemetry.transport.to_dict(), resources)

@@ -13,6 +13,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import secrets
 import tempfile
 import time
@@ -24,9 +25,12 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from backend.errors import OperationError, UserError
+from backend.ledger import Ledger, ResourceRecord
 from backend.paths import state_dir
 
-SCHEMA_VERSION = 1
+# 2: ``resources`` is the ledger, {address: ResourceRecord}; 1 had an untyped dict.
+SCHEMA_VERSION = 2
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class RunStatus(StrEnum):
@@ -68,11 +72,25 @@ class StepState(BaseModel):
         return (self.ended_at or time.time()) - self.started_at
 
 
+class JobState(StrEnum):
+    """A Ray job's status, as the Jobs API names it."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+
+
 class JobRecord(BaseModel):
     submission_id: str
     submitted_at: float
     spec_hash: str
-    status: str = "PENDING"
+    status: JobState = JobState.PENDING
     message: str = ""
     ended_at: float | None = None
 
@@ -88,7 +106,7 @@ class RunRecord(BaseModel):
     config: dict[str, Any]
     plan: dict[str, Any] | None = None
     steps: dict[str, StepState] = Field(default_factory=dict)
-    resources: dict[str, Any] = Field(default_factory=dict)
+    resources: dict[str, ResourceRecord] = Field(default_factory=dict)
     jobs: list[JobRecord] = Field(default_factory=list)
     spool_path: str
     telemetry: dict[str, Any] | None = None
@@ -102,6 +120,36 @@ class RunRecord(BaseModel):
         return self.status in ACTIVE_STATUSES
 
 
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older record to SCHEMA_VERSION, one version at a time."""
+    if data.get("schema_version") == 1:
+        data = _v1_to_v2(data)
+    return data
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 kept the local cluster's facts loose in ``resources``; v2 keeps them per address."""
+    old = data.get("resources") or {}
+    ledger: dict[str, Any] = {}
+    now = data.get("updated_at") or time.time()
+    if isinstance(old, dict) and old.get("temp_dir"):
+        outputs = {k: old[k] for k in ("ports", "gcs_address", "dashboard_url", "shape", "head_log", "head")
+                   if k in old}
+        alive = bool(old.get("head"))
+        ledger["local.ray-head"] = {"kind": "ray-head", "id": old["temp_dir"],
+                                    "status": "ready" if alive else "deleted", "outputs": outputs,
+                                    "created_at": data.get("created_at", now), "updated_at": now}
+        for i, worker in enumerate(old.get("workers") or []):
+            ledger[f"local.ray-worker.{i}"] = {"kind": "ray-worker", "id": old["temp_dir"], "status": "ready",
+                                               "outputs": {"proc": worker}, "created_at": now, "updated_at": now}
+    jobs = data.get("jobs") or []
+    if jobs and isinstance(jobs[-1], dict) and jobs[-1].get("submission_id"):
+        ledger["ray.job.train"] = {"kind": "ray-job", "id": jobs[-1]["submission_id"], "status": "ready",
+                                   "outputs": {"spec_hash": jobs[-1].get("spec_hash")},
+                                   "created_at": jobs[-1].get("submitted_at", now), "updated_at": now}
+    return {**data, "resources": ledger, "schema_version": 2}
+
+
 def new_run_id(now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
     return f"r{stamp}-{secrets.token_hex(2)}"
@@ -113,6 +161,10 @@ class CorruptRecordError(OperationError):
 
 class RunLockedError(OperationError):
     """Another rtui process is applying or tearing down this run."""
+
+
+class ClusterBusyError(RunLockedError):
+    """Another rtui process is changing the same target's cluster of the same name."""
 
 
 class RunStore:
@@ -140,9 +192,13 @@ class RunStore:
                 )
 
     def path_for(self, run_id: str) -> Path:
-        if not run_id or "/" in run_id or run_id.startswith("."):
-            raise UserError(f"invalid run id {run_id!r}", remedy="see `rtui runs` for run ids")
+        if not RUN_ID_PATTERN.fullmatch(run_id):
+            shown = run_id if len(run_id) <= 40 else run_id[:40] + "…"
+            raise UserError(f"invalid run id {shown!r}", remedy="see `rtui runs` for run ids")
         return self.runs_dir / f"{run_id}.json"
+
+    def ledger(self, record: RunRecord) -> Ledger:
+        return Ledger(record.resources, lambda: self.save(record))
 
     # --- records -----------------------------------------------------------------------
     def new(self, *, target: str, cluster_name: str, config: dict[str, Any]) -> RunRecord:
@@ -191,10 +247,19 @@ class RunStore:
             raw = path.read_bytes()
         except FileNotFoundError:
             raise UserError(f"no run {run_id}", remedy="see `rtui runs` for run ids") from None
+        except IsADirectoryError:
+            raise OperationError(f"{path} is a directory, not a run record",
+                                 remedy="move it out of the runs dir") from None
         try:
             data = json.loads(raw)
+            version = data.get("schema_version")
+            if isinstance(version, int) and version > SCHEMA_VERSION:
+                raise OperationError(
+                    f"run {run_id} was written by a newer rtui (record version {version}, this one reads "
+                    f"up to {SCHEMA_VERSION}); left as it is", remedy="use the newer rtui for this run")
+            data = migrate(data)
             if data.get("schema_version") != SCHEMA_VERSION:
-                raise ValueError(f"schema version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+                raise ValueError(f"schema version {version!r}, expected {SCHEMA_VERSION}")
             return RunRecord.model_validate(data)
         except (ValueError, ValidationError, AttributeError) as exc:
             kept = self._set_aside(path)
@@ -217,9 +282,11 @@ class RunStore:
         if not self.runs_dir.is_dir():
             return records, warnings
         for path in sorted(self.runs_dir.glob("*.json")):
+            if not path.is_file() or not RUN_ID_PATTERN.fullmatch(path.stem):
+                continue
             try:
                 records.append(self.load(path.stem))
-            except CorruptRecordError as exc:
+            except OperationError as exc:
                 warnings.append(str(exc))
         records.sort(key=lambda r: r.created_at, reverse=True)
         return records, warnings
@@ -244,8 +311,34 @@ class RunStore:
     @contextlib.contextmanager
     def lock(self, run_id: str) -> Iterator[None]:
         """Exclusive per-run lock; released by the kernel if the holder is killed."""
+        self.path_for(run_id)  # validates the id before it becomes a file name
+
+        def busy(holder: str) -> OperationError:
+            return RunLockedError(f"run {run_id} is in use by another rtui (pid {holder.split()[0]})",
+                                  remedy=f"wait for it, or watch it with `rtui logs {run_id} --follow`")
+
+        with self._flock(f"{run_id}.lock", str(os.getpid()), busy):
+            yield
+
+    @contextlib.contextmanager
+    def cluster_lock(self, target: str, cluster_name: str, run_id: str) -> Iterator[None]:
+        """One rtui changing a target's cluster of this name at a time, whichever run it works for."""
+
+        def busy(holder: str) -> OperationError:
+            parts = holder.split()
+            other = parts[1] if len(parts) > 1 else "?"
+            return ClusterBusyError(
+                f"cluster {cluster_name} on {target} is being changed by run {other} "
+                f"(pid {parts[0] if parts else '?'})",
+                remedy=f"wait for it, or watch it with `rtui logs {other} --follow`")
+
+        with self._flock(f"cluster-{target}-{cluster_name}.lock", f"{os.getpid()} {run_id}", busy):
+            yield
+
+    @contextlib.contextmanager
+    def _flock(self, name: str, holder: str, busy: Any) -> Iterator[None]:
         self.ensure_writable()
-        path = self.lock_dir / f"{run_id}.lock"
+        path = self.lock_dir / name
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
@@ -253,13 +346,9 @@ class RunStore:
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                raise RunLockedError(
-                    f"run {run_id} is in use by another rtui (pid {holder})",
-                    remedy=f"wait for it, or watch it with `rtui logs {run_id} --follow`",
-                ) from None
+                raise busy(os.pread(fd, 128, 0).decode(errors="replace").strip() or "?") from None
             os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            os.pwrite(fd, holder.encode(), 0)
             yield
         finally:
             os.close(fd)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import Screen
+from textual.message import Message
 from textual.widgets import Footer, Header, Static
 
 from backend.model import Action, Plan
+from backend.planner import PlanResult
+from screens.base import RtuiScreen
 
 _STYLE = {Action.CREATE: "green", Action.UPDATE: "yellow", Action.REPLACE: "magenta", Action.DELETE: "red",
           Action.NOOP: "dim"}
@@ -18,21 +22,22 @@ _STYLE = {Action.CREATE: "green", Action.UPDATE: "yellow", Action.REPLACE: "mage
 
 def render_plan(plan: Plan) -> Text:
     text = Text()
-    for change in plan.changes:
-        style = _STYLE[change.action]
-        text.append(f"{change.symbol:>3} ", style=f"bold {style}")
-        text.append(f"{change.kind} ", style=style)
-        text.append(change.name, style=f"bold {style}")
-        if change.reason:
-            text.append(f"   # {change.reason}", style="dim italic")
-        text.append("\n")
-        shown = change.after if change.action is not Action.DELETE else change.before
-        for key, value in (shown or {}).items():
-            before = (change.before or {}).get(key) if change.action in (Action.UPDATE, Action.REPLACE) else None
-            text.append(f"      {key} = ", style="dim")
-            if before is not None and before != value:
-                text.append(f"{before} → ", style="red")
-            text.append(f"{value}\n")
+    for layer in plan.layers():
+        text.append(f"{layer}\n", style="bold underline")
+        for change in (c for c in plan.changes if c.layer == layer):
+            style = _STYLE[change.action]
+            text.append(f"{change.symbol:>3} ", style=f"bold {style}")
+            text.append(change.address, style=f"bold {style}")
+            if change.reason:
+                text.append(f"   # {change.reason}", style="dim italic")
+            text.append("\n")
+            shown = change.after if change.action is not Action.DELETE else change.before
+            for key, value in (shown or {}).items():
+                before = (change.before or {}).get(key) if change.action in (Action.UPDATE, Action.REPLACE) else None
+                text.append(f"      {key} = ", style="dim")
+                if before is not None and before != value:
+                    text.append(f"{before} → ", style="red")
+                text.append(f"{value}\n")
     counts = plan.counts()
     text.append(f"\nPlan: {counts['create']} to create, {counts['update']} to update, "
                 f"{counts['replace']} to replace, {counts['delete']} to delete, {counts['noop']} unchanged.",
@@ -43,7 +48,17 @@ def render_plan(plan: Plan) -> Text:
     return text
 
 
-class PlanScreen(Screen[None]):
+class PlanScreen(RtuiScreen):
+    @dataclass
+    class Approved(Message):
+        """Apply this plan."""
+
+        plan: PlanResult
+
+    @dataclass
+    class BackRequested(Message):
+        """Back to choosing the target."""
+
     BINDINGS = [
         Binding("a", "apply", "Apply", id="apply", tooltip="Create what the plan says and start the job"),
         Binding("escape", "back", "Back", id="back", tooltip="Back to the target"),
@@ -52,7 +67,7 @@ class PlanScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.plan: Plan | None = None
+        self.plan: PlanResult | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -69,9 +84,9 @@ class PlanScreen(Screen[None]):
         self.plan = None
         self.refresh_bindings()
         try:
-            plan = await self.app.session.plan()  # type: ignore[attr-defined]
+            plan = await self.session.plan()
         except Exception as exc:  # noqa: BLE001
-            self.app.report_error(exc)  # type: ignore[attr-defined]
+            self.app.report_error(exc)
             return
         self.plan = plan
         self.query_one("#plan", Static).update(render_plan(plan))
@@ -79,7 +94,7 @@ class PlanScreen(Screen[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "apply":
-            if self.app.read_only:  # type: ignore[attr-defined]
+            if self.app.read_only:
                 return False
             return True if self.plan is not None else None
         return True
@@ -88,16 +103,8 @@ class PlanScreen(Screen[None]):
         self.compute()
 
     def action_back(self) -> None:
-        if len(self.app.screen_stack) > 2:
-            self.app.pop_screen()
-        else:
-            from screens.target import TargetScreen
-
-            self.app.switch_screen(TargetScreen())
+        self.post_message(self.BackRequested())
 
     def action_apply(self) -> None:
-        if self.plan is None or not self.app.acquire():  # type: ignore[attr-defined]
-            return
-        from screens.provision import ProvisionScreen
-
-        self.app.push_screen(ProvisionScreen(self.plan))
+        if self.plan is not None:
+            self.post_message(self.Approved(self.plan))

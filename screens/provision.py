@@ -10,20 +10,21 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from backend.model import EventKind, Plan, StepEvent
-from backend.runner import select_until
+from backend import flows
+from backend.model import EventKind, StepEvent
+from backend.planner import PlanResult
+from backend.runner import Step
+from screens.base import RtuiScreen
 from tui.widgets import StepPane
 
 Mode = Literal["apply", "teardown"]
-APPLY_UNTIL = "job"  # the run screen follows the job itself
 
 
-class ProvisionScreen(Screen[None]):
+class ProvisionScreen(RtuiScreen):
     BINDINGS = [
-        Binding("escape", "back", "Back", id="back", tooltip="Back to the plan (only once steps have stopped)"),
+        Binding("escape", "back", "Back", id="back", tooltip="Back (only once steps have stopped)"),
         Binding("r", "retry", "Retry", id="retry", tooltip="Re-plan and apply again after a failure"),
     ]
 
@@ -37,28 +38,32 @@ class ProvisionScreen(Screen[None]):
     class Finished(Message):
         """Every step has stopped; ``ok`` is False if any failed or was cancelled."""
 
+        mode: Mode
         ok: bool
 
-    def __init__(self, plan: Plan | None = None, *, mode: Mode = "apply") -> None:
+    @dataclass
+    class BackRequested(Message):
+        mode: Mode
+        ok: bool
+
+    @dataclass
+    class RetryRequested(Message):
+        mode: Mode
+
+    def __init__(self, plan: PlanResult | None = None, *, mode: Mode = "apply",
+                 outline: list[Step] | None = None) -> None:
         super().__init__()
         self.plan = plan
-        self.mode = mode
+        self.mode: Mode = mode
+        self.outline = outline or []
         self.running = True
         self.ok = False
-
-    def _steps(self):  # type: ignore[no-untyped-def]
-        target = self.app.session.target  # type: ignore[attr-defined]
-        if self.mode == "teardown":
-            return target.teardown_steps()
-        assert self.plan is not None
-        return select_until(target.apply_steps(self.plan), APPLY_UNTIL)
 
     def compose(self) -> ComposeResult:
         yield Header()
         with VerticalScroll(id="steps"):
-            title = "Provisioning" if self.mode == "apply" else "Tearing down"
-            yield Static(title, classes="heading")
-            for step in self._steps():
+            yield Static("Provisioning" if self.mode == "apply" else "Tearing down", classes="heading")
+            for step in self.outline:
                 yield StepPane(step.id, step.title, step.expected_s)
             yield Static("", id="outcome")
         yield Footer()
@@ -68,37 +73,41 @@ class ProvisionScreen(Screen[None]):
 
     @work(exclusive=True, group="steps")
     async def run_steps(self) -> None:
-        session = self.app.session  # type: ignore[attr-defined]
         ok = True
         try:
-            events = session.apply(self.plan, until=APPLY_UNTIL) if self.mode == "apply" else session.teardown()
+            if self.mode == "apply":
+                assert self.plan is not None
+                events = flows.apply_plan(self.session, self.plan)
+            else:
+                events = flows.down(self.session)
             async for event in events:
                 ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
                 self.post_message(self.StepEventPosted(event))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - one place shows it
             ok = False
-            self.app.report_error(exc)  # type: ignore[attr-defined]
-        self.post_message(self.Finished(ok))
+            self.app.report_error(exc)
+        self.post_message(self.Finished(self.mode, ok))
 
     def on_provision_screen_step_event_posted(self, message: StepEventPosted) -> None:
-        panes = self.query(f"#step-{message.event.step}")
+        event = message.event
+        panes = self.query(f"#{StepPane.dom_id(event.step)}")
         if panes:
-            panes.first(StepPane).apply_event(message.event)
+            pane = panes.first(StepPane)
+        else:  # teardown steps come from discovery: a pane per step as it starts
+            pane = StepPane(event.step, event.message or event.step, 1.0)
+            self.query_one("#steps").mount(pane, before=self.query_one("#outcome"))
+        pane.apply_event(event)
 
     def on_provision_screen_finished(self, message: Finished) -> None:
         self.running = False
         self.ok = message.ok
         self.refresh_bindings()
+        run_id = self.session.run_id
         outcome = self.query_one("#outcome", Static)
-        run_id = self.app.session.run_id  # type: ignore[attr-defined]
-        if self.mode == "apply" and message.ok:
-            from screens.run import RunScreen
-
-            self.app.switch_screen(RunScreen())
-        elif self.mode == "teardown" and message.ok:
-            outcome.update(f"Run {run_id} is down: every process and file it created is gone. Press q to quit.")
-            self.app.sub_title = f"run {run_id} · down"
-        else:
+        if message.mode == "teardown" and message.ok:
+            outcome.update(f"Run {run_id} is down: every process and file it created is gone. "
+                           "Escape starts a new run; q quits.")
+        elif not message.ok:
             outcome.update("Something failed (see the red step). r retries, escape goes back; nothing was torn down.")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -107,12 +116,7 @@ class ProvisionScreen(Screen[None]):
         return True
 
     def action_back(self) -> None:
-        from screens.plan import PlanScreen
-
-        self.app.switch_screen(PlanScreen())
+        self.post_message(self.BackRequested(self.mode, self.ok))
 
     def action_retry(self) -> None:
-        if self.mode == "teardown":
-            self.app.switch_screen(ProvisionScreen(mode="teardown"))
-        else:
-            self.action_back()
+        self.post_message(self.RetryRequested(self.mode))

@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
+from backend import flows
+from backend.follow import JobUpdate
 from backend.telemetry import MetricPoint, Telemetry
 from backend.textutil import display_lines
+from screens.base import RtuiScreen
 from tui.widgets import LogTail
 
 REPLAY_LINES = 5_000
+_STATUS_STYLE = {"SUCCEEDED": "bold green", "FAILED": "bold red", "STOPPED": "red", "RUNNING": "bold yellow"}
 
 
-class RunScreen(Screen[None]):
+class RunScreen(RtuiScreen):
     BINDINGS = [
         Binding("f", "toggle_follow", "Follow", id="follow", tooltip="Follow the newest log lines (or pause)"),
         Binding("D", "teardown", "Tear down", id="teardown", tooltip="Stop the job and remove the cluster"),
@@ -32,6 +33,14 @@ class RunScreen(Screen[None]):
     class JobStatusChanged(Message):
         status: str
         message: str
+
+    @dataclass
+    class LinesArrived(Message):
+        lines: list[str]
+
+    @dataclass
+    class TeardownRequested(Message):
+        """The user pressed D: the App asks for the cluster name, then tears down."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -43,7 +52,7 @@ class RunScreen(Screen[None]):
         return self.telemetry.series.latest
 
     @property
-    def summary(self) -> dict[str, Any] | None:
+    def summary(self) -> dict[str, object] | None:
         return self.telemetry.series.summary
 
     def compose(self) -> ComposeResult:
@@ -54,47 +63,34 @@ class RunScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        job = self.app.session.record.current_job  # type: ignore[attr-defined]
+        job = self.session.record.current_job
         if job is not None:
-            self.job_status = job.status
+            self.job_status = job.status.value
         self._render_status("")
         self.query_one(LogTail).focus()
         self.follow_job()
 
     def _render_status(self, message: str) -> None:
-        session = self.app.session  # type: ignore[attr-defined]
-        job = session.record.current_job
+        job = self.session.record.current_job
         text = Text()
         text.append("job ", style="dim")
         text.append(job.submission_id if job else "-", style="bold")
-        style = {"SUCCEEDED": "bold green", "FAILED": "bold red", "STOPPED": "red", "RUNNING": "bold yellow"}
-        text.append(f"  {self.job_status}", style=style.get(self.job_status, "bold"))
+        text.append(f"  {self.job_status}", style=_STATUS_STYLE.get(self.job_status, "bold"))
         if message:
             text.append(f"  {message.splitlines()[0][:100]}", style="dim")
-        dash = session.record.resources.get("dashboard_url")
-        if dash:
-            text.append(f"   dashboard {dash}", style="dim")
         self.query_one("#job-status", Static).update(text)
 
-    def _take_lines(self, lines: list[str]) -> None:
-        """Show new lines; the metrics come from telemetry, which reads the spool once."""
-        self.query_one(LogTail).push(display_lines(lines))
-        self.telemetry.feed_from(self.app.session.spool().path)  # type: ignore[attr-defined]
-        self._render_metrics()
-
     def _transport_label(self) -> str:
-        if self.app.session.config.target == "local":  # type: ignore[attr-defined]
+        if self.session.config.target == "local":
             return "gloo/TCP (local: no NCCL)"
-        verdict = self.telemetry.transport
-        return verdict.label
+        return self.telemetry.transport.label
 
     def _render_metrics(self) -> None:
         m = self.metric
         if m is None:
             return
-        steps = self.app.session.config.steps  # type: ignore[attr-defined]
         text = Text()
-        text.append(f"step {m.step}/{steps}", style="bold")
+        text.append(f"step {m.step}/{self.session.config.steps}", style="bold")
         text.append(f"   loss {m.loss if m.loss is not None else float('nan'):.4f}")
         text.append(f"   {m.tokens_per_s or 0:,.0f} tokens/s", style="bold cyan")
         text.append(f"   step {(m.step_time_s or 0) * 1000:.0f} ms")
@@ -106,41 +102,33 @@ class RunScreen(Screen[None]):
 
     @work(exclusive=True, group="follow")
     async def follow_job(self) -> None:
-        session = self.app.session  # type: ignore[attr-defined]
-        spool = session.spool()
-        if spool.exists():
-            # Replay from disk: the view gets the tail, telemetry the whole history once.
-            replay = deque(spool.iter_lines(), maxlen=REPLAY_LINES)
-            self._take_lines(list(replay))
+        """Replay the spool, then attach (or watch read-only); widgets change only in handlers."""
+        spool = self.session.spool()
+        offset = spool.size()
+        if spool.exists():  # the view gets the tail, telemetry the whole history once
+            self.post_message(self.LinesArrived(list(deque(spool.iter_lines(), maxlen=REPLAY_LINES))))
         try:
-            if not self.app.acquire():  # type: ignore[attr-defined]
-                await self._watch_spool(spool.size())
-                return
-            if not await session.target.cluster_alive():
-                self.post_message(self.JobStatusChanged("cluster not running", ""))
-                return
-            follower = session.follower()
-            async for batch in follower.lines():
-                self._take_lines(batch)
-                if follower.last_status and follower.last_status.status != self.job_status:
-                    self.post_message(self.JobStatusChanged(follower.last_status.status,
-                                                            follower.last_status.message))
-            if follower.last_status:
-                self.post_message(self.JobStatusChanged(follower.last_status.status, follower.last_status.message))
-            session.record.telemetry = self.telemetry.snapshot(tail=0)
-            session.store.save(session.record)
-        except Exception as exc:  # noqa: BLE001
-            self.app.report_error(exc)  # type: ignore[attr-defined]
+            async for update in flows.attach(self.session, replayed_bytes=offset):
+                if isinstance(update, flows.Attached):
+                    if update.read_only:
+                        self.app.notify("Another rtui is attached to this run: watching its log read-only.")
+                    elif not update.cluster_alive:
+                        self.post_message(self.JobStatusChanged("cluster not running", ""))
+                    continue
+                self._post_update(update)
+        except Exception as exc:  # noqa: BLE001 - one place shows it
+            self.app.report_error(exc)
 
-    async def _watch_spool(self, offset: int) -> None:
-        """Another rtui owns the run: show what it writes to the spool."""
-        self.notify("Another rtui is attached to this run: watching its log read-only.")
-        spool = self.app.session.spool()  # type: ignore[attr-defined]
-        while True:
-            lines, offset = spool.read_from(offset)
-            if lines:
-                self._take_lines(lines)
-            await asyncio.sleep(0.5)
+    def _post_update(self, update: JobUpdate) -> None:
+        if update.lines:
+            self.post_message(self.LinesArrived(update.lines))
+        if update.status is not None:
+            self.post_message(self.JobStatusChanged(update.status.status, update.status.message))
+
+    def on_run_screen_lines_arrived(self, message: LinesArrived) -> None:
+        self.query_one(LogTail).push(display_lines(message.lines))
+        self.telemetry.feed_from(self.session.spool().path)  # telemetry reads the spool once, in order
+        self._render_metrics()
 
     def on_run_screen_job_status_changed(self, message: JobStatusChanged) -> None:
         self.job_status = message.status
@@ -151,18 +139,7 @@ class RunScreen(Screen[None]):
         tail.following = not tail.following
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not (action == "teardown" and self.app.read_only)  # type: ignore[attr-defined]
+        return not (action == "teardown" and self.app.read_only)
 
     def action_teardown(self) -> None:
-        from screens.confirm import ConfirmTeardown
-
-        session = self.app.session  # type: ignore[attr-defined]
-
-        def confirmed(yes: bool | None) -> None:
-            if yes and self.app.acquire():  # type: ignore[attr-defined]
-                from screens.provision import ProvisionScreen
-
-                self.workers.cancel_group(self, "follow")
-                self.app.switch_screen(ProvisionScreen(mode="teardown"))
-
-        self.app.push_screen(ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}"), confirmed)
+        self.post_message(self.TeardownRequested())

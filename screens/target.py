@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -9,9 +10,11 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
+from textual.message import Message
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
+
+from screens.base import RtuiScreen
 
 if TYPE_CHECKING:
     from backend.model import CheckResult
@@ -25,7 +28,11 @@ TARGETS = [
 _CHECK_MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "info": ("i", "blue")}
 
 
-class TargetScreen(Screen[None]):
+class TargetScreen(RtuiScreen):
+    @dataclass
+    class Chosen(Message):
+        """The user wants the plan for this target."""
+
     BINDINGS = [
         Binding("enter", "next", "Review plan", id="next", tooltip="Compute the plan for this target"),
         Binding("r", "recheck", "Re-check", id="recheck", tooltip="Run the preflight checks again"),
@@ -42,9 +49,10 @@ class TargetScreen(Screen[None]):
                 yield Static("checking…", id="checks", classes="panel")
         yield Footer()
 
+    checks: list[CheckResult] | None = None
+
     def on_mount(self) -> None:
-        session = self.app.session  # type: ignore[attr-defined]
-        cfg = session.config
+        cfg = self.session.config
         summary = Text()
         summary.append("Configuration\n", style="bold")
         rows = [("cluster", cfg.cluster_name), ("workers", str(cfg.effective_workers())),
@@ -68,9 +76,9 @@ class TargetScreen(Screen[None]):
         panel = self.query_one("#checks", Static)
         panel.update("checking…")
         try:
-            results = await self.app.session.preflight()  # type: ignore[attr-defined]
+            results = await self.session.preflight()
         except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
-            self.app.report_error(exc)  # type: ignore[attr-defined]
+            self.app.report_error(exc)
             return
         self.checks = results
         panel.update(render_checks(results))
@@ -82,13 +90,11 @@ class TargetScreen(Screen[None]):
         self.action_next()
 
     def action_next(self) -> None:
-        failed = [c for c in getattr(self, "checks", []) if c.status == "fail"]
+        failed = [c for c in self.checks or [] if c.status == "fail"]
         if failed:
             self.notify(f"{failed[0].title}: {failed[0].remedy or failed[0].detail}", severity="error")
             return
-        from screens.plan import PlanScreen
-
-        self.app.push_screen(PlanScreen())
+        self.post_message(self.Chosen())
 
 
 def render_checks(results: list[CheckResult]) -> Text:

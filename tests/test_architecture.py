@@ -47,6 +47,7 @@ def test_training_knows_nothing_of_the_rest() -> None:
 def test_the_tui_process_stays_light() -> None:
     """Reaching the first frame must not pay for torch, transformers or ray.train."""
     loaded = imported_after(["tui.cli", "tui.app", "tui.commands", "screens.target", "screens.plan",
-                             "screens.provision", "screens.run", "backend.session", "backend.targets.local"])
+                             "screens.provision", "screens.run", "backend.session", "backend.flows",
+                             "backend.layers.local_ray", "backend.layers.ray_job"])
     heavy = {m for m in loaded if m.split(".")[0] in {"torch", "transformers", "ray"}}
     assert not heavy, sorted(heavy)[:10]

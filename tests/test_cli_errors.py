@@ -35,7 +35,7 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: s
         (["frobnicate"], "invalid choice"),
         (["plan", "--target", "kube"], "the kube target is not in this version"),
         (["logs", "classify"], "no files to classify"),
-        (["up", "--yes", "--until", "nowhere"], "unknown step 'nowhere'"),
+        (["up", "--yes", "--until", "nowhere"], "--until 'nowhere' is neither an address nor a layer"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:

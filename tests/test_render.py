@@ -7,13 +7,15 @@ from tui.render import format_event, format_plan
 
 def sample_plan() -> Plan:
     return Plan(target="local", changes=[
-        Change(action=Action.CREATE, kind="ray-head", name="c1", after={"cpus": 2}, reason="not running"),
-        Change(action=Action.REPLACE, kind="ray-job", name="j1", before={"steps": 5}, after={"steps": 9},
-               reason="the job changed"),
-        Change(action=Action.DELETE, kind="nodegroup", name="gpu", before={"size": 2}, cost_per_hour=9.2),
-        Change(action=Action.NOOP, kind="vpc", name="v", cost_per_hour=0.045),
-        Change(action=Action.UPDATE, kind="nodegroup", name="sys", before={"size": 1}, after={"size": 2},
-               cost_per_hour=0.4032),
+        Change(address="local.ray-head", layer="local-ray", kind="ray-head", action=Action.CREATE,
+               after={"cpus": 2}, reason="not running"),
+        Change(address="ray.job.train", layer="ray-job", kind="ray-job", action=Action.REPLACE,
+               before={"steps": 5}, after={"steps": 9}, reason="the job changed"),
+        Change(address="aws.nodegroup.gpu", layer="aws", kind="nodegroup", action=Action.DELETE,
+               before={"size": 2}, cost_per_hour=9.2),
+        Change(address="aws.vpc", layer="aws", kind="vpc", action=Action.NOOP, cost_per_hour=0.045),
+        Change(address="aws.nodegroup.sys", layer="aws", kind="nodegroup", action=Action.UPDATE,
+               before={"size": 1}, after={"size": 2}, cost_per_hour=0.4032),
     ])
 
 
@@ -21,10 +23,11 @@ def test_plain_plan_uses_terraform_symbols_and_counts() -> None:
     text = format_plan(sample_plan(), run_id="r1")
     lines = text.splitlines()
     assert lines[0] == "Plan for the local target (run r1):"
-    assert lines[1].strip().startswith("+ ray-head c1  [cpus=2]")
-    assert lines[2].strip().startswith("-/+ ray-job j1  [steps=9]")
-    assert lines[3].strip().startswith("- nodegroup gpu  [size=2]")
-    assert lines[5].strip().startswith("~ nodegroup sys  [size=2]  $0.4032/h")
+    assert (lines[1], lines[3], lines[5]) == ("  local-ray", "  ray-job", "  aws")
+    assert lines[2].strip().startswith("+ local.ray-head  [cpus=2]")
+    assert lines[4].strip().startswith("-/+ ray.job.train  [steps=9]")
+    assert lines[6].strip().startswith("- aws.nodegroup.gpu  [size=2]")
+    assert lines[8].strip().startswith("~ aws.nodegroup.sys  [size=2]  $0.4032/h")
     assert "Plan: 1 to create, 1 to update, 1 to replace, 1 to delete, 1 unchanged." in text
     # deletions don't count towards the hourly cost
     assert "Cost: $0.45/hour." in text
@@ -32,7 +35,8 @@ def test_plain_plan_uses_terraform_symbols_and_counts() -> None:
 
 
 def test_noop_plan_says_nothing_to_do() -> None:
-    plan = Plan(target="local", changes=[Change(action=Action.NOOP, kind="ray-head", name="c")])
+    plan = Plan(target="local", changes=[Change(address="local.ray-head", layer="local-ray", kind="ray-head",
+                                                action=Action.NOOP)])
     assert plan.is_noop
     assert "Nothing to do" in format_plan(plan)
 
@@ -46,6 +50,6 @@ def test_tui_plan_shows_before_and_after_for_changes() -> None:
 
 def test_event_lines() -> None:
     ev = StepEvent(step="head", kind=EventKind.FAILED, message="port taken", remedy="use another")
-    assert format_event(ev, 1.25) == "    1.2s ✗ head         port taken — use another"
+    assert format_event(ev, 1.25) == "    1.2s ✗ head               port taken — use another"
     prog = StepEvent(step="train", kind=EventKind.PROGRESS, message="step 3", fraction=0.5)
     assert format_event(prog, 0).endswith("step 3 (50%)")

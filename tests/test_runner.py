@@ -8,7 +8,7 @@ import pytest
 
 from backend.errors import OperationError, TransientError, UserError
 from backend.model import EventKind, StepEvent
-from backend.runner import Progress, Runner, Step, select_until
+from backend.runner import Progress, Runner, Step
 from backend.store import StepState, StepStatus
 
 
@@ -142,15 +142,6 @@ async def test_skip_if_marks_step_skipped_and_dependents_still_run() -> None:
                      Step("b", "B", sleeper(log, "b"), deps=("a",))])
     await collect(runner)
     assert runner.states["a"].status is StepStatus.SKIPPED and log == ["start:b", "end:b"]
-
-
-def test_select_until_keeps_only_what_the_step_needs() -> None:
-    steps = [Step("a", "A", sleeper([], "a")), Step("b", "B", sleeper([], "b"), deps=("a",)),
-             Step("c", "C", sleeper([], "c"), deps=("b",)), Step("d", "D", sleeper([], "d"))]
-    assert [s.id for s in select_until(steps, "b")] == ["a", "b"]
-    assert len(select_until(steps, None)) == 4
-    with pytest.raises(UserError, match="unknown step 'zz'"):
-        select_until(steps, "zz")
 
 
 def test_invalid_graphs_are_rejected() -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.errors import UserError
+from backend.errors import OperationError, UserError
+from backend.ledger import ResourceStatus
 from backend.spool import LogSpool
-from backend.store import CorruptRecordError, RunLockedError, RunStatus, RunStore
+from backend.store import SCHEMA_VERSION, CorruptRecordError, JobState, RunLockedError, RunStatus, RunStore
 
 
 def make(store: RunStore):
@@ -24,10 +25,12 @@ def test_records_are_private_and_round_trip(tmp_path: Path) -> None:
     path = store.path_for(rec.run_id)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(store.runs_dir.stat().st_mode) == 0o700
-    rec.resources["head"] = {"pid": 1, "create_time": 2.0}
-    store.save(rec)
+    store.ledger(rec).set("local.ray-head", "ray-head", ResourceStatus.INTENDED)
+    store.ledger(rec).update("local.ray-head", status=ResourceStatus.CREATING, id="/tmp/x", outputs={"a": 1})
     loaded = store.load(rec.run_id)
-    assert loaded.resources == rec.resources and loaded.schema_version == 1
+    assert loaded.resources == rec.resources and loaded.schema_version == SCHEMA_VERSION
+    entry = loaded.resources["local.ray-head"]
+    assert (entry.status, entry.id, entry.outputs) == (ResourceStatus.CREATING, "/tmp/x", {"a": 1})
 
 
 def test_a_crash_while_saving_leaves_the_old_record_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,7 +55,7 @@ def test_kill_during_many_saves_never_leaves_a_torn_record(tmp_path: Path) -> No
     code = (
         "import sys; from backend.store import RunStore; s=RunStore(__import__('pathlib').Path(sys.argv[1]));"
         "r=s.load(sys.argv[2])\n"
-        "for i in range(100000):\n r.resources['i']=i; r.resources['pad']='x'*4096*(i%7); s.save(r)\n"
+        "for i in range(100000):\n r.config['i']=i; r.config['pad']='x'*4096*(i%7); s.save(r)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(root), rec.run_id], cwd=Path(__file__).parents[1])
     import time
@@ -61,7 +64,7 @@ def test_kill_during_many_saves_never_leaves_a_torn_record(tmp_path: Path) -> No
     proc.kill()
     proc.wait()
     loaded = RunStore(root).load(rec.run_id)  # parses: never half-written
-    assert loaded.resources.get("i", 0) > 0
+    assert loaded.config.get("i", 0) > 0
 
 
 def test_corrupt_record_is_kept_aside_and_reported(tmp_path: Path) -> None:
@@ -84,8 +87,48 @@ def test_unknown_schema_version_is_not_silently_read(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     data["schema_version"] = 99
     path.write_text(json.dumps(data))
-    with pytest.raises(CorruptRecordError, match="schema version 99"):
+    with pytest.raises(OperationError, match="written by a newer rtui") as info:
         store.load(rec.run_id)
+    assert not isinstance(info.value, CorruptRecordError)
+    assert path.read_text() == json.dumps(data), "a newer record is left alone, not set aside"
+    data["schema_version"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.raises(CorruptRecordError, match="schema version 0"):
+        store.load(rec.run_id)
+
+
+def test_a_v1_record_is_migrated_to_the_ledger(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "s")
+    rec = make(store)
+    path = store.path_for(rec.run_id)
+    data = json.loads(path.read_text())
+    data["schema_version"] = 1
+    data["resources"] = {"temp_dir": "/tmp/rtui-old", "head": {"pid": 7, "create_time": 1.0},
+                         "workers": [{"pid": 8, "create_time": 1.0}], "dashboard_url": "http://127.0.0.1:1",
+                         "ports": {"gcs": 1}, "shape": {"cpus": 2}}
+    data["jobs"] = [{"submission_id": "rtui-x-1", "submitted_at": 1.0, "spec_hash": "abc", "status": "RUNNING"}]
+    path.write_text(json.dumps(data))
+    loaded = store.load(rec.run_id)
+    assert loaded.schema_version == SCHEMA_VERSION
+    head = loaded.resources["local.ray-head"]
+    assert (head.kind, head.id, head.status) == ("ray-head", "/tmp/rtui-old", ResourceStatus.READY)
+    assert head.outputs["dashboard_url"] == "http://127.0.0.1:1"
+    assert loaded.resources["local.ray-worker.0"].kind == "ray-worker"
+    assert loaded.resources["ray.job.train"].id == "rtui-x-1"
+    assert loaded.current_job is not None and loaded.current_job.status is JobState.RUNNING
+
+
+def test_odd_names_in_the_runs_dir_are_not_records(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "s")
+    good = make(store)
+    (store.runs_dir / "r20260101-000000-dead.json").mkdir()
+    (store.runs_dir / ".r1.abc.tmp").write_text("{")
+    records, warnings = store.list()
+    assert [r.run_id for r in records] == [good.run_id] and warnings == []
+    with pytest.raises(OperationError, match="is a directory"):
+        store.load("r20260101-000000-dead")
+    with pytest.raises(UserError, match="invalid run id"):
+        store.path_for("x" * 300)
 
 
 def test_list_skips_corrupt_records_with_a_warning(tmp_path: Path) -> None:

@@ -1,15 +1,16 @@
-"""The Textual app: routes between screens and owns the run session and its lock.
+"""The Textual app: owns the session, its lock and the routing between screens.
 
-Screens render and route; the backend does the work. Long operations run in
-workers that post messages; the only place that turns a backend error into a
-notification is ``RtuiApp.report_error``.
+Screens render and post messages (``PlanScreen.Approved``, ``ProvisionScreen.Finished``,
+``RunScreen.TeardownRequested``…); only this class decides which screen comes next, and
+no screen imports another. Long operations run in workers that post messages; the only
+place that turns a backend error into a notification is ``RtuiApp.report_error``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App
 from textual.binding import Binding
@@ -17,7 +18,13 @@ from textual.screen import Screen
 
 from backend.errors import RtuiError
 from backend.session import RunSession
-from backend.store import RunLockedError, RunStatus
+from backend.store import RunStatus
+
+if TYPE_CHECKING:
+    from screens.plan import PlanScreen
+    from screens.provision import ProvisionScreen
+    from screens.run import RunScreen
+    from screens.target import TargetScreen
 
 
 class RtuiApp(App[None]):
@@ -36,14 +43,19 @@ class RtuiApp(App[None]):
         self.session = session
         self.resume = resume
         self.read_only = read_only
-        self._lock: contextlib.AbstractContextManager[None] | None = None
-        self.sub_title = f"{session.config.target} · {session.config.cluster_name} · run {session.run_id}"
+        self._lock: contextlib.ExitStack | None = None
+        self._set_subtitle()
 
-    # --- lifecycle ---------------------------------------------------------------------
+    def _set_subtitle(self) -> None:
+        s = self.session
+        down = " · down" if s.record.status is RunStatus.DOWN else ""
+        self.sub_title = f"{s.config.target} · {s.config.cluster_name} · run {s.run_id}{down}"
+
+    # --- routing -----------------------------------------------------------------------
     def get_default_screen(self) -> Screen[Any]:
         """The first screen is the default one: no blank screen is laid out before it."""
         record = self.session.record
-        if self.resume and record.current_job is not None and record.status is not RunStatus.DOWN:
+        if self.resume and record.status is not RunStatus.DOWN and record.current_job is not None:
             from screens.run import RunScreen
 
             return RunScreen()
@@ -55,25 +67,102 @@ class RtuiApp(App[None]):
 
         return TargetScreen()
 
+    def _go(self, screen: Screen[Any]) -> None:
+        """Show ``screen`` in place of the current one (the stack holds one main screen)."""
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+        self.switch_screen(screen)
+
+    def on_target_screen_chosen(self, _message: TargetScreen.Chosen) -> None:
+        from screens.plan import PlanScreen
+
+        self._go(PlanScreen())
+
+    def on_plan_screen_back_requested(self, _message: PlanScreen.BackRequested) -> None:
+        from screens.target import TargetScreen
+
+        self._go(TargetScreen())
+
+    def on_plan_screen_approved(self, message: PlanScreen.Approved) -> None:
+        if self.read_only or not self.acquire():
+            return
+        from backend.planner import apply_steps
+        from screens.provision import ProvisionScreen
+
+        outline = apply_steps(self.session.stack, self.session.ctx, message.plan)
+        self._go(ProvisionScreen(message.plan, outline=outline))
+
+    def on_provision_screen_finished(self, message: ProvisionScreen.Finished) -> None:
+        self._set_subtitle()
+        if message.mode == "apply" and message.ok:
+            from screens.run import RunScreen
+
+            self._go(RunScreen())
+
+    def on_provision_screen_back_requested(self, message: ProvisionScreen.BackRequested) -> None:
+        if self.session.record.status is RunStatus.DOWN:
+            self._new_run()
+            return
+        from screens.plan import PlanScreen
+
+        self._go(PlanScreen())
+
+    def on_provision_screen_retry_requested(self, message: ProvisionScreen.RetryRequested) -> None:
+        from screens.plan import PlanScreen
+        from screens.provision import ProvisionScreen
+
+        self._go(ProvisionScreen(mode="teardown") if message.mode == "teardown" else PlanScreen())
+
+    def on_run_screen_teardown_requested(self, _message: RunScreen.TeardownRequested) -> None:
+        if self.read_only:
+            return
+        from screens.confirm import ConfirmTeardown
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                # After the modal is gone: routing from inside its dismissal would race its pop.
+                self.call_after_refresh(self._teardown)
+
+        session = self.session
+        self.push_screen(ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}"), confirmed)
+
+    def _teardown(self) -> None:
+        if not self.acquire():
+            return
+        from screens.provision import ProvisionScreen
+
+        self._go(ProvisionScreen(mode="teardown"))
+
+    def _new_run(self) -> None:
+        """After a teardown, going back starts a new run of the same config (never re-applies a dead one)."""
+        old = self.session
+        self.release()
+        record = old.store.new(target=old.config.target, cluster_name=old.config.cluster_name,
+                               config=old.config.model_dump(mode="json"))
+        self.session = RunSession(old.store, record, old.config)
+        self._set_subtitle()
+        from screens.target import TargetScreen
+
+        self._go(TargetScreen())
+
+    # --- the run's lock ------------------------------------------------------------------
     def acquire(self) -> bool:
-        """Hold the run's lock from the first change until we exit (crash-safe: kernel releases it)."""
+        """Hold the run's and its cluster's lock from the first change until we exit."""
         if self._lock is not None:
             return True
-        lock = self.session.store.lock(self.session.run_id)
+        held = contextlib.ExitStack()
         try:
-            lock.__enter__()
-        except RunLockedError as exc:
-            self.report_error(exc)
-            return False
+            held.enter_context(self.session.changing())
         except RtuiError as exc:
+            held.close()
             self.report_error(exc)
             return False
-        self._lock = lock
+        self._lock = held
         return True
 
     def release(self) -> None:
         if self._lock is not None:
-            self._lock.__exit__(None, None, None)
+            self._lock.close()
             self._lock = None
 
     def on_unmount(self) -> None:
@@ -92,11 +181,10 @@ class RtuiApp(App[None]):
 
     def action_quit_detach(self) -> None:
         from screens.confirm import ConfirmDetach
-        from screens.provision import ProvisionScreen
 
         if isinstance(self.screen, ConfirmDetach):
             return
-        if isinstance(self.screen, ProvisionScreen) and self.screen.running:
+        if getattr(self.screen, "running", False):
             def answered(yes: bool | None) -> None:
                 if yes:
                     self._exit_detached()

@@ -56,7 +56,8 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true")
     p = add("up", "create what the plan says, submit the job and follow it")
     p.add_argument("--yes", action="store_true", help="apply without asking")
-    p.add_argument("--until", metavar="STEP", help="stop after this step (e.g. head, job)")
+    p.add_argument("--until", metavar="ADDRESS|LAYER",
+                   help="stop once this resource or layer is in place (e.g. local.ray-head, local-ray)")
     p.add_argument("--json", action="store_true", help="JSON lines of step events")
     p = add("status", "the state of a run, reconciled with what is live")
     p.add_argument("run_id", nargs="?")

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
+from backend import flows
 from backend.errors import UserError
-from backend.model import EventKind, StepEvent
+from backend.follow import JobUpdate
+from backend.model import CheckStatus, EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from backend.textutil import strip_ansi
@@ -29,6 +31,7 @@ async def plan(ns: argparse.Namespace, out: TextIO) -> int:
     if ns.json:
         _json_line(out, {"run_id": session.run_id, "target": the_plan.target, "noop": the_plan.is_noop,
                          "cost_per_hour": the_plan.cost_per_hour, "counts": the_plan.counts(),
+                         "layers": the_plan.layers(),
                          "changes": [c.model_dump(mode="json") for c in the_plan.changes]})
     else:
         out.write(format_plan(the_plan, run_id=session.run_id))
@@ -40,35 +43,21 @@ async def up(ns: argparse.Namespace, out: TextIO) -> int:
         raise UserError("`rtui up` changes things and needs --yes", remedy="or run `rtui` to review the plan first")
     session = RunSession.for_config(resolved_from(ns))
     session.store.ensure_writable()
-    with session.locked():
-        checks = await session.preflight()
-        failed = [c for c in checks if c.status == "fail"]
-        if failed:
-            raise UserError(f"preflight: {failed[0].title}: {failed[0].detail}", remedy=failed[0].remedy)
-        the_plan = await session.plan()
-        emit = _emitter(ns.json, out)
-        emit(StepEvent(step="run", kind=EventKind.STARTED, message=f"run {session.run_id}",
-                       data={"run_id": session.run_id, "plan": the_plan.model_dump(mode="json"),
-                             "noop": the_plan.is_noop}))
-        if not ns.json:
-            out.write(format_plan(the_plan, run_id=session.run_id))
-        ok = True
-        async for event in session.apply(the_plan, until=ns.until):
-            emit(event)
-            ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
-        job = session.record.current_job
-        final = StepEvent(step="run", kind=EventKind.DONE if ok else EventKind.FAILED,
-                          message=("run is up" if ok else "run failed") + f": {session.run_id}",
-                          data={"run_id": session.run_id, "job_status": job.status if job else None,
-                                "status": session.record.status.value})
-        emit(final)
-        if ok and not ns.json:
-            out.write(f"\nThe cluster stays up. Logs: rtui logs {session.run_id}  ·  "
-                      f"tear down: rtui down {session.run_id} --yes\n")
-        return 0 if ok else 1
+    emit = _emitter(ns.json, out)
+    ok = False
+    async for event in flows.up(session, until=ns.until):
+        emit(event)
+        if event.step == flows.RUN and event.kind is EventKind.STARTED and not ns.json:
+            out.write(format_plan(Plan.model_validate(event.data["plan"]), run_id=session.run_id))
+        if event.step == flows.RUN and event.kind in (EventKind.DONE, EventKind.FAILED):
+            ok = event.kind is EventKind.DONE
+    if ok and not ns.json:
+        out.write(f"\nThe cluster stays up. Logs: rtui logs {session.run_id}  ·  "
+                  f"tear down: rtui down {session.run_id} --yes\n")
+    return 0 if ok else 1
 
 
-def _emitter(as_json: bool, out: TextIO):  # type: ignore[no-untyped-def]
+def _emitter(as_json: bool, out: TextIO) -> Callable[[StepEvent], None]:
     started = time.monotonic()
 
     def emit(event: StepEvent) -> None:
@@ -85,28 +74,41 @@ async def check(ns: argparse.Namespace, out: TextIO) -> int:
     """Preflight of a non-AWS target: exit 0 when nothing fails, 3 when something does."""
     session = RunSession.for_config(resolved_from(ns))
     results = await session.preflight()
+    failed = any(r.status is CheckStatus.FAIL for r in results)
     if ns.json:
         _json_line(out, {"target": session.config.target, "checks": [r.model_dump(mode="json") for r in results],
-                         "feasible": not any(r.status == "fail" for r in results)})
+                         "feasible": not failed})
     else:
-        marks = {"ok": "✓", "warn": "!", "fail": "✗", "info": "i"}
+        marks = {CheckStatus.OK: "✓", CheckStatus.WARN: "!", CheckStatus.FAIL: "✗", CheckStatus.INFO: "i"}
         for r in results:
             out.write(f"{marks[r.status]} {r.title}" + (f" — {r.detail}" if r.detail else "")
-                      + (f"\n    {r.remedy}" if r.remedy and r.status != "ok" else "") + "\n")
-    return 3 if any(r.status == "fail" for r in results) else 0
+                      + (f"\n    {r.remedy}" if r.remedy and r.status is not CheckStatus.OK else "") + "\n")
+    return 3 if failed else 0
 
 
 async def status(ns: argparse.Namespace, out: TextIO) -> int:
-    session = RunSession.open(ns.run_id)
-    summary = await session.summary()
+    store = RunStore()
+    session: RunSession | None
+    try:
+        session = RunSession.open(ns.run_id, store, lenient=True)
+    except UserError:
+        if ns.run_id is not None or not flows.find_orphans(store, "local"):
+            raise
+        session = None
+    orphans = [o for o in flows.find_orphans(store, "local") if session is None or o.run_id != session.run_id]
+    data = (await session.status_report()).to_dict() if session is not None else None
     if ns.json:
-        _json_line(out, summary.to_dict())
-    else:
-        out.write(format_status(summary.to_dict()))
+        _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans]})
+        return 0
+    if data is not None:
+        out.write(format_status(data))
+    for o in orphans:
+        out.write(f"orphan   {o.target} cluster {o.cluster_name} of run {o.run_id} is running without a record "
+                  f"({o.where}) — tear it down: rtui down {o.run_id} --yes\n")
     return 0
 
 
-def _line_writer(out: TextIO):  # type: ignore[no-untyped-def]
+def _line_writer(out: TextIO) -> Callable[[list[str]], None]:
     """Colour escapes are kept for a terminal and dropped for a pipe or a file."""
     keep = out.isatty()
 
@@ -119,58 +121,43 @@ def _line_writer(out: TextIO):  # type: ignore[no-untyped-def]
 
 
 async def logs(ns: argparse.Namespace, out: TextIO) -> int:
-    session = RunSession.open(ns.run_id)
-    spool = session.spool()
+    session = RunSession.open(ns.run_id, lenient=True)
     write = _line_writer(out)
     offset = 0
-    for line, end in spool.iter_from(0):
+    for line, end in session.spool().iter_from(0):
         write([line])
         offset = end
-    live = session.record.status is not RunStatus.DOWN and session.record.current_job is not None
-    if not live:
+    if session.record.status is RunStatus.DOWN or session.record.current_job is None:
         return 0
-    if session.store.is_locked(session.run_id):
-        # Another rtui is attached and owns the spool: read what it writes.
-        if ns.follow:
-            await _tail_file(session, offset, write)
+    if not ns.follow:
+        write(await flows.catch_up(session))
         return 0
-    if not await session.target.cluster_alive():
-        return 0
-    with session.locked():
-        follower = session.follower()
-        if not ns.follow:
-            write(await follower.catch_up())
-            return 0
-        async for batch in follower.lines():
-            write(batch)
+    async for update in flows.attach(session, replayed_bytes=offset):
+        if isinstance(update, JobUpdate):
+            write(update.lines)
     return 0
-
-
-async def _tail_file(session: RunSession, offset: int, write) -> None:  # type: ignore[no-untyped-def]
-    spool = session.spool()
-    while True:
-        attached = session.store.is_locked(session.run_id)
-        lines, offset = spool.read_from(offset)
-        write(lines)
-        if not attached:
-            return
-        await asyncio.sleep(0.5)
 
 
 async def down(ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.yes:
         raise UserError("`rtui down` deletes everything the run created and needs --yes",
                         remedy="or press D in the wizard")
-    session = RunSession.open(ns.run_id)
-    if session.record.status is RunStatus.DOWN:
+    resolved = resolved_from(ns)
+    by_cluster = any(resolved.sources.get(f) in ("flag", "env") for f in ("target", "cluster_name"))
+    store = RunStore()
+    session = flows.session_for_down(store, ns.run_id, resolved.config, by_cluster=by_cluster)
+    if session is None:
+        out.write(f"nothing of cluster {resolved.config.cluster_name} is running on the "
+                  f"{resolved.config.target} target\n")
+        return 0
+    if session.record.status is RunStatus.DOWN and not await session.discover():
         out.write(f"run {session.run_id} is already down\n")
         return 0
     emit = _emitter(ns.json, out)
     ok = True
-    with session.locked():
-        async for event in session.teardown():
-            emit(event)
-            ok = ok and event.kind is not EventKind.FAILED
+    async for event in flows.down(session):
+        emit(event)
+        ok = ok and event.kind is not EventKind.FAILED
     if not ns.json:
         out.write(f"run {session.run_id} is {'down' if ok else 'NOT fully down: see the errors above'}\n")
     return 0 if ok else 1
@@ -216,7 +203,7 @@ async def bench(ns: argparse.Namespace, out: TextIO) -> int:
     # Progress is human text; with --json it goes to stderr so stdout holds only the result.
     emit = _emitter(False, sys.stderr if ns.json else out)
     ok = True
-    with session.locked():
+    with session.changing():
         try:
             if ns.bench == "fabric":
                 max_mib = getattr(ns, "max_mib", None)
@@ -229,7 +216,7 @@ async def bench(ns: argparse.Namespace, out: TextIO) -> int:
                                               timeout_s=ns.timeout)
         finally:
             if ns.down:
-                async for event in session.teardown():
+                async for event in flows.down(session):
                     emit(event)
                     ok = ok and event.kind is not EventKind.FAILED
     report = {**report, "run_id": session.run_id, "cluster": "down" if ns.down and ok else "up"}

@@ -23,11 +23,13 @@ def _brief(value: dict[str, Any] | None) -> str:
 def format_plan(plan: Plan, *, run_id: str | None = None) -> str:
     """Terraform-style: one line per change with its symbol, then a count line."""
     lines = [f"Plan for the {plan.target} target" + (f" (run {run_id})" if run_id else "") + ":"]
-    for change in plan.changes:
-        detail = _brief(change.after if change.action is not Action.DELETE else change.before)
-        cost = f"  ${change.cost_per_hour:.4f}/h" if change.cost_per_hour else ""
-        lines.append(f"  {change.symbol:>3} {change.kind} {change.name}" + (f"  [{detail}]" if detail else "")
-                     + cost + (f"  # {change.reason}" if change.reason else ""))
+    for layer in plan.layers():
+        lines.append(f"  {layer}")
+        for change in (c for c in plan.changes if c.layer == layer):
+            detail = _brief(change.after if change.action is not Action.DELETE else change.before)
+            cost = f"  ${change.cost_per_hour:.4f}/h" if change.cost_per_hour else ""
+            lines.append(f"  {change.symbol:>3} {change.address}" + (f"  [{detail}]" if detail else "")
+                         + cost + (f"  # {change.reason}" if change.reason else ""))
     counts = plan.counts()
     lines.append(
         f"Plan: {counts['create']} to create, {counts['update']} to update, {counts['replace']} to replace, "
@@ -46,7 +48,7 @@ def format_event(event: StepEvent, elapsed_s: float) -> str:
         text = f"{text} — {event.remedy}"
     if event.kind is EventKind.PROGRESS and event.fraction is not None:
         text = f"{text} ({event.fraction:.0%})"
-    return f"{elapsed_s:7.1f}s {mark} {event.step:<12} {text}"
+    return f"{elapsed_s:7.1f}s {mark} {event.step:<18} {text}"
 
 
 def format_status(data: dict[str, Any]) -> str:
@@ -68,6 +70,8 @@ def format_status(data: dict[str, Any]) -> str:
     if metric:
         lines.append(f"training step {metric.get('step')} loss {metric.get('loss')} "
                      f"{metric.get('tokens_per_s', 0):,.0f} tokens/s (world {metric.get('world_size')})")
+    for address, res in data.get("resources", {}).items():
+        lines.append(f"  {res['status']:<9} {address:<22} {res.get('id') or ''}")
     for name, step in data["steps"].items():
         took = f"{step['duration_s']:.1f}s" if step.get("duration_s") is not None else ""
         extra = step.get("error") or step.get("message") or ""

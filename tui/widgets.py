@@ -28,12 +28,17 @@ class StepPane(Vertical):
     message: reactive[str] = reactive("")
 
     def __init__(self, step_id: str, title: str, expected_s: float) -> None:
-        super().__init__(id=f"step-{step_id}", classes="step-pane")
+        super().__init__(id=self.dom_id(step_id), classes="step-pane")
         self.step_id = step_id
         self.title_text = title
         self.expected_s = expected_s
         self.started: float | None = None
         self.ended: float | None = None
+
+    @staticmethod
+    def dom_id(step_id: str) -> str:
+        """A widget id for a step (addresses hold dots, which ids may not)."""
+        return "step-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in step_id)
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="step-head"):

@@ -1,0 +1,231 @@
+"""The flows every front end shares: up, follow, attach, down (DESIGN.md §1).
+
+The CLI, the TUI and ``rtui bench`` call these; none of them keeps its own copy. Each flow
+yields typed events (``StepEvent`` for steps, ``JobUpdate`` for a job's log and status) and
+raises ``RtuiError`` with one line and a remedy when it cannot go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from backend.config import RunConfig
+from backend.errors import OperationError, UserError
+from backend.follow import JobFollower, JobUpdate
+from backend.model import Action, CheckStatus, EventKind, StepEvent
+from backend.planner import PlanResult
+from backend.runner import Progress, Runner, Step
+from backend.session import RunSession
+from backend.store import JobState, RunStatus, RunStore
+
+RUN = "run"
+TRAIN = "train"
+WATCH_EVERY_S = 0.5
+
+
+async def check_preflight(session: RunSession) -> None:
+    failed = [c for c in await session.preflight() if c.status is CheckStatus.FAIL]
+    if failed:
+        raise UserError(f"preflight: {failed[0].title}: {failed[0].detail}", remedy=failed[0].remedy)
+
+
+async def up(session: RunSession, *, until: str | None = None, follow: bool = True) -> AsyncIterator[StepEvent]:
+    """Preflight, plan, apply (up to ``until``), then follow the job as the ``train`` step.
+
+    The first event (step ``run``, started) carries the plan; the last (step ``run``) the outcome.
+    """
+    with session.changing():
+        await check_preflight(session)
+        plan = await session.plan()
+        yield StepEvent(step=RUN, kind=EventKind.STARTED, message=f"run {session.run_id}",
+                        data={"run_id": session.run_id, "plan": plan.model_dump(mode="json"), "noop": plan.is_noop})
+        ok = True
+        async for event in session.apply(plan, until=until):
+            ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
+            yield event
+        if ok and follow and until is None and session.record.current_job is not None:
+            async for event in follow_steps(session):
+                ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
+                yield event
+        job = session.record.current_job
+        yield StepEvent(step=RUN, kind=EventKind.DONE if ok else EventKind.FAILED,
+                        message=("run is up" if ok else "run failed") + f": {session.run_id}",
+                        data={"run_id": session.run_id, "job_status": job.status.value if job else None,
+                              "status": session.record.status.value})
+
+
+async def apply_plan(session: RunSession, plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:
+    """Apply a plan someone reviewed (the TUI), under the run's and the cluster's locks."""
+    with session.changing():
+        async for event in session.apply(plan, until=until):
+            yield event
+
+
+async def follow_steps(session: RunSession) -> AsyncIterator[StepEvent]:
+    """Following the job as a runner step: progress from telemetry, failure when the job fails."""
+    runner = Runner([Step(TRAIN, "Train", lambda: _train_progress(session), expected_s=60)],
+                    on_state=lambda sid, state: _save_step(session, sid, state))
+    async for event in runner.events():
+        yield event
+
+
+def _save_step(session: RunSession, sid: str, state: object) -> None:
+    from backend.store import StepState
+
+    assert isinstance(state, StepState)
+    session.record.steps[sid] = state
+    session.store.save(session.record)
+
+
+async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
+    from backend.telemetry import Telemetry  # the parser only when a job is followed
+
+    jobs = await session.jobs()
+    if jobs is None:
+        raise OperationError("the cluster of this run is not running", remedy=f"see `rtui status {session.run_id}`")
+    follower = JobFollower(session, jobs)
+    telemetry = Telemetry()
+    if follower.spool.exists():  # parsed once: continue where any earlier session stopped
+        telemetry.replay_file(follower.spool.path)
+    total = session.config.steps
+    last_emit = last_saved = 0.0
+    shown: tuple[str, int | None] = ("", None)
+    latest = ""
+    async for update in follower.updates():
+        if update.status is not None and not update.lines:
+            yield Progress(f"job {update.status.status.lower()}")
+            continue
+        telemetry.feed_from(follower.spool.path)
+        point = telemetry.series.latest
+        if point is None or point.step is None:
+            continue
+        latest = (f"step {point.step}/{total} loss {point.loss or float('nan'):.4f} "
+                  f"{point.tokens_per_s or 0:,.0f} tok/s")
+        now = time.monotonic()
+        if now - last_emit >= 0.5 and (latest, point.step) != shown:
+            last_emit, shown = now, (latest, point.step)
+            yield Progress(latest, min(1.0, point.step / total))
+        if now - last_saved >= 10:
+            last_saved = now
+            session.record.telemetry = telemetry.snapshot(tail=0)
+            session.store.save(session.record)
+    session.record.telemetry = telemetry.snapshot(tail=0)
+    session.store.save(session.record)
+    status = follower.last_status
+    if status is None or status.state is not JobState.SUCCEEDED:
+        state = status.status if status else "UNKNOWN"
+        detail = (status.message if status else "") or "see `rtui logs`"
+        raise OperationError(f"job {state.lower()}: {detail.splitlines()[0][:200]}",
+                             remedy=f"see `rtui logs {session.run_id}`")
+    yield Progress(latest or "job succeeded", 1.0)
+
+
+@dataclass(frozen=True)
+class Attached:
+    """What ``attach`` found: whether this rtui follows the job or only watches another's spool."""
+
+    read_only: bool
+    cluster_alive: bool
+
+
+async def attach(session: RunSession, *, replayed_bytes: int = 0) -> AsyncIterator[Attached | JobUpdate]:
+    """Follow the current job; when another rtui holds the run, watch its spool read-only instead.
+
+    Yields one ``Attached`` first, then ``JobUpdate``s. ``replayed_bytes`` is how much of the
+    spool the caller has already shown (read-only watching continues from there).
+    """
+    if session.attached_elsewhere():
+        yield Attached(read_only=True, cluster_alive=True)
+        async for update in watch_spool(session, replayed_bytes):
+            yield update
+        return
+    with session.locked():
+        jobs = await session.jobs() if session.record.status is not RunStatus.DOWN else None
+        alive = jobs is not None and await session.cluster_alive()
+        yield Attached(read_only=False, cluster_alive=alive)
+        if not alive or jobs is None or session.record.current_job is None:
+            return
+        async for update in JobFollower(session, jobs).updates():
+            yield update
+
+
+async def watch_spool(session: RunSession, offset: int) -> AsyncIterator[JobUpdate]:
+    """What another rtui writes to the spool, until it lets go of the run."""
+    spool = session.spool()
+    while True:
+        attached = session.attached_elsewhere()
+        lines, offset = spool.read_from(offset)
+        if lines:
+            yield JobUpdate(lines=lines)
+        if not attached:
+            return
+        await asyncio.sleep(WATCH_EVERY_S)
+
+
+async def catch_up(session: RunSession) -> list[str]:
+    """Spool what the job logged since we last looked, once (``rtui logs`` without --follow)."""
+    if session.attached_elsewhere() or session.record.status is RunStatus.DOWN:
+        return []
+    jobs = await session.jobs()
+    if jobs is None or session.record.current_job is None:
+        return []
+    with session.locked():
+        return await JobFollower(session, jobs).catch_up()
+
+
+async def down(session: RunSession) -> AsyncIterator[StepEvent]:
+    """Tear down everything discovery finds of this run, in reverse dependency order."""
+    with session.changing():
+        async for event in session.teardown():
+            yield event
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A live cluster of ours that no run record on this machine knows about."""
+
+    run_id: str
+    cluster_name: str
+    target: str
+    where: str
+
+
+def find_orphans(store: RunStore, target: str, cluster_name: str | None = None) -> list[Orphan]:
+    """Clusters found from the world (markers) whose run has no record in this state dir."""
+    if target != "local":
+        return []
+    from backend.layers.local_cluster import find_clusters
+
+    known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
+    return [Orphan(c.run_id, c.cluster_name, "local", str(c.path)) for c in find_clusters(cluster_name=cluster_name)
+            if c.run_id not in known]
+
+
+def session_for_down(store: RunStore, run_id: str | None, config: RunConfig, *, by_cluster: bool) -> RunSession | None:
+    """The run ``rtui down`` means: the one named, else this target's active run of this cluster
+    name, else a cluster of that name found live without a record. None when there is nothing."""
+    if run_id is not None:
+        try:
+            return RunSession.open(run_id, store, lenient=True)
+        except UserError:
+            orphans = [o for o in find_orphans(store, config.target) if o.run_id == run_id]
+            if not orphans:
+                raise
+            return RunSession.orphan(run_id, config.model_copy(update={"cluster_name": orphans[0].cluster_name}), store)
+    active = store.find_active(config.target, config.cluster_name)
+    if active is not None:
+        return RunSession.open(active.run_id, store, lenient=True)
+    orphans = find_orphans(store, config.target, config.cluster_name)
+    if orphans:
+        return RunSession.orphan(orphans[0].run_id, config, store)
+    if by_cluster:
+        return None
+    return RunSession.open(None, store, lenient=True)
+
+
+def plan_is_noop_below(plan: PlanResult, layer: str) -> bool:
+    """Whether everything under ``layer`` (bench: the cluster without its job) is already in place."""
+    return all(c.action is Action.NOOP for c in plan.changes if c.layer != layer)

@@ -1,0 +1,118 @@
+"""What a layer is: the resources it wants, what it finds live, and one handler per kind.
+
+A layer never writes steps by hand: the planner diffs ``desired`` against ``discover`` and
+turns each change into a step that calls the kind's handler. Adding a resource kind means a
+handler and a line in its layer's ``desired``; nothing outside the layer's folder changes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from backend.config import RunConfig
+from backend.ledger import Ledger
+from backend.model import Action, CheckResult, Observed, Resource
+from backend.runner import Progress
+from backend.store import RunRecord, RunStore
+
+if TYPE_CHECKING:
+    from backend.rayjobs import RayJobs
+
+
+class ClusterAccess(Protocol):
+    """How upper layers reach the Ray cluster a lower layer made (the Jobs API, with its auth)."""
+
+    async def jobs(self, ctx: Context) -> RayJobs | None:
+        """The live cluster's Jobs API, or None when no cluster of this run is up."""
+        ...
+
+    def job_env(self, ctx: Context) -> dict[str, str]:
+        """Environment the cluster adds to every job (e.g. where results go)."""
+        ...
+
+
+@dataclass
+class Context:
+    """What a layer and its handlers may use: the config, the run's record and its ledger."""
+
+    config: RunConfig
+    record: RunRecord
+    store: RunStore
+    cluster: ClusterAccess | None = None
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.store.ledger(self.record)
+
+    def save(self) -> None:
+        self.store.save(self.record)
+
+    async def jobs(self) -> RayJobs | None:
+        return await self.cluster.jobs(self) if self.cluster is not None else None
+
+
+class Handler(abc.ABC):
+    """Create, update and delete one kind of resource. Create must be idempotent: look first."""
+
+    kind: ClassVar[str]
+    title: ClassVar[str]
+    expected_s: ClassVar[float] = 1.0
+    retries: ClassVar[int] = 0
+    backoff_s: ClassVar[float] = 1.0
+    updatable: ClassVar[bool] = False
+    # When something this depends on is created or replaced, this must be made again too.
+    follows_dependencies: ClassVar[bool] = True
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        """The action that turns ``have`` into ``want``, and why. Default: spec keys must match."""
+        if not have.healthy:
+            return Action.REPLACE, have.reason or "not healthy"
+        changed = sorted(k for k, v in want.spec.items() if have.state.get(k) != v)
+        if changed:
+            return (Action.UPDATE if self.updatable else Action.REPLACE), f"changed: {', '.join(changed)}"
+        return Action.NOOP, have.reason or "in place"
+
+    def step_title(self, address: str, action: Action) -> str:
+        verb = {Action.DELETE: "Delete", Action.REPLACE: "Replace", Action.UPDATE: "Update"}.get(action)
+        return f"{verb} {address}" if verb else self.title
+
+    @abc.abstractmethod
+    def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]: ...
+
+    def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        raise NotImplementedError(f"{self.kind} cannot be updated in place")
+
+    @abc.abstractmethod
+    def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]: ...
+
+
+class Layer(abc.ABC):
+    name: ClassVar[str]
+
+    @property
+    @abc.abstractmethod
+    def handlers(self) -> Mapping[str, Handler]:
+        """The handler of each kind this layer owns."""
+
+    @abc.abstractmethod
+    def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
+        """What should exist, from the config and the resources of the layers below."""
+
+    @abc.abstractmethod
+    async def discover(self, ctx: Context) -> list[Observed]:
+        """Everything of this run that is live now, found from the world (markers, tags, labels)."""
+
+    async def preflight(self, ctx: Context) -> list[CheckResult]:
+        """Checks that can fail before anything is created."""
+        return []
+
+    def access(self) -> ClusterAccess | None:
+        """The Ray cluster this layer makes, for the layers above; None when it makes none."""
+        return None
+
+    def handler(self, kind: str) -> Handler:
+        return self.handlers[kind]

@@ -1,0 +1,303 @@
+"""The local-ray layer: a Ray head and optional worker nodes as our own processes on this machine.
+
+Each node runs as ``ray start --block`` in its own session, bound to 127.0.0.1 on free
+ports inside the cluster's marked dir, so it outlives the TUI (detach/resume), never
+collides with another run, and is found again from the world (``local_cluster``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from backend.errors import OperationError, TransientError, UserError
+from backend.layers import local_cluster as lc
+from backend.layers.base import Context, Handler, Layer
+from backend.model import CheckResult, CheckStatus, Observed, Resource
+from backend.procs import check_port_free, free_ports, start_detached, terminate
+from backend.rayjobs import RayJobs
+from backend.runner import Progress
+
+HEAD = "local.ray-head"
+OBJECT_STORE_BYTES = 512 * 1024 * 1024
+PORT_NAMES = ("gcs", "dashboard", "client", "agent_listen", "agent_grpc", "runtime_env", "metrics",
+              "node_manager", "object_manager")
+WORKER_PORT_NAMES = ("agent_listen", "agent_grpc", "runtime_env", "metrics", "node_manager", "object_manager")
+DASHBOARD_TIMEOUT_S = 90.0
+_PORT_FLAGS = {
+    "agent_listen": "--dashboard-agent-listen-port", "agent_grpc": "--dashboard-agent-grpc-port",
+    "runtime_env": "--runtime-env-agent-port", "metrics": "--metrics-export-port",
+    "node_manager": "--node-manager-port", "object_manager": "--object-manager-port",
+}
+
+
+def worker_address(index: int) -> str:
+    return f"local.ray-worker.{index}"
+
+
+def head_cpus(ctx: Context) -> int:
+    # Ray Data's tokenising tasks need a CPU beyond the training workers' one each.
+    config = ctx.config
+    needed = config.effective_workers() + (1 if config.data_is_file() else 0)
+    return config.local_cpus or max(os.cpu_count() or 1, needed)
+
+
+def _port_flags(ports: Mapping[str, int]) -> list[str]:
+    return [f"{flag}={ports[name]}" for name, flag in _PORT_FLAGS.items() if name in ports]
+
+
+def ray_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # A job's `python` is whatever is first on the PATH `ray start` saw: make it ours.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def ray_start(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", *args]
+
+
+class HeadHandler(Handler):
+    kind = "ray-head"
+    title = "Start the Ray head"
+    expected_s = 15.0
+    retries = 2
+    backoff_s = 0.5
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
+        if ctx.config.local_dashboard_port:
+            check_port_free(ctx.config.local_dashboard_port, what="dashboard port")
+            ports["dashboard"] = ctx.config.local_dashboard_port
+        dashboard_url = f"http://127.0.0.1:{ports['dashboard']}"
+        facts: dict[str, Any] = {"ports": ports, "gcs_address": f"127.0.0.1:{ports['gcs']}",
+                                 "dashboard_url": dashboard_url, "shape": dict(want.spec)}
+        cluster = await asyncio.to_thread(lc.make_cluster_dir, ctx.record.run_id, ctx.config.cluster_name, facts)
+        log = cluster.path / "rtui-head.log"
+        ctx.ledger.update(want.address, id=str(cluster.path), outputs={**facts, "head_log": str(log)})
+        argv = ray_start(
+            "--head", f"--node-name={lc.node_name(ctx.config.cluster_name, None)}", f"--temp-dir={cluster.ray_dir}",
+            "--node-ip-address=127.0.0.1", f"--port={ports['gcs']}", f"--num-cpus={want.spec['cpus']}",
+            "--num-gpus=0", f"--object-store-memory={OBJECT_STORE_BYTES}",
+            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={ports['dashboard']}",
+            f"--ray-client-server-port={ports['client']}", "--min-worker-port=0", "--max-worker-port=0",
+            "--disable-usage-stats", *_port_flags(ports))
+        yield Progress(f"starting ray head on 127.0.0.1:{ports['gcs']}", 0.05)
+        ref = start_detached(argv, log_path=log, env=ray_env(), cwd=cluster.path)
+        jobs = RayJobs(dashboard_url)
+        started = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - started
+            if not ref.alive():
+                tail = _tail(log)
+                retry = "address already in use" in tail.lower() or "failed to bind" in tail.lower()
+                await _stop_and_remove(cluster.path)
+                err = TransientError if retry else OperationError
+                raise err(f"ray head exited while starting: {_last_error_line(tail)}", remedy=f"see {log}")
+            try:
+                info = await jobs.version(timeout_s=1.0)
+                yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})", 1.0)
+                return
+            except TransientError:
+                pass
+            if elapsed > DASHBOARD_TIMEOUT_S:
+                raise OperationError(f"Ray dashboard did not answer within {DASHBOARD_TIMEOUT_S:.0f}s",
+                                     remedy=f"see {log}")
+            yield Progress(f"waiting for the dashboard ({elapsed:.0f}s)", min(0.9, 0.1 + elapsed / 30))
+            await asyncio.sleep(0.5)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        yield Progress("stopping Ray processes")
+        count = await _stop_and_remove(Path(have.id))
+        yield Progress(f"stopped {count} processes, removed {have.id}", 1.0)
+
+
+class WorkerHandler(Handler):
+    kind = "ray-worker"
+    title = "Start a Ray worker node"
+    expected_s = 8.0
+    retries = 1
+    backoff_s = 0.5
+
+    def step_title(self, address: str, action: Any) -> str:
+        return f"Start Ray worker node {address.rsplit('.', 1)[1]}" if action.value == "create" \
+            else super().step_title(address, action)
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        index = int(want.address.rsplit(".", 1)[1])
+        cluster = _live_cluster(ctx)
+        if cluster is None:
+            raise OperationError("no Ray head of this run is running to join")
+        ports = dict(zip(WORKER_PORT_NAMES, free_ports(len(WORKER_PORT_NAMES)), strict=True))
+        argv = ray_start(
+            f"--address={cluster.facts['gcs_address']}", f"--node-name={lc.node_name(cluster.cluster_name, index)}",
+            f"--temp-dir={cluster.ray_dir}", "--node-ip-address=127.0.0.1", f"--num-cpus={want.spec['cpus']}",
+            "--num-gpus=0", f"--object-store-memory={OBJECT_STORE_BYTES}", "--min-worker-port=0",
+            "--max-worker-port=0", "--disable-usage-stats", *_port_flags(ports))
+        log = cluster.path / f"rtui-worker-{index}.log"
+        yield Progress(f"starting worker node {index}", 0.1)
+        ref = start_detached(argv, log_path=log, env=ray_env(), cwd=cluster.path)
+        ctx.ledger.update(want.address, id=str(cluster.path), outputs={"log": str(log), "pid": ref.pid})
+        await asyncio.sleep(2.0)
+        if not ref.alive():
+            raise OperationError(f"ray worker node {index} exited: {_last_error_line(_tail(log))}",
+                                 remedy=f"see {log}")
+        yield Progress(f"worker node {index} joined", 1.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        index = int(have.address.rsplit(".", 1)[1])
+        cluster = lc.read_marker(Path(have.id))
+        proc = lc.node_procs(cluster).workers.get(index) if cluster else None
+        if proc is None:
+            yield Progress("not running", 1.0)
+            return
+        procs = await asyncio.to_thread(lc.session_family, proc)
+        await _terminate(procs)
+        yield Progress(f"stopped worker node {index} ({len(procs)} processes)", 1.0)
+
+
+class LocalRay(Layer):
+    name = "local-ray"
+    _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (HeadHandler(), WorkerHandler())}
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        return self._handlers
+
+    def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
+        spec: dict[str, Any] = {"cpus": head_cpus(ctx), "object_store_mib": OBJECT_STORE_BYTES // 2**20}
+        if ctx.config.local_dashboard_port:
+            spec["dashboard_port"] = ctx.config.local_dashboard_port
+        out = [Resource(address=HEAD, layer=self.name, kind="ray-head", spec=spec, cost_per_hour=0.0)]
+        for i in range(ctx.config.local_worker_nodes):
+            out.append(Resource(address=worker_address(i), layer=self.name, kind="ray-worker",
+                                spec={"cpus": head_cpus(ctx)}, depends_on=(HEAD,), cost_per_hour=0.0))
+        return out
+
+    async def discover(self, ctx: Context) -> list[Observed]:
+        clusters = await asyncio.to_thread(lc.find_clusters, run_id=ctx.record.run_id)
+        observed: list[Observed] = []
+        for n, cluster in enumerate(clusters):
+            procs = await asyncio.to_thread(lc.node_procs, cluster)
+            healthy = procs.head is not None and await _answers(cluster)
+            address = HEAD if n == 0 else f"local.stale-cluster.{cluster.path.name}"
+            ports = cluster.facts.get("ports", {})
+            state = {**cluster.facts.get("shape", {}), "dashboard_port": ports.get("dashboard"),
+                     "dir": str(cluster.path)}
+            observed.append(Observed(
+                address=address, layer=self.name, kind="ray-head", id=str(cluster.path), state=state,
+                healthy=healthy and n == 0, reason="running" if healthy else "its head is not running"))
+            if n == 0:
+                for index, _proc in sorted(procs.workers.items()):
+                    observed.append(Observed(
+                        address=worker_address(index), layer=self.name, kind="ray-worker", id=str(cluster.path),
+                        state={"cpus": cluster.facts.get("shape", {}).get("cpus")}, depends_on=(HEAD,),
+                        healthy=healthy, reason="running" if healthy else "its head is not running"))
+        return observed
+
+    async def preflight(self, ctx: Context) -> list[CheckResult]:
+        results = []
+        try:
+            ray_ok = importlib.util.find_spec("ray") is not None and importlib.util.find_spec("torch") is not None
+        except (ImportError, ValueError):
+            ray_ok = False
+        results.append(CheckResult(
+            id="local.deps", title="Ray and PyTorch installed", status=CheckStatus.OK if ray_ok else CheckStatus.FAIL,
+            detail="ray[default,train] 2.58.0 and torch 2.13.0" if ray_ok else "missing",
+            remedy=None if ray_ok else "install with `make run` (or pip install -e '.[local]')",
+        ))
+        free_gib = shutil.disk_usage(tempfile.gettempdir()).free / 2**30
+        results.append(CheckResult(
+            id="local.disk", title="Free space for Ray's temp dir", data={"free_gib": round(free_gib, 1)},
+            status=CheckStatus.OK if free_gib > 2 else CheckStatus.WARN, detail=f"{free_gib:.1f} GiB free",
+        ))
+        port = ctx.config.local_dashboard_port
+        if port:
+            try:
+                check_port_free(port, what="dashboard port")
+                results.append(CheckResult(id="local.port", title=f"Dashboard port {port}", status=CheckStatus.OK))
+            except UserError as exc:
+                if await self.jobs(ctx) is None:
+                    results.append(CheckResult(id="local.port", title=f"Dashboard port {port}",
+                                               status=CheckStatus.FAIL, detail=exc.message, remedy=exc.remedy))
+        return results
+
+    # --- ClusterAccess -------------------------------------------------------------------
+    def access(self) -> LocalRay:
+        return self
+
+    async def jobs(self, ctx: Context) -> RayJobs | None:
+        cluster = await asyncio.to_thread(_live_cluster, ctx)
+        return RayJobs(cluster.dashboard_url) if cluster is not None and cluster.dashboard_url else None
+
+    def job_env(self, ctx: Context) -> dict[str, str]:
+        # Results go inside the cluster's dir, so teardown leaves nothing behind.
+        cluster = _live_cluster(ctx)
+        return {"RTUI_STORAGE_PATH": str(cluster.path / "results")} if cluster is not None else {}
+
+
+def _live_cluster(ctx: Context) -> lc.ClusterDir | None:
+    for cluster in lc.find_clusters(run_id=ctx.record.run_id):
+        if lc.node_procs(cluster).head is not None:
+            return cluster
+    return None
+
+
+async def _answers(cluster: lc.ClusterDir) -> bool:
+    if not cluster.dashboard_url:
+        return False
+    try:
+        await RayJobs(cluster.dashboard_url).version(timeout_s=2.0)
+    except TransientError:
+        return False
+    return True
+
+
+async def _terminate(procs: list[Any]) -> None:
+    if not procs:
+        return
+    survivors = await asyncio.to_thread(terminate, procs)
+    if survivors:
+        raise OperationError(f"{len(survivors)} Ray processes would not stop (pids "
+                             f"{', '.join(str(p.pid) for p in survivors[:5])})")
+
+
+async def _stop_and_remove(path: Path) -> int:
+    """Stop every process that holds the dir (and their sessions), then remove the marked dir."""
+    cluster = lc.read_marker(path)
+    if cluster is None:
+        return 0
+    procs = lc.node_procs(cluster)
+    roots = [p for p in (procs.head, *procs.workers.values()) if p is not None]
+    family = await asyncio.to_thread(lc.cluster_family, path, roots)
+    await _terminate(family)
+    await asyncio.to_thread(lc.remove_cluster_dir, path)
+    return len(family)
+
+
+def _tail(path: Path, limit: int = 8192) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - limit))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _last_error_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if any(word in line.lower() for word in ("error", "exception", "failed")):
+            return line[:200]
+    return lines[-1][:200] if lines else "no output"

@@ -1,0 +1,117 @@
+"""The ray-job layer: the training job, through the Ray Jobs API of whatever cluster is below.
+
+Any cluster layer that offers ``ClusterAccess`` carries it: a local head, or a KubeRay head
+reached through the Kubernetes API server. The job is found live by its metadata
+(``rtui_run``), so a submission whose answer was lost in a crash is not made twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import ClassVar
+
+from backend.errors import OperationError
+from backend.jobspec import build_job_spec
+from backend.layers.base import Context, Handler, Layer
+from backend.model import Action, Observed, Resource
+from backend.rayjobs import RayJobs, submit_when_ready
+from backend.runner import Progress
+from backend.store import JobRecord, JobState
+
+JOB = "ray.job.train"
+STOP_WAIT_S = 15.0
+
+
+class JobHandler(Handler):
+    kind = "ray-job"
+    title = "Submit the training job"
+    expected_s = 3.0
+    retries = 2
+    backoff_s = 1.0
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        status = JobState(have.state.get("status", "FAILED"))
+        same = have.state.get("spec_hash") == want.spec.get("spec_hash")
+        if same and status in (JobState.PENDING, JobState.RUNNING, JobState.SUCCEEDED):
+            return Action.NOOP, f"same job already {status.value.lower()}"
+        if not status.terminal:
+            return Action.REPLACE, "the job changed: the running one will be stopped"
+        return Action.CREATE, "the job changed" if not same else f"last job {status.value.lower()}"
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        jobs = await _jobs(ctx)
+        spec = build_job_spec(ctx.config)
+        submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
+        runtime_env = {**spec.runtime_env,
+                       "env_vars": {**spec.runtime_env.get("env_vars", {}), **_job_env(ctx)}}
+        yield Progress(f"submitting {submission_id}", 0.3)
+        async for waiting in submit_when_ready(
+                jobs, entrypoint=spec.entrypoint, submission_id=submission_id, runtime_env=runtime_env,
+                metadata={"rtui_run": ctx.record.run_id, "rtui_spec": spec.spec_hash}):
+            yield Progress(waiting, 0.3)
+        ctx.record.jobs.append(JobRecord(submission_id=submission_id, submitted_at=time.time(),
+                                         spec_hash=spec.spec_hash))
+        ctx.ledger.update(want.address, id=submission_id, outputs={"spec_hash": spec.spec_hash})
+        yield Progress(f"submitted {submission_id}", 1.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        jobs = await ctx.jobs()
+        if jobs is None:
+            yield Progress("the cluster is gone, and the job with it", 1.0)
+            return
+        status = await jobs.status(have.id)
+        if not status.terminal:
+            yield Progress(f"stopping {have.id}")
+            await jobs.stop(have.id)
+            deadline = time.monotonic() + STOP_WAIT_S
+            while time.monotonic() < deadline and not (status := await jobs.status(have.id)).terminal:
+                await asyncio.sleep(0.5)
+        for job in ctx.record.jobs:
+            if job.submission_id == have.id and job.status is not status.state:
+                job.status, job.ended_at = status.state, status.end_time
+        ctx.save()
+        yield Progress(f"job {status.status.lower()}", 1.0)
+
+
+class RayJobLayer(Layer):
+    name = "ray-job"
+    _handlers: ClassVar[dict[str, Handler]] = {"ray-job": JobHandler()}
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        return self._handlers
+
+    def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
+        spec = build_job_spec(ctx.config)
+        return [Resource(address=JOB, layer=self.name, kind="ray-job", cost_per_hour=0.0,
+                         spec={**spec.summary(), "spec_hash": spec.spec_hash},
+                         depends_on=tuple(r.address for r in below))]
+
+    async def discover(self, ctx: Context) -> list[Observed]:
+        jobs = await ctx.jobs()
+        if jobs is None:
+            return []
+        ours = [j for j in await jobs.list() if j.metadata.get("rtui_run") == ctx.record.run_id
+                and "rtui_bench" not in j.metadata]
+        if not ours:
+            return []
+        latest = max(ours, key=lambda j: (j.start_time or 0, j.submission_id))
+        known = {j.submission_id: j.spec_hash for j in ctx.record.jobs}
+        spec_hash = latest.metadata.get("rtui_spec") or known.get(latest.submission_id)
+        return [Observed(address=JOB, layer=self.name, kind="ray-job", id=latest.submission_id,
+                         state={"status": latest.state.value, "spec_hash": spec_hash, "entrypoint": latest.entrypoint},
+                         depends_on=(), reason=latest.state.value.lower())]
+
+
+async def _jobs(ctx: Context) -> RayJobs:
+    jobs = await ctx.jobs()
+    if jobs is None:
+        raise OperationError("no Ray cluster of this run is up to take the job",
+                             remedy="apply the whole plan (`rtui up --yes`)")
+    return jobs
+
+
+def _job_env(ctx: Context) -> dict[str, str]:
+    return ctx.cluster.job_env(ctx) if ctx.cluster is not None else {}

@@ -1,0 +1,80 @@
+"""The ledger: what a run created (or adopted), by address, written before the world changes.
+
+``intended`` is saved before the call that creates; ``creating`` once the call went out and
+the resource has an id; ``ready`` when it is usable. Teardown writes ``deleting`` then
+``deleted``. A crash between a call and its save is healed by discovery (everything we
+create carries our marker, tags or labels), never by creating a second one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ResourceStatus(StrEnum):
+    INTENDED = "intended"
+    CREATING = "creating"
+    READY = "ready"
+    DELETING = "deleting"
+    DELETED = "deleted"
+    ADOPTED = "adopted"
+
+
+class ResourceRecord(BaseModel):
+    kind: str
+    id: str | None = None
+    status: ResourceStatus = ResourceStatus.INTENDED
+    outputs: dict[str, Any] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+
+    @property
+    def live(self) -> bool:
+        """Created (or on its way) and not deleted: teardown still owes it."""
+        return self.status in (ResourceStatus.INTENDED, ResourceStatus.CREATING, ResourceStatus.READY,
+                               ResourceStatus.DELETING)
+
+
+class Ledger:
+    """Typed access to ``RunRecord.resources``; every change is saved at once."""
+
+    def __init__(self, resources: dict[str, ResourceRecord], save: Callable[[], None]) -> None:
+        self._resources = resources
+        self._save = save
+
+    def get(self, address: str) -> ResourceRecord | None:
+        return self._resources.get(address)
+
+    def items(self) -> list[tuple[str, ResourceRecord]]:
+        return list(self._resources.items())
+
+    def set(self, address: str, kind: str, status: ResourceStatus, *, id: str | None = None,
+            outputs: dict[str, Any] | None = None) -> ResourceRecord:
+        now = time.time()
+        old = self._resources.get(address)
+        fresh = old is None or old.status in (ResourceStatus.DELETED,) or status is ResourceStatus.INTENDED
+        record = ResourceRecord(
+            kind=kind, id=id if id is not None else (None if fresh or old is None else old.id), status=status,
+            outputs=outputs if outputs is not None else ({} if fresh or old is None else old.outputs),
+            created_at=now if fresh or old is None else old.created_at, updated_at=now,
+        )
+        self._resources[address] = record
+        self._save()
+        return record
+
+    def update(self, address: str, *, status: ResourceStatus | None = None, id: str | None = None,
+               outputs: dict[str, Any] | None = None) -> ResourceRecord:
+        """Change what is given of an existing entry (outputs are merged)."""
+        old = self._resources[address]
+        record = old.model_copy(update={
+            "status": status or old.status, "id": id if id is not None else old.id,
+            "outputs": {**old.outputs, **(outputs or {})}, "updated_at": time.time(),
+        })
+        self._resources[address] = record
+        self._save()
+        return record
