@@ -49,6 +49,16 @@ def test_marked_lines_keeps_order_and_only_marked() -> None:
                                                          "NCCL NCCL twice"]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_marked_lines_are_the_lines_a_plain_filter_keeps(seed: int) -> None:
+    rng = random.Random(seed)
+    pieces = [b"NCCL", b"RTUI_", b"NC", b"CL", b"\n", b"\n", b"\n", b"x" * 40, b"\xff\xfe", "✓".encode()]
+    block = b"".join(rng.choices(pieces, k=rng.randrange(0, 400)))
+    markers = rng.choice(((b"NCCL",), (b"NCCL", b"RTUI_"), (b"RTUI_", b"NCCL", b"CL")))
+    plain = [line.decode("utf-8", "replace") for line in block.split(b"\n") if any(m in line for m in markers)]
+    assert marked_lines(block, markers) == plain
+
+
 def _blob(total: int, chunk: int) -> Iterator[bytes]:
     piece = (bytes(range(256)).replace(b"\n", b"?") * (chunk // 256 + 1))[:chunk]
     sent = 0
