@@ -1,4 +1,4 @@
-"""The single entry point for log telemetry: every log line goes through ``Telemetry.feed``.
+"""The single entry point for log telemetry: every log line goes through ``Telemetry.feed_lines``.
 
 The TUI, the CLI and the run store read the NCCL transport verdict and the metric series
 from here and never parse logs themselves (DESIGN.md §1). A resumed session rebuilds the
@@ -15,14 +15,10 @@ from typing import Any
 
 from backend.telemetry.metrics import DEFAULT_MAX_POINTS, MetricSeries
 from training.logparse.lines import LineSplitter, read_chunks
-from training.logparse.nccl import INFO_WORDS, NcclAnalyzer
-from training.logparse.scan import scan_block
+from training.logparse.nccl import NcclAnalyzer
 from training.logparse.verdict import Verdict
 
 SNAPSHOT_SCHEMA = 1
-# Spool reads: big enough that per-block work is amortised, small enough to stay in L2
-# (256 KiB measured best on the 1M-line benchmark, tests/telemetry/bench_parser.py).
-SPOOL_READ_SIZE = 1 << 18
 
 
 class Telemetry:
@@ -39,48 +35,31 @@ class Telemetry:
         self._spool_splitter = LineSplitter()
         self._spool_offset = 0
 
-    # -- live feeding --------------------------------------------------------------------
+    # -- feeding -------------------------------------------------------------------------
     def feed(self, line: str) -> None:
-        self.lines += 1
-        if "NCCL" in line:
-            self.nccl.feed(line)
-        elif "RTUI_" in line or "THROUGHPUT" in line:
-            self.series.feed(line)
+        self.feed_lines((line,))
 
     def feed_lines(self, lines: Iterable[str]) -> int:
-        """Feed many lines; the hot loop of replay and classify, so kept free of calls."""
-        nccl_feed = self.nccl.feed
-        series_feed = self.series.feed
+        """Hand each line to the analyser it concerns and count it; returns how many lines.
+
+        A line holding ``NCCL`` goes to the NCCL analyser, any other line holding ``RTUI_``
+        or ``THROUGHPUT`` to the metric series, and the rest (nearly all of a log) is only
+        counted. Live bytes and spool replay arrive here too, as decoded lines: 1M lines
+        cost about 0.3 s, which DESIGN.md §6 calls fast enough (tests/telemetry/bench_parser.py).
+        """
         count = 0
         for line in lines:
             count += 1
             if "NCCL" in line:
-                nccl_feed(line)
+                self.nccl.feed(line)
             elif "RTUI_" in line or "THROUGHPUT" in line:
-                series_feed(line)
+                self.series.feed(line)
         self.lines += count
         return count
 
     def feed_bytes(self, chunk: bytes) -> int:
         """Feed raw bytes from a stream (pod log, pipe); a partial line waits for the rest."""
-        return self._feed_chunk(self._live, chunk)
-
-    def _feed_chunk(self, splitter: LineSplitter, chunk: bytes) -> int:
-        first, rest, skip_head = splitter.push_split(chunk)
-        count = self._feed_block(first) if first else 0
-        return count + self._feed_block(rest, skip_head) if rest else count
-
-    def _feed_block(self, block: bytes, skip_head: bool = False) -> int:
-        """Complete lines as bytes: only the lines an analyser acts on are decoded (see scan.py)."""
-        count, nccl_lines, series_lines = scan_block(block, INFO_WORDS, skip_head=skip_head)
-        self.lines += count
-        nccl_feed = self.nccl.feed
-        for line in nccl_lines:
-            nccl_feed(line)
-        series_feed = self.series.feed
-        for line in series_lines:
-            series_feed(line)
-        return count
+        return self.feed_lines(self._live.push(chunk))
 
     def end_of_stream(self) -> int:
         """The stream is finished: its unterminated last line is a line after all."""
@@ -134,8 +113,8 @@ class Telemetry:
         before = splitter.consumed
         with open(self._spool, "rb") as stream:
             stream.seek(self._spool_offset)
-            for chunk in read_chunks(stream, SPOOL_READ_SIZE):
-                self._feed_chunk(splitter, chunk)
+            for chunk in read_chunks(stream):
+                self.feed_lines(splitter.push(chunk))
         splitter.discard_pending()
         gained = splitter.consumed - before
         self._spool_offset += gained

@@ -16,7 +16,6 @@ from typing import Any
 
 from training.logparse.nccl_verdict import Proc, VerdictRules, net_kind
 from training.logparse.normalize import LogLine, normalize, strip_ansi
-from training.logparse.scan import InfoWords
 from training.logparse.verdict import Verdict, provider_transport
 
 MAX_EVIDENCE = 24
@@ -37,9 +36,6 @@ _FIRST_WORDS = {
     "comm": _RANKS, "ncclCommInitRank": _RANKS, "ncclCommInitRankConfig": _RANKS, "[Rank": _RANKS,
     "Failed": _DETAIL, "Unable": _DETAIL, "No": _DETAIL,
 }
-# For block scanners: an "NCCL INFO" line starting with another word is ignored by feed().
-INFO_WORDS = InfoWords(frozenset(word.encode() for word, action in _FIRST_WORDS.items() if action),
-                       (b"plugin/",))
 # NET/OFI lines are plentiful; only these say something about the verdict.
 _OFI_INTERESTING = ("rovider", "aws-ofi-nccl", "fail", "Fail", "nvalid")
 # For lines that do not carry the usual "NCCL INFO " (WARN lines, unprefixed lines).
