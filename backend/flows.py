@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
@@ -201,7 +202,14 @@ def find_orphans(store: RunStore, target: str, cluster_name: str | None = None) 
 
     known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
     return [Orphan(c.run_id, c.cluster_name, "local", str(c.path)) for c in find_clusters(cluster_name=cluster_name)
-            if c.run_id not in known]
+            if c.run_id not in known and not _recorded_elsewhere(store, c.run_id, c.facts.get("state_dir"))]
+
+
+def _recorded_elsewhere(store: RunStore, run_id: str, state_dir: object) -> bool:
+    """Whether another rtui state dir still holds this run's record: its run, not an orphan."""
+    if not isinstance(state_dir, str) or Path(state_dir) == store.root:
+        return False
+    return (Path(state_dir) / "runs" / f"{run_id}.json").is_file()
 
 
 def session_for_down(store: RunStore, run_id: str | None, config: RunConfig, *, by_cluster: bool) -> RunSession | None:

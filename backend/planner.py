@@ -178,10 +178,13 @@ async def _delete(handler: Handler, ctx: Context, have: Observed) -> AsyncIterat
 def teardown_steps(stack: Stack, ctx: Context, observed: Sequence[Observed]) -> list[Step]:
     """A delete step per live resource of ours; each waits for everything that depends on it."""
     ours = [o for o in observed if not o.adopted]
+    level = {layer.name: i for i, layer in enumerate(stack.layers)}
     steps = []
     for have in reversed(ours):
         handler = stack.handler(have.layer, have.kind)
-        dependents = tuple(o.address for o in ours if have.address in o.depends_on)
+        # What depends on it, and everything of the layers above (a job goes before its cluster).
+        dependents = tuple(o.address for o in ours
+                           if have.address in o.depends_on or level[o.layer] > level[have.layer])
 
         def action(handler: Handler = handler, have: Observed = have) -> AsyncIterator[Progress]:
             return _delete(handler, ctx, have)

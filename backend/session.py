@@ -8,7 +8,7 @@ string these together live in ``backend.flows``; the UI layers only render what 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -87,7 +87,7 @@ class RunSession:
         self.config = config
         if config.target not in SUPPORTED_TARGETS:
             make_stack(config.target)  # refuse unsupported targets now, with one clear line
-        self._held: list[contextlib.ExitStack] = []
+        self._held: set[str] = set()
 
     @cached_property
     def stack(self) -> Stack:
@@ -169,26 +169,32 @@ class RunSession:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """The run's lock, re-entrant within this session (the TUI holds it while attached)."""
-        if self._held:
+        with self._hold("run", lambda: self.store.lock(self.run_id)):
             yield
-            return
-        with contextlib.ExitStack() as held:
-            held.enter_context(self.store.lock(self.run_id))
-            self._held.append(held)
-            try:
-                yield
-            finally:
-                self._held.remove(held)
 
     @contextlib.contextmanager
     def changing(self) -> Iterator[None]:
         """The run's lock and its cluster's: no other rtui changes the same cluster meanwhile."""
-        with self.locked(), self.store.cluster_lock(self.config.target, self.config.cluster_name, self.run_id):
+        cluster = (self.config.target, self.config.cluster_name, self.run_id)
+        with self.locked(), self._hold("cluster", lambda: self.store.cluster_lock(*cluster)):
             yield
+
+    @contextlib.contextmanager
+    def _hold(self, name: str, take: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
+        # A flock is per open file: taking it again in this process would conflict with ourselves.
+        if name in self._held:
+            yield
+            return
+        with take():
+            self._held.add(name)
+            try:
+                yield
+            finally:
+                self._held.discard(name)
 
     def attached_elsewhere(self) -> bool:
         """Whether another rtui holds this run (it then owns the spool)."""
-        return not self._held and self.store.runs_dir.exists() and self.store.is_locked(self.run_id)
+        return "run" not in self._held and self.store.runs_dir.exists() and self.store.is_locked(self.run_id)
 
     # --- operations --------------------------------------------------------------------
     async def preflight(self) -> list[CheckResult]:

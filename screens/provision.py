@@ -88,14 +88,14 @@ class ProvisionScreen(RtuiScreen):
             self.app.report_error(exc)
         self.post_message(self.Finished(self.mode, ok))
 
-    def on_provision_screen_step_event_posted(self, message: StepEventPosted) -> None:
+    async def on_provision_screen_step_event_posted(self, message: StepEventPosted) -> None:
         event = message.event
         panes = self.query(f"#{StepPane.dom_id(event.step)}")
         if panes:
             pane = panes.first(StepPane)
         else:  # teardown steps come from discovery: a pane per step as it starts
             pane = StepPane(event.step, event.message or event.step, 1.0)
-            self.query_one("#steps").mount(pane, before=self.query_one("#outcome"))
+            await self.query_one("#steps").mount(pane, before=self.query_one("#outcome"))
         pane.apply_event(event)
 
     def on_provision_screen_finished(self, message: Finished) -> None:

@@ -30,23 +30,17 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
 
 
 def _reap_clusters(state: Path) -> None:
-    """A failed test must not leave a Ray cluster running for the rest of the suite."""
-    if not (state / "runs").is_dir():
-        return
-    import shutil
+    """A failed test must not leave a Ray cluster running for the rest of the suite.
 
-    from backend.procs import ProcRef, family, terminate
-    from backend.store import RunStore
+    Only clusters whose marker names this test's state dir: never another session's.
+    """
+    from backend.layers.local_cluster import cluster_family, find_clusters, remove_cluster_dir
+    from backend.procs import terminate
 
-    records, _ = RunStore(state).list()
-    for record in records:
-        roots = [ProcRef.from_dict(r) for r in [record.resources.get("head"), *record.resources.get("workers", [])]
-                 if r]
-        marker = record.resources.get("temp_dir")
-        if roots or marker:
-            terminate(family(roots, marker))
-        if marker:
-            shutil.rmtree(marker, ignore_errors=True)
+    for cluster in find_clusters():
+        if cluster.facts.get("state_dir") == str(state):
+            terminate(cluster_family(cluster.path))
+            remove_cluster_dir(cluster.path)
 
 
 def run_rtui(*args: str, timeout: float = 300, env: dict[str, str] | None = None,

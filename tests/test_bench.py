@@ -20,7 +20,7 @@ from backend.config import resolve_config
 from backend.errors import OperationError, UserError
 from backend.model import Action, Change, EventKind, Plan, StepEvent
 from backend.rayjobs import JobStatus
-from backend.runner import Progress, Step
+from backend.store import JobState
 from tests.conftest import REPO
 from training import fabric
 from training.protocol import FABRIC_TAG, format_record
@@ -171,7 +171,7 @@ class FakeJobs:
             await asyncio.sleep(3600)
 
     async def status(self, submission_id: str) -> JobStatus:
-        return JobStatus(submission_id, self.final, "boom" if self.final == "FAILED" else "")
+        return JobStatus(submission_id, JobState(self.final), "boom" if self.final == "FAILED" else "")
 
     async def stop(self, submission_id: str) -> bool:
         self.stopped.append(submission_id)
@@ -179,7 +179,8 @@ class FakeJobs:
 
 
 def fake_session(tmp_path: Path) -> Any:
-    return SimpleNamespace(run_id="r1", record=SimpleNamespace(resources={"temp_dir": str(tmp_path / "ray")}),
+    cluster = SimpleNamespace(job_env=lambda ctx: {"RTUI_STORAGE_PATH": str(tmp_path / "ray" / "results")})
+    return SimpleNamespace(run_id="r1", ctx=SimpleNamespace(cluster=cluster),
                            store=SimpleNamespace(root=tmp_path / "state"))
 
 
@@ -212,44 +213,40 @@ async def test_failed_and_stuck_jobs(tmp_path: Path) -> None:
     assert stuck.stopped and stuck.stopped[0].startswith("rtui-r1-fabric-gloo-")
 
 
-async def test_bring_up_applies_every_non_job_step_through_session_apply() -> None:
-    async def nothing() -> AsyncIterator[Progress]:
-        yield Progress("ok")
+async def test_bring_up_runs_the_up_flow_until_the_cluster_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend import flows
 
-    steps = [Step("head", "h", nothing), Step("worker-0", "w", nothing, deps=("head",)),
-             Step("worker-1", "w", nothing, deps=("head",)),
-             Step("job", "j", nothing, deps=("head", "worker-0", "worker-1")),
-             Step("train", "t", nothing, deps=("job",))]
-    applied: list[str] = []
+    def plan(head: Action) -> Plan:
+        return Plan(target="local", changes=[
+            Change(address="local.ray-head", layer="local-ray", kind="ray-head", action=head),
+            Change(address="ray.job.train", layer="ray-job", kind="ray-job", action=Action.CREATE)])
 
-    def plan(name: str, head: Action) -> Plan:
-        return Plan(target=name, changes=[Change(action=head, kind="ray-head", name="h"),
-                                          Change(action=Action.CREATE, kind="ray-job", name="train")])
+    calls: list[tuple[str | None, bool]] = []
 
-    plans = iter([plan("plan-1", Action.CREATE), plan("plan-2", Action.CREATE)])
+    async def fake_up(session: Any, *, until: str | None = None, follow: bool = True) -> AsyncIterator[StepEvent]:
+        calls.append((until, follow))
+        yield StepEvent(step="local.ray-head", kind=EventKind.DONE)
+
+    monkeypatch.setattr(flows, "up", fake_up)
+    plans = iter([plan(Action.CREATE), plan(Action.NOOP)])
 
     class Session:
         run_id = "r1"
         record = SimpleNamespace(current_job=None)
-        target = SimpleNamespace(apply_steps=lambda plan: steps, jobs=lambda: FakeJobs([]))
-
-        async def preflight(self) -> list[Any]:
-            return []
+        stack = SimpleNamespace(layers=[SimpleNamespace(name="local-ray"), SimpleNamespace(name="ray-job")])
 
         async def plan(self) -> Plan:
             return next(plans)
 
-        async def apply(self, plan: Plan, *, until: str | None = None) -> AsyncIterator[StepEvent]:
-            applied.append(f"{plan.target}:{until}")
-            yield StepEvent(step=str(until), kind=EventKind.DONE)
+        async def jobs(self) -> FakeJobs:
+            return FakeJobs([])
 
     await bench.bring_up(Session(), lambda e: None)  # type: ignore[arg-type]
-    assert applied == ["plan-1:worker-0", "plan-2:worker-1"]
-    # A cluster already up as configured is not applied again (that would start more worker nodes).
-    plans = iter([plan("plan-3", Action.NOOP)])
+    assert calls == [("local-ray", False)]
+    # A cluster already up as configured is not applied again.
     events: list[StepEvent] = []
     await bench.bring_up(Session(), events.append)  # type: ignore[arg-type]
-    assert applied == ["plan-1:worker-0", "plan-2:worker-1"] and events[0].message == "cluster already up"
+    assert calls == [("local-ray", False)] and events[0].message == "cluster already up"
 
 
 # --- the CLI ----------------------------------------------------------------------------------

@@ -1,48 +1,68 @@
-"""Following a job without a cluster: a fake Jobs API drives the follow step's outcomes."""
+"""Following a job without a cluster: a fake Jobs API behind a real RunSession drives the outcomes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from backend import flows, follow
 from backend.config import resolve_config
 from backend.errors import OperationError
+from backend.layers.base import Context
 from backend.rayjobs import JobStatus
-from backend.store import JobRecord, RunStore
-from backend.targets.follow import follow_job_step
-from backend.targets.local import LocalTarget
+from backend.session import RunSession
+from backend.store import JobRecord, JobState, RunStore
 
 
 class FakeJobs:
-    def __init__(self, chunks: list[str], final: str, message: str = "") -> None:
-        self.chunks, self.final, self.message = chunks, final, message
+    """States are handed out one per status call (the last repeats); the log comes in 7-char chunks."""
+
+    def __init__(self, chunks: list[str], states: list[str], message: str = "", pause_s: float = 0.0) -> None:
+        self.chunks, self.states, self.message, self.pause_s = chunks, states, message, pause_s
         self.address = "http://fake"
+        self.calls = 0
+
+    async def version(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        return {"ray_version": "2.58.0"}
 
     async def status(self, submission_id: str) -> JobStatus:
-        return JobStatus(submission_id, self.final, self.message)
+        state = self.states[min(self.calls, len(self.states) - 1)]
+        self.calls += 1
+        return JobStatus(submission_id, JobState(state), self.message)
 
     async def logs(self, submission_id: str) -> str:
         return "".join(self.chunks)
 
-    async def follow(self, submission_id: str, *, skip_chars: int = 0,
-                     on_status: Callable[[JobStatus], None] | None = None) -> AsyncIterator[str]:
+    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
+        await asyncio.sleep(self.pause_s)  # a job that prints nothing for a while
         text = "".join(self.chunks)[skip_chars:]
         for i in range(0, len(text), 7):  # chunks that split lines, as Ray's tail does
             yield text[i:i + 7]
-        if on_status:
-            on_status(JobStatus(submission_id, self.final, self.message))
 
 
-def make_target(tmp_path: Path, jobs: FakeJobs) -> LocalTarget:
+class FakeCluster:
+    def __init__(self, jobs: FakeJobs) -> None:
+        self._jobs = jobs
+
+    async def jobs(self, ctx: Context) -> FakeJobs:
+        return self._jobs
+
+    def job_env(self, ctx: Context) -> dict[str, str]:
+        return {}
+
+
+def make_session(tmp_path: Path, jobs: FakeJobs) -> RunSession:
     config = resolve_config({"steps": "2"}, environ={}).config
     store = RunStore(tmp_path / "state")
     record = store.create(target="local", cluster_name="c", config=config.model_dump(mode="json"))
     record.jobs.append(JobRecord(submission_id="j1", submitted_at=0.0, spec_hash="h"))
-    target = LocalTarget(config, record, store)
-    target.jobs = lambda: jobs  # type: ignore[method-assign]
-    return target
+    session = RunSession(store, record, config)
+    session.ctx.cluster = FakeCluster(jobs)  # type: ignore[assignment]
+    return session
 
 
 METRICS = ('(RayTrainWorker pid=1) RTUI_METRIC {"step":1,"loss":7.0,"tokens_per_s":100.0,"step_time_s":0.1,'
@@ -52,46 +72,43 @@ METRICS = ('(RayTrainWorker pid=1) RTUI_METRIC {"step":1,"loss":7.0,"tokens_per_
 
 
 async def test_a_failed_job_fails_the_step_with_its_message(tmp_path: Path) -> None:
-    target = make_target(tmp_path, FakeJobs([METRICS, "Traceback...\n"], "FAILED", "Job entrypoint failed\nmore"))
+    session = make_session(tmp_path, FakeJobs([METRICS, "Traceback...\n"], ["FAILED"], "Job entrypoint failed\nmore"))
     with pytest.raises(OperationError, match="job failed: Job entrypoint failed"):
-        async for _ in follow_job_step(target)():
+        async for _ in flows._train_progress(session):
             pass
-    assert target.record.current_job is not None and target.record.current_job.status == "FAILED"
-    assert Path(target.record.spool_path).read_text() == METRICS + "Traceback...\n"
+    assert session.record.current_job is not None and session.record.current_job.status is JobState.FAILED
+    assert Path(session.record.spool_path).read_text() == METRICS + "Traceback...\n"
 
 
 async def test_a_succeeded_job_reports_progress_and_keeps_telemetry(tmp_path: Path) -> None:
-    target = make_target(tmp_path, FakeJobs([METRICS], "SUCCEEDED"))
-    updates = [u async for u in follow_job_step(target)()]
+    session = make_session(tmp_path, FakeJobs([METRICS], ["SUCCEEDED"]))
+    updates = [u async for u in flows._train_progress(session)]
     assert updates[-1].fraction == 1.0 and "step 2/2" in updates[-1].message
-    snapshot = RunStore(tmp_path / "state").load(target.record.run_id).telemetry
+    snapshot = RunStore(tmp_path / "state").load(session.run_id).telemetry
     assert snapshot is not None and snapshot["metrics"]["latest"]["step"] == 2
 
 
 async def test_reattaching_never_duplicates_the_spool(tmp_path: Path) -> None:
-    target = make_target(tmp_path, FakeJobs([METRICS], "SUCCEEDED"))
-    [u async for u in follow_job_step(target)()]
-    [u async for u in follow_job_step(target)()]
-    assert Path(target.record.spool_path).read_text() == METRICS
+    session = make_session(tmp_path, FakeJobs([METRICS], ["SUCCEEDED"]))
+    [u async for u in flows._train_progress(session)]
+    [u async for u in flows._train_progress(session)]
+    assert Path(session.record.spool_path).read_text() == METRICS
 
 
-def test_apply_steps_follow_the_plan_for_worker_nodes(tmp_path: Path) -> None:
-    from backend.model import Action, Change, Plan
-    from backend.targets import local
-
-    config = resolve_config({"local_worker_nodes": "2"}, environ={}).config
-    store = RunStore(tmp_path / "state")
-    target = LocalTarget(config, store.new(target="local", cluster_name="c", config={}), store)
-    plan = Plan(target="local", changes=[
-        Change(action=Action.NOOP, kind="ray-head", name="c"),
-        Change(action=Action.NOOP, kind="ray-worker-node", name="c-worker-0"),
-        Change(action=Action.CREATE, kind="ray-worker-node", name="c-worker-1"),
-        Change(action=Action.NOOP, kind="ray-job", name="j"),
-    ])
-    steps = {s.id: s for s in target.apply_steps(plan)}
-    assert steps["head"].action is local._noop and steps["worker-0"].action is local._noop
-    assert steps["worker-1"].action is not local._noop, "a missing worker node must be started"
-    assert steps["job"].action is local._noop
+async def test_the_status_is_live_while_the_job_prints_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PENDING turns RUNNING on screen within the poll interval, not when the job ends."""
+    monkeypatch.setattr(follow, "STATUS_EVERY_S", 0.05)
+    jobs = FakeJobs([METRICS], ["PENDING", "PENDING", "RUNNING", "RUNNING", "RUNNING", "SUCCEEDED"], pause_s=0.5)
+    session = make_session(tmp_path, jobs)
+    seen: list[tuple[str, int]] = []
+    async for update in flows.attach(session):
+        if isinstance(update, follow.JobUpdate) and update.status is not None:
+            seen.append((update.status.status, len(update.lines)))
+    states = [s for s, _ in seen]
+    assert states[0] == "PENDING" and "RUNNING" in states and states[-1] == "SUCCEEDED"
+    assert states.index("RUNNING") < len(states) - 1, "RUNNING must show before the end"
+    assert session.record.current_job is not None and session.record.current_job.status is JobState.SUCCEEDED
+    assert RunStore(tmp_path / "state").load(session.run_id).current_job.status is JobState.SUCCEEDED  # type: ignore[union-attr]
 
 
 async def test_submission_waits_for_the_job_agent_and_tolerates_a_lost_answer(monkeypatch: pytest.MonkeyPatch) -> None:

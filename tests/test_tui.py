@@ -9,7 +9,7 @@ import pytest
 from textual.app import App, ComposeResult
 
 from backend.config import resolve_config
-from backend.procs import ProcRef, family
+from backend.layers.local_cluster import cluster_family
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmTeardown
@@ -102,7 +102,7 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
         await pilot.press("a")
         await wait_for(pilot, lambda: type(app.screen).__name__ == "ProvisionScreen", 5, "provisioning")
         panes = {p.step_id for p in app.screen.query("StepPane")}
-        assert panes == {"head", "job"}
+        assert panes == {"local.ray-head", "ray.job.train"}
         await wait_for(pilot, lambda: type(app.screen).__name__ == "RunScreen", 120, "run screen")
         run = app.screen
         await wait_for(pilot, lambda: run.job_status == "SUCCEEDED", 240, "job to succeed")
@@ -116,14 +116,17 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
         assert "step 12/12" in metrics_text and "gloo/TCP" in metrics_text
 
         record = app.session.record
-        head = ProcRef.from_dict(record.resources["head"])
-        temp_dir = Path(record.resources["temp_dir"])
+        cluster_dir = Path(str(record.resources["local.ray-head"].id))
+        assert cluster_family(cluster_dir)
         await pilot.press("D")
         await pilot.pause(0.2)
         await pilot.press(*"rtui-ray", "enter")
         await wait_for(pilot, lambda: "down" in str(app.sub_title), 60, "teardown")
         assert RunStore().load(record.run_id).status is RunStatus.DOWN
-        assert not family([head], str(temp_dir)) and not temp_dir.exists()
+        assert not cluster_family(cluster_dir) and not cluster_dir.exists()
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "a new run")
+        assert app.session.run_id != record.run_id
         await pilot.press("q")
     assert app.return_code == 0
 
@@ -131,16 +134,18 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
 async def test_quit_while_steps_run_asks_first(isolated_env: Path) -> None:
     import asyncio
 
-    from backend.model import Action, Change, EventKind, Plan, StepEvent
+    from backend.model import Action, Change, EventKind, StepEvent
+    from backend.planner import PlanResult
     from screens.confirm import ConfirmDetach
     from screens.provision import ProvisionScreen
 
     session = fixed_session()
-    plan = Plan(target="local", changes=[Change(action=Action.CREATE, kind="ray-head", name="rtui-ray"),
-                                         Change(action=Action.CREATE, kind="ray-job", name="train")])
+    plan = PlanResult(target="local", changes=[
+        Change(address="local.ray-head", layer="local-ray", kind="ray-head", action=Action.CREATE),
+        Change(address="ray.job.train", layer="ray-job", kind="ray-job", action=Action.CREATE)])
 
     async def slow_apply(_plan, *, until=None):  # type: ignore[no-untyped-def]
-        yield StepEvent(step="head", kind=EventKind.STARTED, message="Start the Ray head")
+        yield StepEvent(step="local.ray-head", kind=EventKind.STARTED, message="Start the Ray head")
         await asyncio.sleep(30)
 
     session.apply = slow_apply  # type: ignore[method-assign]
@@ -157,3 +162,48 @@ async def test_quit_while_steps_run_asks_first(isolated_env: Path) -> None:
         await pilot.press("q", "y")
         await pilot.pause(0.2)
     assert app.return_code == 0
+
+
+def resumable_session() -> RunSession:
+    """A saved run that has a job, as `rtui --resume` finds it (its cluster is gone)."""
+    from backend.store import JobRecord, JobState
+
+    session = fixed_session()
+    session.record.jobs.append(JobRecord(submission_id="rtui-x-1", submitted_at=0.0, spec_hash="h",
+                                         status=JobState.RUNNING))
+    session.record.status = RunStatus.UP
+    session.store.save(session.record)
+    return RunSession.resume(FIXED_RUN_ID)
+
+
+async def test_teardown_right_after_resume_then_escape_starts_a_new_run(isolated_env: Path) -> None:
+    """`D` on the first screen of `rtui --resume` tears down; escape then never offers to apply the dead run."""
+    app = RtuiApp(resumable_session(), resume=True)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "RunScreen", 5, "run screen")
+        await pilot.press("D")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the confirm modal")
+        await pilot.press(*"rtui-ray", "enter")
+        await wait_for(pilot, lambda: RunStore().load(FIXED_RUN_ID).status is RunStatus.DOWN, 15, "teardown")
+        await wait_for(pilot, lambda: not getattr(app.screen, "running", True), 5, "steps to stop")
+        assert type(app.screen).__name__ == "ProvisionScreen" and "down" in str(app.sub_title)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "the target screen")
+        assert app.session.run_id != FIXED_RUN_ID and app.session.record.status is RunStatus.PLANNED
+        assert len(app.screen_stack) <= 2
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_every_transition_goes_through_app_messages(isolated_env: Path) -> None:
+    """Target → plan → back → plan: screens post, the App routes; the stack holds one main screen."""
+    app = RtuiApp(fixed_session())
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: getattr(app.screen, "plan", None) is not None, 10, "plan")
+        assert len(app.screen_stack) <= 2
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "back to the target")
+        assert len(app.screen_stack) <= 2
+        await pilot.press("q")

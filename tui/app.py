@@ -68,10 +68,19 @@ class RtuiApp(App[None]):
         return TargetScreen()
 
     def _go(self, screen: Screen[Any]) -> None:
-        """Show ``screen`` in place of the current one (the stack holds one main screen)."""
-        while len(self.screen_stack) > 1:
+        """Show ``screen`` in place of the current main screen (modals above it are closed).
+
+        The default screen cannot be switched away (Textual keeps no result callback for it:
+        ``switch_screen`` on it raises IndexError), so it stays at the bottom with its workers
+        stopped, and the main screen is the one pushed above it.
+        """
+        while len(self.screen_stack) > 2:
             self.pop_screen()
-        self.switch_screen(screen)
+        if len(self.screen_stack) == 2:
+            self.switch_screen(screen)
+        else:
+            self.workers.cancel_node(self.screen)
+            self.push_screen(screen)
 
     def on_target_screen_chosen(self, _message: TargetScreen.Chosen) -> None:
         from screens.plan import PlanScreen

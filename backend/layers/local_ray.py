@@ -80,8 +80,10 @@ class HeadHandler(Handler):
             check_port_free(ctx.config.local_dashboard_port, what="dashboard port")
             ports["dashboard"] = ctx.config.local_dashboard_port
         dashboard_url = f"http://127.0.0.1:{ports['dashboard']}"
+        # The state dir says which rtui owns the cluster, so another one never calls it an orphan.
         facts: dict[str, Any] = {"ports": ports, "gcs_address": f"127.0.0.1:{ports['gcs']}",
-                                 "dashboard_url": dashboard_url, "shape": dict(want.spec)}
+                                 "dashboard_url": dashboard_url, "shape": dict(want.spec),
+                                 "state_dir": str(ctx.store.root)}
         cluster = await asyncio.to_thread(lc.make_cluster_dir, ctx.record.run_id, ctx.config.cluster_name, facts)
         log = cluster.path / "rtui-head.log"
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={**facts, "head_log": str(log)})

@@ -1,0 +1,173 @@
+"""The v2 core on a toy layer defined here alone: plan, apply, no-op, --until, crash and resume, teardown.
+
+Nothing in backend/ knows this layer: it is what a new layer has to write (two handlers,
+``desired`` and ``discover``), and the core gives it plans, steps, the ledger and teardown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from backend.config import RunConfig
+from backend.errors import UserError
+from backend.layers.base import Context, Handler, Layer
+from backend.ledger import ResourceStatus
+from backend.model import Action, EventKind, Observed, Resource
+from backend.planner import Stack, apply_steps, make_plan, reconcile, select_until, teardown_steps
+from backend.runner import Progress, Runner
+from backend.store import RunStore
+
+# The toy "cloud": name -> (kind, run tag, spec). Every call is logged.
+WORLD: dict[str, tuple[str, str, dict[str, Any]]] = {}
+CALLS: list[str] = []
+
+
+class Crash(BaseException):
+    """Stands for the process dying between a cloud call and the save that follows it."""
+
+
+class Bucket(Handler):
+    kind = "bucket"
+    title = "Create the bucket"
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        CALLS.append(f"create {want.address}")
+        WORLD[want.address] = ("bucket", ctx.record.run_id, dict(want.spec))
+        ctx.ledger.update(want.address, status=ResourceStatus.CREATING, id=want.address)
+        yield Progress("created", 1.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        CALLS.append(f"delete {have.address}")
+        WORLD.pop(have.address, None)
+        yield Progress("deleted", 1.0)
+
+
+class Obj(Bucket):
+    kind = "object"
+    title = "Put the object"
+    crash_after_call: ClassVar[bool] = False
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        CALLS.append(f"create {want.address}")
+        WORLD[want.address] = ("object", ctx.record.run_id, dict(want.spec))
+        if Obj.crash_after_call:
+            raise Crash
+        yield Progress("put", 1.0)
+
+
+class Toy(Layer):
+    name = "toy"
+    _handlers: ClassVar[dict[str, Handler]] = {"bucket": Bucket(), "object": Obj()}
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        return self._handlers
+
+    def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
+        return [Resource(address="toy.bucket", layer=self.name, kind="bucket", spec={"size": ctx.config.steps}),
+                Resource(address="toy.object", layer=self.name, kind="object", spec={"v": 1},
+                         depends_on=("toy.bucket",))]
+
+    async def discover(self, ctx: Context) -> list[Observed]:
+        return [Observed(address=a, layer=self.name, kind=kind, id=a, state=spec,
+                         depends_on=("toy.bucket",) if kind == "object" else ())
+                for a, (kind, run, spec) in WORLD.items() if run == ctx.record.run_id]
+
+
+STACK = Stack("toy", [Toy()])
+
+
+@pytest.fixture(autouse=True)
+def clean_world() -> None:
+    WORLD.clear()
+    CALLS.clear()
+    Obj.crash_after_call = False
+
+
+def context(tmp_path: Path, steps: int = 3, run_id: str | None = None) -> Context:
+    store = RunStore(tmp_path / "state")
+    if run_id is not None:
+        record = store.load(run_id)
+    else:
+        record = store.create(target="local", cluster_name="toy", config={})
+    return Context(RunConfig(steps=steps), record, store)
+
+
+async def apply(ctx: Context, until: str | None = None) -> list[str]:
+    plan = await make_plan(STACK, ctx)
+    reconcile(ctx, plan)
+    steps = select_until(apply_steps(STACK, ctx, plan), plan, until)
+    return [e.step for e in [e async for e in Runner(steps).events()] if e.kind is EventKind.DONE]
+
+
+async def test_plan_apply_and_apply_again_is_noop(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    plan = await make_plan(STACK, ctx)
+    assert [(c.address, c.action) for c in plan.changes] == [("toy.bucket", Action.CREATE),
+                                                             ("toy.object", Action.CREATE)]
+    steps = apply_steps(STACK, ctx, plan)
+    assert [(s.id, s.deps) for s in steps] == [("toy.bucket", ()), ("toy.object", ("toy.bucket",))]
+    assert await apply(ctx) == ["toy.bucket", "toy.object"]
+    assert {a: r.status for a, r in ctx.record.resources.items()} == {
+        "toy.bucket": ResourceStatus.READY, "toy.object": ResourceStatus.READY}
+    again = await make_plan(STACK, ctx)
+    assert again.is_noop and apply_steps(STACK, ctx, again) == []
+
+
+async def test_until_an_address_or_a_layer(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    assert await apply(ctx, until="toy.bucket") == ["toy.bucket"]
+    assert set(WORLD) == {"toy.bucket"}
+    plan = await make_plan(STACK, ctx)
+    assert [c.action for c in plan.changes] == [Action.NOOP, Action.CREATE]
+    assert await apply(ctx, until="toy") == ["toy.object"]
+    with pytest.raises(UserError, match="neither an address nor a layer"):
+        select_until([], plan, "toy.nothing")
+
+
+async def test_a_changed_spec_replaces_it_and_what_depends_on_it(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    await apply(ctx)
+    ctx2 = context(tmp_path, steps=9, run_id=ctx.record.run_id)
+    plan = await make_plan(STACK, ctx2)
+    assert [(c.action, c.reason) for c in plan.changes] == [
+        (Action.REPLACE, "changed: size"), (Action.REPLACE, "toy.bucket is replaced")]
+    CALLS.clear()
+    await apply(ctx2)
+    assert CALLS == ["delete toy.bucket", "create toy.bucket", "delete toy.object", "create toy.object"]
+    assert WORLD["toy.bucket"][2] == {"size": 9}
+
+
+async def test_kill_between_the_call_and_the_save_then_resume_makes_no_duplicate(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    Obj.crash_after_call = True
+    with pytest.raises(Crash):
+        await apply(ctx)
+    # What the disk holds after the crash: the object was intended, and the call went out.
+    on_disk = RunStore(tmp_path / "state").load(ctx.record.run_id)
+    assert on_disk.resources["toy.object"].status is ResourceStatus.INTENDED
+    Obj.crash_after_call = False
+    resumed = context(tmp_path, run_id=ctx.record.run_id)
+    plan = await make_plan(STACK, resumed)
+    assert plan.is_noop, "discovery finds the object: it must not be created again"
+    await apply(resumed)
+    assert CALLS.count("create toy.object") == 1
+    assert resumed.record.resources["toy.object"].status is ResourceStatus.READY
+
+
+async def test_teardown_in_reverse_dependency_order_from_discovery(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    await apply(ctx)
+    ctx.record.resources.clear()  # teardown must not need the ledger
+    CALLS.clear()
+    observed = await Toy().discover(ctx)
+    steps = teardown_steps(STACK, ctx, observed)
+    assert {s.id: s.deps for s in steps} == {"toy.object": (), "toy.bucket": ("toy.object",)}
+    [e async for e in Runner(steps).events()]
+    assert CALLS == ["delete toy.object", "delete toy.bucket"] and WORLD == {}
+    assert {a: r.status for a, r in ctx.record.resources.items()} == {
+        "toy.bucket": ResourceStatus.DELETED, "toy.object": ResourceStatus.DELETED}
