@@ -1,4 +1,4 @@
-"""What every rtui screen shares: the typed app (no ``type: ignore`` to reach it)."""
+"""What every rtui screen shares: the typed app, reached without casts."""
 
 from __future__ import annotations
 

@@ -51,3 +51,20 @@ def test_the_tui_process_stays_light() -> None:
                              "backend.layers.local_ray", "backend.layers.ray_job"])
     heavy = {m for m in loaded if m.split(".")[0] in {"torch", "transformers", "ray"}}
     assert not heavy, sorted(heavy)[:10]
+
+
+def test_no_screen_imports_another_and_none_needs_a_type_ignore() -> None:
+    """DESIGN.md §7: the App routes on messages; screens reach it typed."""
+    import ast
+
+    for path in sorted((REPO / "screens").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                if name.startswith("screens") and name != "screens.base":
+                    assert path.name == "__init__.py", f"{path.name} imports {name}"
+    for folder in ("tui", "screens"):
+        for path in (REPO / folder).glob("*.py"):
+            assert "# type: ignore" not in path.read_text(), f"{folder}/{path.name} has a type: ignore"

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backend.procs import ProcRef, family
+from backend.layers.local_cluster import cluster_family, find_clusters, node_procs
 from backend.store import RunStore
 from tests.conftest import RTUI, json_lines, run_rtui
 from training.protocol import METRIC_TAG, parse_record
@@ -29,10 +29,18 @@ def metric_steps(spool: Path) -> list[int]:
     return steps
 
 
+def cluster_dir(run_id: str) -> Path:
+    return Path(str(RunStore().load(run_id).resources["local.ray-head"].id))
+
+
 def our_processes(run_id: str) -> list[psutil.Process]:
-    rec = RunStore().load(run_id)
-    roots = [ProcRef.from_dict(rec.resources["head"])] if rec.resources.get("head") else []
-    return family(roots, rec.resources.get("temp_dir"))
+    """Every process holding one of the run's cluster dirs (found from the world, like teardown)."""
+    return [p for c in find_clusters(run_id=run_id) for p in cluster_family(c.path)] or \
+        cluster_family(cluster_dir(run_id))
+
+
+def heads(run_id: str) -> list[psutil.Process]:
+    return [h for c in find_clusters(run_id=run_id) if (h := node_procs(c).head) is not None]
 
 
 def _listening(proc: psutil.Process) -> list:
@@ -50,7 +58,7 @@ def test_up_status_noop_second_up_and_down() -> None:
     run_id = events[0]["data"]["run_id"]
     assert events[0]["data"]["plan"]["changes"][0]["action"] == "create"
     assert events[-1]["kind"] == "done" and events[-1]["data"]["job_status"] == "SUCCEEDED"
-    assert {e["step"] for e in events} >= {"head", "job", "train", "run"}
+    assert {e["step"] for e in events} >= {"local.ray-head", "ray.job.train", "train", "run"}
     first_metric = next(e for e in events if e["step"] == "train" and e["kind"] == "progress")
     to_metric = first_metric["ts"] - events[0]["ts"]
     print(f"up → first metric event: {to_metric:.1f}s; whole up {time.monotonic() - started:.1f}s")
@@ -58,8 +66,9 @@ def test_up_status_noop_second_up_and_down() -> None:
     rec = RunStore().load(run_id)
     spool = Path(rec.spool_path)
     assert metric_steps(spool) == [1, 2, 3, 4, 5, 6]
-    temp_dir = Path(rec.resources["temp_dir"])
-    assert temp_dir.is_dir()
+    temp_dir = cluster_dir(run_id)
+    assert temp_dir.is_dir() and temp_dir.stat().st_mode & 0o777 == 0o700
+    assert (temp_dir / "rtui-cluster.json").stat().st_mode & 0o777 == 0o600
 
     status = json_lines(run_rtui("status", run_id, "--json", check=True).stdout)[0]
     assert status["status"] == "up" and status["cluster"]["alive"] is True
@@ -68,7 +77,7 @@ def test_up_status_noop_second_up_and_down() -> None:
 
     # The Jobs API (it runs arbitrary code) listens on loopback only. Ray 2.58's own gRPC
     # servers bind wider whatever --node-ip-address says; see the README's security note.
-    dashboard_port = rec.resources["ports"]["dashboard"]
+    dashboard_port = rec.resources["local.ray-head"].outputs["ports"]["dashboard"]
     listeners = [c.laddr for p in our_processes(run_id) for c in _listening(p) if c.laddr.port == dashboard_port]
     assert listeners and all(addr.ip == "127.0.0.1" for addr in listeners), listeners
 
@@ -78,8 +87,8 @@ def test_up_status_noop_second_up_and_down() -> None:
     assert again.returncode == 0, again.stderr
     again_events = json_lines(again.stdout)
     assert again_events[0]["data"]["noop"] is True
-    assert not [e for e in again_events if e["step"] == "job" and e["kind"] == "progress"
-                and "submitting" in e["message"]]
+    assert not [e for e in again_events if e["step"] == "ray.job.train"]
+    assert len(heads(run_id)) == 1
     assert metric_steps(spool) == [1, 2, 3, 4, 5, 6], "the second up must not duplicate the spool"
 
     logs = run_rtui("logs", run_id, check=True).stdout
@@ -153,19 +162,20 @@ def test_sigkill_mid_job_then_status_resume_and_down() -> None:
     assert not our_processes(run_id)
     job = RunStore().load(run_id).current_job
     assert job is not None and job.status == "STOPPED"
+    assert not find_clusters(run_id=run_id)
 
 
 def test_two_runs_on_one_machine_do_not_collide() -> None:
-    ups = [subprocess.Popen([RTUI, "up", "--yes", "--json", "--until", "head", "--cluster-name", name],
+    ups = [subprocess.Popen([RTUI, "up", "--yes", "--json", "--until", "local-ray", "--cluster-name", name],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for name in ("first", "second")]
     outs = [p.communicate(timeout=240) for p in ups]
     assert [p.returncode for p in ups] == [0, 0], outs
     run_ids = [json_lines(out)[0]["data"]["run_id"] for out, _ in outs]
     records = [RunStore().load(r) for r in run_ids]
-    ports = [set(r.resources["ports"].values()) for r in records]
+    ports = [set(r.resources["local.ray-head"].outputs["ports"].values()) for r in records]
     assert not ports[0] & ports[1], "the two clusters share a port"
-    assert records[0].resources["temp_dir"] != records[1].resources["temp_dir"]
+    assert cluster_dir(run_ids[0]) != cluster_dir(run_ids[1])
     second_procs = {p.pid for p in our_processes(run_ids[1])}
 
     assert run_rtui("down", run_ids[0], "--yes", timeout=120).returncode == 0
@@ -176,3 +186,61 @@ def test_two_runs_on_one_machine_do_not_collide() -> None:
     assert status["cluster"]["alive"] is True
     assert run_rtui("down", run_ids[1], "--yes", timeout=120).returncode == 0
     assert not our_processes(run_ids[1])
+
+
+def _up_until(event_matches, *args: str) -> str:  # type: ignore[no-untyped-def]
+    """Start `rtui up`, SIGKILL it at the first event that matches; the run id."""
+    up = subprocess.Popen([RTUI, "up", "--yes", "--json", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True)
+    run_id = None
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            event = json.loads(line)
+            run_id = run_id or event["data"].get("run_id")
+            if event_matches(event):
+                break
+        up.send_signal(signal.SIGKILL)
+        up.wait()
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert run_id
+    return run_id
+
+
+def test_sigkill_at_each_step_boundary_then_up_again_makes_exactly_one_of_each() -> None:
+    """Killed while the head starts, after it, after the job's submission: `up` again heals each."""
+    run_id = _up_until(lambda e: e["step"] == "local.ray-head" and "starting ray head" in e["message"],
+                       "--steps", "3")
+    assert RunStore().load(run_id).resources["local.ray-head"].status.value in ("intended", "creating")
+    _up_until(lambda e: e["step"] == "local.ray-head" and e["kind"] == "done", "--steps", "3")
+    assert len(heads(run_id)) == 1 and len(find_clusters(run_id=run_id)) == 1
+    _up_until(lambda e: e["step"] == "ray.job.train" and e["kind"] == "done", "--steps", "3")
+    again = run_rtui("up", "--yes", "--json", "--steps", "3", timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    events = json_lines(again.stdout)
+    assert events[0]["data"]["run_id"] == run_id and events[0]["data"]["noop"] is True
+    assert len(heads(run_id)) == 1 and len(find_clusters(run_id=run_id)) == 1
+    rec = RunStore().load(run_id)
+    assert len(rec.jobs) == 1, "the job submitted before the kill must not be submitted again"
+    assert rec.current_job is not None and rec.current_job.status.value == "SUCCEEDED"
+    assert {a: r.status.value for a, r in rec.resources.items()} == {"local.ray-head": "ready",
+                                                                     "ray.job.train": "ready"}
+    assert run_rtui("down", run_id, "--yes", timeout=120).returncode == 0
+    assert not find_clusters(run_id=run_id) and not heads(run_id)
+
+
+def test_down_by_cluster_name_after_the_state_dir_is_gone(isolated_env: Path) -> None:
+    proc = run_rtui("up", "--yes", "--json", "--until", "local-ray", "--cluster-name", "lost", timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    run_id = json_lines(proc.stdout)[0]["data"]["run_id"]
+    path = cluster_dir(run_id)
+    import shutil
+
+    shutil.rmtree(isolated_env)
+    status = json_lines(run_rtui("status", "--json", check=True).stdout)[0]
+    assert [o["run_id"] for o in status["orphans"]] == [run_id]
+    down = run_rtui("down", "--yes", "--target", "local", "--cluster-name", "lost", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not path.exists() and not heads(run_id) and not cluster_family(path)

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
-from backend.config import FIELD_NAMES, RunConfig, flag_name, resolve_config
+from backend.config import FIELD_NAMES, ResolvedConfig, RunConfig, flag_name, resolve_config
 from backend.errors import RtuiError, UserError
 
 LATEST = "__latest__"
@@ -26,8 +26,8 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"rtui: {message} (see `{self.prog} --help`)\n")
 
 
-def _config_parent() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
+def _config_parent() -> Parser:
+    parent = Parser(add_help=False)
     group = parent.add_argument_group("configuration (flag > RTUI_* env > rtui.toml > default)")
     group.add_argument("--config", dest="config_file", metavar="FILE", default=argparse.SUPPRESS,
                        help="rtui.toml to read instead of ./rtui.toml or the XDG config dir")
@@ -50,7 +50,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help_text, description=help_text)  # type: ignore[list-item]
+        return sub.add_parser(name, parents=[common], help=help_text, description=help_text)
 
     p = add("plan", "show what `up` would create or change")
     p.add_argument("--json", action="store_true")
@@ -127,7 +127,7 @@ def _flags(ns: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
-def resolved_from(ns: argparse.Namespace):  # type: ignore[no-untyped-def]
+def resolved_from(ns: argparse.Namespace) -> ResolvedConfig:
     return resolve_config(_flags(ns), config_file=getattr(ns, "config_file", None))
 
 
