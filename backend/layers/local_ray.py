@@ -223,6 +223,12 @@ class LocalRay(Layer):
             id="local.disk", title="Free space for Ray's temp dir", data={"free_gib": round(free_gib, 1)},
             status=CheckStatus.OK if free_gib > 2 else CheckStatus.WARN, detail=f"{free_gib:.1f} GiB free",
         ))
+        cores, workers = os.cpu_count() or 1, ctx.config.effective_workers()
+        if workers > cores:
+            results.append(CheckResult(
+                id="local.cores", title="Cores for the training workers", status=CheckStatus.WARN,
+                detail=f"{workers} workers on {cores} cores: they will take turns and train slowly",
+                remedy=f"use --num-workers {cores} or fewer", data={"workers": workers, "cores": cores}))
         port = ctx.config.local_dashboard_port
         if port:
             try:
@@ -239,8 +245,11 @@ class LocalRay(Layer):
         return self
 
     async def jobs(self, ctx: Context) -> RayJobs | None:
+        """The Jobs API of this run's cluster, when its head runs and its dashboard answers."""
         cluster = await asyncio.to_thread(_live_cluster, ctx)
-        return RayJobs(cluster.dashboard_url) if cluster is not None and cluster.dashboard_url else None
+        if cluster is None or not cluster.dashboard_url or not await _answers(cluster):
+            return None
+        return RayJobs(cluster.dashboard_url)
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         # Results go inside the cluster's dir, so teardown leaves nothing behind.

@@ -93,8 +93,11 @@ class RayJobLayer(Layer):
         jobs = await ctx.jobs()
         if jobs is None:
             return []
-        ours = [j for j in await jobs.list() if j.metadata.get("rtui_run") == ctx.record.run_id
-                and "rtui_bench" not in j.metadata]
+        try:
+            listed = await jobs.list()
+        except OperationError:  # the head went away since it answered: no job can be seen running
+            return []
+        ours = [j for j in listed if j.metadata.get("rtui_run") == ctx.record.run_id and "rtui_bench" not in j.metadata]
         if not ours:
             return []
         latest = max(ours, key=lambda j: (j.start_time or 0, j.submission_id))
