@@ -2,8 +2,7 @@
 
 A process is identified by (pid, create_time) so a recycled pid is never mistaken
 for ours. Detached processes run in their own session (``start_new_session``), so
-everything they spawn shares that session id: teardown finds the whole family by
-session, plus anything whose command line names our private temp dir.
+everything they spawn shares that session id (``layers.local_cluster`` finds them).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,13 +26,6 @@ from backend.errors import OperationError, UserError
 class ProcRef:
     pid: int
     create_time: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {"pid": self.pid, "create_time": self.create_time}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, float]) -> ProcRef:
-        return cls(pid=int(data["pid"]), create_time=float(data["create_time"]))
 
     def process(self) -> psutil.Process | None:
         """The live process, or None if it is gone, a zombie, or the pid was reused."""
@@ -91,48 +83,6 @@ def start_detached(
             raise OperationError(f"cannot start {argv[0]}: {exc.strerror}") from None
     ps = psutil.Process(proc.pid)
     return ProcRef(pid=proc.pid, create_time=ps.create_time())
-
-
-def family(roots: Iterable[ProcRef], marker: str | None = None) -> list[psutil.Process]:
-    """Every live process started by ``roots``: same session, descendants, or naming ``marker``.
-
-    Ray renames some processes (``ray::DashboardAgent``), so their command line no longer
-    names our temp dir; they still share the session of the processes that do. So the
-    sessions of marker matches count too: that finds them even after the head has died.
-    """
-    found: dict[int, psutil.Process] = {}
-    sessions: set[int] = set()
-    for ref in roots:
-        proc = ref.process()
-        if proc is None:
-            continue
-        found[proc.pid] = proc
-        with contextlib.suppress(psutil.Error):
-            for child in proc.children(recursive=True):
-                found[child.pid] = child
-    table: list[tuple[psutil.Process, int | None]] = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            sid: int | None = os.getsid(proc.pid)
-        except OSError:
-            sid = None
-        table.append((proc, sid))
-        if marker and proc.pid not in found and any(_names(part, marker) for part in (proc.info.get("cmdline") or [])):
-            found[proc.pid] = proc
-    for proc in found.values():
-        with contextlib.suppress(OSError):
-            sessions.add(os.getsid(proc.pid))
-    sessions.discard(os.getsid(0))  # never our own (the user's terminal) session
-    for proc, sid in table:
-        if sid is not None and sid in sessions:
-            found.setdefault(proc.pid, proc)
-    found.pop(os.getpid(), None)
-    return [p for p in found.values() if _alive(p)]
-
-
-def _names(arg: str, path: str) -> bool:
-    """Whether a command-line argument names ``path`` or something inside it (not a sibling)."""
-    return arg == path or arg.endswith("=" + path) or path + "/" in arg
 
 
 def _alive(proc: psutil.Process) -> bool:

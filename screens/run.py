@@ -14,13 +14,15 @@ from textual.widgets import Footer, Header, Static
 
 from backend import flows
 from backend.follow import JobUpdate
+from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
 from backend.textutil import display_lines
 from screens.base import RtuiScreen
 from tui.widgets import LogTail
 
 REPLAY_LINES = 5_000
-_STATUS_STYLE = {"SUCCEEDED": "bold green", "FAILED": "bold red", "STOPPED": "red", "RUNNING": "bold yellow"}
+_STATUS_STYLE: dict[str, str] = {JobState.SUCCEEDED: "bold green", JobState.FAILED: "bold red", JobState.STOPPED: "red",
+                 JobState.RUNNING: "bold yellow"}
 
 
 class RunScreen(RtuiScreen):

@@ -14,6 +14,7 @@ from textual.message import Message
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
+from backend.model import CheckStatus
 from screens.base import RtuiScreen
 
 if TYPE_CHECKING:
@@ -24,8 +25,8 @@ TARGETS = [
     ("aws", "AWS — new EKS cluster with EFA GPU nodes (preflight: rtui check --target aws)"),
     ("kube", "Kubernetes — an existing cluster from kubeconfig"),
 ]
-# Keyed by CheckStatus values (a StrEnum): backend.model's pydantic models stay off the first frame.
-_CHECK_MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "info": ("i", "blue")}
+_CHECK_MARK = {CheckStatus.OK: ("✓", "green"), CheckStatus.WARN: ("!", "yellow"), CheckStatus.FAIL: ("✗", "red"),
+               CheckStatus.INFO: ("i", "blue")}
 
 
 class TargetScreen(RtuiScreen):
@@ -90,7 +91,7 @@ class TargetScreen(RtuiScreen):
         self.action_next()
 
     def action_next(self) -> None:
-        failed = [c for c in self.checks or [] if c.status == "fail"]
+        failed = [c for c in self.checks or [] if c.status is CheckStatus.FAIL]
         if failed:
             self.notify(f"{failed[0].title}: {failed[0].remedy or failed[0].detail}", severity="error")
             return
@@ -107,6 +108,6 @@ def render_checks(results: list[CheckResult]) -> Text:
         if check.detail:
             text.append(f" — {check.detail}", style="dim")
         text.append("\n")
-        if check.remedy and check.status != "ok":
+        if check.remedy and check.status is not CheckStatus.OK:
             text.append(f"    {check.remedy}\n", style="italic")
     return text

@@ -59,7 +59,8 @@ def test_up_status_noop_second_up_and_down() -> None:
     assert events[0]["data"]["plan"]["changes"][0]["action"] == "create"
     assert events[-1]["kind"] == "done" and events[-1]["data"]["job_status"] == "SUCCEEDED"
     assert {e["step"] for e in events} >= {"local.ray-head", "ray.job.train", "train", "run"}
-    first_metric = next(e for e in events if e["step"] == "train" and e["kind"] == "progress")
+    first_metric = next(e for e in events if e["step"] == "train" and e["kind"] == "progress"
+                        and e["message"].startswith("step"))
     to_metric = first_metric["ts"] - events[0]["ts"]
     print(f"up → first metric event: {to_metric:.1f}s; whole up {time.monotonic() - started:.1f}s")
 
@@ -112,7 +113,7 @@ def test_sigkill_mid_job_then_status_resume_and_down() -> None:
         for line in up.stdout:
             event = json.loads(line)
             run_id = run_id or event["data"].get("run_id")
-            if event["step"] == "train" and event["kind"] == "progress":
+            if event["step"] == "train" and event["kind"] == "progress" and event["message"].startswith("step"):
                 break
             assert time.monotonic() < deadline, "no training progress"
         up.send_signal(signal.SIGKILL)
