@@ -14,6 +14,7 @@ from backend.config import resolve_config
 from backend.jobspec import build_job_spec
 from tests.conftest import REPO
 from training import loop, train
+from training.config import TrainConfig
 
 
 def test_require_transport_is_refused_on_cpu() -> None:
@@ -51,7 +52,7 @@ def _fake_rank_log(directory: Path, host: str, channel: str) -> None:
 
 def test_guard_fails_the_run_with_evidence_on_tcp_fallback(tmp_path: Path) -> None:
     _fake_rank_log(tmp_path, "gpu-a", "NET/Socket/0")
-    cfg = {"require_transport": "efa"}
+    cfg = TrainConfig(device="cuda", require_transport="efa")
     with pytest.raises(loop.TransportMismatch) as info, redirect_stdout(io.StringIO()):
         loop.enforce_transport(cfg, tmp_path)
     assert "socket" in str(info.value) and "NET/Socket" in str(info.value)
@@ -65,13 +66,13 @@ def test_guard_passes_on_efa(tmp_path: Path) -> None:
         + "gpu-a:1:1 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)\n")
     out = io.StringIO()
     with redirect_stdout(out):
-        loop.enforce_transport({"require_transport": "efa"}, tmp_path)
+        loop.enforce_transport(TrainConfig(device="cuda", require_transport="efa"), tmp_path)
     assert "satisfies --require-transport efa" in out.getvalue()
 
 
 def test_tiny_model_is_qwen2_from_config_without_download() -> None:
-    model = train.build_model({"tiny_vocab_size": 128, "tiny_hidden_size": 32, "tiny_layers": 2,
-                               "tiny_heads": 4, "seq_len": 16})
+    model = train.build_model(TrainConfig(tiny_vocab_size=128, tiny_hidden_size=32, tiny_layers=2, tiny_heads=4,
+                                          seq_len=16))
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 128
 
