@@ -33,9 +33,14 @@ def test_job_spec_per_target() -> None:
     local = build_job_spec(resolve_config({"steps": "3"}, environ={}).config)
     assert "--device cpu" in local.entrypoint and "--require-transport" not in local.entrypoint
     assert "--batch-size 32" in local.entrypoint and "--precision fp32" in local.entrypoint
+    # The first local run learns something visible (tests/training/test_ray_train.py measures it).
+    assert "--data cycle" in local.entrypoint and "--lr 0.001" in local.entrypoint
     aws = build_job_spec(resolve_config({"target": "aws"}, environ={}).config)
     assert "--require-transport efa" in aws.entrypoint and "--model-id Qwen/Qwen2.5-1.5B" in aws.entrypoint
     assert "--num-workers 8" in aws.entrypoint and "--precision bf16" in aws.entrypoint
+    assert "--lr 1e-05" in aws.entrypoint  # fine-tuning a pretrained model
+    explicit = build_job_spec(resolve_config({"learning_rate": "0.02"}, environ={}).config)
+    assert "--lr 0.02" in explicit.entrypoint
     assert aws.runtime_env["env_vars"]["RAY_TRAIN_ENABLE_PRINT_PATCH"] == "0"
     # Same config, same hash: a second `up` is a no-op; a changed knob is a new job.
     assert local.spec_hash == build_job_spec(resolve_config({"steps": "3"}, environ={}).config).spec_hash
