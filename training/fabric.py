@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from training.protocol import FABRIC_TAG, format_record
+from training.raytrain import quiet_ray_train
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    quiet_ray_train()
     use_gpu = args.device == "cuda"
     capped = not use_gpu and args.max_bytes < GPU_DEFAULT_MAX_BYTES
     sizes = sweep_sizes(args.min_bytes, args.max_bytes)

@@ -31,6 +31,7 @@ from training.config import (
     TrainConfigError,
 )
 from training.loop import TransportMismatch, build_model, train_loop_per_worker
+from training.raytrain import quiet_ray_train
 
 __all__ = ["TransportMismatch", "build_model", "main", "parse_args", "train_loop_per_worker"]
 
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.checkpoint import resolve_resume
 
+    quiet_ray_train()
     cfg = cfg.replace(nccl_dir=os.path.join(tempfile.gettempdir(), f"rtui-nccl-{os.getpid()}-{int(time.time())}"))
     storage = cfg.storage_path or os.path.join(tempfile.gettempdir(), "rtui-train-results")
     started_ray = not ray.is_initialized()
