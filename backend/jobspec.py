@@ -46,7 +46,7 @@ def build_job_spec(config: RunConfig) -> JobSpec:
         # With a token budget and no explicit micro-batch, the program picks the largest that fits.
         "--batch-size", "auto" if config.tokens_per_step and not config.batch_size
         else str(config.effective_batch_size()),
-        "--lr", repr(config.learning_rate),
+        "--lr", repr(config.effective_learning_rate()),
         "--num-workers", str(workers),
         "--precision", config.effective_precision(),
         "--shard", config.shard,

@@ -14,6 +14,7 @@ from backend.config import resolve_config
 from backend.jobspec import build_job_spec
 from tests.conftest import REPO
 from training import loop, train
+from training.config import TrainConfig
 
 
 def test_require_transport_is_refused_on_cpu() -> None:
@@ -32,9 +33,14 @@ def test_job_spec_per_target() -> None:
     local = build_job_spec(resolve_config({"steps": "3"}, environ={}).config)
     assert "--device cpu" in local.entrypoint and "--require-transport" not in local.entrypoint
     assert "--batch-size 32" in local.entrypoint and "--precision fp32" in local.entrypoint
+    # The first local run learns something visible (tests/training/test_ray_train.py measures it).
+    assert "--data cycle" in local.entrypoint and "--lr 0.001" in local.entrypoint
     aws = build_job_spec(resolve_config({"target": "aws"}, environ={}).config)
     assert "--require-transport efa" in aws.entrypoint and "--model-id Qwen/Qwen2.5-1.5B" in aws.entrypoint
     assert "--num-workers 8" in aws.entrypoint and "--precision bf16" in aws.entrypoint
+    assert "--lr 1e-05" in aws.entrypoint  # fine-tuning a pretrained model
+    explicit = build_job_spec(resolve_config({"learning_rate": "0.02"}, environ={}).config)
+    assert "--lr 0.02" in explicit.entrypoint
     assert aws.runtime_env["env_vars"]["RAY_TRAIN_ENABLE_PRINT_PATCH"] == "0"
     # Same config, same hash: a second `up` is a no-op; a changed knob is a new job.
     assert local.spec_hash == build_job_spec(resolve_config({"steps": "3"}, environ={}).config).spec_hash
@@ -51,7 +57,7 @@ def _fake_rank_log(directory: Path, host: str, channel: str) -> None:
 
 def test_guard_fails_the_run_with_evidence_on_tcp_fallback(tmp_path: Path) -> None:
     _fake_rank_log(tmp_path, "gpu-a", "NET/Socket/0")
-    cfg = {"require_transport": "efa"}
+    cfg = TrainConfig(device="cuda", require_transport="efa")
     with pytest.raises(loop.TransportMismatch) as info, redirect_stdout(io.StringIO()):
         loop.enforce_transport(cfg, tmp_path)
     assert "socket" in str(info.value) and "NET/Socket" in str(info.value)
@@ -65,13 +71,13 @@ def test_guard_passes_on_efa(tmp_path: Path) -> None:
         + "gpu-a:1:1 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)\n")
     out = io.StringIO()
     with redirect_stdout(out):
-        loop.enforce_transport({"require_transport": "efa"}, tmp_path)
+        loop.enforce_transport(TrainConfig(device="cuda", require_transport="efa"), tmp_path)
     assert "satisfies --require-transport efa" in out.getvalue()
 
 
 def test_tiny_model_is_qwen2_from_config_without_download() -> None:
-    model = train.build_model({"tiny_vocab_size": 128, "tiny_hidden_size": 32, "tiny_layers": 2,
-                               "tiny_heads": 4, "seq_len": 16})
+    model = train.build_model(TrainConfig(tiny_vocab_size=128, tiny_hidden_size=32, tiny_layers=2, tiny_heads=4,
+                                          seq_len=16))
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 128
 

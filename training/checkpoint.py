@@ -13,11 +13,38 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 MARKER = "rtui_checkpoint.json"
 DCP_METADATA = ".metadata"
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What rank 0 writes beside the shards (``MARKER``): enough to find, validate and resume."""
+
+    step: int
+    world_size: int
+    tokens_seen: int = 0
+    data: str = ""
+    ts: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> CheckpointMeta:
+        """Raises ValueError when the file is not a marker this program wrote."""
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("checkpoint marker is not a JSON object")
+        try:
+            return cls(step=int(raw["step"]), world_size=int(raw.get("world_size", 1)),
+                       tokens_seen=int(raw.get("tokens_seen", 0)), data=str(raw.get("data", "")),
+                       ts=float(raw.get("ts", 0.0)))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"checkpoint marker lacks a valid field: {exc}") from None
 
 
 def checkpoint_dir_name(step: int) -> str:
@@ -28,21 +55,20 @@ def rank_state_file(rank: int) -> str:
     return f"rank{rank}_state.pt"
 
 
-def save_local(step: int, model: Any, optimizer: Any, rank: int, rank_state: dict[str, Any],
-               meta: dict[str, Any]) -> str:
+def save_local(model: Any, optimizer: Any, rank: int, rank_state: dict[str, Any], meta: CheckpointMeta) -> str:
     """Write this rank's part of the checkpoint to a fresh local dir and return it (caller reports it)."""
     import torch
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    directory = tempfile.mkdtemp(prefix=f"rtui-ckpt-{step}-r{rank}-")
+    directory = tempfile.mkdtemp(prefix=f"rtui-ckpt-{meta.step}-r{rank}-")
     # Sharded save: each rank writes only its own shards; no rank gathers the full model.
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+    save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
     torch.save(rank_state, os.path.join(directory, rank_state_file(rank)))
     if rank == 0:
         with open(os.path.join(directory, MARKER), "w") as f:
-            json.dump({**meta, "step": step}, f, sort_keys=True)
+            f.write(meta.to_json())
     return directory
 
 
@@ -52,9 +78,8 @@ def discard_local(directory: str) -> None:
 
 @dataclass(frozen=True)
 class Restored:
-    step: int
-    meta: dict[str, Any]
-    rank_state: dict[str, Any] | None  # None when the checkpoint came from a different world size
+    meta: CheckpointMeta
+    rank_state: dict[str, Any] | None  # None when this rank's file is absent (a smaller world saved it)
 
 
 def load(checkpoint: Any, model: Any, optimizer: Any, rank: int) -> Restored:
@@ -63,24 +88,24 @@ def load(checkpoint: Any, model: Any, optimizer: Any, rank: int) -> Restored:
     ``checkpoint`` is a ``ray.train.Checkpoint`` or a path/URI string.
     """
     import torch
-    import torch.distributed.checkpoint as dcp
     from ray.train import Checkpoint
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     if isinstance(checkpoint, str):
         checkpoint = Checkpoint(checkpoint)
     with checkpoint.as_directory() as local:  # a local path as is; s3:// is downloaded
         with open(os.path.join(local, MARKER)) as f:
-            meta = json.load(f)
+            meta = CheckpointMeta.from_json(f.read())
         model_sd, optim_sd = get_state_dict(model, optimizer)
         # dcp.load fills these dicts in place, each rank reading only the shards it owns.
-        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=local)
+        dcp_load({"model": model_sd, "optim": optim_sd}, checkpoint_id=local)
         set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
         rank_file = os.path.join(local, rank_state_file(rank))
         rank_state = None
         if os.path.exists(rank_file):
             rank_state = torch.load(rank_file, weights_only=False)  # our own file: RNG states are tensors+ints
-    return Restored(int(meta["step"]), meta, rank_state)
+    return Restored(meta, rank_state)
 
 
 # -- finding checkpoints (driver side) ----------------------------------------------------------
@@ -94,13 +119,12 @@ def _fs(uri: str) -> tuple[Any, str]:
     return pafs.LocalFileSystem(), os.path.abspath(uri)
 
 
-def _complete(fs: Any, directory: str, meta: dict[str, Any]) -> bool:
+def _complete(fs: Any, directory: str, meta: CheckpointMeta) -> bool:
     """All ranks' files arrived (each rank uploads its own part; a crash can leave a partial dir)."""
     import pyarrow.fs as pafs
 
     names = {os.path.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(directory))}
-    world = int(meta.get("world_size", 1))
-    return DCP_METADATA in names and all(rank_state_file(r) in names for r in range(world))
+    return DCP_METADATA in names and all(rank_state_file(r) in names for r in range(meta.world_size))
 
 
 def find_checkpoints(uri: str) -> list[tuple[int, str]]:
@@ -122,12 +146,12 @@ def find_checkpoints(uri: str) -> list[tuple[int, str]]:
     for marker in set(markers):
         try:
             with fs.open_input_stream(marker) as stream:
-                meta = json.loads(stream.read())
+                meta = CheckpointMeta.from_json(stream.read())
         except (OSError, ValueError):
             continue
         directory = os.path.dirname(marker)
         if _complete(fs, directory, meta):
-            found.append((int(meta["step"]), scheme + directory))
+            found.append((meta.step, scheme + directory))
     return sorted(found)
 
 

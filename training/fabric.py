@@ -26,9 +26,11 @@ import socket
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from training.protocol import FABRIC_TAG, format_record
+from training.raytrain import quiet_ray_train
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -108,7 +110,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def sweep_per_worker(cfg: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class Sweep:
+    """What every worker sweeps; crosses to the workers as a dict (Ray Train's train_loop_config)."""
+
+    min_bytes: int
+    max_bytes: int
+    iters: int
+    warmup: int
+    capped: bool  # on CPU the sweep stops short of the GPU sweep's largest size
+
+
+def sweep_per_worker(config: dict[str, Any]) -> None:
+    cfg = Sweep(**config)
     import ray.train
     import ray.train.torch
     import torch
@@ -136,7 +150,7 @@ def sweep_per_worker(cfg: dict[str, Any]) -> None:
     hosts: list[Any] = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     # A wrong sum means a broken fabric, not a slow one: check once before timing anything.
-    probe = torch.full((cfg["min_bytes"] // DTYPE_BYTES,), float(rank + 1), dtype=torch.float32, device=device)
+    probe = torch.full((cfg.min_bytes // DTYPE_BYTES,), float(rank + 1), dtype=torch.float32, device=device)
     dist.all_reduce(probe)
     expected = world * (world + 1) / 2
     if not bool(torch.all(probe == expected)):
@@ -144,18 +158,18 @@ def sweep_per_worker(cfg: dict[str, Any]) -> None:
     del probe
 
     results = []
-    for size in sweep_sizes(cfg["min_bytes"], cfg["max_bytes"]):
+    for size in sweep_sizes(cfg.min_bytes, cfg.max_bytes):
         # Zeros: the sum stays finite over any number of iterations, and the bytes moved
         # are the same as with any other values.
         buf = torch.zeros(size // DTYPE_BYTES, dtype=torch.float32, device=device)
-        for _ in range(cfg["warmup"]):
+        for _ in range(cfg.warmup):
             dist.all_reduce(buf)
         barrier()
         start = time.perf_counter()
-        for _ in range(cfg["iters"]):
+        for _ in range(cfg.iters):
             dist.all_reduce(buf)
         sync()
-        elapsed = torch.tensor([(time.perf_counter() - start) / cfg["iters"]], dtype=torch.float64, device=device)
+        elapsed = torch.tensor([(time.perf_counter() - start) / cfg.iters], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed)  # nccl-tests reports the time averaged over ranks
         results.append(result_row(size, float(elapsed.item()) / world, world))
         del buf
@@ -165,8 +179,8 @@ def sweep_per_worker(cfg: dict[str, Any]) -> None:
         record = {
             "transport": None if on_gpu else "gloo", "backend": "nccl" if on_gpu else "gloo",
             "device": device.type, "world_size": world, "nodes": len(set(hosts)), "hosts": sorted(set(hosts)),
-            "iters": cfg["iters"], "warmup": cfg["warmup"], "max_bytes": cfg["max_bytes"],
-            "capped": cfg["capped"], "results": results,
+            "iters": cfg.iters, "warmup": cfg.warmup, "max_bytes": cfg.max_bytes,
+            "capped": cfg.capped, "results": results,
         }
         print(format_table(results), flush=True)
         print(format_record(FABRIC_TAG, record), flush=True)
@@ -178,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    quiet_ray_train()
     use_gpu = args.device == "cuda"
     capped = not use_gpu and args.max_bytes < GPU_DEFAULT_MAX_BYTES
     sizes = sweep_sizes(args.min_bytes, args.max_bytes)
@@ -187,11 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     if capped:
         print(f"rtui-fabric: on CPU the sweep stops at {human_size(args.max_bytes)} (gloo over TCP is slow); "
               f"GPUs sweep to {human_size(GPU_DEFAULT_MAX_BYTES)}. Raise it with --max-bytes.", flush=True)
-    cfg = {"min_bytes": args.min_bytes, "max_bytes": sizes[-1], "iters": args.iters, "warmup": args.warmup,
-           "capped": capped}
+    sweep = Sweep(min_bytes=args.min_bytes, max_bytes=sizes[-1], iters=args.iters, warmup=args.warmup, capped=capped)
     storage = args.storage_path or os.path.join(tempfile.gettempdir(), "rtui-fabric-results")
     trainer = TorchTrainer(
-        sweep_per_worker, train_loop_config=cfg,
+        sweep_per_worker, train_loop_config=asdict(sweep),
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu,
                                      resources_per_worker=None if use_gpu else {"CPU": 1}),
         run_config=RunConfig(name=f"rtui-fabric-{int(time.time())}", storage_path=storage),

@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 from training import checkpoint as ckpt
-from training.data import ShardBatches, SyntheticTokens, is_synthetic
+from training.config import TrainConfig
+from training.data import ShardBatches, SyntheticTokens
 from training.devices import detect_peak, memory_budget_bytes, peak_memory_bytes
 from training.metrics import RunFacts, RunSummary, StepTimings, metric_record, print_metric, print_summary
 from training.sharding import (
@@ -28,67 +29,70 @@ class TransportMismatch(RuntimeError):
     """NCCL is not on the network the run requires; the message carries the evidence."""
 
 
-def _guard_transport(cfg: dict[str, Any]) -> Any:
+def _guard_transport(cfg: TrainConfig) -> Any:
     """Before any collective: make this rank's NCCL write its INFO log where the guard reads it."""
-    if cfg["require_transport"] == "any":
+    if cfg.require_transport == "any":
         return None
     from training.transport_guard import capture_nccl_debug
 
-    return capture_nccl_debug(cfg["nccl_dir"])
+    if cfg.nccl_dir is None:
+        raise ValueError("--require-transport needs the driver to set nccl_dir before the workers start")
+    return capture_nccl_debug(cfg.nccl_dir)
 
 
-def enforce_transport(cfg: dict[str, Any], nccl_dir: Any) -> None:
+def enforce_transport(cfg: TrainConfig, nccl_dir: Any) -> None:
     from training.transport_guard import enforce_transport as enforce
 
     try:
-        verdict = enforce(cfg["require_transport"], nccl_dir, echo=sys.stdout)
+        verdict = enforce(cfg.require_transport, nccl_dir, echo=sys.stdout)
     except SystemExit as exc:  # a Ray worker must fail with a message, not exit
         raise TransportMismatch(str(exc.code)) from None
     print(f"rtui-train: NCCL transport {verdict.transport} satisfies --require-transport "
-          f"{cfg['require_transport']}", flush=True)
+          f"{cfg.require_transport}", flush=True)
 
 
-def lr_at(step: int, cfg: dict[str, Any]) -> float:
+def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warmup, then constant or cosine decay to 10 % — a pure function of the step, so a
     resumed run needs no scheduler state."""
-    base, warmup, total = cfg["lr"], cfg["warmup_steps"], cfg["steps"]
+    base, warmup, total = cfg.lr, cfg.warmup_steps, cfg.steps
     if warmup and step <= warmup:
         return base * step / warmup
-    if cfg["lr_schedule"] == "cosine" and total > warmup:
+    if cfg.lr_schedule == "cosine" and total > warmup:
         progress = min(1.0, (step - warmup) / (total - warmup))
         return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
     return base
 
 
-def build_model(cfg: dict[str, Any]) -> Any:
+def build_model(cfg: TrainConfig) -> Any:
     """Qwen2 from the hub on a cluster, or a tiny random one built from a config (no download)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    if cfg.get("model_id"):
-        return Qwen2ForCausalLM.from_pretrained(cfg["model_id"])
-    heads = cfg["tiny_heads"]
+    if cfg.model_id:
+        return Qwen2ForCausalLM.from_pretrained(cfg.model_id)
+    heads = cfg.tiny_heads
     config = Qwen2Config(
-        vocab_size=cfg["tiny_vocab_size"], hidden_size=cfg["tiny_hidden_size"],
-        intermediate_size=cfg["tiny_hidden_size"] * 4, num_hidden_layers=cfg["tiny_layers"],
+        vocab_size=cfg.tiny_vocab_size, hidden_size=cfg.tiny_hidden_size,
+        intermediate_size=cfg.tiny_hidden_size * 4, num_hidden_layers=cfg.tiny_layers,
         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-        max_position_embeddings=max(512, cfg["seq_len"]), tie_word_embeddings=False,
+        max_position_embeddings=max(512, cfg.seq_len), tie_word_embeddings=False,
     )
     return Qwen2ForCausalLM(config)
 
 
-def _plan(cfg: dict[str, Any], model: Any, world: int, shard_size: int, budget: tuple[int | None, str],
+def _plan(cfg: TrainConfig, model: Any, world: int, shard_size: int, budget: tuple[int | None, str],
           reshard: bool) -> StepPlan:
     c = model.config
     shape = ModelShape(sum(p.numel() for p in model.parameters()), c.num_hidden_layers, c.hidden_size,
                        c.intermediate_size, c.vocab_size)
-    fits = None if cfg["no_memory_check"] else FitCheck(
-        shape, seq_len=cfg["seq_len"], shard_size=shard_size, compute_bytes=2 if cfg["precision"] == "bf16" else 4,
-        grad_accum_bytes=4 if cfg["precision"] == "fp32" or cfg["reduce_dtype"] == "fp32" else 2,
-        reshard_after_forward=reshard, activation_checkpointing=cfg["activation_checkpointing"],
+    fits = FitCheck(
+        shape, seq_len=cfg.seq_len, shard_size=shard_size, compute_bytes=2 if cfg.precision == "bf16" else 4,
+        grad_accum_bytes=4 if cfg.precision == "fp32" or cfg.reduce_dtype == "fp32" else 2,
+        reshard_after_forward=reshard, activation_checkpointing=cfg.activation_checkpointing,
         budget_bytes=budget[0], budget_source=budget[1],
-        sequences_per_rank=cfg["tokens_per_step"] // (cfg["seq_len"] * world) if cfg["tokens_per_step"] else None)
-    return plan_step(tokens_per_step=cfg["tokens_per_step"], seq_len=cfg["seq_len"], world=world,
-                     micro_batch=cfg["batch_size"], fits=fits)
+        sequences_per_rank=cfg.tokens_per_step // (cfg.seq_len * world) if cfg.tokens_per_step else None,
+    ) if cfg.memory_check else None
+    return plan_step(tokens_per_step=cfg.tokens_per_step, seq_len=cfg.seq_len, world=world,
+                     micro_batch=cfg.batch_size, fits=fits)
 
 
 def _sync(device: Any) -> None:
@@ -98,7 +102,12 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_loop_per_worker(cfg: dict[str, Any]) -> None:
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train's entry on every rank: ``config`` is ``TrainConfig.as_dict()``."""
+    run_worker(TrainConfig.from_dict(config))
+
+
+def run_worker(cfg: TrainConfig) -> None:
     import ray
     import ray.train
     import ray.train.torch
@@ -110,45 +119,44 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
     rank, world, local_world = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_world_size()
     device = ray.train.torch.get_device()
     budget = memory_budget_bytes(device, local_world)  # before the model takes any of it
-    torch.manual_seed(cfg["seed"])
+    torch.manual_seed(cfg.seed)
     model = build_model(cfg)
-    reshard = cfg["reshard_after_forward"] == "yes" or (cfg["reshard_after_forward"] == "auto"
-                                                         and device.type == "cuda")
-    shard_size = world if cfg["shard"] == "full" else (cfg["shard_size"] or local_world)
+    reshard = cfg.reshard_after_forward == "yes" or (cfg.reshard_after_forward == "auto" and device.type == "cuda")
+    shard_size = world if cfg.shard == "full" else (cfg.shard_size or local_world)
     plan = _plan(cfg, model, world, shard_size, budget, reshard)
     n_params = sum(p.numel() for p in model.parameters())
-    if cfg["activation_checkpointing"]:
+    if cfg.activation_checkpointing:
         enable_activation_checkpointing(model)
     model.to(device)
-    mesh = build_mesh(device.type, cfg["shard"], world, shard_size)
-    if cfg["shard"] == "hybrid":
+    mesh = build_mesh(device.type, cfg.shard, world, shard_size)
+    if cfg.shard == "hybrid":
         nodes: list[Any] = [None] * world
         dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id() or socket.gethostname())
         spanning = shard_groups_span_nodes([str(n) for n in nodes], shard_size)
         if spanning and rank == 0:
             print(f"rtui-train: warning: hybrid shard groups starting at ranks {spanning} span nodes; their "
                   "all-gathers cross the network (set --shard-size to the workers per node)", flush=True)
-    model = shard_model(model, cfg["precision"], reshard, mesh=mesh, compile_layers=cfg["compile"],
-                        reduce_dtype=cfg["reduce_dtype"])
-    optimizer = build_optimizer(model.parameters(), cfg["lr"], cfg["optimizer"], device.type, cfg["weight_decay"])
+    model = shard_model(model, cfg.precision, reshard, mesh=mesh, compile_layers=cfg.compile,
+                        reduce_dtype=cfg.reduce_dtype)
+    optimizer = build_optimizer(model.parameters(), cfg.lr, cfg.optimizer, device.type, cfg.weight_decay)
     if rank == 0:
         mesh_desc = "x".join(str(d) for d in mesh.shape) + f" {mesh.mesh_dim_names}"
         memory = f"; estimated peak {plan.memory.describe()} per rank" if plan.memory else ""
         print(f"rtui-train: step = micro-batch {plan.micro_batch} x seq {plan.seq_len} x {world} ranks x accum "
               f"{plan.grad_accum} = {plan.tokens_per_step} tokens; mesh {mesh_desc}{memory}", flush=True)
 
-    if is_synthetic(cfg["data"]):
+    if cfg.synthetic_data:
         data: SyntheticTokens | ShardBatches = SyntheticTokens(
-            cfg["data"], model.config.vocab_size, plan.micro_batch, plan.seq_len, cfg["seed"], rank)
+            cfg.data, model.config.vocab_size, plan.micro_batch, plan.seq_len, cfg.seed, rank)
     else:
         data = ShardBatches(ray.train.get_dataset_shard("train"), plan.micro_batch, device)
 
     start_step, tokens_seen = 0, 0
-    resume = ray.train.get_checkpoint() or cfg.get("resume_path")  # Ray's own restore (worker failure) wins
+    resume = ray.train.get_checkpoint() or cfg.resume_path  # Ray's own restore (worker failure) wins
     if resume:
         restored = ckpt.load(resume, model, optimizer, rank)
-        start_step, tokens_seen = restored.step, int(restored.meta.get("tokens_seen", 0))
-        if restored.rank_state is not None and restored.meta.get("world_size") == world:
+        start_step, tokens_seen = restored.meta.step, restored.meta.tokens_seen
+        if restored.rank_state is not None and restored.meta.world_size == world:
             data.load_state(restored.rank_state["data"])
             torch.set_rng_state(restored.rank_state["torch_rng"])
         elif rank == 0:
@@ -161,7 +169,7 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
                      peak.reason)
     summary = RunSummary(start_step)
     last_report = time.monotonic()
-    for step in range(start_step + 1, cfg["steps"] + 1):
+    for step in range(start_step + 1, cfg.steps + 1):
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -190,8 +198,8 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
             t.micro_s.append(time.perf_counter() - t1)
         t0 = time.perf_counter()
         grad_norm = None
-        if cfg["max_grad_norm"] > 0:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_grad_norm"])
+        if cfg.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -216,20 +224,21 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
         summary.add(record, step_time, peak_bytes)
         if rank == 0:
             print_metric(record)
-        every = cfg["checkpoint_every"]
+        every = cfg.checkpoint_every
         metrics = {"step": step, "loss": loss_value, "tokens_seen": tokens_seen}
-        if every and (step % every == 0 or step == cfg["steps"]):
-            meta = {"world_size": world, "tokens_seen": tokens_seen, "data": cfg["data"], "ts": time.time()}
+        if every and (step % every == 0 or step == cfg.steps):
+            meta = ckpt.CheckpointMeta(step=step, world_size=world, tokens_seen=tokens_seen, data=cfg.data,
+                                       ts=time.time())
             rank_state = {"data": data.state(), "torch_rng": torch.get_rng_state()}
-            local = ckpt.save_local(step, model, optimizer, rank, rank_state, meta)
+            local = ckpt.save_local(model, optimizer, rank, rank_state, meta)
             try:
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local),
                                  checkpoint_dir_name=ckpt.checkpoint_dir_name(step))
             finally:
                 ckpt.discard_local(local)
             last_report = time.monotonic()
-        elif report_now or step == cfg["steps"]:
+        elif report_now or step == cfg.steps:
             ray.train.report(metrics)
             last_report = now
     if rank == 0:
-        print_summary(summary.record(facts, cfg["steps"]))
+        print_summary(summary.record(facts, cfg.steps))

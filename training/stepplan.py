@@ -171,16 +171,19 @@ class FitCheck:
                  budget_source: str, grad_accum_bytes: int = 4, sequences_per_rank: int | None = None) -> None:
         self.shape = shape
         self.sequences_per_rank = sequences_per_rank
-        self.kwargs = {"seq_len": seq_len, "shard_size": shard_size, "compute_bytes": compute_bytes,
-                       "reshard_after_forward": reshard_after_forward,
-                       "activation_checkpointing": activation_checkpointing, "grad_accum_bytes": grad_accum_bytes}
+        self.seq_len, self.shard_size, self.compute_bytes = seq_len, shard_size, compute_bytes
+        self.reshard_after_forward, self.activation_checkpointing = reshard_after_forward, activation_checkpointing
+        self.grad_accum_bytes = grad_accum_bytes
         self.budget_bytes = budget_bytes
         self.budget_source = budget_source
 
     def __call__(self, micro_batch: int) -> tuple[MemoryEstimate, bool]:
         accum = (self.sequences_per_rank // micro_batch) if self.sequences_per_rank else 1
-        estimate = estimate_memory(self.shape, micro_batch=micro_batch, grad_accum=accum,
-                                   **self.kwargs)  # type: ignore[arg-type]
+        estimate = estimate_memory(self.shape, micro_batch=micro_batch, grad_accum=accum, seq_len=self.seq_len,
+                                   shard_size=self.shard_size, compute_bytes=self.compute_bytes,
+                                   reshard_after_forward=self.reshard_after_forward,
+                                   activation_checkpointing=self.activation_checkpointing,
+                                   grad_accum_bytes=self.grad_accum_bytes)
         if self.budget_bytes is None:
             return estimate, True  # nothing to compare with: do not block the run on an unknown
         return estimate, estimate.total <= self.budget_bytes * MEMORY_HEADROOM

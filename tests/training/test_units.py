@@ -9,6 +9,7 @@ import pytest
 
 from tests.training.fixtures_data import build_tokenizer
 from training import checkpoint as ckpt
+from training.config import TrainConfig
 from training.data import SyntheticTokens, TokenizeAndPack, data_format
 from training.devices import GPU_PEAK_BF16_FLOPS, meminfo_available_bytes, mfu, peak_for_name
 from training.loop import lr_at
@@ -163,11 +164,11 @@ def test_metric_record_keeps_the_old_keys_and_splits_the_step() -> None:
 
 
 def test_lr_schedule_is_a_function_of_the_step() -> None:
-    cfg = {"lr": 1e-3, "warmup_steps": 4, "steps": 24, "lr_schedule": "cosine"}
+    cfg = TrainConfig(lr=1e-3, warmup_steps=4, steps=24, lr_schedule="cosine")
     assert lr_at(2, cfg) == pytest.approx(5e-4)
     assert lr_at(4, cfg) == pytest.approx(1e-3)
     assert lr_at(24, cfg) == pytest.approx(1e-4)
-    assert lr_at(10, {**cfg, "lr_schedule": "constant"}) == 1e-3
+    assert lr_at(10, cfg.replace(lr_schedule="constant")) == 1e-3
 
 
 # -- sharding, data ---------------------------------------------------------------------------------

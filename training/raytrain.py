@@ -1,0 +1,21 @@
+"""Ray Train settings shared by rtui's Ray Train programs (``training.train``, ``training.fabric``)."""
+
+from __future__ import annotations
+
+import os
+
+# Ray Train 2.58 starts a PreemptionWatcher actor beside every worker group with max_restarts=-1
+# and the workers' actor handles as constructor arguments. Ray's core worker counts the references
+# inside those handles as "constructor arguments in the object store" and logs an ERROR line
+# (core_worker.cc) in every job, although a handle cannot be lost like an object. The watcher only
+# serves loops that call ray.train.get_preemption_info (rtui's does not) and lets healthy ranks run
+# on until a drained node's deadline. Without it a worker killed by a drain still dies "preempted"
+# and Ray Train still retries it under FailureConfig.max_preemption_failures (from the latest
+# checkpoint, if any). An operator who sets the variable keeps their choice.
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+
+def quiet_ray_train() -> None:
+    """Call before the trainer starts: Ray Train propagates this from the driver's environment
+    to its controller, where the watcher is created."""
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
