@@ -69,15 +69,20 @@ def check_port_free(port: int, host: str = "127.0.0.1", what: str = "port") -> N
 
 
 def start_detached(
-    argv: Sequence[str], *, log_path: Path, env: dict[str, str], cwd: Path
+    argv: Sequence[str], *, log_path: Path, env: dict[str, str], cwd: Path, umask: int = 0o077
 ) -> ProcRef:
-    """Start a process that outlives us (own session, no terminal, output to a file)."""
+    """Start a process that outlives us (own session, no terminal, output to a private file).
+
+    ``umask`` is inherited by everything it starts: by default nothing it writes is readable
+    by others.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with open(fd, "ab") as log, open(os.devnull, "rb") as devnull:
         try:
             proc = subprocess.Popen(
                 list(argv), stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                start_new_session=True, close_fds=True,
+                start_new_session=True, close_fds=True, umask=umask,
             )
         except OSError as exc:
             raise OperationError(f"cannot start {argv[0]}: {exc.strerror}") from None

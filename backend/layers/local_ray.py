@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from backend.runner import Progress
 HEAD = "local.ray-head"
 OBJECT_STORE_BYTES = 512 * 1024 * 1024
 PORT_NAMES = ("gcs", "dashboard", "client", "agent_listen", "agent_grpc", "runtime_env", "metrics",
-              "node_manager", "object_manager")
+              "node_manager", "object_manager", "autoscaler_metrics", "dashboard_metrics")
 WORKER_PORT_NAMES = ("agent_listen", "agent_grpc", "runtime_env", "metrics", "node_manager", "object_manager")
 DASHBOARD_TIMEOUT_S = 90.0
 _PORT_FLAGS = {
@@ -54,13 +55,53 @@ def _port_flags(ports: Mapping[str, int]) -> list[str]:
     return [f"{flag}={ports[name]}" for name, flag in _PORT_FLAGS.items() if name in ports]
 
 
-def ray_env() -> dict[str, str]:
-    env = dict(os.environ)
+# What Ray's processes (and so the job) get from rtui's environment: never credentials.
+_ENV_NAMES = frozenset({"HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONPATH",
+                        "PYTHONHASHSEED", "VIRTUAL_ENV", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"})
+_ENV_PREFIXES = ("LC_", "RAY_", "OMP_", "MKL_", "OPENBLAS_", "GLOO_", "TORCH_")
+# Ours to set: a user's own would point Ray at another cluster or another token.
+_ENV_OURS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+TOKEN_FILE = "auth_token"
+
+
+def ray_env(cluster: lc.ClusterDir, *, worker_node: bool = False,
+            environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A minimal environment for the cluster's processes, pinned to this cluster and its token."""
+    source = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items()
+           if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and k not in _ENV_OURS}
     # A job's `python` is whatever is first on the PATH `ray start` saw: make it ours.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    env.pop("RAY_ADDRESS", None)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), source.get("PATH", os.defpath)])
+    ports = cluster.facts["ports"]
+    env.update({
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # Ray otherwise swaps 127.0.0.1 for the host's address and binds its servers there. An
+        # extra worker node cannot have it (Ray refuses to start one): it binds the host's
+        # address, behind the token like everything else.
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1" if worker_node else "0",
+        # Every Ray entry point (Ray Train's helpers too) talks to this cluster, never "the latest" one.
+        "RAY_ADDRESS": str(cluster.facts["gcs_address"]),
+        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(cluster.path / TOKEN_FILE),
+        # Ray's fixed defaults (44217, 44227) collide between two clusters on one host.
+        "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]),
+        "DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
+    })
     return env
+
+
+def read_token(cluster: lc.ClusterDir) -> str | None:
+    try:
+        return (cluster.path / TOKEN_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def jobs_for(cluster: lc.ClusterDir) -> RayJobs | None:
+    """The cluster's Jobs API client, carrying its token."""
+    if not cluster.dashboard_url:
+        return None
+    token = read_token(cluster)
+    return RayJobs(cluster.dashboard_url, headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
 def ray_start(*args: str) -> list[str]:
@@ -85,6 +126,10 @@ class HeadHandler(Handler):
                                  "dashboard_url": dashboard_url, "shape": dict(want.spec),
                                  "state_dir": str(ctx.store.root)}
         cluster = await asyncio.to_thread(lc.make_cluster_dir, ctx.record.run_id, ctx.config.cluster_name, facts)
+        # The one secret rtui writes: a fresh token, 0600 inside the 0700 dir, gone with it at teardown.
+        token_fd = os.open(cluster.path / TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(token_fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
         log = cluster.path / "rtui-head.log"
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={**facts, "head_log": str(log)})
         argv = ray_start(
@@ -95,8 +140,9 @@ class HeadHandler(Handler):
             f"--ray-client-server-port={ports['client']}", "--min-worker-port=0", "--max-worker-port=0",
             "--disable-usage-stats", *_port_flags(ports))
         yield Progress(f"starting ray head on 127.0.0.1:{ports['gcs']}", 0.05)
-        ref = start_detached(argv, log_path=log, env=ray_env(), cwd=cluster.path)
-        jobs = RayJobs(dashboard_url)
+        ref = start_detached(argv, log_path=log, env=ray_env(cluster), cwd=cluster.path)
+        jobs = jobs_for(cluster)
+        assert jobs is not None
         started = time.monotonic()
         while True:
             elapsed = time.monotonic() - started
@@ -148,7 +194,7 @@ class WorkerHandler(Handler):
             "--max-worker-port=0", "--disable-usage-stats", *_port_flags(ports))
         log = cluster.path / f"rtui-worker-{index}.log"
         yield Progress(f"starting worker node {index}", 0.1)
-        ref = start_detached(argv, log_path=log, env=ray_env(), cwd=cluster.path)
+        ref = start_detached(argv, log_path=log, env=ray_env(cluster, worker_node=True), cwd=cluster.path)
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={"log": str(log), "pid": ref.pid})
         await asyncio.sleep(2.0)
         if not ref.alive():
@@ -247,9 +293,9 @@ class LocalRay(Layer):
     async def jobs(self, ctx: Context) -> RayJobs | None:
         """The Jobs API of this run's cluster, when its head runs and its dashboard answers."""
         cluster = await asyncio.to_thread(_live_cluster, ctx)
-        if cluster is None or not cluster.dashboard_url or not await _answers(cluster):
+        if cluster is None or not await _answers(cluster):
             return None
-        return RayJobs(cluster.dashboard_url)
+        return jobs_for(cluster)
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         # Results go inside the cluster's dir, so teardown leaves nothing behind.
@@ -265,10 +311,11 @@ def _live_cluster(ctx: Context) -> lc.ClusterDir | None:
 
 
 async def _answers(cluster: lc.ClusterDir) -> bool:
-    if not cluster.dashboard_url:
+    jobs = jobs_for(cluster)
+    if jobs is None:
         return False
     try:
-        await RayJobs(cluster.dashboard_url).version(timeout_s=2.0)
+        await jobs.version(timeout_s=2.0)
     except TransientError:
         return False
     return True
