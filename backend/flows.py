@@ -115,6 +115,8 @@ async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
             session.store.save(session.record)
     session.record.telemetry = telemetry.snapshot(tail=0)
     session.store.save(session.record)
+    if session.ctx.cluster is not None:
+        await asyncio.to_thread(session.ctx.cluster.job_finished, session.ctx)
     status = follower.last_status
     if status is None or status.state is not JobState.SUCCEEDED:
         state = status.status if status else "UNKNOWN"

@@ -54,6 +54,9 @@ class FakeCluster:
     def job_env(self, ctx: Context) -> dict[str, str]:
         return {}
 
+    def job_finished(self, ctx: Context) -> None:
+        self.finished = True
+
 
 def make_session(tmp_path: Path, jobs: FakeJobs) -> RunSession:
     config = resolve_config({"steps": "2"}, environ={}).config

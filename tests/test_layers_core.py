@@ -90,10 +90,7 @@ def clean_world() -> None:
 
 def context(tmp_path: Path, steps: int = 3, run_id: str | None = None) -> Context:
     store = RunStore(tmp_path / "state")
-    if run_id is not None:
-        record = store.load(run_id)
-    else:
-        record = store.create(target="local", cluster_name="toy", config={})
+    record = store.load(run_id) if run_id else store.create(target="local", cluster_name="toy", config={})
     return Context(RunConfig(steps=steps), record, store)
 
 

@@ -33,6 +33,10 @@ class ClusterAccess(Protocol):
         """Environment the cluster adds to every job (e.g. where results go)."""
         ...
 
+    def job_finished(self, ctx: Context) -> None:
+        """A job of this run ended (locally: the files it left are made private again)."""
+        ...
+
 
 @dataclass
 class Context:

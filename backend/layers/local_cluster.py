@@ -103,6 +103,20 @@ def find_clusters(*, run_id: str | None = None, cluster_name: str | None = None)
     return sorted(found, key=lambda c: c.created_at, reverse=True)
 
 
+def tighten(path: Path) -> None:
+    """Take group and other bits off everything under a cluster dir.
+
+    Ray chmods the directories it makes to 0777 whatever the umask; the 0700 dir around them
+    already keeps other users out, and this keeps the modes saying so too.
+    """
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(root, name))
+                if st.st_mode & 0o077 and not os.path.islink(os.path.join(root, name)):
+                    os.chmod(os.path.join(root, name), st.st_mode & 0o700)
+
+
 def remove_cluster_dir(path: Path) -> None:
     """Delete a cluster dir, but only one that still carries our marker."""
     if read_marker(path) is None:

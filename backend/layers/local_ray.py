@@ -154,6 +154,7 @@ class HeadHandler(Handler):
                 raise err(f"ray head exited while starting: {_last_error_line(tail)}", remedy=f"see {log}")
             try:
                 info = await jobs.version(timeout_s=1.0)
+                await asyncio.to_thread(lc.tighten, cluster.path)
                 yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})", 1.0)
                 return
             except TransientError:
@@ -296,6 +297,11 @@ class LocalRay(Layer):
         if cluster is None or not await _answers(cluster):
             return None
         return jobs_for(cluster)
+
+    def job_finished(self, ctx: Context) -> None:
+        cluster = _live_cluster(ctx)
+        if cluster is not None:
+            lc.tighten(cluster.path)
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         # Results go inside the cluster's dir, so teardown leaves nothing behind.

@@ -1,0 +1,131 @@
+"""The local cluster is closed and private on a shared host (a real Ray cluster)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backend.layers.local_cluster import cluster_family, find_clusters
+from backend.store import JobState, RunStore
+from tests.conftest import json_lines, run_rtui
+
+pytestmark = pytest.mark.ray
+
+SECRETS = {"AWS_SECRET_ACCESS_KEY": "rtui-test-aws-secret-4f1c", "HF_TOKEN": "hf_rtuiTestSecret9d2e"}
+
+
+def listening(path: Path) -> list[tuple[str, int, str]]:
+    rows = set()
+    for proc in cluster_family(path):
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    rows.add((conn.laddr.ip, conn.laddr.port, proc.name()))
+        except psutil.Error:
+            continue
+    return sorted(rows)
+
+
+def is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
+
+
+def http_status(port: int, path: str, token: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_closed_private_and_without_the_users_secrets(isolated_env: Path) -> None:
+    proc = run_rtui("up", "--yes", "--json", "--steps", "2", timeout=400, env=SECRETS)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_id = json_lines(proc.stdout)[0]["data"]["run_id"]
+    (cluster,) = find_clusters(run_id=run_id)
+    facts = cluster.facts
+    token = (cluster.path / "auth_token").read_text().strip()
+
+    # Every server of every process of the cluster listens on loopback only.
+    sockets = listening(cluster.path)
+    print(f"{len(sockets)} listening sockets:", sockets)
+    assert sockets and all(is_loopback(ip) for ip, _, _ in sockets), sockets
+
+    # The Jobs API and the node agents refuse a request without the token.
+    for name in ("dashboard", "agent_listen", "runtime_env"):
+        assert http_status(facts["ports"][name], "/api/jobs/") in (401, 403), name
+    assert http_status(facts["ports"]["dashboard"], "/api/jobs/", token) == 200
+    job = RunStore().load(run_id).current_job
+    assert job is not None and job.status is JobState.SUCCEEDED
+    assert http_status(facts["ports"]["agent_listen"], f"/api/job_agent/jobs/{job.submission_id}/logs") in (401, 403)
+
+    # A Ray client without the token is refused; with it, it connects.
+    client = ("from ray.util.client import ray as c\n"
+              f"c.connect('127.0.0.1:{facts['ports']['client']}', connection_retries=1)\nprint('CONNECTED')\n")
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    refused = subprocess.run([sys.executable, "-c", client], env=clean_env, capture_output=True, text=True,
+                             timeout=120)
+    assert "CONNECTED" not in refused.stdout
+    allowed = subprocess.run([sys.executable, "-c", client], capture_output=True, text=True, timeout=120,
+                             env={**clean_env, "RAY_AUTH_MODE": "token",
+                                  "RAY_AUTH_TOKEN_PATH": str(cluster.path / "auth_token")})
+    assert "CONNECTED" in allowed.stdout, allowed.stderr[-2000:]
+
+    # Private files: the dir is 0700, the token 0600, nothing under it open to others.
+    assert cluster.path.stat().st_mode & 0o777 == 0o700
+    assert (cluster.path / "auth_token").stat().st_mode & 0o777 == 0o600
+    open_to_others = [str(p) for p in cluster.path.rglob("*") if not p.is_symlink() and p.stat().st_mode & 0o007]
+    assert not open_to_others, open_to_others[:5]
+
+    # The user's credentials reach no Ray process, and the token lands in no record or spool.
+    for proc in cluster_family(cluster.path):
+        try:
+            environ = proc.environ()
+        except psutil.Error:
+            continue
+        assert not set(SECRETS) & set(environ), (proc.name(), set(SECRETS) & set(environ))
+    state = [p for p in isolated_env.rglob("*") if p.is_file()]
+    assert state and not any(token in p.read_text(errors="replace") for p in state)
+
+    assert run_rtui("down", run_id, "--yes", timeout=120).returncode == 0
+    assert not cluster.path.exists()
+
+
+def test_two_local_runs_at_once_never_see_each_other(tmp_path: Path) -> None:
+    """Different state dirs and cluster names, started together: both train to the end, alone."""
+    runs = []
+    for name in ("iso-a", "iso-b"):
+        env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / name)}
+        runs.append((env, subprocess.Popen(
+            [str(Path(sys.executable).parent / "rtui"), "up", "--yes", "--json", "--steps", "3",
+             "--cluster-name", name, "--num-workers", "1"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    try:
+        outs = [p.communicate(timeout=500) for _, p in runs]
+        assert [p.returncode for _, p in runs] == [0, 0], [o[1][-2000:] for o in outs]
+        ids = [json_lines(out)[0]["data"]["run_id"] for out, _ in outs]
+        clusters = [find_clusters(run_id=r)[0] for r in ids]
+        for (env, _), run_id, other in zip(runs, ids, reversed(clusters), strict=True):
+            record = RunStore(Path(env["RTUI_STATE_DIR"])).load(run_id)
+            assert record.current_job is not None and record.current_job.status is JobState.SUCCEEDED
+            log = Path(record.spool_path).read_text()
+            assert "multiple active Ray instances" not in log
+            assert str(other.facts["gcs_address"]) not in log and str(other.path) not in log
+    finally:
+        for env, proc in runs:
+            if proc.poll() is None:
+                proc.kill()
+            subprocess.run([str(Path(sys.executable).parent / "rtui"), "down", "--yes"], env=env,
+                           capture_output=True, timeout=120)
