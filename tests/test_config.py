@@ -106,3 +106,12 @@ def test_config_show_json_reports_sources(tmp_path: Path) -> None:
     assert data["config"]["region"] == "ap-south-1" and data["sources"]["region"] == "env"
     human = run_rtui("config", "show").stdout
     assert "steps" in human and "file:" in human
+
+
+def test_every_float_field_rejects_non_finite_values() -> None:
+    floats = [f for f, info in RunConfig.model_fields.items() if info.annotation in (float, float | None)]
+    assert floats
+    for field in floats:
+        for value in ("nan", "inf", float("nan"), float("-inf")):
+            with pytest.raises(UserError, match="finite number"):
+                resolve_config({field: value}, environ={})

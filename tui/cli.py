@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
-from backend.config import FIELD_NAMES, RunConfig, flag_name, resolve_config
+from backend.config import ECHO_LIMIT, FIELD_NAMES, RunConfig, flag_name, resolve_config
 from backend.errors import RtuiError, UserError
 
 LATEST = "__latest__"
@@ -23,6 +24,8 @@ class Parser(argparse.ArgumentParser):
     """Usage errors in one line with what to do next, exit 2."""
 
     def error(self, message: str) -> NoReturn:
+        # argparse echoes the offending argument: a pasted 5000-character value is not an error line.
+        message = re.sub(rf"\S{{{ECHO_LIMIT + 1},}}", lambda m: m.group()[:ECHO_LIMIT] + "…", message)
         self.exit(2, f"rtui: {message} (see `{self.prog} --help`)\n")
 
 
