@@ -11,17 +11,50 @@ import asyncio
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn, TextIO
 
 from backend.config import ECHO_LIMIT, FIELD_NAMES, RunConfig, flag_name, resolve_config
 from backend.errors import RtuiError, UserError
 
 LATEST = "__latest__"
+HELP_FLAGS = ("-h", "--help")
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors in one line with what to do next, exit 2."""
+    """Usage errors in one line with what to do next, exit 2.
+
+    A parser may also have *word commands*: `rtui logs classify FILE...` is a command of its
+    own although `rtui logs RUN_ID` takes a free positional, which argparse subparsers cannot
+    express (they would make every run id an invalid choice).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._word_dest = ""
+        self._words: dict[str, Parser] = {}
+
+    def add_word_command(self, positional: str, word: str, **kwargs: Any) -> Parser:
+        """A parser for `<this command> <word> ...`, chosen when ``positional`` parses as ``word``."""
+        self._word_dest = positional
+        kwargs.setdefault("prog", f"{self.prog} {word}")
+        parser = Parser(**kwargs)
+        # The word itself, so the word command's own options may come before or after it.
+        parser.add_argument("word", choices=[word], help=argparse.SUPPRESS)
+        self._words[word] = parser
+        return parser
+
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:
+        if self._words and args is not None:
+            args = list(args)
+            # A probe without the help flags, so `rtui logs classify --help` reaches classify's help.
+            probe, _ = super().parse_known_args([a for a in args if a not in HELP_FLAGS], None)
+            chosen = self._words.get(getattr(probe, self._word_dest, None) or "")
+            if chosen is not None:
+                # Intermixed: files may come before and after --json (`classify a.log --json b.log`).
+                # Not "known": what it does not know is an error naming its own --help.
+                return chosen.parse_intermixed_args(args, namespace), []
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         # argparse echoes the offending argument: a pasted 5000-character value is not an error line.
@@ -52,8 +85,10 @@ def build_parser() -> Parser:
     parser.add_argument("--read-only", action="store_true", help="hide every action that changes anything")
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
-    def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help_text, description=help_text)  # type: ignore[list-item]
+    def add(name: str, help_text: str) -> Parser:
+        made = sub.add_parser(name, parents=[common], help=help_text, description=help_text)  # type: ignore[list-item]
+        assert isinstance(made, Parser)
+        return made
 
     p = add("plan", "show what `up` would create or change")
     p.add_argument("--json", action="store_true")
@@ -65,10 +100,13 @@ def build_parser() -> Parser:
     p.add_argument("run_id", nargs="?")
     p.add_argument("--json", action="store_true")
     p = add("logs", "print a run's job log; `rtui logs classify FILE...` reports NCCL transports")
-    p.add_argument("run_id", nargs="?")
-    p.add_argument("files", nargs="*", help=argparse.SUPPRESS)
-    p.add_argument("--follow", "-f", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("run_id", nargs="?", help="the run (the latest when omitted); or `classify`, see below")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    p.epilog = "rtui logs classify FILE... [--json]: which network NCCL used, from job logs (- for stdin)."
+    text = "which network NCCL really used (EFA, TCP fallback, IB, intra-node), file by file"
+    c = p.add_word_command("run_id", "classify", parents=[common], description=text)
+    c.add_argument("files", nargs="*", metavar="FILE", help="a job log; - reads stdin")
+    c.add_argument("--json", action="store_true", help="one JSON object per file")
     p = add("down", "tear down everything a run created")
     p.add_argument("run_id", nargs="?")
     p.add_argument("--yes", action="store_true")
@@ -156,10 +194,8 @@ def _main(argv: list[str]) -> int:
         return _config_show(ns, out)
     if ns.command == "check":
         return _check(ns, out)
-    if ns.command == "logs" and ns.run_id == "classify":
+    if ns.command == "logs" and getattr(ns, "word", None) == "classify":
         return _classify(ns, out)
-    if ns.command == "logs" and ns.files:
-        raise UserError(f"unexpected argument {ns.files[0]!r}", remedy="use `rtui logs [RUN_ID] [--follow]`")
     from tui import commands
 
     handler = {
