@@ -133,6 +133,16 @@ class RunConfig(BaseModel):
             return self.num_workers
         return 2 if self.target == "local" else self.gpu_node_count * self.gpus_per_node
 
+    def auto_values(self) -> dict[str, Any]:
+        """{field: what it resolves to on this target} for each field left on auto (0 or "auto")."""
+        effective: dict[str, Any] = {
+            "batch_size": self.effective_batch_size(),
+            "num_workers": self.effective_workers(),
+            "precision": self.effective_precision(),
+            "require_transport": self.effective_require_transport(),
+        }
+        return {field: value for field, value in effective.items() if getattr(self, field) != value}
+
 
 FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)
 

@@ -207,14 +207,21 @@ def _main(argv: list[str]) -> int:
 
 def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
     resolved = resolved_from(ns)
-    values = resolved.config.model_dump(mode="json")
+    config = resolved.config
+    values = config.model_dump(mode="json")
+    auto = config.auto_values()
     if ns.json:
-        json.dump({"config": values, "sources": resolved.sources, "config_file": resolved.config_file}, out)
+        # "config" stays the raw values (what a rtui.toml would hold); "effective" is what a run uses.
+        json.dump({"config": values, "effective": {**values, **auto}, "auto": sorted(auto),
+                   "sources": resolved.sources, "config_file": resolved.config_file}, out)
         out.write("\n")
         return 0
     width = max(len(f) for f in values)
     for field, value in values.items():
-        out.write(f"{field:<{width}}  {json.dumps(value):<48}  {resolved.sources[field]}\n")
+        shown = json.dumps(auto.get(field, value))
+        if field in auto:
+            shown += f"  (auto: {config.target})"
+        out.write(f"{field:<{width}}  {shown:<48}  {resolved.sources[field]}\n")
     return 0
 
 
