@@ -193,3 +193,19 @@ def test_non_finite_number_in_the_config_file(tmp_path: Path) -> None:
 
 def test_there_is_a_float_field_to_check() -> None:
     assert "learning_rate" in _float_fields()
+
+
+# --- wizard options given to a command ----------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--resume", "r-x", "plan"], "--resume is for the wizard, not `rtui plan`"),
+        (["--resume", "r-x", "status"], "--resume is for the wizard, not `rtui status`"),
+        (["--resume", "plan"], "--resume took 'plan' for a run id"),
+        (["--read-only", "up", "--yes"], "--read-only is for the wizard, not `rtui up`"),
+    ],
+)
+def test_wizard_options_with_a_command_are_refused(args: list[str], needle: str, isolated_env: Path) -> None:
+    assert_one_line(run_rtui(*args), 2, needle)
+    assert not isolated_env.exists(), "a refused command must not write anything"

@@ -33,6 +33,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._word_dest = ""
         self._words: dict[str, Parser] = {}
+        self.commands: frozenset[str] = frozenset()  # its subcommands' names, once added
 
     def add_word_command(self, positional: str, word: str, **kwargs: Any) -> Parser:
         """A parser for `<this command> <word> ...`, chosen when ``positional`` parses as ``word``."""
@@ -123,6 +124,7 @@ def build_parser() -> Parser:
     p.add_argument("action", choices=["show"])
     p.add_argument("--json", action="store_true")
     _add_bench(sub, common)
+    parser.commands = frozenset(sub.choices or ())
     return parser
 
 
@@ -189,7 +191,18 @@ def _main(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     out = sys.stdout
     if ns.command is None:
+        if ns.resume in parser.commands:  # `rtui --resume plan`: the command was taken for a run id
+            raise UserError(f"--resume took {ns.resume!r} for a run id; --resume is for the wizard",
+                            remedy=f"run `rtui --resume [RUN_ID]` alone, or `rtui {ns.resume}` without it")
         return _wizard(ns)
+    # Both are the wizard's options: with a command they would be dropped without a word,
+    # and `rtui --read-only up --yes` would change things the user asked to leave alone.
+    if ns.resume is not None:
+        raise UserError(f"--resume is for the wizard, not `rtui {ns.command}`",
+                        remedy="run `rtui --resume [RUN_ID]` alone, or give the run id to the command")
+    if ns.read_only:
+        raise UserError(f"--read-only is for the wizard, not `rtui {ns.command}`",
+                        remedy="drop --read-only; commands that change things already ask for --yes")
     if ns.command == "config":
         return _config_show(ns, out)
     if ns.command == "check":
