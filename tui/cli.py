@@ -248,6 +248,7 @@ def _check(ns: argparse.Namespace, out: TextIO) -> int:
             gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
             system_node_type=config.system_node_type, system_node_count=config.system_node_count,
             profile=config.profile, default_region=config.region,
+            require_efa=config.effective_require_transport() in ("efa", "efa_gdr"),
         )
         if ns.request_quota_increase:
             return _request_quota(request, ns, out)
