@@ -266,18 +266,9 @@ def _request_quota(request: Any, ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.yes:
         raise UserError("--request-quota-increase files a request with AWS and needs --yes",
                         remedy="run `rtui check --target aws` first to see what is short")
-    from backend.aws.quota_requests import request_missing_quota
+    from backend.aws.check_command import increase_quota_command
 
-    filed = asyncio.run(request_missing_quota(request))
-    if ns.json:
-        json.dump({"requests": [r.model_dump(mode="json") for r in filed]}, out)
-        out.write("\n")
-    elif not filed:
-        out.write("No quota is short for this plan: nothing was requested.\n")
-    for r in filed if not ns.json else []:
-        out.write(f"requested {r.quota_code} = {r.desired_value:g} vCPUs in {r.region}: {r.status}"
-                  + (f" (case {r.case_id})" if r.case_id else "") + "\n")
-    return 0
+    return increase_quota_command(request, as_json=ns.json, stdout=out, stderr=sys.stderr)
 
 
 def _classify(ns: argparse.Namespace, out: TextIO) -> int:
