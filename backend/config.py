@@ -182,6 +182,8 @@ class ResolvedConfig(BaseModel):
 
 def _find_config_file(explicit: str | None, cwd: Path) -> Path | None:
     if explicit is not None:
+        if not explicit:  # Path("") is the current directory: "is a directory" would puzzle
+            raise UserError("--config is empty", remedy="pass --config FILE, or leave it out to use ./rtui.toml")
         path = Path(explicit).expanduser()
         problem = _not_a_config_file(path)
         if problem is not None:
@@ -227,8 +229,9 @@ def _load_toml(path: Path) -> dict[str, Any]:
     import tomllib  # only when there is a file to read
 
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
+        # utf-8-sig: Windows editors save "UTF-8" with a byte-order mark, which tomllib rejects
+        # as an "invalid statement" at line 1.
+        data = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML ({exc})", remedy="fix the file") from None
     except UnicodeDecodeError as exc:

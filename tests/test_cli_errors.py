@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -147,6 +148,17 @@ def test_a_directory_named_rtui_toml_is_not_silently_skipped(tmp_path: Path) -> 
     assert_one_line(run_rtui("plan"), 2, "rtui.toml is a directory")
 
 
+def test_an_empty_config_flag_is_not_the_current_directory() -> None:
+    assert_one_line(run_rtui("plan", "--config", ""), 2, "--config is empty")
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    (tmp_path / "rtui.toml").write_bytes(b"\xef\xbb\xbfsteps = 5\n")  # "UTF-8" as Notepad saves it
+    proc = run_rtui("config", "show", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["config"]["steps"] == 5
+
+
 # --- values: what is echoed, and numbers that are not numbers --------------------------------
 
 LONG = "a" * 5000
@@ -189,6 +201,16 @@ def test_non_finite_numbers_are_rejected_plainly(field: str, value: str) -> None
 def test_non_finite_number_in_the_config_file(tmp_path: Path) -> None:
     (tmp_path / "rtui.toml").write_text("learning_rate = nan\n")  # TOML has nan and inf literals
     assert_one_line(run_rtui("plan"), 2, "invalid learning_rate=nan (from file:")
+
+
+def test_bench_timeout_must_be_a_finite_number() -> None:
+    # The taken port stops a bench that got past the parser before it starts anything.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = str(s.getsockname()[1])
+        proc = run_rtui("bench", "fabric", "--yes", "--timeout", "nan", "--local-dashboard-port", port)
+    assert_one_line(proc, 2, "argument --timeout: expected a finite number of seconds, got 'nan'")
 
 
 def test_there_is_a_float_field_to_check() -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn, TextIO
 
-from backend.config import ECHO_LIMIT, FIELD_NAMES, RunConfig, flag_name, resolve_config
+from backend.config import ECHO_LIMIT, FIELD_NAMES, RunConfig, flag_name, resolve_config, shown
 from backend.errors import RtuiError, UserError
 
 LATEST = "__latest__"
@@ -152,7 +153,7 @@ def _add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--down", action="store_true", help="tear the run down afterwards (also on failure)")
         p.add_argument("--variant", action="append", choices=("efa", "tcp", "gloo"),
                        help="run only this variant (repeatable; default efa and tcp on GPUs, gloo locally)")
-        p.add_argument("--timeout", type=float, default=900.0, metavar="S", help="per job, in seconds")
+        p.add_argument("--timeout", type=_seconds, default=900.0, metavar="S", help="per job, in seconds")
         if kind == "fabric":
             p.add_argument("--iters", type=int, help="timed all-reduces per size (default 20 on GPUs, 5 on CPU)")
             p.add_argument("--warmup", type=int, help="untimed all-reduces per size (default 5 on GPUs, 2 on CPU)")
@@ -160,6 +161,17 @@ def _add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
         else:
             p.epilog = epilog + (" Each job trains the run's model for 12 steps locally, 20 on GPUs, unless "
                                  "--steps is given on this command line.")
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds for argparse. float() takes "nan", which every `<= 0` check lets through."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {shown(text)}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {shown(text)}")
+    return value
 
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
