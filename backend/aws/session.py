@@ -161,6 +161,13 @@ def describe_aws_error(exc: BaseException, *, action: str, profile: str | None =
             f"could not reach AWS{where} while {action} ({code})",
             remedy="check the network, the proxy or AWS_ENDPOINT_URL",
         )
+    if isinstance(exc, ValueError) and str(exc).startswith("Invalid"):
+        # botocore's own check of the endpoint URL ("Invalid endpoint: ...", "Invalid IPv6 URL"),
+        # raised when a client is made: the user's setting, not an AWS failure.
+        return UserError(
+            f"the AWS endpoint URL is not usable ({clip(str(exc))})",
+            remedy="fix or unset AWS_ENDPOINT_URL (or endpoint_url in ~/.aws/config)",
+        )
     if isinstance(exc, ClientError | BotoCoreError):
         message = (
             str(exc.response.get("Error", {}).get("Message", "")) if isinstance(exc, ClientError) else ""

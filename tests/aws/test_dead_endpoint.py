@@ -108,6 +108,15 @@ def test_a_refused_connection_names_the_endpoint() -> None:
     assert f"could not reach AWS at {closed}" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("endpoint", ["not-a-url", "http://[::1"])
+def test_a_malformed_endpoint_url_is_bad_input(endpoint: str) -> None:
+    proc, _ = timed_rtui("check", "--target", "aws", endpoint=endpoint)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert err.startswith("rtui: the AWS endpoint URL is not usable") and "AWS_ENDPOINT_URL" in err
+    assert err.count("\n") == 0
+
+
 def test_every_client_has_timeouts_and_bounded_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in _ENV.items():
         monkeypatch.setenv(key, value)
