@@ -231,3 +231,12 @@ def test_there_is_a_float_field_to_check() -> None:
 def test_wizard_options_with_a_command_are_refused(args: list[str], needle: str, isolated_env: Path) -> None:
     assert_one_line(run_rtui(*args), 2, needle)
     assert not isolated_env.exists(), "a refused command must not write anything"
+
+
+@pytest.mark.parametrize("args", [[], ["--target", "aws"]])
+def test_the_wizard_without_a_terminal_says_so_instead_of_waiting(args: list[str]) -> None:
+    # run_rtui: stdin is /dev/null and stdout a pipe, as in a script or `rtui > out.txt`.
+    started = time.monotonic()
+    proc = run_rtui(*args, timeout=30)
+    assert time.monotonic() - started < 20
+    assert_one_line(proc, 2, "the wizard needs a terminal")

@@ -301,11 +301,23 @@ def _wizard(ns: argparse.Namespace) -> int:
         session = RunSession.resume(None if ns.resume == LATEST else ns.resume)
     else:
         session = RunSession.for_config(resolved_from(ns))
+    if not (_is_tty(sys.stdin) and _is_tty(sys.stdout)):
+        # Checked after the run is found, so a bad --resume still gets its own message. Without
+        # a terminal the app draws into a pipe or file and waits for keys that never come.
+        raise UserError("the wizard needs a terminal (stdin or stdout is not one)",
+                        remedy="run `rtui` in a terminal; scripts use `rtui plan`, `rtui up --yes`, `rtui status`")
     from tui.app import RtuiApp
 
     app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only)
     app.run()
     return int(app.return_code or 0)
+
+
+def _is_tty(stream: TextIO | None) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 if __name__ == "__main__":
