@@ -193,8 +193,8 @@ def _find_config_file(explicit: str | None, cwd: Path) -> Path | None:
         problem = _not_a_config_file(candidate)
         if problem is None:
             return candidate
-        if problem != _MISSING:
-            # Skipping it would silently run on defaults the user did not choose.
+        if not problem.startswith(_MISSING):
+            # There but unreadable: skipping it would run on defaults the user did not choose.
             raise UserError(f"{candidate} {problem}", remedy="remove or rename it, or pass --config FILE")
     return None
 

@@ -153,3 +153,10 @@ def test_every_float_field_rejects_non_finite_values() -> None:
         for value in ("nan", "inf", float("nan"), float("-inf")):
             with pytest.raises(UserError, match="finite number"):
                 resolve_config({field: value}, environ={})
+
+
+def test_a_config_dir_that_is_a_file_is_just_absent(tmp_path: Path) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    proc = run_rtui("config", "show", "--json", env={"RTUI_CONFIG_DIR": str(tmp_path / "not-a-dir")})
+    assert proc.returncode == 0, proc.stderr
+    assert json_lines(proc.stdout)[0]["config_file"] is None
