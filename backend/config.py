@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -43,7 +44,9 @@ _PATTERNS: dict[str, tuple[str, str]] = {
 class RunConfig(BaseModel):
     """The whole desired state of a run. Immutable once resolved."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # allow_inf_nan=False: "nan" passes every gt/lt bound (each comparison is False), so a
+    # non-finite number would otherwise be reported as out of range, or not at all.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
     target: Target = Field("local", description="Where to run: this machine, a new EKS cluster, or a kubeconfig one")
     cluster_name: str = Field("rtui-ray", description="Name of the cluster (and of the RayCluster); identifies the run")
@@ -140,8 +143,37 @@ class RunConfig(BaseModel):
             return self.num_workers
         return 2 if self.target == "local" else self.gpu_node_count * self.gpus_per_node
 
+    def auto_values(self) -> dict[str, Any]:
+        """{field: what it resolves to on this target} for each field left on auto (0 or "auto")."""
+        effective: dict[str, Any] = {
+            "batch_size": self.effective_batch_size(),
+            "num_workers": self.effective_workers(),
+            "precision": self.effective_precision(),
+            "require_transport": self.effective_require_transport(),
+        }
+        return {field: value for field, value in effective.items() if getattr(self, field) != value}
+
 
 FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)
+
+
+# What an error line echoes of a user's value: enough to recognise it, never a screenful.
+ECHO_LIMIT = 60
+
+
+def shown(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``repr(value)`` for an error line: one line (repr escapes newlines), at most ~``limit`` chars."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str | bytes) else ""
+    return text[: limit - 1] + "…" + size
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` unquoted for an error line, escaped when it holds control characters, cut like ``shown``."""
+    line = text if text.isprintable() else repr(text)[1:-1]
+    return line if len(line) <= limit else line[: limit - 1] + f"… ({len(text)} characters)"
 
 
 def flag_name(field: str) -> str:
@@ -160,30 +192,67 @@ class ResolvedConfig(BaseModel):
 
 def _find_config_file(explicit: str | None, cwd: Path) -> Path | None:
     if explicit is not None:
+        if not explicit:  # Path("") is the current directory: "is a directory" would puzzle
+            raise UserError("--config is empty", remedy="pass --config FILE, or leave it out to use ./rtui.toml")
         path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise UserError(f"config file {explicit} does not exist", remedy="pass an existing --config FILE")
+        problem = _not_a_config_file(path)
+        if problem is not None:
+            raise UserError(f"config file {shown(explicit)} {problem}", remedy="pass an existing --config FILE")
         return path
     for candidate in (cwd / CONFIG_FILENAME, config_dir() / CONFIG_FILENAME):
-        if candidate.is_file():
+        problem = _not_a_config_file(candidate)
+        if problem is None:
             return candidate
+        if not problem.startswith(_MISSING):
+            # There but unreadable: skipping it would run on defaults the user did not choose.
+            raise UserError(f"{candidate} {problem}", remedy="remove or rename it, or pass --config FILE")
     return None
+
+
+_MISSING = "does not exist"
+
+
+def _not_a_config_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as rtui.toml, or None when it is a regular file.
+
+    Checked before opening: opening a FIFO for reading blocks until a writer appears."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return _MISSING
+    except NotADirectoryError:
+        return f"{_MISSING} (a parent is not a directory)"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if stat.S_ISFIFO(mode):
+        return "is a FIFO (named pipe), not a regular file"
+    if stat.S_ISSOCK(mode):
+        return "is a socket, not a regular file"
+    return "is a device, not a regular file"
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
     import tomllib  # only when there is a file to read
 
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
+        # utf-8-sig: Windows editors save "UTF-8" with a byte-order mark, which tomllib rejects
+        # as an "invalid statement" at line 1.
+        data = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML ({exc})", remedy="fix the file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})",
+                        remedy="save the file as UTF-8 (TOML requires it)") from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     unknown = sorted(set(data) - set(FIELD_NAMES))
     if unknown:
         raise UserError(
-            f"{path}: unknown config key {unknown[0]!r}",
+            f"{path}: unknown config key {shown(unknown[0])}",
             remedy="see `rtui config show` for the accepted keys",
         )
     return data
@@ -193,14 +262,14 @@ def _describe_error(exc: ValidationError, sources: Mapping[str, str], raw: Mappi
     err = exc.errors()[0]
     field = str(err["loc"][0]) if err["loc"] else "config"
     where = sources.get(field, "default")
-    shown = flag_name(field) if where == "flag" else env_name(field) if where == "env" else field
+    name = flag_name(field) if where == "flag" else env_name(field) if where == "env" else field
     value = raw.get(field, err.get("input"))
     msg = err["msg"].removeprefix("Value error, ")
     if field in RunConfig.model_fields:
         annotation = RunConfig.model_fields[field].annotation
         if "Literal" in str(annotation):
             msg = f"expected one of {', '.join(getattr(annotation, '__args__', ()))}"
-    return UserError(f"invalid {shown}={value!r} (from {where}): {msg}")
+    return UserError(f"invalid {name}={shown(value)} (from {where}): {msg}")
 
 
 def resolve_config(
@@ -231,7 +300,7 @@ def resolve_config(
     )
     unknown_env = [k for k in unknown_env if k not in _NON_CONFIG_ENV]
     if unknown_env:
-        raise UserError(f"unknown environment variable {unknown_env[0]}", remedy="unset it or fix its name")
+        raise UserError(f"unknown environment variable {shown(unknown_env[0])}", remedy="unset it or fix its name")
     for field, value in (flags or {}).items():
         if value is not None:
             raw[field] = value
@@ -251,8 +320,12 @@ def resolve_config(
                         remedy="the local target trains on CPU with gloo; use --target aws or kube")
     if config.data_is_file() and not config.data.startswith("s3://"):
         data_path = (cwd / config.data).resolve()
-        if not data_path.exists():
-            raise UserError(f"--data {config.data}: no such file or directory",
+        try:
+            found = data_path.exists()
+        except OSError:  # a name too long for the file system, say: it cannot name data either
+            found = False
+        if not found:
+            raise UserError(f"--data {shown(config.data)}: no such file or directory",
                             remedy="give a JSONL/Parquet file or folder, an s3:// URI, `random` or `cycle`")
         config = config.model_copy(update={"data": str(data_path)})
     if config.target == "local" and config.data_is_file() and not config.tokenizer:

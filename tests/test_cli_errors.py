@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +113,130 @@ def test_resume_skips_runs_that_are_down(isolated_env: Path) -> None:
     store.save(rec)
     assert_one_line(run_rtui("--resume"), 2, f"no runs to resume (the latest, {rec.run_id}, is down)")
     assert_one_line(run_rtui("--resume", rec.run_id), 2, f"run {rec.run_id} is already down")
+
+
+# --- the config file: anything that is not a readable UTF-8 regular file ---------------------
+
+NOT_UTF8 = b'steps = 5\ncluster_name = "caf\xe9"\n'  # Latin-1, as an old editor saves it
+
+
+def test_non_utf8_config_file_given_with_config(tmp_path: Path) -> None:
+    (tmp_path / "latin1.toml").write_bytes(NOT_UTF8)
+    assert_one_line(run_rtui("config", "show", "--config", "latin1.toml"), 2, "not UTF-8 text (byte 0xe9")
+
+
+def test_non_utf8_config_file_found_in_the_current_dir(tmp_path: Path) -> None:
+    (tmp_path / "rtui.toml").write_bytes(NOT_UTF8)
+    assert_one_line(run_rtui("plan"), 2, "rtui.toml: not UTF-8 text")
+
+
+def test_config_naming_a_directory_says_so(tmp_path: Path) -> None:
+    (tmp_path / "conf.d").mkdir()
+    assert_one_line(run_rtui("plan", "--config", "conf.d"), 2, "config file 'conf.d' is a directory")
+
+
+def test_config_naming_a_fifo_says_so_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.toml")  # nobody ever writes to it: opening it to read would block
+    started = time.monotonic()
+    proc = run_rtui("plan", "--config", "pipe.toml", timeout=30)
+    assert time.monotonic() - started < 20
+    assert_one_line(proc, 2, "config file 'pipe.toml' is a FIFO")
+
+
+def test_a_directory_named_rtui_toml_is_not_silently_skipped(tmp_path: Path) -> None:
+    (tmp_path / "rtui.toml").mkdir()
+    assert_one_line(run_rtui("plan"), 2, "rtui.toml is a directory")
+
+
+def test_an_empty_config_flag_is_not_the_current_directory() -> None:
+    assert_one_line(run_rtui("plan", "--config", ""), 2, "--config is empty")
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    (tmp_path / "rtui.toml").write_bytes(b"\xef\xbb\xbfsteps = 5\n")  # "UTF-8" as Notepad saves it
+    proc = run_rtui("config", "show", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["config"]["steps"] == 5
+
+
+# --- values: what is echoed, and numbers that are not numbers --------------------------------
+
+LONG = "a" * 5000
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["plan", "--cluster-name", LONG], {}, "invalid --cluster-name='aaaa"),
+        (["plan", "--target", LONG], {}, "expected one of local, aws, kube"),
+        (["plan", "--data", LONG], {}, "no such file or directory"),
+        (["plan", "--config", LONG], {}, "cannot be read: File name too long"),
+        (["plan"], {"RTUI_IMAGE": "x", "RTUI_" + "X" * 5000: "1"}, "unknown environment variable"),
+        ([LONG], {}, "invalid choice"),
+        (["plan", "--shard", LONG], {}, "expected one of full, hybrid"),
+    ],
+)
+def test_a_5000_character_value_is_not_echoed_in_full(args: list[str], env: dict[str, str], needle: str) -> None:
+    proc = run_rtui(*args, env=env)
+    assert_one_line(proc, 2, needle)
+    assert len(proc.stderr) < 400, len(proc.stderr)
+    assert "(5000 characters)" in proc.stderr or "…" in proc.stderr
+
+
+def _float_fields() -> list[str]:
+    from backend.config import RunConfig
+
+    return [name for name, info in RunConfig.model_fields.items() if info.annotation in (float, float | None)]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
+@pytest.mark.parametrize("field", _float_fields())
+def test_non_finite_numbers_are_rejected_plainly(field: str, value: str) -> None:
+    flag = "--" + field.replace("_", "-")
+    # FLAG=VALUE: argparse reads a separate "-inf" as an option, not as the flag's value.
+    proc = run_rtui("plan", f"{flag}={value}")
+    assert_one_line(proc, 2, f"invalid {flag}='{value}' (from flag): Input should be a finite number")
+
+
+def test_non_finite_number_in_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "rtui.toml").write_text("learning_rate = nan\n")  # TOML has nan and inf literals
+    assert_one_line(run_rtui("plan"), 2, "invalid learning_rate=nan (from file:")
+
+
+def test_bench_timeout_must_be_a_finite_number() -> None:
+    # The taken port stops a bench that got past the parser before it starts anything.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = str(s.getsockname()[1])
+        proc = run_rtui("bench", "fabric", "--yes", "--timeout", "nan", "--local-dashboard-port", port)
+    assert_one_line(proc, 2, "argument --timeout: expected a finite number of seconds, got 'nan'")
+
+
+def test_there_is_a_float_field_to_check() -> None:
+    assert "learning_rate" in _float_fields()
+
+
+# --- wizard options given to a command ----------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--resume", "r-x", "plan"], "--resume is for the wizard, not `rtui plan`"),
+        (["--resume", "r-x", "status"], "--resume is for the wizard, not `rtui status`"),
+        (["--resume", "plan"], "--resume took 'plan' for a run id"),
+        (["--read-only", "up", "--yes"], "--read-only is for the wizard, not `rtui up`"),
+    ],
+)
+def test_wizard_options_with_a_command_are_refused(args: list[str], needle: str, isolated_env: Path) -> None:
+    assert_one_line(run_rtui(*args), 2, needle)
+    assert not isolated_env.exists(), "a refused command must not write anything"
+
+
+@pytest.mark.parametrize("args", [[], ["--target", "aws"]])
+def test_the_wizard_without_a_terminal_says_so_instead_of_waiting(args: list[str]) -> None:
+    # run_rtui: stdin is /dev/null and stdout a pipe, as in a script or `rtui > out.txt`.
+    started = time.monotonic()
+    proc = run_rtui(*args, timeout=30)
+    assert time.monotonic() - started < 20
+    assert_one_line(proc, 2, "the wizard needs a terminal")

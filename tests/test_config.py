@@ -106,3 +106,57 @@ def test_config_show_json_reports_sources(tmp_path: Path) -> None:
     assert data["config"]["region"] == "ap-south-1" and data["sources"]["region"] == "env"
     human = run_rtui("config", "show").stdout
     assert "steps" in human and "file:" in human
+
+
+def _show_rows(*args: str) -> dict[str, list[str]]:
+    proc = run_rtui("config", "show", *args)
+    assert proc.returncode == 0, proc.stderr
+    return {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("local", {"batch_size": "32", "num_workers": "2", "precision": '"fp32"', "require_transport": '"any"'}),
+        ("aws", {"batch_size": "1", "num_workers": "8", "precision": '"bf16"', "require_transport": '"efa"'}),
+    ],
+)
+def test_config_show_prints_what_auto_resolves_to_on_the_target(target: str, expected: dict[str, str]) -> None:
+    rows = _show_rows("--target", target)
+    for field, value in expected.items():
+        assert rows[field] == [value, "(auto:", f"{target})", "default"], (field, rows[field])
+
+
+def test_config_show_leaves_values_that_were_set_alone() -> None:
+    rows = _show_rows("--batch-size", "4", "--num-workers", "3", "--precision", "bf16")
+    assert rows["batch_size"] == ["4", "flag"] and rows["num_workers"] == ["3", "flag"]
+    assert rows["precision"] == ['"bf16"', "flag"]
+    # Asked for auto by name: still resolved, and the source says who asked.
+    assert _show_rows("--precision", "auto")["precision"] == ['"fp32"', "(auto:", "local)", "flag"]
+
+
+def test_config_show_json_carries_raw_and_effective_values() -> None:
+    proc = run_rtui("config", "show", "--json", "--target", "aws", "--gpu-node-count", "3", "--batch-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    data = json_lines(proc.stdout)[0]
+    assert data["config"]["num_workers"] == 0 and data["effective"]["num_workers"] == 12
+    assert data["config"]["precision"] == "auto" and data["effective"]["precision"] == "bf16"
+    assert data["config"]["batch_size"] == data["effective"]["batch_size"] == 2
+    assert data["auto"] == ["num_workers", "precision", "require_transport"]
+    assert data["effective"].keys() == data["config"].keys()
+
+
+def test_every_float_field_rejects_non_finite_values() -> None:
+    floats = [f for f, info in RunConfig.model_fields.items() if info.annotation in (float, float | None)]
+    assert floats
+    for field in floats:
+        for value in ("nan", "inf", float("nan"), float("-inf")):
+            with pytest.raises(UserError, match="finite number"):
+                resolve_config({field: value}, environ={})
+
+
+def test_a_config_dir_that_is_a_file_is_just_absent(tmp_path: Path) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    proc = run_rtui("config", "show", "--json", env={"RTUI_CONFIG_DIR": str(tmp_path / "not-a-dir")})
+    assert proc.returncode == 0, proc.stderr
+    assert json_lines(proc.stdout)[0]["config_file"] is None

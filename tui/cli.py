@@ -9,20 +9,58 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn, TextIO
 
-from backend.config import FIELD_NAMES, ResolvedConfig, RunConfig, flag_name, resolve_config
+from backend.config import ECHO_LIMIT, FIELD_NAMES, ResolvedConfig, RunConfig, flag_name, resolve_config, shown
 from backend.errors import RtuiError, UserError
 
 LATEST = "__latest__"
+HELP_FLAGS = ("-h", "--help")
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors in one line with what to do next, exit 2."""
+    """Usage errors in one line with what to do next, exit 2.
+
+    A parser may also have *word commands*: `rtui logs classify FILE...` is a command of its
+    own although `rtui logs RUN_ID` takes a free positional, which argparse subparsers cannot
+    express (they would make every run id an invalid choice).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._word_dest = ""
+        self._words: dict[str, Parser] = {}
+        self.commands: frozenset[str] = frozenset()  # its subcommands' names, once added
+
+    def add_word_command(self, positional: str, word: str, **kwargs: Any) -> Parser:
+        """A parser for `<this command> <word> ...`, chosen when ``positional`` parses as ``word``."""
+        self._word_dest = positional
+        kwargs.setdefault("prog", f"{self.prog} {word}")
+        parser = Parser(**kwargs)
+        # The word itself, so the word command's own options may come before or after it.
+        parser.add_argument("word", choices=[word], help=argparse.SUPPRESS)
+        self._words[word] = parser
+        return parser
+
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:
+        if self._words and args is not None:
+            args = list(args)
+            # A probe without the help flags, so `rtui logs classify --help` reaches classify's help.
+            probe, _ = super().parse_known_args([a for a in args if a not in HELP_FLAGS], None)
+            chosen = self._words.get(getattr(probe, self._word_dest, None) or "")
+            if chosen is not None:
+                # Intermixed: files may come before and after --json (`classify a.log --json b.log`).
+                # Not "known": what it does not know is an error naming its own --help.
+                return chosen.parse_intermixed_args(args, namespace), []
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
+        # argparse echoes the offending argument: a pasted 5000-character value is not an error line.
+        message = re.sub(rf"\S{{{ECHO_LIMIT + 1},}}", lambda m: m.group()[:ECHO_LIMIT] + "…", message)
         self.exit(2, f"rtui: {message} (see `{self.prog} --help`)\n")
 
 
@@ -49,8 +87,10 @@ def build_parser() -> Parser:
     parser.add_argument("--read-only", action="store_true", help="hide every action that changes anything")
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
-    def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+    def add(name: str, help_text: str) -> Parser:
+        made = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        assert isinstance(made, Parser)
+        return made
 
     p = add("plan", "show what `up` would create or change")
     p.add_argument("--json", action="store_true")
@@ -63,10 +103,13 @@ def build_parser() -> Parser:
     p.add_argument("run_id", nargs="?")
     p.add_argument("--json", action="store_true")
     p = add("logs", "print a run's job log; `rtui logs classify FILE...` reports NCCL transports")
-    p.add_argument("run_id", nargs="?")
-    p.add_argument("files", nargs="*", help=argparse.SUPPRESS)
-    p.add_argument("--follow", "-f", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("run_id", nargs="?", help="the run (the latest when omitted); or `classify`, see below")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    p.epilog = "rtui logs classify FILE... [--json]: which network NCCL used, from job logs (- for stdin)."
+    text = "which network NCCL really used (EFA, TCP fallback, IB, intra-node), file by file"
+    c = p.add_word_command("run_id", "classify", parents=[common], description=text)
+    c.add_argument("files", nargs="*", metavar="FILE", help="a job log; - reads stdin")
+    c.add_argument("--json", action="store_true", help="one JSON object per file")
     p = add("down", "tear down everything a run created")
     p.add_argument("run_id", nargs="?")
     p.add_argument("--yes", action="store_true")
@@ -83,6 +126,7 @@ def build_parser() -> Parser:
     p.add_argument("action", choices=["show"])
     p.add_argument("--json", action="store_true")
     _add_bench(sub, common)
+    parser.commands = frozenset(sub.choices or ())
     return parser
 
 
@@ -110,7 +154,7 @@ def _add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--down", action="store_true", help="tear the run down afterwards (also on failure)")
         p.add_argument("--variant", action="append", choices=("efa", "tcp", "gloo"),
                        help="run only this variant (repeatable; default efa and tcp on GPUs, gloo locally)")
-        p.add_argument("--timeout", type=float, default=900.0, metavar="S", help="per job, in seconds")
+        p.add_argument("--timeout", type=_seconds, default=900.0, metavar="S", help="per job, in seconds")
         if kind == "fabric":
             p.add_argument("--iters", type=int, help="timed all-reduces per size (default 20 on GPUs, 5 on CPU)")
             p.add_argument("--warmup", type=int, help="untimed all-reduces per size (default 5 on GPUs, 2 on CPU)")
@@ -118,6 +162,17 @@ def _add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
         else:
             p.epilog = epilog + (" Each job trains the run's model for 12 steps locally, 20 on GPUs, unless "
                                  "--steps is given on this command line.")
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds for argparse. float() takes "nan", which every `<= 0` check lets through."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {shown(text)}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {shown(text)}")
+    return value
 
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
@@ -149,15 +204,24 @@ def _main(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     out = sys.stdout
     if ns.command is None:
+        if ns.resume in parser.commands:  # `rtui --resume plan`: the command was taken for a run id
+            raise UserError(f"--resume took {ns.resume!r} for a run id; --resume is for the wizard",
+                            remedy=f"run `rtui --resume [RUN_ID]` alone, or `rtui {ns.resume}` without it")
         return _wizard(ns)
+    # Both are the wizard's options: with a command they would be dropped without a word,
+    # and `rtui --read-only up --yes` would change things the user asked to leave alone.
+    if ns.resume is not None:
+        raise UserError(f"--resume is for the wizard, not `rtui {ns.command}`",
+                        remedy="run `rtui --resume [RUN_ID]` alone, or give the run id to the command")
+    if ns.read_only:
+        raise UserError(f"--read-only is for the wizard, not `rtui {ns.command}`",
+                        remedy="drop --read-only; commands that change things already ask for --yes")
     if ns.command == "config":
         return _config_show(ns, out)
     if ns.command == "check":
         return _check(ns, out)
-    if ns.command == "logs" and ns.run_id == "classify":
+    if ns.command == "logs" and getattr(ns, "word", None) == "classify":
         return _classify(ns, out)
-    if ns.command == "logs" and ns.files:
-        raise UserError(f"unexpected argument {ns.files[0]!r}", remedy="use `rtui logs [RUN_ID] [--follow]`")
     from tui import commands
 
     handler = {
@@ -169,14 +233,21 @@ def _main(argv: list[str]) -> int:
 
 def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
     resolved = resolved_from(ns)
-    values = resolved.config.model_dump(mode="json")
+    config = resolved.config
+    values = config.model_dump(mode="json")
+    auto = config.auto_values()
     if ns.json:
-        json.dump({"config": values, "sources": resolved.sources, "config_file": resolved.config_file}, out)
+        # "config" stays the raw values (what a rtui.toml would hold); "effective" is what a run uses.
+        json.dump({"config": values, "effective": {**values, **auto}, "auto": sorted(auto),
+                   "sources": resolved.sources, "config_file": resolved.config_file}, out)
         out.write("\n")
         return 0
     width = max(len(f) for f in values)
     for field, value in values.items():
-        out.write(f"{field:<{width}}  {json.dumps(value):<48}  {resolved.sources[field]}\n")
+        shown = json.dumps(auto.get(field, value))
+        if field in auto:
+            shown += f"  (auto: {config.target})"
+        out.write(f"{field:<{width}}  {shown:<48}  {resolved.sources[field]}\n")
     return 0
 
 
@@ -190,6 +261,7 @@ def _check(ns: argparse.Namespace, out: TextIO) -> int:
             gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
             system_node_type=config.system_node_type, system_node_count=config.system_node_count,
             profile=config.profile, default_region=config.region,
+            require_efa=config.effective_require_transport() in ("efa", "efa_gdr"),
         )
         if ns.request_quota_increase:
             return _request_quota(request, ns, out)
@@ -207,18 +279,9 @@ def _request_quota(request: Any, ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.yes:
         raise UserError("--request-quota-increase files a request with AWS and needs --yes",
                         remedy="run `rtui check --target aws` first to see what is short")
-    from backend.aws.quota_requests import request_missing_quota
+    from backend.aws.check_command import increase_quota_command
 
-    filed = asyncio.run(request_missing_quota(request))
-    if ns.json:
-        json.dump({"requests": [r.model_dump(mode="json") for r in filed]}, out)
-        out.write("\n")
-    elif not filed:
-        out.write("No quota is short for this plan: nothing was requested.\n")
-    for r in filed if not ns.json else []:
-        out.write(f"requested {r.quota_code} = {r.desired_value:g} vCPUs in {r.region}: {r.status}"
-                  + (f" (case {r.case_id})" if r.case_id else "") + "\n")
-    return 0
+    return increase_quota_command(request, as_json=ns.json, stdout=out, stderr=sys.stderr)
 
 
 def _classify(ns: argparse.Namespace, out: TextIO) -> int:
@@ -239,11 +302,23 @@ def _wizard(ns: argparse.Namespace) -> int:
         session = RunSession.resume(None if ns.resume == LATEST else ns.resume)
     else:
         session = RunSession.for_config(resolved_from(ns))
+    if not (_is_tty(sys.stdin) and _is_tty(sys.stdout)):
+        # Checked after the run is found, so a bad --resume still gets its own message. Without
+        # a terminal the app draws into a pipe or file and waits for keys that never come.
+        raise UserError("the wizard needs a terminal (stdin or stdout is not one)",
+                        remedy="run `rtui` in a terminal; scripts use `rtui plan`, `rtui up --yes`, `rtui status`")
     from tui.app import RtuiApp
 
     app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only)
     app.run()
     return int(app.return_code or 0)
+
+
+def _is_tty(stream: TextIO | None) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 if __name__ == "__main__":

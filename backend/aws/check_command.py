@@ -9,42 +9,152 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TextIO
+from collections.abc import Awaitable, Callable
+from typing import TextIO, TypeVar
 
 from backend.aws.preflight import run_preflight
-from backend.aws.quota import increase_command
+from backend.aws.quota import QuotaIncreaseRequest, increase_command
 from backend.aws.report import PreflightReport, PreflightRequest, RegionReport
+from backend.aws.session import AwsSession
+from backend.config import clip
 from backend.errors import OperationError, RtuiError
 
 EXIT_FEASIBLE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NONE_FEASIBLE = 0, 1, 2, 3
+# The longest an AWS command stays quiet on stderr while it waits (TTY or not): a check that
+# gets no answer must not pass for a hung terminal or a stuck CI job.
+HEARTBEAT_S = 15.0
+
+T = TypeVar("T")
 
 
-def check_command(request: PreflightRequest, *, as_json: bool, stdout: TextIO, stderr: TextIO) -> int:
+class Watch:
+    """What an AWS command is waiting for, said on stderr after ``every`` seconds of quiet."""
+
+    def __init__(self, stderr: TextIO, every: float, endpoint: Callable[[], str], waiting_for: str) -> None:
+        self._stderr = stderr
+        self._every = every
+        # Both change as the command goes on: the endpoint is the one the awaited calls go to.
+        self.endpoint = endpoint
+        self.waiting_for = waiting_for
+        self.started = self._last_said = time.monotonic()
+
+    def said(self) -> None:
+        """Something was just written to stderr: the quiet starts again."""
+        self._last_said = time.monotonic()
+
+    async def run(self, work: Awaitable[T]) -> T:
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                quiet = time.monotonic() - self._last_said
+                await asyncio.wait({task}, timeout=max(self._every - quiet, 0.05))
+                if task.done():
+                    return task.result()
+                if time.monotonic() - self._last_said >= self._every:
+                    elapsed = time.monotonic() - self.started
+                    self._stderr.write(f"rtui: still waiting for AWS at {self.endpoint()}: "
+                                       f"{self.waiting_for} ({elapsed:.0f}s)\n")
+                    self._stderr.flush()
+                    self.said()
+        finally:
+            task.cancel()
+
+
+def check_command(
+    request: PreflightRequest, *, as_json: bool, stdout: TextIO, stderr: TextIO, heartbeat_s: float = HEARTBEAT_S
+) -> int:
     started = time.perf_counter()
     done: list[str] = []
+    expected: list[str] = []
 
-    def progress(region: RegionReport) -> None:
-        done.append(region.region)
-        # Progress only where a person watches: a TTY stderr. Scripts get a quiet stderr.
-        if _is_tty(stderr):
-            state = _region_state(region)
-            stderr.write(f"[{len(done)}] {region.region}: {state} ({time.perf_counter() - started:.1f}s)\n")
-            stderr.flush()
+    def run(aws: AwsSession, watch: Watch) -> Awaitable[PreflightReport]:
+        def waiting() -> None:
+            left = [r for r in expected if r not in done]
+            if left:
+                watch.waiting_for = _pending(left, len(expected))
+                watch.endpoint = lambda: aws.endpoint("ec2", left[0])
 
-    try:
-        report = asyncio.run(run_preflight(request, on_region=progress))
-    except RtuiError as err:
-        stderr.write(f"rtui check: {err}\n")
-        return err.exit_code
-    except Exception as exc:  # a bug or an unexpected library failure: still one line
-        stderr.write(f"rtui check: {OperationError(f'unexpected error: {type(exc).__name__}: {exc}')}\n")
-        return EXIT_FAILED
+        def listed(regions: list[str]) -> None:
+            expected.extend(regions)
+            waiting()
 
+        def progress(region: RegionReport) -> None:
+            done.append(region.region)
+            waiting()
+            # Per-region progress only where a person watches: a TTY stderr. Scripts get a
+            # quiet stderr (but for the heartbeat, when a check is slow).
+            if _is_tty(stderr):
+                state = _region_state(region)
+                stderr.write(f"[{len(done)}] {region.region}: {state} ({time.perf_counter() - started:.1f}s)\n")
+                stderr.flush()
+                watch.said()
+
+        return run_preflight(request, on_region=progress, on_listed=listed, session=aws)
+
+    code, report = _run_aws(request, run, stderr, heartbeat_s)
+    if report is None:
+        return code
     if as_json:
         stdout.write(json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
     else:
         stdout.write(render_text(report))
     return EXIT_FEASIBLE if report.recommendation is not None else EXIT_NONE_FEASIBLE
+
+
+def increase_quota_command(
+    request: PreflightRequest, *, as_json: bool, stdout: TextIO, stderr: TextIO, heartbeat_s: float = HEARTBEAT_S
+) -> int:
+    """``rtui check --target aws --request-quota-increase --yes``: file what the plan is short of."""
+    from backend.aws.quota_requests import request_missing_quota
+
+    def run(aws: AwsSession, watch: Watch) -> Awaitable[list[QuotaIncreaseRequest]]:
+        def filing(region: str, code: str) -> None:
+            watch.waiting_for = f"requesting quota {code} in {region}"
+            watch.endpoint = lambda: aws.endpoint("service-quotas", region)
+
+        return request_missing_quota(request, session=aws, on_request=filing)
+
+    code, filed = _run_aws(request, run, stderr, heartbeat_s)
+    if filed is None:
+        return code
+    if as_json:
+        stdout.write(json.dumps({"requests": [r.model_dump(mode="json") for r in filed]}) + "\n")
+    elif not filed:
+        stdout.write("No quota is short for this plan: nothing was requested.\n")
+    for r in filed if not as_json else []:
+        stdout.write(f"requested {r.quota_code} = {r.desired_value:g} vCPUs in {r.region}: {r.status}"
+                     + (f" (case {r.case_id})" if r.case_id else "") + "\n")
+    return 0
+
+
+def _run_aws(
+    request: PreflightRequest,
+    work: Callable[[AwsSession, Watch], Awaitable[T]],
+    stderr: TextIO,
+    heartbeat_s: float,
+) -> tuple[int, T | None]:
+    """Run one AWS command's work under a ``Watch``; failures become one line on stderr and a code."""
+    aws: AwsSession | None = None
+    try:
+        aws = AwsSession(request.profile)
+        session = aws
+        watch = Watch(stderr, heartbeat_s, lambda: session.endpoint("ec2", request.default_region),
+                      f"listing regions and instance types in {request.default_region}")
+        return EXIT_FEASIBLE, asyncio.run(watch.run(work(aws, watch)))
+    except RtuiError as err:
+        stderr.write(f"rtui: {err}\n")
+        return err.exit_code, None
+    except Exception as exc:  # a bug or an unexpected library failure: still one line
+        stderr.write(f"rtui: {OperationError(f'unexpected error: {type(exc).__name__}: {clip(str(exc), 200)}')}\n")
+        return EXIT_FAILED, None
+    finally:
+        if aws is not None:
+            aws.close()
+
+
+def _pending(left: list[str], total: int) -> str:
+    names = ", ".join(left[:4]) + (", …" if len(left) > 4 else "")
+    return f"{len(left)} of {total} regions still to answer ({names})"
 
 
 def _is_tty(stream: TextIO) -> bool:

@@ -18,7 +18,8 @@ from backend.aws.quota import headroom, read_quota_limit, running_instances, vcp
 from backend.aws.report import PreflightReport, PreflightRequest, QuotaStatus, RegionReport, Reservation
 from backend.aws.session import AwsSession, describe_aws_error, error_code
 from backend.aws.verdict import ZoneInputs, assess_zone, recommend
-from backend.errors import UserError
+from backend.config import clip, shown
+from backend.errors import OperationError, UserError
 
 T = TypeVar("T")
 ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")
@@ -55,22 +56,35 @@ async def run_preflight(
     request: PreflightRequest,
     *,
     on_region: Callable[[RegionReport], None] | None = None,
+    on_listed: Callable[[list[str]], None] | None = None,
     session: AwsSession | None = None,
 ) -> PreflightReport:
     """Build the matrix. Raises ``UserError`` for bad input and ``OperationError`` for AWS failures
-    that stop the whole check (credentials, permissions); per-region trouble lands in the report.
-    ``on_region`` is called once per region as it completes (progress)."""
+    that stop the whole check (credentials, permissions, an endpoint that does not answer);
+    per-region trouble lands in the report. ``on_listed`` gets the regions about to be checked,
+    ``on_region`` each region as it completes (progress)."""
     started = time.perf_counter()
     aws = session or AwsSession(request.profile)
     try:
-        return await _matrix(_Scan(request, aws), on_region, started)
+        return await asyncio.wait_for(
+            _matrix(_Scan(request, aws), on_region, on_listed, started), request.deadline_s
+        )
+    except TimeoutError:
+        raise OperationError(
+            f"the AWS check did not finish within {request.deadline_s:g} s "
+            f"(AWS at {aws.endpoint('ec2', request.default_region)})",
+            remedy="check the network, the proxy or AWS_ENDPOINT_URL, or check fewer regions",
+        ) from None
     finally:
         if session is None:
             aws.close()  # nobody else can reuse its worker threads
 
 
 async def _matrix(
-    scan: _Scan, on_region: Callable[[RegionReport], None] | None, started: float
+    scan: _Scan,
+    on_region: Callable[[RegionReport], None] | None,
+    on_listed: Callable[[list[str]], None] | None,
+    started: float,
 ) -> PreflightReport:
     request, aws = scan.request, scan.aws
     home = request.default_region
@@ -82,13 +96,23 @@ async def _matrix(
         scan.call("ec2", home, lambda c: c.describe_instance_types(InstanceTypes=types))
     )
     try:
-        regions_resp, types_resp = await asyncio.gather(regions_task, types_task)
+        # Outside any region's limit, and botocore retries a read timeout: without a deadline
+        # a dead endpoint held the check silent for attempts × read timeout (141 s measured).
+        regions_resp, types_resp = await asyncio.wait_for(
+            asyncio.gather(regions_task, types_task), request.listing_timeout_s
+        )
+    except TimeoutError:
+        raise OperationError(
+            f"no answer from AWS at {aws.endpoint('ec2', home)} within {request.listing_timeout_s:g} s "
+            f"while listing regions and instance types in {home}",
+            remedy="check the network, the proxy or AWS_ENDPOINT_URL",
+        ) from None
     except Exception as exc:
         for task in (regions_task, types_task):
             task.cancel()
         if error_code(exc) in ("InvalidInstanceType", "InvalidParameterValue") and "nstance" in str(exc):
             raise UserError(
-                f"instance type does not exist in {home}: {_aws_message(exc)}",
+                f"instance type does not exist in {home}: {clip(_aws_message(exc), 200)}",
                 remedy="check the GPU and system node types",
             ) from exc
         raise describe_aws_error(
@@ -98,21 +122,23 @@ async def _matrix(
     facts = {t["InstanceType"]: InstanceFacts.from_api(t) for t in types_resp.get("InstanceTypes", [])}
     for name in types:
         if name not in facts:
-            raise UserError(f"instance type {name!r} does not exist", remedy="check the node types")
+            raise UserError(f"instance type {shown(name)} does not exist", remedy="check the node types")
     scan.gpu, scan.system = facts[request.gpu_node_type], facts[request.system_node_type]
     if scan.gpu.gpus == 0:
         raise UserError(
-            f"{request.gpu_node_type} has no GPUs", remedy="choose a GPU instance type (g6, g5, p4d, p5)"
+            f"{clip(request.gpu_node_type)} has no GPUs", remedy="choose a GPU instance type (g6, g5, p4d, p5)"
         )
     if request.require_efa and not scan.gpu.efa_supported:
         raise UserError(
-            f"{request.gpu_node_type} does not support EFA, which this plan requires",
+            f"{clip(request.gpu_node_type)} does not support EFA, which this plan requires",
             remedy="choose an EFA-capable type such as g6.12xlarge or turn EFA off",
         )
 
     opt_in = {r["RegionName"]: r.get("OptInStatus", "opt-in-not-required") for r in regions_resp["Regions"]}
     partition = aws.partition_of(home)
     targets = _target_regions(request, opt_in, partition, aws)
+    if on_listed is not None:
+        on_listed(targets)
 
     async def one(region: str) -> RegionReport:
         report = await _scan_region_bounded(scan, region, opt_in[region])
@@ -143,7 +169,7 @@ def _target_regions(
     wanted = list(dict.fromkeys(request.regions or [request.default_region]))
     unknown = [r for r in wanted if r not in opt_in]
     if unknown:
-        raise UserError(f"unknown region {', '.join(unknown)}", remedy="use a region name such as us-east-1")
+        raise UserError(f"unknown region {clip(', '.join(unknown))}", remedy="use a region name such as us-east-1")
     return wanted
 
 

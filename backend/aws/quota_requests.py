@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
+from backend.aws.calls import CallPool
 from backend.aws.preflight import run_preflight
 from backend.aws.quota import QuotaIncreaseRequest, request_quota_increase
 from backend.aws.report import PreflightRequest, QuotaStatus
+from backend.aws.session import AwsSession
+from backend.errors import OperationError
+
+# One request is one small call; the standard retries run inside this limit.
+REQUEST_TIMEOUT_S = 20.0
 
 
 def short_quotas(report_regions: list, *, include_system: bool = True) -> list[tuple[str, QuotaStatus]]:  # type: ignore[type-arg]
@@ -21,12 +28,38 @@ def short_quotas(report_regions: list, *, include_system: bool = True) -> list[t
     return out
 
 
-async def request_missing_quota(request: PreflightRequest) -> list[QuotaIncreaseRequest]:
-    """Run the preflight, then file one increase request per short quota (to what running + plan need)."""
-    report = await run_preflight(request)
-    filed: list[QuotaIncreaseRequest] = []
-    for region, quota in short_quotas(report.regions):
-        assert quota.code is not None and quota.request_value is not None
-        filed.append(await asyncio.to_thread(
-            request_quota_increase, region, quota.code, float(quota.request_value), profile=request.profile))
-    return filed
+async def request_missing_quota(
+    request: PreflightRequest,
+    *,
+    session: AwsSession | None = None,
+    on_request: Callable[[str, str], None] | None = None,
+) -> list[QuotaIncreaseRequest]:
+    """Run the preflight, then file one increase request per short quota (to what running + plan need).
+
+    ``on_request(region, quota_code)`` is called before each request goes out (progress)."""
+    aws = session or AwsSession(request.profile)
+    try:
+        report = await run_preflight(request, session=aws)
+        # The session's daemon workers, not asyncio.to_thread: its executor is joined when
+        # asyncio.run ends, so a request that never gets an answer would hold the CLI open.
+        pool = CallPool(aws.workers, 1)
+        filed: list[QuotaIncreaseRequest] = []
+        for region, quota in short_quotas(report.regions):
+            assert quota.code is not None and quota.request_value is not None
+            if on_request is not None:
+                on_request(region, quota.code)
+            call = pool.run(request_quota_increase, region, quota.code, float(quota.request_value),
+                            profile=request.profile, session=aws)
+            try:
+                filed.append(await asyncio.wait_for(call, REQUEST_TIMEOUT_S))
+            except TimeoutError:
+                raise OperationError(
+                    f"no answer from AWS at {aws.endpoint('service-quotas', region)} within "
+                    f"{REQUEST_TIMEOUT_S:g} s while requesting quota {quota.code} in {region}",
+                    remedy="the request may have been filed: see the Service Quotas console "
+                    "(request history) before asking again",
+                ) from None
+        return filed
+    finally:
+        if session is None:
+            aws.close()

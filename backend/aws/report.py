@@ -31,6 +31,11 @@ class PreflightRequest(BaseModel):
     default_region: str = "us-east-1"
     # One slow region must not hold the matrix hostage; it is reported unreachable instead.
     region_timeout_s: float = Field(default=30.0, gt=0)
+    # Listing the regions and instance types comes before any region: when it gets no answer
+    # the endpoint is dead (or unreachable) and the whole check stops, naming it.
+    listing_timeout_s: float = Field(default=12.0, gt=0)
+    # A backstop over the whole check, for whatever the two limits above do not cover.
+    deadline_s: float = Field(default=60.0, gt=0)
     # AWS calls in flight at once, across all regions.
     max_concurrency: int = Field(default=64, ge=1)
 

@@ -27,13 +27,18 @@ from botocore.exceptions import (
 )
 
 from backend.aws.calls import Workers
+from backend.config import clip
 from backend.errors import OperationError, RtuiError, UserError
 
-# Standard mode retries throttling and transient errors with jittered backoff; six
-# attempts ride out the bursts a whole-account scan provokes.
+# Standard mode retries throttling and transient errors with jittered backoff; six retries
+# (botocore's max_attempts counts retries: seven attempts in all) ride out the bursts a
+# whole-account scan provokes. Timeouts are retried too, so one call to an endpoint that never
+# answers can take 7 × the read timeout: the callers bound their waits (PreflightRequest's
+# listing, region and overall limits); these bound what a thread left behind goes on costing.
 RETRY_ATTEMPTS = 6
 CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 20
+# A Describe/Get call answers in well under a second; ten leaves room for a slow proxy.
+READ_TIMEOUT_S = 10
 
 _CREDENTIAL_CODES = frozenset(
     {
@@ -94,6 +99,14 @@ class AwsSession:
         """Let this session's idle worker threads end; the session stays usable."""
         self.workers.close()
 
+    def endpoint(self, service: str, region: str) -> str:
+        """The URL this session's ``service`` calls in ``region`` go to (``AWS_ENDPOINT_URL`` when
+        set): what an error about an endpoint that does not answer has to name."""
+        try:
+            return str(self.client(service, region).meta.endpoint_url)
+        except Exception:  # the message that wants it must still be written
+            return f"the {service} endpoint of {region}"
+
     def partition_of(self, region: str) -> str | None:
         try:
             return str(self._session._session.get_partition_for_region(region))
@@ -142,13 +155,23 @@ def describe_aws_error(exc: BaseException, *, action: str, profile: str | None =
             f"AWS throttled {action} after retries ({code})", remedy="wait a minute and retry"
         )
     if isinstance(exc, EndpointConnectionError | ConnectTimeoutError | ReadTimeoutError):
+        url = exc.kwargs.get("endpoint_url")
+        where = f" at {url}" if url else ""
         return OperationError(
-            f"could not reach AWS while {action} ({code})", remedy="check the network or proxy"
+            f"could not reach AWS{where} while {action} ({code})",
+            remedy="check the network, the proxy or AWS_ENDPOINT_URL",
+        )
+    if isinstance(exc, ValueError) and str(exc).startswith("Invalid"):
+        # botocore's own check of the endpoint URL ("Invalid endpoint: ...", "Invalid IPv6 URL"),
+        # raised when a client is made: the user's setting, not an AWS failure.
+        return UserError(
+            f"the AWS endpoint URL is not usable ({clip(str(exc))})",
+            remedy="fix or unset AWS_ENDPOINT_URL (or endpoint_url in ~/.aws/config)",
         )
     if isinstance(exc, ClientError | BotoCoreError):
         message = (
             str(exc.response.get("Error", {}).get("Message", "")) if isinstance(exc, ClientError) else ""
         )
-        detail = f": {message}" if message else ""
+        detail = f": {clip(message, 200)}" if message else ""
         return OperationError(f"AWS error while {action} ({code}){detail}")
-    return OperationError(f"unexpected error while {action} ({code}: {exc})")
+    return OperationError(f"unexpected error while {action} ({code}: {clip(str(exc), 200)})")

@@ -114,3 +114,14 @@ def test_backend_aws_imports_no_ui() -> None:
         "('textual', 'tui', 'screens')]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_check_honours_require_transport(world: World) -> None:
+    from tests.conftest import run_rtui
+
+    args = ["check", "--target", "aws", "--gpu-node-type", "g5.xlarge", "--json"]
+    refused = run_rtui(*args)  # aws defaults to requiring EFA, which g5.xlarge lacks
+    assert refused.returncode == 2 and "g5.xlarge does not support EFA" in refused.stderr
+    allowed = run_rtui(*args, "--require-transport", "any")
+    assert allowed.returncode in (0, 3), allowed.stderr
+    assert json.loads(allowed.stdout)["gpu_node_type"] == "g5.xlarge"
