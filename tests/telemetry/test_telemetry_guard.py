@@ -63,7 +63,7 @@ def test_socket_fallback_exits_with_evidence(tmp_path: Path) -> None:
         enforce_transport("efa", tmp_path, wait_s=0)
     message = str(info.value.code)
     assert message.startswith("rtui: NCCL transport check failed: required efa, but NCCL uses TCP sockets")
-    assert "evidence:" in message and "via NET/Socket/0" in message
+    assert "rests on:" in message and "via NET/Socket/0" in message
     assert enforce_transport("socket", tmp_path, wait_s=0).transport == "socket"
 
 

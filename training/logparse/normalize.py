@@ -36,8 +36,9 @@ _KUBECTL = re.compile(r"\[pod/([^/\]\s]+)/[^\]\s]*\]\s?")
 # A bare launcher rank label: "[3] " (pdsh/mpirun wrappers) or srun --label "3: ".
 _BRACKET_RANK = re.compile(r"\[(\d+)\]\s+")
 _SRUN_LABEL = re.compile(r"(\d+):\s+")
-# NCCL's own prefix: host:pid:tid [cudaDev]
-_NCCL_PREFIX = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
+# NCCL's own prefix: host:pid:tid [cudaDev]. Pasted logs redact parts of it ("<cluster_name>",
+# "pod-id:num:num"): still NCCL's prefix, so a Ray prefix around it does not name the host.
+_NCCL_PREFIX = re.compile(r"(?P<host>[^\s:()\[\]]+):(?P<pid>\w+):(?P<tid>\w+) \[(?P<dev>\d+)\] ")
 
 _MAX_PREFIXES = 8
 
@@ -111,7 +112,7 @@ def normalize(line: str) -> LogLine:
     m = _NCCL_PREFIX.match(s)
     if m:
         out.host = m.group("host")
-        out.pid = int(m.group("pid"))
+        out.pid = int(m.group("pid")) if m.group("pid").isdigit() else None
         out.device = int(m.group("dev"))
         s = s[m.end() :]
     else:
