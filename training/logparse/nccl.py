@@ -26,6 +26,7 @@ MAX_WARNINGS = 16
 MAX_WARN_SITES = 3
 MAX_PROCESSES = 4096
 MAX_IPS_PER_HOST = 16
+MAX_RANK_HOSTS = 4096
 _MAX_TEXT = 4096
 MAX_PREFIX_CACHE = 4096
 
@@ -111,6 +112,7 @@ class NcclAnalyzer(VerdictRules):
         self._failures: dict[str, str] = {}
         self._first_failure_at = 0
         self._host_ips: dict[str, set[str]] = {}
+        self._rank_hosts: dict[int, dict[int, str]] = {}  # nranks -> rank -> host, from comm lines
         self._parent: dict[int, int] = {}  # union-find over ranks joined by P2P/SHM channels
         self._max_rank = -1
         self._intra_seen = False
@@ -378,6 +380,11 @@ class NcclAnalyzer(VerdictRules):
             local = int(m.group(4) or 0)
             n_nodes = int(m.group(3) or 0) or (-(-n_ranks // local) if local else 0)
         self._saw_rank(rank)
+        if proc.host and n_ranks <= MAX_RANK_HOSTS:
+            hosts = self._rank_hosts.setdefault(n_ranks, {}) if len(self._rank_hosts) < 8 else {}
+            if hosts.setdefault(rank, proc.host) != proc.host:
+                hosts[rank] = ""  # two communicators of this size on different hosts: no proof
+            self._changed()
         if proc.rank != rank or proc.n_ranks < n_ranks or proc.n_nodes < n_nodes:
             proc.rank, proc.n_ranks = rank, max(proc.n_ranks, n_ranks)
             if n_nodes > proc.n_nodes:

@@ -35,8 +35,8 @@ def net_kind(name: str) -> str:
         return "ofi"
     if low == "socket":
         return "socket"
-    if low.startswith("ib") or low in ("rdma", "verbs"):
-        return "ib"  # IB, IBext, IBext_v8: NCCL's verbs transport (InfiniBand or RoCE)
+    if low.startswith(("ib", "gib")) or low in ("rdma", "verbs"):
+        return "ib"  # IB, IBext, IBext_v8 (HPC-X), gIB (Google): verbs over InfiniBand or RoCE
     return "other:" + name
 
 
@@ -82,6 +82,7 @@ class VerdictRules:
     _failures: dict[str, str]  # failure kind -> the message
     _first_failure_at: int
     _host_ips: dict[str, set[str]]
+    _rank_hosts: dict[int, dict[int, str]]
     _parent: dict[int, int]
     _max_rank: int
     _intra_seen: bool
@@ -103,9 +104,15 @@ class VerdictRules:
         seen = sum(max(1, len(self._host_ips.get(p_host, ()))) for p_host in {p.host for p in procs if p.host})
         if seen >= 2:
             return seen, False
-        if self._intra_joins_every_rank(procs):
+        if self._intra_joins_every_rank(procs) or self._every_rank_on_one_host(procs):
             return 1, True
         return None, False
+
+    def _every_rank_on_one_host(self, procs: list[Proc]) -> bool:
+        """Before NCCL 2.20 printed nNodes, each rank's comm line still says where it runs."""
+        n_ranks = max((p.n_ranks for p in procs), default=0)
+        hosts = self._rank_hosts.get(n_ranks, {})
+        return n_ranks >= 2 and len(hosts) == n_ranks and len(set(hosts.values())) == 1
 
     def _known_ranks(self, procs: list[Proc]) -> int:
         return max(max((p.n_ranks for p in procs), default=0), self._max_rank + 1)
@@ -175,8 +182,12 @@ class VerdictRules:
             return Judgement(transport, "channels", self._reason_used(transport))
         if single:
             network = self._announced()
-            why = ("a single node: NCCL reports nNodes 1" if any(p.n_nodes for p in procs)
-                   else "a single node: P2P/SHM/NVLS channels join every rank")
+            if any(p.n_nodes for p in procs):
+                why = "a single node: NCCL reports nNodes 1"
+            elif self._intra_joins_every_rank(procs):
+                why = "a single node: P2P/SHM/NVLS channels join every rank"
+            else:
+                why = "a single node: every rank's comm line comes from one host"
             if network:
                 why += f"; the announced network '{network}' is never used"
             return Judgement("intra_node", "channels" if self._intra_seen else "announced", why)
@@ -226,6 +237,8 @@ class VerdictRules:
             by_host.setdefault(p.host, []).append(p)
         warnings = dict(self._notes)
         job = self._judge(procs, single, providers, warnings)
+        if job.transport == "unknown":  # a network we cannot name decides nothing
+            job = Judgement("unknown", None, job.reason)
         host_verdicts = {host: self._judge(group, single, providers, None).transport
                          for host, group in sorted(by_host.items()) if host}
         if job.basis == "announced" and job.transport == "efa" and not self._providers:
