@@ -329,9 +329,10 @@ class NcclAnalyzer(VerdictRules):
         if not self._first_failure_at:
             self._first_failure_at = self.nccl_lines
         message = f"{what}: {_msg(line)}"
+        if not self._failures:  # the first failure is the cause; what follows is its echo
+            self._note("failure", message)
         self._failures.setdefault(what, message)
         self._keep("failure", what, line)
-        self._note("failure:" + what, message)
         self._changed()
 
     def _error_return(self, line: str) -> None:

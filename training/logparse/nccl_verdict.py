@@ -214,13 +214,16 @@ class VerdictRules:
         elif len(used) > 1:
             warnings["mixed-gdr"] = "GPUDirect RDMA is used by some ranks only"
         for p in procs:
-            if not p.network or not p.net:
+            if not p.network:
                 continue
             said = family(self._announced_transport(p, providers.get(p.host)))
-            got = {family(t) for t in self._channel_transports(p, providers.get(p.host))}
-            if said not in got:
+            own = {family(t) for t in self._channel_transports(p, providers.get(p.host))}
+            if own and said not in own:
                 warnings.setdefault("contradiction", f"{p.host or 'a rank'} announced '{p.network}' but its "
-                                    f"channels connect over {', '.join(sorted(got))}")
+                                    f"channels connect over {', '.join(sorted(own))}")
+            elif not own and said not in bases:
+                warnings.setdefault("contradiction", f"{p.host or 'a rank'} announced '{p.network}' ({said}), "
+                                    f"unlike the channels seen ({', '.join(sorted(bases))})")
         if "ofi" in {kind for p in procs for kind in p.net} and not self._providers:
             warnings.setdefault("no-provider", "the libfabric provider is not in the log: EFA assumed "
                                 "(aws-ofi-nccl on AWS; a tcp or verbs provider would have been logged)")

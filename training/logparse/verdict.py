@@ -76,7 +76,7 @@ class Verdict:
         out.append("  " + ", ".join(versions))
         out.append(f"  nodes {'?' if self.nodes is None else self.nodes}, "
                    f"ranks {'?' if self.ranks is None else self.ranks}")
-        if len(set(self.hosts.values())) > 1:
+        if len(set(self.hosts.values()) - {"unknown"}) > 1:  # a host that showed nothing is no contradiction
             out.append("  per host: " + ", ".join(f"{h}={t}" for h, t in self.hosts.items()))
         out.extend(f"  warning: {w}" for w in self.warnings)
         if self.decided_by and max_evidence:
