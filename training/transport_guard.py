@@ -98,7 +98,7 @@ def check_transport(required: str, verdict: Verdict) -> str | None:
         return (f"required {required}, but NCCL uses {verdict.label} ({verdict.transport}), "
                 f"{_BASIS_WORDS[verdict.basis or '']}")
     if verdict.basis == "announced":
-        return (f"required {required}, but NCCL only announced {verdict.network or 'a network'} "
+        return (f"required {required}, but NCCL only announced '{verdict.network or 'a network'}' "
                 f"({verdict.transport}) and no channel has connected over it yet; the strict check acts "
                 "on channels or a plugin failure, never on an announcement alone")
     if verdict.nccl_version is None and not verdict.evidence:

@@ -80,7 +80,7 @@ def test_single_node_fails_efa_with_an_explanation(tmp_path: Path) -> None:
 
 
 def test_multi_node_without_network_evidence_fails_after_waiting(tmp_path: Path) -> None:
-    rank_file(tmp_path, "a", 10, "P2P/IPC/read", n_nodes=2)
+    rank_file(tmp_path, "a", 10, "P2P/IPC/read", n_nodes=2, provider=None)
     start = time.monotonic()
     with pytest.raises(SystemExit, match="no network evidence was seen"):
         enforce_transport("efa", tmp_path, wait_s=0.3, poll_s=0.05)
@@ -132,7 +132,7 @@ def test_an_announcement_alone_is_never_acted_on(tmp_path: Path) -> None:
     assert read_verdict(tmp_path).basis == "announced"
     # Neither a pass nor a mismatch: the check says it had only the announcement.
     for required in ("efa", "socket"):
-        with pytest.raises(SystemExit, match="only announced AWS Libfabric .* never on an announcement alone"):
+        with pytest.raises(SystemExit, match="only announced 'AWS Libfabric' .* never on an announcement alone"):
             enforce_transport(required, tmp_path, wait_s=0)
     assert enforce_transport("any", tmp_path, wait_s=0).transport == "efa"
 

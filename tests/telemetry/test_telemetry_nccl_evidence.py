@@ -158,6 +158,32 @@ def test_the_last_device_line_of_nccl_2_4_decides() -> None:
     check(classify_lines(fell), "socket", "announced")
 
 
+def test_nccl_2_4_early_bootstrap_socket_line_is_not_the_choice() -> None:
+    # 2.4.2-2.4.7 bring up the socket net for bootstrap before looking for a plugin or IB.
+    boot = at("a", 1, "NET/Socket : Using [0]ib0:192.168.11.1<0>")
+    no_plugin = at("a", 1, "NET/Plugin : No plugin found (libnccl-net.so).")
+    ib = at("a", 1, "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:192.168.11.1<0>")
+    check(classify_lines([boot, no_plugin, ib]), "ib", "announced")
+    # IB absent: NCCL keeps the socket net and prints nothing more than the missing device.
+    check(classify_lines([boot, no_plugin, at("a", 1, "NET/IB : No device found.")]), "socket", "announced")
+    # A plugin that loads prints no NET/Plugin line; the OFI plugin names its provider.
+    ofi = [boot, at("a", 1, "NET/OFI Selected Provider is efa")]
+    verdict = classify_lines(ofi)
+    check(verdict, "efa", "announced")
+    assert verdict.decided_by == (ofi[1],)
+
+
+def test_a_provider_selection_withdrawn_by_a_failure() -> None:
+    chosen = at("a", 1, "NET/OFI Selected Provider is verbs;ofi_rxm (found 58 nics)")
+    check(classify_lines([chosen]), "ib", "announced")
+    failed = [chosen, at("a", 1, "NET/OFI Invalid type of PCI bus returned 0")]
+    check(classify_lines(failed), "unknown", None)
+    # An explicit announcement is not withdrawn by a later error: NCCL did choose it.
+    explicit = [at("a", 1, "Using network AWS Libfabric"),
+                at("a", 1, "NET/OFI Couldn't open AV. RC: -12, ERROR: Cannot allocate memory", level="WARN")]
+    check(classify_lines(explicit), "efa", "announced")
+
+
 def test_nccl_2_3_internal_network_line() -> None:
     lines = [at("a", 1, "Using internal Network Socket"), at("b", 2, "Using internal Network Socket")]
     check(classify_lines(lines), "socket", "announced")

@@ -66,7 +66,7 @@ _NET_FORCED = re.compile(r"\bNCCL_NET set by environment to (\S+)")
 _PEERS = re.compile(r"(\d+)(?:\[[^\]\s]*\])? -> (\d+)")
 # The OFI plugin could not start (or found no usable provider): NCCL moves on to its own nets.
 _OFI_FAILED = re.compile(
-    r"initiali[sz]ation failed|Failing initiali[sz]ation|Only EFA provider is supported"
+    r"initiali[sz]ation failed|Initiali[sz]ing plugin failed|Failing initiali[sz]ation|Only EFA provider is supported"
     r"|No eligible providers|[Cc]ould(?:n't| not) find any (?:optimal )?provider|[Uu]nable to find (?:a )?provider"
     r"|fi_getinfo(?:\(\))? call failed|[Cc]ould(?:n't| not) open (?:a fabric provider|AV)"
     r"|Failed to initiali[sz]e \w+ protocol|requires at least libfabric|Invalid type of PCI bus"
@@ -83,6 +83,7 @@ _PLUGIN_MISSING = re.compile(
 # not the net transport's ("transport/net.cc"), which fails a connection, not a plugin.
 _LOADER_ERROR = re.compile(r"(?:^|[\s\]])(?:plugin/)?net\.cc:\d+ -> [1-9]")
 _ERROR_RETURN = re.compile(r"(\S+\.(?:cc|h|cu):\d+) -> (\d+)")
+_API_FILES = ("init.cc", "group.cc", "enqueue.cc", "collectives.cc")
 _WARN_SITE = re.compile(r"(\S+:\d+) NCCL WARN")
 _BENIGN_WARNINGS = ("falling back to simple order",)
 _REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]")
@@ -111,6 +112,7 @@ class NcclAnalyzer(VerdictRules):
         self._notes: dict[str, str] = {}  # warning key -> message, first come
         self._failures: dict[str, str] = {}
         self._first_failure_at = 0
+        self._failed_lines = 0
         self._host_ips: dict[str, set[str]] = {}
         self._rank_hosts: dict[int, dict[int, str]] = {}  # nranks -> rank -> host, from comm lines
         self._parent: dict[int, int] = {}  # union-find over ranks joined by P2P/SHM channels
@@ -142,9 +144,9 @@ class NcclAnalyzer(VerdictRules):
         self.nccl_lines += 1
         at = line.find("NCCL WARN ")
         if at >= 0:
-            failures = len(self._failures)
+            failed_lines = self._failed_lines
             self._dispatch(line, at + 10)
-            if len(self._failures) == failures:
+            if self._failed_lines == failed_lines:  # not a plugin failure: an NCCL warning of its own
                 self._warned(line[:_MAX_TEXT], at + 10)
         elif "NCCL version" in line:
             self._version(line[:_MAX_TEXT])
@@ -228,20 +230,33 @@ class NcclAnalyzer(VerdictRules):
         m = _NET_DEVICE.search(line)
         if m:
             self._address(line)
-            self._announce(line, m.group(1))
+            # NCCL 2.4.2-2.4.7 bring up the socket net first, for bootstrap, before even looking
+            # for a plugin: a NET/Socket line before any NET/Plugin line may be only that.
+            early = m.group(1) == "Socket" and not self._proc_of(line).plugin_seen
+            self._announce(line, m.group(1), tentative="bootstrap" if early else "")
             if "rxe" in line:
                 self._note("soft-roce", "the IB device is soft-RoCE (rxe): verbs emulated over an ordinary "
                            "Ethernet NIC, at about TCP speed")
         elif "No device found" in line:
-            self._keep("failure", "no-ib-device", line)
+            # IB comes after any plugin and before Socket in NCCL's list: no IB device leaves Socket.
+            self._announce(line, "Socket", shown_as="Socket (no IB device)")
 
-    def _announce(self, line: str, network: str) -> None:
+    def _announce(self, line: str, network: str, *, tentative: str = "", shown_as: str = "") -> None:
         proc = self._proc_of(line)
+        proc.network_line = _shown(line)  # the latest says it most plainly ("Using network X")
         if proc.network != network:
             proc.network = network
-            self._keep("network", network, line)
+            if tentative != "provider":  # the provider line is kept as such
+                self._keep("network", shown_as or network, line)
         proc.network_at = self.nccl_lines
+        proc.tentative = tentative
         self._changed()
+
+    def _withdraw(self, proc: Proc, tentative: str) -> None:
+        """An announcement that a later line showed was not the network NCCL chose."""
+        if proc.network and proc.tentative == tentative:
+            proc.network, proc.tentative = None, ""
+            self._changed()
 
     def _bootstrap(self, line: str) -> None:
         self._address(line)
@@ -282,10 +297,16 @@ class NcclAnalyzer(VerdictRules):
                     self._keep("plugin", "ofi", line)
                     self._changed()
                 return
-        if _OFI_FAILED.search(line):
+        # The plugin warns before it gives up ("Creating new endpoint ... failed", "Initializing
+        # plugin failed"); what follows it (a fallback or not) says whether it was fatal.
+        if _OFI_FAILED.search(line) or ("NCCL WARN" in line and "fail" in line.lower()):
             self._fail(line, "the OFI plugin (aws-ofi-nccl) failed to initialise")
 
     def _net_plugin(self, line: str) -> None:
+        proc = self._proc_of(line)
+        if not proc.plugin_seen:
+            proc.plugin_seen = True
+            self._withdraw(proc, "bootstrap")
         if "symbol" in line and not _PLUGIN_FAILED.search(line):
             return  # probing for older plugin API versions: harmless
         m = _LOADED_PLUGIN.search(line) or _P2P_PLUGIN.search(line)
@@ -312,6 +333,10 @@ class NcclAnalyzer(VerdictRules):
 
     def _on_provider(self, line: str, provider: str) -> None:
         proc = self._proc_of(line)
+        if proc.network is None or proc.tentative:
+            # The plugin found devices for this provider, so NCCL will use it (unless it fails
+            # later): NCCL 2.4-2.5 print nothing else about a plugin they chose.
+            self._announce(line, f"OFI (provider {provider})", tentative="provider")
         if proc.provider == provider:
             return
         proc.provider = provider
@@ -326,6 +351,8 @@ class NcclAnalyzer(VerdictRules):
     def _fail(self, line: str, what: str) -> None:
         proc = self._proc_of(line)
         proc.failed_at = self.nccl_lines
+        self._failed_lines += 1
+        self._withdraw(proc, "provider")
         if not self._first_failure_at:
             self._first_failure_at = self.nccl_lines
         message = f"{what}: {_msg(line)}"
@@ -340,7 +367,9 @@ class NcclAnalyzer(VerdictRules):
             self._fail(line, "the network plugin failed to initialise")
             return
         m = _ERROR_RETURN.search(line)
-        if m and "error-return" not in self._notes:
+        # Only an error that reached the caller (init or a group call) matters: NCCL also
+        # returns errors internally that it handles itself (a NIC without a sysfs path).
+        if m and m.group(1).startswith(_API_FILES) and "error-return" not in self._notes:
             code = m.group(2)
             self._keep("warn", "error-return", line)
             self._note("error-return", f"an NCCL call failed with error {code} "
@@ -433,8 +462,7 @@ class NcclAnalyzer(VerdictRules):
         if self._per_kind.get(group, 0) >= MAX_EVIDENCE_PER_KIND:
             return
         self._per_kind[group] = self._per_kind.get(group, 0) + 1
-        shown = strip_ansi(line).strip()
-        self._evidence[key] = shown if len(shown) <= 300 else shown[:300] + "…"
+        self._evidence[key] = _shown(line)
 
     def _note(self, key: str, message: str) -> None:
         if key not in self._notes and len(self._notes) < MAX_WARNINGS:
@@ -442,6 +470,11 @@ class NcclAnalyzer(VerdictRules):
 
     def _changed(self) -> None:
         self._cached = None
+
+
+def _shown(line: str) -> str:
+    shown = strip_ansi(line).strip()
+    return shown if len(shown) <= 300 else shown[:300] + "…"
 
 
 def _msg(text: str) -> str:

@@ -54,6 +54,9 @@ class Proc:
     n_nodes: int = 0
     network: str | None = None  # the network it announced last
     network_at: int = 0  # the analyser's line clock when it did
+    network_line: str = ""  # the line that announced it
+    tentative: str = ""  # why a later line may withdraw that announcement ("provider", "bootstrap")
+    plugin_seen: bool = False
     failed_at: int = 0  # ... and when its plugin or provider last failed
     provider: str | None = None
     plugin_missing: bool = False
@@ -256,7 +259,11 @@ class VerdictRules:
         missing = any(p.plugin_missing for p in procs) and self._plugin is None
         if job.transport in ("socket", "unknown") and missing:
             warnings.setdefault("plugin-missing", "no external network plugin (libnccl-net.so) was loaded")
-        decided_by, context = self._ranked_evidence(job)
+        announcing = list(dict.fromkeys(
+            p.network_line for p in procs if p.network and p.network_line and (
+                self._fell_back(p) if job.basis == "failure"
+                else self._announced_transport(p, providers.get(p.host)) == job.transport)))[:3]
+        decided_by, context = self._ranked_evidence(job, announcing)
         if len(self._versions) > 1:
             warnings["versions"] = "several NCCL versions in one job: " + ", ".join(self._versions)
         return Verdict(
@@ -308,24 +315,25 @@ class VerdictRules:
             return "only intra-node P2P/SHM channels seen, and the log shows ranks they do not reach"
         return "no line shows which network NCCL chose, nor a channel"
 
-    def _ranked_evidence(self, job: Judgement) -> tuple[list[str], list[str]]:
+    def _ranked_evidence(self, job: Judgement, announcing: list[str]) -> tuple[list[str], list[str]]:
         """(the lines the verdict rests on, the context after them)."""
-        first = {"channels": ("channel", "provider"), "failure": ("failure", "network"),
-                 "announced": ("network", "nodes", "provider")}.get(
-            job.basis or "", ("failure", "warn", "intra", "nodes", "network"))
+        by_kind: dict[str, list[str]] = {"announcing": announcing}
+        for (kind, detail), line in self._evidence.items():
+            kind = "intra" if kind == "channel" and detail.startswith("intra") else kind
+            by_kind.setdefault(kind, []).append(line)
         if job.transport == "intra_node":
-            first = ("nodes", "intra")
+            first: tuple[str, ...] = ("nodes", "intra")
+        elif job.basis == "channels":
+            first = ("channel", "provider")
+        elif job.basis == "failure":
+            first = ("failure", "announcing")
+        elif job.basis == "announced":
+            first = ("announcing", "nodes", "provider")
+        else:
+            first = ("failure", "warn", "intra", "nodes")
+        decided = list(dict.fromkeys(line for kind in first for line in by_kind.get(kind, ())))
         later = ("failure", "network", "nodes", "provider", "forced", "warn", "plugin", "plugin-missing",
-                 "version", "intra")
-
-        def kind(key: tuple[str, str]) -> str:
-            return "intra" if key[0] == "channel" and key[1].startswith("intra") else key[0]
-
-        def rank(key: tuple[str, str]) -> int:
-            if kind(key) in first:
-                return first.index(kind(key))
-            return len(first) + (later.index(kind(key)) if kind(key) in later else len(later))
-
-        ordered = sorted(self._evidence.items(), key=lambda kv: rank(kv[0]))
-        return ([line for key, line in ordered if kind(key) in first],
-                [line for key, line in ordered if kind(key) not in first])
+                 "version", "intra", "channel")
+        context = [line for line in dict.fromkeys(line for kind in later for line in by_kind.get(kind, ()))
+                   if line not in decided]
+        return decided, context
