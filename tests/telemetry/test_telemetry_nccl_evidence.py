@@ -322,6 +322,16 @@ def test_ray_dedup_suffix_is_not_part_of_the_network_name() -> None:
     assert verdict.network == "Socket"
 
 
+def test_colour_codes_in_the_message_do_not_hide_the_network() -> None:
+    # Ray colours its dedup marker; pasted logs keep the codes without the escape byte.
+    for reset in ("\x1b[32m", " [32m"):
+        line = (f"(RayWorkerVllm pid=5) [pod-name]:5:9 [7] NCCL INFO Using network Socket{reset} "
+                "[repeated 6x across cluster]")
+        verdict = classify_lines([line + ("\x1b[0m" if "\x1b" in reset else " [0m")])
+        check(verdict, "socket", "announced")
+        assert verdict.network == "Socket"
+
+
 def test_soft_roce_is_ib_with_a_warning() -> None:
     lines = [at("m", 1, "NET/IB : Using [0]rxe0:1/RoCE [RO]; OOB ens1:192.168.10.13<0>")]
     verdict = classify_lines(lines)

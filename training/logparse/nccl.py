@@ -123,6 +123,8 @@ class NcclAnalyzer(VerdictRules):
 
     # -- feeding -----------------------------------------------------------------------
     def feed(self, line: str) -> None:
+        if "\x1b" in line or "[0m" in line or "ESC[" in line:
+            line = strip_ansi(line)  # Ray colours its prefix and its "[repeated Nx]" marker
         start = line.find("NCCL INFO ")
         if start >= 0:
             self.nccl_lines += 1

@@ -37,8 +37,9 @@ _KUBECTL = re.compile(r"\[pod/([^/\]\s]+)/[^\]\s]*\]\s?")
 _BRACKET_RANK = re.compile(r"\[(\d+)\]\s+")
 _SRUN_LABEL = re.compile(r"(\d+):\s+")
 # NCCL's own prefix: host:pid:tid [cudaDev]. Pasted logs redact parts of it ("<cluster_name>",
-# "pod-id:num:num"): still NCCL's prefix, so a Ray prefix around it does not name the host.
-_NCCL_PREFIX = re.compile(r"(?P<host>[^\s:()\[\]]+):(?P<pid>\w+):(?P<tid>\w+) \[(?P<dev>\d+)\] ")
+# "[pod-name]", "pod-id:num:num"): still NCCL's prefix, so a Ray prefix around it does not
+# name the host.
+_NCCL_PREFIX = re.compile(r"(?P<host>[^\s:()]+):(?P<pid>\w+):(?P<tid>\w+) \[(?P<dev>\d+)\] ")
 
 _MAX_PREFIXES = 8
 
@@ -56,8 +57,17 @@ class LogLine:
     repeated: int = 1
 
 
+# Colour codes whose escape byte a copy-paste lost ("[36m(RayWorker pid=1)[0m") or spelled out
+# ("ESC[36m"): what logs pasted into issues look like.
+_LOST_ESCAPE = re.compile(r"(?:ESC|\^\[)?\[[0-9;]{0,12}m")
+
+
 def strip_ansi(line: str) -> str:
-    return _ANSI.sub("", line) if "\x1b" in line else line
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if "[0m" in line or "ESC[" in line:
+        line = _LOST_ESCAPE.sub("", line)
+    return line
 
 
 def normalize(line: str) -> LogLine:
