@@ -71,6 +71,8 @@ _OFI_FAILED = re.compile(
     r"|fi_getinfo(?:\(\))? call failed|[Cc]ould(?:n't| not) open (?:a fabric provider|AV)"
     r"|Failed to initiali[sz]e \w+ protocol|requires at least libfabric|Invalid type of PCI bus"
 )
+# Words every line _OFI_FAILED matches contains one of: most NET/OFI lines are chatter.
+_OFI_FAILURE_HINTS = ("ail", "rovider", "AV", "nvalid", "requires")
 # NCCL itself gave up on the external plugin it found.
 _PLUGIN_FAILED = re.compile(
     r"Failed to initiali[sz]e NET plugin|External network plugin .* is unsupported"
@@ -123,8 +125,10 @@ class NcclAnalyzer(VerdictRules):
 
     # -- feeding -----------------------------------------------------------------------
     def feed(self, line: str) -> None:
-        if "\x1b" in line or "[0m" in line or "ESC[" in line:
-            line = strip_ansi(line)  # Ray colours its prefix and its "[repeated Nx]" marker
+        # Colour in the prefix is normalize's business; in the text only Ray's coloured
+        # "[repeated Nx]" marker and pasted codes without their escape byte get in the way.
+        if "[repeated" in line or "ESC[" in line or ("[0m" in line and "\x1b" not in line):
+            line = strip_ansi(line)
         start = line.find("NCCL INFO ")
         if start >= 0:
             self.nccl_lines += 1
@@ -301,7 +305,8 @@ class NcclAnalyzer(VerdictRules):
                 return
         # The plugin warns before it gives up ("Creating new endpoint ... failed", "Initializing
         # plugin failed"); what follows it (a fallback or not) says whether it was fatal.
-        if _OFI_FAILED.search(line) or ("NCCL WARN" in line and "fail" in line.lower()):
+        if any(hint in line for hint in _OFI_FAILURE_HINTS) and (
+                _OFI_FAILED.search(line) or ("NCCL WARN" in line and "fail" in line.lower())):
             self._fail(line, "the OFI plugin (aws-ofi-nccl) failed to initialise")
 
     def _net_plugin(self, line: str) -> None:
