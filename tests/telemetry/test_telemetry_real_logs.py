@@ -106,3 +106,13 @@ def test_classify_json_one_object_per_file(nccl_logs: Path) -> None:
 
 def test_nccl_logs_path_is_relative_to_repo() -> None:
     assert NCCL_LOGS.name == "nccl_logs" and NCCL_LOGS.parent.name == "shared"
+
+
+def test_every_cut_of_every_log_gives_what_a_reader_says(nccl_logs: Path) -> None:
+    # Cut to its first 10, 20, 50 lines, each shared log gives what a careful reader of those
+    # lines says (fragment_sweep.READER: the label, unless the deciding lines come later).
+    from tests.telemetry.fragment_sweep import sweep
+
+    wrong = [(row.file[:2], cell.n, cell.transport) for row in sweep([10, 20, 50, None])
+             for cell in row.cuts if not cell.reader]
+    assert wrong == []
