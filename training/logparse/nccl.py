@@ -37,7 +37,7 @@ _HANDLERS = {
     "NET/OFI": "_ofi", "OFI": "_ofi",
     "NET/Plugin": "_net_plugin", "NET/Plugin:": "_net_plugin", "Plugin": "_net_plugin", "Loaded": "_net_plugin",
     "Initialized": "_net_plugin", "Failed": "_net_plugin", "Successfully": "_net_plugin", "External": "_net_plugin",
-    "No": "_net_plugin", "P2P": "_net_plugin",
+    "P2P": "_net_plugin",
     "NET/IB": "_net_device", "NET/IB:": "_net_device", "NET/Socket": "_net_device", "NET/Socket:": "_net_device",
     "Bootstrap": "_bootstrap", "Bootstrap:": "_bootstrap",
     "Using": "_using", "Assigned": "_using",
@@ -115,6 +115,7 @@ class NcclAnalyzer(VerdictRules):
         self._failures: dict[str, str] = {}
         self._first_failure_at = 0
         self._failed_lines = 0
+        self._hosts: set[str] = set()
         self._host_ips: dict[str, set[str]] = {}
         self._rank_hosts: dict[int, dict[int, str]] = {}  # nranks -> rank -> host, from comm lines
         self._parent: dict[int, int] = {}  # union-find over ranks joined by P2P/SHM channels
@@ -311,7 +312,7 @@ class NcclAnalyzer(VerdictRules):
 
     def _net_plugin(self, line: str) -> None:
         proc = self._proc_of(line)
-        if not proc.plugin_seen:
+        if not proc.plugin_seen and "lugin" in line:
             proc.plugin_seen = True
             self._withdraw(proc, "bootstrap")
         if "symbol" in line and not _PLUGIN_FAILED.search(line):
@@ -417,10 +418,12 @@ class NcclAnalyzer(VerdictRules):
             local = int(m.group(4) or 0)
             n_nodes = int(m.group(3) or 0) or (-(-n_ranks // local) if local else 0)
         self._saw_rank(rank)
-        if proc.host and n_ranks <= MAX_RANK_HOSTS:
-            hosts = self._rank_hosts.setdefault(n_ranks, {}) if len(self._rank_hosts) < 8 else {}
-            if hosts.setdefault(rank, proc.host) != proc.host:
-                hosts[rank] = ""  # two communicators of this size on different hosts: no proof
+        hosts = self._rank_hosts.get(n_ranks)
+        if hosts is None and len(self._rank_hosts) < 8 and n_ranks <= MAX_RANK_HOSTS:
+            hosts = self._rank_hosts[n_ranks] = {}
+        if hosts is not None and proc.host and hosts.get(rank) != proc.host and hosts.get(rank) != "":
+            # Two communicators of this size put the rank on different hosts: no proof either way.
+            hosts[rank] = "" if rank in hosts else proc.host
             self._changed()
         if proc.rank != rank or proc.n_ranks < n_ranks or proc.n_nodes < n_nodes:
             proc.rank, proc.n_ranks = rank, max(proc.n_ranks, n_ranks)
@@ -450,9 +453,10 @@ class NcclAnalyzer(VerdictRules):
                 key = ("", None)  # a pathological stream: fold the rest into one bucket
                 proc = self._procs.get(key)
             if proc is None:
-                if host and host not in {p.host for p in self._procs.values()} and any(
-                        p.host for p in self._procs.values()):
-                    self._keep("nodes", "hosts", line)  # the line that shows a second machine
+                if host and host not in self._hosts:
+                    self._hosts.add(host)
+                    if len(self._hosts) == 2:
+                        self._keep("nodes", "hosts", line)  # the line that shows a second machine
                 proc = self._procs[key] = Proc(host=host)
             self._changed()
         if ln.rank is not None:
