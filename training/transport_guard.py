@@ -76,23 +76,36 @@ def read_verdict(sources: PathLike | Iterable[PathLike] | None = None, *,
     return analyzer.verdict()
 
 
+# Only proof is acted on: traffic seen on the channels, or a plugin failure and its fallback.
+# An announced network is what NCCL meant to use, which a single node never does.
+DECISIVE = ("channels", "failure")
+_BASIS_WORDS = {"channels": "seen on its channels", "failure": "after a network plugin failure"}
+
+
 def check_transport(required: str, verdict: Verdict) -> str | None:
     """None when ``verdict`` satisfies ``required``, else the one-line reason it does not."""
     if required not in REQUIREMENTS:
         raise ValueError(f"unknown transport requirement {required!r}; use one of {', '.join(REQUIREMENTS)}")
-    if verdict.satisfies(required):
+    if required == "any":
         return None
-    if verdict.transport == "intra_node":
-        return (f"required {required}, but this is a single-node job: NCCL connects its ranks with "
-                "P2P/SHM/NVLS and never uses the network, so the network transport cannot be "
-                "verified. Run on two or more nodes, or use --require-transport any")
-    if verdict.transport == "unknown":
-        if verdict.nccl_version is None and not verdict.evidence:
-            return (f"required {required}, but no NCCL output was captured: is the backend NCCL, and "
-                    "were NCCL_DEBUG=INFO and NCCL_DEBUG_FILE set before the process group started?")
-        return (f"required {required}, but no network evidence was seen after the first collective "
-                f"({verdict.reason})")
-    return f"required {required}, but NCCL uses {verdict.label} ({verdict.transport})"
+    if verdict.basis in DECISIVE:
+        if verdict.satisfies(required):
+            return None
+        if verdict.transport == "intra_node":
+            return (f"required {required}, but this is a single-node job: NCCL connects its ranks with "
+                    "P2P/SHM/NVLS and never uses the network, so the network transport cannot be "
+                    "verified. Run on two or more nodes, or use --require-transport any")
+        return (f"required {required}, but NCCL uses {verdict.label} ({verdict.transport}), "
+                f"{_BASIS_WORDS[verdict.basis or '']}")
+    if verdict.basis == "announced":
+        return (f"required {required}, but NCCL only announced '{verdict.network or 'a network'}' "
+                f"({verdict.transport}) and no channel has connected over it yet; the strict check acts "
+                "on channels or a plugin failure, never on an announcement alone")
+    if verdict.nccl_version is None and not verdict.evidence:
+        return (f"required {required}, but no NCCL output was captured: is the backend NCCL, and "
+                "were NCCL_DEBUG=INFO and NCCL_DEBUG_FILE set before the process group started?")
+    return (f"required {required}, but no network evidence was seen after the first collective "
+            f"({verdict.reason})")
 
 
 def enforce_transport(required: str, sources: PathLike | Iterable[PathLike] | None = None, *,
@@ -100,23 +113,27 @@ def enforce_transport(required: str, sources: PathLike | Iterable[PathLike] | No
                       echo: TextIO | None = None) -> Verdict:
     """Return the verdict when it satisfies ``required``; otherwise exit with the evidence.
 
-    Other ranks may still be flushing their logs, so an ``unknown`` verdict is re-read for
-    up to ``wait_s`` seconds before it counts as a failure. With ``echo`` (e.g. sys.stdout)
-    the evidence lines are printed, so the job log (captured NCCL output no longer goes
-    there) still lets the TUI reach the same verdict.
+    Other ranks may still be flushing their logs, so a verdict that is not yet decisive
+    (only announced, or unknown) is re-read for up to ``wait_s`` seconds before it counts as
+    a failure. With ``echo`` (e.g. sys.stdout) the evidence lines are printed, so the job log
+    (captured NCCL output no longer goes there) still lets the TUI reach the same verdict,
+    followed by the one line that says what the check decided on.
     """
     line_list = list(lines) if lines is not None else None
     deadline = time.monotonic() + max(wait_s, 0.0)
     while True:
         verdict = read_verdict(sources, lines=line_list)
-        if verdict.transport != "unknown" or sources is None or time.monotonic() >= deadline:
+        if verdict.basis in DECISIVE or sources is None or time.monotonic() >= deadline:
             break
         time.sleep(poll_s)
+    failure = check_transport(required, verdict)
     if echo is not None:
         for line in verdict.evidence:
             echo.write(line + "\n")
+        outcome = "satisfies" if failure is None else "does not satisfy"
+        echo.write(f"rtui: transport check: {verdict.transport} (basis {verdict.basis or 'none'}) "
+                   f"{outcome} --require-transport {required}\n")
         echo.flush()
-    failure = check_transport(required, verdict)
     if failure is None:
         return verdict
     message = "\n".join(["rtui: NCCL transport check failed: " + failure,

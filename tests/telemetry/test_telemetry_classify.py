@@ -24,7 +24,7 @@ def test_socket_verdict_is_a_report_not_an_error(tmp_path: Path) -> None:
     assert code == 0 and err == ""
     assert out.startswith(f"{log}: socket — TCP sockets")
     assert "NCCL 2.21.5+cuda12.4" in out and "nodes 2, ranks 2" in out
-    assert "warning: NCCL is using TCP sockets" in out and "evidence:" in out
+    assert "basis: channels" in out and "warning: NCCL is using TCP sockets" in out and "rests on:" in out
 
 
 def test_json_one_object_per_line_with_required_keys(tmp_path: Path) -> None:

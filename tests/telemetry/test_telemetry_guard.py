@@ -63,7 +63,7 @@ def test_socket_fallback_exits_with_evidence(tmp_path: Path) -> None:
         enforce_transport("efa", tmp_path, wait_s=0)
     message = str(info.value.code)
     assert message.startswith("rtui: NCCL transport check failed: required efa, but NCCL uses TCP sockets")
-    assert "evidence:" in message and "via NET/Socket/0" in message
+    assert "rests on:" in message and "via NET/Socket/0" in message
     assert enforce_transport("socket", tmp_path, wait_s=0).transport == "socket"
 
 
@@ -80,7 +80,7 @@ def test_single_node_fails_efa_with_an_explanation(tmp_path: Path) -> None:
 
 
 def test_multi_node_without_network_evidence_fails_after_waiting(tmp_path: Path) -> None:
-    rank_file(tmp_path, "a", 10, "P2P/IPC/read", n_nodes=2)
+    rank_file(tmp_path, "a", 10, "P2P/IPC/read", n_nodes=2, provider=None)
     start = time.monotonic()
     with pytest.raises(SystemExit, match="no network evidence was seen"):
         enforce_transport("efa", tmp_path, wait_s=0.3, poll_s=0.05)
@@ -123,3 +123,35 @@ def test_guard_imports_no_backend_or_heavy_modules() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd(),
                             timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_announcement_alone_is_never_acted_on(tmp_path: Path) -> None:
+    (tmp_path / "nccl.a.10.log").write_text(
+        "a:10:10 [0] NCCL INFO Using network AWS Libfabric\n"
+        "a:10:10 [0] NCCL INFO comm 0x1 rank 0 nRanks 4 nNodes 2 localRanks 2 localRank 0 MNNVL 0\n")
+    assert read_verdict(tmp_path).basis == "announced"
+    # Neither a pass nor a mismatch: the check says it had only the announcement.
+    for required in ("efa", "socket"):
+        with pytest.raises(SystemExit, match="only announced 'AWS Libfabric' .* never on an announcement alone"):
+            enforce_transport(required, tmp_path, wait_s=0)
+    assert enforce_transport("any", tmp_path, wait_s=0).transport == "efa"
+
+
+def test_a_plugin_failure_and_its_fallback_are_acted_on_at_once(tmp_path: Path) -> None:
+    (tmp_path / "nccl.a.10.log").write_text(
+        "a:10:11 [0] nccl_net_ofi_create_plugin:1067 NCCL WARN NET/OFI aws-ofi-nccl initialization failed\n"
+        "a:10:11 [0] NCCL INFO NET/IB : No device found.\n"
+        "a:10:11 [0] NCCL INFO Using network Socket\n")
+    start = time.monotonic()
+    with pytest.raises(SystemExit, match="NCCL uses TCP sockets \\(socket\\), after a network plugin failure"):
+        enforce_transport("efa", tmp_path, wait_s=5, poll_s=0.05)
+    assert time.monotonic() - start < 2  # decisive: no waiting for channels
+    assert enforce_transport("socket", tmp_path, wait_s=0).basis == "failure"
+
+
+def test_echo_ends_with_what_the_check_decided_on(tmp_path: Path) -> None:
+    lines = rank_file(tmp_path, "b", 5, "NET/IB/0/GDRDMA").read_text().splitlines()
+    echo = io.StringIO()
+    enforce_transport("ib", lines=lines, echo=echo)
+    assert echo.getvalue().splitlines()[-1] == ("rtui: transport check: ib (basis channels) satisfies "
+                                                "--require-transport ib")

@@ -70,3 +70,12 @@ def test_stacked_prefixes() -> None:
 def test_garbage_does_not_crash() -> None:
     for line in ("", "\x00\x01\xff", "[", "(", "[1,", "1:", "\x1b[", "[pod/", "((((((", "[[[[[[[[[[["):
         assert isinstance(normalize(line).text, str)
+
+
+def test_colour_codes_that_lost_their_escape_byte() -> None:
+    # Logs pasted into issues keep "[36m" without the escape byte, or spell it "ESC[36m".
+    for line in (" [36m(RayWorkerVllm pid=5310) [0m [pod-name]:5310:5433 [7] NCCL INFO x [32m [repeated 6x "
+                 "across cluster] [0m",
+                 "ESC[36m(RayWorkerVllm pid=5310)ESC[0m [pod-name]:5310:5433 [7] NCCL INFO x"):
+        out = normalize(line)
+        assert (out.text, out.host, out.pid, out.actor) == ("NCCL INFO x", "[pod-name]", 5310, "RayWorkerVllm")

@@ -1,9 +1,21 @@
 """How the NCCL analyser turns what it has gathered per process into a ``Verdict``.
 
-The feeding half (``nccl.py``) only records facts per process (host, pid): the networks
-its channels used, the provider it selected, its rank. Deciding happens here, on demand:
-the job runs at the pace of its slowest link, a single node never uses its announced
-network, and the evidence shown first is what decided. Stdlib only.
+The feeding half (``nccl.py``) only records facts per process (host, pid): the networks its
+channels used, the network it announced, the provider it selected, a plugin failure. Deciding
+happens here, on demand, the way a careful reader ranks what a log shows:
+
+1. ``channels``: a channel that connected ``via NET/<net>`` is proof of use. A single host
+   whose channels go through the NIC (P2P and SHM disabled) is on that network too.
+2. Single-node proof (``nNodes 1``, or P2P/SHM/NVLS channels joining every rank the log
+   knows of): ``intra_node``, whatever network was announced, because no NIC carries traffic.
+3. ``failure``: a plugin/provider failure followed by NCCL announcing one of its own
+   networks (``Socket``, ``IB``) is a fallback, and the failure is its reason.
+4. ``announced``: the network NCCL chose is the one that crosses nodes; a fragment that does
+   not show the node count still names it, unless something shows a single node.
+
+Anything that contradicts the winner (ranks on different transports, a channel that is not
+the announced network) becomes a warning. The job runs at the pace of its slowest link.
+Stdlib only.
 """
 
 from __future__ import annotations
@@ -12,17 +24,24 @@ from dataclasses import dataclass, field
 
 from training.logparse.verdict import SLOWEST_FIRST, Verdict, provider_transport
 
+# Past this a rank number is more likely garbage than a real job; it is not tracked.
+MAX_RANK = 1 << 16
+
 
 def net_kind(name: str) -> str:
-    """The family of a ``via NET/<name>`` network; never guessed from interface names."""
+    """The family of a network name (``via NET/<name>``, ``Using network <name>``)."""
     low = name.lower().strip()
     if "libfabric" in low or "ofi" in low or low.startswith("aws"):
         return "ofi"
     if low == "socket":
         return "socket"
-    if low.startswith("ib") or low in ("rdma", "verbs"):
-        return "ib"  # IB, IBext, IBext_v8: NCCL's verbs transport (InfiniBand or RoCE)
+    if low.startswith(("ib", "gib")) or low in ("rdma", "verbs"):
+        return "ib"  # IB, IBext, IBext_v8 (HPC-X), gIB (Google): verbs over InfiniBand or RoCE
     return "other:" + name
+
+
+def family(transport: str) -> str:
+    return "efa" if transport == "efa_gdr" else transport
 
 
 @dataclass(slots=True)
@@ -33,12 +52,23 @@ class Proc:
     rank: int | None = None
     n_ranks: int = 0
     n_nodes: int = 0
-    network: str | None = None
+    network: str | None = None  # the network it announced last
+    network_at: int = 0  # the analyser's line clock when it did
+    network_line: str = ""  # the line that announced it
+    tentative: str = ""  # why a later line may withdraw that announcement ("provider", "bootstrap")
+    plugin_seen: bool = False
+    failed_at: int = 0  # ... and when its plugin or provider last failed
     provider: str | None = None
     plugin_missing: bool = False
-    plugin_failed: bool = False
     net: dict[str, bool] = field(default_factory=dict)  # kind -> every channel had GDRDMA
     intra: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    transport: str
+    basis: str | None
+    reason: str
 
 
 class VerdictRules:
@@ -50,8 +80,15 @@ class VerdictRules:
     _plugin_version: str | None
     _providers: list[str]
     _ofi_seen: bool
-    _evidence: dict[tuple[str, ...], str]
+    _evidence: dict[tuple[str, str], str]
     _notes: dict[str, str]
+    _failures: dict[str, str]  # failure kind -> the message
+    _first_failure_at: int
+    _host_ips: dict[str, set[str]]
+    _rank_hosts: dict[int, dict[int, str]]
+    _parent: dict[int, int]
+    _max_rank: int
+    _intra_seen: bool
     _cached: Verdict | None
     nccl_lines: int
 
@@ -60,99 +97,183 @@ class VerdictRules:
             self._cached = self._decide()
         return self._cached
 
-    def _proc_transports(self, proc: Proc, host_provider: str | None) -> set[str]:
+    # -- facts about the whole job ------------------------------------------------------
+    def _node_count(self, procs: list[Proc]) -> tuple[int | None, bool]:
+        """(nodes, proven single node). NCCL's own ``nNodes`` wins over what the prefixes show."""
+        stated = max((p.n_nodes for p in procs), default=0)
+        if stated:
+            return stated, stated == 1
+        # One hostname with two bootstrap IPs is two machines (containers named alike).
+        seen = sum(max(1, len(self._host_ips.get(p_host, ()))) for p_host in {p.host for p in procs if p.host})
+        if seen >= 2:
+            return seen, False
+        if self._intra_joins_every_rank(procs) or self._every_rank_on_one_host(procs):
+            return 1, True
+        return None, False
+
+    def _every_rank_on_one_host(self, procs: list[Proc]) -> bool:
+        """Before NCCL 2.20 printed nNodes, each rank's comm line still says where it runs."""
+        n_ranks = max((p.n_ranks for p in procs), default=0)
+        hosts = self._rank_hosts.get(n_ranks, {})
+        return n_ranks >= 2 and len(hosts) == n_ranks and len(set(hosts.values())) == 1
+
+    def _known_ranks(self, procs: list[Proc]) -> int:
+        return max(max((p.n_ranks for p in procs), default=0), self._max_rank + 1)
+
+    def _intra_joins_every_rank(self, procs: list[Proc]) -> bool:
+        """P2P/SHM only connect ranks of one machine: if they join every rank known, that is all."""
+        known = self._known_ranks(procs)
+        if not self._intra_seen or known < 2 or known > MAX_RANK:
+            return False
+        root = self._find(0)
+        return all(self._find(rank) == root for rank in range(1, known))
+
+    def _find(self, rank: int) -> int:
+        parent = self._parent
+        root = rank
+        while parent.get(root, root) != root:
+            root = parent[root]
+        return root
+
+    def _rank_count(self, procs: list[Proc]) -> int | None:
+        with_pid = sum(1 for key in self._procs if key[1] is not None)
+        return self._known_ranks(procs) or with_pid or None
+
+    def _job_provider(self) -> str | None:
+        return self._providers[0] if len(self._providers) == 1 else None
+
+    # -- one group of processes (the job, or one host) ------------------------------------
+    def _ofi_transport(self, provider: str | None) -> str:
+        provider = provider or self._job_provider()
+        if provider is None:
+            return "efa"  # aws-ofi-nccl's provider on AWS; any other provider gets logged
+        return provider_transport(provider)
+
+    def _channel_transports(self, proc: Proc, host_provider: str | None) -> set[str]:
         found: set[str] = set()
         for kind, all_gdr in proc.net.items():
             if kind == "ofi":
-                base = provider_transport(proc.provider or host_provider or self._job_provider())
-                if base == "efa" and all_gdr:
-                    base = "efa_gdr"
-                found.add(base)
+                base = self._ofi_transport(proc.provider or host_provider)
+                found.add("efa_gdr" if base == "efa" and all_gdr else base)
             elif kind.startswith("other:"):
                 found.add("unknown")
             else:
                 found.add(kind)
         return found
 
-    def _job_provider(self) -> str | None:
-        return self._providers[0] if len(self._providers) == 1 else None
+    def _announced_transport(self, proc: Proc, host_provider: str | None) -> str:
+        kind = net_kind(proc.network or "")
+        if kind == "ofi":
+            return self._ofi_transport(proc.provider or host_provider)
+        return "unknown" if kind.startswith("other:") else kind
 
-    def _decide(self) -> Verdict:
-        procs = list(self._procs.values())
-        n_nodes = max((p.n_nodes for p in procs), default=0)
-        hosts = sorted({p.host for p in procs if p.host})
-        nodes = n_nodes or len(hosts) or None
-        n_ranks = max((p.n_ranks for p in procs), default=0)
-        ranked = {p.rank for p in procs if p.rank is not None}
-        with_pid = sum(1 for key in self._procs if key[1] is not None)
-        ranks = n_ranks or max(len(ranked), with_pid) or None
+    def _fell_back(self, proc: Proc) -> bool:
+        """A failure earlier in the log, then NCCL announced a network other than the plugin."""
+        failed_at = proc.failed_at or self._first_failure_at
+        return 0 < failed_at < proc.network_at and net_kind(proc.network or "") != "ofi"
 
-        host_providers: dict[str, str] = {}
+    def _judge(self, procs: list[Proc], single: bool, providers: dict[str, str],
+               warnings: dict[str, str] | None) -> Judgement:
+        used: dict[str, set[str]] = {}
         for p in procs:
-            if p.provider:
-                host_providers.setdefault(p.host, p.provider)
-        per_host: dict[str, set[str]] = {}
-        host_intra: dict[str, bool] = {}
-        for p in procs:
-            per_host.setdefault(p.host, set()).update(self._proc_transports(p, host_providers.get(p.host)))
-            host_intra[p.host] = host_intra.get(p.host, False) or p.intra
-        used = set().union(*per_host.values()) if per_host else set()
-        multi_node = (nodes or 0) > 1
-        warnings = dict(self._notes)
-
+            for transport in self._channel_transports(p, providers.get(p.host)):
+                used.setdefault(transport, set()).add(p.host)
         if used:
             transport = next(t for t in SLOWEST_FIRST if t in used)
-            bases = {"efa" if t == "efa_gdr" else t for t in used}
-            if len(bases) > 1:
-                warnings["mixed"] = "mixed transports across ranks: " + ", ".join(sorted(used))
-            elif len(used) > 1:
-                warnings["mixed-gdr"] = "GPUDirect RDMA is used by some ranks only"
-            reason = self._reason_used(transport)
-        elif any(host_intra.values()) or n_nodes == 1:
-            if multi_node:
-                transport = "unknown"
-                reason = (f"{nodes} nodes, but no channel has connected over a network yet "
-                          "(only intra-node P2P/SHM channels seen)")
+            if warnings is not None:
+                self._channel_warnings(procs, used, providers, warnings)
+            return Judgement(transport, "channels", self._reason_used(transport))
+        if single:
+            network = self._announced()
+            if any(p.n_nodes for p in procs):
+                why = "a single node: NCCL reports nNodes 1"
+            elif self._intra_joins_every_rank(procs):
+                why = "a single node: P2P/SHM/NVLS channels join every rank"
             else:
-                transport = "intra_node"
-                announced = self._announced()
-                reason = "a single node: channels use only P2P/SHM/NVLS" + (
-                    f"; the announced network '{announced}' is never used" if announced else "")
-        else:
-            transport = "unknown"
-            reason = ("no NCCL output seen" if not self.nccl_lines
-                      else "no NCCL channel has connected yet")
-        if transport == "unknown" and any("ofi" in p.net for p in procs) and not self._providers:
-            warnings.setdefault("no-provider",
-                                "the OFI plugin carried traffic but its provider was never logged")
-        if transport == "socket":
-            tried = self._ofi_seen or self._plugin or any(p.plugin_failed or p.plugin_missing for p in procs)
-            if tried:
-                warnings.setdefault("fallback", "NCCL fell back to TCP sockets although a network plugin "
-                                    "was configured or attempted")
-            else:
-                warnings.setdefault("fallback", "NCCL is using TCP sockets: no EFA/IB transport was set up")
-        missing = any(p.plugin_missing for p in procs) and self._plugin is None
-        if transport in ("socket", "unknown") and missing:
-            warnings.setdefault("plugin-missing", "no external network plugin (libnccl-net.so) was loaded")
+                why = "a single node: every rank's comm line comes from one host"
+            if network:
+                why += f"; the announced network '{network}' is never used"
+            return Judgement("intra_node", "channels" if self._intra_seen else "announced", why)
+        announced: dict[str, bool] = {}  # transport -> some process got there by a fallback
+        for p in procs:
+            if p.network:
+                transport = self._announced_transport(p, providers.get(p.host))
+                announced[transport] = announced.get(transport, False) or self._fell_back(p)
+        if announced:
+            transport = next(t for t in SLOWEST_FIRST if t in announced)
+            if warnings is not None and len({family(t) for t in announced}) > 1:
+                warnings["mixed-announced"] = "ranks announced different networks: " + ", ".join(sorted(announced))
+            if announced[transport]:
+                return Judgement(transport, "failure", self._reason_fallback(transport))
+            return Judgement(transport, "announced", self._reason_announced(transport, procs))
+        return Judgement("unknown", None, self._reason_unknown(procs))
 
-        host_verdicts: dict[str, str] = {}
-        for host in hosts:
-            kinds = per_host.get(host, set())
-            if kinds:
-                host_verdicts[host] = next(t for t in SLOWEST_FIRST if t in kinds)
-            else:
-                host_verdicts[host] = "intra_node" if host_intra.get(host) and not multi_node else "unknown"
+    def _channel_warnings(self, procs: list[Proc], used: dict[str, set[str]], providers: dict[str, str],
+                          warnings: dict[str, str]) -> None:
+        bases = {family(t) for t in used}
+        if len(bases) > 1:
+            warnings["mixed"] = "mixed transports across ranks: " + ", ".join(
+                f"{t} ({', '.join(sorted(h or '?' for h in hosts))})" for t, hosts in sorted(used.items()))
+        elif len(used) > 1:
+            warnings["mixed-gdr"] = "GPUDirect RDMA is used by some ranks only"
+        for p in procs:
+            if not p.network:
+                continue
+            said = family(self._announced_transport(p, providers.get(p.host)))
+            own = {family(t) for t in self._channel_transports(p, providers.get(p.host))}
+            if own and said not in own:
+                warnings.setdefault("contradiction", f"{p.host or 'a rank'} announced '{p.network}' but its "
+                                    f"channels connect over {', '.join(sorted(own))}")
+            elif not own and said not in bases:
+                warnings.setdefault("contradiction", f"{p.host or 'a rank'} announced '{p.network}' ({said}), "
+                                    f"unlike the channels seen ({', '.join(sorted(bases))})")
+        if "ofi" in {kind for p in procs for kind in p.net} and not self._providers:
+            warnings.setdefault("no-provider", "the libfabric provider is not in the log: EFA assumed "
+                                "(aws-ofi-nccl on AWS; a tcp or verbs provider would have been logged)")
+
+    # -- the verdict -------------------------------------------------------------------------
+    def _decide(self) -> Verdict:
+        procs = list(self._procs.values())
+        nodes, single = self._node_count(procs)
+        providers: dict[str, str] = {}
+        by_host: dict[str, list[Proc]] = {}
+        for p in procs:
+            if p.provider:
+                providers.setdefault(p.host, p.provider)
+            by_host.setdefault(p.host, []).append(p)
+        warnings = dict(self._notes)
+        job = self._judge(procs, single, providers, warnings)
+        if job.transport == "unknown":  # a network we cannot name decides nothing
+            job = Judgement("unknown", None, job.reason)
+        host_verdicts = {host: self._judge(group, single, providers, None).transport
+                         for host, group in sorted(by_host.items()) if host}
+        if job.basis == "announced" and job.transport == "efa" and not self._providers:
+            warnings.setdefault("no-provider", "the libfabric provider is not in the log: EFA assumed "
+                                "(aws-ofi-nccl on AWS; a tcp or verbs provider would have been logged)")
+        if job.transport == "socket":
+            # Every NCCL looks for libnccl-net.so, so "No plugin found" alone is no attempt.
+            tried = self._ofi_seen or self._plugin or self._failures
+            warnings.setdefault("fallback", "NCCL fell back to TCP sockets although a network plugin was "
+                                "configured or attempted" if tried
+                                else "NCCL is using TCP sockets: no EFA/IB transport was set up")
+        missing = any(p.plugin_missing for p in procs) and self._plugin is None
+        if job.transport in ("socket", "unknown") and missing:
+            warnings.setdefault("plugin-missing", "no external network plugin (libnccl-net.so) was loaded")
+        announcing = list(dict.fromkeys(
+            p.network_line for p in procs if p.network and p.network_line and (
+                self._fell_back(p) if job.basis == "failure"
+                else self._announced_transport(p, providers.get(p.host)) == job.transport)))[:3]
+        decided_by, context = self._ranked_evidence(job, announcing)
+        if len(self._versions) > 1:
+            warnings["versions"] = "several NCCL versions in one job: " + ", ".join(self._versions)
         return Verdict(
-            transport=transport, reason=reason,
+            transport=job.transport, basis=job.basis, reason=job.reason,
             nccl_version=self._versions[0] if self._versions else None,
             plugin=self._plugin, plugin_version=self._plugin_version,
             provider=self._job_provider() or (";".join(self._providers) or None),
-            network=self._announced(), nodes=nodes, ranks=ranks, hosts=host_verdicts,
-            evidence=tuple(self._ranked_evidence(transport)),
-            warnings=tuple(warnings.values())
-            + (("several NCCL versions in one job: " + ", ".join(self._versions),)
-               if len(self._versions) > 1 else ()),
+            network=self._announced(), nodes=nodes, ranks=self._rank_count(procs), hosts=host_verdicts,
+            decided_by=tuple(decided_by), evidence=tuple(decided_by + context),
+            warnings=tuple(warnings.values()),
         )
 
     def _announced(self) -> str | None:
@@ -163,23 +284,56 @@ class VerdictRules:
 
     def _reason_used(self, transport: str) -> str:
         if transport in ("efa", "efa_gdr"):
-            return "channels connect via the OFI plugin with the efa provider" + (
-                " and GPUDirect RDMA" if transport == "efa_gdr" else "")
+            return "channels connect via the OFI plugin on EFA" + (
+                " with GPUDirect RDMA" if transport == "efa_gdr" else "")
         if transport == "socket":
             return "channels connect via NET/Socket or a TCP libfabric provider"
         if transport == "ib":
             return "channels connect via NCCL's IB verbs transport"
         return "channels use a network whose kind we cannot tell"
 
-    def _ranked_evidence(self, transport: str) -> list[str]:
-        # The lines that decided the verdict first, context after.
-        order = {"channel": 0, "provider": 1, "network": 2, "forced": 2, "plugin-failed": 2,
-                 "provider-missing": 2, "plugin": 3, "plugin-missing": 3, "version": 4, "nodes": 5}
+    def _reason_fallback(self, transport: str) -> str:
+        failure = next(iter(self._failures.values()), "a network plugin failed")
+        return f"{failure}; NCCL then chose its own {transport} network"
 
-        def rank(key: tuple[str, ...]) -> int:
-            if key[0] == "channel" and key[1] == "intra" and transport != "intra_node":
-                return 6
-            return order.get(key[0], 9)
+    def _reason_announced(self, transport: str, procs: list[Proc]) -> str:
+        nodes, _ = self._node_count(procs)
+        where = (f"across {nodes} nodes" if nodes else
+                 "and nothing shows a single node (the node count is not in the log)")
+        return f"NCCL announced '{self._announced()}' ({transport}) {where}; no channel line seen yet"
 
-        items = sorted(self._evidence.items(), key=lambda kv: rank(kv[0]))
-        return [line for _, line in items]
+    def _reason_unknown(self, procs: list[Proc]) -> str:
+        if not self.nccl_lines:
+            return "no NCCL output seen"
+        if self._failures:
+            return "a network plugin failed and no network was chosen after it"
+        nodes, _ = self._node_count(procs)
+        if nodes and nodes > 1:
+            return (f"{nodes} nodes, but no channel has connected over a network yet "
+                    "(only intra-node P2P/SHM channels seen)")
+        if self._intra_seen:
+            return "only intra-node P2P/SHM channels seen, and the log shows ranks they do not reach"
+        return "no line shows which network NCCL chose, nor a channel"
+
+    def _ranked_evidence(self, job: Judgement, announcing: list[str]) -> tuple[list[str], list[str]]:
+        """(the lines the verdict rests on, the context after them)."""
+        by_kind: dict[str, list[str]] = {"announcing": announcing}
+        for (kind, detail), line in self._evidence.items():
+            kind = "intra" if kind == "channel" and detail.startswith("intra") else kind
+            by_kind.setdefault(kind, []).append(line)
+        if job.transport == "intra_node":
+            first: tuple[str, ...] = ("nodes", "intra")
+        elif job.basis == "channels":
+            first = ("channel", "provider")
+        elif job.basis == "failure":
+            first = ("failure", "announcing")
+        elif job.basis == "announced":
+            first = ("announcing", "nodes", "provider")
+        else:
+            first = ("failure", "warn", "intra", "nodes")
+        decided = list(dict.fromkeys(line for kind in first for line in by_kind.get(kind, ())))
+        later = ("failure", "network", "nodes", "provider", "forced", "warn", "plugin", "plugin-missing",
+                 "version", "intra", "channel")
+        context = [line for line in dict.fromkeys(line for kind in later for line in by_kind.get(kind, ()))
+                   if line not in decided]
+        return decided, context

@@ -36,8 +36,10 @@ _KUBECTL = re.compile(r"\[pod/([^/\]\s]+)/[^\]\s]*\]\s?")
 # A bare launcher rank label: "[3] " (pdsh/mpirun wrappers) or srun --label "3: ".
 _BRACKET_RANK = re.compile(r"\[(\d+)\]\s+")
 _SRUN_LABEL = re.compile(r"(\d+):\s+")
-# NCCL's own prefix: host:pid:tid [cudaDev]
-_NCCL_PREFIX = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
+# NCCL's own prefix: host:pid:tid [cudaDev]. Pasted logs redact parts of it ("<cluster_name>",
+# "[pod-name]", "pod-id:num:num"): still NCCL's prefix, so a Ray prefix around it does not
+# name the host.
+_NCCL_PREFIX = re.compile(r"(?P<host>[^\s:()]+):(?P<pid>\w+):(?P<tid>\w+) \[(?P<dev>\d+)\] ")
 
 _MAX_PREFIXES = 8
 
@@ -55,8 +57,17 @@ class LogLine:
     repeated: int = 1
 
 
+# Colour codes whose escape byte a copy-paste lost ("[36m(RayWorker pid=1)[0m") or spelled out
+# ("ESC[36m"): what logs pasted into issues look like.
+_LOST_ESCAPE = re.compile(r"(?:ESC|\^\[)?\[[0-9;]{0,12}m")
+
+
 def strip_ansi(line: str) -> str:
-    return _ANSI.sub("", line) if "\x1b" in line else line
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if "[0m" in line or "ESC[" in line:
+        line = _LOST_ESCAPE.sub("", line)
+    return line
 
 
 def normalize(line: str) -> LogLine:
@@ -111,7 +122,7 @@ def normalize(line: str) -> LogLine:
     m = _NCCL_PREFIX.match(s)
     if m:
         out.host = m.group("host")
-        out.pid = int(m.group("pid"))
+        out.pid = int(m.group("pid")) if m.group("pid").isdigit() else None
         out.device = int(m.group("dev"))
         s = s[m.end() :]
     else:

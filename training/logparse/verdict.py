@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TRANSPORTS = ("efa", "efa_gdr", "socket", "ib", "intra_node", "unknown")
+# What a verdict rests on, strongest first: channels that connected over a network, a plugin
+# failure followed by a fallback, or only the network NCCL announced. None for ``unknown``.
+BASES = ("channels", "failure", "announced")
 # When ranks disagree the job runs at the pace of its slowest link.
 SLOWEST_FIRST = ("socket", "unknown", "ib", "efa", "efa_gdr")
 LABELS = {
@@ -37,6 +40,7 @@ class Verdict:
 
     transport: str
     reason: str
+    basis: str | None = None
     nccl_version: str | None = None
     plugin: str | None = None
     plugin_version: str | None = None
@@ -45,7 +49,8 @@ class Verdict:
     nodes: int | None = None
     ranks: int | None = None
     hosts: dict[str, str] = field(default_factory=dict)
-    evidence: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()  # decided_by first, then context
+    decided_by: tuple[str, ...] = ()  # the lines the verdict rests on
     warnings: tuple[str, ...] = ()
 
     @property
@@ -62,7 +67,7 @@ class Verdict:
 
     def describe(self, *, max_evidence: int = 6) -> list[str]:
         """Indented human lines: why, versions, size, warnings, the top evidence."""
-        out = [f"  why: {self.reason}"]
+        out = [f"  basis: {self.basis or 'none'} — {self.reason}"]
         versions = [f"NCCL {self.nccl_version or '?'}"]
         if self.plugin or self.plugin_version:
             versions.append("plugin " + " / ".join(x for x in (self.plugin, self.plugin_version) if x))
@@ -71,20 +76,24 @@ class Verdict:
         out.append("  " + ", ".join(versions))
         out.append(f"  nodes {'?' if self.nodes is None else self.nodes}, "
                    f"ranks {'?' if self.ranks is None else self.ranks}")
-        if len(set(self.hosts.values())) > 1:
+        if len(set(self.hosts.values()) - {"unknown"}) > 1:  # a host that showed nothing is no contradiction
             out.append("  per host: " + ", ".join(f"{h}={t}" for h, t in self.hosts.items()))
         out.extend(f"  warning: {w}" for w in self.warnings)
-        if self.evidence and max_evidence:
-            out.append("  evidence:")
-            out.extend(f"    {line}" for line in self.evidence[:max_evidence])
+        if self.decided_by and max_evidence:
+            out.append("  rests on:")
+            out.extend(f"    {line}" for line in self.decided_by[:max_evidence])
+        context = self.evidence[len(self.decided_by):][: max(0, max_evidence - len(self.decided_by))]
+        if context:
+            out.append("  context:")
+            out.extend(f"    {line}" for line in context)
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "transport": self.transport, "label": self.label, "reason": self.reason,
+            "transport": self.transport, "basis": self.basis, "label": self.label, "reason": self.reason,
             "nccl_version": self.nccl_version, "plugin": self.plugin,
             "plugin_version": self.plugin_version, "provider": self.provider,
             "network": self.network, "nodes": self.nodes, "ranks": self.ranks,
             "hosts": dict(self.hosts), "warnings": list(self.warnings),
-            "evidence": list(self.evidence),
+            "evidence": list(self.evidence), "decided_by": list(self.decided_by),
         }
