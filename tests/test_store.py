@@ -193,7 +193,10 @@ def test_spool_lines_partial_chunks_and_offsets(tmp_path: Path) -> None:
 
 
 def test_family_matches_our_temp_dir_not_a_sibling(tmp_path: Path) -> None:
-    from backend.procs import ProcRef, family, start_detached, terminate
+    import psutil
+
+    from backend.layers.local_cluster import cluster_family, session_family
+    from backend.procs import ProcRef, start_detached, terminate
 
     ours = tmp_path / "rtui-abc"
     sibling = tmp_path / "rtui-abcd"
@@ -205,14 +208,14 @@ def test_family_matches_our_temp_dir_not_a_sibling(tmp_path: Path) -> None:
     other = start_detached([sys.executable, "-c", "import time; time.sleep(60)", f"--temp-dir={sibling}"],
                            log_path=tmp_path / "b.log", env=env, cwd=tmp_path)
     try:
-        found = {p.pid for p in family([], str(ours))}
+        found = {p.pid for p in cluster_family(ours)}
         assert mine.pid in found and other.pid not in found
-        assert {p.pid for p in family([mine], None)} == {mine.pid}
-        assert not terminate(family([mine], str(ours)))
+        assert {p.pid for p in session_family(psutil.Process(mine.pid))} == {mine.pid}
+        assert not terminate(cluster_family(ours))
         assert not mine.alive() and other.alive()
         assert not ProcRef(pid=other.pid, create_time=other.create_time + 100).alive(), "pid reuse guard"
     finally:
-        terminate(family([other], None))
+        terminate(session_family(psutil.Process(other.pid)))
 
 
 def test_spool_iter_from_streams_complete_lines_with_offsets(tmp_path: Path) -> None:
@@ -226,7 +229,8 @@ def test_spool_iter_from_streams_complete_lines_with_offsets(tmp_path: Path) -> 
 
 def test_family_finds_renamed_processes_of_our_session_after_the_leader_died(tmp_path: Path) -> None:
     """Ray renames agents (`ray::DashboardAgent`): they are still ours by session."""
-    from backend.procs import family, start_detached, terminate
+    from backend.layers.local_cluster import cluster_family
+    from backend.procs import start_detached, terminate
 
     ours = tmp_path / "rtui-zz"
     ours.mkdir()
@@ -249,6 +253,6 @@ def test_family_finds_renamed_processes_of_our_session_after_the_leader_died(tmp
     assert proc is not None
     proc.kill()
     proc.wait(5)
-    found = {p.pid for p in family([], str(ours))}
+    found = {p.pid for p in cluster_family(ours)}
     assert {named, renamed} <= found
-    assert not terminate(family([], str(ours)))
+    assert not terminate(cluster_family(ours))
