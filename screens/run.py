@@ -83,9 +83,8 @@ class RunScreen(RtuiScreen):
         self.query_one("#job-status", Static).update(text)
 
     def _transport_label(self) -> str:
-        if self.session.config.target == "local":
-            return "gloo/TCP (local: no NCCL)"
-        return self.telemetry.transport.label
+        verdict = self.telemetry.transport
+        return verdict.label + (f" ({verdict.basis})" if verdict.basis else "")
 
     def _render_metrics(self) -> None:
         m = self.metric

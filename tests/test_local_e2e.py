@@ -75,6 +75,8 @@ def test_up_status_noop_second_up_and_down() -> None:
     assert status["status"] == "up" and status["cluster"]["alive"] is True
     assert status["job"]["status"] == "SUCCEEDED" and status["last_metric"]["step"] == 6
     assert status["summary"]["steps"] == 6
+    # The verdict comes from telemetry (the records say gloo), the same one the run screen shows.
+    assert (status["transport"]["transport"], status["transport"]["basis"]) == ("gloo", "backend")
 
     # The Jobs API (it runs arbitrary code) listens on loopback only. Ray 2.58's own gRPC
     # servers bind wider whatever --node-ip-address says; see the README's security note.

@@ -166,7 +166,7 @@ def run_worker(cfg: TrainConfig) -> None:
 
     peak = detect_peak(device)
     facts = RunFacts(n_params, world, plan.micro_batch, plan.seq_len, plan.grad_accum, peak.name, peak.flops,
-                     peak.reason)
+                     peak.reason, str(dist.get_backend()) if dist.is_initialized() else "?")
     summary = RunSummary(start_step)
     last_report = time.monotonic()
     for step in range(start_step + 1, cfg.steps + 1):

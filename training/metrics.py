@@ -75,6 +75,7 @@ class RunFacts:
     device_name: str
     peak_flops: float | None
     peak_reason: str | None
+    backend: str = "?"  # torch.distributed's: telemetry tells a gloo run (no NCCL) from an NCCL one by it
 
     @property
     def tokens_per_step(self) -> int:
@@ -100,7 +101,7 @@ def metric_record(facts: RunFacts, *, step: int, loss: float, step_time_s: float
         "loss_sync_wait_s": _r(timings.loss_sync_wait_s), "comm_wait_s": _r(timings.comm_wait_s),
         "compute_s": _r(max(0.0, step_time_s - timings.data_wait_s - timings.comm_wait_s)),
         "peak_mem_gib": round(peak_mem_bytes / GIB, 4), "peak_mem_kind": mem_kind,
-        "mfu": _sig(util), "device": facts.device_name, "lr": lr,
+        "mfu": _sig(util), "device": facts.device_name, "backend": facts.backend, "lr": lr,
         "grad_norm": _r(grad_norm),
     }
     if util is None:

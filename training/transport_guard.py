@@ -19,7 +19,8 @@ from training.logparse.lines import iter_stream_marked
 from training.logparse.nccl import NcclAnalyzer
 from training.logparse.verdict import TRANSPORTS, Verdict
 
-REQUIREMENTS = ("any", *TRANSPORTS[:-1])  # requiring "unknown" makes no sense
+# Requiring "unknown" makes no sense, and "gloo" is not NCCL's to report.
+REQUIREMENTS = ("any", *(t for t in TRANSPORTS if t not in ("unknown", "gloo")))
 DEBUG_FILE_PATTERN = "nccl.%h.%p.log"
 # Subsystems that print the lines the verdict needs (init, plugin and channel setup).
 _NEEDED_SUBSYS = ("INIT", "NET", "ENV")

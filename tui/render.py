@@ -66,6 +66,10 @@ def format_status(data: dict[str, Any]) -> str:
     if job:
         lines.append(f"job      {job['submission_id']}: {job['status']}"
                      + (f" — {job['message'].splitlines()[0][:120]}" if job.get("message") else ""))
+    transport = data.get("transport") or {}
+    if transport.get("label"):
+        lines.append(f"transport {transport['label']}" + (f" ({transport['basis']})" if transport.get("basis") else "")
+                     + "".join(f"\n  warning: {w}" for w in transport.get("warnings", [])[:3]))
     metric = data.get("last_metric")
     if metric:
         lines.append(f"training step {metric.get('step')} loss {metric.get('loss')} "

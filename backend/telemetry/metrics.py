@@ -54,6 +54,7 @@ class MetricSeries:
         self.n_gpus = n_gpus
         self.summary: dict[str, Any] | None = None
         self.records = 0
+        self.backend: str | None = None  # the job's torch.distributed backend, as its records say
         # Ray can print a worker's line twice; a step seen recently is not a new point.
         self._recent: deque[tuple[Any, ...]] = deque(maxlen=_RECENT_KEYS)
         self._recent_set: set[tuple[Any, ...]] = set()
@@ -125,6 +126,9 @@ class MetricSeries:
             self._recent_set.add(key)
         self.points.append(point)
         self.records += 1
+        backend = record.get("backend")
+        if isinstance(backend, str) and backend != "?":
+            self.backend = backend
         return True
 
     def column(self, name: str) -> list[float | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,13 @@ class Telemetry:
     # -- results ---------------------------------------------------------------------------
     @property
     def transport(self) -> Verdict:
-        return self.nccl.verdict()
+        """NCCL's verdict; a job whose metric records say it runs on gloo, with no NCCL line at all, is gloo."""
+        verdict = self.nccl.verdict()
+        if verdict.transport == "unknown" and not verdict.evidence and self.series.backend == "gloo":
+            return replace(verdict, transport="gloo", basis="backend",
+                           reason="the job's collectives run on torch.distributed's gloo backend (its metric "
+                                  "records say so); NCCL is not used")
+        return verdict
 
     def snapshot(self, *, tail: int = 240) -> dict[str, Any]:
         """JSON-able state for the run store (the spool, not this, is the source of truth)."""

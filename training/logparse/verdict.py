@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-TRANSPORTS = ("efa", "efa_gdr", "socket", "ib", "intra_node", "unknown")
+TRANSPORTS = ("efa", "efa_gdr", "socket", "ib", "intra_node", "gloo", "unknown")
 # What a verdict rests on, strongest first: channels that connected over a network, a plugin
 # failure followed by a fallback, or only the network NCCL announced. None for ``unknown``.
-BASES = ("channels", "failure", "announced")
+BASES = ("channels", "failure", "announced", "backend")
 # When ranks disagree the job runs at the pace of its slowest link.
 SLOWEST_FIRST = ("socket", "unknown", "ib", "efa", "efa_gdr")
 LABELS = {
@@ -17,6 +17,7 @@ LABELS = {
     "socket": "TCP sockets",
     "ib": "InfiniBand / RoCE verbs",
     "intra_node": "intra-node only (P2P/SHM/NVLS), no network used",
+    "gloo": "gloo (no NCCL)",
     "unknown": "unknown (not enough evidence yet)",
 }
 
