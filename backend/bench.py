@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
-from backend.jobspec import JobSpec, build_job_spec
+from backend.jobspec import JobSpec, build_job_spec, passed_env_values
 from backend.model import EventKind, StepEvent
 from backend.rayjobs import RayJobs, submit_when_ready
 from backend.store import JobState
@@ -256,7 +256,7 @@ def _progress_of(line: str) -> str | None:
 async def run_job(session: RunSession, jobs: RayJobs, spec: JobSpec, *, label: str, variant: Variant,
                   on_event: EventSink, timeout_s: float = JOB_TIMEOUT_S) -> tuple[list[str], Path]:
     """Submit one bench job, follow its log into a file, return its lines once it succeeded."""
-    env = {**spec.runtime_env.get("env_vars", {}), **variant.env}
+    env = {**spec.runtime_env.get("env_vars", {}), **passed_env_values(spec), **variant.env}
     # The cluster's own job environment (locally: results inside its dir, which teardown removes).
     env.update(session.ctx.cluster.job_env(session.ctx) if session.ctx.cluster is not None else {})
     submission_id = f"rtui-{session.run_id}-{label}-{time.strftime('%H%M%S')}"
@@ -331,7 +331,8 @@ def fabric_spec(config: RunConfig, *, iters: int | None = None, warmup: int | No
     for flag, value in (("--iters", iters), ("--warmup", warmup), ("--max-bytes", max_bytes)):
         if value is not None:
             args += [flag, str(value)]
-    return JobSpec(entrypoint=shlex.join(args), runtime_env=base.runtime_env, workers=base.workers)
+    return JobSpec(entrypoint=shlex.join(args), runtime_env=base.runtime_env, workers=base.workers,
+                   passed_env=base.passed_env)
 
 
 def _save(session: RunSession, name: str, report: dict[str, Any]) -> None:

@@ -38,6 +38,8 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     "region": (r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d", "an AWS region name such as us-east-1"),
     "gpu_node_type": _INSTANCE_TYPE,
     "system_node_type": _INSTANCE_TYPE,
+    "job_env": (r"([A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*)?",
+                "names of environment variables, comma-separated, such as HF_TOKEN,WANDB_API_KEY"),
 }
 
 
@@ -92,6 +94,8 @@ class RunConfig(BaseModel):
     require_transport: Transport = Field(
         "auto", description="Fail the job early unless NCCL uses this network (auto = efa on aws, any elsewhere)")
     # --- local target ---
+    job_env: str = Field("", description="Variables of rtui's environment the job gets, by name (e.g. HF_TOKEN); "
+                                         "no other credential reaches the cluster")
     local_cpus: int = Field(0, ge=0, le=1024, description="CPUs given to the local Ray head (0 = all cores)")
     local_worker_nodes: int = Field(0, ge=0, le=8, description="Extra local Ray worker nodes")
     local_dashboard_port: int = Field(0, ge=0, le=65535, description="Local Ray dashboard port (0 = a free port)")
@@ -100,13 +104,16 @@ class RunConfig(BaseModel):
     local_heads: int = Field(4, ge=1, le=128, description="Tiny local model: attention heads")
     local_vocab_size: int = Field(1024, ge=16, le=262_144, description="Tiny local model: vocabulary size")
 
-    @field_validator("cluster_name", "namespace", "region", "gpu_node_type", "system_node_type")
+    @field_validator("cluster_name", "namespace", "region", "gpu_node_type", "system_node_type", "job_env")
     @classmethod
     def _matches_pattern(cls, v: str, info: ValidationInfo) -> str:
         pattern, accepted = _PATTERNS[info.field_name or ""]
         if not re.fullmatch(pattern, v):
             raise ValueError(accepted)
         return v
+
+    def job_env_names(self) -> tuple[str, ...]:
+        return tuple(n for n in self.job_env.split(",") if n)
 
     def data_is_file(self) -> bool:
         return self.data not in ("random", "cycle")

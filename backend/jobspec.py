@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import training
 from backend.config import RunConfig
+from backend.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -22,15 +25,20 @@ class JobSpec:
     entrypoint: str
     runtime_env: dict[str, Any]
     workers: int
+    # Names only: their values (credentials) join the job at submission and are never kept.
+    passed_env: tuple[str, ...] = ()
 
     @property
     def spec_hash(self) -> str:
         env = {k: v for k, v in self.runtime_env.items() if k != "py_modules"}
-        blob = json.dumps({"entrypoint": self.entrypoint, "env": env}, sort_keys=True)
+        blob = json.dumps({"entrypoint": self.entrypoint, "env": env, "passed": self.passed_env}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def summary(self) -> dict[str, Any]:
-        return {"entrypoint": self.entrypoint, "workers": self.workers}
+        out: dict[str, Any] = {"entrypoint": self.entrypoint, "workers": self.workers}
+        if self.passed_env:
+            out["job_env"] = ", ".join(self.passed_env)
+        return out
 
 
 def training_package_dir() -> Path:
@@ -88,4 +96,15 @@ def build_job_spec(config: RunConfig) -> JobSpec:
                  "--require-transport", config.effective_require_transport()]
         env_vars.update({"NCCL_DEBUG": "INFO"})
     runtime_env = {"py_modules": [str(training_package_dir())], "env_vars": env_vars}
-    return JobSpec(entrypoint=shlex.join(args), runtime_env=runtime_env, workers=workers)
+    return JobSpec(entrypoint=shlex.join(args), runtime_env=runtime_env, workers=workers,
+                   passed_env=config.job_env_names())
+
+
+def passed_env_values(spec: JobSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The values of the variables the user named for the job, read at submission, never stored."""
+    source = os.environ if environ is None else environ
+    missing = [name for name in spec.passed_env if name not in source]
+    if missing:
+        raise UserError(f"--job-env names {missing[0]}, which is not set in rtui's environment",
+                        remedy=f"export {missing[0]}=… first, or drop it from --job-env")
+    return {name: source[name] for name in spec.passed_env}

@@ -107,3 +107,31 @@ def test_a_second_up_on_the_same_cluster_gets_one_line_naming_the_run(isolated_e
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_ray_gets_a_minimal_environment_pinned_to_its_cluster(cluster: lc.ClusterDir) -> None:
+    from backend.layers.local_ray import ray_env
+
+    cluster.facts.update({"ports": {"autoscaler_metrics": 1, "dashboard_metrics": 2}, "gcs_address": "127.0.0.1:9"})
+    user = {"PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+            "AWS_ACCESS_KEY_ID": "AKIA", "HF_TOKEN": "hf_x", "GITHUB_TOKEN": "ghp", "RAY_ADDRESS": "10.0.0.1:6379",
+            "RAY_AUTH_TOKEN": "theirs", "RAY_DEDUP_LOGS": "0", "OMP_NUM_THREADS": "1"}
+    env = ray_env(cluster, environ=user)
+    assert not {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "HF_TOKEN", "GITHUB_TOKEN", "RAY_AUTH_TOKEN"} & set(env)
+    assert env["RAY_ADDRESS"] == "127.0.0.1:9" and env["RAY_AUTH_MODE"] == "token"
+    assert env["RAY_AUTH_TOKEN_PATH"] == str(cluster.path / "auth_token")
+    assert env["RAY_DEDUP_LOGS"] == "0" and env["OMP_NUM_THREADS"] == "1" and env["LANG"] == "C.UTF-8"
+    assert (env["AUTOSCALER_METRIC_PORT"], env["DASHBOARD_METRIC_PORT"]) == ("1", "2")
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+
+
+def test_only_the_variables_the_user_names_reach_the_job() -> None:
+    from backend.config import resolve_config
+    from backend.errors import UserError
+    from backend.jobspec import build_job_spec, passed_env_values
+
+    spec = build_job_spec(resolve_config({"job_env": "HF_TOKEN"}, environ={}).config)
+    assert passed_env_values(spec, {"HF_TOKEN": "hf_x", "AWS_SECRET_ACCESS_KEY": "s"}) == {"HF_TOKEN": "hf_x"}
+    assert "hf_x" not in repr(spec) and "hf_x" not in str(spec.summary())
+    with pytest.raises(UserError, match="--job-env names HF_TOKEN, which is not set"):
+        passed_env_values(spec, {})

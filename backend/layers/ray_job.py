@@ -12,10 +12,10 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import ClassVar
 
-from backend.errors import OperationError
-from backend.jobspec import build_job_spec
+from backend.errors import OperationError, UserError
+from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context, Handler, Layer
-from backend.model import Action, Observed, Resource
+from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.rayjobs import RayJobs, submit_when_ready
 from backend.runner import Progress
 from backend.store import JobRecord, JobState
@@ -44,8 +44,8 @@ class JobHandler(Handler):
         jobs = await _jobs(ctx)
         spec = build_job_spec(ctx.config)
         submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
-        runtime_env = {**spec.runtime_env,
-                       "env_vars": {**spec.runtime_env.get("env_vars", {}), **_job_env(ctx)}}
+        runtime_env = {**spec.runtime_env, "env_vars": {
+            **spec.runtime_env.get("env_vars", {}), **_job_env(ctx), **passed_env_values(spec)}}
         yield Progress(f"submitting {submission_id}", 0.3)
         async for waiting in submit_when_ready(
                 jobs, entrypoint=spec.entrypoint, submission_id=submission_id, runtime_env=runtime_env,
@@ -88,6 +88,18 @@ class RayJobLayer(Layer):
         return [Resource(address=JOB, layer=self.name, kind="ray-job", cost_per_hour=0.0,
                          spec={**spec.summary(), "spec_hash": spec.spec_hash},
                          depends_on=tuple(r.address for r in below))]
+
+    async def preflight(self, ctx: Context) -> list[CheckResult]:
+        names = ctx.config.job_env_names()
+        if not names:
+            return []
+        try:
+            passed_env_values(build_job_spec(ctx.config))
+        except UserError as exc:
+            return [CheckResult(id="job.env", title="Variables passed to the job", status=CheckStatus.FAIL,
+                                detail=exc.message, remedy=exc.remedy)]
+        return [CheckResult(id="job.env", title="Variables passed to the job", status=CheckStatus.OK,
+                            detail=", ".join(names))]
 
     async def discover(self, ctx: Context) -> list[Observed]:
         jobs = await ctx.jobs()
