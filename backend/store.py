@@ -216,11 +216,18 @@ class RunStore:
         return record
 
     def is_locked(self, run_id: str) -> bool:
+        """Whether another process holds the run's lock (asking leaves no lock file behind)."""
         try:
-            with self.lock(run_id):
-                return False
-        except RunLockedError:
+            fd = os.open(self.lock_dir / f"{run_id}.lock", os.O_RDWR)
+        except OSError:
+            return False  # never locked, so nobody holds it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError:
             return True
+        finally:
+            os.close(fd)
 
     def save(self, record: RunRecord) -> None:
         """Atomic replace: a crash leaves either the old or the new record, never half."""
@@ -281,6 +288,7 @@ class RunStore:
         warnings: list[str] = []
         if not self.runs_dir.is_dir():
             return records, warnings
+        self._sweep_temp_files()
         for path in sorted(self.runs_dir.glob("*.json")):
             if not path.is_file() or not RUN_ID_PATTERN.fullmatch(path.stem):
                 continue
@@ -290,6 +298,14 @@ class RunStore:
                 warnings.append(str(exc))
         records.sort(key=lambda r: r.created_at, reverse=True)
         return records, warnings
+
+    def _sweep_temp_files(self, older_than_s: float = 600.0) -> None:
+        """A save killed before its rename leaves ``.ID.*.tmp``; one that old is no save in flight."""
+        cutoff = time.time() - older_than_s
+        for tmp in self.runs_dir.glob(".*.tmp"):
+            with contextlib.suppress(OSError):
+                if tmp.is_file() and tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
 
     def latest(self) -> RunRecord:
         records, _ = self.list()

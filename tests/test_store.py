@@ -256,3 +256,20 @@ def test_family_finds_renamed_processes_of_our_session_after_the_leader_died(tmp
     found = {p.pid for p in cluster_family(ours)}
     assert {named, renamed} <= found
     assert not terminate(cluster_family(ours))
+
+
+def test_a_dead_save_leaves_no_temp_file_for_long_and_asking_leaves_no_lock(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "s")
+    rec = make(store)
+    stale, fresh = store.runs_dir / f".{rec.run_id}.old.tmp", store.runs_dir / f".{rec.run_id}.new.tmp"
+    stale.write_text("{")
+    fresh.write_text("{")
+    os.utime(stale, (0, 0))
+    store.list()
+    assert not stale.exists() and fresh.exists(), "only a temp file too old to be a save in flight goes"
+    assert not store.is_locked(rec.run_id) and not (store.lock_dir / f"{rec.run_id}.lock").exists()
+    with store.lock(rec.run_id):
+        holder = subprocess.run([sys.executable, "-c", "import sys; from backend.store import RunStore;"
+                                 f"print(RunStore(__import__('pathlib').Path(sys.argv[1])).is_locked('{rec.run_id}'))",
+                                 str(store.root)], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+        assert holder.stdout.strip() == "True", holder.stderr
