@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from backend.config import RunConfig
 from backend.layers.kubernetes import manifests as m
+from tests.conftest import run_rtui
 
 CRD = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay" / "ray.io_rayclusters.yaml"
 RUN = "r20260101-120000-abcd"
@@ -207,3 +208,41 @@ def test_any_config_keeps_num_gpus_equal_to_the_gpu_request_requests_equal_to_li
     assert head(rc)["rayStartParams"]["num-gpus"] == "0"
     assert rc["metadata"]["name"] == cluster and rc["metadata"]["namespace"] == namespace
 
+
+# --- `rtui manifest` through the real binary ---
+
+def test_rtui_manifest_prints_the_objects_as_a_yaml_stream_and_touches_no_state(isolated_env: Path) -> None:
+    proc = run_rtui("manifest", "--target", "kube", "--run-id", RUN, "--gpus-per-node", "8", "--namespace", "ml",
+                    timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n---\n") == 1 and proc.stdout.startswith("---\n")
+    printed = list(yaml.safe_load_all(proc.stdout))
+    assert printed == m.manifests(kube(gpus_per_node=8, namespace="ml"), RUN)
+    assert container(worker(printed[1]))["resources"]["limits"]["cpu"] == "80"
+    assert not isolated_env.exists()
+
+
+def test_rtui_manifest_for_aws_without_a_run_id_labels_everything_with_one_new_id(isolated_env: Path) -> None:
+    proc = run_rtui("manifest", "--target", "aws", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    printed = list(yaml.safe_load_all(proc.stdout))
+    ids = {o["metadata"]["labels"]["rtui.dev/run"] for o in printed}
+    (run_id,) = ids
+    assert re.fullmatch(r"r\d{8}-\d{6}-[0-9a-f]{4}", run_id) and LABEL_VALUE.fullmatch(run_id)
+    assert printed == m.manifests(RunConfig(target="aws"), run_id)
+    assert not isolated_env.exists()
+
+
+@pytest.mark.parametrize("args", [("--target", "local"), ()])
+def test_rtui_manifest_for_the_local_target_says_so_in_one_line(args: tuple[str, ...], isolated_env: Path) -> None:
+    proc = run_rtui("manifest", *args, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "local target has no Kubernetes objects" in proc.stderr
+    assert not isolated_env.exists()
+
+
+def test_rtui_manifest_refuses_a_run_id_that_cannot_label_an_object(isolated_env: Path) -> None:
+    proc = run_rtui("manifest", "--target", "kube", "--run-id", "not a label", timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "label value" in proc.stderr
