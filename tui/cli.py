@@ -120,6 +120,8 @@ def build_parser() -> Parser:
                    help="aws: file a vCPU quota increase request for every short quota (needs --yes)")
     p.add_argument("--yes", action="store_true", help="confirm --request-quota-increase")
     p.add_argument("--json", action="store_true")
+    p = add("manifest", "print every Kubernetes object rtui would apply, as YAML; touches no cluster")
+    p.add_argument("--run-id", metavar="ID", help="the run id the objects are labelled with (default: a new one)")
     p = add("runs", "list runs")
     p.add_argument("--json", action="store_true")
     p = add("config", "show the effective configuration")
@@ -220,6 +222,8 @@ def _main(argv: list[str]) -> int:
         return _config_show(ns, out)
     if ns.command == "check":
         return _check(ns, out)
+    if ns.command == "manifest":
+        return _manifest(ns, out)
     if ns.command == "logs" and getattr(ns, "word", None) == "classify":
         return _classify(ns, out)
     from tui import commands
@@ -273,6 +277,17 @@ def _check(ns: argparse.Namespace, out: TextIO) -> int:
     from tui import commands
 
     return asyncio.run(commands.check(ns, out))
+
+
+def _manifest(ns: argparse.Namespace, out: TextIO) -> int:
+    config = resolved_from(ns).config
+    if config.target == "local":
+        raise UserError("the local target has no Kubernetes objects", remedy="use --target kube or --target aws")
+    from backend.layers.kubernetes.manifests import manifests, yaml_stream
+    from backend.store import new_run_id
+
+    out.write(yaml_stream(manifests(config, new_run_id() if ns.run_id is None else ns.run_id)))
+    return 0
 
 
 def _request_quota(request: Any, ns: argparse.Namespace, out: TextIO) -> int:

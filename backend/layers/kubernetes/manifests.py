@@ -1,0 +1,196 @@
+"""The Kubernetes objects rtui applies, as plain data: pure functions of ``RunConfig`` and a run id.
+
+Nothing here talks to a cluster, so ``rtui manifest`` can print them and tests can check them
+against KubeRay's CRD schema. The RayCluster follows the seed's spec (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from backend.config import RunConfig
+from backend.errors import UserError
+
+Manifest = dict[str, Any]
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "rtui"
+RUN_LABEL = "rtui.dev/run"
+
+RAYCLUSTER_API_VERSION = "ray.io/v1"
+WORKER_GROUP = "gpu"
+DASHBOARD_PORT_NAME = "dashboard"
+DASHBOARD_PORT = 8265
+# KubeRay builds the head service's ports from the head container's: named here so the name the
+# service-proxy path uses (DESIGN.md §4) is ours, not a default that could change.
+HEAD_PORTS = (("gcs-server", 6379), (DASHBOARD_PORT_NAME, DASHBOARD_PORT), ("client", 10001))
+
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GPU_NODE_LABEL = "nvidia.com/gpu.present"
+# The seed's worker (4 GPUs on a g6.12xlarge: 48 vCPU, 192 GiB) asks for 40 CPU and 160Gi,
+# leaving 8 vCPU and 32 GiB for the kubelet and the device-plugin daemonsets. RunConfig has
+# no CPU or memory fields, so the worker keeps that share per GPU: every EFA-capable g6 size
+# has at least 12 vCPU and 48 GiB per GPU, so the same ratio fits them too.
+CPU_PER_GPU = 10
+MEMORY_GIB_PER_GPU = 40
+# The head runs the GCS, the dashboard and the job's driver, never a training worker. Sized to
+# share an m7i.xlarge (4 vCPU, 16 GiB) with the KubeRay operator and the cluster's add-ons.
+HEAD_CPU = "2"
+HEAD_MEMORY = "8Gi"
+# Ray's session dir: logs and spilled objects outlive a container restart inside the pod.
+RAY_TMP_VOLUME = "ray-tmp"
+RAY_TMP_PATH = "/tmp/ray"
+WORKER_ENV = {
+    "FI_PROVIDER": "efa",
+    "NCCL_NET_PLUGIN": "ofi",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "NCCL_DEBUG": "INFO",
+    # No FI_EFA_USE_DEVICE_RDMA: g6 has no GPUDirect RDMA (DESIGN.md §4).
+}
+
+# A label value: what a run id must be to mark objects (Kubernetes' rule, at most 63 characters).
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def labels(run_id: str) -> dict[str, str]:
+    """The labels that make an object ours and this run's (DESIGN.md §1)."""
+    if not run_id or not _LABEL_VALUE.fullmatch(run_id):
+        raise UserError(f"run id {run_id!r} cannot be a Kubernetes label value",
+                        remedy="use letters, digits, '-', '_' or '.', starting and ending with a letter or digit, "
+                               "at most 63 characters")
+    return {MANAGED_BY_LABEL: MANAGED_BY, RUN_LABEL: run_id}
+
+
+def head_service_name(config: RunConfig) -> str:
+    """KubeRay names the head service after the RayCluster; rtui creates no Service of its own."""
+    return f"{config.cluster_name}-head-svc"
+
+
+def dashboard_proxy_path(config: RunConfig) -> str:
+    """The Jobs API through the API server's service proxy: no port opened outside the cluster."""
+    return (f"/api/v1/namespaces/{config.namespace}/services/"
+            f"{head_service_name(config)}:{DASHBOARD_PORT_NAME}/proxy/")
+
+
+def pinned_image(image: str, digest: str | None) -> str:
+    """``image`` pulled by ``digest`` when one is known; the tag stays in the name for the reader."""
+    if digest is None:
+        return image
+    if not _DIGEST.fullmatch(digest):
+        raise ValueError(f"not an image digest: {digest!r}")
+    return f"{image.split('@', 1)[0]}@{digest}"
+
+
+def worker_resources(config: RunConfig) -> dict[str, str]:
+    """Requests and limits of a GPU worker; the same dict for both keeps the pod Guaranteed."""
+    gpus = config.gpus_per_node
+    return {
+        "cpu": str(CPU_PER_GPU * gpus),
+        "memory": f"{MEMORY_GIB_PER_GPU * gpus}Gi",
+        GPU_RESOURCE: str(gpus),
+        # g6.8xlarge and larger have one EFA interface; a pod holding it keeps NCCL off TCP.
+        EFA_RESOURCE: "1",
+    }
+
+
+def namespace(config: RunConfig, run_id: str) -> Manifest:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": config.namespace, "labels": labels(run_id)}}
+
+
+def _ray_tmp_volume() -> tuple[Manifest, Manifest]:
+    return {"name": RAY_TMP_VOLUME, "emptyDir": {}}, {"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_PATH}
+
+
+def _env(values: dict[str, str]) -> list[Manifest]:
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def _head_group(config: RunConfig, run_id: str, image: str) -> Manifest:
+    volume, mount = _ray_tmp_volume()
+    resources = {"cpu": HEAD_CPU, "memory": HEAD_MEMORY}
+    # "The system node" is any node without GPUs: a kube cluster's CPU nodes carry no label
+    # of ours, but GPU nodes carry GPU_NODE_LABEL=true (and are tainted), so keep off those.
+    off_gpu_nodes = {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": GPU_NODE_LABEL, "operator": "NotIn", "values": ["true"]}]}]}
+    return {
+        "rayStartParams": {"num-gpus": "0"},
+        "template": {
+            "metadata": {"labels": labels(run_id)},
+            "spec": {
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": off_gpu_nodes}},
+                "containers": [{
+                    "name": "ray-head",
+                    "image": image,
+                    "ports": [{"name": name, "containerPort": port} for name, port in HEAD_PORTS],
+                    # CUDA images set NVIDIA_VISIBLE_DEVICES=all: a GPU-less pod would still see every GPU
+                    # of a node where the NVIDIA runtime is the default.
+                    "env": _env({"NVIDIA_VISIBLE_DEVICES": "void"}),
+                    "resources": {"requests": dict(resources), "limits": dict(resources)},
+                    "volumeMounts": [mount],
+                }],
+                "volumes": [volume],
+            },
+        },
+    }
+
+
+def _worker_group(config: RunConfig, run_id: str, image: str) -> Manifest:
+    volume, mount = _ray_tmp_volume()
+    resources = worker_resources(config)
+    count = config.gpu_node_count
+    return {
+        "groupName": WORKER_GROUP,
+        # A fixed size: a training job's world size does not change under it.
+        "replicas": count,
+        "minReplicas": count,
+        "maxReplicas": count,
+        # Ray would otherwise count the node's GPUs, not the ones this pod was given.
+        "rayStartParams": {"num-gpus": resources[GPU_RESOURCE]},
+        "template": {
+            "metadata": {"labels": labels(run_id)},
+            "spec": {
+                "nodeSelector": {GPU_NODE_LABEL: "true"},
+                "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{
+                    "name": "ray-worker",
+                    "image": image,
+                    "env": _env(WORKER_ENV),
+                    "resources": {"requests": dict(resources), "limits": dict(resources)},
+                    "volumeMounts": [mount],
+                }],
+                "volumes": [volume],
+            },
+        },
+    }
+
+
+def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> Manifest:
+    """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers."""
+    image = pinned_image(config.image, image_digest)
+    return {
+        "apiVersion": RAYCLUSTER_API_VERSION,
+        "kind": "RayCluster",
+        "metadata": {"name": config.cluster_name, "namespace": config.namespace, "labels": labels(run_id)},
+        "spec": {
+            "rayVersion": config.ray_version,
+            "headGroupSpec": _head_group(config, run_id, image),
+            "workerGroupSpecs": [_worker_group(config, run_id, image)],
+        },
+    }
+
+
+def manifests(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> list[Manifest]:
+    """Every object rtui applies for a run, in the order they can be created."""
+    return [namespace(config, run_id), raycluster(config, run_id, image_digest=image_digest)]
+
+
+def yaml_stream(objects: list[Manifest]) -> str:
+    """A YAML stream of ``objects`` (``---`` between them), as ``kubectl apply -f -`` reads it."""
+    import yaml  # a dependency of the kubernetes client; only the manifest command needs it
+
+    text: str = yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, explicit_start=True)
+    return text
