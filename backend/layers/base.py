@@ -80,7 +80,12 @@ class Handler(abc.ABC):
             return (Action.UPDATE if self.updatable else Action.REPLACE), f"changed: {', '.join(changed)}"
         return Action.NOOP, have.reason or "in place"
 
+    # What its delete step is called in a progress pane (default: "Delete <address>").
+    delete_title: ClassVar[str | None] = None
+
     def step_title(self, address: str, action: Action) -> str:
+        if action is Action.DELETE and self.delete_title:
+            return self.delete_title
         verb = {Action.DELETE: "Delete", Action.REPLACE: "Replace", Action.UPDATE: "Update"}.get(action)
         return f"{verb} {address}" if verb else self.title
 

@@ -111,6 +111,7 @@ def ray_start(*args: str) -> list[str]:
 class HeadHandler(Handler):
     kind = "ray-head"
     title = "Start the Ray head"
+    delete_title = "Stop the Ray cluster and remove its dir"
     expected_s = 15.0
     retries = 2
     backoff_s = 0.5

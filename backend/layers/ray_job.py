@@ -27,6 +27,7 @@ STOP_WAIT_S = 15.0
 class JobHandler(Handler):
     kind = "ray-job"
     title = "Submit the training job"
+    delete_title = "Stop the training job"
     expected_s = 3.0
     retries = 2
     backoff_s = 1.0
