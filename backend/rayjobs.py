@@ -68,6 +68,14 @@ class RayJobs:
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise TransientError(f"Ray dashboard at {self.address} not answering ({exc})") from None
 
+    async def answers(self, timeout_s: float = 2.0) -> bool:
+        """Whether the dashboard answers now (a cluster that is up)."""
+        try:
+            await self.version(timeout_s=timeout_s)
+        except TransientError:
+            return False
+        return True
+
     async def _sdk(self) -> Any:
         if self._client is None:
             def make() -> Any:

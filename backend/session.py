@@ -259,15 +259,7 @@ class RunSession:
         if self.record.status is RunStatus.DOWN:
             return False
         jobs = await self.jobs()
-        if jobs is None:
-            return False
-        from backend.errors import TransientError
-
-        try:
-            await jobs.version(timeout_s=2.0)
-        except TransientError:
-            return False
-        return True
+        return jobs is not None and await jobs.answers()
 
     def spool(self) -> LogSpool:
         return LogSpool(self.record.spool_path)

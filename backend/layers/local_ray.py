@@ -319,13 +319,7 @@ def _live_cluster(ctx: Context) -> lc.ClusterDir | None:
 
 async def _answers(cluster: lc.ClusterDir) -> bool:
     jobs = jobs_for(cluster)
-    if jobs is None:
-        return False
-    try:
-        await jobs.version(timeout_s=2.0)
-    except TransientError:
-        return False
-    return True
+    return jobs is not None and await jobs.answers()
 
 
 async def _terminate(procs: list[Any]) -> None:

@@ -11,12 +11,9 @@ throughput ratio of the two. ``--log`` keeps the generated file for other tools.
 from __future__ import annotations
 
 import argparse
-import gc
 import io
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 for _path in (Path(__file__).resolve().parents[2], Path(__file__).resolve().parent):
@@ -24,25 +21,8 @@ for _path in (Path(__file__).resolve().parents[2], Path(__file__).resolve().pare
         sys.path.insert(0, str(_path))
 
 from backend.telemetry.classify import classify_command  # noqa: E402
+from tests.telemetry.bench_parser import _best_of, bare_loop  # noqa: E402
 from tests.telemetry.nccl_synth import run_log  # noqa: E402
-
-
-def _best_of(runs: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        gc.collect()
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def bare_loop(path: Path) -> int:
-    count = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for _line in f:
-            count += 1
-    return count
 
 
 def classify(path: Path) -> str:
