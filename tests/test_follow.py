@@ -29,6 +29,9 @@ class FakeJobs:
     async def version(self, timeout_s: float = 2.0) -> dict[str, Any]:
         return {"ray_version": "2.58.0"}
 
+    async def answers(self, timeout_s: float = 2.0) -> bool:
+        return True
+
     async def status(self, submission_id: str) -> JobStatus:
         state = self.states[min(self.calls, len(self.states) - 1)]
         self.calls += 1
