@@ -20,7 +20,7 @@ from backend.model import Action, CheckStatus, EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.runner import Progress, Runner, Step
 from backend.session import RunSession
-from backend.store import JobState, RunStatus, RunStore
+from backend.store import JobState, RunStatus, RunStore, StepState
 
 RUN = "run"
 TRAIN = "train"
@@ -73,10 +73,7 @@ async def follow_steps(session: RunSession) -> AsyncIterator[StepEvent]:
         yield event
 
 
-def _save_step(session: RunSession, sid: str, state: object) -> None:
-    from backend.store import StepState
-
-    assert isinstance(state, StepState)
+def _save_step(session: RunSession, sid: str, state: StepState) -> None:
     session.record.steps[sid] = state
     session.store.save(session.record)
 

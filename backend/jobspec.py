@@ -31,7 +31,9 @@ class JobSpec:
     @property
     def spec_hash(self) -> str:
         env = {k: v for k, v in self.runtime_env.items() if k != "py_modules"}
-        blob = json.dumps({"entrypoint": self.entrypoint, "env": env, "passed": self.passed_env}, sort_keys=True)
+        # Only when there are any: a run without them keeps the hash older rtui versions gave it.
+        passed = {"passed": list(self.passed_env)} if self.passed_env else {}
+        blob = json.dumps({"entrypoint": self.entrypoint, "env": env, **passed}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def summary(self) -> dict[str, Any]:

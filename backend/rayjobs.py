@@ -12,7 +12,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +138,7 @@ class RayJobs:
         return str(await asyncio.to_thread(client.get_job_logs, submission_id))
 
     async def follow(
-        self, submission_id: str, *, skip_chars: int = 0, on_status: Callable[[JobStatus], None] | None = None
+        self, submission_id: str, *, skip_chars: int = 0
     ) -> AsyncIterator[str]:
         """Yield new log text until the job ends; reconnects, never yields a character twice.
 
@@ -157,8 +157,6 @@ class RayJobs:
             except (TimeoutError, RuntimeError, OSError):
                 pass  # connection dropped: decide from the job's status below
             status = await self.status(submission_id)
-            if on_status is not None:
-                on_status(status)
             if status.terminal:
                 # The tail ends when the job ends; fetch the full log once to catch a lost tail.
                 text = await self.logs(submission_id)

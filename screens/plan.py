@@ -14,7 +14,7 @@ from textual.widgets import Footer, Header, Static
 
 from backend.model import Action, Plan
 from backend.planner import PlanResult
-from screens.base import RtuiScreen
+from tui.screen import RtuiScreen
 
 _STYLE = {Action.CREATE: "green", Action.UPDATE: "yellow", Action.REPLACE: "magenta", Action.DELETE: "red",
           Action.NOOP: "dim"}

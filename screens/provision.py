@@ -16,7 +16,7 @@ from backend import flows
 from backend.model import EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.runner import Step
-from screens.base import RtuiScreen
+from tui.screen import RtuiScreen
 from tui.widgets import StepPane
 
 Mode = Literal["apply", "teardown"]

@@ -17,7 +17,7 @@ from backend.follow import JobUpdate
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
 from backend.textutil import display_lines
-from screens.base import RtuiScreen
+from tui.screen import RtuiScreen
 from tui.widgets import LogTail
 
 REPLAY_LINES = 5_000

@@ -15,7 +15,7 @@ from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
 from backend.model import CheckStatus
-from screens.base import RtuiScreen
+from tui.screen import RtuiScreen
 
 if TYPE_CHECKING:
     from backend.model import CheckResult

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import signal
 import subprocess
 import time
@@ -29,6 +29,11 @@ def metric_steps(spool: Path) -> list[int]:
     return steps
 
 
+def metric_losses(spool: Path) -> list[float]:
+    return [parsed[1]["loss"] for line in spool.read_text().splitlines()
+            if METRIC_TAG in line and (parsed := parse_record(line))]
+
+
 def cluster_dir(run_id: str) -> Path:
     return Path(str(RunStore().load(run_id).resources["local.ray-head"].id))
 
@@ -43,16 +48,10 @@ def heads(run_id: str) -> list[psutil.Process]:
     return [h for c in find_clusters(run_id=run_id) if (h := node_procs(c).head) is not None]
 
 
-def _listening(proc: psutil.Process) -> list:
-    try:
-        return [c for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
-    except psutil.Error:
-        return []
-
-
-def test_up_status_noop_second_up_and_down() -> None:
+def test_first_run_with_every_default_learns_then_noop_second_up_and_down() -> None:
+    """A new user's first `rtui up`: every local default (100 steps); the loss must visibly fall."""
     started = time.monotonic()
-    proc = run_rtui("up", "--yes", "--json", "--steps", "6", timeout=400)
+    proc = run_rtui("up", "--yes", "--json", timeout=500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     events = json_lines(proc.stdout)
     run_id = events[0]["data"]["run_id"]
@@ -66,36 +65,36 @@ def test_up_status_noop_second_up_and_down() -> None:
 
     rec = RunStore().load(run_id)
     spool = Path(rec.spool_path)
-    assert metric_steps(spool) == [1, 2, 3, 4, 5, 6]
+    steps = list(range(1, 101))
+    assert metric_steps(spool) == steps
+    losses = metric_losses(spool)
+    print(f"local defaults: loss {losses[0]} at step 1, {losses[-1]} at step 100")
+    assert losses[0] > 6.5 and losses[-1] < 0.7 * losses[0], (losses[0], losses[-1])
+    # Ray Train's PreemptionWatcher made Ray log an ERROR line in every job (training/raytrain.py).
+    assert "max_restarts > 0" not in spool.read_text()
     temp_dir = cluster_dir(run_id)
     assert temp_dir.is_dir() and temp_dir.stat().st_mode & 0o777 == 0o700
     assert (temp_dir / "rtui-cluster.json").stat().st_mode & 0o777 == 0o600
 
     status = json_lines(run_rtui("status", run_id, "--json", check=True).stdout)[0]
     assert status["status"] == "up" and status["cluster"]["alive"] is True
-    assert status["job"]["status"] == "SUCCEEDED" and status["last_metric"]["step"] == 6
-    assert status["summary"]["steps"] == 6
+    assert status["job"]["status"] == "SUCCEEDED" and status["last_metric"]["step"] == 100
+    assert status["summary"]["steps"] == 100
     # The verdict comes from telemetry (the records say gloo), the same one the run screen shows.
     assert (status["transport"]["transport"], status["transport"]["basis"]) == ("gloo", "backend")
 
-    # The Jobs API (it runs arbitrary code) listens on loopback only. Ray 2.58's own gRPC
-    # servers bind wider whatever --node-ip-address says; see the README's security note.
-    dashboard_port = rec.resources["local.ray-head"].outputs["ports"]["dashboard"]
-    listeners = [c.laddr for p in our_processes(run_id) for c in _listening(p) if c.laddr.port == dashboard_port]
-    assert listeners and all(addr.ip == "127.0.0.1" for addr in listeners), listeners
-
-    plan = json_lines(run_rtui("plan", "--json", "--steps", "6", check=True).stdout)[0]
+    plan = json_lines(run_rtui("plan", "--json", check=True).stdout)[0]
     assert plan["noop"] is True and plan["run_id"] == run_id
-    again = run_rtui("up", "--yes", "--json", "--steps", "6", timeout=120)
+    again = run_rtui("up", "--yes", "--json", timeout=120)
     assert again.returncode == 0, again.stderr
     again_events = json_lines(again.stdout)
     assert again_events[0]["data"]["noop"] is True
     assert not [e for e in again_events if e["step"] == "ray.job.train"]
     assert len(heads(run_id)) == 1
-    assert metric_steps(spool) == [1, 2, 3, 4, 5, 6], "the second up must not duplicate the spool"
+    assert metric_steps(spool) == steps, "the second up must not duplicate the spool"
 
     logs = run_rtui("logs", run_id, check=True).stdout
-    assert logs.count(METRIC_TAG) == 6
+    assert logs.count(METRIC_TAG) == 100
 
     down = run_rtui("down", run_id, "--yes", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -106,24 +105,8 @@ def test_up_status_noop_second_up_and_down() -> None:
 
 
 def test_sigkill_mid_job_then_status_resume_and_down() -> None:
-    up = subprocess.Popen([RTUI, "up", "--yes", "--json", "--steps", "5000"], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-    run_id = None
-    try:
-        assert up.stdout is not None
-        deadline = time.monotonic() + 300
-        for line in up.stdout:
-            event = json.loads(line)
-            run_id = run_id or event["data"].get("run_id")
-            if event["step"] == "train" and event["kind"] == "progress" and event["message"].startswith("step"):
-                break
-            assert time.monotonic() < deadline, "no training progress"
-        up.send_signal(signal.SIGKILL)
-        up.wait()
-    finally:
-        if up.poll() is None:
-            up.kill()
-    assert run_id
+    run_id = _up_until(lambda e: e["step"] == "train" and e["kind"] == "progress"
+                       and e["message"].startswith("step"), "--steps", "5000")
 
     status = json_lines(run_rtui("status", run_id, "--json", check=True).stdout)[0]
     assert status["cluster"]["alive"] is True and status["attached"] is False
@@ -168,29 +151,6 @@ def test_sigkill_mid_job_then_status_resume_and_down() -> None:
     assert not find_clusters(run_id=run_id)
 
 
-def test_two_runs_on_one_machine_do_not_collide() -> None:
-    ups = [subprocess.Popen([RTUI, "up", "--yes", "--json", "--until", "local-ray", "--cluster-name", name],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for name in ("first", "second")]
-    outs = [p.communicate(timeout=240) for p in ups]
-    assert [p.returncode for p in ups] == [0, 0], outs
-    run_ids = [json_lines(out)[0]["data"]["run_id"] for out, _ in outs]
-    records = [RunStore().load(r) for r in run_ids]
-    ports = [set(r.resources["local.ray-head"].outputs["ports"].values()) for r in records]
-    assert not ports[0] & ports[1], "the two clusters share a port"
-    assert cluster_dir(run_ids[0]) != cluster_dir(run_ids[1])
-    second_procs = {p.pid for p in our_processes(run_ids[1])}
-
-    assert run_rtui("down", run_ids[0], "--yes", timeout=120).returncode == 0
-    assert not our_processes(run_ids[0])
-    # Ray may have started more workers meanwhile; none of the second run's processes may be gone.
-    assert second_procs <= {p.pid for p in our_processes(run_ids[1])}, "tearing down one run touched the other"
-    status = json_lines(run_rtui("status", run_ids[1], "--json", check=True).stdout)[0]
-    assert status["cluster"]["alive"] is True
-    assert run_rtui("down", run_ids[1], "--yes", timeout=120).returncode == 0
-    assert not our_processes(run_ids[1])
-
-
 def _up_until(event_matches, *args: str) -> str:  # type: ignore[no-untyped-def]
     """Start `rtui up`, SIGKILL it at the first event that matches; the run id."""
     up = subprocess.Popen([RTUI, "up", "--yes", "--json", *args], stdout=subprocess.PIPE,
@@ -212,8 +172,10 @@ def _up_until(event_matches, *args: str) -> str:  # type: ignore[no-untyped-def]
     return run_id
 
 
-def test_sigkill_at_each_step_boundary_then_up_again_makes_exactly_one_of_each() -> None:
-    """Killed while the head starts, after it, after the job's submission: `up` again heals each."""
+def test_sigkill_at_each_step_boundary_then_up_again_makes_exactly_one_of_each(isolated_env: Path) -> None:
+    """Killed while the head starts, after it, after the job's submission: `up` again heals each.
+
+    Then the whole state dir is lost while the cluster runs, and `down` finds it by name."""
     run_id = _up_until(lambda e: e["step"] == "local.ray-head" and "starting ray head" in e["message"],
                        "--steps", "3")
     assert RunStore().load(run_id).resources["local.ray-head"].status.value in ("intended", "creating")
@@ -230,20 +192,12 @@ def test_sigkill_at_each_step_boundary_then_up_again_makes_exactly_one_of_each()
     assert rec.current_job is not None and rec.current_job.status.value == "SUCCEEDED"
     assert {a: r.status.value for a, r in rec.resources.items()} == {"local.ray-head": "ready",
                                                                      "ray.job.train": "ready"}
-    assert run_rtui("down", run_id, "--yes", timeout=120).returncode == 0
-    assert not find_clusters(run_id=run_id) and not heads(run_id)
 
-
-def test_down_by_cluster_name_after_the_state_dir_is_gone(isolated_env: Path) -> None:
-    proc = run_rtui("up", "--yes", "--json", "--until", "local-ray", "--cluster-name", "lost", timeout=240)
-    assert proc.returncode == 0, proc.stderr
-    run_id = json_lines(proc.stdout)[0]["data"]["run_id"]
+    # The state dir is lost while the cluster runs: status names the orphan, down by name stops it.
     path = cluster_dir(run_id)
-    import shutil
-
     shutil.rmtree(isolated_env)
     status = json_lines(run_rtui("status", "--json", check=True).stdout)[0]
     assert [o["run_id"] for o in status["orphans"]] == [run_id]
-    down = run_rtui("down", "--yes", "--target", "local", "--cluster-name", "lost", timeout=120)
+    down = run_rtui("down", "--yes", "--target", "local", "--cluster-name", "rtui-ray", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert not path.exists() and not heads(run_id) and not cluster_family(path)

@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backend.layers.local_cluster import cluster_family, find_clusters
-from backend.store import JobState, RunStore
-from tests.conftest import json_lines, run_rtui
+from backend.layers.local_cluster import ClusterDir, cluster_family, find_clusters
+from backend.store import JobState, RunRecord, RunStore
+from tests.conftest import json_lines
 
 pytestmark = pytest.mark.ray
 
@@ -50,11 +50,7 @@ def http_status(port: int, path: str, token: str | None = None) -> int:
         return exc.code
 
 
-def test_closed_private_and_without_the_users_secrets(isolated_env: Path) -> None:
-    proc = run_rtui("up", "--yes", "--json", "--steps", "2", timeout=400, env=SECRETS)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    run_id = json_lines(proc.stdout)[0]["data"]["run_id"]
-    (cluster,) = find_clusters(run_id=run_id)
+def check_closed_and_private(cluster: ClusterDir, record: RunRecord, state: Path) -> None:
     facts = cluster.facts
     token = (cluster.path / "auth_token").read_text().strip()
 
@@ -67,7 +63,7 @@ def test_closed_private_and_without_the_users_secrets(isolated_env: Path) -> Non
     for name in ("dashboard", "agent_listen", "runtime_env"):
         assert http_status(facts["ports"][name], "/api/jobs/") in (401, 403), name
     assert http_status(facts["ports"]["dashboard"], "/api/jobs/", token) == 200
-    job = RunStore().load(run_id).current_job
+    job = record.current_job
     assert job is not None and job.status is JobState.SUCCEEDED
     assert http_status(facts["ports"]["agent_listen"], f"/api/job_agent/jobs/{job.submission_id}/logs") in (401, 403)
 
@@ -96,36 +92,42 @@ def test_closed_private_and_without_the_users_secrets(isolated_env: Path) -> Non
         except psutil.Error:
             continue
         assert not set(SECRETS) & set(environ), (proc.name(), set(SECRETS) & set(environ))
-    state = [p for p in isolated_env.rglob("*") if p.is_file()]
-    assert state and not any(token in p.read_text(errors="replace") for p in state)
-
-    assert run_rtui("down", run_id, "--yes", timeout=120).returncode == 0
-    assert not cluster.path.exists()
+    files = [p for p in state.rglob("*") if p.is_file()]
+    assert files and not any(token in p.read_text(errors="replace") for p in files)
 
 
-def test_two_local_runs_at_once_never_see_each_other(tmp_path: Path) -> None:
-    """Different state dirs and cluster names, started together: both train to the end, alone."""
+def test_two_local_runs_at_once_closed_private_and_alone(tmp_path: Path) -> None:
+    """Two runs started together (own state dirs and names): each trains to the end, sees nothing
+    of the other, is closed to anyone without its token, and keeps the user's secrets out."""
+    rtui = str(Path(sys.executable).parent / "rtui")
     runs = []
     for name in ("iso-a", "iso-b"):
-        env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / name)}
-        runs.append((env, subprocess.Popen(
-            [str(Path(sys.executable).parent / "rtui"), "up", "--yes", "--json", "--steps", "3",
-             "--cluster-name", name, "--num-workers", "1"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        env = {**os.environ, **SECRETS, "RTUI_STATE_DIR": str(tmp_path / name)}
+        runs.append((env, subprocess.Popen([rtui, "up", "--yes", "--json", "--steps", "3", "--cluster-name", name],
+                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     try:
         outs = [p.communicate(timeout=500) for _, p in runs]
         assert [p.returncode for _, p in runs] == [0, 0], [o[1][-2000:] for o in outs]
         ids = [json_lines(out)[0]["data"]["run_id"] for out, _ in outs]
         clusters = [find_clusters(run_id=r)[0] for r in ids]
-        for (env, _), run_id, other in zip(runs, ids, reversed(clusters), strict=True):
-            record = RunStore(Path(env["RTUI_STATE_DIR"])).load(run_id)
+        ports = [set(c.facts["ports"].values()) for c in clusters]
+        assert not ports[0] & ports[1], "the two clusters share a port"
+        records = [RunStore(Path(env["RTUI_STATE_DIR"])).load(r) for (env, _), r in zip(runs, ids, strict=True)]
+        for record, other in zip(records, reversed(clusters), strict=True):
             assert record.current_job is not None and record.current_job.status is JobState.SUCCEEDED
             log = Path(record.spool_path).read_text()
             assert "multiple active Ray instances" not in log
             assert str(other.facts["gcs_address"]) not in log and str(other.path) not in log
+        check_closed_and_private(clusters[0], records[0], tmp_path / "iso-a")
+
+        # Tearing one down leaves every process of the other alone.
+        second = {p.pid for p in cluster_family(clusters[1].path)}
+        down = subprocess.run([rtui, "down", "--yes"], env=runs[0][0], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert not cluster_family(clusters[0].path) and not clusters[0].path.exists()
+        assert second <= {p.pid for p in cluster_family(clusters[1].path)}, "tearing down one run touched the other"
     finally:
         for env, proc in runs:
             if proc.poll() is None:
                 proc.kill()
-            subprocess.run([str(Path(sys.executable).parent / "rtui"), "down", "--yes"], env=env,
-                           capture_output=True, timeout=120)
+            subprocess.run([rtui, "down", "--yes"], env=env, capture_output=True, timeout=120)

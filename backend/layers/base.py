@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from backend.config import RunConfig
 from backend.ledger import Ledger
@@ -46,7 +46,6 @@ class Context:
     record: RunRecord
     store: RunStore
     cluster: ClusterAccess | None = None
-    scratch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ledger(self) -> Ledger:
