@@ -16,6 +16,7 @@ from pathlib import Path
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.follow import JobFollower, JobUpdate
+from backend.layers.local_cluster import ClusterDir
 from backend.model import Action, CheckStatus, EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.runner import Progress, Runner, Step
@@ -229,8 +230,22 @@ def session_for_down(store: RunStore, run_id: str | None, config: RunConfig, *, 
     if orphans:
         return RunSession.orphan(orphans[0].run_id, config, store)
     if by_cluster:
+        owned = [c for c in _clusters_named(config) if _recorded_elsewhere(store, c.run_id, c.facts.get("state_dir"))]
+        if owned:
+            raise OperationError(
+                f"cluster {config.cluster_name} belongs to run {owned[0].run_id} of another state dir "
+                f"({owned[0].facts['state_dir']}); this one leaves it alone",
+                remedy=f"RTUI_STATE_DIR={owned[0].facts['state_dir']} rtui down {owned[0].run_id} --yes")
         return None
     return RunSession.open(None, store, lenient=True)
+
+
+def _clusters_named(config: RunConfig) -> list[ClusterDir]:
+    if config.target != "local":
+        return []
+    from backend.layers.local_cluster import find_clusters
+
+    return find_clusters(cluster_name=config.cluster_name)
 
 
 def plan_is_noop_below(plan: PlanResult, layer: str) -> bool:

@@ -135,3 +135,18 @@ def test_only_the_variables_the_user_names_reach_the_job() -> None:
     assert "hf_x" not in repr(spec) and "hf_x" not in str(spec.summary())
     with pytest.raises(UserError, match="--job-env names HF_TOKEN, which is not set"):
         passed_env_values(spec, {})
+
+
+def test_down_by_name_leaves_a_cluster_of_another_state_dir_and_says_whose(tmp_path: Path) -> None:
+    other = tmp_path / "other-state"
+    (other / "runs").mkdir(parents=True)
+    made = lc.make_cluster_dir("r20260101-000000-othr", "shared-name", {"state_dir": str(other)})
+    try:
+        (other / "runs" / "r20260101-000000-othr.json").write_text("{}")
+        proc = run_rtui("down", "--yes", "--cluster-name", "shared-name", timeout=60)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "belongs to run r20260101-000000-othr of another state dir" in proc.stderr
+        assert f"RTUI_STATE_DIR={other} rtui down r20260101-000000-othr --yes" in proc.stderr
+        assert made.path.exists()
+    finally:
+        lc.remove_cluster_dir(made.path)

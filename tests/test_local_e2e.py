@@ -201,3 +201,24 @@ def test_sigkill_at_each_step_boundary_then_up_again_makes_exactly_one_of_each(i
     down = run_rtui("down", "--yes", "--target", "local", "--cluster-name", "rtui-ray", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert not path.exists() and not heads(run_id) and not cluster_family(path)
+
+
+def test_an_extra_worker_node_joins_and_the_job_trains_across_both(isolated_env: Path) -> None:
+    """Worker nodes need the head on the host's address (Ray resolves 127.0.0.1 to it): the head
+    of such a cluster is started so, and the job trains on both nodes."""
+    args = ("--local-worker-nodes", "1", "--local-cpus", "1", "--steps", "2")
+    proc = run_rtui("up", "--yes", "--json", *args, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_id = json_lines(proc.stdout)[0]["data"]["run_id"]
+    (cluster,) = find_clusters(run_id=run_id)
+    assert 0 in node_procs(cluster).workers and node_procs(cluster).head is not None
+    record = RunStore().load(run_id)
+    assert record.current_job is not None and record.current_job.status.value == "SUCCEEDED"
+    assert record.resources["local.ray-worker.0"].status.value == "ready"
+    plan = json_lines(run_rtui("plan", "--json", *args, check=True).stdout)[0]
+    assert plan["noop"] is True, plan["changes"]
+    without = json_lines(run_rtui("plan", "--json", "--local-cpus", "1", "--steps", "2", check=True).stdout)[0]
+    actions = {c["address"]: c["action"] for c in without["changes"]}
+    assert actions["local.ray-worker.0"] == "delete" and actions["local.ray-head"] == "replace"
+    assert run_rtui("down", run_id, "--yes", timeout=120).returncode == 0
+    assert not cluster.path.exists() and not cluster_family(cluster.path)

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from backend.errors import OperationError, TransientError, UserError
 from backend.layers import local_cluster as lc
 from backend.layers.base import Context, Handler, Layer
-from backend.model import CheckResult, CheckStatus, Observed, Resource
+from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.procs import check_port_free, free_ports, start_detached, terminate
 from backend.rayjobs import RayJobs
 from backend.runner import Progress
@@ -64,7 +64,7 @@ _ENV_OURS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_P
 TOKEN_FILE = "auth_token"
 
 
-def ray_env(cluster: lc.ClusterDir, *, worker_node: bool = False,
+def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
             environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """A minimal environment for the cluster's processes, pinned to this cluster and its token."""
     source = os.environ if environ is None else environ
@@ -75,10 +75,11 @@ def ray_env(cluster: lc.ClusterDir, *, worker_node: bool = False,
     ports = cluster.facts["ports"]
     env.update({
         "RAY_USAGE_STATS_ENABLED": "0",
-        # Ray otherwise swaps 127.0.0.1 for the host's address and binds its servers there. An
-        # extra worker node cannot have it (Ray refuses to start one): it binds the host's
+        # Ray otherwise swaps 127.0.0.1 for the host's address and binds its servers there. A
+        # cluster with extra worker nodes cannot keep it: Ray refuses to start a worker node so,
+        # and a worker looks for the head at the host's address. Those clusters bind the host's
         # address, behind the token like everything else.
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1" if worker_node else "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0" if loopback else "1",
         # Every Ray entry point (Ray Train's helpers too) talks to this cluster, never "the latest" one.
         "RAY_ADDRESS": str(cluster.facts["gcs_address"]),
         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(cluster.path / TOKEN_FILE),
@@ -141,7 +142,8 @@ class HeadHandler(Handler):
             f"--ray-client-server-port={ports['client']}", "--min-worker-port=0", "--max-worker-port=0",
             "--disable-usage-stats", *_port_flags(ports))
         yield Progress(f"starting ray head on 127.0.0.1:{ports['gcs']}", 0.05)
-        ref = start_detached(argv, log_path=log, env=ray_env(cluster), cwd=cluster.path)
+        ref = start_detached(argv, log_path=log, env=ray_env(cluster, loopback=bool(want.spec["loopback"])),
+                             cwd=cluster.path)
         jobs = jobs_for(cluster)
         assert jobs is not None
         started = time.monotonic()
@@ -179,9 +181,10 @@ class WorkerHandler(Handler):
     retries = 1
     backoff_s = 0.5
 
-    def step_title(self, address: str, action: Any) -> str:
-        return f"Start Ray worker node {address.rsplit('.', 1)[1]}" if action.value == "create" \
-            else super().step_title(address, action)
+    def step_title(self, address: str, action: Action) -> str:
+        if action is Action.CREATE:
+            return f"Start Ray worker node {address.rsplit('.', 1)[1]}"
+        return super().step_title(address, action)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         index = int(want.address.rsplit(".", 1)[1])
@@ -196,7 +199,7 @@ class WorkerHandler(Handler):
             "--max-worker-port=0", "--disable-usage-stats", *_port_flags(ports))
         log = cluster.path / f"rtui-worker-{index}.log"
         yield Progress(f"starting worker node {index}", 0.1)
-        ref = start_detached(argv, log_path=log, env=ray_env(cluster, worker_node=True), cwd=cluster.path)
+        ref = start_detached(argv, log_path=log, env=ray_env(cluster, loopback=False), cwd=cluster.path)
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={"log": str(log), "pid": ref.pid})
         await asyncio.sleep(2.0)
         if not ref.alive():
@@ -225,7 +228,9 @@ class LocalRay(Layer):
         return self._handlers
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
-        spec: dict[str, Any] = {"cpus": head_cpus(ctx), "object_store_mib": OBJECT_STORE_BYTES // 2**20}
+        spec: dict[str, Any] = {"cpus": head_cpus(ctx), "object_store_mib": OBJECT_STORE_BYTES // 2**20,
+                                # Worker nodes need the head on the host's address (see ray_env).
+                                "loopback": not ctx.config.local_worker_nodes}
         if ctx.config.local_dashboard_port:
             spec["dashboard_port"] = ctx.config.local_dashboard_port
         out = [Resource(address=HEAD, layer=self.name, kind="ray-head", spec=spec, cost_per_hour=0.0)]
