@@ -57,11 +57,12 @@ class Ledger:
             outputs: dict[str, Any] | None = None) -> ResourceRecord:
         now = time.time()
         old = self._resources.get(address)
-        fresh = old is None or old.status in (ResourceStatus.DELETED,) or status is ResourceStatus.INTENDED
+        if old is not None and (old.status is ResourceStatus.DELETED or status is ResourceStatus.INTENDED):
+            old = None  # a new life for this address: nothing of the last one is carried over
         record = ResourceRecord(
-            kind=kind, id=id if id is not None else (None if fresh or old is None else old.id), status=status,
-            outputs=outputs if outputs is not None else ({} if fresh or old is None else old.outputs),
-            created_at=now if fresh or old is None else old.created_at, updated_at=now,
+            kind=kind, id=id if id is not None else (old.id if old else None), status=status,
+            outputs=outputs if outputs is not None else (dict(old.outputs) if old else {}),
+            created_at=old.created_at if old else now, updated_at=now,
         )
         self._resources[address] = record
         self._save()
