@@ -89,13 +89,17 @@ async def check(ns: argparse.Namespace, out: TextIO) -> int:
 async def status(ns: argparse.Namespace, out: TextIO) -> int:
     store = RunStore()
     session: RunSession | None
+    missing: UserError | None = None
     try:
         session = RunSession.open(ns.run_id, store, lenient=True)
-    except UserError:
-        if ns.run_id is not None or not flows.find_orphans(store, "local"):
+    except UserError as exc:
+        if ns.run_id is not None:
             raise
-        session = None
+        session, missing = None, exc
+    # After opening: listing the store sets a corrupt record aside, which would hide it from `open`.
     orphans = [o for o in flows.find_orphans(store, "local") if session is None or o.run_id != session.run_id]
+    if missing is not None and not orphans:
+        raise missing
     data = (await session.status_report()).to_dict() if session is not None else None
     if ns.json:
         _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans]})
