@@ -172,8 +172,7 @@ def allocatable_problems(nodes: list[dict[str, Any]], *, gpus_per_node: int, efa
         fit += not own
     if fit < node_count:
         want = f"{gpus_per_node} {GPU_RESOURCE}" + (f" and {efa_per_node} {EFA_RESOURCE}" if require_efa else "")
-        problems.append(f"only {fit} GPU node{'s' if fit != 1 else ''} advertise{'s' if fit == 1 else ''} "
-                        f"{want} and accept workers, need {node_count}")
+        problems.append(f"only {fit} GPU node(s) advertise {want} and accept workers, need {node_count}")
     return problems
 
 
