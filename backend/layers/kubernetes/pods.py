@@ -270,6 +270,8 @@ def pod_problem(pod: Obj, events: list[dict[str, Any]], *,
     cannot run); a pod waiting for one of them waits forever, so that insufficiency is fatal.
     Otherwise "not scheduled" is transient: an autoscaler or a device plugin may still add capacity.
     Still pulling an image is transient and worth saying: a training image takes minutes.
+    An OOM kill is reported even after the container restarted: the Ray worker it held is gone,
+    and the same job on the same limit will be killed again.
     """
     mine = sorted((e for e in events if _about(e, pod)), key=_when)
     status = pod.get("status", {})
