@@ -19,45 +19,16 @@ from backend.errors import OperationError, UserError
 from backend.layers.kubernetes import addons as a
 from backend.layers.kubernetes.manifests import labels
 from backend.layers.kubernetes.pods import unschedulable_reason
+from tests.kubernetes.crds import RAYSERVICE_CRD, SHARED
+from tests.kubernetes.crds import crd_dir as _crd_dir
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay"
 RUN = "r20260101-120000-abcd"
 CONFIG = RunConfig(target="aws")
-
-# RayService's CRD is not among the shared schemas: a minimal valid one stands in for it.
-RAYSERVICE_CRD = """\
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: rayservices.ray.io
-spec:
-  group: ray.io
-  names: {kind: RayService, listKind: RayServiceList, plural: rayservices, singular: rayservice}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"""
 
 
 @pytest.fixture
 def crd_dir(tmp_path: Path) -> Path:
     return _crd_dir(tmp_path)
-
-
-def _crd_dir(tmp_path: Path) -> Path:
-    """The shared CRDs (linked, never copied) plus the stand-in RayService CRD."""
-    if not (SHARED / "ray.io_rayclusters.yaml").is_file():
-        pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
-    folder = tmp_path / "crds"
-    folder.mkdir()
-    for name in ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"):
-        (folder / name).symlink_to(SHARED / name)
-    (folder / "ray.io_rayservices.yaml").write_text(RAYSERVICE_CRD)
-    return folder
 
 
 @pytest.fixture(scope="module")

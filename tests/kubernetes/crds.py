@@ -1,0 +1,39 @@
+"""KubeRay's CRDs for tests: the shared v1.7.0 files, linked (never copied), and a RayService stand-in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay"
+
+# RayService's CRD is not among the shared schemas: a minimal valid one stands in for it.
+RAYSERVICE_CRD = """\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: rayservices.ray.io
+spec:
+  group: ray.io
+  names: {kind: RayService, listKind: RayServiceList, plural: rayservices, singular: rayservice}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"""
+
+
+def crd_dir(tmp_path: Path) -> Path:
+    """A folder rtui can load the operator's CRDs from (``--kuberay-crds``)."""
+    if not (SHARED / "ray.io_rayclusters.yaml").is_file():
+        pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
+    folder = tmp_path / "crds"
+    folder.mkdir()
+    for name in ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"):
+        (folder / name).symlink_to(SHARED / name)
+    (folder / "ray.io_rayservices.yaml").write_text(RAYSERVICE_CRD)
+    return folder
