@@ -63,7 +63,7 @@ class KubeCluster:
             await self._stop.wait()
             await self.kube.drop_log_streams()
             listener.close()
-            await server.shutdown(2)
+            await server.shutdown(0.5)
             await listener.wait_closed()
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:

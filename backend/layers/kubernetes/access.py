@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 import urllib3
+import yaml
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.config import kube_config
 from kubernetes.config.config_exception import ConfigException
@@ -31,6 +32,8 @@ Query = list[tuple[str, str]]
 TokenProvider = Callable[[], str]
 
 FIELD_MANAGER = "rtui"
+# What the client's loader raises on a broken file: its own errors, YAML's, and lookups of missing keys.
+_CONFIG_ERRORS = (ConfigException, yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, OSError)
 _LOG_QUEUE_BATCHES = 64  # a slow consumer stalls the reading thread, not memory
 
 
@@ -113,11 +116,11 @@ class KubeApi:
             )
         try:
             contexts, current = kube_config.list_kube_config_contexts(source)  # type: ignore[no-untyped-call]
-        except (ConfigException, ValueError, TypeError, KeyError, OSError) as err:  # yaml errors are ValueErrors
+        except _CONFIG_ERRORS as err:
             raise UserError(f"the kubeconfig {source} is malformed: {_one_line(err)}",
                             remedy="fix it or point --kubeconfig at another file") from err
         names = [c["name"] for c in contexts]
-        chosen = context or (current["name"] if current else None)
+        chosen = context or _first_current_context(files) or (current["name"] if current else None)
         if chosen is None:
             raise UserError(f"the kubeconfig {source} has no current-context",
                             remedy=f"pass --context (known: {', '.join(names) or 'none'})")
@@ -128,7 +131,7 @@ class KubeApi:
         try:
             kube_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=source, context=chosen, client_configuration=configuration, persist_config=False)
-        except (ConfigException, ValueError, TypeError, KeyError, OSError) as err:
+        except _CONFIG_ERRORS as err:
             raise UserError(f"cannot use context {chosen!r} of {source}: {_one_line(err)}",
                             remedy="fix the kubeconfig or refresh it (`aws eks update-kubeconfig`)") from err
         entry = next(c for c in contexts if c["name"] == chosen)
@@ -428,6 +431,19 @@ class _What:
 
 class _ObjectGone(Exception):
     """A 404 for an object of a kind the server knows: callers turn it into None/False."""
+
+
+def _first_current_context(files: list[str]) -> str | None:
+    """kubectl takes the first file's current-context; the client's merger takes the last one's."""
+    for name in files:
+        try:
+            with open(name) as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict) and doc.get("current-context"):
+            return str(doc["current-context"])
+    return None
 
 
 def _seconds(ts: str) -> str:
