@@ -8,6 +8,11 @@ Every helper below runs on the server's loop (``_call``), so state changes never
 from __future__ import annotations
 
 import asyncio
+import base64
+import datetime as dt
+import ipaddress
+import ssl
+import tempfile
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -16,6 +21,10 @@ from typing import Any, TypeVar
 import aiohttp.web
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tests.kubernetes.kmock_ext import KINDS, PLURAL_OF, Obj, RtuiKube, Served, now_rfc3339
 
@@ -23,6 +32,38 @@ T = TypeVar("T")
 KIND_KEYS = {kind: key for key, (kind, _, _) in KINDS.items()}
 CONTEXT = "kmock"
 TOKEN = "test-token-0"
+
+
+def _self_signed_for_loopback() -> tuple[bytes, bytes]:
+    """A cert for 127.0.0.1 that is its own CA: kubectl sends no credentials over plain http."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+_TLS: tuple[bytes, bytes] | None = None
+
+
+def _server_tls() -> tuple[ssl.SSLContext, bytes]:
+    global _TLS
+    _TLS = _TLS or _self_signed_for_loopback()
+    cert, key = _TLS
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "cert").write_bytes(cert)
+        (Path(tmp) / "key").write_bytes(key)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(Path(tmp) / "cert", Path(tmp) / "key")
+    return context, cert
 
 
 class KubeCluster:
@@ -33,6 +74,7 @@ class KubeCluster:
         self.url = ""
         self.kubeconfig = Path()
         self.token = TOKEN
+        self._ssl, self.ca_pem = _server_tls()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event
@@ -55,8 +97,8 @@ class KubeCluster:
         self.kube = RtuiKube()
         async with self.kube:
             server = aiohttp.web.Server(self.kube)
-            listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
-            self.url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+            listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0, ssl=self._ssl)
+            self.url = f"https://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
             for ns in ("default", "kube-system"):
                 await self.kube._create(("", "v1", "namespaces"), None, {"metadata": {"name": ns}})
             self._ready.set()
@@ -179,7 +221,8 @@ class KubeCluster:
         """A kubeconfig for this server; ``user`` defaults to the bearer token."""
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": context,
-            "clusters": [{"name": context, "cluster": {"server": self.url}}],
+            "clusters": [{"name": context, "cluster": {
+                "server": self.url, "certificate-authority-data": base64.b64encode(self.ca_pem).decode()}}],
             "users": [{"name": context, "user": user or {"token": self.token}}],
             "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}],
         }))

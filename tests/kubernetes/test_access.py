@@ -162,7 +162,7 @@ def test_kubeconfig_list_is_merged_like_kubectl(kube_cluster: KubeCluster, tmp_p
     api = KubeApi.from_kubeconfig(context="second")
     assert (api.context, api.namespace_default, api.server) == ("second", "team", kube_cluster.url)
     assert KubeApi.from_kubeconfig().context == "kmock"  # the first file's current-context wins
-    assert api.ssl_context() is None
+    assert api.ssl_context() is not None  # the kubeconfig's CA: the fixture serves https
     assert api.proxy_url("rtui", "rtui-ray-head-svc", "dashboard") == (
         f"{kube_cluster.url}/api/v1/namespaces/rtui/services/rtui-ray-head-svc:dashboard/proxy")
 
@@ -284,14 +284,16 @@ async def test_service_proxy_carries_our_auth_headers(kube_cluster: KubeCluster)
     try:
         api = KubeApi.from_kubeconfig()
         url = api.proxy_url("rtui", "rtui-ray-head-svc", "dashboard")
-        async with aiohttp.ClientSession(headers={**api.headers(), "X-Ray": "1"}) as http:
+        connector = aiohttp.TCPConnector(ssl=api.ssl_context() or True)
+        async with aiohttp.ClientSession(headers={**api.headers(), "X-Ray": "1"}, connector=connector) as http:
             async with http.get(f"{url}/api/jobs/") as resp:
                 assert resp.status == 503  # no endpoints yet
             kube_cluster.proxy_to("rtui", "rtui-ray-head-svc", "dashboard", f"http://127.0.0.1:{port}")
             async with http.get(f"{url}/api/jobs/", params={"limit": "1"}) as resp:
                 assert resp.status == 200
                 assert await resp.json() == {"path": "/api/jobs/", "q": {"limit": "1"}}
-            async with aiohttp.ClientSession() as anonymous, anonymous.get(f"{url}/api/jobs/") as resp:
+            async with aiohttp.ClientSession() as anonymous, \
+                    anonymous.get(f"{url}/api/jobs/", ssl=api.ssl_context() or True) as resp:
                 assert resp.status == 401
         assert seen[0]["X-Ray"] == "1" and "Authorization" not in seen[0]
     finally:
