@@ -298,3 +298,39 @@ async def test_service_proxy_carries_our_auth_headers(kube_cluster: KubeCluster)
         assert seen[0]["X-Ray"] == "1" and "Authorization" not in seen[0]
     finally:
         await runner.cleanup()
+
+
+async def test_service_proxy_forwards_websockets(kube_cluster: KubeCluster) -> None:
+    """Ray's dashboard streams job logs over a websocket: the proxy must upgrade too."""
+
+    async def echo(request: aiohttp.web.Request) -> aiohttp.web.WebSocketResponse:
+        ws = aiohttp.web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            await ws.send_str(f"echo {msg.data}")
+        return ws
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/logs/tail", echo)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        api = KubeApi.from_kubeconfig()
+        kube_cluster.proxy_to("rtui", "head-svc", "dashboard", f"http://127.0.0.1:{port}")
+        url = api.proxy_url("rtui", "head-svc", "dashboard") + "/logs/tail"
+        async with aiohttp.ClientSession(headers=api.headers()) as http, \
+                http.ws_connect(url, ssl=api.ssl_context() or True) as ws:
+            await ws.send_str("hello")
+            reply = await asyncio.wait_for(ws.receive(), 5)
+            assert reply.data == "echo hello"
+    finally:
+        await runner.cleanup()
+
+
+async def test_log_of_a_missing_pod_is_empty(kube_cluster: KubeCluster) -> None:
+    kube_cluster.add_namespace("rtui")
+    api = KubeApi.from_kubeconfig()
+    assert [line async for line in api.read_pod_log("rtui", "gone", follow=True)] == []

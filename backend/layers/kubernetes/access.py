@@ -291,6 +291,8 @@ class KubeApi:
                         seen_at_ts.add(line)
                     failures = 0
                     yield line if timestamps else text
+            except _ObjectGone:
+                return  # the pod is gone: its log with it
             except OperationError:
                 failures += 1
                 if not follow or failures >= 3:
