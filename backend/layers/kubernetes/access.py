@@ -1,0 +1,457 @@
+"""One cluster's API, reached the way the user's kubeconfig says, with errors in the user's words.
+
+The official client loads the kubeconfig (merged like kubectl, exec plugins, CA files) into a
+private ``Configuration`` + ``ApiClient`` so two clusters in one process never share state. Every
+object operation is generic REST on plain dicts: the layer builds manifests as dicts anyway, and
+the generated typed models would only add a conversion that drops fields they do not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import urllib3
+import yaml
+from kubernetes.client import ApiClient, Configuration
+from kubernetes.config import kube_config
+from kubernetes.config.config_exception import ConfigException
+
+from backend.errors import OperationError, UserError
+
+Obj = dict[str, Any]
+Objs = list[Obj]  # aliases: inside KubeApi, ``list`` names the method
+Query = list[tuple[str, str]]
+TokenProvider = Callable[[], str]
+
+FIELD_MANAGER = "rtui"
+# What the client's loader raises on a broken file: its own errors, YAML's, and lookups of missing keys.
+_CONFIG_ERRORS = (ConfigException, yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, OSError)
+_LOG_QUEUE_BATCHES = 64  # a slow consumer stalls the reading thread, not memory
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    plural: str
+    namespaced: bool
+
+
+# The kinds rtui touches. A table, not discovery: one fewer round trip per call, and a kind the
+# cluster lacks shows up as a clear 404 on use (e.g. the RayCluster CRD not installed).
+KINDS: dict[tuple[str, str], KindInfo] = {
+    ("v1", "Namespace"): KindInfo("namespaces", False),
+    ("v1", "Node"): KindInfo("nodes", False),
+    ("v1", "Pod"): KindInfo("pods", True),
+    ("v1", "Service"): KindInfo("services", True),
+    ("v1", "Secret"): KindInfo("secrets", True),
+    ("v1", "ServiceAccount"): KindInfo("serviceaccounts", True),
+    ("v1", "Event"): KindInfo("events", True),
+    ("v1", "ConfigMap"): KindInfo("configmaps", True),
+    ("apps/v1", "DaemonSet"): KindInfo("daemonsets", True),
+    ("apps/v1", "Deployment"): KindInfo("deployments", True),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): KindInfo("clusterroles", False),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): KindInfo("clusterrolebindings", False),
+    ("rbac.authorization.k8s.io/v1", "Role"): KindInfo("roles", True),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): KindInfo("rolebindings", True),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): KindInfo("customresourcedefinitions", False),
+    ("ray.io/v1", "RayCluster"): KindInfo("rayclusters", True),
+    ("ray.io/v1", "RayJob"): KindInfo("rayjobs", True),
+    ("coordination.k8s.io/v1", "Lease"): KindInfo("leases", True),
+}
+
+
+def kind_info(api_version: str, kind: str) -> KindInfo:
+    try:
+        return KINDS[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"rtui does not know the kind {kind} ({api_version}): add it to access.KINDS") from None
+
+
+def resource_name(api_version: str, kind: str) -> str:
+    """``rayclusters.ray.io`` / ``pods``: how RBAC messages and kubectl name a resource."""
+    group = api_version.rpartition("/")[0]
+    plural = kind_info(api_version, kind).plural
+    return f"{plural}.{group}" if group else plural
+
+
+def split_timestamp(line: str) -> tuple[str | None, str]:
+    """A ``timestamps=true`` log line is ``<RFC3339Nano> <text>``."""
+    head, sep, rest = line.partition(" ")
+    if sep and len(head) >= 20 and head[4:5] == "-" and head[10:11] == "T":
+        return head, rest
+    return None, line
+
+
+class KubeApi:
+    """A cluster's API server as one kubeconfig context sees it."""
+
+    def __init__(self, configuration: Configuration, *, context: str, namespace: str, timeout_s: float) -> None:
+        # No urllib3 retries: a deadline is only a deadline if nothing silently tries again.
+        configuration.retries = False
+        self._config = configuration
+        self._client = ApiClient(configuration)
+        self._context = context
+        self._namespace = namespace
+        self.timeout_s = timeout_s
+        self._token_provider: TokenProvider | None = None
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None = None, context: str | None = None, *, timeout_s: float = 10.0,
+                        token_provider: TokenProvider | None = None) -> KubeApi:
+        source = path or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        files = [os.path.expanduser(p) for p in source.split(os.pathsep) if p]
+        if not any(os.path.isfile(f) for f in files):
+            raise UserError(
+                f"no kubeconfig found (looked in {', '.join(files) or source})",
+                remedy="pass --kubeconfig PATH, run `aws eks update-kubeconfig --name CLUSTER`, or use --target local",
+            )
+        try:
+            contexts, current = kube_config.list_kube_config_contexts(source)  # type: ignore[no-untyped-call]
+        except _CONFIG_ERRORS as err:
+            raise UserError(f"the kubeconfig {source} is malformed: {_one_line(err)}",
+                            remedy="fix it or point --kubeconfig at another file") from err
+        names = [c["name"] for c in contexts]
+        chosen = context or _first_current_context(files) or (current["name"] if current else None)
+        if chosen is None:
+            raise UserError(f"the kubeconfig {source} has no current-context",
+                            remedy=f"pass --context (known: {', '.join(names) or 'none'})")
+        if chosen not in names:
+            raise UserError(f"no context {chosen!r} in the kubeconfig {source}",
+                            remedy=f"known contexts: {', '.join(names) or 'none'}")
+        configuration = Configuration()
+        try:
+            kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=source, context=chosen, client_configuration=configuration, persist_config=False)
+        except _CONFIG_ERRORS as err:
+            raise UserError(f"cannot use context {chosen!r} of {source}: {_one_line(err)}",
+                            remedy="fix the kubeconfig or refresh it (`aws eks update-kubeconfig`)") from err
+        entry = next(c for c in contexts if c["name"] == chosen)
+        namespace = (entry.get("context") or {}).get("namespace") or "default"
+        api = cls(configuration, context=chosen, namespace=namespace, timeout_s=timeout_s)
+        if token_provider is not None:
+            api.set_token_provider(token_provider)
+        return api
+
+    def set_token_provider(self, provider: TokenProvider) -> None:
+        """Every request asks ``provider`` for the bearer token: a token it refreshes is used at once.
+
+        The client calls ``refresh_api_key_hook`` before building each request's headers, so the
+        provider (which caches, e.g. ``eks.EksTokenProvider``) decides when a new token is due.
+        """
+        self._token_provider = provider
+
+        def refresh(configuration: Configuration) -> None:
+            configuration.api_key["BearerToken"] = f"Bearer {provider()}"
+
+        self._config.refresh_api_key_hook = refresh  # type: ignore[assignment]  # declared as None
+        refresh(self._config)
+
+    # ---- what a non-kubernetes HTTP client needs ----------------------------------------------
+
+    @property
+    def context(self) -> str:
+        return self._context
+
+    @property
+    def server(self) -> str:
+        return str(self._config.host)
+
+    @property
+    def namespace_default(self) -> str:
+        return self._namespace
+
+    def headers(self) -> dict[str, str]:
+        """The auth headers right now (the hook refreshes an expiring token first)."""
+        value = self._config.get_api_key_with_prefix("BearerToken")
+        return {"Authorization": value} if value else {}
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.server.startswith("https"):
+            return None
+        cfg = self._config
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
+        if cfg.cert_file:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        if not cfg.verify_ssl:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def proxy_url(self, namespace: str, service: str, port_name: str) -> str:
+        """The API server's proxy to a service port (DESIGN.md §4): no port exposed outside the cluster."""
+        return f"{self.server}/api/v1/namespaces/{namespace}/services/{service}:{port_name}/proxy"
+
+    def close(self) -> None:
+        self._client.close()  # type: ignore[no-untyped-call]
+
+    # ---- object operations --------------------------------------------------------------------
+
+    def path(self, api_version: str, kind: str, name: str | None = None, namespace: str | None = None) -> str:
+        info = kind_info(api_version, kind)
+        base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        if info.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{info.plural}"
+        return base + (f"/{quote(name, safe='')}" if name else "")
+
+    async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:
+        what = _What("get", resource_name(api_version, kind), namespace, name)
+        try:
+            return await self._json("GET", self.path(api_version, kind, name, namespace), what)
+        except _ObjectGone:
+            return None
+
+    async def list(self, api_version: str, kind: str, namespace: str | None = None,
+                   label_selector: str | None = None, field_selector: str | None = None) -> Objs:
+        """Namespace None on a namespaced kind lists all namespaces."""
+        query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
+        what = _What("list", resource_name(api_version, kind), namespace)
+        body = await self._json("GET", self.path(api_version, kind, None, namespace), what, query=query)
+        items: Objs = body.get("items") or []
+        for item in items:  # lists omit each item's apiVersion/kind; callers compare whole objects
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return items
+
+    async def apply(self, obj: Obj) -> Obj:
+        """Server-side apply: creates or updates, we own the fields we set (fieldManager=rtui)."""
+        api_version, kind, meta = obj["apiVersion"], obj["kind"], obj.get("metadata") or {}
+        namespace = meta.get("namespace") or (self._namespace if kind_info(api_version, kind).namespaced else None)
+        what = _What("patch", resource_name(api_version, kind), namespace, meta["name"])
+        return await self._json("PATCH", self.path(api_version, kind, meta["name"], namespace), what,
+                                query=[("fieldManager", FIELD_MANAGER), ("force", "true")], body=obj,
+                                content_type="application/apply-patch+yaml")
+
+    async def patch_status(self, api_version: str, kind: str, name: str, namespace: str | None,
+                           status: Obj) -> Obj:
+        what = _What("patch", resource_name(api_version, kind) + "/status", namespace, name)
+        return await self._json("PATCH", self.path(api_version, kind, name, namespace) + "/status", what,
+                                body={"status": status}, content_type="application/merge-patch+json")
+
+    async def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
+        """False when it was already gone."""
+        what = _What("delete", resource_name(api_version, kind), namespace, name)
+        try:
+            await self._json("DELETE", self.path(api_version, kind, name, namespace), what,
+                             body={"propagationPolicy": "Background"})
+        except _ObjectGone:
+            return False
+        return True
+
+    async def events(self, namespace: str, involved_name: str) -> Objs:
+        events = await self.list("v1", "Event", namespace, field_selector=f"involvedObject.name={involved_name}")
+        return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    async def version(self) -> Obj:
+        return await self._json("GET", "/version", _What("get", "version", None))
+
+    # ---- pod logs ------------------------------------------------------------------------------
+
+    async def read_pod_log(self, namespace: str, pod: str, container: str | None = None, *,
+                           since_time: str | None = None, since_seconds: int | None = None,
+                           timestamps: bool = True, follow: bool = False) -> AsyncIterator[str]:
+        """The pod's log lines. With ``follow`` it reconnects after a dropped stream until the pod ends.
+
+        The server is always asked for timestamps so a reconnect resumes at ``sinceTime`` and skips
+        the lines already yielded; they are stripped again unless the caller asked for them.
+        """
+        seen_ts: str | None = None
+        seen_at_ts: set[str] = set()  # lines already yielded with the latest timestamp (sinceTime is coarse)
+        failures = 0
+        while True:
+            query = [("timestamps", "true")]
+            if container:
+                query.append(("container", container))
+            if seen_ts or since_time:
+                query.append(("sinceTime", _seconds(seen_ts) if seen_ts else str(since_time)))
+            elif since_seconds is not None:
+                query.append(("sinceSeconds", str(since_seconds)))
+            if follow:
+                query.append(("follow", "true"))
+            what = _What("get", "pods/log", namespace, pod)
+            try:
+                async for line in self._stream(f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query, what):
+                    ts, text = split_timestamp(line)
+                    already = seen_ts is not None and ts is not None and (
+                        ts < seen_ts or (ts == seen_ts and line in seen_at_ts))
+                    if already:
+                        continue
+                    if ts is not None:
+                        if ts != seen_ts:
+                            seen_ts, seen_at_ts = ts, set()
+                        seen_at_ts.add(line)
+                    failures = 0
+                    yield line if timestamps else text
+            except _ObjectGone:
+                return  # the pod is gone: its log with it
+            except OperationError:
+                failures += 1
+                if not follow or failures >= 3:
+                    raise
+            if not follow:
+                return
+            phase = ((await self.get("v1", "Pod", pod, namespace)) or {}).get("status", {}).get("phase")
+            if phase in (None, "Succeeded", "Failed"):
+                return
+            await asyncio.sleep(min(0.2 * 2**failures, 2.0))
+
+    async def _stream(self, path: str, query: Query, what: _What) -> AsyncIterator[str]:
+        """Lines of a streamed response: a thread reads, a bounded queue hands batches to the loop."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[list[str] | BaseException | None] = asyncio.Queue(_LOG_QUEUE_BATCHES)
+        stop = threading.Event()
+        # Connect within the deadline; once streaming, silence is normal (a quiet training job).
+        response = await asyncio.to_thread(self._call, "GET", path, what, query=query,
+                                           timeout=(self.timeout_s, None))
+
+        def hand_over(item: list[str] | BaseException | None) -> None:
+            future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+            while not stop.is_set():
+                try:
+                    future.result(timeout=0.5)
+                    return
+                except TimeoutError:
+                    continue
+
+        def pump() -> None:
+            pending = b""
+            try:
+                for chunk in response.stream(64 * 1024, decode_content=True):
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    if lines:
+                        hand_over([line.decode("utf-8", "replace") for line in lines])
+                    if stop.is_set():
+                        return
+                if pending:
+                    hand_over([pending.decode("utf-8", "replace")])
+                hand_over(None)
+            except Exception as err:  # noqa: BLE001 - crosses the thread boundary to be raised there
+                if not stop.is_set():
+                    hand_over(OperationError(f"the log stream of pod {what.namespace}/{what.name} broke: "
+                                             f"{_one_line(err)}"))
+
+        reader = threading.Thread(target=pump, name=f"log-{what.name}", daemon=True)
+        reader.start()
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                for line in item:
+                    yield line
+        finally:
+            stop.set()
+            response.release_conn()
+            response.close()  # unblocks the reading thread
+
+    # ---- the one place requests are made and errors are translated ----------------------------
+
+    async def _json(self, method: str, path: str, what: _What, *, query: Query | None = None,
+                    body: Any = None, content_type: str = "application/json") -> Obj:
+        def call() -> Obj:
+            response = self._call(method, path, what, query=query, body=body, content_type=content_type,
+                                  timeout=self.timeout_s)
+            data = response.data
+            result: Obj = json.loads(data) if data else {}
+            return result
+
+        return await asyncio.to_thread(call)
+
+    def _call(self, method: str, path: str, what: _What, *, query: Query | None = None,
+              body: Any = None, content_type: str = "application/json",
+              timeout: float | tuple[float, float | None]) -> urllib3.BaseHTTPResponse:
+        """A blocking request; a non-2xx answer or no answer becomes our error (streamed bodies stay open)."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        method, url, headers, body, post = self._client.param_serialize(
+            method, path, query_params=query or None, header_params=headers, body=body, auth_settings=["BearerToken"])
+        try:
+            if isinstance(timeout, tuple):  # the generated client only accepts pairs of numbers
+                raw = self._client.rest_client.pool_manager.request(
+                    method, url, headers=headers, preload_content=False,
+                    timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]))
+            else:
+                raw = self._client.call_api(method, url, headers, body, post, _request_timeout=timeout).response
+        except urllib3.exceptions.HTTPError as err:
+            raise OperationError(f"cannot reach the Kubernetes API server at {self.server} within {self.timeout_s:g}s "
+                                 f"({_one_line(err)})", remedy=f"check the network and the context {self._context!r}",
+                                 ) from err
+        except Exception as err:
+            if getattr(err, "status", None) == 0:  # the client turns TLS failures into status 0
+                raise OperationError(f"TLS to {self.server} failed: {_one_line(err)}",
+                                     remedy="check the kubeconfig's certificate-authority") from err
+            raise
+        if 200 <= raw.status < 300:
+            return raw
+        payload = raw.read()
+        raw.release_conn()
+        raise self._error(raw.status, payload, what)
+
+    def _error(self, status: int, payload: bytes, what: _What) -> Exception:
+        try:
+            body = json.loads(payload)
+            message = str(body.get("message") or "")
+            details = body.get("details") or {}
+        except ValueError:
+            body, message, details = {}, payload.decode("utf-8", "replace").strip()[:200], {}
+        where = f" in namespace {what.namespace}" if what.namespace else ""
+        if status == 401:
+            return UserError(f"the Kubernetes API server at {self.server} refused the credentials of context "
+                             f"{self._context!r} (expired or invalid)",
+                             remedy="run `aws sso login` / refresh the kubeconfig (`aws eks update-kubeconfig`)")
+        if status == 403:
+            return UserError(f"forbidden: cannot {what.verb} {what.resource}{where}",
+                             remedy=f"ask the cluster's admin for that permission ({_one_line(message)})")
+        if status == 404:
+            if details.get("name"):  # a known kind, a missing object (the server names it)
+                return _ObjectGone(message)
+            return UserError(f"the API server at {self.server} does not serve {what.resource}",
+                             remedy="is its CustomResourceDefinition installed (the KubeRay operator)?")
+        if status == 409:
+            return OperationError(f"conflict: {_one_line(message) or what.resource}")
+        return OperationError(f"the Kubernetes API refused to {what.verb} {what.resource}{where}: "
+                              f"HTTP {status} {_one_line(message)}")
+
+
+@dataclass(frozen=True)
+class _What:
+    """What a request does, in RBAC's words, for error messages."""
+
+    verb: str
+    resource: str
+    namespace: str | None
+    name: str | None = None
+
+
+class _ObjectGone(Exception):
+    """A 404 for an object of a kind the server knows: callers turn it into None/False."""
+
+
+def _first_current_context(files: list[str]) -> str | None:
+    """kubectl takes the first file's current-context; the client's merger takes the last one's."""
+    for name in files:
+        try:
+            with open(name) as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict) and doc.get("current-context"):
+            return str(doc["current-context"])
+    return None
+
+
+def _seconds(ts: str) -> str:
+    """``sinceTime`` takes whole seconds: round down, the skip-seen logic drops the overlap."""
+    return ts.split(".")[0].rstrip("Z") + "Z"
+
+
+def _one_line(err: object) -> str:
+    return " ".join(str(err).split())[:300]

@@ -1,0 +1,151 @@
+"""EKS access: the bearer token (DESIGN.md §4) and the kubeconfig entry that lets kubectl and k9s in.
+
+The token is what ``aws eks get-token`` and aws-iam-authenticator make: a presigned STS
+GetCallerIdentity URL with the header ``x-k8s-aws-id: <cluster>`` signed in. EKS calls that URL to
+learn who we are. Building it is local signing only: no network. It is never written to disk; the
+kubeconfig entry holds an exec plugin that makes a fresh one whenever kubectl needs it.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import boto3
+import yaml
+
+TOKEN_PREFIX = "k8s-aws-v1."
+CLUSTER_ID_HEADER = "x-k8s-aws-id"
+EXEC_API_VERSION = "client.authentication.k8s.io/v1beta1"
+# EKS accepts a token for 15 minutes after signing, whatever X-Amz-Expires says; aws-iam-authenticator
+# presigns with 60 s and so do we, to match what the server expects to see.
+PRESIGN_EXPIRES_S = 60
+TOKEN_LIFETIME = dt.timedelta(minutes=15)
+REFRESH_MARGIN = dt.timedelta(minutes=1)
+
+
+def eks_token(cluster_name: str, region: str, session: boto3.Session) -> tuple[str, dt.datetime]:
+    """A bearer token for ``cluster_name`` and when it stops working (UTC)."""
+    sts = session.client("sts", region_name=region, endpoint_url=f"https://sts.{region}.amazonaws.com")
+
+    def sign_cluster_id(request: Any, **_: Any) -> None:
+        request.headers[CLUSTER_ID_HEADER] = cluster_name
+
+    # before-sign: the header must be in the request when SigV4 computes SignedHeaders.
+    sts.meta.events.register("before-sign.sts.GetCallerIdentity", sign_cluster_id)
+    signed_at = dt.datetime.now(dt.UTC)
+    url: str = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=PRESIGN_EXPIRES_S,
+                                          HttpMethod="GET")
+    token = TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
+    return token, signed_at + TOKEN_LIFETIME
+
+
+class EksTokenProvider:
+    """A cached token, renewed a minute before it expires: call it before every request."""
+
+    def __init__(self, cluster_name: str, region: str, session: boto3.Session) -> None:
+        self.cluster_name, self.region, self._session = cluster_name, region, session
+        self._lock = threading.Lock()  # the client may ask from several threads at once
+        self._token: str | None = None
+        self._expires_at = dt.datetime.min.replace(tzinfo=dt.UTC)
+
+    @property
+    def expires_at(self) -> dt.datetime:
+        return self._expires_at
+
+    def __call__(self) -> str:
+        with self._lock:
+            if self._token is None or dt.datetime.now(dt.UTC) >= self._expires_at - REFRESH_MARGIN:
+                self._token, self._expires_at = eks_token(self.cluster_name, self.region, self._session)
+            return self._token
+
+
+def token_command_output(cluster: str, region: str, profile: str | None = None) -> str:
+    """What ``rtui token`` prints: an ExecCredential kubectl reads from an exec plugin."""
+    session = boto3.Session(profile_name=profile, region_name=region)
+    token, expires_at = eks_token(cluster, region, session)
+    # Tell kubectl a minute early, as `aws eks get-token` does, so it never sends a dying token.
+    expiry = (expires_at - REFRESH_MARGIN).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return json.dumps({
+        "apiVersion": EXEC_API_VERSION,
+        "kind": "ExecCredential",
+        "spec": {},
+        "status": {"token": token, "expirationTimestamp": expiry},
+    })
+
+
+def exec_plugin(cluster_name: str, region: str, profile: str | None = None,
+                rtui_bin: str | None = None) -> dict[str, Any]:
+    """The kubeconfig ``user.exec`` block: the AWS CLI when installed, else rtui itself."""
+    if shutil.which("aws"):
+        command = "aws"
+        args = ["--region", region, "eks", "get-token", "--cluster-name", cluster_name, "--output", "json"]
+    else:
+        command = rtui_bin or shutil.which("rtui") or "rtui"
+        args = ["token", "--cluster-name", cluster_name, "--region", region]
+        if profile:
+            args += ["--profile", profile]
+    plugin: dict[str, Any] = {"apiVersion": EXEC_API_VERSION, "command": command, "args": args,
+                              "interactiveMode": "Never", "provideClusterInfo": False}
+    if profile:
+        plugin["env"] = [{"name": "AWS_PROFILE", "value": profile}]
+    return plugin
+
+
+def write_kubeconfig_entry(path: str | os.PathLike[str], *, cluster_name: str, region: str, endpoint: str,
+                           ca_data_b64: str, arn: str, profile: str | None = None, rtui_bin: str | None = None,
+                           set_current: bool = False) -> str:
+    """Merge our cluster/user/context (all named by the cluster ARN, as the AWS CLI does) into a kubeconfig.
+
+    Every other entry stays; re-running replaces only ours. The current-context changes only when
+    ``set_current`` or when the file had none (a new file). Written atomically; a new file is 0600.
+    Returns the context name.
+    """
+    target = Path(path).expanduser()
+    config: dict[str, Any] = {}
+    mode = 0o600
+    if target.exists():
+        config = yaml.safe_load(target.read_text()) or {}
+        if not isinstance(config, dict):
+            raise ValueError(f"{target} is not a kubeconfig (a YAML mapping)")
+        mode = target.stat().st_mode & 0o777
+    config.setdefault("apiVersion", "v1")
+    config.setdefault("kind", "Config")
+    config.setdefault("preferences", {})
+    name = arn
+    _upsert(config, "clusters", {"name": name, "cluster": {"server": endpoint,
+                                                           "certificate-authority-data": ca_data_b64}})
+    _upsert(config, "users", {"name": name, "user": {"exec": exec_plugin(cluster_name, region, profile, rtui_bin)}})
+    _upsert(config, "contexts", {"name": name, "context": {"cluster": name, "user": name}})
+    if set_current or not config.get("current-context"):
+        config["current-context"] = name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(config, f, default_flow_style=False, sort_keys=False)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return name
+
+
+def _upsert(config: dict[str, Any], section: str, entry: dict[str, Any]) -> None:
+    """Replace ours where it stands (a re-run leaves the file byte-identical), else append it."""
+    items = list(config.get(section) or [])
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and item.get("name") == entry["name"]:
+            items[i] = entry
+            break
+    else:
+        items.append(entry)
+    config[section] = items

@@ -1,0 +1,458 @@
+"""kmock's Kubernetes emulator, extended with what rtui's Kubernetes layer needs (DESIGN.md §5).
+
+kmock 0.8 lacks Namespace objects (its path parser fails on ``/api/v1/namespaces``), label and
+field selectors, PUT, server-side apply, uids and resourceVersions, and answers a create with 200.
+``RtuiKube`` routes every object request itself, on kmock's own object store and watch buses, and
+hands kmock what it already does well: discovery it cannot parse is ours too, watches are kmock's.
+Everything runs on the server's event loop; the test thread reaches it through ``conftest``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+import attrs
+import yaml
+from kmock._internal import references
+from kmock._internal.k8s import KubernetesEmulator
+
+Obj = dict[str, Any]
+
+# (group, version, plural) -> (kind, namespaced, has a status subresource)
+KINDS: dict[tuple[str, str, str], tuple[str, bool, bool]] = {
+    ("", "v1", "namespaces"): ("Namespace", False, True),
+    ("", "v1", "nodes"): ("Node", False, True),
+    ("", "v1", "pods"): ("Pod", True, True),
+    ("", "v1", "services"): ("Service", True, True),
+    ("", "v1", "secrets"): ("Secret", True, False),
+    ("", "v1", "serviceaccounts"): ("ServiceAccount", True, False),
+    ("", "v1", "events"): ("Event", True, False),
+    ("", "v1", "configmaps"): ("ConfigMap", True, False),
+    ("apps", "v1", "daemonsets"): ("DaemonSet", True, True),
+    ("apps", "v1", "deployments"): ("Deployment", True, True),
+    ("rbac.authorization.k8s.io", "v1", "clusterroles"): ("ClusterRole", False, False),
+    ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"): ("ClusterRoleBinding", False, False),
+    ("rbac.authorization.k8s.io", "v1", "roles"): ("Role", True, False),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("RoleBinding", True, False),
+    ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): ("CustomResourceDefinition", False, True),
+    ("ray.io", "v1", "rayclusters"): ("RayCluster", True, True),
+    ("ray.io", "v1", "rayjobs"): ("RayJob", True, True),
+    ("coordination.k8s.io", "v1", "leases"): ("Lease", True, False),
+}
+PLURAL_OF = {(f"{g}/{v}" if g else v, kind): plural for (g, v, plural), (kind, _, _) in KINDS.items()}
+VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+PROXY_RE = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/:]+):([^/]+)/proxy(/.*)?$")
+RESOURCE_RE = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))(?P<rest>(?:/[^/]+)*)/?$")
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
+
+    def response(self) -> aiohttp.web.Response:
+        return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                                          "message": self.message, "reason": self.reason,
+                                          "details": self.details, "code": self.code}, status=self.code)
+
+
+@dataclass(frozen=True)
+class Served:
+    """One answered request, for assertions (kmock's own record skips the requests we route)."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    status: int
+    content_type: str
+
+
+def now_rfc3339(nano: bool = False) -> str:
+    t = dt.datetime.now(dt.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + (f".{t.microsecond:06d}000Z" if nano else "Z")
+
+
+def deep_merge(base: Obj, patch: Obj) -> Obj:
+    """JSON merge patch (RFC 7386): dicts merge, None removes, lists and scalars replace."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+_REQ = re.compile(r"^\s*(!?)([\w./-]+)\s*(?:(=|==|!=)\s*([\w.-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")
+
+
+def selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    """``a=b,c!=d,e in (x,y),f notin (z),key,!key`` — the label selector grammar kubectl speaks."""
+    for req in re.split(r",(?![^()]*\))", selector):
+        if not req.strip():
+            continue
+        m = _REQ.match(req)
+        if not m:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {req!r}")
+        neg, key, op, value, set_op, values = m.groups()
+        if op in ("=", "=="):
+            ok = labels.get(key) == value
+        elif op == "!=":
+            ok = labels.get(key) != value
+        elif set_op:
+            choices = {v.strip() for v in values.split(",") if v.strip()}
+            ok = labels.get(key) in choices if set_op == "in" else labels.get(key) not in choices
+        else:
+            ok = key in labels
+        if ok == bool(neg):
+            return False
+    return True
+
+
+def field_matches(selector: str, obj: Obj) -> bool:
+    for req in selector.split(","):
+        m = re.match(r"^\s*([\w.]+)\s*(==|=|!=)\s*(.*?)\s*$", req)
+        if not m:
+            raise ApiError(400, "BadRequest", f"unable to parse field selector: {req!r}")
+        path, op, value = m.groups()
+        node: Any = obj
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if (str(node) == value if node is not None else value == "") == (op == "!="):
+            return False
+    return True
+
+
+@attrs.define(kw_only=True)
+class RtuiKube(KubernetesEmulator):
+    """An in-memory Kubernetes API server good enough for the layer, kubectl and the Ray proxy."""
+
+    served: list[Served] = attrs.field(factory=list, init=False)
+    token_check: Callable[[str], bool] | None = attrs.field(default=None, init=False)
+    forbidden: set[tuple[str, str, str | None]] = attrs.field(factory=set, init=False)
+    proxies: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
+    _rv: int = attrs.field(default=1, init=False)
+    _logs: dict[tuple[str, str], list[tuple[str, str]]] = attrs.field(factory=dict, init=False)
+    _log_changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
+    _log_generation: int = attrs.field(default=0, init=False)
+    _abrupt_drop: bool = attrs.field(default=False, init=False)
+
+    # ---- entry point ---------------------------------------------------------------------------
+
+    async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        await raw.read()
+        try:
+            response = await self._route(raw)
+        except ApiError as err:
+            response = err.response()
+        if response is None:  # discovery and watches: kmock's own
+            response = await super().__call__(raw)
+        self.served.append(Served(raw.method, raw.path, dict(raw.query), response.status,
+                                  raw.headers.get("Content-Type", "")))
+        return response
+
+    async def _route(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse | None:
+        if self.token_check is not None and raw.path != "/version":
+            auth = raw.headers.get("Authorization", "")
+            if not auth.startswith("Bearer ") or not self.token_check(auth[len("Bearer "):]):
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+        if m := PROXY_RE.match(raw.path):
+            return await self._proxy(raw, *m.groups())
+        if raw.path in ("/api", "/apis", "/api/v1") or raw.path.startswith("/apis/") and raw.path.count("/") == 3:
+            return self._discovery(raw.path)
+        m = RESOURCE_RE.match(raw.path)
+        if m is None or raw.query.get("watch") in ("true", "1"):
+            return None
+        group, version = ("", "v1") if m["cv"] else (m["g"], m["v"])
+        segs = [s for s in m["rest"].split("/") if s]
+        namespace = None
+        if len(segs) >= 3 and segs[0] == "namespaces":
+            namespace, segs = segs[1], segs[2:]
+        if not segs:
+            return None
+        plural, name, sub = segs[0], (segs[1] if len(segs) > 1 else None), "/".join(segs[2:]) or None
+        if (group, version, plural) not in KINDS:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        verb = VERBS.get(raw.method, raw.method.lower()) if name or raw.method != "GET" else "list"
+        self._authorize(verb, plural if not sub else f"{plural}/{sub}", group, namespace)
+        key = (group, version, plural)
+        if plural == "pods" and sub == "log" and name and namespace:
+            return await self._serve_log(raw, namespace, name)
+        data = await raw.read()
+        body: Obj = (json.loads(data) if data.lstrip()[:1] in (b"{", b"[") else yaml.safe_load(data)) if data else {}
+        if raw.method == "GET":
+            if name is None:
+                return aiohttp.web.json_response(self._list(key, namespace, raw.query))
+            return aiohttp.web.json_response(self._get(key, namespace, name))
+        if raw.method == "POST" and name is None:
+            return aiohttp.web.json_response(await self._create(key, namespace, body), status=201)
+        if raw.method == "DELETE" and name:
+            return aiohttp.web.json_response(await self._delete(key, namespace, name))
+        if raw.method in ("PATCH", "PUT") and name:
+            ctype = raw.headers.get("Content-Type", "")
+            if ctype.startswith("application/apply-patch"):
+                obj, created = await self._apply(key, namespace, name, body, raw.query.get("fieldManager", ""))
+                return aiohttp.web.json_response(obj, status=201 if created else 200)
+            if ctype.startswith("application/json-patch"):
+                raise ApiError(415, "UnsupportedMediaType", "json-patch is not emulated")
+            return aiohttp.web.json_response(await self._update(key, namespace, name, body, sub,
+                                                                replace=raw.method == "PUT"))
+        raise ApiError(405, "MethodNotAllowed", f"{raw.method} {raw.path} is not emulated")
+
+    def _authorize(self, verb: str, resource: str, group: str, namespace: str | None) -> None:
+        if (verb, resource, namespace) in self.forbidden or (verb, resource, None) in self.forbidden:
+            where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+            raise ApiError(403, "Forbidden", f'{resource} is forbidden: User "test" cannot {verb} resource '
+                                             f'"{resource}" in API group "{group}"{where}')
+
+    # ---- the object store (kmock's), with uids, resourceVersions and namespaces ---------------------
+
+    def _objkey(self, key: tuple[str, str, str], namespace: str | None, name: str) -> Any:
+        return (references.resource(*key), namespace if KINDS[key][1] else None, name)
+
+    def find(self, key: tuple[str, str, str], namespace: str | None, name: str) -> Obj | None:
+        k = self._objkey(key, namespace, name)
+        if k not in self._objects or self._objects[k].deleted:
+            return None
+        return copy.deepcopy(self._objects[k].raw)
+
+    def items(self, key: tuple[str, str, str], namespace: str | None = None) -> list[Obj]:
+        res = references.resource(*key)
+        return [copy.deepcopy(o.raw) for (r, ns, _), o in self._objects.items()
+                if r == res and not o.deleted and (namespace is None or ns == namespace)]
+
+    def _get(self, key: tuple[str, str, str], namespace: str | None, name: str) -> Obj:
+        obj = self.find(key, namespace, name)
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{key[2]} "{name}" not found', {"name": name, "kind": key[2]})
+        return obj
+
+    def _list(self, key: tuple[str, str, str], namespace: str | None, query: Any) -> Obj:
+        items = self.items(key, namespace)
+        if query.get("labelSelector"):
+            items = [o for o in items if selector_matches(query["labelSelector"], o["metadata"].get("labels") or {})]
+        if query.get("fieldSelector"):
+            items = [o for o in items if field_matches(query["fieldSelector"], o)]
+        group, version, _ = key
+        return {"apiVersion": f"{group}/{version}" if group else version, "kind": f"{KINDS[key][0]}List",
+                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    async def _publish(self, key: tuple[str, str, str], event: str, obj: Obj) -> None:
+        await self._buses[references.resource(*key)].put({"type": event, "object": copy.deepcopy(obj)})
+
+    def _require_namespace(self, key: tuple[str, str, str], namespace: str | None) -> None:
+        if KINDS[key][1] and self.find(("", "v1", "namespaces"), None, namespace or "") is None:
+            raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found',
+                           {"name": namespace, "kind": "namespaces"})
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    async def _create(self, key: tuple[str, str, str], namespace: str | None, body: Obj,
+                      manager: str = "", keep_status: bool = False) -> Obj:
+        meta = body.setdefault("metadata", {})
+        name = meta.get("name") or (meta.get("generateName", "") + uuid.uuid4().hex[:5])
+        namespace = namespace or meta.get("namespace") or ("default" if KINDS[key][1] else None)
+        self._require_namespace(key, namespace)
+        async with self._lock:
+            if self.find(key, namespace, name) is not None:
+                raise ApiError(409, "AlreadyExists", f'{key[2]} "{name}" already exists', {"name": name})
+            obj = copy.deepcopy(body)
+            if KINDS[key][2] and not keep_status:
+                obj.pop("status", None)  # the status subresource is the only way to write it
+            group, version, _ = key
+            obj["apiVersion"], obj["kind"] = (f"{group}/{version}" if group else version), KINDS[key][0]
+            obj["metadata"].update(name=name, uid=str(uuid.uuid4()), resourceVersion=self._next_rv(),
+                                   creationTimestamp=now_rfc3339(), generation=1)
+            if namespace and KINDS[key][1]:
+                obj["metadata"]["namespace"] = namespace  # kmock's watches need it (DESIGN.md §5)
+            if manager:
+                obj["metadata"]["managedFields"] = [self._managed(manager, obj["apiVersion"])]
+            if key == ("", "v1", "namespaces"):
+                obj.setdefault("status", {"phase": "Active"})
+            self._objects[self._objkey(key, namespace, name)] = obj
+            await self._publish(key, "ADDED", obj)
+            return copy.deepcopy(obj)
+
+    async def _update(self, key: tuple[str, str, str], namespace: str | None, name: str, patch: Obj,
+                      sub: str | None, *, replace: bool = False, manager: str = "") -> Obj:
+        async with self._lock:
+            old = self._get(key, namespace, name)
+            if sub == "status":
+                new = deep_merge(old, {"status": patch.get("status")} if "status" in patch else {})
+            else:
+                patch = {k: v for k, v in patch.items() if not (k == "status" and KINDS[key][2])}
+                if replace:
+                    new = {**copy.deepcopy(patch), "metadata": {**patch.get("metadata", {}),
+                                                                **{k: old["metadata"][k] for k in
+                                                                   ("uid", "creationTimestamp", "namespace")
+                                                                   if k in old["metadata"]}}}
+                    if "status" in old:
+                        new["status"] = old["status"]
+                else:
+                    new = deep_merge(old, patch)
+            for k in ("apiVersion", "kind"):
+                new[k] = old[k]
+            new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+            new["metadata"]["managedFields"] = old["metadata"].get("managedFields", [])
+            if new == old:
+                return old  # a no-op write keeps its resourceVersion, as a real server does
+            if manager:
+                new["metadata"]["managedFields"] = [m for m in new["metadata"]["managedFields"]
+                                                    if m.get("manager") != manager]
+                new["metadata"]["managedFields"].append(self._managed(manager, old["apiVersion"]))
+            if new.get("spec") != old.get("spec"):
+                new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self._objects[self._objkey(key, namespace, name)].create(new)
+            await self._publish(key, "MODIFIED", new)
+            return copy.deepcopy(new)
+
+    async def _apply(self, key: tuple[str, str, str], namespace: str | None, name: str, body: Obj,
+                     manager: str) -> tuple[Obj, bool]:
+        """Server-side apply, approximated: create when missing, else merge the applied fields in."""
+        if not manager:
+            raise ApiError(400, "BadRequest", "PATCH with apply-patch requires fieldManager")
+        if (body.get("metadata") or {}).get("name", name) != name:
+            raise ApiError(400, "BadRequest", "the name in the body does not match the URL")
+        if self.find(key, namespace, name) is None:
+            body.setdefault("metadata", {})["name"] = name
+            return await self._create(key, namespace, body, manager), True
+        return await self._update(key, namespace, name, body, None, manager=manager), False
+
+    async def _delete(self, key: tuple[str, str, str], namespace: str | None, name: str) -> Obj:
+        obj = self._get(key, namespace, name)
+        async with self._lock:
+            self._objects[self._objkey(key, namespace, name)].delete()
+            await self._publish(key, "DELETED", obj)
+        if key == ("", "v1", "namespaces"):  # a namespace takes its objects with it
+            for (r, ns, _name), o in list(self._objects.items()):
+                if ns == name and not o.deleted:
+                    o.delete()
+                    await self._publish((r.group, r.version, r.plural), "DELETED", o.last.raw)
+        return obj
+
+    @staticmethod
+    def _managed(manager: str, api_version: str) -> Obj:
+        return {"manager": manager, "operation": "Apply", "apiVersion": api_version, "time": now_rfc3339(),
+                "fieldsType": "FieldsV1", "fieldsV1": {}}
+
+    # ---- discovery: enough for kubectl -----------------------------------------------------------
+
+    def _discovery(self, path: str) -> aiohttp.web.Response:
+        groups = sorted({(g, v) for g, v, _ in KINDS if g})
+        if path == "/api":
+            doc: Obj = {"kind": "APIVersions", "versions": ["v1"],
+                        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+        elif path == "/apis":
+            doc = {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                 "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}} for g, v in groups]}
+        else:
+            gv = path.removeprefix("/api/").removeprefix("/apis/")
+            group, _, version = gv.rpartition("/")
+            resources = [{"name": p + sub, "singularName": "" if sub else kind.lower(), "namespaced": ns,
+                          "kind": kind, "verbs": ["get", "patch", "update"] if sub else
+                          ["create", "delete", "get", "list", "patch", "update", "watch"]}
+                         for (g, v, p), (kind, ns, status) in KINDS.items() if (g, v) == (group, version)
+                         for sub in (["", "/status"] if status else [""])]
+            if not resources:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            doc = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+        return aiohttp.web.json_response(doc)
+
+    # ---- pod logs ---------------------------------------------------------------------------------
+
+    async def feed_log(self, namespace: str, pod: str, lines: list[str]) -> None:
+        async with self._log_changed:
+            self._logs.setdefault((namespace, pod), []).extend((now_rfc3339(nano=True), ln) for ln in lines)
+            self._log_changed.notify_all()
+
+    async def drop_log_streams(self, abrupt: bool = False) -> None:
+        async with self._log_changed:
+            self._log_generation += 1
+            self._abrupt_drop = abrupt
+            self._log_changed.notify_all()
+
+    async def _serve_log(self, raw: aiohttp.web.BaseRequest, namespace: str, pod: str) -> aiohttp.web.StreamResponse:
+        self._get(("", "v1", "pods"), namespace, pod)
+        since = raw.query.get("sinceTime")
+        stamps = raw.query.get("timestamps") == "true"
+        follow = raw.query.get("follow") == "true"
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(raw)
+        sent, generation = 0, self._log_generation
+        while True:
+            lines = self._logs.get((namespace, pod), [])
+            for ts, text in lines[sent:]:
+                if since is None or ts[:19] >= since.rstrip("Z")[:19]:
+                    await response.write(((ts + " ") if stamps else "").encode() + text.encode() + b"\n")
+            sent = len(lines)
+            if not follow:
+                break
+            def more(seen: int = sent) -> bool:
+                return len(self._logs.get((namespace, pod), [])) > seen or self._log_generation != generation
+
+            async with self._log_changed:
+                await self._log_changed.wait_for(more)
+            if self._log_generation != generation:
+                if self._abrupt_drop and raw.transport is not None:
+                    raw.transport.close()  # the client sees a broken chunked stream
+                    return response
+                break
+        await response.write_eof()
+        return response
+
+    # ---- the API server's service proxy (DESIGN.md §4) ------------------------------------------------
+
+    async def _proxy(self, raw: aiohttp.web.BaseRequest, namespace: str, service: str, port: str,
+                     rest: str | None) -> aiohttp.web.StreamResponse:
+        target = self.proxies.get((namespace, service, port))
+        if target is None:
+            raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{service}"')
+        url = target.rstrip("/") + (rest or "/")
+        headers = {k: v for k, v in raw.headers.items()
+                   if k.lower() not in ("authorization", "host", "content-length", "transfer-encoding")}
+        async with aiohttp.ClientSession() as session:
+            if raw.headers.get("Upgrade", "").lower() == "websocket":
+                return await self._proxy_ws(raw, session, url, headers)
+            async with session.request(raw.method, url, params=raw.query, headers=headers,
+                                       data=(await raw.read()) or None, allow_redirects=False) as upstream:
+                body = await upstream.read()
+                out = {k: v for k, v in upstream.headers.items()
+                       if k.lower() not in ("content-length", "transfer-encoding", "content-encoding", "connection")}
+                return aiohttp.web.Response(status=upstream.status, body=body, headers=out)
+
+    async def _proxy_ws(self, raw: aiohttp.web.BaseRequest, session: aiohttp.ClientSession, url: str,
+                        headers: dict[str, str]) -> aiohttp.web.StreamResponse:
+        for h in ("Upgrade", "Connection", "Sec-WebSocket-Key", "Sec-WebSocket-Version", "Sec-WebSocket-Extensions"):
+            headers.pop(h, None)
+        downstream = aiohttp.web.WebSocketResponse()
+        await downstream.prepare(raw)  # type: ignore[arg-type]  # a BaseRequest is enough for aiohttp
+        async with session.ws_connect(url.replace("http", "ws", 1), headers=headers) as upstream:
+
+            async def pump(src: Any, dst: Any) -> None:
+                async for msg in src:
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        await dst.send_str(msg.data)
+                    elif msg.type == aiohttp.WSMsgType.BINARY:
+                        await dst.send_bytes(msg.data)
+                    else:
+                        break
+                await dst.close()
+
+            await asyncio.gather(pump(downstream, upstream), pump(upstream, downstream), return_exceptions=True)
+        return downstream
