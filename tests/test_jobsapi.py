@@ -8,6 +8,8 @@ import asyncio
 import io
 import json
 import socket
+import ssl
+import subprocess
 import time
 import zipfile
 from collections.abc import AsyncIterator
@@ -169,13 +171,14 @@ async def fake(request: pytest.FixtureRequest) -> AsyncIterator[FakeRay]:
 
 
 class serve:  # noqa: N801 - reads as a verb at the call site: `async with serve(fake)`
-    def __init__(self, fake: FakeRay) -> None:
+    def __init__(self, fake: FakeRay, tls: ssl.SSLContext | None = None) -> None:
         self.fake = fake
+        self.tls = tls
         self.runner = web.AppRunner(fake.app())
 
     async def __aenter__(self) -> FakeRay:
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=self.tls)
         await site.start()
         self.fake.port = self.runner.addresses[0][1]
         return self.fake
@@ -348,7 +351,6 @@ async def test_follow_yields_nothing_twice_when_the_spool_holds_it_all(fake: Fak
 
 
 def test_importing_the_client_does_not_import_ray() -> None:
-    import subprocess
     import sys
 
     code = ("import sys, backend.rayjobs, backend.jobsapi\n"
@@ -356,3 +358,38 @@ def test_importing_the_client_does_not_import_ray() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parent.parent)
     assert json.loads(out.stdout.replace("'", '"')) == []
+
+
+async def test_a_dropped_tail_is_transient_and_a_finished_one_is_not(fake: FakeRay) -> None:
+    fake.add_job("j1", numbered(100), status="SUCCEEDED")
+    fake.tail_chunk_chars = 100
+    fake.tail_drops_after = [3]
+    api = JobsApi(fake.url)
+    got: list[str] = []
+    with pytest.raises(TransientError, match="dropped"):
+        async for chunk in api.tail("j1"):
+            got.append(chunk)
+    assert "".join(got) == numbered(100)[:300]
+    assert "".join([c async for c in api.tail("j1")]) == numbered(100)
+
+
+async def test_a_kubeconfig_ca_is_used_for_requests_and_the_tail(tmp_path: Path) -> None:
+    """A cluster behind a certificate of its own CA: refused (not retried) without it, trusted with it."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    fake = FakeRay(prefix=KUBE_PREFIX)
+    fake.add_job("j1", "over tls\n", status="SUCCEEDED")
+    async with serve(fake, tls=server_tls):
+        url = fake.url.replace("http://", "https://")
+        with pytest.raises(OperationError, match="not trusted") as info:
+            await RayJobs(url).version()
+        assert not isinstance(info.value, TransientError)
+        jobs = RayJobs(url, ssl=ssl.create_default_context(cafile=str(cert)),
+                       header_provider=lambda: {"Authorization": "Bearer k8s-aws-v1.x"})
+        assert (await jobs.version())["ray_version"] == "2.58.0"
+        assert "".join([c async for c in jobs.follow("j1")]) == "over tls\n"
+    assert {auth for _, _, auth in fake.requests} == {"Bearer k8s-aws-v1.x"}
