@@ -39,12 +39,14 @@ def log_text(lines: int) -> str:
     return "".join(f"(RayTrainWorker pid=4242) step {i:07d} loss=1.2345 tokens/s=98765\n" for i in range(lines))
 
 
-async def serve(lines: int, chunk_chars: int) -> None:
+async def serve(lines: int, chunk_chars: int, baseline: Path) -> None:
     from tests.test_jobsapi import FakeRay
     from tests.test_jobsapi import serve as run_fake
 
     fake = FakeRay(tail_chunk_chars=chunk_chars)
-    fake.add_job(JOB, log_text(lines), status="SUCCEEDED")
+    text = log_text(lines)
+    baseline.write_text(text)  # written here so the measuring process never holds the whole text
+    fake.add_job(JOB, text, status="SUCCEEDED")
     async with run_fake(fake):
         print(json.dumps({"port": fake.port}), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent is done
@@ -104,23 +106,22 @@ async def main() -> None:
     parser.add_argument("--lines", type=int, default=200_000)
     # Ray's tail sends up to 10 lines per message.
     parser.add_argument("--chunk-chars", type=int, default=10 * len(log_text(1)))
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        await serve(args.lines, args.chunk_chars)
+        await serve(args.lines, args.chunk_chars, args.serve)
         return
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--lines", str(args.lines), "--chunk-chars",
-                               str(args.chunk_chars)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=env)
-    try:
-        assert server.stdout is not None
-        port = json.loads(server.stdout.readline())["port"]
-        url = f"http://127.0.0.1:{port}"
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "job.log"
-            path.write_text(log_text(args.lines))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.log"
+        server = subprocess.Popen([sys.executable, __file__, "--serve", str(path), "--lines", str(args.lines),
+                                   "--chunk-chars", str(args.chunk_chars)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            assert server.stdout is not None
+            port = json.loads(server.stdout.readline())["port"]
+            url = f"http://127.0.0.1:{port}"
             async with RayJobs(url) as jobs:
                 # Warm up the connection and the code paths, then measure.
                 await jobs.version()
@@ -132,16 +133,12 @@ async def main() -> None:
                 results = [await measure(name, run, args.lines) for name, run in runs]
                 for result, (_name, run) in zip(results, runs, strict=True):
                     result["tracemalloc_peak_mb"] = await traced_peak_mb(run)
-        print(json.dumps({"lines": args.lines, "chunk_chars": args.chunk_chars,
-                          "log_mb": round(path_size_mb(args.lines), 1), "results": results}, indent=1))
-    finally:
-        if server.stdin is not None:
-            server.stdin.close()
-        server.wait(timeout=10)
-
-
-def path_size_mb(lines: int) -> float:
-    return len(log_text(1)) * lines / 2**20
+            print(json.dumps({"lines": args.lines, "chunk_chars": args.chunk_chars,
+                              "log_mb": round(path.stat().st_size / 2**20, 1), "results": results}, indent=1))
+        finally:
+            if server.stdin is not None:
+                server.stdin.close()
+            server.wait(timeout=10)
 
 
 if __name__ == "__main__":
