@@ -1,23 +1,25 @@
 """The Ray Jobs API, the same way for every target (local head or a KubeRay head).
 
-Ray is imported lazily: the TUI process must reach its first frame without it.
-Blocking SDK calls run in ``asyncio.to_thread``.
+Built on ``backend.jobsapi`` (aiohttp, no ``ray`` import): the kube target reaches the
+dashboard through the API server's proxy, with a refreshed token, from a machine that may
+not have Ray installed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
+import ssl as ssl_lib
 import time
-import urllib.error
-import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from backend.errors import OperationError, TransientError
+from backend.jobsapi import HeaderProvider, JobsApi, SubmitRefused, TokenRefused
 from backend.store import JobState
+
+RECONNECT_DELAY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -39,107 +41,90 @@ class JobStatus:
         return self.state.value
 
     @classmethod
-    def from_info(cls, submission_id: str, info: Any) -> JobStatus:
-        raw = str(getattr(info.status, "value", info.status))
+    def from_details(cls, submission_id: str, details: Mapping[str, Any]) -> JobStatus:
+        """From Ray's JobDetails (JSON): times are in milliseconds, the status a JobStatus name."""
         try:
-            state = JobState(raw)
+            state = JobState(str(details.get("status")))
         except ValueError:
             state = JobState.PENDING
-        return cls(submission_id, state, info.message or "",
-                   info.start_time / 1000 if info.start_time else None,
-                   info.end_time / 1000 if info.end_time else None,
-                   dict(getattr(info, "metadata", None) or {}), str(getattr(info, "entrypoint", "") or ""))
+        start, end = details.get("start_time"), details.get("end_time")
+        return cls(submission_id, state, str(details.get("message") or ""),
+                   start / 1000 if start else None, end / 1000 if end else None,
+                   {str(k): str(v) for k, v in (details.get("metadata") or {}).items()},
+                   str(details.get("entrypoint") or ""))
 
 
 class RayJobs:
-    def __init__(self, address: str, *, headers: dict[str, str] | None = None) -> None:
-        self.address = address.rstrip("/")
-        self.headers = headers or {}
-        self._client: Any = None
+    """A cluster's jobs. ``headers`` is fixed (the local target's token); ``header_provider``
+    is called for every request (a token that expires); ``ssl`` carries a kubeconfig's CA."""
+
+    def __init__(self, address: str, *, headers: Mapping[str, str] | None = None,
+                 header_provider: HeaderProvider | None = None, ssl: ssl_lib.SSLContext | None = None,
+                 timeout_s: float = 30.0) -> None:
+        if headers and header_provider:
+            raise ValueError("give either fixed headers or a header provider, not both")
+        fixed = dict(headers or {})
+        self.api = JobsApi(address, headers=header_provider or (lambda: fixed), ssl=ssl, timeout_s=timeout_s)
+        self.address = self.api.base_url
+
+    async def __aenter__(self) -> RayJobs:
+        await self.api.__aenter__()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
 
     async def version(self, timeout_s: float = 2.0) -> dict[str, Any]:
-        def fetch() -> dict[str, Any]:
-            req = urllib.request.Request(f"{self.address}/api/version", headers=self.headers)
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - our own dashboard
-                return dict(json.loads(resp.read()))
-
-        try:
-            return await asyncio.to_thread(fetch)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise TransientError(f"Ray dashboard at {self.address} not answering ({exc})") from None
+        return await self.api.version(timeout_s=timeout_s)
 
     async def answers(self, timeout_s: float = 2.0) -> bool:
-        """Whether the dashboard answers now (a cluster that is up)."""
+        """Whether the dashboard answers now (a cluster that is up). A refused token raises."""
         try:
             await self.version(timeout_s=timeout_s)
         except TransientError:
             return False
         return True
 
-    async def _sdk(self) -> Any:
-        if self._client is None:
-            def make() -> Any:
-                from ray.job_submission import JobSubmissionClient
-
-                # The SDK logs uploads and websocket closes at INFO to stderr, which would
-                # tear through the TUI's screen and the CLI's JSON stream.
-                for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk"):
-                    logging.getLogger(name).setLevel(logging.WARNING)
-                return JobSubmissionClient(self.address, headers=self.headers)
-
-            try:
-                self._client = await asyncio.to_thread(make)
-            except (ConnectionError, RuntimeError) as exc:
-                raise TransientError(f"cannot reach the Ray Jobs API at {self.address}: {exc}") from None
-        return self._client
-
     async def submit(self, *, entrypoint: str, submission_id: str, runtime_env: dict[str, Any],
                      metadata: dict[str, str]) -> str:
-        client = await self._sdk()
         try:
-            return str(await asyncio.to_thread(
-                client.submit_job, entrypoint=entrypoint, submission_id=submission_id,
-                runtime_env=runtime_env, metadata=metadata,
-            ))
-        except RuntimeError as exc:
-            first = str(exc).splitlines()[0]
-            if "already exists" in first:
+            return await self.api.submit(entrypoint=entrypoint, submission_id=submission_id,
+                                         runtime_env=runtime_env, metadata=metadata)
+        except SubmitRefused as exc:
+            # Ray wraps the agent's refusal in a traceback: look through all of it.
+            if f"{submission_id} already exists" in exc.answer.body:
                 return submission_id  # an earlier attempt got through before its answer was lost
             # Right after the dashboard answers, the head's job agent may not have registered yet.
-            err = TransientError if "try again" in first or "No available agent" in first else OperationError
-            raise err(f"job submission failed: {first}") from None
+            body = exc.answer.body
+            retry = exc.transient or "try again" in body or "No available agent" in body
+            err = TransientError if retry else OperationError
+            raise err(exc.message) from None
 
     async def status(self, submission_id: str) -> JobStatus:
-        client = await self._sdk()
-        try:
-            info = await asyncio.to_thread(client.get_job_info, submission_id)
-        except RuntimeError as exc:
-            raise OperationError(f"cannot read job {submission_id}: {str(exc).splitlines()[0]}") from None
-        return JobStatus.from_info(submission_id, info)
+        return JobStatus.from_details(submission_id, await self.api.job(submission_id))
 
     async def list(self) -> list[JobStatus]:
         """Every job the cluster knows (submitted through the Jobs API), with its metadata."""
-        client = await self._sdk()
-        try:
-            infos = await asyncio.to_thread(client.list_jobs)
-        except RuntimeError as exc:
-            raise OperationError(f"cannot list jobs: {str(exc).splitlines()[0]}") from None
-        return [JobStatus.from_info(str(i.submission_id), i) for i in infos if i.submission_id]
+        return [JobStatus.from_details(str(d["submission_id"]), d)
+                for d in await self.api.jobs() if d.get("submission_id")]
 
     async def stop(self, submission_id: str) -> bool:
-        client = await self._sdk()
+        """Whether the job was running; False also when it cannot be stopped (gone, ended)."""
         try:
-            return bool(await asyncio.to_thread(client.stop_job, submission_id))
-        except RuntimeError:
+            return await self.api.stop(submission_id)
+        except (TransientError, TokenRefused):
+            raise
+        except OperationError:
             return False
 
     async def logs(self, submission_id: str) -> str:
-        client = await self._sdk()
-        return str(await asyncio.to_thread(client.get_job_logs, submission_id))
+        return await self.api.logs(submission_id)
 
-    async def follow(
-        self, submission_id: str, *, skip_chars: int = 0
-    ) -> AsyncIterator[str]:
+    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
         """Yield new log text until the job ends; reconnects, never yields a character twice.
 
         Ray's tail replays the log from its beginning, so ``skip_chars`` (what we
@@ -147,14 +132,13 @@ class RayJobs:
         """
         seen = 0
         while True:
-            client = await self._sdk()
             try:
-                async for chunk in client.tail_job_logs(submission_id):
+                async for chunk in self.api.tail(submission_id):
                     start = max(0, skip_chars - seen)
                     seen += len(chunk)
                     if start < len(chunk):
                         yield chunk[start:]
-            except (TimeoutError, RuntimeError, OSError):
+            except TransientError:
                 pass  # connection dropped: decide from the job's status below
             status = await self.status(submission_id)
             if status.terminal:
@@ -165,7 +149,7 @@ class RayJobs:
                 return
             skip_chars = max(skip_chars, seen)
             seen = 0
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(RECONNECT_DELAY_S)
 
 
 async def submit_when_ready(jobs: RayJobs, *, timeout_s: float = 90.0, **kwargs: Any) -> AsyncIterator[str]:

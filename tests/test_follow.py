@@ -120,34 +120,37 @@ async def test_the_status_is_live_while_the_job_prints_nothing(tmp_path: Path, m
 async def test_submission_waits_for_the_job_agent_and_tolerates_a_lost_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     from backend import rayjobs
     from backend.errors import TransientError
+    from backend.jobsapi import Answer, SubmitRefused
+
+    def refused(status: int, body: str) -> SubmitRefused:
+        return SubmitRefused(Answer(status, body), OperationError(f"job submission failed: {body}"))
 
     class Client:
         calls = 0
 
-        def submit_job(self, **kwargs: object) -> str:
+        async def submit(self, **kwargs: object) -> str:
             Client.calls += 1
             if Client.calls < 3:
-                raise RuntimeError("Request failed with status code 500: No available agent to submit job, "
-                                   "please try again later..")
+                raise refused(500, "No available agent to submit job, please try again later.")
             if Client.calls == 3:
-                raise RuntimeError("Job with submission_id j1 already exists. Please use a different id.")
+                raise refused(500, "Job with submission_id j1 already exists. Please use a different id.")
             return "j1"
 
     async def no_sleep(_s: float) -> None:
         return None
 
     jobs = rayjobs.RayJobs("http://fake")
-    jobs._client = Client()
+    jobs.api = Client()  # type: ignore[assignment]
     monkeypatch.setattr(rayjobs.asyncio, "sleep", no_sleep)
     waits = [w async for w in rayjobs.submit_when_ready(jobs, entrypoint="x", submission_id="j1",
                                                          runtime_env={}, metadata={})]
     assert len(waits) == 2 and Client.calls == 3 and "waiting for the job agent" in waits[0]
 
     class Broken:
-        def submit_job(self, **kwargs: object) -> str:
-            raise RuntimeError("Request failed with status code 400: bad runtime_env")
+        async def submit(self, **kwargs: object) -> str:
+            raise refused(400, "bad runtime_env")
 
-    jobs._client = Broken()
+    jobs.api = Broken()  # type: ignore[assignment]
     with pytest.raises(OperationError, match="bad runtime_env") as info:
         [w async for w in rayjobs.submit_when_ready(jobs, entrypoint="x", submission_id="j2", runtime_env={},
                                                      metadata={})]

@@ -1,0 +1,348 @@
+"""Ray's Jobs REST API over aiohttp, with no ``ray`` import.
+
+The kube target reaches the dashboard through the Kubernetes API server's service proxy
+(``https://<apiserver>/api/v1/namespaces/<ns>/services/<cluster>-head-svc:dashboard/proxy``),
+with a bearer token that expires (EKS: ~15 min) and a TLS context from the kubeconfig, on a
+machine that may not have Ray installed. So the base URL may carry a path prefix, the headers
+come from a provider called for every request (a refreshed token is used by the next one),
+and the wire format is read from Ray 2.58's ``dashboard/modules/job`` (sdk.py, job_head.py,
+common.py), ``dashboard_sdk.py`` and ``_private/runtime_env/packaging.py``.
+
+Sessions: a caller that opens the client (``async with JobsApi(...)``) shares one aiohttp
+session until ``aclose()``; otherwise each call opens and closes its own. Most callers build a
+client for a few calls and never close it, and an aiohttp session left to the garbage
+collector prints "Unclosed client session" over the TUI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import json
+import ssl as ssl_lib
+import zipfile
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from backend.errors import OperationError, TransientError
+
+HeaderProvider = Callable[[], Mapping[str, str]]
+
+# Ray 2.58's RAY_RUNTIME_ENV_DEFAULT_EXCLUDES: the same set gives the same package hash, so a
+# package Ray's own SDK uploaded is found and not sent again.
+DEFAULT_EXCLUDES = (".git", ".venv", "venv", "__pycache__")
+# Answers that say the server between us and the dashboard (the API server's proxy, a load
+# balancer) could not reach it right now: worth another try, unlike a refusal of the request.
+GATEWAY_STATUSES = (502, 503, 504)
+# A silent peer (a proxy that dropped the connection without a FIN) is noticed within this.
+WS_HEARTBEAT_S = 30.0
+
+
+def _no_headers() -> Mapping[str, str]:
+    return {}
+
+
+def first_line(body: str) -> str:
+    """The line worth showing from an error body. Ray answers many failures with a Python
+    traceback, whose first line says nothing: take its last line (the exception) instead."""
+    lines = [ln.strip() for ln in body.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "(empty answer)"
+    return lines[-1] if lines[0].startswith("Traceback (most recent call last)") else lines[0]
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: str
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class JobsApi:
+    def __init__(self, base_url: str, *, headers: HeaderProvider = _no_headers,
+                 ssl: ssl_lib.SSLContext | None = None, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = headers
+        # aiohttp's default (True) verifies against the system CAs; a context brings the kubeconfig's.
+        self._ssl: ssl_lib.SSLContext | bool = ssl if ssl is not None else True
+        self.timeout_s = timeout_s
+        self._held: aiohttp.ClientSession | None = None
+        self._held_loop: asyncio.AbstractEventLoop | None = None
+
+    # --- session lifetime ------------------------------------------------------------------
+    async def __aenter__(self) -> JobsApi:
+        await self.aclose()
+        # Created here, inside the running loop it belongs to (aiohttp binds a session to it).
+        self._held = aiohttp.ClientSession()
+        self._held_loop = asyncio.get_running_loop()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        held, self._held, self._held_loop = self._held, None, None
+        if held is not None and not held.closed:
+            await held.close()
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[aiohttp.ClientSession]:
+        held = self._held
+        if held is not None and not held.closed and self._held_loop is asyncio.get_running_loop():
+            yield held
+            return
+        async with aiohttp.ClientSession() as session:
+            yield session
+
+    # --- requests -----------------------------------------------------------------------
+    def url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    def _refused(self, status: int, body: str) -> TokenRefused:
+        return TokenRefused(f"the Ray Jobs API at {self.base_url} refused our token (HTTP {status}: "
+                              f"{first_line(body)})",
+                              remedy="check the cluster's token or your kubeconfig credentials")
+
+    def _unreachable(self, exc: BaseException) -> OperationError:
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            return OperationError(f"TLS certificate of {self.base_url} not trusted: {exc.certificate_error}",
+                                  remedy="check the CA data in your kubeconfig")
+        reason = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+        return TransientError(f"the Ray Jobs API at {self.base_url} is not answering ({reason})")
+
+    async def request(self, method: str, path: str, *, json_body: Any = None, data: bytes | None = None,
+                      timeout_s: float | None = None) -> Answer:
+        """One request; a dead or slow peer is a TransientError, a refused token an OperationError.
+        Any other status is the caller's to judge."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s if timeout_s is not None else self.timeout_s)
+        try:
+            async with self._session() as session, session.request(
+                method, self.url(path), json=json_body, data=data, headers=dict(self._headers()),
+                ssl=self._ssl, timeout=timeout,
+            ) as resp:
+                answer = Answer(resp.status, await resp.text())
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+        if answer.status in (401, 403):
+            raise self._refused(answer.status, answer.body)
+        return answer
+
+    def _failed(self, what: str, answer: Answer) -> OperationError:
+        err = TransientError if answer.status in GATEWAY_STATUSES else OperationError
+        return err(f"{what} failed (HTTP {answer.status}): {first_line(answer.body)}")
+
+    # --- the endpoints ------------------------------------------------------------------
+    async def version(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """``GET /api/version``; any answer but 200 means "not up yet" (TransientError)."""
+        answer = await self.request("GET", "/api/version", timeout_s=timeout_s)
+        if answer.status != 200:
+            raise TransientError(f"the Ray Jobs API at {self.base_url} is not ready "
+                                 f"(HTTP {answer.status}: {first_line(answer.body)})")
+        try:
+            return dict(answer.json())
+        except (ValueError, TypeError):
+            raise TransientError(f"{self.url('/api/version')} answered something other than Ray's version "
+                                 f"({first_line(answer.body)})") from None
+
+    async def submit(self, *, entrypoint: str, submission_id: str, runtime_env: Mapping[str, Any],
+                     metadata: Mapping[str, str]) -> str:
+        """``POST /api/jobs/`` after uploading local working_dir/py_modules directories.
+
+        Raises the server's answer as is (OperationError/TransientError); the caller decides
+        what "already exists" means."""
+        env = await self.upload_local_packages(runtime_env)
+        body = {"entrypoint": entrypoint, "submission_id": submission_id, "runtime_env": env,
+                "metadata": dict(metadata)}
+        answer = await self.request("POST", "/api/jobs/", json_body=body)
+        if answer.status != 200:
+            raise SubmitRefused(answer, self._failed("job submission", answer))
+        return str(answer.json().get("submission_id") or submission_id)
+
+    async def job(self, submission_id: str) -> dict[str, Any]:
+        """``GET /api/jobs/{id}``: Ray's JobDetails as a dict."""
+        answer = await self.request("GET", f"/api/jobs/{_seg(submission_id)}")
+        if answer.status != 200:
+            raise self._failed(f"reading job {submission_id}", answer)
+        return dict(answer.json())
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        """``GET /api/jobs/``: every job, submitted ones and bare drivers."""
+        answer = await self.request("GET", "/api/jobs/")
+        if answer.status != 200:
+            raise self._failed("listing jobs", answer)
+        return [dict(j) for j in answer.json()]
+
+    async def stop(self, submission_id: str) -> bool:
+        """``POST /api/jobs/{id}/stop``: whether the job was running."""
+        answer = await self.request("POST", f"/api/jobs/{_seg(submission_id)}/stop")
+        if answer.status != 200:
+            raise self._failed(f"stopping job {submission_id}", answer)
+        return bool(answer.json().get("stopped"))
+
+    async def logs(self, submission_id: str) -> str:
+        """``GET /api/jobs/{id}/logs``: the whole log so far."""
+        answer = await self.request("GET", f"/api/jobs/{_seg(submission_id)}/logs")
+        if answer.status != 200:
+            raise self._failed(f"reading the log of job {submission_id}", answer)
+        return str(answer.json().get("logs") or "")
+
+    async def tail(self, submission_id: str) -> AsyncIterator[str]:
+        """``GET /api/jobs/{id}/logs/tail`` (a websocket): the log from its beginning, chunk by chunk,
+        until the server closes it (the job ended). A dropped connection is a TransientError."""
+        path = f"/api/jobs/{_seg(submission_id)}/logs/tail"
+        try:
+            async with self._session() as session, session.ws_connect(
+                self.url(path), headers=dict(self._headers()), ssl=self._ssl, heartbeat=WS_HEARTBEAT_S,
+                timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
+            ) as ws:
+                async for msg in ws:
+                    if msg.type is aiohttp.WSMsgType.TEXT:
+                        yield str(msg.data)
+                    elif msg.type is aiohttp.WSMsgType.ERROR:
+                        raise TransientError(f"log tail of job {submission_id} broke: {ws.exception()}")
+                # Ray's server returns from its handler when the job ends (a normal close);
+                # 1006 is a connection that died under us.
+                if ws.close_code in (None, aiohttp.WSCloseCode.ABNORMAL_CLOSURE):
+                    raise TransientError(f"log tail of job {submission_id} dropped (code {ws.close_code})")
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status in (401, 403):
+                raise self._refused(exc.status, exc.message) from None
+            err = TransientError if exc.status in GATEWAY_STATUSES else OperationError
+            raise err(f"log tail of job {submission_id} refused (HTTP {exc.status}: {exc.message})") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+
+    # --- packages (runtime_env working_dir / py_modules) ----------------------------------
+    async def upload_local_packages(self, runtime_env: Mapping[str, Any]) -> dict[str, Any]:
+        """A copy of ``runtime_env`` whose local directories are uploaded packages' URIs.
+
+        Like Ray's SDK: ``working_dir`` is zipped without its own folder name, each
+        ``py_modules`` directory with it (so ``import <name>`` works on the cluster)."""
+        env = dict(runtime_env)
+        excludes = [*DEFAULT_EXCLUDES, *(env.get("excludes") or [])]
+        working_dir = env.get("working_dir")
+        if working_dir is not None and _is_local(working_dir):
+            env["working_dir"] = await self._upload_dir(Path(working_dir), excludes, include_parent_dir=False)
+        modules = env.get("py_modules")
+        if modules is not None:
+            # Ray's SDK leaves its default excludes out here and ships __pycache__, whose churn
+            # makes a new package (and upload) whenever the local Python recompiles: we don't.
+            env["py_modules"] = [await self._upload_dir(Path(m), excludes, include_parent_dir=True)
+                                 if _is_local(m) else str(m) for m in modules]
+        return env
+
+    async def _upload_dir(self, path: Path, excludes: Sequence[str], *, include_parent_dir: bool) -> str:
+        if not path.is_dir():
+            raise OperationError(f"{path} is not a directory",
+                                 remedy="runtime_env takes a local directory or a package URI here")
+        uri = await asyncio.to_thread(package_uri, path, excludes)
+        protocol, name = uri.split("://", 1)
+        where = f"/api/packages/{protocol}/{name}"
+        # Ask first, every time: the GET also pins the package for a while in Ray's store, so it
+        # is not collected between here and the job's start.
+        known = await self.request("GET", where)
+        if known.status == 200:
+            return uri
+        if known.status != 404:
+            raise self._failed(f"checking package {uri}", known)
+        data = await asyncio.to_thread(zip_package, path, excludes, include_parent_dir)
+        sent = await self.request("PUT", where, data=data, timeout_s=max(self.timeout_s, 300.0))
+        if sent.status != 200:
+            raise self._failed(f"uploading package {uri} ({len(data)} bytes)", sent)
+        return uri
+
+
+class TokenRefused(OperationError):
+    """HTTP 401/403: the token (or kubeconfig credentials) was not accepted; retrying will not help."""
+
+
+class SubmitRefused(OperationError):
+    """The Jobs API answered a submission with an error; ``answer`` holds its full body."""
+
+    def __init__(self, answer: Answer, error: OperationError) -> None:
+        super().__init__(error.message, remedy=error.remedy)
+        self.answer = answer
+        self.transient = isinstance(error, TransientError)
+
+
+def _seg(value: str) -> str:
+    """One path segment: an ID never changes the path's shape."""
+    return quote(value, safe="")
+
+
+def _is_local(value: Any) -> bool:
+    return isinstance(value, Path) or (isinstance(value, str) and "://" not in value)
+
+
+# --- Ray's package format (packaging.py), reimplemented so Ray need not be installed -------
+def _excluded(rel: PurePosixPath, excludes: Sequence[str]) -> bool:
+    """Ray matches gitignore-style patterns; a bare name (all of Ray's defaults) matches that
+    name at any depth, a pattern with a slash matches the path from the package root.
+    Ray also reads .gitignore/.rayignore files; this does not."""
+    for pattern in excludes:
+        if "/" in pattern.rstrip("/"):
+            if fnmatch(str(rel), pattern.strip("/")):
+                return True
+        elif fnmatch(rel.name, pattern.rstrip("/")):
+            return True
+    return False
+
+
+def _walk(root: Path, excludes: Sequence[str]) -> Iterator[Path]:
+    """The root and every path under it that is not excluded, parents before children."""
+    stack = [root]
+    while stack:
+        path = stack.pop()
+        if path != root and _excluded(PurePosixPath(path.relative_to(root).as_posix()), excludes):
+            continue  # an excluded directory hides everything under it
+        yield path
+        if path.is_dir():
+            stack.extend(path.iterdir())
+
+
+def _path_hash(path: Path, root: Path) -> bytes:
+    digest = hashlib.sha1(str(path.relative_to(root)).encode())  # noqa: S324 - Ray's naming, not security
+    if not path.is_dir():
+        with contextlib.suppress(OSError), path.open("rb") as f:
+            while data := f.read(4 * 1024 * 1024):
+                digest.update(data)
+    return digest.digest()
+
+
+def _xor(left: bytes, right: bytes) -> bytes:
+    return bytes(a ^ b for a, b in zip(left, right, strict=False))
+
+
+def package_uri(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES) -> str:
+    """``gcs://_ray_pkg_<hash>.zip``, the hash as Ray computes it: the XOR of the SHA-1 of each
+    path's name (and a file's content), folded into 8 bytes that start as ``b"0" * 8``."""
+    root = root.absolute()
+    acc = b"0" * 8
+    for path in _walk(root, excludes):
+        acc = _xor(acc, _path_hash(path, root))
+    return f"gcs://_ray_pkg_{acc.hex()}.zip"
+
+
+def zip_package(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES, include_parent_dir: bool = False) -> bytes:
+    """The zip Ray builds: every file and empty directory, named from the package root
+    (under the root's own name for a py_module)."""
+    root = root.absolute()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED, strict_timestamps=False) as archive:
+        for path in _walk(root, excludes):
+            if path.is_file() or (path.is_dir() and next(path.iterdir(), None) is None):
+                name = path.relative_to(root)
+                archive.write(path, str(Path(root.name) / name if include_parent_dir else name))
+    return buffer.getvalue()
