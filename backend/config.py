@@ -71,6 +71,13 @@ class RunConfig(BaseModel):
     ray_version: str = Field("2.58.0", description="Ray version in the image")
     nvidia_device_plugin_version: str = Field("0.18.0", description="NVIDIA device plugin version")
     efa_device_plugin_version: str = Field("0.5.6", description="EFA device plugin version")
+    kuberay_crds: str = Field("", description="Where the KubeRay CRDs come from: a dir of ray.io_*.yaml or an https "
+                                              "URL prefix (default: the KubeRay release; set a dir when offline)")
+    kubeconfig: str | None = Field(None, description="kubeconfig file (kube target; default: KUBECONFIG, else "
+                                                     "~/.kube/config)")
+    context: str | None = Field(None, description="kubeconfig context (kube target; default: the current one)")
+    hf_token: str = Field("", description="Hugging Face token for the cluster's pods, as a Secret: env:NAME (a "
+                                          "variable of rtui's environment) or a file path; the value is never stored")
     # --- training ---
     model_id: str = Field("Qwen/Qwen2.5-1.5B", description="Hugging Face model id (cluster targets)")
     steps: int = Field(100, ge=1, le=10_000_000, description="Training steps")
@@ -92,7 +99,8 @@ class RunConfig(BaseModel):
     storage_path: str | None = Field(None, description="Checkpoints and results: a dir or s3:// (local default: temp)")
     resume_from: str | None = Field(None, description="Resume from a checkpoint dir, run dir or 'latest'")
     require_transport: Transport = Field(
-        "auto", description="Fail the job early unless NCCL uses this network (auto = efa on aws, any elsewhere)")
+        "auto", description="Fail the job early unless NCCL uses this network (auto = efa on aws and kube, any "
+                           "locally; any also lets the pods run without EFA)")
     # --- local target ---
     job_env: str = Field("", description="Variables of rtui's environment the job gets, by name (e.g. HF_TOKEN); "
                                          "no other credential reaches the cluster")
@@ -111,6 +119,17 @@ class RunConfig(BaseModel):
         if not re.fullmatch(pattern, v):
             raise ValueError(accepted)
         return v
+
+    @field_validator("hf_token")
+    @classmethod
+    def _token_source(cls, v: str) -> str:
+        if v.startswith("env:") and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v[4:]):
+            raise ValueError("env:NAME with NAME a variable name such as HF_TOKEN, or a file path")
+        return v
+
+    def wants_efa(self) -> bool:
+        """Whether the GPU pods hold an EFA interface (they then need one on every GPU node)."""
+        return self.effective_require_transport() in ("efa", "efa_gdr")
 
     def job_env_names(self) -> tuple[str, ...]:
         return tuple(n for n in self.job_env.split(",") if n)
@@ -143,7 +162,9 @@ class RunConfig(BaseModel):
     def effective_require_transport(self) -> str:
         if self.require_transport != "auto":
             return self.require_transport
-        return "efa" if self.target == "aws" else "any"
+        # A kube cluster is used for what the seed does: EFA between GPU nodes. One without EFA
+        # (another cloud, a lab) says so with --require-transport any, and its pods ask for none.
+        return "efa" if self.target in ("aws", "kube") else "any"
 
     def effective_workers(self) -> int:
         if self.num_workers:
@@ -353,4 +374,4 @@ def resolve_config(
 
 
 # RTUI_* variables that are not config fields (so they are not reported as typos).
-_NON_CONFIG_ENV = frozenset({"RTUI_STATE_DIR", "RTUI_CONFIG_DIR", "RTUI_LOG_LEVEL"})
+_NON_CONFIG_ENV = frozenset({"RTUI_STATE_DIR", "RTUI_CONFIG_DIR", "RTUI_CACHE_DIR", "RTUI_LOG_LEVEL"})

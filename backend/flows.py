@@ -16,11 +16,13 @@ from pathlib import Path
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.follow import JobFollower, JobUpdate
+from backend.layers.base import HeadLogSource
 from backend.layers.local_cluster import ClusterDir
 from backend.model import Action, CheckStatus, EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.runner import Progress, Runner, Step
 from backend.session import RunSession
+from backend.spool import LogSpool
 from backend.store import JobState, RunStatus, RunStore, StepState
 
 RUN = "run"
@@ -175,6 +177,48 @@ async def catch_up(session: RunSession) -> list[str]:
         return []
     with session.locked():
         return await JobFollower(session, jobs).catch_up()
+
+
+def head_spool(session: RunSession) -> LogSpool:
+    """The head pod's log, each line as the API server gave it: ``<RFC 3339 time> <text>``."""
+    return LogSpool(Path(session.record.spool_path).with_suffix(".head.log"))
+
+
+def _last_timestamped(spool: LogSpool) -> tuple[str | None, set[str]]:
+    """The newest timestamp in the head spool and the lines that carry it (to skip on resume)."""
+    last: str | None = None
+    at_last: set[str] = set()
+    for line in spool.iter_lines():
+        ts = line.split(" ", 1)[0]
+        if ts != last:
+            last, at_last = ts, set()
+        at_last.add(line)
+    return last, at_last
+
+
+async def head_log(session: RunSession, *, follow: bool) -> AsyncIterator[str]:
+    """The Ray head pod's log: what the spool holds, then what the pod logged since (kube, aws).
+
+    Lines reach the spool before the caller, with their timestamps, so a later call (or a
+    resumed rtui) asks the API server only for what came after the last one kept.
+    """
+    source = session.ctx.cluster
+    if not isinstance(source, HeadLogSource):
+        raise UserError(f"the {session.config.target} target has no head pod",
+                        remedy="--source head is for the kube and aws targets; the local head's logs are in "
+                               "its temp dir (see `rtui status`)")
+    spool = head_spool(session)
+    for line in spool.iter_lines():
+        yield line.split(" ", 1)[-1]
+    if session.record.status is RunStatus.DOWN:
+        return
+    last, at_last = _last_timestamped(spool)
+    async for line in source.head_log(session.ctx, since_time=last, follow=follow):
+        ts = line.split(" ", 1)[0]
+        if last is not None and (ts < last or (ts == last and line in at_last)):
+            continue
+        spool.append(line + "\n")
+        yield line.split(" ", 1)[-1]
 
 
 async def down(session: RunSession) -> AsyncIterator[StepEvent]:

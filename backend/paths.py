@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from platformdirs import user_config_path, user_state_path
+from platformdirs import user_cache_path, user_config_path, user_state_path
 
 APP = "rtui"
 
@@ -19,3 +19,9 @@ def state_dir() -> Path:
 def config_dir() -> Path:
     override = os.environ.get("RTUI_CONFIG_DIR")
     return Path(override).expanduser() if override else user_config_path(APP)
+
+
+def cache_dir() -> Path:
+    """Downloads worth keeping between runs (KubeRay's CRDs). ``RTUI_CACHE_DIR`` wins."""
+    override = os.environ.get("RTUI_CACHE_DIR")
+    return Path(override).expanduser() if override else user_cache_path(APP)

@@ -58,8 +58,10 @@ class PlanResult(Plan):
 
 
 async def make_plan(stack: Stack, ctx: Context) -> PlanResult:
+    prepared = asyncio.gather(*(layer.prepare(ctx) for layer in stack.layers))
+    found, _ = await asyncio.gather(discover(stack, ctx), prepared)
     wanted = desired(stack, ctx)
-    observed = {o.address: o for o in await discover(stack, ctx)}
+    observed = {o.address: o for o in found}
     return diff(stack, wanted, observed)
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from backend.rayjobs import RayJobs
     from backend.telemetry import Telemetry
 
-SUPPORTED_TARGETS = ("local", "aws")
+SUPPORTED_TARGETS = ("local", "aws", "kube")
 
 
 def make_stack(target: str) -> Stack:
@@ -38,6 +38,10 @@ def make_stack(target: str) -> Stack:
         from backend.layers.local_ray import LocalRay
 
         return Stack("local", [LocalRay(), RayJobLayer()])
+    if target == "kube":
+        from backend.layers.kubernetes.layer import KubernetesLayer
+
+        return Stack("kube", [KubernetesLayer(), RayJobLayer()])
     if target == "aws":
         from backend.layers.aws_preflight import AwsPreflight
 

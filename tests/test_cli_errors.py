@@ -36,7 +36,7 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: s
         (["status", "r-nope"], "no run r-nope"),
         (["--resume"], "no runs to resume"),
         (["frobnicate"], "invalid choice"),
-        (["plan", "--target", "kube"], "the kube target is not in this version"),
+        (["plan", "--target", "kube", "--kubeconfig", "/nonexistent/kubeconfig"], "no kubeconfig found"),
         (["logs", "classify"], "no files to classify"),
         (["up", "--yes", "--until", "nowhere"], "--until 'nowhere' is neither an address nor a layer"),
     ],

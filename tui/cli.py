@@ -105,6 +105,8 @@ def build_parser() -> Parser:
     p = add("logs", "print a run's job log; `rtui logs classify FILE...` reports NCCL transports")
     p.add_argument("run_id", nargs="?", help="the run (the latest when omitted); or `classify`, see below")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    p.add_argument("--source", choices=("job", "head"), default="job",
+                   help="job: the job's driver log (every worker's lines); head: the Ray head pod's log (kube)")
     p.epilog = "rtui logs classify FILE... [--json]: which network NCCL used, from job logs (- for stdin)."
     text = "which network NCCL really used (EFA, TCP fallback, IB, intra-node), file by file"
     c = p.add_word_command("run_id", "classify", parents=[common], description=text)
@@ -122,6 +124,12 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true")
     p = add("manifest", "print every Kubernetes object rtui would apply, as YAML; touches no cluster")
     p.add_argument("--run-id", metavar="ID", help="the run id the objects are labelled with (default: a new one)")
+    p = sub.add_parser("token", help="print an EKS bearer token as kubectl's exec plugin expects (ExecCredential)",
+                       description="An EKS token for kubectl when the AWS CLI is absent: the kubeconfig entry "
+                                   "rtui writes calls it. Prints JSON; the token is never stored.")
+    p.add_argument("--cluster-name", required=True, help="the EKS cluster")
+    p.add_argument("--region", required=True, help="its region")
+    p.add_argument("--profile", help="AWS profile (else the usual credential chain)")
     p = add("runs", "list runs")
     p.add_argument("--json", action="store_true")
     p = add("config", "show the effective configuration")
@@ -226,6 +234,8 @@ def _main(argv: list[str]) -> int:
         return _manifest(ns, out)
     if ns.command == "logs" and getattr(ns, "word", None) == "classify":
         return _classify(ns, out)
+    if ns.command == "token":
+        return _token(ns, out)
     from tui import commands
 
     handler = {
@@ -233,6 +243,13 @@ def _main(argv: list[str]) -> int:
         "down": commands.down, "runs": commands.runs, "bench": commands.bench,
     }[ns.command]
     return asyncio.run(handler(ns, out))
+
+
+def _token(ns: argparse.Namespace, out: TextIO) -> int:
+    from backend.layers.kubernetes.eks import token_command_output
+
+    out.write(token_command_output(ns.cluster_name, ns.region, ns.profile) + "\n")
+    return 0
 
 
 def _config_show(ns: argparse.Namespace, out: TextIO) -> int:

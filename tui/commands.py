@@ -127,6 +127,10 @@ def _line_writer(out: TextIO) -> Callable[[list[str]], None]:
 async def logs(ns: argparse.Namespace, out: TextIO) -> int:
     session = RunSession.open(ns.run_id, lenient=True)
     write = _line_writer(out)
+    if ns.source == "head":
+        async for line in flows.head_log(session, follow=ns.follow):
+            write([line])
+        return 0
     offset = 0
     for line, end in session.spool().iter_from(0):
         write([line])

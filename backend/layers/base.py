@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from backend.config import RunConfig
 from backend.ledger import Ledger
@@ -35,6 +35,15 @@ class ClusterAccess(Protocol):
 
     def job_finished(self, ctx: Context) -> None:
         """A job of this run ended (locally: the files it left are made private again)."""
+        ...
+
+
+@runtime_checkable
+class HeadLogSource(Protocol):
+    """A cluster whose Ray head runs in a pod with a log of its own (not the local target)."""
+
+    def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
+        """The head's log lines, each ``<RFC 3339 time> <text>``, from ``since_time`` on."""
         ...
 
 
@@ -105,6 +114,10 @@ class Layer(abc.ABC):
     @abc.abstractmethod
     def handlers(self) -> Mapping[str, Handler]:
         """The handler of each kind this layer owns."""
+
+    async def prepare(self, ctx: Context) -> None:
+        """Fetch the facts ``desired`` needs from the world (an image's digest), once per plan."""
+        return None
 
     @abc.abstractmethod
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:

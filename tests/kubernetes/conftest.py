@@ -146,6 +146,10 @@ class KubeCluster:
     def patch(self, kind: str, name: str, namespace: str | None, patch: Obj) -> Obj:
         return self._call(self.kube._update(KIND_KEYS[kind], namespace, name, patch, None))
 
+    def delete(self, kind: str, name: str, namespace: str | None = None) -> Obj:
+        """As a controller or the garbage collector would (a kubelet ending a pod, say)."""
+        return self._call(self.kube._delete(KIND_KEYS[kind], namespace, name))
+
     def set_status(self, kind: str, name: str, namespace: str | None, status: Obj) -> Obj:
         return self._call(self.kube._update(KIND_KEYS[kind], namespace, name, {"status": status}, "status"))
 

@@ -235,11 +235,11 @@ def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest]) -> li
     leader = f"{KUBERAY_NAME}-leader-election"
     owned_crds = []
     for crd in crds:
-        crd = copy.deepcopy(crd)
-        meta = crd.setdefault("metadata", {})
+        # A new metadata dict, the 1 MB schema shared: the caller's CRDs stay as loaded.
+        meta = dict(crd.get("metadata") or {})
         meta["labels"] = {**(meta.get("labels") or {}), **labels(run_id)}
         meta["annotations"] = {**(meta.get("annotations") or {}), INSTALLED_BY: run_id}
-        owned_crds.append(crd)
+        owned_crds.append({**crd, "metadata": meta})
     account = {"kind": "ServiceAccount", "name": KUBERAY_NAME, "namespace": ns}
     selector = {NAME_LABEL: KUBERAY_NAME, "app.kubernetes.io/instance": "rtui"}
     resources = {"cpu": "100m", "memory": "512Mi"}  # the chart's limits; requests equal them

@@ -87,13 +87,43 @@ def pinned_image(image: str, digest: str | None) -> str:
 def worker_resources(config: RunConfig) -> dict[str, str]:
     """Requests and limits of a GPU worker; the same dict for both keeps the pod Guaranteed."""
     gpus = config.gpus_per_node
-    return {
+    out = {
         "cpu": str(CPU_PER_GPU * gpus),
         "memory": f"{MEMORY_GIB_PER_GPU * gpus}Gi",
         GPU_RESOURCE: str(gpus),
-        # g6.8xlarge and larger have one EFA interface; a pod holding it keeps NCCL off TCP.
-        EFA_RESOURCE: "1",
     }
+    if config.wants_efa():
+        # g6.8xlarge and larger have one EFA interface; a pod holding it keeps NCCL off TCP.
+        out[EFA_RESOURCE] = "1"
+    return out
+
+
+def worker_env(config: RunConfig) -> dict[str, str]:
+    if config.wants_efa():
+        return dict(WORKER_ENV)
+    return {k: v for k, v in WORKER_ENV.items() if k not in ("FI_PROVIDER", "NCCL_NET_PLUGIN")}
+
+
+HF_TOKEN_KEY = "HF_TOKEN"
+
+
+def hf_token_secret_name(config: RunConfig) -> str:
+    return f"{config.cluster_name}-hf-token"
+
+
+def hf_token_secret(config: RunConfig, run_id: str, token: str) -> Manifest:
+    """The Secret the pods read the Hugging Face token from: built in memory, applied, never written."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": hf_token_secret_name(config), "namespace": config.namespace,
+                         "labels": labels(run_id)},
+            "stringData": {HF_TOKEN_KEY: token}}
+
+
+def _token_env(config: RunConfig) -> list[Manifest]:
+    if not config.hf_token:
+        return []
+    return [{"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": {"name": hf_token_secret_name(config),
+                                                                  "key": HF_TOKEN_KEY}}}]
 
 
 def namespace(config: RunConfig, run_id: str) -> Manifest:
@@ -128,7 +158,7 @@ def _head_group(config: RunConfig, run_id: str, image: str) -> Manifest:
                     "ports": [{"name": name, "containerPort": port} for name, port in HEAD_PORTS],
                     # CUDA images set NVIDIA_VISIBLE_DEVICES=all: a GPU-less pod would still see every GPU
                     # of a node where the NVIDIA runtime is the default.
-                    "env": _env({"NVIDIA_VISIBLE_DEVICES": "void"}),
+                    "env": [*_env({"NVIDIA_VISIBLE_DEVICES": "void"}), *_token_env(config)],
                     "resources": {"requests": dict(resources), "limits": dict(resources)},
                     "volumeMounts": [mount],
                 }],
@@ -158,7 +188,7 @@ def _worker_group(config: RunConfig, run_id: str, image: str) -> Manifest:
                 "containers": [{
                     "name": "ray-worker",
                     "image": image,
-                    "env": _env(WORKER_ENV),
+                    "env": [*_env(worker_env(config)), *_token_env(config)],
                     "resources": {"requests": dict(resources), "limits": dict(resources)},
                     "volumeMounts": [mount],
                 }],
@@ -194,3 +224,35 @@ def yaml_stream(objects: list[Manifest]) -> str:
 
     text: str = yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, explicit_start=True)
     return text
+
+
+PREPULL_NAME_SUFFIX = "image-prepull"
+
+
+def image_prepull(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> Manifest:
+    """A DaemonSet that only pulls the Ray image, on every node a Ray pod may land on.
+
+    The image is several GB: pulling it while the device plugins and the operator install takes
+    the longest wait off the critical path (KubeRay's pods then start from the node's cache).
+    It tolerates the GPU taint and no other, so nodes kept for someone else are left alone.
+    """
+    image = pinned_image(config.image, image_digest)
+    name = f"{config.cluster_name}-{PREPULL_NAME_SUFFIX}"
+    selector = {"app.kubernetes.io/name": name}
+    tiny = {"cpu": "1m", "memory": "16Mi"}
+    return {
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": config.namespace, "labels": {**labels(run_id), **selector}},
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": {**labels(run_id), **selector}},
+                "spec": {
+                    "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "pulled", "image": image, "command": ["sleep", "infinity"],
+                                    "resources": {"requests": dict(tiny), "limits": dict(tiny)}}],
+                },
+            },
+        },
+    }

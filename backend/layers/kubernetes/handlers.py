@@ -1,0 +1,331 @@
+"""One handler per kind of the Kubernetes layer: look first, apply with server-side apply, wait.
+
+Every object rtui applies carries our labels; discovery and teardown go by them, so nothing
+without them (an operator or a device plugin someone else installed) is ever changed or deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from backend.errors import UserError
+from backend.layers.base import Context, Handler
+from backend.layers.kubernetes import addons, manifests, pods
+from backend.layers.kubernetes.waiting import Check, wait_for
+from backend.model import Action, Observed, Resource
+from backend.runner import Progress
+
+if TYPE_CHECKING:
+    from backend.layers.kubernetes.access import KubeApi
+
+Manifest = dict[str, Any]
+LAYER = "kubernetes"
+NAMESPACE = "k8s.namespace"
+HF_SECRET = "k8s.secret.hf-token"
+NVIDIA_PLUGIN = "k8s.device-plugin.nvidia"
+EFA_PLUGIN = "k8s.device-plugin.efa"
+OPERATOR = "k8s.kuberay-operator"
+PREPULL = "k8s.image-prepull"
+RAYCLUSTER = "k8s.raycluster"
+WORKERS = "k8s.gpu-workers"
+
+# Deadlines: a first image pull of the multi-GB Ray image is the slowest thing here.
+ADDON_TIMEOUT_S = 600.0
+PULL_TIMEOUT_S = 1800.0
+
+
+def ours(obj: Manifest | None, run_id: str | None = None) -> bool:
+    """Whether rtui made ``obj`` (and, given a run id, this run)."""
+    meta_labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    if meta_labels.get(manifests.MANAGED_BY_LABEL) != manifests.MANAGED_BY:
+        return False
+    return run_id is None or meta_labels.get(manifests.RUN_LABEL) == run_id
+
+
+def ref(obj: Manifest) -> tuple[str, str, str, str | None]:
+    meta = obj["metadata"]
+    return obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")
+
+
+def object_id(obj: Manifest) -> str:
+    meta = obj["metadata"]
+    return f"{obj['kind']}/{meta['namespace']}/{meta['name']}" if meta.get("namespace") else \
+        f"{obj['kind']}/{meta['name']}"
+
+
+async def apply_all(api: KubeApi, objects: list[Manifest]) -> AsyncIterator[Progress]:
+    for n, obj in enumerate(objects, 1):
+        await api.apply(obj)
+        yield Progress(f"applied {object_id(obj)} ({n}/{len(objects)})", 0.3 * n / len(objects))
+
+
+async def delete_ours(api: KubeApi, ctx: Context, objects: list[Manifest]) -> AsyncIterator[Progress]:
+    """Delete each object that is still there and labelled with this run; never anything else."""
+    for obj in reversed(objects):
+        live = await api.get(*ref(obj))
+        if live is None:
+            continue
+        if not ours(live, ctx.record.run_id):
+            yield Progress(f"left {object_id(obj)}: not made by this run")
+            continue
+        await api.delete(*ref(obj))
+        yield Progress(f"deleted {object_id(obj)}")
+
+
+async def gpu_nodes(api: KubeApi) -> list[Manifest]:
+    return [n for n in await api.list("v1", "Node") if pods.is_gpu_node(n)]
+
+
+class KubeHandler(Handler):
+    """A handler that also finds its resource live (the layer asks each one)."""
+
+    layer_api: ClassVar[str] = LAYER
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        raise NotImplementedError
+
+    def api(self, ctx: Context) -> KubeApi:
+        from backend.layers.kubernetes.layer import kube_api
+
+        return kube_api(ctx)
+
+
+class NamespaceHandler(KubeHandler):
+    kind = "k8s-namespace"
+    title = "Create the namespace"
+    expected_s = 1.0
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        live = await api.get("v1", "Namespace", ctx.config.namespace)
+        if live is None or not ours(live, ctx.record.run_id):
+            return None  # someone else's: preflight refuses it
+        return Observed(address=NAMESPACE, layer=LAYER, kind=self.kind, id=ctx.config.namespace,
+                        state={"name": ctx.config.namespace}, reason="exists")
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        live = await api.get("v1", "Namespace", ctx.config.namespace)
+        if live is not None and not ours(live, ctx.record.run_id):
+            raise UserError(f"namespace {ctx.config.namespace} exists and is not this run's",
+                            remedy="choose another with --namespace")
+        await api.apply(manifests.namespace(ctx.config, ctx.record.run_id))
+        ctx.ledger.update(want.address, id=ctx.config.namespace)
+        yield Progress(f"namespace {ctx.config.namespace}", 1.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        async for p in delete_ours(api, ctx, [manifests.namespace(ctx.config, ctx.record.run_id)]):
+            yield p
+
+        async def gone() -> Check:
+            live = await api.get("v1", "Namespace", have.id)
+            return Check(live is None, "namespace gone" if live is None else "namespace terminating")
+
+        async for p in wait_for(gone, what=f"deleting namespace {have.id}", timeout_s=ADDON_TIMEOUT_S):
+            yield p
+
+
+def read_hf_token(config_value: str) -> str:
+    """The token from ``env:NAME`` or a file: read when applied, kept nowhere but the Secret."""
+    if config_value.startswith("env:"):
+        name = config_value[4:]
+        value = os.environ.get(name, "").strip()
+        if not value:
+            raise UserError(f"--hf-token names {name}, which is not set in rtui's environment",
+                            remedy=f"export {name}=… first, or drop --hf-token")
+        return value
+    try:
+        value = Path(config_value).expanduser().read_text().strip()
+    except OSError as exc:
+        raise UserError(f"cannot read the Hugging Face token file {config_value} ({exc.strerror})",
+                        remedy="name a readable file, or use --hf-token env:HF_TOKEN") from None
+    if not value:
+        raise UserError(f"the Hugging Face token file {config_value} is empty", remedy="put the token in it")
+    return value
+
+
+class HfTokenHandler(KubeHandler):
+    kind = "k8s-secret"
+    title = "Store the Hugging Face token as a Secret"
+    # The token may have changed: apply it again whenever asked (it is never kept to compare).
+    updatable = True
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        name = manifests.hf_token_secret_name(ctx.config)
+        live = await api.get("v1", "Secret", name, ctx.config.namespace)
+        if live is None or not ours(live, ctx.record.run_id):
+            return None
+        return Observed(address=HF_SECRET, layer=LAYER, kind=self.kind, id=f"{ctx.config.namespace}/{name}",
+                        state={"source": ctx.config.hf_token}, depends_on=(NAMESPACE,), reason="exists")
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        token = read_hf_token(ctx.config.hf_token)
+        secret = manifests.hf_token_secret(ctx.config, ctx.record.run_id, token)
+        await self.api(ctx).apply(secret)
+        ctx.ledger.update(want.address, id=object_id(secret))
+        yield Progress("token stored in the cluster", 1.0)
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        secret = manifests.hf_token_secret(ctx.config, ctx.record.run_id, "")
+        async for p in delete_ours(self.api(ctx), ctx, [secret]):
+            yield p
+
+
+class DevicePluginHandler(KubeHandler):
+    """One installer per device plugin: ours only where the cluster runs none (DESIGN.md §4)."""
+
+    which: ClassVar[Literal["nvidia", "efa"]]
+    address: ClassVar[str]
+    expected_s = 60.0
+    updatable = True
+
+    def objects(self, ctx: Context) -> list[Manifest]:
+        make = addons.nvidia_device_plugin if self.which == "nvidia" else addons.efa_device_plugin
+        return make(ctx.config, ctx.record.run_id)
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        found = addons.find_device_plugin(self.which, await api.list("apps/v1", "DaemonSet"))
+        if found is None:
+            return None
+        ready, why = addons.daemonset_ready(found, await gpu_nodes(api))
+        mine = ours(found, ctx.record.run_id)
+        image = found["spec"]["template"]["spec"]["containers"][0].get("image", "")
+        return Observed(address=self.address, layer=LAYER, kind=self.kind, id=object_id(found),
+                        state={"image": image}, healthy=ready or not mine, adopted=not mine,
+                        reason=why if mine else f"already running as {object_id(found)}: adopted")
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        if not have.healthy:
+            return Action.UPDATE, have.reason
+        if have.state.get("image") != want.spec.get("image"):
+            return Action.UPDATE, f"image {have.state.get('image')} -> {want.spec.get('image')}"
+        return Action.NOOP, have.reason or "running"
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        objects = self.objects(ctx)
+        async for p in apply_all(api, objects):
+            yield p
+        daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+        ctx.ledger.update(want.address, id=object_id(daemonset))
+
+        async def ready() -> Check:
+            live = await api.get(*ref(daemonset))
+            if live is None:
+                return Check(False, "waiting for the DaemonSet to appear")
+            done, why = addons.daemonset_ready(live, await gpu_nodes(api))
+            return Check(done, why, 1.0 if done else 0.5)
+
+        async for p in wait_for(ready, what=self.title, timeout_s=ADDON_TIMEOUT_S,
+                                remedy="see `kubectl -n kube-system describe daemonset`"):
+            yield p
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        async for p in delete_ours(self.api(ctx), ctx, self.objects(ctx)):
+            yield p
+
+
+class NvidiaPluginHandler(DevicePluginHandler):
+    kind = "k8s-device-plugin-nvidia"
+    title = "Install the NVIDIA device plugin"
+    which = "nvidia"
+    address = NVIDIA_PLUGIN
+
+
+class EfaPluginHandler(DevicePluginHandler):
+    kind = "k8s-device-plugin-efa"
+    title = "Install the EFA device plugin"
+    which = "efa"
+    address = EFA_PLUGIN
+
+
+@functools.lru_cache(maxsize=2)
+def kuberay_crds(source: str, version: str) -> list[Manifest]:
+    """The CRDs, parsed once per process (about 2 MB of YAML: a second or so)."""
+    from backend.paths import cache_dir
+
+    return addons.load_kuberay_crds(source, version, cache_dir=cache_dir())
+
+
+class OperatorHandler(KubeHandler):
+    """The KubeRay operator and its CRDs; adopted, never installed twice, when one already runs."""
+
+    kind = "kuberay-operator"
+    title = "Install the KubeRay operator"
+    expected_s = 60.0
+    updatable = True
+
+    def objects(self, ctx: Context, crds: list[Manifest]) -> list[Manifest]:
+        return addons.kuberay_operator(ctx.config, ctx.record.run_id, crds)
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        found = addons.find_kuberay_operator(await api.list("apps/v1", "Deployment"),
+                                             await api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition"))
+        if found is None:
+            return None
+        available, why = addons.deployment_available(found)
+        mine = ours(found, ctx.record.run_id)
+        image = found["spec"]["template"]["spec"]["containers"][0].get("image", "")
+        return Observed(address=OPERATOR, layer=LAYER, kind=self.kind, id=object_id(found),
+                        state={"image": image}, healthy=available or not mine, adopted=not mine,
+                        reason=why if mine else f"already running as {object_id(found)}: adopted")
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        if not have.healthy:
+            return Action.UPDATE, have.reason
+        if have.state.get("image") != want.spec.get("image"):
+            return Action.UPDATE, f"image {have.state.get('image')} -> {want.spec.get('image')}"
+        return Action.NOOP, have.reason or "available"
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        yield Progress(f"reading the KubeRay {ctx.config.kuberay_version} CRDs")
+        crds = await asyncio.to_thread(kuberay_crds, ctx.config.kuberay_crds, ctx.config.kuberay_version)
+        objects = self.objects(ctx, crds)
+        async for p in apply_all(api, objects):
+            yield p
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        ctx.ledger.update(want.address, id=object_id(deployment))
+
+        async def available() -> Check:
+            live = await api.get(*ref(deployment))
+            if live is None:
+                return Check(False, "waiting for the Deployment to appear")
+            done, why = addons.deployment_available(live)
+            return Check(done, why, 1.0 if done else 0.5)
+
+        async for p in wait_for(available, what=self.title, timeout_s=ADDON_TIMEOUT_S,
+                                remedy="see `kubectl -n rtui-kuberay describe deployment`"):
+            yield p
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        # The CRDs go only when no RayCluster is left anywhere: deleting a CRD deletes every object of it.
+        objects = [o for o in self.objects(ctx, []) if o["kind"] != "CustomResourceDefinition"]
+        async for p in delete_ours(api, ctx, objects):
+            yield p
+        crds = [c for c in await api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+                if ours(c, ctx.record.run_id)]
+        if crds and not await api.list("ray.io/v1", "RayCluster"):
+            for crd in crds:
+                await api.delete(*ref(crd))
+                yield Progress(f"deleted {object_id(crd)}")
+        elif crds:
+            yield Progress("kept the KubeRay CRDs: RayClusters still exist in the cluster")

@@ -1,0 +1,215 @@
+"""The Kubernetes layer: device plugins, KubeRay, the namespace, the RayCluster, its workers.
+
+Shared by the ``kube`` target (a cluster from kubeconfig) and the ``aws`` target (after its EKS
+cluster exists). It offers the Ray Jobs API to the ray-job layer through the API server's
+service proxy (DESIGN.md §4): no port is opened outside the cluster, no port-forward runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from backend.errors import OperationError, RtuiError
+from backend.layers.base import Context, Handler, Layer
+from backend.layers.kubernetes import addons, manifests, pods
+from backend.layers.kubernetes.handlers import (
+    EFA_PLUGIN,
+    HF_SECRET,
+    LAYER,
+    NAMESPACE,
+    NVIDIA_PLUGIN,
+    OPERATOR,
+    PREPULL,
+    RAYCLUSTER,
+    WORKERS,
+    EfaPluginHandler,
+    HfTokenHandler,
+    KubeHandler,
+    NamespaceHandler,
+    NvidiaPluginHandler,
+    OperatorHandler,
+    ours,
+    read_hf_token,
+)
+from backend.layers.kubernetes.raycluster import (
+    PrepullHandler,
+    RayClusterHandler,
+    WorkersHandler,
+    ray_pods_selector,
+)
+from backend.layers.kubernetes.registry import Resolved, resolve_digest
+from backend.model import CheckResult, CheckStatus, Observed, Resource
+
+if TYPE_CHECKING:
+    from backend.layers.kubernetes.access import KubeApi
+    from backend.rayjobs import RayJobs
+
+_APIS: dict[tuple[str | None, str | None], KubeApi] = {}
+
+
+def kube_api(ctx: Context) -> KubeApi:
+    """The cluster's API for this config, made once per process (it refreshes its own token)."""
+    from backend.layers.kubernetes.access import KubeApi
+
+    key = (ctx.config.kubeconfig, ctx.config.context)
+    if key not in _APIS:
+        _APIS[key] = KubeApi.from_kubeconfig(ctx.config.kubeconfig, ctx.config.context)
+    return _APIS[key]
+
+
+class KubernetesLayer(Layer):
+    name = LAYER
+    _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
+        NamespaceHandler(), HfTokenHandler(), NvidiaPluginHandler(), EfaPluginHandler(), OperatorHandler(),
+        PrepullHandler(), RayClusterHandler(), WorkersHandler())}
+
+    def __init__(self) -> None:
+        self._image: Resolved | None = None
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        return self._handlers
+
+    async def prepare(self, ctx: Context) -> None:
+        if self._image is None or self._image.image != ctx.config.image:
+            self._image = await asyncio.to_thread(resolve_digest, ctx.config.image)
+
+    def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
+        config, run_id = ctx.config, ctx.record.run_id
+        image = self._image or Resolved(config.image, None, "unpinned: the registry was not asked")
+        pinned = manifests.pinned_image(config.image, image.digest)
+
+        def res(address: str, kind: str, spec: dict[str, Any], *deps: str, cost: float = 0.0) -> Resource:
+            return Resource(address=address, layer=LAYER, kind=kind, spec=spec, depends_on=deps, cost_per_hour=cost)
+
+        out = [res(NAMESPACE, "k8s-namespace", {"name": config.namespace})]
+        if config.hf_token:
+            out.append(res(HF_SECRET, "k8s-secret", {"source": config.hf_token}, NAMESPACE))
+        plugin_image = addons.nvidia_device_plugin(config, run_id)
+        out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", {"image": _first_image(plugin_image)}))
+        plugins = [NVIDIA_PLUGIN]
+        if config.wants_efa():
+            out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa",
+                           {"image": _first_image(addons.efa_device_plugin(config, run_id))}))
+            plugins.append(EFA_PLUGIN)
+        operator = [o for o in addons.kuberay_operator(config, run_id, []) if o["kind"] == "Deployment"]
+        out.append(res(OPERATOR, "kuberay-operator", {"image": _first_image(operator)}))
+        out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
+        spec = {"image": pinned, "digest": image.digest, "pinning": image.reason, "gpu_nodes": config.gpu_node_count,
+                "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
+                "hf_token": bool(config.hf_token)}
+        deps = [NAMESPACE, OPERATOR, *([HF_SECRET] if config.hf_token else [])]
+        out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
+        out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
+                                                    "gpus_per_node": config.gpus_per_node},
+                       RAYCLUSTER, *plugins))
+        return out
+
+    async def discover(self, ctx: Context) -> list[Observed]:
+        api = kube_api(ctx)
+        found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
+                                       if isinstance(h, KubeHandler)))
+        order = [NAMESPACE, HF_SECRET, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
+        return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
+
+    async def preflight(self, ctx: Context) -> list[CheckResult]:
+        config = ctx.config
+        try:
+            api = kube_api(ctx)
+            nodes = await api.list("v1", "Node")
+        except RtuiError as exc:
+            return [CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.FAIL,
+                                detail=exc.message, remedy=exc.remedy)]
+        results = [CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.OK,
+                               detail=f"context {api.context} at {api.server}, {len(nodes)} nodes")]
+        gpu = [n for n in nodes if pods.is_gpu_node(n)]
+        if not gpu:
+            results.append(CheckResult(
+                id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.FAIL,
+                detail="no node has GPUs (no nvidia.com/gpu.present label, no nvidia.com/gpu allocatable)",
+                remedy="add a GPU node group, or use another --context"))
+        else:
+            problems = pods.allocatable_problems(nodes, gpus_per_node=config.gpus_per_node,
+                                                 node_count=config.gpu_node_count, require_efa=config.wants_efa())
+            results.append(CheckResult(
+                id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.WARN if problems else CheckStatus.OK,
+                detail=(problems[0] if problems else f"{len(gpu)} GPU nodes")
+                + (" (checked again once the device plugins run)" if problems else ""),
+                remedy="--require-transport any runs without EFA" if problems and config.wants_efa() else None))
+        results.extend(await self._foreign_objects(api, ctx))
+        if config.hf_token:
+            try:
+                read_hf_token(config.hf_token)
+                results.append(CheckResult(id="kube.hf-token", title="Hugging Face token", status=CheckStatus.OK,
+                                           detail=f"from {config.hf_token}"))
+            except RtuiError as exc:
+                results.append(CheckResult(id="kube.hf-token", title="Hugging Face token", status=CheckStatus.FAIL,
+                                           detail=exc.message, remedy=exc.remedy))
+        return results
+
+    async def _foreign_objects(self, api: KubeApi, ctx: Context) -> list[CheckResult]:
+        """A namespace or a RayCluster of our names that this run did not make: refused, never overwritten."""
+        config, run_id = ctx.config, ctx.record.run_id
+        out = []
+        namespace = await api.get("v1", "Namespace", config.namespace)
+        if namespace is not None and not ours(namespace, run_id):
+            owner = "another rtui run" if ours(namespace) else "someone else"
+            out.append(CheckResult(id="kube.namespace", title=f"Namespace {config.namespace}", status=CheckStatus.FAIL,
+                                   detail=f"exists and belongs to {owner}", remedy="choose another with --namespace"))
+        cluster = await api.get("ray.io/v1", "RayCluster", config.cluster_name, config.namespace) \
+            if namespace is not None else None
+        if cluster is not None and not ours(cluster, run_id):
+            out.append(CheckResult(
+                id="kube.raycluster", title=f"RayCluster {config.cluster_name}", status=CheckStatus.FAIL,
+                detail=f"a RayCluster of this name in {config.namespace} was not made by this run",
+                remedy="choose another --cluster-name"))
+        return out
+
+    # --- ClusterAccess -------------------------------------------------------------------
+    def access(self) -> KubernetesLayer:
+        return self
+
+    async def jobs(self, ctx: Context) -> RayJobs | None:
+        """The head's Jobs API through the API server, once this run's head pod is ready."""
+        from backend.rayjobs import RayJobs
+
+        api = kube_api(ctx)
+        try:
+            cluster = await api.get("ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+            if cluster is None or not ours(cluster, ctx.record.run_id):
+                return None
+            heads = await api.list("v1", "Pod", ctx.config.namespace,
+                                   ray_pods_selector(ctx.config.cluster_name, "head"))
+        except RtuiError:
+            return None
+        if not any(pods.pod_ready(p) for p in heads):
+            return None
+        url = api.proxy_url(ctx.config.namespace, manifests.head_service_name(ctx.config),
+                            manifests.DASHBOARD_PORT_NAME)
+        return RayJobs(url, header_provider=api.headers, ssl=api.ssl_context())
+
+    def job_env(self, ctx: Context) -> dict[str, str]:
+        return {}
+
+    async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
+        api = kube_api(ctx)
+        heads = await api.list("v1", "Pod", ctx.config.namespace, ray_pods_selector(ctx.config.cluster_name, "head"))
+        if not heads:
+            raise OperationError(f"no head pod of RayCluster {ctx.config.cluster_name} in {ctx.config.namespace}",
+                                 remedy="see `rtui status`")
+        newest = max(heads, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+        async for line in api.read_pod_log(ctx.config.namespace, newest["metadata"]["name"], "ray-head",
+                                           since_time=since_time, follow=follow, timestamps=True):
+            yield line
+
+    def job_finished(self, ctx: Context) -> None:
+        return None
+
+
+def _first_image(objects: list[manifests.Manifest]) -> str:
+    for obj in objects:
+        if obj["kind"] in ("DaemonSet", "Deployment"):
+            return str(obj["spec"]["template"]["spec"]["containers"][0]["image"])
+    return ""

@@ -1,0 +1,289 @@
+"""The Ray side of the Kubernetes layer: the image pre-pull, the RayCluster and its GPU workers.
+
+The RayCluster step waits for the head only (it needs no GPU); the workers step waits for the
+device plugins too, checks that the GPU nodes advertise what the pods ask for, then waits for
+every worker, saying why a pod is not running yet as soon as Kubernetes knows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from backend.errors import OperationError, UserError
+from backend.layers.base import Context
+from backend.layers.kubernetes import manifests, pods
+from backend.layers.kubernetes.handlers import (
+    EFA_PLUGIN,
+    HF_SECRET,
+    LAYER,
+    NAMESPACE,
+    NVIDIA_PLUGIN,
+    OPERATOR,
+    PREPULL,
+    PULL_TIMEOUT_S,
+    RAYCLUSTER,
+    WORKERS,
+    KubeHandler,
+    delete_ours,
+    gpu_nodes,
+    object_id,
+    ours,
+    ref,
+)
+from backend.layers.kubernetes.waiting import Check, wait_for
+from backend.model import Action, Observed, Resource
+from backend.runner import Progress
+
+if TYPE_CHECKING:
+    from backend.layers.kubernetes.access import KubeApi
+
+Manifest = dict[str, Any]
+SPEC_ANNOTATION = "rtui.dev/spec"
+CLUSTER_LABEL = "ray.io/cluster"
+NODE_TYPE_LABEL = "ray.io/node-type"
+
+
+IMAGE_KEYS = ("image", "digest", "pinning")
+
+
+def _digest_of(state: dict[str, Any]) -> str | None:
+    image = str(state.get("image") or "")
+    return image.split("@", 1)[1] if "@" in image else None
+
+
+def same_image(want: dict[str, Any], have: dict[str, Any]) -> bool:
+    """The same image, unless a digest known on both sides differs: a registry that did not answer
+    this time (no digest) never makes rtui replace a cluster that runs the pinned image."""
+    want_name = str(want.get("image") or "").split("@", 1)[0]
+    have_name = str(have.get("image") or "").split("@", 1)[0]
+    if want_name != have_name:
+        return False
+    return want.get("digest") is None or have.get("digest") is None or want.get("digest") == have.get("digest")
+
+
+def ray_pods_selector(config_name: str, node_type: str | None = None) -> str:
+    selector = f"{CLUSTER_LABEL}={config_name}"
+    return selector + (f",{NODE_TYPE_LABEL}={node_type}" if node_type else "")
+
+
+async def pod_report(api: KubeApi, namespace: str, pod_list: list[Manifest]) -> tuple[str | None, str | None]:
+    """(the first problem a pod has, whether it is fatal) from the pods' status and their events."""
+    for pod in pod_list:
+        if pods.pod_running(pod):
+            continue
+        name = pod["metadata"]["name"]
+        problem = pods.pod_problem(pod, await api.events(namespace, name))
+        if problem is not None:
+            line = f"pod {name}: {problem.message}"
+            return line, line if problem.fatal else None
+    return None, None
+
+
+class PrepullHandler(KubeHandler):
+    kind = "k8s-image-prepull"
+    title = "Pull the Ray image on the nodes"
+    expected_s = 300.0
+    updatable = True
+
+    def objects(self, ctx: Context, want: Resource) -> list[Manifest]:
+        return [manifests.image_prepull(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"))]
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        name = f"{ctx.config.cluster_name}-{manifests.PREPULL_NAME_SUFFIX}"
+        live = await api.get("apps/v1", "DaemonSet", name, ctx.config.namespace)
+        if live is None or not ours(live, ctx.record.run_id):
+            return None
+        status = live.get("status") or {}
+        pulled = status.get("numberReady", 0) >= status.get("desiredNumberScheduled", 0)
+        image = live["spec"]["template"]["spec"]["containers"][0]["image"]
+        return Observed(address=PREPULL, layer=LAYER, kind=self.kind, id=object_id(live), state={"image": image},
+                        depends_on=(NAMESPACE,), healthy=pulled,
+                        reason="pulled on every node" if pulled else "still pulling")
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        if not same_image(want.spec, {"image": have.state.get("image"), "digest": _digest_of(have.state)}):
+            return Action.UPDATE, "another image"
+        return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        (daemonset,) = self.objects(ctx, want)
+        await api.apply(daemonset)
+        ctx.ledger.update(want.address, id=object_id(daemonset))
+        selector = daemonset["spec"]["selector"]["matchLabels"]
+        label = ",".join(f"{k}={v}" for k, v in selector.items())
+
+        async def pulled() -> Check:
+            live = await api.get(*ref(daemonset))
+            status = (live or {}).get("status") or {}
+            want_n, ready_n = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
+            problem, fatal = await pod_report(api, ctx.config.namespace,
+                                              await api.list("v1", "Pod", ctx.config.namespace, label))
+            message = problem or f"image on {ready_n}/{want_n} nodes"
+            done = live is not None and want_n > 0 and ready_n >= want_n
+            return Check(done, message, ready_n / want_n if want_n else None, fatal)
+
+        async for p in wait_for(pulled, what="pulling the Ray image", timeout_s=PULL_TIMEOUT_S,
+                                remedy="check the image name and the nodes' access to its registry"):
+            yield p
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        want = Resource(address=PREPULL, layer=LAYER, kind=self.kind)
+        async for p in delete_ours(self.api(ctx), ctx, self.objects(ctx, want)):
+            yield p
+
+
+class RayClusterHandler(KubeHandler):
+    kind = "raycluster"
+    title = "Create the RayCluster and wait for its head"
+    delete_title = "Delete the RayCluster and wait for its pods to go"
+    expected_s = 120.0
+    updatable = True  # "update" waits again for a head that is not ready; a new spec replaces
+
+    def manifest(self, ctx: Context, want: Resource) -> Manifest:
+        obj = manifests.raycluster(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"))
+        obj["metadata"]["annotations"] = {SPEC_ANNOTATION: json.dumps(want.spec, sort_keys=True)}
+        return obj
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        live = await api.get("ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+        if live is None or not ours(live, ctx.record.run_id):
+            return None  # someone else's RayCluster of this name: preflight refuses it
+        try:
+            state = json.loads(live["metadata"].get("annotations", {}).get(SPEC_ANNOTATION, "{}"))
+        except ValueError:
+            state = {}
+        heads = await api.list("v1", "Pod", ctx.config.namespace, ray_pods_selector(ctx.config.cluster_name, "head"))
+        ready = any(pods.pod_ready(p) for p in heads)
+        # Teardown order: everything the pods used outlives them (job, RayCluster; then the rest).
+        return Observed(address=RAYCLUSTER, layer=LAYER, kind=self.kind, id=object_id(live), state=state,
+                        depends_on=(NAMESPACE, HF_SECRET, OPERATOR, NVIDIA_PLUGIN, EFA_PLUGIN, PREPULL),
+                        healthy=ready,
+                        reason="head ready" if ready else "head not ready")
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        changed = sorted(k for k, v in want.spec.items()
+                         if k not in IMAGE_KEYS and have.state.get(k) != v)
+        if not same_image(want.spec, have.state):
+            changed.insert(0, "image")
+        if changed:
+            return Action.REPLACE, f"changed: {', '.join(changed)}"
+        return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        obj = self.manifest(ctx, want)
+        live = await api.get(*ref(obj))
+        if live is not None and not ours(live, ctx.record.run_id):
+            raise UserError(f"a RayCluster {ctx.config.cluster_name} in namespace {ctx.config.namespace} "
+                            "exists and is not this run's: rtui never overwrites it",
+                            remedy="choose another --cluster-name")
+        await api.apply(obj)
+        ctx.ledger.update(want.address, id=object_id(obj),
+                          outputs={"image": want.spec.get("image"), "digest": want.spec.get("digest"),
+                                   "ray_version": ctx.config.ray_version,
+                                   "kuberay_version": ctx.config.kuberay_version})
+        yield Progress(f"applied {object_id(obj)}", 0.2)
+        async for p in self._wait_head(api, ctx):
+            yield p
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self._wait_head(self.api(ctx), ctx):
+            yield p
+
+    async def _wait_head(self, api: KubeApi, ctx: Context) -> AsyncIterator[Progress]:
+        selector = ray_pods_selector(ctx.config.cluster_name, "head")
+
+        async def head_ready() -> Check:
+            heads = await api.list("v1", "Pod", ctx.config.namespace, selector)
+            if not heads:
+                return Check(False, "waiting for KubeRay to create the head pod", 0.3)
+            if any(pods.pod_ready(p) for p in heads):
+                return Check(True, "head ready", 1.0)
+            problem, fatal = await pod_report(api, ctx.config.namespace, heads)
+            return Check(False, problem or f"head pod {heads[0]['metadata']['name']} starting", 0.5, fatal)
+
+        async for p in wait_for(head_ready, what="the Ray head", timeout_s=PULL_TIMEOUT_S,
+                                remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        want = Resource(address=RAYCLUSTER, layer=LAYER, kind=self.kind)
+        async for p in delete_ours(api, ctx, [self.manifest(ctx, want)]):
+            yield p
+        selector = ray_pods_selector(ctx.config.cluster_name)
+
+        async def pods_gone() -> Check:
+            left = await api.list("v1", "Pod", ctx.config.namespace, selector)
+            return Check(not left, f"{len(left)} Ray pods terminating" if left else "every Ray pod gone")
+
+        async for p in wait_for(pods_gone, what="the Ray pods going", timeout_s=600.0):
+            yield p
+
+
+class WorkersHandler(KubeHandler):
+    """The GPU worker pods: the allocatable check, then every worker running."""
+
+    kind = "ray-gpu-workers"
+    title = "Check the GPU nodes and wait for the workers"
+    delete_title = "GPU workers (they go with the RayCluster)"
+    expected_s = 60.0
+    updatable = True
+    follows_dependencies = False  # pods, not an object of ours: KubeRay makes them again
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        cluster = await api.get("ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+        if cluster is None or not ours(cluster, ctx.record.run_id):
+            return None
+        workers = await api.list("v1", "Pod", ctx.config.namespace,
+                                 ray_pods_selector(ctx.config.cluster_name, "worker"))
+        running = sum(pods.pod_running(p) for p in workers)
+        want = ctx.config.gpu_node_count
+        return Observed(address=WORKERS, layer=LAYER, kind=self.kind, id=object_id(cluster),
+                        state={"nodes": want, "gpus_per_node": ctx.config.gpus_per_node},
+                        depends_on=(RAYCLUSTER,), healthy=running >= want,
+                        reason=f"{running}/{want} workers running")
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        yield Progress("checking what the GPU nodes advertise", 0.1)
+        problems = pods.allocatable_problems(await api.list("v1", "Node"), gpus_per_node=ctx.config.gpus_per_node,
+                                             node_count=ctx.config.gpu_node_count,
+                                             require_efa=ctx.config.wants_efa())
+        if problems:
+            hint = (" (or --require-transport any to run over TCP)"
+                    if ctx.config.wants_efa() and any(manifests.EFA_RESOURCE in p for p in problems) else "")
+            raise OperationError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                                 remedy=f"fix the node, or change --gpu-node-count / --gpus-per-node{hint}")
+        count = ctx.config.gpu_node_count
+        yield Progress(f"{len(await gpu_nodes(api))} GPU nodes advertise what {count} workers need", 0.2)
+        selector = ray_pods_selector(ctx.config.cluster_name, "worker")
+
+        async def running() -> Check:
+            workers = await api.list("v1", "Pod", ctx.config.namespace, selector)
+            up = sum(pods.pod_running(p) for p in workers)
+            if up >= count:
+                return Check(True, f"{up}/{count} workers running", 1.0)
+            problem, fatal = await pod_report(api, ctx.config.namespace, workers)
+            return Check(False, problem or f"{up}/{count} workers running", 0.2 + 0.8 * up / count, fatal)
+
+        async for p in wait_for(running, what="the GPU workers", timeout_s=PULL_TIMEOUT_S,
+                                remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):
+            yield p
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        yield Progress("the worker pods go with the RayCluster", 1.0)

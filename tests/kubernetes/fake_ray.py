@@ -1,0 +1,212 @@
+"""A Ray head's Jobs API as the service proxy reaches it, for tests: real HTTP on loopback.
+
+It answers the REST routes Ray 2.58's dashboard serves for jobs (submit, get, list, stop, logs,
+the websocket tail, package upload) and "runs" each job by emitting scripted log lines, so the
+ray-job layer, the follower and telemetry run unchanged against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+
+NCCL_EFA_LINES = [
+    "(RayTrainWorker pid=210, ip=10.0.1.5) gpu-0:210:240 [0] NCCL INFO NET/OFI Selected provider is efa",
+    "(RayTrainWorker pid=210, ip=10.0.1.5) gpu-0:210:240 [0] NCCL INFO Using network AWS Libfabric",
+    "(RayTrainWorker pid=210, ip=10.0.1.5) gpu-0:210:240 [0] NCCL INFO comm 0x1 rank 0 nRanks 8 nNodes 2",
+    "(RayTrainWorker pid=210, ip=10.0.1.5) gpu-0:210:240 [0] NCCL INFO Channel 00/0 : 3[3] -> 4[0] [send] "
+    "via NET/AWS Libfabric/0",
+]
+
+
+def metric_line(step: int) -> str:
+    return "RTUI_METRIC " + json.dumps({"step": step, "loss": 5.0 / step, "tokens_per_s": 1000.0 + step,
+                                        "world_size": 8})
+
+
+@dataclass
+class FakeJob:
+    submission_id: str
+    entrypoint: str
+    metadata: dict[str, str]
+    runtime_env: dict[str, Any]
+    status: str = "PENDING"
+    message: str = ""
+    log: str = ""
+    start_time: int = field(default_factory=lambda: int(time.time() * 1000))
+    end_time: int | None = None
+
+    def details(self) -> dict[str, Any]:
+        return {"type": "SUBMISSION", "job_id": None, "submission_id": self.submission_id,
+                "status": self.status, "entrypoint": self.entrypoint, "message": self.message,
+                "error_type": None, "start_time": self.start_time, "end_time": self.end_time,
+                "metadata": self.metadata, "runtime_env": self.runtime_env, "driver_info": None}
+
+
+class FakeRayHead:
+    """The Jobs API of one head; ``script`` is the log a job prints, one line per ``line_every_s``."""
+
+    def __init__(self, *, steps: int = 5, line_every_s: float = 0.01, fail: bool = False) -> None:
+        self.jobs: dict[str, FakeJob] = {}
+        self.packages: dict[str, bytes] = {}
+        self.headers_seen: list[dict[str, str]] = []
+        self.script = [*NCCL_EFA_LINES, *(metric_line(s) for s in range(1, steps + 1))]
+        self.line_every_s = line_every_s
+        self.fail = fail
+        self.url = ""
+        self._changed: asyncio.Condition
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._serve(),),
+                                        name="fake-ray-head", daemon=True)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> FakeRayHead:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the fake Ray head did not start")
+        return self
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def on_loop(self, fn: Callable[[], Any]) -> Any:
+        async def run() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        self._changed = asyncio.Condition()
+        app = aiohttp.web.Application()
+        app.add_routes([
+            aiohttp.web.get("/api/version", self._version),
+            aiohttp.web.post("/api/jobs/", self._submit),
+            aiohttp.web.get("/api/jobs/", self._list),
+            aiohttp.web.get("/api/jobs/{sid}", self._get),
+            aiohttp.web.post("/api/jobs/{sid}/stop", self._stop_job),
+            aiohttp.web.get("/api/jobs/{sid}/logs", self._logs),
+            aiohttp.web.get("/api/jobs/{sid}/logs/tail", self._tail),
+            aiohttp.web.get("/api/packages/{protocol}/{name}", self._package_exists),
+            aiohttp.web.put("/api/packages/{protocol}/{name}", self._package_upload),
+        ])
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+
+    # ---- routes -----------------------------------------------------------------------------------
+    def _seen(self, request: aiohttp.web.Request) -> None:
+        self.headers_seen.append(dict(request.headers))
+
+    async def _version(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self._seen(request)
+        return aiohttp.web.json_response({"version": "4", "ray_version": "2.58.0", "ray_commit": "fake",
+                                          "session_name": "session_fake"})
+
+    async def _submit(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self._seen(request)
+        body = await request.json()
+        sid = body.get("submission_id") or f"raysubmit_{len(self.jobs) + 1}"
+        if sid in self.jobs:
+            return aiohttp.web.Response(status=400, text=f"Job with submission_id {sid} already exists. "
+                                                         "Please use a different submission_id.")
+        job = FakeJob(sid, body["entrypoint"], body.get("metadata") or {}, body.get("runtime_env") or {})
+        self.jobs[sid] = job
+        asyncio.create_task(self._run(job))
+        return aiohttp.web.json_response({"job_id": sid, "submission_id": sid})
+
+    async def _run(self, job: FakeJob) -> None:
+        await asyncio.sleep(0.05)
+        await self._set(job, status="RUNNING")
+        for line in self.script:
+            if job.status != "RUNNING":
+                return
+            await self._set(job, log=job.log + line + "\n")
+            await asyncio.sleep(self.line_every_s)
+        end = int(time.time() * 1000)
+        if self.fail:
+            await self._set(job, status="FAILED", message="Job entrypoint command failed with exit code 1",
+                            end_time=end)
+        else:
+            await self._set(job, status="SUCCEEDED", message="Job finished successfully.", end_time=end)
+
+    async def _set(self, job: FakeJob, **changes: Any) -> None:
+        async with self._changed:
+            for key, value in changes.items():
+                setattr(job, key, value)
+            self._changed.notify_all()
+
+    def _job(self, request: aiohttp.web.Request) -> FakeJob:
+        job = self.jobs.get(request.match_info["sid"])
+        if job is None:
+            raise aiohttp.web.HTTPNotFound(text=f"Job {request.match_info['sid']} does not exist.")
+        return job
+
+    async def _list(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self._seen(request)
+        return aiohttp.web.json_response([j.details() for j in self.jobs.values()])
+
+    async def _get(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self._seen(request)
+        return aiohttp.web.json_response(self._job(request).details())
+
+    async def _stop_job(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self._seen(request)
+        job = self._job(request)
+        stopped = job.status in ("PENDING", "RUNNING")
+        if stopped:
+            await self._set(job, status="STOPPED", message="Job was intentionally stopped.",
+                            end_time=int(time.time() * 1000))
+        return aiohttp.web.json_response({"stopped": stopped})
+
+    async def _logs(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self._seen(request)
+        return aiohttp.web.json_response({"logs": self._job(request).log})
+
+    async def _tail(self, request: aiohttp.web.Request) -> aiohttp.web.WebSocketResponse:
+        self._seen(request)
+        job = self._job(request)
+        ws = aiohttp.web.WebSocketResponse()
+        await ws.prepare(request)
+        sent = 0
+
+        def news() -> bool:
+            return len(job.log) > sent or job.status not in ("PENDING", "RUNNING")
+
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(news)
+            if len(job.log) > sent:
+                await ws.send_str(job.log[sent:])
+                sent = len(job.log)
+            if job.status not in ("PENDING", "RUNNING"):
+                break
+        await ws.close()
+        return ws
+
+    async def _package_exists(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self._seen(request)
+        if request.match_info["name"] in self.packages:
+            return aiohttp.web.Response(status=200)
+        return aiohttp.web.Response(status=404, text="Package not found")
+
+    async def _package_upload(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self._seen(request)
+        self.packages[request.match_info["name"]] = await request.read()
+        return aiohttp.web.Response(status=200)

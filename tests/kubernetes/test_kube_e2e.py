@@ -1,0 +1,117 @@
+"""The kube target end to end: the real `rtui` binary against the emulated API server over HTTP.
+
+The test plays the cluster (fake_control: KubeRay, the controllers, scheduler and kubelets) and a
+Ray head's Jobs API behind the service proxy (fake_ray); rtui does not know it is under test: it
+reads a kubeconfig, asks a registry for the image digest, and talks HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.crds import crd_dir
+from tests.kubernetes.fake_control import FakeControlPlane
+from tests.kubernetes.fake_ray import FakeRayHead
+from tests.kubernetes.fake_registry import FakeRegistry
+
+RTUI = str(Path(sys.executable).parent / "rtui")
+RUN_LABEL = "rtui.dev/run"
+
+
+@dataclass
+class KubeWorld:
+    cluster: KubeCluster
+    head: FakeRayHead
+    control: FakeControlPlane
+    registry: FakeRegistry
+    env: dict[str, str]
+    state: Path
+
+    def rtui(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([RTUI, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert done.returncode == 0, (args, done.stdout[-3000:], done.stderr[-3000:])
+        return done
+
+    def labelled(self) -> list[str]:
+        """Every object of ours still in the cluster (any kind rtui applies)."""
+        kinds = ["Namespace", "Secret", "ServiceAccount", "DaemonSet", "Deployment", "ClusterRole",
+                 "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster"]
+        return [f"{kind}/{o['metadata']['name']}" for kind in kinds for o in self.cluster.objects(kind)
+                if RUN_LABEL in (o["metadata"].get("labels") or {})]
+
+
+def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1) -> None:
+    """One system node and GPU nodes whose GPUs and EFA appear only once the device plugins run."""
+    cluster.add_node("system-0", gpus=0, efa=0)
+    for i in range(gpu_nodes):
+        node = cluster.add_node(f"gpu-{i}", gpus=4, efa=efa,
+                                labels={"node.kubernetes.io/instance-type": "g6.12xlarge"})
+        allocatable = {k: v for k, v in node["status"]["allocatable"].items()
+                       if k not in ("nvidia.com/gpu", "vpc.amazonaws.com/efa")}
+        cluster.set_status("Node", f"gpu-{i}", None, {**node["status"], "allocatable": allocatable})
+
+
+@pytest.fixture
+def world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
+    head = FakeRayHead(steps=5).start()
+    with FakeRegistry() as registry, FakeControlPlane(kube_cluster, jobs_url=head.url) as control:
+        env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / "state"), "RTUI_TARGET": "kube",
+               "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
+               "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig)}
+        try:
+            yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state")
+        finally:
+            head.stop()
+        assert not control.errors, control.errors[:3]
+
+
+def events(out: str) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_fresh_cluster_plan_up_noop_status_logs_down(world: KubeWorld) -> None:
+    gpu_cluster(world.cluster)
+    plan = json.loads(world.rtui("plan", "--json").stdout)
+    actions = {c["address"]: c["action"] for c in plan["changes"]}
+    assert set(actions.values()) == {"create"}, actions
+    assert {"k8s.namespace", "k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator",
+            "k8s.image-prepull", "k8s.raycluster", "k8s.gpu-workers", "ray.job.train"} <= set(actions)
+    raycluster = next(c for c in plan["changes"] if c["address"] == "k8s.raycluster")
+    assert raycluster["after"]["digest"] == world.registry.tags["rtui/ray:test"]
+    assert "@sha256:" in raycluster["after"]["image"]
+
+    up = world.rtui("up", "--yes", "--json", timeout=180)
+    last = events(up.stdout)[-1]
+    assert last["kind"] == "done" and last["data"]["job_status"] == "SUCCEEDED", last
+
+    again = json.loads(world.rtui("plan", "--json").stdout)
+    assert {c["address"]: c["action"] for c in again["changes"] if c["action"] != "noop"} == {}
+
+    status = json.loads(world.rtui("status", "--json").stdout)
+    assert status["transport"]["transport"] == "efa", status["transport"]
+    assert status["resources"]["k8s.raycluster"]["status"] == "ready"
+    logs = world.rtui("logs").stdout
+    assert "Using network AWS Libfabric" in logs and "RTUI_METRIC" in logs
+
+    # The Jobs API was reached only through the API server's service proxy, which takes no request
+    # without the kubeconfig's token (the fixture answers 401 to any other).
+    proxied = world.cluster.requests(path_contains="/services/rtui-ray-head-svc:dashboard/proxy/api/jobs")
+    assert proxied and all(r.status < 400 for r in proxied), [(r.path, r.status) for r in proxied if r.status >= 400]
+
+    world.rtui("down", "--yes", timeout=180)
+    assert world.labelled() == []
+    assert not world.cluster.objects("Pod", "rtui")
+    # Nothing of the token or the kubeconfig's secrets landed in rtui's files.
+    for path in world.state.rglob("*"):
+        if path.is_file():
+            assert world.cluster.token not in path.read_text(errors="replace"), path

@@ -1,0 +1,51 @@
+"""The image digest asked of a registry at plan time, over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from backend.layers.kubernetes.registry import parse, resolve_digest
+from tests.kubernetes.fake_registry import FakeRegistry
+
+
+def test_an_anonymous_token_challenge_is_answered_and_the_digest_pins_the_image() -> None:
+    with FakeRegistry() as registry:
+        resolved = resolve_digest(registry.image())
+    assert resolved.digest == registry.tags["rtui/ray:test"]
+    assert resolved.reason.startswith("pinned")
+    methods = [(m, auth) for m, _, auth in registry.requests]
+    assert methods[0] == ("HEAD", None) and methods[-1] == ("HEAD", "Bearer anonymous-pull-token")
+
+
+def test_an_unknown_tag_or_a_dead_registry_leaves_the_tag_unpinned_quickly() -> None:
+    with FakeRegistry(token=False) as registry:
+        missing = resolve_digest(registry.image("rtui/ray:nope"))
+    assert missing.digest is None and "unpinned" in missing.reason
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.perf_counter()
+    dead = resolve_digest(f"127.0.0.1:{port}/rtui/ray:test", timeout_s=1.0)
+    assert dead.digest is None and "did not answer" in dead.reason
+    assert time.perf_counter() - started < 3
+
+
+def test_a_listener_that_never_answers_is_cut_at_the_deadline() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        started = time.perf_counter()
+        resolved = resolve_digest(f"127.0.0.1:{s.getsockname()[1]}/rtui/ray:test", timeout_s=0.5)
+        elapsed = time.perf_counter() - started
+    assert resolved.digest is None and elapsed < 2.5, elapsed
+
+
+def test_image_names_are_read_as_docker_reads_them() -> None:
+    ref = parse("public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1")
+    assert (ref.registry, ref.repository, ref.reference, ref.scheme) == (
+        "public.ecr.aws", "deep-learning-containers/ray", "train-ml-cuda-v1.1", "https")
+    assert parse("ubuntu").repository == "library/ubuntu" and parse("ubuntu").reference == "latest"
+    assert parse("localhost:5000/a/b").scheme == "http"
+    pinned = "sha256:" + "a" * 64
+    assert resolve_digest(f"quay.io/x/y:t@{pinned}").digest == pinned  # no request: pinned by the user
