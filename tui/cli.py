@@ -300,10 +300,13 @@ def _manifest(ns: argparse.Namespace, out: TextIO) -> int:
     config = resolved_from(ns).config
     if config.target == "local":
         raise UserError("the local target has no Kubernetes objects", remedy="use --target kube or --target aws")
-    from backend.layers.kubernetes.manifests import manifests, yaml_stream
+    from backend.layers.kubernetes.layer import every_object
+    from backend.layers.kubernetes.manifests import yaml_stream
     from backend.store import new_run_id
 
-    out.write(yaml_stream(manifests(config, new_run_id() if ns.run_id is None else ns.run_id)))
+    objects, notes = every_object(config, new_run_id() if ns.run_id is None else ns.run_id)
+    out.write("".join(f"# {note}\n" for note in notes))
+    out.write(yaml_stream(objects))
     return 0
 
 

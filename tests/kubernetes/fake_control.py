@@ -99,7 +99,8 @@ class FakeControlPlane:
             if ready:
                 self._advertise(EFA if "efa" in image else GPU, nodes)
         else:  # the image pre-pull: ready where the image is cached
-            ready = all(self._cached(n["metadata"]["name"], image) for n in targets)
+            # Every node pulls at once: a list, not all()'s short circuit, starts each node's clock.
+            ready = all([self._cached(n["metadata"]["name"], image) for n in targets])
         count = len(targets) if ready else 0
         if (ds.get("status") or {}).get("numberReady") != count or "desiredNumberScheduled" not in (ds.get("status")
                                                                                                     or {}):

@@ -115,3 +115,24 @@ def test_fresh_cluster_plan_up_noop_status_logs_down(world: KubeWorld) -> None:
     for path in world.state.rglob("*"):
         if path.is_file():
             assert world.cluster.token not in path.read_text(errors="replace"), path
+
+
+def test_the_hugging_face_token_reaches_a_secret_and_nothing_else(world: KubeWorld) -> None:
+    gpu_cluster(world.cluster)
+    token = "hf_TestTokenValue1234567890"
+    world.env["MY_HF"] = token
+    world.rtui("up", "--yes", "--hf-token", "env:MY_HF", "--until", "k8s.raycluster", timeout=120)
+    secret = world.cluster.get("Secret", "rtui-ray-hf-token", "rtui")
+    assert secret is not None and token in str(secret.get("stringData") or secret.get("data"))
+    rc = world.cluster.get("RayCluster", "rtui-ray", "rtui")
+    assert rc is not None and token not in str(rc)
+    env = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "rtui-ray-hf-token", "key": "HF_TOKEN"}}} in env
+    assert token not in world.rtui("manifest", "--hf-token", "env:MY_HF").stdout
+    for path in world.state.rglob("*"):
+        if path.is_file():
+            assert token not in path.read_text(errors="replace"), path
+    # A variable that is not set stops the run before anything is applied, in one line.
+    del world.env["MY_HF"]
+    failed = world.rtui("up", "--yes", "--hf-token", "env:MY_HF", check=False)
+    assert failed.returncode == 2 and "MY_HF" in failed.stderr and failed.stderr.count("\n") == 1

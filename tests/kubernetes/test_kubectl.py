@@ -26,7 +26,13 @@ FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", 
 def kubectl() -> str:
     found = shutil.which("kubectl")
     if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-q", "kubectl"], capture_output=True, timeout=120)
+        # A fresh machine has no package lists yet: read them once, then install.
+        for step in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "kubectl"]):
+            try:
+                subprocess.run(step, capture_output=True, timeout=180, env={**os.environ,
+                                                                            "DEBIAN_FRONTEND": "noninteractive"})
+            except subprocess.TimeoutExpired:
+                break
         found = shutil.which("kubectl")
     if found is None:
         pytest.skip("kubectl is not installed (Debian package `kubectl`) and could not be installed here")

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from backend.config import RunConfig
 from backend.layers.kubernetes import manifests as m
+from backend.layers.kubernetes.layer import every_object
 from tests.conftest import run_rtui
 
 CRD = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay" / "ray.io_rayclusters.yaml"
@@ -215,10 +216,13 @@ def test_rtui_manifest_prints_the_objects_as_a_yaml_stream_and_touches_no_state(
     proc = run_rtui("manifest", "--target", "kube", "--run-id", RUN, "--gpus-per-node", "8", "--namespace", "ml",
                     timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("\n---\n") == 1 and proc.stdout.startswith("---\n")
     printed = list(yaml.safe_load_all(proc.stdout))
-    assert printed == m.manifests(kube(gpus_per_node=8, namespace="ml"), RUN)
-    assert container(worker(printed[1]))["resources"]["limits"]["cpu"] == "80"
+    assert printed == every_object(kube(gpus_per_node=8, namespace="ml"), RUN)[0]
+    assert proc.stdout.count("\n---\n") == len(printed)  # the notes, then one document each
+    assert [o["kind"] for o in printed][0] == "Namespace" and printed[-1]["kind"] == "RayCluster"
+    assert {"DaemonSet", "Deployment", "ClusterRole"} <= {o["kind"] for o in printed}
+    assert proc.stdout.startswith("# the KubeRay 1.7.0 CRDs")  # what it cannot print, said first
+    assert container(worker(printed[-1]))["resources"]["limits"]["cpu"] == "80"
     assert not isolated_env.exists()
 
 
@@ -229,7 +233,7 @@ def test_rtui_manifest_for_aws_without_a_run_id_labels_everything_with_one_new_i
     ids = {o["metadata"]["labels"]["rtui.dev/run"] for o in printed}
     (run_id,) = ids
     assert re.fullmatch(r"r\d{8}-\d{6}-[0-9a-f]{4}", run_id) and LABEL_VALUE.fullmatch(run_id)
-    assert printed == m.manifests(RunConfig(target="aws"), run_id)
+    assert printed == every_object(RunConfig(target="aws"), run_id)[0]
     assert not isolated_env.exists()
 
 

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError
 from backend.layers.base import Context, Handler, Layer
 from backend.layers.kubernetes import addons, manifests, pods
@@ -206,6 +207,26 @@ class KubernetesLayer(Layer):
 
     def job_finished(self, ctx: Context) -> None:
         return None
+
+
+def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifest], list[str]]:
+    """What ``rtui manifest`` prints: every object a run would apply, in the order it applies them,
+    and notes for what it cannot show (the CRDs come from their source; a token is read at apply time)."""
+    objects = [manifests.namespace(config, run_id)]
+    notes = []
+    if config.hf_token:
+        objects.append(manifests.hf_token_secret(config, run_id, f"<read from {config.hf_token} when applied>"))
+    objects += addons.nvidia_device_plugin(config, run_id)
+    if config.wants_efa():
+        objects += addons.efa_device_plugin(config, run_id)
+    objects += addons.kuberay_operator(config, run_id, [])
+    notes.append(f"the KubeRay {config.kuberay_version} CRDs (RayCluster, RayJob, RayService) come first, from "
+                 f"{config.kuberay_crds or 'the KubeRay release'}")
+    notes.append("device plugins and the operator are skipped where the cluster already runs them")
+    objects.append(manifests.image_prepull(config, run_id))
+    objects.append(manifests.raycluster(config, run_id))
+    notes.append("the image is pinned by digest at plan time when its registry answers")
+    return objects, notes
 
 
 def _first_image(objects: list[manifests.Manifest]) -> str:
