@@ -213,3 +213,53 @@ async def test_a_bad_kubeconfig_is_one_line_in_the_checks_and_enter_is_refused(
         assert any(n.message.startswith("Kubernetes API: ") for n in app._notifications)
         await pilot.press("q")
     assert app.return_code == 0
+
+
+async def test_context_switch_is_refused_once_the_run_has_resources(world: KubeWorld) -> None:
+    """The run's resources live in the cluster it was applied to: another context would lose them."""
+    from backend.store import ResourceRecord
+
+    session = world.session()
+    session.record.resources["k8s.namespace"] = ResourceRecord(kind="k8s-namespace", id="rtui")
+    app = RtuiApp(session)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: target_screen(app) and contexts_shown(app) == 2, 15, "the target screen")
+        await pilot.press("down", "enter")
+        await pilot.pause(0.2)
+        assert app.session is session and session.config.context is None
+        assert any("already has resources" in n.message for n in app._notifications)
+
+
+SNAPSHOT_RUN_ID = "r20260101-000000-cafe"
+SNAPSHOT_CHECKS = [
+    CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.OK,
+                detail="context kmock at https://127.0.0.1:6443, 3 nodes"),
+    CheckResult(id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.WARN,
+                detail="node gpu-0: allocatable nvidia.com/gpu is 0 (the NVIDIA device plugin is not running there) "
+                       "(checked again once the device plugins run)",
+                remedy="--require-transport any runs without EFA"),
+]
+
+
+def test_kube_target_screen_snapshot(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The picker and the checks at 80×24. The checks are fixed (no server is contacted), the run id too."""
+    kubeconfig = tmp_path / "kubeconfig"
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": CONTEXT,
+           "clusters": [{"name": n, "cluster": {"server": "https://127.0.0.1:6443"}} for n in (CONTEXT, SECOND)],
+           "users": [{"name": CONTEXT, "user": {"token": "t"}}],
+           "contexts": [{"name": n, "context": {"cluster": n, "user": CONTEXT}} for n in (CONTEXT, SECOND)]}
+    kubeconfig.write_text(yaml.safe_dump(doc))
+    session = RunSession.for_config(resolve_config({"target": "kube", "kubeconfig": str(kubeconfig)}, environ={}))
+    session.record.run_id = SNAPSHOT_RUN_ID
+
+    async def fixed_checks() -> list[CheckResult]:
+        return SNAPSHOT_CHECKS
+
+    session.preflight = fixed_checks  # type: ignore[method-assign]
+
+    async def loaded(pilot: Pilot[None]) -> None:
+        app = pilot.app
+        assert isinstance(app, RtuiApp)
+        await wait_for(pilot, lambda: target_screen(app) and contexts_shown(app) == 2, 10, "checks and contexts")
+
+    assert snap_compare(RtuiApp(session), run_before=loaded, terminal_size=(80, 24))
