@@ -20,6 +20,7 @@ from textual.widgets import OptionList, Static
 
 from backend.config import resolve_config
 from backend.layers.kubernetes.access import kube_contexts
+from backend.ledger import ResourceRecord
 from backend.model import Action, CheckResult, CheckStatus
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
@@ -217,8 +218,6 @@ async def test_a_bad_kubeconfig_is_one_line_in_the_checks_and_enter_is_refused(
 
 async def test_context_switch_is_refused_once_the_run_has_resources(world: KubeWorld) -> None:
     """The run's resources live in the cluster it was applied to: another context would lose them."""
-    from backend.store import ResourceRecord
-
     session = world.session()
     session.record.resources["k8s.namespace"] = ResourceRecord(kind="k8s-namespace", id="rtui")
     app = RtuiApp(session)
