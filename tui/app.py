@@ -16,7 +16,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
-from backend.errors import RtuiError
+from backend.errors import RtuiError, UserError
 from backend.session import RunSession
 from backend.store import RunStatus
 
@@ -86,6 +86,24 @@ class RtuiApp(App[None]):
         from screens.plan import PlanScreen
 
         self._go(PlanScreen())
+
+    def on_target_screen_context_chosen(self, message: TargetScreen.ContextChosen) -> None:
+        """Another kubeconfig context: the same run, configured for it, checked afresh on a new TargetScreen."""
+        old = self.session
+        if message.name == old.config.context:
+            return
+        if old.record.resources:  # its resources live in the cluster it was applied to
+            self.report_error(UserError(
+                f"run {old.run_id} already has resources in context {old.config.context or '(current)'}",
+                remedy=f"tear it down first (`rtui down {old.run_id} --yes`), or start rtui with --context"))
+            return
+        self.release()  # a lock is the old session's (a failed apply that created nothing)
+        config = old.config.model_copy(update={"context": message.name})
+        old.record.config = config.model_dump(mode="json")
+        self.session = RunSession(old.store, old.record, config)
+        from screens.target import TargetScreen
+
+        self._go(TargetScreen())
 
     def on_plan_screen_back_requested(self, _message: PlanScreen.BackRequested) -> None:
         from screens.target import TargetScreen

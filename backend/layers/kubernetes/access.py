@@ -107,13 +107,7 @@ class KubeApi:
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None, *, timeout_s: float = 10.0,
                         token_provider: TokenProvider | None = None) -> KubeApi:
-        source = path or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        files = [os.path.expanduser(p) for p in source.split(os.pathsep) if p]
-        if not any(os.path.isfile(f) for f in files):
-            raise UserError(
-                f"no kubeconfig found (looked in {', '.join(files) or source})",
-                remedy="pass --kubeconfig PATH, run `aws eks update-kubeconfig --name CLUSTER`, or use --target local",
-            )
+        source, files = _kubeconfig_files(path)
         try:
             contexts, current = kube_config.list_kube_config_contexts(source)  # type: ignore[no-untyped-call]
         except _CONFIG_ERRORS as err:
@@ -455,3 +449,53 @@ def _seconds(ts: str) -> str:
 
 def _one_line(err: object) -> str:
     return " ".join(str(err).split())[:300]
+
+
+def _kubeconfig_files(path: str | None) -> tuple[str, list[str]]:
+    """The kubeconfig source as kubectl picks it (flag, KUBECONFIG, ~/.kube/config) and its files."""
+    source = path or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    files = [os.path.expanduser(p) for p in source.split(os.pathsep) if p]
+    if not any(os.path.isfile(f) for f in files):
+        raise UserError(
+            f"no kubeconfig found (looked in {', '.join(files) or source})",
+            remedy="pass --kubeconfig PATH, run `aws eks update-kubeconfig --name CLUSTER`, or use --target local",
+        )
+    return source, files
+
+
+@dataclass(frozen=True)
+class KubeContext:
+    """One kubeconfig context as a picker shows it."""
+
+    name: str
+    cluster: str
+    server: str  # empty when no cluster entry of that name exists
+    namespace: str
+
+
+def kube_contexts(path: str | None = None) -> tuple[list[KubeContext], str | None]:
+    """The kubeconfig's contexts and its current one, merged like kubectl (the first file naming one wins).
+
+    Reads the files only: no credentials are loaded and no server is contacted.
+    """
+    _, files = _kubeconfig_files(path)
+    servers: dict[str, str] = {}
+    entries: dict[str, Obj] = {}
+    current: str | None = None
+    for name in (f for f in files if os.path.isfile(f)):
+        try:
+            with open(name) as f:
+                doc = yaml.safe_load(f)
+            if not isinstance(doc, dict):
+                raise ValueError("not a kubeconfig (empty, or not a mapping)")
+            for item in doc.get("clusters") or []:
+                servers.setdefault(str(item["name"]), str((item.get("cluster") or {}).get("server") or ""))
+            for item in doc.get("contexts") or []:
+                entries.setdefault(str(item["name"]), dict(item.get("context") or {}))
+            current = current or (str(doc["current-context"]) if doc.get("current-context") else None)
+        except _CONFIG_ERRORS as err:
+            raise UserError(f"the kubeconfig {name} is malformed: {_one_line(err)}",
+                            remedy="fix it or point --kubeconfig at another file") from err
+    contexts = [KubeContext(name, str(entry.get("cluster") or ""), servers.get(str(entry.get("cluster")), ""),
+                            str(entry.get("namespace") or "default")) for name, entry in entries.items()]
+    return contexts, current
