@@ -57,8 +57,8 @@ def gpu_cluster(cluster: KubeCluster, nodes: int) -> None:
     cluster.add_node("system-0", gpus=0, efa=0)
     for i in range(nodes):
         node = cluster.add_node(f"gpu-{i}", gpus=4, efa=1, labels={"node.kubernetes.io/instance-type": "g6.12xlarge"})
-        allocatable = {k: v for k, v in node["status"]["allocatable"].items()
-                       if k not in ("nvidia.com/gpu", "vpc.amazonaws.com/efa")}
+        # A merge patch keeps a key that is left out: None takes it away.
+        allocatable = {**node["status"]["allocatable"], "nvidia.com/gpu": None, "vpc.amazonaws.com/efa": None}
         cluster.set_status("Node", f"gpu-{i}", None, {**node["status"], "allocatable": allocatable})
 
 

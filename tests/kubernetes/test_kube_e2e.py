@@ -56,8 +56,8 @@ def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1) -> No
     for i in range(gpu_nodes):
         node = cluster.add_node(f"gpu-{i}", gpus=4, efa=efa,
                                 labels={"node.kubernetes.io/instance-type": "g6.12xlarge"})
-        allocatable = {k: v for k, v in node["status"]["allocatable"].items()
-                       if k not in ("nvidia.com/gpu", "vpc.amazonaws.com/efa")}
+        # A merge patch keeps a key that is left out: None takes it away.
+        allocatable = {**node["status"]["allocatable"], "nvidia.com/gpu": None, "vpc.amazonaws.com/efa": None}
         cluster.set_status("Node", f"gpu-{i}", None, {**node["status"], "allocatable": allocatable})
 
 

@@ -490,6 +490,22 @@ def find_kuberay_operator(deployments: list[dict[str, Any]], crds: list[dict[str
 
 # ----- readiness -----
 
+def daemonset_blocked(ds: dict[str, Any], gpu_nodes: list[dict[str, Any]]) -> str | None:
+    """Why the DaemonSet will never place a pod on one of the GPU nodes (labels, taints), or None.
+
+    Waiting does not fix this: the node or the DaemonSet must change.
+    """
+    meta = ds.get("metadata", {})
+    name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    spec = copy.deepcopy(ds.get("spec", {}).get("template", {}).get("spec") or {})
+    spec["tolerations"] = [*(spec.get("tolerations") or []), *_DAEMONSET_AUTO_TOLERATIONS]
+    for node in gpu_nodes:
+        reason = unschedulable_reason(spec, node)
+        if reason:
+            return f"{name} will not run on GPU node {node.get('metadata', {}).get('name')}: {reason}"
+    return None
+
+
 def daemonset_ready(ds: dict[str, Any], gpu_nodes: list[dict[str, Any]]) -> tuple[bool, str]:
     """Whether the plugin is ready on every GPU node, and what it waits for.
 
@@ -506,12 +522,9 @@ def daemonset_ready(ds: dict[str, Any], gpu_nodes: list[dict[str, Any]]) -> tupl
         return False, f"{name}: no GPU nodes to run on yet"
     if int(status.get("observedGeneration") or 0) < int(meta.get("generation") or 0):
         return False, f"{name}: the DaemonSet controller has not seen its latest spec yet"
-    spec = copy.deepcopy(ds.get("spec", {}).get("template", {}).get("spec") or {})
-    spec["tolerations"] = [*(spec.get("tolerations") or []), *_DAEMONSET_AUTO_TOLERATIONS]
-    for node in gpu_nodes:
-        reason = unschedulable_reason(spec, node)
-        if reason:
-            return False, f"{name} will not run on GPU node {node.get('metadata', {}).get('name')}: {reason}"
+    blocked = daemonset_blocked(ds, gpu_nodes)
+    if blocked:
+        return False, blocked
     desired, ready = int(status.get("desiredNumberScheduled") or 0), int(status.get("numberReady") or 0)
     updated = int(status.get("updatedNumberScheduled") or 0)
     if desired < len(gpu_nodes):

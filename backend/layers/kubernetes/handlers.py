@@ -222,8 +222,9 @@ class DevicePluginHandler(KubeHandler):
             live = await api.get(*ref(daemonset))
             if live is None:
                 return Check(False, "waiting for the DaemonSet to appear")
-            done, why = addons.daemonset_ready(live, await gpu_nodes(api))
-            return Check(done, why, 1.0 if done else 0.5)
+            nodes = await gpu_nodes(api)
+            done, why = addons.daemonset_ready(live, nodes)
+            return Check(done, why, 1.0 if done else 0.5, fatal=addons.daemonset_blocked(live, nodes))
 
         async for p in wait_for(ready, what=self.title, timeout_s=ADDON_TIMEOUT_S,
                                 remedy="see `kubectl -n kube-system describe daemonset`"):
