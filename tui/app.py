@@ -49,7 +49,9 @@ class RtuiApp(App[None]):
     def _set_subtitle(self) -> None:
         s = self.session
         down = " · down" if s.record.status is RunStatus.DOWN else ""
-        self.sub_title = f"{s.config.target} · {s.config.cluster_name} · run {s.run_id}{down}"
+        # On kube, which cluster: the context the kubeconfig names (or its current one).
+        where = f" @ {s.config.context}" if s.config.target == "kube" and s.config.context else ""
+        self.sub_title = f"{s.config.target}{where} · {s.config.cluster_name} · run {s.run_id}{down}"
 
     # --- routing -----------------------------------------------------------------------
     def get_default_screen(self) -> Screen[Any]:
