@@ -103,6 +103,7 @@ class RtuiApp(App[None]):
         config = old.config.model_copy(update={"context": message.name})
         old.record.config = config.model_dump(mode="json")
         self.session = RunSession(old.store, old.record, config)
+        self._set_subtitle()
         from screens.target import TargetScreen
 
         self._go(TargetScreen())
