@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import yaml
 
 from backend.layers.kubernetes import layer as kube_layer
 from backend.layers.kubernetes import raycluster
+from backend.layers.kubernetes.pods import PodProblem
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.kube_world import RUN_LABEL, KubeWorld, events, failure, gpu_cluster, wait_until, world
 
@@ -136,6 +138,19 @@ def test_worker_pending_for_efa_held_elsewhere_fails_at_the_deadline_with_the_re
     assert "\n" not in line and f"Insufficient {EFA}" in line and "not scheduled" in line, line
     assert "(unschedulable for 1s)" in line, line  # how long it waited
     assert not world.head.jobs
+
+
+def test_the_unschedulable_clock_restarts_when_the_pods_get_placed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(raycluster, "UNSCHEDULABLE_TIMEOUT_S", 0.05)
+    stuck = PodProblem(f"pod w: not scheduled: 2 nodes lack {EFA}", False, (EFA,), unscheduled=True)
+    clock = raycluster.Unscheduled()
+    assert clock.fatal(stuck) is None
+    time.sleep(0.06)
+    assert clock.fatal(PodProblem('Pulling image "x" (still pulling)', False)) is None  # placed: the clock stops
+    assert clock.fatal(stuck) is None  # and starts again from zero
+    time.sleep(0.06)
+    assert clock.fatal(stuck) == f"pod w: not scheduled: 2 nodes lack {EFA} (unschedulable for 0s)"
+    assert clock.fatal(PodProblem("pod w: cannot pull image x", True)) == "pod w: cannot pull image x"
 
 
 def test_image_pull_backoff_fails_naming_the_image(world: KubeWorld) -> None:
