@@ -124,6 +124,7 @@ def test_head_log_follow_survives_dropped_streams_and_resumes_from_the_spool(wor
     # Only what came after the newest spooled line was asked for (sinceTime has whole seconds).
     assert reads[-1].query.get("sinceTime", "")[:19] == kept[-1][:19], (reads[-1].query, kept[-1])
     assert [ln.split(" ", 1)[1] for ln in spool.read_text().splitlines()] == fed
+    assert_no_secret(world, world.cluster.token)
 
 
 @pytest.fixture
