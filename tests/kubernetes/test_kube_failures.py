@@ -57,16 +57,16 @@ def _existing_addons(cluster: KubeCluster, crds: Path) -> None:
                               "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.5.6"))
 
 
+ADOPTED = (("Deployment", "kuberay-operator", "kuberay-system"),
+           ("DaemonSet", "nvidia-device-plugin-daemonset", "gpu-operator"),
+           ("DaemonSet", "aws-efa-k8s-device-plugin-daemonset", "kube-system"),
+           ("CustomResourceDefinition", "rayclusters.ray.io", None))
+
+
 def _versions(cluster: KubeCluster) -> dict[tuple[str, str, str | None], str]:
-    found = {("Deployment", "kuberay-operator", "kuberay-system"): cluster.get("Deployment", "kuberay-operator",
-                                                                               "kuberay-system"),
-             ("DaemonSet", "nvidia-device-plugin-daemonset", "gpu-operator"):
-                 cluster.get("DaemonSet", "nvidia-device-plugin-daemonset", "gpu-operator"),
-             ("DaemonSet", "aws-efa-k8s-device-plugin-daemonset", "kube-system"):
-                 cluster.get("DaemonSet", "aws-efa-k8s-device-plugin-daemonset", "kube-system"),
-             ("CustomResourceDefinition", "rayclusters.ray.io", None):
-                 cluster.get("CustomResourceDefinition", "rayclusters.ray.io")}
-    return {key: (obj or {}).get("metadata", {}).get("resourceVersion", "gone") for key, obj in found.items()}
+    """The resourceVersion of each object the user installed ("gone" once deleted)."""
+    return {(kind, name, ns): ((cluster.get(kind, name, ns) or {}).get("metadata") or {}).get("resourceVersion", "gone")
+            for kind, name, ns in ADOPTED}
 
 
 def test_existing_operator_and_device_plugins_are_adopted_untouched_and_kept(world: KubeWorld) -> None:
