@@ -35,6 +35,8 @@ class FakeControlPlane:
     timings: Timings = field(default_factory=Timings)
     jobs_url: str = ""  # where the head service's dashboard port leads once the head is ready
     bad_images: set[str] = field(default_factory=set)
+    # Extended resources that pods the test does not show hold on a node: {node: {resource: count}}.
+    held: dict[str, dict[str, int]] = field(default_factory=dict)
     tick_s: float = 0.01
     _first_seen: dict[str, float] = field(default_factory=dict)
     _pulled: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, image) -> when it is cached
@@ -86,6 +88,7 @@ class FakeControlPlane:
         live = {(rc["metadata"]["namespace"], rc["metadata"]["name"]) for rc in clusters}
         for pod in self.cluster.objects("Pod"):
             self._pod(pod, nodes, live)
+        self._collect_garbage()
 
     def _daemonset(self, ds: Obj, nodes: list[Obj]) -> None:
         meta = ds["metadata"]
@@ -101,6 +104,7 @@ class FakeControlPlane:
         else:  # the image pre-pull: ready where the image is cached
             # Every node pulls at once: a list, not all()'s short circuit, starts each node's clock.
             ready = all([self._cached(n["metadata"]["name"], image) for n in targets])
+            self._daemonset_pods(ds, targets, image)
         count = len(targets) if ready else 0
         if (ds.get("status") or {}).get("numberReady") != count or "desiredNumberScheduled" not in (ds.get("status")
                                                                                                     or {}):
@@ -108,6 +112,45 @@ class FakeControlPlane:
                 "desiredNumberScheduled": len(targets), "currentNumberScheduled": len(targets),
                 "numberReady": count, "numberAvailable": count, "updatedNumberScheduled": len(targets),
                 "observedGeneration": ds["metadata"].get("generation", 1)})
+
+    def _daemonset_pods(self, ds: Obj, targets: list[Obj], image: str) -> None:
+        """One pod per node, so a pull that fails shows where Kubernetes shows it: on the pod."""
+        meta = ds["metadata"]
+        ns, container = meta["namespace"], ds["spec"]["template"]["spec"]["containers"][0]["name"]
+        existing = {p["metadata"]["name"]: p for p in self.cluster.objects("Pod", ns)}
+        for node in targets:
+            name = f"{meta['name']}-{node['metadata']['name']}"
+            if name not in existing:
+                self.cluster.create({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": ns,
+                                 "labels": dict(ds["spec"]["template"].get("metadata", {}).get("labels", {})),
+                                 "ownerReferences": [{"kind": "DaemonSet", "name": meta["name"]}]},
+                    "spec": {**ds["spec"]["template"]["spec"], "nodeName": node["metadata"]["name"]},
+                    "status": {"phase": "Pending"}})
+            if image in self.bad_images:
+                self._event(ns, name, "Failed", f'Failed to pull image "{image}": not found', "Warning")
+                waiting = {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}
+                status: Obj = {"phase": "Pending", "containerStatuses": [{
+                    "name": container, "image": image, "ready": False, "restartCount": 0,
+                    "state": {"waiting": waiting}}]}
+            elif self._cached(node["metadata"]["name"], image):
+                status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                          "containerStatuses": [{"name": container, "image": image, "ready": True, "restartCount": 0,
+                                                 "state": {"running": {"startedAt": "now"}}}]}
+            else:
+                continue
+            if (existing.get(name) or {}).get("status") != status:
+                self.cluster.set_status("Pod", name, ns, status)
+
+    def _collect_garbage(self) -> None:
+        """Pods of a DaemonSet that is gone go too (the garbage collector's ownerReferences)."""
+        live = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in self.cluster.objects("DaemonSet")}
+        for pod in self.cluster.objects("Pod"):
+            meta = pod["metadata"]
+            owners = [o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "DaemonSet"]
+            if owners and (meta["namespace"], owners[0]) not in live:
+                self.cluster.delete("Pod", meta["name"], meta["namespace"])
 
     def _advertise(self, resource: str, nodes: list[Obj]) -> None:
         for node in nodes:
@@ -201,10 +244,11 @@ class FakeControlPlane:
             if not wants_gpu and _is_gpu(node):
                 continue  # the head keeps off GPU nodes (its NotIn affinity)
             allocatable = node["status"].get("allocatable", {})
-            if int(allocatable.get(GPU, 0)) < wants_gpu:
+            held = self.held.get(node["metadata"]["name"], {})
+            if int(allocatable.get(GPU, 0)) - held.get(GPU, 0) < wants_gpu:
                 short[GPU] += 1
                 continue
-            if int(allocatable.get(EFA, 0)) < wants_efa:
+            if int(allocatable.get(EFA, 0)) - held.get(EFA, 0) < wants_efa:
                 short[EFA] += 1
                 continue
             used = [p for p in self.cluster.objects("Pod") if p["spec"].get("nodeName") == node["metadata"]["name"]

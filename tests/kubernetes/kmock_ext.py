@@ -75,6 +75,7 @@ class Served:
     query: dict[str, str]
     status: int
     content_type: str
+    authorization: str = ""  # the bearer token it came with, to tell which credential a client used
 
 
 def now_rfc3339(nano: bool = False) -> str:
@@ -160,7 +161,8 @@ class RtuiKube(KubernetesEmulator):
         if response is None:  # discovery and watches: kmock's own
             response = await super().__call__(raw)
         self.served.append(Served(raw.method, raw.path, dict(raw.query), response.status,
-                                  raw.headers.get("Content-Type", "")))
+                                  raw.headers.get("Content-Type", ""),
+                                  raw.headers.get("Authorization", "").removeprefix("Bearer ")))
         return response
 
     async def _route(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse | None:

@@ -145,7 +145,7 @@ def test_failed_scheduling_names_the_missing_resource_from_the_latest_event() ->
     assert problem == PodProblem(
         "not scheduled: 2 nodes lack vpc.amazonaws.com/efa — 0/3 nodes are available: 1 node(s) had untolerated "
         "taint {node-role: system}, 2 Insufficient vpc.amazonaws.com/efa", fatal=False,
-        insufficient=("vpc.amazonaws.com/efa",))
+        insufficient=("vpc.amazonaws.com/efa",), unscheduled=True)
     # When the allocatable check says no node will ever offer EFA, waiting is pointless.
     fatal = pod_problem(pod(conditions=UNSCHEDULABLE), [event("FailedScheduling", FAILED_SCHEDULING)],
                         unobtainable={"vpc.amazonaws.com/efa"})

@@ -14,8 +14,9 @@ import os
 import ssl
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import urllib3
@@ -30,11 +31,16 @@ Obj = dict[str, Any]
 Objs = list[Obj]  # aliases: inside KubeApi, ``list`` names the method
 Query = list[tuple[str, str]]
 TokenProvider = Callable[[], str]
+T = TypeVar("T")
 
 FIELD_MANAGER = "rtui"
 # What the client's loader raises on a broken file: its own errors, YAML's, and lookups of missing keys.
 _CONFIG_ERRORS = (ConfigException, yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, OSError)
 _LOG_QUEUE_BATCHES = 64  # a slow consumer stalls the reading thread, not memory
+# Blocking requests run on the API's own threads, as many as one discovery sends at once (about a
+# dozen): on asyncio's default executor (cpu_count + 4 threads, 6 on a 2-CPU machine) they would
+# queue, and a server that never answers would take two or three request deadlines to report.
+_REQUEST_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,7 @@ class KubeApi:
         self._namespace = namespace
         self.timeout_s = timeout_s
         self._token_provider: TokenProvider | None = None
+        self._threads = ThreadPoolExecutor(_REQUEST_THREADS, thread_name_prefix="kube-api")
 
     # ---- construction -------------------------------------------------------------------------
 
@@ -185,6 +192,7 @@ class KubeApi:
         return f"{self.server}/api/v1/namespaces/{namespace}/services/{service}:{port_name}/proxy"
 
     def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
         self._client.close()  # type: ignore[no-untyped-call]
 
     # ---- object operations --------------------------------------------------------------------
@@ -304,8 +312,8 @@ class KubeApi:
         queue: asyncio.Queue[list[str] | BaseException | None] = asyncio.Queue(_LOG_QUEUE_BATCHES)
         stop = threading.Event()
         # Connect within the deadline; once streaming, silence is normal (a quiet training job).
-        response = await asyncio.to_thread(self._call, "GET", path, what, query=query,
-                                           timeout=(self.timeout_s, None))
+        response = await self._in_thread(lambda: self._call("GET", path, what, query=query,
+                                                            timeout=(self.timeout_s, None)))
 
         def hand_over(item: list[str] | BaseException | None) -> None:
             future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
@@ -358,7 +366,10 @@ class KubeApi:
             result: Obj = json.loads(data) if data else {}
             return result
 
-        return await asyncio.to_thread(call)
+        return await self._in_thread(call)
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
 
     def _call(self, method: str, path: str, what: _What, *, query: Query | None = None,
               body: Any = None, content_type: str = "application/json",

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.config import RunConfig
-from backend.errors import OperationError, RtuiError
+from backend.errors import OperationError, RtuiError, UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.layers.kubernetes import addons, manifests, pods
 from backend.layers.kubernetes.handlers import (
@@ -120,7 +120,9 @@ class KubernetesLayer(Layer):
         try:
             api = kube_api(ctx)
             nodes = await api.list("v1", "Node")
-        except RtuiError as exc:
+        except UserError as exc:  # the kubeconfig or its credentials: the user has something to change
+            # An OperationError (no answer by the deadline, TLS) goes up as it is: the check could
+            # not run, an operational failure (exit 1), not bad input (a failed check is exit 2).
             return [CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.FAIL,
                                 detail=exc.message, remedy=exc.remedy)]
         results = [CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.OK,

@@ -41,6 +41,8 @@ class PodProblem:
     fatal: bool
     # Resources the scheduler found too little of, so a caller can hold them against allocatable_problems.
     insufficient: tuple[str, ...] = ()
+    # The scheduler placed it nowhere: a wait with its own deadline (room may free up, a node be added).
+    unscheduled: bool = False
 
 
 def _name(obj: Obj) -> str:
@@ -223,8 +225,8 @@ def _scheduling_problem(message: str, unobtainable: Collection[str]) -> PodProbl
         short = ", ".join(f"{n} node{'s' if n != '1' else ''} lack {r}" for n, r in _INSUFFICIENT.findall(head))
         fatal = any(r in unobtainable for r in insufficient)
         why = " (no node can offer it)" if fatal else ""
-        return PodProblem(f"not scheduled: {short}{why} — {head}", fatal, insufficient)
-    return PodProblem(f"not scheduled: {head}", False)
+        return PodProblem(f"not scheduled: {short}{why} — {head}", fatal, insufficient, unscheduled=True)
+    return PodProblem(f"not scheduled: {head}", False, unscheduled=True)
 
 
 def _container_problem(c: Obj, pod: Obj, events: Sequence[Obj]) -> PodProblem | None:

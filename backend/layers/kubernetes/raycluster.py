@@ -7,7 +7,9 @@ every worker, saying why a pod is not running yet as soon as Kubernetes knows.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,9 @@ NODE_TYPE_LABEL = "ray.io/node-type"
 
 
 IMAGE_KEYS = ("image", "digest", "pinning")
+# A pod the scheduler places nowhere may still get room: capacity another pod frees, a node an
+# autoscaler adds (a few minutes). Past this it is not coming, while the GPU nodes cost money.
+UNSCHEDULABLE_TIMEOUT_S = 600.0
 
 
 def _digest_of(state: dict[str, Any]) -> str | None:
@@ -68,17 +73,37 @@ def ray_pods_selector(config_name: str, node_type: str | None = None) -> str:
     return selector + (f",{NODE_TYPE_LABEL}={node_type}" if node_type else "")
 
 
-async def pod_report(api: KubeApi, namespace: str, pod_list: list[Manifest]) -> tuple[str | None, str | None]:
-    """(the first problem a pod has, whether it is fatal) from the pods' status and their events."""
+async def pod_report(api: KubeApi, namespace: str, pod_list: list[Manifest]) -> pods.PodProblem | None:
+    """The first problem a pod has, from the pods' status and their events, its message naming the pod."""
     for pod in pod_list:
         if pods.pod_running(pod):
             continue
         name = pod["metadata"]["name"]
         problem = pods.pod_problem(pod, await api.events(namespace, name))
         if problem is not None:
-            line = f"pod {name}: {problem.message}"
-            return line, line if problem.fatal else None
-    return None, None
+            return dataclasses.replace(problem, message=f"pod {name}: {problem.message}")
+    return None
+
+
+class Unscheduled:
+    """How long the pods have been unschedulable without a break, and whether that is long enough to stop."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def fatal(self, problem: pods.PodProblem | None) -> str | None:
+        """The line to fail with: the problem if fatal in itself, or unscheduled past the deadline."""
+        if problem is not None and problem.fatal:
+            return problem.message
+        if problem is None or not problem.unscheduled:
+            self.since = None
+            return None
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        waited = now - self.since
+        if waited < UNSCHEDULABLE_TIMEOUT_S:
+            return None
+        return f"{problem.message} (unschedulable for {waited:.0f}s)"
 
 
 class PrepullHandler(KubeHandler):
@@ -119,11 +144,13 @@ class PrepullHandler(KubeHandler):
             live = await api.get(*ref(daemonset))
             status = (live or {}).get("status") or {}
             want_n, ready_n = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
-            problem, fatal = await pod_report(api, ctx.config.namespace,
-                                              await api.list("v1", "Pod", ctx.config.namespace, label))
-            message = problem or f"image on {ready_n}/{want_n} nodes"
+            problem = await pod_report(api, ctx.config.namespace,
+                                       await api.list("v1", "Pod", ctx.config.namespace, label))
+            message = problem.message if problem else f"image on {ready_n}/{want_n} nodes"
             done = live is not None and want_n > 0 and ready_n >= want_n
-            return Check(done, message, ready_n / want_n if want_n else None, fatal)
+            return Check(done, message, ready_n / want_n if want_n else None, unscheduled.fatal(problem))
+
+        unscheduled = Unscheduled()
 
         async for p in wait_for(pulled, what="pulling the Ray image", timeout_s=PULL_TIMEOUT_S,
                                 remedy="check the image name and the nodes' access to its registry"):
@@ -206,8 +233,11 @@ class RayClusterHandler(KubeHandler):
                 return Check(False, "waiting for KubeRay to create the head pod", 0.3)
             if any(pods.pod_ready(p) for p in heads):
                 return Check(True, "head ready", 1.0)
-            problem, fatal = await pod_report(api, ctx.config.namespace, heads)
-            return Check(False, problem or f"head pod {heads[0]['metadata']['name']} starting", 0.5, fatal)
+            problem = await pod_report(api, ctx.config.namespace, heads)
+            return Check(False, problem.message if problem else f"head pod {heads[0]['metadata']['name']} starting",
+                         0.5, unscheduled.fatal(problem))
+
+        unscheduled = Unscheduled()
 
         async for p in wait_for(head_ready, what="the Ray head", timeout_s=PULL_TIMEOUT_S,
                                 remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):
@@ -274,8 +304,11 @@ class WorkersHandler(KubeHandler):
             up = sum(pods.pod_running(p) for p in workers)
             if up >= count:
                 return Check(True, f"{up}/{count} workers running", 1.0)
-            problem, fatal = await pod_report(api, ctx.config.namespace, workers)
-            return Check(False, problem or f"{up}/{count} workers running", 0.2 + 0.8 * up / count, fatal)
+            problem = await pod_report(api, ctx.config.namespace, workers)
+            return Check(False, problem.message if problem else f"{up}/{count} workers running",
+                         0.2 + 0.8 * up / count, unscheduled.fatal(problem))
+
+        unscheduled = Unscheduled()
 
         async for p in wait_for(running, what="the GPU workers", timeout_s=PULL_TIMEOUT_S,
                                 remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):

@@ -1,0 +1,111 @@
+"""A kube target world for subprocess tests: the emulated API server, its controllers, a Ray head, a registry.
+
+Like test_kube_e2e's fixture, but it runs the CLI from this checkout (``python -m tui.cli`` with
+the checkout first on PYTHONPATH), so a test of a branch exercises that branch's code, and it can
+start ``rtui`` in the background (to kill it, or to follow a log while the test feeds it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.crds import crd_dir
+from tests.kubernetes.fake_control import FakeControlPlane
+from tests.kubernetes.fake_ray import FakeRayHead
+from tests.kubernetes.fake_registry import FakeRegistry
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_LABEL = "rtui.dev/run"
+OURS = ["Namespace", "Secret", "ServiceAccount", "DaemonSet", "Deployment", "ClusterRole", "ClusterRoleBinding",
+        "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster"]
+
+
+@dataclass
+class KubeWorld:
+    cluster: KubeCluster
+    head: FakeRayHead
+    control: FakeControlPlane
+    registry: FakeRegistry
+    env: dict[str, str]
+    state: Path
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "tui.cli", *args]
+
+    def rtui(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(self.argv(*args), env=self.env, capture_output=True, text=True, timeout=timeout,
+                              cwd=ROOT)
+        if check:
+            assert done.returncode == 0, (args, done.stdout[-3000:], done.stderr[-3000:])
+        return done
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.argv(*args), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT)
+
+    def labelled(self) -> list[str]:
+        """Every object of ours still in the cluster (any kind rtui applies)."""
+        return [f"{kind}/{o['metadata']['name']}" for kind in OURS for o in self.cluster.objects(kind)
+                if RUN_LABEL in (o["metadata"].get("labels") or {})]
+
+
+def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1) -> None:
+    """One system node and GPU nodes whose GPUs and EFA appear only once the device plugins run."""
+    cluster.add_node("system-0", gpus=0, efa=0)
+    for i in range(gpu_nodes):
+        node = cluster.add_node(f"gpu-{i}", gpus=4, efa=efa,
+                                labels={"node.kubernetes.io/instance-type": "g6.12xlarge"})
+        allocatable = {k: v for k, v in node["status"]["allocatable"].items()
+                       if k not in ("nvidia.com/gpu", "vpc.amazonaws.com/efa")}
+        cluster.set_status("Node", f"gpu-{i}", None, {**node["status"], "allocatable": allocatable})
+
+
+def make_world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
+    head = FakeRayHead(steps=5).start()
+    with FakeRegistry() as registry, FakeControlPlane(kube_cluster, jobs_url=head.url) as control:
+        env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / "state"), "RTUI_TARGET": "kube",
+               "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
+               "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        try:
+            yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state")
+        finally:
+            head.stop()
+        assert not control.errors, control.errors[:3]
+
+
+@pytest.fixture
+def world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
+    yield from make_world(kube_cluster, tmp_path)
+
+
+def events(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def failure(out: str) -> str:
+    """The error line of the first failed step of an ``up --json``."""
+    failed = [e for e in events(out) if e["kind"] == "failed" and e["step"] != "run"]
+    assert failed, out[-2000:]
+    return " — ".join(str(failed[0][k]) for k in ("message", "cause", "remedy") if failed[0].get(k))
+
+
+def wait_until(what: str, cond: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
