@@ -248,15 +248,24 @@ class JobsApi:
                 self.url(path), headers=dict(self._headers()), ssl=self._ssl, heartbeat=WS_HEARTBEAT_S,
                 timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
             ) as ws:
-                async for msg in ws:
+                sent_close: int | None = None  # the code of the server's close frame, if one came
+                while True:
+                    msg = await ws.receive()
                     if msg.type is aiohttp.WSMsgType.TEXT:
                         yield str(msg.data)
                     elif msg.type is aiohttp.WSMsgType.ERROR:
                         raise TransientError(f"log tail of job {submission_id} broke: {ws.exception()}")
+                    elif msg.type is aiohttp.WSMsgType.CLOSE:
+                        sent_close = int(msg.data)
+                    elif msg.type in (aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                        break
                 # Ray's server returns from its handler when the job ends (a normal close);
-                # 1006 is a connection that died under us.
-                if ws.close_code in (None, aiohttp.WSCloseCode.ABNORMAL_CLOSURE):
-                    raise TransientError(f"log tail of job {submission_id} dropped (code {ws.close_code})")
+                # 1006 is a connection that died under us. The server's own close frame decides:
+                # a peer that drops the connection right after it (the emulated API server's proxy
+                # does) fails our reply and leaves close_code at 1006 for a stream that was whole.
+                code = sent_close if sent_close is not None else ws.close_code
+                if code in (None, aiohttp.WSCloseCode.ABNORMAL_CLOSURE):
+                    raise TransientError(f"log tail of job {submission_id} dropped (code {code})")
         except aiohttp.WSServerHandshakeError as exc:
             if exc.status in (401, 403):
                 raise self._refused(exc.status, exc.message) from None
