@@ -17,10 +17,12 @@ collector prints "Unclosed client session" over the TUI.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import hashlib
 import io
 import json
+import re
 import ssl as ssl_lib
 import zipfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -34,6 +36,7 @@ from urllib.parse import quote
 import aiohttp
 
 from backend.errors import OperationError, TransientError
+from backend.jsonstring import StringValueDecoder
 
 HeaderProvider = Callable[[], Mapping[str, str]]
 
@@ -43,6 +46,9 @@ DEFAULT_EXCLUDES = (".git", ".venv", "venv", "__pycache__")
 # Answers that say the server between us and the dashboard (the API server's proxy, a load
 # balancer) could not reach it right now: worth another try, unlike a refusal of the request.
 GATEWAY_STATUSES = (502, 503, 504)
+# How Ray's ``GET /logs`` answer starts (json.dumps of JobLogsResponse, whose only field is logs).
+LOGS_PREFIX = re.compile(r'\s*\{\s*"logs"\s*:\s*"')
+LOGS_READ_BYTES = 64 * 1024
 # A silent peer (a proxy that dropped the connection without a FIN) is noticed within this.
 WS_HEARTBEAT_S = 30.0
 
@@ -198,6 +204,41 @@ class JobsApi:
             raise self._failed(f"reading the log of job {submission_id}", answer)
         return str(answer.json().get("logs") or "")
 
+    async def logs_from(self, submission_id: str, start: int) -> AsyncIterator[str]:
+        """``GET /api/jobs/{id}/logs`` from character ``start`` on, decoded as the body arrives.
+
+        The endpoint always sends the whole log; this holds one read's worth of it at a time,
+        where ``logs()`` holds the body, its text and the decoded log at once."""
+        path = f"/api/jobs/{_seg(submission_id)}/logs"
+        what = f"reading the log of job {submission_id}"
+        # No total deadline: a long log takes as long as it takes; a silent peer does not.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
+        try:
+            async with self._session() as session, session.get(
+                self.url(path), headers=dict(self._headers()), ssl=self._ssl, timeout=timeout,
+            ) as resp:
+                if resp.status != 200:
+                    answer = Answer(resp.status, await resp.text())
+                    if answer.status in (401, 403):
+                        raise self._refused(answer.status, answer.body)
+                    raise self._failed(what, answer)
+                value = StringValueDecoder(LOGS_PREFIX)
+                utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+                skip = start
+                async for data in resp.content.iter_chunked(LOGS_READ_BYTES):
+                    for piece in value.feed(utf8.decode(data)):
+                        if skip < len(piece):
+                            yield piece[skip:]
+                        skip = max(0, skip - len(piece))
+                    if value.finished:
+                        return
+                value.check_started()
+                raise TransientError(f"{what}: the answer ended before the log did")
+        except ValueError as exc:  # PrefixMismatch, or a value that is not a JSON string
+            raise OperationError(f"{what}: not a Jobs API answer ({first_line(str(exc))})") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+
     async def tail(self, submission_id: str) -> AsyncIterator[str]:
         """``GET /api/jobs/{id}/logs/tail`` (a websocket): the log from its beginning, chunk by chunk,
         until the server closes it (the job ended). A dropped connection is a TransientError."""
@@ -207,15 +248,24 @@ class JobsApi:
                 self.url(path), headers=dict(self._headers()), ssl=self._ssl, heartbeat=WS_HEARTBEAT_S,
                 timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
             ) as ws:
-                async for msg in ws:
+                sent_close: int | None = None  # the code of the server's close frame, if one came
+                while True:
+                    msg = await ws.receive()
                     if msg.type is aiohttp.WSMsgType.TEXT:
                         yield str(msg.data)
                     elif msg.type is aiohttp.WSMsgType.ERROR:
                         raise TransientError(f"log tail of job {submission_id} broke: {ws.exception()}")
+                    elif msg.type is aiohttp.WSMsgType.CLOSE:
+                        sent_close = int(msg.data)
+                    elif msg.type in (aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                        break
                 # Ray's server returns from its handler when the job ends (a normal close);
-                # 1006 is a connection that died under us.
-                if ws.close_code in (None, aiohttp.WSCloseCode.ABNORMAL_CLOSURE):
-                    raise TransientError(f"log tail of job {submission_id} dropped (code {ws.close_code})")
+                # 1006 is a connection that died under us. The server's own close frame decides:
+                # a peer that drops the connection right after it (the emulated API server's proxy
+                # does) fails our reply and leaves close_code at 1006 for a stream that was whole.
+                code = sent_close if sent_close is not None else ws.close_code
+                if code in (None, aiohttp.WSCloseCode.ABNORMAL_CLOSURE):
+                    raise TransientError(f"log tail of job {submission_id} dropped (code {code})")
         except aiohttp.WSServerHandshakeError as exc:
             if exc.status in (401, 403):
                 raise self._refused(exc.status, exc.message) from None

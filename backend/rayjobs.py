@@ -20,6 +20,7 @@ from backend.jobsapi import HeaderProvider, JobsApi, SubmitRefused, TokenRefused
 from backend.store import JobState
 
 RECONNECT_DELAY_S = 1.0
+LOG_FETCH_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -127,29 +128,60 @@ class RayJobs:
     async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
         """Yield new log text until the job ends; reconnects, never yields a character twice.
 
-        Ray's tail replays the log from its beginning, so ``skip_chars`` (what we
-        already hold in the spool) is dropped from the front of the stream.
+        Ray's tail replays the log from its beginning, so ``skip_chars`` (what we already hold
+        in the spool) is dropped from the front of the stream.
+
+        Ray closes the tail normally only after its agent saw the job terminal and then read the
+        log file to its end (``JobManager.tail_job_logs`` in dashboard/modules/job/job_manager.py),
+        so such a tail is the whole log and nothing is fetched again. The head also closes it
+        normally when its own connection to that agent dies (job_head.py ``tail_job_logs``), so a
+        normal close before the job's end time, or a dropped tail, falls back to the full log —
+        streamed, taking only what comes after what we hold (``JobsApi.logs_from``).
         """
-        seen = 0
+        held = skip_chars  # characters from the log's start that the caller has
         while True:
+            seen, clean = 0, False
             try:
                 async for chunk in self.api.tail(submission_id):
-                    start = max(0, skip_chars - seen)
+                    start = max(0, held - seen)
                     seen += len(chunk)
                     if start < len(chunk):
                         yield chunk[start:]
+                        held = seen
+                clean = True
             except TransientError:
                 pass  # connection dropped: decide from the job's status below
+            closed_at = time.time()
             status = await self.status(submission_id)
             if status.terminal:
-                # The tail ends when the job ends; fetch the full log once to catch a lost tail.
-                text = await self.logs(submission_id)
-                if len(text) > max(seen, skip_chars):
-                    yield text[max(seen, skip_chars):]
+                if not (clean and _closed_after_end(status, closed_at)):
+                    async for text in self._rest_of_log(submission_id, held):
+                        yield text
                 return
-            skip_chars = max(skip_chars, seen)
-            seen = 0
             await asyncio.sleep(RECONNECT_DELAY_S)
+
+    async def _rest_of_log(self, submission_id: str, held: int) -> AsyncIterator[str]:
+        """The log after its first ``held`` characters, from the full-log endpoint; a read that
+        breaks midway is taken up again after what it yielded."""
+        for attempt in range(LOG_FETCH_ATTEMPTS):
+            try:
+                async for text in self.api.logs_from(submission_id, held):
+                    held += len(text)
+                    yield text
+                return
+            except TransientError:
+                if attempt + 1 == LOG_FETCH_ATTEMPTS:
+                    raise
+                await asyncio.sleep(RECONNECT_DELAY_S)
+
+
+def _closed_after_end(status: JobStatus, closed_at: float) -> bool:
+    """Whether a tail that closed at ``closed_at`` (our clock) closed after the job ended.
+
+    Ray's agent closes a finished job's tail a second or two after the end (it sleeps between
+    reads), which absorbs that much clock skew; a larger skew only costs a needless fetch.
+    Without an end time there is nothing to compare: trust the close."""
+    return status.end_time is None or closed_at >= status.end_time
 
 
 async def submit_when_ready(jobs: RayJobs, *, timeout_s: float = 90.0, **kwargs: Any) -> AsyncIterator[str]:

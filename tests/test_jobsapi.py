@@ -330,8 +330,10 @@ async def test_follow_survives_dropped_tails_without_a_duplicate_or_a_gap(
 
     async def finish() -> None:
         await asyncio.sleep(0.2)
-        job.log, job.tail_misses = log, 500  # the end reaches only the full log
-        job.details["status"] = "SUCCEEDED"
+        # The last tail closes normally without the end: Ray's head does that when it loses its
+        # agent. The job's end time, after that close, tells; the end reaches only the full log.
+        job.log, job.tail_misses = log, 500
+        job.details.update(status="SUCCEEDED", end_time=int((time.time() + 60) * 1000))
 
     finisher = asyncio.create_task(finish())
     async with RayJobs(fake.url) as jobs:
@@ -341,6 +343,31 @@ async def test_follow_survives_dropped_tails_without_a_duplicate_or_a_gap(
     assert len(tails) >= 3
     assert got == log[3000:]
     assert len(fake.peers) < len(fake.requests), "an opened client reuses its connection"
+
+
+async def test_a_tail_closed_after_the_end_is_the_whole_log_and_is_not_fetched_again(fake: FakeRay) -> None:
+    log = numbered(500)
+    job = fake.add_job("j1", log, status="SUCCEEDED")
+    job.details["end_time"] = int(time.time() * 1000) - 1000
+    async with RayJobs(fake.url) as jobs:
+        assert "".join([c async for c in jobs.follow("j1", skip_chars=100)]) == log[100:]
+    assert not [p for _, p, _ in fake.requests if p.endswith("/logs")]
+
+
+async def test_a_dropped_tail_of_a_finished_job_takes_only_the_rest_from_the_full_log(
+        fake: FakeRay, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Non-ASCII and astral characters count as one character each, as in the tail."""
+    monkeypatch.setattr(rayjobs, "RECONNECT_DELAY_S", 0.0)
+    monkeypatch.setattr(jobsapi, "LOGS_READ_BYTES", 7)  # escapes and surrogate pairs cut in two
+    log = "".join(f"r\u00e9sum\u00e9 {i} \N{GRINNING FACE} \"q\" \\ tab\t\n" for i in range(300))
+    job = fake.add_job("j1", log, status="FAILED")
+    job.details["end_time"] = int(time.time() * 1000) - 1000
+    fake.tail_chunk_chars = 100
+    fake.tail_drops_after = [3, 5]  # both connections drop before the end
+    async with RayJobs(fake.url) as jobs:
+        got = [c async for c in jobs.follow("j1", skip_chars=50)]
+    assert "".join(got) == log[50:]
+    assert len([p for _, p, _ in fake.requests if p.endswith("/logs")]) == 1
 
 
 async def test_follow_yields_nothing_twice_when_the_spool_holds_it_all(fake: FakeRay) -> None:

@@ -8,12 +8,13 @@ ray-job layer, the follower and telemetry run unchanged against it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import aiohttp
 import aiohttp.web
@@ -210,3 +211,104 @@ class FakeRayHead:
         self._seen(request)
         self.packages[request.match_info["name"]] = await request.read()
         return aiohttp.web.Response(status=200)
+
+
+# Ray's tail (dashboard/modules/job/utils.py file_tail_iterator) sends at most 10 lines, or a
+# little over 20000 characters, per websocket message.
+RAY_TAIL_LINES = 10
+RAY_TAIL_CHARS = 20_000
+
+
+class BigLogRayHead(FakeRayHead):
+    """A head whose jobs print a long ``script`` fast: ``write_lines`` lines per write, every
+    ``line_every_s``. ``script`` may be any sequence, e.g. one that makes line i when asked,
+    and the log is never held whole here (only ``GET /logs`` builds it, as Ray's does), so a
+    test's memory measure in the same process sees the client. The tail is sent as Ray's is."""
+
+    def __init__(self, script: Sequence[str], *, write_lines: int = 10_000, line_every_s: float = 0.0,
+                 **kwargs: Any) -> None:
+        super().__init__(line_every_s=line_every_s, **kwargs)
+        self.script = script  # type: ignore[assignment]  # any sequence of lines will do
+        self.write_lines = write_lines
+        self.printed: dict[str, int] = {}  # lines of the script each job has printed so far
+
+    async def _run(self, job: FakeJob) -> None:
+        await asyncio.sleep(0.05)
+        await self._set(job, status="RUNNING")
+        for start in range(0, len(self.script), self.write_lines):
+            if job.status != "RUNNING":
+                return
+            async with self._changed:
+                self.printed[job.submission_id] = min(start + self.write_lines, len(self.script))
+                self._changed.notify_all()
+            await asyncio.sleep(self.line_every_s)
+        outcome = ("FAILED", "Job entrypoint command failed with exit code 1") if self.fail else (
+            "SUCCEEDED", "Job finished successfully.")
+        await self._set(job, status=outcome[0], message=outcome[1], end_time=int(time.time() * 1000))
+
+    def log_text(self, sid: str) -> str:
+        return "".join(line + "\n" for line in itertools.islice(self.script, self.printed.get(sid, 0)))
+
+    async def _logs(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        self._seen(request)
+        return aiohttp.web.json_response({"logs": self.log_text(self._job(request).submission_id)})
+
+    async def _tail(self, request: aiohttp.web.Request) -> aiohttp.web.WebSocketResponse:
+        self._seen(request)
+        job = self._job(request)
+        sid = job.submission_id
+        ws = aiohttp.web.WebSocketResponse()
+        await ws.prepare(request)
+        sent = 0
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(
+                    lambda seen=sent: self.printed.get(sid, 0) > seen or job.status not in ("PENDING", "RUNNING"))
+            # The status first: a job seen ended has printed everything it will.
+            ended = job.status not in ("PENDING", "RUNNING")
+            printed = self.printed.get(sid, 0)
+            while sent < printed:
+                lines: list[str] = []
+                chars = 0
+                while sent < printed and len(lines) < RAY_TAIL_LINES and chars <= RAY_TAIL_CHARS:
+                    lines.append(self.script[sent] + "\n")
+                    chars += len(lines[-1])
+                    sent += 1
+                await ws.send_str("".join(lines))
+            if ended:
+                break
+        await ws.close()
+        return ws
+
+
+class TrainingLog(Sequence[str]):
+    """``count`` lines of a training job's log, line i made when asked (never held whole):
+    worker lines of 60-80 characters, NCCL lines now and then, and a metric record
+    (training/protocol.py's format) every ``metric_every`` lines."""
+
+    def __init__(self, count: int, *, metric_every: int = 100, nccl_every: int = 5000) -> None:
+        self.count, self.metric_every, self.nccl_every = count, metric_every, nccl_every
+
+    def __len__(self) -> int:
+        return self.count
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.count))]
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        if i < len(NCCL_EFA_LINES):
+            return NCCL_EFA_LINES[i]
+        if i % self.nccl_every == 0:
+            return NCCL_EFA_LINES[-1]
+        if i % self.metric_every == 0:
+            step = i // self.metric_every
+            record = {"loss": round(5.0 / step, 6), "step": step, "step_time_s": 0.25, "tokens_per_s": 1000.0 + step,
+                      "ts": 1_700_000_000.0 + step, "world_size": 8}
+            return "(RayTrainWorker pid=210, ip=10.0.1.5) RTUI_METRIC " + json.dumps(
+                record, separators=(",", ":"), sort_keys=True)
+        return f"(RayTrainWorker pid=210, ip=10.0.1.5) step {i // self.metric_every} batch {i:08d}" + "." * (i % 21)
