@@ -180,23 +180,14 @@ class HfTokenHandler(KubeHandler):
             yield p
 
 
-class DevicePluginHandler(KubeHandler):
-    """One installer per device plugin: ours only where the cluster runs none (DESIGN.md §4)."""
+class AddonHandler(KubeHandler):
+    """A cluster add-on (a device plugin, the operator): one installer per cluster, so one that
+    runs already, whoever installed it, is adopted and left alone; ours is updated in place."""
 
-    which: ClassVar[Literal["nvidia", "efa"]]
     address: ClassVar[str]
-    expected_s = 60.0
     updatable = True
 
-    def objects(self, ctx: Context) -> list[Manifest]:
-        make = addons.nvidia_device_plugin if self.which == "nvidia" else addons.efa_device_plugin
-        return make(ctx.config, ctx.record.run_id)
-
-    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        found = addons.find_device_plugin(self.which, await api.list("apps/v1", "DaemonSet"))
-        if found is None:
-            return None
-        ready, why = addons.daemonset_ready(found, await gpu_nodes(api))
+    def observed(self, found: Manifest, ctx: Context, ready: bool, why: str) -> Observed:
         mine = ours(found, ctx.record.run_id)
         image = found["spec"]["template"]["spec"]["containers"][0].get("image", "")
         return Observed(address=self.address, layer=LAYER, kind=self.kind, id=object_id(found),
@@ -208,7 +199,28 @@ class DevicePluginHandler(KubeHandler):
             return Action.UPDATE, have.reason
         if have.state.get("image") != want.spec.get("image"):
             return Action.UPDATE, f"image {have.state.get('image')} -> {want.spec.get('image')}"
-        return Action.NOOP, have.reason or "running"
+        return Action.NOOP, have.reason or "in place"
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
+
+class DevicePluginHandler(AddonHandler):
+    """One installer per device plugin: ours only where the cluster runs none (DESIGN.md §4)."""
+
+    which: ClassVar[Literal["nvidia", "efa"]]
+    expected_s = 60.0
+
+    def objects(self, ctx: Context) -> list[Manifest]:
+        make = addons.nvidia_device_plugin if self.which == "nvidia" else addons.efa_device_plugin
+        return make(ctx.config, ctx.record.run_id)
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        found = addons.find_device_plugin(self.which, await api.list("apps/v1", "DaemonSet"))
+        if found is None:
+            return None
+        return self.observed(found, ctx, *addons.daemonset_ready(found, await gpu_nodes(api)))
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -230,9 +242,6 @@ class DevicePluginHandler(KubeHandler):
                                 remedy="see `kubectl -n kube-system describe daemonset`"):
             yield p
 
-    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
-        async for p in self.create(ctx, want):
-            yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         async for p in delete_ours(self.api(ctx), ctx, self.objects(ctx)):
@@ -261,13 +270,13 @@ def kuberay_crds(source: str, version: str) -> list[Manifest]:
     return addons.load_kuberay_crds(source, version, cache_dir=cache_dir())
 
 
-class OperatorHandler(KubeHandler):
+class OperatorHandler(AddonHandler):
     """The KubeRay operator and its CRDs; adopted, never installed twice, when one already runs."""
 
     kind = "kuberay-operator"
+    address = OPERATOR
     title = "Install the KubeRay operator"
     expected_s = 60.0
-    updatable = True
 
     def objects(self, ctx: Context, crds: list[Manifest]) -> list[Manifest]:
         return addons.kuberay_operator(ctx.config, ctx.record.run_id, crds)
@@ -277,19 +286,7 @@ class OperatorHandler(KubeHandler):
                                              await api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition"))
         if found is None:
             return None
-        available, why = addons.deployment_available(found)
-        mine = ours(found, ctx.record.run_id)
-        image = found["spec"]["template"]["spec"]["containers"][0].get("image", "")
-        return Observed(address=OPERATOR, layer=LAYER, kind=self.kind, id=object_id(found),
-                        state={"image": image}, healthy=available or not mine, adopted=not mine,
-                        reason=why if mine else f"already running as {object_id(found)}: adopted")
-
-    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
-        if not have.healthy:
-            return Action.UPDATE, have.reason
-        if have.state.get("image") != want.spec.get("image"):
-            return Action.UPDATE, f"image {have.state.get('image')} -> {want.spec.get('image')}"
-        return Action.NOOP, have.reason or "available"
+        return self.observed(found, ctx, *addons.deployment_available(found))
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -312,9 +309,6 @@ class OperatorHandler(KubeHandler):
                                 remedy="see `kubectl -n rtui-kuberay describe deployment`"):
             yield p
 
-    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
-        async for p in self.create(ctx, want):
-            yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
