@@ -194,6 +194,29 @@ class AddonHandler(KubeHandler):
                         state={"image": image}, healthy=ready or not mine, adopted=not mine,
                         reason=why if mine else f"already running as {object_id(found)}: adopted")
 
+    async def readiness(self, api: KubeApi, live: Manifest) -> Check:
+        """Whether the add-on's workload (its DaemonSet or Deployment) is ready, and why not."""
+        raise NotImplementedError
+
+    async def install(self, ctx: Context, want: Resource, objects: list[Manifest]) -> AsyncIterator[Progress]:
+        """Apply ``objects``, record the workload among them, and wait until it is ready."""
+        api = self.api(ctx)
+        async for p in apply_all(api, objects):
+            yield p
+        workload = next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment"))
+        ctx.ledger.update(want.address, id=object_id(workload))
+
+        async def ready() -> Check:
+            live = await api.get(*ref(workload))
+            if live is None:
+                return Check(False, f"waiting for the {workload['kind']} to appear")
+            return await self.readiness(api, live)
+
+        namespace = workload["metadata"]["namespace"]
+        async for p in wait_for(ready, what=self.title, timeout_s=ADDON_TIMEOUT_S,
+                                remedy=f"see `kubectl -n {namespace} describe {workload['kind'].lower()}`"):
+            yield p
+
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         if not have.healthy:
             return Action.UPDATE, have.reason
@@ -223,24 +246,13 @@ class DevicePluginHandler(AddonHandler):
         return self.observed(found, ctx, *addons.daemonset_ready(found, await gpu_nodes(api)))
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        api = self.api(ctx)
-        objects = self.objects(ctx)
-        async for p in apply_all(api, objects):
+        async for p in self.install(ctx, want, self.objects(ctx)):
             yield p
-        daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
-        ctx.ledger.update(want.address, id=object_id(daemonset))
 
-        async def ready() -> Check:
-            live = await api.get(*ref(daemonset))
-            if live is None:
-                return Check(False, "waiting for the DaemonSet to appear")
-            nodes = await gpu_nodes(api)
-            done, why = addons.daemonset_ready(live, nodes)
-            return Check(done, why, 1.0 if done else 0.5, fatal=addons.daemonset_blocked(live, nodes))
-
-        async for p in wait_for(ready, what=self.title, timeout_s=ADDON_TIMEOUT_S,
-                                remedy="see `kubectl -n kube-system describe daemonset`"):
-            yield p
+    async def readiness(self, api: KubeApi, live: Manifest) -> Check:
+        nodes = await gpu_nodes(api)
+        done, why = addons.daemonset_ready(live, nodes)
+        return Check(done, why, 1.0 if done else 0.5, fatal=addons.daemonset_blocked(live, nodes))
 
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
@@ -289,25 +301,14 @@ class OperatorHandler(AddonHandler):
         return self.observed(found, ctx, *addons.deployment_available(found))
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        api = self.api(ctx)
         yield Progress(f"reading the KubeRay {ctx.config.kuberay_version} CRDs")
         crds = await asyncio.to_thread(kuberay_crds, ctx.config.kuberay_crds, ctx.config.kuberay_version)
-        objects = self.objects(ctx, crds)
-        async for p in apply_all(api, objects):
+        async for p in self.install(ctx, want, self.objects(ctx, crds)):
             yield p
-        deployment = next(o for o in objects if o["kind"] == "Deployment")
-        ctx.ledger.update(want.address, id=object_id(deployment))
 
-        async def available() -> Check:
-            live = await api.get(*ref(deployment))
-            if live is None:
-                return Check(False, "waiting for the Deployment to appear")
-            done, why = addons.deployment_available(live)
-            return Check(done, why, 1.0 if done else 0.5)
-
-        async for p in wait_for(available, what=self.title, timeout_s=ADDON_TIMEOUT_S,
-                                remedy="see `kubectl -n rtui-kuberay describe deployment`"):
-            yield p
+    async def readiness(self, api: KubeApi, live: Manifest) -> Check:
+        done, why = addons.deployment_available(live)
+        return Check(done, why, 1.0 if done else 0.5)
 
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
