@@ -12,6 +12,7 @@ import boto3
 import pytest
 
 from tests.aws.moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
+from tests.aws.moto_provision import install_provisioning
 
 G, P, STANDARD = "L-DB2E81BA", "L-417A185B", "L-1216C47A"
 
@@ -22,6 +23,7 @@ _ENV = {
     "AWS_CONFIG_FILE": "/nonexistent/rtui-test-aws-config",
     "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/rtui-test-aws-credentials",
     "AWS_EC2_METADATA_DISABLED": "true",
+    "MOTO_IAM_LOAD_MANAGED_POLICIES": "true",  # AWS managed policies can be attached
 }
 _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
 
@@ -30,6 +32,7 @@ _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGIO
 def moto_endpoint() -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     uninstall = install()
+    uninstall_provisioning = install_provisioning()
     server = ScriptedMotoServer(SCRIPT)
     server.start()
     host, port = server.get_host_and_port()
@@ -45,6 +48,7 @@ def moto_endpoint() -> Iterator[str]:
         finally:
             SCRIPT.reset()
             server.stop()
+            uninstall_provisioning()
             uninstall()
 
 

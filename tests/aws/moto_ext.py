@@ -40,6 +40,24 @@ QUOTA_NAMES = {
 
 
 @dataclass
+class Timings:
+    """Real-second durations of AWS's asynchronous transitions (0: at once). See moto_provision."""
+
+    cluster_create: float = 0.0
+    cluster_delete: float = 0.0
+    nodegroup_create: float = 0.0
+    nodegroup_delete: float = 0.0
+    addon_create: float = 0.0
+    addon_delete: float = 0.0
+    nat_create: float = 0.0
+    nat_delete: float = 0.0
+    nat_deleted_visible: float = 3600.0  # a deleted NAT gateway is still described this long
+
+
+NodegroupHook = Callable[[str, str, dict[str, Any]], None]
+
+
+@dataclass
 class Script:
     """The scripted world. Tests mutate it; ``reset()`` runs before each test."""
 
@@ -62,6 +80,16 @@ class Script:
     lock: threading.Lock = field(default_factory=threading.Lock)
     release: threading.Event = field(default_factory=threading.Event)
     extra_offerings: list[dict[str, Any]] = field(default_factory=list)
+    # Provisioning (tests/aws/moto_provision.py).
+    timings: Timings = field(default_factory=Timings)
+    cluster_endpoint: str | None = None  # DescribeCluster's endpoint for every cluster
+    cluster_ca: str | None = None  # and its certificateAuthority.data (base64 PEM)
+    cluster_endpoints: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (endpoint, ca)
+    ice_zones: dict[str, set[str]] = field(default_factory=dict)  # instance type -> AZs without capacity
+    error5xx_rate: float = 0.0  # share of calls answered 500/503 (attempts <= throttle_max_attempt)
+    faulted: int = 0  # how many were
+    on_nodegroup_active: NodegroupHook | None = None  # (cluster, nodegroup, info) once, when ACTIVE
+    on_nodegroup_deleted: NodegroupHook | None = None  # (cluster, nodegroup, info) once, when gone
 
     def reset(self) -> None:
         self.release.set()  # let any hung request from the previous test finish
@@ -228,7 +256,12 @@ def _attempt(environ: dict[str, Any]) -> int:
         return 1
 
 
+# Services that speak the query protocol (XML errors); json and rest-json get JSON bodies.
+QUERY_SERVICES = {"iam", "sts", "autoscaling", "elasticloadbalancing", "cloudformation", "rds", "sns"}
+
+
 def _error(start_response: Any, service: str, code: str, message: str, status: int) -> Iterable[bytes]:
+    headers = [("x-amzn-RequestId", str(uuid.uuid4()))]
     if service == "ec2":
         body = (
             '<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error>'
@@ -236,10 +269,19 @@ def _error(start_response: Any, service: str, code: str, message: str, status: i
             f"<RequestID>{uuid.uuid4()}</RequestID></Response>"
         ).encode()
         content_type = "text/xml"
-    else:
+    elif service in QUERY_SERVICES:
+        kind = "Receiver" if status >= 500 else "Sender"
+        body = (
+            f"<ErrorResponse><Error><Type>{kind}</Type><Code>{code}</Code><Message>{message}</Message>"
+            f"</Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
+        ).encode()
+        content_type = "text/xml"
+    else:  # json and rest-json: botocore reads the header first, then __type
         body = json.dumps({"__type": code, "message": message}).encode()
         content_type = "application/x-amz-json-1.1"
-    start_response(f"{status} Error", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+        headers.append(("x-amzn-ErrorType", code))
+    headers += [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+    start_response(f"{status} Error", headers)
     return [body]
 
 
@@ -292,6 +334,7 @@ class FaultInjector:
         environ["wsgi.input"] = io.BytesIO(body)
         action = _action(environ, body)
         script = self.script
+        unavailable = False
         with script.lock:
             script.calls.append((service, region, action))
             throttle = (
@@ -301,6 +344,15 @@ class FaultInjector:
             )
             if throttle:
                 script.throttled += 1
+            fault = (
+                not throttle
+                and script.error5xx_rate > 0
+                and _attempt(environ) <= script.throttle_max_attempt
+                and script.rng.random() < script.error5xx_rate
+            )
+            if fault:
+                script.faulted += 1
+                unavailable = script.rng.random() < 0.5
         if script.latency_s:
             time.sleep(script.latency_s)
         if region in script.hang_regions:
@@ -311,6 +363,10 @@ class FaultInjector:
         if throttle:
             code = "RequestLimitExceeded" if service == "ec2" else "ThrottlingException"
             return _error(start_response, service, code, "Rate exceeded", 503 if service == "ec2" else 400)
+        if fault:
+            if unavailable:
+                return _error(start_response, service, "ServiceUnavailable", "Service unavailable", 503)
+            return _error(start_response, service, "InternalError", "Internal error", 500)
         if service == "pricing":
             return _pricing(start_response, body)
         return self.app(environ, start_response)

@@ -1,0 +1,385 @@
+"""What moto 5.2 lacks for provisioning an EKS cluster, added in-process (EKS side).
+
+- EKS add-ons and access entries (new routes and response methods), ``accessConfig`` and the
+  ``resourcesVpcConfig`` defaults AWS reports, endpoint/CA overrides from ``SCRIPT``.
+- Lifecycles in real seconds (``SCRIPT.timings``): clusters, nodegroups and add-ons go
+  CREATING -> ACTIVE and DELETING -> gone, evaluated lazily whenever EKS, EC2 or autoscaling is
+  called (no threads). Nodegroups whose instance type is in ``SCRIPT.ice_zones`` for their AZ end
+  CREATE_FAILED with EKS's health issue and a failed scaling activity.
+- When a nodegroup turns ACTIVE it leaves ENIs (CNI, and EFA when its launch template asks),
+  detached but not deleted when it goes, and calls ``SCRIPT.on_nodegroup_active``/``_deleted``.
+EC2 (placement groups, NAT lifecycle, DependencyViolation) lives in ``moto_provision_ec2``.
+State lives on moto's backend objects, so ``/moto-api/reset`` clears it; ``Script.reset`` the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from moto.autoscaling.models import autoscaling_backends
+from moto.autoscaling.responses import AutoScalingResponse
+from moto.core.responses import ActionResult
+from moto.core.utils import utcnow
+from moto.ec2.models import ec2_backends
+from moto.ec2.responses import EC2Response
+from moto.eks import urls as eks_urls
+from moto.eks.exceptions import ResourceInUseException, ResourceNotFoundException
+from moto.eks.models import Cluster, EKSBackend, Nodegroup, eks_backends
+from moto.eks.responses import EKSResponse
+
+from tests.aws import moto_provision_api as api
+from tests.aws import moto_provision_ec2
+from tests.aws.moto_ext import SCRIPT
+
+LOCK = threading.RLock()
+Patch = tuple[Any, str, Any]
+
+
+def _since(obj: Any) -> float:
+    return float(getattr(obj, "rtui_since", 0.0))
+
+
+def _start(obj: Any, status: str) -> None:
+    obj.status = status
+    obj.rtui_since = time.monotonic()
+
+
+def not_found(message: str) -> ResourceNotFoundException:
+    return ResourceNotFoundException(
+        clusterName=None, nodegroupName=None, fargateProfileName=None, addonName=None, message=message
+    )
+
+
+def in_use(message: str) -> ResourceInUseException:
+    return ResourceInUseException(clusterName=None, nodegroupName=None, addonName=None, message=message)
+
+
+# --- lazy lifecycles -------------------------------------------------------------------------
+
+
+def tick(account: str, region: str) -> None:
+    """Advance every scripted transition in this account and region; then run the hooks."""
+    hooks: list[Callable[[], None]] = []
+    with LOCK:
+        moto_provision_ec2.tick_ec2(account, region)
+        backend: EKSBackend = eks_backends[account][region]
+        now, t = time.monotonic(), SCRIPT.timings
+        for cluster in list(backend.clusters.values()):
+            age = now - _since(cluster)
+            if cluster.status == "CREATING" and age >= t.cluster_create:
+                cluster.status = "ACTIVE"
+            for ng in list(cluster.nodegroups.values()):
+                hooks += _tick_nodegroup(backend, cluster, ng, now)
+            addons: dict[str, dict[str, Any]] = getattr(cluster, "rtui_addons", {})
+            for name, addon in list(addons.items()):
+                addon_age = now - addon["rtui_since"]
+                if addon["status"] == "CREATING" and addon_age >= t.addon_create:
+                    addon["status"] = "ACTIVE"
+                elif addon["status"] == "DELETING" and addon_age >= t.addon_delete:
+                    del addons[name]
+            if cluster.status == "DELETING" and age >= t.cluster_delete:
+                backend.clusters.pop(cluster.name, None)
+                backend.cluster_count -= 1
+    for hook in hooks:
+        hook()
+
+
+def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: float) -> list[Callable[[], None]]:
+    t = SCRIPT.timings
+    age = now - _since(ng)
+    hooks: list[Callable[[], None]] = []
+    if ng.status == "CREATING" and age >= t.nodegroup_create:
+        info = nodegroup_info(backend, ng)
+        zones = SCRIPT.ice_zones.get(info["instance_type"], set())
+        if info["zones"] and all(zone in zones for zone in info["zones"]):
+            _fail_capacity(backend, ng, info)
+        else:
+            ng.status = "ACTIVE"
+            info["instance_ids"] = _leave_enis(backend, cluster, ng, info)
+            ng.rtui_info = info
+            if SCRIPT.on_nodegroup_active is not None:
+                hook = SCRIPT.on_nodegroup_active
+                hooks.append(lambda: hook(cluster.name, ng.nodegroup_name, info))
+    elif ng.status == "DELETING" and age >= t.nodegroup_delete:
+        cluster.nodegroups.pop(ng.nodegroup_name, None)
+        cluster.nodegroup_count -= 1
+        _detach_enis(backend, ng)
+        info = getattr(ng, "rtui_info", None)
+        if info is not None and SCRIPT.on_nodegroup_deleted is not None:
+            hook = SCRIPT.on_nodegroup_deleted
+            hooks.append(lambda: hook(cluster.name, ng.nodegroup_name, info))
+    return hooks
+
+
+def _launch_template(backend: EKSBackend, ng: Nodegroup) -> dict[str, Any]:
+    ref = ng.launch_template or {}
+    if "id" not in ref:
+        return {}
+    ec2 = ec2_backends[backend.account_id][backend.region_name]
+    template = ec2.launch_templates.get(ref["id"])
+    if template is None:
+        return {}
+    return dict(template.get_version(ref.get("version", "$Default")).data)
+
+
+def nodegroup_info(backend: EKSBackend, ng: Nodegroup) -> dict[str, Any]:
+    """What a fake control plane needs to register the nodegroup's nodes."""
+    ec2 = ec2_backends[backend.account_id][backend.region_name]
+    lt = _launch_template(backend, ng)
+    types = list(ng.instance_types or []) or [lt.get("InstanceType", "t3.medium")]
+    zones = []
+    for subnet_id in ng.subnets or []:
+        zone = ec2.get_subnet(subnet_id).availability_zone
+        if zone not in zones:
+            zones.append(zone)
+    return {
+        "labels": dict(ng.labels or {}),
+        "taints": list(ng.taints or []),
+        "instance_type": types[0],
+        "desired_size": int(ng.scaling_config.get("desiredSize", 0)),
+        "zone": zones[0] if zones else None,
+        "zones": zones,
+        "subnets": list(ng.subnets or []),
+        "asg": ng.resources["autoScalingGroups"][0]["name"],
+        "launch_template": lt,
+    }
+
+
+def _fail_capacity(backend: EKSBackend, ng: Nodegroup, info: dict[str, Any]) -> None:
+    zone, itype, asg = info["zone"], info["instance_type"], info["asg"]
+    message = (
+        "Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have "
+        f"sufficient {itype} capacity in the Availability Zone you requested ({zone}). Our system will "
+        "be working on provisioning additional capacity. You can currently get capacity by not "
+        "specifying an Availability Zone in your request or choosing a different Availability Zone. "
+        "Launching EC2 instance failed."
+    )
+    ng.status = "CREATE_FAILED"
+    ng.health = {"issues": [{"code": "AsgInstanceLaunchFailures", "message": message, "resourceIds": [asg]}]}
+    scaling = autoscaling_backends[backend.account_id][backend.region_name]
+    activities: dict[str, list[dict[str, Any]]] = scaling.__dict__.setdefault("rtui_activities", {})
+    activities.setdefault(asg, []).insert(
+        0,
+        {
+            "ActivityId": str(uuid.uuid4()),
+            "AutoScalingGroupName": asg,
+            "Description": f"Launching a new EC2 instance.  Status Reason: {message}",
+            "Cause": f"At {utcnow().isoformat()} an instance was started in response to a difference "
+            "between desired and actual capacity.",
+            "StartTime": utcnow(),
+            "EndTime": utcnow(),
+            "StatusCode": "Failed",
+            "StatusMessage": message,
+            "Progress": 100,
+        },
+    )
+
+
+def _attach(eni: Any, instance_id: str, account: str, device_index: int) -> None:
+    eni.instance = SimpleNamespace(id=instance_id, owner_id=account, security_groups=[], nics={})
+    eni.attachment_id = f"eni-attach-{uuid.uuid4().hex[:17]}"
+    eni.attach_time = utcnow()
+    eni.device_index = device_index
+    eni.status = "in-use"
+
+
+def _leave_enis(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, info: dict[str, Any]) -> list[str]:
+    ec2 = ec2_backends[backend.account_id][backend.region_name]
+    lt = info["launch_template"]
+    nics = lt.get("NetworkInterfaces") or []
+    efa = [nic for nic in nics if nic.get("InterfaceType") == "efa"]
+    lt_groups = [g for nic in nics for g in nic.get("Groups", [])] or list(lt.get("SecurityGroupIds", []))
+    groups = lt_groups or list(cluster.resources_vpc_config.get("securityGroupIds") or [])
+    nic_tags: dict[str, str] = {}
+    for spec in lt.get("TagSpecifications") or []:
+        if spec.get("ResourceType") == "network-interface":
+            nic_tags.update({tag["Key"]: tag["Value"] for tag in spec.get("Tags", [])})
+    ids, enis = [], []
+    for i in range(info["desired_size"]):
+        subnet = ng.subnets[i % len(ng.subnets)]
+        instance_id = f"i-{uuid.uuid4().hex[:17]}"
+        ids.append(instance_id)
+        cni = ec2.create_network_interface(
+            subnet,
+            [],
+            group_ids=groups or None,
+            description=f"aws-K8S-{instance_id}",
+            tags={"cluster.k8s.amazonaws.com/name": cluster.name, "node.k8s.amazonaws.com/instance_id": instance_id},
+        )
+        _attach(cni, instance_id, backend.account_id, 1)
+        enis.append(cni.id)
+        if efa:
+            nic = ec2.create_network_interface(
+                subnet, [], group_ids=groups or None, description="", tags=dict(nic_tags)
+            )
+            nic.interface_type = "efa"
+            _attach(nic, instance_id, backend.account_id, int(efa[0].get("DeviceIndex", 0)))
+            enis.append(nic.id)
+    ng.rtui_enis = enis
+    return ids
+
+
+def _detach_enis(backend: EKSBackend, ng: Nodegroup) -> None:
+    ec2 = ec2_backends[backend.account_id][backend.region_name]
+    for eni_id in getattr(ng, "rtui_enis", []):
+        eni = ec2.enis.get(eni_id)
+        if eni is not None:
+            eni.instance, eni.attachment_id, eni.attach_time, eni.status = None, None, None, "available"
+
+
+# --- patched moto methods --------------------------------------------------------------------
+
+
+def _ticking(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def call_action(self: Any) -> Any:
+        if self.region:
+            tick(self.current_account, self.region)
+        return original(self)
+
+    return call_action
+
+
+def _create_cluster(original: Callable[[EKSResponse], ActionResult]) -> Callable[[EKSResponse], ActionResult]:
+    def create_cluster(self: EKSResponse) -> ActionResult:
+        result = original(self)
+        cluster = self.eks_backend.clusters[self._get_param("name")]
+        access = self._get_param("accessConfig") or {}
+        cluster.access_config = {
+            "authenticationMode": access.get("authenticationMode", "CONFIG_MAP"),
+            "bootstrapClusterCreatorAdminPermissions": access.get("bootstrapClusterCreatorAdminPermissions", True),
+        }
+        vpc = dict(cluster.resources_vpc_config or {})
+        subnets = vpc.get("subnetIds") or []
+        ec2 = ec2_backends[self.current_account][self.region]
+        vpc.setdefault("securityGroupIds", [])
+        vpc.setdefault("endpointPublicAccess", True)
+        vpc.setdefault("endpointPrivateAccess", False)
+        vpc.setdefault("publicAccessCidrs", ["0.0.0.0/0"])
+        vpc.setdefault("clusterSecurityGroupId", f"sg-{uuid.uuid4().hex[:17]}")
+        if subnets and "vpcId" not in vpc:
+            vpc["vpcId"] = ec2.get_subnet(subnets[0]).vpc_id
+        cluster.resources_vpc_config = vpc
+        cluster.rtui_addons, cluster.rtui_access = {}, {}
+        _start(cluster, "CREATING" if SCRIPT.timings.cluster_create > 0 else "ACTIVE")
+        return result
+
+    return create_cluster
+
+
+def _describe_cluster(original: Callable[..., Cluster]) -> Callable[..., Cluster]:
+    def describe_cluster(self: EKSBackend, name: str) -> Cluster:
+        cluster = original(self, name)
+        endpoint, ca = SCRIPT.cluster_endpoints.get(name, (SCRIPT.cluster_endpoint, SCRIPT.cluster_ca))
+        if endpoint:
+            cluster.endpoint = endpoint
+        if ca:
+            cluster.certificate_authority = {"data": ca}
+        return cluster
+
+    return describe_cluster
+
+
+def _delete_cluster(original: Callable[..., Cluster]) -> Callable[..., Cluster]:
+    def delete_cluster(self: EKSBackend, name: str) -> Cluster:
+        cluster = self.clusters.get(name)
+        if cluster is None or cluster.status == "DELETING":
+            return original(self, name) if cluster is None else cluster
+        if cluster.nodegroups:
+            raise in_use("Cluster has nodegroups attached")
+        _start(cluster, "DELETING")
+        for addon in getattr(cluster, "rtui_addons", {}).values():
+            addon["status"] = "DELETING"
+        tick(self.account_id, self.region_name)
+        return cluster
+
+    return delete_cluster
+
+
+def _create_nodegroup(original: Callable[[EKSResponse], ActionResult]) -> Callable[[EKSResponse], ActionResult]:
+    def create_nodegroup(self: EKSResponse) -> ActionResult:
+        result = original(self)
+        cluster = self.eks_backend.clusters[self._get_param("name")]
+        ng = cluster.nodegroups[self._get_param("nodegroupName")]
+        ng.scaling_config = dict(ng.scaling_config)  # moto shares its default dicts between nodegroups
+        ng.health = {"issues": []}
+        if not self._get_param("instanceTypes") and ng.launch_template:
+            ng.instance_types = None  # AWS reports none when the launch template names the type
+        _start(ng, "CREATING")
+        tick(self.current_account, self.region)
+        return result
+
+    return create_nodegroup
+
+
+def _delete_nodegroup(original: Callable[..., Nodegroup]) -> Callable[..., Nodegroup]:
+    def delete_nodegroup(self: EKSBackend, cluster_name: str, nodegroup_name: str) -> Nodegroup:
+        cluster = self.clusters.get(cluster_name)
+        ng = cluster.nodegroups.get(nodegroup_name) if cluster else None
+        if ng is None:
+            return original(self, cluster_name, nodegroup_name)
+        if ng.status != "DELETING":
+            _start(ng, "DELETING")
+        tick(self.account_id, self.region_name)
+        return ng
+
+    return delete_nodegroup
+
+
+def _describe_scaling_activities(self: AutoScalingResponse) -> ActionResult:
+    name = self._get_param("AutoScalingGroupName")
+    activities = self.autoscaling_backend.__dict__.get("rtui_activities", {})
+    found = activities.get(name, []) if name else [a for acts in activities.values() for a in acts]
+    return ActionResult({"Activities": found})
+
+
+ROUTES = {  # added to moto's EKS URL map before the server builds its app
+    "{0}/clusters/(?P<name>[^/]+)/addons$": "addons",
+    "{0}/clusters/(?P<name>[^/]+)/addons/(?P<addonName>[^/]+)$": "addon",
+    "{0}/clusters/(?P<name>[^/]+)/addons/(?P<addonName>[^/]+)/update$": "addon-update",
+    "{0}/addons/supported-versions$": "addon-versions",
+    "{0}/clusters/(?P<name>[^/]+)/access-entries$": "access-entries",
+    "{0}/clusters/(?P<name>[^/]+)/access-entries/(?P<rest>.+)$": "access-entry",
+}
+
+
+def install_provisioning() -> Callable[[], None]:
+    """Patch moto for provisioning (EKS and EC2); returns the function that undoes it."""
+    patches: list[Patch] = []
+
+    def patch(obj: Any, name: str, value: Any) -> None:
+        patches.append((obj, name, obj.__dict__.get(name, _MISSING)))
+        setattr(obj, name, value)
+
+    patch(EKSResponse, "create_cluster", _create_cluster(EKSResponse.create_cluster))
+    patch(EKSResponse, "create_nodegroup", _create_nodegroup(EKSResponse.create_nodegroup))
+    patch(EKSBackend, "describe_cluster", _describe_cluster(EKSBackend.describe_cluster))
+    patch(EKSBackend, "delete_cluster", _delete_cluster(EKSBackend.delete_cluster))
+    patch(EKSBackend, "delete_nodegroup", _delete_nodegroup(EKSBackend.delete_nodegroup))
+    patch(AutoScalingResponse, "describe_scaling_activities", _describe_scaling_activities)
+    for name, method in api.METHODS.items():
+        patch(EKSResponse, name, method)
+    for cls in (EKSResponse, EC2Response, AutoScalingResponse):
+        patch(cls, "call_action", _ticking(cls.call_action))
+    for route in ROUTES:
+        eks_urls.url_paths.setdefault(route, eks_urls.response.dispatch)
+    undo_ec2 = moto_provision_ec2.install(patch)
+
+    def uninstall() -> None:
+        undo_ec2()
+        for route in ROUTES:
+            eks_urls.url_paths.pop(route, None)
+        for obj, name, old in reversed(patches):
+            if old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+    return uninstall
+
+
+_MISSING = object()

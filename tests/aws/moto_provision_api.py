@@ -1,0 +1,269 @@
+"""EKS add-on and access-entry operations moto 5.2 lacks, as ``EKSResponse`` methods.
+
+State lives on moto's ``Cluster`` objects (``rtui_addons``, ``rtui_access``), set up by
+``moto_provision``'s CreateCluster wrapper; transitions are run by ``moto_provision.tick``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote
+
+from moto.core.responses import ActionResult
+from moto.core.utils import utcnow
+from moto.eks.exceptions import InvalidRequestException, ResourceInUseException, ResourceNotFoundException
+from moto.eks.models import Cluster
+from moto.eks.responses import EKSResponse
+
+from tests.aws.moto_ext import SCRIPT
+
+DEFAULT_ADDON_VERSIONS = {
+    "vpc-cni": "v1.19.2-eksbuild.1",
+    "coredns": "v1.11.4-eksbuild.2",
+    "kube-proxy": "v1.31.3-eksbuild.2",
+    "aws-efs-csi-driver": "v2.1.4-eksbuild.1",
+    "aws-ebs-csi-driver": "v1.38.1-eksbuild.2",
+}
+
+
+def _not_found(message: str) -> ResourceNotFoundException:
+    return ResourceNotFoundException(
+        clusterName=None, nodegroupName=None, fargateProfileName=None, addonName=None, message=message
+    )
+
+
+def _in_use(message: str) -> ResourceInUseException:
+    return ResourceInUseException(clusterName=None, nodegroupName=None, addonName=None, message=message)
+
+
+def _cluster(self: EKSResponse) -> Cluster:
+    name = self._get_param("name")
+    cluster = self.eks_backend.clusters.get(name)
+    if cluster is None:
+        raise _not_found(f"No cluster found for name: {name}.")
+    return cluster
+
+
+def _active_cluster(self: EKSResponse) -> Cluster:
+    cluster = _cluster(self)
+    if cluster.status != "ACTIVE":
+        raise InvalidRequestException(message=f"Cluster '{cluster.name}' is not in ACTIVE status")
+    return cluster
+
+
+def _addons(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    return cluster.__dict__.setdefault("rtui_addons", {})
+
+
+def _access(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    return cluster.__dict__.setdefault("rtui_access", {})
+
+
+def _public(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if not k.startswith("rtui_")}
+
+
+def _addon(self: EKSResponse, cluster: Cluster) -> dict[str, Any]:
+    name = self._get_param("addonName")
+    addon = _addons(cluster).get(name)
+    if addon is None:
+        raise _not_found(f"No addon: {name} found in cluster: {cluster.name}")
+    return addon
+
+
+# --- add-ons ---------------------------------------------------------------------------------
+
+
+def create_addon(self: EKSResponse) -> ActionResult:
+    cluster = _active_cluster(self)
+    name = self._get_param("addonName")
+    if name in _addons(cluster):
+        raise _in_use(f"Addon already exists with name: {name}")
+    delay = SCRIPT.timings.addon_create
+    addon = {
+        "addonName": name,
+        "clusterName": cluster.name,
+        "status": "CREATING" if delay > 0 else "ACTIVE",
+        "addonVersion": self._get_param("addonVersion") or DEFAULT_ADDON_VERSIONS.get(name, "v1.0.0-eksbuild.1"),
+        "health": {"issues": []},
+        "addonArn": f"{cluster.arn.replace(':cluster/', ':addon/')}/{name}/{uuid.uuid4()}",
+        "createdAt": utcnow(),
+        "modifiedAt": utcnow(),
+        "serviceAccountRoleArn": self._get_param("serviceAccountRoleArn"),
+        "tags": self._get_param("tags") or {},
+        "configurationValues": self._get_param("configurationValues"),
+        "rtui_since": time.monotonic(),
+    }
+    _addons(cluster)[name] = addon
+    return ActionResult({"addon": _public(addon)})
+
+
+def describe_addon(self: EKSResponse) -> ActionResult:
+    return ActionResult({"addon": _public(_addon(self, _cluster(self)))})
+
+
+def list_addons(self: EKSResponse) -> ActionResult:
+    return ActionResult({"addons": sorted(_addons(_cluster(self)))})
+
+
+def update_addon(self: EKSResponse) -> ActionResult:
+    addon = _addon(self, _cluster(self))
+    params = []
+    for key in ("addonVersion", "serviceAccountRoleArn", "configurationValues"):
+        value = self._get_param(key)
+        if value is not None:
+            addon[key] = value
+            params.append({"type": key[0].upper() + key[1:], "value": str(value)})
+    addon["modifiedAt"] = utcnow()
+    update = {
+        "id": str(uuid.uuid4()),
+        "status": "Successful",
+        "type": "AddonUpdate",
+        "params": params,
+        "createdAt": utcnow(),
+        "errors": [],
+    }
+    return ActionResult({"update": update})
+
+
+def delete_addon(self: EKSResponse) -> ActionResult:
+    cluster = _cluster(self)
+    addon = _addon(self, cluster)
+    addon["status"], addon["rtui_since"] = "DELETING", time.monotonic()
+    out = _public(addon)
+    if SCRIPT.timings.addon_delete <= 0:
+        _addons(cluster).pop(addon["addonName"], None)
+    return ActionResult({"addon": out})
+
+
+def describe_addon_versions(self: EKSResponse) -> ActionResult:
+    wanted = self._get_param("addonName")
+    names = [wanted] if wanted else sorted(DEFAULT_ADDON_VERSIONS)
+    addons = [
+        {
+            "addonName": name,
+            "type": "networking",
+            "addonVersions": [
+                {
+                    "addonVersion": DEFAULT_ADDON_VERSIONS.get(name, "v1.0.0-eksbuild.1"),
+                    "architecture": ["amd64", "arm64"],
+                    "compatibilities": [{"clusterVersion": v, "defaultVersion": True} for v in ("1.30", "1.31")],
+                }
+            ],
+            "owner": "aws",
+        }
+        for name in names
+    ]
+    return ActionResult({"addons": addons})
+
+
+# --- access entries --------------------------------------------------------------------------
+
+
+def _principal(self: EKSResponse) -> str:
+    return unquote(str(self._get_param("principalArn")))
+
+
+def _entry(self: EKSResponse, cluster: Cluster) -> dict[str, Any]:
+    principal = _principal(self)
+    entry = _access(cluster).get(principal)
+    if entry is None:
+        raise _not_found(f"The specified principalArn could not be found: {principal}")
+    return entry
+
+
+def create_access_entry(self: EKSResponse) -> ActionResult:
+    cluster = _active_cluster(self)
+    mode = getattr(cluster, "access_config", {}).get("authenticationMode", "CONFIG_MAP")
+    if mode == "CONFIG_MAP":
+        raise InvalidRequestException(
+            message="The cluster's authentication mode must be set to one of [API, API_AND_CONFIG_MAP] "
+            "to perform this operation."
+        )
+    principal = _principal(self)
+    if principal in _access(cluster):
+        raise _in_use(f"The specified access entry resource is already in use on this cluster: {principal}")
+    entry = {
+        "clusterName": cluster.name,
+        "principalArn": principal,
+        "kubernetesGroups": self._get_param("kubernetesGroups") or [],
+        "accessEntryArn": f"{cluster.arn.replace(':cluster/', ':access-entry/')}/{uuid.uuid4()}",
+        "createdAt": utcnow(),
+        "modifiedAt": utcnow(),
+        "tags": self._get_param("tags") or {},
+        "username": self._get_param("username") or principal,
+        "type": self._get_param("type") or "STANDARD",
+        "rtui_policies": {},
+    }
+    _access(cluster)[principal] = entry
+    return ActionResult({"accessEntry": _public(entry)})
+
+
+def describe_access_entry(self: EKSResponse) -> ActionResult:
+    return ActionResult({"accessEntry": _public(_entry(self, _cluster(self)))})
+
+
+def list_access_entries(self: EKSResponse) -> ActionResult:
+    return ActionResult({"accessEntries": sorted(_access(_cluster(self)))})
+
+
+def delete_access_entry(self: EKSResponse) -> ActionResult:
+    cluster = _cluster(self)
+    entry = _entry(self, cluster)
+    del _access(cluster)[entry["principalArn"]]
+    return ActionResult({})
+
+
+def associate_access_policy(self: EKSResponse) -> ActionResult:
+    cluster = _cluster(self)
+    entry = _entry(self, cluster)
+    policy = {
+        "policyArn": self._get_param("policyArn"),
+        "accessScope": self._get_param("accessScope") or {"type": "cluster"},
+        "associatedAt": utcnow(),
+        "modifiedAt": utcnow(),
+    }
+    entry["rtui_policies"][policy["policyArn"]] = policy
+    return ActionResult(
+        {"clusterName": cluster.name, "principalArn": entry["principalArn"], "associatedAccessPolicy": policy}
+    )
+
+
+def list_associated_access_policies(self: EKSResponse) -> ActionResult:
+    cluster = _cluster(self)
+    entry = _entry(self, cluster)
+    policies = list(entry["rtui_policies"].values())
+    return ActionResult(
+        {"clusterName": cluster.name, "principalArn": entry["principalArn"], "associatedAccessPolicies": policies}
+    )
+
+
+def disassociate_access_policy(self: EKSResponse) -> ActionResult:
+    entry = _entry(self, _cluster(self))
+    arn = unquote(str(self._get_param("policyArn")))
+    if entry["rtui_policies"].pop(arn, None) is None:
+        raise _not_found(f"The specified policy is not associated: {arn}")
+    return ActionResult({})
+
+
+METHODS: dict[str, Callable[[EKSResponse], ActionResult]] = {
+    fn.__name__: fn
+    for fn in (
+        create_addon,
+        describe_addon,
+        list_addons,
+        update_addon,
+        delete_addon,
+        describe_addon_versions,
+        create_access_entry,
+        describe_access_entry,
+        list_access_entries,
+        delete_access_entry,
+        associate_access_policy,
+        list_associated_access_policies,
+        disassociate_access_policy,
+    )
+}
