@@ -40,6 +40,11 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     "system_node_type": _INSTANCE_TYPE,
     "job_env": (r"([A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*)?",
                 "names of environment variables, comma-separated, such as HF_TOKEN,WANDB_API_KEY"),
+    "vpc_id": (r"vpc-[0-9a-f]{8,17}", "a VPC id such as vpc-0abc12345def67890"),
+    "private_subnet_ids": (r"(subnet-[0-9a-f]{8,17}(,subnet-[0-9a-f]{8,17})*)?",
+                           "subnet ids, comma-separated, such as subnet-0abc1234,subnet-0def5678"),
+    "api_cidrs": (r"(\d{1,3}(\.\d{1,3}){3}/\d{1,2}(,\d{1,3}(\.\d{1,3}){3}/\d{1,2})*)?",
+                  "IPv4 CIDRs, comma-separated, such as 203.0.113.0/24"),
 }
 
 
@@ -57,6 +62,11 @@ class RunConfig(BaseModel):
     availability_zone: str | None = Field(None, description="AZ for the GPU nodes (chosen by preflight when unset)")
     profile: str | None = Field(None, description="AWS profile (else the usual credential chain)")
     kubernetes_version: str = Field("1.34", description="EKS Kubernetes version")
+    vpc_id: str | None = Field(None, description="aws: an existing VPC to use (adopted: checked, never deleted)")
+    private_subnet_ids: str = Field("", description="aws with --vpc-id: its private subnets, comma-separated (two "
+                                                    "AZs at least, one in the GPU AZ, each routed to a NAT gateway)")
+    api_cidrs: str = Field("", description="aws: CIDRs allowed to reach the EKS API endpoint, comma-separated "
+                                           "(default: anywhere; the API still needs credentials)")
     system_node_type: str = Field("m7i.xlarge", description="Instance type of the system node (Ray head, operator)")
     system_node_count: int = Field(1, ge=1, le=10, description="Number of system nodes")
     gpu_node_type: str = Field("g6.12xlarge", description="Instance type of the GPU worker nodes")
@@ -112,9 +122,12 @@ class RunConfig(BaseModel):
     local_heads: int = Field(4, ge=1, le=128, description="Tiny local model: attention heads")
     local_vocab_size: int = Field(1024, ge=16, le=262_144, description="Tiny local model: vocabulary size")
 
-    @field_validator("cluster_name", "namespace", "region", "gpu_node_type", "system_node_type", "job_env")
+    @field_validator("cluster_name", "namespace", "region", "gpu_node_type", "system_node_type", "job_env", "vpc_id",
+                     "private_subnet_ids", "api_cidrs")
     @classmethod
-    def _matches_pattern(cls, v: str, info: ValidationInfo) -> str:
+    def _matches_pattern(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
         pattern, accepted = _PATTERNS[info.field_name or ""]
         if not re.fullmatch(pattern, v):
             raise ValueError(accepted)
@@ -126,6 +139,12 @@ class RunConfig(BaseModel):
         if v.startswith("env:") and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v[4:]):
             raise ValueError("env:NAME with NAME a variable name such as HF_TOKEN, or a file path")
         return v
+
+    def private_subnet_id_list(self) -> list[str]:
+        return [s for s in self.private_subnet_ids.split(",") if s]
+
+    def api_cidr_list(self) -> list[str]:
+        return [c for c in self.api_cidrs.split(",") if c] or ["0.0.0.0/0"]
 
     def wants_efa(self) -> bool:
         """Whether the GPU pods hold an EFA interface (they then need one on every GPU node)."""

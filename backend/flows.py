@@ -36,20 +36,33 @@ async def check_preflight(session: RunSession) -> None:
         raise UserError(f"preflight: {failed[0].title}: {failed[0].detail}", remedy=failed[0].remedy)
 
 
-async def up(session: RunSession, *, until: str | None = None, follow: bool = True) -> AsyncIterator[StepEvent]:
+async def up(session: RunSession, *, until: str | None = None, follow: bool = True,
+             az_failover: bool = False) -> AsyncIterator[StepEvent]:
     """Preflight, plan, apply (up to ``until``), then follow the job as the ``train`` step.
 
     The first event (step ``run``, started) carries the plan; the last (step ``run``) the outcome.
+    With ``az_failover``, GPU nodes AWS has no capacity for move to the next feasible AZ, and
+    the plan is applied again (each move is kept in the run record with its reason).
     """
     with session.changing():
         await check_preflight(session)
         plan = await session.plan()
         yield StepEvent(step=RUN, kind=EventKind.STARTED, message=f"run {session.run_id}",
                         data={"run_id": session.run_id, "plan": plan.model_dump(mode="json"), "noop": plan.is_noop})
-        ok = True
-        async for event in session.apply(plan, until=until):
-            ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
-            yield event
+        while True:
+            ok, no_capacity = True, None
+            async for event in session.apply(plan, until=until):
+                ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
+                if event.kind is EventKind.FAILED and CAPACITY_CODE in (event.cause or ""):
+                    no_capacity = event
+                yield event
+            moved = fail_over(session, no_capacity) if az_failover and no_capacity is not None else None
+            if moved is None:
+                break
+            yield StepEvent(step=RUN, kind=EventKind.PROGRESS, message=moved, data={"failover": moved})
+            plan = await session.plan()
+            yield StepEvent(step=RUN, kind=EventKind.PROGRESS, message="the plan after moving the GPU nodes",
+                            data={"plan": plan.model_dump(mode="json")})
         if ok and follow and until is None and session.record.current_job is not None:
             async for event in follow_steps(session):
                 ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
@@ -59,6 +72,21 @@ async def up(session: RunSession, *, until: str | None = None, follow: bool = Tr
                         message=("run is up" if ok else "run failed") + f": {session.run_id}",
                         data={"run_id": session.run_id, "job_status": job.status.value if job else None,
                               "status": session.record.status.value})
+
+
+CAPACITY_CODE = "InsufficientInstanceCapacity"
+
+
+def fail_over(session: RunSession, failed: StepEvent) -> str | None:
+    """Move the GPU nodes to the next feasible AZ after AWS ran out of capacity; what moved, or None."""
+    from backend.layers.aws.layer import AwsLayer
+
+    layer = next((x for x in session.stack.layers if isinstance(x, AwsLayer)), None)
+    if layer is None or layer.topology is None:
+        return None
+    old = layer.topology.gpu_az
+    new = layer.fail_over(session.ctx, old, failed.cause or CAPACITY_CODE)
+    return None if new is None else f"{CAPACITY_CODE} in {old}: moving the GPU nodes to {new}"
 
 
 async def apply_plan(session: RunSession, plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:

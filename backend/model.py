@@ -7,6 +7,7 @@ store can persist it and the TUI can render it without knowing which target made
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -61,6 +62,8 @@ class Resource(BaseModel):
     spec: dict[str, Any] = Field(default_factory=dict)
     depends_on: tuple[str, ...] = ()
     cost_per_hour: float | None = None
+    # vCPUs of each quota it uses: {"L-DB2E81BA": {"vcpus": 96, "headroom": 192}} (aws)
+    quota: dict[str, dict[str, float | None]] = Field(default_factory=dict)
 
 
 class Observed(BaseModel):
@@ -92,6 +95,7 @@ class Change(BaseModel):
     before: dict[str, Any] | None = None
     after: dict[str, Any] | None = None
     cost_per_hour: float | None = None
+    quota: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     reason: str = ""
 
     @property
@@ -154,3 +158,20 @@ class StepEvent(BaseModel):
     attempt: int = 1
     ts: float = Field(default_factory=time.time)
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Something of a run the orphan sweep still found live after teardown, and what it costs."""
+
+    kind: str
+    id: str
+    state: str = ""
+    cost_per_hour: float = 0.0
+
+    def describe(self) -> str:
+        cost = f", ${self.cost_per_hour:.3f}/h" if self.cost_per_hour else ""
+        return f"{self.kind} {self.id}" + (f" ({self.state}{cost})" if self.state or cost else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -83,7 +83,7 @@ def diff(stack: Stack, wanted: Sequence[Resource], observed: dict[str, Observed]
         changes[want.address] = Change(
             address=want.address, layer=want.layer, kind=want.kind, action=action, depends_on=want.depends_on,
             before=dict(have.state) if have is not None else None, after=dict(want.spec),
-            cost_per_hour=want.cost_per_hour, reason=reason)
+            cost_per_hour=want.cost_per_hour, quota=dict(want.quota), reason=reason)
     wanted_addresses = {w.address for w in wanted}
     for have in observed.values():
         if have.address not in wanted_addresses and not have.adopted:
@@ -146,7 +146,7 @@ def reconcile(ctx: Context, plan: PlanResult) -> None:
 def _change_action(handler: Handler, ctx: Context, change: Change,
                    plan: PlanResult) -> Callable[[], AsyncIterator[Progress]]:
     want = Resource(address=change.address, layer=change.layer, kind=change.kind, spec=change.after or {},
-                    depends_on=change.depends_on, cost_per_hour=change.cost_per_hour)
+                    depends_on=change.depends_on, cost_per_hour=change.cost_per_hour, quota=dict(change.quota))
     have = plan.observed.get(change.address)
 
     async def run() -> AsyncIterator[Progress]:

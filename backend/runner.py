@@ -9,6 +9,7 @@ they yield progress and raise on failure.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -44,6 +45,18 @@ class Step:
 
 
 StateCallback = Callable[[str, StepState], None]
+
+# Set inside each running step's task: how code deep in a step (an SDK call that retries)
+# reports what the step's own progress cannot, such as one throttled call being tried again.
+_step_retry_sink: contextvars.ContextVar[Callable[[str, str, float], None] | None] = \
+    contextvars.ContextVar("rtui_step_retry_sink", default=None)
+
+
+def report_retry(message: str, cause: str, delay_s: float) -> None:
+    """Tell the running step's watchers that a call inside it is tried again (no-op outside a step)."""
+    sink = _step_retry_sink.get()
+    if sink is not None:
+        sink(message, cause, delay_s)
 
 
 class StepFailed(RtuiError):
@@ -111,6 +124,12 @@ class Runner:
             self._emit(StepEvent(step=step.id, kind=EventKind.SKIPPED, message="already in place"))
             return
         attempt = 0
+
+        def call_retried(message: str, cause: str, delay_s: float) -> None:
+            self._emit(StepEvent(step=step.id, kind=EventKind.RETRYING, message=message, cause=cause,
+                                 attempt=attempt, data={"delay_s": delay_s, "scope": "call"}))
+
+        _step_retry_sink.set(call_retried)  # this task's context only
         while True:
             attempt += 1
             self._transition(step.id, status=StepStatus.RUNNING, attempts=attempt,

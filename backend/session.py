@@ -43,9 +43,10 @@ def make_stack(target: str) -> Stack:
 
         return Stack("kube", [KubernetesLayer(), RayJobLayer()])
     if target == "aws":
-        from backend.layers.aws_preflight import AwsPreflight
+        from backend.layers.aws.layer import AwsLayer
+        from backend.layers.kubernetes.layer import KubernetesLayer
 
-        return Stack("aws", [AwsPreflight()])
+        return Stack("aws", [AwsLayer(), KubernetesLayer(), RayJobLayer()])
     raise UserError(f"the {target} target is not in this version",
                     remedy="use --target local, or `rtui check --target aws` for AWS feasibility")
 
@@ -225,6 +226,8 @@ class RunSession:
         self.record.plan = plan.model_dump(mode="json")
         self.record.status = RunStatus.APPLYING
         self.store.save(self.record)
+        for layer in self.stack.layers:
+            layer.applying(self.ctx)
         reconcile(self.ctx, plan)
         async for event in self._run(steps, prefix="", done=RunStatus.UP):
             yield event
@@ -240,6 +243,37 @@ class RunSession:
             yield event
         if self.record.status is RunStatus.DOWN:
             forget_missing(self.ctx, await self.discover())
+        async for event in self._sweep():
+            yield event
+
+    async def _sweep(self) -> AsyncIterator[StepEvent]:
+        """The orphan sweep as a last step: anything of this run still live fails teardown, with its cost."""
+        from backend.runner import Progress, Step
+
+        layers = [layer for layer in self.stack.layers if layer.sweeps]
+        if not layers:
+            return
+
+        async def look() -> AsyncIterator[Progress]:
+            yield Progress("asking AWS for anything still tagged with this run")
+            left = [item for layer in layers for item in await layer.sweep(self.ctx)]
+            self.record.facts["sweep"] = [item.to_dict() for item in left]
+            self.store.save(self.record)
+            if left:
+                cost = sum(item.cost_per_hour for item in left)
+                raise OperationError(f"{len(left)} resources of this run are still there (${cost:.3f}/h): "
+                                     + "; ".join(item.describe() for item in left[:8])
+                                     + (f"; +{len(left) - 8} more" if len(left) > 8 else ""),
+                                     remedy="run `rtui down` again; what it cannot delete is named above")
+            yield Progress("nothing left: no resource of this run is tagged in AWS", 1.0)
+
+        status = self.record.status
+        async for event in self._run([Step("sweep", "Orphan sweep", look, expected_s=5.0)], prefix="teardown:",
+                                     done=status):
+            yield event
+        if self.record.status is RunStatus.FAILED and status is RunStatus.DOWN:
+            self.record.status = RunStatus.DOWN  # torn down; the sweep's findings are in its step and facts
+            self.store.save(self.record)
 
     async def _run(self, steps: list[Any], *, prefix: str, done: RunStatus) -> AsyncIterator[StepEvent]:
         from backend.runner import Runner

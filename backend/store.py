@@ -110,6 +110,8 @@ class RunRecord(BaseModel):
     jobs: list[JobRecord] = Field(default_factory=list)
     spool_path: str
     telemetry: dict[str, Any] | None = None
+    # What a layer decided once and keeps across plans (the AZs an aws run chose, why it moved).
+    facts: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def current_job(self) -> JobRecord | None:

@@ -98,6 +98,9 @@ def build_parser() -> Parser:
     p.add_argument("--yes", action="store_true", help="apply without asking")
     p.add_argument("--until", metavar="ADDRESS|LAYER",
                    help="stop once this resource or layer is in place (e.g. local.ray-head, local-ray)")
+    p.add_argument("--az-failover", action="store_true",
+                   help="aws: when AWS has no capacity for the GPU nodes in their AZ, move them to the next "
+                        "feasible AZ and go on")
     p.add_argument("--json", action="store_true", help="JSON lines of step events")
     p = add("status", "the state of a run, reconciled with what is live")
     p.add_argument("run_id", nargs="?")

@@ -45,7 +45,7 @@ async def up(ns: argparse.Namespace, out: TextIO) -> int:
     session.store.ensure_writable()
     emit = _emitter(ns.json, out)
     ok = False
-    async for event in flows.up(session, until=ns.until):
+    async for event in flows.up(session, until=ns.until, az_failover=ns.az_failover):
         emit(event)
         if event.step == flows.RUN and event.kind is EventKind.STARTED and not ns.json:
             out.write(format_plan(Plan.model_validate(event.data["plan"]), run_id=session.run_id))

@@ -66,7 +66,8 @@ class AwsSession:
     calls themselves from any thread.
     """
 
-    def __init__(self, profile: str | None = None, *, max_pool_connections: int = 16) -> None:
+    def __init__(self, profile: str | None = None, *, max_pool_connections: int = 16,
+                 retries: dict[str, Any] | None = None, user_agent_extra: str = "rtui-preflight") -> None:
         self.profile = profile
         try:
             self._session = boto3.session.Session(profile_name=profile)
@@ -75,11 +76,11 @@ class AwsSession:
                 f"AWS profile {profile!r} not found", remedy="check ~/.aws/config or drop --profile"
             ) from exc
         self._config = Config(
-            retries={"mode": "standard", "max_attempts": RETRY_ATTEMPTS},
+            retries=retries or {"mode": "standard", "max_attempts": RETRY_ATTEMPTS},
             connect_timeout=CONNECT_TIMEOUT_S,
             read_timeout=READ_TIMEOUT_S,
             max_pool_connections=max_pool_connections,
-            user_agent_extra="rtui-preflight",
+            user_agent_extra=user_agent_extra,
         )
         self._clients: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()

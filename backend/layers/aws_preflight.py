@@ -1,41 +1,13 @@
-"""The aws target in this version: the live feasibility checks, and an honest refusal to plan.
-
-Provisioning (VPC, IAM, EKS, nodegroups) arrives as the ``aws`` layer in a later issue;
-until then planning says so in one line instead of pretending.
-"""
+"""The preflight request of a run: what `rtui check` and the aws layer ask the feasibility matrix."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from backend.errors import UserError
-from backend.layers.base import Context, Handler, Layer
-from backend.model import CheckResult, Observed, Resource
+from backend.layers.base import Context
 
 if TYPE_CHECKING:
     from backend.aws import PreflightRequest
-
-
-class AwsPreflight(Layer):
-    name = "aws"
-
-    @property
-    def handlers(self) -> Mapping[str, Handler]:
-        return {}
-
-    def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
-        raise UserError("provisioning the aws target is not in this version",
-                        remedy="`rtui check --target aws` shows where it could run; use --target local to train now")
-
-    async def discover(self, ctx: Context) -> list[Observed]:
-        return []
-
-    async def preflight(self, ctx: Context) -> list[CheckResult]:
-        from backend.aws import run_preflight
-
-        report = await run_preflight(preflight_request(ctx))
-        return report.to_check_results()
 
 
 def preflight_request(ctx: Context) -> PreflightRequest:

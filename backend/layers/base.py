@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from backend.config import RunConfig
 from backend.ledger import Ledger
-from backend.model import Action, CheckResult, Observed, Resource
+from backend.model import Action, CheckResult, Leftover, Observed, Resource
 from backend.runner import Progress
 from backend.store import RunRecord, RunStore
 
@@ -109,6 +109,7 @@ class Handler(abc.ABC):
 
 class Layer(abc.ABC):
     name: ClassVar[str]
+    sweeps: ClassVar[bool] = False  # whether ``sweep`` looks for anything (teardown then shows its step)
 
     @property
     @abc.abstractmethod
@@ -129,6 +130,14 @@ class Layer(abc.ABC):
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         """Checks that can fail before anything is created."""
+        return []
+
+    def applying(self, ctx: Context) -> None:
+        """A plan of this layer is about to be applied (keep what it settled, e.g. the AZs)."""
+        return None
+
+    async def sweep(self, ctx: Context) -> list[Leftover]:
+        """After teardown: anything of this run still live, found from the world (not the record)."""
         return []
 
     def access(self) -> ClusterAccess | None:

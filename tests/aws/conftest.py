@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -13,6 +15,7 @@ import pytest
 
 from tests.aws.moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
 from tests.aws.moto_provision import install_provisioning
+from tests.kubernetes.conftest import KubeCluster
 
 G, P, STANDARD = "L-DB2E81BA", "L-417A185B", "L-1216C47A"
 
@@ -23,7 +26,6 @@ _ENV = {
     "AWS_CONFIG_FILE": "/nonexistent/rtui-test-aws-config",
     "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/rtui-test-aws-credentials",
     "AWS_EC2_METADATA_DISABLED": "true",
-    "MOTO_IAM_LOAD_MANAGED_POLICIES": "true",  # AWS managed policies can be attached
 }
 _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
 
@@ -99,3 +101,20 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
         "_DEFAULT_BACKOFF_CONFIG",
         {"throttling_base_scale": 0.02, "non_throttling_base_scale": 0.001},
     )
+
+
+@pytest.fixture
+def kube_file(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The kubeconfig rtui writes, and the Kubernetes API every new EKS cluster answers at (emulated,
+    taking only EKS tokens)."""
+    path = tmp_path / "kube" / "config"
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    cluster = KubeCluster()
+    cluster.start()
+    cluster.require_token(lambda token: token.startswith("k8s-aws-v1."))
+    world.script.cluster_endpoint = cluster.url
+    world.script.cluster_ca = base64.b64encode(cluster.ca_pem).decode()
+    try:
+        yield path
+    finally:
+        cluster.stop()

@@ -14,6 +14,8 @@ State lives on moto's backend objects, so ``/moto-api/reset`` clears it; ``Scrip
 
 from __future__ import annotations
 
+import functools
+import json
 import threading
 import time
 import uuid
@@ -31,6 +33,8 @@ from moto.eks import urls as eks_urls
 from moto.eks.exceptions import ResourceInUseException, ResourceNotFoundException
 from moto.eks.models import Cluster, EKSBackend, Nodegroup, eks_backends
 from moto.eks.responses import EKSResponse
+from moto.iam.aws_managed_policies import aws_managed_policies_data
+from moto.iam.models import AWSManagedPolicy, IAMBackend
 
 from tests.aws import moto_provision_api as api
 from tests.aws import moto_provision_ec2
@@ -347,6 +351,23 @@ ROUTES = {  # added to moto's EKS URL map before the server builds its app
 }
 
 
+# The AWS managed policies rtui attaches. moto can load all ~1,400 (MOTO_IAM_LOAD_MANAGED_POLICIES),
+# but it then parses them again at every reset: ~3 s per test. These few are all a test needs.
+NEEDED_POLICIES = ("AmazonEKSClusterPolicy", "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
+                   "AmazonEC2ContainerRegistryReadOnly", "AmazonSSMManagedInstanceCore")
+
+
+@functools.cache
+def _policy_data() -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(aws_managed_policies_data)
+    return {name: parsed[name] for name in NEEDED_POLICIES}
+
+
+def _needed_aws_policies(self: IAMBackend) -> list[Any]:
+    return [AWSManagedPolicy.from_data(name, self.account_id, self.region_name, data)
+            for name, data in _policy_data().items()]
+
+
 def install_provisioning() -> Callable[[], None]:
     """Patch moto for provisioning (EKS and EC2); returns the function that undoes it."""
     patches: list[Patch] = []
@@ -367,6 +388,7 @@ def install_provisioning() -> Callable[[], None]:
         patch(cls, "call_action", _ticking(cls.call_action))
     for route in ROUTES:
         eks_urls.url_paths.setdefault(route, eks_urls.response.dispatch)
+    patch(IAMBackend, "_init_aws_policies", _needed_aws_policies)
     undo_ec2 = moto_provision_ec2.install(patch)
 
     def uninstall() -> None:

@@ -142,6 +142,18 @@ class KubeApi:
             api.set_token_provider(token_provider)
         return api
 
+    @classmethod
+    def for_server(cls, server: str, ca_file: str, *, context: str, token_provider: TokenProvider,
+                   timeout_s: float = 10.0) -> KubeApi:
+        """A cluster known by its endpoint and CA (EKS): no kubeconfig, so no exec plugin is run."""
+        configuration = Configuration()
+        configuration.host = server
+        configuration.ssl_ca_cert = ca_file
+        configuration.verify_ssl = True
+        api = cls(configuration, context=context, namespace="default", timeout_s=timeout_s)
+        api.set_token_provider(token_provider)
+        return api
+
     def set_token_provider(self, provider: TokenProvider) -> None:
         """Every request asks ``provider`` for the bearer token: a token it refreshes is used at once.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
 import json
 import os
 import shutil
@@ -126,6 +127,61 @@ def write_kubeconfig_entry(path: str | os.PathLike[str], *, cluster_name: str, r
     _upsert(config, "contexts", {"name": name, "context": {"cluster": name, "user": name}})
     if set_current or not config.get("current-context"):
         config["current-context"] = name
+    _write_atomically(target, config, mode)
+    return name
+
+
+def kubeconfig_path(flag: str | None) -> Path:
+    """Where `aws eks update-kubeconfig` writes: --kubeconfig, the first of KUBECONFIG, ~/.kube/config."""
+    source = flag or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    first = next((p for p in source.split(os.pathsep) if p), "~/.kube/config")
+    return Path(first).expanduser()
+
+
+def find_kubeconfig_entry(path: Path, cluster_name: str, region: str) -> tuple[str, str, str] | None:
+    """(ARN, server, CA file) of the EKS cluster's entry in ``path``; the CA is written to a file the
+    HTTP client can load (a public certificate, in rtui's cache)."""
+    from backend.paths import cache_dir
+
+    try:
+        doc = yaml.safe_load(path.read_text()) if path.exists() else None
+    except (OSError, yaml.YAMLError):
+        return None
+    suffix = f":cluster/{cluster_name}"
+    for item in (doc or {}).get("clusters") or [] if isinstance(doc, dict) else []:
+        name = str((item or {}).get("name") or "")
+        if name.startswith("arn:") and name.endswith(suffix) and f":eks:{region}:" in name:
+            cluster = item.get("cluster") or {}
+            ca = base64.b64decode(str(cluster.get("certificate-authority-data") or ""))
+            target = cache_dir() / "eks" / f"{hashlib.sha256(ca).hexdigest()[:16]}.pem"
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(ca)
+            return name, str(cluster.get("server") or ""), str(target)
+    return None
+
+
+def remove_kubeconfig_entry(path: str | os.PathLike[str], name: str) -> bool:
+    """Take out the cluster, user and context named ``name`` (ours); every other entry stays."""
+    target = Path(path).expanduser()
+    if not target.exists():
+        return False
+    config = yaml.safe_load(target.read_text()) or {}
+    if not isinstance(config, dict):
+        return False
+    removed = False
+    for section in ("clusters", "users", "contexts"):
+        items = [i for i in config.get(section) or [] if not (isinstance(i, dict) and i.get("name") == name)]
+        removed = removed or len(items) != len(config.get(section) or [])
+        config[section] = items
+    if config.get("current-context") == name:
+        config["current-context"] = ""
+    if removed:
+        _write_atomically(target, config, target.stat().st_mode & 0o777)
+    return removed
+
+
+def _write_atomically(target: Path, config: dict[str, Any], mode: int) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
@@ -136,7 +192,6 @@ def write_kubeconfig_entry(path: str | os.PathLike[str], *, cluster_name: str, r
     except BaseException:
         os.unlink(tmp)
         raise
-    return name
 
 
 def _upsert(config: dict[str, Any], section: str, entry: dict[str, Any]) -> None:

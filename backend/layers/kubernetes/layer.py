@@ -47,16 +47,50 @@ if TYPE_CHECKING:
     from backend.layers.kubernetes.access import KubeApi
     from backend.rayjobs import RayJobs
 
-_APIS: dict[tuple[str | None, str | None], KubeApi] = {}
+_APIS: dict[tuple[str | None, ...], KubeApi] = {}
+# The aws layer's addresses this layer waits for on the aws target (absent elsewhere).
+AWS_KUBECONFIG = "aws.kubeconfig"
+AWS_SYSTEM_NODES = "aws.nodegroup.system"
+AWS_GPU_NODES = "aws.nodegroup.gpu"
+
+
+class ClusterNotReady(OperationError):
+    """The aws target's EKS cluster is not there (yet): nothing of this layer can exist in it."""
 
 
 def kube_api(ctx: Context) -> KubeApi:
     """The cluster's API for this config, made once per process (it refreshes its own token)."""
     from backend.layers.kubernetes.access import KubeApi
 
+    if ctx.config.target == "aws":
+        return _eks_api(ctx)
     key = (ctx.config.kubeconfig, ctx.config.context)
     if key not in _APIS:
         _APIS[key] = KubeApi.from_kubeconfig(ctx.config.kubeconfig, ctx.config.context)
+    return _APIS[key]
+
+
+def _eks_api(ctx: Context) -> KubeApi:
+    """The EKS cluster of an aws run, from the entry the aws layer wrote into the kubeconfig.
+
+    Only its endpoint and CA are read: rtui signs its own EKS token (no exec plugin runs).
+    """
+    import boto3
+
+    from backend.layers.kubernetes import eks
+    from backend.layers.kubernetes.access import KubeApi
+
+    config = ctx.config
+    entry = eks.find_kubeconfig_entry(eks.kubeconfig_path(config.kubeconfig), config.cluster_name, config.region)
+    if entry is None:
+        raise ClusterNotReady(f"no kubeconfig entry for the EKS cluster {config.cluster_name} yet",
+                              remedy="`rtui up` writes it once the cluster is active")
+    arn, server, ca_file = entry
+    key = ("aws", arn, server)
+    if key not in _APIS:
+        provider = eks.EksTokenProvider(config.cluster_name, config.region,
+                                        boto3.Session(profile_name=config.profile, region_name=config.region))
+        _APIS[key] = KubeApi.for_server(server, ca_file, context=arn, token_provider=provider)
     return _APIS[key]
 
 
@@ -82,34 +116,46 @@ class KubernetesLayer(Layer):
         image = self._image or Resolved(config.image, None, "unpinned: the registry was not asked")
         pinned = manifests.pinned_image(config.image, image.digest)
 
+        # On the aws target: the API once the kubeconfig entry exists, a node for the operator and
+        # the head once the system nodes are up, the GPU nodes only for the workers.
+        made_below = {r.address for r in below}
+        api_ready = tuple(a for a in (AWS_KUBECONFIG,) if a in made_below)
+        system = tuple(a for a in (AWS_SYSTEM_NODES,) if a in made_below)
+        gpu = tuple(a for a in (AWS_GPU_NODES,) if a in made_below)
+
         def res(address: str, kind: str, spec: dict[str, Any], *deps: str, cost: float = 0.0) -> Resource:
-            return Resource(address=address, layer=LAYER, kind=kind, spec=spec, depends_on=deps, cost_per_hour=cost)
+            return Resource(address=address, layer=LAYER, kind=kind, spec=spec,
+                            depends_on=tuple(dict.fromkeys([*deps, *api_ready])), cost_per_hour=cost)
 
         out = [res(NAMESPACE, "k8s-namespace", {"name": config.namespace})]
         if config.hf_token:
             out.append(res(HF_SECRET, "k8s-secret", {"source": config.hf_token}, NAMESPACE))
         plugin_image = addons.nvidia_device_plugin(config, run_id)
-        out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", {"image": _first_image(plugin_image)}))
+        # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
+        out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", {"image": _first_image(plugin_image)}, *gpu))
         plugins = [NVIDIA_PLUGIN]
         if config.wants_efa():
             out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa",
-                           {"image": _first_image(addons.efa_device_plugin(config, run_id))}))
+                           {"image": _first_image(addons.efa_device_plugin(config, run_id))}, *gpu))
             plugins.append(EFA_PLUGIN)
         operator = [o for o in addons.kuberay_operator(config, run_id, []) if o["kind"] == "Deployment"]
-        out.append(res(OPERATOR, "kuberay-operator", {"image": _first_image(operator)}))
+        out.append(res(OPERATOR, "kuberay-operator", {"image": _first_image(operator)}, *system))
         out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
         spec = {"image": pinned, "digest": image.digest, "pinning": image.reason, "gpu_nodes": config.gpu_node_count,
                 "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
                 "hf_token": bool(config.hf_token)}
-        deps = [NAMESPACE, OPERATOR, *([HF_SECRET] if config.hf_token else [])]
+        deps = [NAMESPACE, OPERATOR, *([HF_SECRET] if config.hf_token else []), *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
-                       RAYCLUSTER, *plugins))
+                       RAYCLUSTER, *plugins, *gpu))
         return out
 
     async def discover(self, ctx: Context) -> list[Observed]:
-        api = kube_api(ctx)
+        try:
+            api = kube_api(ctx)
+        except ClusterNotReady:
+            return []
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, KubeHandler)))
         order = [NAMESPACE, HF_SECRET, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
@@ -117,6 +163,8 @@ class KubernetesLayer(Layer):
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         config = ctx.config
+        if config.target == "aws":
+            return self._token_check(config)  # the cluster and its nodes are the aws layer's to make
         try:
             api = kube_api(ctx)
             nodes = await api.list("v1", "Node")
@@ -142,15 +190,19 @@ class KubernetesLayer(Layer):
                 + (" (checked again once the device plugins run)" if problems else ""),
                 remedy="--require-transport any runs without EFA" if problems and config.wants_efa() else None))
         results.extend(await self._foreign_objects(api, ctx))
-        if config.hf_token:
-            try:
-                read_hf_token(config.hf_token)
-                results.append(CheckResult(id="kube.hf-token", title="Hugging Face token", status=CheckStatus.OK,
-                                           detail=f"from {config.hf_token}"))
-            except RtuiError as exc:
-                results.append(CheckResult(id="kube.hf-token", title="Hugging Face token", status=CheckStatus.FAIL,
-                                           detail=exc.message, remedy=exc.remedy))
-        return results
+        return results + self._token_check(config)
+
+    @staticmethod
+    def _token_check(config: RunConfig) -> list[CheckResult]:
+        if not config.hf_token:
+            return []
+        try:
+            read_hf_token(config.hf_token)
+        except RtuiError as exc:
+            return [CheckResult(id="kube.hf-token", title="Hugging Face token", status=CheckStatus.FAIL,
+                                detail=exc.message, remedy=exc.remedy)]
+        return [CheckResult(id="kube.hf-token", title="Hugging Face token", status=CheckStatus.OK,
+                            detail=f"from {config.hf_token}")]
 
     async def _foreign_objects(self, api: KubeApi, ctx: Context) -> list[CheckResult]:
         """A namespace or a RayCluster of our names that this run did not make: refused, never overwritten."""
@@ -178,8 +230,8 @@ class KubernetesLayer(Layer):
         """The head's Jobs API through the API server, once this run's head pod is ready."""
         from backend.rayjobs import RayJobs
 
-        api = kube_api(ctx)
         try:
+            api = kube_api(ctx)
             cluster = await api.get("ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
             if cluster is None or not ours(cluster, ctx.record.run_id):
                 return None

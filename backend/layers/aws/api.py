@@ -1,0 +1,266 @@
+"""The AWS layer's calls: one region, our tags, retries a user can see, and waits with an ETA.
+
+botocore's own retries are off here: a throttled or failed call is retried by ``AwsApi.call``,
+which tells the running step (``runner.report_retry``), so a progress pane shows each retry
+instead of a step that seems stuck. Errors become one line with what to do next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import random
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
+
+from backend.aws.calls import CallPool
+from backend.aws.session import (
+    THROTTLING_CODES,
+    AwsSession,
+    describe_aws_error,
+    error_code,
+    is_credential_error,
+    login_hint,
+)
+from backend.errors import OperationError, RtuiError, UserError
+from backend.runner import Progress, report_retry
+
+RUN_TAG = "rtui:run"
+CLUSTER_TAG = "rtui:cluster"
+ROLE_TAG = "rtui:role"  # what a resource is for, where its kind alone does not say (public/private subnet)
+IAM_PATH = "/rtui/"
+
+# Retries of one call: throttling and 5xx come in bursts, so back off up to ~20 s and try ten times.
+CALL_ATTEMPTS = 10
+BACKOFF_BASE_S = 0.25
+BACKOFF_CAP_S = 20.0
+_TRANSIENT_CODES = frozenset({
+    *THROTTLING_CODES, "InternalError", "InternalFailure", "InternalServerError", "ServiceUnavailable",
+    "ServiceUnavailableException", "ServerException", "RequestTimeout", "RequestTimeoutException",
+    "Unavailable", "SlowDown", "PriorRequestNotComplete", "EC2ThrottledException", "ServiceFailure",
+})
+_CONNECTION_ERRORS = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
+
+# Polls start fast (a NAT gateway in a test is ready at once) and settle at a twentieth of the
+# typical duration, at most every 15 s: an EKS cluster (~10 min) is asked about 40 times.
+FIRST_POLL_S = 0.05
+MAX_POLL_S = 15.0
+# Set while a wait polls: the calls made then are counted as waits (`AwsApi.counts`).
+_polling: contextvars.ContextVar[bool] = contextvars.ContextVar("rtui_aws_polling", default=False)
+
+
+def transient(exc: BaseException) -> bool:
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return True
+    if isinstance(exc, ClientError):
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        return error_code(exc) in _TRANSIENT_CODES or status >= 500
+    return False
+
+
+def missing_permission(exc: BaseException) -> tuple[str, str] | None:
+    """(action, resource) from an AccessDenied message, as AWS writes it, when it names them."""
+    if not isinstance(exc, ClientError) or error_code(exc) not in (
+            "AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
+        return None
+    message = str(exc.response.get("Error", {}).get("Message", ""))
+    action = re.search(r"perform:? ([a-z0-9-]+:[A-Za-z0-9]+)", message)
+    resource = re.search(r"on resource:? (\S+)", message)
+    return (action.group(1) if action else "?", resource.group(1).rstrip(".,") if resource else "*")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One look at something AWS is making or removing: done yet, the phase AWS reports, or a failure."""
+
+    done: bool
+    phase: str
+    failed: str | None = None
+    remedy: str | None = None
+
+
+class AwsApi:
+    """One region's clients, on the shared worker threads, with the run's tags."""
+
+    def __init__(self, region: str, profile: str | None = None, *, concurrency: int = 32) -> None:
+        self.region = region
+        self.profile = profile
+        self.session = AwsSession(profile, max_pool_connections=concurrency,
+                                  retries={"mode": "standard", "total_max_attempts": 1},
+                                  user_agent_extra="rtui-provision")
+        self._pool: CallPool | None = None
+        self._concurrency = concurrency
+        self._identity: dict[str, Any] | None = None
+        # Calls sent, by "service:Operation" and, for the polls of a wait, "wait:service:Operation".
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def client(self, service: str) -> Any:
+        return self.session.client(service, self.region)
+
+    @property
+    def pool(self) -> CallPool:
+        if self._pool is None:  # made on first use, inside the event loop that will await it
+            self._pool = CallPool(self.session.workers, self._concurrency)
+        return self._pool
+
+    async def call(self, service: str, operation: str, *, ok: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        """``client.<operation>(**kwargs)``; an error whose code is in ``ok`` returns None.
+
+        Throttling, 5xx and dropped connections are retried with jittered backoff, each retry
+        reported to the running step. Anything else is one line with a remedy.
+        """
+        fn = getattr(self.client(service), operation)
+        what = f"{service}:{_camel(operation)}"
+        for attempt in range(1, CALL_ATTEMPTS + 1):
+            self.counts[what] += 1
+            if _polling.get():
+                self.counts[f"wait:{what}"] += 1
+            try:
+                return await self.pool.run(fn, **kwargs)
+            except ClientError as exc:
+                if error_code(exc) in ok:
+                    return None
+                if not transient(exc) or attempt == CALL_ATTEMPTS:
+                    raise self.error(exc, what) from None
+                cause = error_code(exc)
+            except _CONNECTION_ERRORS as exc:
+                if attempt == CALL_ATTEMPTS:
+                    raise self.error(exc, what) from None
+                cause = type(exc).__name__
+            except BotoCoreError as exc:  # a reply botocore cannot read, a bad parameter: not worth a retry
+                raise self.error(exc, what) from None
+            delay = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt))
+            report_retry(f"{what} answered {cause}: trying again in {delay:.1f}s (attempt {attempt + 1})",
+                         cause, delay)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def error(self, exc: BaseException, what: str) -> RtuiError:
+        if isinstance(exc, RtuiError):
+            return exc
+        denied = missing_permission(exc)
+        if denied is not None:
+            action, resource = denied
+            action = what if action == "?" else action
+            return OperationError(f"AWS denied {action} on {resource}",
+                                  remedy=f"give the identity rtui runs as the IAM permission {action}")
+        if is_credential_error(exc):
+            return OperationError(f"AWS rejected the credentials at {what} ({error_code(exc)})",
+                                  remedy=login_hint(self.profile))
+        return describe_aws_error(exc, action=f"calling {what}", profile=self.profile)
+
+    async def identity(self) -> dict[str, Any]:
+        if self._identity is None:
+            self._identity = dict(await self.call("sts", "get_caller_identity"))
+        return self._identity
+
+    async def pages(self, service: str, operation: str, key: str, **kwargs: Any) -> list[Any]:
+        """Every item of a paginated Describe/List call (one page at a time, each retried)."""
+        items: list[Any] = []
+        token_in, token_out = _token_names(service, operation)
+        token: str | None = None
+        while True:
+            params: dict[str, Any] = {**kwargs, **({token_in: token} if token else {})}
+            page = await self.call(service, operation, **params)
+            items.extend(page.get(key) or [])
+            token = page.get(token_out)
+            if not token:
+                return items
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _camel(operation: str) -> str:
+    return "".join(part.capitalize() for part in operation.split("_"))
+
+
+def _token_names(service: str, operation: str) -> tuple[str, str]:
+    if service in ("eks",):
+        return "nextToken", "nextToken"
+    if service == "iam":
+        return "Marker", "Marker"
+    return "NextToken", "NextToken"
+
+
+def tags(run_id: str, cluster: str, **extra: str) -> dict[str, str]:
+    return {RUN_TAG: run_id, CLUSTER_TAG: cluster, **extra}
+
+
+def ec2_tags(tag_map: dict[str, str], name: str | None = None) -> list[dict[str, str]]:
+    out = [{"Key": k, "Value": v} for k, v in tag_map.items()]
+    if name:
+        out.append({"Key": "Name", "Value": name})
+    return out
+
+
+def tag_spec(resource_type: str, tag_map: dict[str, str], name: str | None = None) -> list[dict[str, Any]]:
+    return [{"ResourceType": resource_type, "Tags": ec2_tags(tag_map, name)}]
+
+
+def run_filter(run_id: str, **extra: str) -> list[dict[str, Any]]:
+    """EC2 filters for this run's resources (and what else the tags must say)."""
+    wanted = {RUN_TAG: run_id, **extra}
+    return [{"Name": f"tag:{k}", "Values": [v]} for k, v in wanted.items()]
+
+
+def tag_map(tag_list: list[dict[str, str]] | None) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in tag_list or []}
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+async def wait_until(look: Callable[[], Awaitable[Phase]], *, what: str, expected_s: float,
+                     timeout_s: float, remedy: str | None = None) -> AsyncIterator[Progress]:
+    """Poll ``look`` until done; yield the phase AWS reports with the time left against the typical
+    duration. A failure AWS reports ends the wait at once; the deadline ends it with the last phase."""
+    started = time.monotonic()
+    delay = FIRST_POLL_S
+    cap = min(MAX_POLL_S, max(FIRST_POLL_S, expected_s / 20))
+    last = ""
+    while True:
+        token = _polling.set(True)
+        try:
+            state = await look()
+        finally:
+            _polling.reset(token)
+        if state.failed:
+            raise OperationError(f"{what}: {state.failed}", remedy=state.remedy or remedy)
+        elapsed = time.monotonic() - started
+        if state.done:
+            yield Progress(f"{state.phase} after {minutes(elapsed)}", 1.0)
+            return
+        left = expected_s - elapsed
+        eta = f"about {minutes(left)} left" if left > 0 else f"taking longer than the usual {minutes(expected_s)}"
+        message = f"{state.phase} ({eta})"
+        if message != last:
+            last = message
+            yield Progress(message, min(0.95, elapsed / expected_s) if expected_s > 0 else None)
+        if elapsed > timeout_s:
+            raise OperationError(f"{what}: still {state.phase} after {minutes(elapsed)}", remedy=remedy)
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, cap)
+
+
+def refuse_foreign(kind: str, name: str, owner_tags: dict[str, str], run_id: str) -> None:
+    """A resource of our name that this run did not make: refused, never adopted silently."""
+    if owner_tags.get(RUN_TAG) == run_id:
+        return
+    owner = "another rtui run" if RUN_TAG in owner_tags else "someone else"
+    raise UserError(f"{kind} {name} already exists and belongs to {owner}",
+                    remedy="choose another --cluster-name (rtui never takes over what it did not make)")

@@ -1,0 +1,166 @@
+"""What every handler of the AWS layer shares: the region's API, names, the topology and prices.
+
+Each handler finds its resources by our tags (``rtui:run``), never by the record alone; a
+resource of our name that another run or someone else made is refused, never adopted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from backend.aws import catalog
+from backend.aws.pricing import builtin_instance_price
+from backend.config import RunConfig
+from backend.layers.aws.api import AwsApi
+from backend.layers.base import Context, Handler
+from backend.ledger import ResourceStatus
+from backend.model import Action, Observed, Resource
+from backend.runner import Progress
+
+LAYER = "aws"
+VPC = "aws.vpc"
+IGW = "aws.internet-gateway"
+NAT = "aws.nat-gateway"
+PUBLIC_RT = "aws.route-table.public"
+PRIVATE_RT = "aws.route-table.private"
+NODE_SG = "aws.security-group.nodes"
+CLUSTER_ROLE = "aws.iam-role.cluster"
+NODE_ROLE = "aws.iam-role.nodes"
+EKS_CLUSTER = "aws.eks-cluster"
+ACCESS_ENTRY = "aws.access-entry.admin"
+KUBECONFIG = "aws.kubeconfig"
+PLACEMENT_GROUP = "aws.placement-group.gpu"
+LAUNCH_TEMPLATE = "aws.launch-template.gpu"
+SYSTEM_NODES = "aws.nodegroup.system"
+GPU_NODES = "aws.nodegroup.gpu"
+ADDONS = ("vpc-cni", "kube-proxy", "coredns")
+
+# Public IPv4 addresses bill by the hour since 2024, the NAT gateway's EIP included.
+PUBLIC_IPV4_PER_HOUR = 0.005
+VPC_CIDR = "10.0.0.0/16"
+ROOT_VOLUME_GB = 200  # the Ray image is ~30 GB unpacked; room for it, checkpoints and logs
+
+
+def subnet_address(role: str, az: str) -> str:
+    return f"aws.subnet.{role}.{az}"
+
+
+def addon_address(name: str) -> str:
+    return f"aws.addon.{name}"
+
+
+def subnet_cidr(role: str, az_index: int) -> str:
+    """Private /20s from 10.0.0.0 (pods take VPC addresses), public /22s from 10.0.128.0."""
+    if role == "private":
+        return f"10.0.{16 * az_index}.0/20"
+    return f"10.0.{128 + 4 * az_index}.0/22"
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every AWS name a run uses, from its cluster name (unique per account and region)."""
+
+    cluster: str
+
+    @property
+    def cluster_role(self) -> str:
+        return f"rtui-{self.cluster}-cluster"[:64]
+
+    @property
+    def node_role(self) -> str:
+        return f"rtui-{self.cluster}-nodes"[:64]
+
+    @property
+    def security_group(self) -> str:
+        return f"rtui-{self.cluster}-nodes"
+
+    def placement_group(self, az: str) -> str:
+        return f"rtui-{self.cluster}-gpu-{az}"
+
+    @property
+    def launch_template(self) -> str:
+        return f"rtui-{self.cluster}-gpu"
+
+    @property
+    def system_nodegroup(self) -> str:
+        return f"{self.cluster}-system"
+
+    @property
+    def gpu_nodegroup(self) -> str:
+        return f"{self.cluster}-gpu"
+
+
+@dataclass
+class Topology:
+    """The AZs of a run: the two the network spans, the GPU nodes' one, and where to fail over to."""
+
+    network_azs: list[str]
+    gpu_az: str
+    az_index: dict[str, int]
+    failover_azs: list[str] = field(default_factory=list)
+    gpu_quota_code: str | None = None
+    gpu_headroom: float | None = None
+    system_quota_code: str | None = None
+    system_headroom: float | None = None
+    vcpus: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def subnet_azs(self) -> list[str]:
+        """Private subnets: the network's AZs, and the GPU AZ when failover moved it elsewhere."""
+        return list(dict.fromkeys([*self.network_azs, self.gpu_az]))
+
+
+def instance_price(config: RunConfig, instance_type: str) -> float | None:
+    return builtin_instance_price(config.region, instance_type)[0]
+
+
+def nodegroup_cost(config: RunConfig, instance_type: str, count: int) -> float | None:
+    price = instance_price(config, instance_type)
+    return None if price is None else round(price * count, 4)
+
+
+NAT_COST = round(catalog.NAT_GATEWAY_PER_HOUR + PUBLIC_IPV4_PER_HOUR, 4)
+CLUSTER_COST = catalog.EKS_CONTROL_PLANE_PER_HOUR
+
+_APIS: dict[tuple[str, str | None], AwsApi] = {}
+
+
+def aws_api(config: RunConfig) -> AwsApi:
+    """The region's API for this config, made once per process."""
+    key = (config.region, config.profile)
+    if key not in _APIS:
+        _APIS[key] = AwsApi(config.region, config.profile)
+    return _APIS[key]
+
+
+class AwsHandler(Handler):
+    """A handler that also finds its resources live (the layer asks each one)."""
+
+    address: ClassVar[str] = ""
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        raise NotImplementedError
+
+    def api(self, ctx: Context) -> AwsApi:
+        return aws_api(ctx.config)
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        # Found half-made (a crash, a detach): wait for it, never make a second one.
+        if have.state.get("pending"):
+            return Action.UPDATE, f"{have.state['pending']}: waiting for it"
+        return super().compare(want, have)
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        if not have.state.get("pending"):
+            raise NotImplementedError(f"{self.kind} cannot be updated in place")
+        async for p in self.wait_ready(ctx, have.id):
+            yield p
+
+    def wait_ready(self, ctx: Context, resource_id: str) -> AsyncIterator[Progress]:
+        raise NotImplementedError(f"{self.kind} is never half-made")
+
+    def made(self, ctx: Context, want: Resource, resource_id: str, **outputs: object) -> None:
+        """The create call went out and AWS named the resource: the ledger learns its id."""
+        ctx.ledger.update(want.address, status=ResourceStatus.CREATING, id=resource_id, outputs=dict(outputs))

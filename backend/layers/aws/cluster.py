@@ -1,0 +1,310 @@
+"""The EKS cluster, its core add-ons, the caller's access entry, and the kubeconfig entry for kubectl.
+
+The cluster authenticates by access entries (``authenticationMode: API``); the caller becomes
+cluster admin through an entry of its own, made explicitly so the plan shows it. The kubeconfig
+entry holds an exec plugin, never a token (``backend.layers.kubernetes.eks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, refuse_foreign, tags, wait_until
+from backend.layers.aws.base import ACCESS_ENTRY, CLUSTER_ROLE, EKS_CLUSTER, KUBECONFIG, LAYER, AwsHandler
+from backend.layers.aws.iam import role_arn
+from backend.layers.aws.network import security_group_id, subnet_ids
+from backend.layers.base import Context
+from backend.model import Action, Observed, Resource
+from backend.runner import Progress
+
+CLUSTER_EXPECTED_S = 600.0
+CLUSTER_DELETE_S = 300.0
+ADDON_EXPECTED_S = 60.0
+ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+_NOT_FOUND = ("ResourceNotFoundException",)
+
+
+async def describe_cluster(api: AwsApi, name: str) -> dict[str, Any] | None:
+    found = await api.call("eks", "describe_cluster", name=name, ok=_NOT_FOUND)
+    return None if found is None else dict(found["cluster"])
+
+
+def principal_arn(caller_arn: str) -> str:
+    """An access entry names an IAM role, not the STS session that assumed it (SSO users included)."""
+    if ":assumed-role/" in caller_arn:
+        prefix, rest = caller_arn.split(":assumed-role/", 1)
+        account = prefix.split(":")[4]
+        partition = prefix.split(":")[1]
+        return f"arn:{partition}:iam::{account}:role/{rest.split('/')[0]}"
+    return caller_arn
+
+
+class EksClusterHandler(AwsHandler):
+    kind = "aws-eks-cluster"
+    title = "Create the EKS control plane"
+    address = EKS_CLUSTER
+    expected_s = CLUSTER_EXPECTED_S
+    updatable = True
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        cluster = await describe_cluster(api, ctx.config.cluster_name)
+        if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
+            return []  # another's cluster of this name: preflight refuses it
+        status = cluster["status"]
+        vpc = cluster.get("resourcesVpcConfig") or {}
+        return [Observed(address=EKS_CLUSTER, layer=LAYER, kind=self.kind, id=cluster["name"],
+                         state={"version": cluster.get("version"),
+                                "public_cidrs": sorted(vpc.get("publicAccessCidrs") or ["0.0.0.0/0"]),
+                                "pending": "creating" if status == "CREATING" else
+                                "updating" if status == "UPDATING" else None,
+                                "endpoint": cluster.get("endpoint")},
+                         healthy=status not in ("FAILED", "DELETING"), reason=status.lower())]
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        if have.state.get("pending") or not have.healthy:
+            return super().compare(want, have)
+        changed = [k for k in ("version", "public_cidrs") if have.state.get(k) != want.spec.get(k)]
+        if changed:
+            return Action.UPDATE, f"changed: {', '.join(changed)}"
+        return Action.NOOP, have.reason
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        name = ctx.config.cluster_name
+        existing = await describe_cluster(api, name)
+        if existing is not None:
+            refuse_foreign("EKS cluster", name, existing.get("tags") or {}, ctx.record.run_id)
+        else:
+            subnets = await subnet_ids(api, ctx, "private", list(want.spec["azs"]))
+            await api.call(
+                "eks", "create_cluster", name=name, version=want.spec["version"],
+                roleArn=await role_arn(api, ctx, CLUSTER_ROLE),
+                resourcesVpcConfig={"subnetIds": [subnets[az] for az in want.spec["azs"]],
+                                    "securityGroupIds": [await security_group_id(api, ctx)],
+                                    "endpointPrivateAccess": True, "endpointPublicAccess": True,
+                                    "publicAccessCidrs": list(want.spec["public_cidrs"])},
+                accessConfig={"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": False},
+                tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-cluster",
+                ok=("ResourceInUseException",))
+        self.made(ctx, want, name)
+        async for p in self.wait_ready(ctx, name):
+            yield p
+
+    def wait_ready(self, ctx: Context, resource_id: str) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+
+        async def look() -> Phase:
+            cluster = await describe_cluster(api, resource_id)
+            status = cluster["status"] if cluster else "GONE"
+            if status in ("FAILED", "GONE"):
+                return Phase(False, status, failed=f"EKS cluster {resource_id} is {status.lower()}",
+                             remedy="see its events in the EKS console; `rtui down` then `rtui up` makes it anew")
+            return Phase(status == "ACTIVE", f"control plane {status.lower()}")
+
+        return wait_until(look, what=f"EKS cluster {resource_id}", expected_s=CLUSTER_EXPECTED_S, timeout_s=1800.0)
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        if not have.state.get("pending"):
+            if have.state.get("public_cidrs") != want.spec["public_cidrs"]:
+                await api.call("eks", "update_cluster_config", name=have.id, resourcesVpcConfig={
+                    "endpointPublicAccess": True, "publicAccessCidrs": list(want.spec["public_cidrs"])})
+                yield Progress(f"public endpoint limited to {', '.join(want.spec['public_cidrs'])}")
+            elif have.state.get("version") != want.spec["version"]:
+                await api.call("eks", "update_cluster_version", name=have.id, version=want.spec["version"])
+                yield Progress(f"upgrading to Kubernetes {want.spec['version']}")
+        async for p in self.wait_ready(ctx, have.id):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        await api.call("eks", "delete_cluster", name=have.id, ok=_NOT_FOUND)
+
+        async def look() -> Phase:
+            cluster = await describe_cluster(api, have.id)
+            return Phase(cluster is None, "control plane deleted" if cluster is None else
+                         f"control plane {cluster['status'].lower()}")
+
+        async for p in wait_until(look, what=f"deleting EKS cluster {have.id}", expected_s=CLUSTER_DELETE_S,
+                                  timeout_s=1800.0):
+            yield p
+
+
+class AddonHandler(AwsHandler):
+    kind = "aws-eks-addon"
+    title = "Install an EKS add-on"
+    expected_s = ADDON_EXPECTED_S
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        name = ctx.config.cluster_name
+        cluster = await describe_cluster(api, name)
+        if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
+            return []
+        out = []
+        for addon_name in (await api.call("eks", "list_addons", clusterName=name, ok=_NOT_FOUND) or {}).get(
+                "addons") or []:
+            addon = (await api.call("eks", "describe_addon", clusterName=name, addonName=addon_name,
+                                    ok=_NOT_FOUND) or {}).get("addon")
+            if addon is None:
+                continue
+            status = addon["status"]
+            out.append(Observed(address=f"aws.addon.{addon_name}", layer=LAYER, kind=self.kind,
+                                id=f"{name}/{addon_name}", depends_on=(EKS_CLUSTER,),
+                                state={"name": addon_name, "pending": "creating" if status == "CREATING" else None},
+                                healthy=status not in ("CREATE_FAILED", "DELETING", "DELETE_FAILED"),
+                                reason=status.lower()))
+        return out
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        name, addon = ctx.config.cluster_name, want.spec["name"]
+        await api.call("eks", "create_addon", clusterName=name, addonName=addon, resolveConflicts="OVERWRITE",
+                       tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-{addon}",
+                       ok=("ResourceInUseException",))
+        self.made(ctx, want, f"{name}/{addon}")
+        async for p in self.wait_ready(ctx, f"{name}/{addon}"):
+            yield p
+
+    def wait_ready(self, ctx: Context, resource_id: str) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        cluster, addon = resource_id.split("/", 1)
+
+        async def look() -> Phase:
+            found = (await api.call("eks", "describe_addon", clusterName=cluster, addonName=addon,
+                                    ok=_NOT_FOUND) or {}).get("addon")
+            status = found["status"] if found else "GONE"
+            if status in ("CREATE_FAILED", "GONE"):
+                issues = "; ".join(f"{i.get('code')}: {i.get('message')}" for i in
+                                   ((found or {}).get("health") or {}).get("issues") or [])
+                return Phase(False, status, failed=f"add-on {addon} {status.lower()}" + (f" ({issues})" if issues
+                                                                                         else ""))
+            return Phase(status == "ACTIVE", f"{addon} {status.lower()}")
+
+        return wait_until(look, what=f"add-on {addon}", expected_s=ADDON_EXPECTED_S, timeout_s=1200.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        cluster, addon = have.id.split("/", 1)
+        await api.call("eks", "delete_addon", clusterName=cluster, addonName=addon, ok=_NOT_FOUND)
+
+        async def look() -> Phase:
+            found = await api.call("eks", "describe_addon", clusterName=cluster, addonName=addon, ok=_NOT_FOUND)
+            return Phase(found is None, f"{addon} " + ("deleted" if found is None else
+                                                       found["addon"]["status"].lower()))
+
+        async for p in wait_until(look, what=f"deleting add-on {addon}", expected_s=30.0, timeout_s=900.0):
+            yield p
+
+
+class AccessEntryHandler(AwsHandler):
+    kind = "aws-access-entry"
+    title = "Make the caller cluster admin (access entry)"
+    address = ACCESS_ENTRY
+    expected_s = 3.0
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        name = ctx.config.cluster_name
+        cluster = await describe_cluster(api, name)
+        if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
+            return []
+        principal = principal_arn(str((await api.identity())["Arn"]))
+        entry = await api.call("eks", "describe_access_entry", clusterName=name, principalArn=principal,
+                               ok=_NOT_FOUND)
+        if entry is None:
+            return []
+        policies = await api.call("eks", "list_associated_access_policies", clusterName=name,
+                                  principalArn=principal, ok=_NOT_FOUND) or {}
+        admin = any(p.get("policyArn") == ADMIN_POLICY for p in policies.get("associatedAccessPolicies") or [])
+        return [Observed(address=ACCESS_ENTRY, layer=LAYER, kind=self.kind, id=f"{name}|{principal}",
+                         depends_on=(EKS_CLUSTER,), state={"principal": principal, "policy": "cluster-admin"},
+                         healthy=admin, reason="exists" if admin else "the admin policy is not associated")]
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        name = ctx.config.cluster_name
+        principal = principal_arn(str((await api.identity())["Arn"]))
+        await api.call("eks", "create_access_entry", clusterName=name, principalArn=principal, type="STANDARD",
+                       tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-admin",
+                       ok=("ResourceInUseException",))
+        self.made(ctx, want, f"{name}|{principal}")
+        await api.call("eks", "associate_access_policy", clusterName=name, principalArn=principal,
+                       policyArn=ADMIN_POLICY, accessScope={"type": "cluster"})
+        yield Progress(f"{principal} is cluster admin", 1.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        cluster, principal = have.id.split("|", 1)
+        await self.api(ctx).call("eks", "delete_access_entry", clusterName=cluster, principalArn=principal,
+                                 ok=_NOT_FOUND)
+        yield Progress(f"access entry of {principal} deleted", 1.0)
+
+
+def kubeconfig_path(ctx: Context) -> Path:
+    from backend.layers.kubernetes.eks import kubeconfig_path as path_for
+
+    return path_for(ctx.config.kubeconfig)
+
+
+def _entries(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text()) if path.exists() else None
+    except (OSError, yaml.YAMLError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+class KubeconfigHandler(AwsHandler):
+    """The context kubectl and k9s use afterwards; named by the cluster ARN, as the AWS CLI names it."""
+
+    kind = "aws-kubeconfig"
+    title = "Write the kubeconfig context"
+    address = KUBECONFIG
+    expected_s = 1.0
+    updatable = True
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        cluster = await describe_cluster(api, ctx.config.cluster_name)
+        if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
+            return []
+        path = kubeconfig_path(ctx)
+        doc = _entries(path)
+        entry = next((c for c in doc.get("clusters") or [] if isinstance(c, dict) and c.get("name") == cluster["arn"]),
+                     None)
+        if entry is None:
+            return []
+        server = (entry.get("cluster") or {}).get("server")
+        return [Observed(address=KUBECONFIG, layer=LAYER, kind=self.kind, id=f"{path}|{cluster['arn']}",
+                         depends_on=(EKS_CLUSTER,), state={"path": str(path), "context": "the cluster ARN"},
+                         healthy=server == cluster.get("endpoint"),
+                         reason="written" if server == cluster.get("endpoint") else "points at an old endpoint")]
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        from backend.layers.kubernetes.eks import write_kubeconfig_entry
+
+        cluster = await describe_cluster(self.api(ctx), ctx.config.cluster_name)
+        if cluster is None or not cluster.get("endpoint"):
+            from backend.errors import OperationError
+
+            raise OperationError(f"EKS cluster {ctx.config.cluster_name} has no endpoint yet",
+                                 remedy="run `rtui up` again once it is active")
+        path = kubeconfig_path(ctx)
+        context = write_kubeconfig_entry(path, cluster_name=cluster["name"], region=ctx.config.region,
+                                         endpoint=cluster["endpoint"],
+                                         ca_data_b64=cluster["certificateAuthority"]["data"], arn=cluster["arn"],
+                                         profile=ctx.config.profile)
+        self.made(ctx, want, f"{path}|{context}")
+        yield Progress(f"context {context} in {path}", 1.0)
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        from backend.layers.kubernetes.eks import remove_kubeconfig_entry
+
+        path, name = have.id.split("|", 1)
+        remove_kubeconfig_entry(path, name)
+        yield Progress(f"context {name} removed from {path}", 1.0)

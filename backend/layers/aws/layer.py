@@ -1,0 +1,338 @@
+"""The aws layer (DESIGN.md §3): network, IAM, EKS and its nodes, under the Kubernetes layer.
+
+``prepare`` settles the AZs once per run: the GPU AZ (``--availability-zone``, else the one this
+run chose before, else preflight's recommendation), a second AZ the EKS control plane accepts,
+and the feasible ones to fail over to. They are kept in the run record, so a later plan (when
+our own nodes use the quota preflight would count) never moves them by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from backend.aws.catalog import quota_code_for
+from backend.errors import UserError
+from backend.layers.aws import network
+from backend.layers.aws.api import RUN_TAG
+from backend.layers.aws.base import (
+    ACCESS_ENTRY,
+    ADDONS,
+    CLUSTER_COST,
+    CLUSTER_ROLE,
+    EKS_CLUSTER,
+    GPU_NODES,
+    IGW,
+    KUBECONFIG,
+    LAUNCH_TEMPLATE,
+    LAYER,
+    NAT,
+    NAT_COST,
+    NODE_ROLE,
+    NODE_SG,
+    PLACEMENT_GROUP,
+    PRIVATE_RT,
+    PUBLIC_RT,
+    ROOT_VOLUME_GB,
+    SYSTEM_NODES,
+    VPC,
+    AwsHandler,
+    Names,
+    Topology,
+    addon_address,
+    aws_api,
+    nodegroup_cost,
+    subnet_address,
+    subnet_cidr,
+)
+from backend.layers.aws.cluster import (
+    AccessEntryHandler,
+    AddonHandler,
+    EksClusterHandler,
+    KubeconfigHandler,
+    describe_cluster,
+)
+from backend.layers.aws.iam import CLUSTER_POLICIES, NODE_POLICIES, SERVICE, RoleHandler
+from backend.layers.aws.nodes import LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
+from backend.layers.aws.sweep import sweep
+from backend.layers.base import Context, Handler, Layer
+from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
+
+GPU_LABEL = "nvidia.com/gpu.present"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
+AMI_GPU = "AL2023_x86_64_NVIDIA"
+AMI_CPU = "AL2023_x86_64_STANDARD"
+# The order things are made in; teardown goes the other way (each waits for what depends on it).
+ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, EKS_CLUSTER,
+         ACCESS_ENTRY, KUBECONFIG, "aws.addon", PLACEMENT_GROUP, LAUNCH_TEMPLATE, SYSTEM_NODES, GPU_NODES)
+
+
+def _rank(address: str) -> int:
+    return next((i for i, prefix in enumerate(ORDER) if address == prefix or address.startswith(prefix + ".")),
+                len(ORDER))
+
+
+class AwsLayer(Layer):
+    name = LAYER
+    sweeps = True
+    _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
+        network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
+        network.RouteTableHandler(), network.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
+        AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
+        NodegroupHandler())}
+
+    def __init__(self) -> None:
+        self.topology: Topology | None = None
+        self.preflight_checks: list[CheckResult] = []
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        return self._handlers
+
+    # --- the AZs -----------------------------------------------------------------------------
+    async def prepare(self, ctx: Context) -> None:
+        self.topology = await self._topology(ctx)
+
+    async def _topology(self, ctx: Context) -> Topology:
+        from backend.aws import run_preflight
+        from backend.layers.aws_preflight import preflight_request
+
+        config, facts = ctx.config, ctx.record.facts
+        report = await run_preflight(preflight_request(ctx))
+        self.preflight_checks = report.to_check_results()
+        region = next((r for r in report.regions if r.region == config.region), None)
+        if region is None or not region.zones:
+            why = region.error or "; ".join(region.reasons) if region else "not checked"
+            raise UserError(f"cannot plan in {config.region}: {why}",
+                            remedy="`rtui check --target aws --all-regions` shows where it can run")
+        zones = {z.zone: z for z in region.zones}
+        feasible = [z.zone for z in region.zones if z.feasible]
+        gpu_az = config.availability_zone or facts.get("gpu_az") or (
+            report.recommendation.zone if report.recommendation and report.recommendation.region == config.region
+            else None)
+        if gpu_az is None:
+            first = region.reasons[0] if region.reasons else "no AZ has what the plan needs"
+            raise UserError(f"no feasible AZ in {config.region}: {first}",
+                            remedy="`rtui check --target aws --all-regions` shows where it can run")
+        if gpu_az not in zones:
+            raise UserError(f"{gpu_az} is not an AZ of {config.region}",
+                            remedy=f"choose one of {', '.join(sorted(zones))}")
+        network_azs = list(facts.get("network_azs") or [])
+        if not network_azs:
+            second = next((z.zone for z in region.zones if z.zone != gpu_az and z.eks_supported and z.system_offered),
+                          None) or next((z.zone for z in region.zones if z.zone != gpu_az and z.eks_supported), None)
+            if second is None:
+                raise UserError(f"EKS needs subnets in two AZs and {config.region} has one it accepts",
+                                remedy="choose another --region")
+            network_azs = [gpu_az, second]
+        index = {zone: i for i, zone in enumerate(sorted(zones))}
+        quota, system_quota = region.quota, region.system_quota
+        return Topology(
+            network_azs=network_azs, gpu_az=gpu_az, az_index=index,
+            failover_azs=[z for z in feasible if z != gpu_az and z not in facts.get("failed_azs", [])],
+            gpu_quota_code=quota.code if quota else quota_code_for(config.gpu_node_type),
+            gpu_headroom=quota.headroom if quota else None,
+            system_quota_code=system_quota.code if system_quota else quota_code_for(config.system_node_type),
+            system_headroom=system_quota.headroom if system_quota else None,
+            vcpus={config.gpu_node_type: report.gpu_instance.vcpus if report.gpu_instance else 0,
+                   config.system_node_type: report.system_instance.vcpus if report.system_instance else 0})
+
+    def applying(self, ctx: Context) -> None:
+        self.remember(ctx)
+
+    def remember(self, ctx: Context) -> None:
+        """Keep the AZs this run builds in (called when it applies)."""
+        if self.topology is not None:
+            ctx.record.facts.update({"gpu_az": self.topology.gpu_az, "network_azs": self.topology.network_azs})
+            ctx.save()
+
+    def fail_over(self, ctx: Context, failed_az: str, why: str) -> str | None:
+        """Move the GPU nodes to the next feasible AZ; the record says why. None when none is left."""
+        topology = self.topology
+        if topology is None:
+            return None
+        failed = [*ctx.record.facts.get("failed_azs", []), failed_az]
+        remaining = [z for z in topology.failover_azs if z not in failed]
+        if not remaining:
+            return None
+        moves = [*ctx.record.facts.get("az_moves", []), {"from": failed_az, "to": remaining[0], "why": why[:300],
+                                                         "at": time.time()}]
+        ctx.record.facts.update({"gpu_az": remaining[0], "failed_azs": failed, "az_moves": moves})
+        ctx.save()
+        topology.gpu_az = remaining[0]
+        topology.failover_azs = remaining[1:]
+        return remaining[0]
+
+    # --- desired state ---------------------------------------------------------------------
+    def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
+        config, topo = ctx.config, self.topology
+        if topo is None:
+            raise UserError("the aws layer was asked for a plan before its AZs were settled")
+        names = Names(config.cluster_name)
+        out: list[Resource] = []
+
+        def res(address: str, kind: str, spec: dict[str, Any], *deps: str, cost: float | None = 0.0,
+                quota: dict[str, dict[str, float | None]] | None = None) -> None:
+            out.append(Resource(address=address, layer=LAYER, kind=kind, spec=spec, depends_on=deps,
+                                cost_per_hour=cost, quota=quota or {}))
+
+        adopted = bool(config.vpc_id)
+        private = [subnet_address("private", az) for az in topo.subnet_azs]
+        res(VPC, "aws-vpc", {"cidr": "10.0.0.0/16"} if not adopted else {"cidr": None})
+        for az in topo.subnet_azs:
+            res(subnet_address("private", az), "aws-subnet",
+                {"az": az, "cidr": subnet_cidr("private", topo.az_index[az]), "role": "private"}, VPC)
+        if not adopted:
+            public = [subnet_address("public", az) for az in topo.network_azs]
+            for az in topo.network_azs:
+                res(subnet_address("public", az), "aws-subnet",
+                    {"az": az, "cidr": subnet_cidr("public", topo.az_index[az]), "role": "public"}, VPC)
+            res(IGW, "aws-internet-gateway", {}, VPC)
+            res(NAT, "aws-nat-gateway", {"az": topo.network_azs[0]}, IGW, public[0], cost=NAT_COST)
+            res(PUBLIC_RT, "aws-route-table", {"role": "public", "via": "internet-gateway",
+                                               "azs": sorted(topo.network_azs)}, IGW, *public)
+            res(PRIVATE_RT, "aws-route-table", {"role": "private", "via": "nat-gateway",
+                                                "azs": sorted(topo.subnet_azs)}, NAT, *private)
+        routes = () if adopted else (PRIVATE_RT,)
+        res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
+        res(CLUSTER_ROLE, "aws-iam-role", {"service": SERVICE[CLUSTER_ROLE], "policies": sorted(CLUSTER_POLICIES)})
+        res(NODE_ROLE, "aws-iam-role", {"service": SERVICE[NODE_ROLE], "policies": sorted(NODE_POLICIES)})
+        cluster_private = [subnet_address("private", az) for az in topo.network_azs]
+        res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
+                                             "auth": "API", "endpoint_private": True,
+                                             "public_cidrs": sorted(config.api_cidr_list())},
+            CLUSTER_ROLE, NODE_SG, *cluster_private, cost=CLUSTER_COST)
+        res(ACCESS_ENTRY, "aws-access-entry", {"policy": "cluster-admin"}, EKS_CLUSTER)
+        res(KUBECONFIG, "aws-kubeconfig", {"context": "the cluster ARN"}, EKS_CLUSTER, ACCESS_ENTRY)
+        for addon in ADDONS:
+            deps = (EKS_CLUSTER, SYSTEM_NODES) if addon == "coredns" else (EKS_CLUSTER,)
+            res(addon_address(addon), "aws-eks-addon", {"name": addon}, *deps)
+        efa = config.wants_efa()
+        res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
+        res(LAUNCH_TEMPLATE, "aws-launch-template",
+            {"efa": efa, "volume_gb": ROOT_VOLUME_GB, "imdsv2": True,
+             "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, PLACEMENT_GROUP)
+        node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
+        res(SYSTEM_NODES, "aws-nodegroup",
+            {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
+             "ami_type": AMI_CPU, "labels": {"role": "system"}},
+            *node_deps, *cluster_private,
+            cost=nodegroup_cost(config, config.system_node_type, config.system_node_count),
+            quota=self._quota(topo.system_quota_code, topo.system_headroom,
+                              topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
+        res(GPU_NODES, "aws-nodegroup",
+            {"instance_type": config.gpu_node_type, "size": config.gpu_node_count, "azs": [topo.gpu_az],
+             "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True},
+            *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
+            cost=nodegroup_cost(config, config.gpu_node_type, config.gpu_node_count),
+            quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,
+                              topo.vcpus.get(config.gpu_node_type, 0) * config.gpu_node_count))
+        return sorted(out, key=lambda r: _rank(r.address))
+
+    @staticmethod
+    def _quota(code: str | None, headroom: float | None, vcpus: int) -> dict[str, dict[str, float | None]]:
+        return {code: {"vcpus": float(vcpus), "headroom": headroom}} if code else {}
+
+    # --- discovery ---------------------------------------------------------------------------
+    async def discover(self, ctx: Context) -> list[Observed]:
+        api = aws_api(ctx.config)
+        found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
+                                       if isinstance(h, AwsHandler)))
+        observed = [o for per_kind in found for o in per_kind]
+        return self._with_teardown_order(sorted(observed, key=lambda o: _rank(o.address)))
+
+    def _with_teardown_order(self, observed: list[Observed]) -> list[Observed]:
+        """Each found resource depends on everything found that is made before it: teardown then
+        goes strictly in reverse (a NAT gateway before its subnet, the nodegroups before the cluster)."""
+        out = []
+        for o in observed:
+            earlier = tuple(p.address for p in observed if _rank(p.address) < _rank(o.address)
+                            and _needs(o.address, p.address))
+            out.append(o.model_copy(update={"depends_on": tuple(dict.fromkeys([*o.depends_on, *earlier]))}))
+        return out
+
+    # --- checks ----------------------------------------------------------------------------
+    async def preflight(self, ctx: Context) -> list[CheckResult]:
+        if self.topology is None:
+            try:
+                await self.prepare(ctx)
+            except UserError as exc:
+                return [*self.preflight_checks,
+                        CheckResult(id="aws.azs", title="AZs", status=CheckStatus.FAIL, detail=exc.message,
+                                    remedy=exc.remedy)]
+        results = list(self.preflight_checks)
+        results.extend(await self._names_taken(ctx))
+        if ctx.config.vpc_id:
+            results.extend(await self._given_vpc(ctx))
+        return results
+
+    async def _names_taken(self, ctx: Context) -> list[CheckResult]:
+        api = aws_api(ctx.config)
+        name = ctx.config.cluster_name
+        out = []
+        cluster = await describe_cluster(api, name)
+        if cluster is not None and (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
+            owner = "another rtui run" if RUN_TAG in (cluster.get("tags") or {}) else "someone else"
+            out.append(CheckResult(id="aws.name.cluster", title=f"EKS cluster {name}", status=CheckStatus.FAIL,
+                                   detail=f"exists in {ctx.config.region} and belongs to {owner}",
+                                   remedy="choose another --cluster-name (rtui never takes over what it did not make)"))
+        for stack in (f"eksctl-{name}-cluster", name):
+            found = await api.call("cloudformation", "describe_stacks", StackName=stack, ok=("ValidationError",))
+            live = [s for s in (found or {}).get("Stacks") or [] if s.get("StackStatus") != "DELETE_COMPLETE"]
+            if live:
+                out.append(CheckResult(id="aws.name.stack", title=f"CloudFormation stack {stack}",
+                                       status=CheckStatus.FAIL, detail="exists: a cluster of this name is managed "
+                                       "by eksctl or CloudFormation", remedy="choose another --cluster-name"))
+        role_handler = self._handlers["aws-iam-role"]
+        assert isinstance(role_handler, RoleHandler)
+        for role in await role_handler.foreign(api, ctx):
+            out.append(CheckResult(id="aws.name.role", title=f"IAM role {role}", status=CheckStatus.FAIL,
+                                   detail="exists and was not made by this run",
+                                   remedy="choose another --cluster-name"))
+        return out
+
+    async def _given_vpc(self, ctx: Context) -> list[CheckResult]:
+        api, config, topo = aws_api(ctx.config), ctx.config, self.topology
+        assert topo is not None
+        ids = config.private_subnet_id_list()
+        if not ids:
+            return [CheckResult(id="aws.vpc", title=f"VPC {config.vpc_id}", status=CheckStatus.FAIL,
+                                detail="--vpc-id needs its private subnets", remedy="pass --private-subnet-ids")]
+        subnets = await api.pages("ec2", "describe_subnets", "Subnets", SubnetIds=ids)
+        problems = [f"{s['SubnetId']} is in {s['VpcId']}" for s in subnets if s["VpcId"] != config.vpc_id]
+        azs = {s["AvailabilityZone"] for s in subnets}
+        if topo.gpu_az not in azs:
+            problems.append(f"no private subnet in the GPU AZ {topo.gpu_az}")
+        if len(azs) < 2:
+            problems.append("EKS needs private subnets in two AZs")
+        tables = await api.pages("ec2", "describe_route_tables", "RouteTables",
+                                 Filters=[{"Name": "vpc-id", "Values": [config.vpc_id or ""]}])
+        for s in subnets:
+            table = next((t for t in tables if any(a.get("SubnetId") == s["SubnetId"]
+                                                   for a in t.get("Associations") or [])),
+                         next((t for t in tables if any(a.get("Main") for a in t.get("Associations") or [])), None))
+            routes = (table or {}).get("Routes") or []
+            if not any(r.get("DestinationCidrBlock") == "0.0.0.0/0" and r.get("NatGatewayId") for r in routes):
+                problems.append(f"{s['SubnetId']} has no route to a NAT gateway")
+        return [CheckResult(id="aws.vpc", title=f"VPC {config.vpc_id}",
+                            status=CheckStatus.FAIL if problems else CheckStatus.OK,
+                            detail=problems[0] if problems else f"{len(subnets)} private subnets in {sorted(azs)}",
+                            remedy="fix the subnets or drop --vpc-id to let rtui build a VPC" if problems else None)]
+
+    async def sweep(self, ctx: Context) -> list[Leftover]:
+        return await sweep(aws_api(ctx.config), ctx)
+
+
+def _needs(later: str, earlier: str) -> bool:
+    """Whether ``later`` must go before ``earlier`` is deleted (they share the VPC; IAM stands apart)."""
+    iam = (CLUSTER_ROLE, NODE_ROLE)
+    if earlier in iam:
+        return later in (EKS_CLUSTER, SYSTEM_NODES, GPU_NODES)
+    if later in iam:
+        return False
+    if earlier == PLACEMENT_GROUP:
+        return later in (LAUNCH_TEMPLATE, GPU_NODES)
+    return True
+

@@ -1,0 +1,291 @@
+"""The nodes: a cluster placement group, the GPU launch template (one EFA interface), two nodegroups.
+
+A nodegroup that fails says why in AWS's words: its health issues and the last scaling
+activity of its Auto Scaling group. Insufficient capacity is its own error (``CapacityError``)
+so ``--az-failover`` can move the GPU nodes to the next feasible AZ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from backend.errors import OperationError
+from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, tag_map, tag_spec, tags, wait_until
+from backend.layers.aws.base import (
+    GPU_NODES,
+    LAUNCH_TEMPLATE,
+    LAYER,
+    NODE_ROLE,
+    PLACEMENT_GROUP,
+    SYSTEM_NODES,
+    AwsHandler,
+    Names,
+)
+from backend.layers.aws.cluster import describe_cluster
+from backend.layers.aws.iam import role_arn
+from backend.layers.aws.network import find, run_tags, security_group_id, subnet_ids
+from backend.layers.base import Context
+from backend.model import Action, Observed, Resource
+from backend.runner import Progress
+
+NODEGROUP_EXPECTED_S = 240.0
+NODEGROUP_DELETE_S = 300.0
+_NOT_FOUND = ("ResourceNotFoundException",)
+ICE = "InsufficientInstanceCapacity"
+
+
+class CapacityError(OperationError):
+    """AWS had no capacity for the GPU type in this AZ (the nodegroup could not launch its nodes)."""
+
+    def __init__(self, message: str, *, az: str, remedy: str | None = None) -> None:
+        super().__init__(message, remedy=remedy)
+        self.az = az
+
+
+class PlacementGroupHandler(AwsHandler):
+    kind = "aws-placement-group"
+    title = "Create the cluster placement group"
+    address = PLACEMENT_GROUP
+    expected_s = 2.0
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        return [Observed(address=PLACEMENT_GROUP, layer=LAYER, kind=self.kind, id=g["GroupName"],
+                         state={"strategy": g.get("Strategy"), "az": tag_map(g.get("Tags")).get("rtui:az")},
+                         reason=g.get("State", "available"))
+                for g in await find(api, ctx, "describe_placement_groups", "PlacementGroups")
+                if g.get("State") not in ("deleting", "deleted")]
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        name = Names(ctx.config.cluster_name).placement_group(want.spec["az"])
+        await api.call("ec2", "create_placement_group", GroupName=name, Strategy="cluster",
+                       TagSpecifications=tag_spec("placement-group", run_tags(ctx, **{"rtui:az": want.spec["az"]})),
+                       ok=("InvalidPlacementGroup.Duplicate",))
+        self.made(ctx, want, name)
+        yield Progress(f"{name} (cluster strategy: the GPU nodes on one network spine)", 1.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+
+        async def look() -> Phase:
+            try:
+                await api.call("ec2", "delete_placement_group", GroupName=have.id,
+                               ok=("InvalidPlacementGroup.Unknown",))
+            except OperationError as exc:
+                if "InUse" in exc.message:
+                    return Phase(False, "instances still in the group")
+                raise
+            return Phase(True, f"{have.id} deleted")
+
+        async for p in wait_until(look, what=f"deleting placement group {have.id}", expected_s=30.0, timeout_s=900.0):
+            yield p
+
+
+def launch_template_data(ctx: Context, security_group: str, want: Resource) -> dict[str, Any]:
+    interface: dict[str, Any] = {"DeviceIndex": 0, "NetworkCardIndex": 0, "Groups": [security_group],
+                                 "DeleteOnTermination": True}
+    if want.spec["efa"]:
+        interface["InterfaceType"] = "efa"
+    node_tags = run_tags(ctx)
+    return {
+        "NetworkInterfaces": [interface],
+        # IMDSv2 only; hop limit 2 so pods (one hop further) can still reach it through the CNI.
+        "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
+        "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
+            "VolumeSize": want.spec["volume_gb"], "VolumeType": "gp3", "DeleteOnTermination": True}}],
+        "Placement": {"GroupName": want.spec["placement_group"]},
+        "TagSpecifications": [*tag_spec("instance", node_tags, f"{ctx.config.cluster_name}-gpu"),
+                              *tag_spec("network-interface", node_tags), *tag_spec("volume", node_tags)],
+    }
+
+
+class LaunchTemplateHandler(AwsHandler):
+    kind = "aws-launch-template"
+    title = "Create the GPU launch template (EFA interface, IMDSv2)"
+    address = LAUNCH_TEMPLATE
+    expected_s = 2.0
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        out = []
+        for template in await find(api, ctx, "describe_launch_templates", "LaunchTemplates"):
+            versions = await api.call("ec2", "describe_launch_template_versions",
+                                      LaunchTemplateId=template["LaunchTemplateId"], Versions=["$Latest"])
+            data = (versions.get("LaunchTemplateVersions") or [{}])[0].get("LaunchTemplateData") or {}
+            interface = (data.get("NetworkInterfaces") or [{}])[0]
+            out.append(Observed(address=LAUNCH_TEMPLATE, layer=LAYER, kind=self.kind, id=template["LaunchTemplateId"],
+                                state={"efa": interface.get("InterfaceType") == "efa",
+                                       "volume_gb": ((data.get("BlockDeviceMappings") or [{}])[0].get("Ebs") or {})
+                                       .get("VolumeSize"),
+                                       "placement_group": (data.get("Placement") or {}).get("GroupName"),
+                                       "imdsv2": (data.get("MetadataOptions") or {}).get("HttpTokens") == "required",
+                                       "version": template.get("LatestVersionNumber")},
+                                reason="exists"))
+        return out
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        found = await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
+        if found:
+            tid = found[0]["LaunchTemplateId"]
+        else:
+            template = await api.call(
+                "ec2", "create_launch_template", LaunchTemplateName=Names(ctx.config.cluster_name).launch_template,
+                ClientToken=f"{ctx.record.run_id}-lt-{want.spec['placement_group']}"[:64],
+                LaunchTemplateData=launch_template_data(ctx, await security_group_id(api, ctx), want),
+                TagSpecifications=tag_spec("launch-template", run_tags(ctx)))
+            tid = template["LaunchTemplate"]["LaunchTemplateId"]
+        self.made(ctx, want, tid)
+        yield Progress(f"{tid}: " + ("one EFA interface, " if want.spec["efa"] else "") + "IMDSv2 only, "
+                       f"{want.spec['volume_gb']} GB root", 1.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        await self.api(ctx).call("ec2", "delete_launch_template", LaunchTemplateId=have.id,
+                                 ok=("InvalidLaunchTemplateId.NotFound", "InvalidLaunchTemplateId.Malformed"))
+        yield Progress(f"{have.id} deleted", 1.0)
+
+
+async def failure_report(api: AwsApi, nodegroup: dict[str, Any]) -> tuple[str, bool]:
+    """AWS's reasons a nodegroup failed: its health issues and its ASG's last scaling activity."""
+    issues = (nodegroup.get("health") or {}).get("issues") or []
+    parts = [f"{i.get('code')}: {i.get('message')}" for i in issues]
+    groups = [g["name"] for g in (nodegroup.get("resources") or {}).get("autoScalingGroups") or [] if g.get("name")]
+    for group in groups[:1]:
+        activities = (await api.call("autoscaling", "describe_scaling_activities", AutoScalingGroupName=group,
+                                     MaxRecords=5, ok=("ValidationError",)) or {}).get("Activities") or []
+        failed = [a for a in activities if a.get("StatusCode") in ("Failed", "Cancelled")]
+        said = failed[0].get("StatusMessage", "") if failed else ""
+        if said and not any(said in p for p in parts):
+            parts.append(f"last scaling activity of {group}: {said}")
+    text = "; ".join(p for p in parts if p) or "no reason given"
+    return text, ICE in text
+
+
+class NodegroupHandler(AwsHandler):
+    kind = "aws-nodegroup"
+    title = "Create a managed nodegroup"
+    expected_s = NODEGROUP_EXPECTED_S
+    updatable = True
+
+    def step_title(self, address: str, action: Action) -> str:
+        if action is Action.CREATE:
+            return f"Create the {address.rsplit('.', 1)[1]} nodes"
+        return super().step_title(address, action)
+
+    def names(self, ctx: Context) -> dict[str, str]:
+        n = Names(ctx.config.cluster_name)
+        return {SYSTEM_NODES: n.system_nodegroup, GPU_NODES: n.gpu_nodegroup}
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        cluster = await describe_cluster(api, ctx.config.cluster_name)
+        if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
+            return []
+        subnets = {s["SubnetId"]: s["AvailabilityZone"] for s in await find(api, ctx, "describe_subnets", "Subnets")}
+        out = []
+        for address, name in self.names(ctx).items():
+            group = (await api.call("eks", "describe_nodegroup", clusterName=cluster["name"], nodegroupName=name,
+                                    ok=_NOT_FOUND) or {}).get("nodegroup")
+            if group is None:
+                continue
+            status = group["status"]
+            healthy = status not in ("CREATE_FAILED", "DELETING", "DELETE_FAILED", "DEGRADED")
+            reason = status.lower()
+            if not healthy:
+                reason += f": {(await failure_report(api, group))[0]}"
+            out.append(Observed(
+                address=address, layer=LAYER, kind=self.kind, id=f"{cluster['name']}/{name}",
+                state={"instance_type": (group.get("instanceTypes") or [None])[0],
+                       "size": (group.get("scalingConfig") or {}).get("desiredSize"),
+                       "azs": sorted({subnets.get(s, s) for s in group.get("subnets") or []}),
+                       "pending": "creating" if status == "CREATING" else "updating" if status == "UPDATING" else None},
+                healthy=healthy, reason=reason))
+        return out
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        if have.state.get("pending") or not have.healthy:
+            return super().compare(want, have)
+        replaced = [k for k in ("instance_type", "azs") if have.state.get(k) != want.spec.get(k)]
+        if replaced:
+            return Action.REPLACE, f"changed: {', '.join(replaced)}"
+        if have.state.get("size") != want.spec["size"]:
+            return Action.UPDATE, f"size {have.state.get('size')} → {want.spec['size']}"
+        return Action.NOOP, have.reason
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        cluster, name = ctx.config.cluster_name, self.names(ctx)[want.address]
+        subnets = await subnet_ids(api, ctx, "private", list(want.spec["azs"]))
+        size = want.spec["size"]
+        request: dict[str, Any] = {
+            "clusterName": cluster, "nodegroupName": name, "nodeRole": await role_arn(api, ctx, NODE_ROLE),
+            "subnets": [subnets[az] for az in want.spec["azs"]], "instanceTypes": [want.spec["instance_type"]],
+            "amiType": want.spec["ami_type"], "labels": dict(want.spec["labels"]),
+            "scalingConfig": {"minSize": size, "maxSize": size, "desiredSize": size},
+            "tags": tags(ctx.record.run_id, cluster), "clientRequestToken": f"{ctx.record.run_id}-{name}"[:64],
+        }
+        if want.spec.get("taints"):
+            request["taints"] = list(want.spec["taints"])
+        if want.spec.get("launch_template"):
+            templates = await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
+            request["launchTemplate"] = {"id": templates[0]["LaunchTemplateId"],
+                                         "version": str(templates[0]["LatestVersionNumber"])}
+        else:
+            request["diskSize"] = 50
+        await api.call("eks", "create_nodegroup", **request, ok=("ResourceInUseException",))
+        self.made(ctx, want, f"{cluster}/{name}")
+        async for p in self.wait_ready(ctx, f"{cluster}/{name}"):
+            yield p
+
+    def wait_ready(self, ctx: Context, resource_id: str) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        cluster, name = resource_id.split("/", 1)
+
+        async def look() -> Phase:
+            group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
+                                    ok=_NOT_FOUND) or {}).get("nodegroup")
+            status = group["status"] if group else "GONE"
+            if status in ("CREATE_FAILED", "DEGRADED", "GONE", "DELETE_FAILED"):
+                why, capacity = await failure_report(api, group or {})
+                if capacity:
+                    azs = await subnet_azs(api, (group or {}).get("subnets") or [])
+                    raise CapacityError(f"nodegroup {name}: {ICE} in {', '.join(azs)} ({why})",
+                                        az=azs[0] if azs else "",
+                                        remedy="`rtui up --az-failover` moves the GPU nodes to the next feasible AZ")
+                return Phase(False, status, failed=f"nodegroup {name} {status.lower()}: {why}",
+                             remedy="fix what AWS names, then `rtui up` again replaces the nodegroup")
+            return Phase(status == "ACTIVE", f"nodegroup {status.lower()}")
+
+        return wait_until(look, what=f"nodegroup {name}", expected_s=NODEGROUP_EXPECTED_S, timeout_s=1800.0)
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        if not have.state.get("pending"):
+            cluster, name = have.id.split("/", 1)
+            size = want.spec["size"]
+            await self.api(ctx).call("eks", "update_nodegroup_config", clusterName=cluster, nodegroupName=name,
+                                     scalingConfig={"minSize": size, "maxSize": size, "desiredSize": size})
+            yield Progress(f"{name}: {have.state.get('size')} → {size} nodes")
+        async for p in self.wait_ready(ctx, have.id):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        cluster, name = have.id.split("/", 1)
+        await api.call("eks", "delete_nodegroup", clusterName=cluster, nodegroupName=name, ok=_NOT_FOUND)
+
+        async def look() -> Phase:
+            group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
+                                    ok=_NOT_FOUND) or {}).get("nodegroup")
+            state = "deleted" if group is None else group["status"].lower()
+            return Phase(group is None, f"nodegroup {state}")
+
+        async for p in wait_until(look, what=f"deleting nodegroup {name}", expected_s=NODEGROUP_DELETE_S,
+                                  timeout_s=1800.0):
+            yield p
+
+
+
+async def subnet_azs(api: AwsApi, subnet_ids: list[str]) -> list[str]:
+    if not subnet_ids:
+        return []
+    subnets = await api.pages("ec2", "describe_subnets", "Subnets", SubnetIds=subnet_ids)
+    return sorted({s["AvailabilityZone"] for s in subnets})

@@ -1,0 +1,193 @@
+"""`up` on the aws target (AWS + Kubernetes layers), simulated: rtui's plan vs the seed's sequential order.
+
+    .venv/bin/python bench/aws_up.py [--minute 0.1] [--reps 3]
+
+Both orders run the real aws and Kubernetes layers: boto3 against the moto server (tests/aws)
+with AWS's typical durations scaled down (one minute -> ``--minute`` seconds): EKS control plane
+10 min, a nodegroup 4 min, an add-on 1 min, the NAT gateway 1.5 min; and the Kubernetes client
+against the emulated API server the new EKS cluster points at (tests/kubernetes), whose nodes
+join when their nodegroup turns active, with the test playing the device plugins, KubeRay, the
+scheduler and the kubelets (a plugin or the operator 1 min, the image's first pull 5 min).
+
+- seed: deploy_all.sh's order, each step after the one before: network, IAM, cluster, system
+  nodes, GPU nodes, device plugins, KubeRay, namespace, RayCluster, workers (no pre-pull).
+- rtui: the plan's steps as the runner schedules them.
+Prints each wall time, rtui's critical path (the longest chain of its measured step times
+through the plan's dependencies), the API calls of each run by service (and how many were
+polls of a wait), and the ratios: rtui / seed (goal <= 0.75), rtui / critical path (<= 1.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backend.config import RunConfig  # noqa: E402
+from backend.layers.kubernetes.handlers import kuberay_crds  # noqa: E402
+from backend.planner import apply_steps, select_until  # noqa: E402
+from backend.runner import Runner, Step  # noqa: E402
+from backend.session import RunSession  # noqa: E402
+from backend.store import RunStore  # noqa: E402
+from tests.aws.moto_ext import SCRIPT, ScriptedMotoServer, install  # noqa: E402
+from tests.aws.moto_provision import install_provisioning  # noqa: E402
+from tests.kubernetes.conftest import KubeCluster  # noqa: E402
+from tests.kubernetes.crds import crd_dir  # noqa: E402
+from tests.kubernetes.fake_control import FakeControlPlane, Timings  # noqa: E402
+from tests.kubernetes.fake_registry import FakeRegistry  # noqa: E402
+
+SEED_ORDER = [
+    "aws.vpc", "aws.subnet", "aws.internet-gateway", "aws.nat-gateway", "aws.route-table",
+    "aws.security-group.nodes", "aws.iam-role", "aws.eks-cluster", "aws.addon", "aws.access-entry.admin",
+    "aws.kubeconfig", "aws.nodegroup.system", "aws.placement-group.gpu", "aws.launch-template.gpu",
+    "aws.nodegroup.gpu", "k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator",
+    "k8s.namespace", "k8s.raycluster", "k8s.gpu-workers"]
+
+
+def sequential(steps: list[Step]) -> list[Step]:
+    """The seed's order: every step waits for the one before; the pre-pull is not part of it."""
+    def rank(step: Step) -> int:
+        return next(i for i, prefix in enumerate(SEED_ORDER) if step.id == prefix or step.id.startswith(prefix + "."))
+
+    chain = sorted((s for s in steps if s.id != "k8s.image-prepull"), key=rank)
+    for before, step in zip([None, *chain], chain, strict=False):
+        step.deps = (before.id,) if before is not None else ()
+    return chain
+
+
+def critical_path(steps: list[Step], runner: Runner) -> float:
+    """The longest chain of measured step durations through the dependencies."""
+    took = {sid: (st.ended_at or 0) - (st.started_at or 0) for sid, st in runner.states.items()}
+    by_id = {s.id: s for s in steps}
+    memo: dict[str, float] = {}
+
+    def longest(sid: str) -> float:
+        if sid not in memo:
+            memo[sid] = took.get(sid, 0.0) + max((longest(d) for d in by_id[sid].deps), default=0.0)
+        return memo[sid]
+
+    return max(longest(s.id) for s in steps)
+
+
+def join_nodes(cluster: KubeCluster) -> Any:
+    """Nodes join the emulated cluster when their nodegroup turns active (GPUs advertised by the plugin)."""
+    def joined(_cluster: str, nodegroup: str, info: dict[str, Any]) -> None:
+        count = int(info.get("desired_size") or info.get("size") or 1)
+        gpu = "gpu" in nodegroup
+        for i in range(count):
+            name = f"{nodegroup}-{i}"
+            node = cluster.add_node(name, gpus=4 if gpu else 0, efa=1 if gpu else 0,
+                                    labels={"node.kubernetes.io/instance-type": "g6.12xlarge" if gpu else "m7i.xlarge",
+                                            **({} if gpu else {"role": "system"})},
+                                    taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+                                    if gpu else None)
+            if gpu:  # the device plugins make it advertise them
+                allocatable = {**node["status"]["allocatable"], "nvidia.com/gpu": None, "vpc.amazonaws.com/efa": None}
+                cluster.set_status("Node", name, None, {**node["status"], "allocatable": allocatable})
+
+    return joined
+
+
+async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float, float, collections.Counter[str]]:
+    work.mkdir(parents=True)
+    os.environ["KUBECONFIG"] = str(work / "kubeconfig")
+    SCRIPT.reset()
+    SCRIPT.default_quotas.update({"L-DB2E81BA": 192, "L-417A185B": 0, "L-1216C47A": 640})
+    t = SCRIPT.timings
+    t.cluster_create, t.nodegroup_create, t.addon_create, t.nat_create = 10 * minute, 4 * minute, minute, 1.5 * minute
+    cluster = KubeCluster()
+    cluster.start()
+    try:
+        SCRIPT.cluster_endpoint = cluster.url
+        SCRIPT.cluster_ca = base64.b64encode(cluster.ca_pem).decode()
+        SCRIPT.on_nodegroup_active = join_nodes(cluster)
+        timings = Timings(addon_s=minute, pull_s=5 * minute, start_s=minute, stop_s=0.0)
+        with FakeRegistry() as registry, FakeControlPlane(cluster, timings=timings):
+            config = RunConfig(target="aws", region="us-east-1", image=registry.image(), kuberay_crds=str(crds),
+                               cluster_name=f"bench-{order}")
+            store = RunStore(work / "state")
+            record = store.new(target="aws", cluster_name=config.cluster_name, config=config.model_dump(mode="json"))
+            session = RunSession(store, record, config)
+            plan = await session.plan()
+            for layer in session.stack.layers:
+                layer.applying(session.ctx)
+            steps = select_until(apply_steps(session.stack, session.ctx, plan), plan, "kubernetes")
+            if order == "seed":
+                steps = sequential(steps)
+            before = len(SCRIPT.calls)
+            started = time.perf_counter()
+            runner = Runner(steps)
+            async for event in runner.events():
+                if os.environ.get("RTUI_BENCH_VERBOSE") or event.kind.value == "failed":
+                    print(f"  {time.perf_counter() - started:6.2f}s {event.step} {event.kind.value} {event.message}"
+                          f"{' — ' + event.cause if event.cause else ''}", flush=True)
+            elapsed = time.perf_counter() - started
+            if runner.failed:
+                raise SystemExit(f"{order}: a step failed")
+            from backend.layers.aws.base import aws_api
+
+            counted = aws_api(config).counts
+            calls = collections.Counter({k: v for k, v in counted.items()})
+            counted.clear()
+            del before
+            return elapsed, critical_path(steps, runner), calls
+    finally:
+        cluster.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minute", type=float, default=0.1, help="seconds that stand for one minute")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    install()
+    install_provisioning()
+    server = ScriptedMotoServer(SCRIPT)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_SESSION_TOKEN": "bench",
+                       "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_CONFIG_FILE": "/nonexistent",
+                       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"})
+    times: dict[str, list[float]] = {"seed": [], "rtui": []}
+    paths: list[float] = []
+    calls: collections.Counter[str] = collections.Counter()
+    with tempfile.TemporaryDirectory(prefix="rtui-aws-bench-") as tmp:
+        os.environ["RTUI_STATE_DIR"] = str(Path(tmp) / "state")
+        crds = crd_dir(Path(tmp))
+        kuberay_crds(str(crds), "1.7.0")
+        for rep in range(args.reps):
+            for order in ("seed", "rtui"):  # interleaved: drift hits both alike
+                elapsed, path, counted = asyncio.run(one(order, args.minute, Path(tmp) / f"{rep}-{order}", crds))
+                times[order].append(elapsed)
+                if order == "rtui":
+                    paths.append(path)
+                    calls = counted
+                print(f"{order}: {elapsed:.2f}s" + (f" (critical path {path:.2f}s)" if order == "rtui" else ""),
+                      flush=True)
+    server.stop()
+    seed, rtui, path = (statistics.median(times["seed"]), statistics.median(times["rtui"]),
+                        statistics.median(paths))
+    sent = {k: v for k, v in calls.items() if not k.startswith("wait:")}
+    by_service = collections.Counter()
+    for name, n in sent.items():
+        by_service[name.split(":")[0]] += n
+    waits = sum(v for k, v in calls.items() if k.startswith("wait:"))
+    print(f"AWS API calls of one rtui up: {sum(sent.values())} {dict(by_service)}, of which {waits} polls of waits")
+    print(f"seed order median {seed:.2f}s, rtui plan median {rtui:.2f}s: ratio {rtui / seed:.2f}; "
+          f"critical path {path:.2f}s: ratio {rtui / path:.2f} ({args.reps} runs each, 1 min = {args.minute}s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Helpers for the aws layer's tests: a run against moto, and what AWS holds of it, read with boto3."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+
+from backend import flows
+from backend.config import resolve_config
+from backend.model import EventKind, StepEvent
+from backend.session import RunSession
+
+REGION = "us-east-1"
+RUN_TAG = "rtui:run"
+
+
+@dataclass
+class Outcome:
+    events: list[StepEvent] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """`up`: how its run ended (a failover retries after a failure); `down`: no step failed."""
+        runs = [e for e in self.events if e.step == flows.RUN and e.kind in (EventKind.DONE, EventKind.FAILED)]
+        if runs:
+            return runs[-1].kind is EventKind.DONE
+        return not any(e.kind in (EventKind.FAILED, EventKind.CANCELLED) for e in self.events)
+
+    def failures(self) -> list[str]:
+        return [f"{e.step}: {e.message}" for e in self.events if e.kind is EventKind.FAILED]
+
+    def retries(self) -> list[StepEvent]:
+        return [e for e in self.events if e.kind is EventKind.RETRYING]
+
+
+async def collect(events: AsyncIterator[StepEvent]) -> Outcome:
+    out = Outcome()
+    async for event in events:
+        out.events.append(event)
+    return out
+
+
+def session_for(**values: Any) -> RunSession:
+    return RunSession.for_config(resolve_config({"target": "aws", "region": REGION, **values}, environ={}))
+
+
+async def up(session: RunSession, *, until: str | None = "aws", az_failover: bool = False) -> Outcome:
+    return await collect(flows.up(session, until=until, follow=False, az_failover=az_failover))
+
+
+async def down(session: RunSession) -> Outcome:
+    return await collect(flows.down(session))
+
+
+def ec2() -> Any:
+    return boto3.client("ec2", region_name=REGION)
+
+
+def eks() -> Any:
+    return boto3.client("eks", region_name=REGION)
+
+
+def iam() -> Any:
+    return boto3.client("iam", region_name=REGION)
+
+
+def tagged(run_id: str) -> Counter[str]:
+    """How many of each EC2 kind carry this run's tag (what `down` must leave at zero)."""
+    client = ec2()
+    run = [{"Name": f"tag:{RUN_TAG}", "Values": [run_id]}]
+    counts: Counter[str] = Counter()
+    counts["vpc"] = len(client.describe_vpcs(Filters=run)["Vpcs"])
+    counts["subnet"] = len(client.describe_subnets(Filters=run)["Subnets"])
+    counts["internet-gateway"] = len(client.describe_internet_gateways(Filters=run)["InternetGateways"])
+    counts["nat-gateway"] = len([n for n in client.describe_nat_gateways(Filters=run)["NatGateways"]
+                                 if n["State"] not in ("deleted", "deleting")])
+    counts["elastic-ip"] = len(client.describe_addresses(Filters=run)["Addresses"])
+    counts["route-table"] = len(client.describe_route_tables(Filters=run)["RouteTables"])
+    counts["security-group"] = len(client.describe_security_groups(Filters=run)["SecurityGroups"])
+    counts["launch-template"] = len(client.describe_launch_templates(Filters=run)["LaunchTemplates"])
+    counts["placement-group"] = len([g for g in client.describe_placement_groups(Filters=run)["PlacementGroups"]
+                                     if g.get("State") not in ("deleted", "deleting")])
+    counts["network-interface"] = len(client.describe_network_interfaces(Filters=run)["NetworkInterfaces"])
+    roles = iam().list_roles(PathPrefix="/rtui/")["Roles"]
+    counts["iam-role"] = sum(1 for r in roles if {"Key": RUN_TAG, "Value": run_id}
+                             in iam().list_role_tags(RoleName=r["RoleName"])["Tags"])
+    clusters = [c for c in eks().list_clusters()["clusters"]
+                if eks().describe_cluster(name=c)["cluster"].get("tags", {}).get(RUN_TAG) == run_id]
+    counts["eks-cluster"] = len(clusters)
+    for name in clusters:
+        counts["nodegroup"] += len(eks().list_nodegroups(clusterName=name)["nodegroups"])
+        counts["addon"] += len(eks().list_addons(clusterName=name)["addons"])
+        counts["access-entry"] += len(eks().list_access_entries(clusterName=name)["accessEntries"])
+    return +counts

@@ -1,0 +1,220 @@
+"""The aws layer against moto over real HTTP: what `up --until aws` makes, the plan after it, `down`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend.model import Action, EventKind
+from tests.aws.conftest import World
+from tests.aws.provision_world import RUN_TAG, down, ec2, eks, iam, session_for, tagged, up
+
+pytestmark = pytest.mark.usefixtures("fast_backoff")
+
+EXPECTED = {"vpc": 1, "subnet": 4, "internet-gateway": 1, "nat-gateway": 1, "elastic-ip": 1, "route-table": 2,
+            "security-group": 1, "launch-template": 1, "placement-group": 1, "iam-role": 2, "eks-cluster": 1,
+            "nodegroup": 2, "addon": 3, "access-entry": 1}
+
+
+async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world: World, kube_file: Path) -> None:
+    session = session_for()
+    done = await up(session)
+    assert done.ok, done.failures()
+    run = session.run_id
+    counts = tagged(run)
+    assert {k: counts[k] for k in EXPECTED} == EXPECTED
+    assert counts["network-interface"] >= 2  # EFA and CNI interfaces of the GPU nodes carry the LT's tags
+
+    client = ec2()
+    run_filter = [{"Name": f"tag:{RUN_TAG}", "Values": [run]}]
+    vpc = client.describe_vpcs(Filters=run_filter)["Vpcs"][0]
+    for attribute in ("enableDnsSupport", "enableDnsHostnames"):
+        value = client.describe_vpc_attribute(VpcId=vpc["VpcId"], Attribute=attribute)
+        assert value[attribute[0].upper() + attribute[1:]]["Value"] is True
+    group = client.describe_security_groups(Filters=run_filter)["SecurityGroups"][0]
+    for key in ("IpPermissions", "IpPermissionsEgress"):
+        pairs = [pair["GroupId"] for p in group[key] if p["IpProtocol"] == "-1" for pair in p["UserIdGroupPairs"]]
+        assert group["GroupId"] in pairs, f"no EFA self rule in {key}"
+    template = client.describe_launch_templates(Filters=run_filter)["LaunchTemplates"][0]
+    data = client.describe_launch_template_versions(LaunchTemplateId=template["LaunchTemplateId"])[
+        "LaunchTemplateVersions"][0]["LaunchTemplateData"]
+    interface = data["NetworkInterfaces"][0]
+    assert (interface["InterfaceType"], interface["DeviceIndex"], interface["NetworkCardIndex"]) == ("efa", 0, 0)
+    assert interface["Groups"] == [group["GroupId"]]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] >= 100
+    placement = client.describe_placement_groups(Filters=run_filter)["PlacementGroups"][0]
+    assert placement["Strategy"] == "cluster"
+    assert data["Placement"]["GroupName"] == placement["GroupName"]
+
+    cluster = eks().describe_cluster(name="rtui-ray")["cluster"]
+    assert cluster["accessConfig"]["authenticationMode"] == "API"
+    assert cluster["resourcesVpcConfig"]["endpointPrivateAccess"] is True
+    assert cluster["tags"][RUN_TAG] == run
+    subnets = {s["SubnetId"]: s for s in client.describe_subnets(Filters=run_filter)["Subnets"]}
+    assert len({subnets[s]["AvailabilityZone"] for s in cluster["resourcesVpcConfig"]["subnetIds"]}) == 2
+    gpu = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
+    assert len(gpu["subnets"]) == 1 and gpu["amiType"] == "AL2023_x86_64_NVIDIA"
+    assert gpu["labels"]["nvidia.com/gpu.present"] == "true"
+    assert gpu["scalingConfig"]["desiredSize"] == 2 and gpu["instanceTypes"] == ["g6.12xlarge"]
+    assert gpu["launchTemplate"]["id"] == template["LaunchTemplateId"]
+    assert session.record.facts["gpu_az"] == subnets[gpu["subnets"][0]]["AvailabilityZone"]
+    system = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-system")["nodegroup"]
+    assert system["labels"]["role"] == "system" and system["instanceTypes"] == ["m7i.xlarge"]
+    entries = eks().list_access_entries(clusterName="rtui-ray")["accessEntries"]
+    policies = eks().list_associated_access_policies(clusterName="rtui-ray", principalArn=entries[0])
+    assert [p["policyArn"].rsplit("/", 1)[1] for p in policies["associatedAccessPolicies"]] == [
+        "AmazonEKSClusterAdminPolicy"]
+    roles = {r["RoleName"]: r for r in iam().list_roles(PathPrefix="/rtui/")["Roles"]}
+    attached = {p["PolicyName"] for p in iam().list_attached_role_policies(RoleName="rtui-rtui-ray-nodes")[
+        "AttachedPolicies"]}
+    assert {"AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy"} <= attached and len(roles) == 2
+    assert kube_file.exists() and oct(kube_file.stat().st_mode & 0o777) == "0o600"
+    assert "k8s-aws-v1" not in kube_file.read_text()  # an exec plugin, never a token
+
+    again = await session.plan()
+    assert [c.address for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+
+    gone = await down(session)
+    assert gone.ok, gone.failures()
+    assert tagged(run) == {}
+    assert session.record.facts["sweep"] == []
+    assert any(e.step == "sweep" and e.kind.value == "done" for e in gone.events)
+    assert cluster["arn"] not in kube_file.read_text()
+
+
+async def test_plan_diff_updates_replacements_and_costs(world: World, kube_file: Path) -> None:
+    fresh = await session_for().plan()
+    aws = [c for c in fresh.changes if c.layer == "aws"]
+    assert {c.action for c in aws} == {Action.CREATE}
+    # The documented on-demand prices (us-east-1): 2 × g6.12xlarge, 1 × m7i.xlarge, the EKS control
+    # plane, one NAT gateway and its public IPv4 address.
+    assert fresh.cost_per_hour == pytest.approx(2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005)
+    gpu = fresh.change("aws.nodegroup.gpu")
+    assert gpu is not None and gpu.quota["L-DB2E81BA"]["vcpus"] == 96
+    assert gpu.quota["L-DB2E81BA"]["headroom"] == 192
+
+    session = session_for()
+    assert (await up(session)).ok
+    bigger = await session_for(gpu_node_count=3).plan()
+    change = bigger.change("aws.nodegroup.gpu")
+    assert change is not None and change.action is Action.UPDATE
+    assert (change.before or {})["size"] == 2 and (change.after or {})["size"] == 3
+    assert change.cost_per_hour == pytest.approx(3 * 4.6016)
+    assert [c.address for c in bigger.changes if c.layer == "aws" and c.action is not Action.NOOP] == [
+        "aws.nodegroup.gpu"]
+    other = await session_for(gpu_node_type="g6.48xlarge").plan()
+    replaced = other.change("aws.nodegroup.gpu")
+    assert replaced is not None and replaced.action is Action.REPLACE
+    assert "instance_type" in replaced.reason
+
+    grown = session_for(gpu_node_count=3)
+    assert (await up(grown)).ok
+    size = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
+    assert size["scalingConfig"]["desiredSize"] == 3
+    assert (await down(grown)).ok
+    assert tagged(session.run_id) == {}
+
+
+async def test_throttling_and_5xx_on_every_call_over_ten_seeds(world: World, kube_file: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    from backend.layers.aws import api
+
+    monkeypatch.setattr(api, "BACKOFF_BASE_S", 0.002)
+    for seed in range(10):
+        world.script.rng = random.Random(seed)
+        world.script.throttle_rate = 0.15
+        world.script.error5xx_rate = 0.15
+        session = session_for(cluster_name=f"flaky-{seed}")
+        made = await up(session)
+        assert made.ok, (seed, made.failures())
+        gone = await down(session)
+        assert gone.ok, (seed, gone.failures())
+        world.script.throttle_rate = world.script.error5xx_rate = 0.0  # the test's own look, unhindered
+        assert tagged(session.run_id) == {}
+        retried = made.retries() + gone.retries()
+        assert retried and all(e.data.get("scope") == "call" for e in retried)
+        assert any("Throttl" in (e.cause or "") or "RequestLimitExceeded" in (e.cause or "") for e in retried)
+        assert any(e.cause in ("InternalError", "ServiceUnavailable", "InternalFailure") for e in retried)
+    assert world.script.throttled > 50 and world.script.faulted > 50, (world.script.throttled, world.script.faulted)
+
+
+async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(world: World, kube_file: Path) -> None:
+    plan_session = session_for()
+    await plan_session.plan()
+    first = plan_session.stack.layer("aws").topology.gpu_az  # type: ignore[attr-defined]
+    world.script.ice_zones["g6.12xlarge"] = {first}
+
+    stuck = session_for()
+    failed = await up(stuck)
+    assert not failed.ok
+    fault = next(e for e in failed.events if e.step == "aws.nodegroup.gpu" and e.kind is EventKind.FAILED)
+    assert "InsufficientInstanceCapacity" in fault.message and first in fault.message
+    assert "--az-failover" in (fault.remedy or "")
+
+    moved = await up(stuck, az_failover=True)
+    assert moved.ok, moved.failures()
+    gpu = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
+    az = ec2().describe_subnets(SubnetIds=gpu["subnets"])["Subnets"][0]["AvailabilityZone"]
+    assert az != first and gpu["status"] == "ACTIVE"
+    assert stuck.record.facts["az_moves"][0]["from"] == first
+    assert "InsufficientInstanceCapacity" in stuck.record.facts["az_moves"][0]["why"]
+    assert stuck.record.facts["gpu_az"] == az
+    assert (await down(stuck)).ok
+    assert tagged(stuck.run_id) == {}
+
+
+async def test_half_made_resources_are_waited_on_not_made_again(world: World, kube_file: Path) -> None:
+    from backend.layers.aws import base
+
+    world.script.timings.cluster_create = 3.0
+    world.script.timings.nat_create = 0.6
+    session = session_for()
+    # Stop the run while the control plane and the NAT gateway are still being made.
+    events = up(session)
+    import asyncio
+
+    task = asyncio.ensure_future(events)
+    await asyncio.sleep(0.5)
+    for _ in range(100):
+        if eks().list_clusters()["clusters"]:
+            break
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    base._APIS.clear()
+    plan = await session_for().plan()
+    cluster = plan.change("aws.eks-cluster")
+    assert cluster is not None and cluster.action is Action.UPDATE and "waiting" in cluster.reason
+    again = session_for()
+    assert (await up(again)).ok
+    counts = tagged(again.run_id)
+    assert {k: counts[k] for k in EXPECTED} == EXPECTED
+    assert (await down(again)).ok
+
+
+async def test_a_cluster_of_our_name_made_by_someone_else_is_refused(world: World, kube_file: Path) -> None:
+    iam().create_role(RoleName="someone", AssumeRolePolicyDocument="{}")
+    eks().create_cluster(name="rtui-ray", roleArn="arn:aws:iam::123456789012:role/someone",
+                         resourcesVpcConfig={"subnetIds": []})
+    session = session_for()
+    failed = [c for c in await session.preflight() if c.status.value == "fail"]
+    assert [c.id for c in failed] == ["aws.name.cluster"]
+    assert "someone else" in failed[0].detail and "--cluster-name" in (failed[0].remedy or "")
+
+
+async def test_a_missing_iam_permission_names_the_action(world: World, kube_file: Path) -> None:
+    world.script.errors[("iam", "CreateRole")] = "AccessDenied"
+    session = session_for()
+    made = await up(session)
+    assert not made.ok
+    line = next(e for e in made.events if e.step == "aws.iam-role.cluster" and e.kind.value == "failed")
+    assert "iam:CreateRole" in line.message and "IAM permission" in (line.remedy or "")
+    world.script.errors.clear()
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+
