@@ -25,7 +25,7 @@ from tests.test_tui import FIXED_RUN_ID, fixed_session, wait_for
 from training.logparse.verdict import Verdict
 from training.protocol import METRIC_TAG, SUMMARY_TAG, format_record
 from tui.app import RtuiApp
-from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot, format_duration
+from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot, downsample, format_duration
 from tui.transport_badge import TransportBadge, TransportSnapshot
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the job's submission; the frozen clock reads T0 + 30 min
@@ -237,6 +237,34 @@ async def test_stats_show_step_mfu_eta_and_cost_only_when_known() -> None:
         await pilot.pause()
         assert list(plot._datasets[0].y) == [p.loss for p in series.points]
         assert "loss by step" in str(graph.query_one("#graph-title").render())
+
+
+def test_downsample_keeps_the_shape_and_skips_gaps() -> None:
+    xs = tuple(float(i) for i in range(10))
+    assert downsample(xs, xs, 20) == (list(xs), list(xs))
+    nan = float("nan")
+    x, y = downsample(xs, (1.0, 3.0, nan, nan, 5.0, 7.0, 1.0, 1.0, 2.0, 4.0), 5)
+    assert x == [0.5, 4.5, 6.5, 8.5] and y == [2.0, 6.0, 1.0, 3.0]
+
+
+async def test_graph_draws_a_bounded_number_of_points() -> None:
+    app = StatsHarness()
+    async with app.run_test(size=(60, 30)) as pilot:
+        graph = app.query_one(ThroughputGraph)
+        graph.snapshot = ThroughputSnapshot.build(series_of(metric_lines(1, 4096)), total_steps=5000)
+        await pilot.pause()
+        points = len(graph.query_one(PlotWidget)._datasets[0].x)
+        assert 16 <= points <= 2 * 60
+
+
+async def test_no_color_still_says_the_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = BadgeHarness(verdict_of(SOCKET_FALLBACK_LINES))
+    async with app.run_test(size=(100, 4)):
+        assert app.no_color
+        screen = app.export_screenshot()
+        assert "TCP FALLBACK (Socket)" in screen.replace("&#160;", " ")
+        assert "#f4005f" not in screen  # the red of the colour badge
 
 
 def test_plan_cost_per_hour_reads_the_applied_plan() -> None:
