@@ -253,8 +253,13 @@ async def test_graph_draws_a_bounded_number_of_points() -> None:
         graph = app.query_one(ThroughputGraph)
         graph.snapshot = ThroughputSnapshot.build(series_of(metric_lines(1, 4096)), total_steps=5000)
         await pilot.pause()
-        points = len(graph.query_one(PlotWidget)._datasets[0].x)
-        assert 16 <= points <= 2 * 60
+        plot = graph.query_one(PlotWidget)
+        assert 16 <= len(plot._datasets[0].x) <= 2 * 60
+        drawn = plot._datasets[0]
+        graph.snapshot = ThroughputSnapshot.build(series_of(metric_lines(1, 4096)),
+                                                  total_steps=5000, cost_per_hour=1.0, elapsed_s=60)
+        await pilot.pause()
+        assert plot._datasets[0] is drawn, "only the cost changed: the curve is not redrawn"
 
 
 async def test_no_color_still_says_the_verdict(monkeypatch: pytest.MonkeyPatch) -> None:

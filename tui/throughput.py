@@ -172,6 +172,10 @@ class ThroughputGraph(Widget):
     snapshot: reactive[ThroughputSnapshot] = reactive(ThroughputSnapshot)
     show_loss: reactive[bool] = reactive(False)
 
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._drawn: tuple[object, ...] | None = None  # what the plot holds now
+
     def compose(self) -> ComposeResult:
         yield Label("", id="graph-title")
         plot = PlotWidget(allow_pan_and_zoom=False)
@@ -202,9 +206,14 @@ class ThroughputGraph(Widget):
     def _draw(self) -> None:
         if not self.is_mounted:
             return
+        s = self.snapshot
+        # A priced run's snapshot changes every tick (its cost); the curve only with new points.
+        key = (s.steps, s.losses if self.show_loss else s.tokens_per_s, self.show_loss, self.size.width)
+        if key == self._drawn:
+            return
+        self._drawn = key
         self.query_one("#graph-title", Label).update(self.title)
         plot = self.query_one(PlotWidget)
-        s = self.snapshot
         plot.clear()
         x, y = downsample(s.steps, s.losses if self.show_loss else s.tokens_per_s, max(16, 2 * self.size.width))
         if x:
