@@ -180,6 +180,8 @@ def test_snapshot_is_plain_frozen_data() -> None:
     assert snap == TransportSnapshot(transport="efa", basis="channels", reason="r", evidence="line a")
     with pytest.raises(AttributeError):
         snap.transport = "socket"  # type: ignore[misc]
+    raw = Verdict(transport="socket", reason="r", decided_by=("\x1b[36m(w)\x1b[0m x\tvia NET/Socket/0",))
+    assert TransportSnapshot.from_verdict(raw).evidence == "(w) x    via NET/Socket/0"
 
 
 # --- throughput -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from textual.events import Click
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from backend.textutil import display_lines
 from training.logparse.verdict import Verdict
 
 # transport -> (badge words, style); styles differ between every pair a person must tell apart.
@@ -43,7 +44,8 @@ class TransportSnapshot:
 
     @classmethod
     def from_verdict(cls, verdict: Verdict) -> TransportSnapshot:
-        evidence = (verdict.decided_by or verdict.evidence or (None,))[0]
+        lines = verdict.decided_by or verdict.evidence
+        evidence = display_lines([lines[0]])[0] if lines else None  # a log line: no escapes reach the screen
         return cls(transport=verdict.transport, basis=verdict.basis, reason=verdict.reason,
                    evidence=evidence, warnings=verdict.warnings, nodes=verdict.nodes, ranks=verdict.ranks)
 
