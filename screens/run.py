@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Horizontal
 from textual.message import Message
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Footer, Header, Label, Sparkline, Static
 
 from backend import flows
 from backend.follow import JobUpdate
@@ -18,16 +22,32 @@ from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
 from backend.textutil import display_lines
 from tui.screen import RtuiScreen
+from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot
+from tui.transport_badge import TransportBadge, TransportSnapshot
 from tui.widgets import LogTail
 
 REPLAY_LINES = 5_000
+REFRESH_S = 0.25  # the dashboard's widgets get new snapshots at most this often
 _STATUS_STYLE: dict[str, str] = {JobState.SUCCEEDED: "bold green", JobState.FAILED: "bold red", JobState.STOPPED: "red",
                  JobState.RUNNING: "bold yellow"}
 
 
+def plan_cost_per_hour(plan: dict[str, Any] | None) -> float | None:
+    """What the applied plan said the run costs per hour; None when it priced nothing."""
+    costs = [c.get("cost_per_hour") for c in (plan or {}).get("changes", []) if c.get("action") != "delete"]
+    priced = [float(c) for c in costs if isinstance(c, int | float)]
+    return sum(priced) if priced else None
+
+
 class RunScreen(RtuiScreen):
+    # Below 100 columns the graph folds away: the log tail and the sparkline matter more.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
         Binding("f", "toggle_follow", "Follow", id="follow", tooltip="Follow the newest log lines (or pause)"),
+        Binding("t", "toggle_transport", "Transport why", id="transport",
+                tooltip="Show or hide why the NCCL transport badge says what it says"),
+        Binding("l", "toggle_graph", "Loss/tok/s", id="graph",
+                tooltip="Switch the graph between tokens/s and loss"),
         Binding("D", "teardown", "Tear down", id="teardown", tooltip="Stop the job and remove the cluster"),
     ]
 
@@ -44,10 +64,12 @@ class RunScreen(RtuiScreen):
     class TeardownRequested(Message):
         """The user pressed D: the App asks for the cluster name, then tears down."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.job_status = "?"
         self.telemetry = Telemetry()
+        self.clock = clock
+        self._stale = True  # telemetry moved on since the widgets' last snapshots
 
     @property
     def metric(self) -> MetricPoint | None:
@@ -60,8 +82,14 @@ class RunScreen(RtuiScreen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("", id="job-status", classes="panel")
-        yield Static("waiting for the first step…", id="metrics", classes="panel")
-        yield LogTail(id="tail")
+        with Horizontal(id="run-head"):
+            yield TransportBadge(id="transport")
+            yield Label("tok/s ", id="spark-label")
+            yield Sparkline([], id="spark")
+        yield RunStats(id="metrics", classes="panel")
+        with Horizontal(id="run-body"):
+            yield ThroughputGraph(id="graph")
+            yield LogTail(id="tail")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -69,6 +97,8 @@ class RunScreen(RtuiScreen):
         if job is not None:
             self.job_status = job.status.value
         self._render_status("")
+        self.refresh_dashboard()
+        self.set_interval(REFRESH_S, self.refresh_dashboard)
         self.query_one(LogTail).focus()
         self.follow_job()
 
@@ -82,24 +112,22 @@ class RunScreen(RtuiScreen):
             text.append(f"  {message.splitlines()[0][:100]}", style="dim")
         self.query_one("#job-status", Static).update(text)
 
-    def _transport_label(self) -> str:
-        verdict = self.telemetry.transport
-        return verdict.label + (f" ({verdict.basis})" if verdict.basis else "")
-
-    def _render_metrics(self) -> None:
-        m = self.metric
-        if m is None:
+    def refresh_dashboard(self) -> None:
+        """Hand the badge, stats, sparkline and graph fresh snapshots (equal ones repaint nothing)."""
+        cost = plan_cost_per_hour(self.session.record.plan)
+        if not (self._stale or cost):  # a priced run's cost keeps running without new lines
             return
-        text = Text()
-        text.append(f"step {m.step}/{self.session.config.steps}", style="bold")
-        text.append(f"   loss {m.loss if m.loss is not None else float('nan'):.4f}")
-        text.append(f"   {m.tokens_per_s or 0:,.0f} tokens/s", style="bold cyan")
-        text.append(f"   step {(m.step_time_s or 0) * 1000:.0f} ms")
-        text.append(f"   transport: {self._transport_label()}", style="dim")
-        if self.summary:
-            text.append(f"\nfinished: mean {self.summary.get('tokens_per_s_mean', 0):,.0f} tokens/s, "
-                        f"final loss {self.summary.get('final_loss')}", style="green")
-        self.query_one("#metrics", Static).update(text)
+        self._stale = False
+        job = self.session.record.current_job
+        elapsed = self.clock() - job.submitted_at if job is not None else None
+        throughput = ThroughputSnapshot.build(self.telemetry.series, total_steps=self.session.config.steps,
+                                              cost_per_hour=cost, elapsed_s=elapsed)
+        self.query_one(TransportBadge).snapshot = TransportSnapshot.from_verdict(self.telemetry.transport)
+        self.query_one(RunStats).snapshot = throughput
+        self.query_one(ThroughputGraph).snapshot = throughput
+        spark = self.query_one(Sparkline)
+        if spark.data != (data := throughput.spark):
+            spark.data = data
 
     @work(exclusive=True, group="follow")
     async def follow_job(self) -> None:
@@ -129,7 +157,7 @@ class RunScreen(RtuiScreen):
     def on_run_screen_lines_arrived(self, message: LinesArrived) -> None:
         self.query_one(LogTail).push(display_lines(message.lines))
         self.telemetry.feed_from(self.session.spool().path)  # telemetry reads the spool once, in order
-        self._render_metrics()
+        self._stale = True  # the next refresh tick shows it
 
     def on_run_screen_job_status_changed(self, message: JobStatusChanged) -> None:
         self.job_status = message.status
@@ -138,6 +166,13 @@ class RunScreen(RtuiScreen):
     def action_toggle_follow(self) -> None:
         tail = self.query_one(LogTail)
         tail.following = not tail.following
+
+    def action_toggle_transport(self) -> None:
+        self.query_one(TransportBadge).toggle()
+
+    def action_toggle_graph(self) -> None:
+        graph = self.query_one(ThroughputGraph)
+        graph.show_loss = not graph.show_loss
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not (action == "teardown" and self.app.read_only)

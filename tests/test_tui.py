@@ -113,7 +113,8 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
         assert any("RTUI_METRIC" in line for line in tail.lines)
         assert not any("\x1b[" in line for line in tail.lines), "ANSI escapes must not reach the view"
         metrics_text = str(run.query_one("#metrics").render())
-        assert "step 12/12" in metrics_text and "gloo (no NCCL) (backend)" in metrics_text
+        assert "step 12/12" in metrics_text
+        assert str(run.query_one("TransportBadge").render()).startswith(" GLOO (CPU)  backend")
 
         record = app.session.record
         cluster_dir = Path(str(record.resources["local.ray-head"].id))
