@@ -277,6 +277,16 @@ def find_orphans(store: RunStore, target: str, cluster_name: str | None = None) 
             if c.run_id not in known and not _recorded_elsewhere(store, c.run_id, c.facts.get("state_dir"))]
 
 
+async def aws_orphan(store: RunStore, config: RunConfig) -> RunSession | None:
+    """A run of this cluster name that AWS has resources of (by our tags) and no record here knows."""
+    from backend.layers.aws.base import aws_api
+    from backend.layers.aws.sweep import runs_of_cluster
+
+    known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
+    runs = [r for r in await runs_of_cluster(aws_api(config), config.cluster_name) if r not in known]
+    return RunSession.orphan(runs[0], config, store) if runs else None
+
+
 def _recorded_elsewhere(store: RunStore, run_id: str, state_dir: object) -> bool:
     """Whether another rtui state dir still holds this run's record: its run, not an orphan."""
     if not isinstance(state_dir, str) or Path(state_dir) == store.root:

@@ -65,6 +65,7 @@ class StatusReport:
     summary: dict[str, Any] | None
     transport: dict[str, Any]
     resources: dict[str, dict[str, Any]]
+    cost: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         r = self.record
@@ -81,7 +82,7 @@ class StatusReport:
             "steps": {k: {"status": v.status.value, "message": v.message, "error": v.error,
                           "attempts": v.attempts, "duration_s": v.duration_s} for k, v in r.steps.items()},
             "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
-            "spool_path": r.spool_path,
+            "spool_path": r.spool_path, "cost": self.cost,
         }
 
 
@@ -331,4 +332,27 @@ class RunSession:
                      for address, r in self.record.resources.items()}
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
                             self.attached_elsewhere(), latest.to_dict() if latest else None,
-                            telemetry.series.summary, telemetry.transport.to_dict(), resources)
+                            telemetry.series.summary, telemetry.transport.to_dict(), resources,
+                            cost_meter(self.record))
+
+
+def cost_meter(record: RunRecord, now: float | None = None) -> dict[str, Any] | None:
+    """What the run costs now and has cost so far: each live priced resource from when it was made,
+    at the plan's price; after teardown, what the orphan sweep still found. None when nothing is priced."""
+    import time
+
+    now = time.time() if now is None else now
+    prices = {c["address"]: float(c.get("cost_per_hour") or 0) for c in (record.plan or {}).get("changes", [])}
+    items = {}
+    for address, entry in record.resources.items():
+        price = prices.get(address, 0.0)
+        if price and entry.live:
+            hours = max(0.0, now - entry.created_at) / 3600
+            items[address] = {"per_hour": price, "since": entry.created_at, "accrued": round(price * hours, 4)}
+    left = record.facts.get("sweep") or []
+    if not items and not left:
+        return None
+    return {"per_hour": round(sum(i["per_hour"] for i in items.values()), 4),
+            "accrued": round(sum(i["accrued"] for i in items.values()), 4), "resources": items,
+            "left_behind": left, "left_behind_per_hour": round(sum(float(i.get("cost_per_hour") or 0)
+                                                                   for i in left), 4)}

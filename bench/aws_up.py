@@ -138,9 +138,15 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
             from backend.layers.aws.base import aws_api
 
             counted = aws_api(config).counts
-            calls = collections.Counter({k: v for k, v in counted.items()})
+            calls = collections.Counter({f"up:{k}": v for k, v in counted.items()})
             counted.clear()
             del before
+            if order == "rtui":  # and what tearing it all down costs in calls
+                async for event in session.teardown():
+                    if event.kind.value == "failed":
+                        raise SystemExit(f"teardown: {event.step}: {event.message}")
+                calls.update({f"down:{k}": v for k, v in counted.items()})
+                counted.clear()
             return elapsed, critical_path(steps, runner), calls
     finally:
         cluster.stop()
@@ -179,12 +185,15 @@ def main() -> None:
     server.stop()
     seed, rtui, path = (statistics.median(times["seed"]), statistics.median(times["rtui"]),
                         statistics.median(paths))
-    sent = {k: v for k, v in calls.items() if not k.startswith("wait:")}
-    by_service = collections.Counter()
-    for name, n in sent.items():
-        by_service[name.split(":")[0]] += n
-    waits = sum(v for k, v in calls.items() if k.startswith("wait:"))
-    print(f"AWS API calls of one rtui up: {sum(sent.values())} {dict(by_service)}, of which {waits} polls of waits")
+    for phase in ("up", "down"):
+        mine = {k.split(":", 1)[1]: v for k, v in calls.items() if k.startswith(phase + ":")}
+        sent = {k: v for k, v in mine.items() if not k.startswith("wait:")}
+        by_service: collections.Counter[str] = collections.Counter()
+        for name, n in sent.items():
+            by_service[name.split(":")[0]] += n
+        waits = sum(v for k, v in mine.items() if k.startswith("wait:"))
+        print(f"AWS API calls of one `{phase}`: {sum(sent.values())} {dict(sorted(by_service.items()))}, "
+              f"of which {waits} are polls of a wait")
     print(f"seed order median {seed:.2f}s, rtui plan median {rtui:.2f}s: ratio {rtui / seed:.2f}; "
           f"critical path {path:.2f}s: ratio {rtui / path:.2f} ({args.reps} runs each, 1 min = {args.minute}s)")
 

@@ -154,6 +154,8 @@ async def down(ns: argparse.Namespace, out: TextIO) -> int:
     by_cluster = any(resolved.sources.get(f) in ("flag", "env") for f in ("target", "cluster_name"))
     store = RunStore()
     session = flows.session_for_down(store, ns.run_id, resolved.config, by_cluster=by_cluster)
+    if session is None and resolved.config.target == "aws":
+        session = await flows.aws_orphan(store, resolved.config)
     if session is None:
         out.write(f"nothing of cluster {resolved.config.cluster_name} is running on the "
                   f"{resolved.config.target} target\n")

@@ -26,10 +26,17 @@ def format_plan(plan: Plan, *, run_id: str | None = None) -> str:
     for layer in plan.layers():
         lines.append(f"  {layer}")
         for change in (c for c in plan.changes if c.layer == layer):
-            detail = _brief(change.after if change.action is not Action.DELETE else change.before)
+            if change.action is Action.UPDATE and change.before is not None:
+                detail = _changed(change.before, change.after or {})
+            else:
+                detail = _brief(change.after if change.action is not Action.DELETE else change.before)
             cost = f"  ${change.cost_per_hour:.4f}/h" if change.cost_per_hour else ""
             lines.append(f"  {change.symbol:>3} {change.address}" + (f"  [{detail}]" if detail else "")
                          + cost + (f"  # {change.reason}" if change.reason else ""))
+            if change.action is not Action.NOOP:
+                lines.extend(f"        uses {q.get('vcpus') or 0:.0f} vCPUs of quota {code}"
+                             + (f" (headroom {q['headroom']:.0f})" if q.get("headroom") is not None else "")
+                             for code, q in change.quota.items())
     counts = plan.counts()
     lines.append(
         f"Plan: {counts['create']} to create, {counts['update']} to update, {counts['replace']} to replace, "
@@ -39,6 +46,11 @@ def format_plan(plan: Plan, *, run_id: str | None = None) -> str:
     if plan.is_noop:
         lines.append("Nothing to do: everything is already in place.")
     return "\n".join(lines) + "\n"
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """What an update changes, ``key: before → after`` (Terraform's ``~`` lines)."""
+    return ", ".join(f"{k}: {before.get(k)} → {v}" for k, v in after.items() if before.get(k) != v)
 
 
 def format_event(event: StepEvent, elapsed_s: float) -> str:
@@ -62,6 +74,13 @@ def format_status(data: dict[str, Any]) -> str:
         f"cluster  {'up' if cluster['alive'] else 'not running'}"
         + (f" — dashboard {cluster['dashboard_url']}" if cluster["alive"] and cluster["dashboard_url"] else ""),
     ]
+    cost = data.get("cost")
+    if cost and cost.get("resources"):
+        lines.append(f"cost     ${cost['per_hour']:.2f}/hour now, ${cost['accrued']:.2f} so far "
+                     f"({len(cost['resources'])} priced resources)")
+    if cost and cost.get("left_behind"):
+        lines.append(f"LEFT     {len(cost['left_behind'])} resources still exist after teardown "
+                     f"(${cost['left_behind_per_hour']:.3f}/hour): run `rtui down` again")
     job = data.get("job")
     if job:
         lines.append(f"job      {job['submission_id']}: {job['status']}"

@@ -131,7 +131,7 @@ async def _matrix(
     if request.require_efa and not scan.gpu.efa_supported:
         raise UserError(
             f"{clip(request.gpu_node_type)} does not support EFA, which this plan requires",
-            remedy="choose an EFA-capable type such as g6.12xlarge or turn EFA off",
+            remedy="choose an EFA-capable type such as g6.12xlarge or train over TCP with --require-transport any",
         )
 
     opt_in = {r["RegionName"]: r.get("OptInStatus", "opt-in-not-required") for r in regions_resp["Regions"]}

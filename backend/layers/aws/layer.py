@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
 from backend.errors import UserError
@@ -60,6 +60,9 @@ from backend.layers.aws.sweep import sweep
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
 
+if TYPE_CHECKING:
+    from backend.aws import PreflightReport
+
 GPU_LABEL = "nvidia.com/gpu.present"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
 AMI_GPU = "AL2023_x86_64_NVIDIA"
@@ -101,7 +104,7 @@ class AwsLayer(Layer):
 
         config, facts = ctx.config, ctx.record.facts
         report = await run_preflight(preflight_request(ctx))
-        self.preflight_checks = report.to_check_results()
+        self.preflight_checks = [*_first_reasons(report, config.region), *report.to_check_results()]
         region = next((r for r in report.regions if r.region == config.region), None)
         if region is None or not region.zones:
             why = region.error or "; ".join(region.reasons) if region else "not checked"
@@ -113,6 +116,9 @@ class AwsLayer(Layer):
             report.recommendation.zone if report.recommendation and report.recommendation.region == config.region
             else None)
         if gpu_az is None:
+            blockers = _first_reasons(report, config.region)
+            if blockers:
+                raise UserError(blockers[0].detail, remedy=blockers[0].remedy)
             first = region.reasons[0] if region.reasons else "no AZ has what the plan needs"
             raise UserError(f"no feasible AZ in {config.region}: {first}",
                             remedy="`rtui check --target aws --all-regions` shows where it can run")
@@ -323,6 +329,32 @@ class AwsLayer(Layer):
 
     async def sweep(self, ctx: Context) -> list[Leftover]:
         return await sweep(aws_api(ctx.config), ctx)
+
+
+def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResult]:
+    """The blockers a user acts on, each on its own line with its remedy, before the matrix's summary."""
+    region = next((r for r in report.regions if r.region == region_name), None)
+    if region is None or not region.zones:
+        return []
+    out = []
+    request = f"`rtui check --target aws --region {region_name} --request-quota-increase --yes`"
+    for what, quota in (("GPU", region.quota), ("system node", region.system_quota)):
+        if quota is not None and quota.ok is False:
+            out.append(CheckResult(
+                id="aws.quota", title=f"{what} vCPU quota", status=CheckStatus.FAIL,
+                detail=f"quota {quota.code} ({quota.name}) in {region_name} is short by {quota.shortfall} vCPUs "
+                       f"(limit {quota.limit:.0f}, used {quota.used}, needed {quota.needed})",
+                remedy=f"{request} asks AWS for {quota.request_value}"))
+    if not any(z.gpu_offered for z in region.zones):
+        out.append(CheckResult(id="aws.offered", title="GPU instance type", status=CheckStatus.FAIL,
+                               detail=f"{report.gpu_node_type} is not offered in any AZ of {region_name}",
+                               remedy="`rtui check --target aws --all-regions` shows where it is"))
+    elif not any(z.feasible for z in region.zones) and not out:
+        reasons = sorted({r for z in region.zones for r in z.reasons})
+        out.append(CheckResult(id="aws.azs", title="AZs", status=CheckStatus.FAIL,
+                               detail=f"no AZ of {region_name} can run the plan: {'; '.join(reasons[:3])}",
+                               remedy="`rtui check --target aws --all-regions` shows where it can run"))
+    return out
 
 
 def _needs(later: str, earlier: str) -> bool:

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from backend.layers.aws.api import IAM_PATH, RUN_TAG, AwsApi, run_filter
+from backend.layers.aws.api import CLUSTER_TAG, IAM_PATH, RUN_TAG, AwsApi, run_filter
 from backend.layers.aws.base import CLUSTER_COST, NAT_COST, PUBLIC_IPV4_PER_HOUR, instance_price
 from backend.layers.base import Context
 from backend.model import Leftover
@@ -104,3 +104,20 @@ async def _roles(api: AwsApi, run: str) -> list[Leftover]:
         if any(t["Key"] == RUN_TAG and t["Value"] == run for t in role_tags):
             out.append(Leftover("IAM role", role["RoleName"]))
     return out
+
+
+async def runs_of_cluster(api: AwsApi, cluster_name: str) -> list[str]:
+    """The run ids AWS has resources of for this cluster name (by our tags), newest VPC first:
+    how `rtui down` finds a run whose record this machine no longer has."""
+    found: list[str] = []
+    cluster = await api.call("eks", "describe_cluster", name=cluster_name, ok=_NOT_FOUND)
+    if cluster is not None and (cluster["cluster"].get("tags") or {}).get(RUN_TAG):
+        found.append(cluster["cluster"]["tags"][RUN_TAG])
+    for kind, key in (("describe_vpcs", "Vpcs"), ("describe_nat_gateways", "NatGateways"),
+                      ("describe_subnets", "Subnets")):
+        items = await api.pages("ec2", kind, key, Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster_name]}])
+        for item in items:
+            run = next((t["Value"] for t in item.get("Tags") or [] if t["Key"] == RUN_TAG), None)
+            if run:
+                found.append(run)
+    return list(dict.fromkeys(found))

@@ -1,0 +1,104 @@
+"""The aws target through the real `rtui` binary: the plan as a user reads it, bad input as one line,
+the status cost meter, and the kubeconfig entry read by the real kubectl."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.aws.conftest import World
+from tests.conftest import run_rtui
+from tests.kubernetes.test_kubectl import kubectl
+
+AWS = ["--target", "aws", "--region", "us-east-1"]
+
+
+def one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def test_plan_shows_every_change_its_cost_and_the_quota_it_uses(world: World, kube_file: Path) -> None:
+    proc = run_rtui("plan", *AWS)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    for address in ("aws.vpc", "aws.nat-gateway", "aws.eks-cluster", "aws.nodegroup.gpu", "aws.launch-template.gpu",
+                    "k8s.raycluster", "ray.job.train"):
+        assert f"+ {address}" in text, address
+    assert "$9.2032/h" in text  # 2 × g6.12xlarge
+    assert "uses 96 vCPUs of quota L-DB2E81BA (headroom 192)" in text
+    assert "Cost: $9.55/hour." in text
+
+
+def test_up_status_down_through_the_binary(world: World, kube_file: Path) -> None:
+    up = run_rtui("up", "--yes", *AWS, "--until", "aws")
+    assert up.returncode == 0, up.stdout + up.stderr
+    status = json.loads(run_rtui("status", "--json").stdout)
+    assert status["cost"]["per_hour"] == pytest.approx(9.5548)
+    assert status["cost"]["accrued"] >= 0 and "aws.nodegroup.gpu" in status["cost"]["resources"]
+    assert "cost     $9.55/hour now" in run_rtui("status").stdout
+
+    arn = boto3.client("eks", region_name="us-east-1").describe_cluster(name="rtui-ray")["cluster"]["arn"]
+    view = subprocess.run([kubectl(), "config", "view", "--minify", "--context", arn, "-o", "json"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "KUBECONFIG": str(kube_file)})
+    assert view.returncode == 0, view.stderr
+    entry = json.loads(view.stdout)
+    assert entry["clusters"][0]["cluster"]["server"] == world.script.cluster_endpoint
+    user = entry["users"][0]["user"]["exec"]
+    assert "rtui-ray" in user["args"] and "token" not in json.dumps(entry["users"][0]["user"]).replace(
+        "get-token", "").replace('"token"', "")
+
+    down = run_rtui("down", "--yes", *AWS)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "Orphan sweep" in down.stdout or "nothing left" in down.stdout
+
+
+def test_no_credentials_is_one_line_saying_how_to_log_in(world: World, kube_file: Path) -> None:
+    proc = run_rtui("plan", *AWS, env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": ""})
+    assert proc.returncode in (1, 2)
+    line = one_line(proc)
+    assert "credentials" in line and ("aws sso login" in line or "aws configure" in line)
+
+
+def test_a_short_quota_names_the_request_command(world: World, kube_file: Path) -> None:
+    world.quota("us-east-1", "L-DB2E81BA", 48)
+    proc = run_rtui("up", "--yes", *AWS, "--until", "aws")
+    assert proc.returncode == 2
+    line = one_line(proc)
+    assert "quota" in line.lower() and "--request-quota-increase" in line
+
+
+def test_a_region_without_the_gpu_type_points_at_the_all_region_check(world: World, kube_file: Path) -> None:
+    proc = run_rtui("plan", *AWS, "--gpu-node-type", "p5.48xlarge")
+    assert proc.returncode == 2
+    assert "--all-regions" in one_line(proc)
+
+
+def test_a_given_vpc_without_a_private_subnet_in_the_gpu_az_is_refused(world: World, kube_file: Path) -> None:
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.9.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"]
+               for i, az in enumerate(("us-east-1c", "us-east-1d"))]
+    proc = run_rtui("up", "--yes", *AWS, "--until", "aws", "--availability-zone", "us-east-1a", "--vpc-id", vpc,
+                    "--private-subnet-ids", ",".join(subnets))
+    assert proc.returncode == 2
+    line = one_line(proc)
+    assert "us-east-1a" in line and "private subnet" in line
+
+
+def test_down_finds_a_run_whose_record_is_lost_by_its_tags(world: World, kube_file: Path, tmp_path: Path) -> None:
+    up = run_rtui("up", "--yes", *AWS, "--until", "aws")
+    assert up.returncode == 0, up.stderr
+    elsewhere = {"RTUI_STATE_DIR": str(tmp_path / "another-machine")}
+    down = run_rtui("down", "--yes", *AWS, env=elsewhere)
+    assert down.returncode == 0, down.stdout + down.stderr
+    vpcs = boto3.client("ec2", region_name="us-east-1").describe_vpcs(
+        Filters=[{"Name": "tag:rtui:cluster", "Values": ["rtui-ray"]}])["Vpcs"]
+    assert vpcs == []
