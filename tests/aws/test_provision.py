@@ -218,3 +218,22 @@ async def test_a_missing_iam_permission_names_the_action(world: World, kube_file
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
 
+
+
+async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World, kube_file: Path) -> None:
+    session = session_for()
+    assert (await up(session)).ok
+    world.script.errors[("ec2", "DeleteNatGateway")] = "UnauthorizedOperation"
+    gone = await down(session)
+    assert not gone.ok
+    sweep = next(e for e in gone.events if e.step == "sweep" and e.kind is EventKind.FAILED)
+    assert sweep.message.startswith("9 resources of this run are still there ($0.050/h): NAT gateway")
+    assert "Elastic IP" in sweep.message
+    left = {item["kind"]: item for item in session.record.facts["sweep"]}
+    assert left["NAT gateway"]["cost_per_hour"] == pytest.approx(0.045)
+    assert left["Elastic IP"]["cost_per_hour"] == pytest.approx(0.005)
+    assert "EKS cluster" not in left and "nodegroup" not in left  # what could go, went
+    world.script.errors.clear()
+    again = await down(session)
+    assert again.ok, again.failures()
+    assert tagged(session.run_id) == {}

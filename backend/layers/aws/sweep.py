@@ -11,8 +11,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from backend.aws import catalog
 from backend.layers.aws.api import CLUSTER_TAG, IAM_PATH, RUN_TAG, AwsApi, run_filter
-from backend.layers.aws.base import CLUSTER_COST, NAT_COST, PUBLIC_IPV4_PER_HOUR, instance_price
+from backend.layers.aws.base import CLUSTER_COST, PUBLIC_IPV4_PER_HOUR, instance_price
 from backend.layers.base import Context
 from backend.model import Leftover
 
@@ -24,7 +25,8 @@ async def sweep(api: AwsApi, ctx: Context) -> list[Leftover]:
     finders: list[Callable[[], Awaitable[list[Leftover]]]] = [
         lambda: _eks(api, ctx), lambda: _ec2(api, ctx), lambda: _roles(api, run)]
     found = await asyncio.gather(*(f() for f in finders))
-    return [item for group in found for item in group]
+    # What bills first: a user reading one line sees the costly leftovers.
+    return sorted((item for group in found for item in group), key=lambda item: -item.cost_per_hour)
 
 
 async def _eks(api: AwsApi, ctx: Context) -> list[Leftover]:
@@ -66,7 +68,8 @@ async def _ec2(api: AwsApi, ctx: Context) -> list[Leftover]:
     out = [Leftover("VPC", v["VpcId"]) for v in vpcs]
     out += [Leftover("subnet", s["SubnetId"], s["AvailabilityZone"]) for s in subnets]
     out += [Leftover("internet gateway", g["InternetGatewayId"]) for g in gateways]
-    out += [Leftover("NAT gateway", n["NatGatewayId"], n["State"], NAT_COST) for n in nats if n["State"] != "deleted"]
+    out += [Leftover("NAT gateway", n["NatGatewayId"], n["State"], catalog.NAT_GATEWAY_PER_HOUR) for n in nats
+            if n["State"] != "deleted"]
     out += [Leftover("Elastic IP", a["AllocationId"], a.get("PublicIp", ""), PUBLIC_IPV4_PER_HOUR) for a in addresses]
     out += [Leftover("route table", t["RouteTableId"]) for t in tables]
     out += [Leftover("security group", g["GroupId"]) for g in groups]
