@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
+from backend.store import RunStore
+
 
 class ConfirmTeardown(ModalScreen[bool]):
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="cancel", tooltip="Keep everything running")]
 
-    def __init__(self, cluster_name: str, what: str) -> None:
+    def __init__(self, cluster_name: str, what: str, details: list[str] | None = None) -> None:
         super().__init__()
         self.cluster_name = cluster_name
         self.what = what
+        self.details = details or []
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm"):
             yield Label(f"Tear down {self.what}?", classes="heading")
+            for line in self.details:
+                yield Label(line, classes="detail", markup=False)
             yield Label(f"Type the cluster name [b]{self.cluster_name}[/b] and press enter. Escape cancels.")
             yield Input(placeholder=self.cluster_name, id="confirm-input")
             yield Label("", id="confirm-error")
@@ -55,3 +62,33 @@ class ConfirmDetach(ModalScreen[bool]):
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)
+
+
+class PickRun(ModalScreen[str | None]):
+    """`rtui --resume` with several live runs: which one to reattach to."""
+
+    BINDINGS = [Binding("escape", "cancel", "Newest", id="cancel", tooltip="Resume the newest run")]
+
+    def __init__(self, run_ids: list[str], store: RunStore) -> None:
+        super().__init__()
+        self.run_ids = run_ids
+        self.store = store
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import OptionList
+        from textual.widgets.option_list import Option
+
+        with Vertical(id="confirm"):
+            yield Label("Several runs are live. Resume which?", classes="heading")
+            options = []
+            for run_id in self.run_ids:
+                record = self.store.load(run_id)
+                options.append(Option(f"{run_id}  {record.target:<5} {record.cluster_name}  {record.status.value}",
+                                      id=run_id))
+            yield OptionList(*options, id="runs")
+
+    def on_option_list_option_selected(self, event: Any) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

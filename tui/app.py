@@ -9,10 +9,15 @@ place that turns a backend error into a notification is ``RtuiApp.report_error``
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import sys
+from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
@@ -36,13 +41,18 @@ class RtuiApp(App[None]):
         Binding("ctrl+q", "quit_detach", "Quit", show=False, id="quit_ctrl", priority=True,
                 tooltip="Quit; never tears anything down"),
         Binding("question_mark,f1", "toggle_help", "Help", id="help", tooltip="Show every key"),
+        Binding("D", "teardown", "Tear down", id="teardown_any",
+                tooltip="Delete everything this run made (asks for the cluster name first)"),
     ]
 
-    def __init__(self, session: RunSession, *, resume: bool = False, read_only: bool = False) -> None:
+    def __init__(self, session: RunSession, *, resume: bool = False, read_only: bool = False,
+                 choose_from: list[str] | None = None) -> None:
         super().__init__()
         self.session = session
         self.resume = resume
         self.read_only = read_only
+        # Several live runs and no id given to --resume: the user picks one first.
+        self.choose_from = choose_from or []
         self._lock: contextlib.ExitStack | None = None
         self._set_subtitle()
 
@@ -144,7 +154,17 @@ class RtuiApp(App[None]):
         self._go(ProvisionScreen(mode="teardown") if message.mode == "teardown" else PlanScreen())
 
     def on_run_screen_teardown_requested(self, _message: RunScreen.TeardownRequested) -> None:
-        if self.read_only:
+        self.action_teardown()
+
+    def has_resources(self) -> bool:
+        """Whether teardown means anything: something was made (or applied: discovery finds the rest)."""
+        record = self.session.record
+        if record.status is RunStatus.DOWN:
+            return False
+        return record.status is not RunStatus.PLANNED or any(r.live for r in record.resources.values())
+
+    def action_teardown(self) -> None:
+        if self.read_only or not self.has_resources():
             return
         from screens.confirm import ConfirmTeardown
 
@@ -154,7 +174,8 @@ class RtuiApp(App[None]):
                 self.call_after_refresh(self._teardown)
 
         session = self.session
-        self.push_screen(ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}"), confirmed)
+        self.push_screen(ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
+                                         details=teardown_summary(session)), confirmed)
 
     def _teardown(self) -> None:
         if not self.acquire():
@@ -203,6 +224,46 @@ class RtuiApp(App[None]):
         text = str(exc) if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
         self.notify(text, title="Error", severity="error", timeout=10)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "teardown":
+            from textual.screen import ModalScreen
+
+            # Hidden when there is nothing to tear down, in --read-only, and above a modal.
+            return not self.read_only and self.has_resources() and not isinstance(self.screen, ModalScreen)
+        return True
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        """The palette (ctrl+p): the app's own commands first, then Textual's."""
+        if not self.read_only and self.has_resources():
+            yield SystemCommand("Tear down", "Delete everything this run made (asks for the cluster name)",
+                                self.action_teardown)
+        for action, title, help_text in _SCREEN_COMMANDS:
+            if hasattr(screen, f"action_{action}") and screen.check_action(action, ()):
+                yield SystemCommand(title, help_text, partial(screen.run_action, action))
+        yield SystemCommand("Show config", "The run's effective configuration, field by field", self._show_config)
+        yield SystemCommand("Resume command", "How to come back to this run from a shell", self._show_resume)
+        yield from super().get_system_commands(screen)
+
+    def _show_config(self) -> None:
+        config = self.session.config.model_dump(mode="json")
+        text = "\n".join(f"{k} = {v}" for k, v in config.items() if v not in (None, ""))
+        self.notify(text, title=f"Config of run {self.session.run_id}", timeout=20)
+
+    def _show_resume(self) -> None:
+        self.notify(f"{rtui_command()} --resume {self.session.run_id}", title="Resume this run", timeout=15)
+
+    def on_mount(self) -> None:
+        if self.choose_from:
+            from screens.confirm import PickRun
+
+            def picked(run_id: str | None) -> None:
+                if run_id and run_id != self.session.run_id:
+                    self.session = RunSession.resume(run_id, self.session.store)
+                    self._set_subtitle()
+                    self._go(self.get_default_screen())
+
+            self.push_screen(PickRun(self.choose_from, self.session.store), picked)
+
     def action_toggle_help(self) -> None:
         if self.screen.query("HelpPanel"):
             self.action_hide_help_panel()
@@ -227,8 +288,50 @@ class RtuiApp(App[None]):
         record = self.session.record
         saved = self.session.store.path_for(record.run_id).exists()
         if saved and record.status is not RunStatus.DOWN:
+            rtui = rtui_command()
             message = (f"Detached from run {record.run_id}; nothing was torn down.\n"
-                       f"Resume: rtui --resume {record.run_id}   ·   tear down: rtui down {record.run_id} --yes")
+                       f"Resume: {rtui} --resume {record.run_id}   ·   tear down: {rtui} down {record.run_id} --yes")
         else:
             message = None
         self.exit(return_code=0, message=message)
+
+
+# Screen actions the palette offers where the current screen has them (and allows them now).
+_SCREEN_COMMANDS = (
+    ("toggle_follow", "Follow logs", "Follow the newest log lines, or pause"),
+    ("filter", "Filter logs", "Show only the log lines that contain some text"),
+    ("recheck", "Re-check", "Run the preflight checks again"),
+    ("replan", "Re-plan", "Discover the live state and plan again"),
+    ("retry", "Retry", "Re-plan and apply again after a failure"),
+)
+
+
+def rtui_command() -> str:
+    """How to run this rtui again from the user's shell: `rtui` when that is what the PATH finds,
+    else the path it was started by (e.g. `.venv/bin/rtui`), relative to the current directory."""
+    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    on_path = shutil.which("rtui")
+    if started is None or started.name != "rtui" or (on_path and Path(on_path).resolve() == started):
+        return "rtui"
+    try:
+        relative = os.path.relpath(started)
+    except ValueError:
+        return str(started)
+    return relative if relative.startswith(".") or os.sep in relative else f"./{relative}"
+
+
+def teardown_summary(session: RunSession) -> list[str]:
+    """What the teardown modal lists: what this run has made, by layer, and what it costs per hour."""
+    from backend.session import cost_meter
+
+    live = [(address, r) for address, r in session.record.resources.items() if r.live]
+    by_layer: dict[str, list[str]] = {}
+    for address, _record in live:
+        layer = address.split(".", 1)[0]
+        by_layer.setdefault(layer, []).append(address.split(".", 1)[1] if "." in address else address)
+    lines = [f"{layer}: {', '.join(names[:6])}" + (f" +{len(names) - 6} more" if len(names) > 6 else "")
+             for layer, names in by_layer.items()]
+    cost = cost_meter(session.record)
+    if cost and cost.get("per_hour"):
+        lines.append(f"These cost ${cost['per_hour']:.2f}/hour now (${cost['accrued']:.2f} so far).")
+    return lines or ["Nothing is recorded as made; discovery looks again before deleting."]

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TextIO
 
 from backend.config import ECHO_LIMIT, FIELD_NAMES, ResolvedConfig, RunConfig, flag_name, resolve_config, shown
 from backend.errors import RtuiError, UserError
+from backend.store import RunStatus, RunStore
 
 LATEST = "__latest__"
 HELP_FLAGS = ("-h", "--help")
@@ -336,8 +337,12 @@ def _wizard(ns: argparse.Namespace) -> int:
     from backend.session import RunSession
 
     session: RunSession
+    choose_from: list[str] = []
     if ns.resume is not None:
         session = RunSession.resume(None if ns.resume == LATEST else ns.resume)
+        if ns.resume == LATEST:
+            choose_from = live_run_ids(session.store)
+            choose_from = choose_from if len(choose_from) > 1 else []
     else:
         session = RunSession.for_config(resolved_from(ns))
     if not (_is_tty(sys.stdin) and _is_tty(sys.stdout)):
@@ -347,9 +352,15 @@ def _wizard(ns: argparse.Namespace) -> int:
                         remedy="run `rtui` in a terminal; scripts use `rtui plan`, `rtui up --yes`, `rtui status`")
     from tui.app import RtuiApp
 
-    app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only)
+    app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only, choose_from=choose_from)
     app.run()
     return int(app.return_code or 0)
+
+
+def live_run_ids(store: RunStore) -> list[str]:
+    """Runs not torn down, newest first: what `rtui --resume` without an id chooses from."""
+    records, _ = store.list()
+    return [r.run_id for r in records if r.status is not RunStatus.DOWN]
 
 
 def _is_tty(stream: TextIO | None) -> bool:

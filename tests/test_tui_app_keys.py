@@ -1,0 +1,104 @@
+"""App-wide keys and commands: `D` from any screen of a run with resources (with what it deletes and
+its cost), the palette's own commands, --read-only, the resume picker, and the detach command."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from textual.app import SystemCommand
+
+from backend.ledger import ResourceStatus
+from backend.store import RunStatus
+from screens.confirm import ConfirmTeardown, PickRun
+from tests.test_tui import fixed_session, wait_for
+from tui.app import RtuiApp, rtui_command
+
+
+def with_resources(session):  # type: ignore[no-untyped-def]
+    """A run that made two priced resources an hour ago (as an aws apply records them)."""
+    session.store.save(session.record)
+    ledger = session.ctx.ledger
+    ledger.set("aws.nodegroup.gpu", "aws-nodegroup", ResourceStatus.READY, id="c/gpu")
+    ledger.set("aws.vpc", "aws-vpc", ResourceStatus.READY, id="vpc-1")
+    for entry in session.record.resources.values():
+        entry.created_at = time.time() - 3600
+    session.record.plan = {"target": "aws", "changes": [
+        {"address": "aws.nodegroup.gpu", "cost_per_hour": 9.2032}, {"address": "aws.vpc", "cost_per_hour": 0}]}
+    session.record.status = RunStatus.UP
+    session.store.save(session.record)
+    return session
+
+
+async def test_teardown_key_is_hidden_without_resources_and_in_read_only(isolated_env: Path) -> None:
+    app = RtuiApp(fixed_session())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
+        assert app.check_action("teardown", ()) is False
+        await pilot.press("D")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, ConfirmTeardown)
+    read_only = RtuiApp(with_resources(fixed_session()), read_only=True)
+    async with read_only.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.2)
+        assert read_only.check_action("teardown", ()) is False
+        titles = [c.title for c in read_only.get_system_commands(read_only.screen)]
+        assert "Tear down" not in titles
+
+
+async def test_teardown_from_the_first_screen_lists_what_goes_and_its_cost(isolated_env: Path) -> None:
+    app = RtuiApp(with_resources(fixed_session()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
+        assert app.check_action("teardown", ()) is True
+        await pilot.press("D")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the teardown modal")
+        modal = app.screen
+        assert isinstance(modal, ConfirmTeardown)
+        text = "\n".join(modal.details)
+        assert "aws: nodegroup.gpu, vpc" in text
+        assert "$9.20/hour now ($9.20 so far)" in text
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, ConfirmTeardown)
+
+
+async def test_the_palette_holds_the_apps_own_commands(isolated_env: Path) -> None:
+    app = RtuiApp(with_resources(fixed_session()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
+        commands: list[SystemCommand] = list(app.get_system_commands(app.screen))
+        titles = [c.title for c in commands]
+        assert titles[:1] == ["Tear down"]
+        assert {"Re-check", "Show config", "Resume command"} <= set(titles)
+        assert "Quit" in titles  # Textual's own stay, after ours
+
+
+async def test_resume_with_several_live_runs_asks_which(isolated_env: Path) -> None:
+    older = with_resources(fixed_session())
+    newer = fixed_session(cluster_name="second")
+    newer.record.run_id = "r20260102-000000-cafe"
+    newer.record.status = RunStatus.UP
+    newer.store.save(newer.record)
+    app = RtuiApp(newer, resume=True, choose_from=[newer.run_id, older.run_id])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, PickRun), 5, "the run picker")
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: app.session.run_id == older.run_id, 5, "the older run")
+        assert older.run_id in app.sub_title
+
+
+def test_the_detach_command_works_from_where_the_user_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    venv_bin = tmp_path / "proj" / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "rtui").write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path / "proj")
+    monkeypatch.setattr(sys, "argv", [str(venv_bin / "rtui")])
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert rtui_command() == os.path.join(".venv", "bin", "rtui")
+    monkeypatch.setenv("PATH", str(venv_bin))
+    os.chmod(venv_bin / "rtui", 0o755)
+    assert rtui_command() == "rtui"
