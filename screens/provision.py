@@ -26,6 +26,8 @@ class ProvisionScreen(RtuiScreen):
     BINDINGS = [
         Binding("escape", "back", "Back", id="back", tooltip="Back (only once steps have stopped)"),
         Binding("r", "retry", "Retry", id="retry", tooltip="Re-plan and apply again after a failure"),
+        Binding("m", "fail_over", "Move GPU AZ", id="failover",
+                tooltip="AWS has no capacity for the GPU nodes here: move them to the next feasible AZ and re-plan"),
     ]
 
     @dataclass
@@ -50,6 +52,12 @@ class ProvisionScreen(RtuiScreen):
     class RetryRequested(Message):
         mode: Mode
 
+    @dataclass
+    class FailoverRequested(Message):
+        """The GPU nodes found no capacity: the App moves them to the next feasible AZ."""
+
+        failed: StepEvent
+
     def __init__(self, plan: PlanResult | None = None, *, mode: Mode = "apply",
                  outline: list[Step] | None = None) -> None:
         super().__init__()
@@ -58,6 +66,7 @@ class ProvisionScreen(RtuiScreen):
         self.outline = outline or []
         self.running = True
         self.ok = False
+        self.no_capacity: StepEvent | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -90,6 +99,8 @@ class ProvisionScreen(RtuiScreen):
 
     async def on_provision_screen_step_event_posted(self, message: StepEventPosted) -> None:
         event = message.event
+        if event.kind is EventKind.FAILED and flows.CAPACITY_CODE in (event.cause or ""):
+            self.no_capacity = event
         panes = self.query(f"#{StepPane.dom_id(event.step)}")
         if panes:
             pane = panes.first(StepPane)
@@ -105,15 +116,25 @@ class ProvisionScreen(RtuiScreen):
         run_id = self.session.run_id
         outcome = self.query_one("#outcome", Static)
         if message.mode == "teardown" and message.ok:
-            outcome.update(f"Run {run_id} is down: every process and file it created is gone. "
-                           "Escape starts a new run; q quits.")
+            outcome.update(f"Run {run_id} is down: everything it created is gone"
+                           + (" and the orphan sweep found nothing left" if self.query("#step-sweep") else "")
+                           + ". Escape starts a new run; q quits.")
+        elif self.no_capacity is not None:
+            outcome.update("AWS has no capacity for the GPU nodes in their AZ. m moves them to the next feasible "
+                           "AZ and re-plans (`rtui up --az-failover` does the same); r retries here.")
         elif not message.ok:
             outcome.update("Something failed (see the red step). r retries, escape goes back; nothing was torn down.")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("back", "retry"):
             return None if self.running else (action == "back" or not self.ok)
+        if action == "fail_over":
+            return self.no_capacity is not None and not self.running and not self.app.read_only
         return True
+
+    def action_fail_over(self) -> None:
+        if self.no_capacity is not None:
+            self.post_message(self.FailoverRequested(self.no_capacity))
 
     def action_back(self) -> None:
         self.post_message(self.BackRequested(self.mode, self.ok))

@@ -153,6 +153,18 @@ class RtuiApp(App[None]):
 
         self._go(ProvisionScreen(mode="teardown") if message.mode == "teardown" else PlanScreen())
 
+    def on_provision_screen_failover_requested(self, message: ProvisionScreen.FailoverRequested) -> None:
+        from backend import flows
+        from screens.plan import PlanScreen
+
+        moved = flows.fail_over(self.session, message.failed)
+        if moved is None:
+            self.report_error(UserError("no other feasible AZ is left for the GPU nodes",
+                                        remedy="`rtui check --target aws --all-regions` shows other regions"))
+            return
+        self.notify(moved, title="GPU nodes move", timeout=10)
+        self._go(PlanScreen())
+
     def on_run_screen_teardown_requested(self, _message: RunScreen.TeardownRequested) -> None:
         self.action_teardown()
 

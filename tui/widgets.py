@@ -27,6 +27,8 @@ class StepPane(Vertical):
     """pending | running | done | failed | skipped | cancelled"""
     message: reactive[str] = reactive("")
 
+    RECENT = 3  # messages a pane keeps on screen
+
     def __init__(self, step_id: str, title: str, expected_s: float) -> None:
         super().__init__(id=self.dom_id(step_id), classes="step-pane")
         self.step_id = step_id
@@ -34,6 +36,8 @@ class StepPane(Vertical):
         self.expected_s = expected_s
         self.started: float | None = None
         self.ended: float | None = None
+        self.reported_fraction = False  # the step reports its own progress; else the bar follows the ETA
+        self.recent: deque[str] = deque(maxlen=self.RECENT)
 
     @staticmethod
     def dom_id(step_id: str) -> str:
@@ -53,9 +57,21 @@ class StepPane(Vertical):
         self.set_interval(0.5, self._tick)
 
     def _tick(self) -> None:
-        if self.started is not None:
-            end = self.ended or time.time()
-            self.query_one("#step-elapsed", Label).update(f"{end - self.started:5.1f}s")
+        if self.started is None:
+            return
+        end = self.ended or time.time()
+        elapsed = end - self.started
+        left = self.expected_s - elapsed
+        eta = f" · ~{left:.0f}s left" if self.ended is None and self.status == "running" and left >= 1 else ""
+        self.query_one("#step-elapsed", Label).update(f"{elapsed:5.1f}s{eta}")
+        if self.status == "running" and not self.reported_fraction and self.expected_s > 0:
+            # No progress of its own: the bar follows the typical duration, never reaching the end.
+            self.query_one("#step-progress", ProgressBar).update(progress=min(0.95, elapsed / self.expected_s))
+
+    def _say(self, message: str) -> None:
+        if message and (not self.recent or self.recent[-1] != message):
+            self.recent.append(message)
+        self.message = "\n".join(self.recent)
 
     def _render_status(self) -> None:
         mark, style = _STATUS_STYLE.get(self.status, ("?", ""))
@@ -78,11 +94,12 @@ class StepPane(Vertical):
             self.status = "running"
         elif event.kind is EventKind.PROGRESS:
             if event.message:
-                self.message = event.message
+                self._say(event.message)
             if event.fraction is not None:
+                self.reported_fraction = True
                 bar.update(progress=event.fraction)
         elif event.kind is EventKind.RETRYING:
-            self.message = f"retrying: {event.message}"
+            self._say(f"↻ {event.message}")
         elif event.kind in (EventKind.DONE, EventKind.SKIPPED):
             self.ended = event.ts
             self.started = self.started or event.ts
@@ -91,7 +108,9 @@ class StepPane(Vertical):
         elif event.kind in (EventKind.FAILED, EventKind.CANCELLED):
             self.ended = event.ts
             self.status = "failed" if event.kind is EventKind.FAILED else "cancelled"
-            self.message = event.message + (f" — {event.remedy}" if event.remedy else "")
+            # The root cause and what to do, in place of the progress chatter.
+            self.recent.clear()
+            self.message = event.message + (f"\n→ {event.remedy}" if event.remedy else "")
         self._tick()
 
 
