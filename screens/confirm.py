@@ -45,20 +45,27 @@ class ConfirmDetach(ModalScreen[bool]):
     """Quitting while steps run: say what keeps running, and how to come back."""
 
     BINDINGS = [
-        Binding("y", "answer(True)", "Quit", id="yes", tooltip="Quit now; started processes keep running"),
-        Binding("n,escape", "answer(False)", "Stay", id="no", tooltip="Keep watching the steps"),
+        Binding("y", "answer(True)", "Detach", id="yes", tooltip="Quit now; what runs keeps running"),
+        Binding("n,escape", "answer(False)", "Stay", id="no", tooltip="Cancel quitting and keep watching"),
     ]
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, *, job: bool = False, command: str = "rtui") -> None:
         super().__init__()
         self.run_id = run_id
+        self.job = job  # a job runs (it goes on without us), rather than steps (they stop)
+        self.command = command
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm"):
-            yield Label("Steps are still running.", classes="heading")
-            yield Label("Quitting stops the steps in flight; whatever has started keeps running "
-                        f"and nothing is torn down. Come back with `rtui --resume {self.run_id}`.")
-            yield Label("Quit now? [b]y[/b] / [b]n[/b]")
+            if self.job:
+                yield Label("The job is still running.", classes="heading")
+                yield Label("Detaching leaves it running on the cluster (and the cluster up); nothing is torn "
+                            f"down. Come back with `{self.command} --resume {self.run_id}`.", markup=False)
+            else:
+                yield Label("Steps are still running.", classes="heading")
+                yield Label("Quitting stops the steps in flight; whatever has started keeps running and nothing "
+                            f"is torn down. Come back with `{self.command} --resume {self.run_id}`.", markup=False)
+            yield Label("Detach and quit? [b]y[/b] / [b]n[/b]")
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -71,3 +72,41 @@ def test_bad_flag_in_a_terminal_is_one_line(terminal: Terminal, tmp_path: Path) 
         time.sleep(0.1)
     lines = out.read_text().strip().splitlines()
     assert lines == ["rtui: invalid --target='gcp' (from flag): expected one of local, aws, kube", "EXIT=2"]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(420)
+def test_local_flow_by_keys_detach_resume_and_teardown(terminal: Terminal, tmp_path: Path) -> None:
+    """The local flow end to end with the real binary: plan, apply, watch the job; `q` asks, `y`
+    detaches (the job goes on); `rtui --resume` shows the spooled lines and the graph; `D` plus the
+    typed cluster name tears it all down."""
+    env = (f"RTUI_STATE_DIR={tmp_path}/state RTUI_CONFIG_DIR={tmp_path}/cfg TERM=xterm-256color "
+           "RTUI_STEPS=100000 RTUI_LOCAL_CPUS=2")
+    terminal.run("new-session", "-d", "-s", "run", "-x", "120", "-y", "40",
+                 f"cd {tmp_path} && env {env} {RTUI}; echo DETACHED-EXIT=$?; sleep 300")
+    terminal.wait_for("run", "Where should this run go?")
+    terminal.wait_for("run", "Ray and PyTorch installed", timeout=60)
+    terminal.run("send-keys", "-t", "run", "Enter")
+    terminal.wait_for("run", "ray.job.train", timeout=60)  # the plan
+    terminal.run("send-keys", "-t", "run", "a")
+    terminal.wait_for("run", "GLOO", timeout=180)  # the dashboard's badge: the job's workers talk
+    terminal.wait_for("run", "RUNNING", timeout=60)
+    terminal.run("send-keys", "-t", "run", "q")
+    terminal.wait_for("run", "The job is still running.")
+    terminal.run("send-keys", "-t", "run", "y")
+    screen = terminal.wait_for("run", "DETACHED-EXIT=0", timeout=30)
+    assert "nothing was torn down" in screen and "--resume r" in screen
+
+    terminal.run("new-window", "-t", "run", f"cd {tmp_path} && env {env} {RTUI} --resume; "
+                                           "echo RESUMED-EXIT=$?; sleep 300")
+    screen = terminal.wait_for("run", "GLOO", timeout=60)  # replayed from the spool
+    assert "step" in screen
+    terminal.run("send-keys", "-t", "run", "D")
+    terminal.wait_for("run", "Type the cluster name")
+    terminal.run("send-keys", "-t", "run", "rtui-ray", "Enter")
+    terminal.wait_for("run", "is down", timeout=120)
+    terminal.run("send-keys", "-t", "run", "q")
+    terminal.wait_for("run", "RESUMED-EXIT=0", timeout=30)
+    records = list((tmp_path / "state" / "runs").glob("*.json"))
+    statuses = [json.loads(r.read_text())["status"] for r in records]
+    assert statuses and set(statuses) == {"down"}, statuses

@@ -287,12 +287,15 @@ class RtuiApp(App[None]):
 
         if isinstance(self.screen, ConfirmDetach):
             return
-        if getattr(self.screen, "running", False):
+        steps_running = bool(getattr(self.screen, "running", False))
+        job_running = str(getattr(self.screen, "job_status", "")) in ("PENDING", "RUNNING")
+        if steps_running or job_running:
             def answered(yes: bool | None) -> None:
                 if yes:
                     self._exit_detached()
 
-            self.push_screen(ConfirmDetach(self.session.run_id), answered)
+            self.push_screen(ConfirmDetach(self.session.run_id, job=job_running and not steps_running,
+                                           command=rtui_command()), answered)
             return
         self._exit_detached()
 
