@@ -118,7 +118,8 @@ class RtuiApp(App[None]):
         if self.read_only:
             return
         plan = message.plan
-        if self.session.config.target != "aws" and not plan.cost_per_hour or plan.is_noop:
+        costs_money = self.session.config.target == "aws" or plan.cost_per_hour > 0
+        if plan.is_noop or not costs_money:
             self._apply(plan)
             return
         # What costs money by the hour is asked for twice: `a` on the plan, then `y` here.
