@@ -1,4 +1,4 @@
-"""Teardown confirmation: type the cluster name, as destructive consoles ask."""
+"""Confirmations: apply what costs money (a second key), tear down (type the cluster name), quit mid-step."""
 
 from __future__ import annotations
 
@@ -10,7 +10,45 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
+from backend.model import Plan
 from backend.store import RunStore
+from tui.plan_diff import money
+
+
+def apply_summary(plan: Plan) -> str:
+    """``Apply: creates 29 resources, updates 1, $9.55/hour while up``: what a yes does, and what it costs."""
+    counts = plan.counts()
+    done = [(verb, counts[action]) for action, verb in
+            (("create", "creates"), ("update", "updates"), ("replace", "replaces"), ("delete", "deletes"))
+            if counts[action]]
+    parts = [f"{verb} {n}" + ((" resource" if n == 1 else " resources") if i == 0 else "")
+             for i, (verb, n) in enumerate(done)]
+    what = ", ".join(parts) if parts else "changes nothing"
+    cost = f"{money(plan.cost_per_hour)}/hour while up" if plan.cost_per_hour else "nothing priced"
+    return f"Apply: {what}, {cost}"
+
+
+class ConfirmApply(ModalScreen[bool]):
+    """Applying a plan that costs money by the hour: the cost, then a second explicit key."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Apply", id="confirm-apply",
+                tooltip="Create the resources now; they cost money until `rtui down`"),
+        Binding("n,escape", "answer(False)", "Cancel", id="cancel-apply", tooltip="Back to the plan; nothing changes"),
+    ]
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__()
+        self.plan = plan
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm"):
+            yield Label(apply_summary(self.plan), id="apply-summary", classes="heading")
+            yield Label("They keep costing money until you tear them down (`D`, or `rtui down`).")
+            yield Label("Apply now? [b]y[/b] applies · [b]n[/b] / escape goes back to the plan")
+
+    def action_answer(self, value: bool) -> None:
+        self.dismiss(value)
 
 
 class ConfirmTeardown(ModalScreen[bool]):

@@ -27,7 +27,7 @@ def test_plain_plan_uses_terraform_symbols_and_counts() -> None:
     assert lines[2].strip().startswith("+ local.ray-head  [cpus=2]")
     assert lines[4].strip().startswith("-/+ ray.job.train  [steps=9]")
     assert lines[6].strip().startswith("- aws.nodegroup.gpu  [size=2]")
-    assert lines[8].strip().startswith("~ aws.nodegroup.sys  [size=2]  $0.4032/h")
+    assert lines[8].strip().startswith("~ aws.nodegroup.sys  [size: 1 → 2]  $0.4032/h")
     assert "Plan: 1 to create, 1 to update, 1 to replace, 1 to delete, 1 unchanged." in text
     # deletions don't count towards the hourly cost
     assert "Cost: $0.45/hour." in text

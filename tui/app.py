@@ -26,6 +26,7 @@ from backend.session import RunSession
 from backend.store import RunStatus
 
 if TYPE_CHECKING:
+    from backend.planner import PlanResult
     from screens.plan import PlanScreen
     from screens.provision import ProvisionScreen
     from screens.run import RunScreen
@@ -124,13 +125,31 @@ class RtuiApp(App[None]):
         self._go(TargetScreen())
 
     def on_plan_screen_approved(self, message: PlanScreen.Approved) -> None:
-        if self.read_only or not self.acquire():
+        if self.read_only:
+            return
+        plan = message.plan
+        costs_money = self.session.config.target == "aws" or plan.cost_per_hour > 0
+        if plan.is_noop or not costs_money:
+            self._apply(plan)
+            return
+        # What costs money by the hour is asked for twice: `a` on the plan, then `y` here.
+        from screens.confirm import ConfirmApply
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                # After the modal is gone: routing from inside its dismissal would race its pop.
+                self.call_after_refresh(self._apply, plan)
+
+        self.push_screen(ConfirmApply(plan), confirmed)
+
+    def _apply(self, plan: PlanResult) -> None:
+        if not self.acquire():
             return
         from backend.planner import apply_steps
         from screens.provision import ProvisionScreen
 
-        outline = apply_steps(self.session.stack, self.session.ctx, message.plan)
-        self._go(ProvisionScreen(message.plan, outline=outline))
+        outline = apply_steps(self.session.stack, self.session.ctx, plan)
+        self._go(ProvisionScreen(plan, outline=outline))
 
     def on_provision_screen_finished(self, message: ProvisionScreen.Finished) -> None:
         self._set_subtitle()

@@ -13,7 +13,8 @@ import math
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any, NoReturn, TextIO
+from types import UnionType
+from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
 from backend.config import ECHO_LIMIT, FIELD_NAMES, ResolvedConfig, RunConfig, flag_name, resolve_config, shown
 from backend.errors import RtuiError, UserError
@@ -65,17 +66,63 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"rtui: {message} (see `{self.prog} --help`)\n")
 
 
+# Placeholders a name alone does not give: lists, either-or values, compound names.
+_METAVAR = {
+    "availability_zone": "AZ", "vpc_id": "VPC_ID", "private_subnet_ids": "SUBNET_ID,...", "api_cidrs": "CIDR,...",
+    "system_node_type": "INSTANCE_TYPE", "gpu_node_type": "INSTANCE_TYPE", "image": "IMAGE",
+    "kuberay_crds": "DIR|URL", "kubeconfig": "FILE", "hf_token": "env:NAME|FILE", "model_id": "HUB_ID",
+    "data": "cycle|random|PATH|s3://URI", "tokenizer": "DIR|HUB_ID", "storage_path": "DIR|s3://URI",
+    "resume_from": "DIR|latest", "job_env": "NAME,...", "learning_rate": "RATE",
+}
+
+
+def _choices(annotation: Any) -> tuple[str, ...]:
+    """The values of a Literal field (also inside ``X | None``); () for any other type."""
+    if get_origin(annotation) is Literal:
+        return tuple(str(a) for a in get_args(annotation))
+    if get_origin(annotation) in (Union, UnionType):
+        return next((c for c in map(_choices, get_args(annotation)) if c), ())
+    return ()
+
+
+def config_metavar(field: str) -> str:
+    """What a config flag's value looks like: ``{local,aws,kube}``, ``N``, ``NAME``, never a field name."""
+    annotation = RunConfig.model_fields[field].annotation
+    choices = _choices(annotation)
+    if choices:
+        return "{" + ",".join(choices) + "}"
+    kinds = set(get_args(annotation)) - {type(None)} or {annotation}
+    if bool in kinds:
+        return "{true,false}"
+    if int in kinds:
+        return "PORT" if field.endswith("port") else "N"
+    return _METAVAR.get(field, field.split("_")[-1].upper())
+
+
+def config_help(field: str) -> str:
+    """The field's description, its choices when it has some, and its default (argparse-escaped)."""
+    info = RunConfig.model_fields[field]
+    text = info.description or ""
+    choices = _choices(info.annotation)
+    if choices:
+        text += f"; one of {', '.join(choices)}"
+    default = info.default
+    if "default" not in text and default not in (None, ""):
+        shown_default = json.dumps(default) if isinstance(default, bool) else default
+        text += f" (default: {shown_default})"
+    return text.replace("%", "%%")
+
+
 def _config_parent() -> Parser:
     parent = Parser(add_help=False)
     group = parent.add_argument_group("configuration (flag > RTUI_* env > rtui.toml > default)")
     group.add_argument("--config", dest="config_file", metavar="FILE", default=argparse.SUPPRESS,
                        help="rtui.toml to read instead of ./rtui.toml or the XDG config dir")
     for field in FIELD_NAMES:
-        info = RunConfig.model_fields[field]
         # --region may be repeated for `rtui check`; everywhere else the last one wins.
         extra: dict[str, Any] = {"action": "append"} if field == "region" else {}
-        group.add_argument(flag_name(field), dest=f"cfg_{field}", metavar=field.split("_")[-1].upper(),
-                           default=argparse.SUPPRESS, help=info.description, **extra)
+        group.add_argument(flag_name(field), dest=f"cfg_{field}", metavar=config_metavar(field),
+                           default=argparse.SUPPRESS, help=config_help(field), **extra)
     return parent
 
 
@@ -110,7 +157,8 @@ def build_parser() -> Parser:
     p.add_argument("run_id", nargs="?", help="the run (the latest when omitted); or `classify`, see below")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
     p.add_argument("--source", choices=("job", "head"), default="job",
-                   help="job: the job's driver log (every worker's lines); head: the Ray head pod's log (kube)")
+                   help="job: the job's driver log (every worker's lines); head: the Ray head pod's log (kube) "
+                        "(default: job)")
     p.epilog = "rtui logs classify FILE... [--json]: which network NCCL used, from job logs (- for stdin)."
     text = "which network NCCL really used (EFA, TCP fallback, IB, intra-node), file by file"
     c = p.add_word_command("run_id", "classify", parents=[common], description=text)
@@ -131,13 +179,13 @@ def build_parser() -> Parser:
     p = sub.add_parser("token", help="print an EKS bearer token as kubectl's exec plugin expects (ExecCredential)",
                        description="An EKS token for kubectl when the AWS CLI is absent: the kubeconfig entry "
                                    "rtui writes calls it. Prints JSON; the token is never stored.")
-    p.add_argument("--cluster-name", required=True, help="the EKS cluster")
-    p.add_argument("--region", required=True, help="its region")
-    p.add_argument("--profile", help="AWS profile (else the usual credential chain)")
+    p.add_argument("--cluster-name", required=True, metavar="NAME", help="the EKS cluster")
+    p.add_argument("--region", required=True, metavar="REGION", help="its region")
+    p.add_argument("--profile", metavar="PROFILE", help="AWS profile (else the usual credential chain)")
     p = add("runs", "list runs")
     p.add_argument("--json", action="store_true")
     p = add("config", "show the effective configuration")
-    p.add_argument("action", choices=["show"])
+    p.add_argument("action", choices=["show"], help="show: every field, its value and where it came from")
     p.add_argument("--json", action="store_true")
     _add_bench(sub, common)
     parser.commands = frozenset(sub.choices or ())
@@ -168,11 +216,15 @@ def _add_bench(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--down", action="store_true", help="tear the run down afterwards (also on failure)")
         p.add_argument("--variant", action="append", choices=("efa", "tcp", "gloo"),
                        help="run only this variant (repeatable; default efa and tcp on GPUs, gloo locally)")
-        p.add_argument("--timeout", type=_seconds, default=900.0, metavar="S", help="per job, in seconds")
+        p.add_argument("--timeout", type=_seconds, default=900.0, metavar="SECONDS",
+                       help="per job, in seconds (default: 900)")
         if kind == "fabric":
-            p.add_argument("--iters", type=int, help="timed all-reduces per size (default 20 on GPUs, 5 on CPU)")
-            p.add_argument("--warmup", type=int, help="untimed all-reduces per size (default 5 on GPUs, 2 on CPU)")
-            p.add_argument("--max-mib", type=int, help="largest message in MiB (default 1024 on GPUs, 64 on CPU)")
+            p.add_argument("--iters", type=int, metavar="N",
+                           help="timed all-reduces per size (default 20 on GPUs, 5 on CPU)")
+            p.add_argument("--warmup", type=int, metavar="N",
+                           help="untimed all-reduces per size (default 5 on GPUs, 2 on CPU)")
+            p.add_argument("--max-mib", type=int, metavar="N",
+                           help="largest message in MiB (default 1024 on GPUs, 64 on CPU)")
         else:
             p.epilog = epilog + (" Each job trains the run's model for 12 steps locally, 20 on GPUs, unless "
                                  "--steps is given on this command line.")
