@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from backend.layers.kubernetes.access import KubeContext
 
 TARGETS = [
-    ("local", "Local — a real Ray cluster on this machine, tiny model, no cloud account"),
-    ("aws", "AWS — new EKS cluster with EFA GPU nodes, in the AZ the live preflight finds"),
+    ("local", "Local — a real Ray cluster on this machine: tiny model, no cloud"),
+    ("aws", "AWS — new EKS cluster with EFA GPU nodes, in an AZ preflight checks"),
     ("kube", "Kubernetes — an existing cluster from kubeconfig"),
 ]
 _CHECK_MARK = {CheckStatus.OK: ("✓", "green"), CheckStatus.WARN: ("!", "yellow"), CheckStatus.FAIL: ("✗", "red"),
@@ -50,19 +50,13 @@ def selectable_targets(target: str) -> set[str]:
     return {target}
 
 
-def unselectable_reason(name: str, target: str) -> str | None:
-    """Why ``name`` cannot be chosen in a session for ``target`` (None when it can)."""
-    if name in selectable_targets(target):
+def unselectable_reason(target: str) -> str | None:
+    """Why the greyed targets cannot be chosen in a session for ``target`` (None when none is greyed)."""
+    others = [name for name, _ in TARGETS if name not in selectable_targets(target)]
+    if not others:
         return None
-    return f"this is a {target} run; start `rtui --target {name}` for {name}"
-
-
-def target_prompt(name: str, label: str, target: str) -> Text:
-    text = Text(label)
-    reason = unselectable_reason(name, target)
-    if reason is not None:
-        text.append(f"\n  {reason}", style="italic")
-    return text
+    article = "an" if target[0] in "aeiou" else "a"
+    return f"greyed: this is {article} {target} run; use `rtui --target {'|'.join(others)}`"
 
 
 class TargetScreen(RtuiScreen):
@@ -70,8 +64,8 @@ class TargetScreen(RtuiScreen):
     TargetScreen #target-left { width: 1fr; height: auto; }
     TargetScreen #contexts { height: auto; max-height: 8; }
     TargetScreen #contexts-heading { padding: 0 1; text-style: bold; }
-    TargetScreen #targets { max-height: 8; }
-    TargetScreen #matrix-heading { padding: 0 1; height: auto; }
+    TargetScreen #targets { border-subtitle-color: $text-muted; border-subtitle-style: italic; }
+    TargetScreen #matrix-heading { padding: 0 2; height: 1; }
     TargetScreen #matrix { height: auto; max-height: 14; border: round $primary 40%; }
     """
 
@@ -170,9 +164,10 @@ class TargetScreen(RtuiScreen):
             yield Static("Where should this run go?", classes="heading")
             enabled = selectable_targets(self.session.config.target)
             target = self.session.config.target
-            options = [Option(target_prompt(name, label, target), id=name, disabled=name not in enabled)
-                       for name, label in TARGETS]
-            yield OptionList(*options, id="targets")
+            options = [Option(label, id=name, disabled=name not in enabled) for name, label in TARGETS]
+            targets = OptionList(*options, id="targets")
+            targets.border_subtitle = unselectable_reason(target)
+            yield targets
             if self.aws:
                 yield Static(id="matrix-heading")
                 yield AzMatrix(id="matrix")
@@ -213,7 +208,7 @@ class TargetScreen(RtuiScreen):
         targets.highlighted = next(i for i, (name, _) in enumerate(TARGETS)
                                    if name in selectable_targets(cfg.target))
         if self.aws:
-            self.query_one("#matrix-heading", Static).update(self.matrix_heading())
+            self.show_matrix_heading()
             self.query_one(AzMatrix).snapshot = self.empty_matrix()
         # On kube the context is the one choice left to make here, on aws the AZ: its picker has the focus.
         (self.query_one("#contexts", OptionList) if self.kube else
@@ -224,15 +219,13 @@ class TargetScreen(RtuiScreen):
             self.call_after_refresh(self.load_contexts)
 
     # --- workers: they post messages, the handlers below change widgets ------------------
-    def matrix_heading(self) -> Text:
+    def show_matrix_heading(self) -> None:
         cfg = self.session.config
+        matrix = self.query_one(AzMatrix)
         where = "every enabled region" if self.all_regions else cfg.region
-        text = Text()
-        text.append("Feasibility", style="bold")
-        text.append(f"  {cfg.gpu_node_count} × {cfg.gpu_node_type} in {where}   ✓ feasible ! warning ✗ blocked  "
-                    "★ recommended ● chosen\n", style="dim")
-        text.append_text(header_line())
-        return text
+        matrix.border_title = f"Feasibility · {cfg.gpu_node_count} × {cfg.gpu_node_type} · {where}"
+        matrix.border_subtitle = "★ recommended  ● chosen  Enter uses an AZ"
+        self.query_one("#matrix-heading", Static).update(header_line())
 
     @work(exclusive=True, group="checks")
     async def run_checks(self) -> None:
@@ -359,7 +352,7 @@ class TargetScreen(RtuiScreen):
         self.checks = None
         if self.aws:
             self.report = None
-            self.query_one("#matrix-heading", Static).update(self.matrix_heading())
+            self.show_matrix_heading()
             self.query_one(AzMatrix).snapshot = self.empty_matrix()
             self.refresh_bindings()
         self.run_checks()

@@ -18,7 +18,7 @@ from backend.aws.report import RegionReport, ZoneReport
 
 _VERDICT = {"feasible": ("✓", "green"), "warning": ("!", "yellow"), "blocked": ("✗", "red")}
 # mark, flag, zone, zone id, GPU offered, EFA, quota headroom, reservation, EKS zone, $/h
-_COLUMNS = ((2, "<"), (2, "<"), (16, "<"), (10, "<"), (4, "<"), (4, "<"), (8, ">"), (9, "<"), (4, "<"), (8, ">"))
+_COLUMNS = ((2, "<"), (2, "<"), (16, "<"), (10, "<"), (4, "<"), (4, "<"), (8, ">"), (10, "<"), (4, "<"), (8, ">"))
 HEADER = ("", "", "AZ", "zone id", "GPU", "EFA", "quota", " reserved", "EKS", "$/h")
 
 

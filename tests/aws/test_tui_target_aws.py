@@ -152,8 +152,8 @@ async def test_other_targets_say_why_they_cannot_be_chosen(world: World) -> None
 
         assert isinstance(targets, OptionList)
         assert not targets.get_option("aws").disabled
-        local = targets.get_option("local")
-        assert local.disabled and "start `rtui --target local`" in str(local.prompt)
+        assert targets.get_option("local").disabled and targets.get_option("kube").disabled
+        assert targets.border_subtitle == "greyed: this is an aws run; use `rtui --target local|kube`"
         await pilot.press("q")
 
 
