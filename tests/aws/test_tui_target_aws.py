@@ -147,6 +147,7 @@ async def test_read_only_offers_no_quota_request(world: World) -> None:
 async def test_other_targets_say_why_they_cannot_be_chosen(world: World) -> None:
     app = RtuiApp(aws_session())
     async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
         targets = app.screen.query_one("#targets")
         from textual.widgets import OptionList
 
@@ -154,6 +155,23 @@ async def test_other_targets_say_why_they_cannot_be_chosen(world: World) -> None
         assert not targets.get_option("aws").disabled
         assert targets.get_option("local").disabled and targets.get_option("kube").disabled
         assert targets.border_subtitle == "greyed: this is an aws run; use `rtui --target local|kube`"
+        await pilot.press("q")
+
+
+async def test_a_key_checks_every_region_and_they_fill_in(world: World) -> None:
+    app = RtuiApp(aws_session())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+        first = checked(app)
+        await pilot.press("a")
+        await wait_for(pilot, lambda: checked(app) and len(matrix(app).snapshot.regions) > 1, 60, "every region")
+        snapshot = matrix(app).snapshot
+        assert all(region is not None for _, region in snapshot.regions) and checked(app) is first
+        assert "every enabled region" in str(matrix(app).border_title)
+        west = next(i for i in range(matrix(app).option_count)
+                    if str(matrix(app).get_option_at_index(i).prompt).startswith("us-west-1"))
+        first_az = matrix(app).get_option_at_index(west + 1)  # us-west-1 has no g6: every AZ blocked, saying so
+        assert first_az.disabled and "g6.12xlarge is not offered in us-west-1" in str(first_az.prompt)
         await pilot.press("q")
 
 
