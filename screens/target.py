@@ -3,6 +3,11 @@
 On the kube target it also offers the kubeconfig's contexts: choosing another posts
 ``ContextChosen`` and the App makes a session for that context (and this screen anew, whose
 checks then run against the other cluster). The allocatable check is one of those checks.
+
+On aws it shows the feasibility matrix as the preflight fills it in, one region at a time (the
+aws layer's ``MatrixWatch`` posts each region as it returns): the AZ in use is highlighted,
+choosing another posts ``ZoneChosen`` and the App makes a session with that availability zone.
+A short quota offers the increase request; the App asks for confirmation, then this screen files it.
 """
 
 from __future__ import annotations
@@ -21,16 +26,19 @@ from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
 from backend.errors import RtuiError
-from backend.model import CheckStatus
+from backend.model import CheckResult, CheckStatus
+from tui.matrix import AzMatrix, MatrixSnapshot, header_line
 from tui.screen import RtuiScreen
 
 if TYPE_CHECKING:
+    from backend.aws import PreflightReport, QuotaIncreaseRequest
+    from backend.aws.report import QuotaStatus, RegionReport
+    from backend.layers.aws.layer import AwsLayer
     from backend.layers.kubernetes.access import KubeContext
-    from backend.model import CheckResult
 
 TARGETS = [
-    ("local", "Local — a real Ray cluster on this machine, tiny model, no cloud account"),
-    ("aws", "AWS — new EKS cluster with EFA GPU nodes (preflight: rtui check --target aws)"),
+    ("local", "Local — a real Ray cluster on this machine: tiny model, no cloud"),
+    ("aws", "AWS — new EKS cluster with EFA GPU nodes, in an AZ preflight checks"),
     ("kube", "Kubernetes — an existing cluster from kubeconfig"),
 ]
 _CHECK_MARK = {CheckStatus.OK: ("✓", "green"), CheckStatus.WARN: ("!", "yellow"), CheckStatus.FAIL: ("✗", "red"),
@@ -38,8 +46,17 @@ _CHECK_MARK = {CheckStatus.OK: ("✓", "green"), CheckStatus.WARN: ("!", "yellow
 
 
 def selectable_targets(target: str) -> set[str]:
-    """The session's own target; aws is a preflight only in this version, so an aws session keeps local."""
-    return {"local"} if target == "aws" else {target}
+    """The session's own target: its run, record and lock belong to it (another target is another run)."""
+    return {target}
+
+
+def unselectable_reason(target: str) -> str | None:
+    """Why the greyed targets cannot be chosen in a session for ``target`` (None when none is greyed)."""
+    others = [name for name, _ in TARGETS if name not in selectable_targets(target)]
+    if not others:
+        return None
+    article = "an" if target[0] in "aeiou" else "a"
+    return f"greyed: this is {article} {target} run; use `rtui --target {'|'.join(others)}`"
 
 
 class TargetScreen(RtuiScreen):
@@ -47,6 +64,9 @@ class TargetScreen(RtuiScreen):
     TargetScreen #target-left { width: 1fr; height: auto; }
     TargetScreen #contexts { height: auto; max-height: 8; }
     TargetScreen #contexts-heading { padding: 0 1; text-style: bold; }
+    TargetScreen #targets { border-subtitle-color: $text-muted; border-subtitle-style: italic; }
+    TargetScreen #matrix-heading { padding: 0 2; height: 1; }
+    TargetScreen #matrix { height: auto; max-height: 14; border: round $primary 40%; }
     """
 
     @dataclass
@@ -70,28 +90,87 @@ class TargetScreen(RtuiScreen):
     @dataclass
     class ChecksFinished(Message):
         results: list[CheckResult]
+        report: PreflightReport | None = None  # aws: the matrix the checks came from
+
+    @dataclass
+    class RegionsListed(Message):
+        """aws: the regions the matrix is about to check."""
+
+        regions: list[str]
+
+    @dataclass
+    class RegionChecked(Message):
+        """aws: one region's checks returned."""
+
+        report: RegionReport
+
+    @dataclass
+    class ZoneChosen(Message):
+        """The user picked another feasible AZ: the App makes a session with that availability zone."""
+
+        region: str
+        zone: str
+
+    @dataclass
+    class QuotaIncreaseAsked(Message):
+        """The user wants AWS asked for the quota the plan is short of: the App confirms first."""
+
+        requests: list[tuple[str, QuotaStatus]]
+
+    @dataclass
+    class QuotaRequested(Message):
+        filed: list[QuotaIncreaseRequest]
 
     BINDINGS = [
         Binding("enter", "next", "Review plan", id="next", tooltip="Compute the plan for this target"),
         Binding("r", "recheck", "Re-check", id="recheck", tooltip="Run the preflight checks again"),
         Binding("c", "pick_context", "Context", id="context",
                 tooltip="Choose the kubeconfig context (Enter on another one re-checks against it)"),
+        Binding("z", "pick_zone", "AZ", id="zone",
+                tooltip="Choose the availability zone (Enter on another feasible one uses it)"),
+        Binding("a", "all_regions", "All regions", id="all_regions",
+                tooltip="Check every enabled region, not only the configured one (again: only that one)"),
+        Binding("i", "request_quota", "Quota increase", id="quota_increase",
+                tooltip="Ask AWS for the vCPU quota this plan is short of (asks to confirm first)"),
     ]
 
     checks: list[CheckResult] | None = None
+    report: PreflightReport | None = None  # aws: the finished matrix
     kubeconfig_current: str | None = None  # the kubeconfig's current-context, once read
+    all_regions = False
 
     @property
     def kube(self) -> bool:
         return self.session.config.target == "kube"
+
+    @property
+    def aws(self) -> bool:
+        return self.session.config.target == "aws"
+
+    def aws_layer(self) -> AwsLayer | None:
+        if not self.aws:
+            return None
+        from backend.layers.aws.layer import AwsLayer
+
+        return next((layer for layer in self.session.stack.layers if isinstance(layer, AwsLayer)), None)
+
+    def empty_matrix(self) -> MatrixSnapshot:
+        cfg = self.session.config
+        return MatrixSnapshot(chosen=(cfg.region, cfg.availability_zone) if cfg.availability_zone else None)
 
     def compose(self) -> ComposeResult:
         yield Header()
         with VerticalScroll(id="target-body"):
             yield Static("Where should this run go?", classes="heading")
             enabled = selectable_targets(self.session.config.target)
+            target = self.session.config.target
             options = [Option(label, id=name, disabled=name not in enabled) for name, label in TARGETS]
-            yield OptionList(*options, id="targets")
+            targets = OptionList(*options, id="targets")
+            targets.border_subtitle = unselectable_reason(target)
+            yield targets
+            if self.aws:
+                yield Static(id="matrix-heading")
+                yield AzMatrix(id="matrix")
             with Horizontal(id="target-details"):
                 if self.kube:  # the picker beside the checks: at 80×24 both stay in view
                     with Vertical(id="target-left"):
@@ -114,33 +193,78 @@ class TargetScreen(RtuiScreen):
                  if cfg.target == "local" else cfg.model_id)]
         if self.kube:
             rows += [("namespace", cfg.namespace), ("GPU nodes", f"{cfg.gpu_node_count} × {cfg.gpus_per_node} GPUs")]
+        if self.aws:
+            rows += [("region", cfg.region), ("GPU nodes", f"{cfg.gpu_node_count} × {cfg.gpu_node_type}"),
+                     ("AZ", cfg.availability_zone or "the recommended one")]
         for key, value in rows:
             summary.append(f"{key:<16}", style="dim")
             summary.append(f"{value}\n")
         summary.append("\nChange with flags, RTUI_* env or rtui.toml (rtui config show)", style="dim italic")
         self.query_one("#config-summary", Static).update(summary)
         targets = self.query_one("#targets", OptionList)
-        if self.kube:  # two rows of air fewer, so the checks fit beside the picker at 80×24
+        if self.kube or self.aws:  # two rows of air fewer, so the checks fit beside the picker at 80×24
             for widget in (self.query_one(".heading"), targets):
                 widget.styles.margin = (0, 0, 0, 0)
         targets.highlighted = next(i for i, (name, _) in enumerate(TARGETS)
                                    if name in selectable_targets(cfg.target))
-        # On kube the context is the one choice left to make here: the picker has the focus.
-        (self.query_one("#contexts", OptionList) if self.kube else targets).focus()
+        if self.aws:
+            self.show_matrix_heading()
+            self.query_one(AzMatrix).snapshot = self.empty_matrix()
+        # On kube the context is the one choice left to make here, on aws the AZ: its picker has the focus.
+        (self.query_one("#contexts", OptionList) if self.kube else
+         self.query_one(AzMatrix) if self.aws else targets).focus()
         # After the first paint: the checks import the target's modules, which the first frame doesn't need.
         self.call_after_refresh(self.run_checks)
         if self.kube:
             self.call_after_refresh(self.load_contexts)
 
     # --- workers: they post messages, the handlers below change widgets ------------------
+    def show_matrix_heading(self) -> None:
+        cfg = self.session.config
+        matrix = self.query_one(AzMatrix)
+        where = "every enabled region" if self.all_regions else cfg.region
+        matrix.border_title = f"Feasibility · {cfg.gpu_node_count} × {cfg.gpu_node_type} · {where}"
+        matrix.border_subtitle = "★ recommended  ● chosen  Enter uses an AZ"
+        self.query_one("#matrix-heading", Static).update(header_line())
+
     @work(exclusive=True, group="checks")
     async def run_checks(self) -> None:
+        layer = self.aws_layer()
+        if layer is not None:
+            from backend.layers.aws.layer import MatrixWatch
+
+            def listed(names: list[str]) -> None:
+                self.post_message(self.RegionsListed(names))
+
+            def checked(region: RegionReport) -> None:
+                self.post_message(self.RegionChecked(region))
+
+            layer.watch = MatrixWatch(on_listed=listed, on_region=checked, all_regions=self.all_regions)
         try:
             results = await self.session.preflight()
         except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
             self.app.report_error(exc)
+            if layer is not None:  # Enter is refused with this line, and the matrix says it
+                line = exc.message if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
+                self.post_message(self.ChecksFinished([CheckResult(
+                    id="aws.preflight", title="AWS preflight", status=CheckStatus.FAIL, detail=line,
+                    remedy=exc.remedy if isinstance(exc, RtuiError) else None)]))
             return
-        self.post_message(self.ChecksFinished(results))
+        self.post_message(self.ChecksFinished(results, layer.report if layer is not None else None))
+
+    @work(exclusive=True, group="quota")
+    async def file_quota_increase(self, region: str) -> None:
+        """After the App's confirmation: the same request `rtui check --request-quota-increase --yes` files."""
+        from backend.aws.quota_requests import request_missing_quota
+        from backend.layers.aws_preflight import preflight_request
+
+        request = preflight_request(self.session.ctx).model_copy(update={"regions": [region]})
+        try:
+            filed = await request_missing_quota(request)
+        except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
+            self.app.report_error(exc)
+            return
+        self.post_message(self.QuotaRequested(filed))
 
     @work(exclusive=True, group="contexts")
     async def load_contexts(self) -> None:
@@ -158,7 +282,33 @@ class TargetScreen(RtuiScreen):
 
     def on_target_screen_checks_finished(self, message: ChecksFinished) -> None:
         self.checks = message.results
-        self.query_one("#checks", Static).update(render_checks(message.results))
+        self.report = message.report
+        shown = [c for c in message.results if not c.id.startswith("aws.region.")]  # the matrix shows those
+        self.query_one("#checks", Static).update(render_checks(shown))
+        if self.aws:
+            matrix = self.query_one(AzMatrix)
+            report, empty = message.report, self.empty_matrix()
+            failed = next((c.detail for c in message.results if c.id == "aws.preflight"), None)
+            rec = report.recommendation if report is not None else None
+            matrix.snapshot = MatrixSnapshot(
+                tuple((r.region, r) for r in report.regions) if report is not None else matrix.snapshot.regions,
+                (rec.region, rec.zone) if rec is not None else None, empty.chosen, failed, finished=True)
+            self.refresh_bindings()
+
+    def on_target_screen_regions_listed(self, message: RegionsListed) -> None:
+        self.query_one(AzMatrix).snapshot = MatrixSnapshot(tuple((name, None) for name in message.regions),
+                                                           chosen=self.empty_matrix().chosen)
+
+    def on_target_screen_region_checked(self, message: RegionChecked) -> None:
+        matrix = self.query_one(AzMatrix)
+        matrix.snapshot = matrix.snapshot.with_region(message.report)
+
+    def on_target_screen_quota_requested(self, message: QuotaRequested) -> None:
+        if not message.filed:
+            self.notify("No quota is short for this plan: nothing was requested.")
+        for r in message.filed:
+            self.notify(f"requested {r.quota_code} = {r.desired_value:g} vCPUs in {r.region}: {r.status}"
+                        + (f" (case {r.case_id})" if r.case_id else ""), title="Quota increase", timeout=10)
 
     def on_target_screen_contexts_loaded(self, message: ContextsLoaded) -> None:
         picker = self.query_one("#contexts", OptionList)
@@ -177,21 +327,62 @@ class TargetScreen(RtuiScreen):
             picker.highlighted = names.index(chosen)
 
     # --- actions -------------------------------------------------------------------------
+    def short_quotas(self) -> list[tuple[str, QuotaStatus]]:
+        """The short quotas of the highlighted AZ's region (else the configured one), once the matrix is in."""
+        if self.report is None:
+            return []
+        from backend.aws.quota_requests import short_quotas
+
+        highlighted = self.query_one(AzMatrix).highlighted_option
+        region = highlighted.id.split("/")[0] if highlighted is not None and highlighted.id else None
+        short = short_quotas(self.report.regions)
+        return [s for s in short if s[0] == region] or [s for s in short if s[0] == self.session.config.region]
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "pick_context":
             return self.kube
+        if action in ("pick_zone", "all_regions"):
+            return self.aws
+        if action == "request_quota":
+            return self.aws and not self.app.read_only and bool(self.short_quotas())
         return True
 
     def action_recheck(self) -> None:
         self.query_one("#checks", Static).update("checking…")
         self.checks = None
+        if self.aws:
+            self.report = None
+            self.show_matrix_heading()
+            self.query_one(AzMatrix).snapshot = self.empty_matrix()
+            self.refresh_bindings()
         self.run_checks()
+
+    def action_all_regions(self) -> None:
+        self.all_regions = not self.all_regions
+        self.action_recheck()
 
     def action_pick_context(self) -> None:
         self.query_one("#contexts", OptionList).focus()
 
+    def action_pick_zone(self) -> None:
+        self.query_one(AzMatrix).focus()
+
+    def action_request_quota(self) -> None:
+        requests = self.short_quotas()
+        if requests:
+            self.post_message(self.QuotaIncreaseAsked(requests))
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_list.id == "matrix":
+            self.refresh_bindings()  # the quota on offer is the highlighted region's
+
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
+        if event.option_list.id == "matrix" and event.option.id is not None:
+            region, zone = event.option.id.split("/", 1)
+            if (region, zone) != self.query_one(AzMatrix).snapshot.in_use:
+                self.post_message(self.ZoneChosen(region, zone))
+                return
         if event.option_list.id == "contexts" and event.option.id is not None:
             in_use = self.session.config.context or self.kubeconfig_current
             if event.option.id != in_use:

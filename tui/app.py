@@ -62,6 +62,8 @@ class RtuiApp(App[None]):
         down = " · down" if s.record.status is RunStatus.DOWN else ""
         # On kube, which cluster: the context the kubeconfig names (or its current one).
         where = f" @ {s.config.context}" if s.config.target == "kube" and s.config.context else ""
+        if s.config.target == "aws":  # and where: the AZ once chosen, else the region
+            where = f" @ {s.config.availability_zone or s.config.region}"
         self.sub_title = f"{s.config.target}{where} · {s.config.cluster_name} · run {s.run_id}{down}"
 
     # --- routing -----------------------------------------------------------------------
@@ -102,22 +104,50 @@ class RtuiApp(App[None]):
 
     def on_target_screen_context_chosen(self, message: TargetScreen.ContextChosen) -> None:
         """Another kubeconfig context: the same run, configured for it, checked afresh on a new TargetScreen."""
-        old = self.session
-        if message.name == old.config.context:
+        if message.name == self.session.config.context:
             return
-        if old.record.resources:  # its resources live in the cluster it was applied to
-            self.report_error(UserError(
-                f"run {old.run_id} already has resources in context {old.config.context or '(current)'}",
-                remedy=f"tear it down first (`rtui down {old.run_id} --yes`), or start rtui with --context"))
+        self._reconfigure({"context": message.name}, f"context {self.session.config.context or '(current)'}",
+                          "or start rtui with --context")
+
+    def on_target_screen_zone_chosen(self, message: TargetScreen.ZoneChosen) -> None:
+        """Another feasible AZ: the same run with that availability zone (and its region), checked afresh."""
+        config = self.session.config
+        if (message.region, message.zone) == (config.region, config.availability_zone):
+            return
+        self._reconfigure({"region": message.region, "availability_zone": message.zone},
+                          f"{config.availability_zone or config.region}", "or start rtui with --availability-zone")
+
+    def _reconfigure(self, update: dict[str, Any], where: str, otherwise: str) -> None:
+        """A new session for the same run with ``update`` applied to its config, and a new TargetScreen."""
+        old = self.session
+        if old.record.resources:  # its resources live where it was applied
+            self.report_error(UserError(f"run {old.run_id} already has resources in {where}",
+                                        remedy=f"tear it down first (`rtui down {old.run_id} --yes`), {otherwise}"))
             return
         self.release()  # a lock is the old session's (a failed apply that created nothing)
-        config = old.config.model_copy(update={"context": message.name})
+        config = old.config.model_copy(update=update)
         old.record.config = config.model_dump(mode="json")
         self.session = RunSession(old.store, old.record, config)
         self._set_subtitle()
         from screens.target import TargetScreen
 
         self._go(TargetScreen())
+
+    def on_target_screen_quota_increase_asked(self, message: TargetScreen.QuotaIncreaseAsked) -> None:
+        """Filing a quota request is a support case with AWS: only after a yes in the modal."""
+        if self.read_only:
+            return
+        from screens.quota import ConfirmQuotaIncrease
+        from screens.target import TargetScreen
+
+        target = self.screen
+        region = message.requests[0][0]  # the screen asks for one region's quotas at a time
+
+        def answered(yes: bool | None) -> None:
+            if yes and isinstance(target, TargetScreen):
+                target.file_quota_increase(region)
+
+        self.push_screen(ConfirmQuotaIncrease(message.requests), answered)
 
     def on_plan_screen_back_requested(self, _message: PlanScreen.BackRequested) -> None:
         from screens.target import TargetScreen

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
@@ -62,6 +63,7 @@ from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
 
 if TYPE_CHECKING:
     from backend.aws import PreflightReport
+    from backend.aws.report import RegionReport
 
 GPU_LABEL = "nvidia.com/gpu.present"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
@@ -70,6 +72,16 @@ AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
 ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, EKS_CLUSTER,
          ACCESS_ENTRY, KUBECONFIG, "aws.addon", PLACEMENT_GROUP, LAUNCH_TEMPLATE, SYSTEM_NODES, GPU_NODES)
+
+
+@dataclass
+class MatrixWatch:
+    """Who watches the next feasibility matrix fill in (the TUI): the regions about to be checked,
+    then each region as its checks return. ``all_regions`` widens it beyond the config's region."""
+
+    on_listed: Callable[[list[str]], None] | None = None
+    on_region: Callable[[RegionReport], None] | None = None
+    all_regions: bool = False
 
 
 def _rank(address: str) -> int:
@@ -89,6 +101,8 @@ class AwsLayer(Layer):
     def __init__(self) -> None:
         self.topology: Topology | None = None
         self.preflight_checks: list[CheckResult] = []
+        self.report: PreflightReport | None = None  # the matrix the AZs were settled from
+        self.watch: MatrixWatch | None = None
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -103,7 +117,12 @@ class AwsLayer(Layer):
         from backend.layers.aws_preflight import preflight_request
 
         config, facts = ctx.config, ctx.record.facts
-        report = await run_preflight(preflight_request(ctx))
+        request, watch = preflight_request(ctx), self.watch or MatrixWatch()
+        if watch.all_regions:
+            request = request.model_copy(update={"all_regions": True})
+        self.report = None
+        report = await run_preflight(request, on_region=watch.on_region, on_listed=watch.on_listed)
+        self.report = report
         self.preflight_checks = [*_first_reasons(report, config.region), *report.to_check_results()]
         region = next((r for r in report.regions if r.region == config.region), None)
         if region is None or not region.zones:
@@ -261,13 +280,13 @@ class AwsLayer(Layer):
 
     # --- checks ----------------------------------------------------------------------------
     async def preflight(self, ctx: Context) -> list[CheckResult]:
-        if self.topology is None:
-            try:
-                await self.prepare(ctx)
-            except UserError as exc:
-                return [*self.preflight_checks,
-                        CheckResult(id="aws.azs", title="AZs", status=CheckStatus.FAIL, detail=exc.message,
-                                    remedy=exc.remedy)]
+        # Always afresh: a preflight is what AWS says now (quota filed, capacity freed); plan re-prepares too.
+        try:
+            await self.prepare(ctx)
+        except UserError as exc:
+            return [*self.preflight_checks,
+                    CheckResult(id="aws.azs", title="AZs", status=CheckStatus.FAIL, detail=exc.message,
+                                remedy=exc.remedy)]
         results = list(self.preflight_checks)
         results.extend(await self._names_taken(ctx))
         if ctx.config.vpc_id:

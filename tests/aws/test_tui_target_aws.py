@@ -1,0 +1,192 @@
+"""The aws target screen against moto over real HTTP: the feasibility matrix, the AZ choice, the quota request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from textual.message import Message
+from textual.pilot import Pilot
+from textual.widgets import Static
+
+from backend.config import resolve_config
+from backend.session import RunSession
+from screens.quota import ConfirmQuotaIncrease
+from screens.target import TargetScreen
+from tests.aws.conftest import G, World
+from tui.app import RtuiApp
+from tui.matrix import AzMatrix
+
+FIXED_RUN_ID = "r20260101-000000-a2a2"
+
+
+def aws_session(**flags: str) -> RunSession:
+    session = RunSession.for_config(resolve_config({"target": "aws", "region": "us-east-1", **flags}, environ={}))
+    session.record.run_id = FIXED_RUN_ID
+    return session
+
+
+async def wait_for(pilot: Pilot[None], predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.1)
+
+
+def checked(app: RtuiApp) -> TargetScreen | None:
+    """The TargetScreen once its checks (and so its matrix) have finished."""
+    screen = app.screen
+    return screen if isinstance(screen, TargetScreen) and screen.checks is not None else None
+
+
+def matrix(app: RtuiApp) -> AzMatrix:
+    return app.screen.query_one(AzMatrix)
+
+
+def prompt(app: RtuiApp, option_id: str) -> str:
+    return str(matrix(app).get_option(option_id).prompt)
+
+
+async def test_the_matrix_fills_live_shows_why_an_az_is_blocked_and_preselects_the_recommendation(
+        world: World) -> None:
+    seen: list[str] = []
+
+    def hook(message: Message) -> None:
+        seen.append(type(message).__name__)
+
+    app = RtuiApp(aws_session())
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+        screen = checked(app)
+        assert screen is not None and screen.report is not None  # the typed report, not a list of checks
+        # The region arrived on its own, before the checks finished.
+        assert seen.index("RegionsListed") < seen.index("RegionChecked") < seen.index("ChecksFinished")
+        snapshot = matrix(app).snapshot
+        assert [name for name, _ in snapshot.regions] == ["us-east-1"] and snapshot.finished
+        blocked = matrix(app).get_option("us-east-1/us-east-1e")
+        assert blocked.disabled and "g6.12xlarge is not offered in us-east-1e" in str(blocked.prompt)
+        assert snapshot.recommended == ("us-east-1", "us-east-1a")
+        highlighted = matrix(app).highlighted_option
+        assert highlighted is not None and highlighted.id == "us-east-1/us-east-1a"
+        assert matrix(app).has_focus
+        row = prompt(app, "us-east-1/us-east-1a")
+        assert "★" in row and "use1-az6" in row and "$9.55" in row and "+96" in row  # 192 - 0 used - 96 needed
+        # The region's own line is in the matrix, not repeated among the checks.
+        assert "Region us-east-1" not in str(screen.query_one("#checks", Static).render())
+        assert "Recommended placement" in str(screen.query_one("#checks", Static).render())
+        # No quota is short: nothing to request.
+        assert screen.check_action("request_quota", ()) is False
+        await pilot.press("q")
+
+
+async def test_choosing_another_az_makes_a_session_with_it(world: World) -> None:
+    chosen: list[TargetScreen.ZoneChosen] = []
+
+    def hook(message: Message) -> None:
+        if isinstance(message, TargetScreen.ZoneChosen):
+            chosen.append(message)
+
+    app = RtuiApp(aws_session())
+    async with app.run_test(size=(80, 24), message_hook=hook) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+        first, session = app.screen, app.session
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: chosen, 5, "ZoneChosen")
+        assert (chosen[0].region, chosen[0].zone) == ("us-east-1", "us-east-1b")
+        await wait_for(pilot, lambda: checked(app) not in (None, first), 30, "the new target screen")
+        assert app.session is not session and app.session.config.availability_zone == "us-east-1b"
+        assert app.session.run_id == FIXED_RUN_ID and app.session.record.config["availability_zone"] == "us-east-1b"
+        assert "@ us-east-1b" in str(app.sub_title)
+        highlighted = matrix(app).highlighted_option
+        assert highlighted is not None and highlighted.id == "us-east-1/us-east-1b"
+        assert "●" in prompt(app, "us-east-1/us-east-1b")
+        assert matrix(app).snapshot.recommended == ("us-east-1", "us-east-1a")
+        assert len(app.screen_stack) <= 2
+        await pilot.press("q")
+
+
+async def test_a_short_quota_is_requested_only_after_confirmation(world: World) -> None:
+    world.quota("us-east-1", G, 48)  # half of what 2 × g6.12xlarge need
+    app = RtuiApp(aws_session())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+        screen = checked(app)
+        assert screen is not None
+        option = matrix(app).get_option("us-east-1/us-east-1a")
+        assert option.disabled and "quota" in str(option.prompt) and "short by 48" in str(
+            matrix(app).get_option_at_index(0).prompt)
+        assert screen.check_action("request_quota", ()) is True
+        await pilot.press("i")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmQuotaIncrease), 5, "the confirmation")
+        assert "limit 48 → 96 vCPUs" in str(app.screen.query_one("#quota-text", Static).render())
+        await pilot.press("n")
+        await wait_for(pilot, lambda: isinstance(app.screen, TargetScreen), 5, "back")
+        await pilot.pause(0.3)
+        assert world.script.quota_requests == []
+        await pilot.press("i")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmQuotaIncrease), 5, "the confirmation")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: world.script.quota_requests, 30, "the request")
+        (request,) = world.script.quota_requests
+        assert (request["Region"], request["QuotaCode"], request["DesiredValue"]) == ("us-east-1", G, 96)
+        await wait_for(pilot, lambda: any("requested" in n.message for n in app._notifications), 10, "the notice")
+        await pilot.press("q")
+
+
+async def test_read_only_offers_no_quota_request(world: World) -> None:
+    world.quota("us-east-1", G, 48)
+    app = RtuiApp(aws_session(), read_only=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+        assert app.screen.check_action("request_quota", ()) is False
+        await pilot.press("i")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, TargetScreen) and world.script.quota_requests == []
+
+
+async def test_other_targets_say_why_they_cannot_be_chosen(world: World) -> None:
+    app = RtuiApp(aws_session())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+        targets = app.screen.query_one("#targets")
+        from textual.widgets import OptionList
+
+        assert isinstance(targets, OptionList)
+        assert not targets.get_option("aws").disabled
+        assert targets.get_option("local").disabled and targets.get_option("kube").disabled
+        assert targets.border_subtitle == "greyed: this is an aws run; use `rtui --target local|kube`"
+        await pilot.press("q")
+
+
+async def test_a_key_checks_every_region_and_they_fill_in(world: World) -> None:
+    app = RtuiApp(aws_session())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+        first = checked(app)
+        await pilot.press("a")
+        await wait_for(pilot, lambda: checked(app) and len(matrix(app).snapshot.regions) > 1, 60, "every region")
+        snapshot = matrix(app).snapshot
+        assert all(region is not None for _, region in snapshot.regions) and checked(app) is first
+        assert "every enabled region" in str(matrix(app).border_title)
+        west = next(i for i in range(matrix(app).option_count)
+                    if str(matrix(app).get_option_at_index(i).prompt).startswith("us-west-1"))
+        first_az = matrix(app).get_option_at_index(west + 1)  # us-west-1 has no g6: every AZ blocked, saying so
+        assert first_az.disabled and "g6.12xlarge is not offered in us-west-1" in str(first_az.prompt)
+        await pilot.press("q")
+
+
+def _snapshot(snap_compare, size: tuple[int, int]) -> bool:  # type: ignore[no-untyped-def]
+    async def loaded(pilot: Pilot[None]) -> None:
+        app = pilot.app
+        assert isinstance(app, RtuiApp)
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+
+    return bool(snap_compare(RtuiApp(aws_session()), run_before=loaded, terminal_size=size))
+
+
+def test_aws_matrix_with_a_blocked_az_120x40_snapshot(snap_compare, world: World) -> None:  # type: ignore[no-untyped-def]
+    assert _snapshot(snap_compare, (120, 40))
+
+
+def test_aws_matrix_with_a_blocked_az_80x24_snapshot(snap_compare, world: World) -> None:  # type: ignore[no-untyped-def]
+    assert _snapshot(snap_compare, (80, 24))

@@ -1,0 +1,160 @@
+"""The AWS feasibility matrix on the target screen: one row per AZ, grouped by region.
+
+Driven by one frozen ``MatrixSnapshot`` (regions fill in as their checks return); each AZ is an
+option whose id is ``region/zone``, so choosing one is an ``OptionList.OptionSelected``. Blocked
+AZs are disabled and say why on the line below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+from backend.aws.report import RegionReport, ZoneReport
+
+_VERDICT = {"feasible": ("✓", "green"), "warning": ("!", "yellow"), "blocked": ("✗", "red")}
+# mark, flag, zone, zone id, GPU offered, EFA, quota headroom, reservation, EKS zone, $/h
+_COLUMNS = ((2, "<"), (2, "<"), (16, "<"), (10, "<"), (4, "<"), (4, "<"), (8, ">"), (10, "<"), (4, "<"), (8, ">"))
+HEADER = ("", "", "AZ", "zone id", "GPU", "EFA", "quota", " reserved", "EKS", "$/h")
+
+
+def zone_id(region: str, zone: str) -> str:
+    return f"{region}/{zone}"
+
+
+@dataclass(frozen=True)
+class MatrixSnapshot:
+    """What the matrix shows: every region listed so far (None while its checks run)."""
+
+    regions: tuple[tuple[str, RegionReport | None], ...] = ()
+    recommended: tuple[str, str] | None = None  # (region, zone)
+    chosen: tuple[str, str] | None = None  # the run's availability zone, when set
+    failed: str | None = None  # the whole check stopped: its one line
+    finished: bool = False
+
+    def with_region(self, report: RegionReport) -> MatrixSnapshot:
+        regions = dict(self.regions)
+        regions[report.region] = report
+        return MatrixSnapshot(tuple(regions.items()), self.recommended, self.chosen, self.failed, self.finished)
+
+    def region(self, name: str) -> RegionReport | None:
+        return dict(self.regions).get(name)
+
+    @property
+    def in_use(self) -> tuple[str, str] | None:
+        """The AZ the plan would use now: the chosen one, else the recommendation."""
+        return self.chosen or self.recommended
+
+
+@dataclass
+class _Cells:
+    values: list[Text] = field(default_factory=list)
+
+    def add(self, value: str, style: str = "") -> None:
+        self.values.append(Text(value, style=style))
+
+    def line(self) -> Text:
+        out = Text()
+        for (width, align), cell in zip(_COLUMNS, self.values, strict=True):
+            cell.truncate(width - 1 if width > 2 else width, overflow="ellipsis")
+            pad = " " * (width - cell.cell_len)
+            out.append_text(Text(pad) + cell if align == ">" else cell + Text(pad))
+        return out
+
+
+def header_line() -> Text:
+    cells = _Cells()
+    for name in HEADER:
+        cells.add(name, "bold")
+    return cells.line()
+
+
+def _yes(flag: bool) -> tuple[str, str]:
+    return ("✓", "green") if flag else ("✗", "red")
+
+
+def quota_cell(region: RegionReport) -> tuple[str, str]:
+    quota = region.quota
+    if quota is None or quota.headroom is None:
+        return "?", "yellow"
+    room = quota.headroom - quota.needed
+    return (f"+{room:.0f}", "green") if room >= 0 else (f"{room:.0f}", "red")
+
+
+def reservation_cell(zone: ZoneReport) -> tuple[str, str]:
+    usable = [r for r in zone.reservations if r.usable]
+    if not usable:
+        return (" —", "dim") if not zone.reservations else (" unusable", "yellow")
+    kind = "block" if any(r.kind == "capacity-block" for r in usable) else "odcr"
+    return f" {kind} {sum(r.available for r in usable)}", "green"
+
+
+def zone_prompt(region: RegionReport, zone: ZoneReport, *, recommended: bool, chosen: bool) -> Text:
+    cells = _Cells()
+    mark, style = _VERDICT[zone.verdict]
+    cells.add(mark, style)
+    cells.add("●" if chosen else "★" if recommended else "", "bold cyan" if chosen else "bold yellow")
+    cells.add(zone.zone, "bold" if zone.feasible else "dim")
+    cells.add(zone.zone_id, "dim")
+    cells.add(*_yes(zone.gpu_offered))
+    cells.add(*_yes(zone.efa))
+    cells.add(*quota_cell(region))
+    cells.add(*reservation_cell(zone))
+    cells.add(*_yes(zone.eks_supported))
+    cells.add(f"${region.price_per_hour:.2f}" if region.price_per_hour is not None else "?", "")
+    text = cells.line()
+    notes = [(r, "red") for r in zone.reasons] if not zone.feasible else [(w, "yellow") for w in zone.warnings]
+    for note, note_style in notes:
+        text.append(f"\n    ↳ {note}", style=f"italic {note_style}")
+    return text
+
+
+def region_prompt(name: str, region: RegionReport | None) -> Text:
+    text = Text(name, style="bold")
+    if region is None:
+        text.append("  checking…", style="dim italic")
+        return text
+    quota = region.quota
+    if quota is not None and quota.code:
+        limit = f"{quota.limit:.0f}" if quota.limit is not None else "?"
+        text.append(f"  quota {quota.code}: {quota.used if quota.used is not None else '?'}/{limit} used, "
+                    f"needs {quota.needed}", style="dim")
+        if quota.ok is False:
+            text.append(f"  short by {quota.shortfall}", style="bold red")
+    if not region.zones:
+        for reason in region.reasons or [region.error or "no AZs"]:
+            text.append(f"\n    ↳ {reason}", style="italic red")
+    return text
+
+
+class AzMatrix(OptionList):
+    """The feasibility matrix; the highlighted AZ is the one in use until the user moves."""
+
+    snapshot: reactive[MatrixSnapshot] = reactive(MatrixSnapshot, always_update=True)
+
+    def watch_snapshot(self, snapshot: MatrixSnapshot) -> None:
+        keep = self.highlighted_option.id if self.highlighted_option is not None else None
+        self.clear_options()
+        options: list[Option] = []
+        for name, region in snapshot.regions:
+            options.append(Option(region_prompt(name, region), disabled=True))
+            if region is None:
+                continue
+            for zone in region.zones:
+                where = (name, zone.zone)
+                prompt = zone_prompt(region, zone, recommended=where == snapshot.recommended,
+                                     chosen=where == snapshot.chosen)
+                options.append(Option(prompt, id=zone_id(*where), disabled=not zone.feasible))
+        if snapshot.failed is not None:
+            options.append(Option(Text(f"✗ {snapshot.failed}", style="red"), disabled=True))
+        self.add_options(options)
+        ids = [o.id for o in options]
+        # The AZ in use wins once known (the recommendation comes with the last region); till then, where the user is.
+        for target in (zone_id(*snapshot.in_use) if snapshot.in_use else None, keep):
+            if target is not None and target in ids:
+                self.highlighted = ids.index(target)
+                break
