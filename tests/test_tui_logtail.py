@@ -218,3 +218,15 @@ async def test_local_has_no_head_tab_to_switch_to(isolated_env: Path) -> None:
 def test_every_binding_has_an_id_and_a_tooltip() -> None:
     for binding in RunScreen.BINDINGS:
         assert not isinstance(binding, tuple) and binding.id and binding.tooltip, binding
+
+
+async def test_a_two_second_flood_keeps_the_ui_responsive_and_the_spool_whole(isolated_env: Path) -> None:
+    """bench/tui_flood.py for 2 s at 100k lines/s, with bounds generous enough for a shared 2-core box."""
+    from bench.tui_flood import flood
+
+    result = await flood(100_000, 2.0, 1.0)
+    assert result.produced >= 150_000 and result.lost == 0
+    assert result.lag_p99_ms < 250, result
+    assert result.rss_growth_mib < 150, result
+    assert result.window_lines == 10_000 and result.shown_total + result.dropped_from_ring == result.produced
+    assert result.idle_cpu_percent < 15, result

@@ -22,6 +22,7 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Input, Label, Log
 
+from backend.textutil import display_lines
 from training.protocol import METRIC_TAG
 
 DRAIN_HZ = 20
@@ -67,6 +68,7 @@ class LogTail(Vertical):
         self._max_lines = max_lines
         self._writing = False  # our own scrolls must not pause or resume follow
         self.unseen = 0  # lines that would be shown, arrived while paused
+        self._matching = 0  # lines of the window that pass the filter and the metric choice
         self.dropped = 0  # lines that left the pending ring before a drain (a flood beyond ring_size)
         self.total = 0  # lines drained since mount (including ones the window no longer holds)
 
@@ -86,25 +88,40 @@ class LogTail(Vertical):
 
     # --- what is shown ---------------------------------------------------------------------
     def shows(self, line: str) -> bool:
-        if not self.show_metrics and is_metric(line):
-            return False
-        return not self.filter_text or self.filter_text.casefold() in line.casefold()
+        """Whether a line passes the metric choice and the filter (substring, any case)."""
+        return bool(self._visible([line]))
 
     def push(self, lines: Iterable[str]) -> None:
-        """Queue lines (cheap: any number per frame); the next drain shows them."""
-        for line in lines:
-            if len(self._pending) == self._pending.maxlen:
-                self.dropped += 1
-            self._pending.append(line)
+        """Queue raw lines (cheap: any number per frame); the next drain cleans and shows them."""
+        batch = lines if isinstance(lines, list) else list(lines)
+        pending = self._pending
+        assert pending.maxlen is not None
+        self.dropped += max(0, len(pending) + len(batch) - pending.maxlen)
+        pending.extend(batch)
+
+    def _visible(self, lines: Iterable[str]) -> list[str]:
+        """``shows`` over many lines, with the choices read once (a flood calls this per frame)."""
+        needle = self.filter_text.casefold()
+        hide_metrics = not self.show_metrics
+        if not needle:
+            return [x for x in lines if METRIC_TAG not in x] if hide_metrics else list(lines)
+        return [x for x in lines if needle in x.casefold() and not (hide_metrics and METRIC_TAG in x)]
 
     def drain(self) -> None:
         if not self._pending:
             return
-        batch = list(self._pending)
+        batch = display_lines(list(self._pending))  # only what survived the ring is cleaned
         self._pending.clear()
-        self._window.extend(batch)
+        window = self._window
+        assert window.maxlen is not None
+        evicted = len(window) + len(batch) - window.maxlen
+        if evicted > 0 and self.filter_text:
+            gone = [window[i] for i in range(min(evicted, len(window)))]
+            self._matching -= len(self._visible(gone))
+        window.extend(batch)
         self.total += len(batch)
-        visible = [line for line in batch if self.shows(line)]
+        visible = self._visible(batch)
+        self._matching += len(visible)
         if self.following:
             self._write(visible)
         else:
@@ -127,7 +144,9 @@ class LogTail(Vertical):
     def rebuild(self) -> None:
         """Show the window again through the current filter and metric choice."""
         self.unseen = 0
-        self._write([line for line in self._window if self.shows(line)], clear=True)
+        visible = self._visible(self._window)
+        self._matching = len(visible)
+        self._write(visible, clear=True)
         self._update_status()
 
     def _update_status(self) -> None:
@@ -135,8 +154,7 @@ class LogTail(Vertical):
             return
         parts = []
         if self.filter_text:
-            matching = sum(1 for line in self._window if self.shows(line))
-            parts.append(f"filter: {self.filter_text} ({matching} of {len(self._window)} lines)")
+            parts.append(f"filter: {self.filter_text} ({self._matching} of {len(self._window)} lines)")
         else:
             parts.append(f"{self.total} lines")
         if not self.show_metrics:
