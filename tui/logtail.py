@@ -28,11 +28,6 @@ from training.protocol import METRIC_TAG
 DRAIN_HZ = 20
 
 
-def is_metric(line: str) -> bool:
-    """A tagged metric record: data for the graph, noise for a person reading the log."""
-    return METRIC_TAG in line
-
-
 class FilterInput(Input):
     """The `/` filter: Enter keeps it and goes back to the log, Escape clears it."""
 
