@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend.config import RunConfig
-from backend.errors import OperationError, UserError
+from backend.errors import OperationError, RtuiError, UserError
 from backend.follow import JobFollower, JobUpdate
 from backend.layers.base import HeadLogSource
 from backend.layers.local_cluster import ClusterDir
 from backend.model import Action, CheckStatus, EventKind, StepEvent
 from backend.planner import PlanResult
+from backend.rayjobs import JobStatus
 from backend.runner import Progress, Runner, Step
 from backend.session import RunSession
 from backend.spool import LogSpool
@@ -184,16 +185,32 @@ async def attach(session: RunSession, *, replayed_bytes: int = 0) -> AsyncIterat
 
 
 async def watch_spool(session: RunSession, offset: int) -> AsyncIterator[JobUpdate]:
-    """What another rtui writes to the spool, until it lets go of the run."""
+    """What another rtui writes to the spool, and the job status it saves, until it lets go of the run."""
     spool = session.spool()
+    shown: tuple[JobState, str] | None = None
     while True:
         attached = session.attached_elsewhere()
         lines, offset = spool.read_from(offset)
         if lines:
             yield JobUpdate(lines=lines)
+        status = _saved_status(session)
+        if status is not None and (status.state, status.message) != shown:
+            shown = (status.state, status.message)
+            yield JobUpdate(status=status)
         if not attached:
             return
         await asyncio.sleep(WATCH_EVERY_S)
+
+
+def _saved_status(session: RunSession) -> JobStatus | None:
+    """The current job's status as the rtui that follows it last saved it (the record on disk)."""
+    try:
+        job = session.store.load(session.run_id).current_job
+    except (OSError, ValueError, RtuiError):
+        return None
+    if job is None:
+        return None
+    return JobStatus(job.submission_id, job.status, job.message or "", end_time=job.ended_at)
 
 
 async def catch_up(session: RunSession) -> list[str]:

@@ -1,7 +1,8 @@
-"""The running job: status, latest metrics, and the live log tail."""
+"""The running job: status, latest metrics, and the live log tails (the job's, the head pod's)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
@@ -14,20 +15,23 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
-from textual.widgets import Footer, Header, Label, Sparkline, Static
+from textual.widgets import Footer, Header, Input, Label, Sparkline, Static, TabbedContent, TabPane
 
 from backend import flows
 from backend.follow import JobUpdate
+from backend.layers.base import HeadLogSource
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
-from backend.textutil import display_lines
+from tui.logtail import LogTail
 from tui.screen import RtuiScreen
 from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot
 from tui.transport_badge import TransportBadge, TransportSnapshot
-from tui.widgets import LogTail
 
 REPLAY_LINES = 5_000
 REFRESH_S = 0.25  # the dashboard's widgets get new snapshots at most this often
+COST_REFRESH_S = 2.0  # with no new lines only the cost meter moves: redrawing it at 4 Hz cost ~6 % of a core
+HEAD_BATCH_S = 0.05  # head-log lines reach the screen in batches at most this often
+JOB_TAB, HEAD_TAB = "tab-job", "tab-head"
 _STATUS_STYLE: dict[str, str] = {JobState.SUCCEEDED: "bold green", JobState.FAILED: "bold red", JobState.STOPPED: "red",
                  JobState.RUNNING: "bold yellow"}
 
@@ -44,6 +48,15 @@ class RunScreen(RtuiScreen):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
         Binding("f", "toggle_follow", "Follow", id="follow", tooltip="Follow the newest log lines (or pause)"),
+        # Priority: the focused log's own End would only scroll; this one also follows again.
+        Binding("end", "resume_follow", "Resume", id="resume", priority=True,
+                tooltip="Jump to the newest line and follow again"),
+        Binding("slash", "filter", "Filter", id="filter",
+                tooltip="Show only lines that contain some text (any case); Escape clears it"),
+        Binding("m", "toggle_metrics", "Metric lines", id="metrics",
+                tooltip="Show or hide the RTUI_METRIC lines that feed the graph"),
+        Binding("h", "switch_tail", "Job/head log", id="switch_tail",
+                tooltip="Switch between the job's driver log and the Ray head pod's log"),
         Binding("t", "toggle_transport", "Transport why", id="transport",
                 tooltip="Show or hide why the NCCL transport badge says what it says"),
         Binding("l", "toggle_graph", "Loss/tok/s", id="graph",
@@ -61,6 +74,10 @@ class RunScreen(RtuiScreen):
         lines: list[str]
 
     @dataclass
+    class HeadLinesArrived(Message):
+        lines: list[str]
+
+    @dataclass
     class TeardownRequested(Message):
         """The user pressed D: the App asks for the cluster name, then tears down."""
 
@@ -70,6 +87,7 @@ class RunScreen(RtuiScreen):
         self.telemetry = Telemetry()
         self.clock = clock
         self._stale = True  # telemetry moved on since the widgets' last snapshots
+        self._refreshed_at = 0.0
 
     @property
     def metric(self) -> MetricPoint | None:
@@ -89,7 +107,15 @@ class RunScreen(RtuiScreen):
         yield RunStats(id="metrics", classes="panel")
         with Horizontal(id="run-body"):
             yield ThroughputGraph(id="graph")
-            yield LogTail(id="tail")
+            with TabbedContent(id="tails", initial=JOB_TAB):
+                with TabPane("Job log", id=JOB_TAB):
+                    yield LogTail(id="tail")
+                with TabPane("Head pod", id=HEAD_TAB, disabled=not self.has_head):
+                    if self.has_head:
+                        yield LogTail(id="head-tail")
+                    else:
+                        yield Static(f"no head pod on the {self.session.config.target} target: "
+                                     "its Ray head is a process here (logs in its temp dir)", id="head-missing")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -99,8 +125,21 @@ class RunScreen(RtuiScreen):
         self._render_status("")
         self.refresh_dashboard()
         self.set_interval(REFRESH_S, self.refresh_dashboard)
-        self.query_one(LogTail).focus()
+        self.query_one("#tail", LogTail).log_view.focus()
         self.follow_job()
+        if self.has_head:
+            self.follow_head()
+
+    @property
+    def has_head(self) -> bool:
+        """Whether the target runs its Ray head in a pod with a log of its own (kube, aws)."""
+        return isinstance(self.session.ctx.cluster, HeadLogSource)
+
+    @property
+    def active_tail(self) -> LogTail:
+        pane = self.query_one(TabbedContent).active_pane
+        tails = pane.query(LogTail) if pane is not None else None
+        return tails.first() if tails else self.query_one("#tail", LogTail)
 
     def _render_status(self, message: str) -> None:
         job = self.session.record.current_job
@@ -115,9 +154,11 @@ class RunScreen(RtuiScreen):
     def refresh_dashboard(self) -> None:
         """Hand the badge, stats, sparkline and graph fresh snapshots (equal ones repaint nothing)."""
         cost = plan_cost_per_hour(self.session.record.plan)
-        if not (self._stale or cost):  # a priced run's cost keeps running without new lines
+        now = time.monotonic()
+        # A priced run's cost keeps running without new lines, slowly enough to redraw it seldom.
+        if not (self._stale or (cost and now - self._refreshed_at >= COST_REFRESH_S)):
             return
-        self._stale = False
+        self._stale, self._refreshed_at = False, now
         job = self.session.record.current_job
         elapsed = self.clock() - job.submitted_at if job is not None else None
         throughput = ThroughputSnapshot.build(self.telemetry.series, total_steps=self.session.config.steps,
@@ -148,6 +189,33 @@ class RunScreen(RtuiScreen):
         except Exception as exc:  # noqa: BLE001 - one place shows it
             self.app.report_error(exc)
 
+    @work(exclusive=True, group="head-log")
+    async def follow_head(self) -> None:
+        """The head pod's log (spooled by ``flows.head_log``), posted in batches."""
+        batch: list[str] = []
+
+        async def read() -> None:
+            async for line in flows.head_log(self.session, follow=True):
+                batch.append(line)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                done, _ = await asyncio.wait({reader}, timeout=HEAD_BATCH_S)
+                if batch:
+                    self.post_message(self.HeadLinesArrived(batch[:]))
+                    batch.clear()
+                if done:
+                    reader.result()
+                    return
+        except Exception as exc:  # noqa: BLE001 - one place shows it
+            self.app.report_error(exc)
+        finally:
+            reader.cancel()
+
+    def on_run_screen_head_lines_arrived(self, message: HeadLinesArrived) -> None:
+        self.query_one("#head-tail", LogTail).push(message.lines)
+
     def _post_update(self, update: JobUpdate) -> None:
         if update.lines:
             self.post_message(self.LinesArrived(update.lines))
@@ -155,7 +223,7 @@ class RunScreen(RtuiScreen):
             self.post_message(self.JobStatusChanged(update.status.status, update.status.message))
 
     def on_run_screen_lines_arrived(self, message: LinesArrived) -> None:
-        self.query_one(LogTail).push(display_lines(message.lines))
+        self.query_one("#tail", LogTail).push(message.lines)
         self.telemetry.feed_from(self.session.spool().path)  # telemetry reads the spool once, in order
         self._stale = True  # the next refresh tick shows it
 
@@ -164,8 +232,26 @@ class RunScreen(RtuiScreen):
         self._render_status(message.message)
 
     def action_toggle_follow(self) -> None:
-        tail = self.query_one(LogTail)
+        tail = self.active_tail
         tail.following = not tail.following
+
+    def action_resume_follow(self) -> None:
+        self.active_tail.resume()
+
+    def action_filter(self) -> None:
+        self.active_tail.open_filter()
+
+    def action_toggle_metrics(self) -> None:
+        tail = self.active_tail
+        tail.show_metrics = not tail.show_metrics
+
+    def action_switch_tail(self) -> None:
+        tabs = self.query_one(TabbedContent)
+        tabs.active = HEAD_TAB if tabs.active == JOB_TAB else JOB_TAB
+        self.active_tail.log_view.focus()
+
+    def on_tabbed_content_tab_activated(self, _event: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()
 
     def action_toggle_transport(self) -> None:
         self.query_one(TransportBadge).toggle()
@@ -175,7 +261,13 @@ class RunScreen(RtuiScreen):
         graph.show_loss = not graph.show_loss
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not (action == "teardown" and self.app.read_only)
+        if action == "teardown":
+            return not self.app.read_only
+        if action == "switch_tail":
+            return self.has_head
+        if action == "resume_follow":  # not while typing a filter: End moves the cursor there
+            return not self.active_tail.following and not isinstance(self.focused, Input)
+        return True
 
     def action_teardown(self) -> None:
         self.post_message(self.TeardownRequested())

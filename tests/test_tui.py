@@ -14,6 +14,7 @@ from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmTeardown
 from tui.app import RtuiApp
+from tui.logtail import LogTail
 
 FIXED_RUN_ID = "r20260101-000000-beef"
 
@@ -109,7 +110,10 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
         await pilot.pause(0.3)
         assert run.metric is not None and run.metric.step == 12
         assert run.summary is not None and run.summary["steps"] == 12
-        tail = run.query_one("LogTail")
+        tail = run.query_one("#tail", LogTail)
+        assert not any("RTUI_METRIC" in line for line in tail.lines), "metric lines are hidden until m"
+        await pilot.press("m")
+        await pilot.pause(0.1)
         assert any("RTUI_METRIC" in line for line in tail.lines)
         assert not any("\x1b[" in line for line in tail.lines), "ANSI escapes must not reach the view"
         metrics_text = str(run.query_one("#metrics").render())

@@ -1,16 +1,14 @@
-"""Widgets: a step pane for provisioning, and a log tail fed through a bounded ring buffer."""
+"""Widgets: a step pane for provisioning (the log tail is in ``tui.logtail``)."""
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Iterable
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
-from textual.widgets import Label, Log, ProgressBar, Static
+from textual.widgets import Label, ProgressBar, Static
 
 from backend.model import EventKind, StepEvent
 
@@ -112,68 +110,3 @@ class StepPane(Vertical):
             self.recent.clear()
             self.message = event.message + (f"\n→ {event.remedy}" if event.remedy else "")
         self._tick()
-
-
-class LogTail(Vertical):
-    """A live log: producers push lines into a bounded ring; one timer drains it per frame.
-
-    Writing one line at a time into ``Log`` costs ~140 µs each and a message per line
-    lets the queue grow without bound (DESIGN.md §5); a ring drained at 20 Hz doesn't.
-    """
-
-    following: reactive[bool] = reactive(True)
-    """Keep the newest line in view. Scrolling up (or `f`) pauses it."""
-
-    def __init__(self, *, ring_size: int = 20_000, max_lines: int = 10_000, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self._ring: deque[str] = deque(maxlen=ring_size)
-        self._max_lines = max_lines
-        self.unseen = 0
-        self.dropped = 0
-        self.total = 0
-
-    def compose(self) -> ComposeResult:
-        yield Log(max_lines=self._max_lines, auto_scroll=True, id="log")
-        yield Label("", id="log-status")
-
-    def on_mount(self) -> None:
-        self.set_interval(1 / 20, self.drain)
-
-    def push(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            if len(self._ring) == self._ring.maxlen:
-                self.dropped += 1
-            self._ring.append(line)
-
-    def drain(self) -> None:
-        if not self._ring:
-            return
-        batch = list(self._ring)
-        self._ring.clear()
-        log = self.query_one(Log)
-        log.write_lines(batch, scroll_end=self.following)
-        self.total += len(batch)
-        if not self.following:
-            self.unseen += len(batch)
-        self._update_status()
-
-    def _update_status(self) -> None:
-        text = "following" if self.following else f"paused · +{self.unseen} new lines (f to follow)"
-        self.query_one("#log-status", Label).update(f"{self.total} lines · {text}")
-
-    def watch_following(self, following: bool) -> None:
-        if not self.is_mounted:
-            return
-        log = self.query_one(Log)
-        log.auto_scroll = following
-        if following:
-            self.unseen = 0
-            log.scroll_end(animate=False)
-        self._update_status()
-
-    def on_mouse_scroll_up(self) -> None:
-        self.following = False
-
-    @property
-    def lines(self) -> list[str]:
-        return [str(line) for line in self.query_one(Log).lines]

@@ -1,0 +1,227 @@
+"""The live log tail (Toolong-style): a bounded window of lines, a filter, follow and pause.
+
+Producers ``push`` lines into a pending ring; one timer drains it at 20 Hz with a single
+``Log.write_lines`` (one ``write_line`` per line costs ~140 µs, DESIGN.md §8). The widget keeps
+at most ``max_lines`` lines; the history lives in the run's spool on disk.
+
+What is shown is derived from the window: metric lines (``RTUI_METRIC {json}``, which feed the
+graph) are hidden unless asked for, and a filter keeps only lines that contain its text. While
+the view is scrolled up it is paused: new lines are counted ("+N new lines") but not written, so
+the text under the reader does not move. Reaching the bottom (End) follows again. Long lines
+scroll horizontally (``Log`` never wraps), the same in every tab.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.widgets import Input, Label, Log
+
+from backend.textutil import display_lines
+from training.protocol import METRIC_TAG
+
+DRAIN_HZ = 20
+
+
+class FilterInput(Input):
+    """The `/` filter: Enter keeps it and goes back to the log, Escape clears it."""
+
+    BINDINGS = [Binding("escape", "clear_filter", "Clear filter", id="filter_clear",
+                        tooltip="Clear the filter and go back to the log")]
+
+    def action_clear_filter(self) -> None:
+        self.value = ""
+        tail = next((a for a in self.ancestors if isinstance(a, LogTail)), None)
+        if tail is not None:
+            tail.close_filter()
+
+
+class LogTail(Vertical):
+    """A bounded, filterable, pausable view of a stream of log lines."""
+
+    DEFAULT_CSS = """
+    LogTail > Log { height: 1fr; }
+    LogTail > FilterInput { display: none; height: 3; }
+    LogTail.-filtering > FilterInput { display: block; }
+    LogTail > .log-status { height: 1; }
+    """
+
+    following: reactive[bool] = reactive(True)
+    """Keep the newest line in view. Scrolling up pauses it; reaching the bottom resumes it."""
+    show_metrics: reactive[bool] = reactive(False)
+    filter_text: reactive[str] = reactive("")
+
+    def __init__(self, *, ring_size: int = 20_000, max_lines: int = 10_000, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._pending: deque[str] = deque(maxlen=ring_size)  # arrived, not drained yet
+        self._window: deque[str] = deque(maxlen=max_lines)  # what the view is derived from
+        self._max_lines = max_lines
+        self._writing = False  # our own scrolls must not pause or resume follow
+        self.unseen = 0  # lines that would be shown, arrived while paused
+        self._matching = 0  # lines of the window that pass the filter and the metric choice
+        self.dropped = 0  # lines that left the pending ring before a drain (a flood beyond ring_size)
+        self.total = 0  # lines drained since mount (including ones the window no longer holds)
+
+    def compose(self) -> ComposeResult:
+        yield FilterInput(placeholder="filter (substring, any case) — Enter keeps it, Escape clears it")
+        yield Log(max_lines=self._max_lines, auto_scroll=True)
+        yield Label("", classes="log-status")
+
+    @property
+    def log_view(self) -> Log:
+        return self.query_one(Log)
+
+    def on_mount(self) -> None:
+        self.watch(self.log_view, "scroll_y", self._scrolled, init=False)
+        self.set_interval(1 / DRAIN_HZ, self.drain)
+        self._update_status()
+
+    # --- what is shown ---------------------------------------------------------------------
+    def shows(self, line: str) -> bool:
+        """Whether a line passes the metric choice and the filter (substring, any case)."""
+        return bool(self._visible([line]))
+
+    def push(self, lines: Iterable[str]) -> None:
+        """Queue raw lines (cheap: any number per frame); the next drain cleans and shows them."""
+        batch = lines if isinstance(lines, list) else list(lines)
+        pending = self._pending
+        assert pending.maxlen is not None
+        self.dropped += max(0, len(pending) + len(batch) - pending.maxlen)
+        pending.extend(batch)
+
+    def _visible(self, lines: Iterable[str]) -> list[str]:
+        """``shows`` over many lines, with the choices read once (a flood calls this per frame)."""
+        needle = self.filter_text.casefold()
+        hide_metrics = not self.show_metrics
+        if not needle:
+            return [x for x in lines if METRIC_TAG not in x] if hide_metrics else list(lines)
+        return [x for x in lines if needle in x.casefold() and not (hide_metrics and METRIC_TAG in x)]
+
+    def drain(self) -> None:
+        if not self._pending:
+            return
+        batch = display_lines(list(self._pending))  # only what survived the ring is cleaned
+        self._pending.clear()
+        window = self._window
+        assert window.maxlen is not None
+        evicted = len(window) + len(batch) - window.maxlen
+        if evicted > 0 and self.filter_text:
+            gone = [window[i] for i in range(min(evicted, len(window)))]
+            self._matching -= len(self._visible(gone))
+        window.extend(batch)
+        self.total += len(batch)
+        visible = self._visible(batch)
+        self._matching += len(visible)
+        if self.following:
+            self._write(visible)
+        else:
+            self.unseen += len(visible)
+        self._update_status()
+
+    def _write(self, lines: list[str], *, clear: bool = False) -> None:
+        log = self.log_view
+        self._writing = True
+        try:
+            if clear:
+                log.clear()
+            if lines:
+                log.write_lines(lines, scroll_end=self.following)
+            if self.following:
+                log.scroll_end(animate=False, immediate=True)
+        finally:
+            self._writing = False
+
+    def rebuild(self) -> None:
+        """Show the window again through the current filter and metric choice."""
+        self.unseen = 0
+        visible = self._visible(self._window)
+        self._matching = len(visible)
+        self._write(visible, clear=True)
+        self._update_status()
+
+    def _update_status(self) -> None:
+        if not self.is_mounted:
+            return
+        parts = []
+        if self.filter_text:
+            parts.append(f"filter: {self.filter_text} ({self._matching} of {len(self._window)} lines)")
+        else:
+            parts.append(f"{self.total} lines")
+        if not self.show_metrics:
+            parts.append("metric lines hidden (m)")
+        parts.append("following" if self.following else f"paused · +{self.unseen} new lines (End to follow)")
+        self.query_one(".log-status", Label).update(" · ".join(parts))
+
+    # --- follow, filter, metrics -----------------------------------------------------------
+    def _scrolled(self, _old: float, _new: float) -> None:
+        if self._writing:
+            return
+        at_end = self.log_view.is_vertical_scroll_end
+        if self.following and not at_end:
+            self.following = False
+        elif not self.following and at_end:
+            self.following = True
+
+    def on_mouse_scroll_up(self) -> None:
+        self.following = False
+
+    def watch_following(self, following: bool) -> None:
+        if not self.is_mounted:
+            return
+        self.log_view.auto_scroll = following
+        if following and self.unseen:
+            self.rebuild()  # what arrived while paused, in order, then the bottom
+        elif following:
+            self._write([])
+        self._update_status()
+        self.screen.refresh_bindings()  # End (resume) is offered only while paused
+
+    def resume(self) -> None:
+        """End: follow again, from the newest line."""
+        if self.following:
+            self._write([])
+        self.following = True
+
+    def watch_show_metrics(self) -> None:
+        if self.is_mounted:
+            self.rebuild()
+
+    def watch_filter_text(self) -> None:
+        if self.is_mounted:
+            self.rebuild()
+
+    def open_filter(self) -> None:
+        self.add_class("-filtering")
+        box = self.query_one(FilterInput)
+        box.value = self.filter_text
+        box.focus()
+
+    def close_filter(self) -> None:
+        """Escape: no filter, the input goes away, the log has the focus again."""
+        self.filter_text = ""
+        self.remove_class("-filtering")
+        self.log_view.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.filter_text = event.value
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if not event.value:
+            self.remove_class("-filtering")
+        self.log_view.focus()
+
+    @property
+    def lines(self) -> list[str]:
+        """The lines on screen now (after the filter and the metric choice)."""
+        return [str(line) for line in self.log_view.lines]
+
+    @property
+    def status_text(self) -> str:
+        return str(self.query_one(".log-status", Label).render())
