@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from rich.text import Text
 from textual.app import ComposeResult

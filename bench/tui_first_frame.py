@@ -1,0 +1,100 @@
+"""Time to the first interactive frame: `rtui` against a hello-world Textual app, same script.
+
+    .venv/bin/python bench/tui_first_frame.py [--reps 5]
+
+Each program runs in a pseudo-terminal (80×24) from process start until its first screen's text
+is on the terminal (rtui: the target question; hello: its label), then gets `q`/ctrl+q. Runs
+alternate; the medians and their ratio are printed (the issue's goal: <= 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import pty
+import select
+import statistics
+import struct
+import sys
+import tempfile
+import termios
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HELLO = """
+from textual.app import App
+from textual.widgets import Footer, Header, Label
+
+class Hello(App):
+    BINDINGS = [("q", "quit", "Quit")]
+
+    def compose(self):
+        yield Header()
+        yield Label("Hello, first frame")
+        yield Footer()
+
+Hello().run()
+"""
+
+
+def first_frame(argv: list[str], marker: bytes, env: dict[str, str], timeout: float = 60.0) -> float:
+    started = time.perf_counter()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the program, on the pty
+        os.execve(argv[0], argv, env)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    seen = b""
+    try:
+        while marker not in seen.replace(b"\x1b", b""):
+            if time.perf_counter() - started > timeout:
+                raise SystemExit(f"{argv}: no first frame after {timeout}s")
+            ready, _, _ = select.select([fd], [], [], 0.05)
+            if ready:
+                try:
+                    seen += os.read(fd, 65536)
+                except OSError:
+                    break
+            # Textual draws runs of text between cursor moves: look at the words, not the escapes.
+            seen = seen[-200_000:]
+        elapsed = time.perf_counter() - started
+        os.write(fd, b"q")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            select.select([fd], [], [], 0.05)
+            with contextlib.suppress(OSError):
+                os.read(fd, 65536)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        return elapsed
+    finally:
+        os.close(fd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rtui-first-frame-") as tmp:
+        hello = Path(tmp) / "hello.py"
+        hello.write_text(HELLO)
+        env = {**os.environ, "TERM": "xterm-256color", "RTUI_STATE_DIR": f"{tmp}/state",
+               "RTUI_CONFIG_DIR": f"{tmp}/cfg", "COLUMNS": "80", "LINES": "24"}
+        rtui = str(Path(sys.executable).with_name("rtui"))
+        times: dict[str, list[float]] = {"hello": [], "rtui": []}
+        for _ in range(args.reps):
+            times["hello"].append(first_frame([sys.executable, str(hello)], b"Hello, first frame", env))
+            times["rtui"].append(first_frame([rtui], b"Where should this run go", env))
+    hello_s, rtui_s = statistics.median(times["hello"]), statistics.median(times["rtui"])
+    print(f"hello-world Textual app: {hello_s * 1000:.0f} ms; rtui: {rtui_s * 1000:.0f} ms "
+          f"(medians of {args.reps}): ratio {rtui_s / hello_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()
