@@ -237,3 +237,31 @@ async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World,
     again = await down(session)
     assert again.ok, again.failures()
     assert tagged(session.run_id) == {}
+
+
+async def test_a_given_vpc_is_adopted_checked_and_never_deleted(world: World, kube_file: Path) -> None:
+    client = ec2()
+    vpc = client.create_vpc(CidrBlock="10.7.0.0/16")["Vpc"]["VpcId"]
+    public = client.create_subnet(VpcId=vpc, CidrBlock="10.7.100.0/24", AvailabilityZone="us-east-1a")["Subnet"]
+    eip = client.allocate_address(Domain="vpc")["AllocationId"]
+    nat = client.create_nat_gateway(SubnetId=public["SubnetId"], AllocationId=eip)["NatGateway"]["NatGatewayId"]
+    table = client.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+    client.create_route(RouteTableId=table, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=nat)
+    private = []
+    for i, az in enumerate(("us-east-1a", "us-east-1b")):
+        sid = client.create_subnet(VpcId=vpc, CidrBlock=f"10.7.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"]
+        client.associate_route_table(RouteTableId=table, SubnetId=sid)
+        private.append(sid)
+    session = session_for(vpc_id=vpc, private_subnet_ids=",".join(private), availability_zone="us-east-1a")
+    assert not [c for c in await session.preflight() if c.status.value == "fail"]
+    made = await up(session)
+    assert made.ok, made.failures()
+    counts = tagged(session.run_id)
+    assert counts["vpc"] == 0 and counts["subnet"] == 0 and counts["nat-gateway"] == 0
+    assert counts["eks-cluster"] == 1 and counts["nodegroup"] == 2 and counts["security-group"] == 1
+    gpu = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
+    assert gpu["subnets"] == [private[0]]
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+    assert client.describe_vpcs(VpcIds=[vpc])["Vpcs"]
+    assert len(client.describe_subnets(SubnetIds=private)["Subnets"]) == 2

@@ -76,7 +76,7 @@ def test_a_short_quota_names_the_request_command(world: World, kube_file: Path) 
 
 
 def test_a_region_without_the_gpu_type_points_at_the_all_region_check(world: World, kube_file: Path) -> None:
-    proc = run_rtui("plan", *AWS, "--gpu-node-type", "p5.48xlarge")
+    proc = run_rtui("plan", *AWS, "--gpu-node-type", "p5e.48xlarge")  # not offered in us-east-1 (moto data)
     assert proc.returncode == 2
     assert "--all-regions" in one_line(proc)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
 from backend.errors import UserError
-from backend.layers.aws import network
+from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
 from backend.layers.aws.base import (
     ACCESS_ENTRY,
@@ -94,7 +94,7 @@ class AwsLayer(Layer):
     sweeps = True
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
         network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
-        network.RouteTableHandler(), network.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
+        routes.RouteTableHandler(), routes.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
         AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
         NodegroupHandler())}
 
@@ -356,6 +356,10 @@ def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResul
     if region is None or not region.zones:
         return []
     out = []
+    if not any(z.gpu_offered for z in region.zones):  # nothing else matters where the type is not sold
+        return [CheckResult(id="aws.offered", title="GPU instance type", status=CheckStatus.FAIL,
+                            detail=f"{report.gpu_node_type} is not offered in any AZ of {region_name}",
+                            remedy="`rtui check --target aws --all-regions` shows where it is")]
     request = f"`rtui check --target aws --region {region_name} --request-quota-increase --yes`"
     for what, quota in (("GPU", region.quota), ("system node", region.system_quota)):
         if quota is not None and quota.ok is False:
@@ -364,11 +368,7 @@ def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResul
                 detail=f"quota {quota.code} ({quota.name}) in {region_name} is short by {quota.shortfall} vCPUs "
                        f"(limit {quota.limit:.0f}, used {quota.used}, needed {quota.needed})",
                 remedy=f"{request} asks AWS for {quota.request_value}"))
-    if not any(z.gpu_offered for z in region.zones):
-        out.append(CheckResult(id="aws.offered", title="GPU instance type", status=CheckStatus.FAIL,
-                               detail=f"{report.gpu_node_type} is not offered in any AZ of {region_name}",
-                               remedy="`rtui check --target aws --all-regions` shows where it is"))
-    elif not any(z.feasible for z in region.zones) and not out:
+    if not out and not any(z.feasible for z in region.zones):
         reasons = sorted({r for z in region.zones for r in z.reasons})
         out.append(CheckResult(id="aws.azs", title="AZs", status=CheckStatus.FAIL,
                                detail=f"no AZ of {region_name} can run the plan: {'; '.join(reasons[:3])}",

@@ -1,4 +1,4 @@
-"""The network: VPC, subnets in two AZs, internet gateway, one NAT gateway, route tables, the node SG.
+"""The network: VPC, subnets in two AZs, internet gateway, one NAT gateway (routes and the SG: ``routes``).
 
 Lookups go by our tags every time (``find``), so a step that runs after a crash finds what the
 crashed one made. Deleting waits out what AWS still holds: the NAT gateway until it is deleted,
@@ -16,13 +16,9 @@ from backend.layers.aws.base import (
     IGW,
     LAYER,
     NAT,
-    NODE_SG,
-    PRIVATE_RT,
-    PUBLIC_RT,
     VPC,
     VPC_CIDR,
     AwsHandler,
-    Names,
     subnet_address,
 )
 from backend.layers.base import Context
@@ -97,10 +93,10 @@ async def until_free(api: AwsApi, what: str, attempt: Any, *, subnet: str | None
         yield p
 
 
-async def _delete_or_blocked(api: AwsApi, operation: str, **kwargs: Any) -> bool | None:
+async def delete_or_blocked(api: AwsApi, operation: str, **kwargs: Any) -> bool | None:
     """True when deleted (or already gone); None while AWS says something still depends on it."""
     try:
-        await api.call("ec2", operation, ok=_GONE_CODES, **kwargs)
+        await api.call("ec2", operation, ok=GONE_CODES, **kwargs)
     except OperationError as exc:
         if "DependencyViolation" in exc.message or "InvalidPlacementGroup.InUse" in exc.message:
             return None
@@ -108,7 +104,7 @@ async def _delete_or_blocked(api: AwsApi, operation: str, **kwargs: Any) -> bool
     return True
 
 
-_GONE_CODES = ("InvalidVpcID.NotFound", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound",
+GONE_CODES = ("InvalidVpcID.NotFound", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound",
                "InvalidInternetGatewayID.NotFound", "InvalidRouteTableID.NotFound", "InvalidAllocationID.NotFound",
                "NatGatewayNotFound", "InvalidPlacementGroup.Unknown", "InvalidLaunchTemplateId.NotFound",
                "InvalidLaunchTemplateName.NotFoundException")
@@ -148,7 +144,7 @@ class VpcHandler(AwsHandler):
         api = self.api(ctx)
 
         async def attempt() -> bool | None:
-            return await _delete_or_blocked(api, "delete_vpc", VpcId=have.id)
+            return await delete_or_blocked(api, "delete_vpc", VpcId=have.id)
 
         async for p in until_free(api, have.id, attempt, group="none"):
             yield p
@@ -203,7 +199,7 @@ class SubnetHandler(AwsHandler):
         api = self.api(ctx)
 
         async def attempt() -> bool | None:
-            return await _delete_or_blocked(api, "delete_subnet", SubnetId=have.id)
+            return await delete_or_blocked(api, "delete_subnet", SubnetId=have.id)
 
         async for p in until_free(api, f"subnet {have.id}", attempt, subnet=have.id):
             yield p
@@ -241,7 +237,7 @@ class InternetGatewayHandler(AwsHandler):
             for attachment in gw.get("Attachments") or []:
                 await api.call("ec2", "detach_internet_gateway", InternetGatewayId=have.id,
                                VpcId=attachment["VpcId"], ok=("Gateway.NotAttached",))
-        await api.call("ec2", "delete_internet_gateway", InternetGatewayId=have.id, ok=_GONE_CODES)
+        await api.call("ec2", "delete_internet_gateway", InternetGatewayId=have.id, ok=GONE_CODES)
         yield Progress(f"{have.id} deleted", 1.0)
 
 
@@ -307,7 +303,7 @@ class NatGatewayHandler(AwsHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        await api.call("ec2", "delete_nat_gateway", NatGatewayId=have.id, ok=_GONE_CODES)
+        await api.call("ec2", "delete_nat_gateway", NatGatewayId=have.id, ok=GONE_CODES)
 
         async def look() -> Phase:
             nats = (await api.call("ec2", "describe_nat_gateways", NatGatewayIds=[have.id],
@@ -318,150 +314,5 @@ class NatGatewayHandler(AwsHandler):
         async for p in wait_until(look, what=f"deleting NAT gateway {have.id}", expected_s=60.0, timeout_s=900.0):
             yield p
         for address in await find(api, ctx, "describe_addresses", "Addresses"):
-            await api.call("ec2", "release_address", AllocationId=address["AllocationId"], ok=_GONE_CODES)
+            await api.call("ec2", "release_address", AllocationId=address["AllocationId"], ok=GONE_CODES)
             yield Progress(f"released {address.get('PublicIp', address['AllocationId'])}", 1.0)
-
-
-class RouteTableHandler(AwsHandler):
-    """Public: 0.0.0.0/0 to the internet gateway. Private: 0.0.0.0/0 to the NAT gateway."""
-
-    kind = "aws-route-table"
-    title = "Create a route table"
-    updatable = True
-    expected_s = 3.0
-
-    def step_title(self, address: str, action: Action) -> str:
-        if action is Action.CREATE:
-            return f"Route the {address.rsplit('.', 1)[1]} subnets"
-        return super().step_title(address, action)
-
-    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        subnets = {s["SubnetId"]: s["AvailabilityZone"] for s in await find(api, ctx, "describe_subnets", "Subnets")}
-        out = []
-        for table in await find(api, ctx, "describe_route_tables", "RouteTables"):
-            role = tag_map(table.get("Tags")).get("rtui:role", "private")
-            azs = sorted(subnets[a["SubnetId"]] for a in table.get("Associations") or []
-                         if a.get("SubnetId") in subnets)
-            default = [r for r in table.get("Routes") or [] if r.get("DestinationCidrBlock") == "0.0.0.0/0"]
-            via = ("internet-gateway" if default and default[0].get("GatewayId", "").startswith("igw-") else
-                   "nat-gateway" if default and default[0].get("NatGatewayId") else "none")
-            address = PUBLIC_RT if role == "public" else PRIVATE_RT
-            out.append(Observed(address=address, layer=LAYER, kind=self.kind, id=table["RouteTableId"],
-                                state={"role": role, "azs": azs, "via": via}, depends_on=(VPC,), reason="exists"))
-        return out
-
-    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        api = self.api(ctx)
-        role = want.spec["role"]
-        found = await find(api, ctx, "describe_route_tables", "RouteTables", **{"rtui:role": role})
-        if found:
-            tid = found[0]["RouteTableId"]
-        else:
-            table = await api.call("ec2", "create_route_table", VpcId=await vpc_id(api, ctx),
-                                   TagSpecifications=tag_spec("route-table", run_tags(ctx, **{"rtui:role": role}),
-                                                              f"{ctx.config.cluster_name}-{role}"))
-            tid = table["RouteTable"]["RouteTableId"]
-        self.made(ctx, want, tid)
-        async for p in self._converge(api, ctx, tid, want):
-            yield p
-
-    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
-        async for p in self._converge(self.api(ctx), ctx, have.id, want):
-            yield p
-
-    async def _converge(self, api: AwsApi, ctx: Context, tid: str, want: Resource) -> AsyncIterator[Progress]:
-        if want.spec["via"] == "internet-gateway":
-            gateways = await find(api, ctx, "describe_internet_gateways", "InternetGateways")
-            target = {"GatewayId": gateways[0]["InternetGatewayId"]}
-        else:
-            nats = [n for n in await find(api, ctx, "describe_nat_gateways", "NatGateways")
-                    if n["State"] == "available"]
-            target = {"NatGatewayId": nats[0]["NatGatewayId"]}
-        table = (await api.call("ec2", "describe_route_tables", RouteTableIds=[tid]))["RouteTables"][0]
-        default = [r for r in table.get("Routes") or [] if r.get("DestinationCidrBlock") == "0.0.0.0/0"]
-        if not default:
-            await api.call("ec2", "create_route", RouteTableId=tid, DestinationCidrBlock="0.0.0.0/0", **target)
-        elif not all(default[0].get(k) == v for k, v in target.items()):
-            await api.call("ec2", "replace_route", RouteTableId=tid, DestinationCidrBlock="0.0.0.0/0", **target)
-        associated = {a.get("SubnetId") for a in table.get("Associations") or []}
-        wanted = await subnet_ids(api, ctx, want.spec["role"], list(want.spec["azs"]))
-        for az, sid in sorted(wanted.items()):
-            if sid not in associated:
-                await api.call("ec2", "associate_route_table", RouteTableId=tid, SubnetId=sid)
-                yield Progress(f"{sid} ({az}) routed via the {want.spec['via']}")
-        yield Progress(f"{tid}: 0.0.0.0/0 via the {want.spec['via']}", 1.0)
-
-    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        api = self.api(ctx)
-        tables = (await api.call("ec2", "describe_route_tables", RouteTableIds=[have.id],
-                                 ok=("InvalidRouteTableID.NotFound",)) or {}).get("RouteTables") or []
-        for table in tables:
-            for association in table.get("Associations") or []:
-                if not association.get("Main"):
-                    await api.call("ec2", "disassociate_route_table",
-                                   AssociationId=association["RouteTableAssociationId"],
-                                   ok=("InvalidAssociationID.NotFound",))
-        await api.call("ec2", "delete_route_table", RouteTableId=have.id, ok=_GONE_CODES)
-        yield Progress(f"{have.id} deleted", 1.0)
-
-
-class SecurityGroupHandler(AwsHandler):
-    """The nodes' group, with the rule EFA needs: all traffic from and to itself, both ways."""
-
-    kind = "aws-security-group"
-    title = "Create the node security group (EFA rule)"
-    address = NODE_SG
-    updatable = True
-    expected_s = 3.0
-
-    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        out = []
-        for group in await find(api, ctx, "describe_security_groups", "SecurityGroups"):
-            out.append(Observed(address=NODE_SG, layer=LAYER, kind=self.kind, id=group["GroupId"],
-                                state={"efa_rule": _self_rule(group, "IpPermissions")
-                                       and _self_rule(group, "IpPermissionsEgress")},
-                                depends_on=(VPC,), reason="exists"))
-        return out
-
-    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        api = self.api(ctx)
-        found = await find(api, ctx, "describe_security_groups", "SecurityGroups")
-        if found:
-            gid = found[0]["GroupId"]
-        else:
-            name = Names(ctx.config.cluster_name).security_group
-            group = await api.call("ec2", "create_security_group", GroupName=name, VpcId=await vpc_id(api, ctx),
-                                   Description=f"rtui {ctx.config.cluster_name}: GPU nodes (EFA needs all traffic "
-                                               "to and from this group)",
-                                   TagSpecifications=tag_spec("security-group", run_tags(ctx), name))
-            gid = group["GroupId"]
-        self.made(ctx, want, gid)
-        async for p in self._rules(api, gid):
-            yield p
-
-    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
-        async for p in self._rules(self.api(ctx), have.id):
-            yield p
-
-    async def _rules(self, api: AwsApi, gid: str) -> AsyncIterator[Progress]:
-        rule = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid, "Description": "EFA: all traffic "
-                                                                                          "within the group"}]}]
-        for operation in ("authorize_security_group_ingress", "authorize_security_group_egress"):
-            await api.call("ec2", operation, GroupId=gid, IpPermissions=rule, ok=("InvalidPermission.Duplicate",))
-        yield Progress(f"{gid}: all traffic to and from itself, in and out", 1.0)
-
-    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        api = self.api(ctx)
-
-        async def attempt() -> bool | None:
-            return await _delete_or_blocked(api, "delete_security_group", GroupId=have.id)
-
-        async for p in until_free(api, f"security group {have.id}", attempt, group=have.id):
-            yield p
-
-
-def _self_rule(group: dict[str, Any], key: str) -> bool:
-    return any(p.get("IpProtocol") == "-1" and any(pair.get("GroupId") == group["GroupId"]
-                                                   for pair in p.get("UserIdGroupPairs") or [])
-               for p in group.get(key) or [])
-

@@ -9,8 +9,10 @@ the generated typed models would only add a conversion that drops fields they do
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import ssl
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -364,8 +366,7 @@ class KubeApi:
                     yield line
         finally:
             stop.set()
-            response.release_conn()
-            response.close()  # unblocks the reading thread
+            _abort(response)
 
     # ---- the one place requests are made and errors are translated ----------------------------
 
@@ -450,6 +451,20 @@ class _What:
 
 class _ObjectGone(Exception):
     """A 404 for an object of a kind the server knows: callers turn it into None/False."""
+
+
+def _abort(response: urllib3.BaseHTTPResponse) -> None:
+    """End a stream another thread may be blocked reading, without blocking the event loop.
+
+    Closing the response here would wait for the reader's lock on the buffered socket file, and
+    that reader waits for bytes a quiet log may never send: the loop would hang. Shutting the
+    socket down wakes the reader at once; the close then happens on a thread of its own.
+    """
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    threading.Thread(target=response.close, name="log-close", daemon=True).start()
 
 
 def _first_current_context(files: list[str]) -> str | None:
