@@ -30,7 +30,7 @@ class Terminal:
         deadline = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < deadline:
-            screen = self.run("capture-pane", "-p", "-t", session)
+            screen = self.run("capture-pane", "-p", "-J", "-t", session)  # -J: wrapped lines joined
             if needle in screen:
                 return screen
             time.sleep(0.1)

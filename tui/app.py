@@ -381,7 +381,9 @@ def rtui_command() -> str:
         relative = os.path.relpath(started)
     except ValueError:
         return str(started)
-    return relative if relative.startswith(".") or os.sep in relative else f"./{relative}"
+    if relative.startswith(".."):  # outside the current directory: the full path reads better
+        return str(started)
+    return relative if os.sep in relative else f"./{relative}"
 
 
 def teardown_summary(session: RunSession) -> list[str]:

@@ -198,7 +198,8 @@ def test_cluster_and_nodegroup_lifecycles_and_hooks(world: World) -> None:
     net = network(ec2)
     lt = efa_template(ec2, net["sg"])
     t = world.script.timings
-    t.cluster_create = t.cluster_delete = t.nodegroup_create = t.nodegroup_delete = 0.2
+    t.cluster_create = t.cluster_delete = t.nodegroup_create = 0.2
+    t.nodegroup_delete = 1.0  # long enough that DeleteCluster surely comes while it is DELETING
     events: list[tuple[str, str, str, dict[str, Any]]] = []
     world.script.on_nodegroup_active = lambda c, n, info: events.append(("active", c, n, info))
     world.script.on_nodegroup_deleted = lambda c, n, info: events.append(("deleted", c, n, info))
@@ -220,8 +221,8 @@ def test_cluster_and_nodegroup_lifecycles_and_hooks(world: World) -> None:
     with pytest.raises(ClientError) as err:
         eks.delete_cluster(name="c1")
     assert code(err) == "ResourceInUseException"
-    time.sleep(0.25)
-    assert eks.list_nodegroups(clusterName="c1")["nodegroups"] == [] and events[-1][0] == "deleted"
+    groups = lambda: tuple(eks.list_nodegroups(clusterName="c1")["nodegroups"])  # noqa: E731
+    assert wait_for(groups, ()) == () and events[-1][0] == "deleted"
     assert eks.delete_cluster(name="c1")["cluster"]["status"] == "DELETING"
     assert eks.list_clusters()["clusters"] == ["c1"]
     time.sleep(0.25)
