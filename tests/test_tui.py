@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from backend.layers.local_cluster import cluster_family
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmTeardown
+from tests.pilot_wait import wait_for
 from tui.app import RtuiApp
 from tui.logtail import LogTail
 
@@ -26,11 +26,6 @@ def fixed_session(**flags: str) -> RunSession:
     return session
 
 
-async def wait_for(pilot, predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await pilot.pause(0.25)
 
 
 async def test_read_only_hides_apply_and_plan_writes_nothing(isolated_env: Path) -> None:

@@ -14,7 +14,8 @@ from textual.app import SystemCommand
 from backend.ledger import ResourceStatus
 from backend.store import RunStatus
 from screens.confirm import ConfirmTeardown, PickRun
-from tests.test_tui import fixed_session, wait_for
+from tests.pilot_wait import wait_for
+from tests.test_tui import fixed_session
 from tui.app import RtuiApp, rtui_command
 
 

@@ -21,7 +21,8 @@ from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStatus
 from backend.telemetry import MetricSeries, Telemetry
 from screens.run import RunScreen, plan_cost_per_hour
-from tests.test_tui import FIXED_RUN_ID, fixed_session, wait_for
+from tests.pilot_wait import wait_for
+from tests.test_tui import FIXED_RUN_ID, fixed_session
 from training.logparse.verdict import Verdict
 from training.protocol import METRIC_TAG, SUMMARY_TAG, format_record
 from tui.app import RtuiApp

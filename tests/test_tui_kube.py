@@ -7,8 +7,7 @@ kubelets (FakeControlPlane) and the head's Jobs API (FakeRayHead) behind the ser
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from tests.kubernetes.crds import crd_dir
 from tests.kubernetes.fake_control import FakeControlPlane, Timings
 from tests.kubernetes.fake_ray import FakeRayHead
 from tests.kubernetes.fake_registry import FakeRegistry
+from tests.pilot_wait import wait_for
 from tui.app import RtuiApp
 from tui.widgets import StepPane
 
@@ -98,12 +98,6 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeWorld
         cluster.stop()
 
 
-async def wait_for(pilot: Pilot[None], predicate: Callable[[], object], timeout: float,
-                   what: str | Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what if isinstance(what, str) else what()}"
-        await pilot.pause(0.1)
 
 
 def steps(app: RtuiApp) -> dict[str, tuple[str, str, str | None]]:

@@ -17,8 +17,8 @@ from backend import follow
 from backend.layers.base import Context, HeadLogSource
 from backend.store import JobState
 from screens.run import HEAD_TAB, JOB_TAB, RunScreen
+from tests.pilot_wait import wait_for
 from tests.test_follow import METRICS, FakeCluster, FakeJobs
-from tests.test_tui import wait_for
 from tests.test_tui_dashboard import DashboardApp, dashboard_session, feed, metric_lines, settle
 from tui.logtail import LogTail
 

@@ -13,7 +13,8 @@ from backend.planner import PlanResult
 from backend.session import RunSession
 from screens.confirm import ConfirmApply, apply_summary
 from screens.plan import PlanScreen
-from tests.test_tui import fixed_session, wait_for
+from tests.pilot_wait import wait_for
+from tests.test_tui import fixed_session
 from tui.app import RtuiApp
 from tui.plan_diff import PlanDiff, PlanSummary, plan_lines
 

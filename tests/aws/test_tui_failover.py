@@ -8,7 +8,7 @@ from backend.model import EventKind, StepEvent
 from screens.provision import ProvisionScreen
 from tests.aws.conftest import World
 from tests.aws.provision_world import session_for
-from tests.test_tui import wait_for
+from tests.pilot_wait import wait_for
 from tui.app import RtuiApp
 
 

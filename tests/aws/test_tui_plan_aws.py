@@ -8,7 +8,7 @@ from backend.model import Action
 from screens.confirm import ConfirmApply
 from tests.aws.conftest import World
 from tests.aws.provision_world import session_for
-from tests.test_tui import wait_for
+from tests.pilot_wait import wait_for
 from tests.test_tui_plan import PlanApp, diff_text, planned, summary_text
 
 # The documented on-demand prices (us-east-1): 2 × g6.12xlarge, 1 × m7i.xlarge, the EKS control plane,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from textual.message import Message
 from textual.pilot import Pilot
 from textual.widgets import Static
@@ -14,6 +11,7 @@ from backend.session import RunSession
 from screens.quota import ConfirmQuotaIncrease
 from screens.target import TargetScreen
 from tests.aws.conftest import G, World
+from tests.pilot_wait import wait_for
 from tui.app import RtuiApp
 from tui.matrix import AzMatrix
 
@@ -26,11 +24,6 @@ def aws_session(**flags: str) -> RunSession:
     return session
 
 
-async def wait_for(pilot: Pilot[None], predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await pilot.pause(0.1)
 
 
 def checked(app: RtuiApp) -> TargetScreen | None:

@@ -1,0 +1,19 @@
+"""Waiting for the app under Pilot. A deadline only matters when the wait fails, so it has a floor:
+on a loaded 2-core CI box a screen that takes 6 s instead of 1 s is slow, not wrong."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from textual.pilot import Pilot
+
+FLOOR_S = 20.0
+
+
+async def wait_for(pilot: Pilot[None], predicate: Callable[[], object], timeout: float,
+                   what: str | Callable[[], str], poll: float = 0.1) -> None:
+    deadline = time.monotonic() + max(timeout, FLOOR_S)
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what if isinstance(what, str) else what()}"
+        await pilot.pause(poll)
