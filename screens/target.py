@@ -122,7 +122,9 @@ class TargetScreen(RtuiScreen):
         filed: list[QuotaIncreaseRequest]
 
     BINDINGS = [
-        Binding("enter", "next", "Review plan", id="next", tooltip="Compute the plan for this target"),
+        # A priority binding: the focused list's own Enter would shadow it, and hide it from the footer.
+        Binding("enter", "next", "Review plan", id="next", priority=True,
+                tooltip="Compute the plan for this target (on another AZ or context: use that one first)"),
         Binding("r", "recheck", "Re-check", id="recheck", tooltip="Run the preflight checks again"),
         Binding("c", "pick_context", "Context", id="context",
                 tooltip="Choose the kubeconfig context (Enter on another one re-checks against it)"),
@@ -377,26 +379,40 @@ class TargetScreen(RtuiScreen):
             self.refresh_bindings()  # the quota on offer is the highlighted region's
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        """A click on an option (Enter is the screen's own key, below)."""
         event.stop()
-        if event.option_list.id == "matrix" and event.option.id is not None:
-            region, zone = event.option.id.split("/", 1)
+        self.choose(event.option_list.id, event.option.id)
+
+    def action_next(self) -> None:
+        focused = self.focused
+        option = None
+        if isinstance(focused, OptionList) and focused.highlighted is not None:
+            option = focused.get_option_at_index(focused.highlighted)
+        if option is not None and not option.disabled:
+            self.choose(focused.id if isinstance(focused, OptionList) else None, option.id)
+        else:
+            self.go_on()
+
+    def choose(self, list_id: str | None, option_id: str | None) -> None:
+        """Enter on an option: another AZ or context is used first (a new session); the one in use goes on."""
+        if list_id == "matrix" and option_id is not None:
+            region, zone = option_id.split("/", 1)
             if (region, zone) != self.query_one(AzMatrix).snapshot.in_use:
                 self.post_message(self.ZoneChosen(region, zone))
                 return
-        if event.option_list.id == "contexts" and event.option.id is not None:
+        if list_id == "contexts" and option_id is not None:
             in_use = self.session.config.context or self.kubeconfig_current
-            if event.option.id != in_use:
-                self.post_message(self.ContextChosen(event.option.id))
+            if option_id != in_use:
+                self.post_message(self.ContextChosen(option_id))
                 return
-        self.action_next()
+        self.go_on()
 
-    def action_next(self) -> None:
+    def go_on(self) -> None:
         failed = [c for c in self.checks or [] if c.status is CheckStatus.FAIL]
         if failed:
             self.notify(f"{failed[0].title}: {failed[0].remedy or failed[0].detail}", severity="error")
             return
         self.post_message(self.Chosen())
-
 
 def render_context(context: KubeContext, *, current: bool) -> Text:
     text = Text()
