@@ -20,6 +20,8 @@ __all__ = ["PlanScreen", "render_plan"]
 
 
 class PlanScreen(RtuiScreen):
+    HELP_TITLE = "the plan"
+
     @dataclass
     class Approved(Message):
         """Apply this plan (the App asks again first where it costs money)."""

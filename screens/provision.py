@@ -23,6 +23,7 @@ Mode = Literal["apply", "teardown"]
 
 
 class ProvisionScreen(RtuiScreen):
+    HELP_TITLE = "the steps"
     BINDINGS = [
         Binding("escape", "back", "Back", id="back", tooltip="Back (only once steps have stopped)"),
         Binding("r", "retry", "Retry", id="retry", tooltip="Re-plan and apply again after a failure"),

@@ -44,8 +44,11 @@ def plan_cost_per_hour(plan: dict[str, Any] | None) -> float | None:
 
 
 class RunScreen(RtuiScreen):
+    HELP_TITLE = "the run"
     # Below 100 columns the graph folds away: the log tail and the sparkline matter more.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # The footer holds what fits at 80 columns; m, t and l are named where they act (the tail's status
+    # line, the badge, the graph's title) and in the help.
     BINDINGS = [
         Binding("f", "toggle_follow", "Follow", id="follow", tooltip="Follow the newest log lines (or pause)"),
         # Priority: the focused log's own End would only scroll; this one also follows again.
@@ -53,13 +56,13 @@ class RunScreen(RtuiScreen):
                 tooltip="Jump to the newest line and follow again"),
         Binding("slash", "filter", "Filter", id="filter",
                 tooltip="Show only lines that contain some text (any case); Escape clears it"),
-        Binding("m", "toggle_metrics", "Metric lines", id="metrics",
+        Binding("m", "toggle_metrics", "Metric lines", show=False, id="metrics",
                 tooltip="Show or hide the RTUI_METRIC lines that feed the graph"),
         Binding("h", "switch_tail", "Job/head log", id="switch_tail",
                 tooltip="Switch between the job's driver log and the Ray head pod's log"),
-        Binding("t", "toggle_transport", "Transport why", id="transport",
+        Binding("t", "toggle_transport", "Transport why", show=False, id="transport",
                 tooltip="Show or hide why the NCCL transport badge says what it says"),
-        Binding("l", "toggle_graph", "Loss/tok/s", id="graph",
+        Binding("l", "toggle_graph", "Loss/tok/s", show=False, id="graph",
                 tooltip="Switch the graph between tokens/s and loss"),
         Binding("D", "teardown", "Tear down", id="teardown", tooltip="Stop the job and remove the cluster"),
     ]

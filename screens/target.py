@@ -60,6 +60,7 @@ def unselectable_reason(target: str) -> str | None:
 
 
 class TargetScreen(RtuiScreen):
+    HELP_TITLE = "the target and its checks"
     DEFAULT_CSS = """
     TargetScreen #target-left { width: 1fr; height: auto; }
     TargetScreen #contexts { height: auto; max-height: 8; }

@@ -326,10 +326,12 @@ class RtuiApp(App[None]):
             self.push_screen(PickRun(self.choose_from, self.session.store), picked)
 
     def action_toggle_help(self) -> None:
-        if self.screen.query("HelpPanel"):
-            self.action_hide_help_panel()
+        from tui.help import HelpScreen, key_rows
+
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss()
         else:
-            self.action_show_help_panel()
+            self.push_screen(HelpScreen(getattr(self.screen, "HELP_TITLE", "this screen"), key_rows(self.screen)))
 
     def action_quit_detach(self) -> None:
         from screens.confirm import ConfirmDetach
