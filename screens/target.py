@@ -27,7 +27,7 @@ from textual.widgets.option_list import Option
 
 from backend.errors import RtuiError
 from backend.model import CheckResult, CheckStatus
-from tui.matrix import AzMatrix, MatrixSnapshot, header_line
+from tui.checks import render_checks, render_context
 from tui.screen import RtuiScreen
 
 if TYPE_CHECKING:
@@ -35,15 +35,13 @@ if TYPE_CHECKING:
     from backend.aws.report import QuotaStatus, RegionReport
     from backend.layers.aws.layer import AwsLayer
     from backend.layers.kubernetes.access import KubeContext
+    from tui.matrix import FeasibilityPanel
 
 TARGETS = [
     ("local", "Local — a real Ray cluster on this machine: tiny model, no cloud"),
     ("aws", "AWS — new EKS cluster with EFA GPU nodes, in an AZ preflight checks"),
     ("kube", "Kubernetes — an existing cluster from kubeconfig"),
 ]
-_CHECK_MARK = {CheckStatus.OK: ("✓", "green"), CheckStatus.WARN: ("!", "yellow"), CheckStatus.FAIL: ("✗", "red"),
-               CheckStatus.INFO: ("i", "blue")}
-
 
 def selectable_targets(target: str) -> set[str]:
     """The session's own target: its run, record and lock belong to it (another target is another run)."""
@@ -66,8 +64,6 @@ class TargetScreen(RtuiScreen):
     TargetScreen #contexts { height: auto; max-height: 8; }
     TargetScreen #contexts-heading { padding: 0 1; text-style: bold; }
     TargetScreen #targets { border-subtitle-color: $text-muted; border-subtitle-style: italic; }
-    TargetScreen #matrix-heading { padding: 0 2; height: 1; }
-    TargetScreen #matrix { height: auto; max-height: 14; border: round $primary 40%; }
     """
 
     @dataclass
@@ -157,9 +153,11 @@ class TargetScreen(RtuiScreen):
 
         return next((layer for layer in self.session.stack.layers if isinstance(layer, AwsLayer)), None)
 
-    def empty_matrix(self) -> MatrixSnapshot:
-        cfg = self.session.config
-        return MatrixSnapshot(chosen=(cfg.region, cfg.availability_zone) if cfg.availability_zone else None)
+    def feasibility(self) -> FeasibilityPanel:
+        """aws: the matrix (its module loads with the first aws screen, not before)."""
+        from tui.matrix import FeasibilityPanel
+
+        return self.query_one(FeasibilityPanel)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -172,8 +170,11 @@ class TargetScreen(RtuiScreen):
             targets.border_subtitle = unselectable_reason(target)
             yield targets
             if self.aws:
-                yield Static(id="matrix-heading")
-                yield AzMatrix(id="matrix")
+                from tui.matrix import FeasibilityPanel
+
+                cfg = self.session.config
+                yield FeasibilityPanel(gpus=f"{cfg.gpu_node_count} × {cfg.gpu_node_type}", region=cfg.region,
+                                       chosen=(cfg.region, cfg.availability_zone) if cfg.availability_zone else None)
             with Horizontal(id="target-details"):
                 if self.kube:  # the picker beside the checks: at 80×24 both stay in view
                     with Vertical(id="target-left"):
@@ -211,25 +212,16 @@ class TargetScreen(RtuiScreen):
         targets.highlighted = next(i for i, (name, _) in enumerate(TARGETS)
                                    if name in selectable_targets(cfg.target))
         if self.aws:
-            self.show_matrix_heading()
-            self.query_one(AzMatrix).snapshot = self.empty_matrix()
+            self.feasibility().reset(all_regions=self.all_regions)
         # On kube the context is the one choice left to make here, on aws the AZ: its picker has the focus.
         (self.query_one("#contexts", OptionList) if self.kube else
-         self.query_one(AzMatrix) if self.aws else targets).focus()
+         self.feasibility().matrix if self.aws else targets).focus()
         # After the first paint: the checks import the target's modules, which the first frame doesn't need.
         self.call_after_refresh(self.run_checks)
         if self.kube:
             self.call_after_refresh(self.load_contexts)
 
     # --- workers: they post messages, the handlers below change widgets ------------------
-    def show_matrix_heading(self) -> None:
-        cfg = self.session.config
-        matrix = self.query_one(AzMatrix)
-        where = "every enabled region" if self.all_regions else cfg.region
-        matrix.border_title = f"Feasibility · {cfg.gpu_node_count} × {cfg.gpu_node_type} · {where}"
-        matrix.border_subtitle = "★ recommended  ● chosen  Enter uses an AZ"
-        self.query_one("#matrix-heading", Static).update(header_line())
-
     @work(exclusive=True, group="checks")
     async def run_checks(self) -> None:
         layer = self.aws_layer()
@@ -289,22 +281,15 @@ class TargetScreen(RtuiScreen):
         shown = [c for c in message.results if not c.id.startswith("aws.region.")]  # the matrix shows those
         self.query_one("#checks", Static).update(render_checks(shown))
         if self.aws:
-            matrix = self.query_one(AzMatrix)
-            report, empty = message.report, self.empty_matrix()
             failed = next((c.detail for c in message.results if c.id == "aws.preflight"), None)
-            rec = report.recommendation if report is not None else None
-            matrix.snapshot = MatrixSnapshot(
-                tuple((r.region, r) for r in report.regions) if report is not None else matrix.snapshot.regions,
-                (rec.region, rec.zone) if rec is not None else None, empty.chosen, failed, finished=True)
+            self.feasibility().finished(message.report, failed)
             self.refresh_bindings()
 
     def on_target_screen_regions_listed(self, message: RegionsListed) -> None:
-        self.query_one(AzMatrix).snapshot = MatrixSnapshot(tuple((name, None) for name in message.regions),
-                                                           chosen=self.empty_matrix().chosen)
+        self.feasibility().listed(message.regions)
 
     def on_target_screen_region_checked(self, message: RegionChecked) -> None:
-        matrix = self.query_one(AzMatrix)
-        matrix.snapshot = matrix.snapshot.with_region(message.report)
+        self.feasibility().checked(message.report)
 
     def on_target_screen_quota_requested(self, message: QuotaRequested) -> None:
         if not message.filed:
@@ -336,8 +321,7 @@ class TargetScreen(RtuiScreen):
             return []
         from backend.aws.quota_requests import short_quotas
 
-        highlighted = self.query_one(AzMatrix).highlighted_option
-        region = highlighted.id.split("/")[0] if highlighted is not None and highlighted.id else None
+        region = self.feasibility().highlighted_region
         short = short_quotas(self.report.regions)
         return [s for s in short if s[0] == region] or [s for s in short if s[0] == self.session.config.region]
 
@@ -355,8 +339,7 @@ class TargetScreen(RtuiScreen):
         self.checks = None
         if self.aws:
             self.report = None
-            self.show_matrix_heading()
-            self.query_one(AzMatrix).snapshot = self.empty_matrix()
+            self.feasibility().reset(all_regions=self.all_regions)
             self.refresh_bindings()
         self.run_checks()
 
@@ -368,7 +351,7 @@ class TargetScreen(RtuiScreen):
         self.query_one("#contexts", OptionList).focus()
 
     def action_pick_zone(self) -> None:
-        self.query_one(AzMatrix).focus()
+        self.feasibility().matrix.focus()
 
     def action_request_quota(self) -> None:
         requests = self.short_quotas()
@@ -396,11 +379,10 @@ class TargetScreen(RtuiScreen):
 
     def choose(self, list_id: str | None, option_id: str | None) -> None:
         """Enter on an option: another AZ or context is used first (a new session); the one in use goes on."""
-        if list_id == "matrix" and option_id is not None:
+        if list_id == "matrix" and option_id is not None and not self.feasibility().is_in_use(option_id):
             region, zone = option_id.split("/", 1)
-            if (region, zone) != self.query_one(AzMatrix).snapshot.in_use:
-                self.post_message(self.ZoneChosen(region, zone))
-                return
+            self.post_message(self.ZoneChosen(region, zone))
+            return
         if list_id == "contexts" and option_id is not None:
             in_use = self.session.config.context or self.kubeconfig_current
             if option_id != in_use:
@@ -414,27 +396,3 @@ class TargetScreen(RtuiScreen):
             self.notify(f"{failed[0].title}: {failed[0].remedy or failed[0].detail}", severity="error")
             return
         self.post_message(self.Chosen())
-
-def render_context(context: KubeContext, *, current: bool) -> Text:
-    text = Text()
-    text.append("* " if current else "  ", style="bold green")
-    text.append(context.name, style="bold")
-    text.append(f"  {context.server or '(no cluster entry)'}", style="dim")
-    if context.namespace != "default":
-        text.append(f"  ns {context.namespace}", style="dim")
-    return text
-
-
-def render_checks(results: list[CheckResult]) -> Text:
-    text = Text()
-    text.append("Preflight\n", style="bold")
-    for check in results:
-        mark, style = _CHECK_MARK[check.status]
-        text.append(f"{mark} ", style=style)
-        text.append(check.title)
-        if check.detail:
-            text.append(f" — {check.detail}", style="dim")
-        text.append("\n")
-        if check.remedy and check.status is not CheckStatus.OK:
-            text.append(f"    {check.remedy}\n", style="italic")
-    return text

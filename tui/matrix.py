@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
 from textual.reactive import reactive
-from textual.widgets import OptionList
+from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from backend.aws.report import RegionReport, ZoneReport
+from backend.aws.report import PreflightReport, RegionReport, ZoneReport
 
 _VERDICT = {"feasible": ("✓", "green"), "warning": ("!", "yellow"), "blocked": ("✗", "red")}
 # mark, flag, zone, zone id, GPU offered, EFA, quota headroom, reservation, EKS zone, $/h
@@ -158,3 +160,58 @@ class AzMatrix(OptionList):
             if target is not None and target in ids:
                 self.highlighted = ids.index(target)
                 break
+
+
+class FeasibilityPanel(Vertical):
+    """The aws target's matrix with its column heading, fed as the preflight returns region by region.
+
+    The target screen builds it only for aws, so the local and kube first frames never import the
+    aws report models."""
+
+    DEFAULT_CSS = """
+    FeasibilityPanel { height: auto; }
+    FeasibilityPanel #matrix-heading { padding: 0 2; height: 1; }
+    FeasibilityPanel #matrix { height: auto; max-height: 14; border: round $primary 40%; }
+    """
+
+    def __init__(self, *, gpus: str, region: str, chosen: tuple[str, str] | None) -> None:
+        super().__init__(id="feasibility")
+        self.gpus = gpus  # "2 × g6.12xlarge"
+        self.region_name = region
+        self.chosen = chosen  # the configured AZ, when there is one
+
+    def compose(self) -> ComposeResult:
+        yield Static(header_line(), id="matrix-heading")
+        yield AzMatrix(id="matrix")
+
+    @property
+    def matrix(self) -> AzMatrix:
+        return self.query_one(AzMatrix)
+
+    def reset(self, *, all_regions: bool) -> None:
+        """Checking (again): empty, titled with what is checked where."""
+        where = "every enabled region" if all_regions else self.region_name
+        self.matrix.border_title = f"Feasibility · {self.gpus} · {where}"
+        self.matrix.border_subtitle = "★ recommended  ● chosen  Enter uses an AZ"
+        self.matrix.snapshot = MatrixSnapshot(chosen=self.chosen)
+
+    def listed(self, regions: list[str]) -> None:
+        self.matrix.snapshot = MatrixSnapshot(tuple((name, None) for name in regions), chosen=self.chosen)
+
+    def checked(self, report: RegionReport) -> None:
+        self.matrix.snapshot = self.matrix.snapshot.with_region(report)
+
+    def finished(self, report: PreflightReport | None, failed: str | None) -> None:
+        rec = report.recommendation if report is not None else None
+        self.matrix.snapshot = MatrixSnapshot(
+            tuple((r.region, r) for r in report.regions) if report is not None else self.matrix.snapshot.regions,
+            (rec.region, rec.zone) if rec is not None else None, self.chosen, failed, finished=True)
+
+    @property
+    def highlighted_region(self) -> str | None:
+        option = self.matrix.highlighted_option
+        return option.id.split("/")[0] if option is not None and option.id else None
+
+    def is_in_use(self, option_id: str) -> bool:
+        region, zone = option_id.split("/", 1)
+        return (region, zone) == self.matrix.snapshot.in_use

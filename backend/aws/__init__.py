@@ -1,20 +1,35 @@
-"""The aws target's backend: preflight feasibility matrix (more to come: plan, apply, teardown).
+"""The aws target's backend: preflight feasibility matrix, quota requests, pricing.
 
-No Textual, no tui/ or screens/ imports here (DESIGN.md §1).
+No Textual, no tui/ or screens/ imports here (DESIGN.md §1). The names below load on first use:
+importing a light submodule (``backend.aws.report`` for the matrix widget) must not pull in boto3,
+which costs the local target's first frame ~80 ms.
 """
 
-from backend.aws.check_command import check_command
-from backend.aws.preflight import run_preflight
-from backend.aws.quota import QuotaIncreaseRequest, request_quota_increase
-from backend.aws.report import (
-    PreflightReport,
-    PreflightRequest,
-    QuotaStatus,
-    Recommendation,
-    RegionReport,
-    Reservation,
-    ZoneReport,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backend.aws.check_command import check_command
+    from backend.aws.preflight import run_preflight
+    from backend.aws.quota import QuotaIncreaseRequest, request_quota_increase
+    from backend.aws.report import (
+        PreflightReport,
+        PreflightRequest,
+        QuotaStatus,
+        Recommendation,
+        RegionReport,
+        Reservation,
+        ZoneReport,
+    )
+
+_HOME = {
+    "check_command": "check_command", "run_preflight": "preflight",
+    "QuotaIncreaseRequest": "quota", "request_quota_increase": "quota",
+    **{name: "report" for name in ("PreflightReport", "PreflightRequest", "QuotaStatus", "Recommendation",
+                                   "RegionReport", "Reservation", "ZoneReport")},
+}
 
 __all__ = [
     "PreflightReport",
@@ -29,3 +44,11 @@ __all__ = [
     "request_quota_increase",
     "run_preflight",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'backend.aws' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"backend.aws.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
