@@ -23,7 +23,8 @@ def test_plain_plan_uses_terraform_symbols_and_counts() -> None:
     text = format_plan(sample_plan(), run_id="r1")
     lines = text.splitlines()
     assert lines[0] == "Plan for the local target (run r1):"
-    assert (lines[1], lines[3], lines[5]) == ("  local-ray", "  ray-job", "  aws")
+    # each layer says what it costs by the hour (deletions do not count; the aws layer: 0.045 + 0.4032)
+    assert (lines[1], lines[3], lines[5]) == ("  local-ray", "  ray-job", "  aws  $0.45/hour")
     assert lines[2].strip().startswith("+ local.ray-head  [cpus=2]")
     assert lines[4].strip().startswith("-/+ ray.job.train  [steps=9]")
     assert lines[6].strip().startswith("- aws.nodegroup.gpu  [size=2]")
