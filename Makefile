@@ -26,7 +26,7 @@ run: $(STAMP_RUN)
 	$(BIN)/rtui --target local
 
 test: $(STAMP_DEV)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 lint: $(STAMP_DEV)
