@@ -27,7 +27,7 @@ from textual.widgets.option_list import Option
 
 from backend.errors import RtuiError
 from backend.model import CheckResult, CheckStatus
-from tui.checks import render_checks, render_context
+from tui.checks import render_checks, render_config, render_context
 from tui.screen import RtuiScreen
 
 if TYPE_CHECKING:
@@ -188,8 +188,6 @@ class TargetScreen(RtuiScreen):
 
     def on_mount(self) -> None:
         cfg = self.session.config
-        summary = Text()
-        summary.append("Configuration\n", style="bold")
         rows = [("cluster", cfg.cluster_name), ("workers", str(cfg.effective_workers())),
                 ("steps", str(cfg.steps)), ("seq len × batch", f"{cfg.seq_len} × {cfg.effective_batch_size()}"),
                 ("precision", cfg.effective_precision()),
@@ -200,11 +198,7 @@ class TargetScreen(RtuiScreen):
         if self.aws:
             rows += [("region", cfg.region), ("GPU nodes", f"{cfg.gpu_node_count} × {cfg.gpu_node_type}"),
                      ("AZ", cfg.availability_zone or "the recommended one")]
-        for key, value in rows:
-            summary.append(f"{key:<16}", style="dim")
-            summary.append(f"{value}\n")
-        summary.append("\nChange with flags, RTUI_* env or rtui.toml (rtui config show)", style="dim italic")
-        self.query_one("#config-summary", Static).update(summary)
+        self.query_one("#config-summary", Static).update(render_config(rows))
         targets = self.query_one("#targets", OptionList)
         if self.kube or self.aws:  # two rows of air fewer, so the checks fit beside the picker at 80×24
             for widget in (self.query_one(".heading"), targets):

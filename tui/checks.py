@@ -1,9 +1,11 @@
-"""The target screen's text: the preflight checks and the kubeconfig contexts."""
+"""The target screen's text: the configuration, the preflight checks and the kubeconfig contexts."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 
 from backend.model import CheckResult, CheckStatus
@@ -38,3 +40,14 @@ def render_checks(results: list[CheckResult]) -> Text:
         if check.remedy and check.status is not CheckStatus.OK:
             text.append(f"    {check.remedy}\n", style="italic")
     return text
+
+
+def render_config(rows: list[tuple[str, str]]) -> Group:
+    """The run's settings, a value wrapping under its own column (never back under the keys)."""
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="dim", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, value)
+    return Group(Text("Configuration", style="bold"), table,
+                 Text("\nChange with flags, RTUI_* env or rtui.toml (rtui config show)", style="dim italic"))
