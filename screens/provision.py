@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,9 +62,10 @@ class ProvisionScreen(RtuiScreen):
         failed: StepEvent
 
     def __init__(self, plan: PlanResult | None = None, *, mode: Mode = "apply",
-                 outline: list[Step] | None = None) -> None:
+                 outline: list[Step] | None = None, clock: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.plan = plan
+        self.clock = clock  # what running panes measure their elapsed time against
         self.mode: Mode = mode
         self.outline = outline or []
         self.running = True
@@ -74,8 +77,9 @@ class ProvisionScreen(RtuiScreen):
         with VerticalScroll(id="steps"):
             yield Static("Provisioning" if self.mode == "apply" else "Tearing down", classes="heading")
             for step in self.outline:
-                yield StepPane(step.id, step.title, step.expected_s)
-            yield Static("", id="outcome")
+                yield StepPane(step.id, step.title, step.expected_s, clock=self.clock)
+        # Below the steps, not among them: what to do next stays in view however many steps scroll.
+        yield Static("", id="outcome")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -106,8 +110,8 @@ class ProvisionScreen(RtuiScreen):
         if panes:
             pane = panes.first(StepPane)
         else:  # teardown steps come from discovery: a pane per step as it starts
-            pane = StepPane(event.step, event.message or event.step, 1.0)
-            await self.query_one("#steps").mount(pane, before=self.query_one("#outcome"))
+            pane = StepPane(event.step, event.message or event.step, 1.0, clock=self.clock)
+            await self.query_one("#steps").mount(pane)
         pane.apply_event(event)
 
     def on_provision_screen_finished(self, message: Finished) -> None:
@@ -125,6 +129,10 @@ class ProvisionScreen(RtuiScreen):
                            "AZ and re-plans (`rtui up --az-failover` does the same); r retries here.")
         elif not message.ok:
             outcome.update("Something failed (see the red step). r retries, escape goes back; nothing was torn down.")
+        outcome.display = bool(outcome.content)
+        failed = self.query(".step-pane.-failed")
+        if failed:  # at the top (once the outcome has its room): its cause and remedy, then what it held up
+            self.call_after_refresh(failed.first().scroll_visible, animate=False, top=True)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("back", "retry"):

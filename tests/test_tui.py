@@ -83,10 +83,6 @@ def test_plan_screen_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-
     assert snap_compare(RtuiApp(fixed_session(steps="20")), run_before=to_plan, terminal_size=(110, 30))
 
 
-def test_teardown_modal_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
-    assert snap_compare(ConfirmHarness(), terminal_size=(90, 20))
-
-
 @pytest.mark.ray
 async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
     app = RtuiApp(RunSession.for_config(resolve_config({"steps": "12"})))

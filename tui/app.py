@@ -12,7 +12,8 @@ import contextlib
 import os
 import shutil
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,9 +48,11 @@ class RtuiApp(App[None]):
     ]
 
     def __init__(self, session: RunSession, *, resume: bool = False, read_only: bool = False,
-                 choose_from: list[str] | None = None) -> None:
+                 choose_from: list[str] | None = None, clock: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.session = session
+        # What "now" is for what the app itself shows (the teardown modal's cost so far); tests freeze it.
+        self.clock = clock
         self.resume = resume
         self.read_only = read_only
         # Several live runs and no id given to --resume: the user picks one first.
@@ -236,7 +239,7 @@ class RtuiApp(App[None]):
 
         session = self.session
         self.push_screen(ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
-                                         details=teardown_summary(session)), confirmed)
+                                         details=teardown_summary(session, now=self.clock())), confirmed)
 
     def _teardown(self) -> None:
         if not self.acquire():
@@ -388,8 +391,9 @@ def rtui_command() -> str:
     return relative if os.sep in relative else f"./{relative}"
 
 
-def teardown_summary(session: RunSession) -> list[str]:
-    """What the teardown modal lists: what this run has made, by layer, and what it costs per hour."""
+def teardown_summary(session: RunSession, *, now: float | None = None) -> list[str]:
+    """What the teardown modal lists: what this run has made, by layer, and what it costs per hour
+    (and has cost up to ``now``, the wall clock unless given)."""
     from backend.session import cost_meter
 
     live = [(address, r) for address, r in session.record.resources.items() if r.live]
@@ -399,7 +403,7 @@ def teardown_summary(session: RunSession) -> list[str]:
         by_layer.setdefault(layer, []).append(address.split(".", 1)[1] if "." in address else address)
     lines = [f"{layer}: {', '.join(names[:6])}" + (f" +{len(names) - 6} more" if len(names) > 6 else "")
              for layer, names in by_layer.items()]
-    cost = cost_meter(session.record)
+    cost = cost_meter(session.record, now=now)
     if cost and cost.get("per_hour"):
         lines.append(f"These cost ${cost['per_hour']:.2f}/hour now (${cost['accrued']:.2f} so far).")
     return lines or ["Nothing is recorded as made; discovery looks again before deleting."]

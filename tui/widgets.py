@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
+from textual.visual import VisualType
 from textual.widgets import Label, ProgressBar, Static
 
 from backend.model import EventKind, StepEvent
@@ -17,6 +19,22 @@ _STATUS_STYLE = {
     "pending": ("○", "dim"), "running": ("◐", "bold yellow"), "done": ("✓", "bold green"),
     "failed": ("✗", "bold red"), "skipped": ("=", "green"), "cancelled": ("⊘", "red"),
 }
+
+
+class StepMessage(Static):
+    """A pane's message lines (progress, or the cause and the remedy of a failure), as tall as they wrap.
+
+    Textual (8.2) caches a widget's box model under a counter that ``refresh(layout=True)`` advances only
+    when no layout is already pending for it. A burst of events right after the pane is mounted (before
+    its first idle) lets a layout pass cache the height of an earlier text, and later updates, under the
+    same counter, kept it: a failure's second line (its remedy) was cut off. Each update drops that cache.
+    """
+
+    def update(self, content: VisualType = "", *, layout: bool = True) -> None:
+        super().update(content, layout=layout)
+        cache = getattr(self, "_box_model_cache", None)  # private to Textual: tolerate its absence
+        if cache is not None:
+            cache.clear()
 
 
 class StepPane(Vertical):
@@ -28,11 +46,15 @@ class StepPane(Vertical):
 
     RECENT = 3  # messages a pane keeps on screen
 
-    def __init__(self, step_id: str, title: str, expected_s: float) -> None:
+    def __init__(self, step_id: str, title: str, expected_s: float, *,
+                 clock: Callable[[], float] = time.time) -> None:
         super().__init__(id=self.dom_id(step_id), classes="step-pane")
         self.step_id = step_id
         self.title_text = title
         self.expected_s = expected_s
+        # A running step's elapsed time (and its ETA bar) is measured against this; a stopped one's
+        # comes from its events' timestamps alone.
+        self.clock = clock
         self.started: float | None = None
         self.ended: float | None = None
         self.reported_fraction = False  # the step reports its own progress; else the bar follows the ETA
@@ -48,7 +70,7 @@ class StepPane(Vertical):
             yield Label(id="step-status")
             yield Label(self.title_text, classes="step-title")
             yield Label("", id="step-elapsed")
-        yield Static("", id="step-message")
+        yield StepMessage("", id="step-message")
         yield ProgressBar(total=1.0, show_eta=False, show_percentage=True, id="step-progress")
 
     def on_mount(self) -> None:
@@ -58,7 +80,7 @@ class StepPane(Vertical):
     def _tick(self) -> None:
         if self.started is None:
             return
-        end = self.ended or time.time()
+        end = self.ended if self.ended is not None else self.clock()
         elapsed = end - self.started
         left = self.expected_s - elapsed
         eta = f" · ~{left:.0f}s left" if self.ended is None and self.status == "running" and left >= 1 else ""
@@ -84,7 +106,7 @@ class StepPane(Vertical):
 
     def watch_message(self, message: str) -> None:
         if self.is_mounted:
-            self.query_one("#step-message", Static).update(Text(message))
+            self.query_one("#step-message", StepMessage).update(Text(message))
 
     def apply_event(self, event: StepEvent) -> None:
         bar = self.query_one("#step-progress", ProgressBar)
