@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from textual.widgets import Label, ProgressBar, Static
 
 from backend.model import EventKind, StepEvent
 
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 _STATUS_STYLE = {
     "pending": ("○", "dim"), "running": ("◐", "bold yellow"), "done": ("✓", "bold green"),
     "failed": ("✗", "bold red"), "skipped": ("=", "green"), "cancelled": ("⊘", "red"),
@@ -90,8 +92,11 @@ class StepPane(Vertical):
             self.query_one("#step-progress", ProgressBar).update(progress=min(0.95, elapsed / self.expected_s))
 
     def _say(self, message: str) -> None:
-        if message and (not self.recent or self.recent[-1] != message):
-            self.recent.append(message)
+        if message:
+            if self.recent and _NUMBERS.sub("#", self.recent[-1]) == _NUMBERS.sub("#", message):
+                self.recent[-1] = message  # a counter moving ("waiting (2s)", "(3s)"): one line, updated
+            else:
+                self.recent.append(message)
         self.message = "\n".join(self.recent)
 
     def _render_status(self) -> None:
@@ -126,6 +131,10 @@ class StepPane(Vertical):
             self.started = self.started or event.ts
             self.status = "done" if event.kind is EventKind.DONE else "skipped"
             bar.update(progress=1.0)
+            # Done: its outcome is the last word; the chatter before it goes (a pane a line shorter).
+            last = event.message or (self.recent[-1] if self.recent else "")
+            self.recent.clear()
+            self._say(last)
         elif event.kind in (EventKind.FAILED, EventKind.CANCELLED):
             self.ended = event.ts
             self.status = "failed" if event.kind is EventKind.FAILED else "cancelled"

@@ -1,0 +1,58 @@
+"""A provisioning step's pane: a moving counter is one line, a done step keeps its outcome, a failure
+shows its cause and remedy; the elapsed time and ETA are never cut."""
+
+from __future__ import annotations
+
+from textual.app import App, ComposeResult
+from textual.widgets import Label, Static
+
+from backend.model import EventKind, StepEvent
+from tui.widgets import StepPane
+
+T0 = 1_767_225_600.0
+
+
+class PaneApp(App[None]):
+    CSS_PATH = "../tui/rtui.tcss"
+
+    def compose(self) -> ComposeResult:
+        yield StepPane("local.ray-head", "Start the Ray head", 20.0, clock=lambda: T0 + 3.2)
+
+
+def message(app: App[None]) -> str:
+    return str(app.query_one("#step-message", Static).render())
+
+
+async def test_counters_collapse_done_keeps_its_outcome_and_the_eta_fits() -> None:
+    app = PaneApp()
+    async with app.run_test(size=(80, 12)) as pilot:
+        pane = app.query_one(StepPane)
+        pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.STARTED, ts=T0))
+        for second in (1, 2, 3):
+            pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.PROGRESS, ts=T0 + second,
+                                       message=f"waiting for the dashboard ({second}s)"))
+        pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.PROGRESS, ts=T0 + 3,
+                                   message="starting 2 workers"))
+        await pilot.pause(0.1)
+        assert message(app).splitlines() == ["waiting for the dashboard (3s)", "starting 2 workers"]
+        label = app.query_one("#step-elapsed", Label)
+        assert str(label.render()).strip() == "3.2s · ~17s left"
+        assert label.region.width >= len("3.2s · ~17s left")  # whole on screen: the label grows with its text
+        pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.DONE, ts=T0 + 4.5,
+                                   message="dashboard up at http://127.0.0.1:8265"))
+        await pilot.pause(0.1)
+        assert message(app) == "dashboard up at http://127.0.0.1:8265"
+        assert str(app.query_one("#step-elapsed", Label).render()).strip() == "4.5s"
+
+
+async def test_a_failure_replaces_the_chatter_with_cause_and_remedy() -> None:
+    app = PaneApp()
+    async with app.run_test(size=(80, 12)) as pilot:
+        pane = app.query_one(StepPane)
+        pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.STARTED, ts=T0))
+        pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.PROGRESS, ts=T0 + 1, message="trying"))
+        pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.FAILED, ts=T0 + 2, message="port 6379 taken",
+                                   remedy="set --ray-port"))
+        await pilot.pause(0.1)
+        assert message(app).splitlines() == ["port 6379 taken", "→ set --ray-port"]
+        assert pane.has_class("-failed")
