@@ -128,8 +128,17 @@ def test_kube_contexts_lists_servers_and_the_current_one(world: KubeWorld) -> No
     assert [(c.name, c.server) for c in contexts] == [(CONTEXT, world.cluster.url), (SECOND, world.cluster.url)]
 
 
-async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: KubeWorld) -> None:
+async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: KubeWorld,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     gpu_nodes(world.cluster)
+    provisioned: list[set[str]] = []
+    mount = ProvisionScreen.on_mount
+
+    def on_mount(screen: ProvisionScreen) -> None:
+        provisioned.append({p.step_id for p in screen.query(StepPane)})
+        mount(screen)
+
+    monkeypatch.setattr(ProvisionScreen, "on_mount", on_mount)
     app = RtuiApp(world.session())
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: target_screen(app) and contexts_shown(app) == 2, 15, "checks and contexts")
@@ -166,8 +175,11 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
         assert "kubernetes" in shown and "k8s.raycluster" in shown and "ray.job.train" in shown
 
         await pilot.press("a")
-        await wait_for(pilot, lambda: isinstance(app.screen, ProvisionScreen), 5, "the provision screen")
-        panes = {p.step_id for p in app.screen.query(StepPane)}
+        # The panes as the provision screen mounts them: on a fast fake cluster the screen can come and go
+        # between two polls, so it is not looked for on screen.
+        await wait_for(pilot, lambda: provisioned, 20, lambda: f"the provision screen (on {type(app.screen).__name__}; "
+                                                               f"notes: {[n.message for n in app._notifications]})")
+        panes = provisioned[0]
         assert panes == {c.address for c in plan.changes if c.action is not Action.NOOP}
         await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 120, lambda: f"the run screen: {steps(app)}")
         run = app.screen
