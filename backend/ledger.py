@@ -15,6 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+# An output a handler sets to False when a resource exists but bills nothing (a nodegroup for which
+# AWS launched no instance); the cost meter leaves it out. A new life of the address starts billing again.
+BILLING = "billing"
+
 
 class ResourceStatus(StrEnum):
     INTENDED = "intended"
@@ -38,6 +42,11 @@ class ResourceRecord(BaseModel):
         """Created (or on its way) and not deleted: teardown still owes it."""
         return self.status in (ResourceStatus.INTENDED, ResourceStatus.CREATING, ResourceStatus.READY,
                                ResourceStatus.DELETING)
+
+    @property
+    def bills(self) -> bool:
+        """Live, and not known to bill nothing."""
+        return self.live and self.outputs.get(BILLING) is not False
 
 
 class Ledger:

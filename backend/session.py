@@ -338,7 +338,8 @@ class RunSession:
 
 def cost_meter(record: RunRecord, now: float | None = None) -> dict[str, Any] | None:
     """What the run costs now and has cost so far: each live priced resource from when it was made,
-    at the plan's price; after teardown, what the orphan sweep still found. None when nothing is priced."""
+    at the plan's price, unless it is known to bill nothing (``ResourceRecord.bills``); after teardown,
+    what the orphan sweep still found. None when nothing is priced."""
     import time
 
     now = time.time() if now is None else now
@@ -346,7 +347,7 @@ def cost_meter(record: RunRecord, now: float | None = None) -> dict[str, Any] | 
     items = {}
     for address, entry in record.resources.items():
         price = prices.get(address, 0.0)
-        if price and entry.live:
+        if price and entry.bills:
             hours = max(0.0, now - entry.created_at) / 3600
             items[address] = {"per_hour": price, "since": entry.created_at, "accrued": round(price * hours, 4)}
     left = record.facts.get("sweep") or []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from textual import work
@@ -51,7 +52,7 @@ from backend.layers.base import Handler
 from backend.layers.kubernetes.handlers import NAMESPACE, OPERATOR, PREPULL, RAYCLUSTER, WORKERS
 from backend.layers.kubernetes.raycluster import RayClusterHandler, WorkersHandler
 from backend.layers.ray_job import JOB, JobHandler
-from backend.ledger import ResourceRecord, ResourceStatus
+from backend.ledger import BILLING, ResourceRecord, ResourceStatus
 from backend.model import Action, EventKind, StepEvent
 from backend.runner import Progress, Step
 from backend.session import RunSession
@@ -160,8 +161,10 @@ class FailedApplyApp(RtuiApp):
         return ScriptedApply(outline=outline(), clock=self.clock)
 
 
-def _made(kind: str, rid: str, at: float, status: ResourceStatus = ResourceStatus.READY) -> ResourceRecord:
-    return ResourceRecord(kind=kind, id=rid, status=status, created_at=T0 + at, updated_at=T0 + at)
+def _made(kind: str, rid: str, at: float, status: ResourceStatus = ResourceStatus.READY,
+          outputs: dict[str, Any] | None = None) -> ResourceRecord:
+    return ResourceRecord(kind=kind, id=rid, status=status, created_at=T0 + at, updated_at=T0 + at,
+                          outputs=outputs or {})
 
 
 def failed_apply_session() -> RunSession:
@@ -192,8 +195,10 @@ def failed_apply_session() -> RunSession:
         PLACEMENT_GROUP: _made("aws-placement-group", "rtui-rtui-ray-gpu-us-east-1a", 2.0),
         LAUNCH_TEMPLATE: _made("aws-launch-template", "lt-0a1b2c3d", 8.0),
         SYSTEM_NODES: _made("aws-nodegroup", "rtui-ray/rtui-ray-system", 612.0),
-        # Made, then CREATE_FAILED: still live in the ledger until teardown deletes it.
-        GPU_NODES: _made("aws-nodegroup", f"rtui-ray/{GPU_GROUP}", 612.0, ResourceStatus.CREATING),
+        # Made, then CREATE_FAILED for want of capacity: live in the ledger until teardown deletes it,
+        # billing nothing (no instance was launched), as the nodegroup handler leaves it.
+        GPU_NODES: _made("aws-nodegroup", f"rtui-ray/{GPU_GROUP}", 612.0, ResourceStatus.CREATING,
+                         outputs={BILLING: False}),
         NAMESPACE: _made("k8s-namespace", "Namespace/rtui", 615.0),
         OPERATOR: _made("kuberay-operator", "Deployment/kuberay-operator", 801.8),
         PREPULL: _made("k8s-image-prepull", "DaemonSet/rtui/rtui-ray-prepull", 615.0),
@@ -239,7 +244,7 @@ def test_teardown_modal_snapshot(snap_compare, size: tuple[int, int]) -> None:  
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmTeardown), 5, "the teardown modal")
         details = pilot.app.screen.details  # type: ignore[attr-defined]
         assert details[0].startswith("aws: vpc, ") and details[1].startswith("k8s: namespace, ")
-        assert details[-1] == "These cost $9.55/hour now ($7.96 so far)."
+        assert details[-1] == "These cost $0.35/hour now ($0.32 so far)."
 
     assert snap_compare(FailedApplyApp(failed_apply_session(), clock=lambda: NOW), run_before=teardown,
                         terminal_size=size)

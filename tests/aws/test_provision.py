@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from backend.model import Action, EventKind
+from backend.session import cost_meter
 from tests.aws.conftest import World
 from tests.aws.provision_world import RUN_TAG, down, ec2, eks, iam, session_for, tagged, up
 
@@ -154,6 +155,11 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
     fault = next(e for e in failed.events if e.step == "aws.nodegroup.gpu" and e.kind is EventKind.FAILED)
     assert "InsufficientInstanceCapacity" in fault.message and first in fault.message
     assert "--az-failover" in (fault.remedy or "")
+    # The failed nodegroup stays for teardown, but AWS launched no instance: the meter does not count it.
+    assert stuck.record.resources["aws.nodegroup.gpu"].live
+    meter = cost_meter(stuck.record)
+    assert meter is not None and "aws.eks-cluster" in meter["resources"]
+    assert "aws.nodegroup.gpu" not in meter["resources"] and meter["per_hour"] < 1.0
 
     moved = await up(stuck, az_failover=True)
     assert moved.ok, moved.failures()
@@ -163,6 +169,8 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
     assert stuck.record.facts["az_moves"][0]["from"] == first
     assert "InsufficientInstanceCapacity" in stuck.record.facts["az_moves"][0]["why"]
     assert stuck.record.facts["gpu_az"] == az
+    meter = cost_meter(stuck.record)
+    assert meter is not None and meter["resources"]["aws.nodegroup.gpu"]["per_hour"] > 9  # billing again
     assert (await down(stuck)).ok
     assert tagged(stuck.run_id) == {}
 

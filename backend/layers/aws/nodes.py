@@ -26,6 +26,7 @@ from backend.layers.aws.cluster import describe_cluster
 from backend.layers.aws.iam import role_arn
 from backend.layers.aws.network import find, run_tags, security_group_id, subnet_ids
 from backend.layers.base import Context
+from backend.ledger import BILLING
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
 
@@ -233,8 +234,18 @@ class NodegroupHandler(AwsHandler):
             request["diskSize"] = 50
         await api.call("eks", "create_nodegroup", **request, ok=("ResourceInUseException",))
         self.made(ctx, want, f"{cluster}/{name}")
-        async for p in self.wait_ready(ctx, f"{cluster}/{name}"):
+        async for p in self._until_ready(ctx, want, f"{cluster}/{name}"):
             yield p
+
+    async def _until_ready(self, ctx: Context, want: Resource, resource_id: str) -> AsyncIterator[Progress]:
+        try:
+            async for p in self.wait_ready(ctx, resource_id):
+                yield p
+        except CapacityError:
+            # AWS launched no instance: the nodegroup stays in the ledger (teardown deletes it) but
+            # bills nothing, so the cost meter leaves it out.
+            ctx.ledger.update(want.address, outputs={BILLING: False})
+            raise
 
     def wait_ready(self, ctx: Context, resource_id: str) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -264,7 +275,7 @@ class NodegroupHandler(AwsHandler):
             await self.api(ctx).call("eks", "update_nodegroup_config", clusterName=cluster, nodegroupName=name,
                                      scalingConfig={"minSize": size, "maxSize": size, "desiredSize": size})
             yield Progress(f"{name}: {have.state.get('size')} → {size} nodes")
-        async for p in self.wait_ready(ctx, have.id):
+        async for p in self._until_ready(ctx, want, have.id):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
