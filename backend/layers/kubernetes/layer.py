@@ -70,6 +70,12 @@ def kube_api(ctx: Context) -> KubeApi:
     return _APIS[key]
 
 
+def close_apis() -> None:
+    """Close every cluster API this process made (their connections and idle threads)."""
+    while _APIS:
+        _APIS.popitem()[1].close()
+
+
 def _eks_api(ctx: Context) -> KubeApi:
     """The EKS cluster of an aws run, from the entry the aws layer wrote into the kubeconfig.
 
