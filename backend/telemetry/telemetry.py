@@ -26,8 +26,10 @@ class Telemetry:
     """NCCL transport verdict + bounded metric series, fed line by line from any source."""
 
     def __init__(self, *, max_points: int = DEFAULT_MAX_POINTS, model_params: float | None = None,
-                 peak_flops_per_gpu: float | None = None, n_gpus: int | None = None) -> None:
-        self.nccl = NcclAnalyzer()
+                 peak_flops_per_gpu: float | None = None, n_gpus: int | None = None,
+                 job_nodes: int | None = None) -> None:
+        # job_nodes: the run's node count when rtui knows it (its own runs): one node is intra-node.
+        self.nccl = NcclAnalyzer(job_nodes=job_nodes)
         self.series = MetricSeries(max_points=max_points, model_params=model_params,
                                    peak_flops_per_gpu=peak_flops_per_gpu, n_gpus=n_gpus)
         self.lines = 0
