@@ -138,3 +138,35 @@ def test_training_loop_passes_its_own_node_count_to_the_guard(tmp_path: Path,
     with redirect_stdout(out):
         loop.enforce_transport(cfg, tmp_path)
     assert "intra_node (basis announced) passes (a single node uses no network)" in out.getvalue()
+
+
+# -- the rules behind the families, each on the smallest set of lines that shows it -------------
+def at(host: str, pid: int, text: str) -> str:
+    return f"{host}:{pid}:{pid} [0] NCCL INFO {text}"
+
+
+def test_an_initialised_net_never_gives_way_to_one_nccl_tries_later() -> None:
+    ib = at("h", 1, "NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.1<0>")
+    socket = at("h", 1, "NET/Socket : Using [0]eth0:10.0.0.1<0> [1]eth1:10.0.1.1<0>")
+    plugin = at("h", 1, "NET/Plugin : No plugin found (libnccl-net.so), using internal implementation")
+    for order in ([plugin, ib, socket], [plugin, socket, ib]):
+        assert classify_lines(order).network == "IB"
+    # ... unless NCCL says otherwise, or NCCL_NET names the other one.
+    assert classify_lines([plugin, ib, socket, at("h", 1, "Using network Socket")]).network == "Socket"
+    forced = at("h", 1, "NCCL_NET set by environment to Socket")
+    assert classify_lines([forced, plugin, ib, socket]).network == "Socket"
+
+
+def test_graph_without_net_endpoints_is_one_node_and_with_them_is_not() -> None:
+    local = [at("h", 1, "Using network Socket"), at("h", 1, " 0 : GPU/0 GPU/1 GPU/2 GPU/3")]
+    verdict = classify_lines(local)
+    assert (verdict.transport, verdict.nodes) == ("intra_node", 1) and "NET endpoint" in (verdict.nodes_basis or "")
+    spans = [*local, at("h", 2, " 0 : NET/0 GPU/0 GPU/1 NET/0")]
+    assert classify_lines(spans).transport == "socket"
+
+
+def test_processes_on_one_host_fewer_than_the_ranks_are_no_proof() -> None:
+    ring = at("h", 1, "Channel 00/02 :    0   1   2   3   4   5   6   7")
+    lines = [ring, at("h", 1, "Using network Socket"), at("h", 2, "Trees [0] 2/-1/-1->1->0")]
+    verdict = classify_lines(lines)
+    assert verdict.transport == "socket" and verdict.nodes is None

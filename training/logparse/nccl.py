@@ -111,6 +111,7 @@ class NcclAnalyzer(VerdictRules):
         self._graph_net = False  # a searched graph ended at NET endpoints: the comm spans nodes
         self._graph_local = False  # a searched graph had GPUs only
         self._efa_only_seen = False
+        self._forced_net: str | None = None  # NCCL_NET: NCCL takes only the net of that name
         self._procs: dict[tuple[str, int | None], Proc] = {}
         # Raw text before " NCCL " -> its process: most lines that matter are channel lines
         # of a few processes, so normalising each of them again would dominate the cost.
@@ -294,6 +295,8 @@ class NcclAnalyzer(VerdictRules):
         order the lines come in.
         """
         proc = self._proc_of(line)
+        if tentative == "device" and self._forced_net == network.lower():
+            tentative = ""  # NCCL_NET names it: of the nets it initialised, NCCL takes this one
         if tentative and proc.network is not None and _rank(tentative, network) < _rank(proc.tentative,
                                                                                          proc.network):
             return
@@ -332,6 +335,7 @@ class NcclAnalyzer(VerdictRules):
         if m:
             self._keep("forced", "", line)
             self._note("forced", f"NCCL_NET is forced to '{m.group(1)}' by the environment")
+            self._forced_net = m.group(1).strip(".").lower()
             self._changed()
 
     # -- plugins, providers and their failures -------------------------------------------------
