@@ -71,7 +71,12 @@ class Telemetry:
     # -- results ---------------------------------------------------------------------------
     @property
     def transport(self) -> Verdict:
-        """NCCL's verdict; a job whose metric records say it runs on gloo, with no NCCL line at all, is gloo."""
+        """NCCL's verdict; a job whose metric records say it runs on gloo, with no NCCL line at all, is gloo.
+
+        A node count the job's records state (``"nodes"``) is the job's own: it settles single-node.
+        """
+        if self.series.nodes and self.nccl.job_nodes != self.series.nodes:
+            self.nccl.set_job_nodes(self.series.nodes)
         verdict = self.nccl.verdict()
         if verdict.transport == "unknown" and not verdict.evidence and self.series.backend == "gloo":
             return replace(verdict, transport="gloo", basis="backend",

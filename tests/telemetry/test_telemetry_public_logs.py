@@ -170,3 +170,17 @@ def test_processes_on_one_host_fewer_than_the_ranks_are_no_proof() -> None:
     lines = [ring, at("h", 1, "Using network Socket"), at("h", 2, "Trees [0] 2/-1/-1->1->0")]
     verdict = classify_lines(lines)
     assert verdict.transport == "socket" and verdict.nodes is None
+
+
+def test_live_telemetry_takes_the_node_count_the_job_states() -> None:
+    from backend.telemetry import Telemetry
+    from training.protocol import METRIC_TAG, format_record
+
+    telemetry = Telemetry()
+    telemetry.feed_lines(iter_file_lines(LOGS / entry("cscs_alps")["file"]))
+    assert telemetry.transport.transport == "unknown"
+    record = {"step": 1, "loss": 5.0, "step_time_s": 1.0, "world_size": 4, "nodes": 1, "ts": 1.0}
+    telemetry.feed(f"(RayTrainWorker pid=7) {format_record(METRIC_TAG, record)}")
+    verdict = telemetry.transport
+    assert verdict.transport == "intra_node" and verdict.nodes_basis == "the job itself runs on 1 node"
+    assert Telemetry(job_nodes=2).transport.nodes == 2

@@ -138,6 +138,17 @@ class NcclAnalyzer(VerdictRules):
         self._cached: Verdict | None = None
         self.nccl_lines = 0
 
+    @property
+    def job_nodes(self) -> int | None:
+        return self._job_nodes
+
+    def set_job_nodes(self, nodes: int | None) -> None:
+        """The job's node count learnt after the analyser started (from the job's own records)."""
+        nodes = nodes if nodes and nodes > 0 else None
+        if nodes != self._job_nodes:
+            self._job_nodes = nodes
+            self._changed()
+
     # -- feeding -----------------------------------------------------------------------
     def feed(self, line: str) -> None:
         # Colour in the prefix is normalize's business; in the text only Ray's coloured
