@@ -184,3 +184,13 @@ def test_live_telemetry_takes_the_node_count_the_job_states() -> None:
     verdict = telemetry.transport
     assert verdict.transport == "intra_node" and verdict.nodes_basis == "the job itself runs on 1 node"
     assert Telemetry(job_nodes=2).transport.nodes == 2
+
+
+def test_processes_count_only_against_a_stated_communicator_size() -> None:
+    # Four ranks' Trees lines on one host, but nothing states how many ranks the communicator has:
+    # the other node's ranks may simply not be in the fragment.
+    trees = [at("h", 10 + r, f"Trees [0] {r + 1}/-1/-1->{r}->{r - 1}") for r in range(4)]
+    verdict = classify_lines([at("h", 10, "Using network Socket"), *trees])
+    assert verdict.transport == "socket" and verdict.nodes is None
+    stated = [*trees, at("h", 10, "Channel 00/02 :    0   1   2   3"), at("h", 10, "Using network Socket")]
+    assert classify_lines(stated).transport == "intra_node"

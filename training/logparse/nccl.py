@@ -111,6 +111,7 @@ class NcclAnalyzer(VerdictRules):
         self._graph_net = False  # a searched graph ended at NET endpoints: the comm spans nodes
         self._graph_local = False  # a searched graph had GPUs only
         self._efa_only_seen = False
+        self._ring_size = 0  # ranks in the longest ring order seen: the communicator's size
         self._forced_net: str | None = None  # NCCL_NET: NCCL takes only the net of that name
         self._procs: dict[tuple[str, int | None], Proc] = {}
         # Raw text before " NCCL " -> its process: most lines that matter are channel lines
@@ -241,6 +242,9 @@ class NcclAnalyzer(VerdictRules):
         if ranks and all(r.isdigit() for r in ranks):
             self._proc_of(line)
             self._saw_rank(max(int(r) for r in ranks))
+            if len(ranks) > self._ring_size:
+                self._ring_size = len(ranks)
+                self._changed()
 
     def _trees(self, line: str) -> None:
         """``Trees [0] 3/-1/-1->1->0``: every rank prints its place in the trees (its own rank in the middle)."""

@@ -101,6 +101,7 @@ class VerdictRules:
     _graph_net: bool
     _graph_local: bool
     _efa_only_seen: bool
+    _ring_size: int
     nccl_lines: int
 
     def verdict(self) -> Verdict:
@@ -144,11 +145,13 @@ class VerdictRules:
         hosts = self._rank_hosts.get(n_ranks, {})
         if n_ranks >= 2 and len(hosts) == n_ranks and len(set(hosts.values())) == 1:
             return f"all {n_ranks} ranks' comm lines come from host {next(iter(hosts.values()))}"
+        # The size must be stated (comm line, ring order): the highest rank seen may be a fragment's.
+        size = max(n_ranks, self._ring_size)
         names = {p.host for p in procs}
-        known = self._known_ranks(procs)
         with_pid = [key for key in self._procs if key[1] is not None]
-        if len(names) == 1 and "" not in names and known >= 2 and len(with_pid) == known:
-            return f"{known} processes on the one host {next(iter(names))} for a {known}-rank communicator"
+        if len(names) == 1 and "" not in names and size >= 2 and len(with_pid) == size \
+                and self._max_rank < size:
+            return f"{size} processes on the one host {next(iter(names))} for a {size}-rank communicator"
         return None
 
     def _known_ranks(self, procs: list[Proc]) -> int:
