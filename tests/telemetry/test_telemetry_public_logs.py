@@ -58,10 +58,11 @@ def test_public_logs_are_not_in_the_held_out_set() -> None:
     assert not held_out & {e["source_url"] for e in ENTRIES}
 
 
-def test_single_node_told_by_processes_on_one_host() -> None:
+def test_single_node_told_by_the_ranks_on_one_host() -> None:
+    # Each of the 4 ranks of the ring prints its tree from eudoxus (4 processes there too).
     record = classify_json(LOGS / entry("pytorch75658")["file"])
     assert record["transport"] == "intra_node" and record["nodes"] == 1
-    assert "eudoxus" in record["nodes_basis"] and "4 processes" in record["nodes_basis"]
+    assert "eudoxus" in record["nodes_basis"] and "4-rank communicator" in record["nodes_basis"]
 
 
 def test_graph_with_net_endpoints_is_not_a_single_node() -> None:
@@ -194,3 +195,12 @@ def test_processes_count_only_against_a_stated_communicator_size() -> None:
     assert verdict.transport == "socket" and verdict.nodes is None
     stated = [*trees, at("h", 10, "Channel 00/02 :    0   1   2   3"), at("h", 10, "Using network Socket")]
     assert classify_lines(stated).transport == "intra_node"
+
+
+def test_one_process_holding_every_rank_is_one_node() -> None:
+    # nccl-tests -g 4: one process, a thread per GPU, each printing its own tree.
+    lines = [f"h:798:{810 + r} [{r}] NCCL INFO Trees [0] {r + 1}/-1/-1->{r}->{r - 1}" for r in range(4)]
+    lines += ["h:798:810 [0] NCCL INFO Channel 00/02 :    0   1   2   3", "h:798:810 [0] NCCL INFO Using network IB"]
+    verdict = classify_lines(lines)
+    assert verdict.transport == "intra_node" and "prints its tree" in (verdict.nodes_basis or "")
+    assert classify_lines(lines[1:]).transport == "ib"  # rank 0's tree is not in the lines

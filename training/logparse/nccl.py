@@ -112,6 +112,7 @@ class NcclAnalyzer(VerdictRules):
         self._graph_local = False  # a searched graph had GPUs only
         self._efa_only_seen = False
         self._ring_size = 0  # ranks in the longest ring order seen: the communicator's size
+        self._host_ranks: dict[str, set[int]] = {}  # host -> the ranks its own lines (Trees) are of
         self._forced_net: str | None = None  # NCCL_NET: NCCL takes only the net of that name
         self._procs: dict[tuple[str, int | None], Proc] = {}
         # Raw text before " NCCL " -> its process: most lines that matter are channel lines
@@ -250,8 +251,12 @@ class NcclAnalyzer(VerdictRules):
         """``Trees [0] 3/-1/-1->1->0``: every rank prints its place in the trees (its own rank in the middle)."""
         m = _TREE_SELF.search(line)
         if m:
-            self._proc_of(line)
-            self._saw_rank(int(m.group(1)))
+            proc, rank = self._proc_of(line), int(m.group(1))
+            self._saw_rank(rank)
+            ranks = self._host_ranks.setdefault(proc.host, set()) if len(self._host_ranks) < 64 else None
+            if ranks is not None and rank not in ranks and rank < MAX_RANK_HOSTS:
+                ranks.add(rank)
+                self._changed()
 
     def _graph(self, line: str, text: str) -> None:
         m = _GRAPH.match(text.rstrip())

@@ -102,6 +102,7 @@ class VerdictRules:
     _graph_local: bool
     _efa_only_seen: bool
     _ring_size: int
+    _host_ranks: dict[str, set[int]]
     nccl_lines: int
 
     def verdict(self) -> Verdict:
@@ -148,10 +149,13 @@ class VerdictRules:
         # The size must be stated (comm line, ring order): the highest rank seen may be a fragment's.
         size = max(n_ranks, self._ring_size)
         names = {p.host for p in procs}
-        with_pid = [key for key in self._procs if key[1] is not None]
-        if len(names) == 1 and "" not in names and size >= 2 and len(with_pid) == size \
-                and self._max_rank < size:
-            return f"{size} processes on the one host {next(iter(names))} for a {size}-rank communicator"
+        if len(names) != 1 or "" in names or size < 2 or self._max_rank >= size:
+            return None
+        host = next(iter(names))
+        if self._host_ranks.get(host, set()) >= set(range(size)):  # one process may hold them all (-g N)
+            return f"every rank of the {size}-rank communicator prints its tree from the one host {host}"
+        if len([key for key in self._procs if key[1] is not None]) == size:
+            return f"{size} processes on the one host {host} for a {size}-rank communicator"
         return None
 
     def _known_ranks(self, procs: list[Proc]) -> int:
