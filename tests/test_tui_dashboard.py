@@ -56,7 +56,8 @@ OFI_FAILED = [nccl("ip-10-0-1-11", 1, "NET/OFI Initializing aws-ofi-nccl 1.7.4-a
               nccl("ip-10-0-1-11", 1, "NET/OFI No eligible providers were found")]
 SOCKET_FALLBACK_LINES = [*OFI_FAILED, *two_node_channels("NET/Socket/0")]
 SOCKET_ANNOUNCED_AFTER_FAILURE = [*OFI_FAILED, nccl("ip-10-0-1-11", 1, "Using network Socket")]
-EFA_ANNOUNCED = [nccl("ip-10-0-1-11", 1, "Using network AWS Libfabric"),
+EFA_ANNOUNCED = [nccl("ip-10-0-1-11", 1, "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"),
+                 nccl("ip-10-0-1-11", 1, "Using network AWS Libfabric"),
                  nccl("ip-10-0-1-11", 1, "comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0")]
 IB_LINES = two_node_channels("NET/IB/0/GDRDMA")
 INTRA_NODE_LINES = [nccl("h", 1, "Using network Socket"),
@@ -110,7 +111,7 @@ def stats_text(stats: RunStats) -> str:
         (SOCKET_ANNOUNCED_AFTER_FAILURE, "socket", " TCP FALLBACK (Socket) ", "failure"),
         (EFA_ANNOUNCED, "efa", " EFA ", "announced"),
         (IB_LINES, "ib", " IB / RoCE ", "channels"),
-        (INTRA_NODE_LINES, "intra_node", " INTRA-NODE ", None),
+        (INTRA_NODE_LINES, "intra_node", " INTRA-NODE (no network used) ", None),
         (metric_lines(1, 2, backend="gloo"), "gloo", " GLOO (CPU) ", "backend"),
         ([], "unknown", " NCCL: waiting for its first lines ", None),
     ],
@@ -169,7 +170,7 @@ async def test_badge_changes_live_with_its_snapshot() -> None:
         assert "waiting" in badge_text(badge)
         badge.snapshot = verdict_of(EFA_ANNOUNCED)
         await pilot.pause()
-        assert badge_text(badge).startswith(" EFA  announced · 1 warning · 2 nodes, 2 ranks")
+        assert badge_text(badge).startswith(" EFA  announced · 2 nodes, 2 ranks")
         badge.snapshot = verdict_of([*EFA_ANNOUNCED, *SOCKET_FALLBACK_LINES])
         await pilot.pause()
         assert badge_text(badge).startswith(" TCP FALLBACK (Socket)  channels")

@@ -42,9 +42,10 @@ def _guard_transport(cfg: TrainConfig) -> Any:
 
 def enforce_transport(cfg: TrainConfig, nccl_dir: Any) -> None:
     from training.transport_guard import enforce_transport as enforce
+    from training.transport_guard import job_nodes
 
     try:
-        verdict = enforce(cfg.require_transport, nccl_dir, echo=sys.stdout)
+        verdict = enforce(cfg.require_transport, nccl_dir, echo=sys.stdout, nodes=job_nodes())
     except SystemExit as exc:  # a Ray worker must fail with a message, not exit
         raise TransportMismatch(str(exc.code)) from None
     print(f"rtui-train: NCCL transport {verdict.transport} satisfies --require-transport "

@@ -2,16 +2,18 @@
 
 Call ``capture_nccl_debug(dir)`` before the process group starts, so every rank writes its
 NCCL INFO log to ``dir/nccl.<host>.<pid>.log``; after the first collective call
-``enforce_transport(required, dir)``. It reads every rank's file in that directory (the
-ranks of this node), and raises ``SystemExit`` with the evidence when the verdict is not
-the one required. Stdlib only (runs inside the cluster image).
+``enforce_transport(required, dir, nodes=job_nodes())``. It reads every rank's file in that
+directory (the ranks of this node), and raises ``SystemExit`` with the evidence when the
+verdict is not the one required. A single-node job passes whatever is required: its ranks
+talk over P2P/SHM/NVLS and the network it was asked to prove is not used. Stdlib only (runs
+inside the cluster image).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import TextIO
 
@@ -60,10 +62,22 @@ def _files(sources: PathLike | Iterable[PathLike]) -> list[Path]:
     return files
 
 
+def job_nodes(env: Mapping[str, str] | None = None) -> int | None:
+    """The job's node count from torch.distributed's variables (Ray Train sets them on each
+    worker): WORLD_SIZE ranks, LOCAL_WORLD_SIZE of them per node. None when they are not set."""
+    env = os.environ if env is None else env
+    try:
+        world, local = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    return -(-world // local) if world > 0 and local > 0 else None
+
+
 def read_verdict(sources: PathLike | Iterable[PathLike] | None = None, *,
-                 lines: Iterable[str] | None = None) -> Verdict:
-    """The verdict over NCCL debug files (a directory, files) and/or lines already in hand."""
-    analyzer = NcclAnalyzer()
+                 lines: Iterable[str] | None = None, nodes: int | None = None) -> Verdict:
+    """The verdict over NCCL debug files (a directory, files) and/or lines already in hand;
+    ``nodes`` is the job's node count when the caller knows it."""
+    analyzer = NcclAnalyzer(job_nodes=nodes)
     if sources is not None:
         for path in _files(sources):
             try:
@@ -80,6 +94,11 @@ def read_verdict(sources: PathLike | Iterable[PathLike] | None = None, *,
 # Only proof is acted on: traffic seen on the channels, or a plugin failure and its fallback.
 # An announced network is what NCCL meant to use, which a single node never does.
 DECISIVE = ("channels", "failure")
+
+
+def _settled(verdict: Verdict) -> bool:
+    """Proof of the network used, or proof that no network is used (a single node)."""
+    return verdict.basis in DECISIVE or verdict.transport == "intra_node"
 _BASIS_WORDS = {"channels": "seen on its channels", "failure": "after a network plugin failure"}
 
 
@@ -87,15 +106,11 @@ def check_transport(required: str, verdict: Verdict) -> str | None:
     """None when ``verdict`` satisfies ``required``, else the one-line reason it does not."""
     if required not in REQUIREMENTS:
         raise ValueError(f"unknown transport requirement {required!r}; use one of {', '.join(REQUIREMENTS)}")
-    if required == "any":
-        return None
+    if required == "any" or verdict.transport == "intra_node":
+        return None  # a single node uses no network: there is nothing to stop it for
     if verdict.basis in DECISIVE:
         if verdict.satisfies(required):
             return None
-        if verdict.transport == "intra_node":
-            return (f"required {required}, but this is a single-node job: NCCL connects its ranks with "
-                    "P2P/SHM/NVLS and never uses the network, so the network transport cannot be "
-                    "verified. Run on two or more nodes, or use --require-transport any")
         return (f"required {required}, but NCCL uses {verdict.label} ({verdict.transport}), "
                 f"{_BASIS_WORDS[verdict.basis or '']}")
     if verdict.basis == "announced":
@@ -111,9 +126,10 @@ def check_transport(required: str, verdict: Verdict) -> str | None:
 
 def enforce_transport(required: str, sources: PathLike | Iterable[PathLike] | None = None, *,
                       lines: Iterable[str] | None = None, wait_s: float = 10.0, poll_s: float = 0.5,
-                      echo: TextIO | None = None) -> Verdict:
+                      echo: TextIO | None = None, nodes: int | None = None) -> Verdict:
     """Return the verdict when it satisfies ``required``; otherwise exit with the evidence.
 
+    ``nodes`` is the job's node count (``job_nodes()``): one node passes whatever is required.
     Other ranks may still be flushing their logs, so a verdict that is not yet decisive
     (only announced, or unknown) is re-read for up to ``wait_s`` seconds before it counts as
     a failure. With ``echo`` (e.g. sys.stdout) the evidence lines are printed, so the job log
@@ -123,8 +139,8 @@ def enforce_transport(required: str, sources: PathLike | Iterable[PathLike] | No
     line_list = list(lines) if lines is not None else None
     deadline = time.monotonic() + max(wait_s, 0.0)
     while True:
-        verdict = read_verdict(sources, lines=line_list)
-        if verdict.basis in DECISIVE or sources is None or time.monotonic() >= deadline:
+        verdict = read_verdict(sources, lines=line_list, nodes=nodes)
+        if _settled(verdict) or sources is None or time.monotonic() >= deadline:
             break
         time.sleep(poll_s)
     failure = check_transport(required, verdict)
@@ -132,6 +148,8 @@ def enforce_transport(required: str, sources: PathLike | Iterable[PathLike] | No
         for line in verdict.evidence:
             echo.write(line + "\n")
         outcome = "satisfies" if failure is None else "does not satisfy"
+        if failure is None and verdict.transport == "intra_node" and required != "any":
+            outcome = "passes (a single node uses no network)"
         echo.write(f"rtui: transport check: {verdict.transport} (basis {verdict.basis or 'none'}) "
                    f"{outcome} --require-transport {required}\n")
         echo.flush()

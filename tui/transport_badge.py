@@ -23,7 +23,7 @@ _BADGES: dict[str, tuple[str, str]] = {
     "efa_gdr": ("EFA+GDR", "bold black on bright_green"),
     "socket": ("TCP FALLBACK (Socket)", "bold white on red"),
     "ib": ("IB / RoCE", "bold black on cyan"),
-    "intra_node": ("INTRA-NODE", "bold black on bright_blue"),
+    "intra_node": ("INTRA-NODE (no network used)", "bold black on bright_blue"),
     "gloo": ("GLOO (CPU)", "bold black on bright_white"),
     "unknown": ("UNKNOWN", "dim"),
 }

@@ -26,8 +26,10 @@ class Telemetry:
     """NCCL transport verdict + bounded metric series, fed line by line from any source."""
 
     def __init__(self, *, max_points: int = DEFAULT_MAX_POINTS, model_params: float | None = None,
-                 peak_flops_per_gpu: float | None = None, n_gpus: int | None = None) -> None:
-        self.nccl = NcclAnalyzer()
+                 peak_flops_per_gpu: float | None = None, n_gpus: int | None = None,
+                 job_nodes: int | None = None) -> None:
+        # job_nodes: the run's node count when rtui knows it (its own runs): one node is intra-node.
+        self.nccl = NcclAnalyzer(job_nodes=job_nodes)
         self.series = MetricSeries(max_points=max_points, model_params=model_params,
                                    peak_flops_per_gpu=peak_flops_per_gpu, n_gpus=n_gpus)
         self.lines = 0
@@ -69,7 +71,12 @@ class Telemetry:
     # -- results ---------------------------------------------------------------------------
     @property
     def transport(self) -> Verdict:
-        """NCCL's verdict; a job whose metric records say it runs on gloo, with no NCCL line at all, is gloo."""
+        """NCCL's verdict; a job whose metric records say it runs on gloo, with no NCCL line at all, is gloo.
+
+        A node count the job's records state (``"nodes"``) is the job's own: it settles single-node.
+        """
+        if self.series.nodes and self.nccl.job_nodes != self.series.nodes:
+            self.nccl.set_job_nodes(self.series.nodes)
         verdict = self.nccl.verdict()
         if verdict.transport == "unknown" and not verdict.evidence and self.series.backend == "gloo":
             return replace(verdict, transport="gloo", basis="backend",

@@ -27,11 +27,12 @@ BASIS_SHORT = {"channels": "ch", "announced": "ann", "failure": "fail", None: "-
 # What a careful reader says from only the first N lines, where that differs from the label
 # of the whole file (read by hand; the lines that would decide have not appeared yet):
 # e.g. 22's first 50 lines load the OFI plugin but never say which network NCCL chose,
-# 23's first 10 announce Libfabric before any line shows the job is on one node.
+# 23's first 10 announce Libfabric before any line shows the job is on one node, and with no
+# provider line, so they cannot tell EFA from another libfabric provider (issue 27).
 READER = {
     "01": {10: "unknown", 20: "unknown"}, "02": {10: "unknown", 20: "unknown"}, "03": {10: "unknown"},
     "15": {10: "unknown", 20: "unknown"}, "21": {10: "unknown"}, "22": {10: "unknown", 20: "unknown", 50: "unknown"},
-    "23": {10: "efa"}, "31": {10: "unknown"}, "35": {10: "unknown"}, "38": {10: "unknown", 20: "unknown"},
+    "23": {10: "unknown"}, "31": {10: "unknown"}, "35": {10: "unknown"}, "38": {10: "unknown", 20: "unknown"},
     "40": {10: "unknown"}, "42": {10: "unknown"}, "44": {10: "unknown"},
 }
 

@@ -12,7 +12,9 @@ import pytest
 from tests.conftest import RTUI, run_rtui
 from tests.telemetry.tel_support import NCCL_LOGS
 
-REQUIRED = {"file", "transport", "nccl_version", "plugin", "provider", "nodes", "ranks", "warnings", "evidence"}
+REQUIRED = {"file", "transport", "nccl_version", "plugin", "provider", "nodes", "nodes_basis", "ranks", "warnings",
+            "evidence"}
+PUBLIC_LOGS = Path(__file__).parent / "public_logs"
 
 
 @pytest.mark.skipif(not (NCCL_LOGS / "MANIFEST.json").exists(), reason="../shared/nccl_logs is not present")
@@ -39,3 +41,14 @@ def test_classify_stdin_and_unreadable_file(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(rows) == 1 and rows[0]["transport"] == "socket"
     assert proc.stderr.strip().startswith("rtui: cannot read") and proc.stderr.count("\n") == 1
+
+
+def test_classify_public_excerpts_gives_labels_and_node_estimates_with_their_basis() -> None:
+    manifest = json.loads((PUBLIC_LOGS / "MANIFEST.json").read_text())
+    proc = run_rtui("logs", "classify", *(str(PUBLIC_LOGS / e["file"]) for e in manifest), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    for row, entry in zip(rows, manifest, strict=True):
+        assert row.keys() >= REQUIRED
+        assert row["transport"] == entry["expected_transport"], row["file"]
+        assert row["nodes"] == entry["expected_nodes"] and (row["nodes_basis"] is None) == (row["nodes"] is None)

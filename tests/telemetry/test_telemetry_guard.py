@@ -73,10 +73,14 @@ def test_libfabric_tcp_provider_is_not_efa(tmp_path: Path) -> None:
         enforce_transport("efa", [tmp_path / "nccl.a.10.log"], wait_s=0)
 
 
-def test_single_node_fails_efa_with_an_explanation(tmp_path: Path) -> None:
+def test_single_node_passes_whatever_is_required(tmp_path: Path) -> None:
+    # Its ranks talk over P2P/SHM/NVLS: the network it was asked to prove is not used at all.
     rank_file(tmp_path, "a", 10, "P2P/CUMEM/read", n_nodes=1)
-    with pytest.raises(SystemExit, match="single-node job"):
-        enforce_transport("efa", tmp_path, wait_s=0)
+    echo = io.StringIO()
+    for required in ("efa", "efa_gdr", "socket", "ib", "intra_node"):
+        assert enforce_transport(required, tmp_path, wait_s=0, echo=echo).transport == "intra_node"
+    assert "intra_node (basis channels) passes (a single node uses no network) --require-transport efa" \
+        in echo.getvalue()
 
 
 def test_multi_node_without_network_evidence_fails_after_waiting(tmp_path: Path) -> None:
@@ -127,6 +131,7 @@ def test_guard_imports_no_backend_or_heavy_modules() -> None:
 
 def test_an_announcement_alone_is_never_acted_on(tmp_path: Path) -> None:
     (tmp_path / "nccl.a.10.log").write_text(
+        "a:10:10 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)\n"
         "a:10:10 [0] NCCL INFO Using network AWS Libfabric\n"
         "a:10:10 [0] NCCL INFO comm 0x1 rank 0 nRanks 4 nNodes 2 localRanks 2 localRank 0 MNNVL 0\n")
     assert read_verdict(tmp_path).basis == "announced"

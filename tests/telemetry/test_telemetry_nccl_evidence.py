@@ -78,7 +78,6 @@ def check(verdict: Verdict, transport: str, basis: str | None) -> None:
     ("NET/Socket/0", None, "socket"),
     ("NET/AWS Libfabric/0/GDRDMA", "efa", "efa_gdr"),
     ("NET/Libfabric/1", "efa", "efa"),
-    ("NET/AWS Libfabric/0", None, "efa"),  # no provider line: aws-ofi-nccl on AWS is EFA
     ("NET/Libfabric/0", "tcp;ofi_rxm", "socket"),
     ("NET/Libfabric/0", "verbs;ofi_rxm", "ib"),
 ])
@@ -91,6 +90,20 @@ def test_channels_decide_in_every_era(era: Era, via: str, provider: str | None, 
     assert verdict.decided_by[0].endswith(via)
     if expected != "socket":  # the announcement said Socket: the channel contradicts it
         assert any("announced 'Socket'" in w for w in verdict.warnings)
+
+
+@pytest.mark.parametrize("era", ERAS, ids=lambda e: e.name)
+def test_libfabric_channels_without_a_provider_line_are_not_guessed_efa(era: Era) -> None:
+    # The plugin is "AWS Libfabric"/"Libfabric" on every provider (efa, cxi, tcp, verbs).
+    lines = [*two_nodes(era, "Socket"), era.channel("a", 1, 1, 0, "NET/AWS Libfabric/0")]
+    verdict = classify_lines(lines)
+    check(verdict, "unknown", None)
+    assert "Selected provider is" in verdict.reason and "cxi" in verdict.reason
+    # ... and a path the plugin takes only on EFA settles it.
+    efa_path = at("a", 1, "NET/OFI [0] getCudaPath dev 0 busId 0000:00:16.0 path /sys/devices/pci0000:00/")
+    verdict = classify_lines([efa_path, *lines])
+    check(verdict, "efa", "channels")
+    assert any("getCudaPath" in w for w in verdict.warnings)
 
 
 @pytest.mark.parametrize("era", ERAS, ids=lambda e: e.name)
@@ -111,15 +124,15 @@ def test_announced_network_across_nodes(era: Era, network: str, expected: str) -
 
 @pytest.mark.parametrize("era", NEW_ERAS, ids=lambda e: e.name)
 @pytest.mark.parametrize(("network", "provider", "expected"), [
-    ("AWS Libfabric", "efa", "efa"), ("Libfabric", None, "efa"),
+    ("AWS Libfabric", "efa", "efa"), ("Libfabric", None, "unknown"),
     ("AWS Libfabric", "tcp;ofi_rxm", "socket"), ("Libfabric", "verbs;ofi_rxm", "ib"),
     ("IBext_v8", None, "ib"), ("gIB", None, "ib"), ("SomethingNew", None, "unknown"),
 ])
 def test_announced_plugin_networks(era: Era, network: str, provider: str | None, expected: str) -> None:
     verdict = classify_lines(two_nodes(era, network, provider=provider))
     check(verdict, expected, "announced" if expected != "unknown" else None)
-    if provider is None and expected == "efa":
-        assert any("provider is not in the log" in w for w in verdict.warnings)
+    if network == "Libfabric" and provider is None:  # the provider line is what is missing
+        assert "Selected provider is" in verdict.reason
 
 
 def test_minimal_two_line_fragments() -> None:
@@ -179,7 +192,8 @@ def test_a_provider_selection_withdrawn_by_a_failure() -> None:
     failed = [chosen, at("a", 1, "NET/OFI Invalid type of PCI bus returned 0")]
     check(classify_lines(failed), "unknown", None)
     # An explicit announcement is not withdrawn by a later error: NCCL did choose it.
-    explicit = [at("a", 1, "Using network AWS Libfabric"),
+    explicit = [at("a", 1, "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"),
+                at("a", 1, "Using network AWS Libfabric"),
                 at("a", 1, "NET/OFI Couldn't open AV. RC: -12, ERROR: Cannot allocate memory", level="WARN")]
     check(classify_lines(explicit), "efa", "announced")
 
@@ -362,7 +376,8 @@ def test_live_announced_then_channels() -> None:
 
 def test_live_efa_then_a_fallback_appears() -> None:
     analyzer = NcclAnalyzer()
-    for line in [at("a", 1, "Using network AWS Libfabric"),
+    for line in [at("a", 1, "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"),
+                 at("a", 1, "Using network AWS Libfabric"),
                  at("a", 1, "comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0")]:
         analyzer.feed(line)
     check(analyzer.verdict(), "efa", "announced")

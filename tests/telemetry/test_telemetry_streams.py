@@ -152,7 +152,8 @@ def test_live_bytes_in_any_chunking_give_what_the_lines_give() -> None:
 def test_live_badge_moves_from_announced_to_channels_and_to_a_fallback() -> None:
     telemetry = Telemetry()
     ray = "(RayTrainWorker pid=11, ip=10.0.1.11) "
-    telemetry.feed_bytes((ray + "w0:11:12 [0] NCCL INFO Using network Libfabric\n" + ray
+    telemetry.feed_bytes((ray + "w0:11:12 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 "
+                          "nics)\n" + ray + "w0:11:12 [0] NCCL INFO Using network Libfabric\n" + ray
                           + "w0:11:12 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 "
                             "MNNVL 0\n" + ray + "w0:11:12 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [rec").encode())
     state = telemetry.snapshot(tail=0)["transport"]

@@ -1,10 +1,11 @@
 """Which transport NCCL really uses, read from its INFO log as the lines stream in.
 
 This half records what each line says, per process (host, pid): the channels it connected
-(``via NET/<net>`` or P2P/SHM), the network it announced (``Using network X``; in NCCL
-2.4-2.5 the last ``NET/IB : Using [..]`` / ``NET/Socket : Using [..]``; ``Assigned NET
-plugin X``), the libfabric provider the OFI plugin selected, a plugin or provider failure,
-the node and rank counts. ``nccl_verdict`` ranks those facts into a verdict on demand.
+(``via NET/<net>`` or P2P/SHM), the network it announced (``Using network X``, ``Assigned NET
+plugin X``; without those, the nets it initialised, ranked the way NCCL tries them: plugin,
+then ``NET/IB : Using [..]``, then ``NET/Socket : Using [..]``), the libfabric provider the OFI
+plugin selected, a plugin or provider failure, the node and rank counts, and whether NCCL's
+ring/tree graphs end at NET endpoints. ``nccl_verdict`` ranks those facts into a verdict on demand.
 
 State is kept per process, never per line, so memory stays bounded however long the log
 is. Stdlib only: the training program's strict check imports this.
@@ -33,7 +34,7 @@ MAX_PREFIX_CACHE = 4096
 # Dispatch on the first word after "NCCL INFO " (or "NCCL WARN "): one dict lookup rejects
 # the topology, affinity and tuning chatter that makes up most NCCL output before any regex.
 _HANDLERS = {
-    "Channel": "_channel_line", "Ring": "_channel_line",
+    "Channel": "_channel_line", "Ring": "_channel_line", "Trees": "_trees",
     "NET/OFI": "_ofi", "OFI": "_ofi",
     "NET/Plugin": "_net_plugin", "NET/Plugin:": "_net_plugin", "Plugin": "_net_plugin", "Loaded": "_net_plugin",
     "Initialized": "_net_plugin", "Failed": "_net_plugin", "Successfully": "_net_plugin", "External": "_net_plugin",
@@ -60,9 +61,16 @@ _OFI_VERSION = re.compile(r"\baws-ofi-nccl (?:version )?v?(\d+\.\d+[\w.\-]*)")
 _LOADED_PLUGIN = re.compile(r"\bLoaded (?:net|NET) plugin (\S.*?)(?: \((v\d+)\))?\s*$")
 _INIT_PLUGIN = re.compile(r"\bInitialized NET plugin (\S.*?)\s*$")
 _P2P_PLUGIN = re.compile(r"\bP2P plugin (\S+)")
+# A searched graph (NCCL_DEBUG_SUBSYS=GRAPH): " 0 : NET/0 GPU/0 ... GPU/7 NET/0". NCCL drops the NET
+# nodes from its topology when every rank of the communicator is on this machine
+# (ncclTopoTrimSystem in src/graph/topo.cc), so a graph without NET endpoints is one node.
+_GRAPH = re.compile(r"^ +\d+ : ((?:(?:GPU|NET|NVS|CPU|NIC)/\S+ ?)+)$")
+# aws-ofi-nccl prints this only on its EFA path (ofi_pciPath -> IS_EFA_PROVIDER -> getCudaPath).
+_EFA_ONLY = ("getCudaPath",)
 _COMM_RANKS = re.compile(r"\brank (\d+) nRanks (\d+)(?: nNodes (\d+))?(?: localRanks (\d+))?")
 _COMM_RANKS_OLD = re.compile(r"\brank (\d+) nranks (\d+)\b")
 _NET_FORCED = re.compile(r"\bNCCL_NET set by environment to (\S+)")
+_TREE_SELF = re.compile(r"->(\d+)->")
 _PEERS = re.compile(r"(\d+)(?:\[[^\]\s]*\])? -> (\d+)")
 # The OFI plugin could not start (or found no usable provider): NCCL moves on to its own nets.
 _OFI_FAILED = re.compile(
@@ -97,7 +105,15 @@ _ERROR_NAMES = {"1": "unhandled CUDA error", "2": "system error", "3": "internal
 class NcclAnalyzer(VerdictRules):
     """Streaming NCCL transport detector: feed it lines in any order, ask for ``verdict()``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, job_nodes: int | None = None) -> None:
+        # rtui's own runs know how many nodes the job has: that settles single-node or not.
+        self._job_nodes = job_nodes if job_nodes and job_nodes > 0 else None
+        self._graph_net = False  # a searched graph ended at NET endpoints: the comm spans nodes
+        self._graph_local = False  # a searched graph had GPUs only
+        self._efa_only_seen = False
+        self._ring_size = 0  # ranks in the longest ring order seen: the communicator's size
+        self._host_ranks: dict[str, set[int]] = {}  # host -> the ranks its own lines (Trees) are of
+        self._forced_net: str | None = None  # NCCL_NET: NCCL takes only the net of that name
         self._procs: dict[tuple[str, int | None], Proc] = {}
         # Raw text before " NCCL " -> its process: most lines that matter are channel lines
         # of a few processes, so normalising each of them again would dominate the cost.
@@ -124,6 +140,17 @@ class NcclAnalyzer(VerdictRules):
         self._cached: Verdict | None = None
         self.nccl_lines = 0
 
+    @property
+    def job_nodes(self) -> int | None:
+        return self._job_nodes
+
+    def set_job_nodes(self, nodes: int | None) -> None:
+        """The job's node count learnt after the analyser started (from the job's own records)."""
+        nodes = nodes if nodes and nodes > 0 else None
+        if nodes != self._job_nodes:
+            self._job_nodes = nodes
+            self._changed()
+
     # -- feeding -----------------------------------------------------------------------
     def feed(self, line: str) -> None:
         # Colour in the prefix is normalize's business; in the text only Ray's coloured
@@ -143,6 +170,8 @@ class NcclAnalyzer(VerdictRules):
         handler = self._handlers.get(word)
         if handler is not None:
             handler(line[:_MAX_TEXT])
+        elif not word:
+            self._graph(line, line[start:])
         elif ".cc:" in word and " -> " in line:
             self._error_return(line[:_MAX_TEXT])
 
@@ -212,7 +241,36 @@ class NcclAnalyzer(VerdictRules):
         colon = line.find(" : ")
         ranks = line[colon + 3 :].split() if colon > 0 else []
         if ranks and all(r.isdigit() for r in ranks):
+            self._proc_of(line)
             self._saw_rank(max(int(r) for r in ranks))
+            if len(ranks) > self._ring_size:
+                self._ring_size = len(ranks)
+                self._changed()
+
+    def _trees(self, line: str) -> None:
+        """``Trees [0] 3/-1/-1->1->0``: every rank prints its place in the trees (its own rank in the middle)."""
+        m = _TREE_SELF.search(line)
+        if m:
+            proc, rank = self._proc_of(line), int(m.group(1))
+            self._saw_rank(rank)
+            ranks = self._host_ranks.setdefault(proc.host, set()) if len(self._host_ranks) < 64 else None
+            if ranks is not None and rank not in ranks and rank < MAX_RANK_HOSTS:
+                ranks.add(rank)
+                self._changed()
+
+    def _graph(self, line: str, text: str) -> None:
+        m = _GRAPH.match(text.rstrip())
+        if m is None:
+            return
+        if "NET/" in m.group(1):
+            if not self._graph_net:
+                self._graph_net = True
+                self._keep("nodes", "graph net", line)
+                self._changed()
+        elif not self._graph_local:
+            self._graph_local = True
+            self._keep("nodes", "graph local", line)
+            self._changed()
 
     def _saw_rank(self, rank: int) -> None:
         if self._max_rank < rank < MAX_RANK:
@@ -240,16 +298,28 @@ class NcclAnalyzer(VerdictRules):
             # NCCL 2.4.2-2.4.7 bring up the socket net first, for bootstrap, before even looking
             # for a plugin: a NET/Socket line before any NET/Plugin line may be only that.
             early = m.group(1) == "Socket" and not self._proc_of(line).plugin_seen
-            self._announce(line, m.group(1), tentative="bootstrap" if early else "")
+            self._announce(line, m.group(1), tentative="bootstrap" if early else "device")
             if "rxe" in line:
                 self._note("soft-roce", "the IB device is soft-RoCE (rxe): verbs emulated over an ordinary "
                            "Ethernet NIC, at about TCP speed")
         elif "No device found" in line:
             # IB comes after any plugin and before Socket in NCCL's list: no IB device leaves Socket.
-            self._announce(line, "Socket", shown_as="Socket (no IB device)")
+            self._announce(line, "Socket", tentative="device", shown_as="Socket (no IB device)")
 
     def _announce(self, line: str, network: str, *, tentative: str = "", shown_as: str = "") -> None:
+        """Record the network a process chose (``tentative`` empty) or may yet choose.
+
+        ``Using network X`` says it outright and always wins. Without it NCCL tries its nets in a
+        fixed order (src/net.cc: the plugin, then IB, then Socket) and takes the first that
+        initialises, so an initialised net never gives way to one later in that order, whatever
+        order the lines come in.
+        """
         proc = self._proc_of(line)
+        if tentative == "device" and self._forced_net == network.lower():
+            tentative = ""  # NCCL_NET names it: of the nets it initialised, NCCL takes this one
+        if tentative and proc.network is not None and _rank(tentative, network) < _rank(proc.tentative,
+                                                                                         proc.network):
+            return
         proc.network_line = _shown(line)  # the latest says it most plainly ("Using network X")
         if proc.network != network:
             proc.network = network
@@ -285,6 +355,7 @@ class NcclAnalyzer(VerdictRules):
         if m:
             self._keep("forced", "", line)
             self._note("forced", f"NCCL_NET is forced to '{m.group(1)}' by the environment")
+            self._forced_net = m.group(1).strip(".").lower()
             self._changed()
 
     # -- plugins, providers and their failures -------------------------------------------------
@@ -295,6 +366,11 @@ class NcclAnalyzer(VerdictRules):
             if m:
                 self._on_provider(line, m.group(1))
                 return
+        if not self._efa_only_seen and any(marker in line for marker in _EFA_ONLY):
+            self._efa_only_seen = True
+            self._keep("provider", "efa-only", line)
+            self._changed()
+            return
         if "aws-ofi-nccl" in line:
             m = _OFI_VERSION.search(line)
             if m:
@@ -483,6 +559,17 @@ class NcclAnalyzer(VerdictRules):
         self._cached = None
 
 
+# How sure an announcement is, by NCCL's order of trying nets: an explicit line (tentative ""), the
+# plugin's provider, an initialised IB device, an initialised Socket, the bootstrap interface.
+_RANKS = {"": 5, "provider": 4, "device:IB": 3, "device:Socket": 2, "bootstrap": 1}
+
+
+def _rank(tentative: str, network: str) -> int:
+    if tentative == "device":
+        return _RANKS["device:IB"] if network == "IB" else _RANKS["device:Socket"]
+    return _RANKS.get(tentative, 0)
+
+
 def _shown(line: str) -> str:
     shown = strip_ansi(line).strip()
     return shown if len(shown) <= 300 else shown[:300] + "…"
@@ -497,9 +584,9 @@ def _msg(text: str) -> str:
     return _REPEATED.sub("", text)[:200].strip()
 
 
-def classify_lines(lines: Any) -> Verdict:
+def classify_lines(lines: Any, *, job_nodes: int | None = None) -> Verdict:
     """Convenience: run a whole iterable of lines through a fresh analyzer."""
-    analyzer = NcclAnalyzer()
+    analyzer = NcclAnalyzer(job_nodes=job_nodes)
     for line in lines:
         analyzer.feed(line)
     return analyzer.verdict()

@@ -6,12 +6,19 @@ happens here, on demand, the way a careful reader ranks what a log shows:
 
 1. ``channels``: a channel that connected ``via NET/<net>`` is proof of use. A single host
    whose channels go through the NIC (P2P and SHM disabled) is on that network too.
-2. Single-node proof (``nNodes 1``, or P2P/SHM/NVLS channels joining every rank the log
-   knows of): ``intra_node``, whatever network was announced, because no NIC carries traffic.
+2. Single-node proof: ``intra_node``, whatever network was announced, because no NIC carries
+   traffic. The node estimate says what it rests on (``_node_count``): the job's own node count
+   when rtui runs it, ``nNodes``, host prefixes and bootstrap addresses, P2P/SHM/NVLS channels
+   joining every rank, every rank placed on one host (comm lines, or as many processes on the
+   one host as the communicator has ranks), ring/tree graphs without NET endpoints.
 3. ``failure``: a plugin/provider failure followed by NCCL announcing one of its own
    networks (``Socket``, ``IB``) is a fallback, and the failure is its reason.
 4. ``announced``: the network NCCL chose is the one that crosses nodes; a fragment that does
-   not show the node count still names it, unless something shows a single node.
+   not show the node count still names it, unless something shows a single node. A process
+   whose only announcement is its bootstrap interface (NCCL 2.4-2.5) has not chosen yet.
+
+The OFI plugin is EFA only when its provider line says ``efa`` (or the plugin took a path it
+takes only on EFA); without that line the verdict is ``unknown`` and says the line is missing.
 
 Anything that contradicts the winner (ranks on different transports, a channel that is not
 the announced network) becomes a warning. The job runs at the pace of its slowest link.
@@ -90,6 +97,12 @@ class VerdictRules:
     _max_rank: int
     _intra_seen: bool
     _cached: Verdict | None
+    _job_nodes: int | None
+    _graph_net: bool
+    _graph_local: bool
+    _efa_only_seen: bool
+    _ring_size: int
+    _host_ranks: dict[str, set[int]]
     nccl_lines: int
 
     def verdict(self) -> Verdict:
@@ -98,24 +111,52 @@ class VerdictRules:
         return self._cached
 
     # -- facts about the whole job ------------------------------------------------------
-    def _node_count(self, procs: list[Proc]) -> tuple[int | None, bool]:
-        """(nodes, proven single node). NCCL's own ``nNodes`` wins over what the prefixes show."""
+    def _node_count(self, procs: list[Proc]) -> tuple[int | None, bool, str | None]:
+        """(nodes, proven single node, what the count rests on), strongest evidence first."""
+        if self._job_nodes:
+            return self._job_nodes, self._job_nodes == 1, f"the job itself runs on {self._job_nodes} " \
+                f"node{'s' if self._job_nodes != 1 else ''}"
         stated = max((p.n_nodes for p in procs), default=0)
         if stated:
-            return stated, stated == 1
+            return stated, stated == 1, f"NCCL's comm line says nNodes {stated}"
         # One hostname with two bootstrap IPs is two machines (containers named alike).
-        seen = sum(max(1, len(self._host_ips.get(p_host, ()))) for p_host in {p.host for p in procs if p.host})
+        hosts = {p.host for p in procs if p.host}
+        seen = sum(max(1, len(self._host_ips.get(host, ()))) for host in hosts)
         if seen >= 2:
-            return seen, False
-        if self._intra_joins_every_rank(procs) or self._every_rank_on_one_host(procs):
-            return 1, True
-        return None, False
+            why = f"{len(hosts)} hosts in the line prefixes" if len(hosts) >= 2 else \
+                f"host {next(iter(hosts))} bootstraps from {seen} addresses"
+            return seen, False, why
+        if self._graph_net:
+            return None, False, None  # the graphs reach NICs: more than one node, how many unknown
+        known = self._known_ranks(procs)
+        if self._intra_joins_every_rank(procs):
+            return 1, True, f"P2P/SHM/NVLS channels join all {known} ranks"
+        placed = self._every_rank_on_one_host(procs)
+        if placed:
+            return 1, True, placed
+        if self._graph_local:
+            return 1, True, "NCCL's ring/tree graphs have no NET endpoint (it drops the NICs when every rank is local)"
+        return None, False, None
 
-    def _every_rank_on_one_host(self, procs: list[Proc]) -> bool:
-        """Before NCCL 2.20 printed nNodes, each rank's comm line still says where it runs."""
+    def _every_rank_on_one_host(self, procs: list[Proc]) -> str | None:
+        """Every rank of the communicator is placed on one host: by the comm lines (which say
+        where each rank runs, before NCCL 2.20 printed nNodes), or because the one host seen
+        runs as many processes as the communicator has ranks."""
         n_ranks = max((p.n_ranks for p in procs), default=0)
         hosts = self._rank_hosts.get(n_ranks, {})
-        return n_ranks >= 2 and len(hosts) == n_ranks and len(set(hosts.values())) == 1
+        if n_ranks >= 2 and len(hosts) == n_ranks and len(set(hosts.values())) == 1:
+            return f"all {n_ranks} ranks' comm lines come from host {next(iter(hosts.values()))}"
+        # The size must be stated (comm line, ring order): the highest rank seen may be a fragment's.
+        size = max(n_ranks, self._ring_size)
+        names = {p.host for p in procs}
+        if len(names) != 1 or "" in names or size < 2 or self._max_rank >= size:
+            return None
+        host = next(iter(names))
+        if self._host_ranks.get(host, set()) >= set(range(size)):  # one process may hold them all (-g N)
+            return f"every rank of the {size}-rank communicator prints its tree from the one host {host}"
+        if len([key for key in self._procs if key[1] is not None]) == size:
+            return f"{size} processes on the one host {host} for a {size}-rank communicator"
+        return None
 
     def _known_ranks(self, procs: list[Proc]) -> int:
         return max(max((p.n_ranks for p in procs), default=0), self._max_rank + 1)
@@ -146,8 +187,15 @@ class VerdictRules:
     def _ofi_transport(self, provider: str | None) -> str:
         provider = provider or self._job_provider()
         if provider is None:
-            return "efa"  # aws-ofi-nccl's provider on AWS; any other provider gets logged
+            # The plugin has the same name on every provider (efa, cxi, tcp, verbs): only its
+            # provider line, or a path it takes only on EFA, tells.
+            return "efa" if self._efa_only_seen else "unknown"
         return provider_transport(provider)
+
+    def _ofi_without_provider(self, procs: list[Proc]) -> bool:
+        uses_ofi = any("ofi" in p.net or net_kind(p.network or "") == "ofi" for p in procs)
+        return uses_ofi and self._job_provider() is None and not any(p.provider for p in procs) \
+            and not self._efa_only_seen
 
     def _channel_transports(self, proc: Proc, host_provider: str | None) -> set[str]:
         found: set[str] = set()
@@ -185,18 +233,15 @@ class VerdictRules:
             return Judgement(transport, "channels", self._reason_used(transport))
         if single:
             network = self._announced()
-            if any(p.n_nodes for p in procs):
-                why = "a single node: NCCL reports nNodes 1"
-            elif self._intra_joins_every_rank(procs):
-                why = "a single node: P2P/SHM/NVLS channels join every rank"
-            else:
-                why = "a single node: every rank's comm line comes from one host"
+            why = f"a single node ({self._node_count(procs)[2]}): no network is used"
             if network:
                 why += f"; the announced network '{network}' is never used"
             return Judgement("intra_node", "channels" if self._intra_seen else "announced", why)
         announced: dict[str, bool] = {}  # transport -> some process got there by a fallback
+        # A bootstrap interface is no choice when another process shows the one it made.
+        chosen = any(p.network and p.tentative != "bootstrap" for p in procs)
         for p in procs:
-            if p.network:
+            if p.network and not (chosen and p.tentative == "bootstrap"):
                 transport = self._announced_transport(p, providers.get(p.host))
                 announced[transport] = announced.get(transport, False) or self._fell_back(p)
         if announced:
@@ -227,14 +272,13 @@ class VerdictRules:
             elif not own and said not in bases:
                 warnings.setdefault("contradiction", f"{p.host or 'a rank'} announced '{p.network}' ({said}), "
                                     f"unlike the channels seen ({', '.join(sorted(bases))})")
-        if "ofi" in {kind for p in procs for kind in p.net} and not self._providers:
-            warnings.setdefault("no-provider", "the libfabric provider is not in the log: EFA assumed "
-                                "(aws-ofi-nccl on AWS; a tcp or verbs provider would have been logged)")
+        if "ofi" in {kind for p in procs for kind in p.net} and not self._providers and self._efa_only_seen:
+            warnings.setdefault("no-provider", _EFA_INFERRED)
 
     # -- the verdict -------------------------------------------------------------------------
     def _decide(self) -> Verdict:
         procs = list(self._procs.values())
-        nodes, single = self._node_count(procs)
+        nodes, single, nodes_basis = self._node_count(procs)
         providers: dict[str, str] = {}
         by_host: dict[str, list[Proc]] = {}
         for p in procs:
@@ -244,12 +288,12 @@ class VerdictRules:
         warnings = dict(self._notes)
         job = self._judge(procs, single, providers, warnings)
         if job.transport == "unknown":  # a network we cannot name decides nothing
-            job = Judgement("unknown", None, job.reason)
+            reason = _MISSING_PROVIDER if self._ofi_without_provider(procs) else job.reason
+            job = Judgement("unknown", None, reason)
         host_verdicts = {host: self._judge(group, single, providers, None).transport
                          for host, group in sorted(by_host.items()) if host}
         if job.basis == "announced" and job.transport == "efa" and not self._providers:
-            warnings.setdefault("no-provider", "the libfabric provider is not in the log: EFA assumed "
-                                "(aws-ofi-nccl on AWS; a tcp or verbs provider would have been logged)")
+            warnings.setdefault("no-provider", _EFA_INFERRED)
         if job.transport == "socket":
             # Every NCCL looks for libnccl-net.so, so "No plugin found" alone is no attempt.
             tried = self._ofi_seen or self._plugin or self._failures
@@ -271,16 +315,20 @@ class VerdictRules:
             nccl_version=self._versions[0] if self._versions else None,
             plugin=self._plugin, plugin_version=self._plugin_version,
             provider=self._job_provider() or (";".join(self._providers) or None),
-            network=self._announced(), nodes=nodes, ranks=self._rank_count(procs), hosts=host_verdicts,
+            network=self._announced(), nodes=nodes, nodes_basis=nodes_basis, ranks=self._rank_count(procs),
+            hosts=host_verdicts,
             decided_by=tuple(decided_by), evidence=tuple(decided_by + context),
             warnings=tuple(warnings.values()),
         )
 
     def _announced(self) -> str | None:
+        """The network chosen: a process's own choice before a bootstrap interface."""
+        fallback = None
         for p in self._procs.values():
-            if p.network:
+            if p.network and p.tentative != "bootstrap":
                 return p.network
-        return None
+            fallback = fallback or p.network
+        return fallback
 
     def _reason_used(self, transport: str) -> str:
         if transport in ("efa", "efa_gdr"):
@@ -289,25 +337,37 @@ class VerdictRules:
         if transport == "socket":
             return "channels connect via NET/Socket or a TCP libfabric provider"
         if transport == "ib":
-            return "channels connect via NCCL's IB verbs transport"
+            return "channels connect via NCCL's IB verbs transport" + self._provider_words()
         return "channels use a network whose kind we cannot tell"
+
+    def _provider_words(self) -> str:
+        provider = self._job_provider()
+        if provider is None or provider_transport(provider) == "efa":
+            return ""
+        core = provider.lower().split(";", 1)[0]
+        return f" or the OFI plugin on libfabric provider '{provider}' ({_PROVIDER_KINDS.get(core, 'RDMA')}, not EFA)"
 
     def _reason_fallback(self, transport: str) -> str:
         failure = next(iter(self._failures.values()), "a network plugin failed")
         return f"{failure}; NCCL then chose its own {transport} network"
 
     def _reason_announced(self, transport: str, procs: list[Proc]) -> str:
-        nodes, _ = self._node_count(procs)
+        nodes, _, _ = self._node_count(procs)
         where = (f"across {nodes} nodes" if nodes else
                  "and nothing shows a single node (the node count is not in the log)")
-        return f"NCCL announced '{self._announced()}' ({transport}) {where}; no channel line seen yet"
+        provider = self._job_provider()
+        kind = f"libfabric provider '{provider}' is not EFA, " if provider and transport != "efa" else ""
+        core = (provider or "").lower().split(";", 1)[0]
+        if kind and core in _PROVIDER_KINDS:
+            kind = f"libfabric provider '{provider}' ({_PROVIDER_KINDS[core]}) is not EFA, "
+        return f"NCCL announced '{self._announced()}' ({kind}{transport}) {where}; no channel line seen yet"
 
     def _reason_unknown(self, procs: list[Proc]) -> str:
         if not self.nccl_lines:
             return "no NCCL output seen"
         if self._failures:
             return "a network plugin failed and no network was chosen after it"
-        nodes, _ = self._node_count(procs)
+        nodes, _, _ = self._node_count(procs)
         if nodes and nodes > 1:
             return (f"{nodes} nodes, but no channel has connected over a network yet "
                     "(only intra-node P2P/SHM channels seen)")
@@ -337,3 +397,13 @@ class VerdictRules:
         context = [line for line in dict.fromkeys(line for kind in later for line in by_kind.get(kind, ()))
                    if line not in decided]
         return decided, context
+
+
+_MISSING_PROVIDER = ("NCCL uses the OFI plugin (libfabric), but no line names its libfabric provider: "
+                     "'NET/OFI Selected provider is …' is missing, and without it EFA cannot be told from "
+                     "cxi (Slingshot), tcp or verbs. It is printed at NCCL_DEBUG=INFO (subsystems INIT or NET)")
+_EFA_INFERRED = ("the libfabric provider line is not in the log: EFA inferred from the plugin's EFA-only "
+                 "lines (getCudaPath)")
+# What a libfabric provider that is not EFA runs on, for the reason a person reads.
+_PROVIDER_KINDS = {"cxi": "HPE Slingshot", "tcp": "TCP", "sockets": "TCP", "udp": "UDP", "net": "TCP",
+                   "verbs": "InfiniBand/RoCE verbs", "psm2": "Omni-Path", "opx": "Omni-Path", "psm3": "Ethernet"}

@@ -31,7 +31,7 @@ def provider_transport(provider: str | None) -> str:
     if core in ("tcp", "sockets", "udp", "net"):
         return "socket"
     if core in ("verbs", "psm3", "psm2", "opx", "cxi"):
-        return "ib"
+        return "ib"  # an RDMA fabric that is not EFA: verbs (IB/RoCE), Omni-Path, HPE Slingshot (cxi)
     return "unknown"
 
 
@@ -48,6 +48,7 @@ class Verdict:
     provider: str | None = None
     network: str | None = None
     nodes: int | None = None
+    nodes_basis: str | None = None  # what the node count rests on ("NCCL's comm line: nNodes 1", ...)
     ranks: int | None = None
     hosts: dict[str, str] = field(default_factory=dict)
     evidence: tuple[str, ...] = ()  # decided_by first, then context
@@ -75,8 +76,8 @@ class Verdict:
         if self.provider:
             versions.append(f"provider {self.provider}")
         out.append("  " + ", ".join(versions))
-        out.append(f"  nodes {'?' if self.nodes is None else self.nodes}, "
-                   f"ranks {'?' if self.ranks is None else self.ranks}")
+        size = f"  nodes {'?' if self.nodes is None else self.nodes}, ranks {'?' if self.ranks is None else self.ranks}"
+        out.append(size + (f" (nodes: {self.nodes_basis})" if self.nodes_basis else ""))
         if len(set(self.hosts.values()) - {"unknown"}) > 1:  # a host that showed nothing is no contradiction
             out.append("  per host: " + ", ".join(f"{h}={t}" for h, t in self.hosts.items()))
         out.extend(f"  warning: {w}" for w in self.warnings)
@@ -94,7 +95,7 @@ class Verdict:
             "transport": self.transport, "basis": self.basis, "label": self.label, "reason": self.reason,
             "nccl_version": self.nccl_version, "plugin": self.plugin,
             "plugin_version": self.plugin_version, "provider": self.provider,
-            "network": self.network, "nodes": self.nodes, "ranks": self.ranks,
+            "network": self.network, "nodes": self.nodes, "nodes_basis": self.nodes_basis, "ranks": self.ranks,
             "hosts": dict(self.hosts), "warnings": list(self.warnings),
             "evidence": list(self.evidence), "decided_by": list(self.decided_by),
         }
