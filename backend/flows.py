@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
@@ -25,6 +26,9 @@ from backend.runner import Progress, Runner, Step
 from backend.session import RunSession
 from backend.spool import LogSpool
 from backend.store import JobState, RunStatus, RunStore, StepState
+
+if TYPE_CHECKING:
+    from backend.telemetry import Telemetry
 
 RUN = "run"
 TRAIN = "train"
@@ -140,10 +144,8 @@ async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
             yield Progress(latest, min(1.0, point.step / total))
         if now - last_saved >= 10:
             last_saved = now
-            session.record.telemetry = telemetry.snapshot(tail=0)
-            session.store.save(session.record)
-    session.record.telemetry = telemetry.snapshot(tail=0)
-    session.store.save(session.record)
+            _keep_telemetry(session, follower, telemetry)
+    _keep_telemetry(session, follower, telemetry)
     if session.ctx.cluster is not None:
         await asyncio.to_thread(session.ctx.cluster.job_finished, session.ctx)
     status = follower.last_status
@@ -153,6 +155,15 @@ async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
         raise OperationError(f"job {state.lower()}: {detail.splitlines()[0][:200]}",
                              remedy=f"see `rtui logs {session.run_id}`")
     yield Progress(latest or "job succeeded", 1.0)
+
+
+def _keep_telemetry(session: RunSession, follower: JobFollower, telemetry: Telemetry) -> None:
+    """The followed job's telemetry snapshot, on the job (and as the run's latest) in the record."""
+    snapshot = telemetry.snapshot(tail=0)
+    if follower.job is not None:
+        follower.job.telemetry = snapshot
+    session.record.telemetry = snapshot
+    session.store.save(session.record)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from backend.config import ResolvedConfig, RunConfig
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
-from backend.store import RunRecord, RunStatus, RunStore, StepState
+from backend.store import JobRecord, RunRecord, RunStatus, RunStore, StepState
 
 if TYPE_CHECKING:
     from backend.layers.base import Context
@@ -76,13 +76,14 @@ class StatusReport:
             "cluster": {"alive": self.cluster_alive, "dashboard_url": self.dashboard_url},
             "resources": self.resources,
             "job": None if job is None else {
-                "submission_id": job.submission_id, "status": self.job_status or job.status.value,
+                "number": len(r.jobs), "submission_id": job.submission_id,
+                "status": self.job_status or job.status.value,
                 "message": self.job_message or job.message, "submitted_at": job.submitted_at,
             },
             "steps": {k: {"status": v.status.value, "message": v.message, "error": v.error,
                           "attempts": v.attempts, "duration_s": v.duration_s} for k, v in r.steps.items()},
             "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
-            "spool_path": r.spool_path, "cost": self.cost,
+            "spool_path": r.job_spool_path(), "cost": self.cost,
         }
 
 
@@ -300,15 +301,17 @@ class RunSession:
         jobs = await self.jobs()
         return jobs is not None and await jobs.answers()
 
-    def spool(self) -> LogSpool:
-        return LogSpool(self.record.spool_path)
+    def spool(self, job: JobRecord | None = None) -> LogSpool:
+        """The log spool of ``job``, by default the current one (each job has its own)."""
+        return LogSpool(self.record.job_spool_path(job))
 
-    def telemetry(self) -> Telemetry:
-        """Verdict and metric series rebuilt from the spool; keep it current with ``feed_from()``."""
+    def telemetry(self, job: JobRecord | None = None) -> Telemetry:
+        """Verdict and metric series of a job (the current one by default) rebuilt from its spool;
+        keep it current with ``feed_from()``."""
         from backend.telemetry import Telemetry
 
         telemetry = Telemetry()
-        spool = self.spool()
+        spool = self.spool(job)
         if spool.exists():
             telemetry.replay_file(spool.path)
         return telemetry

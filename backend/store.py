@@ -87,12 +87,17 @@ class JobState(StrEnum):
 
 
 class JobRecord(BaseModel):
+    """One submission of the run's job. Each job has its own log spool and telemetry snapshot;
+    a record written before that (``spool_path`` None) shares the run's spool."""
+
     submission_id: str
     submitted_at: float
     spec_hash: str
     status: JobState = JobState.PENDING
     message: str = ""
     ended_at: float | None = None
+    spool_path: str | None = None
+    telemetry: dict[str, Any] | None = None
 
 
 class RunRecord(BaseModel):
@@ -116,6 +121,25 @@ class RunRecord(BaseModel):
     @property
     def current_job(self) -> JobRecord | None:
         return self.jobs[-1] if self.jobs else None
+
+    def job(self, number: int | None = None) -> JobRecord | None:
+        """Job ``number`` (1 is the first submission), or the current one when None."""
+        if number is None:
+            return self.current_job
+        return self.jobs[number - 1] if 1 <= number <= len(self.jobs) else None
+
+    def job_spool_path(self, job: JobRecord | None = None) -> str:
+        """Where a job's log is spooled: its own file; the run's first spool for none yet or an old record."""
+        job = job if job is not None else self.current_job
+        return job.spool_path if job is not None and job.spool_path else self.spool_path
+
+    def next_job_spool_path(self) -> str:
+        """The spool of the job about to be submitted: the first keeps the run's spool path, each
+        later one a file of its own in the run's folder beside it (no run id can name that folder's files)."""
+        if not self.jobs:
+            return self.spool_path
+        base = Path(self.spool_path)
+        return str(base.parent / self.run_id / f"job-{len(self.jobs) + 1}.log")
 
     @property
     def active(self) -> bool:

@@ -156,6 +156,8 @@ def build_parser() -> Parser:
     p = add("logs", "print a run's job log; `rtui logs classify FILE...` reports NCCL transports")
     p.add_argument("run_id", nargs="?", help="the run (the latest when omitted); or `classify`, see below")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    p.add_argument("--job", type=int, metavar="N",
+                   help="the run's Nth job (1 is the first submission; default: the latest)")
     p.add_argument("--source", choices=("job", "head"), default="job",
                    help="job: the job's driver log (every worker's lines); head: the Ray head pod's log (kube) "
                         "(default: job)")

@@ -131,12 +131,19 @@ async def logs(ns: argparse.Namespace, out: TextIO) -> int:
         async for line in flows.head_log(session, follow=ns.follow):
             write([line])
         return 0
+    job = session.record.current_job
+    if ns.job is not None:
+        job = session.record.job(ns.job)
+        if job is None:
+            count = len(session.record.jobs)
+            raise UserError(f"run {session.run_id} has no job {ns.job} (it has {count} job{'s' * (count != 1)})",
+                            remedy=f"use --job 1 to --job {count}" if count else "submit one with `rtui up --yes`")
     offset = 0
-    for line, end in session.spool().iter_from(0):
+    for line, end in session.spool(job).iter_from(0):
         write([line])
         offset = end
-    if session.record.status is RunStatus.DOWN or session.record.current_job is None:
-        return 0
+    if session.record.status is RunStatus.DOWN or job is None or job is not session.record.current_job:
+        return 0  # an earlier job is history: its spool is all there is to print
     if not ns.follow:
         write(await flows.catch_up(session))
         return 0

@@ -85,7 +85,8 @@ def format_status(data: dict[str, Any]) -> str:
                      f"(${cost['left_behind_per_hour']:.3f}/hour): run `rtui down` again")
     job = data.get("job")
     if job:
-        lines.append(f"job      {job['submission_id']}: {job['status']}"
+        earlier = f" (job {job['number']}; earlier: `rtui logs --job N`)" if job.get("number", 1) > 1 else ""
+        lines.append(f"job      {job['submission_id']}: {job['status']}{earlier}"
                      + (f" — {job['message'].splitlines()[0][:120]}" if job.get("message") else ""))
     transport = data.get("transport") or {}
     if transport.get("label"):

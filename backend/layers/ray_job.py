@@ -53,7 +53,7 @@ class JobHandler(Handler):
                 metadata={"rtui_run": ctx.record.run_id, "rtui_spec": spec.spec_hash}):
             yield Progress(waiting, 0.3)
         ctx.record.jobs.append(JobRecord(submission_id=submission_id, submitted_at=time.time(),
-                                         spec_hash=spec.spec_hash))
+                                         spec_hash=spec.spec_hash, spool_path=ctx.record.next_job_spool_path()))
         ctx.ledger.update(want.address, id=submission_id, outputs={"spec_hash": spec.spec_hash})
         yield Progress(f"submitted {submission_id}", 1.0)
 
