@@ -333,8 +333,9 @@ class RunSession:
         latest = telemetry.series.latest
         resources = {address: {"kind": r.kind, "id": r.id, "status": r.status.value}
                      for address, r in self.record.resources.items()}
+        last_metric = None if latest is None else {**latest.to_dict(), "world_size": telemetry.series.world_size}
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
-                            self.attached_elsewhere(), latest.to_dict() if latest else None,
+                            self.attached_elsewhere(), last_metric,
                             telemetry.series.summary, telemetry.transport.to_dict(), resources,
                             cost_meter(self.record))
 

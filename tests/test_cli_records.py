@@ -94,3 +94,20 @@ def test_logs_and_status_show_the_latest_job_and_earlier_ones_stay_readable(isol
     assert status["last_metric"]["step"] == 5 and status["summary"]["steps"] == 5
     text = run_rtui("status", run_id, check=True).stdout
     assert f"rtui-{run_id}-2: SUCCEEDED (job 2;" in text and "training step 5 " in text
+    assert "(world 2)" in text and "world None" not in text
+
+
+def test_status_honours_target(isolated_env: Path) -> None:
+    """`rtui status --target kube` shows the latest kube run, not the latest run (issue 21, item 4)."""
+    store = RunStore()
+    kube = store.create(target="kube", cluster_name="rtui-ray", config={"target": "kube"})
+    kube.status = RunStatus.DOWN
+    store.save(kube)
+    _, local_id, _ = saved_run()
+    store.save(store.load(local_id).model_copy(update={"status": RunStatus.DOWN}))
+    assert json.loads(run_rtui("status", "--json", check=True).stdout)["run_id"] == local_id
+    assert json.loads(run_rtui("status", "--target", "kube", "--json", check=True).stdout)["run_id"] == kube.run_id
+    env = {"RTUI_TARGET": "kube"}
+    assert json.loads(run_rtui("status", "--json", env=env, check=True).stdout)["run_id"] == kube.run_id
+    assert_one_line(run_rtui("status", "--target", "aws"), 2, "no runs on the aws target")
+    assert_one_line(run_rtui("status", local_id, "--target", "kube"), 2, f"run {local_id} is on the local target")

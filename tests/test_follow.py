@@ -221,3 +221,41 @@ async def test_each_job_of_a_run_has_its_own_spool_metrics_and_summary(tmp_path:
     assert two.telemetry is not None and two.telemetry["metrics"]["latest"]["step"] == 5
     assert one.telemetry is not None and one.telemetry["metrics"]["latest"]["step"] == 20
     assert session.telemetry(one).series.latest.step == 20  # type: ignore[union-attr]
+
+
+class StoppableJobs(FakeJobs):
+    """Ray's Jobs API around a stop: RUNNING ("Job is currently running.") until stopped, then
+    STOPPED with the message Ray's job manager gives a stopped job ("Job was intentionally
+    stopped.", ray python/ray/dashboard/modules/job/common.py, JobInfo.__post_init__)."""
+
+    def __init__(self) -> None:
+        super().__init__([], ["RUNNING"], "Job is currently running.")
+        self.stopped = False
+
+    async def status(self, submission_id: str) -> JobStatus:
+        if self.stopped:
+            return JobStatus(submission_id, JobState.STOPPED, "Job was intentionally stopped.", end_time=5.0)
+        return JobStatus(submission_id, JobState.RUNNING, "Job is currently running.")
+
+    async def stop(self, submission_id: str) -> bool:
+        self.stopped = True
+        return True
+
+
+async def test_stopping_a_running_job_records_its_stopped_message(tmp_path: Path) -> None:
+    """`D` during a running job: status then says STOPPED with Ray's message for it, not the
+    running one it had before (issue 21, item 4)."""
+    from backend.layers.ray_job import JOB, JobHandler
+    from backend.model import Observed
+    from tui.render import format_status
+
+    jobs = StoppableJobs()
+    session = make_session(tmp_path, jobs)
+    await flows.catch_up(session)  # an attached rtui saw it running
+    assert session.record.jobs[0].message == "Job is currently running."
+    have = Observed(address=JOB, layer="ray-job", kind="ray-job", id="j1", state={"status": "RUNNING"})
+    [p async for p in JobHandler().delete(session.ctx, have)]
+    job = RunStore(tmp_path / "state").load(session.run_id).jobs[0]
+    assert (job.status, job.message) == (JobState.STOPPED, "Job was intentionally stopped.")
+    text = format_status((await session.status_report()).to_dict())
+    assert "j1: STOPPED — Job was intentionally stopped." in text and "currently running" not in text

@@ -88,16 +88,27 @@ async def check(ns: argparse.Namespace, out: TextIO) -> int:
 
 async def status(ns: argparse.Namespace, out: TextIO) -> int:
     store = RunStore()
+    resolved = resolved_from(ns)
+    # --target (or RTUI_TARGET) and --cluster-name narrow which run "the latest" is.
+    wanted = {f: getattr(resolved.config, f) for f in ("target", "cluster_name")
+              if resolved.sources.get(f) in ("flag", "env")}
     session: RunSession | None
     missing: UserError | None = None
     try:
-        session = RunSession.open(ns.run_id, store, lenient=True)
+        session = RunSession.open(ns.run_id if ns.run_id is not None or not wanted else _latest_of(store, wanted),
+                                  store, lenient=True)
     except UserError as exc:
-        if ns.run_id is not None:
+        if ns.run_id is not None or wanted:
             raise
         session, missing = None, exc
+    if session is not None and ns.run_id is not None and "target" in wanted \
+            and session.record.target != wanted["target"]:
+        raise UserError(f"run {session.run_id} is on the {session.record.target} target, not {wanted['target']}",
+                        remedy=f"drop --target, or see `rtui runs` for the {wanted['target']} runs")
     # After opening: listing the store sets a corrupt record aside, which would hide it from `open`.
-    orphans = [o for o in flows.find_orphans(store, "local") if session is None or o.run_id != session.run_id]
+    on_local = wanted.get("target", "local") == "local"
+    orphans = [o for o in flows.find_orphans(store, "local") if on_local and (session is None
+                                                                               or o.run_id != session.run_id)]
     if missing is not None and not orphans:
         raise missing
     data = (await session.status_report()).to_dict() if session is not None else None
@@ -110,6 +121,17 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
         out.write(f"orphan   {o.target} cluster {o.cluster_name} of run {o.run_id} is running without a record "
                   f"({o.where}) — tear it down: rtui down {o.run_id} --yes\n")
     return 0
+
+
+def _latest_of(store: RunStore, wanted: dict[str, str]) -> str:
+    """The newest run of this target (and cluster name, when given)."""
+    records, _ = store.list()
+    for record in records:
+        if all(getattr(record, field) == value for field, value in wanted.items()):
+            return record.run_id
+    where = f"the {wanted.get('target', 'any')} target" + (f", cluster {wanted['cluster_name']}"
+                                                            if "cluster_name" in wanted else "")
+    raise UserError(f"no runs on {where}", remedy="see `rtui runs` for every run")
 
 
 def _line_writer(out: TextIO) -> Callable[[list[str]], None]:

@@ -70,8 +70,8 @@ class JobHandler(Handler):
             while time.monotonic() < deadline and not (status := await jobs.status(have.id)).terminal:
                 await asyncio.sleep(0.5)
         for job in ctx.record.jobs:
-            if job.submission_id == have.id and job.status is not status.state:
-                job.status, job.ended_at = status.state, status.end_time
+            if job.submission_id == have.id:  # the state and Ray's message for it, never one without the other
+                job.status, job.message, job.ended_at = status.state, status.message, status.end_time
         ctx.save()
         yield Progress(f"job {status.status.lower()}", 1.0)
 

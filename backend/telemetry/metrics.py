@@ -55,6 +55,7 @@ class MetricSeries:
         self.summary: dict[str, Any] | None = None
         self.records = 0
         self.backend: str | None = None  # the job's torch.distributed backend, as its records say
+        self.world_size: int | None = None  # its number of workers, as its records say
         # Ray can print a worker's line twice; a step seen recently is not a new point.
         self._recent: deque[tuple[Any, ...]] = deque(maxlen=_RECENT_KEYS)
         self._recent_set: set[tuple[Any, ...]] = set()
@@ -129,6 +130,9 @@ class MetricSeries:
         backend = record.get("backend")
         if isinstance(backend, str) and backend != "?":
             self.backend = backend
+        workers = record.get("world_size")
+        if workers.__class__ is int and workers > 0:
+            self.world_size = workers
         return True
 
     def column(self, name: str) -> list[float | None]:
