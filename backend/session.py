@@ -95,6 +95,8 @@ class RunSession:
         if config.target not in SUPPORTED_TARGETS:
             make_stack(config.target)  # refuse unsupported targets now, with one clear line
         self._held: set[str] = set()
+        # Where each config value came from (ResolvedConfig.sources); a reopened run's came from its record.
+        self.sources: dict[str, str] = {}
 
     @cached_property
     def stack(self) -> Stack:
@@ -118,7 +120,9 @@ class RunSession:
         if record is None:
             record = store.new(target=config.target, cluster_name=config.cluster_name,
                                config=config.model_dump(mode="json"))
-        return cls(store, record, config)
+        session = cls(store, record, config)
+        session.sources = dict(resolved.sources)
+        return session
 
     @classmethod
     def open(cls, run_id: str | None, store: RunStore | None = None, *, lenient: bool = False) -> RunSession:

@@ -103,3 +103,18 @@ def test_the_detach_command_works_from_where_the_user_is(tmp_path: Path, monkeyp
     monkeypatch.setenv("PATH", str(venv_bin))
     os.chmod(venv_bin / "rtui", 0o755)
     assert rtui_command() == "rtui"
+
+
+async def test_show_config_is_what_the_job_runs_with(isolated_env: Path) -> None:
+    """The palette's Show config: effective values with their source, only the run target's fields (item 3)."""
+    app = RtuiApp(fixed_session())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
+        command = next(c for c in app.get_system_commands(app.screen) if c.title == "Show config")
+        command.callback()
+        await pilot.pause(0.05)
+        text = "\n".join(n.message for n in app._notifications)
+    assert "learning_rate = 0.001  [auto on local" in text, text
+    assert "batch_size = 32  [auto on local" in text and "precision = fp32  [auto on local" in text
+    assert "learning_rate = 0.0 " not in text and "precision = auto" not in text
+    assert "region" not in text and "gpu_node_type" not in text and "kubernetes_version" not in text

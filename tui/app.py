@@ -309,9 +309,12 @@ class RtuiApp(App[None]):
         yield from super().get_system_commands(screen)
 
     def _show_config(self) -> None:
-        config = self.session.config.model_dump(mode="json")
-        text = "\n".join(f"{k} = {v}" for k, v in config.items() if v not in (None, ""))
-        self.notify(text, title=f"Config of run {self.session.run_id}", timeout=20)
+        """What the job runs with: the target's fields, auto values resolved, each with its source."""
+        config = self.session.config
+        rows = config.effective_rows(self.session.sources)
+        text = "\n".join(f"{field} = {value}  [{source}]" for field, value, source in rows
+                         if value not in (None, ""))
+        self.notify(text, title=f"Config of run {self.session.run_id} ({config.target})", timeout=20, markup=False)
 
     def _show_resume(self) -> None:
         self.notify(f"{rtui_command()} --resume {self.session.run_id}", title="Resume this run", timeout=15)

@@ -311,22 +311,24 @@ def _token(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
+    """The values a run on this target uses (auto resolved), where each came from; only the target's fields."""
     resolved = resolved_from(ns)
     config = resolved.config
     values = config.model_dump(mode="json")
     auto = config.auto_values()
     if ns.json:
-        # "config" stays the raw values (what a rtui.toml would hold); "effective" is what a run uses.
+        # "config" stays the raw values (what a rtui.toml would hold); "effective" is what a run uses;
+        # "fields" are the ones the target reads.
         json.dump({"config": values, "effective": {**values, **auto}, "auto": sorted(auto),
-                   "sources": resolved.sources, "config_file": resolved.config_file}, out)
+                   "fields": list(config.fields_of_target()), "sources": resolved.sources,
+                   "config_file": resolved.config_file}, out)
         out.write("\n")
         return 0
-    width = max(len(f) for f in values)
-    for field, value in values.items():
-        shown = json.dumps(auto.get(field, value))
-        if field in auto:
-            shown += f"  (auto: {config.target})"
-        out.write(f"{field:<{width}}  {shown:<48}  {resolved.sources[field]}\n")
+    rows = config.effective_rows(resolved.sources)
+    width = max(len(field) for field, _, _ in rows)
+    for field, value, source in rows:
+        out.write(f"{field:<{width}}  {json.dumps(value):<48}  {source}\n")
+    out.write(f"(the fields the {config.target} target uses; `--target` shows another's)\n")
     return 0
 
 
