@@ -292,8 +292,10 @@ class RtuiApp(App[None]):
         if action == "teardown":
             from textual.screen import ModalScreen
 
-            # Hidden when there is nothing to tear down, in --read-only, and above a modal.
-            return not self.read_only and self.has_resources() and not isinstance(self.screen, ModalScreen)
+            # Hidden when there is nothing to tear down, in --read-only, above a modal, and while a
+            # teardown runs (during an apply it acts: it stops the apply and tears down).
+            return (not self.read_only and self.has_resources() and not isinstance(self.screen, ModalScreen)
+                    and not getattr(self.screen, "tearing_down", False))
         return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:

@@ -60,11 +60,24 @@ def test_up_status_down_through_the_binary(world: World, kube_file: Path) -> Non
     assert "Orphan sweep" in down.stdout or "nothing left" in down.stdout
 
 
-def test_no_credentials_is_one_line_saying_how_to_log_in(world: World, kube_file: Path) -> None:
-    proc = run_rtui("plan", *AWS, env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": ""})
-    assert proc.returncode in (1, 2)
+NO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": ""}
+
+
+@pytest.mark.parametrize("command", [["plan"], ["check"], ["up", "--yes"]])
+def test_no_credentials_says_none_were_found_where_it_looked_and_how_to_provide_them(
+        world: World, kube_file: Path, command: list[str]) -> None:
+    """With no credentials anywhere botocore raises NoCredentialsError before any request: nothing
+    was rejected. The user learns that none were found, where botocore looked (its default chain,
+    botocore/credentials.py create_credential_resolver: environment, shared credentials file,
+    config file, SSO, container and instance metadata) and how to provide some; exit 2 (issue 21, item 5)."""
+    proc = run_rtui(*command, *AWS, env=NO_CREDENTIALS)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
     line = one_line(proc)
-    assert "credentials" in line and ("aws sso login" in line or "aws configure" in line)
+    assert "rejected" not in line, line
+    assert "no AWS credentials found" in line, line
+    assert "AWS_ACCESS_KEY_ID" in line and "/nonexistent/rtui-test-aws-credentials" in line, line
+    assert "/nonexistent/rtui-test-aws-config" in line and "instance metadata" in line, line
+    assert "aws configure" in line and "--profile" in line, line
 
 
 def test_a_short_quota_names_the_request_command(world: World, kube_file: Path) -> None:
