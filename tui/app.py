@@ -9,9 +9,6 @@ place that turns a backend error into a notification is ``RtuiApp.report_error``
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -25,6 +22,7 @@ from textual.screen import Screen
 from backend.errors import RtuiError, UserError
 from backend.session import RunSession
 from backend.store import RunStatus
+from tui.cli import rtui_command
 
 if TYPE_CHECKING:
     from backend.planner import PlanResult
@@ -378,22 +376,6 @@ _SCREEN_COMMANDS = (
     ("replan", "Re-plan", "Discover the live state and plan again"),
     ("retry", "Retry", "Re-plan and apply again after a failure"),
 )
-
-
-def rtui_command() -> str:
-    """How to run this rtui again from the user's shell: `rtui` when that is what the PATH finds,
-    else the path it was started by (e.g. `.venv/bin/rtui`), relative to the current directory."""
-    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
-    on_path = shutil.which("rtui")
-    if started is None or started.name != "rtui" or (on_path and Path(on_path).resolve() == started):
-        return "rtui"
-    try:
-        relative = os.path.relpath(started)
-    except ValueError:
-        return str(started)
-    if relative.startswith(".."):  # outside the current directory: the full path reads better
-        return str(started)
-    return relative if os.sep in relative else f"./{relative}"
 
 
 def teardown_summary(session: RunSession, *, now: float | None = None) -> list[str]:

@@ -10,9 +10,12 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import re
+import shutil
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
@@ -411,6 +414,22 @@ def _wizard(ns: argparse.Namespace) -> int:
     app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only, choose_from=choose_from)
     app.run()
     return int(app.return_code or 0)
+
+
+def rtui_command() -> str:
+    """How to run this rtui again from the user's shell: `rtui` when that is what the PATH finds,
+    else the path it was started by (e.g. `.venv/bin/rtui`), relative to the current directory."""
+    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    on_path = shutil.which("rtui")
+    if started is None or started.name != "rtui" or (on_path and Path(on_path).resolve() == started):
+        return "rtui"
+    try:
+        relative = os.path.relpath(started)
+    except ValueError:
+        return str(started)
+    if relative.startswith(".."):  # outside the current directory: the full path reads better
+        return str(started)
+    return relative if os.sep in relative else f"./{relative}"
 
 
 def live_run_ids(store: RunStore) -> list[str]:

@@ -16,7 +16,7 @@ from backend.model import CheckStatus, EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from backend.textutil import strip_ansi
-from tui.cli import resolved_from
+from tui.cli import resolved_from, rtui_command
 from tui.render import format_event, format_plan, format_status
 
 
@@ -52,8 +52,9 @@ async def up(ns: argparse.Namespace, out: TextIO) -> int:
         if event.step == flows.RUN and event.kind in (EventKind.DONE, EventKind.FAILED):
             ok = event.kind is EventKind.DONE
     if ok and not ns.json:
-        out.write(f"\nThe cluster stays up. Logs: rtui logs {session.run_id}  ·  "
-                  f"tear down: rtui down {session.run_id} --yes\n")
+        rtui = rtui_command()  # pasteable from here, also when `rtui` is not on the PATH
+        out.write(f"\nThe cluster stays up. Logs: {rtui} logs {session.run_id}  ·  "
+                  f"tear down: {rtui} down {session.run_id} --yes\n")
     return 0 if ok else 1
 
 
@@ -119,7 +120,7 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
         out.write(format_status(data))
     for o in orphans:
         out.write(f"orphan   {o.target} cluster {o.cluster_name} of run {o.run_id} is running without a record "
-                  f"({o.where}) — tear it down: rtui down {o.run_id} --yes\n")
+                  f"({o.where}) — tear it down: {rtui_command()} down {o.run_id} --yes\n")
     return 0
 
 
@@ -264,7 +265,7 @@ async def bench(ns: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write("\n" + (_format_fabric(report) if ns.bench == "fabric" else _format_ab(report)))
         if not ns.down:
-            out.write(f"The cluster stays up: tear it down with `rtui down {session.run_id} --yes`\n")
+            out.write(f"The cluster stays up: tear it down with `{rtui_command()} down {session.run_id} --yes`\n")
         elif not ok:
             out.write(f"run {session.run_id} is NOT fully down: see the errors above\n")
     return 0 if ok else 1

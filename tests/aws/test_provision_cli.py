@@ -12,7 +12,7 @@ import boto3
 import pytest
 
 from tests.aws.conftest import World
-from tests.conftest import run_rtui
+from tests.conftest import RTUI, run_rtui
 from tests.kubernetes.test_kubectl import kubectl
 
 AWS = ["--target", "aws", "--region", "us-east-1"]
@@ -37,8 +37,13 @@ def test_plan_shows_every_change_its_cost_and_the_quota_it_uses(world: World, ku
 
 
 def test_up_status_down_through_the_binary(world: World, kube_file: Path) -> None:
-    up = run_rtui("up", "--yes", *AWS, "--until", "aws")
+    # `rtui` is not on this PATH: the next steps `up` prints must still work pasted here (issue 21, item 6).
+    no_rtui = {"PATH": "/usr/bin:/bin"}
+    up = run_rtui("up", "--yes", *AWS, "--until", "aws", env=no_rtui)
     assert up.returncode == 0, up.stdout + up.stderr
+    hint = up.stdout.strip().splitlines()[-1]
+    assert f"Logs: {RTUI} logs " in hint and f"tear down: {RTUI} down " in hint, hint
+    pasted_down = hint.split("tear down: ", 1)[1].strip()
     status = json.loads(run_rtui("status", "--json").stdout)
     assert status["cost"]["per_hour"] == pytest.approx(9.5548)
     assert status["cost"]["accrued"] >= 0 and "aws.nodegroup.gpu" in status["cost"]["resources"]
@@ -55,8 +60,9 @@ def test_up_status_down_through_the_binary(world: World, kube_file: Path) -> Non
     assert "rtui-ray" in user["args"] and "token" not in json.dumps(entry["users"][0]["user"]).replace(
         "get-token", "").replace('"token"', "")
 
-    down = run_rtui("down", "--yes", *AWS)
-    assert down.returncode == 0, down.stdout + down.stderr
+    down = subprocess.run(pasted_down, shell=True, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **no_rtui}, stdin=subprocess.DEVNULL)
+    assert down.returncode == 0, pasted_down + "\n" + down.stdout + down.stderr
     assert "Orphan sweep" in down.stdout or "nothing left" in down.stdout
 
 
