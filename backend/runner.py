@@ -42,6 +42,8 @@ class Step:
     retries: int = 0
     backoff_s: float = 1.0
     skip_if: Callable[[], bool] | None = field(default=None, repr=False)
+    # What this step's duration is kept under (RunStore.record_duration), for the next ETA; "" keeps none.
+    timing_key: str = ""
 
 
 StateCallback = Callable[[str, StepState], None]

@@ -17,7 +17,7 @@ from backend.config import ResolvedConfig, RunConfig
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
-from backend.store import JobRecord, RunRecord, RunStatus, RunStore, StepState
+from backend.store import JobRecord, RunRecord, RunStatus, RunStore, StepState, StepStatus
 
 if TYPE_CHECKING:
     from backend.layers.base import Context
@@ -284,9 +284,13 @@ class RunSession:
     async def _run(self, steps: list[Any], *, prefix: str, done: RunStatus) -> AsyncIterator[StepEvent]:
         from backend.runner import Runner
 
+        keys = {step.id: step.timing_key for step in steps}
+
         def on_state(step_id: str, state: StepState) -> None:
             self.record.steps[f"{prefix}{step_id}"] = state
             self.store.save(self.record)
+            if state.status is StepStatus.DONE and keys.get(step_id) and state.duration_s is not None:
+                self.store.record_duration(keys[step_id], state.duration_s)  # the next run's ETA
 
         runner = Runner(steps, on_state=on_state)
         try:
