@@ -25,7 +25,7 @@ from backend.rayjobs import JobStatus
 from backend.runner import Progress, Runner, Step
 from backend.session import RunSession
 from backend.spool import LogSpool
-from backend.store import JobState, RunStatus, RunStore, StepState
+from backend.store import JobState, RunStatus, RunStore, StepState, StepStatus
 
 if TYPE_CHECKING:
     from backend.telemetry import Telemetry
@@ -102,16 +102,24 @@ async def apply_plan(session: RunSession, plan: PlanResult, *, until: str | None
 
 
 async def follow_steps(session: RunSession) -> AsyncIterator[StepEvent]:
-    """Following the job as a runner step: progress from telemetry, failure when the job fails."""
-    runner = Runner([Step(TRAIN, "Train", lambda: _train_progress(session), expected_s=60)],
-                    on_state=lambda sid, state: _save_step(session, sid, state))
+    """Following the job as a runner step: progress from telemetry, failure when the job fails.
+
+    Its ETA: the seconds per training step the earlier jobs of this target took on this machine
+    (start-up included) times this job's steps; a minute before any was measured."""
+    key = f"{session.config.target}/train/per-step"
+    per_step = session.store.durations().get(key)
+    expected = per_step * session.config.steps if per_step else 60.0
+    runner = Runner([Step(TRAIN, "Train", lambda: _train_progress(session), expected_s=expected)],
+                    on_state=lambda sid, state: _save_step(session, sid, state, key))
     async for event in runner.events():
         yield event
 
 
-def _save_step(session: RunSession, sid: str, state: StepState) -> None:
+def _save_step(session: RunSession, sid: str, state: StepState, timing_key: str = "") -> None:
     session.record.steps[sid] = state
     session.store.save(session.record)
+    if timing_key and state.status is StepStatus.DONE and state.duration_s is not None:
+        session.store.record_duration(timing_key, state.duration_s / session.config.steps)
 
 
 async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:

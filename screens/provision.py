@@ -110,7 +110,9 @@ class ProvisionScreen(RtuiScreen):
         if panes:
             pane = panes.first(StepPane)
         else:  # teardown steps come from discovery: a pane per step as it starts
-            pane = StepPane(event.step, event.message or event.step, 1.0, clock=self.clock)
+            expected = event.data.get("expected_s") if event.kind is EventKind.STARTED else None
+            pane = StepPane(event.step, event.message or event.step,
+                            float(expected) if isinstance(expected, int | float) else 1.0, clock=self.clock)
             await self.query_one("#steps").mount(pane)
         pane.apply_event(event)
 

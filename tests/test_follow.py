@@ -259,3 +259,16 @@ async def test_stopping_a_running_job_records_its_stopped_message(tmp_path: Path
     assert (job.status, job.message) == (JobState.STOPPED, "Job was intentionally stopped.")
     text = format_status((await session.status_report()).to_dict())
     assert "j1: STOPPED — Job was intentionally stopped." in text and "currently running" not in text
+
+
+async def test_the_train_steps_eta_comes_from_earlier_jobs_on_this_machine(tmp_path: Path) -> None:
+    """The first job's Train step guesses a minute; the next expects the seconds per step measured (item 8)."""
+    from backend.model import EventKind
+
+    session = make_session(tmp_path, FakeJobs([METRICS], ["SUCCEEDED"]))
+    first = [e async for e in flows.follow_steps(session) if e.kind is EventKind.STARTED]
+    assert first[0].data["expected_s"] == 60.0
+    per_step = session.store.durations()["local/train/per-step"]
+    assert 0 < per_step < 30
+    second = [e async for e in flows.follow_steps(session) if e.kind is EventKind.STARTED]
+    assert second[0].data["expected_s"] == pytest.approx(per_step * session.config.steps)
