@@ -53,9 +53,9 @@ class MetricSeries:
         self.peak_flops_per_gpu = peak_flops_per_gpu
         self.n_gpus = n_gpus
         self.summary: dict[str, Any] | None = None
+        self.world_size: int | None = None  # the job's number of workers, as its records say
         self.records = 0
         self.backend: str | None = None  # the job's torch.distributed backend, as its records say
-        self.world_size: int | None = None  # its number of workers, as its records say
         # Ray can print a worker's line twice; a step seen recently is not a new point.
         self._recent: deque[tuple[Any, ...]] = deque(maxlen=_RECENT_KEYS)
         self._recent_set: set[tuple[Any, ...]] = set()
@@ -127,12 +127,12 @@ class MetricSeries:
             self._recent_set.add(key)
         self.points.append(point)
         self.records += 1
-        backend = record.get("backend")
-        if isinstance(backend, str) and backend != "?":
-            self.backend = backend
         workers = record.get("world_size")
         if workers.__class__ is int and workers > 0:
             self.world_size = workers
+        backend = record.get("backend")
+        if isinstance(backend, str) and backend != "?":
+            self.backend = backend
         return True
 
     def column(self, name: str) -> list[float | None]:
