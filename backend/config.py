@@ -196,9 +196,45 @@ class RunConfig(BaseModel):
             "batch_size": self.effective_batch_size(),
             "num_workers": self.effective_workers(),
             "precision": self.effective_precision(),
+            "learning_rate": self.effective_learning_rate(),
             "require_transport": self.effective_require_transport(),
         }
         return {field: value for field, value in effective.items() if getattr(self, field) != value}
+
+    def fields_of_target(self) -> tuple[str, ...]:
+        """The fields this run's target reads, in declaration order (the others are never used by it)."""
+        return tuple(f for f in FIELD_NAMES if self.target in TARGET_FIELDS.get(f, ALL_TARGETS))
+
+    def effective_rows(self, sources: Mapping[str, str]) -> list[tuple[str, Any, str]]:
+        """(field, the value the run uses, where it came from) for each field of the target.
+
+        A field left on auto shows what it resolves to here, and says so: ``auto on local (default)``.
+        ``sources`` is ResolvedConfig.sources; a field missing there came from the run's record.
+        """
+        auto = self.auto_values()
+        rows = []
+        for field in self.fields_of_target():
+            source = sources.get(field, "run record")
+            if field in auto:
+                rows.append((field, auto[field], f"auto on {self.target} ({source})"))
+            else:
+                rows.append((field, getattr(self, field), source))
+        return rows
+
+
+ALL_TARGETS = frozenset({"local", "aws", "kube"})
+_CLUSTER = frozenset({"aws", "kube"})
+# Which targets read a field (a field not named here is read by every target).
+TARGET_FIELDS: dict[str, frozenset[str]] = {
+    **{f: frozenset({"aws"}) for f in ("region", "availability_zone", "profile", "kubernetes_version", "vpc_id",
+                                       "private_subnet_ids", "api_cidrs", "system_node_type", "system_node_count")},
+    **{f: _CLUSTER for f in ("gpu_node_type", "gpu_node_count", "gpus_per_node", "namespace", "image",
+                             "kuberay_version", "ray_version", "nvidia_device_plugin_version",
+                             "efa_device_plugin_version", "kuberay_crds", "hf_token", "model_id")},
+    **{f: frozenset({"kube"}) for f in ("kubeconfig", "context")},
+    **{f: frozenset({"local"}) for f in ("local_cpus", "local_worker_nodes", "local_dashboard_port",
+                                         "local_hidden_size", "local_layers", "local_heads", "local_vocab_size")},
+}
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)

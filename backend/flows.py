@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
@@ -24,7 +25,10 @@ from backend.rayjobs import JobStatus
 from backend.runner import Progress, Runner, Step
 from backend.session import RunSession
 from backend.spool import LogSpool
-from backend.store import JobState, RunStatus, RunStore, StepState
+from backend.store import JobState, RunStatus, RunStore, StepState, StepStatus
+
+if TYPE_CHECKING:
+    from backend.telemetry import Telemetry
 
 RUN = "run"
 TRAIN = "train"
@@ -98,16 +102,24 @@ async def apply_plan(session: RunSession, plan: PlanResult, *, until: str | None
 
 
 async def follow_steps(session: RunSession) -> AsyncIterator[StepEvent]:
-    """Following the job as a runner step: progress from telemetry, failure when the job fails."""
-    runner = Runner([Step(TRAIN, "Train", lambda: _train_progress(session), expected_s=60)],
-                    on_state=lambda sid, state: _save_step(session, sid, state))
+    """Following the job as a runner step: progress from telemetry, failure when the job fails.
+
+    Its ETA: the seconds per training step the earlier jobs of this target took on this machine
+    (start-up included) times this job's steps; a minute before any was measured."""
+    key = f"{session.config.target}/train/per-step"
+    per_step = session.store.durations().get(key)
+    expected = per_step * session.config.steps if per_step else 60.0
+    runner = Runner([Step(TRAIN, "Train", lambda: _train_progress(session), expected_s=expected)],
+                    on_state=lambda sid, state: _save_step(session, sid, state, key))
     async for event in runner.events():
         yield event
 
 
-def _save_step(session: RunSession, sid: str, state: StepState) -> None:
+def _save_step(session: RunSession, sid: str, state: StepState, timing_key: str = "") -> None:
     session.record.steps[sid] = state
     session.store.save(session.record)
+    if timing_key and state.status is StepStatus.DONE and state.duration_s is not None:
+        session.store.record_duration(timing_key, state.duration_s / session.config.steps)
 
 
 async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
@@ -140,10 +152,8 @@ async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
             yield Progress(latest, min(1.0, point.step / total))
         if now - last_saved >= 10:
             last_saved = now
-            session.record.telemetry = telemetry.snapshot(tail=0)
-            session.store.save(session.record)
-    session.record.telemetry = telemetry.snapshot(tail=0)
-    session.store.save(session.record)
+            _keep_telemetry(session, follower, telemetry)
+    _keep_telemetry(session, follower, telemetry)
     if session.ctx.cluster is not None:
         await asyncio.to_thread(session.ctx.cluster.job_finished, session.ctx)
     status = follower.last_status
@@ -153,6 +163,15 @@ async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
         raise OperationError(f"job {state.lower()}: {detail.splitlines()[0][:200]}",
                              remedy=f"see `rtui logs {session.run_id}`")
     yield Progress(latest or "job succeeded", 1.0)
+
+
+def _keep_telemetry(session: RunSession, follower: JobFollower, telemetry: Telemetry) -> None:
+    """The followed job's telemetry snapshot, on the job (and as the run's latest) in the record."""
+    snapshot = telemetry.snapshot(tail=0)
+    if follower.job is not None:
+        follower.job.telemetry = snapshot
+    session.record.telemetry = snapshot
+    session.store.save(session.record)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from backend.errors import OperationError
 from backend.rayjobs import JobStatus, RayJobs
-from backend.spool import LogSpool
 
 if TYPE_CHECKING:
     from backend.session import RunSession
@@ -38,7 +37,8 @@ class JobFollower:
     def __init__(self, session: RunSession, jobs: RayJobs) -> None:
         self.session = session
         self.jobs = jobs
-        self.spool = LogSpool(session.record.spool_path)
+        self.job = session.record.current_job  # the job followed, fixed now: a later submission has its own
+        self.spool = session.spool(self.job)
         self.last_status: JobStatus | None = None
         self._partial = ""
 
@@ -47,7 +47,7 @@ class JobFollower:
         changed = self.last_status is None or (status.state, status.message) != (
             self.last_status.state, self.last_status.message)
         self.last_status = status
-        job = self.session.record.current_job
+        job = self.job
         if job is not None and (job.status is not status.state or job.message != status.message):
             job.status, job.message, job.ended_at = status.state, status.message, status.end_time
             self.session.store.save(self.session.record)
@@ -61,7 +61,7 @@ class JobFollower:
 
     async def catch_up(self) -> list[str]:
         """Spool whatever the job logged since we last looked (one request), return it as lines."""
-        job = self.session.record.current_job
+        job = self.job
         if job is None:
             return []
         self._on_status(await self.jobs.status(job.submission_id))
@@ -72,7 +72,7 @@ class JobFollower:
 
     async def updates(self) -> AsyncIterator[JobUpdate]:
         """Lines and status changes of the current job until it reaches a terminal state."""
-        job = self.session.record.current_job
+        job = self.job
         if job is None:
             raise OperationError("no job to follow", remedy="submit one with `rtui up --yes`")
         sid = job.submission_id

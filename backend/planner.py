@@ -114,20 +114,28 @@ def _effective_deps(change: Change, by_address: dict[str, Change]) -> tuple[str,
 def apply_steps(stack: Stack, ctx: Context, plan: PlanResult) -> list[Step]:
     """One step per non-noop change; a change that deletes waits for what depends on it."""
     by_address = {c.address: c for c in plan.changes}
+    typical = ctx.store.durations()
     steps: list[Step] = []
     for change in plan.changes:
         if change.action is Action.NOOP:
             continue
         handler = stack.handler(change.layer, change.kind)
+        key = timing_key(ctx, change.kind, change.action)
         deps = _effective_deps(change, by_address)
         if change.action is Action.DELETE:
             deps = tuple(c.address for c in plan.changes
                          if change.address in c.depends_on and c.action is not Action.NOOP)
         steps.append(Step(change.address, handler.step_title(change.address, change.action),
                           _change_action(handler, ctx, change, plan),
-                          deps=deps, expected_s=handler.expected_s, retries=handler.retries,
-                          backoff_s=handler.backoff_s))
+                          deps=deps, expected_s=typical.get(key, handler.expected_s), retries=handler.retries,
+                          backoff_s=handler.backoff_s, timing_key=key))
     return steps
+
+
+def timing_key(ctx: Context, kind: str, action: Action) -> str:
+    """What a step's duration is kept under: the target, the resource kind and what is done to it
+    (``local/ray-head/create``); AZ or name parts of an address do not change how long it takes."""
+    return f"{ctx.config.target}/{kind}/{action.value}"
 
 
 def reconcile(ctx: Context, plan: PlanResult) -> None:
@@ -181,6 +189,7 @@ def teardown_steps(stack: Stack, ctx: Context, observed: Sequence[Observed]) -> 
     """A delete step per live resource of ours; each waits for everything that depends on it."""
     ours = [o for o in observed if not o.adopted]
     level = {layer.name: i for i, layer in enumerate(stack.layers)}
+    typical = ctx.store.durations()
     steps = []
     for have in reversed(ours):
         handler = stack.handler(have.layer, have.kind)
@@ -191,8 +200,9 @@ def teardown_steps(stack: Stack, ctx: Context, observed: Sequence[Observed]) -> 
         def action(handler: Handler = handler, have: Observed = have) -> AsyncIterator[Progress]:
             return _delete(handler, ctx, have)
 
+        key = timing_key(ctx, have.kind, Action.DELETE)
         steps.append(Step(have.address, handler.step_title(have.address, Action.DELETE), action,
-                          deps=dependents, expected_s=handler.expected_s))
+                          deps=dependents, expected_s=typical.get(key, handler.expected_s), timing_key=key))
     return steps
 
 

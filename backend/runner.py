@@ -42,6 +42,8 @@ class Step:
     retries: int = 0
     backoff_s: float = 1.0
     skip_if: Callable[[], bool] | None = field(default=None, repr=False)
+    # What this step's duration is kept under (RunStore.record_duration), for the next ETA; "" keeps none.
+    timing_key: str = ""
 
 
 StateCallback = Callable[[str, StepState], None]
@@ -134,7 +136,10 @@ class Runner:
             attempt += 1
             self._transition(step.id, status=StepStatus.RUNNING, attempts=attempt,
                              started_at=self.states[step.id].started_at or time.time(), error=None)
-            self._emit(StepEvent(step=step.id, kind=EventKind.STARTED, message=step.title, attempt=attempt))
+            # Its typical duration rides along: a view that did not build the step from the plan
+            # (teardown panes, `up --json`) still has its ETA.
+            self._emit(StepEvent(step=step.id, kind=EventKind.STARTED, message=step.title, attempt=attempt,
+                                 data={"expected_s": step.expected_s}))
             try:
                 async for update in step.action():
                     if update.log is not None:

@@ -17,7 +17,7 @@ from backend.config import ResolvedConfig, RunConfig
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
-from backend.store import RunRecord, RunStatus, RunStore, StepState
+from backend.store import JobRecord, RunRecord, RunStatus, RunStore, StepState, StepStatus
 
 if TYPE_CHECKING:
     from backend.layers.base import Context
@@ -76,13 +76,14 @@ class StatusReport:
             "cluster": {"alive": self.cluster_alive, "dashboard_url": self.dashboard_url},
             "resources": self.resources,
             "job": None if job is None else {
-                "submission_id": job.submission_id, "status": self.job_status or job.status.value,
+                "number": len(r.jobs), "submission_id": job.submission_id,
+                "status": self.job_status or job.status.value,
                 "message": self.job_message or job.message, "submitted_at": job.submitted_at,
             },
             "steps": {k: {"status": v.status.value, "message": v.message, "error": v.error,
                           "attempts": v.attempts, "duration_s": v.duration_s} for k, v in r.steps.items()},
             "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
-            "spool_path": r.spool_path, "cost": self.cost,
+            "spool_path": r.job_spool_path(), "cost": self.cost,
         }
 
 
@@ -94,6 +95,8 @@ class RunSession:
         if config.target not in SUPPORTED_TARGETS:
             make_stack(config.target)  # refuse unsupported targets now, with one clear line
         self._held: set[str] = set()
+        # Where each config value came from (ResolvedConfig.sources); a reopened run's came from its record.
+        self.sources: dict[str, str] = {}
 
     @cached_property
     def stack(self) -> Stack:
@@ -117,7 +120,9 @@ class RunSession:
         if record is None:
             record = store.new(target=config.target, cluster_name=config.cluster_name,
                                config=config.model_dump(mode="json"))
-        return cls(store, record, config)
+        session = cls(store, record, config)
+        session.sources = dict(resolved.sources)
+        return session
 
     @classmethod
     def open(cls, run_id: str | None, store: RunStore | None = None, *, lenient: bool = False) -> RunSession:
@@ -279,9 +284,13 @@ class RunSession:
     async def _run(self, steps: list[Any], *, prefix: str, done: RunStatus) -> AsyncIterator[StepEvent]:
         from backend.runner import Runner
 
+        keys = {step.id: step.timing_key for step in steps}
+
         def on_state(step_id: str, state: StepState) -> None:
             self.record.steps[f"{prefix}{step_id}"] = state
             self.store.save(self.record)
+            if state.status is StepStatus.DONE and keys.get(step_id) and state.duration_s is not None:
+                self.store.record_duration(keys[step_id], state.duration_s)  # the next run's ETA
 
         runner = Runner(steps, on_state=on_state)
         try:
@@ -300,15 +309,17 @@ class RunSession:
         jobs = await self.jobs()
         return jobs is not None and await jobs.answers()
 
-    def spool(self) -> LogSpool:
-        return LogSpool(self.record.spool_path)
+    def spool(self, job: JobRecord | None = None) -> LogSpool:
+        """The log spool of ``job``, by default the current one (each job has its own)."""
+        return LogSpool(self.record.job_spool_path(job))
 
-    def telemetry(self) -> Telemetry:
-        """Verdict and metric series rebuilt from the spool; keep it current with ``feed_from()``."""
+    def telemetry(self, job: JobRecord | None = None) -> Telemetry:
+        """Verdict and metric series of a job (the current one by default) rebuilt from its spool;
+        keep it current with ``feed_from()``."""
         from backend.telemetry import Telemetry
 
         telemetry = Telemetry()
-        spool = self.spool()
+        spool = self.spool(job)
         if spool.exists():
             telemetry.replay_file(spool.path)
         return telemetry
@@ -330,8 +341,9 @@ class RunSession:
         latest = telemetry.series.latest
         resources = {address: {"kind": r.kind, "id": r.id, "status": r.status.value}
                      for address, r in self.record.resources.items()}
+        last_metric = None if latest is None else {**latest.to_dict(), "world_size": telemetry.series.world_size}
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
-                            self.attached_elsewhere(), latest.to_dict() if latest else None,
+                            self.attached_elsewhere(), last_metric,
                             telemetry.series.summary, telemetry.transport.to_dict(), resources,
                             cost_meter(self.record))
 

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import secrets
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,6 +31,8 @@ from backend.paths import state_dir
 
 # 2: ``resources`` is the ledger, {address: ResourceRecord}; 1 had an untyped dict.
 SCHEMA_VERSION = 2
+# How many successful durations of a step are kept for its ETA (the typical one is their median).
+DURATIONS_KEPT = 5
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -87,12 +90,17 @@ class JobState(StrEnum):
 
 
 class JobRecord(BaseModel):
+    """One submission of the run's job. Each job has its own log spool and telemetry snapshot;
+    a record written before that (``spool_path`` None) shares the run's spool."""
+
     submission_id: str
     submitted_at: float
     spec_hash: str
     status: JobState = JobState.PENDING
     message: str = ""
     ended_at: float | None = None
+    spool_path: str | None = None
+    telemetry: dict[str, Any] | None = None
 
 
 class RunRecord(BaseModel):
@@ -116,6 +124,25 @@ class RunRecord(BaseModel):
     @property
     def current_job(self) -> JobRecord | None:
         return self.jobs[-1] if self.jobs else None
+
+    def job(self, number: int | None = None) -> JobRecord | None:
+        """Job ``number`` (1 is the first submission), or the current one when None."""
+        if number is None:
+            return self.current_job
+        return self.jobs[number - 1] if 1 <= number <= len(self.jobs) else None
+
+    def job_spool_path(self, job: JobRecord | None = None) -> str:
+        """Where a job's log is spooled: its own file; the run's first spool for none yet or an old record."""
+        job = job if job is not None else self.current_job
+        return job.spool_path if job is not None and job.spool_path else self.spool_path
+
+    def next_job_spool_path(self) -> str:
+        """The spool of the job about to be submitted: the first keeps the run's spool path, each
+        later one a file of its own in the run's folder beside it (no run id can name that folder's files)."""
+        if not self.jobs:
+            return self.spool_path
+        base = Path(self.spool_path)
+        return str(base.parent / self.run_id / f"job-{len(self.jobs) + 1}.log")
 
     @property
     def active(self) -> bool:
@@ -324,6 +351,47 @@ class RunStore:
 
     def resolve(self, run_id: str | None) -> RunRecord:
         return self.load(run_id) if run_id else self.latest()
+
+    # --- step durations on this machine (for ETAs) ---------------------------------------
+    @property
+    def durations_path(self) -> Path:
+        return self.root / "durations.json"
+
+    def durations(self) -> dict[str, float]:
+        """{timing key: typical seconds} from the last runs of this state dir (the median of the
+        last few successful ones); {} when none were kept or the file is unreadable."""
+        try:
+            data = json.loads(self.durations_path.read_bytes())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        typical = {}
+        for key, seen in data.items():
+            values = [float(v) for v in seen if isinstance(v, int | float) and v >= 0] if isinstance(seen, list) else []
+            if values:
+                typical[str(key)] = statistics.median(values)
+        return typical
+
+    def record_duration(self, key: str, seconds: float) -> None:
+        """Keep how long a step took (its last DURATIONS_KEPT); a failure to write only costs the ETA."""
+        try:
+            self.ensure_writable()
+            try:
+                data = json.loads(self.durations_path.read_bytes())
+            except (OSError, ValueError):
+                data = {}
+            if not isinstance(data, dict):
+                data = {}
+            kept = data.get(key)
+            seen: list[Any] = kept if isinstance(kept, list) else []
+            data[key] = [*seen, round(seconds, 2)][-DURATIONS_KEPT:]
+            fd, tmp = tempfile.mkstemp(prefix=".durations.", suffix=".tmp", dir=self.root)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh)
+            os.replace(tmp, self.durations_path)
+        except (OSError, UserError):
+            return
 
     # --- locking -----------------------------------------------------------------------
     @contextlib.contextmanager

@@ -26,20 +26,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from backend.config import RunConfig  # noqa: E402
-from backend.procs import ProcRef, family  # noqa: E402
+from backend.layers.local_cluster import cluster_family, find_clusters  # noqa: E402
 from backend.store import RunStore  # noqa: E402
 from training.protocol import SUMMARY_TAG, parse_record  # noqa: E402
 
 
-def sample_memory(state: Path, rtui_pid: int, stop: threading.Event, peak: list[int]) -> None:
+def sample_memory(cluster_name: str, rtui_pid: int, stop: threading.Event, peak: list[int]) -> None:
+    """Peak PSS of rtui and every process of the run's local cluster (found as teardown finds them)."""
     while not stop.is_set():
         procs: list[psutil.Process] = []
         try:
             procs.append(psutil.Process(rtui_pid))
-            records, _ = RunStore(state).list()
-            for rec in records:
-                head = rec.resources.get("head")
-                procs += family([ProcRef.from_dict(head)] if head else [], rec.resources.get("temp_dir"))
+            for cluster in find_clusters(cluster_name=cluster_name):
+                procs += cluster_family(cluster.path)
         except (psutil.Error, OSError, ValueError):
             pass
         total = 0
@@ -61,12 +60,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
         env = {**os.environ, "RTUI_STATE_DIR": str(state), "RTUI_CONFIG_DIR": f"{tmp}/cfg"}
-        flags = ["--steps", str(args.steps), "--cluster-name", f"bench-{os.getpid()}", *rtui_flags]
+        cluster_name = f"bench-{os.getpid()}"
+        flags = ["--steps", str(args.steps), "--cluster-name", cluster_name, *rtui_flags]
         started = time.time()
         up = subprocess.Popen([rtui, "up", "--yes", "--json", *flags], stdout=subprocess.PIPE, text=True,
                               env=env, cwd=tmp)
         stop, peak = threading.Event(), [0]
-        sampler = threading.Thread(target=sample_memory, args=(state, up.pid, stop, peak), daemon=True)
+        sampler = threading.Thread(target=sample_memory, args=(cluster_name, up.pid, stop, peak), daemon=True)
         sampler.start()
         first_metric = None
         run_id = None
@@ -83,7 +83,7 @@ def main() -> None:
             sys.exit(f"rtui up failed ({rc})")
         record = RunStore(state).load(run_id)
         summary = None
-        for spool_line in Path(record.spool_path).read_text().splitlines():
+        for spool_line in Path(record.job_spool_path()).read_text().splitlines():
             parsed = parse_record(spool_line) if SUMMARY_TAG in spool_line else None
             if parsed:
                 summary = parsed[1]

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from training.train import build_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from training.config import TrainConfig  # noqa: E402
+from training.loop import build_model  # noqa: E402
 
 
 def main() -> None:
@@ -26,8 +31,8 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = build_model({"tiny_vocab_size": a.vocab, "tiny_hidden_size": a.hidden, "tiny_layers": a.layers,
-                         "tiny_heads": a.heads, "seq_len": a.seq_len})
+    model = build_model(TrainConfig(tiny_vocab_size=a.vocab, tiny_hidden_size=a.hidden, tiny_layers=a.layers,
+                                    tiny_heads=a.heads, seq_len=a.seq_len, num_workers=1, batch_size=a.batch_size))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     gen = torch.Generator().manual_seed(0)
     times = []

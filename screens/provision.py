@@ -110,7 +110,9 @@ class ProvisionScreen(RtuiScreen):
         if panes:
             pane = panes.first(StepPane)
         else:  # teardown steps come from discovery: a pane per step as it starts
-            pane = StepPane(event.step, event.message or event.step, 1.0, clock=self.clock)
+            expected = event.data.get("expected_s") if event.kind is EventKind.STARTED else None
+            pane = StepPane(event.step, event.message or event.step,
+                            float(expected) if isinstance(expected, int | float) else 1.0, clock=self.clock)
             await self.query_one("#steps").mount(pane)
         pane.apply_event(event)
 
@@ -135,11 +137,18 @@ class ProvisionScreen(RtuiScreen):
             self.call_after_refresh(failed.first().scroll_visible, animate=False, top=True)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("back", "retry"):
-            return None if self.running else (action == "back" or not self.ok)
+        if action == "retry":  # only after a failure: never offered while steps run
+            return not self.running and not self.ok
+        if action == "back":
+            return None if self.running else True
         if action == "fail_over":
             return self.no_capacity is not None and not self.running and not self.app.read_only
         return True
+
+    @property
+    def tearing_down(self) -> bool:
+        """A teardown is running here (another D would only start it over)."""
+        return self.mode == "teardown" and self.running
 
     def action_fail_over(self) -> None:
         if self.no_capacity is not None:

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from backend.layers.kubernetes.access import KubeContext
     from tui.matrix import FeasibilityPanel
 
+# Checks whose failure leaves the aws matrix empty: the matrix box says them, with their remedy.
+MATRIX_FAILURES = frozenset({"aws.preflight", "aws.azs"})
+
 TARGETS = [
     ("local", "Local — a real Ray cluster on this machine: tiny model, no cloud"),
     ("aws", "AWS — new EKS cluster with EFA GPU nodes, in an AZ preflight checks"),
@@ -232,8 +235,9 @@ class TargetScreen(RtuiScreen):
         try:
             results = await self.session.preflight()
         except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
-            self.app.report_error(exc)
-            if layer is not None:  # Enter is refused with this line, and the matrix says it
+            if layer is None:
+                self.app.report_error(exc)
+            else:  # Enter is refused with this line, and the matrix says it (once: no notification too)
                 line = exc.message if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
                 self.post_message(self.ChecksFinished([CheckResult(
                     id="aws.preflight", title="AWS preflight", status=CheckStatus.FAIL, detail=line,
@@ -272,12 +276,16 @@ class TargetScreen(RtuiScreen):
     def on_target_screen_checks_finished(self, message: ChecksFinished) -> None:
         self.checks = message.results
         self.report = message.report
-        shown = [c for c in message.results if not c.id.startswith("aws.region.")]  # the matrix shows those
+        # The matrix shows the regions, and what stopped it from filling (with what to do): the panel
+        # does not say it again.
+        stopped = next((c for c in message.results if c.id in MATRIX_FAILURES and c.status is CheckStatus.FAIL),
+                       None) if self.aws else None
+        shown = [c for c in message.results if not c.id.startswith("aws.region.") and c is not stopped]
         self.query_one("#checks", Static).update(render_checks(shown))
         if self.aws:
-            failed = next((c.detail for c in message.results if c.id == "aws.preflight"), None)
+            failed = None if stopped is None else stopped.detail + (f" — {stopped.remedy}" if stopped.remedy else "")
             self.feasibility().finished(message.report, failed)
-            self.refresh_bindings()
+        self.refresh_bindings()
 
     def on_target_screen_regions_listed(self, message: RegionsListed) -> None:
         self.feasibility().listed(message.regions)
@@ -320,6 +328,8 @@ class TargetScreen(RtuiScreen):
         return [s for s in short if s[0] == region] or [s for s in short if s[0] == self.session.config.region]
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "next":  # offered only where Enter acts: no plan to review past a failed check
+            return not any(c.status is CheckStatus.FAIL for c in self.checks or []) or self._enter_picks()
         if action == "pick_context":
             return self.kube
         if action in ("pick_zone", "all_regions"):
@@ -327,6 +337,19 @@ class TargetScreen(RtuiScreen):
         if action == "request_quota":
             return self.aws and not self.app.read_only and bool(self.short_quotas())
         return True
+
+    def _enter_picks(self) -> bool:
+        """Whether Enter would switch to another AZ or context (that it does even past a failed check)."""
+        focused = self.focused
+        if not isinstance(focused, OptionList) or focused.highlighted is None or focused.id not in ("matrix",
+                                                                                                    "contexts"):
+            return False
+        option = focused.get_option_at_index(focused.highlighted)
+        if option.disabled or option.id is None:
+            return False
+        if focused.id == "matrix":
+            return not self.feasibility().is_in_use(option.id)
+        return option.id != (self.session.config.context or self.kubeconfig_current)
 
     def action_recheck(self) -> None:
         self.query_one("#checks", Static).update("checking…")
@@ -353,8 +376,8 @@ class TargetScreen(RtuiScreen):
             self.post_message(self.QuotaIncreaseAsked(requests))
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        if event.option_list.id == "matrix":
-            self.refresh_bindings()  # the quota on offer is the highlighted region's
+        if event.option_list.id in ("matrix", "contexts"):
+            self.refresh_bindings()  # the quota on offer is the highlighted region's; Enter may pick it
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         """A click on an option (Enter is the screen's own key, below)."""

@@ -87,3 +87,20 @@ def test_plain_logs_still_takes_a_run_id_and_follow(args: list[str]) -> None:
 def test_plain_logs_without_runs() -> None:
     proc = run_rtui("logs")
     assert proc.returncode == 2 and "no runs" in proc.stderr and "classify" not in proc.stderr
+
+
+def test_classify_says_gloo_for_a_finished_local_log_like_status(tmp_path: Path) -> None:
+    """A local job's log has no NCCL line, and its metric records say gloo: classify reads the
+    same verdict as `rtui status` and the dashboard (issue 21, item 4)."""
+    from tests.test_follow import metric_lines
+
+    log = tmp_path / "local.log"
+    log.write_text("Running entrypoint for job rtui-x-1: python -m training.train\n"
+                   + metric_lines(3).replace('"step_time_s"', '"backend":"gloo","step_time_s"'))
+    human = run_rtui("logs", "classify", str(log), check=True).stdout
+    assert human.startswith(f"{log}: gloo"), human
+    record = json.loads(run_rtui("logs", "classify", "--json", str(log), check=True).stdout)
+    assert (record["transport"], record["basis"]) == ("gloo", "backend")
+    piped = subprocess.run([RTUI, "logs", "classify", "-"], input=log.read_text(), capture_output=True, text=True,
+                           timeout=60)
+    assert piped.stdout.startswith("<stdin>: gloo"), piped.stdout + piped.stderr

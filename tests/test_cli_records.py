@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.store import RunStatus, RunStore
+from backend.store import JobRecord, JobState, RunStatus, RunStore
 from tests.conftest import run_rtui
 from tests.test_cli_errors import assert_one_line
 
@@ -66,3 +66,48 @@ def test_a_directory_named_like_a_record(isolated_env: Path) -> None:
     assert run_rtui("runs").returncode == 0
     assert_one_line(run_rtui("status", "r20260101-000000-dir0"), 1, "is a directory")
     assert_one_line(run_rtui("status"), 2, "no runs yet")
+
+
+def test_logs_and_status_show_the_latest_job_and_earlier_ones_stay_readable(isolated_env: Path) -> None:
+    """Two jobs on one run, each with its own spool: `logs` is the latest, `--job 1` the first."""
+    from tests.test_follow import metric_lines
+
+    store, run_id, _ = saved_run()
+    record = store.load(run_id)
+    first, second = Path(record.spool_path), Path(record.spool_path).parent / run_id / "job-2.log"
+    second.parent.mkdir(parents=True)
+    first.write_text(metric_lines(20))
+    second.write_text(metric_lines(5))
+    record.jobs = [JobRecord(submission_id=f"rtui-{run_id}-1", submitted_at=1.0, spec_hash="a",
+                             status=JobState.SUCCEEDED, spool_path=str(first)),
+                   JobRecord(submission_id=f"rtui-{run_id}-2", submitted_at=2.0, spec_hash="b",
+                             status=JobState.SUCCEEDED, spool_path=str(second))]
+    record.status = RunStatus.DOWN  # nothing live to ask: what the record and spools hold
+    store.save(record)
+
+    assert run_rtui("logs", run_id, check=True).stdout == metric_lines(5)
+    assert run_rtui("logs", "--job", "2", check=True).stdout == metric_lines(5)
+    assert run_rtui("logs", run_id, "--job", "1", check=True).stdout == metric_lines(20)
+    assert_one_line(run_rtui("logs", run_id, "--job", "3"), 2, f"run {run_id} has no job 3 (it has 2 jobs)")
+    status = json.loads(run_rtui("status", run_id, "--json", check=True).stdout)
+    assert status["job"]["submission_id"] == f"rtui-{run_id}-2" and status["job"]["number"] == 2
+    assert status["last_metric"]["step"] == 5 and status["summary"]["steps"] == 5
+    text = run_rtui("status", run_id, check=True).stdout
+    assert f"rtui-{run_id}-2: SUCCEEDED (job 2;" in text and "training step 5 " in text
+    assert "(world 2)" in text and "world None" not in text
+
+
+def test_status_honours_target(isolated_env: Path) -> None:
+    """`rtui status --target kube` shows the latest kube run, not the latest run (issue 21, item 4)."""
+    store = RunStore()
+    kube = store.create(target="kube", cluster_name="rtui-ray", config={"target": "kube"})
+    kube.status = RunStatus.DOWN
+    store.save(kube)
+    _, local_id, _ = saved_run()
+    store.save(store.load(local_id).model_copy(update={"status": RunStatus.DOWN}))
+    assert json.loads(run_rtui("status", "--json", check=True).stdout)["run_id"] == local_id
+    assert json.loads(run_rtui("status", "--target", "kube", "--json", check=True).stdout)["run_id"] == kube.run_id
+    env = {"RTUI_TARGET": "kube"}
+    assert json.loads(run_rtui("status", "--json", env=env, check=True).stdout)["run_id"] == kube.run_id
+    assert_one_line(run_rtui("status", "--target", "aws"), 2, "no runs on the aws target")
+    assert_one_line(run_rtui("status", local_id, "--target", "kube"), 2, f"run {local_id} is on the local target")

@@ -124,7 +124,7 @@ def _show_rows(*args: str) -> dict[str, list[str]]:
 def test_config_show_prints_what_auto_resolves_to_on_the_target(target: str, expected: dict[str, str]) -> None:
     rows = _show_rows("--target", target)
     for field, value in expected.items():
-        assert rows[field] == [value, "(auto:", f"{target})", "default"], (field, rows[field])
+        assert rows[field] == [value, "auto", "on", target, "(default)"], (field, rows[field])
 
 
 def test_config_show_leaves_values_that_were_set_alone() -> None:
@@ -132,7 +132,7 @@ def test_config_show_leaves_values_that_were_set_alone() -> None:
     assert rows["batch_size"] == ["4", "flag"] and rows["num_workers"] == ["3", "flag"]
     assert rows["precision"] == ['"bf16"', "flag"]
     # Asked for auto by name: still resolved, and the source says who asked.
-    assert _show_rows("--precision", "auto")["precision"] == ['"fp32"', "(auto:", "local)", "flag"]
+    assert _show_rows("--precision", "auto")["precision"] == ['"fp32"', "auto", "on", "local", "(flag)"]
 
 
 def test_config_show_json_carries_raw_and_effective_values() -> None:
@@ -142,7 +142,7 @@ def test_config_show_json_carries_raw_and_effective_values() -> None:
     assert data["config"]["num_workers"] == 0 and data["effective"]["num_workers"] == 12
     assert data["config"]["precision"] == "auto" and data["effective"]["precision"] == "bf16"
     assert data["config"]["batch_size"] == data["effective"]["batch_size"] == 2
-    assert data["auto"] == ["num_workers", "precision", "require_transport"]
+    assert data["auto"] == ["learning_rate", "num_workers", "precision", "require_transport"]
     assert data["effective"].keys() == data["config"].keys()
 
 
@@ -160,3 +160,28 @@ def test_a_config_dir_that_is_a_file_is_just_absent(tmp_path: Path) -> None:
     proc = run_rtui("config", "show", "--json", env={"RTUI_CONFIG_DIR": str(tmp_path / "not-a-dir")})
     assert proc.returncode == 0, proc.stderr
     assert json_lines(proc.stdout)[0]["config_file"] is None
+
+
+@pytest.mark.parametrize("target", ["local", "kube", "aws"])
+def test_config_show_is_what_the_job_runs_with_and_only_the_targets_fields(target: str) -> None:
+    """`rtui config show` prints the values the job is submitted with (issue 21, item 3)."""
+    import shlex
+
+    from backend.jobspec import build_job_spec
+
+    rows = _show_rows("--target", target)
+    config = resolve_config({"target": target}, environ={}).config
+    args = shlex.split(build_job_spec(config).entrypoint)
+    submitted = {flag: args[args.index(flag) + 1] for flag in ("--lr", "--batch-size", "--precision", "--num-workers")}
+    assert float(rows["learning_rate"][0]) == float(submitted["--lr"]) > 0
+    assert rows["learning_rate"][1:] == ["auto", "on", target, "(default)"]
+    assert rows["batch_size"][0] == submitted["--batch-size"] and rows["num_workers"][0] == submitted["--num-workers"]
+    assert rows["precision"][0] == f'"{submitted["--precision"]}"'
+    aws_only, kube_only, local_only = {"region", "vpc_id", "system_node_type"}, {"kubeconfig", "context"}, \
+        {"local_cpus", "local_hidden_size"}
+    shown_fields = set(rows)
+    assert shown_fields >= {"target", "steps", "seq_len"}
+    assert (aws_only <= shown_fields) is (target == "aws") and not (aws_only & shown_fields and target != "aws")
+    assert (kube_only <= shown_fields) is (target == "kube") and not (kube_only & shown_fields and target != "kube")
+    assert (local_only <= shown_fields) is (target == "local") and not (local_only & shown_fields and target != "local")
+    assert ("namespace" in shown_fields) is (target != "local")

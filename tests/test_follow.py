@@ -13,6 +13,7 @@ from backend import flows, follow
 from backend.config import resolve_config
 from backend.errors import OperationError
 from backend.layers.base import Context
+from backend.ledger import ResourceStatus
 from backend.rayjobs import JobStatus
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStore
@@ -155,3 +156,119 @@ async def test_submission_waits_for_the_job_agent_and_tolerates_a_lost_answer(mo
         [w async for w in rayjobs.submit_when_ready(jobs, entrypoint="x", submission_id="j2", runtime_env={},
                                                      metadata={})]
     assert not isinstance(info.value, TransientError)
+
+
+class TwoJobs(FakeJobs):
+    """A cluster that ran one job per submission id: each has its own log, all SUCCEEDED."""
+
+    def __init__(self, logs: dict[str, str]) -> None:
+        super().__init__([], ["SUCCEEDED"])
+        self.by_id = logs
+
+    async def submit(self, *, entrypoint: str, submission_id: str, runtime_env: dict[str, Any],
+                     metadata: dict[str, str]) -> str:
+        return submission_id
+
+    async def logs(self, submission_id: str) -> str:
+        return self.by_id[submission_id]
+
+    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
+        text = self.by_id[submission_id][skip_chars:]
+        for i in range(0, len(text), 7):
+            yield text[i:i + 7]
+
+
+def metric_lines(steps: int) -> str:
+    return "".join(f'(RayTrainWorker pid=1) RTUI_METRIC {{"step":{s},"loss":{7.0 - s / 10},"tokens_per_s":100.0,'
+                   f'"step_time_s":0.1,"world_size":2,"ts":{float(s)}}}\n' for s in range(1, steps + 1)) \
+        + f'RTUI_SUMMARY {{"steps": {steps}, "tokens_per_s_mean": 100.0}}\n'
+
+
+async def test_each_job_of_a_run_has_its_own_spool_metrics_and_summary(tmp_path: Path) -> None:
+    """A 20-step job, then a 5-step one on the same run: the second is followed, reported and
+    summarised on its own; the first stays readable (issue 21, item 1)."""
+    from backend.layers.ray_job import JOB, RayJobLayer
+
+    store = RunStore(tmp_path / "state")
+    record = store.create(target="local", cluster_name="c", config={})
+    jobs = TwoJobs({f"rtui-{record.run_id}-1": metric_lines(20), f"rtui-{record.run_id}-2": metric_lines(5)})
+
+    async def submit_and_follow(steps: int) -> list[str]:
+        config = resolve_config({"steps": str(steps)}, environ={}).config
+        session = RunSession(store, store.load(record.run_id), config)
+        session.ctx.cluster = FakeCluster(jobs)  # type: ignore[assignment]
+        layer = RayJobLayer()
+        want = next(r for r in layer.desired(session.ctx, []) if r.address == JOB)
+        session.ctx.ledger.set(JOB, "ray-job", ResourceStatus.CREATING)
+        [p async for p in layer.handlers["ray-job"].create(session.ctx, want)]
+        return [p.message async for p in flows._train_progress(session)]
+
+    first = await submit_and_follow(20)
+    assert first[-1].startswith("step 20/20")
+    second = await submit_and_follow(5)
+    assert any(m.startswith("step 5/5") for m in second), second
+    assert not any("step 20" in m for m in second), second
+
+    session = RunSession.open(record.run_id, store)
+    one, two = session.record.jobs
+    assert one.spool_path != two.spool_path
+    assert session.spool().path == Path(str(two.spool_path))
+    assert session.spool(one).path.read_text() == metric_lines(20)
+    assert session.spool().path.read_text() == metric_lines(5)
+    report = (await session.status_report()).to_dict()
+    assert report["job"]["submission_id"] == two.submission_id and report["job"]["number"] == 2
+    assert report["last_metric"]["step"] == 5 and report["summary"]["steps"] == 5
+    assert two.telemetry is not None and two.telemetry["metrics"]["latest"]["step"] == 5
+    assert one.telemetry is not None and one.telemetry["metrics"]["latest"]["step"] == 20
+    assert session.telemetry(one).series.latest.step == 20  # type: ignore[union-attr]
+
+
+class StoppableJobs(FakeJobs):
+    """Ray's Jobs API around a stop: RUNNING ("Job is currently running.") until stopped, then
+    STOPPED with the message Ray's job manager gives a stopped job ("Job was intentionally
+    stopped.", ray python/ray/dashboard/modules/job/common.py, JobInfo.__post_init__)."""
+
+    def __init__(self) -> None:
+        super().__init__([], ["RUNNING"], "Job is currently running.")
+        self.stopped = False
+
+    async def status(self, submission_id: str) -> JobStatus:
+        if self.stopped:
+            return JobStatus(submission_id, JobState.STOPPED, "Job was intentionally stopped.", end_time=5.0)
+        return JobStatus(submission_id, JobState.RUNNING, "Job is currently running.")
+
+    async def stop(self, submission_id: str) -> bool:
+        self.stopped = True
+        return True
+
+
+async def test_stopping_a_running_job_records_its_stopped_message(tmp_path: Path) -> None:
+    """`D` during a running job: status then says STOPPED with Ray's message for it, not the
+    running one it had before (issue 21, item 4)."""
+    from backend.layers.ray_job import JOB, JobHandler
+    from backend.model import Observed
+    from tui.render import format_status
+
+    jobs = StoppableJobs()
+    session = make_session(tmp_path, jobs)
+    await flows.catch_up(session)  # an attached rtui saw it running
+    assert session.record.jobs[0].message == "Job is currently running."
+    have = Observed(address=JOB, layer="ray-job", kind="ray-job", id="j1", state={"status": "RUNNING"})
+    [p async for p in JobHandler().delete(session.ctx, have)]
+    job = RunStore(tmp_path / "state").load(session.run_id).jobs[0]
+    assert (job.status, job.message) == (JobState.STOPPED, "Job was intentionally stopped.")
+    text = format_status((await session.status_report()).to_dict())
+    assert "j1: STOPPED — Job was intentionally stopped." in text and "currently running" not in text
+
+
+async def test_the_train_steps_eta_comes_from_earlier_jobs_on_this_machine(tmp_path: Path) -> None:
+    """The first job's Train step guesses a minute; the next expects the seconds per step measured (item 8)."""
+    from backend.model import EventKind
+
+    session = make_session(tmp_path, FakeJobs([METRICS], ["SUCCEEDED"]))
+    first = [e async for e in flows.follow_steps(session) if e.kind is EventKind.STARTED]
+    assert first[0].data["expected_s"] == 60.0
+    per_step = session.store.durations()["local/train/per-step"]
+    assert 0 < per_step < 30
+    second = [e async for e in flows.follow_steps(session) if e.kind is EventKind.STARTED]
+    assert second[0].data["expected_s"] == pytest.approx(per_step * session.config.steps)

@@ -168,3 +168,45 @@ async def test_teardown_in_reverse_dependency_order_from_discovery(tmp_path: Pat
     assert CALLS == ["delete toy.object", "delete toy.bucket"] and WORLD == {}
     assert {a: r.status for a, r in ctx.record.resources.items()} == {
         "toy.bucket": ResourceStatus.DELETED, "toy.object": ResourceStatus.DELETED}
+
+
+async def test_a_steps_eta_is_its_typical_duration_on_this_machine(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first run guesses (the handler's expected_s); each later one expects what the step took
+    on this machine, kept in the state dir (issue 21, item 8)."""
+    import asyncio
+
+    from backend.session import RunSession
+
+    async def slow_create(self: Bucket, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        await asyncio.sleep(0.3)  # on this machine the bucket takes 0.3 s, not its handler's 1 s guess
+        WORLD[want.address] = ("bucket", ctx.record.run_id, dict(want.spec))
+        yield Progress("created", 1.0)
+
+    monkeypatch.setattr(Bucket, "create", slow_create)
+    store = RunStore(tmp_path / "state")
+
+    def new_run() -> RunSession:
+        record = store.create(target="local", cluster_name="toy", config={})
+        session = RunSession(store, record, RunConfig(steps=3))
+        session.__dict__["stack"] = STACK
+        return session
+
+    first = new_run()
+    plan = await first.plan()
+    assert {s.id: s.expected_s for s in apply_steps(STACK, first.ctx, plan)} == {"toy.bucket": 1.0, "toy.object": 1.0}
+    assert all(e.kind is not EventKind.FAILED for e in [e async for e in first.apply(plan)])
+    [e async for e in first.teardown()]
+
+    again = RunStore(tmp_path / "state")  # another rtui process, later: it reads what was kept
+    second = new_run()
+    second.store = again
+    expected = {s.id: s.expected_s for s in apply_steps(STACK, second.ctx, await second.plan())}
+    assert 0.3 <= expected["toy.bucket"] < 0.9, expected
+    assert expected["toy.object"] < 0.3, expected
+    assert set(again.durations()) >= {"local/bucket/create", "local/object/create", "local/bucket/delete"}
+    # Teardown steps come from discovery: their typical duration rides on the STARTED event.
+    started = [e async for e in second.apply(await second.plan()) if e.kind is EventKind.STARTED]
+    assert 0.3 <= next(e.data["expected_s"] for e in started if e.step == "toy.bucket") < 0.9
+    down = [e async for e in second.teardown() if e.kind is EventKind.STARTED and e.step == "toy.bucket"]
+    assert down and down[0].data["expected_s"] == again.durations()["local/bucket/delete"]

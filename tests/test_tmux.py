@@ -110,3 +110,42 @@ def test_local_flow_by_keys_detach_resume_and_teardown(terminal: Terminal, tmp_p
     records = list((tmp_path / "state" / "runs").glob("*.json"))
     statuses = [json.loads(r.read_text())["status"] for r in records]
     assert statuses and set(statuses) == {"down"}, statuses
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_a_second_job_on_the_same_run_is_its_own(terminal: Terminal, tmp_path: Path) -> None:
+    """Issue 21, item 1, through the real binary: a 20-step job, then a 5-step one on the same run.
+    `up --json` reports the new job's steps, `status` and `logs` show it, `logs --job 1` the first,
+    and `rtui --resume` shows step 5/5 (not 20/5)."""
+    from tests.conftest import json_lines, run_rtui
+    from training.protocol import METRIC_TAG
+
+    first = run_rtui("up", "--yes", "--steps", "20", timeout=400)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    second = run_rtui("up", "--yes", "--steps", "5", "--json", timeout=300)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    events = json_lines(second.stdout)
+    run_id = events[0]["data"]["run_id"]
+    steps = [e["message"] for e in events if e["step"] == "train" and e["kind"] == "progress"
+             and e["message"].startswith("step")]
+    assert steps and steps[-1].startswith("step 5/5") and not any("step 20" in s for s in steps), steps
+    status = json_lines(run_rtui("status", "--json", check=True).stdout)[0]
+    assert status["job"]["submission_id"] == f"rtui-{run_id}-2" and status["job"]["status"] == "SUCCEEDED"
+    assert status["last_metric"]["step"] == 5 and status["summary"]["steps"] == 5
+    assert run_rtui("logs", check=True).stdout.count(METRIC_TAG) == 5
+    assert run_rtui("logs", "--job", "1", check=True).stdout.count(METRIC_TAG) == 20
+
+    env = f"RTUI_STATE_DIR={tmp_path}/state RTUI_CONFIG_DIR={tmp_path}/cfg TERM=xterm-256color"
+    terminal.run("new-session", "-d", "-s", "resumed", "-x", "120", "-y", "40",
+                 f"cd {tmp_path} && env {env} {RTUI} --resume; echo RESUMED-EXIT=$?; sleep 300")
+    screen = terminal.wait_for("resumed", "step 5/5", timeout=60)
+    assert "step 20/5" not in screen
+    terminal.run("send-keys", "-t", "resumed", "q")
+    try:
+        terminal.wait_for("resumed", "RESUMED-EXIT=0", timeout=5)
+    except AssertionError:  # the cluster stays up: the detach question first
+        terminal.run("send-keys", "-t", "resumed", "y")
+        terminal.wait_for("resumed", "RESUMED-EXIT=0", timeout=30)
+    down = run_rtui("down", run_id, "--yes", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr

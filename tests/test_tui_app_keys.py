@@ -103,3 +103,42 @@ def test_the_detach_command_works_from_where_the_user_is(tmp_path: Path, monkeyp
     monkeypatch.setenv("PATH", str(venv_bin))
     os.chmod(venv_bin / "rtui", 0o755)
     assert rtui_command() == "rtui"
+
+
+async def test_show_config_is_what_the_job_runs_with(isolated_env: Path) -> None:
+    """The palette's Show config: effective values with their source, only the run target's fields (item 3)."""
+    app = RtuiApp(fixed_session())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
+        command = next(c for c in app.get_system_commands(app.screen) if c.title == "Show config")
+        command.callback()
+        await pilot.pause(0.05)
+        text = "\n".join(n.message for n in app._notifications)
+    assert "learning_rate = 0.001  [auto on local" in text, text
+    assert "batch_size = 32  [auto on local" in text and "precision = fp32  [auto on local" in text
+    assert "learning_rate = 0.0 " not in text and "precision = auto" not in text
+    assert "region" not in text and "gpu_node_type" not in text and "kubernetes_version" not in text
+
+
+async def test_no_key_is_offered_while_steps_run_that_would_be_refused(isolated_env: Path) -> None:
+    """While steps run: no `r Retry` (it retries only after a failure); `D` stays during an apply (it
+    stops it and tears down) but not during a teardown already running (issue 21, item 5)."""
+    from screens.provision import ProvisionScreen
+
+    class Running(ProvisionScreen):
+        def run_steps(self) -> None:  # type: ignore[override]
+            """Steps that never finish: the screen stays running."""
+
+    for mode, teardown_offered in (("apply", True), ("teardown", False)):
+        class RunningApp(RtuiApp):
+            def get_default_screen(self) -> Running:
+                return Running(mode=mode)  # type: ignore[arg-type]  # noqa: B023 - used in this iteration
+
+        app = RunningApp(with_resources(fixed_session()))
+        async with app.run_test(size=(100, 30)) as pilot:
+            shown = app
+            await wait_for(pilot, lambda: isinstance(shown.screen, Running), 5, "the running steps")  # noqa: B023
+            screen = app.screen
+            assert isinstance(screen, Running) and screen.running
+            assert screen.check_action("retry", ()) is False, mode
+            assert app.check_action("teardown", ()) is teardown_offered, mode

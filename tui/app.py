@@ -9,9 +9,6 @@ place that turns a backend error into a notification is ``RtuiApp.report_error``
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -25,6 +22,7 @@ from textual.screen import Screen
 from backend.errors import RtuiError, UserError
 from backend.session import RunSession
 from backend.store import RunStatus
+from tui.cli import rtui_command
 
 if TYPE_CHECKING:
     from backend.planner import PlanResult
@@ -292,8 +290,10 @@ class RtuiApp(App[None]):
         if action == "teardown":
             from textual.screen import ModalScreen
 
-            # Hidden when there is nothing to tear down, in --read-only, and above a modal.
-            return not self.read_only and self.has_resources() and not isinstance(self.screen, ModalScreen)
+            # Hidden when there is nothing to tear down, in --read-only, above a modal, and while a
+            # teardown runs (during an apply it acts: it stops the apply and tears down).
+            return (not self.read_only and self.has_resources() and not isinstance(self.screen, ModalScreen)
+                    and not getattr(self.screen, "tearing_down", False))
         return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
@@ -309,9 +309,12 @@ class RtuiApp(App[None]):
         yield from super().get_system_commands(screen)
 
     def _show_config(self) -> None:
-        config = self.session.config.model_dump(mode="json")
-        text = "\n".join(f"{k} = {v}" for k, v in config.items() if v not in (None, ""))
-        self.notify(text, title=f"Config of run {self.session.run_id}", timeout=20)
+        """What the job runs with: the target's fields, auto values resolved, each with its source."""
+        config = self.session.config
+        rows = config.effective_rows(self.session.sources)
+        text = "\n".join(f"{field} = {value}  [{source}]" for field, value, source in rows
+                         if value not in (None, ""))
+        self.notify(text, title=f"Config of run {self.session.run_id} ({config.target})", timeout=20, markup=False)
 
     def _show_resume(self) -> None:
         self.notify(f"{rtui_command()} --resume {self.session.run_id}", title="Resume this run", timeout=15)
@@ -373,22 +376,6 @@ _SCREEN_COMMANDS = (
     ("replan", "Re-plan", "Discover the live state and plan again"),
     ("retry", "Retry", "Re-plan and apply again after a failure"),
 )
-
-
-def rtui_command() -> str:
-    """How to run this rtui again from the user's shell: `rtui` when that is what the PATH finds,
-    else the path it was started by (e.g. `.venv/bin/rtui`), relative to the current directory."""
-    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
-    on_path = shutil.which("rtui")
-    if started is None or started.name != "rtui" or (on_path and Path(on_path).resolve() == started):
-        return "rtui"
-    try:
-        relative = os.path.relpath(started)
-    except ValueError:
-        return str(started)
-    if relative.startswith(".."):  # outside the current directory: the full path reads better
-        return str(started)
-    return relative if os.sep in relative else f"./{relative}"
 
 
 def teardown_summary(session: RunSession, *, now: float | None = None) -> list[str]:

@@ -10,9 +10,12 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import re
+import shutil
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
@@ -156,6 +159,8 @@ def build_parser() -> Parser:
     p = add("logs", "print a run's job log; `rtui logs classify FILE...` reports NCCL transports")
     p.add_argument("run_id", nargs="?", help="the run (the latest when omitted); or `classify`, see below")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    p.add_argument("--job", type=int, metavar="N",
+                   help="the run's Nth job (1 is the first submission; default: the latest)")
     p.add_argument("--source", choices=("job", "head"), default="job",
                    help="job: the job's driver log (every worker's lines); head: the Ray head pod's log (kube) "
                         "(default: job)")
@@ -309,22 +314,24 @@ def _token(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
+    """The values a run on this target uses (auto resolved), where each came from; only the target's fields."""
     resolved = resolved_from(ns)
     config = resolved.config
     values = config.model_dump(mode="json")
     auto = config.auto_values()
     if ns.json:
-        # "config" stays the raw values (what a rtui.toml would hold); "effective" is what a run uses.
+        # "config" stays the raw values (what a rtui.toml would hold); "effective" is what a run uses;
+        # "fields" are the ones the target reads.
         json.dump({"config": values, "effective": {**values, **auto}, "auto": sorted(auto),
-                   "sources": resolved.sources, "config_file": resolved.config_file}, out)
+                   "fields": list(config.fields_of_target()), "sources": resolved.sources,
+                   "config_file": resolved.config_file}, out)
         out.write("\n")
         return 0
-    width = max(len(f) for f in values)
-    for field, value in values.items():
-        shown = json.dumps(auto.get(field, value))
-        if field in auto:
-            shown += f"  (auto: {config.target})"
-        out.write(f"{field:<{width}}  {shown:<48}  {resolved.sources[field]}\n")
+    rows = config.effective_rows(resolved.sources)
+    width = max(len(field) for field, _, _ in rows)
+    for field, value, source in rows:
+        out.write(f"{field:<{width}}  {json.dumps(value):<48}  {source}\n")
+    out.write(f"(the fields the {config.target} target uses; `--target` shows another's)\n")
     return 0
 
 
@@ -407,6 +414,22 @@ def _wizard(ns: argparse.Namespace) -> int:
     app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only, choose_from=choose_from)
     app.run()
     return int(app.return_code or 0)
+
+
+def rtui_command() -> str:
+    """How to run this rtui again from the user's shell: `rtui` when that is what the PATH finds,
+    else the path it was started by (e.g. `.venv/bin/rtui`), relative to the current directory."""
+    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    on_path = shutil.which("rtui")
+    if started is None or started.name != "rtui" or (on_path and Path(on_path).resolve() == started):
+        return "rtui"
+    try:
+        relative = os.path.relpath(started)
+    except ValueError:
+        return str(started)
+    if relative.startswith(".."):  # outside the current directory: the full path reads better
+        return str(started)
+    return relative if os.sep in relative else f"./{relative}"
 
 
 def live_run_ids(store: RunStore) -> list[str]:

@@ -16,7 +16,7 @@ from backend.model import CheckStatus, EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from backend.textutil import strip_ansi
-from tui.cli import resolved_from
+from tui.cli import resolved_from, rtui_command
 from tui.render import format_event, format_plan, format_status
 
 
@@ -52,8 +52,9 @@ async def up(ns: argparse.Namespace, out: TextIO) -> int:
         if event.step == flows.RUN and event.kind in (EventKind.DONE, EventKind.FAILED):
             ok = event.kind is EventKind.DONE
     if ok and not ns.json:
-        out.write(f"\nThe cluster stays up. Logs: rtui logs {session.run_id}  ·  "
-                  f"tear down: rtui down {session.run_id} --yes\n")
+        rtui = rtui_command()  # pasteable from here, also when `rtui` is not on the PATH
+        out.write(f"\nThe cluster stays up. Logs: {rtui} logs {session.run_id}  ·  "
+                  f"tear down: {rtui} down {session.run_id} --yes\n")
     return 0 if ok else 1
 
 
@@ -88,16 +89,27 @@ async def check(ns: argparse.Namespace, out: TextIO) -> int:
 
 async def status(ns: argparse.Namespace, out: TextIO) -> int:
     store = RunStore()
+    resolved = resolved_from(ns)
+    # --target (or RTUI_TARGET) and --cluster-name narrow which run "the latest" is.
+    wanted = {f: getattr(resolved.config, f) for f in ("target", "cluster_name")
+              if resolved.sources.get(f) in ("flag", "env")}
     session: RunSession | None
     missing: UserError | None = None
     try:
-        session = RunSession.open(ns.run_id, store, lenient=True)
+        session = RunSession.open(ns.run_id if ns.run_id is not None or not wanted else _latest_of(store, wanted),
+                                  store, lenient=True)
     except UserError as exc:
-        if ns.run_id is not None:
+        if ns.run_id is not None or wanted:
             raise
         session, missing = None, exc
+    if session is not None and ns.run_id is not None and "target" in wanted \
+            and session.record.target != wanted["target"]:
+        raise UserError(f"run {session.run_id} is on the {session.record.target} target, not {wanted['target']}",
+                        remedy=f"drop --target, or see `rtui runs` for the {wanted['target']} runs")
     # After opening: listing the store sets a corrupt record aside, which would hide it from `open`.
-    orphans = [o for o in flows.find_orphans(store, "local") if session is None or o.run_id != session.run_id]
+    on_local = wanted.get("target", "local") == "local"
+    orphans = [o for o in flows.find_orphans(store, "local") if on_local and (session is None
+                                                                               or o.run_id != session.run_id)]
     if missing is not None and not orphans:
         raise missing
     data = (await session.status_report()).to_dict() if session is not None else None
@@ -108,8 +120,19 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
         out.write(format_status(data))
     for o in orphans:
         out.write(f"orphan   {o.target} cluster {o.cluster_name} of run {o.run_id} is running without a record "
-                  f"({o.where}) — tear it down: rtui down {o.run_id} --yes\n")
+                  f"({o.where}) — tear it down: {rtui_command()} down {o.run_id} --yes\n")
     return 0
+
+
+def _latest_of(store: RunStore, wanted: dict[str, str]) -> str:
+    """The newest run of this target (and cluster name, when given)."""
+    records, _ = store.list()
+    for record in records:
+        if all(getattr(record, field) == value for field, value in wanted.items()):
+            return record.run_id
+    where = f"the {wanted.get('target', 'any')} target" + (f", cluster {wanted['cluster_name']}"
+                                                            if "cluster_name" in wanted else "")
+    raise UserError(f"no runs on {where}", remedy="see `rtui runs` for every run")
 
 
 def _line_writer(out: TextIO) -> Callable[[list[str]], None]:
@@ -131,12 +154,19 @@ async def logs(ns: argparse.Namespace, out: TextIO) -> int:
         async for line in flows.head_log(session, follow=ns.follow):
             write([line])
         return 0
+    job = session.record.current_job
+    if ns.job is not None:
+        job = session.record.job(ns.job)
+        if job is None:
+            count = len(session.record.jobs)
+            raise UserError(f"run {session.run_id} has no job {ns.job} (it has {count} job{'s' * (count != 1)})",
+                            remedy=f"use --job 1 to --job {count}" if count else "submit one with `rtui up --yes`")
     offset = 0
-    for line, end in session.spool().iter_from(0):
+    for line, end in session.spool(job).iter_from(0):
         write([line])
         offset = end
-    if session.record.status is RunStatus.DOWN or session.record.current_job is None:
-        return 0
+    if session.record.status is RunStatus.DOWN or job is None or job is not session.record.current_job:
+        return 0  # an earlier job is history: its spool is all there is to print
     if not ns.follow:
         write(await flows.catch_up(session))
         return 0
@@ -235,7 +265,7 @@ async def bench(ns: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write("\n" + (_format_fabric(report) if ns.bench == "fabric" else _format_ab(report)))
         if not ns.down:
-            out.write(f"The cluster stays up: tear it down with `rtui down {session.run_id} --yes`\n")
+            out.write(f"The cluster stays up: tear it down with `{rtui_command()} down {session.run_id} --yes`\n")
         elif not ok:
             out.write(f"run {session.run_id} is NOT fully down: see the errors above\n")
     return 0 if ok else 1

@@ -85,7 +85,8 @@ def format_status(data: dict[str, Any]) -> str:
                      f"(${cost['left_behind_per_hour']:.3f}/hour): run `rtui down` again")
     job = data.get("job")
     if job:
-        lines.append(f"job      {job['submission_id']}: {job['status']}"
+        earlier = f" (job {job['number']}; earlier: `rtui logs --job N`)" if job.get("number", 1) > 1 else ""
+        lines.append(f"job      {job['submission_id']}: {job['status']}{earlier}"
                      + (f" — {job['message'].splitlines()[0][:120]}" if job.get("message") else ""))
     transport = data.get("transport") or {}
     if transport.get("label"):
@@ -93,8 +94,9 @@ def format_status(data: dict[str, Any]) -> str:
                      + "".join(f"\n  warning: {w}" for w in transport.get("warnings", [])[:3]))
     metric = data.get("last_metric")
     if metric:
+        world = metric.get("world_size")
         lines.append(f"training step {metric.get('step')} loss {metric.get('loss')} "
-                     f"{metric.get('tokens_per_s', 0):,.0f} tokens/s (world {metric.get('world_size')})")
+                     f"{metric.get('tokens_per_s') or 0:,.0f} tokens/s" + (f" (world {world})" if world else ""))
     for address, res in data.get("resources", {}).items():
         lines.append(f"  {res['status']:<9} {address:<22} {res.get('id') or ''}")
     for name, step in data["steps"].items():

@@ -7,6 +7,7 @@ itself, so nothing here knows or cares which endpoint it talks to.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -133,6 +134,28 @@ def login_hint(profile: str | None) -> str:
     return "run `aws sso login` or `aws configure`, or set AWS_PROFILE to a profile with valid credentials"
 
 
+def no_credentials_error(profile: str | None) -> UserError:
+    """botocore found no credentials anywhere in its chain: nothing was sent, so nothing was rejected.
+
+    The places named are botocore's default chain, in its order (botocore/credentials.py,
+    ``create_credential_resolver``): the environment (skipped when a profile is given), the
+    profile's entries in the shared credentials and config files (keys, SSO, login,
+    credential_process, assume-role), then container credentials and instance metadata.
+    """
+    creds = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials"
+    config = os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config"
+    name = profile or os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "default"
+    places = [] if profile else ["AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment"]
+    places.append(f"profile {name!r} in {creds} and {config} (keys, SSO, credential_process, role)")
+    imds = os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true"
+    places.append("container credentials and instance metadata" + (" (disabled by AWS_EC2_METADATA_DISABLED)"
+                                                                  if imds else ""))
+    return UserError(
+        f"no AWS credentials found (looked at {', '.join(places)})",
+        remedy="run `aws configure` (access keys) or `aws configure sso` (then `aws sso login`) and pass "
+               "--profile NAME or set AWS_PROFILE; or export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+
+
 def describe_aws_error(exc: BaseException, *, action: str, profile: str | None = None) -> RtuiError:
     """Turn a boto3 failure into the one line (code + what to do) the CLI prints."""
     code = error_code(exc)
@@ -142,6 +165,8 @@ def describe_aws_error(exc: BaseException, *, action: str, profile: str | None =
         return UserError(f"AWS profile {profile!r} not found", remedy="check ~/.aws/config or drop --profile")
     if isinstance(exc, NoRegionError):
         return UserError("no AWS region configured", remedy="pass --region or set AWS_REGION")
+    if isinstance(exc, NoCredentialsError):
+        return no_credentials_error(profile)
     if is_credential_error(exc):
         return OperationError(
             f"AWS rejected the credentials while {action} ({code})", remedy=login_hint(profile)

@@ -53,7 +53,7 @@ class JobHandler(Handler):
                 metadata={"rtui_run": ctx.record.run_id, "rtui_spec": spec.spec_hash}):
             yield Progress(waiting, 0.3)
         ctx.record.jobs.append(JobRecord(submission_id=submission_id, submitted_at=time.time(),
-                                         spec_hash=spec.spec_hash))
+                                         spec_hash=spec.spec_hash, spool_path=ctx.record.next_job_spool_path()))
         ctx.ledger.update(want.address, id=submission_id, outputs={"spec_hash": spec.spec_hash})
         yield Progress(f"submitted {submission_id}", 1.0)
 
@@ -70,8 +70,8 @@ class JobHandler(Handler):
             while time.monotonic() < deadline and not (status := await jobs.status(have.id)).terminal:
                 await asyncio.sleep(0.5)
         for job in ctx.record.jobs:
-            if job.submission_id == have.id and job.status is not status.state:
-                job.status, job.ended_at = status.state, status.end_time
+            if job.submission_id == have.id:  # the state and Ray's message for it, never one without the other
+                job.status, job.message, job.ended_at = status.state, status.message, status.end_time
         ctx.save()
         yield Progress(f"job {status.status.lower()}", 1.0)
 

@@ -10,8 +10,7 @@ import json
 import sys
 from typing import Any, BinaryIO, TextIO
 
-from training.logparse.lines import iter_stream_marked
-from training.logparse.nccl import NcclAnalyzer
+from backend.telemetry.telemetry import Telemetry
 from training.logparse.verdict import Verdict
 
 EXIT_OK = 0
@@ -20,21 +19,23 @@ _HUMAN_EVIDENCE = 6
 
 
 def classify_stream(stream: BinaryIO) -> Verdict:
-    analyzer = NcclAnalyzer()
-    feed = analyzer.feed
-    for line in iter_stream_marked(stream, (b"NCCL",)):
-        feed(line)
-    return analyzer.verdict()
+    """The verdict ``Telemetry`` gives the same lines: what `rtui status` and the dashboard say
+    (a local job's gloo comes from its metric records, not from NCCL)."""
+    telemetry = Telemetry()
+    while chunk := stream.read(1 << 20):
+        telemetry.feed_bytes(chunk)
+    telemetry.end_of_stream()
+    return telemetry.transport
 
 
 def _classify_stdin(stdin: TextIO) -> Verdict:
     buffer = getattr(stdin, "buffer", None)
     if buffer is not None:
         return classify_stream(buffer)
-    analyzer = NcclAnalyzer()
+    telemetry = Telemetry()
     for line in stdin:
-        analyzer.feed(line)
-    return analyzer.verdict()
+        telemetry.feed(line.rstrip("\r\n"))
+    return telemetry.transport
 
 
 def verdict_record(name: str, verdict: Verdict) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class MetricSeries:
         self.peak_flops_per_gpu = peak_flops_per_gpu
         self.n_gpus = n_gpus
         self.summary: dict[str, Any] | None = None
+        self.world_size: int | None = None  # the job's number of workers, as its records say
         self.records = 0
         self.backend: str | None = None  # the job's torch.distributed backend, as its records say
         self.nodes: int | None = None  # the job's node count, when its records say it ("nodes")
@@ -127,6 +128,9 @@ class MetricSeries:
             self._recent_set.add(key)
         self.points.append(point)
         self.records += 1
+        workers = record.get("world_size")
+        if workers.__class__ is int and workers > 0:
+            self.world_size = workers
         backend = record.get("backend")
         if isinstance(backend, str) and backend != "?":
             self.backend = backend

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from textual.message import Message
 from textual.pilot import Pilot
 from textual.widgets import Static
@@ -183,3 +184,29 @@ def test_aws_matrix_with_a_blocked_az_120x40_snapshot(snap_compare, world: World
 
 def test_aws_matrix_with_a_blocked_az_80x24_snapshot(snap_compare, world: World) -> None:  # type: ignore[no-untyped-def]
     assert _snapshot(snap_compare, (80, 24))
+
+
+async def test_no_credentials_is_said_once_and_enter_is_not_offered(world: World,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AWS credentials anywhere: the first screen says so once (in the matrix box, where the AZs
+    would be), neither the checks panel nor a notification repeats it, and the footer offers no
+    Enter that would be refused (issue 21, item 5)."""
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    app = RtuiApp(aws_session())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the checks")
+        await pilot.pause(0.1)
+        screen = checked(app)
+        assert screen is not None
+        box = "\n".join(str(matrix(app).get_option_at_index(i).prompt) for i in range(matrix(app).option_count))
+        panel = str(screen.query_one("#checks", Static).render())
+        notes = [n.message for n in app._notifications]
+        said = [where for where, text in (("matrix", box), ("panel", panel), *(("note", n) for n in notes))
+                if "no AWS credentials found" in text]
+        assert said == ["matrix"], (said, box, panel, notes)
+        assert "rejected" not in box and "aws configure" in box  # what to do next, in the same place
+        assert screen.check_action("next", ()) is False
+        await pilot.press("enter")  # still refused with its reason, though the footer does not offer it
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, TargetScreen)

@@ -23,6 +23,7 @@ from botocore.exceptions import (
     ConnectionClosedError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    NoCredentialsError,
     ReadTimeoutError,
 )
 
@@ -34,6 +35,7 @@ from backend.aws.session import (
     error_code,
     is_credential_error,
     login_hint,
+    no_credentials_error,
 )
 from backend.errors import OperationError, RtuiError, UserError
 from backend.runner import Progress, report_retry
@@ -157,6 +159,8 @@ class AwsApi:
             action = what if action == "?" else action
             return OperationError(f"AWS denied {action} on {resource}",
                                   remedy=f"give the identity rtui runs as the IAM permission {action}")
+        if isinstance(exc, NoCredentialsError):
+            return no_credentials_error(self.profile)
         if is_credential_error(exc):
             return OperationError(f"AWS rejected the credentials at {what} ({error_code(exc)})",
                                   remedy=login_hint(self.profile))

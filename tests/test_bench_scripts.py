@@ -1,0 +1,68 @@
+"""Every script in bench/ runs, at tiny sizes, so none rots unseen (issue 21, item 12).
+
+Two benches had broken without a test noticing: one imported a function that was removed, one
+passed a dict where the training program now takes a ``TrainConfig``. Here each script is
+imported, then run as a user runs it (its own process, from the repository) with arguments that
+make it take seconds; the ones that start a real local Ray cluster are marked ``ray``, the one
+that drives tmux ``tmux``. A script added to bench/ without an entry here fails the first test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BENCH = REPO / "bench"
+
+# script -> (tiny arguments, text its output must hold, marks)
+SMOKE: dict[str, tuple[list[str], str, tuple[pytest.MarkDecorator, ...]]] = {
+    "plain_loop.py": (["--steps", "3", "--seq-len", "16", "--batch-size", "2", "--precision", "fp32"],
+                      '"tokens_per_s_mean"', ()),
+    "jobs_follow.py": (["--lines", "2000"], '"lines": 2000', ()),
+    "kube_logs.py": (["--lines", "2000"], '"lines": 2000', ()),
+    "kube_up.py": (["--minute", "0.002", "--reps", "1"], "rtui plan median", ()),
+    "aws_up.py": (["--minute", "0.002", "--reps", "1"], "rtui plan median", ()),
+    "tui_flood.py": (["--rate", "2000", "--seconds", "0.5", "--idle", "0.2"], '"lost_in_spool"', ()),
+    "tui_first_frame.py": (["--reps", "1"], "hello-world Textual app", ()),
+    "first_frame.py": (["--runs", "1"], "ratio rtui / hello", (pytest.mark.tmux,)),
+    "local_throughput.py": (["--steps", "3"], "ratio FSDP2 / plain", (pytest.mark.ray,)),
+    "train_vs_plain.py": (["--steps", "3", "--per-worker-batch", "2"], '"plain_tokens_per_s"', (pytest.mark.ray,)),
+    "first_metric.py": (["--reps", "1", str(REPO)], "median", (pytest.mark.ray,)),
+    "auth_cost.py": (["--reps", "1"], "median dashboard", (pytest.mark.ray,)),
+}
+
+
+def bench_env(tmp_path: Path) -> dict[str, str]:
+    """The repository on the path (as the scripts' docstrings run them), nothing of the user's state."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "RTUI_STATE_DIR": str(tmp_path / "state"),
+            "RTUI_CONFIG_DIR": str(tmp_path / "config")}
+
+
+def test_every_bench_script_has_a_smoke_run() -> None:
+    scripts = {p.name for p in BENCH.glob("*.py") if p.name != "__init__.py"}
+    assert scripts == set(SMOKE), f"give each bench script a tiny smoke run here: {sorted(scripts ^ set(SMOKE))}"
+
+
+def test_every_bench_script_imports(tmp_path: Path) -> None:
+    """Module level only (main() is not called): an import of something removed fails here in seconds."""
+    code = ("import runpy, sys\n"
+            "for path in sys.argv[1:]:\n"
+            "    runpy.run_path(path, run_name='bench_import_check')\n")
+    proc = subprocess.run([sys.executable, "-c", code, *(str(BENCH / name) for name in sorted(SMOKE))],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, env=bench_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("script", [pytest.param(name, marks=marks) for name, (_, _, marks) in SMOKE.items()])
+def test_bench_script_runs_at_tiny_sizes(script: str, tmp_path: Path) -> None:
+    args, expected, _ = SMOKE[script]
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                          timeout=600, cwd=REPO, env=bench_env(tmp_path), stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert expected in proc.stdout, proc.stdout[-2000:]
