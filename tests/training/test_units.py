@@ -11,7 +11,13 @@ from tests.training.fixtures_data import build_tokenizer
 from training import checkpoint as ckpt
 from training.config import TrainConfig
 from training.data import SyntheticTokens, TokenizeAndPack, data_format
-from training.devices import GPU_PEAK_BF16_FLOPS, meminfo_available_bytes, mfu, peak_for_name
+from training.devices import (
+    GPU_PEAK_BF16_FLOPS,
+    meminfo_available_bytes,
+    mfu,
+    peak_for_name,
+    training_flops_per_token,
+)
 from training.loop import lr_at
 from training.metrics import RunFacts, StepTimings, metric_record
 from training.protocol import METRIC_KEYS
@@ -142,9 +148,14 @@ def test_unknown_and_cpu_devices_have_no_peak_but_a_reason() -> None:
 
 def test_mfu_arithmetic() -> None:
     # 6 × 1.5e9 × 10 000 tokens/s = 9e13 FLOP/s over 8 × 121e12 → 9.3 %.
-    assert mfu(1.5e9, 10_000, 121e12, 8) == pytest.approx(9e13 / 968e12)
-    assert mfu(1.5e9, 10_000, None, 8) is None
-    assert mfu(1.5e9, 0, 121e12, 8) is None
+    assert mfu(6 * 1.5e9, 10_000, 121e12, 8) == pytest.approx(9e13 / 968e12)
+    assert mfu(6 * 1.5e9, 10_000, None, 8) is None
+    assert mfu(6 * 1.5e9, 0, 121e12, 8) is None
+    # Qwen2.5-1.5B at seq 2048: attention adds 12 · 28 · 1536 · 2048 FLOPs per token, ~11 % of 6·N.
+    n = 1_543_714_304
+    with_attention = training_flops_per_token(n, 28, 1536, 2048)
+    assert with_attention - 6 * n == 12 * 28 * 1536 * 2048
+    assert 0.10 < with_attention / (6 * n) - 1 < 0.12
 
 
 def test_metric_record_keeps_the_old_keys_and_splits_the_step() -> None:
