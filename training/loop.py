@@ -81,6 +81,24 @@ def build_model(cfg: TrainConfig) -> Any:
     return for_training(Qwen2ForCausalLM(config))
 
 
+def prepare_for_training(model: Any, cfg: TrainConfig, device: Any, mesh: Any, reshard: bool) -> tuple[Any, Any]:
+    """The built model sharded as ``cfg`` asks, and its AdamW; the device's peak memory starts over."""
+    model = prepare_model(model, device=device, mesh=mesh, precision=cfg.precision, reduce_dtype=cfg.reduce_dtype,
+                          reshard_after_forward=reshard, activation_checkpointing=cfg.activation_checkpointing,
+                          compile_layers=cfg.compile)
+    optimizer = build_optimizer(model.parameters(), cfg.lr, cfg.optimizer, device.type, cfg.weight_decay)
+    reset_peak_memory(device)  # the unsharded model sat on the device for a moment: not the run's peak
+    return model, optimizer
+
+
+def syncs_every_micro_step(cfg: TrainConfig) -> bool:
+    """FSDP2 accumulates the gradients of micro-steps that skip the reduce-scatter in its reduce dtype
+    (``FSDPParam.to_accumulated_grad_if_needed`` upcasts only to the reduce dtype): with a bf16 reduce
+    that would sum gradients in bf16. Then every micro-step reduces and the sharded fp32 gradients
+    accumulate instead (more gradient traffic, fp32 sums)."""
+    return cfg.precision == "bf16" and cfg.reduce_dtype == "bf16"
+
+
 def _plan(cfg: TrainConfig, model: Any, world: int, shard_size: int, budget: tuple[int | None, str],
           reshard: bool) -> StepPlan:
     c = model.config
@@ -128,11 +146,7 @@ def run_worker(cfg: TrainConfig) -> None:
         if spanning and rank == 0:
             print(f"rtui-train: warning: hybrid shard groups starting at ranks {spanning} span nodes; their "
                   "all-gathers cross the network (set --shard-size to the workers per node)", flush=True)
-    model = prepare_model(model, device=device, mesh=mesh, precision=cfg.precision, reduce_dtype=cfg.reduce_dtype,
-                          reshard_after_forward=reshard, activation_checkpointing=cfg.activation_checkpointing,
-                          compile_layers=cfg.compile)
-    optimizer = build_optimizer(model.parameters(), cfg.lr, cfg.optimizer, device.type, cfg.weight_decay)
-    reset_peak_memory(device)  # the unsharded model sat on the device for a moment: not the run's peak
+    model, optimizer = prepare_for_training(model, cfg, device, mesh, reshard)
     if rank == 0:
         mesh_desc = "x".join(str(d) for d in mesh.shape) + f" {mesh.mesh_dim_names}"
         memory = f"; estimated peak {plan.memory.describe()} per rank" if plan.memory else ""
@@ -163,10 +177,7 @@ def run_worker(cfg: TrainConfig) -> None:
     facts = RunFacts(n_params, world, plan.micro_batch, plan.seq_len, plan.grad_accum, peak.name, peak.flops,
                      peak.reason, str(dist.get_backend()) if dist.is_initialized() else "?",
                      training_flops_per_token(n_params, c.num_hidden_layers, c.hidden_size, plan.seq_len))
-    # FSDP2 accumulates the gradients of micro-steps that skip the reduce-scatter in its reduce dtype:
-    # with bf16 reduction that would be bf16 accumulation, so each micro-step reduces instead and
-    # the sharded fp32 gradients accumulate (more gradient traffic, fp32 sums).
-    sync_every_micro_step = cfg.precision == "bf16" and cfg.reduce_dtype == "bf16"
+    sync_every_micro_step = syncs_every_micro_step(cfg)
     summary = RunSummary(start_step)
     last_report = time.monotonic()
     for step in range(start_step + 1, cfg.steps + 1):

@@ -45,7 +45,11 @@ def enable_activation_checkpointing(model: Any) -> None:
     """Recompute each decoder layer's activations in backward (non-reentrant, which composes with
     FSDP2's hooks) instead of storing them: ~1/3 more compute for far less activation memory."""
     model.config.use_cache = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def shard_model(model: Any, precision: str, reshard_after_forward: bool = True, mesh: Any = None,
