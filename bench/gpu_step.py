@@ -66,7 +66,7 @@ def save_bf16_model(config: dict[str, Any], directory: Path, device: Any, seed: 
     torch.manual_seed(seed)
     with torch.device(device):  # initialising 1.5B weights is far quicker on a GPU
         model = Qwen2ForCausalLM(Qwen2Config(**config))
-    model.to(torch.bfloat16).save_pretrained(directory)
+    model.to(device="cpu", dtype=torch.bfloat16).save_pretrained(directory)
     del model
 
 
@@ -148,6 +148,30 @@ def run(args: argparse.Namespace, model_dir: Path, device: Any, use_compile: boo
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the bench; any failure still prints one clear line and leaves a JSON result naming it."""
+    out = _out_path(argv)
+    try:
+        return bench(argv)
+    except Exception as exc:
+        traceback.print_exc()
+        message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        print(f"gpu_step: FAILED {message}", file=sys.stderr, flush=True)
+        if out is not None:
+            out.write_text(json.dumps({"error": message}, indent=2) + "\n")
+        return 1
+
+
+def _out_path(argv: list[str] | None) -> Path | None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(args):
+        if arg == "--out" and i + 1 < len(args):
+            return Path(args[i + 1])
+        if arg.startswith("--out="):
+            return Path(arg.split("=", 1)[1])
+    return None
+
+
+def bench(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="a tiny Qwen2 on CPU, a few steps: a smoke run in seconds")
     p.add_argument("--steps", type=int, help="default 30 (tiny: 8)")
