@@ -271,3 +271,21 @@ def test_accumulation_keeps_unsharded_grads_in_the_estimate() -> None:
                      sequences_per_rank=32)
     plan = plan_step(tokens_per_step=131072, seq_len=512, world=8, micro_batch=None, fits=check)
     assert (plan.micro_batch, plan.grad_accum) == (2, 16)
+
+
+def test_one_peak_table_and_mfu_with_attention_for_job_and_dashboard() -> None:
+    from backend.telemetry import estimate_mfu, peak_flops_for
+
+    for name in ("NVIDIA A10G", "NVIDIA L4", "NVIDIA L40S", "NVIDIA H100 80GB HBM3", "NVIDIA H200", "Quadro K600"):
+        assert peak_flops_for(name) == peak_for_name(name).flops, name
+    facts = RunFacts(n_params=1_543_714_304, world=8, micro_batch=1, seq_len=2048, grad_accum=1,
+                     device_name="NVIDIA L4", peak_flops=121e12, peak_reason=None,
+                     flops_per_token=training_flops_per_token(1_543_714_304, 28, 1536, 2048))
+    rec = metric_record(facts, step=1, loss=2.0, step_time_s=1.0, timings=StepTimings(micro_s=[0.9]),
+                        peak_mem_bytes=GIB, mem_kind="cuda_max_allocated", lr=1e-5, grad_norm=None)
+    assert rec["flops_per_token"] == round(facts.flops_per_token)
+    job_mfu = rec["mfu"]
+    assert job_mfu == pytest.approx(facts.flops_per_token * 2048 * 8 / (8 * 121e12), rel=1e-3)
+    # The dashboard's figure from the same record agrees with the job's (attention term included).
+    dash = estimate_mfu(rec["tokens_per_s"], rec["params"], peak_flops_for("NVIDIA L4"), 8, rec["flops_per_token"])
+    assert dash == pytest.approx(job_mfu, rel=1e-3)
