@@ -181,6 +181,9 @@ def describe_step_plan(config: RunConfig) -> str:
     micro_text = f"{plan.micro_batch}" if micro is not None else f"auto (≤ {plan.micro_batch}, by free memory)"
     line = (f"micro-batch {micro_text} × seq {plan.seq_len} × {world} ranks × accum {plan.grad_accum} = "
             f"{plan.tokens_per_step} tokens/step; FSDP2 {groups}")
+    reduces_every_micro_step = config.effective_precision() == "bf16" and config.reduce_dtype == "bf16"
+    if plan.grad_accum > 1 and reduces_every_micro_step:
+        line += "; bf16 reduce with accumulation: gradients reduced every micro-step (fp32 sums)"
     shape = model_shape(config)
     if shape is None:
         return line + "; memory per rank: estimated on the cluster"
@@ -190,7 +193,7 @@ def describe_step_plan(config: RunConfig) -> str:
     estimate = estimate_memory(shape, micro_batch=plan.micro_batch, seq_len=plan.seq_len, shard_size=shard,
                                compute_bytes=2 if precision == "bf16" else 4, grad_accum=plan.grad_accum,
                                reshard_after_forward=reshard, activation_checkpointing=config.activation_checkpointing,
-                               grad_accum_bytes=4)
+                               grad_accum_bytes=0 if reduces_every_micro_step else 4)
     return line + f"; est. {estimate.total / GIB:.1f} GiB per {'GPU' if gpu else 'worker'}"
 
 

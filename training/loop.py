@@ -106,7 +106,9 @@ def _plan(cfg: TrainConfig, model: Any, world: int, shard_size: int, budget: tup
                        c.intermediate_size, c.vocab_size)
     fits = FitCheck(
         shape, seq_len=cfg.seq_len, shard_size=shard_size, compute_bytes=2 if cfg.precision == "bf16" else 4,
-        grad_accum_bytes=4 if cfg.precision == "fp32" or cfg.reduce_dtype == "fp32" else 2,
+        # Unsharded gradients kept between micro-steps: fp32 (FSDP2 upcasts them to the fp32 reduce
+        # dtype), or none when every micro-step reduces (syncs_every_micro_step).
+        grad_accum_bytes=0 if syncs_every_micro_step(cfg) else 4,
         reshard_after_forward=reshard, activation_checkpointing=cfg.activation_checkpointing,
         budget_bytes=budget[0], budget_source=budget[1],
         sequences_per_rank=cfg.tokens_per_step // (cfg.seq_len * world) if cfg.tokens_per_step else None,
