@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.training.fixtures_model import LAYERS, save_tiny_qwen2
 from training import checkpoint as ckpt
 from training import loop, train
 from training.config import TrainConfig
@@ -22,19 +23,6 @@ from training.sharding import build_mesh
 from training.step import train_step
 
 CPU = torch.device("cpu")
-LAYERS = 4
-
-
-def save_tiny_qwen2(directory: Path, dtype: torch.dtype) -> Path:
-    """A tiny Qwen2 with Qwen2.5's traits that matter here: tied embeddings, use_cache on, saved in ``dtype``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, use_cache=True)
-    Qwen2ForCausalLM(config).to(torch.bfloat16).to(dtype).save_pretrained(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

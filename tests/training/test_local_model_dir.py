@@ -11,7 +11,7 @@ import torch
 
 from backend.store import RunStore
 from tests.conftest import json_lines, run_rtui
-from tests.training.test_finetune import save_tiny_qwen2
+from tests.training.fixtures_model import save_tiny_qwen2
 from training.protocol import METRIC_TAG, parse_record
 
 pytestmark = pytest.mark.ray
