@@ -187,18 +187,21 @@ def bench(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="write the result as JSON here")
     args = p.parse_args(argv)
     tiny = args.tiny
-    args.steps = args.steps or (8 if tiny else 30)
-    args.seq = args.seq or (64 if tiny else 2048)
-    args.batch = args.batch or (2 if tiny else 8)
-    args.lr = args.lr or (1e-3 if tiny else 1e-5)
-    if min(args.steps, args.seq, args.batch) < 1:
-        p.error("--steps, --seq and --batch must be at least 1")
+    for name, full, small in (("steps", 30, 8), ("seq", 2048, 64), ("batch", 8, 2), ("lr", 1e-5, 1e-3)):
+        if getattr(args, name) is None:
+            setattr(args, name, small if tiny else full)
+    if min(args.steps, args.seq, args.batch) < 1 or not args.lr > 0:
+        p.error("--steps, --seq and --batch must be at least 1 and --lr positive")
 
     import torch
     import torch.distributed as dist
 
     if args.device == "auto":
-        args.device = "cpu" if tiny or not torch.cuda.is_available() else "cuda"
+        if not tiny and not torch.cuda.is_available():
+            print("gpu_step: torch sees no GPU; run with --tiny for the CPU smoke run (or --device cpu to train "
+                  "the full 1.5B model on CPU, slowly, with ~40 GiB of memory)", file=sys.stderr, flush=True)
+            return 2
+        args.device = "cpu" if tiny else "cuda"
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_step: --device cuda but torch sees no GPU; run with --tiny (CPU) or on a GPU machine",
               file=sys.stderr, flush=True)

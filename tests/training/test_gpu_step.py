@@ -27,3 +27,10 @@ def test_gpu_step_tiny_runs_the_production_path_on_cpu(tmp_path: Path) -> None:
     assert result["model_training"] is True and result["use_cache"] is False
     assert result["weights_moved_share"] == 1.0
     assert result["loss_fell"] and result["tokens_per_s"] > 0 and len(result["losses"]) == 5
+
+
+def test_gpu_step_bad_input_is_one_line_and_exit_2() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_step.py"), "--steps", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--steps, --seq and --batch must be at least 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
