@@ -26,6 +26,9 @@ CONFIG_FILENAME = "rtui.toml"
 Target = Literal["local", "aws", "kube"]
 Precision = Literal["auto", "bf16", "fp32"]
 Transport = Literal["auto", "any", "efa", "efa_gdr", "socket", "ib"]
+DEFAULT_MODEL_ID = "Qwen/Qwen2.5-1.5B"
+# Schemes of the shared storage Ray Train can write checkpoints to from every node (pyarrow file systems).
+SHARED_STORAGE_SCHEMES = ("s3://", "gs://", "abfs://", "abfss://", "hdfs://")
 
 
 _INSTANCE_TYPE = (r"[a-z][a-z0-9-]*\.[a-z0-9]+", "an EC2 instance type such as g6.12xlarge")
@@ -89,7 +92,9 @@ class RunConfig(BaseModel):
     hf_token: str = Field("", description="Hugging Face token for the cluster's pods, as a Secret: env:NAME (a "
                                           "variable of rtui's environment) or a file path; the value is never stored")
     # --- training ---
-    model_id: str = Field("Qwen/Qwen2.5-1.5B", description="Hugging Face model id (cluster targets)")
+    model_id: str = Field("", description="Hugging Face model id, or a model directory on disk (default: "
+                                          f"{DEFAULT_MODEL_ID} on GPU clusters, a tiny random Qwen2 locally; "
+                                          "locally only a directory)")
     steps: int = Field(100, ge=1, le=10_000_000, description="Training steps")
     seq_len: int = Field(128, ge=8, le=131_072, description="Sequence length in tokens")
     batch_size: int = Field(0, ge=0, le=4096, description="Per-worker micro-batch (0 = 1 on GPU clusters, 32 locally)")
@@ -102,6 +107,14 @@ class RunConfig(BaseModel):
     text_field: str = Field("text", description="Text column of the data files")
     tokenizer: str | None = Field(None, description="Tokenizer dir or hub id for data files (default: the model id)")
     shard: Literal["full", "hybrid"] = Field("full", description="FSDP2 sharding: full, or hybrid (shard in a node)")
+    shard_size: int = Field(0, ge=0, le=4096, description="GPUs per shard group with --shard hybrid (0 = the GPUs of "
+                                                          "one node)")
+    reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="Gradient reduce dtype under bf16 (bf16 halves the bytes; sums still accumulate in fp32)")
+    reshard_after_forward: Literal["auto", "yes", "no"] = Field(
+        "auto", description="Free each layer's gathered weights after forward (auto = yes on GPUs, no on CPU)")
+    optimizer: Literal["auto", "fused", "foreach", "plain"] = Field(
+        "auto", description="AdamW implementation (auto = fused on GPUs, foreach on CPU)")
     tokens_per_step: int = Field(0, ge=0, description="Tokens per optimizer step (0 = no gradient accumulation)")
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory")
     compile: bool = Field(False, description="torch.compile each decoder layer")
@@ -177,6 +190,22 @@ class RunConfig(BaseModel):
         if self.learning_rate:
             return self.learning_rate
         return 1e-3 if self.target == "local" else 1e-5
+
+    def effective_model_id(self) -> str | None:
+        """The model the job loads: the hub default on GPU clusters; locally only what was asked
+        for (None: the tiny random Qwen2)."""
+        if self.model_id:
+            return self.model_id
+        return None if self.target == "local" else DEFAULT_MODEL_ID
+
+    def effective_shard_size(self) -> int:
+        """Ranks per FSDP shard group: every rank (full), or one node's GPUs (hybrid)."""
+        workers = self.effective_workers()
+        if self.shard == "full":
+            return workers
+        if self.shard_size:
+            return self.shard_size
+        return workers if self.target == "local" else self.gpus_per_node
 
     def effective_require_transport(self) -> str:
         if self.require_transport != "auto":
@@ -422,10 +451,41 @@ def resolve_config(
                       world=config.effective_workers(), micro_batch=config.batch_size or None)
         except StepPlanError as exc:
             raise UserError(str(exc)) from None
+    config = _check_training(config, cwd)
     if config.local_hidden_size % config.local_heads:
         raise UserError(f"--local-hidden-size={config.local_hidden_size} is not a multiple of "
                         f"--local-heads={config.local_heads}", remedy="pick sizes that divide evenly")
     return ResolvedConfig(config=config, sources=sources, config_file=str(path) if path else None)
+
+
+def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
+    """What the job would refuse (or silently get wrong) on the cluster, said before anything starts;
+    a local model directory comes back absolute (the job does not run in this directory)."""
+    if config.shard_size and config.shard == "full":
+        raise UserError(f"--shard-size={config.shard_size} applies to --shard hybrid only",
+                        remedy="add --shard hybrid, or drop --shard-size")
+    workers = config.effective_workers()
+    if config.shard == "hybrid" and workers % config.effective_shard_size():
+        raise UserError(f"--shard hybrid: shard groups of {config.effective_shard_size()} GPUs do not divide the "
+                        f"{workers} workers", remedy="set --shard-size to a divisor of the workers (the GPUs per node)")
+    if config.target == "local" and config.model_id:
+        model_dir = (cwd / Path(config.model_id).expanduser()).resolve()
+        if not (model_dir / "config.json").is_file():
+            raise UserError(f"--model-id {shown(config.model_id)}: not a Hugging Face model directory here (no "
+                            "config.json); the local target works offline",
+                            remedy="pass a directory saved with save_pretrained (or downloaded with `hf download "
+                                   "MODEL --local-dir DIR`), or leave --model-id out for the tiny model")
+    if config.target in ("aws", "kube") and (config.checkpoint_every or config.resume_from):
+        storage = config.storage_path or ""
+        if not storage.startswith(SHARED_STORAGE_SCHEMES):
+            what = "--checkpoint-every" if config.checkpoint_every else "--resume-from"
+            where = f"--storage-path {shown(storage)} is" if storage else "without --storage-path, checkpoints go to"
+            raise UserError(f"{what} on {config.target}: {where} each node's own disk, so no node holds a whole "
+                            "checkpoint and a resume finds none",
+                            remedy="pass --storage-path s3://BUCKET/PREFIX (shared storage every node can write)")
+    if config.target == "local" and config.model_id:
+        config = config.model_copy(update={"model_id": str(model_dir)})
+    return config
 
 
 # RTUI_* variables that are not config fields (so they are not reported as typos).

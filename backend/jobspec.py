@@ -27,6 +27,7 @@ class JobSpec:
     workers: int
     # Names only: their values (credentials) join the job at submission and are never kept.
     passed_env: tuple[str, ...] = ()
+    step_plan: str = ""  # what one optimizer step is (shown by `rtui plan`; not part of the hash)
 
     @property
     def spec_hash(self) -> str:
@@ -38,6 +39,8 @@ class JobSpec:
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"entrypoint": self.entrypoint, "workers": self.workers}
+        if self.step_plan:
+            out["step"] = self.step_plan
         if self.passed_env:
             out["job_env"] = ", ".join(self.passed_env)
         return out
@@ -62,6 +65,15 @@ def build_job_spec(config: RunConfig) -> JobSpec:
         "--shard", config.shard,
         "--data", config.data,
     ]
+    if config.shard == "hybrid" and (config.shard_size or config.target != "local"):
+        # Locally the program groups the workers Ray placed on each node itself.
+        args += ["--shard-size", str(config.effective_shard_size())]
+    if config.reduce_dtype != "fp32":
+        args += ["--reduce-dtype", config.reduce_dtype]
+    if config.reshard_after_forward != "auto":
+        args += ["--reshard-after-forward", config.reshard_after_forward]
+    if config.optimizer != "auto":
+        args += ["--optimizer", config.optimizer]
     if config.data_is_file():
         args += ["--text-field", config.text_field]
         if config.tokenizer:
@@ -84,22 +96,105 @@ def build_job_spec(config: RunConfig) -> JobSpec:
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
+    model_id = config.effective_model_id()
     if config.target == "local":
-        args += [
-            "--device", "cpu",
-            "--tiny-hidden-size", str(config.local_hidden_size),
-            "--tiny-layers", str(config.local_layers),
-            "--tiny-heads", str(config.local_heads),
-            "--tiny-vocab-size", str(config.local_vocab_size),
-        ]
+        args += ["--device", "cpu"]
+        if model_id:  # a model directory on this machine, loaded as on a cluster (from_pretrained)
+            args += ["--model-id", model_id]
+        else:
+            args += [
+                "--tiny-hidden-size", str(config.local_hidden_size),
+                "--tiny-layers", str(config.local_layers),
+                "--tiny-heads", str(config.local_heads),
+                "--tiny-vocab-size", str(config.local_vocab_size),
+            ]
         env_vars.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     else:
-        args += ["--device", "cuda", "--model-id", config.model_id,
+        assert model_id is not None  # the hub default on every cluster target
+        args += ["--device", "cuda", "--model-id", model_id,
                  "--require-transport", config.effective_require_transport()]
         env_vars.update({"NCCL_DEBUG": "INFO"})
     runtime_env = {"py_modules": [str(training_package_dir())], "env_vars": env_vars}
     return JobSpec(entrypoint=shlex.join(args), runtime_env=runtime_env, workers=workers,
-                   passed_env=config.job_env_names())
+                   passed_env=config.job_env_names(), step_plan=describe_step_plan(config))
+
+
+# Shapes of the hub models rtui proposes (their config.json): n_params, layers, hidden, intermediate, vocab.
+KNOWN_MODEL_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
+    "Qwen/Qwen2.5-0.5B": (494_032_768, 24, 896, 4864, 151936),
+    "Qwen/Qwen2.5-1.5B": (1_543_714_304, 28, 1536, 8960, 151936),
+    "Qwen/Qwen2.5-3B": (3_085_938_688, 36, 2048, 11008, 151936),
+    "Qwen/Qwen2.5-7B": (7_615_616_512, 28, 3584, 18944, 152064),
+}
+
+
+def _qwen2_params(layers: int, hidden: int, intermediate: int, vocab: int, heads: int, kv_heads: int,
+                  tied: bool) -> int:
+    kv = hidden // heads * kv_heads
+    attention = hidden * hidden * 2 + hidden * kv * 2 + hidden + 2 * kv  # q, o, k, v and the q/k/v biases
+    layer = attention + 3 * hidden * intermediate + 2 * hidden  # SwiGLU MLP and two RMSNorms
+    return layers * layer + vocab * hidden * (1 if tied else 2) + hidden
+
+
+def model_shape(config: RunConfig) -> Any:
+    """The ModelShape the step plan needs, when it can be known here (None: on the cluster only)."""
+    from training.stepplan import ModelShape
+
+    model_id = config.effective_model_id()
+    if model_id is None:  # the tiny local model (training.loop.build_model)
+        h, layers, vocab = config.local_hidden_size, config.local_layers, config.local_vocab_size
+        heads = config.local_heads
+        return ModelShape(_qwen2_params(layers, h, 4 * h, vocab, heads, max(1, heads // 2), False), layers, h, 4 * h,
+                          vocab)
+    if model_id in KNOWN_MODEL_SHAPES:
+        return ModelShape(*KNOWN_MODEL_SHAPES[model_id])
+    path = Path(model_id) / "config.json"
+    try:
+        c = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        c = None
+    if not isinstance(c, dict):
+        return None
+    try:
+        heads = int(c["num_attention_heads"])
+        args = (int(c["num_hidden_layers"]), int(c["hidden_size"]), int(c["intermediate_size"]), int(c["vocab_size"]))
+        n = _qwen2_params(*args, heads, int(c.get("num_key_value_heads") or heads),
+                          bool(c.get("tie_word_embeddings", False)))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return ModelShape(n, *args)
+
+
+def describe_step_plan(config: RunConfig) -> str:
+    """One line for the plan: micro-batch × seq × ranks × accumulation, shard groups, expected memory per rank."""
+    from training.stepplan import GIB, StepPlanError, estimate_memory, plan_step
+
+    world = config.effective_workers()
+    micro = config.batch_size or (None if config.tokens_per_step else config.effective_batch_size())
+    try:
+        plan = plan_step(tokens_per_step=config.tokens_per_step, seq_len=config.seq_len, world=world, micro_batch=micro)
+    except StepPlanError as exc:  # resolve_config refused these already; say it rather than fail
+        return str(exc)
+    shard = config.effective_shard_size()
+    groups = (f"hybrid: {world // shard} replicas × shard groups of {shard}" if config.shard == "hybrid"
+              else f"full: one shard group of {world}")
+    micro_text = f"{plan.micro_batch}" if micro is not None else f"auto (≤ {plan.micro_batch}, by free memory)"
+    line = (f"micro-batch {micro_text} × seq {plan.seq_len} × {world} ranks × accum {plan.grad_accum} = "
+            f"{plan.tokens_per_step} tokens/step; FSDP2 {groups}")
+    reduces_every_micro_step = config.effective_precision() == "bf16" and config.reduce_dtype == "bf16"
+    if plan.grad_accum > 1 and reduces_every_micro_step:
+        line += "; bf16 reduce with accumulation: gradients reduced every micro-step (fp32 sums)"
+    shape = model_shape(config)
+    if shape is None:
+        return line + "; memory per rank: estimated on the cluster"
+    gpu = config.target != "local"
+    precision = config.effective_precision()
+    reshard = config.reshard_after_forward == "yes" or (config.reshard_after_forward == "auto" and gpu)
+    estimate = estimate_memory(shape, micro_batch=plan.micro_batch, seq_len=plan.seq_len, shard_size=shard,
+                               compute_bytes=2 if precision == "bf16" else 4, grad_accum=plan.grad_accum,
+                               reshard_after_forward=reshard, activation_checkpointing=config.activation_checkpointing,
+                               grad_accum_bytes=0 if reduces_every_micro_step else 4)
+    return line + f"; est. {estimate.total / GIB:.1f} GiB per {'GPU' if gpu else 'worker'}"
 
 
 def passed_env_values(spec: JobSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -194,8 +194,8 @@ class TargetScreen(RtuiScreen):
         rows = [("cluster", cfg.cluster_name), ("workers", str(cfg.effective_workers())),
                 ("steps", str(cfg.steps)), ("seq len × batch", f"{cfg.seq_len} × {cfg.effective_batch_size()}"),
                 ("precision", cfg.effective_precision()),
-                ("model", f"tiny Qwen2 ({cfg.local_layers} layers, hidden {cfg.local_hidden_size})"
-                 if cfg.target == "local" else cfg.model_id)]
+                ("model", cfg.effective_model_id()
+                 or f"tiny Qwen2 ({cfg.local_layers} layers, hidden {cfg.local_hidden_size})")]
         if self.kube:
             rows += [("namespace", cfg.namespace), ("GPU nodes", f"{cfg.gpu_node_count} × {cfg.gpus_per_node} GPUs")]
         if self.aws:

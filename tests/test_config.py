@@ -15,7 +15,8 @@ def test_defaults_match_the_reference() -> None:
     assert (cfg.gpu_node_type, cfg.gpu_node_count, cfg.gpus_per_node) == ("g6.12xlarge", 2, 4)
     assert (cfg.system_node_type, cfg.system_node_count) == ("m7i.xlarge", 1)
     assert cfg.image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
-    assert cfg.model_id == "Qwen/Qwen2.5-1.5B"
+    assert cfg.model_id == "" and cfg.effective_model_id() is None  # locally: the tiny model
+    assert resolve_config({"target": "aws"}, environ={}).config.effective_model_id() == "Qwen/Qwen2.5-1.5B"
 
 
 def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import subprocess
 import sys
 from contextlib import redirect_stdout
@@ -111,3 +113,75 @@ def test_data_file_errors_are_one_line(tmp_path: Path) -> None:
         resolve_config({"tokens_per_step": "4096", "batch_size": "32"}, environ={}, cwd=tmp_path)
     with pytest.raises(UserError, match="not a multiple of seq_len"):
         resolve_config({"tokens_per_step": "1000"}, environ={}, cwd=tmp_path)
+
+
+def test_step_knobs_reach_the_job_command_line(tmp_path: Path) -> None:
+    """Every knob of the step plan, from flags, RTUI_* and rtui.toml, ends on the job's command line
+    and parses back into the program's config."""
+    (tmp_path / "rtui.toml").write_text('reduce_dtype = "bf16"\noptimizer = "fused"\n')
+    flags = {"target": "kube", "shard": "hybrid", "shard_size": "4", "reshard_after_forward": "no",
+             "activation_checkpointing": "true", "compile": "true", "tokens_per_step": "65536",
+             "seq_len": "2048", "batch_size": "2", "num_workers": "8"}
+    cfg = resolve_config(flags, environ={"RTUI_RESHARD_AFTER_FORWARD": "yes"}, cwd=tmp_path).config
+    entry = build_job_spec(cfg).entrypoint
+    for part in ("--shard hybrid", "--shard-size 4", "--reduce-dtype bf16", "--reshard-after-forward no",
+                 "--optimizer fused", "--activation-checkpointing", "--compile", "--tokens-per-step 65536"):
+        assert part in entry, part
+    parsed = train.parse_args(entry.split()[3:])
+    assert (parsed.shard, parsed.shard_size, parsed.reduce_dtype, parsed.reshard_after_forward, parsed.optimizer,
+            parsed.activation_checkpointing, parsed.compile) == ("hybrid", 4, "bf16", "no", "fused", True, True)
+    # Hybrid on a cluster without --shard-size: one node's GPUs per shard group.
+    cluster = resolve_config({"target": "aws", "shard": "hybrid"}, environ={}).config
+    assert "--shard-size 4" in build_job_spec(cluster).entrypoint
+
+
+def test_plan_shows_the_step_plan_and_the_knobs(tmp_path: Path) -> None:
+    """`rtui plan` (the CLI, local target) shows the job's step: micro-batch, accumulation, shard groups, memory."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RTUI_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "plan", "--json", "--reduce-dtype", "bf16",
+                           "--precision", "bf16", "--optimizer", "foreach", "--reshard-after-forward", "yes",
+                           "--tokens-per-step", "8192", "--seq-len", "128", "--num-workers", "2"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout.splitlines()[-1])
+    job = next(c for c in plan["changes"] if c["address"] == "ray.job.train")["after"]
+    for part in ("--reduce-dtype bf16", "--optimizer foreach", "--reshard-after-forward yes", "--batch-size auto"):
+        assert part in job["entrypoint"], part
+    assert job["step"].startswith("micro-batch auto (≤ 32, by free memory) × seq 128 × 2 ranks × accum 1 = 8192")
+    assert "FSDP2 full: one shard group of 2" in job["step"] and "GiB per worker" in job["step"]
+
+
+def test_checkpoints_on_a_cluster_need_shared_storage(tmp_path: Path) -> None:
+    from backend.errors import UserError
+
+    for extra in ({}, {"storage_path": "/tmp/ckpt"}):
+        with pytest.raises(UserError, match="no node holds a whole checkpoint") as info:
+            resolve_config({"target": "aws", "checkpoint_every": "10", **extra}, environ={})
+        assert "--storage-path s3://" in (info.value.remedy or "")
+    with pytest.raises(UserError, match="--resume-from on kube"):
+        resolve_config({"target": "kube", "resume_from": "latest"}, environ={})
+    ok = resolve_config({"target": "aws", "checkpoint_every": "10", "storage_path": "s3://bucket/runs"}, environ={})
+    assert "--storage-path s3://bucket/runs" in build_job_spec(ok.config).entrypoint
+    # The CLI: one line, exit 2, before anything is planned.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RTUI_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "plan", "--target", "aws", "--checkpoint-every", "10"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--storage-path s3://" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_local_model_id_is_a_directory_the_job_loads(tmp_path: Path) -> None:
+    from backend.errors import UserError
+
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "vocab_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}))
+    cfg = resolve_config({"model_id": "my-model"}, environ={}, cwd=tmp_path).config
+    spec = build_job_spec(cfg)
+    assert f"--model-id {model}" in spec.entrypoint and "--tiny-" not in spec.entrypoint
+    assert "GiB per worker" in spec.step_plan
+    assert "--model-id" not in build_job_spec(resolve_config({}, environ={}).config).entrypoint
+    with pytest.raises(UserError, match="not a Hugging Face model directory"):
+        resolve_config({"model_id": "Qwen/Qwen2.5-1.5B"}, environ={}, cwd=tmp_path)

@@ -11,15 +11,16 @@ from typing import Any
 from training import checkpoint as ckpt
 from training.config import TrainConfig
 from training.data import ShardBatches, SyntheticTokens
-from training.devices import detect_peak, memory_budget_bytes, peak_memory_bytes
-from training.metrics import RunFacts, RunSummary, StepTimings, metric_record, print_metric, print_summary
-from training.sharding import (
-    build_mesh,
-    build_optimizer,
-    enable_activation_checkpointing,
-    shard_groups_span_nodes,
-    shard_model,
+from training.devices import (
+    detect_peak,
+    memory_budget_bytes,
+    peak_memory_bytes,
+    reset_peak_memory,
+    training_flops_per_token,
 )
+from training.metrics import RunFacts, RunSummary, metric_record, print_metric, print_summary
+from training.sharding import build_mesh, build_optimizer, shard_groups_span_nodes
+from training.step import for_training, load_pretrained, norm_value, prepare_model, train_step
 from training.stepplan import FitCheck, ModelShape, StepPlan, plan_step
 
 REPORT_EVERY_S = 5.0  # ray.train.report is slow (the controller polls every ~2 s): report rarely
@@ -65,19 +66,38 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def build_model(cfg: TrainConfig) -> Any:
-    """Qwen2 from the hub on a cluster, or a tiny random one built from a config (no download)."""
+    """Qwen2 from the hub or a local directory (fp32 master weights, training mode), or a tiny
+    random one built from a config (no download)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if cfg.model_id:
-        return Qwen2ForCausalLM.from_pretrained(cfg.model_id)
+        return load_pretrained(cfg.model_id)
     heads = cfg.tiny_heads
     config = Qwen2Config(
         vocab_size=cfg.tiny_vocab_size, hidden_size=cfg.tiny_hidden_size,
         intermediate_size=cfg.tiny_hidden_size * 4, num_hidden_layers=cfg.tiny_layers,
         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-        max_position_embeddings=max(512, cfg.seq_len), tie_word_embeddings=False,
+        max_position_embeddings=max(512, cfg.seq_len), tie_word_embeddings=False, use_cache=False,
     )
-    return Qwen2ForCausalLM(config)
+    return for_training(Qwen2ForCausalLM(config))
+
+
+def prepare_for_training(model: Any, cfg: TrainConfig, device: Any, mesh: Any, reshard: bool) -> tuple[Any, Any]:
+    """The built model sharded as ``cfg`` asks, and its AdamW; the device's peak memory starts over."""
+    model = prepare_model(model, device=device, mesh=mesh, precision=cfg.precision, reduce_dtype=cfg.reduce_dtype,
+                          reshard_after_forward=reshard, activation_checkpointing=cfg.activation_checkpointing,
+                          compile_layers=cfg.compile)
+    optimizer = build_optimizer(model.parameters(), cfg.lr, cfg.optimizer, device.type, cfg.weight_decay)
+    reset_peak_memory(device)  # the unsharded model sat on the device for a moment: not the run's peak
+    return model, optimizer
+
+
+def syncs_every_micro_step(cfg: TrainConfig) -> bool:
+    """FSDP2 accumulates the gradients of micro-steps that skip the reduce-scatter in its reduce dtype
+    (``FSDPParam.to_accumulated_grad_if_needed`` upcasts only to the reduce dtype): with a bf16 reduce
+    that would sum gradients in bf16. Then every micro-step reduces and the sharded fp32 gradients
+    accumulate instead (more gradient traffic, fp32 sums)."""
+    return cfg.precision == "bf16" and cfg.reduce_dtype == "bf16"
 
 
 def _plan(cfg: TrainConfig, model: Any, world: int, shard_size: int, budget: tuple[int | None, str],
@@ -87,20 +107,15 @@ def _plan(cfg: TrainConfig, model: Any, world: int, shard_size: int, budget: tup
                        c.intermediate_size, c.vocab_size)
     fits = FitCheck(
         shape, seq_len=cfg.seq_len, shard_size=shard_size, compute_bytes=2 if cfg.precision == "bf16" else 4,
-        grad_accum_bytes=4 if cfg.precision == "fp32" or cfg.reduce_dtype == "fp32" else 2,
+        # Unsharded gradients kept between micro-steps: fp32 (FSDP2 upcasts them to the fp32 reduce
+        # dtype), or none when every micro-step reduces (syncs_every_micro_step).
+        grad_accum_bytes=0 if syncs_every_micro_step(cfg) else 4,
         reshard_after_forward=reshard, activation_checkpointing=cfg.activation_checkpointing,
         budget_bytes=budget[0], budget_source=budget[1],
         sequences_per_rank=cfg.tokens_per_step // (cfg.seq_len * world) if cfg.tokens_per_step else None,
     ) if cfg.memory_check else None
     return plan_step(tokens_per_step=cfg.tokens_per_step, seq_len=cfg.seq_len, world=world,
                      micro_batch=cfg.batch_size, fits=fits)
-
-
-def _sync(device: Any) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -126,9 +141,6 @@ def run_worker(cfg: TrainConfig) -> None:
     shard_size = world if cfg.shard == "full" else (cfg.shard_size or local_world)
     plan = _plan(cfg, model, world, shard_size, budget, reshard)
     n_params = sum(p.numel() for p in model.parameters())
-    if cfg.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    model.to(device)
     mesh = build_mesh(device.type, cfg.shard, world, shard_size)
     if cfg.shard == "hybrid":
         nodes: list[Any] = [None] * world
@@ -137,9 +149,7 @@ def run_worker(cfg: TrainConfig) -> None:
         if spanning and rank == 0:
             print(f"rtui-train: warning: hybrid shard groups starting at ranks {spanning} span nodes; their "
                   "all-gathers cross the network (set --shard-size to the workers per node)", flush=True)
-    model = shard_model(model, cfg.precision, reshard, mesh=mesh, compile_layers=cfg.compile,
-                        reduce_dtype=cfg.reduce_dtype)
-    optimizer = build_optimizer(model.parameters(), cfg.lr, cfg.optimizer, device.type, cfg.weight_decay)
+    model, optimizer = prepare_for_training(model, cfg, device, mesh, reshard)
     if rank == 0:
         mesh_desc = "x".join(str(d) for d in mesh.shape) + f" {mesh.mesh_dim_names}"
         memory = f"; estimated peak {plan.memory.describe()} per rank" if plan.memory else ""
@@ -166,56 +176,35 @@ def run_worker(cfg: TrainConfig) -> None:
             print(f"rtui-train: resumed from {getattr(resume, 'path', resume)} at step {start_step}", flush=True)
 
     peak = detect_peak(device)
+    c = model.config
     facts = RunFacts(n_params, world, plan.micro_batch, plan.seq_len, plan.grad_accum, peak.name, peak.flops,
-                     peak.reason, str(dist.get_backend()) if dist.is_initialized() else "?")
+                     peak.reason, str(dist.get_backend()) if dist.is_initialized() else "?",
+                     training_flops_per_token(n_params, c.num_hidden_layers, c.hidden_size, plan.seq_len))
+    sync_every_micro_step = syncs_every_micro_step(cfg)
     summary = RunSummary(start_step)
     last_report = time.monotonic()
     for step in range(start_step + 1, cfg.steps + 1):
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        t = StepTimings()
         start = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(plan.grad_accum):
-            t0 = time.perf_counter()
-            ids = data.next_batch().to(device, non_blocking=True)
-            _sync(device)
-            t1 = time.perf_counter()
-            t.data_wait_s += t1 - t0
-            if plan.grad_accum > 1:
-                last = micro == plan.grad_accum - 1
-                # Reduce-scatter (and HSDP's all-reduce) only on the last micro-step: the others
-                # accumulate unsharded local gradients without touching the network.
-                model.set_requires_gradient_sync(last)
-                if not reshard:
-                    # Parameters gathered once stay gathered until the step's last backward, so an
-                    # optimizer step costs one all-gather however many micro-steps it has.
-                    model.set_reshard_after_backward(last)
-            loss = model(input_ids=ids, labels=ids).loss / plan.grad_accum
-            loss.backward()
-            loss_sum += loss.detach().float()
-            _sync(device)
-            t.micro_s.append(time.perf_counter() - t1)
-        t0 = time.perf_counter()
-        grad_norm = None
-        if cfg.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        _sync(device)
-        t1 = time.perf_counter()
-        t.optimizer_s = t1 - t0
+        out = train_step(model, optimizer, data.next_batch, device=device, grad_accum=plan.grad_accum,
+                         max_grad_norm=cfg.max_grad_norm, reshard_after_forward=reshard,
+                         sync_every_micro_step=sync_every_micro_step)
+        loss_sum, t = out.loss_sum, out.timings
         # One all-reduce carries the loss and rank 0's "report now" vote, so every rank makes the
         # same ray.train.report decision (each rank's own clock could disagree and hang the group).
         now = time.monotonic()
         vote = 1.0 if rank == 0 and now - last_report >= REPORT_EVERY_S else 0.0
         packed = torch.stack([loss_sum, torch.tensor(vote, device=device)])
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-        loss_value, report_now = float(packed[0]) / world, float(packed[1]) > 0
-        t.loss_sync_wait_s = time.perf_counter() - t1
+        loss_value, report_now = float(packed[0]) / world, float(packed[1]) > 0  # the step's one sync
         step_time = time.perf_counter() - start
+        out.finish()
+        grad_norm = norm_value(out.grad_norm)
+        # What the device timeline does not account for: the loss all-reduce, waiting for the
+        # slowest rank, and host gaps the queue did not hide.
+        t.loss_sync_wait_s = max(0.0, step_time - t.data_wait_s - t.fwd_bwd_s - t.optimizer_s)
         tokens_seen += plan.tokens_per_step
         if step == start_step + 1 and nccl_dir is not None:
             enforce_transport(cfg, nccl_dir)

@@ -16,7 +16,9 @@ Step time is split into what the host can measure honestly without profiler hook
   for, a lower bound (exposed all-gathers inside fwd_bwd_s are not separable from the host).
 * ``compute_s`` = step_time_s − data_wait_s − comm_wait_s: an upper bound on compute.
 
-On CUDA the timer synchronises the device at these boundaries, so host time is device time.
+On CUDA the micro-step and optimizer times come from CUDA events read after the step's one
+synchronisation (the loss all-reduce), so the CPU keeps queueing work ahead of the GPU; the step
+time is host time up to that synchronisation, which on a GPU is when the device finished the step.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ class RunFacts:
     peak_flops: float | None
     peak_reason: str | None
     backend: str = "?"  # torch.distributed's: telemetry tells a gloo run (no NCCL) from an NCCL one by it
+    flops_per_token: float = 0.0  # training_flops_per_token (6·N + attention); 0: 6·N
+
+    @property
+    def model_flops_per_token(self) -> float:
+        return self.flops_per_token or 6.0 * self.n_params
 
     @property
     def tokens_per_step(self) -> int:
@@ -85,13 +92,13 @@ class RunFacts:
 def metric_record(facts: RunFacts, *, step: int, loss: float, step_time_s: float, timings: StepTimings,
                   peak_mem_bytes: int, mem_kind: str, lr: float, grad_norm: float | None) -> dict[str, Any]:
     tokens_per_s = facts.tokens_per_step / step_time_s
-    util = mfu(facts.n_params, tokens_per_s, facts.peak_flops, facts.world)
+    util = mfu(facts.model_flops_per_token, tokens_per_s, facts.peak_flops, facts.world)
     record: dict[str, Any] = {
         # The keys the backend's telemetry has always read (training.protocol.METRIC_KEYS + params).
         "step": step, "loss": round(loss, 5), "tokens_per_s": round(tokens_per_s, 2),
         "tokens_per_s_per_worker": round(tokens_per_s / facts.world, 2),
         "step_time_s": round(step_time_s, 5), "world_size": facts.world, "ts": round(time.time(), 3),
-        "params": facts.n_params,
+        "params": facts.n_params, "flops_per_token": round(facts.model_flops_per_token),
         # Step shape.
         "tokens_per_step": facts.tokens_per_step, "micro_batch": facts.micro_batch, "seq_len": facts.seq_len,
         "grad_accum": facts.grad_accum,

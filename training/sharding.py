@@ -45,7 +45,11 @@ def enable_activation_checkpointing(model: Any) -> None:
     """Recompute each decoder layer's activations in backward (non-reentrant, which composes with
     FSDP2's hooks) instead of storing them: ~1/3 more compute for far less activation memory."""
     model.config.use_cache = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def shard_model(model: Any, precision: str, reshard_after_forward: bool = True, mesh: Any = None,
@@ -54,7 +58,13 @@ def shard_model(model: Any, precision: str, reshard_after_forward: bool = True, 
 
     bf16 computes in bf16 and by default reduces gradients in fp32 (summing many ranks' bf16
     gradients loses precision); ``reduce_dtype="bf16"`` halves the gradient bytes on the wire, which
-    is what a network-bound HSDP step pays for. Master weights and optimizer states stay fp32.
+    is what a network-bound HSDP step pays for. The sharded parameters keep the dtype the model
+    has when it is sharded: the master weights (and so the gradients and AdamW's states) are fp32
+    only if the model was loaded in fp32 (``training.step.load_pretrained`` does).
+
+    The root (embeddings, final norm, lm_head) is never resharded after forward: backward starts
+    with the lm_head, right after the forward ended with it, so freeing it would only make FSDP
+    all-gather the same (for Qwen2.5, tied 233M-parameter) embedding again at once.
     """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -68,7 +78,7 @@ def shard_model(model: Any, precision: str, reshard_after_forward: bool = True, 
             # and FSDP's collectives stay outside the compiled region (no graph breaks inside it).
             layer.compile()
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     return model
 
 

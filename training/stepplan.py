@@ -75,7 +75,8 @@ def estimate_memory(shape: ModelShape, *, micro_batch: int, seq_len: int, shard_
       scaled by compute_bytes / 2. Checkpointing keeps only each layer's input plus one layer's full set.
     * Logits: tokens × vocab × (compute_bytes + 8): the logits, their fp32 upcast in the loss, its grad.
     * Accumulated grads: with accumulation, the micro-steps that skip gradient sync keep unsharded
-      gradients (``grad_accum_bytes`` each: the reduce dtype) until the step's last backward.
+      gradients (``grad_accum_bytes`` each: fp32, as FSDP2 upcasts them to the fp32 reduce dtype; 0 when
+      every micro-step reduces) until the step's last backward.
     """
     tokens = micro_batch * seq_len
     sharded = 16 * shape.n_params // max(1, shard_size)

@@ -75,7 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reduce-dtype", choices=get_args(ReduceDtype), default=d.reduce_dtype,
                    help="gradient reduce-scatter/all-reduce dtype under --precision bf16 (bf16 halves the bytes)")
     p.add_argument("--device", choices=get_args(Device), default=d.device)
-    p.add_argument("--model-id", default=d.model_id, help="Hugging Face model id (weights loaded on the cluster)")
+    p.add_argument("--model-id", default=d.model_id,
+                   help="Hugging Face model id or local model directory, loaded with fp32 master weights in "
+                        "training mode (default: a tiny random Qwen2 from the --tiny-* fields)")
     p.add_argument("--tiny-hidden-size", type=int, default=d.tiny_hidden_size)
     p.add_argument("--tiny-layers", type=int, default=d.tiny_layers)
     p.add_argument("--tiny-heads", type=int, default=d.tiny_heads)
@@ -90,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="free gathered layers after forward (auto: yes on GPUs to save memory, no on CPU)")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each decoder layer in backward instead of storing its activations")
-    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
+    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (one graph for all: "
+                                                             "training runs without the KV cache)")
     p.add_argument("--data", default=d.data,
                    help="random (uniform ids, the reference), cycle (a learnable synthetic pattern), or a "
                         "path / s3:// URI of JSONL or Parquet text files")

@@ -73,7 +73,7 @@ class Parser(argparse.ArgumentParser):
 _METAVAR = {
     "availability_zone": "AZ", "vpc_id": "VPC_ID", "private_subnet_ids": "SUBNET_ID,...", "api_cidrs": "CIDR,...",
     "system_node_type": "INSTANCE_TYPE", "gpu_node_type": "INSTANCE_TYPE", "image": "IMAGE",
-    "kuberay_crds": "DIR|URL", "kubeconfig": "FILE", "hf_token": "env:NAME|FILE", "model_id": "HUB_ID",
+    "kuberay_crds": "DIR|URL", "kubeconfig": "FILE", "hf_token": "env:NAME|FILE", "model_id": "HUB_ID|DIR",
     "data": "cycle|random|PATH|s3://URI", "tokenizer": "DIR|HUB_ID", "storage_path": "DIR|s3://URI",
     "resume_from": "DIR|latest", "job_env": "NAME,...", "learning_rate": "RATE",
 }

@@ -118,7 +118,7 @@ class MetricSeries:
             step=step, ts=ts, loss=_num(record.get("loss")), tokens_per_s=tokens_per_s,
             steps_per_s=steps_per_s, step_time_s=step_time,
             mfu=estimate_mfu(tokens_per_s, params, self.peak_flops_per_gpu,
-                             world if isinstance(world, int) else None)
+                             world if isinstance(world, int) else None, _num(record.get("flops_per_token")))
             if self.peak_flops_per_gpu else None,
         )
         if step is not None:

@@ -1,39 +1,32 @@
-"""Model FLOPs utilisation: how much of the GPUs' peak the training step turns into work.
+"""Model FLOPs utilisation as the dashboard shows it.
 
-Uses the standard dense-transformer estimate of 6 FLOPs per parameter per token
-(forward + backward), ignoring attention's sequence-length term, which is small at the
-short sequence lengths rtui trains with.
+The peak table and the MFU formula live in one place, ``training.devices`` (stdlib-only at import):
+the job computes MFU with them and so does the backend, so the two can never disagree. A metric
+record carries ``flops_per_token`` (6·N plus attention's 12·layers·hidden·seq); records from older
+jobs do not, and then 6·N is what is known.
 """
 
 from __future__ import annotations
 
-# Dense BF16 tensor-core peak per GPU, FLOP/s, from the vendors' data sheets (no sparsity).
-GPU_PEAK_BF16_FLOPS: dict[str, float] = {
-    "A100": 312e12,
-    "H100": 989e12,
-    "H200": 989e12,
-    "L4": 121e12,
-    "L40S": 362e12,
-}
+from training.devices import GPU_PEAK_BF16_FLOPS, mfu, peak_for_name
+
+__all__ = ["GPU_PEAK_BF16_FLOPS", "estimate_mfu", "peak_flops_for"]
 
 
 def peak_flops_for(gpu_name: str | None) -> float | None:
     """Peak for a GPU product name as NVML reports it (e.g. ``NVIDIA L40S``), if known."""
     if not gpu_name:
         return None
-    words = gpu_name.upper().replace("-", " ").split()
-    # Longest key first so that "L40S" is not read as "L4".
-    for key in sorted(GPU_PEAK_BF16_FLOPS, key=len, reverse=True):
-        if key in words:
-            return GPU_PEAK_BF16_FLOPS[key]
-    return None
+    return peak_for_name(gpu_name).flops
 
 
 def estimate_mfu(tokens_per_s: float | None, n_params: float | None,
-                 peak_flops_per_gpu: float | None, n_gpus: int | None) -> float | None:
+                 peak_flops_per_gpu: float | None, n_gpus: int | None,
+                 flops_per_token: float | None = None) -> float | None:
     """Fraction of peak (0..1) for the job-wide token rate, or None when an input is unknown."""
-    if not tokens_per_s or not n_params or not peak_flops_per_gpu or not n_gpus:
+    if not tokens_per_s or not peak_flops_per_gpu or not n_gpus:
         return None
-    if tokens_per_s < 0 or n_params < 0 or peak_flops_per_gpu <= 0 or n_gpus <= 0:
+    per_token = flops_per_token or (6.0 * n_params if n_params else None)
+    if not per_token or tokens_per_s < 0 or per_token < 0 or peak_flops_per_gpu <= 0 or n_gpus <= 0:
         return None
-    return 6.0 * n_params * tokens_per_s / (peak_flops_per_gpu * n_gpus)
+    return mfu(per_token, tokens_per_s, peak_flops_per_gpu, n_gpus)

@@ -11,7 +11,13 @@ from tests.training.fixtures_data import build_tokenizer
 from training import checkpoint as ckpt
 from training.config import TrainConfig
 from training.data import SyntheticTokens, TokenizeAndPack, data_format
-from training.devices import GPU_PEAK_BF16_FLOPS, meminfo_available_bytes, mfu, peak_for_name
+from training.devices import (
+    GPU_PEAK_BF16_FLOPS,
+    meminfo_available_bytes,
+    mfu,
+    peak_for_name,
+    training_flops_per_token,
+)
 from training.loop import lr_at
 from training.metrics import RunFacts, StepTimings, metric_record
 from training.protocol import METRIC_KEYS
@@ -142,9 +148,14 @@ def test_unknown_and_cpu_devices_have_no_peak_but_a_reason() -> None:
 
 def test_mfu_arithmetic() -> None:
     # 6 × 1.5e9 × 10 000 tokens/s = 9e13 FLOP/s over 8 × 121e12 → 9.3 %.
-    assert mfu(1.5e9, 10_000, 121e12, 8) == pytest.approx(9e13 / 968e12)
-    assert mfu(1.5e9, 10_000, None, 8) is None
-    assert mfu(1.5e9, 0, 121e12, 8) is None
+    assert mfu(6 * 1.5e9, 10_000, 121e12, 8) == pytest.approx(9e13 / 968e12)
+    assert mfu(6 * 1.5e9, 10_000, None, 8) is None
+    assert mfu(6 * 1.5e9, 0, 121e12, 8) is None
+    # Qwen2.5-1.5B at seq 2048: attention adds 12 · 28 · 1536 · 2048 FLOPs per token, ~11 % of 6·N.
+    n = 1_543_714_304
+    with_attention = training_flops_per_token(n, 28, 1536, 2048)
+    assert with_attention - 6 * n == 12 * 28 * 1536 * 2048
+    assert 0.10 < with_attention / (6 * n) - 1 < 0.12
 
 
 def test_metric_record_keeps_the_old_keys_and_splits_the_step() -> None:
@@ -260,3 +271,21 @@ def test_accumulation_keeps_unsharded_grads_in_the_estimate() -> None:
                      sequences_per_rank=32)
     plan = plan_step(tokens_per_step=131072, seq_len=512, world=8, micro_batch=None, fits=check)
     assert (plan.micro_batch, plan.grad_accum) == (2, 16)
+
+
+def test_one_peak_table_and_mfu_with_attention_for_job_and_dashboard() -> None:
+    from backend.telemetry import estimate_mfu, peak_flops_for
+
+    for name in ("NVIDIA A10G", "NVIDIA L4", "NVIDIA L40S", "NVIDIA H100 80GB HBM3", "NVIDIA H200", "Quadro K600"):
+        assert peak_flops_for(name) == peak_for_name(name).flops, name
+    facts = RunFacts(n_params=1_543_714_304, world=8, micro_batch=1, seq_len=2048, grad_accum=1,
+                     device_name="NVIDIA L4", peak_flops=121e12, peak_reason=None,
+                     flops_per_token=training_flops_per_token(1_543_714_304, 28, 1536, 2048))
+    rec = metric_record(facts, step=1, loss=2.0, step_time_s=1.0, timings=StepTimings(micro_s=[0.9]),
+                        peak_mem_bytes=GIB, mem_kind="cuda_max_allocated", lr=1e-5, grad_norm=None)
+    assert rec["flops_per_token"] == round(facts.flops_per_token)
+    job_mfu = rec["mfu"]
+    assert job_mfu == pytest.approx(facts.flops_per_token * 2048 * 8 / (8 * 121e12), rel=1e-3)
+    # The dashboard's figure from the same record agrees with the job's (attention term included).
+    dash = estimate_mfu(rec["tokens_per_s"], rec["params"], peak_flops_for("NVIDIA L4"), 8, rec["flops_per_token"])
+    assert dash == pytest.approx(job_mfu, rel=1e-3)

@@ -1,0 +1,50 @@
+"""`rtui up --model-id DIR` on the local target: the job loads the directory through the cluster's
+``from_pretrained`` path (real Ray, the real `rtui` binary). A model saved in bf16 trains like the same
+weights saved in fp32: both load as fp32 master weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.store import RunStore
+from tests.conftest import json_lines, run_rtui
+from tests.training.fixtures_model import save_tiny_qwen2
+from training.protocol import METRIC_TAG, parse_record
+
+pytestmark = pytest.mark.ray
+
+STEPS = 6
+
+
+def up_and_down(model_dir: Path) -> list[dict]:  # type: ignore[type-arg]
+    proc = run_rtui("up", "--yes", "--json", "--model-id", str(model_dir), "--steps", str(STEPS), "--seq-len", "32",
+                    "--batch-size", "2", "--learning-rate", "0.001", timeout=400)
+    events = json_lines(proc.stdout)
+    run_id = events[0]["data"]["run_id"] if events else None
+    try:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert events[-1]["data"]["job_status"] == "SUCCEEDED"
+        spool = Path(RunStore().load(run_id).spool_path)
+        return [rec for line in spool.read_text().splitlines()
+                if METRIC_TAG in line and (parsed := parse_record(line)) and (rec := parsed[1])]
+    finally:
+        if run_id:
+            down = run_rtui("down", run_id, "--yes", timeout=120)
+            assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_local_up_trains_the_model_directory_and_bf16_matches_fp32(tmp_path: Path) -> None:
+    bf16 = save_tiny_qwen2(tmp_path / "bf16", torch.bfloat16)
+    fp32 = save_tiny_qwen2(tmp_path / "fp32", torch.float32)  # the same (bf16-representable) weights
+    from transformers import Qwen2ForCausalLM
+
+    params = sum(p.numel() for p in Qwen2ForCausalLM.from_pretrained(bf16).parameters())
+    from_bf16, from_fp32 = up_and_down(bf16), up_and_down(fp32)
+    assert [r["step"] for r in from_bf16] == list(range(1, STEPS + 1))
+    assert {r["params"] for r in from_bf16} == {params}  # the directory's model, not the tiny default
+    losses_bf16, losses_fp32 = [r["loss"] for r in from_bf16], [r["loss"] for r in from_fp32]
+    assert losses_bf16 == pytest.approx(losses_fp32, rel=1e-3), (losses_bf16, losses_fp32)
+    assert losses_bf16[-1] < losses_bf16[0]
