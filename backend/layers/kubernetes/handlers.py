@@ -37,6 +37,8 @@ WORKERS = "k8s.gpu-workers"
 # Deadlines: a first image pull of the multi-GB Ray image is the slowest thing here.
 ADDON_TIMEOUT_S = 600.0
 PULL_TIMEOUT_S = 1800.0
+# A CRD is Established within a second or two on a healthy API server.
+CRD_TIMEOUT_S = 120.0
 
 
 def ours(obj: Manifest | None, run_id: str | None = None) -> bool:
@@ -58,6 +60,47 @@ def object_id(obj: Manifest) -> str:
         f"{obj['kind']}/{meta['name']}"
 
 
+async def get_if_served(api: KubeApi, api_version: str, kind: str, name: str,
+                        namespace: str | None = None) -> Manifest | None:
+    """The object, or None when it or its whole kind is missing (a fresh cluster serves no ray.io yet)."""
+    from backend.layers.kubernetes.access import KindNotServed
+
+    try:
+        return await api.get(api_version, kind, name, namespace)
+    except KindNotServed:
+        return None
+
+
+async def list_if_served(api: KubeApi, api_version: str, kind: str, namespace: str | None = None,
+                         label_selector: str | None = None) -> list[Manifest]:
+    """The objects, none when the server does not serve the kind (its CRD missing or not Established)."""
+    from backend.layers.kubernetes.access import KindNotServed
+
+    try:
+        return await api.list(api_version, kind, namespace, label_selector)
+    except KindNotServed:
+        return []
+
+
+def crd_established(crd: Manifest | None) -> bool:
+    return any(c.get("type") == "Established" and c.get("status") == "True"
+               for c in ((crd or {}).get("status") or {}).get("conditions") or [])
+
+
+async def wait_established(api: KubeApi, names: list[str]) -> AsyncIterator[Progress]:
+    """Wait until each CRD is Established: until then the server answers its kinds with 404."""
+
+    async def established() -> Check:
+        waiting = [n for n in names if not crd_established(
+            await api.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", n))]
+        return Check(not waiting, f"waiting for {', '.join(waiting)} to be Established" if waiting
+                     else "CRDs established")
+
+    async for p in wait_for(established, what="the KubeRay CRDs to be served", timeout_s=CRD_TIMEOUT_S,
+                            remedy="see `kubectl get crd -o yaml` (conditions NamesAccepted, Established)"):
+        yield p
+
+
 async def apply_all(api: KubeApi, objects: list[Manifest]) -> AsyncIterator[Progress]:
     for n, obj in enumerate(objects, 1):
         await api.apply(obj)
@@ -67,7 +110,7 @@ async def apply_all(api: KubeApi, objects: list[Manifest]) -> AsyncIterator[Prog
 async def delete_ours(api: KubeApi, ctx: Context, objects: list[Manifest]) -> AsyncIterator[Progress]:
     """Delete each object that is still there and labelled with this run; never anything else."""
     for obj in reversed(objects):
-        live = await api.get(*ref(obj))
+        live = await get_if_served(api, *ref(obj))
         if live is None:
             continue
         if not ours(live, ctx.record.run_id):
@@ -303,7 +346,15 @@ class OperatorHandler(AddonHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         yield Progress(f"reading the KubeRay {ctx.config.kuberay_version} CRDs")
         crds = await asyncio.to_thread(kuberay_crds, ctx.config.kuberay_crds, ctx.config.kuberay_version)
-        async for p in self.install(ctx, want, self.objects(ctx, crds)):
+        objects = self.objects(ctx, crds)
+        definitions = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+        api = self.api(ctx)
+        async for p in apply_all(api, definitions):
+            yield p
+        # The operator watches the kinds at start, and rtui applies a RayCluster next: both need them served.
+        async for p in wait_established(api, [o["metadata"]["name"] for o in definitions]):
+            yield p
+        async for p in self.install(ctx, want, [o for o in objects if o["kind"] != "CustomResourceDefinition"]):
             yield p
 
     async def readiness(self, api: KubeApi, live: Manifest) -> Check:
@@ -319,7 +370,7 @@ class OperatorHandler(AddonHandler):
             yield p
         crds = [c for c in await api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")
                 if ours(c, ctx.record.run_id)]
-        if crds and not await api.list("ray.io/v1", "RayCluster"):
+        if crds and not await list_if_served(api, "ray.io/v1", "RayCluster"):
             for crd in crds:
                 await api.delete(*ref(crd))
                 yield Progress(f"deleted {object_id(crd)}")

@@ -31,6 +31,7 @@ from backend.layers.kubernetes.handlers import (
     NamespaceHandler,
     NvidiaPluginHandler,
     OperatorHandler,
+    get_if_served,
     ours,
     read_hf_token,
 )
@@ -219,7 +220,7 @@ class KubernetesLayer(Layer):
             owner = "another rtui run" if ours(namespace) else "someone else"
             out.append(CheckResult(id="kube.namespace", title=f"Namespace {config.namespace}", status=CheckStatus.FAIL,
                                    detail=f"exists and belongs to {owner}", remedy="choose another with --namespace"))
-        cluster = await api.get("ray.io/v1", "RayCluster", config.cluster_name, config.namespace) \
+        cluster = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name, config.namespace) \
             if namespace is not None else None
         if cluster is not None and not ours(cluster, run_id):
             out.append(CheckResult(

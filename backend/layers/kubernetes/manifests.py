@@ -19,6 +19,7 @@ MANAGED_BY = "rtui"
 RUN_LABEL = "rtui.dev/run"
 
 RAYCLUSTER_API_VERSION = "ray.io/v1"
+RAYCLUSTER_CRD = "rayclusters.ray.io"
 WORKER_GROUP = "gpu"
 DASHBOARD_PORT_NAME = "dashboard"
 DASHBOARD_PORT = 8265
