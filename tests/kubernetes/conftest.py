@@ -173,14 +173,16 @@ class KubeCluster:
         return self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     def add_node(self, name: str, gpus: int = 4, efa: int = 1, labels: dict[str, str] | None = None,
-                 taints: list[Obj] | None = None, ready: bool = True) -> Obj:
+                 taints: list[Obj] | None = None, ready: bool = True, gpu_label: bool = True) -> Obj:
+        """A node; a GPU node carries ``nvidia.com/gpu.present=true`` unless ``gpu_label`` is False
+        (only GPU Feature Discovery or the GPU Operator set it: EKS, GKE and many clusters lack it)."""
         capacity = {"cpu": "48", "memory": "192Gi", "pods": "110"}
         if gpus:
             capacity["nvidia.com/gpu"] = str(gpus)
         if efa:
             capacity["vpc.amazonaws.com/efa"] = str(efa)
-        node_labels = {"kubernetes.io/hostname": name, **({"nvidia.com/gpu.present": "true"} if gpus else {}),
-                       **(labels or {})}
+        node_labels = {"kubernetes.io/hostname": name,
+                       **({"nvidia.com/gpu.present": "true"} if gpus and gpu_label else {}), **(labels or {})}
         return self.create({"apiVersion": "v1", "kind": "Node",
                             "metadata": {"name": name, "labels": node_labels},
                             "spec": {"taints": taints or []},

@@ -60,14 +60,22 @@ class KubeWorld:
                 if RUN_LABEL in (o["metadata"].get("labels") or {})]
 
 
-def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1) -> None:
-    """One system node and GPU nodes whose GPUs and EFA appear only once the device plugins run."""
+def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1, labelled: bool = True,
+                advertised: bool = False, cpu: str = "48") -> None:
+    """One system node and GPU nodes whose GPUs and EFA appear only once the device plugins run
+    (``advertised``: already, a plugin rtui does not know runs), labelled ``nvidia.com/gpu.present``
+    or not, with ``cpu`` allocatable CPUs."""
     cluster.add_node("system-0", gpus=0, efa=0)
     for i in range(gpu_nodes):
-        node = cluster.add_node(f"gpu-{i}", gpus=4, efa=efa,
+        node = cluster.add_node(f"gpu-{i}", gpus=4, efa=efa, gpu_label=labelled,
                                 labels={"node.kubernetes.io/instance-type": "g6.12xlarge"})
-        allocatable = {k: v for k, v in node["status"]["allocatable"].items()
-                       if k not in ("nvidia.com/gpu", "vpc.amazonaws.com/efa")}
+        if cpu != node["status"]["allocatable"]["cpu"]:
+            node = cluster.set_status("Node", f"gpu-{i}", None, {
+                **node["status"], "allocatable": {**node["status"]["allocatable"], "cpu": cpu}})
+        if advertised:
+            continue
+        # A merge patch keeps a key that is left out: None takes it away.
+        allocatable = {**node["status"]["allocatable"], "nvidia.com/gpu": None, "vpc.amazonaws.com/efa": None}
         cluster.set_status("Node", f"gpu-{i}", None, {**node["status"], "allocatable": allocatable})
 
 

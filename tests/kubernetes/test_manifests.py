@@ -112,7 +112,8 @@ def test_the_seed_worker() -> None:
     assert group["rayStartParams"]["num-gpus"] == "4"
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
     spec = group["template"]["spec"]
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # The GPU request places it (any node advertising GPUs), not the seed's GPU Feature Discovery label.
+    assert "nodeSelector" not in spec and "affinity" not in spec
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert env(c) == {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi", "NCCL_SOCKET_IFNAME": "eth0",
                       "NCCL_DEBUG": "INFO"}

@@ -184,7 +184,11 @@ def _worker_group(config: RunConfig, run_id: str, image: str) -> Manifest:
         "template": {
             "metadata": {"labels": labels(run_id)},
             "spec": {
-                "nodeSelector": {GPU_NODE_LABEL: "true"},
+                # No node selector: the GPU (and EFA) request alone places a worker on a node that
+                # advertises them, and the toleration lets it onto a tainted GPU node. The seed's
+                # nvidia.com/gpu.present=true is set only by GPU Feature Discovery or the GPU
+                # Operator: EKS nodes with NVIDIA's static plugin, GKE nodes and many others lack it,
+                # and a selector on it left the workers Pending there (issue 19).
                 "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [{
                     "name": "ray-worker",
