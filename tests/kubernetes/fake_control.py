@@ -252,13 +252,11 @@ class FakeControlPlane:
         reasons: dict[str, int] = {}
         fits = []
         for node in nodes:
-            why = placement_misfit(spec, node)
-            if why is None:
-                short = self._insufficient(node, wants)
-                why = ", ".join(f"Insufficient {r}" for r in short) if short else None
-            if why is None:
+            misfit = placement_misfit(spec, node)
+            whys = [misfit] if misfit else [f"Insufficient {r}" for r in self._insufficient(node, wants)]
+            if not whys:
                 fits.append(node["metadata"]["name"])
-            else:
+            for why in whys:  # each reason counts its nodes
                 reasons[why] = reasons.get(why, 0) + 1
         if not fits:
             n = len(nodes)

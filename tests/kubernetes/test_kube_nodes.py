@@ -37,3 +37,19 @@ def test_gpu_nodes_without_the_gpu_present_label_take_the_workers(
     workers = [p for p in world.cluster.objects("Pod", "rtui")
                if p["metadata"]["labels"].get("ray.io/node-type") == "worker"]
     assert sorted(p["spec"]["nodeName"] for p in workers) == ["gpu-0", "gpu-1"]
+
+
+def test_gpu_nodes_short_of_cpu_fail_before_anything_is_applied(
+        world: KubeWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """4 GPUs but 32 allocatable CPUs: a worker asks 40, so it could only sit Pending."""
+    from tui import cli
+
+    gpu_cluster(world.cluster, cpu="32")
+    _in_process(world, monkeypatch)
+    code = cli.main(["up", "--yes"])
+    captured = capsys.readouterr()
+    lines = [ln for ln in (captured.out + captured.err).splitlines() if "gpu-0" in ln]
+    assert code == 2, captured.out[-2000:] + captured.err[-2000:]
+    assert lines and "allocatable cpu is 32, a worker needs 40 (8 short)" in lines[0], lines
+    assert "Traceback" not in captured.out + captured.err
+    assert world.labelled() == []  # nothing applied, nothing waited for

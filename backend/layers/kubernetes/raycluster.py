@@ -293,7 +293,8 @@ class WorkersHandler(KubeHandler):
         yield Progress("checking what the GPU nodes advertise", 0.1)
         problems = pods.allocatable_problems(await api.list("v1", "Node"), gpus_per_node=ctx.config.gpus_per_node,
                                              node_count=ctx.config.gpu_node_count,
-                                             require_efa=ctx.config.wants_efa())
+                                             require_efa=ctx.config.wants_efa(),
+                                             requests=manifests.worker_resources(ctx.config))
         if problems:
             hint = (" (or --require-transport any to run over TCP)"
                     if ctx.config.wants_efa() and any(manifests.EFA_RESOURCE in p for p in problems) else "")
