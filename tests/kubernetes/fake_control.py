@@ -44,6 +44,7 @@ class FakeControlPlane:
     _first_seen: dict[str, float] = field(default_factory=dict)
     _pulled: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, image) -> when it is cached
     _events: set[str] = field(default_factory=set)
+    _advertised: set[tuple[str, str]] = field(default_factory=set)  # (node, resource) a plugin DS of the test's made
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     errors: list[BaseException] = field(default_factory=list)
@@ -76,8 +77,10 @@ class FakeControlPlane:
     # ---- one pass over the cluster ------------------------------------------------------------------
     def tick(self) -> None:
         nodes = self.cluster.objects("Node")
-        for ds in self.cluster.objects("DaemonSet"):
+        daemonsets = self.cluster.objects("DaemonSet")
+        for ds in daemonsets:
             self._daemonset(ds, nodes)
+        self._withdraw(daemonsets, nodes)
         for dep in self.cluster.objects("Deployment"):
             meta = dep["metadata"]
             if not (dep.get("status") or {}).get("availableReplicas") and \
@@ -160,8 +163,24 @@ class FakeControlPlane:
             if owners and (meta["namespace"], owners[0]) not in live:
                 self.cluster.delete("Pod", meta["name"], meta["namespace"])
 
+    def _withdraw(self, daemonsets: list[Obj], nodes: list[Obj]) -> None:
+        """A device plugin that is gone no longer advertises: the kubelet's device manager drops the
+        resource of a plugin whose endpoint stopped (pkg/kubelet/cm/devicemanager/manager.go, its
+        capacity 0 after the endpoint's grace period; at once here)."""
+        running = {EFA if "efa" in image else GPU for ds in daemonsets
+                   for image in [ds["spec"]["template"]["spec"]["containers"][0]["image"]]
+                   if "k8s-device-plugin" in image}
+        for node in nodes:
+            name = node["metadata"]["name"]
+            gone = [r for r in (GPU, EFA) if (name, r) in self._advertised and r not in running]
+            if gone:
+                allocatable = {**node["status"].get("allocatable", {}), **{r: "0" for r in gone}}
+                self.cluster.set_status("Node", name, None, {**node["status"], "allocatable": allocatable})
+                self._advertised -= {(name, r) for r in gone}
+
     def _advertise(self, resource: str, nodes: list[Obj]) -> None:
         for node in nodes:
+            self._advertised.add((node["metadata"]["name"], resource))
             capacity = node["status"].get("capacity", {})
             allocatable = node["status"].get("allocatable", {})
             if resource in capacity and allocatable.get(resource) != capacity[resource]:

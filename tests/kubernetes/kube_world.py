@@ -43,9 +43,10 @@ class KubeWorld:
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "tui.cli", *args]
 
-    def rtui(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(self.argv(*args), env=self.env, capture_output=True, text=True, timeout=timeout,
-                              cwd=ROOT)
+    def rtui(self, *args: str, timeout: float = 120, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(self.argv(*args), env=env or self.env, capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT)
         if check:
             assert done.returncode == 0, (args, done.stdout[-3000:], done.stderr[-3000:])
         return done

@@ -61,6 +61,11 @@ def _count(quantity: object) -> int:
         return 0
 
 
+def advertises(node: Obj, resource: str) -> bool:
+    """Whether the node offers some of ``resource`` (a device plugin runs there for it)."""
+    return _count((node.get("status", {}).get("allocatable") or {}).get(resource, 0)) > 0
+
+
 def is_gpu_node(node: Obj) -> bool:
     """Labelled as a GPU node, or already advertising GPUs (a cluster that never labels them)."""
     labels = node.get("metadata", {}).get("labels") or {}
