@@ -225,6 +225,14 @@ def test_rtui_manifest_prints_the_objects_as_a_yaml_stream_and_touches_no_state(
     assert proc.stdout.startswith("# the KubeRay 1.7.0 CRDs")  # what it cannot print, said first
     assert container(worker(printed[-1]))["resources"]["limits"]["cpu"] == "80"
     assert not isolated_env.exists()
+    # Plain YAML a person reads and edits: no anchors or aliases where two objects share a value.
+    assert not re.search(r"[&*]id\d+", proc.stdout), re.findall(r".*[&*]id\d+.*", proc.stdout)[:3]
+
+
+def test_a_value_two_objects_share_is_written_out_twice() -> None:
+    shared = {"path": "/metrics", "port": "http"}
+    text = m.yaml_stream([{"livenessProbe": {"httpGet": shared}, "readinessProbe": {"httpGet": shared}}])
+    assert "&" not in text and "*" not in text and text.count("path: /metrics") == 2
 
 
 def test_rtui_manifest_for_aws_without_a_run_id_labels_everything_with_one_new_id(isolated_env: Path) -> None:

@@ -227,7 +227,11 @@ def yaml_stream(objects: list[Manifest]) -> str:
     """A YAML stream of ``objects`` (``---`` between them), as ``kubectl apply -f -`` reads it."""
     import yaml  # a dependency of the kubernetes client; only the manifest command needs it
 
-    text: str = yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, explicit_start=True)
+    # Every value written out where it is used: a value two objects share (a probe's httpGet)
+    # would otherwise print as an ``&id001`` anchor and ``*id001`` aliases.
+    plain_dumper = type("PlainDumper", (yaml.SafeDumper,), {"ignore_aliases": lambda self, data: True})
+    text: str = yaml.dump_all(objects, Dumper=plain_dumper, sort_keys=False, default_flow_style=False,
+                              explicit_start=True)
     return text
 
 
