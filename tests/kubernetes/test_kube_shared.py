@@ -94,3 +94,17 @@ def test_gpu_nodes_that_already_advertise_gpus_get_no_plugin_of_rtuis(world: Kub
     assert not [d["metadata"]["name"] for d in world.cluster.objects("DaemonSet") if "plugin" in d["metadata"]["name"]]
     world.rtui("down", "--yes", timeout=120)
     assert world.labelled() == []
+
+
+def test_rtuis_crds_stay_while_another_teams_rayjob_uses_them(world: KubeWorld) -> None:
+    """Deleting a CRD deletes every object of its kind: a RayJob left anywhere keeps all of them."""
+    gpu_cluster(world.cluster)
+    world.rtui("up", "--yes", "--until", "k8s.raycluster", timeout=120)
+    world.cluster.add_namespace("team-b")
+    world.cluster.create({"apiVersion": "ray.io/v1", "kind": "RayJob",
+                          "metadata": {"name": "nightly", "namespace": "team-b"}, "spec": {"entrypoint": "x"}})
+    down = world.rtui("down", "--yes", timeout=120)
+    assert "RayJob team-b/nightly" in down.stdout, down.stdout[-2000:]
+    assert world.cluster.get("RayJob", "nightly", "team-b") is not None
+    assert {c["metadata"]["name"] for c in world.cluster.objects("CustomResourceDefinition")} == set(CRDS)
+    assert world.cluster.get(*OPERATOR) is None  # no RayCluster is left to use the operator
