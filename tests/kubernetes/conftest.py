@@ -14,6 +14,7 @@ import ipaddress
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,10 +27,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.kubernetes.kmock_ext import KINDS, PLURAL_OF, Obj, RtuiKube, Served, now_rfc3339
+from tests.kubernetes.kmock_ext import CUSTOM_KINDS, KINDS, PLURAL_OF, Obj, RtuiKube, Served, crd_condition, now_rfc3339
 
 T = TypeVar("T")
-KIND_KEYS = {kind: key for key, (kind, _, _) in KINDS.items()}
+KIND_KEYS = {kind: key for key, (kind, _, _) in {**KINDS, **CUSTOM_KINDS}.items()}
 CONTEXT = "kmock"
 TOKEN = "test-token-0"
 
@@ -153,18 +154,35 @@ class KubeCluster:
     def set_status(self, kind: str, name: str, namespace: str | None, status: Obj) -> Obj:
         return self._call(self.kube._update(KIND_KEYS[kind], namespace, name, {"status": status}, "status"))
 
+    def establish_after(self, seconds: float) -> None:
+        """How long a new CRD takes to become Established (and its kinds served)."""
+        self._on_loop(lambda: setattr(self.kube, "establish_after_s", seconds))
+
+    def install_crd(self, crd: Obj, timeout: float = 10.0) -> Obj:
+        """Create a CRD as someone else would, and wait until the server serves its kind."""
+        self.create(crd)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = self.get("CustomResourceDefinition", crd["metadata"]["name"])
+            if live is not None and crd_condition(live, "Established"):
+                return live
+            time.sleep(0.02)
+        raise AssertionError(f"CRD {crd['metadata']['name']} not Established within {timeout}s")
+
     def add_namespace(self, name: str) -> Obj:
         return self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     def add_node(self, name: str, gpus: int = 4, efa: int = 1, labels: dict[str, str] | None = None,
-                 taints: list[Obj] | None = None, ready: bool = True) -> Obj:
+                 taints: list[Obj] | None = None, ready: bool = True, gpu_label: bool = True) -> Obj:
+        """A node; a GPU node carries ``nvidia.com/gpu.present=true`` unless ``gpu_label`` is False
+        (only GPU Feature Discovery or the GPU Operator set it: EKS, GKE and many clusters lack it)."""
         capacity = {"cpu": "48", "memory": "192Gi", "pods": "110"}
         if gpus:
             capacity["nvidia.com/gpu"] = str(gpus)
         if efa:
             capacity["vpc.amazonaws.com/efa"] = str(efa)
-        node_labels = {"kubernetes.io/hostname": name, **({"nvidia.com/gpu.present": "true"} if gpus else {}),
-                       **(labels or {})}
+        node_labels = {"kubernetes.io/hostname": name,
+                       **({"nvidia.com/gpu.present": "true"} if gpus and gpu_label else {}), **(labels or {})}
         return self.create({"apiVersion": "v1", "kind": "Node",
                             "metadata": {"name": name, "labels": node_labels},
                             "spec": {"taints": taints or []},

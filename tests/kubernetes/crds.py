@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
+
+if TYPE_CHECKING:
+    from tests.kubernetes.conftest import KubeCluster
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay"
 
@@ -37,3 +42,11 @@ def crd_dir(tmp_path: Path) -> Path:
         (folder / name).symlink_to(SHARED / name)
     (folder / "ray.io_rayservices.yaml").write_text(RAYSERVICE_CRD)
     return folder
+
+
+def install_shared_crds(cluster: KubeCluster, *files: str) -> list[dict[str, Any]]:
+    """Install KubeRay's CRDs from the shared files as someone else would (no rtui labels), Established."""
+    if not (SHARED / "ray.io_rayclusters.yaml").is_file():
+        pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
+    return [cluster.install_crd(yaml.safe_load((SHARED / name).read_text()))
+            for name in files or ("ray.io_rayclusters.yaml",)]

@@ -13,7 +13,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
 
 from tests.kubernetes.conftest import KubeCluster
 
@@ -41,6 +44,7 @@ class FakeControlPlane:
     _first_seen: dict[str, float] = field(default_factory=dict)
     _pulled: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, image) -> when it is cached
     _events: set[str] = field(default_factory=set)
+    _advertised: set[tuple[str, str]] = field(default_factory=set)  # (node, resource) a plugin DS of the test's made
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     errors: list[BaseException] = field(default_factory=list)
@@ -73,8 +77,10 @@ class FakeControlPlane:
     # ---- one pass over the cluster ------------------------------------------------------------------
     def tick(self) -> None:
         nodes = self.cluster.objects("Node")
-        for ds in self.cluster.objects("DaemonSet"):
+        daemonsets = self.cluster.objects("DaemonSet")
+        for ds in daemonsets:
             self._daemonset(ds, nodes)
+        self._withdraw(daemonsets, nodes)
         for dep in self.cluster.objects("Deployment"):
             meta = dep["metadata"]
             if not (dep.get("status") or {}).get("availableReplicas") and \
@@ -96,14 +102,16 @@ class FakeControlPlane:
     def _daemonset(self, ds: Obj, nodes: list[Obj]) -> None:
         meta = ds["metadata"]
         image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
-        gpu_only = bool(ds["spec"]["template"]["spec"].get("nodeSelector")) or \
-            "affinity" in ds["spec"]["template"]["spec"]
-        targets = [n for n in nodes if not gpu_only or _is_gpu(n)]
+        # The DaemonSet controller places a pod where the template's selector, affinity and
+        # tolerations (plus the ones it adds itself) allow: pkg/controller/daemon (nodeShouldRunDaemonPod).
+        template = {**ds["spec"]["template"]["spec"], "tolerations": [
+            *(ds["spec"]["template"]["spec"].get("tolerations") or []), *DAEMONSET_TOLERATIONS]}
+        targets = [n for n in nodes if placement_misfit(template, n) is None]
         key = f"ds/{meta['namespace']}/{meta['name']}"
         if "k8s-device-plugin" in image or "efa-k8s-device-plugin" in image:
             ready = self._age(key) >= self.timings.addon_s
             if ready:
-                self._advertise(EFA if "efa" in image else GPU, nodes)
+                self._advertise(EFA if "efa" in image else GPU, targets)
         else:  # the image pre-pull: ready where the image is cached
             # Every node pulls at once: a list, not all()'s short circuit, starts each node's clock.
             ready = all([self._cached(n["metadata"]["name"], image) for n in targets])
@@ -155,8 +163,24 @@ class FakeControlPlane:
             if owners and (meta["namespace"], owners[0]) not in live:
                 self.cluster.delete("Pod", meta["name"], meta["namespace"])
 
+    def _withdraw(self, daemonsets: list[Obj], nodes: list[Obj]) -> None:
+        """A device plugin that is gone no longer advertises: the kubelet's device manager drops the
+        resource of a plugin whose endpoint stopped (pkg/kubelet/cm/devicemanager/manager.go, its
+        capacity 0 after the endpoint's grace period; at once here)."""
+        running = {EFA if "efa" in image else GPU for ds in daemonsets
+                   for image in [ds["spec"]["template"]["spec"]["containers"][0]["image"]]
+                   if "k8s-device-plugin" in image}
+        for node in nodes:
+            name = node["metadata"]["name"]
+            gone = [r for r in (GPU, EFA) if (name, r) in self._advertised and r not in running]
+            if gone:
+                allocatable = {**node["status"].get("allocatable", {}), **{r: "0" for r in gone}}
+                self.cluster.set_status("Node", name, None, {**node["status"], "allocatable": allocatable})
+                self._advertised -= {(name, r) for r in gone}
+
     def _advertise(self, resource: str, nodes: list[Obj]) -> None:
         for node in nodes:
+            self._advertised.add((node["metadata"]["name"], resource))
             capacity = node["status"].get("capacity", {})
             allocatable = node["status"].get("allocatable", {})
             if resource in capacity and allocatable.get(resource) != capacity[resource]:
@@ -236,34 +260,28 @@ class FakeControlPlane:
                 self.cluster.proxy_to(ns, f"{cluster}-head-svc", "dashboard", self.jobs_url)
 
     def _schedule(self, pod: Obj, nodes: list[Obj]) -> str | None:
-        limits = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
-        wants_gpu = int(limits.get(GPU, 0))
-        wants_efa = int(limits.get(EFA, 0))
-        meta = pod["metadata"]
-        fits, short = [], {GPU: 0, EFA: 0}
+        """kube-scheduler's filters, as far as a Ray pod meets them: NodeUnschedulable, NodeAffinity
+        (nodeSelector and required affinity), TaintToleration and NodeResourcesFit (requests of the
+        pods already bound plus ``held``, against allocatable: cpu, memory and extended resources).
+        A pod no node passes gets the scheduler's own FailedScheduling message, built like
+        ``FitError.Error`` (kubernetes/kubernetes, pkg/scheduler/framework/types.go): per reason the
+        number of nodes, sorted, then the preemption summary."""
+        meta, spec = pod["metadata"], pod["spec"]
+        wants = pod_requests(spec)
+        reasons: dict[str, int] = {}
+        fits = []
         for node in nodes:
-            if wants_gpu and not _is_gpu(node):
-                continue
-            if not wants_gpu and _is_gpu(node):
-                continue  # the head keeps off GPU nodes (its NotIn affinity)
-            allocatable = node["status"].get("allocatable", {})
-            held = self.held.get(node["metadata"]["name"], {})
-            if int(allocatable.get(GPU, 0)) - held.get(GPU, 0) < wants_gpu:
-                short[GPU] += 1
-                continue
-            if int(allocatable.get(EFA, 0)) - held.get(EFA, 0) < wants_efa:
-                short[EFA] += 1
-                continue
-            used = [p for p in self.cluster.objects("Pod") if p["spec"].get("nodeName") == node["metadata"]["name"]
-                    and p["metadata"].get("labels", {}).get("ray.io/node-type") == "worker"]
-            if wants_gpu and used:
-                short[GPU] += 1
-                continue
-            fits.append(node["metadata"]["name"])
+            misfit = placement_misfit(spec, node)
+            whys = [misfit] if misfit else [f"Insufficient {r}" for r in self._insufficient(node, wants)]
+            if not whys:
+                fits.append(node["metadata"]["name"])
+            for why in whys:  # each reason counts its nodes
+                reasons[why] = reasons.get(why, 0) + 1
         if not fits:
-            reasons = ", ".join(f"{n} Insufficient {r}" for r, n in short.items() if n)
-            message = f"0/{len(nodes)} nodes are available: {reasons or 'no node matches'}. preemption: 0/" \
-                      f"{len(nodes)} nodes are available: {len(nodes)} No preemption victims found for incoming pod."
+            n = len(nodes)
+            summary = ", ".join(sorted(f"{count} {why}" for why, count in reasons.items())) or "no nodes"
+            message = f"0/{n} nodes are available: {summary}. preemption: 0/{n} nodes are available: " \
+                      f"{n} No preemption victims found for incoming pod."
             self._event(meta["namespace"], meta["name"], "FailedScheduling", message, "Warning")
             self.cluster.set_status("Pod", meta["name"], meta["namespace"], {
                 "phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
@@ -272,6 +290,18 @@ class FakeControlPlane:
         self.cluster.patch("Pod", meta["name"], meta["namespace"], {"spec": {"nodeName": fits[0]}})
         return fits[0]
 
+    def _insufficient(self, node: Obj, wants: dict[str, Decimal]) -> list[str]:
+        name = node["metadata"]["name"]
+        allocatable = {k: parse_quantity(v) for k, v in (node["status"].get("allocatable") or {}).items()}
+        used: dict[str, Decimal] = {k: Decimal(v) for k, v in self.held.get(name, {}).items()}
+        for other in self.cluster.objects("Pod"):
+            if other["spec"].get("nodeName") == name and (other.get("status") or {}).get("phase") not in (
+                    "Succeeded", "Failed"):
+                for resource, amount in pod_requests(other["spec"]).items():
+                    used[resource] = used.get(resource, Decimal(0)) + amount
+        return [r for r, amount in wants.items()
+                if amount > 0 and allocatable.get(r, Decimal(0)) - used.get(r, Decimal(0)) < amount]
+
     def _event(self, ns: str, pod: str, reason: str, message: str, kind: str) -> None:
         key = f"{ns}/{pod}/{reason}/{message}"
         if key not in self._events:
@@ -279,5 +309,63 @@ class FakeControlPlane:
             self.cluster.add_event(ns, "Pod", pod, reason, message, type=kind)
 
 
-def _is_gpu(node: Obj) -> bool:
-    return node["metadata"].get("labels", {}).get("nvidia.com/gpu.present") == "true"
+# What the DaemonSet controller adds to every pod it makes (pkg/controller/daemon/util/daemonset_util.go).
+DAEMONSET_TOLERATIONS = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": e} for k, e in (
+    ("not-ready", "NoExecute"), ("unreachable", "NoExecute"), ("disk-pressure", "NoSchedule"),
+    ("memory-pressure", "NoSchedule"), ("pid-pressure", "NoSchedule"), ("unschedulable", "NoSchedule"))]
+
+
+def pod_requests(spec: Obj) -> dict[str, Decimal]:
+    """The pod's requests summed over its containers; a limit without a request is the request
+    (the API server's defaulting, pkg/apis/core/v1/defaults.go)."""
+    out: dict[str, Decimal] = {}
+    for c in spec.get("containers") or []:
+        resources = c.get("resources") or {}
+        for name, value in {**(resources.get("limits") or {}), **(resources.get("requests") or {})}.items():
+            out[name] = out.get(name, Decimal(0)) + parse_quantity(value)
+    return out
+
+
+def _term_matches(term: Obj, labels: dict[str, str]) -> bool:
+    for e in term.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        present = key in labels
+        if op == "In":
+            ok = present and labels[key] in values
+        elif op == "NotIn":
+            ok = not present or labels[key] not in values
+        else:
+            ok = present == (op == "Exists")
+        if not ok:
+            return False
+    return True
+
+
+def _tolerated(taint: Obj, tolerations: list[Obj]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if not t.get("key") and t.get("operator") == "Exists":
+            return True
+        if t.get("key") == taint.get("key") and (
+                t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", "")):
+            return True
+    return False
+
+
+def placement_misfit(spec: Obj, node: Obj) -> str | None:
+    """Why the scheduler's label and taint filters reject ``node`` for a pod of ``spec``, in its words."""
+    if node.get("spec", {}).get("unschedulable") and not _tolerated(
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}, spec.get("tolerations") or []):
+        return "node(s) were unschedulable"
+    labels = node["metadata"].get("labels") or {}
+    selector_ok = all(labels.get(k) == v for k, v in (spec.get("nodeSelector") or {}).items())
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not selector_ok or (terms and not any(_term_matches(t, labels) for t in terms)):
+        return "node(s) didn't match Pod's node affinity/selector"
+    for taint in node.get("spec", {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(taint, spec.get("tolerations") or []):
+            return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+    return None

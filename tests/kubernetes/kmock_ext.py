@@ -45,11 +45,22 @@ KINDS: dict[tuple[str, str, str], tuple[str, bool, bool]] = {
     ("rbac.authorization.k8s.io", "v1", "roles"): ("Role", True, False),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("RoleBinding", True, False),
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): ("CustomResourceDefinition", False, True),
-    ("ray.io", "v1", "rayclusters"): ("RayCluster", True, True),
-    ("ray.io", "v1", "rayjobs"): ("RayJob", True, True),
     ("coordination.k8s.io", "v1", "leases"): ("Lease", True, False),
 }
-PLURAL_OF = {(f"{g}/{v}" if g else v, kind): plural for (g, v, plural), (kind, _, _) in KINDS.items()}
+CRD_KEY = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+# KubeRay's kinds: served only while an Established CRD defines them (``RtuiKube._kind``); named
+# here so the test's helpers can find their objects by kind.
+CUSTOM_KINDS: dict[tuple[str, str, str], tuple[str, bool, bool]] = {
+    ("ray.io", "v1", "rayclusters"): ("RayCluster", True, True),
+    ("ray.io", "v1", "rayjobs"): ("RayJob", True, True),
+    ("ray.io", "v1", "rayservices"): ("RayService", True, True),
+    ("ray.io", "v1", "raycronjobs"): ("RayCronJob", True, True),
+}
+PLURAL_OF = {(f"{g}/{v}" if g else v, kind): plural
+             for (g, v, plural), (kind, _, _) in {**KINDS, **CUSTOM_KINDS}.items()}
+# kube-apiserver's answer for a path no handler serves (a group with no Established CRD among
+# them): the NotFound handler's Status, with no details at all.
+NOT_SERVED = "the server could not find the requested resource"
 VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 PROXY_RE = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/:]+):([^/]+)/proxy(/.*)?$")
 RESOURCE_RE = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))(?P<rest>(?:/[^/]+)*)/?$")
@@ -61,9 +72,17 @@ class ApiError(Exception):
         self.code, self.reason, self.message, self.details = code, reason, message, details or {}
 
     def response(self) -> aiohttp.web.Response:
-        return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                                          "message": self.message, "reason": self.reason,
-                                          "details": self.details, "code": self.code}, status=self.code)
+        body: Obj = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                     "message": self.message, "reason": self.reason, "code": self.code}
+        if self.details:  # metav1.Status.Details is omitempty: a Status without details has no key
+            body["details"] = self.details
+        return aiohttp.web.json_response(body, status=self.code)
+
+
+def not_served() -> ApiError:
+    """What ``notfoundhandler.Handler`` (kubernetes/kubernetes, staging/src/k8s.io/apiserver/pkg/util/
+    notfoundhandler/not_found_handler.go) writes at the end of the delegation chain."""
+    return ApiError(404, "NotFound", NOT_SERVED)
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,7 @@ class Served:
     status: int
     content_type: str
     authorization: str = ""  # the bearer token it came with, to tell which credential a client used
+    message: str = ""  # an error's Status message (NOT_SERVED: nothing serves the resource)
 
 
 def now_rfc3339(nano: bool = False) -> str:
@@ -94,6 +114,11 @@ def deep_merge(base: Obj, patch: Obj) -> Obj:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def crd_condition(crd: Obj, kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True"
+               for c in (crd.get("status") or {}).get("conditions") or [])
 
 
 _REQ = re.compile(r"^\s*(!?)([\w./-]+)\s*(?:(=|==|!=)\s*([\w.-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")
@@ -149,20 +174,23 @@ class RtuiKube(KubernetesEmulator):
     _log_changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
     _log_generation: int = attrs.field(default=0, init=False)
     _abrupt_drop: bool = attrs.field(default=False, init=False)
+    # How long a new CRD waits for NamesAccepted/Established (a real cluster: milliseconds to seconds).
+    establish_after_s: float = attrs.field(default=0.2, init=False)
 
     # ---- entry point ---------------------------------------------------------------------------
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         await raw.read()
+        message = ""
         try:
             response = await self._route(raw)
         except ApiError as err:
-            response = err.response()
+            response, message = err.response(), err.message
         if response is None:  # discovery and watches: kmock's own
             response = await super().__call__(raw)
         self.served.append(Served(raw.method, raw.path, dict(raw.query), response.status,
                                   raw.headers.get("Content-Type", ""),
-                                  raw.headers.get("Authorization", "").removeprefix("Bearer ")))
+                                  raw.headers.get("Authorization", "").removeprefix("Bearer "), message))
         return response
 
     async def _route(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse | None:
@@ -175,7 +203,7 @@ class RtuiKube(KubernetesEmulator):
         if raw.path in ("/api", "/apis", "/api/v1") or raw.path.startswith("/apis/") and raw.path.count("/") == 3:
             return self._discovery(raw.path)
         m = RESOURCE_RE.match(raw.path)
-        if m is None or raw.query.get("watch") in ("true", "1"):
+        if m is None:
             return None
         group, version = ("", "v1") if m["cv"] else (m["g"], m["v"])
         segs = [s for s in m["rest"].split("/") if s]
@@ -185,10 +213,14 @@ class RtuiKube(KubernetesEmulator):
         if not segs:
             return None
         plural, name, sub = segs[0], (segs[1] if len(segs) > 1 else None), "/".join(segs[2:]) or None
-        if (group, version, plural) not in KINDS:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         verb = VERBS.get(raw.method, raw.method.lower()) if name or raw.method != "GET" else "list"
+        if raw.query.get("watch") in ("true", "1"):
+            verb = "watch"
+        # Authorization is a filter before any handler (server/config.go's handler chain): 403 comes first.
         self._authorize(verb, plural if not sub else f"{plural}/{sub}", group, namespace)
+        self._kind((group, version, plural))  # a resource nothing serves: the NotFound handler's 404
+        if verb == "watch":
+            return None
         key = (group, version, plural)
         if plural == "pods" and sub == "log" and name and namespace:
             return await self._serve_log(raw, namespace, name)
@@ -219,10 +251,71 @@ class RtuiKube(KubernetesEmulator):
             raise ApiError(403, "Forbidden", f'{resource} is forbidden: User "test" cannot {verb} resource '
                                              f'"{resource}" in API group "{group}"{where}')
 
+    # ---- custom resources: served only once their CRD is Established --------------------------------
+
+    def _kind(self, key: tuple[str, str, str]) -> tuple[str, bool, bool]:
+        """(kind, namespaced, has status) of a built-in resource or of one an accepted CRD defines.
+
+        apiextensions-apiserver's ``crdHandler.ServeHTTP`` (kubernetes/kubernetes, staging/src/
+        k8s.io/apiextensions-apiserver/pkg/apiserver/customresource_handler.go) hands a request to
+        the NotFound handler when no CRD defines the resource, when the CRD does not serve that
+        version, or while it has neither ``NamesAccepted`` nor ``Established``: a 404 with no details.
+        """
+        if key in KINDS:
+            return KINDS[key]
+        group, version, plural = key
+        for crd in self.items(CRD_KEY):
+            spec = crd.get("spec") or {}
+            names = spec.get("names") or {}
+            if spec.get("group") != group or names.get("plural") != plural:
+                continue
+            served = [v for v in spec.get("versions") or [] if v.get("name") == version and v.get("served")]
+            if not served or not (crd_condition(crd, "NamesAccepted") or crd_condition(crd, "Established")):
+                break
+            return names.get("kind", ""), spec.get("scope") == "Namespaced", \
+                "status" in (served[0].get("subresources") or {})
+        raise not_served()
+
+    def _established(self) -> dict[tuple[str, str, str], tuple[str, bool, bool]]:
+        """What discovery lists of the CRDs: only Established ones (discovery_controller.go, same package)."""
+        out = {}
+        for crd in self.items(CRD_KEY):
+            if not crd_condition(crd, "Established"):
+                continue
+            spec = crd["spec"]
+            for v in spec.get("versions") or []:
+                if v.get("served"):
+                    out[(spec["group"], v["name"], spec["names"]["plural"])] = (
+                        spec["names"]["kind"], spec.get("scope") == "Namespaced",
+                        "status" in (v.get("subresources") or {}))
+        return out
+
+    def _schedule_establishing(self, name: str) -> None:
+        """The naming and establishing controllers mark a new CRD ``NamesAccepted`` and ``Established``
+        a moment after it is created (establishing_controller.go, same package: queued, then a status
+        update); until then nothing of it is served. Both come together here after ``establish_after_s``
+        (the real naming controller may accept the names a little earlier: this double never serves sooner)."""
+        async def establish() -> None:
+            crd = self.find(CRD_KEY, None, name)
+            if crd is None or crd_condition(crd, "Established"):
+                return
+            spec = crd.get("spec") or {}
+            now = now_rfc3339()
+            conditions = [{"type": t, "status": "True", "reason": r, "message": msg, "lastTransitionTime": now}
+                          for t, r, msg in (("NamesAccepted", "NoConflicts", "no conflicts found"),
+                                            ("Established", "InitialNamesAccepted",
+                                             "the initial names have been accepted"))]
+            await self._update(CRD_KEY, None, name, {"status": {
+                "conditions": conditions, "acceptedNames": spec.get("names") or {},
+                "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")]}}, "status")
+
+        asyncio.get_running_loop().call_later(self.establish_after_s, lambda: asyncio.ensure_future(establish()))
+
     # ---- the object store (kmock's), with uids, resourceVersions and namespaces ---------------------
 
     def _objkey(self, key: tuple[str, str, str], namespace: str | None, name: str) -> Any:
-        return (references.resource(*key), namespace if KINDS[key][1] else None, name)
+        namespaced = (KINDS.get(key) or CUSTOM_KINDS.get(key) or ("", True, False))[1]
+        return (references.resource(*key), namespace if namespaced else None, name)
 
     def find(self, key: tuple[str, str, str], namespace: str | None, name: str) -> Obj | None:
         k = self._objkey(key, namespace, name)
@@ -248,14 +341,14 @@ class RtuiKube(KubernetesEmulator):
         if query.get("fieldSelector"):
             items = [o for o in items if field_matches(query["fieldSelector"], o)]
         group, version, _ = key
-        return {"apiVersion": f"{group}/{version}" if group else version, "kind": f"{KINDS[key][0]}List",
+        return {"apiVersion": f"{group}/{version}" if group else version, "kind": f"{self._kind(key)[0]}List",
                 "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     async def _publish(self, key: tuple[str, str, str], event: str, obj: Obj) -> None:
         await self._buses[references.resource(*key)].put({"type": event, "object": copy.deepcopy(obj)})
 
     def _require_namespace(self, key: tuple[str, str, str], namespace: str | None) -> None:
-        if KINDS[key][1] and self.find(("", "v1", "namespaces"), None, namespace or "") is None:
+        if self._kind(key)[1] and self.find(("", "v1", "namespaces"), None, namespace or "") is None:
             raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found',
                            {"name": namespace, "kind": "namespaces"})
 
@@ -267,19 +360,19 @@ class RtuiKube(KubernetesEmulator):
                       manager: str = "", keep_status: bool = False) -> Obj:
         meta = body.setdefault("metadata", {})
         name = meta.get("name") or (meta.get("generateName", "") + uuid.uuid4().hex[:5])
-        namespace = namespace or meta.get("namespace") or ("default" if KINDS[key][1] else None)
+        namespace = namespace or meta.get("namespace") or ("default" if self._kind(key)[1] else None)
         self._require_namespace(key, namespace)
         async with self._lock:
             if self.find(key, namespace, name) is not None:
                 raise ApiError(409, "AlreadyExists", f'{key[2]} "{name}" already exists', {"name": name})
             obj = copy.deepcopy(body)
-            if KINDS[key][2] and not keep_status:
+            if self._kind(key)[2] and not keep_status:
                 obj.pop("status", None)  # the status subresource is the only way to write it
             group, version, _ = key
-            obj["apiVersion"], obj["kind"] = (f"{group}/{version}" if group else version), KINDS[key][0]
+            obj["apiVersion"], obj["kind"] = (f"{group}/{version}" if group else version), self._kind(key)[0]
             obj["metadata"].update(name=name, uid=str(uuid.uuid4()), resourceVersion=self._next_rv(),
                                    creationTimestamp=now_rfc3339(), generation=1)
-            if namespace and KINDS[key][1]:
+            if namespace and self._kind(key)[1]:
                 obj["metadata"]["namespace"] = namespace  # kmock's watches need it (DESIGN.md §5)
             if manager:
                 obj["metadata"]["managedFields"] = [self._managed(manager, obj["apiVersion"])]
@@ -287,7 +380,9 @@ class RtuiKube(KubernetesEmulator):
                 obj.setdefault("status", {"phase": "Active"})
             self._objects[self._objkey(key, namespace, name)] = obj
             await self._publish(key, "ADDED", obj)
-            return copy.deepcopy(obj)
+        if key == CRD_KEY and not crd_condition(obj, "Established"):
+            self._schedule_establishing(name)
+        return copy.deepcopy(obj)
 
     async def _update(self, key: tuple[str, str, str], namespace: str | None, name: str, patch: Obj,
                       sub: str | None, *, replace: bool = False, manager: str = "") -> Obj:
@@ -296,7 +391,7 @@ class RtuiKube(KubernetesEmulator):
             if sub == "status":
                 new = deep_merge(old, {"status": patch.get("status")} if "status" in patch else {})
             else:
-                patch = {k: v for k, v in patch.items() if not (k == "status" and KINDS[key][2])}
+                patch = {k: v for k, v in patch.items() if not (k == "status" and self._kind(key)[2])}
                 if replace:
                     new = {**copy.deepcopy(patch), "metadata": {**patch.get("metadata", {}),
                                                                 **{k: old["metadata"][k] for k in
@@ -345,6 +440,16 @@ class RtuiKube(KubernetesEmulator):
                 if ns == name and not o.deleted:
                     o.delete()
                     await self._publish((r.group, r.version, r.plural), "DELETED", o.last.raw)
+        if key == CRD_KEY:
+            # A CRD takes every object of its kind with it, in every namespace: the finalizer
+            # customresourcecleanup.apiextensions.k8s.io (finalizer/crd_finalizer.go, same package)
+            # deletes them before the CRD goes.
+            spec = obj.get("spec") or {}
+            for (r, _ns, _name), o in list(self._objects.items()):
+                if r.group == spec.get("group") and r.plural == (spec.get("names") or {}).get("plural") \
+                        and not o.deleted:
+                    o.delete()
+                    await self._publish((r.group, r.version, r.plural), "DELETED", o.last.raw)
         return obj
 
     @staticmethod
@@ -355,7 +460,8 @@ class RtuiKube(KubernetesEmulator):
     # ---- discovery: enough for kubectl -----------------------------------------------------------
 
     def _discovery(self, path: str) -> aiohttp.web.Response:
-        groups = sorted({(g, v) for g, v, _ in KINDS if g})
+        kinds = {**KINDS, **self._established()}
+        groups = sorted({(g, v) for g, v, _ in kinds if g})
         if path == "/api":
             doc: Obj = {"kind": "APIVersions", "versions": ["v1"],
                         "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
@@ -369,10 +475,10 @@ class RtuiKube(KubernetesEmulator):
             resources = [{"name": p + sub, "singularName": "" if sub else kind.lower(), "namespaced": ns,
                           "kind": kind, "verbs": ["get", "patch", "update"] if sub else
                           ["create", "delete", "get", "list", "patch", "update", "watch"]}
-                         for (g, v, p), (kind, ns, status) in KINDS.items() if (g, v) == (group, version)
+                         for (g, v, p), (kind, ns, status) in kinds.items() if (g, v) == (group, version)
                          for sub in (["", "/status"] if status else [""])]
             if not resources:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                raise not_served()
             doc = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
         return aiohttp.web.json_response(doc)
 

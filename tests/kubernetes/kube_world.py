@@ -43,9 +43,10 @@ class KubeWorld:
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "tui.cli", *args]
 
-    def rtui(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(self.argv(*args), env=self.env, capture_output=True, text=True, timeout=timeout,
-                              cwd=ROOT)
+    def rtui(self, *args: str, timeout: float = 120, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(self.argv(*args), env=env or self.env, capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT)
         if check:
             assert done.returncode == 0, (args, done.stdout[-3000:], done.stderr[-3000:])
         return done
@@ -60,14 +61,22 @@ class KubeWorld:
                 if RUN_LABEL in (o["metadata"].get("labels") or {})]
 
 
-def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1) -> None:
-    """One system node and GPU nodes whose GPUs and EFA appear only once the device plugins run."""
+def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1, labelled: bool = True,
+                advertised: bool = False, cpu: str = "48") -> None:
+    """One system node and GPU nodes whose GPUs and EFA appear only once the device plugins run
+    (``advertised``: already, a plugin rtui does not know runs), labelled ``nvidia.com/gpu.present``
+    or not, with ``cpu`` allocatable CPUs."""
     cluster.add_node("system-0", gpus=0, efa=0)
     for i in range(gpu_nodes):
-        node = cluster.add_node(f"gpu-{i}", gpus=4, efa=efa,
+        node = cluster.add_node(f"gpu-{i}", gpus=4, efa=efa, gpu_label=labelled,
                                 labels={"node.kubernetes.io/instance-type": "g6.12xlarge"})
-        allocatable = {k: v for k, v in node["status"]["allocatable"].items()
-                       if k not in ("nvidia.com/gpu", "vpc.amazonaws.com/efa")}
+        if cpu != node["status"]["allocatable"]["cpu"]:
+            node = cluster.set_status("Node", f"gpu-{i}", None, {
+                **node["status"], "allocatable": {**node["status"]["allocatable"], "cpu": cpu}})
+        if advertised:
+            continue
+        # A merge patch keeps a key that is left out: None takes it away.
+        allocatable = {**node["status"]["allocatable"], "nvidia.com/gpu": None, "vpc.amazonaws.com/efa": None}
         cluster.set_status("Node", f"gpu-{i}", None, {**node["status"], "allocatable": allocatable})
 
 

@@ -16,6 +16,7 @@ import pytest
 from backend.errors import OperationError, UserError
 from backend.layers.kubernetes.access import KubeApi, split_timestamp
 from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.crds import install_shared_crds
 
 RAYCLUSTER = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
               "metadata": {"name": "rtui-ray", "namespace": "rtui", "labels": {"app.kubernetes.io/managed-by": "rtui"}},
@@ -23,6 +24,7 @@ RAYCLUSTER = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
 
 
 async def test_apply_creates_then_merges_without_a_change(kube_cluster: KubeCluster) -> None:
+    install_shared_crds(kube_cluster)  # a fresh server serves no ray.io
     api = KubeApi.from_kubeconfig()
     await api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "rtui"}})
     first = await api.apply(RAYCLUSTER)
@@ -43,6 +45,7 @@ async def test_apply_creates_then_merges_without_a_change(kube_cluster: KubeClus
 
 
 async def test_get_delete_and_status(kube_cluster: KubeCluster) -> None:
+    install_shared_crds(kube_cluster)  # a fresh server serves no ray.io
     api = KubeApi.from_kubeconfig()
     assert await api.get("v1", "Namespace", "rtui") is None
     await api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "rtui"}})
@@ -58,6 +61,7 @@ async def test_get_delete_and_status(kube_cluster: KubeCluster) -> None:
 
 
 async def test_creating_in_a_missing_namespace_fails_like_a_cluster(kube_cluster: KubeCluster) -> None:
+    install_shared_crds(kube_cluster)
     api = KubeApi.from_kubeconfig()
     with pytest.raises(Exception, match="namespaces"):
         await api.apply(RAYCLUSTER)

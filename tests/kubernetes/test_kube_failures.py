@@ -43,7 +43,7 @@ def _existing_addons(cluster: KubeCluster, crds: Path) -> None:
     cluster.add_namespace("kuberay-system")
     cluster.add_namespace("gpu-operator")
     crd = yaml.safe_load((crds / "ray.io_rayclusters.yaml").read_text())
-    cluster.create(crd)
+    cluster.install_crd(crd)  # installed long ago: Established
     labels = {"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/managed-by": "Helm"}
     cluster.create({"apiVersion": "apps/v1", "kind": "Deployment",
                     "metadata": {"name": "kuberay-operator", "namespace": "kuberay-system", "labels": labels},

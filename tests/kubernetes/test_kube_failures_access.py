@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.kubernetes.crds import install_shared_crds
 from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
 from tests.kubernetes.test_kube_failures import assert_no_secret
 
@@ -213,6 +214,7 @@ def test_namespace_of_someone_else_is_refused(world: KubeWorld) -> None:
 def test_raycluster_not_made_by_rtui_is_refused_and_left_unchanged(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
     world.rtui("up", "--yes", "--until", "k8s.namespace", timeout=60)
+    install_shared_crds(world.cluster)
     theirs = world.cluster.create({"apiVersion": "ray.io/v1", "kind": "RayCluster",
                                    "metadata": {"name": "rtui-ray", "namespace": "rtui", "labels": {"team": "x"}},
                                    "spec": {"headGroupSpec": {"template": {"spec": {"containers": [

@@ -112,7 +112,8 @@ def test_the_seed_worker() -> None:
     assert group["rayStartParams"]["num-gpus"] == "4"
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
     spec = group["template"]["spec"]
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # The GPU request places it (any node advertising GPUs), not the seed's GPU Feature Discovery label.
+    assert "nodeSelector" not in spec and "affinity" not in spec
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert env(c) == {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi", "NCCL_SOCKET_IFNAME": "eth0",
                       "NCCL_DEBUG": "INFO"}
@@ -224,6 +225,14 @@ def test_rtui_manifest_prints_the_objects_as_a_yaml_stream_and_touches_no_state(
     assert proc.stdout.startswith("# the KubeRay 1.7.0 CRDs")  # what it cannot print, said first
     assert container(worker(printed[-1]))["resources"]["limits"]["cpu"] == "80"
     assert not isolated_env.exists()
+    # Plain YAML a person reads and edits: no anchors or aliases where two objects share a value.
+    assert not re.search(r"[&*]id\d+", proc.stdout), re.findall(r".*[&*]id\d+.*", proc.stdout)[:3]
+
+
+def test_a_value_two_objects_share_is_written_out_twice() -> None:
+    shared = {"path": "/metrics", "port": "http"}
+    text = m.yaml_stream([{"livenessProbe": {"httpGet": shared}, "readinessProbe": {"httpGet": shared}}])
+    assert "&" not in text and "*" not in text and text.count("path: /metrics") == 2
 
 
 def test_rtui_manifest_for_aws_without_a_run_id_labels_everything_with_one_new_id(isolated_env: Path) -> None:

@@ -49,6 +49,23 @@ def test_two_healthy_gpu_nodes_have_no_problem() -> None:
     assert check([SYSTEM, node("ip-10-0-1-5"), node("ip-10-0-1-6")]) == []
 
 
+WORKER = {"cpu": "40", "memory": "160Gi", "nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "1"}
+
+
+def test_cpu_and_memory_are_checked_against_allocatable_with_the_shortfall() -> None:
+    # A real g6.12xlarge (47810m CPU, about 180Gi) holds the seed's worker.
+    assert allocatable_problems([node("a"), node("b")], gpus_per_node=4, node_count=2, require_efa=True,
+                                requests=WORKER) == []
+    small = node("ip-10-0-1-7")
+    small["status"]["allocatable"].update(cpu="31500m", memory="150Gi")
+    problems = allocatable_problems([small, node("b")], gpus_per_node=4, node_count=2, require_efa=True,
+                                    requests=WORKER)
+    assert problems == ["node ip-10-0-1-7: allocatable cpu is 31.5, a worker needs 40 (8.5 short)",
+                        "node ip-10-0-1-7: allocatable memory is 150Gi, a worker needs 160Gi (10Gi short)",
+                        "only 1 GPU node(s) advertise 4 nvidia.com/gpu and 1 vpc.amazonaws.com/efa and accept "
+                        "workers, need 2"]
+
+
 def test_a_node_without_efa_is_named_with_the_resource_and_the_likely_cause() -> None:
     problems = check([SYSTEM, node("ip-10-0-1-5", efa="0"), node("ip-10-0-1-6")])
     assert problems[0] == ("node ip-10-0-1-5: allocatable vpc.amazonaws.com/efa is 0 (the EFA device plugin is not "

@@ -71,6 +71,8 @@ KINDS: dict[tuple[str, str], KindInfo] = {
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): KindInfo("customresourcedefinitions", False),
     ("ray.io/v1", "RayCluster"): KindInfo("rayclusters", True),
     ("ray.io/v1", "RayJob"): KindInfo("rayjobs", True),
+    ("ray.io/v1", "RayService"): KindInfo("rayservices", True),
+    ("ray.io/v1", "RayCronJob"): KindInfo("raycronjobs", True),
     ("coordination.k8s.io/v1", "Lease"): KindInfo("leases", True),
 }
 
@@ -431,8 +433,9 @@ class KubeApi:
         if status == 404:
             if details.get("name"):  # a known kind, a missing object (the server names it)
                 return _ObjectGone(message)
-            return UserError(f"the API server at {self.server} does not serve {what.resource}",
-                             remedy="is its CustomResourceDefinition installed (the KubeRay operator)?")
+            # kube-apiserver's NotFound handler: no CRD defines the kind, or it is not Established yet.
+            return KindNotServed(f"the API server at {self.server} does not serve {what.resource}",
+                                 remedy="is its CustomResourceDefinition installed (the KubeRay operator)?")
         if status == 409:
             return OperationError(f"conflict: {_one_line(message) or what.resource}")
         return OperationError(f"the Kubernetes API refused to {what.verb} {what.resource}{where}: "
@@ -447,6 +450,10 @@ class _What:
     resource: str
     namespace: str | None
     name: str | None = None
+
+
+class KindNotServed(UserError):
+    """A 404 without details: the server serves no such resource (a CRD missing or not Established)."""
 
 
 class _ObjectGone(Exception):

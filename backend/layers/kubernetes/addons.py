@@ -146,11 +146,11 @@ def nvidia_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
     """NVIDIA's device plugin, on GPU nodes only: it makes ``nvidia.com/gpu`` allocatable.
 
     Which nodes: the chart's three labels (any one), NFD's PCI vendor 10de, NFD's Tegra CPU vendor,
-    or ``nvidia.com/gpu.present=true`` (rtui's nodegroup sets it; the Ray workers select on it), and
-    also the run's GPU instance type, which every EKS node carries. A cluster with none of these
-    (no NFD, unlabelled nodes) gets no plugin pod: its GPU nodes need
-    ``kubectl label node NAME nvidia.com/gpu.present=true``, which the workers' node selector needs
-    anyway, and allocatable_problems says so. Running on every node instead (the static manifest)
+    or ``nvidia.com/gpu.present=true`` (rtui's nodegroup sets it), and also the run's GPU instance
+    type, which every EKS node carries. A cluster with none of these (no NFD, unlabelled nodes)
+    gets no plugin pod: its GPU nodes need ``kubectl label node NAME nvidia.com/gpu.present=true``,
+    and allocatable_problems says so. (The workers themselves select no label: their GPU request
+    places them.) Running on every node instead (the static manifest)
     would put a pod that finds no GPU on every CPU node.
     """
     terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]} for key, value in (
@@ -281,8 +281,8 @@ def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest]) -> li
                         "command": ["/manager"],
                         "args": ["--enable-leader-election=true"],
                         "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
-                        "livenessProbe": dict(probe),
-                        "readinessProbe": dict(probe),
+                        "livenessProbe": copy.deepcopy(probe),
+                        "readinessProbe": copy.deepcopy(probe),
                         "resources": {"requests": dict(resources), "limits": dict(resources)},
                         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,

@@ -37,6 +37,8 @@ WORKERS = "k8s.gpu-workers"
 # Deadlines: a first image pull of the multi-GB Ray image is the slowest thing here.
 ADDON_TIMEOUT_S = 600.0
 PULL_TIMEOUT_S = 1800.0
+# A CRD is Established within a second or two on a healthy API server.
+CRD_TIMEOUT_S = 120.0
 
 
 def ours(obj: Manifest | None, run_id: str | None = None) -> bool:
@@ -58,20 +60,76 @@ def object_id(obj: Manifest) -> str:
         f"{obj['kind']}/{meta['name']}"
 
 
+async def get_if_served(api: KubeApi, api_version: str, kind: str, name: str,
+                        namespace: str | None = None) -> Manifest | None:
+    """The object, or None when it or its whole kind is missing (a fresh cluster serves no ray.io yet)."""
+    from backend.layers.kubernetes.access import KindNotServed
+
+    try:
+        return await api.get(api_version, kind, name, namespace)
+    except KindNotServed:
+        return None
+
+
+async def list_if_served(api: KubeApi, api_version: str, kind: str, namespace: str | None = None,
+                         label_selector: str | None = None) -> list[Manifest]:
+    """The objects, none when the server does not serve the kind (its CRD missing or not Established)."""
+    from backend.layers.kubernetes.access import KindNotServed
+
+    try:
+        return await api.list(api_version, kind, namespace, label_selector)
+    except KindNotServed:
+        return []
+
+
+# Every kind of KubeRay's group: deleting a CRD deletes every object of its kind, in every namespace.
+RAY_KINDS = ("RayCluster", "RayJob", "RayService", "RayCronJob")
+
+
+async def ray_objects_left(api: KubeApi, kinds: tuple[str, ...] = RAY_KINDS) -> list[str]:
+    """``RayJob team-b/nightly``, ... for each object of these ray.io kinds in any namespace that is
+    not being deleted (a kind the server does not serve has none)."""
+    found = await asyncio.gather(*(list_if_served(api, "ray.io/v1", kind) for kind in kinds))
+    return [f"{kind} {o['metadata'].get('namespace')}/{o['metadata']['name']}"
+            for kind, objects in zip(kinds, found, strict=True) for o in objects
+            if not o["metadata"].get("deletionTimestamp")]
+
+
+def crd_established(crd: Manifest | None) -> bool:
+    return any(c.get("type") == "Established" and c.get("status") == "True"
+               for c in ((crd or {}).get("status") or {}).get("conditions") or [])
+
+
+async def wait_established(api: KubeApi, names: list[str]) -> AsyncIterator[Progress]:
+    """Wait until each CRD is Established: until then the server answers its kinds with 404."""
+
+    async def established() -> Check:
+        waiting = [n for n in names if not crd_established(
+            await api.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", n))]
+        return Check(not waiting, f"waiting for {', '.join(waiting)} to be Established" if waiting
+                     else "CRDs established")
+
+    async for p in wait_for(established, what="the KubeRay CRDs to be served", timeout_s=CRD_TIMEOUT_S,
+                            remedy="see `kubectl get crd -o yaml` (conditions NamesAccepted, Established)"):
+        yield p
+
+
 async def apply_all(api: KubeApi, objects: list[Manifest]) -> AsyncIterator[Progress]:
     for n, obj in enumerate(objects, 1):
         await api.apply(obj)
         yield Progress(f"applied {object_id(obj)} ({n}/{len(objects)})", 0.3 * n / len(objects))
 
 
-async def delete_ours(api: KubeApi, ctx: Context, objects: list[Manifest]) -> AsyncIterator[Progress]:
-    """Delete each object that is still there and labelled with this run; never anything else."""
+async def delete_ours(api: KubeApi, ctx: Context, objects: list[Manifest], *,
+                     any_run: bool = False) -> AsyncIterator[Progress]:
+    """Delete each object that is still there and labelled with this run (``any_run``: with any rtui
+    run's, for the shared add-ons the last run out removes); never anything else."""
     for obj in reversed(objects):
-        live = await api.get(*ref(obj))
+        live = await get_if_served(api, *ref(obj))
         if live is None:
             continue
-        if not ours(live, ctx.record.run_id):
-            yield Progress(f"left {object_id(obj)}: not made by this run")
+        if not ours(live, None if any_run else ctx.record.run_id):
+            yield Progress(f"left {object_id(obj)}: not made by {'rtui' if any_run else 'this run'}")
             continue
         await api.delete(*ref(obj))
         yield Progress(f"deleted {object_id(obj)}")
@@ -188,11 +246,42 @@ class AddonHandler(KubeHandler):
     updatable = True
 
     def observed(self, found: Manifest, ctx: Context, ready: bool, why: str) -> Observed:
-        mine = ours(found, ctx.record.run_id)
+        """Ours, another rtui run's (shared: used as it is, and removed by whichever run is the last
+        one out), or someone else's (adopted: never changed, never deleted)."""
+        mine, rtui = ours(found, ctx.record.run_id), ours(found)
         image = found["spec"]["template"]["spec"]["containers"][0].get("image", "")
-        return Observed(address=self.address, layer=LAYER, kind=self.kind, id=object_id(found),
-                        state={"image": image}, healthy=ready or not mine, adopted=not mine,
-                        reason=why if mine else f"already running as {object_id(found)}: adopted")
+        state: dict[str, Any] = {"image": image}
+        if mine:
+            reason = why
+        elif rtui:
+            run = found["metadata"].get("labels", {}).get(manifests.RUN_LABEL, "?")
+            state["shared_with_run"] = run
+            reason = f"installed by rtui run {run} as {object_id(found)}: shared"
+        else:
+            reason = f"already running as {object_id(found)}: adopted"
+        return Observed(address=self.address, layer=LAYER, kind=self.kind, id=object_id(found), state=state,
+                        healthy=ready or not mine, adopted=not rtui, reason=reason)
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        if have.state.get("shared_with_run"):
+            return Action.NOOP, have.reason  # another run's: never changed under it
+        if not have.healthy:
+            return Action.UPDATE, have.reason
+        if have.state.get("image") != want.spec.get("image"):
+            return Action.UPDATE, f"image {have.state.get('image')} -> {want.spec.get('image')}"
+        return Action.NOOP, have.reason or "in place"
+
+    async def delete_shared(self, ctx: Context, objects: list[Manifest]) -> AsyncIterator[Progress]:
+        """Delete rtui's add-on unless a RayCluster (any run's, anyone's) still uses it: then the
+        last run out removes it."""
+        api = self.api(ctx)
+        users = await ray_objects_left(api, ("RayCluster",))
+        if users:
+            more = f" (+{len(users) - 1} more)" if len(users) > 1 else ""
+            yield Progress(f"kept: {users[0]}{more} still uses it", 1.0)
+            return
+        async for p in delete_ours(api, ctx, objects, any_run=True):
+            yield p
 
     async def readiness(self, api: KubeApi, live: Manifest) -> Check:
         """Whether the add-on's workload (its DaemonSet or Deployment) is ready, and why not."""
@@ -217,13 +306,6 @@ class AddonHandler(KubeHandler):
                                 remedy=f"see `kubectl -n {namespace} describe {workload['kind'].lower()}`"):
             yield p
 
-    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
-        if not have.healthy:
-            return Action.UPDATE, have.reason
-        if have.state.get("image") != want.spec.get("image"):
-            return Action.UPDATE, f"image {have.state.get('image')} -> {want.spec.get('image')}"
-        return Action.NOOP, have.reason or "in place"
-
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
         async for p in self.create(ctx, want):
             yield p
@@ -241,9 +323,18 @@ class DevicePluginHandler(AddonHandler):
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         found = addons.find_device_plugin(self.which, await api.list("apps/v1", "DaemonSet"))
-        if found is None:
+        if found is not None:
+            return self.observed(found, ctx, *addons.daemonset_ready(found, await gpu_nodes(api)))
+        # A plugin of another vendor or installer (GKE's, the GPU Operator's, a renamed image) runs
+        # where the GPU nodes already advertise the resource: a second one would fight it.
+        resource = manifests.GPU_RESOURCE if self.which == "nvidia" else manifests.EFA_RESOURCE
+        advertising = [pods.node_name(n) for n in await gpu_nodes(api) if pods.advertises(n, resource)]
+        if not advertising:
             return None
-        return self.observed(found, ctx, *addons.daemonset_ready(found, await gpu_nodes(api)))
+        return Observed(address=self.address, layer=LAYER, kind=self.kind, id=f"advertised:{resource}",
+                        state={"advertised_by": advertising}, adopted=True,
+                        reason=f"GPU nodes already advertise {resource} ({', '.join(advertising[:3])}"
+                               f"{', ...' if len(advertising) > 3 else ''}): a plugin runs, adopted")
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         async for p in self.install(ctx, want, self.objects(ctx)):
@@ -256,7 +347,7 @@ class DevicePluginHandler(AddonHandler):
 
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        async for p in delete_ours(self.api(ctx), ctx, self.objects(ctx)):
+        async for p in self.delete_shared(ctx, self.objects(ctx)):
             yield p
 
 
@@ -303,7 +394,28 @@ class OperatorHandler(AddonHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         yield Progress(f"reading the KubeRay {ctx.config.kuberay_version} CRDs")
         crds = await asyncio.to_thread(kuberay_crds, ctx.config.kuberay_crds, ctx.config.kuberay_version)
-        async for p in self.install(ctx, want, self.objects(ctx, crds)):
+        objects = self.objects(ctx, crds)
+        definitions = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+        api = self.api(ctx)
+        existing = {c["metadata"]["name"]: c for c in
+                    await api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")}
+        # A CRD this run did not apply is someone else's (or another run's): used as it is, never
+        # force-applied over or relabelled; it must serve ray.io/v1 for the RayCluster.
+        foreign = [existing[d["metadata"]["name"]] for d in definitions if d["metadata"]["name"] in existing
+                   and not ours(existing[d["metadata"]["name"]], ctx.record.run_id)]
+        for crd in foreign:
+            if not any(v.get("name") == "v1" and v.get("served") for v in crd.get("spec", {}).get("versions") or []):
+                raise UserError(f"the CRD {crd['metadata']['name']} in the cluster does not serve ray.io/v1 "
+                                "(KubeRay older than 1.0), and rtui never replaces a CRD it did not install",
+                                remedy="upgrade KubeRay's CRDs to 1.0 or later")
+            yield Progress(f"using the existing CRD {crd['metadata']['name']} as it is")
+        skip = {c["metadata"]["name"] for c in foreign}
+        async for p in apply_all(api, [d for d in definitions if d["metadata"]["name"] not in skip]):
+            yield p
+        # The operator watches the kinds at start, and rtui applies a RayCluster next: both need them served.
+        async for p in wait_established(api, [o["metadata"]["name"] for o in definitions]):
+            yield p
+        async for p in self.install(ctx, want, [o for o in objects if o["kind"] != "CustomResourceDefinition"]):
             yield p
 
     async def readiness(self, api: KubeApi, live: Manifest) -> Check:
@@ -313,15 +425,20 @@ class OperatorHandler(AddonHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        # The CRDs go only when no RayCluster is left anywhere: deleting a CRD deletes every object of it.
         objects = [o for o in self.objects(ctx, []) if o["kind"] != "CustomResourceDefinition"]
-        async for p in delete_ours(api, ctx, objects):
+        async for p in self.delete_shared(ctx, objects):
             yield p
+        # The CRDs go last, and only when no object of any ray.io kind is left in any namespace:
+        # deleting a CRD deletes every object of its kind. Only rtui's (any run's); never someone else's.
         crds = [c for c in await api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")
-                if ours(c, ctx.record.run_id)]
-        if crds and not await api.list("ray.io/v1", "RayCluster"):
-            for crd in crds:
-                await api.delete(*ref(crd))
-                yield Progress(f"deleted {object_id(crd)}")
-        elif crds:
-            yield Progress("kept the KubeRay CRDs: RayClusters still exist in the cluster")
+                if ours(c) and (c.get("spec") or {}).get("group") == "ray.io"]
+        if not crds:
+            return
+        left = await ray_objects_left(api)
+        if left:
+            more = f" (+{len(left) - 1} more)" if len(left) > 1 else ""
+            yield Progress(f"kept the KubeRay CRDs: {left[0]}{more} still exists")
+            return
+        for crd in crds:
+            await api.delete(*ref(crd))
+            yield Progress(f"deleted {object_id(crd)}")

@@ -31,6 +31,7 @@ from backend.layers.kubernetes.handlers import (
     NamespaceHandler,
     NvidiaPluginHandler,
     OperatorHandler,
+    get_if_served,
     ours,
     read_hf_token,
 )
@@ -182,21 +183,37 @@ class KubernetesLayer(Layer):
         results = [CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.OK,
                                detail=f"context {api.context} at {api.server}, {len(nodes)} nodes")]
         gpu = [n for n in nodes if pods.is_gpu_node(n)]
-        if not gpu:
-            results.append(CheckResult(
-                id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.FAIL,
-                detail="no node has GPUs (no nvidia.com/gpu.present label, no nvidia.com/gpu allocatable)",
-                remedy="add a GPU node group, or use another --context"))
-        else:
-            problems = pods.allocatable_problems(nodes, gpus_per_node=config.gpus_per_node,
-                                                 node_count=config.gpu_node_count, require_efa=config.wants_efa())
-            results.append(CheckResult(
-                id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.WARN if problems else CheckStatus.OK,
-                detail=(problems[0] if problems else f"{len(gpu)} GPU nodes")
-                + (" (checked again once the device plugins run)" if problems else ""),
-                remedy="--require-transport any runs without EFA" if problems and config.wants_efa() else None))
+        results.append(self._gpu_node_check(config, nodes, gpu))
         results.extend(await self._foreign_objects(api, ctx))
         return results + self._token_check(config)
+
+    @staticmethod
+    def _gpu_node_check(config: RunConfig, nodes: list[dict[str, Any]], gpu: list[dict[str, Any]]) -> CheckResult:
+        if not gpu:
+            return CheckResult(
+                id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.FAIL,
+                detail="no node has GPUs (no nvidia.com/gpu.present label, no nvidia.com/gpu allocatable)",
+                remedy="add a GPU node group, or use another --context")
+        requests = manifests.worker_resources(config)
+        # CPU and memory come with the node, not with a device plugin: short now, short for good.
+        short = [f"node {pods.node_name(n)}: {why}" for n in gpu for why in pods.cpu_memory_shortfalls(n, requests)]
+        roomy = sum(not pods.cpu_memory_shortfalls(n, requests) for n in gpu)
+        if short and roomy < config.gpu_node_count:
+            more = f" (+{len(short) - 1} more)" if len(short) > 1 else ""
+            return CheckResult(
+                id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.FAIL,
+                detail=f"{short[0]}{more}; {roomy} of {len(gpu)} GPU nodes can hold a worker, "
+                       f"{config.gpu_node_count} needed",
+                remedy="use GPU nodes with more CPU and memory, or fewer --gpus-per-node (a worker asks "
+                       f"{manifests.CPU_PER_GPU} CPU and {manifests.MEMORY_GIB_PER_GPU}Gi per GPU)")
+        problems = pods.allocatable_problems(nodes, gpus_per_node=config.gpus_per_node,
+                                             node_count=config.gpu_node_count, require_efa=config.wants_efa(),
+                                             requests=requests)
+        return CheckResult(
+            id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.WARN if problems else CheckStatus.OK,
+            detail=(problems[0] if problems else f"{len(gpu)} GPU nodes")
+            + (" (checked again once the device plugins run)" if problems else ""),
+            remedy="--require-transport any runs without EFA" if problems and config.wants_efa() else None)
 
     @staticmethod
     def _token_check(config: RunConfig) -> list[CheckResult]:
@@ -219,7 +236,7 @@ class KubernetesLayer(Layer):
             owner = "another rtui run" if ours(namespace) else "someone else"
             out.append(CheckResult(id="kube.namespace", title=f"Namespace {config.namespace}", status=CheckStatus.FAIL,
                                    detail=f"exists and belongs to {owner}", remedy="choose another with --namespace"))
-        cluster = await api.get("ray.io/v1", "RayCluster", config.cluster_name, config.namespace) \
+        cluster = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name, config.namespace) \
             if namespace is not None else None
         if cluster is not None and not ours(cluster, run_id):
             out.append(CheckResult(

@@ -19,6 +19,7 @@ MANAGED_BY = "rtui"
 RUN_LABEL = "rtui.dev/run"
 
 RAYCLUSTER_API_VERSION = "ray.io/v1"
+RAYCLUSTER_CRD = "rayclusters.ray.io"
 WORKER_GROUP = "gpu"
 DASHBOARD_PORT_NAME = "dashboard"
 DASHBOARD_PORT = 8265
@@ -183,7 +184,11 @@ def _worker_group(config: RunConfig, run_id: str, image: str) -> Manifest:
         "template": {
             "metadata": {"labels": labels(run_id)},
             "spec": {
-                "nodeSelector": {GPU_NODE_LABEL: "true"},
+                # No node selector: the GPU (and EFA) request alone places a worker on a node that
+                # advertises them, and the toleration lets it onto a tainted GPU node. The seed's
+                # nvidia.com/gpu.present=true is set only by GPU Feature Discovery or the GPU
+                # Operator: EKS nodes with NVIDIA's static plugin, GKE nodes and many others lack it,
+                # and a selector on it left the workers Pending there (issue 19).
                 "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [{
                     "name": "ray-worker",
@@ -222,7 +227,11 @@ def yaml_stream(objects: list[Manifest]) -> str:
     """A YAML stream of ``objects`` (``---`` between them), as ``kubectl apply -f -`` reads it."""
     import yaml  # a dependency of the kubernetes client; only the manifest command needs it
 
-    text: str = yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, explicit_start=True)
+    # Every value written out where it is used: a value two objects share (a probe's httpGet)
+    # would otherwise print as an ``&id001`` anchor and ``*id001`` aliases.
+    plain_dumper = type("PlainDumper", (yaml.SafeDumper,), {"ignore_aliases": lambda self, data: True})
+    text: str = yaml.dump_all(objects, Dumper=plain_dumper, sort_keys=False, default_flow_style=False,
+                              explicit_start=True)
     return text
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from backend.layers.kubernetes.manifests import EFA_RESOURCE, GPU_NODE_LABEL, GPU_RESOURCE
@@ -49,12 +50,20 @@ def _name(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("name", "?"))
 
 
+node_name = _name
+
+
 def _count(quantity: object) -> int:
     """An integer extended resource (``"4"``), 0 when absent or not a whole number."""
     try:
         return int(str(quantity))
     except ValueError:
         return 0
+
+
+def advertises(node: Obj, resource: str) -> bool:
+    """Whether the node offers some of ``resource`` (a device plugin runs there for it)."""
+    return _count((node.get("status", {}).get("allocatable") or {}).get(resource, 0)) > 0
 
 
 def is_gpu_node(node: Obj) -> bool:
@@ -131,13 +140,49 @@ def _node_not_ready(node: Obj) -> str | None:
     return None
 
 
+def _quantity(value: object) -> Decimal | None:
+    # The client's parser (all suffixes: m, Ki..Ei, k..E, exponents); kubernetes.utils imports the
+    # whole client, so only when a node is checked, never when this module is imported.
+    from kubernetes.utils.quantity import parse_quantity
+
+    try:
+        return Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, ArithmeticError):
+        return None
+
+
+def _amount(resource: str, value: Decimal) -> str:
+    """A quantity as a person writes it: CPUs as a number (``7.5``), memory in Gi."""
+    if resource == "memory":
+        value = value / 2**30
+    text = f"{value.quantize(Decimal('0.1')).normalize():f}" if value % 1 else f"{int(value)}"
+    return text + ("Gi" if resource == "memory" else "")
+
+
+def cpu_memory_shortfalls(node: Obj, requests: Mapping[str, str]) -> list[str]:
+    """``allocatable cpu is 32, a worker needs 40 (8 short)`` for each of cpu and memory the node
+    cannot give one worker, as the scheduler's NodeResourcesFit would find (before other pods)."""
+    allocatable = node.get("status", {}).get("allocatable") or {}
+    out = []
+    for resource in ("cpu", "memory"):
+        want = _quantity(requests.get(resource)) if resource in requests else None
+        have = _quantity(allocatable.get(resource, 0))
+        if want is None or have is None or have >= want:
+            continue
+        out.append(f"allocatable {resource} is {_amount(resource, have)}, a worker needs "
+                   f"{_amount(resource, want)} ({_amount(resource, want - have)} short)")
+    return out
+
+
 def allocatable_problems(nodes: list[dict[str, Any]], *, gpus_per_node: int, efa_per_node: int = 1,
                          node_count: int, require_efa: bool,
-                         tolerations: Collection[Obj] = WORKER_TOLERATIONS) -> list[str]:
+                         tolerations: Collection[Obj] = WORKER_TOLERATIONS,
+                         requests: Mapping[str, str] | None = None) -> list[str]:
     """One line per reason the GPU nodes cannot hold ``node_count`` workers; empty when they can.
 
     Missing EFA is a problem only with ``require_efa`` (the caller offers
-    ``--require-transport any`` to train over TCP instead).
+    ``--require-transport any`` to train over TCP instead). ``requests``: a worker's requests,
+    whose cpu and memory each node's allocatable must cover too.
     """
     gpu_nodes = [n for n in nodes if is_gpu_node(n)]
     if not gpu_nodes:
@@ -160,6 +205,7 @@ def allocatable_problems(nodes: list[dict[str, Any]], *, gpus_per_node: int, efa
                        f"or the instance has no EFA interface)")
         elif require_efa and efa < efa_per_node:
             own.append(f"node {name}: allocatable {EFA_RESOURCE} is {efa}, a worker needs {efa_per_node}")
+        own += [f"node {name}: {short}" for short in cpu_memory_shortfalls(node, requests or {})]
         state = _node_not_ready(node)
         if state:
             own.append(f"node {name} {state}")

@@ -29,10 +29,12 @@ from backend.layers.kubernetes.handlers import (
     WORKERS,
     KubeHandler,
     delete_ours,
+    get_if_served,
     gpu_nodes,
     object_id,
     ours,
     ref,
+    wait_established,
 )
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Action, Observed, Resource
@@ -179,7 +181,7 @@ class RayClusterHandler(KubeHandler):
         return obj
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        live = await api.get("ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+        live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None  # someone else's RayCluster of this name: preflight refuses it
         try:
@@ -206,6 +208,8 @@ class RayClusterHandler(KubeHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         obj = self.manifest(ctx, want)
+        async for p in wait_established(api, [manifests.RAYCLUSTER_CRD]):
+            yield p
         live = await api.get(*ref(obj))
         if live is not None and not ours(live, ctx.record.run_id):
             raise UserError(f"a RayCluster {ctx.config.cluster_name} in namespace {ctx.config.namespace} "
@@ -269,7 +273,7 @@ class WorkersHandler(KubeHandler):
     follows_dependencies = False  # pods, not an object of ours: KubeRay makes them again
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        cluster = await api.get("ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+        cluster = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
         if cluster is None or not ours(cluster, ctx.record.run_id):
             return None
         workers = await api.list("v1", "Pod", ctx.config.namespace,
@@ -289,7 +293,8 @@ class WorkersHandler(KubeHandler):
         yield Progress("checking what the GPU nodes advertise", 0.1)
         problems = pods.allocatable_problems(await api.list("v1", "Node"), gpus_per_node=ctx.config.gpus_per_node,
                                              node_count=ctx.config.gpu_node_count,
-                                             require_efa=ctx.config.wants_efa())
+                                             require_efa=ctx.config.wants_efa(),
+                                             requests=manifests.worker_resources(ctx.config))
         if problems:
             hint = (" (or --require-transport any to run over TCP)"
                     if ctx.config.wants_efa() and any(manifests.EFA_RESOURCE in p for p in problems) else "")
