@@ -57,15 +57,17 @@ class JobStatus:
 
 class RayJobs:
     """A cluster's jobs. ``headers`` is fixed (the local target's token); ``header_provider``
-    is called for every request (a token that expires); ``ssl`` carries a kubeconfig's CA."""
+    is called for every request (a token that expires); ``ssl`` carries a kubeconfig's CA, ``proxy``
+    and ``server_hostname`` its proxy and tls-server-name (``KubeApi.ray_jobs`` fills all three)."""
 
     def __init__(self, address: str, *, headers: Mapping[str, str] | None = None,
                  header_provider: HeaderProvider | None = None, ssl: ssl_lib.SSLContext | None = None,
-                 timeout_s: float = 30.0) -> None:
+                 proxy: str | None = None, server_hostname: str | None = None, timeout_s: float = 30.0) -> None:
         if headers and header_provider:
             raise ValueError("give either fixed headers or a header provider, not both")
         fixed = dict(headers or {})
-        self.api = JobsApi(address, headers=header_provider or (lambda: fixed), ssl=ssl, timeout_s=timeout_s)
+        self.api = JobsApi(address, headers=header_provider or (lambda: fixed), ssl=ssl, proxy=proxy,
+                           server_hostname=server_hostname, timeout_s=timeout_s)
         self.address = self.api.base_url
 
     async def __aenter__(self) -> RayJobs:

@@ -18,16 +18,20 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import urllib3
 import yaml
 from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.rest import should_bypass_proxies
 from kubernetes.config import kube_config
 from kubernetes.config.config_exception import ConfigException
 
 from backend.errors import OperationError, UserError
+
+if TYPE_CHECKING:
+    from backend.rayjobs import RayJobs
 
 Obj = dict[str, Any]
 Objs = list[Obj]  # aliases: inside KubeApi, ``list`` names the method
@@ -139,6 +143,7 @@ class KubeApi:
                             remedy="fix the kubeconfig or refresh it (`aws eks update-kubeconfig`)") from err
         entry = next(c for c in contexts if c["name"] == chosen)
         namespace = (entry.get("context") or {}).get("namespace") or "default"
+        _route_like_kubectl(configuration, _cluster_entry(files, str((entry.get("context") or {}).get("cluster"))))
         api = cls(configuration, context=chosen, namespace=namespace, timeout_s=timeout_s)
         if token_provider is not None:
             api.set_token_provider(token_provider)
@@ -201,9 +206,31 @@ class KubeApi:
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
 
+    @property
+    def proxy(self) -> str | None:
+        """The proxy every connection to this server goes through (None: direct), as the client decides:
+        the kubeconfig's ``proxy-url``, else HTTPS_PROXY/ALL_PROXY unless NO_PROXY names the server."""
+        cfg = self._config
+        if cfg.proxy and not should_bypass_proxies(self.server, cfg.no_proxy or ""):
+            return str(cfg.proxy)
+        return None
+
+    @property
+    def tls_server_name(self) -> str | None:
+        """The kubeconfig's ``tls-server-name``: the name sent in SNI and checked in the certificate."""
+        return str(self._config.tls_server_name) if self._config.tls_server_name else None
+
     def proxy_url(self, namespace: str, service: str, port_name: str) -> str:
         """The API server's proxy to a service port (DESIGN.md §4): no port exposed outside the cluster."""
         return f"{self.server}/api/v1/namespaces/{namespace}/services/{service}:{port_name}/proxy"
+
+    def ray_jobs(self, namespace: str, service: str, port_name: str) -> RayJobs:
+        """The Ray Jobs API behind a service port, reached the way every request to this server goes:
+        its token, its CA, its proxy and its TLS server name."""
+        from backend.rayjobs import RayJobs
+
+        return RayJobs(self.proxy_url(namespace, service, port_name), header_provider=self.headers,
+                       ssl=self.ssl_context(), proxy=self.proxy, server_hostname=self.tls_server_name)
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -465,6 +492,38 @@ def _abort(response: urllib3.BaseHTTPResponse) -> None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
     threading.Thread(target=response.close, name="log-close", daemon=True).start()
+
+
+def _cluster_entry(files: list[str], name: str) -> Obj:
+    """The kubeconfig's cluster entry of that name, the first file naming it winning (as kubectl merges)."""
+    for file in files:
+        try:
+            with open(file) as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue
+        for item in (doc.get("clusters") or []) if isinstance(doc, dict) else []:
+            if isinstance(item, dict) and str(item.get("name")) == name:
+                return dict(item.get("cluster") or {})
+    return {}
+
+
+def _route_like_kubectl(configuration: Configuration, cluster: Obj) -> None:
+    """Make the client route like kubectl (client-go) where the two differ.
+
+    - A ``proxy-url`` in the kubeconfig is used for every request to that cluster: client-go's
+      ``transport/cache.go`` takes ``Config.Proxy`` as it is and applies NO_PROXY only to the
+      environment's proxy (``utilnet.NewProxierWithNoProxyCIDR(http.ProxyFromEnvironment)``); the
+      Python client would let NO_PROXY bypass it.
+    - ``socks5://`` resolves the server's name at the proxy: Go's ``net/http`` (transport.go) hands
+      the SOCKS5 dialer the unresolved ``host:port``. urllib3 (PySocks) resolves locally unless the
+      scheme is ``socks5h``, which fails for a name only the far side knows (a bastion's DNS).
+    """
+    if cluster.get("proxy-url"):
+        configuration.no_proxy = ""
+    proxy = str(configuration.proxy or "")
+    if proxy.lower().startswith("socks5://"):
+        configuration.proxy = "socks5h://" + proxy[len("socks5://"):]
 
 
 def _first_current_context(files: list[str]) -> str | None:

@@ -234,8 +234,6 @@ class KubernetesLayer(Layer):
 
     async def jobs(self, ctx: Context) -> RayJobs | None:
         """The head's Jobs API through the API server, once this run's head pod is ready."""
-        from backend.rayjobs import RayJobs
-
         try:
             api = kube_api(ctx)
             cluster = await api.get("ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
@@ -247,9 +245,8 @@ class KubernetesLayer(Layer):
             return None
         if not any(pods.pod_ready(p) for p in heads):
             return None
-        url = api.proxy_url(ctx.config.namespace, manifests.head_service_name(ctx.config),
+        return api.ray_jobs(ctx.config.namespace, manifests.head_service_name(ctx.config),
                             manifests.DASHBOARD_PORT_NAME)
-        return RayJobs(url, header_provider=api.headers, ssl=api.ssl_context())
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         return {}
