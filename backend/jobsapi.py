@@ -82,7 +82,8 @@ class JobsApi:
 
     def __init__(self, base_url: str, *, headers: HeaderProvider = _no_headers,
                  ssl: ssl_lib.SSLContext | None = None, proxy: str | None = None,
-                 server_hostname: str | None = None, timeout_s: float = 30.0) -> None:
+                 server_hostname: str | None = None, timeout_s: float = 30.0,
+                 stream_idle_s: float = WS_HEARTBEAT_S) -> None:
         self.base_url = base_url.rstrip("/")
         self._headers = headers
         # aiohttp's default (True) verifies against the system CAs; a context brings the kubeconfig's.
@@ -91,6 +92,9 @@ class JobsApi:
         self._socks = proxy is not None and urlsplit(proxy).scheme.lower() in SOCKS_SCHEMES
         self._server_hostname = server_hostname
         self.timeout_s = timeout_s
+        # A stream silent this long is checked: the tail's websocket pings (and gives up when no pong
+        # comes within half of it), the full-log read gives up; both are resumed by the caller.
+        self.stream_idle_s = stream_idle_s
         self._held: aiohttp.ClientSession | None = None
         self._held_loop: asyncio.AbstractEventLoop | None = None
 
@@ -109,6 +113,14 @@ class JobsApi:
     async def aclose(self) -> None:
         held, self._held, self._held_loop = self._held, None, None
         if held is not None and not held.closed:
+            await held.close()
+
+    async def fresh_connections(self) -> None:
+        """Open new connections from now on: after a silently dropped one, its pooled siblings (same
+        route, same load balancer) likely were dropped too, and a request would wait out its deadline."""
+        held = self._held
+        if held is not None and self._held_loop is asyncio.get_running_loop():
+            self._held = self._new_session()
             await held.close()
 
     @contextlib.asynccontextmanager
@@ -236,7 +248,7 @@ class JobsApi:
         path = f"/api/jobs/{_seg(submission_id)}/logs"
         what = f"reading the log of job {submission_id}"
         # No total deadline: a long log takes as long as it takes; a silent peer does not.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.stream_idle_s)
         try:
             async with self._session() as session, session.get(
                 self.url(path), headers=dict(self._headers()), timeout=timeout, **self._route(),
@@ -269,7 +281,7 @@ class JobsApi:
         path = f"/api/jobs/{_seg(submission_id)}/logs/tail"
         try:
             async with self._session() as session, session.ws_connect(
-                self.url(path), headers=dict(self._headers()), heartbeat=WS_HEARTBEAT_S,
+                self.url(path), headers=dict(self._headers()), heartbeat=self.stream_idle_s,
                 timeout=aiohttp.ClientWSTimeout(ws_close=5.0), **self._route(),
             ) as ws:
                 sent_close: int | None = None  # the code of the server's close frame, if one came

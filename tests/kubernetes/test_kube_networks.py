@@ -9,6 +9,7 @@ skips the proxy cannot even find the server, and one that ignores tls-server-nam
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,6 +49,20 @@ def head(kube_cluster: KubeCluster) -> Iterator[FakeRayHead]:
         fake.stop()
 
 
+def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
+                "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+async def wait_for(what: str, cond: Callable[[], object], timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
 @dataclass(frozen=True)
 class Route:
     kubeconfig: Callable[[Proxies], dict[str, str]]  # write_kubeconfig's host/proxy_url/tls_server_name
@@ -78,9 +93,7 @@ async def test_every_connection_to_the_cluster_goes_the_kubeconfigs_way(
         name: str, kube_cluster: KubeCluster, head: FakeRayHead, proxies: Proxies, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     route = ROUTES[name]
-    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
-                "NO_PROXY", "no_proxy"):
-        monkeypatch.delenv(var, raising=False)
+    no_proxy_env(monkeypatch)
     for var, value in route.env(proxies).items():
         monkeypatch.setenv(var, value)
     path = kube_cluster.write_kubeconfig(tmp_path / "routed", **route.kubeconfig(proxies))
@@ -142,3 +155,68 @@ def test_up_and_down_through_a_connect_proxy(world: KubeWorld, proxies: Proxies)
     direct = [(s.method, s.path) for s in served if s.peer_port not in proxies.http.local_ports()]
     assert direct == [], direct[:5]
 
+
+
+# ---- item 6: a connection a load balancer forgot (no FIN, no RST) is noticed and resumed ----------------
+
+
+async def test_a_pod_log_follow_notices_a_silent_drop_and_resumes_after_the_last_line(
+        kube_cluster: KubeCluster, proxies: Proxies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    no_proxy_env(monkeypatch)
+    path = kube_cluster.write_kubeconfig(tmp_path / "via-lb", host=SERVER_NAME, proxy_url=proxies.http.url)
+    kube_cluster.add_pod(NS, POD, phase="Running")
+    kube_cluster.feed_log(NS, POD, [f"line {i}" for i in range(3)])
+    api = KubeApi.from_kubeconfig(str(path), stream_idle_s=1.0)
+    got: list[str] = []
+
+    async def follow() -> None:
+        async for line in api.read_pod_log(NS, POD, follow=True, timestamps=False):
+            got.append(line)
+
+    task = asyncio.create_task(follow())
+    try:
+        await wait_for("the first lines", lambda: len(got) >= 3)
+        assert proxies.http.stall() >= 1  # the stream's tunnel and every pooled one
+        kube_cluster.feed_log(NS, POD, [f"line {i}" for i in range(3, 6)])  # swallowed by the dead tunnel
+        await wait_for("the lines logged after the drop", lambda: len(got) >= 6, timeout=15)
+        kube_cluster.set_pod_phase(NS, POD, "Succeeded")
+        kube_cluster.drop_log_streams()
+        await asyncio.wait_for(task, 15)
+    finally:
+        task.cancel()
+        api.close()
+    assert got == [f"line {i}" for i in range(6)]  # no duplicate, no gap
+    assert any("sinceTime" in s.query for s in kube_cluster.requests("GET", f"/pods/{POD}/log"))
+
+
+async def test_a_job_log_follow_notices_a_silent_drop_and_resumes_after_the_last_character(
+        kube_cluster: KubeCluster, proxies: Proxies, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    no_proxy_env(monkeypatch)
+    fake = FakeRayHead(steps=80, line_every_s=0.05).start()
+    kube_cluster.proxy_to(NS, SVC, "dashboard", fake.url)
+    path = kube_cluster.write_kubeconfig(tmp_path / "via-lb", host=SERVER_NAME, proxy_url=proxies.http.url)
+    api = KubeApi.from_kubeconfig(str(path), stream_idle_s=1.0)
+    chunks: list[str] = []
+    try:
+        async with api.ray_jobs(NS, SVC, "dashboard") as jobs:
+            await jobs.submit(entrypoint="python train.py", submission_id="j1", runtime_env={}, metadata={})
+
+            async def follow() -> None:
+                async for chunk in jobs.follow("j1"):
+                    chunks.append(chunk)
+
+            task = asyncio.create_task(follow())
+            try:
+                await wait_for("the first metric lines", lambda: "RTUI_METRIC" in "".join(chunks))
+                before = len(proxies.http.tunnels)
+                assert proxies.http.stall() >= 1
+                await asyncio.wait_for(task, 30)
+            finally:
+                task.cancel()
+            assert (await jobs.status("j1")).state.value == "SUCCEEDED"
+        log = fake.on_loop(lambda: fake.jobs["j1"].log)
+    finally:
+        api.close()
+        fake.stop()
+    assert len(proxies.http.tunnels) > before  # it came back on new connections
+    assert "".join(chunks) == log  # no duplicate, no gap
