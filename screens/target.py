@@ -233,11 +233,13 @@ class TargetScreen(RtuiScreen):
             results = await self.session.preflight()
         except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
             self.app.report_error(exc)
-            if layer is not None:  # Enter is refused with this line, and the matrix says it
-                line = exc.message if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
-                self.post_message(self.ChecksFinished([CheckResult(
-                    id="aws.preflight", title="AWS preflight", status=CheckStatus.FAIL, detail=line,
-                    remedy=exc.remedy if isinstance(exc, RtuiError) else None)]))
+            # The checks panel says it too (not "checking…" for ever), and Enter is refused with it;
+            # on aws the matrix says it as well.
+            line = exc.message if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
+            check_id, title = ("aws.preflight", "AWS preflight") if layer is not None else ("preflight", "Checks")
+            self.post_message(self.ChecksFinished([CheckResult(
+                id=check_id, title=title, status=CheckStatus.FAIL, detail=line,
+                remedy=exc.remedy if isinstance(exc, RtuiError) else None)]))
             return
         self.post_message(self.ChecksFinished(results, layer.report if layer is not None else None))
 

@@ -462,7 +462,7 @@ class KubeApi:
             else:
                 raw = self._client.call_api(method, url, headers, body, post, _request_timeout=timeout).response
         except urllib3.exceptions.HTTPError as err:
-            raise OperationError(f"cannot reach the Kubernetes API server at {self.server} within {self.timeout_s:g}s "
+            raise Unreachable(f"cannot reach the Kubernetes API server at {self.server} within {self.timeout_s:g}s "
                                  f"({_one_line(err)})", remedy=f"check the network and the context {self._context!r}",
                                  ) from err
         except Exception as err:
@@ -510,6 +510,10 @@ class _What:
     resource: str
     namespace: str | None
     name: str | None = None
+
+
+class Unreachable(OperationError):
+    """No answer from the API server (refused, unresolved, or silent past the deadline): not a "no"."""
 
 
 class _StreamSilent(Exception):

@@ -65,9 +65,10 @@ def kube_api(ctx: Context) -> KubeApi:
 
     if ctx.config.target == "aws":
         return _eks_api(ctx)
-    key = (ctx.config.kubeconfig, ctx.config.context)
+    key = (ctx.config.kubeconfig, ctx.config.context, str(ctx.config.kube_timeout_s))
     if key not in _APIS:
-        _APIS[key] = KubeApi.from_kubeconfig(ctx.config.kubeconfig, ctx.config.context)
+        _APIS[key] = KubeApi.from_kubeconfig(ctx.config.kubeconfig, ctx.config.context,
+                                             timeout_s=ctx.config.kube_timeout_s)
     return _APIS[key]
 
 
@@ -147,12 +148,12 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
         raise ClusterNotReady(f"the EKS cluster {config.cluster_name} is {state.lower()}",
                               remedy="`rtui up` makes it")
     ca_file = eks.ca_file(str(ca_data))
-    api_key = ("aws", str(cluster["arn"]), str(endpoint), ca_file)
+    api_key = ("aws", str(cluster["arn"]), str(endpoint), ca_file, str(config.kube_timeout_s))
     if api_key not in _APIS:
         provider = eks.EksTokenProvider(config.cluster_name, config.region,
                                         boto3.Session(profile_name=config.profile, region_name=config.region))
         _APIS[api_key] = KubeApi.for_server(str(endpoint), ca_file, context=str(cluster["arn"]),
-                                            token_provider=provider)
+                                            token_provider=provider, timeout_s=config.kube_timeout_s)
     _EKS[key] = _APIS[api_key]
     return _EKS[key]
 
@@ -291,6 +292,8 @@ class KubernetesLayer(Layer):
 
     async def jobs(self, ctx: Context) -> RayJobs | None:
         """The head's Jobs API through the API server, once this run's head pod is ready."""
+        from backend.layers.kubernetes.access import Unreachable
+
         try:
             api = await cluster_api(ctx)
             cluster = await api.get("ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
@@ -298,6 +301,8 @@ class KubernetesLayer(Layer):
                 return None
             heads = await api.list("v1", "Pod", ctx.config.namespace,
                                    ray_pods_selector(ctx.config.cluster_name, "head"))
+        except Unreachable:
+            raise  # not "no Jobs API yet": the cluster cannot be asked at all (status says so, exit 1)
         except RtuiError:
             return None
         if not any(pods.pod_ready(p) for p in heads):
