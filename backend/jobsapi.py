@@ -353,14 +353,34 @@ class JobsApi:
 def socks_connector(proxy: str) -> aiohttp.TCPConnector:
     """An aiohttp connector through a SOCKS proxy. ``socks5``/``socks4`` resolve the target's name at
     the proxy, as kubectl does (Go's net/http hands its SOCKS5 dialer the unresolved host), so a
-    name only the far side knows works; the ``h``/``a`` spellings mean the same here."""
+    name only the far side knows works; the ``h``/``a`` spellings mean the same here.
+
+    aiohttp-socks 0.12 makes the TLS connection to the target itself, naming the URL's host and
+    dropping aiohttp's ``server_hostname`` (a kubeconfig's tls-server-name): with one, the tunnel is
+    opened without TLS and TLS is started over it here, with that name.
+    """
     from aiohttp_socks import ProxyConnector, ProxyType
+
+    class Connector(ProxyConnector):
+        async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> Any:
+            ssl, name = kwargs.get("ssl"), kwargs.get("server_hostname")
+            if not isinstance(ssl, ssl_lib.SSLContext) or not name:
+                return await super()._wrap_create_connection(*args, **kwargs)
+            transport, protocol = await super()._wrap_create_connection(*args, **{**kwargs, "ssl": None})
+            timeout = kwargs.get("timeout")
+            tls = await asyncio.get_running_loop().start_tls(
+                transport, protocol, ssl, server_hostname=name,
+                ssl_handshake_timeout=getattr(timeout, "sock_connect", None) or None)
+            if tls is None:
+                raise aiohttp.ClientConnectionError(f"TLS to {name} through {proxy} did not start")
+            protocol.connection_made(tls)
+            return tls, protocol
 
     parts = urlsplit(proxy)
     kind = ProxyType.SOCKS5 if parts.scheme.lower().startswith("socks5") else ProxyType.SOCKS4
     if not parts.hostname or not parts.port:
         raise OperationError(f"the proxy {proxy} names no host and port", remedy="fix proxy-url in the kubeconfig")
-    return ProxyConnector(proxy_type=kind, host=parts.hostname, port=parts.port,
+    return Connector(proxy_type=kind, host=parts.hostname, port=parts.port,
                           username=unquote(parts.username) if parts.username else None,
                           password=unquote(parts.password) if parts.password else None, rdns=True)
 

@@ -75,6 +75,9 @@ ROUTES = {
         lambda p: {"host": SERVER_NAME, "proxy_url": p.http.url}, lambda p: {}, lambda p: p.http),
     "kubeconfig proxy-url socks5": Route(
         lambda p: {"host": SERVER_NAME, "proxy_url": p.socks.url}, lambda p: {}, lambda p: p.socks),
+    "kubeconfig proxy-url socks5 with tls-server-name": Route(
+        lambda p: {"host": "localhost", "proxy_url": p.socks.url, "tls_server_name": SERVER_NAME}, lambda p: {},
+        lambda p: p.socks),
     # client-go applies NO_PROXY to the environment's proxy only, never to the kubeconfig's.
     "kubeconfig proxy-url despite NO_PROXY": Route(
         lambda p: {"host": SERVER_NAME, "proxy_url": p.http.url}, lambda p: {"NO_PROXY": SERVER_NAME},
@@ -120,8 +123,7 @@ async def test_every_connection_to_the_cluster_goes_the_kubeconfigs_way(
     else:
         direct = [(s.method, s.path) for s in served if s.peer_port not in via.local_ports()]
         assert direct == [], f"went around the {via.kind} proxy: {direct[:5]}"
-        assert {t.target.rsplit(":", 1)[0] for t in via.tunnels} == {SERVER_NAME if "proxy-url" in name
-                                                                      else "localhost"}
+        assert {t.target.rsplit(":", 1)[0] for t in via.tunnels} == {route.kubeconfig(proxies)["host"]}
 
 
 def test_kubectl_agrees_with_the_socks5_kubeconfig(kube_cluster: KubeCluster, proxies: Proxies,
