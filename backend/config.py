@@ -89,6 +89,9 @@ class RunConfig(BaseModel):
     kube_timeout_s: float = Field(10.0, gt=0, le=600, description="Deadline of each Kubernetes API request (kube "
                                                                   "and aws targets): a server that does not answer "
                                                                   "by then is reported unreachable")
+    kube_stream_idle_s: float = Field(60.0, gt=0, le=3600, description="A cluster log stream silent this long is "
+                                                                       "asked again from its last line (a load "
+                                                                       "balancer may drop it without a word)")
     hf_token: str = Field("", description="Hugging Face token for the cluster's pods, as a Secret: env:NAME (a "
                                           "variable of rtui's environment) or a file path; the value is never stored")
     # --- training ---
@@ -236,7 +239,7 @@ def env_name(field: str) -> str:
 
 # How this machine reaches a run's cluster rather than what the run is: taken from the environment
 # (RTUI_*) over a run's recorded config whenever a run is opened again (status, logs, down).
-SESSION_FIELDS = ("kube_timeout_s",)
+SESSION_FIELDS = ("kube_timeout_s", "kube_stream_idle_s")
 
 
 def with_session_settings(config: RunConfig, environ: Mapping[str, str] | None = None) -> RunConfig:

@@ -222,3 +222,34 @@ async def test_a_job_log_follow_notices_a_silent_drop_and_resumes_after_the_last
         fake.stop()
     assert len(proxies.http.tunnels) > before  # it came back on new connections
     assert "".join(chunks) == log  # no duplicate, no gap
+
+
+def test_rtui_logs_follow_of_the_head_resumes_after_a_silent_drop(world: KubeWorld, proxies: Proxies) -> None:  # noqa: F811
+    """The same through the CLI: `rtui logs --source head -f` behind a proxy that forgets the stream."""
+    import time
+
+    from tests.kubernetes.kube_world import wait_until
+    from tests.kubernetes.test_kube_failures_access import _reader
+
+    gpu_cluster(world.cluster)
+    world.rtui("up", "--yes", "--until", "k8s.raycluster", timeout=120)
+    world.cluster.write_kubeconfig(world.cluster.kubeconfig, host=SERVER_NAME, proxy_url=proxies.http.url)
+    world.env["RTUI_KUBE_STREAM_IDLE_S"] = "1"
+    ns, pod = "rtui", "rtui-ray-head-0"
+    fed = [f"before {i}" for i in range(3)]
+    world.cluster.feed_log(ns, pod, fed)
+    proc = world.start("logs", "--source", "head", "-f")
+    try:
+        out = _reader(proc)
+        wait_until("the first lines", lambda: len(out) >= len(fed))
+        assert proxies.http.stall() >= 1
+        later = [f"after {i}" for i in range(3)]
+        world.cluster.feed_log(ns, pod, later)
+        fed += later
+        wait_until("the lines logged after the drop", lambda: len(out) >= len(fed), timeout=20)
+        time.sleep(0.3)  # a late duplicate would show now
+        assert proc.poll() is None, proc.communicate()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert out == fed

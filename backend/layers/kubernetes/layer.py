@@ -65,10 +65,12 @@ def kube_api(ctx: Context) -> KubeApi:
 
     if ctx.config.target == "aws":
         return _eks_api(ctx)
-    key = (ctx.config.kubeconfig, ctx.config.context, str(ctx.config.kube_timeout_s))
+    key = (ctx.config.kubeconfig, ctx.config.context, str(ctx.config.kube_timeout_s),
+           str(ctx.config.kube_stream_idle_s))
     if key not in _APIS:
         _APIS[key] = KubeApi.from_kubeconfig(ctx.config.kubeconfig, ctx.config.context,
-                                             timeout_s=ctx.config.kube_timeout_s)
+                                             timeout_s=ctx.config.kube_timeout_s,
+                                             stream_idle_s=ctx.config.kube_stream_idle_s)
     return _APIS[key]
 
 
@@ -148,12 +150,14 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
         raise ClusterNotReady(f"the EKS cluster {config.cluster_name} is {state.lower()}",
                               remedy="`rtui up` makes it")
     ca_file = eks.ca_file(str(ca_data))
-    api_key = ("aws", str(cluster["arn"]), str(endpoint), ca_file, str(config.kube_timeout_s))
+    api_key = ("aws", str(cluster["arn"]), str(endpoint), ca_file, str(config.kube_timeout_s),
+               str(config.kube_stream_idle_s))
     if api_key not in _APIS:
         provider = eks.EksTokenProvider(config.cluster_name, config.region,
                                         boto3.Session(profile_name=config.profile, region_name=config.region))
         _APIS[api_key] = KubeApi.for_server(str(endpoint), ca_file, context=str(cluster["arn"]),
-                                            token_provider=provider, timeout_s=config.kube_timeout_s)
+                                            token_provider=provider, timeout_s=config.kube_timeout_s,
+                                            stream_idle_s=config.kube_stream_idle_s)
     _EKS[key] = _APIS[api_key]
     return _EKS[key]
 
