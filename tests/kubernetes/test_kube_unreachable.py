@@ -42,10 +42,11 @@ def test_an_unreachable_api_server_is_one_line_in_every_command(
     # Side by side, so the test waits about one deadline: plan and up on state of their own,
     # status and down on the run's.
     commands = {"plan": {}, "up": {"RTUI_STATE_DIR": str(tmp_path / "state-up")},
-                "status": {}, "down": {}}
+                "status": {}, "logs": {}, "down": {}}
     runs = {}
     for name, extra in commands.items():
-        args = (name, "--yes") if name in ("up", "down") else (name,)
+        args = (name, "--yes") if name in ("up", "down") else ("logs", "--source", "head") if name == "logs" \
+            else (name,)
         runs[name] = (time.monotonic(), subprocess.Popen(world.argv(*args), env={**env, **extra}, text=True,
                                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     for name, (started, proc) in runs.items():
