@@ -10,6 +10,7 @@ cluster it finds nothing on the Kubernetes side. ``rtui down`` takes out what rt
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,6 +92,26 @@ def test_down_takes_out_only_what_up_wrote(world: World, kube_file: Path) -> Non
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
     written = kube_file.read_text()
     assert ARN in written and "# my clusters -- do not lose this comment" in written
+    down = run_rtui("down", "--yes", *AWS)
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+    assert kube_file.read_bytes() == before
+
+
+def test_down_takes_out_our_entry_when_the_cluster_went_first(world: World, kube_file: Path) -> None:
+    import boto3
+
+    kube_file.parent.mkdir(parents=True, exist_ok=True)
+    kube_file.write_text(USERS_OWN)
+    before = kube_file.read_bytes()
+    up = run_rtui("up", "--yes", *AWS, "--until", "aws.kubeconfig")
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    assert ARN in kube_file.read_text()
+    eks = boto3.client("eks", region_name="us-east-1")
+    eks.delete_cluster(name="rtui-ray")  # by hand, in the console, say
+    for _ in range(100):
+        if "rtui-ray" not in eks.list_clusters()["clusters"]:
+            break
+        time.sleep(0.1)
     down = run_rtui("down", "--yes", *AWS)
     assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
     assert kube_file.read_bytes() == before
