@@ -5,6 +5,19 @@ API and its websocket through the API server's service proxy) goes the way the k
 environment say, as kubectl's would. The proxies are real ones on loopback (``tests/netproxies.py``);
 the server's certificate names ``SERVER_NAME``, which only the proxies resolve, so a connection that
 skips the proxy cannot even find the server, and one that ignores tls-server-name cannot trust it.
+
+What the doubles copy of the real path, and where it is defined:
+- routing as kubectl's: a kubeconfig ``proxy-url`` is used as is, NO_PROXY applies only to the
+  environment's proxy (client-go ``transport/cache.go``: ``Config.Proxy``, else
+  ``utilnet.NewProxierWithNoProxyCIDR(http.ProxyFromEnvironment)``); SOCKS5 gets the unresolved
+  host (Go ``net/http/transport.go``); ``tls-server-name`` is the TLS ServerName
+  (client-go ``rest.TLSClientConfig.ServerName``). The real kubectl checks the socks5 kubeconfig below.
+- a followed pod log sends nothing while the container is quiet (the kubelet follows the log file,
+  ``pkg/kubelet/kuberuntime/logs/logs.go``, and writes only what is logged): the emulator's log
+  stream (``kmock_ext._serve_log``) is as silent, so only a read deadline can tell a quiet pod from
+  a dead connection. The API server passes an upgraded (websocket) connection through byte for byte
+  (apimachinery ``pkg/util/proxy/upgradeaware.go``) and Ray's aiohttp dashboard answers pings, so
+  the tail's heartbeat reaches the head and back, as through the emulator's proxy.
 """
 
 from __future__ import annotations
