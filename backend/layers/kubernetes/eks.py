@@ -156,23 +156,6 @@ def kubeconfig_path(flag: str | None) -> Path:
     return Path(first).expanduser()
 
 
-def find_kubeconfig_entry(path: Path, cluster_name: str, region: str) -> tuple[str, str, str] | None:
-    """(ARN, server, CA file) of the EKS cluster's entry in ``path``; the CA is written to a file the
-    HTTP client can load (a public certificate, in rtui's cache)."""
-
-    try:
-        doc = yaml.safe_load(path.read_text()) if path.exists() else None
-    except (OSError, yaml.YAMLError):
-        return None
-    suffix = f":cluster/{cluster_name}"
-    for item in (doc or {}).get("clusters") or [] if isinstance(doc, dict) else []:
-        name = str((item or {}).get("name") or "")
-        if name.startswith("arn:") and name.endswith(suffix) and f":eks:{region}:" in name:
-            cluster = item.get("cluster") or {}
-            return name, str(cluster.get("server") or ""), ca_file(str(cluster.get("certificate-authority-data") or ""))
-    return None
-
-
 def ca_file(ca_data_b64: str) -> str:
     """A cluster's CA (base64 PEM, as EKS and kubeconfigs give it) in a file the HTTP client can load
     (a public certificate, in rtui's cache, named by its hash)."""
