@@ -89,6 +89,12 @@ class RunConfig(BaseModel):
     kubeconfig: str | None = Field(None, description="kubeconfig file (kube target; default: KUBECONFIG, else "
                                                      "~/.kube/config)")
     context: str | None = Field(None, description="kubeconfig context (kube target; default: the current one)")
+    kube_timeout_s: float = Field(10.0, gt=0, le=600, description="Deadline of each Kubernetes API request (kube "
+                                                                  "and aws targets): a server that does not answer "
+                                                                  "by then is reported unreachable")
+    kube_stream_idle_s: float = Field(60.0, gt=0, le=3600, description="A cluster log stream silent this long is "
+                                                                       "asked again from its last line (a load "
+                                                                       "balancer may drop it without a word)")
     hf_token: str = Field("", description="Hugging Face token for the cluster's pods, as a Secret: env:NAME (a "
                                           "variable of rtui's environment) or a file path; the value is never stored")
     # --- training ---
@@ -294,6 +300,23 @@ def flag_name(field: str) -> str:
 
 def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
+
+
+# How this machine reaches a run's cluster rather than what the run is: taken from the environment
+# (RTUI_*) over a run's recorded config whenever a run is opened again (status, logs, down).
+SESSION_FIELDS = ("kube_timeout_s", "kube_stream_idle_s")
+
+
+def with_session_settings(config: RunConfig, environ: Mapping[str, str] | None = None) -> RunConfig:
+    """``config`` with the ``SESSION_FIELDS`` that the environment sets now."""
+    environ = os.environ if environ is None else environ
+    raw = {field: environ[env_name(field)] for field in SESSION_FIELDS if environ.get(env_name(field))}
+    if not raw:
+        return config
+    try:
+        return RunConfig.model_validate({**config.model_dump(mode="json"), **raw}, strict=False)
+    except ValidationError as exc:
+        raise _describe_error(exc, {field: "env" for field in raw}, raw) from None
 
 
 class ResolvedConfig(BaseModel):

@@ -31,7 +31,7 @@ from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import aiohttp
 
@@ -51,6 +51,7 @@ LOGS_PREFIX = re.compile(r'\s*\{\s*"logs"\s*:\s*"')
 LOGS_READ_BYTES = 64 * 1024
 # A silent peer (a proxy that dropped the connection without a FIN) is noticed within this.
 WS_HEARTBEAT_S = 30.0
+SOCKS_SCHEMES = ("socks5", "socks5h", "socks4", "socks4a")
 
 
 def _no_headers() -> Mapping[str, str]:
@@ -76,13 +77,24 @@ class Answer:
 
 
 class JobsApi:
+    """``proxy``: None (direct), ``http(s)://`` (a CONNECT tunnel) or ``socks5(h)://``/``socks4(a)://``;
+    ``server_hostname``: the name TLS sends and checks instead of the URL's host (tls-server-name)."""
+
     def __init__(self, base_url: str, *, headers: HeaderProvider = _no_headers,
-                 ssl: ssl_lib.SSLContext | None = None, timeout_s: float = 30.0) -> None:
+                 ssl: ssl_lib.SSLContext | None = None, proxy: str | None = None,
+                 server_hostname: str | None = None, timeout_s: float = 30.0,
+                 stream_idle_s: float = WS_HEARTBEAT_S) -> None:
         self.base_url = base_url.rstrip("/")
         self._headers = headers
         # aiohttp's default (True) verifies against the system CAs; a context brings the kubeconfig's.
         self._ssl: ssl_lib.SSLContext | bool = ssl if ssl is not None else True
+        self._proxy = proxy
+        self._socks = proxy is not None and urlsplit(proxy).scheme.lower() in SOCKS_SCHEMES
+        self._server_hostname = server_hostname
         self.timeout_s = timeout_s
+        # A stream silent this long is checked: the tail's websocket pings (and gives up when no pong
+        # comes within half of it), the full-log read gives up; both are resumed by the caller.
+        self.stream_idle_s = stream_idle_s
         self._held: aiohttp.ClientSession | None = None
         self._held_loop: asyncio.AbstractEventLoop | None = None
 
@@ -90,7 +102,7 @@ class JobsApi:
     async def __aenter__(self) -> JobsApi:
         await self.aclose()
         # Created here, inside the running loop it belongs to (aiohttp binds a session to it).
-        self._held = aiohttp.ClientSession()
+        self._held = self._new_session()
         self._held_loop = asyncio.get_running_loop()
         return self
 
@@ -103,14 +115,38 @@ class JobsApi:
         if held is not None and not held.closed:
             await held.close()
 
+    async def fresh_connections(self) -> None:
+        """Open new connections from now on: after a silently dropped one, its pooled siblings (same
+        route, same load balancer) likely were dropped too, and a request would wait out its deadline."""
+        held = self._held
+        if held is not None and self._held_loop is asyncio.get_running_loop():
+            self._held = self._new_session()
+            await held.close()
+
     @contextlib.asynccontextmanager
     async def _session(self) -> AsyncIterator[aiohttp.ClientSession]:
         held = self._held
         if held is not None and not held.closed and self._held_loop is asyncio.get_running_loop():
             yield held
             return
-        async with aiohttp.ClientSession() as session:
+        async with self._new_session() as session:
             yield session
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        """A session whose connections go the way the cluster's do: through a SOCKS proxy by its
+        connector (aiohttp has none of its own); an HTTP proxy is named on each request instead."""
+        if self._proxy is not None and self._socks:
+            return aiohttp.ClientSession(connector=socks_connector(self._proxy))
+        return aiohttp.ClientSession()
+
+    def _route(self) -> dict[str, Any]:
+        """The keyword arguments every request and websocket of this client carries."""
+        route: dict[str, Any] = {"ssl": self._ssl}
+        if self._proxy is not None and not self._socks:
+            route["proxy"] = self._proxy
+        if self._server_hostname:
+            route["server_hostname"] = self._server_hostname
+        return route
 
     # --- requests -----------------------------------------------------------------------
     def url(self, path: str) -> str:
@@ -136,7 +172,7 @@ class JobsApi:
         try:
             async with self._session() as session, session.request(
                 method, self.url(path), json=json_body, data=data, headers=dict(self._headers()),
-                ssl=self._ssl, timeout=timeout,
+                timeout=timeout, **self._route(),
             ) as resp:
                 answer = Answer(resp.status, await resp.text())
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
@@ -212,10 +248,10 @@ class JobsApi:
         path = f"/api/jobs/{_seg(submission_id)}/logs"
         what = f"reading the log of job {submission_id}"
         # No total deadline: a long log takes as long as it takes; a silent peer does not.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=self.stream_idle_s)
         try:
             async with self._session() as session, session.get(
-                self.url(path), headers=dict(self._headers()), ssl=self._ssl, timeout=timeout,
+                self.url(path), headers=dict(self._headers()), timeout=timeout, **self._route(),
             ) as resp:
                 if resp.status != 200:
                     answer = Answer(resp.status, await resp.text())
@@ -245,8 +281,8 @@ class JobsApi:
         path = f"/api/jobs/{_seg(submission_id)}/logs/tail"
         try:
             async with self._session() as session, session.ws_connect(
-                self.url(path), headers=dict(self._headers()), ssl=self._ssl, heartbeat=WS_HEARTBEAT_S,
-                timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
+                self.url(path), headers=dict(self._headers()), heartbeat=self.stream_idle_s,
+                timeout=aiohttp.ClientWSTimeout(ws_close=5.0), **self._route(),
             ) as ws:
                 sent_close: int | None = None  # the code of the server's close frame, if one came
                 while True:
@@ -312,6 +348,41 @@ class JobsApi:
         if sent.status != 200:
             raise self._failed(f"uploading package {uri} ({len(data)} bytes)", sent)
         return uri
+
+
+def socks_connector(proxy: str) -> aiohttp.TCPConnector:
+    """An aiohttp connector through a SOCKS proxy. ``socks5``/``socks4`` resolve the target's name at
+    the proxy, as kubectl does (Go's net/http hands its SOCKS5 dialer the unresolved host), so a
+    name only the far side knows works; the ``h``/``a`` spellings mean the same here.
+
+    aiohttp-socks 0.12 makes the TLS connection to the target itself, naming the URL's host and
+    dropping aiohttp's ``server_hostname`` (a kubeconfig's tls-server-name): with one, the tunnel is
+    opened without TLS and TLS is started over it here, with that name.
+    """
+    from aiohttp_socks import ProxyConnector, ProxyType
+
+    class Connector(ProxyConnector):
+        async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> Any:
+            ssl, name = kwargs.get("ssl"), kwargs.get("server_hostname")
+            if not isinstance(ssl, ssl_lib.SSLContext) or not name:
+                return await super()._wrap_create_connection(*args, **kwargs)
+            transport, protocol = await super()._wrap_create_connection(*args, **{**kwargs, "ssl": None})
+            timeout = kwargs.get("timeout")
+            tls = await asyncio.get_running_loop().start_tls(
+                transport, protocol, ssl, server_hostname=name,
+                ssl_handshake_timeout=getattr(timeout, "sock_connect", None) or None)
+            if tls is None:
+                raise aiohttp.ClientConnectionError(f"TLS to {name} through {proxy} did not start")
+            protocol.connection_made(tls)
+            return tls, protocol
+
+    parts = urlsplit(proxy)
+    kind = ProxyType.SOCKS5 if parts.scheme.lower().startswith("socks5") else ProxyType.SOCKS4
+    if not parts.hostname or not parts.port:
+        raise OperationError(f"the proxy {proxy} names no host and port", remedy="fix proxy-url in the kubeconfig")
+    return Connector(proxy_type=kind, host=parts.hostname, port=parts.port,
+                          username=unquote(parts.username) if parts.username else None,
+                          password=unquote(parts.password) if parts.password else None, rdns=True)
 
 
 class TokenRefused(OperationError):

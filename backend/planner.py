@@ -9,8 +9,9 @@ order. The ledger entry of a resource is written before its handler touches the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import Field
 
@@ -40,8 +41,25 @@ class Stack:
 
 async def discover(stack: Stack, ctx: Context) -> list[Observed]:
     """Every layer's live resources of this run, bottom layer first (layers looked at concurrently)."""
-    found = await asyncio.gather(*(layer.discover(ctx) for layer in stack.layers))
+    found = await all_or_none(*(layer.discover(ctx) for layer in stack.layers))
     return [o for per_layer in found for o in per_layer]
+
+
+async def all_or_none(*calls: Awaitable[Any]) -> list[Any]:
+    """``asyncio.gather``, except that the first failure cancels the others and waits for them.
+
+    Plain gather leaves its other awaitables running behind the error; when the CLI's loop ends
+    they are cancelled there, and Python prints "_GatheringFuture exception was never retrieved"
+    and a traceback under rtui's one-line message.
+    """
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def desired(stack: Stack, ctx: Context) -> list[Resource]:
@@ -58,8 +76,7 @@ class PlanResult(Plan):
 
 
 async def make_plan(stack: Stack, ctx: Context) -> PlanResult:
-    prepared = asyncio.gather(*(layer.prepare(ctx) for layer in stack.layers))
-    found, _ = await asyncio.gather(discover(stack, ctx), prepared)
+    found, _ = await all_or_none(discover(stack, ctx), all_or_none(*(layer.prepare(ctx) for layer in stack.layers)))
     wanted = desired(stack, ctx)
     observed = {o.address: o for o in found}
     return diff(stack, wanted, observed)

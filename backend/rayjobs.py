@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from backend.errors import OperationError, TransientError
-from backend.jobsapi import HeaderProvider, JobsApi, SubmitRefused, TokenRefused
+from backend.jobsapi import WS_HEARTBEAT_S, HeaderProvider, JobsApi, SubmitRefused, TokenRefused
 from backend.store import JobState
 
 RECONNECT_DELAY_S = 1.0
@@ -57,15 +57,18 @@ class JobStatus:
 
 class RayJobs:
     """A cluster's jobs. ``headers`` is fixed (the local target's token); ``header_provider``
-    is called for every request (a token that expires); ``ssl`` carries a kubeconfig's CA."""
+    is called for every request (a token that expires); ``ssl`` carries a kubeconfig's CA, ``proxy``
+    and ``server_hostname`` its proxy and tls-server-name (``KubeApi.ray_jobs`` fills all three)."""
 
     def __init__(self, address: str, *, headers: Mapping[str, str] | None = None,
                  header_provider: HeaderProvider | None = None, ssl: ssl_lib.SSLContext | None = None,
-                 timeout_s: float = 30.0) -> None:
+                 proxy: str | None = None, server_hostname: str | None = None, timeout_s: float = 30.0,
+                 stream_idle_s: float = WS_HEARTBEAT_S) -> None:
         if headers and header_provider:
             raise ValueError("give either fixed headers or a header provider, not both")
         fixed = dict(headers or {})
-        self.api = JobsApi(address, headers=header_provider or (lambda: fixed), ssl=ssl, timeout_s=timeout_s)
+        self.api = JobsApi(address, headers=header_provider or (lambda: fixed), ssl=ssl, proxy=proxy,
+                           server_hostname=server_hostname, timeout_s=timeout_s, stream_idle_s=stream_idle_s)
         self.address = self.api.base_url
 
     async def __aenter__(self) -> RayJobs:
@@ -150,15 +153,29 @@ class RayJobs:
                         held = seen
                 clean = True
             except TransientError:
-                pass  # connection dropped: decide from the job's status below
+                # Dropped (a silent peer is noticed by the heartbeat): the pooled connections beside it
+                # likely went the same way; decide from the job's status below, on fresh ones.
+                await self.api.fresh_connections()
             closed_at = time.time()
-            status = await self.status(submission_id)
+            status = await self._status_after_drop(submission_id)
             if status.terminal:
                 if not (clean and _closed_after_end(status, closed_at)):
                     async for text in self._rest_of_log(submission_id, held):
                         yield text
                 return
             await asyncio.sleep(RECONNECT_DELAY_S)
+
+    async def _status_after_drop(self, submission_id: str) -> JobStatus:
+        """The job's status, asked again on fresh connections while the way to the head recovers."""
+        for attempt in range(LOG_FETCH_ATTEMPTS):
+            try:
+                return await self.status(submission_id)
+            except TransientError:
+                if attempt + 1 == LOG_FETCH_ATTEMPTS:
+                    raise
+                await self.api.fresh_connections()
+                await asyncio.sleep(RECONNECT_DELAY_S)
+        raise AssertionError("unreachable")
 
     async def _rest_of_log(self, submission_id: str, held: int) -> AsyncIterator[str]:
         """The log after its first ``held`` characters, from the full-log endpoint; a read that
@@ -172,6 +189,7 @@ class RayJobs:
             except TransientError:
                 if attempt + 1 == LOG_FETCH_ATTEMPTS:
                     raise
+                await self.api.fresh_connections()
                 await asyncio.sleep(RECONNECT_DELAY_S)
 
 

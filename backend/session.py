@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from backend.config import ResolvedConfig, RunConfig
+from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
@@ -144,7 +144,7 @@ class RunSession:
             raise OperationError(f"run {record.run_id} has a config this rtui cannot use ({detail[:120]})",
                                  remedy=f"tear it down by cluster name: `rtui down --yes --target {record.target} "
                                         f"--cluster-name {record.cluster_name}`") from None
-        return cls(store, record, config)
+        return cls(store, record, with_session_settings(config))
 
     @classmethod
     def orphan(cls, run_id: str, config: RunConfig, store: RunStore | None = None) -> RunSession:

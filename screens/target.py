@@ -235,13 +235,16 @@ class TargetScreen(RtuiScreen):
         try:
             results = await self.session.preflight()
         except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
+            line = exc.message if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
             if layer is None:
                 self.app.report_error(exc)
-            else:  # Enter is refused with this line, and the matrix says it (once: no notification too)
-                line = exc.message if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
-                self.post_message(self.ChecksFinished([CheckResult(
-                    id="aws.preflight", title="AWS preflight", status=CheckStatus.FAIL, detail=line,
-                    remedy=exc.remedy if isinstance(exc, RtuiError) else None)]))
+                check_id, title = "preflight", "Checks"
+            else:  # the matrix says it (once: no notification too); Enter is refused with this line
+                check_id, title = "aws.preflight", "AWS preflight"
+            # The checks panel has the failure too (never "checking…" for ever).
+            self.post_message(self.ChecksFinished([CheckResult(
+                id=check_id, title=title, status=CheckStatus.FAIL, detail=line,
+                remedy=exc.remedy if isinstance(exc, RtuiError) else None)]))
             return
         self.post_message(self.ChecksFinished(results, layer.report if layer is not None else None))
 

@@ -268,3 +268,38 @@ def test_kube_target_screen_snapshot(snap_compare, tmp_path: Path) -> None:  # t
         await wait_for(pilot, lambda: target_screen(app) and contexts_shown(app) == 2, 10, "checks and contexts")
 
     assert snap_compare(RtuiApp(session), run_before=loaded, terminal_size=(80, 24))
+
+
+@pytest.mark.parametrize("server", ["refuses", "never answers"])
+async def test_an_unreachable_api_server_is_one_line_in_the_checks_within_the_deadline(
+        world: KubeWorld, tmp_path: Path, server: str) -> None:
+    """Issue 19, item 8: the server and the context in one line, within --kube-timeout-s, no crash."""
+    import socket
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog) and never answers
+    url = "https://127.0.0.1:9" if server == "refuses" else f"https://127.0.0.1:{listener.getsockname()[1]}"
+    doc: dict[str, Any] = yaml.safe_load(world.kubeconfig.read_text())
+    for entry in doc["clusters"]:
+        entry["cluster"]["server"] = url
+    path = tmp_path / "gone"
+    path.write_text(yaml.safe_dump(doc))
+    app = RtuiApp(world.session(kubeconfig=str(path), kube_timeout_s="1"))
+    started = time.monotonic()
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: target_screen(app), 15, "checks")
+            took = time.monotonic() - started
+            shown = str(app.screen.query_one("#checks", Static).render())
+            # One check: the server in its line, the context in its remedy (the CLI's one line, in two).
+            assert shown.count("✗") == 1 and f"Kubernetes API server at {url}" in shown, shown
+            assert f"context {CONTEXT!r}" in shown, shown
+            assert "Traceback" not in shown
+            assert took < 8, took  # the 1 s deadline, not the default 10 s
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, TargetScreen)  # nothing to go on with
+            await pilot.press("q")
+    finally:
+        listener.close()
+    assert app.return_code == 0

@@ -98,9 +98,10 @@ async def _matrix(
     try:
         # Outside any region's limit, and botocore retries a read timeout: without a deadline
         # a dead endpoint held the check silent for attempts × read timeout (141 s measured).
-        regions_resp, types_resp = await asyncio.wait_for(
-            asyncio.gather(regions_task, types_task), request.listing_timeout_s
-        )
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for, cancelled, leaves the gather's
+        # CancelledError unretrieved, printed as a traceback under the CLI's one-line error.
+        async with asyncio.timeout(request.listing_timeout_s):
+            regions_resp, types_resp = await asyncio.gather(regions_task, types_task)
     except TimeoutError:
         raise OperationError(
             f"no answer from AWS at {aws.endpoint('ec2', home)} within {request.listing_timeout_s:g} s "

@@ -33,10 +33,13 @@ T = TypeVar("T")
 KIND_KEYS = {kind: key for key, (kind, _, _) in {**KINDS, **CUSTOM_KINDS}.items()}
 CONTEXT = "kmock"
 TOKEN = "test-token-0"
+# A name only the test proxies resolve (``tests/netproxies.py``), also in the server's certificate:
+# a client that bypasses the proxy cannot find the server, one that ignores tls-server-name cannot trust it.
+SERVER_NAME = "apiserver.rtui.test"
 
 
 def _self_signed_for_loopback() -> tuple[bytes, bytes]:
-    """A cert for 127.0.0.1 that is its own CA: kubectl sends no credentials over plain http."""
+    """A cert for 127.0.0.1 and ``SERVER_NAME`` that is its own CA: kubectl sends no credentials over plain http."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")])
     now = dt.datetime.now(dt.UTC)
@@ -44,8 +47,8 @@ def _self_signed_for_loopback() -> tuple[bytes, bytes]:
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                       x509.DNSName(SERVER_NAME)]), critical=False)
             .sign(key, hashes.SHA256()))
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
@@ -239,12 +242,23 @@ class KubeCluster:
         self._on_loop(lambda: self.kube.proxies.__setitem__((namespace, service, port), target))
 
     def write_kubeconfig(self, path: Path, *, user: Obj | None = None, context: str = CONTEXT,
-                         namespace: str = "default") -> Path:
-        """A kubeconfig for this server; ``user`` defaults to the bearer token."""
+                         namespace: str = "default", host: str | None = None, proxy_url: str | None = None,
+                         tls_server_name: str | None = None) -> Path:
+        """A kubeconfig for this server; ``user`` defaults to the bearer token.
+
+        ``host`` replaces 127.0.0.1 in the server URL (``SERVER_NAME`` through a proxy, ``localhost``
+        with ``tls_server_name``); ``proxy_url`` and ``tls_server_name`` are the cluster entry's
+        ``proxy-url`` and ``tls-server-name``.
+        """
+        server = self.url.replace("127.0.0.1", host) if host else self.url
+        cluster: Obj = {"server": server, "certificate-authority-data": base64.b64encode(self.ca_pem).decode()}
+        if proxy_url:
+            cluster["proxy-url"] = proxy_url
+        if tls_server_name:
+            cluster["tls-server-name"] = tls_server_name
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": context,
-            "clusters": [{"name": context, "cluster": {
-                "server": self.url, "certificate-authority-data": base64.b64encode(self.ca_pem).decode()}}],
+            "clusters": [{"name": context, "cluster": cluster}],
             "users": [{"name": context, "user": user or {"token": self.token}}],
             "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}],
         }))

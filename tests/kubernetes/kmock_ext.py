@@ -96,6 +96,12 @@ class Served:
     content_type: str
     authorization: str = ""  # the bearer token it came with, to tell which credential a client used
     message: str = ""  # an error's Status message (NOT_SERVED: nothing serves the resource)
+    peer_port: int = 0  # the client's TCP port: a request through a test proxy comes from the proxy's port
+
+
+def _peer_port(raw: aiohttp.web.BaseRequest) -> int:
+    peer = raw.transport.get_extra_info("peername") if raw.transport is not None else None
+    return int(peer[1]) if peer else 0
 
 
 def now_rfc3339(nano: bool = False) -> str:
@@ -180,6 +186,7 @@ class RtuiKube(KubernetesEmulator):
     # ---- entry point ---------------------------------------------------------------------------
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        peer = _peer_port(raw)  # before the answer: a stream's transport may be gone after it
         await raw.read()
         message = ""
         try:
@@ -190,7 +197,8 @@ class RtuiKube(KubernetesEmulator):
             response = await super().__call__(raw)
         self.served.append(Served(raw.method, raw.path, dict(raw.query), response.status,
                                   raw.headers.get("Content-Type", ""),
-                                  raw.headers.get("Authorization", "").removeprefix("Bearer "), message))
+                                  raw.headers.get("Authorization", "").removeprefix("Bearer "), message,
+                                  peer))
         return response
 
     async def _route(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse | None:

@@ -268,7 +268,7 @@ class KubeconfigHandler(AwsHandler):
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         cluster = await describe_cluster(api, ctx.config.cluster_name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
-            return []
+            return self._left_behind(ctx)
         path = kubeconfig_path(ctx)
         doc = _entries(path)
         entry = next((c for c in doc.get("clusters") or [] if isinstance(c, dict) and c.get("name") == cluster["arn"]),
@@ -280,6 +280,19 @@ class KubeconfigHandler(AwsHandler):
                          depends_on=(EKS_CLUSTER,), state={"path": str(path), "context": "the cluster ARN"},
                          healthy=server == cluster.get("endpoint"),
                          reason="written" if server == cluster.get("endpoint") else "points at an old endpoint")]
+
+    def _left_behind(self, ctx: Context) -> list[Observed]:
+        """The entry this run wrote, still in the file, of a cluster gone first (deleted by hand):
+        teardown takes it out too, as eksctl's delete does."""
+        entry = ctx.record.resources.get(KUBECONFIG)
+        if entry is None or not entry.live or not entry.id or "|" not in entry.id:
+            return []
+        path, name = entry.id.split("|", 1)
+        if not any(isinstance(c, dict) and c.get("name") == name for c in _entries(Path(path)).get("clusters") or []):
+            return []
+        return [Observed(address=KUBECONFIG, layer=LAYER, kind=self.kind, id=entry.id, depends_on=(EKS_CLUSTER,),
+                         state={"path": path, "context": "the cluster ARN"}, healthy=False,
+                         reason="its cluster is gone")]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         from backend.layers.kubernetes.eks import write_kubeconfig_entry

@@ -18,16 +18,20 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import urllib3
 import yaml
 from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.rest import should_bypass_proxies
 from kubernetes.config import kube_config
 from kubernetes.config.config_exception import ConfigException
 
 from backend.errors import OperationError, UserError
+
+if TYPE_CHECKING:
+    from backend.rayjobs import RayJobs
 
 Obj = dict[str, Any]
 Objs = list[Obj]  # aliases: inside KubeApi, ``list`` names the method
@@ -39,6 +43,9 @@ FIELD_MANAGER = "rtui"
 # What the client's loader raises on a broken file: its own errors, YAML's, and lookups of missing keys.
 _CONFIG_ERRORS = (ConfigException, yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, OSError)
 _LOG_QUEUE_BATCHES = 64  # a slow consumer stalls the reading thread, not memory
+# A log stream silent this long is asked again from its last line: a quiet job costs one request a
+# minute, a connection a load balancer dropped without a FIN (nothing ever arrives) costs a minute.
+STREAM_IDLE_S = 60.0
 # Blocking requests run on the API's own threads, as many as one discovery sends at once (about a
 # dozen): on asyncio's default executor (cpu_count + 4 threads, 6 on a 2-CPU machine) they would
 # queue, and a server that never answers would take two or three request deadlines to report.
@@ -102,14 +109,18 @@ def split_timestamp(line: str) -> tuple[str | None, str]:
 class KubeApi:
     """A cluster's API server as one kubeconfig context sees it."""
 
-    def __init__(self, configuration: Configuration, *, context: str, namespace: str, timeout_s: float) -> None:
+    def __init__(self, configuration: Configuration, *, context: str, namespace: str, timeout_s: float,
+                 stream_idle_s: float = STREAM_IDLE_S) -> None:
         # No urllib3 retries: a deadline is only a deadline if nothing silently tries again.
         configuration.retries = False
+        # TCP keepalive with client-go's timings: the kernel notices a peer a load balancer forgot.
+        configuration.keep_alive = True
         self._config = configuration
         self._client = ApiClient(configuration)
         self._context = context
         self._namespace = namespace
         self.timeout_s = timeout_s
+        self.stream_idle_s = stream_idle_s
         self._token_provider: TokenProvider | None = None
         self._threads = ThreadPoolExecutor(_REQUEST_THREADS, thread_name_prefix="kube-api")
 
@@ -117,7 +128,7 @@ class KubeApi:
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None, *, timeout_s: float = 10.0,
-                        token_provider: TokenProvider | None = None) -> KubeApi:
+                        stream_idle_s: float = STREAM_IDLE_S, token_provider: TokenProvider | None = None) -> KubeApi:
         source, files = _kubeconfig_files(path)
         try:
             contexts, current = kube_config.list_kube_config_contexts(source)  # type: ignore[no-untyped-call]
@@ -141,20 +152,23 @@ class KubeApi:
                             remedy="fix the kubeconfig or refresh it (`aws eks update-kubeconfig`)") from err
         entry = next(c for c in contexts if c["name"] == chosen)
         namespace = (entry.get("context") or {}).get("namespace") or "default"
-        api = cls(configuration, context=chosen, namespace=namespace, timeout_s=timeout_s)
+        _route_like_kubectl(configuration, _cluster_entry(files, str((entry.get("context") or {}).get("cluster"))))
+        api = cls(configuration, context=chosen, namespace=namespace, timeout_s=timeout_s,
+                  stream_idle_s=stream_idle_s)
         if token_provider is not None:
             api.set_token_provider(token_provider)
         return api
 
     @classmethod
     def for_server(cls, server: str, ca_file: str, *, context: str, token_provider: TokenProvider,
-                   timeout_s: float = 10.0) -> KubeApi:
+                   timeout_s: float = 10.0, stream_idle_s: float = STREAM_IDLE_S) -> KubeApi:
         """A cluster known by its endpoint and CA (EKS): no kubeconfig, so no exec plugin is run."""
         configuration = Configuration()
         configuration.host = server
         configuration.ssl_ca_cert = ca_file
         configuration.verify_ssl = True
-        api = cls(configuration, context=context, namespace="default", timeout_s=timeout_s)
+        api = cls(configuration, context=context, namespace="default", timeout_s=timeout_s,
+                  stream_idle_s=stream_idle_s)
         api.set_token_provider(token_provider)
         return api
 
@@ -203,9 +217,37 @@ class KubeApi:
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
 
+    @property
+    def proxy(self) -> str | None:
+        """The proxy every connection to this server goes through (None: direct), as the client decides:
+        the kubeconfig's ``proxy-url``, else HTTPS_PROXY/ALL_PROXY unless NO_PROXY names the server."""
+        cfg = self._config
+        if cfg.proxy and not should_bypass_proxies(self.server, cfg.no_proxy or ""):
+            return str(cfg.proxy)
+        return None
+
+    @property
+    def tls_server_name(self) -> str | None:
+        """The kubeconfig's ``tls-server-name``: the name sent in SNI and checked in the certificate."""
+        return str(self._config.tls_server_name) if self._config.tls_server_name else None
+
     def proxy_url(self, namespace: str, service: str, port_name: str) -> str:
         """The API server's proxy to a service port (DESIGN.md §4): no port exposed outside the cluster."""
         return f"{self.server}/api/v1/namespaces/{namespace}/services/{service}:{port_name}/proxy"
+
+    def ray_jobs(self, namespace: str, service: str, port_name: str) -> RayJobs:
+        """The Ray Jobs API behind a service port, reached the way every request to this server goes:
+        its token, its CA, its proxy and its TLS server name."""
+        from backend.rayjobs import RayJobs
+
+        return RayJobs(self.proxy_url(namespace, service, port_name), header_provider=self.headers,
+                       ssl=self.ssl_context(), proxy=self.proxy, server_hostname=self.tls_server_name,
+                       stream_idle_s=self.stream_idle_s)
+
+    def fresh_connections(self) -> None:
+        """Close the pooled idle connections: after one was dropped silently, the others (same route,
+        same load balancer) likely were too, and a request on one would wait out its whole deadline."""
+        self._client.rest_client.pool_manager.clear()
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -280,7 +322,9 @@ class KubeApi:
         """The pod's log lines. With ``follow`` it reconnects after a dropped stream until the pod ends.
 
         The server is always asked for timestamps so a reconnect resumes at ``sinceTime`` and skips
-        the lines already yielded; they are stripped again unless the caller asked for them.
+        the lines already yielded; they are stripped again unless the caller asked for them. A stream
+        silent for ``stream_idle_s`` is taken for dropped (a load balancer that forgot it sends no FIN)
+        and asked again the same way: a quiet pod only costs the request.
         """
         seen_ts: str | None = None
         seen_at_ts: set[str] = set()  # lines already yielded with the latest timestamp (sinceTime is coarse)
@@ -311,13 +355,28 @@ class KubeApi:
                     yield line if timestamps else text
             except _ObjectGone:
                 return  # the pod is gone: its log with it
+            except _StreamSilent:
+                self.fresh_connections()  # its idle siblings went the same way
+                if not follow:
+                    raise OperationError(f"the log of pod {namespace}/{pod} stopped coming for "
+                                         f"{self.stream_idle_s:g}s", remedy="check the network to the cluster"
+                                         ) from None
+                continue  # not a failure: a quiet pod looks the same; ask again at once
             except OperationError:
+                self.fresh_connections()
                 failures += 1
                 if not follow or failures >= 3:
                     raise
             if not follow:
                 return
-            phase = ((await self.get("v1", "Pod", pod, namespace)) or {}).get("status", {}).get("phase")
+            try:
+                phase = ((await self.get("v1", "Pod", pod, namespace)) or {}).get("status", {}).get("phase")
+            except OperationError:
+                self.fresh_connections()
+                failures += 1
+                if failures >= 3:
+                    raise
+                phase = "Unknown"
             if phase in (None, "Succeeded", "Failed"):
                 return
             await asyncio.sleep(min(0.2 * 2**failures, 2.0))
@@ -327,9 +386,10 @@ class KubeApi:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[list[str] | BaseException | None] = asyncio.Queue(_LOG_QUEUE_BATCHES)
         stop = threading.Event()
-        # Connect within the deadline; once streaming, silence is normal (a quiet training job).
+        # Connect within the deadline; once streaming, silence is normal (a quiet training job) up to
+        # ``stream_idle_s``, after which the caller asks again (_StreamSilent).
         response = await self._in_thread(lambda: self._call("GET", path, what, query=query,
-                                                            timeout=(self.timeout_s, None)))
+                                                            timeout=(self.timeout_s, self.stream_idle_s)))
 
         def hand_over(item: list[str] | BaseException | None) -> None:
             future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
@@ -353,6 +413,9 @@ class KubeApi:
                 if pending:
                     hand_over([pending.decode("utf-8", "replace")])
                 hand_over(None)
+            except urllib3.exceptions.ReadTimeoutError:
+                if not stop.is_set():
+                    hand_over(_StreamSilent())
             except Exception as err:  # noqa: BLE001 - crosses the thread boundary to be raised there
                 if not stop.is_set():
                     hand_over(OperationError(f"the log stream of pod {what.namespace}/{what.name} broke: "
@@ -401,7 +464,7 @@ class KubeApi:
             else:
                 raw = self._client.call_api(method, url, headers, body, post, _request_timeout=timeout).response
         except urllib3.exceptions.HTTPError as err:
-            raise OperationError(f"cannot reach the Kubernetes API server at {self.server} within {self.timeout_s:g}s "
+            raise Unreachable(f"cannot reach the Kubernetes API server at {self.server} within {self.timeout_s:g}s "
                                  f"({_one_line(err)})", remedy=f"check the network and the context {self._context!r}",
                                  ) from err
         except Exception as err:
@@ -456,6 +519,14 @@ class KindNotServed(UserError):
     """A 404 without details: the server serves no such resource (a CRD missing or not Established)."""
 
 
+class Unreachable(OperationError):
+    """No answer from the API server (refused, unresolved, or silent past the deadline): not a "no"."""
+
+
+class _StreamSilent(Exception):
+    """Nothing came on a stream for ``stream_idle_s``: a quiet source, or a connection dropped silently."""
+
+
 class _ObjectGone(Exception):
     """A 404 for an object of a kind the server knows: callers turn it into None/False."""
 
@@ -472,6 +543,38 @@ def _abort(response: urllib3.BaseHTTPResponse) -> None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
     threading.Thread(target=response.close, name="log-close", daemon=True).start()
+
+
+def _cluster_entry(files: list[str], name: str) -> Obj:
+    """The kubeconfig's cluster entry of that name, the first file naming it winning (as kubectl merges)."""
+    for file in files:
+        try:
+            with open(file) as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue
+        for item in (doc.get("clusters") or []) if isinstance(doc, dict) else []:
+            if isinstance(item, dict) and str(item.get("name")) == name:
+                return dict(item.get("cluster") or {})
+    return {}
+
+
+def _route_like_kubectl(configuration: Configuration, cluster: Obj) -> None:
+    """Make the client route like kubectl (client-go) where the two differ.
+
+    - A ``proxy-url`` in the kubeconfig is used for every request to that cluster: client-go's
+      ``transport/cache.go`` takes ``Config.Proxy`` as it is and applies NO_PROXY only to the
+      environment's proxy (``utilnet.NewProxierWithNoProxyCIDR(http.ProxyFromEnvironment)``); the
+      Python client would let NO_PROXY bypass it.
+    - ``socks5://`` resolves the server's name at the proxy: Go's ``net/http`` (transport.go) hands
+      the SOCKS5 dialer the unresolved ``host:port``. urllib3 (PySocks) resolves locally unless the
+      scheme is ``socks5h``, which fails for a name only the far side knows (a bastion's DNS).
+    """
+    if cluster.get("proxy-url"):
+        configuration.no_proxy = ""
+    proxy = str(configuration.proxy or "")
+    if proxy.lower().startswith("socks5://"):
+        configuration.proxy = "socks5h://" + proxy[len("socks5://"):]
 
 
 def _first_current_context(files: list[str]) -> str | None:

@@ -22,7 +22,10 @@ from typing import Any
 import boto3
 import yaml
 
+from backend.layers.kubernetes import kubeconfig_text
+
 TOKEN_PREFIX = "k8s-aws-v1."
+RUN_TAG = "rtui:run"  # the aws layer's tag naming the run that made a resource (DESIGN.md §1)
 CLUSTER_ID_HEADER = "x-k8s-aws-id"
 EXEC_API_VERSION = "client.authentication.k8s.io/v1beta1"
 # EKS accepts a token for 15 minutes after signing, whatever X-Amz-Expires says; aws-iam-authenticator
@@ -105,28 +108,43 @@ def write_kubeconfig_entry(path: str | os.PathLike[str], *, cluster_name: str, r
                            set_current: bool = False) -> str:
     """Merge our cluster/user/context (all named by the cluster ARN, as the AWS CLI does) into a kubeconfig.
 
-    Every other entry stays; re-running replaces only ours. The current-context changes only when
-    ``set_current`` or when the file had none (a new file). Written atomically; a new file is 0600.
-    Returns the context name.
+    Every other entry stays byte for byte (comments included); re-running replaces only ours. The
+    current-context changes only when ``set_current`` or when the file had none (a new file).
+    Written atomically; a new file is 0600. Returns the context name.
     """
     target = Path(path).expanduser()
     config: dict[str, Any] = {}
     mode = 0o600
+    text = ""
     if target.exists():
-        config = yaml.safe_load(target.read_text()) or {}
+        text = target.read_text()
+        config = yaml.safe_load(text) or {}
         if not isinstance(config, dict):
             raise ValueError(f"{target} is not a kubeconfig (a YAML mapping)")
         mode = target.stat().st_mode & 0o777
+    name = arn
+    entries = {
+        "clusters": {"name": name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data_b64}},
+        "users": {"name": name, "user": {"exec": exec_plugin(cluster_name, region, profile, rtui_bin)}},
+        "contexts": {"name": name, "context": {"cluster": name, "user": name}},
+    }
+    current = name if set_current or not config.get("current-context") else None
+    if text.strip():
+        spliced: str | None = text
+        for section, entry in entries.items():
+            spliced = kubeconfig_text.splice_entry(spliced, section, name, entry) if spliced is not None else None
+        if spliced is not None and current is not None:
+            spliced = kubeconfig_text.set_scalar(spliced, "current-context", current)
+        if spliced is not None:
+            _write_text_atomically(target, spliced, mode)
+            return name
     config.setdefault("apiVersion", "v1")
     config.setdefault("kind", "Config")
     config.setdefault("preferences", {})
-    name = arn
-    _upsert(config, "clusters", {"name": name, "cluster": {"server": endpoint,
-                                                           "certificate-authority-data": ca_data_b64}})
-    _upsert(config, "users", {"name": name, "user": {"exec": exec_plugin(cluster_name, region, profile, rtui_bin)}})
-    _upsert(config, "contexts", {"name": name, "context": {"cluster": name, "user": name}})
-    if set_current or not config.get("current-context"):
-        config["current-context"] = name
+    for section, entry in entries.items():
+        _upsert(config, section, entry)
+    if current is not None:
+        config["current-context"] = current
     _write_atomically(target, config, mode)
     return name
 
@@ -138,37 +156,38 @@ def kubeconfig_path(flag: str | None) -> Path:
     return Path(first).expanduser()
 
 
-def find_kubeconfig_entry(path: Path, cluster_name: str, region: str) -> tuple[str, str, str] | None:
-    """(ARN, server, CA file) of the EKS cluster's entry in ``path``; the CA is written to a file the
-    HTTP client can load (a public certificate, in rtui's cache)."""
+def ca_file(ca_data_b64: str) -> str:
+    """A cluster's CA (base64 PEM, as EKS and kubeconfigs give it) in a file the HTTP client can load
+    (a public certificate, in rtui's cache, named by its hash)."""
     from backend.paths import cache_dir
 
-    try:
-        doc = yaml.safe_load(path.read_text()) if path.exists() else None
-    except (OSError, yaml.YAMLError):
-        return None
-    suffix = f":cluster/{cluster_name}"
-    for item in (doc or {}).get("clusters") or [] if isinstance(doc, dict) else []:
-        name = str((item or {}).get("name") or "")
-        if name.startswith("arn:") and name.endswith(suffix) and f":eks:{region}:" in name:
-            cluster = item.get("cluster") or {}
-            ca = base64.b64decode(str(cluster.get("certificate-authority-data") or ""))
-            target = cache_dir() / "eks" / f"{hashlib.sha256(ca).hexdigest()[:16]}.pem"
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(ca)
-            return name, str(cluster.get("server") or ""), str(target)
-    return None
+    ca = base64.b64decode(ca_data_b64)
+    target = cache_dir() / "eks" / f"{hashlib.sha256(ca).hexdigest()[:16]}.pem"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(ca)
+    return str(target)
 
 
 def remove_kubeconfig_entry(path: str | os.PathLike[str], name: str) -> bool:
-    """Take out the cluster, user and context named ``name`` (ours); every other entry stays."""
+    """Take out the cluster, user and context named ``name`` (ours), as ``eksctl delete cluster`` does;
+    every other byte of the file stays (the current-context, if it was ours, becomes empty)."""
     target = Path(path).expanduser()
     if not target.exists():
         return False
-    config = yaml.safe_load(target.read_text()) or {}
+    text = target.read_text()
+    config = yaml.safe_load(text) or {}
     if not isinstance(config, dict):
         return False
+    spliced: str | None = text
+    for section in ("clusters", "users", "contexts"):
+        spliced = kubeconfig_text.splice_entry(spliced, section, name, None) if spliced is not None else None
+    if spliced is not None and config.get("current-context") == name:
+        spliced = kubeconfig_text.set_scalar(spliced, "current-context", "")
+    if spliced is not None:
+        if spliced != text:
+            _write_text_atomically(target, spliced, target.stat().st_mode & 0o777)
+        return spliced != text
     removed = False
     for section in ("clusters", "users", "contexts"):
         items = [i for i in config.get(section) or [] if not (isinstance(i, dict) and i.get("name") == name)]
@@ -182,12 +201,16 @@ def remove_kubeconfig_entry(path: str | os.PathLike[str], name: str) -> bool:
 
 
 def _write_atomically(target: Path, config: dict[str, Any], mode: int) -> None:
+    _write_text_atomically(target, yaml.safe_dump(config, default_flow_style=False, sort_keys=False), mode)
+
+
+def _write_text_atomically(target: Path, text: str, mode: int) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(config, f, default_flow_style=False, sort_keys=False)
+            f.write(text)
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)
