@@ -90,6 +90,7 @@ class Script:
     faulted: int = 0  # how many were
     on_nodegroup_active: NodegroupHook | None = None  # (cluster, nodegroup, info) once, when ACTIVE
     on_nodegroup_deleted: NodegroupHook | None = None  # (cluster, nodegroup, info) once, when gone
+    leave_cluster_sg: bool = False  # EKS leaves its eks-cluster-sg-* group behind when the cluster goes
 
     def reset(self) -> None:
         self.release.set()  # let any hung request from the previous test finish

@@ -87,6 +87,7 @@ def tick(account: str, region: str) -> None:
                 elif addon["status"] == "DELETING" and addon_age >= t.addon_delete:
                     del addons[name]
             if cluster.status == "DELETING" and age >= t.cluster_delete:
+                _delete_cluster_security_group(account, region, cluster)
                 backend.clusters.pop(cluster.name, None)
                 backend.cluster_count -= 1
     for hook in hooks:
@@ -197,8 +198,12 @@ def _leave_enis(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, info: dict
     lt = info["launch_template"]
     nics = lt.get("NetworkInterfaces") or []
     efa = [nic for nic in nics if nic.get("InterfaceType") == "efa"]
-    lt_groups = [g for nic in nics for g in nic.get("Groups", [])] or list(lt.get("SecurityGroupIds", []))
-    groups = lt_groups or list(cluster.resources_vpc_config.get("securityGroupIds") or [])
+    # EKS User Guide, "Customize managed nodes with launch templates" (launch-templates.html): the
+    # cluster security group is added to a node only when its launch template names no groups.
+    lt_groups = list(dict.fromkeys([g for nic in nics for g in nic.get("Groups", [])]
+                                   or list(lt.get("SecurityGroupIds", []))))
+    cluster_group = cluster.resources_vpc_config.get("clusterSecurityGroupId")
+    groups = lt_groups or ([cluster_group] if cluster_group else [])
     nic_tags: dict[str, str] = {}
     for spec in lt.get("TagSpecifications") or []:
         if spec.get("ResourceType") == "network-interface":
@@ -264,15 +269,47 @@ def _create_cluster(original: Callable[[EKSResponse], ActionResult]) -> Callable
         vpc.setdefault("endpointPublicAccess", True)
         vpc.setdefault("endpointPrivateAccess", False)
         vpc.setdefault("publicAccessCidrs", ["0.0.0.0/0"])
-        vpc.setdefault("clusterSecurityGroupId", f"sg-{uuid.uuid4().hex[:17]}")
         if subnets and "vpcId" not in vpc:
             vpc["vpcId"] = ec2.get_subnet(subnets[0]).vpc_id
+        if vpc.get("vpcId"):
+            vpc["clusterSecurityGroupId"] = _cluster_security_group(ec2, cluster.name, vpc["vpcId"]).id
         cluster.resources_vpc_config = vpc
         cluster.rtui_addons, cluster.rtui_access = {}, {}
         _start(cluster, "CREATING" if SCRIPT.timings.cluster_create > 0 else "ACTIVE")
         return result
 
     return create_cluster
+
+
+def _cluster_security_group(ec2: Any, name: str, vpc_id: str) -> Any:
+    """The security group EKS makes for every cluster, as AWS documents it (EKS User Guide,
+    "View Amazon EKS security group requirements for clusters", docs.aws.amazon.com/eks/latest/
+    userguide/sec-group-reqs.html): named ``eks-cluster-sg-<cluster>-<id>``, tagged
+    ``aws:eks:cluster-name`` and ``kubernetes.io/cluster/<cluster>: owned``; inbound all traffic
+    from itself only, outbound all traffic anywhere. The cluster's own tags do not propagate to it
+    (CreateCluster API reference, ``tags``). EKS puts managed nodes in it only when their launch
+    template names no security group (``_leave_enis``)."""
+    group_name = f"eks-cluster-sg-{name}-{uuid.uuid4().int % 10**10:010d}"
+    group = ec2.create_security_group(
+        group_name,
+        "EKS created security group applied to ENI that is attached to EKS Control Plane master nodes, "
+        "as well as any managed workloads.",
+        vpc_id,
+        tags={"aws:eks:cluster-name": name, f"kubernetes.io/cluster/{name}": "owned", "Name": group_name},
+    )
+    ec2.authorize_security_group_ingress(group.id, "-1", None, None, [], source_groups=[{"GroupId": group.id}])
+    return group
+
+
+def _delete_cluster_security_group(account: str, region: str, cluster: Cluster) -> None:
+    """EKS deletes the cluster security group with the cluster, but not while a network interface still
+    uses it, and sometimes not at all (``SCRIPT.leave_cluster_sg``): the group then stays in the VPC."""
+    group_id = (cluster.resources_vpc_config or {}).get("clusterSecurityGroupId")
+    ec2 = ec2_backends[account][region]
+    group = ec2.get_security_group_from_id(group_id) if group_id else None
+    if group is None or SCRIPT.leave_cluster_sg or any(group in eni._group_set for eni in ec2.enis.values()):
+        return
+    ec2._delete_security_group(group.vpc_id, group.id)
 
 
 def _describe_cluster(original: Callable[..., Cluster]) -> Callable[..., Cluster]:

@@ -269,7 +269,32 @@ def test_nodegroup_enis_left_behind_block_deletion(world: World) -> None:
             ec2.delete_vpc(VpcId=net["vpc"])
         assert code(err) == "DependencyViolation"
     ec2.detach_internet_gateway(InternetGatewayId=igw, VpcId=net["vpc"])
+    with pytest.raises(ClientError) as err:  # EKS's cluster security group is still in the VPC
+        ec2.delete_vpc(VpcId=net["vpc"])
+    assert code(err) == "DependencyViolation"
+    eks.delete_cluster(name="c1")  # goes at once (no timings): EKS deletes its group with it
     ec2.delete_vpc(VpcId=net["vpc"])
+
+
+def test_the_cluster_security_group_is_real_and_only_on_nodes_whose_template_names_none(world: World) -> None:
+    ec2, eks = client("ec2"), client("eks")
+    net = network(ec2)
+    made = cluster(eks, net)
+    group_id = made["resourcesVpcConfig"]["clusterSecurityGroupId"]
+    group = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"][0]
+    tags = {t["Key"]: t["Value"] for t in group["Tags"]}
+    assert group["GroupName"].startswith("eks-cluster-sg-c1-") and group["VpcId"] == net["vpc"]
+    assert tags["aws:eks:cluster-name"] == "c1" and tags["kubernetes.io/cluster/c1"] == "owned"
+    assert "rtui:run" not in tags  # the cluster's tags do not propagate
+    assert [(p["IpProtocol"], [g["GroupId"] for g in p["UserIdGroupPairs"]], p.get("IpRanges"))
+            for p in group["IpPermissions"]] == [("-1", [group_id], [])]
+    assert any(r.get("CidrIp") == "0.0.0.0/0" for p in group["IpPermissionsEgress"] for r in p["IpRanges"])
+    eks.create_nodegroup(clusterName="c1", nodegroupName="plain", nodeRole=ROLE, subnets=[net["b"]],
+                         scalingConfig={"minSize": 1, "maxSize": 1, "desiredSize": 1})
+    gpu_nodegroup(eks, net, efa_template(ec2, net["sg"]))
+    enis = ec2.describe_network_interfaces(Filters=[{"Name": "vpc-id", "Values": [net["vpc"]]}])["NetworkInterfaces"]
+    by_subnet = {(e["SubnetId"], tuple(g["GroupId"] for g in e["Groups"])) for e in enis}
+    assert by_subnet == {(net["b"], (group_id,)), (net["a"], (net["sg"],))}
 
 
 def test_insufficient_capacity(world: World) -> None:

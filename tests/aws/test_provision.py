@@ -42,7 +42,8 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
         "LaunchTemplateVersions"][0]["LaunchTemplateData"]
     interface = data["NetworkInterfaces"][0]
     assert (interface["InterfaceType"], interface["DeviceIndex"], interface["NetworkCardIndex"]) == ("efa", 0, 0)
-    assert interface["Groups"] == [group["GroupId"]]
+    cluster_group = eks().describe_cluster(name="rtui-ray")["cluster"]["resourcesVpcConfig"]["clusterSecurityGroupId"]
+    assert interface["Groups"] == [cluster_group, group["GroupId"]]
     assert data["MetadataOptions"]["HttpTokens"] == "required"
     assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] >= 100
     placement = client.describe_placement_groups(Filters=run_filter)["PlacementGroups"][0]
@@ -273,3 +274,40 @@ async def test_a_given_vpc_is_adopted_checked_and_never_deleted(world: World, ku
     assert tagged(session.run_id) == {}
     assert client.describe_vpcs(VpcIds=[vpc])["Vpcs"]
     assert len(client.describe_subnets(SubnetIds=private)["Subnets"]) == 2
+
+
+async def test_the_security_group_eks_leaves_behind_goes_before_the_vpc(world: World, kube_file: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.layers.aws import network
+
+    monkeypatch.setattr(network, "DEPENDENCY_TIMEOUT_S", 5.0)
+    world.script.leave_cluster_sg = True  # EKS sometimes leaves eks-cluster-sg-* when the cluster goes
+    session = session_for()
+    assert (await up(session)).ok
+    group = eks().describe_cluster(name="rtui-ray")["cluster"]["resourcesVpcConfig"]["clusterSecurityGroupId"]
+    gone = await down(session)
+    assert gone.ok, gone.failures()
+    assert tagged(session.run_id) == {}
+    left = ec2().describe_security_groups(Filters=[{"Name": "tag:aws:eks:cluster-name", "Values": ["rtui-ray"]}])
+    assert [g["GroupId"] for g in left["SecurityGroups"]] == [], group
+
+
+async def test_the_sweep_reports_what_is_left_in_the_vpc_tagged_or_not(world: World, kube_file: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.layers.aws import network
+
+    monkeypatch.setattr(network, "DEPENDENCY_TIMEOUT_S", 3.0)
+    session = session_for()
+    assert (await up(session)).ok
+    vpc = ec2().describe_vpcs(Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [session.run_id]}])["Vpcs"][0]["VpcId"]
+    # Made in the run's VPC by someone else (a controller, a user): no tag of ours.
+    stranger = ec2().create_security_group(GroupName="made-by-hand", Description="x", VpcId=vpc)["GroupId"]
+    gone = await down(session)
+    assert not gone.ok
+    sweep = next(e for e in gone.events if e.step == "sweep" and e.kind is EventKind.FAILED)
+    left = {item["id"]: item for item in session.record.facts["sweep"]}
+    assert stranger in left and left[stranger]["kind"] == "security group", sweep.message
+    assert vpc in left
+    ec2().delete_security_group(GroupId=stranger)
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}

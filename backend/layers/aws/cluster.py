@@ -16,7 +16,7 @@ import yaml
 from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, refuse_foreign, tags, wait_until
 from backend.layers.aws.base import ACCESS_ENTRY, CLUSTER_ROLE, EKS_CLUSTER, KUBECONFIG, LAYER, AwsHandler
 from backend.layers.aws.iam import role_arn
-from backend.layers.aws.network import security_group_id, subnet_ids
+from backend.layers.aws.network import delete_cluster_groups, security_group_id, subnet_ids
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -122,6 +122,7 @@ class EksClusterHandler(AwsHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
+        vpc = ((await describe_cluster(api, have.id) or {}).get("resourcesVpcConfig") or {}).get("vpcId")
         await api.call("eks", "delete_cluster", name=have.id, ok=_NOT_FOUND)
 
         async def look() -> Phase:
@@ -132,6 +133,9 @@ class EksClusterHandler(AwsHandler):
         async for p in wait_until(look, what=f"deleting EKS cluster {have.id}", expected_s=CLUSTER_DELETE_S,
                                   timeout_s=1800.0):
             yield p
+        if vpc:  # also in an adopted VPC, which rtui never deletes
+            async for p in delete_cluster_groups(api, str(vpc), have.id):
+                yield p
 
 
 class AddonHandler(AwsHandler):

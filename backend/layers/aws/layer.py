@@ -237,8 +237,8 @@ class AwsLayer(Layer):
         efa = config.wants_efa()
         res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
         res(LAUNCH_TEMPLATE, "aws-launch-template",
-            {"efa": efa, "volume_gb": ROOT_VOLUME_GB, "imdsv2": True,
-             "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, PLACEMENT_GROUP)
+            {"efa": efa, "volume_gb": ROOT_VOLUME_GB, "imdsv2": True, "cluster_sg": True,
+             "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,

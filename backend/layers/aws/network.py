@@ -93,6 +93,27 @@ async def until_free(api: AwsApi, what: str, attempt: Any, *, subnet: str | None
         yield p
 
 
+EKS_CLUSTER_TAG = "aws:eks:cluster-name"
+
+
+async def delete_cluster_groups(api: AwsApi, vpc: str, cluster: str) -> AsyncIterator[Progress]:
+    """Delete the ``eks-cluster-sg-*`` group EKS made for ``cluster`` when it is still in the VPC.
+
+    EKS deletes it with the cluster unless something still uses it (the detached interfaces of the
+    nodes, often), and then leaves it for good: it carries EKS's tag ``aws:eks:cluster-name``, not
+    ours, and would block the VPC's deletion (DependencyViolation)."""
+    groups = await api.pages("ec2", "describe_security_groups", "SecurityGroups", Filters=[
+        {"Name": "vpc-id", "Values": [vpc]}, {"Name": f"tag:{EKS_CLUSTER_TAG}", "Values": [cluster]}])
+    for group in groups:
+        gid = str(group["GroupId"])
+
+        async def attempt(gid: str = gid) -> bool | None:
+            return await delete_or_blocked(api, "delete_security_group", GroupId=gid)
+
+        async for p in until_free(api, f"security group {gid} (EKS's, left behind)", attempt, group=gid):
+            yield p
+
+
 async def delete_or_blocked(api: AwsApi, operation: str, **kwargs: Any) -> bool | None:
     """True when deleted (or already gone); None while AWS says something still depends on it."""
     try:
@@ -142,6 +163,8 @@ class VpcHandler(AwsHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
+        async for p in delete_cluster_groups(api, have.id, ctx.config.cluster_name):
+            yield p
 
         async def attempt() -> bool | None:
             return await delete_or_blocked(api, "delete_vpc", VpcId=have.id)

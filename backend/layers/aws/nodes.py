@@ -83,8 +83,11 @@ class PlacementGroupHandler(AwsHandler):
             yield p
 
 
-def launch_template_data(ctx: Context, security_group: str, want: Resource) -> dict[str, Any]:
-    interface: dict[str, Any] = {"DeviceIndex": 0, "NetworkCardIndex": 0, "Groups": [security_group],
+def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dict[str, Any]:
+    """``groups``: the EKS cluster security group and the EFA group. EKS adds its cluster group only to
+    nodes whose launch template names none; a template that names only the EFA group would cut the GPU
+    nodes off the system node (the Ray head, CoreDNS), whose only group admits just itself."""
+    interface: dict[str, Any] = {"DeviceIndex": 0, "NetworkCardIndex": 0, "Groups": list(groups),
                                  "DeleteOnTermination": True}
     if want.spec["efa"]:
         interface["InterfaceType"] = "efa"
@@ -101,6 +104,17 @@ def launch_template_data(ctx: Context, security_group: str, want: Resource) -> d
     }
 
 
+async def node_groups(api: AwsApi, ctx: Context) -> list[str]:
+    """The GPU nodes' security groups: the EKS cluster's own (reachability to the system node and the
+    control plane) and this run's EFA group (all traffic between the GPU nodes)."""
+    cluster = await describe_cluster(api, ctx.config.cluster_name)
+    cluster_group = ((cluster or {}).get("resourcesVpcConfig") or {}).get("clusterSecurityGroupId")
+    if not cluster_group:
+        raise OperationError(f"EKS cluster {ctx.config.cluster_name} reports no cluster security group yet",
+                             remedy="run `rtui up` again once the cluster is active")
+    return [str(cluster_group), await security_group_id(api, ctx)]
+
+
 class LaunchTemplateHandler(AwsHandler):
     kind = "aws-launch-template"
     title = "Create the GPU launch template (EFA interface, IMDSv2)"
@@ -109,17 +123,23 @@ class LaunchTemplateHandler(AwsHandler):
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         out = []
-        for template in await find(api, ctx, "describe_launch_templates", "LaunchTemplates"):
+        templates = await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
+        cluster = await describe_cluster(api, ctx.config.cluster_name) if templates else None
+        for template in templates:
             versions = await api.call("ec2", "describe_launch_template_versions",
                                       LaunchTemplateId=template["LaunchTemplateId"], Versions=["$Latest"])
             data = (versions.get("LaunchTemplateVersions") or [{}])[0].get("LaunchTemplateData") or {}
             interface = (data.get("NetworkInterfaces") or [{}])[0]
+            cluster_group = ((cluster or {}).get("resourcesVpcConfig") or {}).get("clusterSecurityGroupId")
             out.append(Observed(address=LAUNCH_TEMPLATE, layer=LAYER, kind=self.kind, id=template["LaunchTemplateId"],
                                 state={"efa": interface.get("InterfaceType") == "efa",
                                        "volume_gb": ((data.get("BlockDeviceMappings") or [{}])[0].get("Ebs") or {})
                                        .get("VolumeSize"),
                                        "placement_group": (data.get("Placement") or {}).get("GroupName"),
                                        "imdsv2": (data.get("MetadataOptions") or {}).get("HttpTokens") == "required",
+                                       "cluster_sg": cluster_group is not None and all(
+                                           cluster_group in (nic.get("Groups") or [])
+                                           for nic in data.get("NetworkInterfaces") or [{}]),
                                        "version": template.get("LatestVersionNumber")},
                                 reason="exists"))
         return out
@@ -133,7 +153,7 @@ class LaunchTemplateHandler(AwsHandler):
             template = await api.call(
                 "ec2", "create_launch_template", LaunchTemplateName=Names(ctx.config.cluster_name).launch_template,
                 ClientToken=f"{ctx.record.run_id}-lt-{want.spec['placement_group']}"[:64],
-                LaunchTemplateData=launch_template_data(ctx, await security_group_id(api, ctx), want),
+                LaunchTemplateData=launch_template_data(ctx, await node_groups(api, ctx), want),
                 TagSpecifications=tag_spec("launch-template", run_tags(ctx)))
             tid = template["LaunchTemplate"]["LaunchTemplateId"]
         self.made(ctx, want, tid)
