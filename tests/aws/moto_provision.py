@@ -28,6 +28,7 @@ from moto.autoscaling.responses import AutoScalingResponse
 from moto.core.responses import ActionResult
 from moto.core.utils import utcnow
 from moto.ec2.models import ec2_backends
+from moto.ec2.models import instance_types as moto_instance_types
 from moto.ec2.responses import EC2Response
 from moto.eks import urls as eks_urls
 from moto.eks.exceptions import ResourceInUseException, ResourceNotFoundException
@@ -101,7 +102,10 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
     if ng.status == "CREATING" and age >= t.nodegroup_create:
         info = nodegroup_info(backend, ng)
         zones = SCRIPT.ice_zones.get(info["instance_type"], set())
-        if info["zones"] and all(zone in zones for zone in info["zones"]):
+        invalid = _invalid_interfaces(info)
+        if invalid:
+            _fail_launch(ng, info, invalid)
+        elif info["zones"] and all(zone in zones for zone in info["zones"]):
             _fail_capacity(backend, ng, info)
         else:
             ng.status = "ACTIVE"
@@ -153,6 +157,37 @@ def nodegroup_info(backend: EKSBackend, ng: Nodegroup) -> dict[str, Any]:
         "asg": ng.resources["autoScalingGroups"][0]["name"],
         "launch_template": lt,
     }
+
+
+def _invalid_interfaces(info: dict[str, Any]) -> str | None:
+    """Why EC2 would refuse the launch template's interfaces on this instance type (None: it would not).
+
+    EC2 User Guide, "Network cards" and "Maximize network bandwidth on instances with multiple network
+    cards" (efa-acc-inst-types): the primary interface is on network card 0 at device index 0, a card
+    index must be below ``MaximumNetworkCards``, a device index is used once per card, and an instance
+    takes at most ``EfaInfo.MaximumEfaInterfaces`` EFA interfaces."""
+    nics = (info["launch_template"] or {}).get("NetworkInterfaces") or []
+    if not nics:
+        return None
+    network = moto_instance_types.INSTANCE_TYPES.get(info["instance_type"], {}).get("NetworkInfo") or {}
+    cards = int(network.get("MaximumNetworkCards") or 1)
+    slots = [(int(n.get("NetworkCardIndex", 0)), int(n.get("DeviceIndex", 0))) for n in nics]
+    efa = sum(1 for n in nics if n.get("InterfaceType") == "efa")
+    if (0, 0) not in slots:
+        return "InvalidParameterValue: the primary network interface must be at network card 0, device index 0"
+    if len(set(slots)) != len(slots):
+        return "InvalidParameterValue: a device index is used twice on one network card"
+    if max(card for card, _ in slots) >= cards:
+        return f"InvalidParameterValue: network card index out of range ({info['instance_type']} has {cards})"
+    if efa > int((network.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 0):
+        return f"InvalidParameterCombination: {info['instance_type']} does not take {efa} EFA interfaces"
+    return None
+
+
+def _fail_launch(ng: Nodegroup, info: dict[str, Any], why: str) -> None:
+    ng.status = "CREATE_FAILED"
+    ng.health = {"issues": [{"code": "AsgInstanceLaunchFailures", "message": f"{why}. Launching EC2 instance failed.",
+                             "resourceIds": [info["asg"]]}]}
 
 
 def _fail_capacity(backend: EKSBackend, ng: Nodegroup, info: dict[str, Any]) -> None:
@@ -222,12 +257,13 @@ def _leave_enis(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, info: dict
         )
         _attach(cni, instance_id, backend.account_id, 1)
         enis.append(cni.id)
-        if efa:
+        for spec in efa:  # one EFA interface per one the template asks for (one per network card)
             nic = ec2.create_network_interface(
                 subnet, [], group_ids=groups or None, description="", tags=dict(nic_tags)
             )
             nic.interface_type = "efa"
-            _attach(nic, instance_id, backend.account_id, int(efa[0].get("DeviceIndex", 0)))
+            nic.rtui_card = int(spec.get("NetworkCardIndex", 0))
+            _attach(nic, instance_id, backend.account_id, int(spec.get("DeviceIndex", 0)))
             enis.append(nic.id)
     ng.rtui_enis = enis
     return ids

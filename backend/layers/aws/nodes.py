@@ -1,4 +1,4 @@
-"""The nodes: a cluster placement group, the GPU launch template (one EFA interface), two nodegroups.
+"""The nodes: a cluster placement group, the GPU launch template (an EFA per network card), two nodegroups.
 
 A nodegroup that fails says why in AWS's words: its health issues and the last scaling
 activity of its Auto Scaling group. Insufficient capacity is its own error (``CapacityError``)
@@ -87,13 +87,10 @@ def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dic
     """``groups``: the EKS cluster security group and the EFA group. EKS adds its cluster group only to
     nodes whose launch template names none; a template that names only the EFA group would cut the GPU
     nodes off the system node (the Ray head, CoreDNS), whose only group admits just itself."""
-    interface: dict[str, Any] = {"DeviceIndex": 0, "NetworkCardIndex": 0, "Groups": list(groups),
-                                 "DeleteOnTermination": True}
-    if want.spec["efa"]:
-        interface["InterfaceType"] = "efa"
     node_tags = run_tags(ctx)
     return {
-        "NetworkInterfaces": [interface],
+        "NetworkInterfaces": network_interfaces(groups, want.spec.get("efa_interfaces", 0) if want.spec["efa"]
+                                                else 0),
         # IMDSv2 only; hop limit 2 so pods (one hop further) can still reach it through the CNI.
         "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
@@ -102,6 +99,20 @@ def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dic
         "TagSpecifications": [*tag_spec("instance", node_tags, f"{ctx.config.cluster_name}-gpu"),
                               *tag_spec("network-interface", node_tags), *tag_spec("volume", node_tags)],
     }
+
+
+def network_interfaces(groups: list[str], efa: int) -> list[dict[str, Any]]:
+    """One EFA interface per network card. EC2 User Guide, "Maximize network bandwidth on instances
+    with multiple network cards" (efa-acc-inst-types): the primary interface on network card 0 at
+    device index 0; every further one on the next network card at device index 1."""
+    def interface(card: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"DeviceIndex": 0 if card == 0 else 1, "NetworkCardIndex": card,
+                               "Groups": list(groups), "DeleteOnTermination": True}
+        if efa:
+            out["InterfaceType"] = "efa"
+        return out
+
+    return [interface(card) for card in range(max(1, efa))]
 
 
 async def node_groups(api: AwsApi, ctx: Context) -> list[str]:
@@ -133,6 +144,8 @@ class LaunchTemplateHandler(AwsHandler):
             cluster_group = ((cluster or {}).get("resourcesVpcConfig") or {}).get("clusterSecurityGroupId")
             out.append(Observed(address=LAUNCH_TEMPLATE, layer=LAYER, kind=self.kind, id=template["LaunchTemplateId"],
                                 state={"efa": interface.get("InterfaceType") == "efa",
+                                       "efa_interfaces": sum(1 for nic in data.get("NetworkInterfaces") or []
+                                                             if nic.get("InterfaceType") == "efa"),
                                        "volume_gb": ((data.get("BlockDeviceMappings") or [{}])[0].get("Ebs") or {})
                                        .get("VolumeSize"),
                                        "placement_group": (data.get("Placement") or {}).get("GroupName"),
@@ -157,7 +170,9 @@ class LaunchTemplateHandler(AwsHandler):
                 TagSpecifications=tag_spec("launch-template", run_tags(ctx)))
             tid = template["LaunchTemplate"]["LaunchTemplateId"]
         self.made(ctx, want, tid)
-        yield Progress(f"{tid}: " + ("one EFA interface, " if want.spec["efa"] else "") + "IMDSv2 only, "
+        efa = want.spec.get("efa_interfaces", 0) if want.spec["efa"] else 0
+        yield Progress(f"{tid}: " + (f"{efa} EFA interface{'s' if efa > 1 else ''} (one per network card), "
+                                     if efa else "") + "IMDSv2 only, "
                        f"{want.spec['volume_gb']} GB root", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
