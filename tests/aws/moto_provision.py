@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import time
 import uuid
@@ -455,6 +456,10 @@ def install_provisioning() -> Callable[[], None]:
     patch(EKSBackend, "delete_cluster", _delete_cluster(EKSBackend.delete_cluster))
     patch(EKSBackend, "delete_nodegroup", _delete_nodegroup(EKSBackend.delete_nodegroup))
     patch(AutoScalingResponse, "describe_scaling_activities", _describe_scaling_activities)
+    # moto reads the region from ".<region>.amazonaws.com" anywhere in the URL; an IAM Identity Center
+    # principal in an access-entry path (".../role/aws-reserved/sso.amazonaws.com/...") fooled it. AWS
+    # takes the region from the endpoint's host: so does this.
+    patch(EKSResponse, "region_regex", re.compile(r"^[a-z]+://[^/]*?\.(?P<region>[^./]+)\.amazonaws\.com"))
     for name, method in api.METHODS.items():
         patch(EKSResponse, name, method)
     for cls in (EKSResponse, EC2Response, AutoScalingResponse):

@@ -174,7 +174,8 @@ def test_addons_lifecycle(world: World) -> None:
 def test_access_entries(world: World) -> None:
     ec2, eks = client("ec2"), client("eks")
     cluster(eks, network(ec2))
-    who = "arn:aws:iam::123456789012:role/rtui/admin"
+    who = client("iam").create_role(RoleName="admin", Path="/rtui/", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    assert who == "arn:aws:iam::123456789012:role/rtui/admin"
     policy = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
     eks.create_access_entry(clusterName="c1", principalArn=who)
     with pytest.raises(ClientError) as err:
@@ -402,3 +403,19 @@ def test_transient_5xx_are_retried(world: World, service: str) -> None:
         calls[service](client(service))
     assert code(err) in ("InternalError", "ServiceUnavailable")
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] in (500, 503)
+
+
+def test_an_access_entry_needs_the_role_arn_with_its_path(world: World) -> None:
+    ec2, eks, iam = client("ec2"), client("eks"), client("iam")
+    cluster(eks, network(ec2))
+    arn = iam.create_role(RoleName="AWSReservedSSO_Admin_1", Path="/aws-reserved/sso.amazonaws.com/us-east-1/",
+                          AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    for wrong in ("arn:aws:iam::123456789012:role/AWSReservedSSO_Admin_1", "arn:aws:iam::123456789012:role/nobody"):
+        with pytest.raises(ClientError) as err:
+            eks.create_access_entry(clusterName="c1", principalArn=wrong)
+        assert code(err) == "InvalidParameterException"
+        assert "The specified principalArn is invalid: invalid principal" in str(err.value)
+    eks.create_access_entry(clusterName="c1", principalArn=arn)
+    eks.associate_access_policy(clusterName="c1", principalArn=arn, accessScope={"type": "cluster"},
+                                policyArn="arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy")
+    assert eks.list_associated_access_policies(clusterName="c1", principalArn=arn)["associatedAccessPolicies"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import boto3
 import pytest
 
 from backend.model import Action, EventKind
@@ -311,3 +312,30 @@ async def test_the_sweep_reports_what_is_left_in_the_vpc_tagged_or_not(world: Wo
     ec2().delete_security_group(GroupId=stranger)
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
+
+
+async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, kube_file: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.layers.aws import base
+
+    path = "/aws-reserved/sso.amazonaws.com/us-east-1/"
+    role = iam().create_role(RoleName="AWSReservedSSO_AdministratorAccess_0123456789abcdef", Path=path,
+                             AssumeRolePolicyDocument="{}")["Role"]
+    creds = boto3.client("sts", region_name="us-east-1").assume_role(
+        RoleArn=role["Arn"], RoleSessionName="someone@example.com")["Credentials"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["SecretAccessKey"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", creds["SessionToken"])
+    base._APIS.clear()  # a new identity: the layer's clients are made again
+    try:
+        session = session_for()
+        made = await up(session)
+        assert made.ok, made.failures()
+        assert eks().list_access_entries(clusterName="rtui-ray")["accessEntries"] == [role["Arn"]]
+        assert path in role["Arn"]
+        again = await session.plan()
+        assert [c.address for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+        assert (await down(session)).ok
+        assert tagged(session.run_id) == {}
+    finally:
+        base._APIS.clear()

@@ -33,14 +33,23 @@ async def describe_cluster(api: AwsApi, name: str) -> dict[str, Any] | None:
     return None if found is None else dict(found["cluster"])
 
 
-def principal_arn(caller_arn: str) -> str:
-    """An access entry names an IAM role, not the STS session that assumed it (SSO users included)."""
-    if ":assumed-role/" in caller_arn:
-        prefix, rest = caller_arn.split(":assumed-role/", 1)
-        account = prefix.split(":")[4]
-        partition = prefix.split(":")[1]
-        return f"arn:{partition}:iam::{account}:role/{rest.split('/')[0]}"
-    return caller_arn
+def assumed_role_name(caller_arn: str) -> str | None:
+    """The role of an STS assumed-role session ARN (``...:assumed-role/<role>/<session>``), else None."""
+    if ":assumed-role/" not in caller_arn:
+        return None
+    return caller_arn.split(":assumed-role/", 1)[1].split("/")[0]
+
+
+async def caller_principal(api: AwsApi) -> str:
+    """The IAM principal an access entry names: the role behind an assumed-role session, as IAM writes
+    its ARN, path included (IAM Identity Center roles live under ``/aws-reserved/sso.amazonaws.com/``,
+    and EKS refuses their ARN without it), so it comes from ``iam:GetRole``, not from the STS ARN."""
+    caller = str((await api.identity())["Arn"])
+    role = assumed_role_name(caller)
+    if role is None:
+        return caller  # an IAM user's ARN is already its IAM ARN
+    found = await api.call("iam", "get_role", RoleName=role)
+    return str(found["Role"]["Arn"])
 
 
 class EksClusterHandler(AwsHandler):
@@ -215,7 +224,7 @@ class AccessEntryHandler(AwsHandler):
         cluster = await describe_cluster(api, name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return []
-        principal = principal_arn(str((await api.identity())["Arn"]))
+        principal = await caller_principal(api)
         entry = await api.call("eks", "describe_access_entry", clusterName=name, principalArn=principal,
                                ok=_NOT_FOUND)
         if entry is None:
@@ -230,7 +239,7 @@ class AccessEntryHandler(AwsHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         name = ctx.config.cluster_name
-        principal = principal_arn(str((await api.identity())["Arn"]))
+        principal = await caller_principal(api)
         await api.call("eks", "create_access_entry", clusterName=name, principalArn=principal, type="STANDARD",
                        tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-admin",
                        ok=("ResourceInUseException",))
