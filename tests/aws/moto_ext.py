@@ -52,6 +52,8 @@ class Timings:
     nat_create: float = 0.0
     nat_delete: float = 0.0
     nat_deleted_visible: float = 3600.0  # a deleted NAT gateway is still described this long
+    # After CreateRole, EKS refuses the role this long (IAM is eventually consistent): moto_provision.
+    iam_propagation: float = 0.3
 
 
 NodegroupHook = Callable[[str, str, dict[str, Any]], None]

@@ -32,11 +32,11 @@ from moto.ec2.models import ec2_backends
 from moto.ec2.models import instance_types as moto_instance_types
 from moto.ec2.responses import EC2Response
 from moto.eks import urls as eks_urls
-from moto.eks.exceptions import ResourceInUseException, ResourceNotFoundException
+from moto.eks.exceptions import InvalidParameterException, ResourceInUseException, ResourceNotFoundException
 from moto.eks.models import Cluster, EKSBackend, Nodegroup, eks_backends
 from moto.eks.responses import EKSResponse
 from moto.iam.aws_managed_policies import aws_managed_policies_data
-from moto.iam.models import AWSManagedPolicy, IAMBackend
+from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
 from tests.aws import moto_provision_api as api
 from tests.aws import moto_provision_ec2
@@ -290,8 +290,34 @@ def _ticking(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return call_action
 
 
+def _create_role(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_role(self: IAMBackend, *args: Any, **kwargs: Any) -> Any:
+        role = original(self, *args, **kwargs)
+        role.rtui_created = time.monotonic()
+        return role
+
+    return create_role
+
+
+def _propagating(self: EKSResponse, role_arn: str | None, message: str) -> None:
+    """IAM is eventually consistent: for a while after CreateRole, EKS's CreateCluster and
+    CreateNodegroup refuse the new role with InvalidParameterException (IAM User Guide, "Changes that
+    I make are not always immediately visible"; the messages terraform-provider-aws retries on,
+    internal/service/eks/cluster.go: "does not exist", "Role could not be assumed because the
+    trusted entity is not correct", "The provided role doesn't have the Amazon EKS Managed
+    Policies associated with it")."""
+    iam = iam_backends[self.current_account]["aws"]
+    role = next((r for r in iam.roles.values() if r.arn == role_arn), None)
+    created = getattr(role, "rtui_created", None)
+    if created is not None and time.monotonic() - created < SCRIPT.timings.iam_propagation:
+        raise InvalidParameterException(clusterName=None, nodegroupName=None, fargateProfileName=None,
+                                        addonName=None, message=message.format(arn=role_arn))
+
+
 def _create_cluster(original: Callable[[EKSResponse], ActionResult]) -> Callable[[EKSResponse], ActionResult]:
     def create_cluster(self: EKSResponse) -> ActionResult:
+        _propagating(self, self._get_param("roleArn"), "Role with arn: {arn}, could not be assumed because the "
+                     "trusted entity is not correct. Please ensure that the trust policy allows eks.amazonaws.com")
         result = original(self)
         cluster = self.eks_backend.clusters[self._get_param("name")]
         access = self._get_param("accessConfig") or {}
@@ -380,6 +406,10 @@ def _delete_cluster(original: Callable[..., Cluster]) -> Callable[..., Cluster]:
 
 def _create_nodegroup(original: Callable[[EKSResponse], ActionResult]) -> Callable[[EKSResponse], ActionResult]:
     def create_nodegroup(self: EKSResponse) -> ActionResult:
+        _propagating(self, self._get_param("nodeRole"), "The provided role doesn't have the Amazon EKS Managed "
+                     "Policies associated with it. Please ensure the following policies [arn:aws:iam::aws:policy/"
+                     "AmazonEKSWorkerNodePolicy, arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly] are "
+                     "attached")
         result = original(self)
         cluster = self.eks_backend.clusters[self._get_param("name")]
         ng = cluster.nodegroups[self._get_param("nodegroupName")]
@@ -467,6 +497,7 @@ def install_provisioning() -> Callable[[], None]:
     for route in ROUTES:
         eks_urls.url_paths.setdefault(route, eks_urls.response.dispatch)
     patch(IAMBackend, "_init_aws_policies", _needed_aws_policies)
+    patch(IAMBackend, "create_role", _create_role(IAMBackend.create_role))
     undo_ec2 = moto_provision_ec2.install(patch)
 
     def uninstall() -> None:

@@ -339,3 +339,14 @@ async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, k
         assert tagged(session.run_id) == {}
     finally:
         base._APIS.clear()
+
+
+async def test_a_new_role_that_iam_has_not_settled_is_retried_and_shown(world: World, kube_file: Path) -> None:
+    world.script.timings.iam_propagation = 2.0  # EKS refuses the new roles this long
+    session = session_for()
+    made = await up(session)
+    assert made.ok, made.failures()
+    settling = [e for e in made.retries() if e.cause == "IAM propagation"]
+    assert {e.step for e in settling} >= {"aws.eks-cluster"}, [(e.step, e.message) for e in made.retries()]
+    assert all("IAM" in e.message for e in settling)
+    assert (await down(session)).ok

@@ -98,7 +98,7 @@ class EksClusterHandler(AwsHandler):
                                     "publicAccessCidrs": list(want.spec["public_cidrs"])},
                 accessConfig={"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": False},
                 tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-cluster",
-                ok=("ResourceInUseException",))
+                ok=("ResourceInUseException",), new_role=True)
         self.made(ctx, want, name)
         async for p in self.wait_ready(ctx, name):
             yield p

@@ -267,7 +267,7 @@ class NodegroupHandler(AwsHandler):
                                          "version": str(templates[0]["LatestVersionNumber"])}
         else:
             request["diskSize"] = 50
-        await api.call("eks", "create_nodegroup", **request, ok=("ResourceInUseException",))
+        await api.call("eks", "create_nodegroup", **request, ok=("ResourceInUseException",), new_role=True)
         self.made(ctx, want, f"{cluster}/{name}")
         async for p in self._until_ready(ctx, want, f"{cluster}/{name}"):
             yield p
