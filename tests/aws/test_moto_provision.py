@@ -419,3 +419,16 @@ def test_an_access_entry_needs_the_role_arn_with_its_path(world: World) -> None:
     eks.associate_access_policy(clusterName="c1", principalArn=arn, accessScope={"type": "cluster"},
                                 policyArn="arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy")
     assert eks.list_associated_access_policies(clusterName="c1", principalArn=arn)["associatedAccessPolicies"]
+
+
+def test_a_client_token_reused_with_other_parameters_is_refused(world: World) -> None:
+    ec2 = client("ec2")
+    net = network(ec2)
+    first = ec2.create_route_table(VpcId=net["vpc"], ClientToken="t-1")["RouteTable"]["RouteTableId"]
+    again = ec2.create_route_table(VpcId=net["vpc"], ClientToken="t-1")["RouteTable"]["RouteTableId"]
+    assert again == first  # the same request: the first answer, nothing made twice
+    assert len(ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [net["vpc"]]}])["RouteTables"]) == 2
+    other = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    with pytest.raises(ClientError) as err:
+        ec2.create_route_table(VpcId=other, ClientToken="t-1")
+    assert code(err) == "IdempotentParameterMismatch"

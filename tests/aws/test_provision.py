@@ -350,3 +350,33 @@ async def test_a_new_role_that_iam_has_not_settled_is_retried_and_shown(world: W
     assert {e.step for e in settling} >= {"aws.eks-cluster"}, [(e.step, e.message) for e in made.retries()]
     assert all("IAM" in e.message for e in settling)
     assert (await down(session)).ok
+
+
+async def test_every_ec2_create_carries_a_client_token(world: World, kube_file: Path) -> None:
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("ec2")
+    session = session_for()
+    assert (await up(session)).ok
+    creates = [(action, params) for action, params in world.script.ec2_requests
+               if action.startswith(("Create", "Allocate", "Run"))
+               and "ClientToken" in model.operation_model(action).input_shape.members]
+    assert {action for action, _ in creates} >= {"CreateNatGateway", "CreateRouteTable", "CreateLaunchTemplate"}
+    assert [action for action, params in creates if not params.get("ClientToken")] == []
+    tokens = [params["ClientToken"] for _, params in creates]
+    assert len(set(tokens)) == len(tokens) and all(len(t) <= 64 for t in tokens)
+    # Ours, not botocore's random one per call: a retry after a lost reply must send the same token.
+    assert all(t.startswith(session.run_id) for t in tokens), tokens
+    assert (await down(session)).ok
+
+
+async def test_a_create_whose_reply_was_lost_is_not_made_twice(world: World, kube_file: Path) -> None:
+    world.script.lost_replies.update({"CreateRouteTable": 1, "CreateNatGateway": 1, "CreateLaunchTemplate": 1})
+    session = session_for()
+    made = await up(session)
+    assert made.ok, made.failures()
+    assert any(e.cause == "InternalError" for e in made.retries())
+    counts = tagged(session.run_id)
+    assert (counts["route-table"], counts["nat-gateway"], counts["launch-template"]) == (2, 1, 1)
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}

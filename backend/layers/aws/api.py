@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import hashlib
+import json
 import random
 import re
 import time
@@ -224,6 +226,15 @@ def _token_names(service: str, operation: str) -> tuple[str, str]:
     if service == "iam":
         return "Marker", "Marker"
     return "NextToken", "NextToken"
+
+
+def client_token(run_id: str, kind: str, request: dict[str, Any], generation: int = 0) -> str:
+    """The ClientToken of an EC2 create: the same for a retry of the same request (a reply lost after
+    EC2 acted must not make a second one; botocore's own token is new at every call), another for
+    another request, since EC2 refuses a token reused with other parameters (IdempotentParameterMismatch).
+    ``generation`` tells a remake of something deleted from the first one."""
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{run_id}-{kind}-{generation}-{digest}"[:64]
 
 
 def tags(run_id: str, cluster: str, **extra: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from backend.errors import OperationError
-from backend.layers.aws.api import AwsApi, Phase, run_filter, tag_map, tag_spec, tags, wait_until
+from backend.layers.aws.api import AwsApi, Phase, client_token, run_filter, tag_map, tag_spec, tags, wait_until
 from backend.layers.aws.base import (
     IGW,
     LAYER,
@@ -302,10 +302,16 @@ class NatGatewayHandler(AwsHandler):
                 "ec2", "allocate_address", Domain="vpc",
                 TagSpecifications=tag_spec("elastic-ip", run_tags(ctx), f"{ctx.config.cluster_name}-nat")))[
                 "AllocationId"]
-            subnet = (await subnet_ids(api, ctx, "public", [want.spec["az"]]))[want.spec["az"]]
-            nat = await api.call("ec2", "create_nat_gateway", SubnetId=subnet, AllocationId=allocation,
-                                 ClientToken=f"{ctx.record.run_id}-nat-{allocation}",
-                                 TagSpecifications=tag_spec("natgateway", run_tags(ctx), ctx.config.cluster_name))
+            subnet = (await subnet_ids(api, ctx, "public", [want.spec["az"]])).get(want.spec["az"])
+            if subnet is None:
+                raise OperationError(f"no public subnet of this run in {want.spec['az']} for the NAT gateway",
+                                     remedy="run `rtui up` again: the plan makes the subnet first")
+            request: dict[str, Any] = {"SubnetId": subnet, "AllocationId": allocation,
+                       "TagSpecifications": tag_spec("natgateway", run_tags(ctx), ctx.config.cluster_name)}
+            made_before = await api.pages("ec2", "describe_nat_gateways", "NatGateways",
+                                          Filters=run_filter(ctx.record.run_id))
+            nat = await api.call("ec2", "create_nat_gateway", **request,
+                                 ClientToken=client_token(ctx.record.run_id, "nat", request, len(made_before)))
             nid = nat["NatGateway"]["NatGatewayId"]
         self.made(ctx, want, nid)
         async for p in self.wait_ready(ctx, nid):

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from backend.errors import OperationError
-from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, tag_map, tag_spec, tags, wait_until
+from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, client_token, tag_map, tag_spec, tags, wait_until
 from backend.layers.aws.base import (
     GPU_NODES,
     LAUNCH_TEMPLATE,
@@ -163,11 +163,11 @@ class LaunchTemplateHandler(AwsHandler):
         if found:
             tid = found[0]["LaunchTemplateId"]
         else:
-            template = await api.call(
-                "ec2", "create_launch_template", LaunchTemplateName=Names(ctx.config.cluster_name).launch_template,
-                ClientToken=f"{ctx.record.run_id}-lt-{want.spec['placement_group']}"[:64],
-                LaunchTemplateData=launch_template_data(ctx, await node_groups(api, ctx), want),
-                TagSpecifications=tag_spec("launch-template", run_tags(ctx)))
+            request: dict[str, Any] = {"LaunchTemplateName": Names(ctx.config.cluster_name).launch_template,
+                       "LaunchTemplateData": launch_template_data(ctx, await node_groups(api, ctx), want),
+                       "TagSpecifications": tag_spec("launch-template", run_tags(ctx))}
+            template = await api.call("ec2", "create_launch_template", **request,
+                                      ClientToken=client_token(ctx.record.run_id, "lt", request))
             tid = template["LaunchTemplate"]["LaunchTemplateId"]
         self.made(ctx, want, tid)
         efa = want.spec.get("efa_interfaces", 0) if want.spec["efa"] else 0

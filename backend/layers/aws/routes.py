@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backend.layers.aws.api import AwsApi, tag_map, tag_spec
+from backend.layers.aws.api import AwsApi, client_token, tag_map, tag_spec
 from backend.layers.aws.base import LAYER, NODE_SG, PRIVATE_RT, PUBLIC_RT, VPC, AwsHandler, Names
 from backend.layers.aws.network import GONE_CODES, delete_or_blocked, find, run_tags, subnet_ids, until_free, vpc_id
 from backend.layers.base import Context
@@ -48,9 +48,11 @@ class RouteTableHandler(AwsHandler):
         if found:
             tid = found[0]["RouteTableId"]
         else:
-            table = await api.call("ec2", "create_route_table", VpcId=await vpc_id(api, ctx),
-                                   TagSpecifications=tag_spec("route-table", run_tags(ctx, **{"rtui:role": role}),
-                                                              f"{ctx.config.cluster_name}-{role}"))
+            request: dict[str, Any] = {"VpcId": await vpc_id(api, ctx),
+                       "TagSpecifications": tag_spec("route-table", run_tags(ctx, **{"rtui:role": role}),
+                                                     f"{ctx.config.cluster_name}-{role}")}
+            table = await api.call("ec2", "create_route_table", **request,
+                                   ClientToken=client_token(ctx.record.run_id, f"rt-{role}", request))
             tid = table["RouteTable"]["RouteTableId"]
         self.made(ctx, want, tid)
         async for p in self._converge(api, ctx, tid, want):
