@@ -99,6 +99,8 @@ class Script:
     ec2_requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # (action, parameters)
     # EC2 action -> how many of its replies are lost after the request was carried out (answered 500).
     lost_replies: dict[str, int] = field(default_factory=dict)
+    # add-on name -> the health issues it ends with, DEGRADED instead of ACTIVE (moto_provision_api)
+    degraded_addons: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     leave_cluster_sg: bool = False  # EKS leaves its eks-cluster-sg-* group behind when the cluster goes
 
     def reset(self) -> None:

@@ -85,7 +85,7 @@ def tick(account: str, region: str) -> None:
             for name, addon in list(addons.items()):
                 addon_age = now - addon["rtui_since"]
                 if addon["status"] == "CREATING" and addon_age >= t.addon_create:
-                    addon["status"] = "ACTIVE"
+                    api.settle_addon(addon)
                 elif addon["status"] == "DELETING" and addon_age >= t.addon_delete:
                     del addons[name]
             if cluster.status == "DELETING" and age >= t.cluster_delete:

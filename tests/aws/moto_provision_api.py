@@ -83,6 +83,15 @@ def _addon(self: EKSResponse, cluster: Cluster) -> dict[str, Any]:
 # --- add-ons ---------------------------------------------------------------------------------
 
 
+def settle_addon(addon: dict[str, Any]) -> None:
+    """Where a new add-on ends: ACTIVE, or DEGRADED with the health issues that say why when
+    ``SCRIPT.degraded_addons`` names it (EKS API reference, Addon ``status`` and ``health.issues``;
+    e.g. coredns ``InsufficientNumberOfReplicas`` when its pods cannot be scheduled)."""
+    issues = SCRIPT.degraded_addons.get(addon["addonName"])
+    addon["status"] = "DEGRADED" if issues else "ACTIVE"
+    addon["health"] = {"issues": list(issues or [])}
+
+
 def create_addon(self: EKSResponse) -> ActionResult:
     cluster = _active_cluster(self)
     name = self._get_param("addonName")
@@ -103,6 +112,8 @@ def create_addon(self: EKSResponse) -> ActionResult:
         "configurationValues": self._get_param("configurationValues"),
         "rtui_since": time.monotonic(),
     }
+    if delay <= 0:
+        settle_addon(addon)
     _addons(cluster)[name] = addon
     return ActionResult({"addon": _public(addon)})
 

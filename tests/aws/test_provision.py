@@ -380,3 +380,18 @@ async def test_a_create_whose_reply_was_lost_is_not_made_twice(world: World, kub
     assert (counts["route-table"], counts["nat-gateway"], counts["launch-template"]) == (2, 1, 1)
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
+
+
+async def test_a_degraded_add_on_fails_its_step_with_its_health_issues(world: World, kube_file: Path) -> None:
+    world.script.degraded_addons["coredns"] = [{
+        "code": "InsufficientNumberOfReplicas",
+        "message": "The add-on is unhealthy because it doesn't have the desired number of replicas.",
+        "resourceIds": []}]
+    session = session_for()
+    made = await up(session)
+    assert not made.ok
+    failed = next(e for e in made.events if e.step == "aws.addon.coredns" and e.kind is EventKind.FAILED)
+    assert "degraded" in failed.message and "InsufficientNumberOfReplicas" in failed.message
+    world.script.degraded_addons.clear()
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}

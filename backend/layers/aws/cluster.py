@@ -190,11 +190,14 @@ class AddonHandler(AwsHandler):
             found = (await api.call("eks", "describe_addon", clusterName=cluster, addonName=addon,
                                     ok=_NOT_FOUND) or {}).get("addon")
             status = found["status"] if found else "GONE"
-            if status in ("CREATE_FAILED", "GONE"):
+            # DEGRADED after a create does not heal by waiting: its health issues say what to fix.
+            if status in ("CREATE_FAILED", "DEGRADED", "GONE"):
                 issues = "; ".join(f"{i.get('code')}: {i.get('message')}" for i in
                                    ((found or {}).get("health") or {}).get("issues") or [])
                 return Phase(False, status, failed=f"add-on {addon} {status.lower()}" + (f" ({issues})" if issues
-                                                                                         else ""))
+                                                                                         else ""),
+                             remedy="fix what its health issues name (`aws eks describe-addon`), then `rtui up` "
+                                    "again")
             return Phase(status == "ACTIVE", f"{addon} {status.lower()}")
 
         return wait_until(look, what=f"add-on {addon}", expected_s=ADDON_EXPECTED_S, timeout_s=1200.0)
