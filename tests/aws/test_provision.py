@@ -395,3 +395,26 @@ async def test_a_degraded_add_on_fails_its_step_with_its_health_issues(world: Wo
     world.script.degraded_addons.clear()
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
+
+
+async def test_no_nat_gateway_available_for_the_private_route_is_one_line(world: World, kube_file: Path) -> None:
+    from backend.errors import OperationError
+    from backend.layers.aws.routes import RouteTableHandler
+
+    session = session_for()
+    assert (await up(session)).ok
+    plan = await session.plan()
+    change = plan.change("aws.route-table.private")
+    assert change is not None
+    nat = ec2().describe_nat_gateways(Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [session.run_id]}])[
+        "NatGateways"][0]["NatGatewayId"]
+    ec2().delete_nat_gateway(NatGatewayId=nat)  # gone by hand (or failed) while the route is being made
+    handler = RouteTableHandler()
+    want = next(r for r in session.stack.layer("aws").desired(session.ctx, []) if r.address == change.address)
+    have = next(o for o in await handler.observe(handler.api(session.ctx), session.ctx) if o.address == change.address)
+    with pytest.raises(OperationError) as err:
+        async for _ in handler.update(session.ctx, want, have):
+            pass
+    assert "NAT gateway" in err.value.message and "\n" not in err.value.message and err.value.remedy
+    gone = await down(session)
+    assert gone.ok, gone.failures()

@@ -165,6 +165,11 @@ class VpcHandler(AwsHandler):
         api = self.api(ctx)
         async for p in delete_cluster_groups(api, have.id, ctx.config.cluster_name):
             yield p
+        # The NAT gateway's address, when the gateway went without rtui (by hand, or failed): it bills.
+        for address in await find(api, ctx, "describe_addresses", "Addresses"):
+            if not address.get("AssociationId"):
+                await api.call("ec2", "release_address", AllocationId=address["AllocationId"], ok=GONE_CODES)
+                yield Progress(f"released {address.get('PublicIp', address['AllocationId'])}")
 
         async def attempt() -> bool | None:
             return await delete_or_blocked(api, "delete_vpc", VpcId=have.id)
