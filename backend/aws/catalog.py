@@ -89,6 +89,7 @@ class InstanceFacts(BaseModel):
     gpu_memory_gib: float = 0.0
     efa_supported: bool = False
     efa_interfaces: int = 0
+    network_cards: int = 1
     gdr: bool = False
     quota_code: str | None = None
 
@@ -108,9 +109,16 @@ class InstanceFacts(BaseModel):
             gpu_memory_gib=round(gpu_info.get("TotalGpuMemoryInMiB", 0) / 1024, 1),
             efa_supported=efa,
             efa_interfaces=int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)) if efa else 0,
+            network_cards=int(net.get("MaximumNetworkCards") or 1),
             gdr=gpudirect_rdma_possible(name, efa),
             quota_code=quota_code_for(name),
         )
+
+    @property
+    def efa_per_node(self) -> int:
+        """EFA interfaces a node gets: one per network card, as many as the type allows (eksctl's
+        ``pkg/cfn/builder/network_interfaces.go`` and the EC2 User Guide, efa-acc-inst-types)."""
+        return min(self.efa_interfaces, self.network_cards) if self.efa_supported else 0
 
     def describe(self) -> str:
         parts = [f"{self.vcpus} vCPU", f"{self.memory_gib:g} GiB"]

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl
 
 from moto.core.responses import ActionResult
 from moto.ec2.models import instance_types as moto_instance_types
@@ -52,6 +53,8 @@ class Timings:
     nat_create: float = 0.0
     nat_delete: float = 0.0
     nat_deleted_visible: float = 3600.0  # a deleted NAT gateway is still described this long
+    # After CreateRole, EKS refuses the role this long (IAM is eventually consistent): moto_provision.
+    iam_propagation: float = 0.3
 
 
 NodegroupHook = Callable[[str, str, dict[str, Any]], None]
@@ -90,6 +93,15 @@ class Script:
     faulted: int = 0  # how many were
     on_nodegroup_active: NodegroupHook | None = None  # (cluster, nodegroup, info) once, when ACTIVE
     on_nodegroup_deleted: NodegroupHook | None = None  # (cluster, nodegroup, info) once, when gone
+    # EC2 client tokens: (region, action, token) -> (the other parameters, status, headers, body).
+    client_tokens: dict[tuple[str, str, str], tuple[dict[str, str], str, list[Any], bytes]] = field(
+        default_factory=dict)
+    ec2_requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # (action, parameters)
+    # EC2 action -> how many of its replies are lost after the request was carried out (answered 500).
+    lost_replies: dict[str, int] = field(default_factory=dict)
+    # add-on name -> the health issues it ends with, DEGRADED instead of ACTIVE (moto_provision_api)
+    degraded_addons: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    leave_cluster_sg: bool = False  # EKS leaves its eks-cluster-sg-* group behind when the cluster goes
 
     def reset(self) -> None:
         self.release.set()  # let any hung request from the previous test finish
@@ -369,7 +381,51 @@ class FaultInjector:
             return _error(start_response, service, "InternalError", "Internal error", 500)
         if service == "pricing":
             return _pricing(start_response, body)
+        if service == "ec2":
+            return self._idempotent(environ, start_response, region, action, body)
         return self.app(environ, start_response)
+
+    def _idempotent(self, environ: dict[str, Any], start_response: Any, region: str, action: str,
+                    body: bytes) -> Iterable[bytes]:
+        """EC2's client tokens (EC2 API Reference, "Ensuring idempotency in Amazon EC2 API requests"):
+        a request repeated with the same ClientToken and the same parameters gets the first answer
+        again and makes nothing; the same token with other parameters is refused with
+        IdempotentParameterMismatch."""
+        params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        token = params.pop("ClientToken", None)
+        params.pop("Version", None)
+        script = self.script
+        with script.lock:
+            script.ec2_requests.append((action, {**params, **({"ClientToken": token} if token else {})}))
+            seen = script.client_tokens.get((region, action, token)) if token else None
+        if seen is not None:
+            first, status, headers, answer = seen
+            if first != params:
+                return _error(start_response, "ec2", "IdempotentParameterMismatch",
+                              f"Client token {token} was used with different parameters", 400)
+            start_response(status, headers)
+            return [answer]
+        with script.lock:
+            lose = script.lost_replies.get(action, 0) > 0
+            if lose:
+                script.lost_replies[action] -= 1
+        if not token and not lose:
+            return self.app(environ, start_response)
+        captured: dict[str, Any] = {}
+
+        def capture(status: str, headers: list[Any], exc_info: Any = None) -> Any:
+            captured.update(status=status, headers=headers)
+            return lambda data: None
+
+        answer = b"".join(self.app(environ, capture))
+        if token and str(captured.get("status", "")).startswith("2"):
+            with script.lock:
+                script.client_tokens[(region, action, token)] = (params, captured["status"], captured["headers"],
+                                                                 answer)
+        if lose:  # carried out, but the reply never reaches the caller
+            return _error(start_response, "ec2", "InternalError", "An internal error has occurred", 500)
+        start_response(captured["status"], captured["headers"])
+        return [answer]
 
 
 class ScriptedMotoServer(ThreadedMotoServer):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import time
 import uuid
@@ -28,13 +29,14 @@ from moto.autoscaling.responses import AutoScalingResponse
 from moto.core.responses import ActionResult
 from moto.core.utils import utcnow
 from moto.ec2.models import ec2_backends
+from moto.ec2.models import instance_types as moto_instance_types
 from moto.ec2.responses import EC2Response
 from moto.eks import urls as eks_urls
-from moto.eks.exceptions import ResourceInUseException, ResourceNotFoundException
+from moto.eks.exceptions import InvalidParameterException, ResourceInUseException, ResourceNotFoundException
 from moto.eks.models import Cluster, EKSBackend, Nodegroup, eks_backends
 from moto.eks.responses import EKSResponse
 from moto.iam.aws_managed_policies import aws_managed_policies_data
-from moto.iam.models import AWSManagedPolicy, IAMBackend
+from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
 from tests.aws import moto_provision_api as api
 from tests.aws import moto_provision_ec2
@@ -83,10 +85,11 @@ def tick(account: str, region: str) -> None:
             for name, addon in list(addons.items()):
                 addon_age = now - addon["rtui_since"]
                 if addon["status"] == "CREATING" and addon_age >= t.addon_create:
-                    addon["status"] = "ACTIVE"
+                    api.settle_addon(addon)
                 elif addon["status"] == "DELETING" and addon_age >= t.addon_delete:
                     del addons[name]
             if cluster.status == "DELETING" and age >= t.cluster_delete:
+                _delete_cluster_security_group(account, region, cluster)
                 backend.clusters.pop(cluster.name, None)
                 backend.cluster_count -= 1
     for hook in hooks:
@@ -100,7 +103,10 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
     if ng.status == "CREATING" and age >= t.nodegroup_create:
         info = nodegroup_info(backend, ng)
         zones = SCRIPT.ice_zones.get(info["instance_type"], set())
-        if info["zones"] and all(zone in zones for zone in info["zones"]):
+        invalid = _invalid_interfaces(info)
+        if invalid:
+            _fail_launch(ng, info, invalid)
+        elif info["zones"] and all(zone in zones for zone in info["zones"]):
             _fail_capacity(backend, ng, info)
         else:
             ng.status = "ACTIVE"
@@ -154,6 +160,37 @@ def nodegroup_info(backend: EKSBackend, ng: Nodegroup) -> dict[str, Any]:
     }
 
 
+def _invalid_interfaces(info: dict[str, Any]) -> str | None:
+    """Why EC2 would refuse the launch template's interfaces on this instance type (None: it would not).
+
+    EC2 User Guide, "Network cards" and "Maximize network bandwidth on instances with multiple network
+    cards" (efa-acc-inst-types): the primary interface is on network card 0 at device index 0, a card
+    index must be below ``MaximumNetworkCards``, a device index is used once per card, and an instance
+    takes at most ``EfaInfo.MaximumEfaInterfaces`` EFA interfaces."""
+    nics = (info["launch_template"] or {}).get("NetworkInterfaces") or []
+    if not nics:
+        return None
+    network = moto_instance_types.INSTANCE_TYPES.get(info["instance_type"], {}).get("NetworkInfo") or {}
+    cards = int(network.get("MaximumNetworkCards") or 1)
+    slots = [(int(n.get("NetworkCardIndex", 0)), int(n.get("DeviceIndex", 0))) for n in nics]
+    efa = sum(1 for n in nics if n.get("InterfaceType") == "efa")
+    if (0, 0) not in slots:
+        return "InvalidParameterValue: the primary network interface must be at network card 0, device index 0"
+    if len(set(slots)) != len(slots):
+        return "InvalidParameterValue: a device index is used twice on one network card"
+    if max(card for card, _ in slots) >= cards:
+        return f"InvalidParameterValue: network card index out of range ({info['instance_type']} has {cards})"
+    if efa > int((network.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 0):
+        return f"InvalidParameterCombination: {info['instance_type']} does not take {efa} EFA interfaces"
+    return None
+
+
+def _fail_launch(ng: Nodegroup, info: dict[str, Any], why: str) -> None:
+    ng.status = "CREATE_FAILED"
+    ng.health = {"issues": [{"code": "AsgInstanceLaunchFailures", "message": f"{why}. Launching EC2 instance failed.",
+                             "resourceIds": [info["asg"]]}]}
+
+
 def _fail_capacity(backend: EKSBackend, ng: Nodegroup, info: dict[str, Any]) -> None:
     zone, itype, asg = info["zone"], info["instance_type"], info["asg"]
     message = (
@@ -197,8 +234,12 @@ def _leave_enis(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, info: dict
     lt = info["launch_template"]
     nics = lt.get("NetworkInterfaces") or []
     efa = [nic for nic in nics if nic.get("InterfaceType") == "efa"]
-    lt_groups = [g for nic in nics for g in nic.get("Groups", [])] or list(lt.get("SecurityGroupIds", []))
-    groups = lt_groups or list(cluster.resources_vpc_config.get("securityGroupIds") or [])
+    # EKS User Guide, "Customize managed nodes with launch templates" (launch-templates.html): the
+    # cluster security group is added to a node only when its launch template names no groups.
+    lt_groups = list(dict.fromkeys([g for nic in nics for g in nic.get("Groups", [])]
+                                   or list(lt.get("SecurityGroupIds", []))))
+    cluster_group = cluster.resources_vpc_config.get("clusterSecurityGroupId")
+    groups = lt_groups or ([cluster_group] if cluster_group else [])
     nic_tags: dict[str, str] = {}
     for spec in lt.get("TagSpecifications") or []:
         if spec.get("ResourceType") == "network-interface":
@@ -217,12 +258,13 @@ def _leave_enis(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, info: dict
         )
         _attach(cni, instance_id, backend.account_id, 1)
         enis.append(cni.id)
-        if efa:
+        for spec in efa:  # one EFA interface per one the template asks for (one per network card)
             nic = ec2.create_network_interface(
                 subnet, [], group_ids=groups or None, description="", tags=dict(nic_tags)
             )
             nic.interface_type = "efa"
-            _attach(nic, instance_id, backend.account_id, int(efa[0].get("DeviceIndex", 0)))
+            nic.rtui_card = int(spec.get("NetworkCardIndex", 0))
+            _attach(nic, instance_id, backend.account_id, int(spec.get("DeviceIndex", 0)))
             enis.append(nic.id)
     ng.rtui_enis = enis
     return ids
@@ -248,8 +290,34 @@ def _ticking(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return call_action
 
 
+def _create_role(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_role(self: IAMBackend, *args: Any, **kwargs: Any) -> Any:
+        role = original(self, *args, **kwargs)
+        role.rtui_created = time.monotonic()
+        return role
+
+    return create_role
+
+
+def _propagating(self: EKSResponse, role_arn: str | None, message: str) -> None:
+    """IAM is eventually consistent: for a while after CreateRole, EKS's CreateCluster and
+    CreateNodegroup refuse the new role with InvalidParameterException (IAM User Guide, "Changes that
+    I make are not always immediately visible"; the messages terraform-provider-aws retries on,
+    internal/service/eks/cluster.go: "does not exist", "Role could not be assumed because the
+    trusted entity is not correct", "The provided role doesn't have the Amazon EKS Managed
+    Policies associated with it")."""
+    iam = iam_backends[self.current_account]["aws"]
+    role = next((r for r in iam.roles.values() if r.arn == role_arn), None)
+    created = getattr(role, "rtui_created", None)
+    if created is not None and time.monotonic() - created < SCRIPT.timings.iam_propagation:
+        raise InvalidParameterException(clusterName=None, nodegroupName=None, fargateProfileName=None,
+                                        addonName=None, message=message.format(arn=role_arn))
+
+
 def _create_cluster(original: Callable[[EKSResponse], ActionResult]) -> Callable[[EKSResponse], ActionResult]:
     def create_cluster(self: EKSResponse) -> ActionResult:
+        _propagating(self, self._get_param("roleArn"), "Role with arn: {arn}, could not be assumed because the "
+                     "trusted entity is not correct. Please ensure that the trust policy allows eks.amazonaws.com")
         result = original(self)
         cluster = self.eks_backend.clusters[self._get_param("name")]
         access = self._get_param("accessConfig") or {}
@@ -264,15 +332,47 @@ def _create_cluster(original: Callable[[EKSResponse], ActionResult]) -> Callable
         vpc.setdefault("endpointPublicAccess", True)
         vpc.setdefault("endpointPrivateAccess", False)
         vpc.setdefault("publicAccessCidrs", ["0.0.0.0/0"])
-        vpc.setdefault("clusterSecurityGroupId", f"sg-{uuid.uuid4().hex[:17]}")
         if subnets and "vpcId" not in vpc:
             vpc["vpcId"] = ec2.get_subnet(subnets[0]).vpc_id
+        if vpc.get("vpcId"):
+            vpc["clusterSecurityGroupId"] = _cluster_security_group(ec2, cluster.name, vpc["vpcId"]).id
         cluster.resources_vpc_config = vpc
         cluster.rtui_addons, cluster.rtui_access = {}, {}
         _start(cluster, "CREATING" if SCRIPT.timings.cluster_create > 0 else "ACTIVE")
         return result
 
     return create_cluster
+
+
+def _cluster_security_group(ec2: Any, name: str, vpc_id: str) -> Any:
+    """The security group EKS makes for every cluster, as AWS documents it (EKS User Guide,
+    "View Amazon EKS security group requirements for clusters", docs.aws.amazon.com/eks/latest/
+    userguide/sec-group-reqs.html): named ``eks-cluster-sg-<cluster>-<id>``, tagged
+    ``aws:eks:cluster-name`` and ``kubernetes.io/cluster/<cluster>: owned``; inbound all traffic
+    from itself only, outbound all traffic anywhere. The cluster's own tags do not propagate to it
+    (CreateCluster API reference, ``tags``). EKS puts managed nodes in it only when their launch
+    template names no security group (``_leave_enis``)."""
+    group_name = f"eks-cluster-sg-{name}-{uuid.uuid4().int % 10**10:010d}"
+    group = ec2.create_security_group(
+        group_name,
+        "EKS created security group applied to ENI that is attached to EKS Control Plane master nodes, "
+        "as well as any managed workloads.",
+        vpc_id,
+        tags={"aws:eks:cluster-name": name, f"kubernetes.io/cluster/{name}": "owned", "Name": group_name},
+    )
+    ec2.authorize_security_group_ingress(group.id, "-1", None, None, [], source_groups=[{"GroupId": group.id}])
+    return group
+
+
+def _delete_cluster_security_group(account: str, region: str, cluster: Cluster) -> None:
+    """EKS deletes the cluster security group with the cluster, but not while a network interface still
+    uses it, and sometimes not at all (``SCRIPT.leave_cluster_sg``): the group then stays in the VPC."""
+    group_id = (cluster.resources_vpc_config or {}).get("clusterSecurityGroupId")
+    ec2 = ec2_backends[account][region]
+    group = ec2.get_security_group_from_id(group_id) if group_id else None
+    if group is None or SCRIPT.leave_cluster_sg or any(group in eni._group_set for eni in ec2.enis.values()):
+        return
+    ec2._delete_security_group(group.vpc_id, group.id)
 
 
 def _describe_cluster(original: Callable[..., Cluster]) -> Callable[..., Cluster]:
@@ -306,6 +406,10 @@ def _delete_cluster(original: Callable[..., Cluster]) -> Callable[..., Cluster]:
 
 def _create_nodegroup(original: Callable[[EKSResponse], ActionResult]) -> Callable[[EKSResponse], ActionResult]:
     def create_nodegroup(self: EKSResponse) -> ActionResult:
+        _propagating(self, self._get_param("nodeRole"), "The provided role doesn't have the Amazon EKS Managed "
+                     "Policies associated with it. Please ensure the following policies [arn:aws:iam::aws:policy/"
+                     "AmazonEKSWorkerNodePolicy, arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly] are "
+                     "attached")
         result = original(self)
         cluster = self.eks_backend.clusters[self._get_param("name")]
         ng = cluster.nodegroups[self._get_param("nodegroupName")]
@@ -382,6 +486,10 @@ def install_provisioning() -> Callable[[], None]:
     patch(EKSBackend, "delete_cluster", _delete_cluster(EKSBackend.delete_cluster))
     patch(EKSBackend, "delete_nodegroup", _delete_nodegroup(EKSBackend.delete_nodegroup))
     patch(AutoScalingResponse, "describe_scaling_activities", _describe_scaling_activities)
+    # moto reads the region from ".<region>.amazonaws.com" anywhere in the URL; an IAM Identity Center
+    # principal in an access-entry path (".../role/aws-reserved/sso.amazonaws.com/...") fooled it. AWS
+    # takes the region from the endpoint's host: so does this.
+    patch(EKSResponse, "region_regex", re.compile(r"^[a-z]+://[^/]*?\.(?P<region>[^./]+)\.amazonaws\.com"))
     for name, method in api.METHODS.items():
         patch(EKSResponse, name, method)
     for cls in (EKSResponse, EC2Response, AutoScalingResponse):
@@ -389,6 +497,7 @@ def install_provisioning() -> Callable[[], None]:
     for route in ROUTES:
         eks_urls.url_paths.setdefault(route, eks_urls.response.dispatch)
     patch(IAMBackend, "_init_aws_policies", _needed_aws_policies)
+    patch(IAMBackend, "create_role", _create_role(IAMBackend.create_role))
     undo_ec2 = moto_provision_ec2.install(patch)
 
     def uninstall() -> None:

@@ -14,9 +14,15 @@ from urllib.parse import unquote
 
 from moto.core.responses import ActionResult
 from moto.core.utils import utcnow
-from moto.eks.exceptions import InvalidRequestException, ResourceInUseException, ResourceNotFoundException
+from moto.eks.exceptions import (
+    InvalidParameterException,
+    InvalidRequestException,
+    ResourceInUseException,
+    ResourceNotFoundException,
+)
 from moto.eks.models import Cluster
 from moto.eks.responses import EKSResponse
+from moto.iam.models import iam_backends
 
 from tests.aws.moto_ext import SCRIPT
 
@@ -77,6 +83,15 @@ def _addon(self: EKSResponse, cluster: Cluster) -> dict[str, Any]:
 # --- add-ons ---------------------------------------------------------------------------------
 
 
+def settle_addon(addon: dict[str, Any]) -> None:
+    """Where a new add-on ends: ACTIVE, or DEGRADED with the health issues that say why when
+    ``SCRIPT.degraded_addons`` names it (EKS API reference, Addon ``status`` and ``health.issues``;
+    e.g. coredns ``InsufficientNumberOfReplicas`` when its pods cannot be scheduled)."""
+    issues = SCRIPT.degraded_addons.get(addon["addonName"])
+    addon["status"] = "DEGRADED" if issues else "ACTIVE"
+    addon["health"] = {"issues": list(issues or [])}
+
+
 def create_addon(self: EKSResponse) -> ActionResult:
     cluster = _active_cluster(self)
     name = self._get_param("addonName")
@@ -97,6 +112,8 @@ def create_addon(self: EKSResponse) -> ActionResult:
         "configurationValues": self._get_param("configurationValues"),
         "rtui_since": time.monotonic(),
     }
+    if delay <= 0:
+        settle_addon(addon)
     _addons(cluster)[name] = addon
     return ActionResult({"addon": _public(addon)})
 
@@ -175,6 +192,25 @@ def _entry(self: EKSResponse, cluster: Cluster) -> dict[str, Any]:
     return entry
 
 
+def _check_principal(self: EKSResponse, cluster: Cluster, principal: str) -> None:
+    """EKS takes an IAM role or user ARN exactly as IAM writes it, path included, and refuses any
+    other: ``InvalidParameterException: The specified principalArn is invalid: invalid principal``
+    (EKS API reference, CreateAccessEntry ``principalArn``; EKS User Guide, "Create access entries":
+    an IAM Identity Center role is ``arn:aws:iam::<account>:role/aws-reserved/sso.amazonaws.com/...``;
+    aws/containers-roadmap#2196 for the message a path-less ARN of a pathed role gets)."""
+    if principal == f"arn:aws:sts::{self.current_account}:user/moto":
+        return  # moto's stand-in for the caller when the access key is none of its own: an IAM user
+    iam = iam_backends[self.current_account][getattr(self, "partition", "aws")]
+    kind, _, rest = principal.partition(":iam::")[2].partition(":")[2].partition("/")
+    name = rest.rsplit("/", 1)[-1]
+    known = {"role": {r.name: r.arn for r in iam.roles.values()},
+             "user": {u.name: u.arn for u in iam.users.values()}}.get(kind, {})
+    if known.get(name) != principal:
+        raise InvalidParameterException(clusterName=cluster.name, nodegroupName=None, fargateProfileName=None,
+                                        addonName=None,
+                                        message="The specified principalArn is invalid: invalid principal")
+
+
 def create_access_entry(self: EKSResponse) -> ActionResult:
     cluster = _active_cluster(self)
     mode = getattr(cluster, "access_config", {}).get("authenticationMode", "CONFIG_MAP")
@@ -184,6 +220,7 @@ def create_access_entry(self: EKSResponse) -> ActionResult:
             "to perform this operation."
         )
     principal = _principal(self)
+    _check_principal(self, cluster, principal)
     if principal in _access(cluster):
         raise _in_use(f"The specified access entry resource is already in use on this cluster: {principal}")
     entry = {

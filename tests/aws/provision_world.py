@@ -11,8 +11,10 @@ import boto3
 
 from backend import flows
 from backend.config import resolve_config
+from backend.ledger import ResourceStatus
 from backend.model import EventKind, StepEvent
 from backend.session import RunSession
+from tests.aws.reachability import assert_reachable
 
 REGION = "us-east-1"
 RUN_TAG = "rtui:run"
@@ -49,7 +51,12 @@ def session_for(**values: Any) -> RunSession:
 
 
 async def up(session: RunSession, *, until: str | None = "aws", az_failover: bool = False) -> Outcome:
-    return await collect(flows.up(session, until=until, follow=False, az_failover=az_failover))
+    """`rtui up`; when it made the nodes, the Ray job must be able to reach across them (reachability)."""
+    outcome = await collect(flows.up(session, until=until, follow=False, az_failover=az_failover))
+    gpu = session.record.resources.get("aws.nodegroup.gpu")
+    if outcome.ok and gpu is not None and gpu.status is ResourceStatus.READY:
+        assert_reachable(session.config.cluster_name)
+    return outcome
 
 
 async def down(session: RunSession) -> Outcome:

@@ -174,7 +174,8 @@ def test_addons_lifecycle(world: World) -> None:
 def test_access_entries(world: World) -> None:
     ec2, eks = client("ec2"), client("eks")
     cluster(eks, network(ec2))
-    who = "arn:aws:iam::123456789012:role/rtui/admin"
+    who = client("iam").create_role(RoleName="admin", Path="/rtui/", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    assert who == "arn:aws:iam::123456789012:role/rtui/admin"
     policy = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
     eks.create_access_entry(clusterName="c1", principalArn=who)
     with pytest.raises(ClientError) as err:
@@ -269,7 +270,32 @@ def test_nodegroup_enis_left_behind_block_deletion(world: World) -> None:
             ec2.delete_vpc(VpcId=net["vpc"])
         assert code(err) == "DependencyViolation"
     ec2.detach_internet_gateway(InternetGatewayId=igw, VpcId=net["vpc"])
+    with pytest.raises(ClientError) as err:  # EKS's cluster security group is still in the VPC
+        ec2.delete_vpc(VpcId=net["vpc"])
+    assert code(err) == "DependencyViolation"
+    eks.delete_cluster(name="c1")  # goes at once (no timings): EKS deletes its group with it
     ec2.delete_vpc(VpcId=net["vpc"])
+
+
+def test_the_cluster_security_group_is_real_and_only_on_nodes_whose_template_names_none(world: World) -> None:
+    ec2, eks = client("ec2"), client("eks")
+    net = network(ec2)
+    made = cluster(eks, net)
+    group_id = made["resourcesVpcConfig"]["clusterSecurityGroupId"]
+    group = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"][0]
+    tags = {t["Key"]: t["Value"] for t in group["Tags"]}
+    assert group["GroupName"].startswith("eks-cluster-sg-c1-") and group["VpcId"] == net["vpc"]
+    assert tags["aws:eks:cluster-name"] == "c1" and tags["kubernetes.io/cluster/c1"] == "owned"
+    assert "rtui:run" not in tags  # the cluster's tags do not propagate
+    assert [(p["IpProtocol"], [g["GroupId"] for g in p["UserIdGroupPairs"]], p.get("IpRanges"))
+            for p in group["IpPermissions"]] == [("-1", [group_id], [])]
+    assert any(r.get("CidrIp") == "0.0.0.0/0" for p in group["IpPermissionsEgress"] for r in p["IpRanges"])
+    eks.create_nodegroup(clusterName="c1", nodegroupName="plain", nodeRole=ROLE, subnets=[net["b"]],
+                         scalingConfig={"minSize": 1, "maxSize": 1, "desiredSize": 1})
+    gpu_nodegroup(eks, net, efa_template(ec2, net["sg"]))
+    enis = ec2.describe_network_interfaces(Filters=[{"Name": "vpc-id", "Values": [net["vpc"]]}])["NetworkInterfaces"]
+    by_subnet = {(e["SubnetId"], tuple(g["GroupId"] for g in e["Groups"])) for e in enis}
+    assert by_subnet == {(net["b"], (group_id,)), (net["a"], (net["sg"],))}
 
 
 def test_insufficient_capacity(world: World) -> None:
@@ -377,3 +403,32 @@ def test_transient_5xx_are_retried(world: World, service: str) -> None:
         calls[service](client(service))
     assert code(err) in ("InternalError", "ServiceUnavailable")
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] in (500, 503)
+
+
+def test_an_access_entry_needs_the_role_arn_with_its_path(world: World) -> None:
+    ec2, eks, iam = client("ec2"), client("eks"), client("iam")
+    cluster(eks, network(ec2))
+    arn = iam.create_role(RoleName="AWSReservedSSO_Admin_1", Path="/aws-reserved/sso.amazonaws.com/us-east-1/",
+                          AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    for wrong in ("arn:aws:iam::123456789012:role/AWSReservedSSO_Admin_1", "arn:aws:iam::123456789012:role/nobody"):
+        with pytest.raises(ClientError) as err:
+            eks.create_access_entry(clusterName="c1", principalArn=wrong)
+        assert code(err) == "InvalidParameterException"
+        assert "The specified principalArn is invalid: invalid principal" in str(err.value)
+    eks.create_access_entry(clusterName="c1", principalArn=arn)
+    eks.associate_access_policy(clusterName="c1", principalArn=arn, accessScope={"type": "cluster"},
+                                policyArn="arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy")
+    assert eks.list_associated_access_policies(clusterName="c1", principalArn=arn)["associatedAccessPolicies"]
+
+
+def test_a_client_token_reused_with_other_parameters_is_refused(world: World) -> None:
+    ec2 = client("ec2")
+    net = network(ec2)
+    first = ec2.create_route_table(VpcId=net["vpc"], ClientToken="t-1")["RouteTable"]["RouteTableId"]
+    again = ec2.create_route_table(VpcId=net["vpc"], ClientToken="t-1")["RouteTable"]["RouteTableId"]
+    assert again == first  # the same request: the first answer, nothing made twice
+    assert len(ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [net["vpc"]]}])["RouteTables"]) == 2
+    other = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    with pytest.raises(ClientError) as err:
+        ec2.create_route_table(VpcId=other, ClientToken="t-1")
+    assert code(err) == "IdempotentParameterMismatch"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import boto3
 import pytest
 
 from backend.model import Action, EventKind
@@ -42,7 +43,8 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
         "LaunchTemplateVersions"][0]["LaunchTemplateData"]
     interface = data["NetworkInterfaces"][0]
     assert (interface["InterfaceType"], interface["DeviceIndex"], interface["NetworkCardIndex"]) == ("efa", 0, 0)
-    assert interface["Groups"] == [group["GroupId"]]
+    cluster_group = eks().describe_cluster(name="rtui-ray")["cluster"]["resourcesVpcConfig"]["clusterSecurityGroupId"]
+    assert interface["Groups"] == [cluster_group, group["GroupId"]]
     assert data["MetadataOptions"]["HttpTokens"] == "required"
     assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] >= 100
     placement = client.describe_placement_groups(Filters=run_filter)["PlacementGroups"][0]
@@ -206,6 +208,7 @@ async def test_half_made_resources_are_waited_on_not_made_again(world: World, ku
 
 
 async def test_a_cluster_of_our_name_made_by_someone_else_is_refused(world: World, kube_file: Path) -> None:
+    world.script.timings.iam_propagation = 0.0  # someone's role of long ago: IAM has settled it
     iam().create_role(RoleName="someone", AssumeRolePolicyDocument="{}")
     eks().create_cluster(name="rtui-ray", roleArn="arn:aws:iam::123456789012:role/someone",
                          resourcesVpcConfig={"subnetIds": []})
@@ -273,3 +276,146 @@ async def test_a_given_vpc_is_adopted_checked_and_never_deleted(world: World, ku
     assert tagged(session.run_id) == {}
     assert client.describe_vpcs(VpcIds=[vpc])["Vpcs"]
     assert len(client.describe_subnets(SubnetIds=private)["Subnets"]) == 2
+
+
+async def test_the_security_group_eks_leaves_behind_goes_before_the_vpc(world: World, kube_file: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.layers.aws import network
+
+    monkeypatch.setattr(network, "DEPENDENCY_TIMEOUT_S", 5.0)
+    world.script.leave_cluster_sg = True  # EKS sometimes leaves eks-cluster-sg-* when the cluster goes
+    session = session_for()
+    assert (await up(session)).ok
+    group = eks().describe_cluster(name="rtui-ray")["cluster"]["resourcesVpcConfig"]["clusterSecurityGroupId"]
+    gone = await down(session)
+    assert gone.ok, gone.failures()
+    assert tagged(session.run_id) == {}
+    left = ec2().describe_security_groups(Filters=[{"Name": "tag:aws:eks:cluster-name", "Values": ["rtui-ray"]}])
+    assert [g["GroupId"] for g in left["SecurityGroups"]] == [], group
+
+
+async def test_the_sweep_reports_what_is_left_in_the_vpc_tagged_or_not(world: World, kube_file: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.layers.aws import network
+
+    monkeypatch.setattr(network, "DEPENDENCY_TIMEOUT_S", 3.0)
+    session = session_for()
+    assert (await up(session)).ok
+    vpc = ec2().describe_vpcs(Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [session.run_id]}])["Vpcs"][0]["VpcId"]
+    # Made in the run's VPC by someone else (a controller, a user): no tag of ours.
+    stranger = ec2().create_security_group(GroupName="made-by-hand", Description="x", VpcId=vpc)["GroupId"]
+    gone = await down(session)
+    assert not gone.ok
+    sweep = next(e for e in gone.events if e.step == "sweep" and e.kind is EventKind.FAILED)
+    left = {item["id"]: item for item in session.record.facts["sweep"]}
+    assert stranger in left and left[stranger]["kind"] == "security group", sweep.message
+    assert vpc in left
+    ec2().delete_security_group(GroupId=stranger)
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+
+
+async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, kube_file: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.layers.aws import base
+
+    path = "/aws-reserved/sso.amazonaws.com/us-east-1/"
+    role = iam().create_role(RoleName="AWSReservedSSO_AdministratorAccess_0123456789abcdef", Path=path,
+                             AssumeRolePolicyDocument="{}")["Role"]
+    creds = boto3.client("sts", region_name="us-east-1").assume_role(
+        RoleArn=role["Arn"], RoleSessionName="someone@example.com")["Credentials"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["SecretAccessKey"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", creds["SessionToken"])
+    base._APIS.clear()  # a new identity: the layer's clients are made again
+    try:
+        session = session_for()
+        made = await up(session)
+        assert made.ok, made.failures()
+        assert eks().list_access_entries(clusterName="rtui-ray")["accessEntries"] == [role["Arn"]]
+        assert path in role["Arn"]
+        again = await session.plan()
+        assert [c.address for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+        assert (await down(session)).ok
+        assert tagged(session.run_id) == {}
+    finally:
+        base._APIS.clear()
+
+
+async def test_a_new_role_that_iam_has_not_settled_is_retried_and_shown(world: World, kube_file: Path) -> None:
+    world.script.timings.iam_propagation = 2.0  # EKS refuses the new roles this long
+    session = session_for()
+    made = await up(session)
+    assert made.ok, made.failures()
+    settling = [e for e in made.retries() if e.cause == "IAM propagation"]
+    assert {e.step for e in settling} >= {"aws.eks-cluster"}, [(e.step, e.message) for e in made.retries()]
+    assert all("IAM" in e.message for e in settling)
+    assert (await down(session)).ok
+
+
+async def test_every_ec2_create_carries_a_client_token(world: World, kube_file: Path) -> None:
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("ec2")
+    session = session_for()
+    assert (await up(session)).ok
+    creates = [(action, params) for action, params in world.script.ec2_requests
+               if action.startswith(("Create", "Allocate", "Run"))
+               and "ClientToken" in model.operation_model(action).input_shape.members]
+    assert {action for action, _ in creates} >= {"CreateNatGateway", "CreateRouteTable", "CreateLaunchTemplate"}
+    assert [action for action, params in creates if not params.get("ClientToken")] == []
+    tokens = [params["ClientToken"] for _, params in creates]
+    assert len(set(tokens)) == len(tokens) and all(len(t) <= 64 for t in tokens)
+    # Ours, not botocore's random one per call: a retry after a lost reply must send the same token.
+    assert all(t.startswith(session.run_id) for t in tokens), tokens
+    assert (await down(session)).ok
+
+
+async def test_a_create_whose_reply_was_lost_is_not_made_twice(world: World, kube_file: Path) -> None:
+    world.script.lost_replies.update({"CreateRouteTable": 1, "CreateNatGateway": 1, "CreateLaunchTemplate": 1})
+    session = session_for()
+    made = await up(session)
+    assert made.ok, made.failures()
+    assert any(e.cause == "InternalError" for e in made.retries())
+    counts = tagged(session.run_id)
+    assert (counts["route-table"], counts["nat-gateway"], counts["launch-template"]) == (2, 1, 1)
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+
+
+async def test_a_degraded_add_on_fails_its_step_with_its_health_issues(world: World, kube_file: Path) -> None:
+    world.script.degraded_addons["coredns"] = [{
+        "code": "InsufficientNumberOfReplicas",
+        "message": "The add-on is unhealthy because it doesn't have the desired number of replicas.",
+        "resourceIds": []}]
+    session = session_for()
+    made = await up(session)
+    assert not made.ok
+    failed = next(e for e in made.events if e.step == "aws.addon.coredns" and e.kind is EventKind.FAILED)
+    assert "degraded" in failed.message and "InsufficientNumberOfReplicas" in failed.message
+    world.script.degraded_addons.clear()
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+
+
+async def test_no_nat_gateway_available_for_the_private_route_is_one_line(world: World, kube_file: Path) -> None:
+    from backend.errors import OperationError
+    from backend.layers.aws.routes import RouteTableHandler
+
+    session = session_for()
+    assert (await up(session)).ok
+    plan = await session.plan()
+    change = plan.change("aws.route-table.private")
+    assert change is not None
+    nat = ec2().describe_nat_gateways(Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [session.run_id]}])[
+        "NatGateways"][0]["NatGatewayId"]
+    ec2().delete_nat_gateway(NatGatewayId=nat)  # gone by hand (or failed) while the route is being made
+    handler = RouteTableHandler()
+    want = next(r for r in session.stack.layer("aws").desired(session.ctx, []) if r.address == change.address)
+    have = next(o for o in await handler.observe(handler.api(session.ctx), session.ctx) if o.address == change.address)
+    with pytest.raises(OperationError) as err:
+        async for _ in handler.update(session.ctx, want, have):
+            pass
+    assert "NAT gateway" in err.value.message and "\n" not in err.value.message and err.value.remedy
+    gone = await down(session)
+    assert gone.ok, gone.failures()

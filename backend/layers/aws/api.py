@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import hashlib
+import json
 import random
 import re
 import time
@@ -55,6 +57,20 @@ _TRANSIENT_CODES = frozenset({
     "Unavailable", "SlowDown", "PriorRequestNotComplete", "EC2ThrottledException", "ServiceFailure",
 })
 _CONNECTION_ERRORS = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
+
+# A role IAM has just made is not yet visible everywhere: EKS refuses it for a while with these
+# InvalidParameterException messages (the ones terraform-provider-aws retries CreateCluster on,
+# internal/service/eks/cluster.go, within its two-minute propagation timeout).
+IAM_SETTLE_S = 120.0
+IAM_PROPAGATION_MESSAGES = ("does not exist", "Error in role params",
+                            "could not be assumed because the trusted entity is not correct",
+                            "doesn't have the Amazon EKS Managed Policies associated with it",
+                            "IAM role's policy must include")
+
+
+def iam_propagating(exc: ClientError) -> bool:
+    message = str(exc.response.get("Error", {}).get("Message", ""))
+    return error_code(exc) == "InvalidParameterException" and any(m in message for m in IAM_PROPAGATION_MESSAGES)
 
 # Polls start fast (a NAT gateway in a test is ready at once) and settle at a twentieth of the
 # typical duration, at most every 15 s: an EKS cluster (~10 min) is asked about 40 times.
@@ -118,15 +134,22 @@ class AwsApi:
             self._pool = CallPool(self.session.workers, self._concurrency)
         return self._pool
 
-    async def call(self, service: str, operation: str, *, ok: tuple[str, ...] = (), **kwargs: Any) -> Any:
+    async def call(self, service: str, operation: str, *, ok: tuple[str, ...] = (), new_role: bool = False,
+                   **kwargs: Any) -> Any:
         """``client.<operation>(**kwargs)``; an error whose code is in ``ok`` returns None.
 
         Throttling, 5xx and dropped connections are retried with jittered backoff, each retry
-        reported to the running step. Anything else is one line with a remedy.
+        reported to the running step. ``new_role``: the call names an IAM role rtui may have just
+        made, and EKS's refusals while IAM settles it are retried too, for up to ``IAM_SETTLE_S``.
+        Anything else is one line with a remedy.
         """
         fn = getattr(self.client(service), operation)
         what = f"{service}:{_camel(operation)}"
-        for attempt in range(1, CALL_ATTEMPTS + 1):
+        settle_until = time.monotonic() + IAM_SETTLE_S
+        settling = 0
+        attempt = 0
+        while attempt < CALL_ATTEMPTS:
+            attempt += 1
             self.counts[what] += 1
             if _polling.get():
                 self.counts[f"wait:{what}"] += 1
@@ -135,6 +158,15 @@ class AwsApi:
             except ClientError as exc:
                 if error_code(exc) in ok:
                     return None
+                if new_role and iam_propagating(exc) and time.monotonic() < settle_until:
+                    attempt -= 1  # not a fault of the call: it does not use up its attempts
+                    settling += 1
+                    delay = min(10.0, 0.25 * 1.6 ** settling)
+                    report_retry(f"{what}: IAM has not settled the new role yet "
+                                 f"({exc.response.get('Error', {}).get('Message', '')[:120]}): trying again in "
+                                 f"{delay:.1f}s", "IAM propagation", delay)
+                    await asyncio.sleep(delay)
+                    continue
                 if not transient(exc) or attempt == CALL_ATTEMPTS:
                     raise self.error(exc, what) from None
                 cause = error_code(exc)
@@ -198,6 +230,15 @@ def _token_names(service: str, operation: str) -> tuple[str, str]:
     if service == "iam":
         return "Marker", "Marker"
     return "NextToken", "NextToken"
+
+
+def client_token(run_id: str, kind: str, request: dict[str, Any], generation: int = 0) -> str:
+    """The ClientToken of an EC2 create: the same for a retry of the same request (a reply lost after
+    EC2 acted must not make a second one; botocore's own token is new at every call), another for
+    another request, since EC2 refuses a token reused with other parameters (IdempotentParameterMismatch).
+    ``generation`` tells a remake of something deleted from the first one."""
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{run_id}-{kind}-{generation}-{digest}"[:64]
 
 
 def tags(run_id: str, cluster: str, **extra: str) -> dict[str, str]:

@@ -105,6 +105,7 @@ class Topology:
     system_quota_code: str | None = None
     system_headroom: float | None = None
     vcpus: dict[str, int] = field(default_factory=dict)
+    efa_interfaces: int = 1  # per GPU node: one per network card (DescribeInstanceTypes)
 
     @property
     def subnet_azs(self) -> list[str]:

@@ -16,7 +16,7 @@ import yaml
 from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, refuse_foreign, tags, wait_until
 from backend.layers.aws.base import ACCESS_ENTRY, CLUSTER_ROLE, EKS_CLUSTER, KUBECONFIG, LAYER, AwsHandler
 from backend.layers.aws.iam import role_arn
-from backend.layers.aws.network import security_group_id, subnet_ids
+from backend.layers.aws.network import delete_cluster_groups, security_group_id, subnet_ids
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -33,14 +33,23 @@ async def describe_cluster(api: AwsApi, name: str) -> dict[str, Any] | None:
     return None if found is None else dict(found["cluster"])
 
 
-def principal_arn(caller_arn: str) -> str:
-    """An access entry names an IAM role, not the STS session that assumed it (SSO users included)."""
-    if ":assumed-role/" in caller_arn:
-        prefix, rest = caller_arn.split(":assumed-role/", 1)
-        account = prefix.split(":")[4]
-        partition = prefix.split(":")[1]
-        return f"arn:{partition}:iam::{account}:role/{rest.split('/')[0]}"
-    return caller_arn
+def assumed_role_name(caller_arn: str) -> str | None:
+    """The role of an STS assumed-role session ARN (``...:assumed-role/<role>/<session>``), else None."""
+    if ":assumed-role/" not in caller_arn:
+        return None
+    return caller_arn.split(":assumed-role/", 1)[1].split("/")[0]
+
+
+async def caller_principal(api: AwsApi) -> str:
+    """The IAM principal an access entry names: the role behind an assumed-role session, as IAM writes
+    its ARN, path included (IAM Identity Center roles live under ``/aws-reserved/sso.amazonaws.com/``,
+    and EKS refuses their ARN without it), so it comes from ``iam:GetRole``, not from the STS ARN."""
+    caller = str((await api.identity())["Arn"])
+    role = assumed_role_name(caller)
+    if role is None:
+        return caller  # an IAM user's ARN is already its IAM ARN
+    found = await api.call("iam", "get_role", RoleName=role)
+    return str(found["Role"]["Arn"])
 
 
 class EksClusterHandler(AwsHandler):
@@ -89,7 +98,7 @@ class EksClusterHandler(AwsHandler):
                                     "publicAccessCidrs": list(want.spec["public_cidrs"])},
                 accessConfig={"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": False},
                 tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-cluster",
-                ok=("ResourceInUseException",))
+                ok=("ResourceInUseException",), new_role=True)
         self.made(ctx, want, name)
         async for p in self.wait_ready(ctx, name):
             yield p
@@ -122,6 +131,7 @@ class EksClusterHandler(AwsHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
+        vpc = ((await describe_cluster(api, have.id) or {}).get("resourcesVpcConfig") or {}).get("vpcId")
         await api.call("eks", "delete_cluster", name=have.id, ok=_NOT_FOUND)
 
         async def look() -> Phase:
@@ -132,6 +142,9 @@ class EksClusterHandler(AwsHandler):
         async for p in wait_until(look, what=f"deleting EKS cluster {have.id}", expected_s=CLUSTER_DELETE_S,
                                   timeout_s=1800.0):
             yield p
+        if vpc:  # also in an adopted VPC, which rtui never deletes
+            async for p in delete_cluster_groups(api, str(vpc), have.id):
+                yield p
 
 
 class AddonHandler(AwsHandler):
@@ -177,11 +190,14 @@ class AddonHandler(AwsHandler):
             found = (await api.call("eks", "describe_addon", clusterName=cluster, addonName=addon,
                                     ok=_NOT_FOUND) or {}).get("addon")
             status = found["status"] if found else "GONE"
-            if status in ("CREATE_FAILED", "GONE"):
+            # DEGRADED after a create does not heal by waiting: its health issues say what to fix.
+            if status in ("CREATE_FAILED", "DEGRADED", "GONE"):
                 issues = "; ".join(f"{i.get('code')}: {i.get('message')}" for i in
                                    ((found or {}).get("health") or {}).get("issues") or [])
                 return Phase(False, status, failed=f"add-on {addon} {status.lower()}" + (f" ({issues})" if issues
-                                                                                         else ""))
+                                                                                         else ""),
+                             remedy="fix what its health issues name (`aws eks describe-addon`), then `rtui up` "
+                                    "again")
             return Phase(status == "ACTIVE", f"{addon} {status.lower()}")
 
         return wait_until(look, what=f"add-on {addon}", expected_s=ADDON_EXPECTED_S, timeout_s=1200.0)
@@ -211,7 +227,7 @@ class AccessEntryHandler(AwsHandler):
         cluster = await describe_cluster(api, name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return []
-        principal = principal_arn(str((await api.identity())["Arn"]))
+        principal = await caller_principal(api)
         entry = await api.call("eks", "describe_access_entry", clusterName=name, principalArn=principal,
                                ok=_NOT_FOUND)
         if entry is None:
@@ -226,7 +242,7 @@ class AccessEntryHandler(AwsHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         name = ctx.config.cluster_name
-        principal = principal_arn(str((await api.identity())["Arn"]))
+        principal = await caller_principal(api)
         await api.call("eks", "create_access_entry", clusterName=name, principalArn=principal, type="STANDARD",
                        tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-admin",
                        ok=("ResourceInUseException",))

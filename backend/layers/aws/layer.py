@@ -162,7 +162,8 @@ class AwsLayer(Layer):
             system_quota_code=system_quota.code if system_quota else quota_code_for(config.system_node_type),
             system_headroom=system_quota.headroom if system_quota else None,
             vcpus={config.gpu_node_type: report.gpu_instance.vcpus if report.gpu_instance else 0,
-                   config.system_node_type: report.system_instance.vcpus if report.system_instance else 0})
+                   config.system_node_type: report.system_instance.vcpus if report.system_instance else 0},
+            efa_interfaces=max(1, report.gpu_instance.efa_per_node) if report.gpu_instance else 1)
 
     def applying(self, ctx: Context) -> None:
         self.remember(ctx)
@@ -237,8 +238,9 @@ class AwsLayer(Layer):
         efa = config.wants_efa()
         res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
         res(LAUNCH_TEMPLATE, "aws-launch-template",
-            {"efa": efa, "volume_gb": ROOT_VOLUME_GB, "imdsv2": True,
-             "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, PLACEMENT_GROUP)
+            {"efa": efa, "efa_interfaces": topo.efa_interfaces if efa else 0, "volume_gb": ROOT_VOLUME_GB,
+             "imdsv2": True, "cluster_sg": True,
+             "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,

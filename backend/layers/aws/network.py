@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from backend.errors import OperationError
-from backend.layers.aws.api import AwsApi, Phase, run_filter, tag_map, tag_spec, tags, wait_until
+from backend.layers.aws.api import AwsApi, Phase, client_token, run_filter, tag_map, tag_spec, tags, wait_until
 from backend.layers.aws.base import (
     IGW,
     LAYER,
@@ -93,6 +93,27 @@ async def until_free(api: AwsApi, what: str, attempt: Any, *, subnet: str | None
         yield p
 
 
+EKS_CLUSTER_TAG = "aws:eks:cluster-name"
+
+
+async def delete_cluster_groups(api: AwsApi, vpc: str, cluster: str) -> AsyncIterator[Progress]:
+    """Delete the ``eks-cluster-sg-*`` group EKS made for ``cluster`` when it is still in the VPC.
+
+    EKS deletes it with the cluster unless something still uses it (the detached interfaces of the
+    nodes, often), and then leaves it for good: it carries EKS's tag ``aws:eks:cluster-name``, not
+    ours, and would block the VPC's deletion (DependencyViolation)."""
+    groups = await api.pages("ec2", "describe_security_groups", "SecurityGroups", Filters=[
+        {"Name": "vpc-id", "Values": [vpc]}, {"Name": f"tag:{EKS_CLUSTER_TAG}", "Values": [cluster]}])
+    for group in groups:
+        gid = str(group["GroupId"])
+
+        async def attempt(gid: str = gid) -> bool | None:
+            return await delete_or_blocked(api, "delete_security_group", GroupId=gid)
+
+        async for p in until_free(api, f"security group {gid} (EKS's, left behind)", attempt, group=gid):
+            yield p
+
+
 async def delete_or_blocked(api: AwsApi, operation: str, **kwargs: Any) -> bool | None:
     """True when deleted (or already gone); None while AWS says something still depends on it."""
     try:
@@ -142,6 +163,13 @@ class VpcHandler(AwsHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
+        async for p in delete_cluster_groups(api, have.id, ctx.config.cluster_name):
+            yield p
+        # The NAT gateway's address, when the gateway went without rtui (by hand, or failed): it bills.
+        for address in await find(api, ctx, "describe_addresses", "Addresses"):
+            if not address.get("AssociationId"):
+                await api.call("ec2", "release_address", AllocationId=address["AllocationId"], ok=GONE_CODES)
+                yield Progress(f"released {address.get('PublicIp', address['AllocationId'])}")
 
         async def attempt() -> bool | None:
             return await delete_or_blocked(api, "delete_vpc", VpcId=have.id)
@@ -279,10 +307,16 @@ class NatGatewayHandler(AwsHandler):
                 "ec2", "allocate_address", Domain="vpc",
                 TagSpecifications=tag_spec("elastic-ip", run_tags(ctx), f"{ctx.config.cluster_name}-nat")))[
                 "AllocationId"]
-            subnet = (await subnet_ids(api, ctx, "public", [want.spec["az"]]))[want.spec["az"]]
-            nat = await api.call("ec2", "create_nat_gateway", SubnetId=subnet, AllocationId=allocation,
-                                 ClientToken=f"{ctx.record.run_id}-nat-{allocation}",
-                                 TagSpecifications=tag_spec("natgateway", run_tags(ctx), ctx.config.cluster_name))
+            subnet = (await subnet_ids(api, ctx, "public", [want.spec["az"]])).get(want.spec["az"])
+            if subnet is None:
+                raise OperationError(f"no public subnet of this run in {want.spec['az']} for the NAT gateway",
+                                     remedy="run `rtui up` again: the plan makes the subnet first")
+            request: dict[str, Any] = {"SubnetId": subnet, "AllocationId": allocation,
+                       "TagSpecifications": tag_spec("natgateway", run_tags(ctx), ctx.config.cluster_name)}
+            made_before = await api.pages("ec2", "describe_nat_gateways", "NatGateways",
+                                          Filters=run_filter(ctx.record.run_id))
+            nat = await api.call("ec2", "create_nat_gateway", **request,
+                                 ClientToken=client_token(ctx.record.run_id, "nat", request, len(made_before)))
             nid = nat["NatGateway"]["NatGatewayId"]
         self.made(ctx, want, nid)
         async for p in self.wait_ready(ctx, nid):

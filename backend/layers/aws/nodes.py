@@ -1,4 +1,4 @@
-"""The nodes: a cluster placement group, the GPU launch template (one EFA interface), two nodegroups.
+"""The nodes: a cluster placement group, the GPU launch template (an EFA per network card), two nodegroups.
 
 A nodegroup that fails says why in AWS's words: its health issues and the last scaling
 activity of its Auto Scaling group. Insufficient capacity is its own error (``CapacityError``)
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from backend.errors import OperationError
-from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, tag_map, tag_spec, tags, wait_until
+from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, client_token, tag_map, tag_spec, tags, wait_until
 from backend.layers.aws.base import (
     GPU_NODES,
     LAUNCH_TEMPLATE,
@@ -83,14 +83,14 @@ class PlacementGroupHandler(AwsHandler):
             yield p
 
 
-def launch_template_data(ctx: Context, security_group: str, want: Resource) -> dict[str, Any]:
-    interface: dict[str, Any] = {"DeviceIndex": 0, "NetworkCardIndex": 0, "Groups": [security_group],
-                                 "DeleteOnTermination": True}
-    if want.spec["efa"]:
-        interface["InterfaceType"] = "efa"
+def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dict[str, Any]:
+    """``groups``: the EKS cluster security group and the EFA group. EKS adds its cluster group only to
+    nodes whose launch template names none; a template that names only the EFA group would cut the GPU
+    nodes off the system node (the Ray head, CoreDNS), whose only group admits just itself."""
     node_tags = run_tags(ctx)
     return {
-        "NetworkInterfaces": [interface],
+        "NetworkInterfaces": network_interfaces(groups, want.spec.get("efa_interfaces", 0) if want.spec["efa"]
+                                                else 0),
         # IMDSv2 only; hop limit 2 so pods (one hop further) can still reach it through the CNI.
         "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
@@ -101,6 +101,31 @@ def launch_template_data(ctx: Context, security_group: str, want: Resource) -> d
     }
 
 
+def network_interfaces(groups: list[str], efa: int) -> list[dict[str, Any]]:
+    """One EFA interface per network card. EC2 User Guide, "Maximize network bandwidth on instances
+    with multiple network cards" (efa-acc-inst-types): the primary interface on network card 0 at
+    device index 0; every further one on the next network card at device index 1."""
+    def interface(card: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"DeviceIndex": 0 if card == 0 else 1, "NetworkCardIndex": card,
+                               "Groups": list(groups), "DeleteOnTermination": True}
+        if efa:
+            out["InterfaceType"] = "efa"
+        return out
+
+    return [interface(card) for card in range(max(1, efa))]
+
+
+async def node_groups(api: AwsApi, ctx: Context) -> list[str]:
+    """The GPU nodes' security groups: the EKS cluster's own (reachability to the system node and the
+    control plane) and this run's EFA group (all traffic between the GPU nodes)."""
+    cluster = await describe_cluster(api, ctx.config.cluster_name)
+    cluster_group = ((cluster or {}).get("resourcesVpcConfig") or {}).get("clusterSecurityGroupId")
+    if not cluster_group:
+        raise OperationError(f"EKS cluster {ctx.config.cluster_name} reports no cluster security group yet",
+                             remedy="run `rtui up` again once the cluster is active")
+    return [str(cluster_group), await security_group_id(api, ctx)]
+
+
 class LaunchTemplateHandler(AwsHandler):
     kind = "aws-launch-template"
     title = "Create the GPU launch template (EFA interface, IMDSv2)"
@@ -109,17 +134,25 @@ class LaunchTemplateHandler(AwsHandler):
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         out = []
-        for template in await find(api, ctx, "describe_launch_templates", "LaunchTemplates"):
+        templates = await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
+        cluster = await describe_cluster(api, ctx.config.cluster_name) if templates else None
+        for template in templates:
             versions = await api.call("ec2", "describe_launch_template_versions",
                                       LaunchTemplateId=template["LaunchTemplateId"], Versions=["$Latest"])
             data = (versions.get("LaunchTemplateVersions") or [{}])[0].get("LaunchTemplateData") or {}
             interface = (data.get("NetworkInterfaces") or [{}])[0]
+            cluster_group = ((cluster or {}).get("resourcesVpcConfig") or {}).get("clusterSecurityGroupId")
             out.append(Observed(address=LAUNCH_TEMPLATE, layer=LAYER, kind=self.kind, id=template["LaunchTemplateId"],
                                 state={"efa": interface.get("InterfaceType") == "efa",
+                                       "efa_interfaces": sum(1 for nic in data.get("NetworkInterfaces") or []
+                                                             if nic.get("InterfaceType") == "efa"),
                                        "volume_gb": ((data.get("BlockDeviceMappings") or [{}])[0].get("Ebs") or {})
                                        .get("VolumeSize"),
                                        "placement_group": (data.get("Placement") or {}).get("GroupName"),
                                        "imdsv2": (data.get("MetadataOptions") or {}).get("HttpTokens") == "required",
+                                       "cluster_sg": cluster_group is not None and all(
+                                           cluster_group in (nic.get("Groups") or [])
+                                           for nic in data.get("NetworkInterfaces") or [{}]),
                                        "version": template.get("LatestVersionNumber")},
                                 reason="exists"))
         return out
@@ -130,14 +163,16 @@ class LaunchTemplateHandler(AwsHandler):
         if found:
             tid = found[0]["LaunchTemplateId"]
         else:
-            template = await api.call(
-                "ec2", "create_launch_template", LaunchTemplateName=Names(ctx.config.cluster_name).launch_template,
-                ClientToken=f"{ctx.record.run_id}-lt-{want.spec['placement_group']}"[:64],
-                LaunchTemplateData=launch_template_data(ctx, await security_group_id(api, ctx), want),
-                TagSpecifications=tag_spec("launch-template", run_tags(ctx)))
+            request: dict[str, Any] = {"LaunchTemplateName": Names(ctx.config.cluster_name).launch_template,
+                       "LaunchTemplateData": launch_template_data(ctx, await node_groups(api, ctx), want),
+                       "TagSpecifications": tag_spec("launch-template", run_tags(ctx))}
+            template = await api.call("ec2", "create_launch_template", **request,
+                                      ClientToken=client_token(ctx.record.run_id, "lt", request))
             tid = template["LaunchTemplate"]["LaunchTemplateId"]
         self.made(ctx, want, tid)
-        yield Progress(f"{tid}: " + ("one EFA interface, " if want.spec["efa"] else "") + "IMDSv2 only, "
+        efa = want.spec.get("efa_interfaces", 0) if want.spec["efa"] else 0
+        yield Progress(f"{tid}: " + (f"{efa} EFA interface{'s' if efa > 1 else ''} (one per network card), "
+                                     if efa else "") + "IMDSv2 only, "
                        f"{want.spec['volume_gb']} GB root", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
@@ -232,7 +267,7 @@ class NodegroupHandler(AwsHandler):
                                          "version": str(templates[0]["LatestVersionNumber"])}
         else:
             request["diskSize"] = 50
-        await api.call("eks", "create_nodegroup", **request, ok=("ResourceInUseException",))
+        await api.call("eks", "create_nodegroup", **request, ok=("ResourceInUseException",), new_role=True)
         self.made(ctx, want, f"{cluster}/{name}")
         async for p in self._until_ready(ctx, want, f"{cluster}/{name}"):
             yield p

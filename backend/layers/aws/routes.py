@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backend.layers.aws.api import AwsApi, tag_map, tag_spec
+from backend.errors import OperationError
+from backend.layers.aws.api import AwsApi, client_token, tag_map, tag_spec
 from backend.layers.aws.base import LAYER, NODE_SG, PRIVATE_RT, PUBLIC_RT, VPC, AwsHandler, Names
 from backend.layers.aws.network import GONE_CODES, delete_or_blocked, find, run_tags, subnet_ids, until_free, vpc_id
 from backend.layers.base import Context
@@ -48,9 +49,11 @@ class RouteTableHandler(AwsHandler):
         if found:
             tid = found[0]["RouteTableId"]
         else:
-            table = await api.call("ec2", "create_route_table", VpcId=await vpc_id(api, ctx),
-                                   TagSpecifications=tag_spec("route-table", run_tags(ctx, **{"rtui:role": role}),
-                                                              f"{ctx.config.cluster_name}-{role}"))
+            request: dict[str, Any] = {"VpcId": await vpc_id(api, ctx),
+                       "TagSpecifications": tag_spec("route-table", run_tags(ctx, **{"rtui:role": role}),
+                                                     f"{ctx.config.cluster_name}-{role}")}
+            table = await api.call("ec2", "create_route_table", **request,
+                                   ClientToken=client_token(ctx.record.run_id, f"rt-{role}", request))
             tid = table["RouteTable"]["RouteTableId"]
         self.made(ctx, want, tid)
         async for p in self._converge(api, ctx, tid, want):
@@ -63,10 +66,16 @@ class RouteTableHandler(AwsHandler):
     async def _converge(self, api: AwsApi, ctx: Context, tid: str, want: Resource) -> AsyncIterator[Progress]:
         if want.spec["via"] == "internet-gateway":
             gateways = await find(api, ctx, "describe_internet_gateways", "InternetGateways")
+            if not gateways:
+                raise OperationError("this run's internet gateway is gone: the public subnets have no route out",
+                                     remedy="run `rtui up` again: the plan makes it anew")
             target = {"GatewayId": gateways[0]["InternetGatewayId"]}
         else:
             nats = [n for n in await find(api, ctx, "describe_nat_gateways", "NatGateways")
                     if n["State"] == "available"]
+            if not nats:
+                raise OperationError("no NAT gateway of this run is available: the private subnets have no route out",
+                                     remedy="run `rtui up` again: the plan makes (or waits for) the NAT gateway")
             target = {"NatGatewayId": nats[0]["NatGatewayId"]}
         table = (await api.call("ec2", "describe_route_tables", RouteTableIds=[tid]))["RouteTables"][0]
         default = [r for r in table.get("Routes") or [] if r.get("DestinationCidrBlock") == "0.0.0.0/0"]

@@ -1,4 +1,5 @@
-"""The orphan sweep: after teardown, ask AWS for anything still carrying this run's tag.
+"""The orphan sweep: after teardown, ask AWS for anything still carrying this run's tag, and
+for anything at all still in the run's VPC (tagged or not).
 
 It looks at every resource type the aws layer makes (and the network interfaces EKS and EFA
 leave in our subnets), straight from the APIs, not from the record. Whatever it finds is
@@ -84,6 +85,38 @@ async def _ec2(api: AwsApi, ctx: Context) -> list[Leftover]:
     out += [Leftover("network interface", e["NetworkInterfaceId"],
                      f"{e.get('InterfaceType', 'interface')}, {e.get('Status', '')}") for e in enis]
     out += instances
+    if vpcs:
+        seen_ids = {item.id for item in out}
+        out += [item for item in await _in_vpcs(api, [v["VpcId"] for v in vpcs]) if item.id not in seen_ids]
+    return out
+
+
+async def _in_vpcs(api: AwsApi, vpc_ids: list[str]) -> list[Leftover]:
+    """Whatever is still in the run's VPC, tagged by us or not (EKS's own security group, what a
+    controller or a user made there): each of them keeps the VPC from being deleted."""
+    in_vpc = [{"Name": "vpc-id", "Values": vpc_ids}]
+    groups, subnets, tables, enis, gateways, nats, reservations = await asyncio.gather(
+        api.pages("ec2", "describe_security_groups", "SecurityGroups", Filters=in_vpc),
+        api.pages("ec2", "describe_subnets", "Subnets", Filters=in_vpc),
+        api.pages("ec2", "describe_route_tables", "RouteTables", Filters=in_vpc),
+        api.pages("ec2", "describe_network_interfaces", "NetworkInterfaces", Filters=in_vpc),
+        api.pages("ec2", "describe_internet_gateways", "InternetGateways",
+                  Filters=[{"Name": "attachment.vpc-id", "Values": vpc_ids}]),
+        api.pages("ec2", "describe_nat_gateways", "NatGateways", Filters=in_vpc),
+        api.pages("ec2", "describe_instances", "Reservations", Filters=[
+            *in_vpc, {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}]))
+    out = [Leftover("security group", g["GroupId"], g.get("GroupName", "")) for g in groups
+           if g.get("GroupName") != "default"]
+    out += [Leftover("subnet", s["SubnetId"], s["AvailabilityZone"]) for s in subnets]
+    out += [Leftover("route table", t["RouteTableId"]) for t in tables
+            if not any(a.get("Main") for a in t.get("Associations") or [])]
+    out += [Leftover("network interface", e["NetworkInterfaceId"],
+                     f"{e.get('InterfaceType', 'interface')}, {e.get('Status', '')}") for e in enis]
+    out += [Leftover("internet gateway", g["InternetGatewayId"]) for g in gateways]
+    out += [Leftover("NAT gateway", n["NatGatewayId"], n["State"], catalog.NAT_GATEWAY_PER_HOUR) for n in nats
+            if n["State"] not in ("deleted", "deleting")]
+    out += [Leftover("instance", i["InstanceId"], f"{i['InstanceType']}, {i['State']['Name']}")
+            for r in reservations for i in r.get("Instances") or []]
     return out
 
 

@@ -54,6 +54,7 @@ _APIS: dict[tuple[str | None, ...], KubeApi] = {}
 AWS_KUBECONFIG = "aws.kubeconfig"
 AWS_SYSTEM_NODES = "aws.nodegroup.system"
 AWS_GPU_NODES = "aws.nodegroup.gpu"
+AWS_LAUNCH_TEMPLATE = "aws.launch-template.gpu"
 
 
 class ClusterNotReady(OperationError):
@@ -213,6 +214,10 @@ class KubernetesLayer(Layer):
         spec = {"image": pinned, "digest": image.digest, "pinning": image.reason, "gpu_nodes": config.gpu_node_count,
                 "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
                 "hf_token": bool(config.hf_token)}
+        # On aws: as many EFA devices per worker as the GPU launch template gives each node.
+        efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below if r.address == AWS_LAUNCH_TEMPLATE]
+        if config.wants_efa() and efa_below and efa_below[0] > 1:
+            spec["efa_interfaces"] = efa_below[0]
         deps = [NAMESPACE, OPERATOR, *([HF_SECRET] if config.hf_token else []), *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,

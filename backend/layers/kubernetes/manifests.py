@@ -85,8 +85,9 @@ def pinned_image(image: str, digest: str | None) -> str:
     return f"{image.split('@', 1)[0]}@{digest}"
 
 
-def worker_resources(config: RunConfig) -> dict[str, str]:
-    """Requests and limits of a GPU worker; the same dict for both keeps the pod Guaranteed."""
+def worker_resources(config: RunConfig, efa_interfaces: int = 1) -> dict[str, str]:
+    """Requests and limits of a GPU worker; the same dict for both keeps the pod Guaranteed.
+    ``efa_interfaces``: the node's EFA interfaces (one per network card), all for its one worker."""
     gpus = config.gpus_per_node
     out = {
         "cpu": str(CPU_PER_GPU * gpus),
@@ -94,8 +95,8 @@ def worker_resources(config: RunConfig) -> dict[str, str]:
         GPU_RESOURCE: str(gpus),
     }
     if config.wants_efa():
-        # g6.8xlarge and larger have one EFA interface; a pod holding it keeps NCCL off TCP.
-        out[EFA_RESOURCE] = "1"
+        # g6.8xlarge and larger have one EFA interface, p4d 4, p5 32; the pod holds them all.
+        out[EFA_RESOURCE] = str(max(1, efa_interfaces))
     return out
 
 
@@ -169,9 +170,9 @@ def _head_group(config: RunConfig, run_id: str, image: str) -> Manifest:
     }
 
 
-def _worker_group(config: RunConfig, run_id: str, image: str) -> Manifest:
+def _worker_group(config: RunConfig, run_id: str, image: str, efa_interfaces: int = 1) -> Manifest:
     volume, mount = _ray_tmp_volume()
-    resources = worker_resources(config)
+    resources = worker_resources(config, efa_interfaces)
     count = config.gpu_node_count
     return {
         "groupName": WORKER_GROUP,
@@ -203,8 +204,10 @@ def _worker_group(config: RunConfig, run_id: str, image: str) -> Manifest:
     }
 
 
-def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> Manifest:
-    """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers."""
+def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = None,
+               efa_interfaces: int = 1) -> Manifest:
+    """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers, each asking
+    for its node's ``efa_interfaces``."""
     image = pinned_image(config.image, image_digest)
     return {
         "apiVersion": RAYCLUSTER_API_VERSION,
@@ -213,7 +216,7 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
         "spec": {
             "rayVersion": config.ray_version,
             "headGroupSpec": _head_group(config, run_id, image),
-            "workerGroupSpecs": [_worker_group(config, run_id, image)],
+            "workerGroupSpecs": [_worker_group(config, run_id, image, efa_interfaces)],
         },
     }
 

@@ -176,7 +176,8 @@ class RayClusterHandler(KubeHandler):
     updatable = True  # "update" waits again for a head that is not ready; a new spec replaces
 
     def manifest(self, ctx: Context, want: Resource) -> Manifest:
-        obj = manifests.raycluster(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"))
+        obj = manifests.raycluster(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"),
+                                   efa_interfaces=int(want.spec.get("efa_interfaces") or 1))
         obj["metadata"]["annotations"] = {SPEC_ANNOTATION: json.dumps(want.spec, sort_keys=True)}
         return obj
 
