@@ -37,7 +37,7 @@ from moto.iam.aws_managed_policies import aws_managed_policies_data
 from moto.iam.models import AWSManagedPolicy, IAMBackend
 
 from tests.aws import moto_provision_api as api
-from tests.aws import moto_provision_ec2
+from tests.aws import moto_provision_ec2, moto_strict
 from tests.aws.moto_ext import SCRIPT
 
 LOCK = threading.RLock()
@@ -390,6 +390,7 @@ def install_provisioning() -> Callable[[], None]:
         eks_urls.url_paths.setdefault(route, eks_urls.response.dispatch)
     patch(IAMBackend, "_init_aws_policies", _needed_aws_policies)
     undo_ec2 = moto_provision_ec2.install(patch)
+    moto_strict.install(patch)  # issue 20's rules, on top of the wrappers above
 
     def uninstall() -> None:
         undo_ec2()

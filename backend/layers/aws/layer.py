@@ -63,7 +63,7 @@ from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
 
 if TYPE_CHECKING:
     from backend.aws import PreflightReport
-    from backend.aws.report import RegionReport
+    from backend.aws.report import RegionReport, ZoneReport
 
 GPU_LABEL = "nvidia.com/gpu.present"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
@@ -146,12 +146,7 @@ class AwsLayer(Layer):
                             remedy=f"choose one of {', '.join(sorted(zones))}")
         network_azs = list(facts.get("network_azs") or [])
         if not network_azs:
-            second = next((z.zone for z in region.zones if z.zone != gpu_az and z.eks_supported and z.system_offered),
-                          None) or next((z.zone for z in region.zones if z.zone != gpu_az and z.eks_supported), None)
-            if second is None:
-                raise UserError(f"EKS needs subnets in two AZs and {config.region} has one it accepts",
-                                remedy="choose another --region")
-            network_azs = [gpu_az, second]
+            network_azs = _control_plane_azs(region.zones, gpu_az, config.region)
         index = {zone: i for i, zone in enumerate(sorted(zones))}
         quota, system_quota = region.quota, region.system_quota
         return Topology(
@@ -387,3 +382,15 @@ def _needs(later: str, earlier: str) -> bool:
         return later in (LAUNCH_TEMPLATE, GPU_NODES)
     return True
 
+
+
+def _control_plane_azs(zones: Sequence[ZoneReport], gpu_az: str, region: str) -> list[str]:
+    """The two AZs of the network and the control plane: the GPU AZ first when EKS takes its zone ID
+    (else it holds only the GPU subnet), then AZs EKS takes, those offering the system type first."""
+    accepted = [z for z in zones if z.eks_supported]
+    ranked = sorted(accepted, key=lambda z: (z.zone != gpu_az, not z.system_offered, z.zone))
+    picked = [z.zone for z in ranked[:2]]
+    if len(picked) < 2:
+        raise UserError(f"EKS needs subnets in two AZs and {region} has {len(picked)} it accepts",
+                        remedy="choose another --region")
+    return picked
