@@ -181,7 +181,10 @@ class NodegroupHandler(AwsHandler):
         cluster = await describe_cluster(api, ctx.config.cluster_name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return []
-        subnets = {s["SubnetId"]: s["AvailabilityZone"] for s in await find(api, ctx, "describe_subnets", "Subnets")}
+        # Ours by tag, and those given with --private-subnet-ids (adopted, untagged).
+        subnets = {az_subnet: az for az, az_subnet in (await subnet_ids(api, ctx, "private")).items()}
+        subnets.update({s["SubnetId"]: s["AvailabilityZone"] for s in await find(api, ctx, "describe_subnets",
+                                                                                 "Subnets")})
         out = []
         for address, name in self.names(ctx).items():
             group = (await api.call("eks", "describe_nodegroup", clusterName=cluster["name"], nodegroupName=name,
