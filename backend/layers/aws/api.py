@@ -264,3 +264,24 @@ def refuse_foreign(kind: str, name: str, owner_tags: dict[str, str], run_id: str
     owner = "another rtui run" if RUN_TAG in owner_tags else "someone else"
     raise UserError(f"{kind} {name} already exists and belongs to {owner}",
                     remedy="choose another --cluster-name (rtui never takes over what it did not make)")
+
+
+# Idempotency tokens: EKS takes 33..126 characters; EC2 up to 64 (128 for CreateLaunchTemplate).
+EKS_TOKEN = (33, 126)
+EC2_TOKEN = (1, 64)
+
+
+def client_token(*parts: str, limits: tuple[int, int] = EC2_TOKEN) -> str:
+    """A token naming what it creates (``parts``: the run, the resource, its generation), fitted to
+    the API's length limits: too long keeps its head and a digest of the whole, too short is padded
+    with that digest, so two different requests never share a token."""
+    import hashlib
+
+    low, high = limits
+    text = "-".join(p for p in parts if p)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if len(text) > high:
+        text = f"{text[:high - 17]}-{digest[:16]}"
+    if len(text) < low:
+        text = f"{text}-{digest}"[:max(low, len(text) + 17)]
+    return text

@@ -13,8 +13,16 @@ from typing import Any
 
 import yaml
 
-from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, refuse_foreign, tags, wait_until
-from backend.layers.aws.base import ACCESS_ENTRY, CLUSTER_ROLE, EKS_CLUSTER, KUBECONFIG, LAYER, AwsHandler
+from backend.layers.aws.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, refuse_foreign, tags, wait_until
+from backend.layers.aws.base import (
+    ACCESS_ENTRY,
+    CLUSTER_ROLE,
+    EKS_CLUSTER,
+    KUBECONFIG,
+    LAYER,
+    AwsHandler,
+    create_token,
+)
 from backend.layers.aws.iam import role_arn
 from backend.layers.aws.network import security_group_id, subnet_ids
 from backend.layers.base import Context
@@ -88,7 +96,8 @@ class EksClusterHandler(AwsHandler):
                                     "endpointPrivateAccess": True, "endpointPublicAccess": True,
                                     "publicAccessCidrs": list(want.spec["public_cidrs"])},
                 accessConfig={"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": False},
-                tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-cluster",
+                tags=tags(ctx.record.run_id, name),
+                clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                 ok=("ResourceInUseException",))
         self.made(ctx, want, name)
         async for p in self.wait_ready(ctx, name):
@@ -163,7 +172,8 @@ class AddonHandler(AwsHandler):
         api = self.api(ctx)
         name, addon = ctx.config.cluster_name, want.spec["name"]
         await api.call("eks", "create_addon", clusterName=name, addonName=addon, resolveConflicts="OVERWRITE",
-                       tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-{addon}",
+                       tags=tags(ctx.record.run_id, name),
+                       clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                        ok=("ResourceInUseException",))
         self.made(ctx, want, f"{name}/{addon}")
         async for p in self.wait_ready(ctx, f"{name}/{addon}"):
@@ -228,7 +238,8 @@ class AccessEntryHandler(AwsHandler):
         name = ctx.config.cluster_name
         principal = principal_arn(str((await api.identity())["Arn"]))
         await api.call("eks", "create_access_entry", clusterName=name, principalArn=principal, type="STANDARD",
-                       tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-admin",
+                       tags=tags(ctx.record.run_id, name),
+                       clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                        ok=("ResourceInUseException",))
         self.made(ctx, want, f"{name}|{principal}")
         await api.call("eks", "associate_access_policy", clusterName=name, principalArn=principal,
