@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import functools
 import random
 import re
 import time
@@ -285,3 +286,28 @@ def client_token(*parts: str, limits: tuple[int, int] = EC2_TOKEN) -> str:
     if len(text) < low:
         text = f"{text}-{digest}"[:max(low, len(text) + 17)]
     return text
+
+
+@dataclass(frozen=True)
+class Partition:
+    """The AWS partition of a region (aws, aws-cn, aws-us-gov, ...) and its DNS suffix, from botocore's data."""
+
+    name: str
+    dns_suffix: str
+
+    def arn(self, service: str, region: str, account: str, resource: str) -> str:
+        return f"arn:{self.name}:{service}:{region}:{account}:{resource}"
+
+    def service_principal(self, service: str) -> str:
+        return f"{service}.{self.dns_suffix}"
+
+
+@functools.cache
+def partition(region: str) -> Partition:
+    from botocore.loaders import create_loader
+
+    data = create_loader().load_data("partitions")
+    for p in data["partitions"]:
+        if region in p.get("regions", {}) or re.match(p["regionRegex"], region):
+            return Partition(p["id"], p["outputs"]["dnsSuffix"])
+    return Partition("aws", "amazonaws.com")

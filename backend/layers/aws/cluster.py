@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from backend.layers.aws.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, refuse_foreign, tags, wait_until
+from backend.layers.aws.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, partition, refuse_foreign, tags, wait_until
 from backend.layers.aws.base import (
     ACCESS_ENTRY,
     CLUSTER_ROLE,
@@ -32,7 +32,11 @@ from backend.runner import Progress
 CLUSTER_EXPECTED_S = 600.0
 CLUSTER_DELETE_S = 300.0
 ADDON_EXPECTED_S = 60.0
-ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+ADMIN_POLICY_NAME = "AmazonEKSClusterAdminPolicy"
+
+
+def admin_policy(region: str) -> str:
+    return f"arn:{partition(region).name}:eks::aws:cluster-access-policy/{ADMIN_POLICY_NAME}"
 _NOT_FOUND = ("ResourceNotFoundException",)
 
 
@@ -228,7 +232,8 @@ class AccessEntryHandler(AwsHandler):
             return []
         policies = await api.call("eks", "list_associated_access_policies", clusterName=name,
                                   principalArn=principal, ok=_NOT_FOUND) or {}
-        admin = any(p.get("policyArn") == ADMIN_POLICY for p in policies.get("associatedAccessPolicies") or [])
+        admin = any(p.get("policyArn") == admin_policy(ctx.config.region)
+                    for p in policies.get("associatedAccessPolicies") or [])
         return [Observed(address=ACCESS_ENTRY, layer=LAYER, kind=self.kind, id=f"{name}|{principal}",
                          depends_on=(EKS_CLUSTER,), state={"principal": principal, "policy": "cluster-admin"},
                          healthy=admin, reason="exists" if admin else "the admin policy is not associated")]
@@ -243,7 +248,7 @@ class AccessEntryHandler(AwsHandler):
                        ok=("ResourceInUseException",))
         self.made(ctx, want, f"{name}|{principal}")
         await api.call("eks", "associate_access_policy", clusterName=name, principalArn=principal,
-                       policyArn=ADMIN_POLICY, accessScope={"type": "cluster"})
+                       policyArn=admin_policy(ctx.config.region), accessScope={"type": "cluster"})
         yield Progress(f"{principal} is cluster admin", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:

@@ -55,7 +55,7 @@ from backend.layers.aws.cluster import (
     KubeconfigHandler,
     describe_cluster,
 )
-from backend.layers.aws.iam import CLUSTER_POLICIES, NODE_POLICIES, SERVICE, RoleHandler
+from backend.layers.aws.iam import CLUSTER_POLICIES, NODE_POLICIES, RoleHandler, service_principal
 from backend.layers.aws.nodes import LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.sweep import sweep
 from backend.layers.base import Context, Handler, Layer
@@ -252,8 +252,10 @@ class AwsLayer(Layer):
                                                 "azs": sorted(topo.subnet_azs)}, NAT, *private)
         routes = () if adopted else (PRIVATE_RT,)
         res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
-        res(CLUSTER_ROLE, "aws-iam-role", {"service": SERVICE[CLUSTER_ROLE], "policies": sorted(CLUSTER_POLICIES)})
-        res(NODE_ROLE, "aws-iam-role", {"service": SERVICE[NODE_ROLE], "policies": sorted(NODE_POLICIES)})
+        res(CLUSTER_ROLE, "aws-iam-role", {"service": service_principal(CLUSTER_ROLE, config.region),
+                                           "policies": sorted(CLUSTER_POLICIES)})
+        res(NODE_ROLE, "aws-iam-role", {"service": service_principal(NODE_ROLE, config.region),
+                                        "policies": sorted(NODE_POLICIES)})
         cluster_private = [subnet_address("private", az) for az in topo.network_azs]
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,

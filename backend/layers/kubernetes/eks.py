@@ -22,6 +22,8 @@ from typing import Any
 import boto3
 import yaml
 
+from backend.layers.aws.api import partition
+
 TOKEN_PREFIX = "k8s-aws-v1."
 CLUSTER_ID_HEADER = "x-k8s-aws-id"
 EXEC_API_VERSION = "client.authentication.k8s.io/v1beta1"
@@ -34,7 +36,7 @@ REFRESH_MARGIN = dt.timedelta(minutes=1)
 
 def eks_token(cluster_name: str, region: str, session: boto3.Session) -> tuple[str, dt.datetime]:
     """A bearer token for ``cluster_name`` and when it stops working (UTC)."""
-    sts = session.client("sts", region_name=region, endpoint_url=f"https://sts.{region}.amazonaws.com")
+    sts = session.client("sts", region_name=region, endpoint_url=f"https://sts.{region}.{partition(region).dns_suffix}")
 
     def sign_cluster_id(request: Any, **_: Any) -> None:
         request.headers[CLUSTER_ID_HEADER] = cluster_name
