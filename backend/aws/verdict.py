@@ -96,14 +96,27 @@ def assess_zone(
     else:
         add("efa", "EFA", CheckStatus.WARN, f"{gpu.instance_type} has no EFA: NCCL will use TCP sockets")
 
+    # EKS refuses control-plane subnets in a few zone IDs; nodes may still run there (EKS User
+    # Guide, subnet requirements). Such an AZ can hold the GPU nodes, with the control plane's
+    # two subnets in two other AZs.
     eks_zone_ok = inputs.zone_id not in EKS_REJECTED_ZONE_IDS
-    if not eks_zone_ok:
+    others = ", ".join(sorted(inputs.other_eks_zone_ids))
+    if not eks_zone_ok and len(inputs.other_eks_zone_ids) >= 2:
+        add(
+            "eks",
+            "EKS control plane",
+            CheckStatus.WARN,
+            f"EKS rejects zone ID {inputs.zone_id} ({inputs.zone}) for its control plane: GPU nodes only "
+            f"here, the control plane in two of {others}",
+        )
+    elif not eks_zone_ok:
         add(
             "eks",
             "EKS control plane",
             CheckStatus.FAIL,
-            f"EKS rejects zone ID {inputs.zone_id} ({inputs.zone})",
-            "choose another AZ",
+            f"EKS rejects zone ID {inputs.zone_id} ({inputs.zone}) and {inputs.region} has not two other AZs "
+            "it accepts for the control plane",
+            "choose another region",
         )
     elif not inputs.other_eks_zone_ids:
         add(
@@ -114,12 +127,7 @@ def assess_zone(
             "choose another region",
         )
     else:
-        add(
-            "eks",
-            "EKS control plane",
-            CheckStatus.OK,
-            f"{inputs.zone_id} accepted; second AZ: {', '.join(sorted(inputs.other_eks_zone_ids))}",
-        )
+        add("eks", "EKS control plane", CheckStatus.OK, f"{inputs.zone_id} accepted; second AZ: {others}")
 
     usable = [r for r in inputs.reservations if r.usable]
     reserved = sum(r.available for r in usable)

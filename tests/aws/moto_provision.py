@@ -39,7 +39,7 @@ from moto.iam.aws_managed_policies import aws_managed_policies_data
 from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
 from tests.aws import moto_provision_api as api
-from tests.aws import moto_provision_ec2
+from tests.aws import moto_provision_ec2, moto_strict
 from tests.aws.moto_ext import SCRIPT
 
 LOCK = threading.RLock()
@@ -499,6 +499,7 @@ def install_provisioning() -> Callable[[], None]:
     patch(IAMBackend, "_init_aws_policies", _needed_aws_policies)
     patch(IAMBackend, "create_role", _create_role(IAMBackend.create_role))
     undo_ec2 = moto_provision_ec2.install(patch)
+    moto_strict.install(patch)  # issue 20's rules, on top of the wrappers above
 
     def uninstall() -> None:
         undo_ec2()

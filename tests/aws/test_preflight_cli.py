@@ -61,9 +61,16 @@ def test_text_output_names_reasons_and_recommendation(world: World) -> None:
     code, out, err = run(PreflightRequest(regions=["us-east-1"]), as_json=False)
     assert code == 3
     assert "SHORT by 48" in out and "--quota-code L-DB2E81BA --desired-value 96" in out
-    assert "EKS rejects zone ID use1-az3" in out
     assert "No feasible AZ" in out
     assert err == ""  # not a TTY: no progress
+
+
+def test_text_output_says_an_eks_refused_zone_holds_gpu_nodes_only(world: World) -> None:
+    world.offer("us-east-1", "us-east-1e", "g6.12xlarge")
+    code, out, _ = run(PreflightRequest(regions=["us-east-1"]), as_json=False)
+    assert code == 0
+    line = next(x for x in out.splitlines() if "us-east-1e" in x and "use1-az3" in x)
+    assert "EKS rejects zone ID use1-az3 (us-east-1e) for its control plane: GPU nodes only" in line
 
 
 def test_no_feasible_zone_exits_3_with_json(world: World) -> None:

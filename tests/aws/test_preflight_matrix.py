@@ -58,13 +58,15 @@ async def test_region_without_the_gpu_type(world: World) -> None:
     assert region.price_source == "builtin-estimate"
 
 
-async def test_eks_rejected_zone_id_blocks_an_az_that_offers_the_type(world: World) -> None:
+async def test_eks_rejected_zone_id_holds_gpu_nodes_only(world: World) -> None:
+    # EKS refuses use1-az3 for control-plane subnets, not for nodes: the AZ can hold the GPU nodes.
     world.offer("us-east-1", "us-east-1e", "g6.12xlarge")
     world.offer("us-east-1", "us-east-1e", "m7i.xlarge")
     (region,) = (await run_preflight(PreflightRequest())).regions
     e = zone(region, "us-east-1e")
     assert e.gpu_offered and e.system_offered and not e.eks_supported
-    assert e.reasons == ["EKS rejects zone ID use1-az3 (us-east-1e)"]
+    assert e.feasible and e.verdict == "warning" and not e.reasons
+    assert e.warnings[0].startswith("EKS rejects zone ID use1-az3 (us-east-1e) for its control plane: GPU nodes only")
     assert zone(region, "us-east-1a").eks_supported
 
 

@@ -146,12 +146,12 @@ async def test_throttling_and_5xx_on_every_call_over_ten_seeds(world: World, kub
 
 
 async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(world: World, kube_file: Path) -> None:
-    plan_session = session_for()
+    plan_session = session_for(gpu_node_count=1)
     await plan_session.plan()
     first = plan_session.stack.layer("aws").topology.gpu_az  # type: ignore[attr-defined]
     world.script.ice_zones["g6.12xlarge"] = {first}
 
-    stuck = session_for()
+    stuck = session_for(gpu_node_count=1)  # one node: AWS launched none of it (partial: test_provision_capacity)
     failed = await up(stuck)
     assert not failed.ok
     fault = next(e for e in failed.events if e.step == "aws.nodegroup.gpu" and e.kind is EventKind.FAILED)
@@ -172,7 +172,7 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
     assert "InsufficientInstanceCapacity" in stuck.record.facts["az_moves"][0]["why"]
     assert stuck.record.facts["gpu_az"] == az
     meter = cost_meter(stuck.record)
-    assert meter is not None and meter["resources"]["aws.nodegroup.gpu"]["per_hour"] > 9  # billing again
+    assert meter is not None and meter["resources"]["aws.nodegroup.gpu"]["per_hour"] > 4  # billing again
     assert (await down(stuck)).ok
     assert tagged(stuck.run_id) == {}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import functools
 import hashlib
 import json
 import random
@@ -232,15 +233,6 @@ def _token_names(service: str, operation: str) -> tuple[str, str]:
     return "NextToken", "NextToken"
 
 
-def client_token(run_id: str, kind: str, request: dict[str, Any], generation: int = 0) -> str:
-    """The ClientToken of an EC2 create: the same for a retry of the same request (a reply lost after
-    EC2 acted must not make a second one; botocore's own token is new at every call), another for
-    another request, since EC2 refuses a token reused with other parameters (IdempotentParameterMismatch).
-    ``generation`` tells a remake of something deleted from the first one."""
-    digest = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return f"{run_id}-{kind}-{generation}-{digest}"[:64]
-
-
 def tags(run_id: str, cluster: str, **extra: str) -> dict[str, str]:
     return {RUN_TAG: run_id, CLUSTER_TAG: cluster, **extra}
 
@@ -309,3 +301,53 @@ def refuse_foreign(kind: str, name: str, owner_tags: dict[str, str], run_id: str
     owner = "another rtui run" if RUN_TAG in owner_tags else "someone else"
     raise UserError(f"{kind} {name} already exists and belongs to {owner}",
                     remedy="choose another --cluster-name (rtui never takes over what it did not make)")
+
+
+# Idempotency tokens: EKS takes 33..126 characters; EC2 up to 64 (128 for CreateLaunchTemplate).
+EKS_TOKEN = (33, 126)
+EC2_TOKEN = (1, 64)
+
+
+def client_token(*parts: str, limits: tuple[int, int] = EC2_TOKEN, request: dict[str, Any] | None = None) -> str:
+    """A token naming what it creates (``parts``: the run, the resource, its generation), fitted to
+    the API's length limits: too long keeps its head and a digest of the whole, too short is padded
+    with that digest, so two different requests never share a token.
+
+    The same for a retry of the same request (a reply lost after AWS acted must not make a second
+    resource; botocore's own token is new at every call). With ``request``, a digest of its parameters
+    joins the parts, since EC2 refuses a token reused with other parameters (IdempotentParameterMismatch)."""
+    if request is not None:
+        parts = (*parts, hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()[:12])
+    low, high = limits
+    text = "-".join(p for p in parts if p)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if len(text) > high:
+        text = f"{text[:high - 17]}-{digest[:16]}"
+    if len(text) < low:
+        text = f"{text}-{digest}"[:max(low, len(text) + 17)]
+    return text
+
+
+@dataclass(frozen=True)
+class Partition:
+    """The AWS partition of a region (aws, aws-cn, aws-us-gov, ...) and its DNS suffix, from botocore's data."""
+
+    name: str
+    dns_suffix: str
+
+    def arn(self, service: str, region: str, account: str, resource: str) -> str:
+        return f"arn:{self.name}:{service}:{region}:{account}:{resource}"
+
+    def service_principal(self, service: str) -> str:
+        return f"{service}.{self.dns_suffix}"
+
+
+@functools.cache
+def partition(region: str) -> Partition:
+    from botocore.loaders import create_loader
+
+    data = create_loader().load_data("partitions")
+    for p in data["partitions"]:
+        if region in p.get("regions", {}) or re.match(p["regionRegex"], region):
+            return Partition(p["id"], p["outputs"]["dnsSuffix"])
+    return Partition("aws", "amazonaws.com")

@@ -13,7 +13,7 @@ from typing import ClassVar
 from backend.aws import catalog
 from backend.aws.pricing import builtin_instance_price
 from backend.config import RunConfig
-from backend.layers.aws.api import AwsApi
+from backend.layers.aws.api import EC2_TOKEN, AwsApi, client_token
 from backend.layers.base import Context, Handler
 from backend.ledger import ResourceStatus
 from backend.model import Action, Observed, Resource
@@ -165,3 +165,14 @@ class AwsHandler(Handler):
     def made(self, ctx: Context, want: Resource, resource_id: str, **outputs: object) -> None:
         """The create call went out and AWS named the resource: the ledger learns its id."""
         ctx.ledger.update(want.address, status=ResourceStatus.CREATING, id=resource_id, outputs=dict(outputs))
+
+
+def create_token(ctx: Context, address: str, *parts: str, limits: tuple[int, int] = EC2_TOKEN) -> str:
+    """The idempotency token of one create call of ``address``: the run, the resource, what places it
+    (``parts``: an AZ, a placement group) and the attempt, counted in the run record, so a replacement
+    or a failover never reuses the token of an earlier request with other parameters."""
+    attempts: dict[str, int] = ctx.record.facts.setdefault("create_attempts", {})
+    attempts[address] = attempts.get(address, 0) + 1
+    ctx.save()
+    return client_token(ctx.record.run_id, address.removeprefix("aws."), *parts, str(attempts[address]),
+                        limits=limits)

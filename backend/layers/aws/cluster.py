@@ -13,8 +13,16 @@ from typing import Any
 
 import yaml
 
-from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, refuse_foreign, tags, wait_until
-from backend.layers.aws.base import ACCESS_ENTRY, CLUSTER_ROLE, EKS_CLUSTER, KUBECONFIG, LAYER, AwsHandler
+from backend.layers.aws.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, partition, refuse_foreign, tags, wait_until
+from backend.layers.aws.base import (
+    ACCESS_ENTRY,
+    CLUSTER_ROLE,
+    EKS_CLUSTER,
+    KUBECONFIG,
+    LAYER,
+    AwsHandler,
+    create_token,
+)
 from backend.layers.aws.iam import role_arn
 from backend.layers.aws.network import delete_cluster_groups, security_group_id, subnet_ids
 from backend.layers.base import Context
@@ -24,7 +32,11 @@ from backend.runner import Progress
 CLUSTER_EXPECTED_S = 600.0
 CLUSTER_DELETE_S = 300.0
 ADDON_EXPECTED_S = 60.0
-ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+ADMIN_POLICY_NAME = "AmazonEKSClusterAdminPolicy"
+
+
+def admin_policy(region: str) -> str:
+    return f"arn:{partition(region).name}:eks::aws:cluster-access-policy/{ADMIN_POLICY_NAME}"
 _NOT_FOUND = ("ResourceNotFoundException",)
 
 
@@ -97,7 +109,8 @@ class EksClusterHandler(AwsHandler):
                                     "endpointPrivateAccess": True, "endpointPublicAccess": True,
                                     "publicAccessCidrs": list(want.spec["public_cidrs"])},
                 accessConfig={"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": False},
-                tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-cluster",
+                tags=tags(ctx.record.run_id, name),
+                clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                 ok=("ResourceInUseException",), new_role=True)
         self.made(ctx, want, name)
         async for p in self.wait_ready(ctx, name):
@@ -176,7 +189,8 @@ class AddonHandler(AwsHandler):
         api = self.api(ctx)
         name, addon = ctx.config.cluster_name, want.spec["name"]
         await api.call("eks", "create_addon", clusterName=name, addonName=addon, resolveConflicts="OVERWRITE",
-                       tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-{addon}",
+                       tags=tags(ctx.record.run_id, name),
+                       clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                        ok=("ResourceInUseException",))
         self.made(ctx, want, f"{name}/{addon}")
         async for p in self.wait_ready(ctx, f"{name}/{addon}"):
@@ -234,7 +248,8 @@ class AccessEntryHandler(AwsHandler):
             return []
         policies = await api.call("eks", "list_associated_access_policies", clusterName=name,
                                   principalArn=principal, ok=_NOT_FOUND) or {}
-        admin = any(p.get("policyArn") == ADMIN_POLICY for p in policies.get("associatedAccessPolicies") or [])
+        admin = any(p.get("policyArn") == admin_policy(ctx.config.region)
+                    for p in policies.get("associatedAccessPolicies") or [])
         return [Observed(address=ACCESS_ENTRY, layer=LAYER, kind=self.kind, id=f"{name}|{principal}",
                          depends_on=(EKS_CLUSTER,), state={"principal": principal, "policy": "cluster-admin"},
                          healthy=admin, reason="exists" if admin else "the admin policy is not associated")]
@@ -244,11 +259,12 @@ class AccessEntryHandler(AwsHandler):
         name = ctx.config.cluster_name
         principal = await caller_principal(api)
         await api.call("eks", "create_access_entry", clusterName=name, principalArn=principal, type="STANDARD",
-                       tags=tags(ctx.record.run_id, name), clientRequestToken=f"{ctx.record.run_id}-admin",
+                       tags=tags(ctx.record.run_id, name),
+                       clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                        ok=("ResourceInUseException",))
         self.made(ctx, want, f"{name}|{principal}")
         await api.call("eks", "associate_access_policy", clusterName=name, principalArn=principal,
-                       policyArn=ADMIN_POLICY, accessScope={"type": "cluster"})
+                       policyArn=admin_policy(ctx.config.region), accessScope={"type": "cluster"})
         yield Progress(f"{principal} is cluster admin", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:

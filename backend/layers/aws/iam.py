@@ -10,17 +10,26 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backend.layers.aws.api import IAM_PATH, RUN_TAG, AwsApi, refuse_foreign, tags
+from backend.layers.aws.api import IAM_PATH, RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from backend.layers.aws.base import CLUSTER_ROLE, LAYER, NODE_ROLE, AwsHandler, Names
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
 
-POLICY_PREFIX = "arn:aws:iam::aws:policy/"
 CLUSTER_POLICIES = ("AmazonEKSClusterPolicy",)
 NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly",
                  "AmazonSSMManagedInstanceCore")
-SERVICE = {CLUSTER_ROLE: "eks.amazonaws.com", NODE_ROLE: "ec2.amazonaws.com"}
+SERVICE = {CLUSTER_ROLE: "eks", NODE_ROLE: "ec2"}  # the principal's DNS suffix is the partition's
+
+
+def service_principal(address: str, region: str) -> str:
+    """The role's service principal: its service under the partition's DNS suffix (a different one in
+    aws-cn), as eksctl's templates write it with ``AWS::URLSuffix``."""
+    return partition(region).service_principal(SERVICE[address])
+
+
+def managed_policy_arn(policy: str, region: str) -> str:
+    return f"arn:{partition(region).name}:iam::aws:policy/{policy}"
 
 
 def role_name(ctx: Context, address: str) -> str:
@@ -62,7 +71,7 @@ class RoleHandler(AwsHandler):
             attached = await api.pages("iam", "list_attached_role_policies", "AttachedPolicies", RoleName=name)
             out.append(Observed(address=address, layer=LAYER, kind=self.kind, id=name, reason="exists",
                                 state={"policies": sorted(p["PolicyName"] for p in attached),
-                                       "service": SERVICE[address]}))
+                                       "service": service_principal(address, ctx.config.region)}))
         return out
 
     async def foreign(self, api: AwsApi, ctx: Context) -> list[str]:
@@ -105,7 +114,8 @@ class RoleHandler(AwsHandler):
                     await api.pages("iam", "list_attached_role_policies", "AttachedPolicies", RoleName=name)}
         for policy in wanted:
             if policy not in attached:
-                await api.call("iam", "attach_role_policy", RoleName=name, PolicyArn=POLICY_PREFIX + policy)
+                await api.call("iam", "attach_role_policy", RoleName=name,
+                               PolicyArn=managed_policy_arn(policy, api.region))
                 yield Progress(f"{name}: {policy} attached")
         for policy, arn in attached.items():
             if policy not in wanted:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
-from backend.errors import UserError
+from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
 from backend.layers.aws.base import (
@@ -55,7 +55,7 @@ from backend.layers.aws.cluster import (
     KubeconfigHandler,
     describe_cluster,
 )
-from backend.layers.aws.iam import CLUSTER_POLICIES, NODE_POLICIES, SERVICE, RoleHandler
+from backend.layers.aws.iam import CLUSTER_POLICIES, NODE_POLICIES, RoleHandler, service_principal
 from backend.layers.aws.nodes import LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.sweep import sweep
 from backend.layers.base import Context, Handler, Layer
@@ -63,7 +63,7 @@ from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
 
 if TYPE_CHECKING:
     from backend.aws import PreflightReport
-    from backend.aws.report import RegionReport
+    from backend.aws.report import RegionReport, ZoneReport
 
 GPU_LABEL = "nvidia.com/gpu.present"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
@@ -129,11 +129,16 @@ class AwsLayer(Layer):
             why = region.error or "; ".join(region.reasons) if region else "not checked"
             raise UserError(f"cannot plan in {config.region}: {why}",
                             remedy="`rtui check --target aws --all-regions` shows where it can run")
+        # A given VPC's private subnets fix the AZs: nothing is planned inside a VPC rtui did not make.
+        given = await self._given_subnet_azs(ctx) if config.vpc_id else None
+        in_reach = [z for z in region.zones if given is None or z.zone in given]
         zones = {z.zone: z for z in region.zones}
-        feasible = [z.zone for z in region.zones if z.feasible]
-        gpu_az = config.availability_zone or facts.get("gpu_az") or (
-            report.recommendation.zone if report.recommendation and report.recommendation.region == config.region
-            else None)
+        feasible = [z.zone for z in in_reach if z.feasible]
+        recommended = (report.recommendation.zone if report.recommendation
+                       and report.recommendation.region == config.region else None)
+        if given is not None and recommended not in given:
+            recommended = next(iter(sorted(feasible, key=lambda a: zones[a].verdict != "feasible")), None)
+        gpu_az = config.availability_zone or facts.get("gpu_az") or recommended
         if gpu_az is None:
             blockers = _first_reasons(report, config.region)
             if blockers:
@@ -144,14 +149,16 @@ class AwsLayer(Layer):
         if gpu_az not in zones:
             raise UserError(f"{gpu_az} is not an AZ of {config.region}",
                             remedy=f"choose one of {', '.join(sorted(zones))}")
+        if given is not None and gpu_az not in given:
+            raise UserError(f"no private subnet of {config.vpc_id} is in the GPU AZ {gpu_az}",
+                            remedy=f"choose one of {', '.join(sorted(given))} or add a subnet in {gpu_az} "
+                                   "to --private-subnet-ids")
         network_azs = list(facts.get("network_azs") or [])
         if not network_azs:
-            second = next((z.zone for z in region.zones if z.zone != gpu_az and z.eks_supported and z.system_offered),
-                          None) or next((z.zone for z in region.zones if z.zone != gpu_az and z.eks_supported), None)
-            if second is None:
-                raise UserError(f"EKS needs subnets in two AZs and {config.region} has one it accepts",
-                                remedy="choose another --region")
-            network_azs = [gpu_az, second]
+            network_azs = _control_plane_azs(
+                in_reach, gpu_az, config.region if given is None else "--private-subnet-ids",
+                "choose another --region" if given is None
+                else "add a private subnet of another AZ EKS accepts to --private-subnet-ids")
         index = {zone: i for i, zone in enumerate(sorted(zones))}
         quota, system_quota = region.quota, region.system_quota
         return Topology(
@@ -164,6 +171,29 @@ class AwsLayer(Layer):
             vcpus={config.gpu_node_type: report.gpu_instance.vcpus if report.gpu_instance else 0,
                    config.system_node_type: report.system_instance.vcpus if report.system_instance else 0},
             efa_interfaces=max(1, report.gpu_instance.efa_per_node) if report.gpu_instance else 1)
+
+    async def _given_subnet_azs(self, ctx: Context) -> dict[str, str]:
+        """AZ -> subnet of ``--private-subnet-ids`` (EKS needs two AZs it accepts among them)."""
+        config = ctx.config
+        ids = config.private_subnet_id_list()
+        if not ids:
+            raise UserError(f"--vpc-id {config.vpc_id} needs its private subnets",
+                            remedy="pass --private-subnet-ids with subnets in at least two AZs")
+        try:
+            subnets = await aws_api(config).pages("ec2", "describe_subnets", "Subnets", SubnetIds=ids)
+        except OperationError as exc:
+            raise UserError(f"cannot read --private-subnet-ids: {exc.message}",
+                            remedy="check the subnet ids and the region") from None
+        outside = [s["SubnetId"] for s in subnets if s["VpcId"] != config.vpc_id]
+        if outside:
+            raise UserError(f"subnet {outside[0]} is not in {config.vpc_id}",
+                            remedy="pass only private subnets of --vpc-id")
+        by_az = {s["AvailabilityZone"]: s["SubnetId"] for s in sorted(subnets, key=lambda s: s["SubnetId"])}
+        if len(by_az) < 2:
+            raise UserError(f"EKS needs private subnets in two AZs and --private-subnet-ids has them in "
+                            f"{len(by_az)} ({', '.join(sorted(by_az))})",
+                            remedy="add a private subnet of another AZ to --private-subnet-ids")
+        return by_az
 
     def applying(self, ctx: Context) -> None:
         self.remember(ctx)
@@ -223,8 +253,10 @@ class AwsLayer(Layer):
                                                 "azs": sorted(topo.subnet_azs)}, NAT, *private)
         routes = () if adopted else (PRIVATE_RT,)
         res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
-        res(CLUSTER_ROLE, "aws-iam-role", {"service": SERVICE[CLUSTER_ROLE], "policies": sorted(CLUSTER_POLICIES)})
-        res(NODE_ROLE, "aws-iam-role", {"service": SERVICE[NODE_ROLE], "policies": sorted(NODE_POLICIES)})
+        res(CLUSTER_ROLE, "aws-iam-role", {"service": service_principal(CLUSTER_ROLE, config.region),
+                                           "policies": sorted(CLUSTER_POLICIES)})
+        res(NODE_ROLE, "aws-iam-role", {"service": service_principal(NODE_ROLE, config.region),
+                                        "policies": sorted(NODE_POLICIES)})
         cluster_private = [subnet_address("private", az) for az in topo.network_azs]
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,
@@ -389,3 +421,14 @@ def _needs(later: str, earlier: str) -> bool:
         return later in (LAUNCH_TEMPLATE, GPU_NODES)
     return True
 
+
+
+def _control_plane_azs(zones: Sequence[ZoneReport], gpu_az: str, where: str, remedy: str) -> list[str]:
+    """The two AZs of the network and the control plane: the GPU AZ first when EKS takes its zone ID
+    (else it holds only the GPU subnet), then AZs EKS takes, those offering the system type first."""
+    accepted = [z for z in zones if z.eks_supported]
+    ranked = sorted(accepted, key=lambda z: (z.zone != gpu_az, not z.system_offered, z.zone))
+    picked = [z.zone for z in ranked[:2]]
+    if len(picked) < 2:
+        raise UserError(f"EKS needs subnets in two AZs and {where} has {len(picked)} it accepts", remedy=remedy)
+    return picked

@@ -315,8 +315,8 @@ class NatGatewayHandler(AwsHandler):
                        "TagSpecifications": tag_spec("natgateway", run_tags(ctx), ctx.config.cluster_name)}
             made_before = await api.pages("ec2", "describe_nat_gateways", "NatGateways",
                                           Filters=run_filter(ctx.record.run_id))
-            nat = await api.call("ec2", "create_nat_gateway", **request,
-                                 ClientToken=client_token(ctx.record.run_id, "nat", request, len(made_before)))
+            token = client_token(ctx.record.run_id, "nat", str(len(made_before)), request=request)
+            nat = await api.call("ec2", "create_nat_gateway", **request, ClientToken=token)
             nid = nat["NatGateway"]["NatGatewayId"]
         self.made(ctx, want, nid)
         async for p in self.wait_ready(ctx, nid):

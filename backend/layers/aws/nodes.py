@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from backend.errors import OperationError
-from backend.layers.aws.api import RUN_TAG, AwsApi, Phase, client_token, tag_map, tag_spec, tags, wait_until
+from backend.layers.aws.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, tag_map, tag_spec, tags, wait_until
 from backend.layers.aws.base import (
     GPU_NODES,
     LAUNCH_TEMPLATE,
@@ -21,6 +21,7 @@ from backend.layers.aws.base import (
     SYSTEM_NODES,
     AwsHandler,
     Names,
+    create_token,
 )
 from backend.layers.aws.cluster import describe_cluster
 from backend.layers.aws.iam import role_arn
@@ -34,6 +35,7 @@ NODEGROUP_EXPECTED_S = 240.0
 NODEGROUP_DELETE_S = 300.0
 _NOT_FOUND = ("ResourceNotFoundException",)
 ICE = "InsufficientInstanceCapacity"
+LAUNCH_TEMPLATE_TOKEN = (1, 128)  # CreateLaunchTemplate takes longer tokens than other EC2 calls
 
 
 class CapacityError(OperationError):
@@ -68,6 +70,13 @@ class PlacementGroupHandler(AwsHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
+        # AWS refuses to delete a group its instances run in (InvalidPlacementGroup.InUse). When a
+        # failover moves the GPU nodes, this step runs before the nodegroup's own replacement:
+        # the nodegroup whose launch template names the group goes first, and is waited for.
+        cluster, name = ctx.config.cluster_name, Names(ctx.config.cluster_name).gpu_nodegroup
+        if await _placed_in(api, cluster, name, have.id):
+            async for p in delete_nodegroup(api, cluster, name):
+                yield p
 
         async def look() -> Phase:
             try:
@@ -163,11 +172,12 @@ class LaunchTemplateHandler(AwsHandler):
         if found:
             tid = found[0]["LaunchTemplateId"]
         else:
-            request: dict[str, Any] = {"LaunchTemplateName": Names(ctx.config.cluster_name).launch_template,
-                       "LaunchTemplateData": launch_template_data(ctx, await node_groups(api, ctx), want),
-                       "TagSpecifications": tag_spec("launch-template", run_tags(ctx))}
-            template = await api.call("ec2", "create_launch_template", **request,
-                                      ClientToken=client_token(ctx.record.run_id, "lt", request))
+            template = await api.call(
+                "ec2", "create_launch_template", LaunchTemplateName=Names(ctx.config.cluster_name).launch_template,
+                ClientToken=create_token(ctx, want.address, want.spec["placement_group"],
+                                         limits=LAUNCH_TEMPLATE_TOKEN),
+                LaunchTemplateData=launch_template_data(ctx, await node_groups(api, ctx), want),
+                TagSpecifications=tag_spec("launch-template", run_tags(ctx)))
             tid = template["LaunchTemplate"]["LaunchTemplateId"]
         self.made(ctx, want, tid)
         efa = want.spec.get("efa_interfaces", 0) if want.spec["efa"] else 0
@@ -216,7 +226,10 @@ class NodegroupHandler(AwsHandler):
         cluster = await describe_cluster(api, ctx.config.cluster_name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return []
-        subnets = {s["SubnetId"]: s["AvailabilityZone"] for s in await find(api, ctx, "describe_subnets", "Subnets")}
+        # Ours by tag, and those given with --private-subnet-ids (adopted, untagged).
+        subnets = {az_subnet: az for az, az_subnet in (await subnet_ids(api, ctx, "private")).items()}
+        subnets.update({s["SubnetId"]: s["AvailabilityZone"] for s in await find(api, ctx, "describe_subnets",
+                                                                                 "Subnets")})
         out = []
         for address, name in self.names(ctx).items():
             group = (await api.call("eks", "describe_nodegroup", clusterName=cluster["name"], nodegroupName=name,
@@ -257,7 +270,8 @@ class NodegroupHandler(AwsHandler):
             "subnets": [subnets[az] for az in want.spec["azs"]], "instanceTypes": [want.spec["instance_type"]],
             "amiType": want.spec["ami_type"], "labels": dict(want.spec["labels"]),
             "scalingConfig": {"minSize": size, "maxSize": size, "desiredSize": size},
-            "tags": tags(ctx.record.run_id, cluster), "clientRequestToken": f"{ctx.record.run_id}-{name}"[:64],
+            "tags": tags(ctx.record.run_id, cluster),
+            "clientRequestToken": create_token(ctx, want.address, *want.spec["azs"], limits=EKS_TOKEN),
         }
         if want.spec.get("taints"):
             request["taints"] = list(want.spec["taints"])
@@ -277,9 +291,12 @@ class NodegroupHandler(AwsHandler):
             async for p in self.wait_ready(ctx, resource_id):
                 yield p
         except CapacityError:
-            # AWS launched no instance: the nodegroup stays in the ledger (teardown deletes it) but
-            # bills nothing, so the cost meter leaves it out.
-            ctx.ledger.update(want.address, outputs={BILLING: False})
+            # The nodegroup stays in the ledger (teardown deletes it). AWS may have launched some of
+            # its nodes before it ran out: they run and bill until the nodegroup goes, so the cost
+            # meter leaves it out only when its Auto Scaling group has no instance left.
+            cluster, name = resource_id.split("/", 1)
+            if not await running_instances(self.api(ctx), cluster, name):
+                ctx.ledger.update(want.address, outputs={BILLING: False})
             raise
 
     def wait_ready(self, ctx: Context, resource_id: str) -> AsyncIterator[Progress]:
@@ -314,19 +331,38 @@ class NodegroupHandler(AwsHandler):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        api = self.api(ctx)
         cluster, name = have.id.split("/", 1)
-        await api.call("eks", "delete_nodegroup", clusterName=cluster, nodegroupName=name, ok=_NOT_FOUND)
-
-        async def look() -> Phase:
-            group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
-                                    ok=_NOT_FOUND) or {}).get("nodegroup")
-            state = "deleted" if group is None else group["status"].lower()
-            return Phase(group is None, f"nodegroup {state}")
-
-        async for p in wait_until(look, what=f"deleting nodegroup {name}", expected_s=NODEGROUP_DELETE_S,
-                                  timeout_s=1800.0):
+        async for p in delete_nodegroup(self.api(ctx), cluster, name):
             yield p
+
+
+async def delete_nodegroup(api: AwsApi, cluster: str, name: str) -> AsyncIterator[Progress]:
+    """Delete a nodegroup and wait until EKS no longer describes it (its instances are gone)."""
+    await api.call("eks", "delete_nodegroup", clusterName=cluster, nodegroupName=name, ok=_NOT_FOUND)
+
+    async def look() -> Phase:
+        group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
+                                ok=_NOT_FOUND) or {}).get("nodegroup")
+        state = "deleted" if group is None else group["status"].lower()
+        return Phase(group is None, f"nodegroup {state}")
+
+    async for p in wait_until(look, what=f"deleting nodegroup {name}", expected_s=NODEGROUP_DELETE_S,
+                              timeout_s=1800.0):
+        yield p
+
+
+async def _placed_in(api: AwsApi, cluster: str, name: str, placement_group: str) -> bool:
+    """Whether the nodegroup exists and its launch template puts its instances in ``placement_group``."""
+    group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
+                            ok=_NOT_FOUND) or {}).get("nodegroup") or {}
+    template = group.get("launchTemplate") or {}
+    if not template.get("id"):
+        return False
+    versions = await api.call("ec2", "describe_launch_template_versions", LaunchTemplateId=template["id"],
+                              Versions=[str(template.get("version") or "$Latest")],
+                              ok=("InvalidLaunchTemplateId.NotFound", "InvalidLaunchTemplateId.VersionNotFound"))
+    data = ((versions or {}).get("LaunchTemplateVersions") or [{}])[0].get("LaunchTemplateData") or {}
+    return bool((data.get("Placement") or {}).get("GroupName") == placement_group)
 
 
 
@@ -335,3 +371,16 @@ async def subnet_azs(api: AwsApi, subnet_ids: list[str]) -> list[str]:
         return []
     subnets = await api.pages("ec2", "describe_subnets", "Subnets", SubnetIds=subnet_ids)
     return sorted({s["AvailabilityZone"] for s in subnets})
+
+
+async def running_instances(api: AwsApi, cluster: str, name: str) -> list[str]:
+    """The instances the nodegroup's Auto Scaling groups hold now (any lifecycle state but gone)."""
+    group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
+                            ok=_NOT_FOUND) or {}).get("nodegroup") or {}
+    names = [g["name"] for g in (group.get("resources") or {}).get("autoScalingGroups") or [] if g.get("name")]
+    if not names:
+        return []
+    groups = await api.pages("autoscaling", "describe_auto_scaling_groups", "AutoScalingGroups",
+                             AutoScalingGroupNames=names)
+    return [i["InstanceId"] for g in groups for i in g.get("Instances") or []
+            if i.get("LifecycleState") not in ("Terminated",)]

@@ -53,7 +53,7 @@ class RouteTableHandler(AwsHandler):
                        "TagSpecifications": tag_spec("route-table", run_tags(ctx, **{"rtui:role": role}),
                                                      f"{ctx.config.cluster_name}-{role}")}
             table = await api.call("ec2", "create_route_table", **request,
-                                   ClientToken=client_token(ctx.record.run_id, f"rt-{role}", request))
+                                   ClientToken=client_token(ctx.record.run_id, f"rt-{role}", request=request))
             tid = table["RouteTable"]["RouteTableId"]
         self.made(ctx, want, tid)
         async for p in self._converge(api, ctx, tid, want):

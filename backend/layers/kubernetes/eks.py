@@ -22,6 +22,7 @@ from typing import Any
 import boto3
 import yaml
 
+from backend.layers.aws.api import partition
 from backend.layers.kubernetes import kubeconfig_text
 
 TOKEN_PREFIX = "k8s-aws-v1."
@@ -37,7 +38,7 @@ REFRESH_MARGIN = dt.timedelta(minutes=1)
 
 def eks_token(cluster_name: str, region: str, session: boto3.Session) -> tuple[str, dt.datetime]:
     """A bearer token for ``cluster_name`` and when it stops working (UTC)."""
-    sts = session.client("sts", region_name=region, endpoint_url=f"https://sts.{region}.amazonaws.com")
+    sts = session.client("sts", region_name=region, endpoint_url=f"https://sts.{region}.{partition(region).dns_suffix}")
 
     def sign_cluster_id(request: Any, **_: Any) -> None:
         request.headers[CLUSTER_ID_HEADER] = cluster_name
