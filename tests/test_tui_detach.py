@@ -20,6 +20,7 @@ from backend.planner import PlanResult
 from screens.confirm import ConfirmDetach
 from screens.provision import ProvisionScreen
 from screens.run import RunScreen
+from tests.pilot_wait import screen_text as rendered_lines
 from tests.pilot_wait import wait_for
 from tests.test_tui import FIXED_RUN_ID, fixed_session
 from tests.test_tui_dashboard import DashboardApp, dashboard_session, settle
@@ -44,12 +45,6 @@ class StepsRunningApp(RtuiApp):
 
         session.apply = slow_apply  # type: ignore[method-assign]
         self.push_screen(ProvisionScreen(plan, clock=lambda: 0.0))
-
-
-def rendered_lines(pilot: Pilot[None]) -> list[str]:
-    """The terminal's text, line by line, as a user sees it."""
-    screen = pilot.app.screen
-    return [strip.text for strip in screen._compositor.render_strips()][:pilot.app.size.height]
 
 
 async def ask_on_provision(pilot: Pilot[None]) -> None:
