@@ -202,11 +202,13 @@ class LogTail(Vertical):
             self.rebuild()
 
     # --- follow, filter, metrics -----------------------------------------------------------
-    def _scrolled(self, _old: float, _new: float) -> None:
+    def _scrolled(self, old: float, new: float) -> None:
         if self._writing:
             return
         at_end = self.log_view.is_vertical_scroll_end
-        if self.following and not at_end:
+        # Only a move up pauses: the log's own scroll to the end after a write lands a frame later,
+        # and toggling follow (and the footer's keys) on it cost a layout of the screen each time.
+        if self.following and not at_end and new < old:
             self.following = False
         elif not self.following and at_end:
             self.following = True
