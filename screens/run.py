@@ -262,8 +262,14 @@ class RunScreen(RtuiScreen):
     def action_toggle_view(self) -> None:
         """The graph instead of the log (narrow), or the log alone at the full width (wide)."""
         self.toggle_class("-alt-view")
-        if self.query_one("#tails").display:
+        if not self.log_hidden:
             self.active_tail.log_view.focus()
+        self.refresh_bindings()
+
+    @property
+    def log_hidden(self) -> bool:
+        """Narrow, with the graph in the log's place: the log's keys do nothing."""
+        return self.has_class("-narrow", "-alt-view")
 
     def action_toggle_graph(self) -> None:
         graph = self.query_one(ThroughputGraph)
@@ -272,6 +278,8 @@ class RunScreen(RtuiScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "teardown":
             return not self.app.read_only
+        if action in ("toggle_follow", "resume_follow", "filter", "toggle_metrics", "switch_tail") and self.log_hidden:
+            return False
         if action == "switch_tail":
             return self.has_head
         if action == "resume_follow":  # not while typing a filter: End moves the cursor there

@@ -119,6 +119,8 @@ async def test_at_80x24_g_switches_between_the_log_and_the_graph(isolated_env: P
         await pilot.pause(0.2)
         assert graph.display and graph.region.width >= 70 and graph.region.height >= 10
         assert not tails.display
+        shown = {key.key_display for key in screen.query_one(Footer).query(FooterKey)}
+        assert "g" in shown and not shown & {"f", "/"}, shown  # the log's keys go with it
         await pilot.press("g")
         await pilot.pause(0.2)
         assert not graph.display and tails.display and screen.focused is screen.query_one("#tail", LogTail).log_view
