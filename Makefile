@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean sandbox-aws sandbox-kube
 
 $(BIN)/python:
 	@echo "Creating $(VENV) with $(PYTHON)…"
@@ -24,6 +24,13 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 
 run: $(STAMP_RUN)
 	$(BIN)/rtui --target local
+
+# The real wizard against the test suite's AWS and Kubernetes doubles: no account, nothing billed.
+sandbox-aws: $(STAMP_DEV)
+	$(BIN)/python -m sandbox aws
+
+sandbox-kube: $(STAMP_DEV)
+	$(BIN)/python -m sandbox kube
 
 test: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 $(PYTEST_ARGS); rc=$$?; \

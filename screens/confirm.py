@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Input, Label
+from textual.widgets import Footer, Input, Label
 
 from backend.model import Plan
 from backend.store import RunStore
@@ -94,16 +94,20 @@ class ConfirmDetach(ModalScreen[bool]):
         self.command = command
 
     def compose(self) -> ComposeResult:
+        resume = f"{self.command} --resume {self.run_id}"
         with Vertical(id="confirm"):
             if self.job:
                 yield Label("The job is still running.", classes="heading")
                 yield Label("Detaching leaves it running on the cluster (and the cluster up); nothing is torn "
-                            f"down. Come back with `{self.command} --resume {self.run_id}`.", markup=False)
+                            "down. Come back with:", markup=False)
             else:
                 yield Label("Steps are still running.", classes="heading")
                 yield Label("Quitting stops the steps in flight; whatever has started keeps running and nothing "
-                            f"is torn down. Come back with `{self.command} --resume {self.run_id}`.", markup=False)
+                            "is torn down. Come back with:", markup=False)
+            # On a line of its own, so it is never split where the box wraps.
+            yield Label(resume, id="resume-command", markup=False)
             yield Label("Detach and quit? [b]y[/b] / [b]n[/b]")
+        yield Footer()
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)

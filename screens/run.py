@@ -45,7 +45,8 @@ def plan_cost_per_hour(plan: dict[str, Any] | None) -> float | None:
 
 class RunScreen(RtuiScreen):
     HELP_TITLE = "the run"
-    # Below 100 columns the graph folds away: the log tail and the sparkline matter more.
+    # Below 100 columns the graph folds away (`g` shows it in the log's place): the log tail and the
+    # sparkline matter more. Wider, `g` hides the graph so the log has the whole width.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     # The footer holds what fits at 80 columns; m, t and l are named where they act (the tail's status
     # line, the badge, the graph's title) and in the help.
@@ -64,6 +65,8 @@ class RunScreen(RtuiScreen):
                 tooltip="Show or hide why the NCCL transport badge says what it says"),
         Binding("l", "toggle_graph", "Loss/tok/s", show=False, id="graph",
                 tooltip="Switch the graph between tokens/s and loss"),
+        Binding("g", "toggle_view", "Graph/log", id="view",
+                tooltip="Narrow: switch between the log and the graph; wide: hide or show the graph beside the log"),
         Binding("D", "teardown", "Tear down", id="teardown", tooltip="Stop the job and remove the cluster"),
     ]
 
@@ -113,12 +116,9 @@ class RunScreen(RtuiScreen):
             with TabbedContent(id="tails", initial=JOB_TAB):
                 with TabPane("Job log", id=JOB_TAB):
                     yield LogTail(id="tail")
-                with TabPane("Head pod", id=HEAD_TAB, disabled=not self.has_head):
-                    if self.has_head:
+                if self.has_head:  # on local the head is a process here: no tab to grey out
+                    with TabPane("Head pod", id=HEAD_TAB):
                         yield LogTail(id="head-tail")
-                    else:
-                        yield Static(f"no head pod on the {self.session.config.target} target: "
-                                     "its Ray head is a process here (logs in its temp dir)", id="head-missing")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -259,6 +259,18 @@ class RunScreen(RtuiScreen):
     def action_toggle_transport(self) -> None:
         self.query_one(TransportBadge).toggle()
 
+    def action_toggle_view(self) -> None:
+        """The graph instead of the log (narrow), or the log alone at the full width (wide)."""
+        self.toggle_class("-alt-view")
+        if not self.log_hidden:
+            self.active_tail.log_view.focus()
+        self.refresh_bindings()
+
+    @property
+    def log_hidden(self) -> bool:
+        """Narrow, with the graph in the log's place: the log's keys do nothing."""
+        return self.has_class("-narrow", "-alt-view")
+
     def action_toggle_graph(self) -> None:
         graph = self.query_one(ThroughputGraph)
         graph.show_loss = not graph.show_loss
@@ -266,6 +278,8 @@ class RunScreen(RtuiScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "teardown":
             return not self.app.read_only
+        if action in ("toggle_follow", "resume_follow", "filter", "toggle_metrics", "switch_tail") and self.log_hidden:
+            return False
         if action == "switch_tail":
             return self.has_head
         if action == "resume_follow":  # not while typing a filter: End moves the cursor there

@@ -62,8 +62,15 @@ def unselectable_reason(target: str) -> str | None:
 
 class TargetScreen(RtuiScreen):
     HELP_TITLE = "the target and its checks"
+    # At 24 rows the matrix and the context picker give up rows so the configuration and the checks
+    # keep a panel each; a panel whose text is longer scrolls inside itself.
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
     DEFAULT_CSS = """
-    TargetScreen #target-left { width: 1fr; height: auto; }
+    TargetScreen #target-left { width: 1fr; height: 1fr; }
+    TargetScreen #target-left #config-box { width: 100%; }
+    TargetScreen.-short #target-body { padding: 0 2; }
+    TargetScreen.-short #matrix { max-height: 7; }
+    TargetScreen.-short #contexts { max-height: 4; }
     TargetScreen #contexts { height: auto; max-height: 8; }
     TargetScreen #contexts-heading { padding: 0 1; text-style: bold; }
     TargetScreen #targets { border-subtitle-color: $text-muted; border-subtitle-style: italic; }
@@ -164,7 +171,7 @@ class TargetScreen(RtuiScreen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with VerticalScroll(id="target-body"):
+        with Vertical(id="target-body"):
             yield Static("Where should this run go?", classes="heading")
             enabled = selectable_targets(self.session.config.target)
             target = self.session.config.target
@@ -183,11 +190,16 @@ class TargetScreen(RtuiScreen):
                     with Vertical(id="target-left"):
                         yield Static("Kubeconfig context", id="contexts-heading")
                         yield OptionList(Option("reading the kubeconfig…", disabled=True), id="contexts")
-                        yield Static(id="config-summary", classes="panel")
+                        yield self._config_box()
                 else:
-                    yield Static(id="config-summary", classes="panel")
-                yield Static("checking…", id="checks", classes="panel")
+                    yield self._config_box()
+                with VerticalScroll(id="checks-box", classes="panel"):
+                    yield Static("checking…", id="checks")
         yield Footer()
+
+    @staticmethod
+    def _config_box() -> VerticalScroll:
+        return VerticalScroll(Static(id="config-summary"), id="config-box", classes="panel")
 
     def on_mount(self) -> None:
         cfg = self.session.config

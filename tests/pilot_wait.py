@@ -17,3 +17,8 @@ async def wait_for(pilot: Pilot[None], predicate: Callable[[], object], timeout:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what if isinstance(what, str) else what()}"
         await pilot.pause(poll)
+
+
+def screen_text(pilot: Pilot[None]) -> list[str]:
+    """The terminal's text, line by line, as a user sees it (the top screen over the ones below)."""
+    return [strip.text for strip in pilot.app.screen._compositor.render_strips()][:pilot.app.size.height]

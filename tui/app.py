@@ -306,7 +306,10 @@ class RtuiApp(App[None]):
                 yield SystemCommand(title, help_text, partial(screen.run_action, action))
         yield SystemCommand("Show config", "The run's effective configuration, field by field", self._show_config)
         yield SystemCommand("Resume command", "How to come back to this run from a shell", self._show_resume)
-        yield from super().get_system_commands(screen)
+        yield SystemCommand("Quit", "Quit rtui; it tears nothing down (asks first while work is in flight)",
+                            self.action_quit_detach)
+        # Textual's own Quit would exit at once, without the detach question.
+        yield from (c for c in super().get_system_commands(screen) if c.callback != self.action_quit)
 
     def _show_config(self) -> None:
         """What the job runs with: the target's fields, auto values resolved, each with its source."""

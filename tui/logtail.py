@@ -7,8 +7,9 @@ at most ``max_lines`` lines; the history lives in the run's spool on disk.
 What is shown is derived from the window: metric lines (``RTUI_METRIC {json}``, which feed the
 graph) are hidden unless asked for, and a filter keeps only lines that contain its text. While
 the view is scrolled up it is paused: new lines are counted ("+N new lines") but not written, so
-the text under the reader does not move. Reaching the bottom (End) follows again. Long lines
-scroll horizontally (``Log`` never wraps), the same in every tab.
+the text under the reader does not move. Reaching the bottom (End) follows again. ``Log`` never
+wraps, so lines are cut to the view's width when written (the rest hangs indented below): every
+line is whole on screen and there is no horizontal scrollbar; a resize writes the window again.
 """
 
 from __future__ import annotations
@@ -26,6 +27,28 @@ from backend.textutil import display_lines
 from training.protocol import METRIC_TAG
 
 DRAIN_HZ = 20
+WRAP_INDENT = "  "  # a wrapped line's continuation hangs under its text
+
+
+def wrap_lines(lines: list[str], width: int) -> list[str]:
+    """Cut each line longer than ``width`` into pieces, at a space when one is in the piece's second
+    half, continuations indented (a flood pays one ``len`` a line: most lines fit)."""
+    if width <= len(WRAP_INDENT) + 8:  # not laid out yet, or too narrow to read anyway
+        return lines
+    out: list[str] = []
+    step = width - len(WRAP_INDENT)
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        start, room, first = 0, width, True
+        while len(line) - start > room:
+            space = line.rfind(" ", start + room // 2, start + room)
+            end = space + 1 if space > 0 else start + room
+            out.append(line[start:end] if first else WRAP_INDENT + line[start:end])
+            start, room, first = end, step, False
+        out.append(WRAP_INDENT + line[start:])
+    return out
 
 
 class FilterInput(Input):
@@ -48,7 +71,8 @@ class LogTail(Vertical):
     LogTail > Log { height: 1fr; }
     LogTail > FilterInput { display: none; height: 3; }
     LogTail.-filtering > FilterInput { display: block; }
-    LogTail > .log-status { height: 1; }
+    LogTail > Log { overflow-x: hidden; }
+    LogTail > .log-status { height: auto; width: 100%; }
     """
 
     following: reactive[bool] = reactive(True)
@@ -66,6 +90,8 @@ class LogTail(Vertical):
         self._matching = 0  # lines of the window that pass the filter and the metric choice
         self.dropped = 0  # lines that left the pending ring before a drain (a flood beyond ring_size)
         self.total = 0  # lines drained since mount (including ones the window no longer holds)
+        self._wrap_width = 0  # the log's content width the shown lines were cut to
+        self._status_rows = 0  # the status line's height when last laid out
 
     def compose(self) -> ComposeResult:
         yield FilterInput(placeholder="filter (substring, any case) — Enter keeps it, Escape clears it")
@@ -125,6 +151,8 @@ class LogTail(Vertical):
 
     def _write(self, lines: list[str], *, clear: bool = False) -> None:
         log = self.log_view
+        self._wrap_width = width = log.scrollable_content_region.width
+        lines = wrap_lines(lines, width)
         self._writing = True
         try:
             if clear:
@@ -155,14 +183,32 @@ class LogTail(Vertical):
         if not self.show_metrics:
             parts.append("metric lines hidden (m)")
         parts.append("following" if self.following else f"paused · +{self.unseen} new lines (End to follow)")
-        self.query_one(".log-status", Label).update(" · ".join(parts))
+        label = self.query_one(".log-status", Label)
+        text = " · ".join(parts)
+        # A layout only when the line may change height (it wraps when narrow): a flood updates it
+        # every drain, and a layout of the whole screen each time held the loop for a frame or more.
+        width = max(label.content_region.width, 1)
+        rows = -(-len(text) // width)
+        label.update(text, layout=rows != self._status_rows or not label.content_region.width)
+        self._status_rows = rows
+
+    @property
+    def _rewrap(self) -> bool:
+        """The view's width changed since the shown lines were cut to it."""
+        return self.log_view.scrollable_content_region.width != self._wrap_width
+
+    def on_resize(self) -> None:
+        if self.following and self._rewrap:  # paused, the text under the reader stays until End
+            self.rebuild()
 
     # --- follow, filter, metrics -----------------------------------------------------------
-    def _scrolled(self, _old: float, _new: float) -> None:
+    def _scrolled(self, old: float, new: float) -> None:
         if self._writing:
             return
         at_end = self.log_view.is_vertical_scroll_end
-        if self.following and not at_end:
+        # Only a move up pauses: the log's own scroll to the end after a write lands a frame later,
+        # and toggling follow (and the footer's keys) on it cost a layout of the screen each time.
+        if self.following and not at_end and new < old:
             self.following = False
         elif not self.following and at_end:
             self.following = True
@@ -174,7 +220,7 @@ class LogTail(Vertical):
         if not self.is_mounted:
             return
         self.log_view.auto_scroll = following
-        if following and self.unseen:
+        if following and (self.unseen or self._rewrap):
             self.rebuild()  # what arrived while paused, in order, then the bottom
         elif following:
             self._write([])

@@ -169,9 +169,10 @@ class FeasibilityPanel(Vertical):
     aws report models."""
 
     DEFAULT_CSS = """
-    FeasibilityPanel { height: auto; }
-    FeasibilityPanel #matrix-heading { padding: 0 2; height: 1; }
-    FeasibilityPanel #matrix { height: auto; max-height: 14; border: round $primary 40%; }
+    FeasibilityPanel { height: auto; border: round $primary 40%; padding: 0 1; }
+    FeasibilityPanel:focus-within { border: round $primary; }
+    FeasibilityPanel #matrix-heading { height: 1; }
+    FeasibilityPanel #matrix { height: auto; max-height: 12; border: none; padding: 0; }
     """
 
     def __init__(self, *, gpus: str, region: str, chosen: tuple[str, str] | None) -> None:
@@ -191,8 +192,9 @@ class FeasibilityPanel(Vertical):
     def reset(self, *, all_regions: bool) -> None:
         """Checking (again): empty, titled with what is checked where."""
         where = "every enabled region" if all_regions else self.region_name
-        self.matrix.border_title = f"Feasibility · {self.gpus} · {where}"
-        self.matrix.border_subtitle = "★ recommended  ● chosen  Enter uses an AZ"
+        # On the panel's border, with the column heading inside it above the rows.
+        self.border_title = f"Feasibility · {self.gpus} · {where}"
+        self.border_subtitle = "★ recommended  ● chosen  Enter uses an AZ"
         self.matrix.snapshot = MatrixSnapshot(chosen=self.chosen)
 
     def listed(self, regions: list[str]) -> None:

@@ -111,7 +111,13 @@ class RunStats(Widget):
 
     DEFAULT_CSS = "RunStats { height: auto; }"
 
-    snapshot: reactive[ThroughputSnapshot] = reactive(ThroughputSnapshot, layout=True)
+    snapshot: reactive[ThroughputSnapshot] = reactive(ThroughputSnapshot)
+
+    def watch_snapshot(self) -> None:
+        # A layout (of the whole screen) only when the stats change height: they change every tick.
+        if self.is_mounted and self.get_content_height(self.size, self.size, self.content_size.width) \
+                != self.content_size.height:
+            self.refresh(layout=True)
 
     def render(self) -> Text:
         return self._lines(self.content_size.width)
@@ -212,7 +218,7 @@ class ThroughputGraph(Widget):
         if key == self._drawn:
             return
         self._drawn = key
-        self.query_one("#graph-title", Label).update(self.title)
+        self.query_one("#graph-title", Label).update(self.title, layout=False)  # one line, same width
         plot = self.query_one(PlotWidget)
         plot.clear()
         x, y = downsample(s.steps, s.losses if self.show_loss else s.tokens_per_s, max(16, 2 * self.size.width))

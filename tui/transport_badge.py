@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 from textual.events import Click
+from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -59,6 +60,9 @@ class TransportSnapshot:
         return (_WAITING if self.waiting else _BADGES.get(self.transport, _BADGES["unknown"]))[0]
 
 
+ENTRY_INDENT, HANG_INDENT = "  ", "    "
+
+
 class TransportBadge(Widget):
     """One line: the badge, its basis and size; click it (or `t` on the run screen) for the why."""
 
@@ -77,6 +81,14 @@ class TransportBadge(Widget):
             self.set_reactive(TransportBadge.snapshot, snapshot)
 
     def render(self) -> Text:
+        return self._text(self.size.width)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._text(width).split())
+
+    def _text(self, width: int) -> Text:
+        """The badge line; expanded, the why lines under it, each wrapped with its continuation
+        hanging under its text (``ENTRY_INDENT``, then ``HANG_INDENT``)."""
         snap = self.snapshot
         words, style = _WAITING if snap.waiting else _BADGES.get(snap.transport, _BADGES["unknown"])
         text = Text()
@@ -91,14 +103,21 @@ class TransportBadge(Widget):
             text.append(" · " + ", ".join(s for s in size if s), style="dim")
         if not snap.waiting:
             text.append("  ▾ why" if self.expanded else "  ▸ why (t)", style="dim")
-        if self.expanded:
-            text.append(f"\n  why: {snap.reason}")
-            if snap.evidence:
-                text.append("\n  evidence: ", style="dim")
-                text.append(snap.evidence, style="italic")
-            for warning in snap.warnings:
-                text.append(f"\n  warning: {warning}", style="yellow")
-        return text
+        if not self.expanded:
+            return text
+        entries = [Text.assemble("why: ", snap.reason)]
+        if snap.evidence:
+            entries.append(Text.assemble(("evidence: ", "dim"), (snap.evidence, "italic")))
+        entries += [Text(f"warning: {warning}", style="yellow") for warning in snap.warnings]
+        console = self.app.console
+        out = Text("\n").join(text.wrap(console, width)) if width > 0 else text
+        for entry in entries:
+            lines = entry.wrap(console, max(width - len(HANG_INDENT), 10))
+            for i, line in enumerate(lines):
+                out.append("\n")
+                out.append(ENTRY_INDENT if i == 0 else HANG_INDENT)
+                out.append_text(line)
+        return out
 
     def watch_expanded(self, expanded: bool) -> None:
         self.set_class(expanded, "-expanded")

@@ -161,12 +161,39 @@ async def test_a_key_checks_every_region_and_they_fill_in(world: World) -> None:
         await wait_for(pilot, lambda: checked(app) and len(matrix(app).snapshot.regions) > 1, 60, "every region")
         snapshot = matrix(app).snapshot
         assert all(region is not None for _, region in snapshot.regions) and checked(app) is first
-        assert "every enabled region" in str(matrix(app).border_title)
+        assert "every enabled region" in str(app.screen.query_one("#feasibility").border_title)
         west = next(i for i in range(matrix(app).option_count)
                     if str(matrix(app).get_option_at_index(i).prompt).startswith("us-west-1"))
         first_az = matrix(app).get_option_at_index(west + 1)  # us-west-1 has no g6: every AZ blocked, saying so
         assert first_az.disabled and "g6.12xlarge is not offered in us-west-1" in str(first_az.prompt)
         await pilot.press("q")
+
+
+async def test_the_matrix_heading_is_inside_its_box_and_the_config_fits_or_scrolls(world: World) -> None:
+    """Issue 21 item 7: the column heading sits inside the matrix's border, and at 80x24 the
+    configuration panel is whole on screen or scrolls inside itself."""
+    from textual.containers import ScrollableContainer
+
+    from tui.matrix import FeasibilityPanel
+
+    for size in ((120, 40), (80, 24)):
+        app = RtuiApp(aws_session())
+        async with app.run_test(size=size) as pilot:
+            await wait_for(pilot, lambda: checked(app), 30, "the matrix")  # noqa: B023 - awaited here
+            await pilot.pause(0.2)
+            panel = app.screen.query_one(FeasibilityPanel)
+            heading = panel.query_one("#matrix-heading")
+            assert panel.styles.border_top[0] and "Feasibility" in str(panel.border_title), size
+            assert panel.region.y < heading.region.y < matrix(app).region.y < panel.region.bottom - 1, size
+            summary = app.screen.query_one("#config-summary", Static)
+            box = summary.parent
+            assert isinstance(box, ScrollableContainer), box
+            shown = box.region.intersection(app.screen.region)
+            assert box.region.height >= 3 and shown == box.region and box.region.bottom <= size[1] - 1, size
+            assert summary.region.height <= box.scrollable_content_region.height or box.max_scroll_y > 0
+            checks = app.screen.query_one("#checks", Static).parent
+            assert isinstance(checks, ScrollableContainer) and checks.region.bottom <= size[1] - 1
+            await pilot.press("q")
 
 
 def _snapshot(snap_compare, size: tuple[int, int]) -> bool:  # type: ignore[no-untyped-def]

@@ -1,0 +1,173 @@
+"""The real rtui wizard against the project's doubles: ``python -m sandbox aws|kube``.
+
+rtui runs unchanged, as its own process on this terminal. What it talks to is what the test suite
+uses: for ``aws`` the moto server with the extensions in ``tests/aws`` (quotas, EKS clusters and
+nodegroups that take their time, add-ons, access entries) reached through ``AWS_ENDPOINT_URL``
+with throwaway credentials; for both, the emulated Kubernetes API in ``tests/kubernetes`` (the
+new EKS cluster's endpoint, or a kubeconfig context named ``sandbox``) whose controllers play
+KubeRay, the device plugins and the kubelets, and a Ray head whose job prints real NCCL lines of
+a two-node EFA run (from ``../shared/nccl_logs`` when that folder is there) and a metric line
+per step. Durations are AWS's typical ones scaled down: ``SANDBOX_MINUTE`` seconds stand for a
+minute (default 1: the EKS control plane takes 10 s).
+
+Nothing in rtui knows it is a sandbox: it sees endpoints and a kubeconfig. The cluster is named
+``sandbox`` (``RTUI_CLUSTER_NAME``: the subtitle and the teardown prompt say so), and so is the
+kube context. Everything lives in a temporary directory removed on exit: state, kubeconfig, the
+doubles' data.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_NCCL = ROOT.parent / "shared" / "nccl_logs" / "02_efa_nccl2.29.2_ofi1.18.0_g7e_slurm_2node.log"
+SHARED_CRDS = ROOT.parent / "shared" / "schemas" / "kuberay"
+NAME = "sandbox"
+STEPS = 60
+
+
+def nccl_lines() -> list[str]:
+    """A two-node EFA run's NCCL lines: the real log when this checkout sits beside ``shared/``."""
+    if SHARED_NCCL.is_file():
+        return [line for line in SHARED_NCCL.read_text().splitlines() if line and not line.startswith("#")]
+    from tests.kubernetes.fake_ray import NCCL_EFA_LINES
+
+    return list(NCCL_EFA_LINES)
+
+
+def job_script(steps: int) -> list[str]:
+    """What the sandbox's job prints: NCCL's setup, then one metric line a step (the loss falls)."""
+    from training.protocol import METRIC_TAG, format_record
+
+    prefix = "(RayTrainWorker pid=210, ip=10.0.1.5)"
+    lines = [f"{prefix} {line}" for line in nccl_lines()]
+    for step in range(1, steps + 1):
+        record = {"step": step, "loss": round(0.2 + 6.7 * 0.93 ** step, 4), "tokens_per_s": 15_800.0 + 40 * (step % 7),
+                  "step_time_s": 1.93, "world_size": 8}
+        lines.append(f"{prefix} {format_record(METRIC_TAG, record)}")
+    return lines
+
+
+class PacedHead:
+    """The fake Ray head, its NCCL lines at once and its steps at a readable pace."""
+
+    @staticmethod
+    def start(step_s: float) -> Any:
+        from tests.kubernetes.fake_ray import FakeRayHead
+
+        class Head(FakeRayHead):
+            async def _run(self, job: Any) -> None:
+                import asyncio
+
+                await asyncio.sleep(step_s)
+                await self._set(job, status="RUNNING")
+                for line in self.script:
+                    if job.status != "RUNNING":
+                        return
+                    await self._set(job, log=job.log + line + "\n")
+                    await asyncio.sleep(step_s if "RTUI_METRIC" in line else 0.002)
+                await self._set(job, status="SUCCEEDED", message="Job finished successfully.")
+
+        head = Head(steps=0)
+        head.script = job_script(STEPS)
+        return head.start()
+
+
+def kube_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str], *, nodes: bool) -> Any:
+    """The emulated API server with its controllers, registry and Ray head; ``nodes``: a GPU cluster
+    that is already there (kube), else nodes join as EKS nodegroups turn active (aws)."""
+    from tests.kubernetes.conftest import KubeCluster
+    from tests.kubernetes.fake_control import FakeControlPlane, Timings
+    from tests.kubernetes.fake_registry import FakeRegistry
+    from tests.kubernetes.kube_world import gpu_cluster
+
+    cluster = KubeCluster()
+    cluster.start()
+    stack.callback(cluster.stop)
+    if nodes:
+        gpu_cluster(cluster)
+    head = PacedHead.start(step_s=max(minute / 3, 0.05))
+    stack.callback(head.stop)
+    registry = stack.enter_context(FakeRegistry())
+    timings = Timings(addon_s=minute, pull_s=2 * minute, start_s=minute / 2, stop_s=minute / 4)
+    stack.enter_context(FakeControlPlane(cluster, timings=timings, jobs_url=head.url))
+    env.update({"RTUI_IMAGE": registry.image(), "RTUI_CLUSTER_NAME": NAME, "RTUI_STEPS": str(STEPS)})
+    if (SHARED_CRDS / "ray.io_rayclusters.yaml").is_file():  # else rtui fetches them from the KubeRay release
+        from tests.kubernetes.crds import crd_dir
+
+        env["RTUI_KUBERAY_CRDS"] = str(crd_dir(tmp))
+    return cluster
+
+
+def aws_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str]) -> None:
+    from bench.aws_up import join_nodes
+    from tests.aws.moto_ext import SCRIPT, ScriptedMotoServer, install
+    from tests.aws.moto_provision import install_provisioning
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    stack.callback(install())
+    stack.callback(install_provisioning())
+    SCRIPT.reset()
+    SCRIPT.default_quotas.update({"L-DB2E81BA": 192, "L-417A185B": 0, "L-1216C47A": 640})
+    t = SCRIPT.timings
+    t.cluster_create, t.nodegroup_create, t.addon_create, t.nat_create = 10 * minute, 4 * minute, minute, 1.5 * minute
+    cluster = kube_world(stack, tmp, minute, env, nodes=False)
+    cluster.require_token(lambda token: token.startswith("k8s-aws-v1."))  # EKS tokens only, as EKS
+    SCRIPT.cluster_endpoint = cluster.url
+    SCRIPT.cluster_ca = base64.b64encode(cluster.ca_pem).decode()
+    SCRIPT.on_nodegroup_active = join_nodes(cluster)
+    server = ScriptedMotoServer(SCRIPT)
+    server.start()
+    stack.callback(server.stop)
+    host, port = server.get_host_and_port()
+    env.update({"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": NAME,
+                "AWS_SECRET_ACCESS_KEY": NAME, "AWS_SESSION_TOKEN": NAME, "AWS_REGION": "us-east-1",
+                "AWS_CONFIG_FILE": str(tmp / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-creds"),
+                "AWS_EC2_METADATA_DISABLED": "true", "RTUI_REGION": "us-east-1",
+                "KUBECONFIG": str(tmp / "kube" / "config")})
+    env.pop("AWS_PROFILE", None)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 1 or argv[0] not in ("aws", "kube"):
+        print("usage: python -m sandbox aws|kube [rtui flags…]", file=sys.stderr)
+        return 2
+    target, flags = argv[0], argv[1:]
+    minute = float(os.environ.get("SANDBOX_MINUTE", "1"))
+    rtui = os.environ.get("SANDBOX_RTUI") or str(Path(sys.executable).parent / "rtui")
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix=f"rtui-sandbox-{target}-") as tmpdir:
+        tmp = Path(tmpdir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RTUI_", "AWS_"))}
+        env.update({"RTUI_STATE_DIR": str(tmp / "state"), "RTUI_CONFIG_DIR": str(tmp / "config"),
+                    "RTUI_CACHE_DIR": str(tmp / "cache"), "RTUI_TARGET": target})
+        print(f"Starting the {target} sandbox (AWS and Kubernetes doubles on 127.0.0.1)…", flush=True)
+        if target == "aws":
+            aws_world(stack, tmp, minute, env)
+        else:
+            cluster = kube_world(stack, tmp, minute, env, nodes=True)
+            kubeconfig = cluster.write_kubeconfig(tmp / "kubeconfig", context=NAME)
+            env["KUBECONFIG"] = str(kubeconfig)
+        done = subprocess.run([rtui, *flags], env=env, check=False)
+        # The doubles stop with the sandbox: connections rtui left open may complain as they close.
+        logging.disable(logging.CRITICAL)
+        threading.excepthook = lambda _args: None
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - until exit, over the doubles' threads
+        if os.environ.get("SANDBOX_REPORT"):  # for the test: what the run left in the sandbox's state
+            runs = sorted((tmp / "state" / "runs").glob("*.json"))
+            Path(os.environ["SANDBOX_REPORT"]).write_text(json.dumps([json.loads(r.read_text()) for r in runs]))
+        return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

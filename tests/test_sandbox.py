@@ -1,0 +1,99 @@
+"""`make sandbox-aws` / `make sandbox-kube` (issue 21 item 10): the real rtui binary in a real terminal
+(tmux, 80x24) against the project's doubles, through the whole flow by keys.
+
+aws: the region/AZ matrix, the priced plan and its confirmation, the provisioning panes, where `q`
+asks the detach question (item 2: the exact `--resume` command whole at 80 columns, the modal's own
+footer) and `n` stays; the dashboard with the EFA badge from the job's real NCCL lines and its
+metrics, then `D`, the cluster's name, teardown, `q`. kube: the same from the sandbox context.
+The subtitle says "sandbox" throughout; what the run left in the sandbox's state is all down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.test_tmux import Terminal, terminal  # noqa: F401 - the fixture
+
+pytestmark = [pytest.mark.tmux, pytest.mark.timeout(240),
+              pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
+
+
+def start(terminal: Terminal, target: str, tmp_path: Path) -> Path:  # noqa: F811
+    report = tmp_path / "report.json"
+    env = f"SANDBOX_MINUTE=0.2 SANDBOX_REPORT={report} TERM=xterm-256color"
+    terminal.run("new-session", "-d", "-s", "sb", "-x", "80", "-y", "24",
+                 f"cd {REPO} && env {env} {sys.executable} -m sandbox {target}; echo SANDBOX-EXIT=$?; sleep 120")
+    return report
+
+
+def keys(terminal: Terminal, *keys: str) -> None:  # noqa: F811
+    terminal.run("send-keys", "-t", "sb", *keys)
+
+
+def finish(terminal: Terminal, report: Path) -> None:  # noqa: F811
+    keys(terminal, "D")
+    terminal.wait_for("sb", "Type the cluster name")
+    keys(terminal, "sandbox", "Enter")
+    terminal.wait_for("sb", "is down: everything it created is gone", timeout=120)
+    keys(terminal, "q")
+    terminal.wait_for("sb", "SANDBOX-EXIT=0", timeout=30)
+    runs = json.loads(report.read_text())
+    assert [r["status"] for r in runs] == ["down"], [r["status"] for r in runs]
+
+
+def test_sandbox_aws_by_keys(terminal: Terminal, tmp_path: Path) -> None:  # noqa: F811
+    started = time.monotonic()
+    report = start(terminal, "aws", tmp_path)
+    screen = terminal.wait_for("sb", "us-east-1a", timeout=60)  # the matrix, filled from the AWS double
+    first = time.monotonic() - started
+    assert "aws @ us-east-1 · sandbox · run r" in screen, screen  # the subtitle: the cluster's name
+    terminal.wait_for("sb", "Recommended placement", timeout=60)
+    keys(terminal, "Enter")
+    screen = terminal.wait_for("sb", "Cost: $", timeout=60)  # the plan, priced
+    assert "aws.vpc" in screen and "/hour" in screen, screen
+    keys(terminal, "a")
+    screen = terminal.wait_for("sb", "Apply now?", timeout=30)
+    assert re.search(r"\$\d+\.\d\d/hour while up", screen), screen
+    keys(terminal, "y")
+    terminal.wait_for("sb", "Provisioning", timeout=30)
+    keys(terminal, "q")  # item 2: while steps run
+    terminal.wait_for("sb", "Steps are still running.", timeout=30)
+    screen = terminal.wait_for("sb", "y Detach", timeout=10)  # the modal's own footer
+    resume = re.search(r"rtui --resume r\d{8}-\d{6}-[0-9a-f]{4}", screen)
+    assert resume is not None, screen  # the exact command, whole on one line at 80 columns
+    assert "n Stay" in screen and "Tear down" not in screen.splitlines()[-1], screen
+    keys(terminal, "n")
+    screen = terminal.wait_for("sb", " EFA ", timeout=150)  # the dashboard's badge, from real NCCL lines
+    assert "step" in terminal.wait_for("sb", "loss", timeout=60)
+    finish(terminal, report)
+    print(f"sandbox-aws: first frame with the matrix after {first:.1f}s")
+
+
+def test_sandbox_kube_by_keys(terminal: Terminal, tmp_path: Path) -> None:  # noqa: F811
+    report = start(terminal, "kube", tmp_path)
+    screen = terminal.wait_for("sb", "GPU nodes — 2 GPU nodes", timeout=60)
+    assert "sandbox" in screen and "kube" in screen
+    keys(terminal, "Enter")
+    terminal.wait_for("sb", "Review the plan", timeout=60)
+    keys(terminal, "a")
+    terminal.wait_for("sb", " EFA ", timeout=120)
+    terminal.wait_for("sb", "SUCCEEDED", timeout=120)
+    finish(terminal, report)
+
+
+def test_the_product_does_not_know_the_sandbox() -> None:
+    """Endpoints and a kubeconfig only: no product package mentions the sandbox."""
+    for package in ("backend", "tui", "screens", "training"):
+        for path in (REPO / package).rglob("*.py"):
+            # (Kubernetes's own FailedCreatePodSandBox is a pod event reason, not ours.)
+            assert not re.search(r"\bsandbox\b", path.read_text(), re.IGNORECASE), path
+    assert os.path.isfile(REPO / "sandbox" / "__main__.py")
