@@ -13,6 +13,7 @@ from training.config import TrainConfig
 from training.data import ShardBatches, SyntheticTokens
 from training.devices import detect_peak, memory_budget_bytes, peak_memory_bytes
 from training.metrics import RunFacts, RunSummary, StepTimings, metric_record, print_metric, print_summary
+from training.passed_env import load_passed_env
 from training.sharding import (
     build_mesh,
     build_optimizer,
@@ -105,6 +106,7 @@ def _sync(device: Any) -> None:
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train's entry on every rank: ``config`` is ``TrainConfig.as_dict()``."""
+    load_passed_env()  # a worker is its own process: the --job-env values come from the cluster's file
     run_worker(TrainConfig.from_dict(config))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -26,6 +27,7 @@ from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.procs import check_port_free, free_ports, start_detached, terminate
 from backend.rayjobs import RayJobs
 from backend.runner import Progress
+from training.passed_env import JOB_ENV_FILE
 
 HEAD = "local.ray-head"
 OBJECT_STORE_BYTES = 512 * 1024 * 1024
@@ -308,6 +310,22 @@ class LocalRay(Layer):
         cluster = _live_cluster(ctx)
         if cluster is not None:
             lc.tighten(cluster.path)
+
+    def carry_job_secrets(self, ctx: Context, submission_id: str, values: Mapping[str, str]) -> dict[str, str]:
+        """The values in a 0600 file of the cluster's 0700 dir (beside the auth token, removed with it at
+        teardown); the job's entrypoint reads it (training.passed_env). Only the file's path is in
+        ``runtime_env``, which Ray's Jobs API and runtime-env agent log show."""
+        cluster = _live_cluster(ctx)
+        if cluster is None:
+            raise OperationError("no Ray cluster of this run is up to take the job",
+                                 remedy="apply the whole plan (`rtui up --yes`)")
+        folder = cluster.path / "job-env"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / f"{submission_id}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(values), f)
+        return {JOB_ENV_FILE: str(path)}
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         # Results go inside the cluster's dir, so teardown leaves nothing behind.
