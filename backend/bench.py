@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.jobspec import JobSpec, build_job_spec, passed_env_values
+from backend.layers.base import job_secret_env
 from backend.model import EventKind, StepEvent
 from backend.rayjobs import RayJobs, submit_when_ready
 from backend.store import JobState
@@ -256,10 +257,11 @@ def _progress_of(line: str) -> str | None:
 async def run_job(session: RunSession, jobs: RayJobs, spec: JobSpec, *, label: str, variant: Variant,
                   on_event: EventSink, timeout_s: float = JOB_TIMEOUT_S) -> tuple[list[str], Path]:
     """Submit one bench job, follow its log into a file, return its lines once it succeeded."""
-    env = {**spec.runtime_env.get("env_vars", {}), **passed_env_values(spec), **variant.env}
+    submission_id = f"rtui-{session.run_id}-{label}-{time.strftime('%H%M%S')}"
+    secret_env = job_secret_env(session.ctx, submission_id, passed_env_values(spec))
+    env = {**spec.runtime_env.get("env_vars", {}), **secret_env, **variant.env}
     # The cluster's own job environment (locally: results inside its dir, which teardown removes).
     env.update(session.ctx.cluster.job_env(session.ctx) if session.ctx.cluster is not None else {})
-    submission_id = f"rtui-{session.run_id}-{label}-{time.strftime('%H%M%S')}"
     log_path = bench_dir(session) / f"{submission_id}.log"
     on_event(_event(label, EventKind.STARTED, f"submitting {submission_id}", submission_id=submission_id,
                     log=str(log_path), entrypoint=spec.entrypoint, env=variant.env))

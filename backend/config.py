@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from backend.errors import UserError
 from backend.paths import config_dir
+from backend.trust import GUARDED_FIELDS, JOB_SECRETS, TRUST_COMMAND, credential_names, digest, is_trusted
 
 ENV_PREFIX = "RTUI_"
 CONFIG_FILENAME = "rtui.toml"
@@ -150,6 +151,15 @@ class RunConfig(BaseModel):
         pattern, accepted = _PATTERNS[info.field_name or ""]
         if not re.fullmatch(pattern, v):
             raise ValueError(accepted)
+        return v
+
+    @field_validator("job_env")
+    @classmethod
+    def _no_credentials(cls, v: str) -> str:
+        refused = credential_names(v.split(","))
+        if refused:
+            raise ValueError(f"{refused[0]} is a credential of your clouds, clusters or accounts and never goes to a "
+                             f"job; pass only what the job needs (such as {', '.join(sorted(JOB_SECRETS))})")
         return v
 
     @field_validator("hf_token")
@@ -323,6 +333,13 @@ class ResolvedConfig(BaseModel):
     config: RunConfig
     sources: dict[str, str]
     config_file: str | None = None
+    # ./rtui.toml's guarded fields the user has not confirmed in this content (see backend.trust),
+    # with the file's values, and the hash a confirmation records.
+    unconfirmed: dict[str, Any] = Field(default_factory=dict)
+    config_sha256: str | None = None
+
+
+Untrusted = Literal["refuse", "withhold", "show"]
 
 
 def _find_config_file(explicit: str | None, cwd: Path) -> Path | None:
@@ -370,20 +387,25 @@ def _not_a_config_file(path: Path) -> str | None:
     return "is a device, not a regular file"
 
 
-def _load_toml(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _load_toml(path: Path, content: bytes) -> dict[str, Any]:
     import tomllib  # only when there is a file to read
 
     try:
         # utf-8-sig: Windows editors save "UTF-8" with a byte-order mark, which tomllib rejects
         # as an "invalid statement" at line 1.
-        data = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
+        data = tomllib.loads(content.decode("utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML ({exc})", remedy="fix the file") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})",
                         remedy="save the file as UTF-8 (TOML requires it)") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
     unknown = sorted(set(data) - set(FIELD_NAMES))
     if unknown:
         raise UserError(
@@ -413,16 +435,26 @@ def resolve_config(
     config_file: str | None = None,
     environ: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    untrusted: Untrusted = "refuse",
 ) -> ResolvedConfig:
-    """Merge every source into one validated RunConfig with per-field provenance."""
+    """Merge every source into one validated RunConfig with per-field provenance.
+
+    ``untrusted`` says what becomes of the guarded fields of a ./rtui.toml the user has not
+    confirmed (backend.trust): ``refuse`` (a UserError naming them and how to confirm), ``withhold``
+    (left out, listed in ``unconfirmed`` for the wizard to ask) or ``show`` (kept and marked, for
+    ``config show`` and ``config trust``).
+    """
     environ = os.environ if environ is None else environ
     cwd = Path.cwd() if cwd is None else cwd
     raw: dict[str, Any] = {}
     sources: dict[str, str] = {}
 
     path = _find_config_file(config_file, cwd)
+    sha256 = None
     if path is not None:
-        for key, value in _load_toml(path).items():
+        content = _read(path)
+        sha256 = digest(content)
+        for key, value in _load_toml(path, content).items():
             raw[key] = value
             sources[key] = f"file:{path}"
     for field in FIELD_NAMES:
@@ -442,6 +474,17 @@ def resolve_config(
             sources[field] = "flag"
     for field in FIELD_NAMES:
         sources.setdefault(field, "default")
+    unconfirmed = _unconfirmed(path, sha256, config_file is not None, cwd, raw, sources)
+    if unconfirmed and untrusted == "refuse":
+        raise UserError(f"{path} sets {', '.join(unconfirmed)}, which you have not confirmed",
+                        remedy=f"review them with `rtui config show`, then run `{TRUST_COMMAND}` in this directory "
+                               "(or pass them as flags)")
+    for field in unconfirmed:
+        if untrusted == "withhold":
+            del raw[field]
+            sources[field] = "default"
+        else:
+            sources[field] += f" (not confirmed: `{TRUST_COMMAND}`)"
     # Empty strings from env/flags mean "unset" for optional fields.
     for field in ("availability_zone", "profile", "tokenizer", "storage_path", "resume_from"):
         if raw.get(field) == "":
@@ -478,7 +521,28 @@ def resolve_config(
     if config.local_hidden_size % config.local_heads:
         raise UserError(f"--local-hidden-size={config.local_hidden_size} is not a multiple of "
                         f"--local-heads={config.local_heads}", remedy="pick sizes that divide evenly")
-    return ResolvedConfig(config=config, sources=sources, config_file=str(path) if path else None)
+    return ResolvedConfig(config=config, sources=sources, config_file=str(path) if path else None,
+                          unconfirmed=unconfirmed, config_sha256=sha256)
+
+
+def _unconfirmed(path: Path | None, sha256: str | None, explicit: bool, cwd: Path, raw: Mapping[str, Any],
+                 sources: dict[str, str]) -> dict[str, Any]:
+    """{guarded field: value} a ./rtui.toml decides and the user has not confirmed in this content.
+
+    ``--config FILE`` and the user's own config dir file are the user's choice; a guarded field a
+    flag or variable sets is not read from the file. A confirmed file's guarded fields say so."""
+    if path is None or sha256 is None or explicit or path != cwd / CONFIG_FILENAME:
+        return {}
+    if path.resolve().parent == config_dir().resolve():  # run from the config dir: the user's own file
+        return {}
+    guarded = [f for f in GUARDED_FIELDS if sources.get(f, "").startswith("file:")]
+    if not guarded:
+        return {}
+    if is_trusted(path, sha256):
+        for field in guarded:
+            sources[field] += " (confirmed)"
+        return {}
+    return {f: raw[f] for f in guarded}
 
 
 def _check_training(config: RunConfig, cwd: Path) -> RunConfig:

@@ -97,8 +97,20 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+def owned(proc: psutil.Process) -> bool:
+    """Whether ``proc`` runs as this process's user (real uid). A command line is anyone's to write:
+    another user's process naming our dir is not ours, and root must not signal it."""
+    try:
+        return bool(proc.uids().real == os.getuid())
+    except psutil.Error:
+        return False
+
+
 def terminate(procs: Sequence[psutil.Process], *, grace_s: float = 3.0) -> list[psutil.Process]:
-    """SIGTERM, wait, then SIGKILL what is left. Returns what survived (should be nothing)."""
+    """SIGTERM, wait, then SIGKILL what is left. Returns what survived (should be nothing).
+
+    Only processes of our own uid are signalled (see ``owned``); the others are left alone."""
+    procs = [p for p in procs if owned(p)]
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)

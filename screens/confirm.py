@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from textual.app import ComposeResult
@@ -46,6 +47,32 @@ class ConfirmApply(ModalScreen[bool]):
             yield Label(apply_summary(self.plan), id="apply-summary", classes="heading")
             yield Label("They keep costing money until you tear them down (`D`, or `rtui down`).")
             yield Label("Apply now? [b]y[/b] applies · [b]n[/b] / escape goes back to the plan")
+
+    def action_answer(self, value: bool) -> None:
+        self.dismiss(value)
+
+
+class ConfirmConfigFile(ModalScreen[bool]):
+    """A ./rtui.toml sets what runs or what is read, in a content the user has not confirmed yet."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Use them", id="confirm-config",
+                tooltip="Take these values from the file; asked again whenever the file changes"),
+        Binding("n,escape", "answer(False)", "Quit", id="refuse-config",
+                tooltip="Quit without running anything; pass the values you want as flags instead"),
+    ]
+
+    def __init__(self, path: str, values: dict[str, Any]) -> None:
+        super().__init__()
+        self.path = path
+        self.values = values
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm"):
+            yield Label(f"{self.path} chooses what runs or what is read:", classes="heading", markup=False)
+            for field, value in self.values.items():
+                yield Label(f"  {field} = {json.dumps(value)}", classes="detail", markup=False)
+            yield Label("Use these values? [b]y[/b] uses them (until the file changes) · [b]n[/b] / escape quits")
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)

@@ -112,7 +112,7 @@ def test_a_second_up_on_the_same_cluster_gets_one_line_naming_the_run(isolated_e
 def test_ray_gets_a_minimal_environment_pinned_to_its_cluster(cluster: lc.ClusterDir) -> None:
     from backend.layers.local_ray import ray_env
 
-    cluster.facts.update({"ports": {"autoscaler_metrics": 1, "dashboard_metrics": 2}, "gcs_address": "127.0.0.1:9"})
+    cluster.facts.update({"ports": {}, "gcs_address": "127.0.0.1:9"})
     user = {"PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "AWS_SECRET_ACCESS_KEY": "s3cr3t",
             "AWS_ACCESS_KEY_ID": "AKIA", "HF_TOKEN": "hf_x", "GITHUB_TOKEN": "ghp", "RAY_ADDRESS": "10.0.0.1:6379",
             "RAY_AUTH_TOKEN": "theirs", "RAY_DEDUP_LOGS": "0", "OMP_NUM_THREADS": "1"}
@@ -121,7 +121,9 @@ def test_ray_gets_a_minimal_environment_pinned_to_its_cluster(cluster: lc.Cluste
     assert env["RAY_ADDRESS"] == "127.0.0.1:9" and env["RAY_AUTH_MODE"] == "token"
     assert env["RAY_AUTH_TOKEN_PATH"] == str(cluster.path / "auth_token")
     assert env["RAY_DEDUP_LOGS"] == "0" and env["OMP_NUM_THREADS"] == "1" and env["LANG"] == "C.UTF-8"
-    assert (env["AUTOSCALER_METRIC_PORT"], env["DASHBOARD_METRIC_PORT"]) == ("1", "2")
+    # No metrics server without a token (issue 23): not started at all.
+    assert (env["AUTOSCALER_METRIC_PORT"], env["DASHBOARD_METRIC_PORT"]) == ("-1", "-1")
+    assert env["RAY_enable_metrics_collection"] == "0"
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
 
 

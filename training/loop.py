@@ -19,6 +19,7 @@ from training.devices import (
     training_flops_per_token,
 )
 from training.metrics import RunFacts, RunSummary, metric_record, print_metric, print_summary
+from training.passed_env import load_passed_env
 from training.sharding import build_mesh, build_optimizer, shard_groups_span_nodes
 from training.step import for_training, load_pretrained, norm_value, prepare_model, train_step
 from training.stepplan import FitCheck, ModelShape, StepPlan, plan_step
@@ -120,6 +121,7 @@ def _plan(cfg: TrainConfig, model: Any, world: int, shard_size: int, budget: tup
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train's entry on every rank: ``config`` is ``TrainConfig.as_dict()``."""
+    load_passed_env()  # a worker is its own process: the --job-env values come from the cluster's file
     run_worker(TrainConfig.from_dict(config))
 
 

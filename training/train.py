@@ -31,6 +31,7 @@ from training.config import (
     TrainConfigError,
 )
 from training.loop import TransportMismatch, build_model, train_loop_per_worker
+from training.passed_env import load_passed_env
 from training.raytrain import quiet_ray_train
 
 __all__ = ["TransportMismatch", "build_model", "main", "parse_args", "train_loop_per_worker"]
@@ -177,6 +178,9 @@ def _init_ray(cfg: TrainConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    passed = load_passed_env()  # before anything reads the environment (HF_TOKEN for the hub)
+    if passed:
+        print(f"rtui-train: variables from --job-env: {', '.join(passed)}", flush=True)
     cfg = parse_args(argv)
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig

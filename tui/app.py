@@ -25,6 +25,7 @@ from backend.store import RunStatus
 from tui.cli import rtui_command
 
 if TYPE_CHECKING:
+    from backend.config import ResolvedConfig
     from backend.planner import PlanResult
     from screens.plan import PlanScreen
     from screens.provision import ProvisionScreen
@@ -46,8 +47,11 @@ class RtuiApp(App[None]):
     ]
 
     def __init__(self, session: RunSession, *, resume: bool = False, read_only: bool = False,
-                 choose_from: list[str] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 choose_from: list[str] | None = None, clock: Callable[[], float] = time.time,
+                 confirm_config: ResolvedConfig | None = None) -> None:
         super().__init__()
+        # ./rtui.toml sets guarded fields not confirmed yet: the session runs without them until a yes.
+        self.confirm_config = confirm_config
         self.session = session
         # What "now" is for what the app itself shows (the teardown modal's cost so far); tests freeze it.
         self.clock = clock
@@ -322,7 +326,28 @@ class RtuiApp(App[None]):
     def _show_resume(self) -> None:
         self.notify(f"{rtui_command()} --resume {self.session.run_id}", title="Resume this run", timeout=15)
 
+    def _ask_config_confirmation(self, resolved: ResolvedConfig) -> None:
+        from backend.trust import remember
+        from screens.confirm import ConfirmConfigFile
+
+        path, sha256 = resolved.config_file, resolved.config_sha256
+        assert path is not None and sha256 is not None  # an unconfirmed file was read
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                self.exit(return_code=2, message=f"rtui: nothing was run: {path} was not confirmed — pass the "
+                                                 "values you want as flags, or review it and answer y")
+                return
+            remember(Path(path), sha256)
+            update = {field: getattr(resolved.config, field) for field in resolved.unconfirmed}
+            self._reconfigure(update, path, "or run elsewhere")
+            self.session.sources.update({f: f"file:{path} (confirmed)" for f in update})
+
+        self.push_screen(ConfirmConfigFile(path, dict(resolved.unconfirmed)), answered)
+
     def on_mount(self) -> None:
+        if self.confirm_config is not None and self.confirm_config.unconfirmed:
+            self._ask_config_confirmation(self.confirm_config)
         if self.choose_from:
             from screens.confirm import PickRun
 

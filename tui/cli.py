@@ -17,11 +17,23 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
-from backend.config import ECHO_LIMIT, FIELD_NAMES, ResolvedConfig, RunConfig, flag_name, resolve_config, shown
+from backend.config import (
+    ECHO_LIMIT,
+    FIELD_NAMES,
+    ResolvedConfig,
+    RunConfig,
+    Untrusted,
+    flag_name,
+    resolve_config,
+    shown,
+)
 from backend.errors import RtuiError, UserError
 from backend.store import RunStatus, RunStore
+
+if TYPE_CHECKING:
+    from backend.session import RunSession
 
 LATEST = "__latest__"
 HELP_FLAGS = ("-h", "--help")
@@ -189,8 +201,11 @@ def build_parser() -> Parser:
     p.add_argument("--profile", metavar="PROFILE", help="AWS profile (else the usual credential chain)")
     p = add("runs", "list runs")
     p.add_argument("--json", action="store_true")
-    p = add("config", "show the effective configuration")
-    p.add_argument("action", choices=["show"], help="show: every field, its value and where it came from")
+    p = add("config", "show the effective configuration, or confirm ./rtui.toml")
+    p.add_argument("action", choices=["show", "trust"],
+                   help="show: every field, its value and where it came from; trust: confirm the fields of "
+                        "./rtui.toml that choose what runs or what is read (image, kuberay_crds, hf_token, job_env, "
+                        "kubeconfig, storage_path), in its present content")
     p.add_argument("--json", action="store_true")
     _add_bench(sub, common)
     parser.commands = frozenset(sub.choices or ())
@@ -253,8 +268,8 @@ def _flags(ns: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
-def resolved_from(ns: argparse.Namespace) -> ResolvedConfig:
-    return resolve_config(_flags(ns), config_file=getattr(ns, "config_file", None))
+def resolved_from(ns: argparse.Namespace, untrusted: Untrusted = "refuse") -> ResolvedConfig:
+    return resolve_config(_flags(ns), config_file=getattr(ns, "config_file", None), untrusted=untrusted)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -288,7 +303,7 @@ def _main(argv: list[str]) -> int:
         raise UserError(f"--read-only is for the wizard, not `rtui {ns.command}`",
                         remedy="drop --read-only; commands that change things already ask for --yes")
     if ns.command == "config":
-        return _config_show(ns, out)
+        return _config_trust(ns, out) if ns.action == "trust" else _config_show(ns, out)
     if ns.command == "check":
         return _check(ns, out)
     if ns.command == "manifest":
@@ -315,7 +330,7 @@ def _token(ns: argparse.Namespace, out: TextIO) -> int:
 
 def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
     """The values a run on this target uses (auto resolved), where each came from; only the target's fields."""
-    resolved = resolved_from(ns)
+    resolved = resolved_from(ns, untrusted="show")
     config = resolved.config
     values = config.model_dump(mode="json")
     auto = config.auto_values()
@@ -324,7 +339,7 @@ def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
         # "fields" are the ones the target reads.
         json.dump({"config": values, "effective": {**values, **auto}, "auto": sorted(auto),
                    "fields": list(config.fields_of_target()), "sources": resolved.sources,
-                   "config_file": resolved.config_file}, out)
+                   "config_file": resolved.config_file, "unconfirmed": sorted(resolved.unconfirmed)}, out)
         out.write("\n")
         return 0
     rows = config.effective_rows(resolved.sources)
@@ -332,6 +347,23 @@ def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
     for field, value, source in rows:
         out.write(f"{field:<{width}}  {json.dumps(value):<48}  {source}\n")
     out.write(f"(the fields the {config.target} target uses; `--target` shows another's)\n")
+    return 0
+
+
+def _config_trust(ns: argparse.Namespace, out: TextIO) -> int:
+    """Confirm ./rtui.toml's guarded fields in the content read now (checked like any config first)."""
+    from backend.trust import remember
+
+    resolved = resolved_from(ns, untrusted="show")
+    if not resolved.unconfirmed or resolved.config_file is None or resolved.config_sha256 is None:
+        out.write("nothing to confirm: no ./rtui.toml here sets a field that chooses what runs or what is read, "
+                  "or it is confirmed already\n")
+        return 0
+    remember(Path(resolved.config_file), resolved.config_sha256)
+    for field, value in resolved.unconfirmed.items():
+        out.write(f"{field} = {json.dumps(value)}\n")
+    out.write(f"confirmed {resolved.config_file} (sha256 {resolved.config_sha256[:16]}…); any change to it asks "
+              "again\n")
     return 0
 
 
@@ -392,18 +424,25 @@ def _classify(ns: argparse.Namespace, out: TextIO) -> int:
     return classify_command(ns.files, as_json=ns.json, stdout=out, stdin=sys.stdin, stderr=sys.stderr)
 
 
-def _wizard(ns: argparse.Namespace) -> int:
+def wizard_session(ns: argparse.Namespace) -> tuple[RunSession, list[str], ResolvedConfig | None]:
+    """The wizard's run, the live runs to choose from (--resume without an id), and a resolved config
+    whose ./rtui.toml fields the first modal asks the user to confirm (None when none waits)."""
     from backend.session import RunSession
 
-    session: RunSession
-    choose_from: list[str] = []
     if ns.resume is not None:
         session = RunSession.resume(None if ns.resume == LATEST else ns.resume)
-        if ns.resume == LATEST:
-            choose_from = live_run_ids(session.store)
-            choose_from = choose_from if len(choose_from) > 1 else []
-    else:
-        session = RunSession.for_config(resolved_from(ns))
+        choose_from = live_run_ids(session.store) if ns.resume == LATEST else []
+        return session, choose_from if len(choose_from) > 1 else [], None
+    # Checked whole first (a job_env naming credentials stops here); the session starts without
+    # ./rtui.toml's unconfirmed fields, which the wizard's first modal asks about.
+    confirm = resolved_from(ns, untrusted="show")
+    if not confirm.unconfirmed:
+        return RunSession.for_config(confirm), [], None
+    return RunSession.for_config(resolved_from(ns, untrusted="withhold")), [], confirm
+
+
+def _wizard(ns: argparse.Namespace) -> int:
+    session, choose_from, confirm = wizard_session(ns)
     if not (_is_tty(sys.stdin) and _is_tty(sys.stdout)):
         # Checked after the run is found, so a bad --resume still gets its own message. Without
         # a terminal the app draws into a pipe or file and waits for keys that never come.
@@ -411,7 +450,8 @@ def _wizard(ns: argparse.Namespace) -> int:
                         remedy="run `rtui` in a terminal; scripts use `rtui plan`, `rtui up --yes`, `rtui status`")
     from tui.app import RtuiApp
 
-    app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only, choose_from=choose_from)
+    app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only, choose_from=choose_from,
+                  confirm_config=confirm)
     app.run()
     return int(app.return_code or 0)
 

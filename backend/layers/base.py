@@ -39,6 +39,24 @@ class ClusterAccess(Protocol):
 
 
 @runtime_checkable
+class JobSecretCarrier(Protocol):
+    """A cluster that hands the job the ``--job-env`` values outside ``runtime_env``: Ray's Jobs API
+    returns a job's ``runtime_env`` to anyone who lists jobs, and its runtime-env agent logs it."""
+
+    def carry_job_secrets(self, ctx: Context, submission_id: str, values: Mapping[str, str]) -> dict[str, str]:
+        """Store ``values`` where only that job reads them; the (non-secret) variables saying where."""
+        ...
+
+
+def job_secret_env(ctx: Context, submission_id: str, values: Mapping[str, str]) -> dict[str, str]:
+    """The ``env_vars`` that give a job the user's ``--job-env`` values, through the cluster's own
+    carrier when it has one (locally: a 0600 file in the cluster's 0700 dir)."""
+    if values and isinstance(ctx.cluster, JobSecretCarrier):
+        return ctx.cluster.carry_job_secrets(ctx, submission_id, values)
+    return dict(values)
+
+
+@runtime_checkable
 class HeadLogSource(Protocol):
     """A cluster whose Ray head runs in a pod with a log of its own (not the local target)."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -26,11 +27,12 @@ from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.procs import check_port_free, free_ports, start_detached, terminate
 from backend.rayjobs import RayJobs
 from backend.runner import Progress
+from training.passed_env import JOB_ENV_FILE
 
 HEAD = "local.ray-head"
 OBJECT_STORE_BYTES = 512 * 1024 * 1024
 PORT_NAMES = ("gcs", "dashboard", "client", "agent_listen", "agent_grpc", "runtime_env", "metrics",
-              "node_manager", "object_manager", "autoscaler_metrics", "dashboard_metrics")
+              "node_manager", "object_manager")
 WORKER_PORT_NAMES = ("agent_listen", "agent_grpc", "runtime_env", "metrics", "node_manager", "object_manager")
 DASHBOARD_TIMEOUT_S = 90.0
 _PORT_FLAGS = {
@@ -62,6 +64,7 @@ _ENV_PREFIXES = ("LC_", "RAY_", "OMP_", "MKL_", "OPENBLAS_", "GLOO_", "TORCH_")
 # Ours to set: a user's own would point Ray at another cluster or another token.
 _ENV_OURS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 TOKEN_FILE = "auth_token"
+NO_PORT = "-1"  # outside 0-65535: bind() refuses it, so a server given it is never started
 
 
 def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
@@ -72,7 +75,6 @@ def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
            if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and k not in _ENV_OURS}
     # A job's `python` is whatever is first on the PATH `ray start` saw: make it ours.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), source.get("PATH", os.defpath)])
-    ports = cluster.facts["ports"]
     env.update({
         "RAY_USAGE_STATS_ENABLED": "0",
         # Ray otherwise swaps 127.0.0.1 for the host's address and binds its servers there. A
@@ -83,9 +85,17 @@ def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
         # Every Ray entry point (Ray Train's helpers too) talks to this cluster, never "the latest" one.
         "RAY_ADDRESS": str(cluster.facts["gcs_address"]),
         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(cluster.path / TOKEN_FILE),
-        # Ray's fixed defaults (44217, 44227) collide between two clusters on one host.
-        "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]),
-        "DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
+        # No Prometheus endpoint: Ray's metrics servers know no token and would answer anyone on the
+        # host (issue 23; tests/test_local_probe.py). rtui reads its metrics from the job's log.
+        # The node agent's exporter is not started when metrics collection is off (the raylet
+        # then starts the agent with --disable-metrics-collection).
+        "RAY_enable_metrics_collection": "0",
+        # The dashboard's and the autoscaler's are started unconditionally (prometheus_client's
+        # start_http_server, in a try that logs and carries on): a port no socket can bind
+        # leaves them unstarted. Ray's fixed defaults (44217, 44227) also collided between two
+        # clusters on one host.
+        "AUTOSCALER_METRIC_PORT": NO_PORT,
+        "DASHBOARD_METRIC_PORT": NO_PORT,
     })
     return env
 
@@ -308,6 +318,22 @@ class LocalRay(Layer):
         cluster = _live_cluster(ctx)
         if cluster is not None:
             lc.tighten(cluster.path)
+
+    def carry_job_secrets(self, ctx: Context, submission_id: str, values: Mapping[str, str]) -> dict[str, str]:
+        """The values in a 0600 file of the cluster's 0700 dir (beside the auth token, removed with it at
+        teardown); the job's entrypoint reads it (training.passed_env). Only the file's path is in
+        ``runtime_env``, which Ray's Jobs API and runtime-env agent log show."""
+        cluster = _live_cluster(ctx)
+        if cluster is None:
+            raise OperationError("no Ray cluster of this run is up to take the job",
+                                 remedy="apply the whole plan (`rtui up --yes`)")
+        folder = cluster.path / "job-env"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / f"{submission_id}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(values), f)
+        return {JOB_ENV_FILE: str(path)}
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         # Results go inside the cluster's dir, so teardown leaves nothing behind.

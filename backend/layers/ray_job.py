@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from backend.errors import OperationError, UserError
 from backend.jobspec import build_job_spec, passed_env_values
-from backend.layers.base import Context, Handler, Layer
+from backend.layers.base import Context, Handler, Layer, job_secret_env
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.rayjobs import RayJobs, submit_when_ready
 from backend.runner import Progress
@@ -46,7 +46,8 @@ class JobHandler(Handler):
         spec = build_job_spec(ctx.config)
         submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
         runtime_env = {**spec.runtime_env, "env_vars": {
-            **spec.runtime_env.get("env_vars", {}), **_job_env(ctx), **passed_env_values(spec)}}
+            **spec.runtime_env.get("env_vars", {}), **_job_env(ctx),
+            **job_secret_env(ctx, submission_id, passed_env_values(spec))}}
         yield Progress(f"submitting {submission_id}", 0.3)
         async for waiting in submit_when_ready(
                 jobs, entrypoint=spec.entrypoint, submission_id=submission_id, runtime_env=runtime_env,
