@@ -58,7 +58,7 @@ def test_killed_at_every_boundary_and_wait_then_resumed(world: World, kube_file:
     timings = world.script.timings
     # Long enough that a resumed `up` (a fresh interpreter: ~1 s idle, several under a loaded CI box) still
     # finds the cluster and the nodegroups creating, so their waits are killed in too.
-    timings.cluster_create, timings.nodegroup_create, timings.addon_create, timings.nat_create = 6.0, 4.0, 1.2, 1.5
+    timings.cluster_create, timings.nodegroup_create, timings.addon_create, timings.nat_create = 9.0, 6.0, 1.2, 1.5
     env = {**os.environ}
     seen: set[tuple[str, str]] = set()
     started = time.monotonic()
