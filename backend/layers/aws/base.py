@@ -106,6 +106,13 @@ class Topology:
     system_headroom: float | None = None
     vcpus: dict[str, int] = field(default_factory=dict)
     efa_interfaces: int = 1  # per GPU node: one per network card (DescribeInstanceTypes)
+    # AZ -> (id, kind) of the reservation the GPU launch template names there: a targeted ODCR ("odcr")
+    # or a Capacity Block ("capacity-block") that holds every GPU node. Open ODCRs need no naming.
+    reservations: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def gpu_reservation(self) -> tuple[str, str] | None:
+        return self.reservations.get(self.gpu_az)
 
     @property
     def subnet_azs(self) -> list[str]:

@@ -114,6 +114,7 @@ class AwsLayer(Layer):
 
     async def _topology(self, ctx: Context) -> Topology:
         from backend.aws import run_preflight
+        from backend.aws.report import reserved_nodes
         from backend.layers.aws_preflight import preflight_request
 
         config, facts = ctx.config, ctx.record.facts
@@ -161,7 +162,14 @@ class AwsLayer(Layer):
                 else "add a private subnet of another AZ EKS accepts to --private-subnet-ids")
         index = {zone: i for i, zone in enumerate(sorted(zones))}
         quota, system_quota = region.quota, region.system_quota
+        named = {z.zone: reserved_nodes(z.reservations)[1] for z in region.zones}
+        reservations: dict[str, tuple[str, str]] = {az: (r.id, r.kind) for az, r in named.items() if r is not None}
+        # The reservation this run's nodes already fill shows no free slot now: keep naming it.
+        kept = facts.get("reservation") or {}
+        if kept.get("az") and kept.get("id"):
+            reservations[kept["az"]] = (str(kept["id"]), str(kept.get("kind") or "odcr"))
         return Topology(
+            reservations=reservations,
             network_azs=network_azs, gpu_az=gpu_az, az_index=index,
             failover_azs=[z for z in feasible if z != gpu_az and z not in facts.get("failed_azs", [])],
             gpu_quota_code=quota.code if quota else quota_code_for(config.gpu_node_type),
@@ -201,7 +209,11 @@ class AwsLayer(Layer):
     def remember(self, ctx: Context) -> None:
         """Keep the AZs this run builds in (called when it applies)."""
         if self.topology is not None:
-            ctx.record.facts.update({"gpu_az": self.topology.gpu_az, "network_azs": self.topology.network_azs})
+            topo = self.topology
+            ctx.record.facts.update({"gpu_az": topo.gpu_az, "network_azs": topo.network_azs})
+            named = topo.gpu_reservation
+            ctx.record.facts["reservation"] = (
+                {"az": topo.gpu_az, "id": named[0], "kind": named[1]} if named else None)
             ctx.save()
 
     def fail_over(self, ctx: Context, failed_az: str, why: str) -> str | None:
@@ -269,9 +281,11 @@ class AwsLayer(Layer):
             res(addon_address(addon), "aws-eks-addon", {"name": addon}, *deps)
         efa = config.wants_efa()
         res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
+        reservation, reservation_kind = topo.gpu_reservation or (None, None)
+        block = reservation_kind == "capacity-block"
         res(LAUNCH_TEMPLATE, "aws-launch-template",
             {"efa": efa, "efa_interfaces": topo.efa_interfaces if efa else 0, "volume_gb": ROOT_VOLUME_GB,
-             "imdsv2": True, "cluster_sg": True,
+             "imdsv2": True, "cluster_sg": True, "reservation": reservation, "capacity_block": block,
              "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
         res(SYSTEM_NODES, "aws-nodegroup",
@@ -283,7 +297,8 @@ class AwsLayer(Layer):
                               topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
         res(GPU_NODES, "aws-nodegroup",
             {"instance_type": config.gpu_node_type, "size": config.gpu_node_count, "azs": [topo.gpu_az],
-             "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True},
+             "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
+             "capacity_type": "CAPACITY_BLOCK" if block else "ON_DEMAND"},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
             cost=nodegroup_cost(config, config.gpu_node_type, config.gpu_node_count),
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,
