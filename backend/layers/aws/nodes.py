@@ -260,6 +260,7 @@ class NodegroupHandler(AwsHandler):
                 state={"instance_type": (group.get("instanceTypes") or [None])[0],
                        "size": (group.get("scalingConfig") or {}).get("desiredSize"),
                        "capacity_type": group.get("capacityType") or "ON_DEMAND",
+                       "disk_gb": group.get("diskSize"),
                        "azs": sorted({subnets.get(s, s) for s in group.get("subnets") or []}),
                        "pending": "creating" if status == "CREATING" else "updating" if status == "UPDATING" else None},
                 healthy=healthy, reason=reason))
@@ -275,6 +276,9 @@ class NodegroupHandler(AwsHandler):
         replaced = [k for k in ("instance_type", "azs", "capacity_type") if k in want.spec and not same(k)]
         if replaced:
             return Action.REPLACE, f"changed: {', '.join(replaced)}"
+        disk, needed = have.state.get("disk_gb"), want.spec.get("disk_gb")
+        if disk is not None and needed is not None and disk < needed:  # a bigger disk than needed stays
+            return Action.REPLACE, f"disk {disk} GB, the image needs {needed} GB"
         if have.state.get("size") != want.spec["size"]:
             return Action.UPDATE, f"size {have.state.get('size')} → {want.spec['size']}"
         return Action.NOOP, have.reason
@@ -301,7 +305,7 @@ class NodegroupHandler(AwsHandler):
             request["launchTemplate"] = {"id": templates[0]["LaunchTemplateId"],
                                          "version": str(templates[0]["LatestVersionNumber"])}
         else:
-            request["diskSize"] = 50
+            request["diskSize"] = want.spec.get("disk_gb") or 50
         await api.call("eks", "create_nodegroup", **request, ok=("ResourceInUseException",), new_role=True)
         self.made(ctx, want, f"{cluster}/{name}")
         async for p in self._until_ready(ctx, want, f"{cluster}/{name}"):
