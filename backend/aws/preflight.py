@@ -233,7 +233,7 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
             zones_call,
             offers_call,
             _optional(scan.call("ec2", region, running_instances)),
-            _optional(scan.call("ec2", region, _reservations, req.gpu_node_type)),
+            _optional(scan.call("ec2", region, _reservations, req.gpu_node_type, req.gpu_node_count)),
             *quota_reads,
             scan.price(region, req.gpu_node_type),
             scan.price(region, req.system_node_type),
@@ -341,7 +341,16 @@ def _offerings(ec2: Any, types: list[str]) -> dict[str, set[str]]:
     return offered
 
 
-def _reservations(ec2: Any, instance_type: str) -> list[Reservation]:
+def _reservations(ec2: Any, instance_type: str, count: int) -> list[Reservation]:
+    """The reservations of the GPU type, each marked usable when the launch would draw on it.
+
+    What EC2 does (EC2 API reference, ``CapacityReservationSpecification``; EC2 User Guide, "On-Demand
+    Capacity Reservations" and "Launch instances using Capacity Blocks"): an active reservation takes
+    instances of its type, AZ, platform and tenancy. An *open* one takes them unnamed, as many as it has
+    free, the rest runs On-Demand. A *targeted* ODCR or a Capacity Block takes only instances whose
+    launch template names it: the GPU launch template names one, so it serves the plan only when it
+    holds every GPU node (a launch beyond its free slots fails, and a Capacity Block nodegroup cannot
+    spill to On-Demand). Per-AZ matching is the caller's (reports are grouped by the reservation's AZ)."""
     found: list[Reservation] = []
     paginator = ec2.get_paginator("describe_capacity_reservations")
     filters = [
@@ -370,9 +379,10 @@ def _reservations(ec2: Any, instance_type: str) -> list[Reservation]:
                 end_date=end.isoformat() if hasattr(end, "isoformat") else end,
                 match_criteria=cr.get("InstanceMatchCriteria", "open"),
             )
+            named = reservation.kind == "capacity-block" or reservation.match_criteria == "targeted"
             reservation.usable = (
                 reservation.state == "active"
-                and reservation.available > 0
+                and reservation.available >= (count if named else 1)
                 and reservation.platform == "Linux/UNIX"
                 and reservation.tenancy == "default"
             )

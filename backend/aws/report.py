@@ -74,8 +74,26 @@ class Reservation(BaseModel):
     state: str
     end_date: str | None = None
     match_criteria: str = "open"
-    # Active, Linux/UNIX, default tenancy, with room: instances of the plan can land in it.
+    # Active, Linux/UNIX, default tenancy, with room: instances of the plan can land in it (a targeted
+    # ODCR or a Capacity Block: only when it holds every GPU node, since the launch template names it).
     usable: bool = False
+
+    @property
+    def targeted(self) -> bool:
+        """Used only by instances whose launch template names it (Capacity Blocks always are)."""
+        return self.kind == "capacity-block" or self.match_criteria == "targeted"
+
+
+def reserved_nodes(reservations: list[Reservation] | tuple[Reservation, ...]) -> tuple[int, Reservation | None]:
+    """How many GPU nodes of one AZ land in reservations, and the one the launch template must name.
+
+    Open ODCRs fill up unnamed, together. A launch template names at most one reservation, so a named
+    one (a Capacity Block first: paid for and time-boxed; then a targeted ODCR) is used alone."""
+    named = sorted((r for r in reservations if r.usable and r.targeted),
+                   key=lambda r: (r.kind != "capacity-block", -r.available, r.id))
+    if named:
+        return named[0].available, named[0]
+    return sum(r.available for r in reservations if r.usable), None
 
 
 ZoneVerdict = Literal["feasible", "warning", "blocked"]

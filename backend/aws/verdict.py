@@ -8,7 +8,15 @@ from dataclasses import dataclass
 
 from backend.aws.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
 from backend.aws.quota import increase_command
-from backend.aws.report import QuotaStatus, Recommendation, RegionReport, Reservation, ZoneReport, ZoneVerdict
+from backend.aws.report import (
+    QuotaStatus,
+    Recommendation,
+    RegionReport,
+    Reservation,
+    ZoneReport,
+    ZoneVerdict,
+    reserved_nodes,
+)
 from backend.model import CheckResult, CheckStatus
 
 _Add = Callable[..., None]
@@ -129,11 +137,11 @@ def assess_zone(
     else:
         add("eks", "EKS control plane", CheckStatus.OK, f"{inputs.zone_id} accepted; second AZ: {others}")
 
-    usable = [r for r in inputs.reservations if r.usable]
-    reserved = sum(r.available for r in usable)
+    reserved, _ = reserved_nodes(inputs.reservations)
     if inputs.reservations:
         listing = ", ".join(
-            f"{r.id} ({r.kind}, {r.available}/{r.total} free, {r.state}"
+            f"{r.id} ({r.kind}, {r.match_criteria}, {r.available}/{r.total} free, {r.state}"
+            + ("" if r.usable else ", not usable")
             + (f", until {r.end_date}" if r.end_date else "")
             + ")"
             for r in inputs.reservations
@@ -205,9 +213,11 @@ def recommend(regions: list[RegionReport]) -> Recommendation | None:
         for zone in region.zones:
             if not zone.feasible:
                 continue
-            reservation = next((r.id for r in zone.reservations if r.usable), None)
+            reserved, named = reserved_nodes(zone.reservations)
+            reservation = named.id if named else next((r.id for r in zone.reservations if r.usable), None)
             price = region.price_per_hour if region.price_per_hour is not None else math.inf
-            key = (reservation is None, price, zone.verdict != "feasible", region.region, zone.zone)
+            # The most GPU nodes already reserved first (a reservation is capacity held and paid for).
+            key = (-reserved, price, zone.verdict != "feasible", region.region, zone.zone)
             candidates.append((key, region, zone, reservation))
     if not candidates:
         return None

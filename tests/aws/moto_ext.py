@@ -219,7 +219,9 @@ def reservation(
     kind: str = "default",
     state: str = "active",
     available: int | None = None,
+    match: str | None = None,
 ) -> dict[str, Any]:
+    """A DescribeCapacityReservations entry; Capacity Blocks are always targeted, ODCRs open unless ``match``."""
     return {
         "CapacityReservationId": f"cr-{uuid.uuid4().hex[:17]}",
         "OwnerId": "123456789012",
@@ -232,7 +234,7 @@ def reservation(
         "State": state,
         "EndDateType": "limited" if kind == "capacity-block" else "unlimited",
         "EndDate": "2031-01-01T00:00:00Z" if kind == "capacity-block" else None,
-        "InstanceMatchCriteria": "targeted" if kind == "capacity-block" else "open",
+        "InstanceMatchCriteria": "targeted" if kind == "capacity-block" else (match or "open"),
         "ReservationType": kind,
     }
 

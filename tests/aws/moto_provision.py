@@ -5,7 +5,9 @@
 - Lifecycles in real seconds (``SCRIPT.timings``): clusters, nodegroups and add-ons go
   CREATING -> ACTIVE and DELETING -> gone, evaluated lazily whenever EKS, EC2 or autoscaling is
   called (no threads). Nodegroups whose instance type is in ``SCRIPT.ice_zones`` for their AZ end
-  CREATE_FAILED with EKS's health issue and a failed scaling activity.
+  CREATE_FAILED with EKS's health issue and a failed scaling activity, unless their instances land
+  in capacity reservations as EC2 would place them (``moto_reservations``: open ODCRs, targeted
+  ODCRs and Capacity Blocks named by the launch template).
 - When a nodegroup turns ACTIVE it leaves ENIs (CNI, and EFA when its launch template asks),
   detached but not deleted when it goes, and calls ``SCRIPT.on_nodegroup_active``/``_deleted``.
 EC2 (placement groups, NAT lifecycle, DependencyViolation) lives in ``moto_provision_ec2``.
@@ -39,7 +41,7 @@ from moto.iam.aws_managed_policies import aws_managed_policies_data
 from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
 from tests.aws import moto_provision_api as api
-from tests.aws import moto_provision_ec2, moto_strict
+from tests.aws import moto_provision_ec2, moto_reservations, moto_strict
 from tests.aws.moto_ext import SCRIPT
 
 LOCK = threading.RLock()
@@ -104,9 +106,11 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
         info = nodegroup_info(backend, ng)
         zones = SCRIPT.ice_zones.get(info["instance_type"], set())
         invalid = _invalid_interfaces(info)
-        if invalid:
-            _fail_launch(ng, info, invalid)
-        elif info["zones"] and all(zone in zones for zone in info["zones"]):
+        reserved, refused = (0, None) if invalid else moto_reservations.draw(backend.region_name, ng, info)
+        if invalid or refused:
+            _fail_launch(ng, info, str(invalid or refused))
+        elif (reserved < info["desired_size"] and info["zones"]
+              and all(zone in zones for zone in info["zones"])):
             _fail_capacity(backend, ng, info)
         else:
             ng.status = "ACTIVE"
@@ -119,6 +123,7 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
         cluster.nodegroups.pop(ng.nodegroup_name, None)
         cluster.nodegroup_count -= 1
         _detach_enis(backend, ng)
+        moto_reservations.give_back(backend.region_name, ng)
         info = getattr(ng, "rtui_info", None)
         if info is not None and SCRIPT.on_nodegroup_deleted is not None:
             hook = SCRIPT.on_nodegroup_deleted
@@ -318,6 +323,11 @@ def _create_cluster(original: Callable[[EKSResponse], ActionResult]) -> Callable
     def create_cluster(self: EKSResponse) -> ActionResult:
         _propagating(self, self._get_param("roleArn"), "Role with arn: {arn}, could not be assumed because the "
                      "trusted entity is not correct. Please ensure that the trust policy allows eks.amazonaws.com")
+        if self._get_param("capacityType") == "CAPACITY_BLOCK" and not self._get_param("launchTemplate"):
+            # EKS User Guide, capacity-blocks-mng: such a nodegroup is made only with a launch template.
+            raise InvalidParameterException(clusterName=None, nodegroupName=None, fargateProfileName=None,
+                                            addonName=None, message="Capacity type CAPACITY_BLOCK requires a "
+                                            "launch template")
         result = original(self)
         cluster = self.eks_backend.clusters[self._get_param("name")]
         access = self._get_param("accessConfig") or {}
@@ -410,6 +420,11 @@ def _create_nodegroup(original: Callable[[EKSResponse], ActionResult]) -> Callab
                      "Policies associated with it. Please ensure the following policies [arn:aws:iam::aws:policy/"
                      "AmazonEKSWorkerNodePolicy, arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly] are "
                      "attached")
+        if self._get_param("capacityType") == "CAPACITY_BLOCK" and not self._get_param("launchTemplate"):
+            # EKS User Guide, capacity-blocks-mng: such a nodegroup is made only with a launch template.
+            raise InvalidParameterException(clusterName=None, nodegroupName=None, fargateProfileName=None,
+                                            addonName=None, message="Capacity type CAPACITY_BLOCK requires a "
+                                            "launch template")
         result = original(self)
         cluster = self.eks_backend.clusters[self._get_param("name")]
         ng = cluster.nodegroups[self._get_param("nodegroupName")]

@@ -432,3 +432,54 @@ def test_a_client_token_reused_with_other_parameters_is_refused(world: World) ->
     with pytest.raises(ClientError) as err:
         ec2.create_route_table(VpcId=other, ClientToken="t-1")
     assert code(err) == "IdempotentParameterMismatch"
+
+
+def test_reservations_take_only_the_instances_ec2_would_place_in_them(world: World) -> None:
+    """moto_reservations: a targeted ODCR or a Capacity Block takes only instances that name it; a Capacity
+    Block needs the capacity-block market and a CAPACITY_BLOCK nodegroup, which needs a launch template."""
+    ec2, eks = client("ec2"), client("eks")
+    net = network(ec2)
+    world.script.ice_zones["g6.12xlarge"] = {"us-east-1a"}
+    targeted = world.reserve(REGION, "us-east-1a", count=2, match="targeted")
+    block = world.reserve(REGION, "us-east-1a", count=2, kind="capacity-block")
+    cluster(eks, net)
+    plain = efa_template(ec2, net["sg"])
+    gpu_nodegroup(eks, net, plain, name="unnamed")  # names nothing: On-Demand, and the AZ has none
+    ng = eks.describe_nodegroup(clusterName="c1", nodegroupName="unnamed")["nodegroup"]
+    assert ng["status"] == "CREATE_FAILED" and "InsufficientInstanceCapacity" in ng["health"]["issues"][0]["message"]
+    assert targeted["AvailableInstanceCount"] == 2 and block["AvailableInstanceCount"] == 2
+
+    with pytest.raises(ClientError) as err:  # CAPACITY_BLOCK without a launch template
+        eks.create_nodegroup(clusterName="c1", nodegroupName="nolt", nodeRole=ROLE, subnets=[net["a"]],
+                             instanceTypes=["g6.12xlarge"], capacityType="CAPACITY_BLOCK",
+                             scalingConfig={"minSize": 2, "maxSize": 2, "desiredSize": 2})
+    assert code(err) == "InvalidParameterException"
+
+    def template(name: str, data: dict[str, Any]) -> str:
+        return str(ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData={
+            "InstanceType": "g6.12xlarge", **data})["LaunchTemplate"]["LaunchTemplateId"])
+
+    def nodegroup(name: str, lt: str, **extra: Any) -> dict[str, Any]:
+        eks.create_nodegroup(clusterName="c1", nodegroupName=name, nodeRole=ROLE, subnets=[net["a"]],
+                             scalingConfig={"minSize": 2, "maxSize": 2, "desiredSize": 2},
+                             launchTemplate={"id": lt, "version": "1"}, **extra)
+        return dict(eks.describe_nodegroup(clusterName="c1", nodegroupName=name)["nodegroup"])
+
+    def target(cr: dict[str, Any]) -> dict[str, Any]:
+        return {"CapacityReservationTarget": {"CapacityReservationId": cr["CapacityReservationId"]}}
+
+    no_target = nodegroup("block-unnamed", template("b0", {}), capacityType="CAPACITY_BLOCK")
+    assert no_target["status"] == "CREATE_FAILED" and "CAPACITY_BLOCK" in no_target["health"]["issues"][0]["message"]
+    wrong_market = nodegroup("block-on-demand", template("b1", {"CapacityReservationSpecification": target(block)}))
+    assert wrong_market["status"] == "CREATE_FAILED" and block["AvailableInstanceCount"] == 2
+    named = nodegroup("odcr", template("o1", {"CapacityReservationSpecification": target(targeted)}))
+    assert named["status"] == "ACTIVE" and targeted["AvailableInstanceCount"] == 0
+    in_block = nodegroup("block", template("b2", {"CapacityReservationSpecification": target(block),
+                                                  "InstanceMarketOptions": {"MarketType": "capacity-block"}}),
+                         capacityType="CAPACITY_BLOCK")
+    assert in_block["status"] == "ACTIVE" and block["AvailableInstanceCount"] == 0
+    full = nodegroup("full", template("o2", {"CapacityReservationSpecification": target(targeted)}))
+    assert full["status"] == "CREATE_FAILED" and "ReservationCapacityExceeded" in full["health"]["issues"][0]["message"]
+    eks.delete_nodegroup(clusterName="c1", nodegroupName="odcr")
+    # Gone (the double ticks on each call): its instances free their slots.
+    assert wait_for(lambda: (eks.list_nodegroups(clusterName="c1"), targeted["AvailableInstanceCount"])[1], 2) == 2

@@ -119,13 +119,28 @@ async def test_reservation_rescues_a_short_quota(world: World) -> None:
     assert report.recommendation.reservation == cr["CapacityReservationId"]
 
 
-async def test_capacity_block_plus_headroom_covers_the_plan(world: World) -> None:
+async def test_a_named_reservation_counts_only_when_it_holds_every_gpu_node(world: World) -> None:
+    """A Capacity Block or a targeted ODCR takes only the instances the launch template names it for,
+    and that template is the GPU nodegroup's: a block of one cannot share the plan's two nodes with
+    On-Demand headroom (a CAPACITY_BLOCK nodegroup never spills over). Open ODCRs do add up."""
     world.quota("us-east-1", G, 48)  # room for one node
     world.reserve("us-east-1", "us-east-1f", count=1, kind="capacity-block")
-    (region,) = (await run_preflight(PreflightRequest())).regions
-    f = zone(region, "us-east-1f")
-    assert f.feasible and f.reservations[0].kind == "capacity-block"
-    assert f.reservations[0].end_date is not None
+    world.reserve("us-east-1", "us-east-1e", count=1, match="targeted")
+    world.reserve("us-east-1", "us-east-1d", count=2, kind="capacity-block", state="scheduled")  # not yet
+    block = world.reserve("us-east-1", "us-east-1c", count=2, kind="capacity-block")
+    open_one = world.reserve("us-east-1", "us-east-1b", count=1)
+    report = await run_preflight(PreflightRequest())
+    (region,) = report.regions
+    f, e, d = zone(region, "us-east-1f"), zone(region, "us-east-1e"), zone(region, "us-east-1d")
+    assert f.reservations[0].kind == "capacity-block" and f.reservations[0].end_date is not None
+    assert not f.reservations[0].usable and not f.feasible
+    assert not e.reservations[0].usable and not e.feasible
+    assert not d.reservations[0].usable and not d.feasible
+    c, b = zone(region, "us-east-1c"), zone(region, "us-east-1b")
+    assert c.reservations[0].usable and c.feasible
+    assert b.reservations[0].id == open_one["CapacityReservationId"] and b.feasible  # 1 open + 1 on headroom
+    assert report.recommendation is not None and report.recommendation.zone == "us-east-1c"
+    assert report.recommendation.reservation == block["CapacityReservationId"]
 
 
 async def test_recommendation_prefers_a_reservation_over_a_cheaper_region(world: World) -> None:

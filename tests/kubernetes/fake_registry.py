@@ -2,11 +2,19 @@
 
 With ``token=True`` it first answers 401 with a ``WWW-Authenticate: Bearer`` challenge whose realm
 hands out an anonymous pull token (public.ecr.aws, Docker Hub and quay.io all do this).
+
+``GET`` of a tag's manifest answers as a multi-platform image does (OCI distribution spec, "Pulling
+manifests"; OCI image spec ``image-index.md`` and ``manifest.md``): the tag names an image index whose
+``manifests[]`` carry a ``platform`` (os, architecture) and a digest; ``GET`` of that digest answers the
+platform's image manifest, whose ``layers[].size`` are the sizes of the *compressed* layer blobs (what
+is downloaded, not what is unpacked on disk). ``layers`` sets those sizes per tag (linux/amd64; an
+arm64 entry with other sizes sits beside it, as on Docker Hub).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -15,11 +23,14 @@ TOKEN = "anonymous-pull-token"
 
 
 class FakeRegistry:
-    def __init__(self, tags: dict[str, str] | None = None, *, token: bool = True) -> None:
+    def __init__(self, tags: dict[str, str] | None = None, *, token: bool = True,
+                 layers: dict[str, list[int]] | None = None) -> None:
         self.tags = tags or {"rtui/ray:test": "sha256:" + hashlib.sha256(b"rtui-ray-test").hexdigest()}
         self.token = token
-        self.requests: list[tuple[str, str, str | None]] = []
+        self.layers = layers or {}
+        self.blobs: dict[str, tuple[str, bytes]] = {}  # digest -> (media type, body)
         registry = self
+        self.requests: list[tuple[str, str, str | None]] = []
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *_: Any) -> None:
@@ -35,7 +46,29 @@ class FakeRegistry:
                     self.end_headers()
                     self.wfile.write(body)
                     return
-                self.send_error(404)
+                if not self._authorized():
+                    return
+                repo, _, ref = self.path.removeprefix("/v2/").partition("/manifests/")
+                found = registry.manifest(repo, ref)
+                if found is None:
+                    self.send_error(404)
+                    return
+                media, body = found
+                self.send_response(200)
+                self.send_header("Content-Type", media)
+                self.send_header("Docker-Content-Digest", "sha256:" + hashlib.sha256(body).hexdigest())
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _authorized(self) -> bool:
+                if registry.token and self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", f'Bearer realm="{registry.url}/token",'
+                                                         f'service="fake",scope="repository:rtui/ray:pull"')
+                    self.end_headers()
+                    return False
+                return True
 
             def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
                 registry.requests.append(("HEAD", self.path, self.headers.get("Authorization")))
@@ -60,6 +93,30 @@ class FakeRegistry:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self.host = f"127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def manifest(self, repo: str, ref: str) -> tuple[str, bytes] | None:
+        """The body a GET of ``repo``'s manifest ``ref`` (a tag or a digest) answers."""
+        if ref in self.blobs:
+            return self.blobs[ref]
+        sizes = self.layers.get(f"{repo}:{ref}")
+        if sizes is None:
+            return None
+        index = []
+        for arch, layer_sizes in (("amd64", sizes), ("arm64", [s // 2 for s in sizes])):
+            image = json.dumps({
+                "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 1234,
+                           "digest": "sha256:" + hashlib.sha256(arch.encode()).hexdigest()},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "size": size,
+                            "digest": "sha256:" + hashlib.sha256(f"{arch}{i}".encode()).hexdigest()}
+                           for i, size in enumerate(layer_sizes)]}).encode()
+            digest = "sha256:" + hashlib.sha256(image).hexdigest()
+            self.blobs[digest] = ("application/vnd.oci.image.manifest.v1+json", image)
+            index.append({"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": len(image),
+                          "digest": digest, "platform": {"os": "linux", "architecture": arch}})
+        body = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                           "manifests": index}).encode()
+        return "application/vnd.oci.image.index.v1+json", body
 
     def image(self, name: str = "rtui/ray:test") -> str:
         return f"{self.host}/{name}"

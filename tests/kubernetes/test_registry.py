@@ -49,3 +49,16 @@ def test_image_names_are_read_as_docker_reads_them() -> None:
     assert parse("localhost:5000/a/b").scheme == "http"
     pinned = "sha256:" + "a" * 64
     assert resolve_digest(f"quay.io/x/y:t@{pinned}").digest == pinned  # no request: pinned by the user
+
+
+def test_the_image_size_is_its_linux_amd64_layers_as_downloaded() -> None:
+    from backend.layers.kubernetes.registry import image_size
+
+    with FakeRegistry(layers={"rtui/ray:test": [7_000_000_000, 3_000_000_000]}) as registry:
+        sized = image_size(registry.image())
+        missing = image_size(registry.image("rtui/ray:nope"))
+    assert sized.compressed_bytes == 10_000_000_000  # the amd64 entry of the index, not the arm64 one
+    assert "2 layers" in sized.reason
+    auths = [auth for method, path, auth in registry.requests if method == "GET" and "/manifests/" in path]
+    assert auths[0] is None and auths[-1] == "Bearer anonymous-pull-token"
+    assert missing.compressed_bytes is None and "HTTP 404" in missing.reason

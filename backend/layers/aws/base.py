@@ -41,6 +41,26 @@ ADDONS = ("vpc-cni", "kube-proxy", "coredns")
 PUBLIC_IPV4_PER_HOUR = 0.005
 VPC_CIDR = "10.0.0.0/16"
 ROOT_VOLUME_GB = 200  # the Ray image is ~30 GB unpacked; room for it, checkpoints and logs
+# The system node (Ray head, operator) pulls the same image. A registry gives only the compressed
+# layer sizes; gzip'd layers of Python/CUDA images unpack to about 2-3x, so 3x is the estimate, and
+# containerd keeps the downloaded blobs beside the unpacked snapshot: both count. On top: the OS,
+# kubelet and the add-ons' images, then a quarter for margin (logs, a second image version on update).
+SYSTEM_DISK_MIN_GB = 50  # EKS's nodegroup default, the floor
+SYSTEM_DISK_UNKNOWN_GB = 100  # the registry did not answer: room for a ~12 GB (compressed) image
+UNPACK_RATIO = 3.0
+NODE_BASE_GB = 20
+DISK_MARGIN = 1.25
+
+
+def system_disk_gb(compressed_bytes: int | None) -> tuple[int, str]:
+    """The system node's disk for an image of ``compressed_bytes`` (None: unknown), and how it was sized."""
+    if compressed_bytes is None:
+        return SYSTEM_DISK_UNKNOWN_GB, "image size unknown"
+    compressed = compressed_bytes / 1e9
+    need = (compressed * (1 + UNPACK_RATIO) + NODE_BASE_GB) * DISK_MARGIN
+    size = max(SYSTEM_DISK_MIN_GB, int(-(-need // 10) * 10))
+    return size, (f"image {compressed:.1f} GB compressed, ~{compressed * UNPACK_RATIO:.0f} GB unpacked, "
+                  f"+{NODE_BASE_GB} GB node, +{round((DISK_MARGIN - 1) * 100)}%")
 
 
 def subnet_address(role: str, az: str) -> str:
@@ -106,6 +126,15 @@ class Topology:
     system_headroom: float | None = None
     vcpus: dict[str, int] = field(default_factory=dict)
     efa_interfaces: int = 1  # per GPU node: one per network card (DescribeInstanceTypes)
+    # AZ -> (id, kind) of the reservation the GPU launch template names there: a targeted ODCR ("odcr")
+    # or a Capacity Block ("capacity-block") that holds every GPU node. Open ODCRs need no naming.
+    reservations: dict[str, tuple[str, str]] = field(default_factory=dict)
+    system_disk_gb: int = 50
+    system_disk_why: str = ""
+
+    @property
+    def gpu_reservation(self) -> tuple[str, str] | None:
+        return self.reservations.get(self.gpu_az)
 
     @property
     def subnet_azs(self) -> list[str]:

@@ -47,6 +47,7 @@ from backend.layers.aws.base import (
     nodegroup_cost,
     subnet_address,
     subnet_cidr,
+    system_disk_gb,
 )
 from backend.layers.aws.cluster import (
     AccessEntryHandler,
@@ -114,14 +115,27 @@ class AwsLayer(Layer):
 
     async def _topology(self, ctx: Context) -> Topology:
         from backend.aws import run_preflight
+        from backend.aws.report import reserved_nodes
         from backend.layers.aws_preflight import preflight_request
+        from backend.layers.kubernetes.registry import image_size
 
         config, facts = ctx.config, ctx.record.facts
         request, watch = preflight_request(ctx), self.watch or MatrixWatch()
         if watch.all_regions:
             request = request.model_copy(update={"all_regions": True})
         self.report = None
-        report = await run_preflight(request, on_region=watch.on_region, on_listed=watch.on_listed)
+        # The image's size from its registry, asked while the matrix fills in (it never raises).
+        sized = asyncio.ensure_future(asyncio.to_thread(image_size, config.image))
+        try:
+            report = await run_preflight(request, on_region=watch.on_region, on_listed=watch.on_listed)
+        finally:
+            if not sized.done():
+                sized.cancel()
+        image = await sized
+        disk_gb, disk_why = system_disk_gb(image.compressed_bytes)
+        if image.compressed_bytes is None and facts.get("system_disk_gb"):
+            # A registry that does not answer now never shrinks nor grows the disk this run sized before.
+            disk_gb, disk_why = int(facts["system_disk_gb"]), "as sized before"
         self.report = report
         self.preflight_checks = [*_first_reasons(report, config.region), *report.to_check_results()]
         region = next((r for r in report.regions if r.region == config.region), None)
@@ -161,7 +175,14 @@ class AwsLayer(Layer):
                 else "add a private subnet of another AZ EKS accepts to --private-subnet-ids")
         index = {zone: i for i, zone in enumerate(sorted(zones))}
         quota, system_quota = region.quota, region.system_quota
+        named = {z.zone: reserved_nodes(z.reservations)[1] for z in region.zones}
+        reservations: dict[str, tuple[str, str]] = {az: (r.id, r.kind) for az, r in named.items() if r is not None}
+        # The reservation this run's nodes already fill shows no free slot now: keep naming it.
+        kept = facts.get("reservation") or {}
+        if kept.get("az") and kept.get("id"):
+            reservations[kept["az"]] = (str(kept["id"]), str(kept.get("kind") or "odcr"))
         return Topology(
+            reservations=reservations, system_disk_gb=disk_gb, system_disk_why=f"{disk_why} ({image.reason})",
             network_azs=network_azs, gpu_az=gpu_az, az_index=index,
             failover_azs=[z for z in feasible if z != gpu_az and z not in facts.get("failed_azs", [])],
             gpu_quota_code=quota.code if quota else quota_code_for(config.gpu_node_type),
@@ -201,7 +222,12 @@ class AwsLayer(Layer):
     def remember(self, ctx: Context) -> None:
         """Keep the AZs this run builds in (called when it applies)."""
         if self.topology is not None:
-            ctx.record.facts.update({"gpu_az": self.topology.gpu_az, "network_azs": self.topology.network_azs})
+            topo = self.topology
+            ctx.record.facts.update({"gpu_az": topo.gpu_az, "network_azs": topo.network_azs,
+                                     "system_disk_gb": topo.system_disk_gb})
+            named = topo.gpu_reservation
+            ctx.record.facts["reservation"] = (
+                {"az": topo.gpu_az, "id": named[0], "kind": named[1]} if named else None)
             ctx.save()
 
     def fail_over(self, ctx: Context, failed_az: str, why: str) -> str | None:
@@ -269,21 +295,24 @@ class AwsLayer(Layer):
             res(addon_address(addon), "aws-eks-addon", {"name": addon}, *deps)
         efa = config.wants_efa()
         res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
+        reservation, reservation_kind = topo.gpu_reservation or (None, None)
+        block = reservation_kind == "capacity-block"
         res(LAUNCH_TEMPLATE, "aws-launch-template",
             {"efa": efa, "efa_interfaces": topo.efa_interfaces if efa else 0, "volume_gb": ROOT_VOLUME_GB,
-             "imdsv2": True, "cluster_sg": True,
+             "imdsv2": True, "cluster_sg": True, "reservation": reservation, "capacity_block": block,
              "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
-             "ami_type": AMI_CPU, "labels": {"role": "system"}},
+             "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb},
             *node_deps, *cluster_private,
             cost=nodegroup_cost(config, config.system_node_type, config.system_node_count),
             quota=self._quota(topo.system_quota_code, topo.system_headroom,
                               topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
         res(GPU_NODES, "aws-nodegroup",
             {"instance_type": config.gpu_node_type, "size": config.gpu_node_count, "azs": [topo.gpu_az],
-             "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True},
+             "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
+             "capacity_type": "CAPACITY_BLOCK" if block else "ON_DEMAND"},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
             cost=nodegroup_cost(config, config.gpu_node_type, config.gpu_node_count),
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,

@@ -97,7 +97,7 @@ def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dic
     nodes whose launch template names none; a template that names only the EFA group would cut the GPU
     nodes off the system node (the Ray head, CoreDNS), whose only group admits just itself."""
     node_tags = run_tags(ctx)
-    return {
+    data: dict[str, Any] = {
         "NetworkInterfaces": network_interfaces(groups, want.spec.get("efa_interfaces", 0) if want.spec["efa"]
                                                 else 0),
         # IMDSv2 only; hop limit 2 so pods (one hop further) can still reach it through the CNI.
@@ -108,6 +108,15 @@ def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dic
         "TagSpecifications": [*tag_spec("instance", node_tags, f"{ctx.config.cluster_name}-gpu"),
                               *tag_spec("network-interface", node_tags), *tag_spec("volume", node_tags)],
     }
+    # A targeted ODCR or a Capacity Block takes only instances that name it (EC2 API reference,
+    # CapacityReservationSpecification); a Capacity Block also wants the capacity-block market (EKS User
+    # Guide, capacity-blocks-mng). Open ODCRs need nothing: matching instances land in them by default.
+    if want.spec.get("reservation"):
+        data["CapacityReservationSpecification"] = {
+            "CapacityReservationTarget": {"CapacityReservationId": want.spec["reservation"]}}
+        if want.spec.get("capacity_block"):
+            data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
+    return data
 
 
 def network_interfaces(groups: list[str], efa: int) -> list[dict[str, Any]]:
@@ -158,6 +167,11 @@ class LaunchTemplateHandler(AwsHandler):
                                        "volume_gb": ((data.get("BlockDeviceMappings") or [{}])[0].get("Ebs") or {})
                                        .get("VolumeSize"),
                                        "placement_group": (data.get("Placement") or {}).get("GroupName"),
+                                       "reservation": ((data.get("CapacityReservationSpecification") or {})
+                                                       .get("CapacityReservationTarget") or {})
+                                       .get("CapacityReservationId"),
+                                       "capacity_block": (data.get("InstanceMarketOptions") or {})
+                                       .get("MarketType") == "capacity-block",
                                        "imdsv2": (data.get("MetadataOptions") or {}).get("HttpTokens") == "required",
                                        "cluster_sg": cluster_group is not None and all(
                                            cluster_group in (nic.get("Groups") or [])
@@ -245,6 +259,8 @@ class NodegroupHandler(AwsHandler):
                 address=address, layer=LAYER, kind=self.kind, id=f"{cluster['name']}/{name}",
                 state={"instance_type": (group.get("instanceTypes") or [None])[0],
                        "size": (group.get("scalingConfig") or {}).get("desiredSize"),
+                       "capacity_type": group.get("capacityType") or "ON_DEMAND",
+                       "disk_gb": group.get("diskSize"),
                        "azs": sorted({subnets.get(s, s) for s in group.get("subnets") or []}),
                        "pending": "creating" if status == "CREATING" else "updating" if status == "UPDATING" else None},
                 healthy=healthy, reason=reason))
@@ -253,9 +269,16 @@ class NodegroupHandler(AwsHandler):
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         if have.state.get("pending") or not have.healthy:
             return super().compare(want, have)
-        replaced = [k for k in ("instance_type", "azs") if have.state.get(k) != want.spec.get(k)]
+        def same(key: str) -> bool:  # AZs are a set: observed sorted, planned GPU AZ first
+            have_v, want_v = have.state.get(key), want.spec.get(key)
+            return sorted(have_v or []) == sorted(want_v or []) if key == "azs" else have_v == want_v
+
+        replaced = [k for k in ("instance_type", "azs", "capacity_type") if k in want.spec and not same(k)]
         if replaced:
             return Action.REPLACE, f"changed: {', '.join(replaced)}"
+        disk, needed = have.state.get("disk_gb"), want.spec.get("disk_gb")
+        if disk is not None and needed is not None and disk < needed:  # a bigger disk than needed stays
+            return Action.REPLACE, f"disk {disk} GB, the image needs {needed} GB"
         if have.state.get("size") != want.spec["size"]:
             return Action.UPDATE, f"size {have.state.get('size')} → {want.spec['size']}"
         return Action.NOOP, have.reason
@@ -275,12 +298,14 @@ class NodegroupHandler(AwsHandler):
         }
         if want.spec.get("taints"):
             request["taints"] = list(want.spec["taints"])
+        if want.spec.get("capacity_type", "ON_DEMAND") != "ON_DEMAND":
+            request["capacityType"] = want.spec["capacity_type"]  # CAPACITY_BLOCK: the template names the block
         if want.spec.get("launch_template"):
             templates = await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
             request["launchTemplate"] = {"id": templates[0]["LaunchTemplateId"],
                                          "version": str(templates[0]["LatestVersionNumber"])}
         else:
-            request["diskSize"] = 50
+            request["diskSize"] = want.spec.get("disk_gb") or 50
         await api.call("eks", "create_nodegroup", **request, ok=("ResourceInUseException",), new_role=True)
         self.made(ctx, want, f"{cluster}/{name}")
         async for p in self._until_ready(ctx, want, f"{cluster}/{name}"):

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 DEADLINE_S = 4.0
 _MANIFEST_TYPES = ", ".join((
@@ -121,3 +122,57 @@ def _anonymous_token(challenge: str, timeout_s: float) -> str:
 def _short(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None)
     return str(reason if reason is not None else exc)[:80]
+
+
+@dataclass(frozen=True)
+class ImageSize:
+    image: str
+    compressed_bytes: int | None  # the linux/amd64 layers as downloaded; None: unknown
+    reason: str
+
+
+def image_size(image: str, *, timeout_s: float = DEADLINE_S) -> ImageSize:
+    """What pulling ``image`` downloads for linux/amd64: the sum of its layers' sizes (never raises).
+
+    A manifest's ``layers[].size`` are the compressed blobs' sizes (OCI image spec, manifest.md); what
+    they unpack to on the node's disk is not in the registry (the caller estimates it)."""
+    ref = parse(image)
+    base = f"{ref.scheme}://{ref.registry}/v2/{ref.repository}/manifests/"
+    token: str | None = None
+    try:
+        try:
+            manifest = _get_manifest(base + ref.reference, None, timeout_s)
+        except _Unauthorized as challenge:
+            token = _anonymous_token(challenge.header, timeout_s)
+            manifest = _get_manifest(base + ref.reference, token, timeout_s)
+        if "manifests" in manifest:  # an index: the platform the nodes run (x86_64 AMIs)
+            entry = next((m for m in manifest["manifests"]
+                          if (m.get("platform") or {}).get("os") == "linux"
+                          and (m.get("platform") or {}).get("architecture") == "amd64"), None)
+            if entry is None:
+                return ImageSize(image, None, f"{ref.registry} lists no linux/amd64 image")
+            manifest = _get_manifest(base + str(entry["digest"]), token, timeout_s)
+        layers = manifest.get("layers")
+        if not isinstance(layers, list) or not layers:
+            return ImageSize(image, None, f"{ref.registry} sent a manifest without layers")
+        total = sum(int(layer.get("size") or 0) for layer in layers)
+    except (_Unauthorized, OSError, ValueError, KeyError, TypeError) as exc:
+        return ImageSize(image, None, f"{ref.registry} did not tell the image's size ({_short(exc)})")
+    return ImageSize(image, total, f"{ref.registry}: {len(layers)} layers, {total / 1e9:.1f} GB compressed")
+
+
+def _get_manifest(url: str, token: str | None, timeout_s: float) -> dict[str, Any]:
+    headers = {"Accept": _MANIFEST_TYPES}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - a registry URL we built
+            body = json.loads(resp.read(4_000_000))
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401 and token is None:
+            raise _Unauthorized(exc.headers.get("WWW-Authenticate", "")) from None
+        raise OSError(f"HTTP {exc.code}") from None
+    if not isinstance(body, dict):
+        raise ValueError("not a manifest")
+    return body
