@@ -385,7 +385,7 @@ class RunStore:
                 data = {}
             kept = data.get(key)
             seen: list[Any] = kept if isinstance(kept, list) else []
-            data[key] = [*seen, round(seconds, 2)][-DURATIONS_KEPT:]
+            data[key] = [*seen, float(f"{seconds:.3g}")][-DURATIONS_KEPT:]  # 3 digits: a per-step time is ms
             fd, tmp = tempfile.mkstemp(prefix=".durations.", suffix=".tmp", dir=self.root)
             with os.fdopen(fd, "w") as fh:
                 json.dump(data, fh)
