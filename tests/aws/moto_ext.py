@@ -4,7 +4,8 @@
   AWS default) from ``SCRIPT`` and record ``RequestServiceQuotaIncrease`` calls.
 - ec2: ``DescribeCapacityReservations`` is not implemented; we serve ``SCRIPT.reservations``.
 - pricing: moto has no Pricing API at all (the request crashes its dispatcher); the WSGI
-  middleware answers ``GetProducts`` from ``SCRIPT.prices`` or denies it.
+  middleware answers ``GetProducts`` as AWS does (tests/aws/moto_pricing.py, with its references)
+  from ``SCRIPT.prices`` and ``SCRIPT.region_prices``, or denies it.
 - Faults: per-call latency, throttling of a share of calls, regions that hang, and scripted
   error codes, all in a WSGI middleware in front of moto's dispatcher, so the client under
   test sees them over real HTTP exactly as it would from AWS.
@@ -32,6 +33,8 @@ from moto.servicequotas.exceptions import NoSuchResource
 from moto.servicequotas.models import ServiceQuotasBackend
 from moto.servicequotas.responses import ServiceQuotasResponse
 from werkzeug.serving import make_server
+
+from tests.aws import moto_pricing
 
 QUOTA_NAMES = {
     "L-DB2E81BA": "Running On-Demand G and VT instances",
@@ -68,6 +71,8 @@ class Script:
     default_quotas: dict[str, float] = field(default_factory=dict)  # code -> AWS default
     reservations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # region -> API dicts
     prices: dict[tuple[str, str], float] = field(default_factory=dict)  # (region, type) -> USD/h
+    # region -> {eks, nat_hour, nat_gb, ebs_gp3, ipv4} -> USD (tests/aws/moto_pricing.py)
+    region_prices: dict[str, dict[str, float]] = field(default_factory=dict)
     pricing_denied: bool = True
     latency_s: float = 0.0
     throttle_rate: float = 0.0
@@ -297,37 +302,10 @@ def _error(start_response: Any, service: str, code: str, message: str, status: i
     return [body]
 
 
-def _pricing(start_response: Any, body: bytes) -> Iterable[bytes]:
-    if SCRIPT.pricing_denied:
-        return _error(start_response, "pricing", "AccessDeniedException", "not authorized: pricing", 400)
-    params = json.loads(body or b"{}")
-    terms = {f["Field"]: f["Value"] for f in params.get("Filters", [])}
-    price = SCRIPT.prices.get((terms.get("regionCode", ""), terms.get("instanceType", "")))
-    price_list = []
-    if price is not None:
-        product = {
-            "product": {
-                "attributes": {"instanceType": terms["instanceType"], "regionCode": terms["regionCode"]}
-            },
-            "terms": {
-                "OnDemand": {
-                    "X.JRTCKXETXF": {
-                        "priceDimensions": {
-                            "X.JRTCKXETXF.6YS6EN2CT7": {
-                                "unit": "Hrs",
-                                "pricePerUnit": {"USD": f"{price:.10f}"},
-                            }
-                        }
-                    }
-                }
-            },
-        }
-        price_list.append(json.dumps(product))
-    out = json.dumps({"FormatVersion": "aws_v1", "PriceList": price_list}).encode()
-    start_response(
-        "200 OK", [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(out)))]
-    )
-    return [out]
+def _pricing(start_response: Any, body: bytes, region: str) -> Iterable[bytes]:
+    return moto_pricing.get_products(start_response, body, region, denied=SCRIPT.pricing_denied,
+                                     instance_prices=SCRIPT.prices, region_prices=SCRIPT.region_prices,
+                                     error=_error)
 
 
 class FaultInjector:
@@ -380,7 +358,7 @@ class FaultInjector:
                 return _error(start_response, service, "ServiceUnavailable", "Service unavailable", 503)
             return _error(start_response, service, "InternalError", "Internal error", 500)
         if service == "pricing":
-            return _pricing(start_response, body)
+            return _pricing(start_response, body, region)
         if service == "ec2":
             return self._idempotent(environ, start_response, region, action, body)
         return self.app(environ, start_response)
