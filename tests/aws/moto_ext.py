@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_plus
 
 from moto.core.responses import ActionResult
 from moto.ec2.models import instance_types as moto_instance_types
@@ -82,6 +82,8 @@ class Script:
     # (service, action) -> error code answered instead of the real call; action "*" matches all.
     errors: dict[tuple[str, str], str] = field(default_factory=dict)
     calls: list[tuple[str, str, str]] = field(default_factory=list)  # (service, region, action)
+    # (service, signing region, action, the path, query and body as text): what AWS was told.
+    requests: list[tuple[str, str, str, str]] = field(default_factory=list)
     throttled: int = 0
     quota_requests: list[dict[str, Any]] = field(default_factory=list)
     rng: random.Random = field(default_factory=lambda: random.Random(5))
@@ -203,15 +205,21 @@ def install() -> Callable[[], None]:
 def offer(script: Script, region: str, zone: str, instance_type: str) -> None:
     """Make moto offer a type in an AZ where its bundled data does not (undone by ``reset``)."""
     entry = {"InstanceType": instance_type, "Location": zone, "LocationType": "availability-zone"}
-    moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"][region].append(entry)
-    script.extra_offerings.append({"region": region, "entry": entry})
+    by_region = moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"]
+    # moto's bundled data lacks some regions (cn-northwest-1): the region's list is made, and dropped again.
+    added_region = region not in by_region
+    by_region.setdefault(region, []).append(entry)
+    script.extra_offerings.append({"region": region, "entry": entry, "added_region": added_region})
 
 
 def remove_offerings(script: Script) -> None:
     for item in script.extra_offerings:
-        offerings = moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"][item["region"]]
+        by_region = moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"]
+        offerings = by_region.get(item["region"], [])
         if item["entry"] in offerings:
             offerings.remove(item["entry"])
+        if item.get("added_region") and not offerings:
+            by_region.pop(item["region"], None)
     script.extra_offerings.clear()
 
 
@@ -327,6 +335,9 @@ class FaultInjector:
         unavailable = False
         with script.lock:
             script.calls.append((service, region, action))
+            said = f"{environ.get('PATH_INFO', '')}?{environ.get('QUERY_STRING', '')} " + unquote_plus(
+                body.decode("utf-8", "replace"))
+            script.requests.append((service, region, action, said))
             throttle = (
                 script.throttle_rate > 0
                 and _attempt(environ) <= script.throttle_max_attempt
