@@ -62,6 +62,7 @@ class Resource(BaseModel):
     spec: dict[str, Any] = Field(default_factory=dict)
     depends_on: tuple[str, ...] = ()
     cost_per_hour: float | None = None
+    cost_note: str = ""  # what the hourly cost is made of, or what bills beside it (per GB)
     # vCPUs of each quota it uses: {"L-DB2E81BA": {"vcpus": 96, "headroom": 192}} (aws)
     quota: dict[str, dict[str, float | None]] = Field(default_factory=dict)
 
@@ -95,6 +96,7 @@ class Change(BaseModel):
     before: dict[str, Any] | None = None
     after: dict[str, Any] | None = None
     cost_per_hour: float | None = None
+    cost_note: str = ""
     quota: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     reason: str = ""
 
@@ -108,6 +110,10 @@ class Plan(BaseModel):
 
     target: str
     changes: list[Change] = Field(default_factory=list)
+    # Where the prices come from ("estimate, us-east-1 prices" when not quoted for the region), and
+    # what bills by use beside the hourly total ("+ $0.045/GB NAT data processing").
+    price_source: str = ""
+    usage_costs: list[str] = Field(default_factory=list)
 
     @property
     def is_noop(self) -> bool:

@@ -79,7 +79,11 @@ async def make_plan(stack: Stack, ctx: Context) -> PlanResult:
     found, _ = await all_or_none(discover(stack, ctx), all_or_none(*(layer.prepare(ctx) for layer in stack.layers)))
     wanted = desired(stack, ctx)
     observed = {o.address: o for o in found}
-    return diff(stack, wanted, observed)
+    plan = diff(stack, wanted, observed)
+    sources = [s for layer in stack.layers if (s := layer.price_source(ctx))]
+    plan.price_source = "; ".join(dict.fromkeys(sources))
+    plan.usage_costs = [u for layer in stack.layers for u in layer.usage_costs(ctx)]
+    return plan
 
 
 def diff(stack: Stack, wanted: Sequence[Resource], observed: dict[str, Observed]) -> PlanResult:
@@ -100,7 +104,7 @@ def diff(stack: Stack, wanted: Sequence[Resource], observed: dict[str, Observed]
         changes[want.address] = Change(
             address=want.address, layer=want.layer, kind=want.kind, action=action, depends_on=want.depends_on,
             before=dict(have.state) if have is not None else None, after=dict(want.spec),
-            cost_per_hour=want.cost_per_hour, quota=dict(want.quota), reason=reason)
+            cost_per_hour=want.cost_per_hour, cost_note=want.cost_note, quota=dict(want.quota), reason=reason)
     wanted_addresses = {w.address for w in wanted}
     for have in observed.values():
         if have.address not in wanted_addresses and not have.adopted:
@@ -171,7 +175,8 @@ def reconcile(ctx: Context, plan: PlanResult) -> None:
 def _change_action(handler: Handler, ctx: Context, change: Change,
                    plan: PlanResult) -> Callable[[], AsyncIterator[Progress]]:
     want = Resource(address=change.address, layer=change.layer, kind=change.kind, spec=change.after or {},
-                    depends_on=change.depends_on, cost_per_hour=change.cost_per_hour, quota=dict(change.quota))
+                    depends_on=change.depends_on, cost_per_hour=change.cost_per_hour,
+                    cost_note=change.cost_note, quota=dict(change.quota))
     have = plan.observed.get(change.address)
 
     async def run() -> AsyncIterator[Progress]:

@@ -87,6 +87,8 @@ def _attributes(change: Change, width: int) -> list[Text]:
         text = f"uses {vcpus:.0f} vCPUs of {code}" + (f", headroom {headroom:.0f}" if headroom is not None else "")
         lines += hang(Text.assemble(" " * ATTR_INDENT, (text, "bold red" if short else "cyan")),
                       ATTR_INDENT + 2, width)
+    if change.cost_note and change.action is not Action.DELETE:
+        lines += hang(Text.assemble(" " * ATTR_INDENT, (f"cost: {change.cost_note}", "dim")), ATTR_INDENT + 2, width)
     return lines
 
 
@@ -159,6 +161,11 @@ def summary_lines(plan: Plan, width: int) -> list[Text]:
     cost = plan.cost_per_hour
     cost_text = Text.assemble(("Cost: ", "bold"), f"{money(cost)}/hour while up" if cost else
                               ("free (local)" if plan.target == "local" else "nothing priced"))
+    if cost:
+        for usage in plan.usage_costs:
+            cost_text.append(f", {usage}")
+        if plan.price_source:
+            cost_text.append(f" ({plan.price_source})", style="yellow" if "estimate" in plan.price_source else "dim")
     lines += hang(cost_text, 6, width)
     quotas = quota_use(plan)
     if quotas:

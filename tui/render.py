@@ -33,6 +33,7 @@ def format_plan(plan: Plan, *, run_id: str | None = None) -> str:
             else:
                 detail = _brief(change.after if change.action is not Action.DELETE else change.before)
             cost = f"  ${change.cost_per_hour:.4f}/h" if change.cost_per_hour else ""
+            cost += f" ({change.cost_note})" if change.cost_note and change.action is not Action.DELETE else ""
             lines.append(f"  {change.symbol:>3} {change.address}" + (f"  [{detail}]" if detail else "")
                          + cost + (f"  # {change.reason}" if change.reason else ""))
             if change.action is not Action.NOOP:
@@ -43,7 +44,8 @@ def format_plan(plan: Plan, *, run_id: str | None = None) -> str:
     lines.append(
         f"Plan: {counts['create']} to create, {counts['update']} to update, {counts['replace']} to replace, "
         f"{counts['delete']} to delete, {counts['noop']} unchanged."
-        + (f" Cost: ${plan.cost_per_hour:.2f}/hour." if plan.cost_per_hour else "")
+        + (f" Cost: ${plan.cost_per_hour:.2f}/hour" + "".join(f", {u}" for u in plan.usage_costs)
+           + (f" ({plan.price_source})" if plan.price_source else "") + "." if plan.cost_per_hour else "")
     )
     if plan.is_noop:
         lines.append("Nothing to do: everything is already in place.")

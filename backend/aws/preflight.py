@@ -28,11 +28,11 @@ ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")
 class _Scan:
     """The state one preflight run shares between its region scans."""
 
-    def __init__(self, request: PreflightRequest, aws: AwsSession) -> None:
+    def __init__(self, request: PreflightRequest, aws: AwsSession, prices: PriceBook | None = None) -> None:
         self.request = request
         self.aws = aws
         self.pool = CallPool(aws.workers, request.max_concurrency)
-        self.prices = PriceBook(aws)
+        self.prices = prices or PriceBook(aws)
         self._price_gate = asyncio.Lock()
         self.gpu: InstanceFacts
         self.system: InstanceFacts
@@ -58,16 +58,18 @@ async def run_preflight(
     on_region: Callable[[RegionReport], None] | None = None,
     on_listed: Callable[[list[str]], None] | None = None,
     session: AwsSession | None = None,
+    prices: PriceBook | None = None,
 ) -> PreflightReport:
     """Build the matrix. Raises ``UserError`` for bad input and ``OperationError`` for AWS failures
     that stop the whole check (credentials, permissions, an endpoint that does not answer);
     per-region trouble lands in the report. ``on_listed`` gets the regions about to be checked,
-    ``on_region`` each region as it completes (progress)."""
+    ``on_region`` each region as it completes (progress). ``prices``: a session's PriceBook, so a
+    plan asks the Pricing API once per region and type however often it re-plans."""
     started = time.perf_counter()
     aws = session or AwsSession(request.profile)
     try:
         return await asyncio.wait_for(
-            _matrix(_Scan(request, aws), on_region, on_listed, started), request.deadline_s
+            _matrix(_Scan(request, aws, prices), on_region, on_listed, started), request.deadline_s
         )
     except TimeoutError:
         raise OperationError(

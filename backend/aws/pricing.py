@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.config import Config
@@ -73,8 +75,15 @@ class PriceBook:
         self._api_answered = True
         return (price, SOURCE_API) if price is not None else (None, None)
 
+    def usable(self, region: str) -> bool:
+        """Whether the API may answer for ``region``: its partition's, and not found unusable."""
+        return self._aws.partition_of(region) == "aws" and not self._api_broken
+
+    def client(self) -> Any:
+        return self._aws.client("pricing", PRICING_REGION, config=_PRICING_CONFIG)
+
     def _from_api(self, region: str, instance_type: str) -> float | None:
-        client = self._aws.client("pricing", PRICING_REGION, config=_PRICING_CONFIG)
+        client = self.client()
         filters = {
             "instanceType": instance_type,
             "regionCode": region,
@@ -130,3 +139,145 @@ def plan_price(
     # The weakest source labels the total: one estimated part makes the sum an estimate.
     source = next(s for s in (SOURCE_ESTIMATE, SOURCE_BUILTIN, SOURCE_API) if s in sources)
     return round(sum(breakdown.values()), 4), source, breakdown
+
+
+# --- Everything a plan bills, per region ----------------------------------------------------
+# The fallback for the parts beyond instances (us-east-1 list prices, DESIGN.md §3; EBS and
+# public IPv4 from the EBS and VPC pricing pages, checked 2026-11).
+BUILTIN_EBS_GP3_GB_MONTH = 0.08
+BUILTIN_PUBLIC_IPV4_PER_HOUR = 0.005
+BUILTIN_NAT_PER_GB = 0.045
+ESTIMATE_LABEL = f"estimate, {catalog.BUILTIN_PRICE_REGION} prices"
+HOURS_PER_MONTH = 730  # how AWS turns a GB-month into hours on its bills and calculator
+
+
+@dataclass(frozen=True)
+class RegionPrices:
+    """What one region charges for everything a plan makes, and whether the Pricing API said so.
+
+    ``estimated`` names the parts the built-in table filled in (empty: every part is a quote)."""
+
+    region: str
+    instances: dict[str, float | None]
+    eks_cluster_per_hour: float
+    nat_per_hour: float
+    nat_per_gb: float
+    ebs_gp3_gb_month: float
+    public_ipv4_per_hour: float
+    estimated: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """"" for Pricing API quotes, else the label every shown total carries."""
+        return ESTIMATE_LABEL if self.estimated else ""
+
+    def instance(self, instance_type: str) -> float | None:
+        return self.instances.get(instance_type)
+
+    def ebs_per_hour(self, gigabytes: int) -> float:
+        return gigabytes * self.ebs_gp3_gb_month / HOURS_PER_MONTH
+
+
+@dataclass(frozen=True)
+class _Query:
+    """One GetProducts question: the service, its filters, and the usage type of the price wanted
+    (usage types carry a region prefix outside us-east-1, ``EUW2-NatGateway-Hours``)."""
+
+    service: str
+    filters: tuple[tuple[str, str], ...]
+    usage: str | None = None
+
+
+def _queries(region: str, instance_types: tuple[str, ...]) -> dict[str, _Query]:
+    out = {f"instance:{t}": _Query("AmazonEC2", (
+        ("instanceType", t), ("regionCode", region), ("operatingSystem", "Linux"), ("tenancy", "Shared"),
+        ("preInstalledSw", "NA"), ("capacitystatus", "Used"), ("licenseModel", "No License required")))
+        for t in instance_types}
+    out.update({
+        "eks": _Query("AmazonEKS", (("regionCode", region),), "AmazonEKS-Hours:perCluster"),
+        "nat_hour": _Query("AmazonEC2", (("regionCode", region), ("productFamily", "NAT Gateway")),
+                           "NatGateway-Hours"),
+        "nat_gb": _Query("AmazonEC2", (("regionCode", region), ("productFamily", "NAT Gateway")),
+                         "NatGateway-Bytes"),
+        "ebs_gp3": _Query("AmazonEC2", (("regionCode", region), ("productFamily", "Storage"),
+                                        ("volumeApiName", "gp3"))),
+        "public_ipv4": _Query("AmazonVPC", (("regionCode", region),), "PublicIPv4:InUseAddress"),
+    })
+    return out
+
+
+def _usage_matches(usage_type: str, wanted: str) -> bool:
+    return usage_type == wanted or usage_type.endswith("-" + wanted)
+
+
+def _ask(client: Any, query: _Query) -> float | None:
+    """The on-demand USD price of the one product the query means; None when none matches."""
+    paginator = client.get_paginator("get_products")
+    pages = paginator.paginate(
+        ServiceCode=query.service, FormatVersion="aws_v1",
+        Filters=[{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in query.filters])
+    for page in pages:
+        items = [json.loads(i) if isinstance(i, str) else i for i in page.get("PriceList", [])]
+        if query.usage is not None:
+            items = [i for i in items if _usage_matches(
+                str(((i.get("product") or {}).get("attributes") or {}).get("usagetype", "")), query.usage)]
+        price = _on_demand_usd(items)
+        if price is not None:
+            return price
+    return None
+
+
+_BUILTIN_PARTS: dict[str, float] = {"eks": catalog.EKS_CONTROL_PLANE_PER_HOUR, "nat_hour": catalog.NAT_GATEWAY_PER_HOUR,
+                  "nat_gb": BUILTIN_NAT_PER_GB, "ebs_gp3": BUILTIN_EBS_GP3_GB_MONTH,
+                  "public_ipv4": BUILTIN_PUBLIC_IPV4_PER_HOUR}
+
+
+def region_prices(book: PriceBook, region: str, instance_types: tuple[str, ...]) -> RegionPrices:
+    """Every price a plan in ``region`` needs, from the Pricing API (through the endpoint that serves
+    this partition) or, part by part, the built-in table. Blocking. ``book`` is the session's: the
+    instance prices it already has (the preflight asked for them) cost no second call, and an API
+    found unusable is not asked again."""
+    types = tuple(sorted(set(instance_types)))
+    estimated: list[str] = []
+    instances: dict[str, float | None] = {}
+    for instance_type in types:
+        price, source = book.instance_price(region, instance_type)
+        instances[instance_type] = price
+        if source != SOURCE_API:
+            estimated.append(f"instance:{instance_type}")
+    answers: dict[str, float | None] = {}
+    queries = {k: q for k, q in _queries(region, ()).items()}
+    if book.usable(region):
+        client = book.client()
+
+        def ask(name: str) -> float | None:
+            try:
+                return _ask(client, queries[name])
+            except Exception:  # this part falls back to the table, labelled; the others stand
+                return None
+
+        with ThreadPoolExecutor(max_workers=len(queries)) as pool:
+            answers = dict(zip(queries, pool.map(ask, queries), strict=True))
+
+    def part(name: str, fallback: float) -> float:
+        price = answers.get(name)
+        if price is None:
+            estimated.append(name)
+            return fallback
+        return price
+
+    fixed = {name: part(name, value) for name, value in _BUILTIN_PARTS.items()}
+    return RegionPrices(region=region, instances=instances, eks_cluster_per_hour=fixed["eks"],
+                        nat_per_hour=fixed["nat_hour"], nat_per_gb=fixed["nat_gb"],
+                        ebs_gp3_gb_month=fixed["ebs_gp3"], public_ipv4_per_hour=fixed["public_ipv4"],
+                        estimated=tuple(estimated))
+
+
+def builtin_region_prices(region: str, instance_types: tuple[str, ...]) -> RegionPrices:
+    """The table alone (no call), labelled an estimate: for a plan made before any price was asked."""
+    types = tuple(sorted(set(instance_types)))
+    return RegionPrices(region=region, instances={t: catalog.BUILTIN_INSTANCE_PRICES.get(t) for t in types},
+                        eks_cluster_per_hour=catalog.EKS_CONTROL_PLANE_PER_HOUR,
+                        nat_per_hour=catalog.NAT_GATEWAY_PER_HOUR, nat_per_gb=BUILTIN_NAT_PER_GB,
+                        ebs_gp3_gb_month=BUILTIN_EBS_GP3_GB_MONTH, public_ipv4_per_hour=BUILTIN_PUBLIC_IPV4_PER_HOUR,
+                        estimated=("all",))

@@ -150,6 +150,14 @@ class Layer(abc.ABC):
         """Checks that can fail before anything is created."""
         return []
 
+    def price_source(self, ctx: Context) -> str:
+        """Where the costs of this layer's last ``desired`` come from ("" when it prices nothing)."""
+        return ""
+
+    def usage_costs(self, ctx: Context) -> list[str]:
+        """What its last ``desired`` bills by use beside the hourly costs ("+ $0.045/GB ...")."""
+        return []
+
     def applying(self, ctx: Context) -> None:
         """A plan of this layer is about to be applied (keep what it settled, e.g. the AZs)."""
         return None

@@ -4,7 +4,8 @@
   AWS default) from ``SCRIPT`` and record ``RequestServiceQuotaIncrease`` calls.
 - ec2: ``DescribeCapacityReservations`` is not implemented; we serve ``SCRIPT.reservations``.
 - pricing: moto has no Pricing API at all (the request crashes its dispatcher); the WSGI
-  middleware answers ``GetProducts`` from ``SCRIPT.prices`` or denies it.
+  middleware answers ``GetProducts`` as AWS does (tests/aws/moto_pricing.py, with its references)
+  from ``SCRIPT.prices`` and ``SCRIPT.region_prices``, or denies it.
 - Faults: per-call latency, throttling of a share of calls, regions that hang, and scripted
   error codes, all in a WSGI middleware in front of moto's dispatcher, so the client under
   test sees them over real HTTP exactly as it would from AWS.
@@ -21,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_plus
 
 from moto.core.responses import ActionResult
 from moto.ec2.models import instance_types as moto_instance_types
@@ -32,6 +33,8 @@ from moto.servicequotas.exceptions import NoSuchResource
 from moto.servicequotas.models import ServiceQuotasBackend
 from moto.servicequotas.responses import ServiceQuotasResponse
 from werkzeug.serving import make_server
+
+from tests.aws import moto_pricing
 
 QUOTA_NAMES = {
     "L-DB2E81BA": "Running On-Demand G and VT instances",
@@ -68,6 +71,8 @@ class Script:
     default_quotas: dict[str, float] = field(default_factory=dict)  # code -> AWS default
     reservations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # region -> API dicts
     prices: dict[tuple[str, str], float] = field(default_factory=dict)  # (region, type) -> USD/h
+    # region -> {eks, nat_hour, nat_gb, ebs_gp3, ipv4} -> USD (tests/aws/moto_pricing.py)
+    region_prices: dict[str, dict[str, float]] = field(default_factory=dict)
     pricing_denied: bool = True
     latency_s: float = 0.0
     throttle_rate: float = 0.0
@@ -77,6 +82,8 @@ class Script:
     # (service, action) -> error code answered instead of the real call; action "*" matches all.
     errors: dict[tuple[str, str], str] = field(default_factory=dict)
     calls: list[tuple[str, str, str]] = field(default_factory=list)  # (service, region, action)
+    # (service, signing region, action, the path, query and body as text): what AWS was told.
+    requests: list[tuple[str, str, str, str]] = field(default_factory=list)
     throttled: int = 0
     quota_requests: list[dict[str, Any]] = field(default_factory=list)
     rng: random.Random = field(default_factory=lambda: random.Random(5))
@@ -198,15 +205,21 @@ def install() -> Callable[[], None]:
 def offer(script: Script, region: str, zone: str, instance_type: str) -> None:
     """Make moto offer a type in an AZ where its bundled data does not (undone by ``reset``)."""
     entry = {"InstanceType": instance_type, "Location": zone, "LocationType": "availability-zone"}
-    moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"][region].append(entry)
-    script.extra_offerings.append({"region": region, "entry": entry})
+    by_region = moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"]
+    # moto's bundled data lacks some regions (cn-northwest-1): the region's list is made, and dropped again.
+    added_region = region not in by_region
+    by_region.setdefault(region, []).append(entry)
+    script.extra_offerings.append({"region": region, "entry": entry, "added_region": added_region})
 
 
 def remove_offerings(script: Script) -> None:
     for item in script.extra_offerings:
-        offerings = moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"][item["region"]]
+        by_region = moto_instance_types.INSTANCE_TYPE_OFFERINGS["availability-zone"]
+        offerings = by_region.get(item["region"], [])
         if item["entry"] in offerings:
             offerings.remove(item["entry"])
+        if item.get("added_region") and not offerings:
+            by_region.pop(item["region"], None)
     script.extra_offerings.clear()
 
 
@@ -299,37 +312,10 @@ def _error(start_response: Any, service: str, code: str, message: str, status: i
     return [body]
 
 
-def _pricing(start_response: Any, body: bytes) -> Iterable[bytes]:
-    if SCRIPT.pricing_denied:
-        return _error(start_response, "pricing", "AccessDeniedException", "not authorized: pricing", 400)
-    params = json.loads(body or b"{}")
-    terms = {f["Field"]: f["Value"] for f in params.get("Filters", [])}
-    price = SCRIPT.prices.get((terms.get("regionCode", ""), terms.get("instanceType", "")))
-    price_list = []
-    if price is not None:
-        product = {
-            "product": {
-                "attributes": {"instanceType": terms["instanceType"], "regionCode": terms["regionCode"]}
-            },
-            "terms": {
-                "OnDemand": {
-                    "X.JRTCKXETXF": {
-                        "priceDimensions": {
-                            "X.JRTCKXETXF.6YS6EN2CT7": {
-                                "unit": "Hrs",
-                                "pricePerUnit": {"USD": f"{price:.10f}"},
-                            }
-                        }
-                    }
-                }
-            },
-        }
-        price_list.append(json.dumps(product))
-    out = json.dumps({"FormatVersion": "aws_v1", "PriceList": price_list}).encode()
-    start_response(
-        "200 OK", [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(out)))]
-    )
-    return [out]
+def _pricing(start_response: Any, body: bytes, region: str) -> Iterable[bytes]:
+    return moto_pricing.get_products(start_response, body, region, denied=SCRIPT.pricing_denied,
+                                     instance_prices=SCRIPT.prices, region_prices=SCRIPT.region_prices,
+                                     error=_error)
 
 
 class FaultInjector:
@@ -351,6 +337,9 @@ class FaultInjector:
         unavailable = False
         with script.lock:
             script.calls.append((service, region, action))
+            said = f"{environ.get('PATH_INFO', '')}?{environ.get('QUERY_STRING', '')} " + unquote_plus(
+                body.decode("utf-8", "replace"))
+            script.requests.append((service, region, action, said))
             throttle = (
                 script.throttle_rate > 0
                 and _attempt(environ) <= script.throttle_max_attempt
@@ -382,7 +371,7 @@ class FaultInjector:
                 return _error(start_response, service, "ServiceUnavailable", "Service unavailable", 503)
             return _error(start_response, service, "InternalError", "Internal error", 500)
         if service == "pricing":
-            return _pricing(start_response, body)
+            return _pricing(start_response, body, region)
         if service == "ec2":
             return self._idempotent(environ, start_response, region, action, body)
         return self.app(environ, start_response)

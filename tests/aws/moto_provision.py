@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import unquote
 
 from moto.autoscaling.models import autoscaling_backends
 from moto.autoscaling.responses import AutoScalingResponse
@@ -38,6 +39,7 @@ from moto.eks.exceptions import InvalidParameterException, ResourceInUseExceptio
 from moto.eks.models import Cluster, EKSBackend, Nodegroup, eks_backends
 from moto.eks.responses import EKSResponse
 from moto.iam.aws_managed_policies import aws_managed_policies_data
+from moto.iam.exceptions import MalformedPolicyDocument
 from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
 from tests.aws import moto_provision_api as api
@@ -295,8 +297,33 @@ def _ticking(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return call_action
 
 
+# The service principals IAM takes in a trust policy, per partition: each service's own name, which in
+# aws-cn is ``ec2.amazonaws.com.cn`` but ``eks.amazonaws.com`` (eksctl pkg/apis/eksctl.io/v1alpha5/
+# partitions.go; terraform-provider-aws names.ServicePrincipalNameForPartition, from aws-cdk's
+# region-info). IAM refuses another with ``MalformedPolicyDocument: Invalid principal in policy:
+# "SERVICE":"eks.amazonaws.com.cn"`` (the error users of terraform-aws-eks met in cn-north-1).
+SERVICE_PRINCIPALS = {"aws": {"ec2.amazonaws.com", "eks.amazonaws.com"},
+                      "aws-us-gov": {"ec2.amazonaws.com", "eks.amazonaws.com"},
+                      "aws-cn": {"ec2.amazonaws.com.cn", "ec2.amazonaws.com", "eks.amazonaws.com"}}
+
+
+def _trusted_services(document: str) -> list[str]:
+    policy = json.loads(unquote(document))
+    statements = policy.get("Statement") or []
+    services: list[str] = []
+    for statement in statements if isinstance(statements, list) else [statements]:
+        named = (statement.get("Principal") or {}).get("Service") or []
+        services += [named] if isinstance(named, str) else list(named)
+    return services
+
+
 def _create_role(original: Callable[..., Any]) -> Callable[..., Any]:
     def create_role(self: IAMBackend, *args: Any, **kwargs: Any) -> Any:
+        document = kwargs.get("assume_role_policy_document", args[1] if len(args) > 1 else "{}")
+        known = SERVICE_PRINCIPALS.get(self.partition, SERVICE_PRINCIPALS["aws"])
+        for service in _trusted_services(document):
+            if service.endswith((".amazonaws.com", ".amazonaws.com.cn")) and service not in known:
+                raise MalformedPolicyDocument(f'Invalid principal in policy: "SERVICE":"{service}"')
         role = original(self, *args, **kwargs)
         role.rtui_created = time.monotonic()
         return role
@@ -311,7 +338,7 @@ def _propagating(self: EKSResponse, role_arn: str | None, message: str) -> None:
     internal/service/eks/cluster.go: "does not exist", "Role could not be assumed because the
     trusted entity is not correct", "The provided role doesn't have the Amazon EKS Managed
     Policies associated with it")."""
-    iam = iam_backends[self.current_account]["aws"]
+    iam = iam_backends[self.current_account][getattr(self, "partition", "aws")]
     role = next((r for r in iam.roles.values() if r.arn == role_arn), None)
     created = getattr(role, "rtui_created", None)
     if created is not None and time.monotonic() - created < SCRIPT.timings.iam_propagation:

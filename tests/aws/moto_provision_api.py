@@ -198,9 +198,10 @@ def _check_principal(self: EKSResponse, cluster: Cluster, principal: str) -> Non
     (EKS API reference, CreateAccessEntry ``principalArn``; EKS User Guide, "Create access entries":
     an IAM Identity Center role is ``arn:aws:iam::<account>:role/aws-reserved/sso.amazonaws.com/...``;
     aws/containers-roadmap#2196 for the message a path-less ARN of a pathed role gets)."""
-    if principal == f"arn:aws:sts::{self.current_account}:user/moto":
+    partition = getattr(self, "partition", "aws")
+    if principal == f"arn:{partition}:sts::{self.current_account}:user/moto":
         return  # moto's stand-in for the caller when the access key is none of its own: an IAM user
-    iam = iam_backends[self.current_account][getattr(self, "partition", "aws")]
+    iam = iam_backends[self.current_account][partition]
     kind, _, rest = principal.partition(":iam::")[2].partition(":")[2].partition("/")
     name = rest.rsplit("/", 1)[-1]
     known = {"role": {r.name: r.arn for r in iam.roles.values()},

@@ -32,12 +32,14 @@ def test_the_eks_token_is_signed_for_the_partitions_sts(region: str, host: str,
     ("cn-north-1", "arn:aws-cn:iam::aws:policy/AmazonEKS_CNI_Policy", "ec2.amazonaws.com.cn"),
     ("us-gov-west-1", "arn:aws-us-gov:iam::aws:policy/AmazonEKS_CNI_Policy", "ec2.amazonaws.com")])
 def test_policy_arns_and_service_principals_come_from_the_partition(region: str, arn: str, principal: str) -> None:
-    from backend.layers.aws.base import NODE_ROLE
+    from backend.layers.aws.base import CLUSTER_ROLE, NODE_ROLE
     from backend.layers.aws.cluster import admin_policy
     from backend.layers.aws.iam import managed_policy_arn, service_principal
 
     assert managed_policy_arn("AmazonEKS_CNI_Policy", region) == arn
     assert service_principal(NODE_ROLE, region) == principal
+    # EKS keeps the standard suffix in every partition: IAM refuses eks.amazonaws.com.cn (tests/aws/moto_provision.py).
+    assert service_principal(CLUSTER_ROLE, region) == "eks." + principal.split(".", 1)[1].removesuffix(".cn")
     assert admin_policy(region).startswith(arn.split(":iam:")[0] + ":eks::aws:cluster-access-policy/")
 
 

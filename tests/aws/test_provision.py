@@ -92,8 +92,10 @@ async def test_plan_diff_updates_replacements_and_costs(world: World, kube_file:
     aws = [c for c in fresh.changes if c.layer == "aws"]
     assert {c.action for c in aws} == {Action.CREATE}
     # The documented on-demand prices (us-east-1): 2 × g6.12xlarge, 1 × m7i.xlarge, the EKS control
-    # plane, one NAT gateway and its public IPv4 address.
-    assert fresh.cost_per_hour == pytest.approx(2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005)
+    # plane, one NAT gateway and its public IPv4 address, the nodes' gp3 root volumes (2 × 200 GB, 50 GB).
+    assert fresh.cost_per_hour == pytest.approx(2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005 + 450 * 0.08 / 730,
+                                                abs=1e-4)
+    assert fresh.price_source == "estimate, us-east-1 prices"  # the Pricing API is denied here
     gpu = fresh.change("aws.nodegroup.gpu")
     assert gpu is not None and gpu.quota["L-DB2E81BA"]["vcpus"] == 96
     assert gpu.quota["L-DB2E81BA"]["headroom"] == 192
@@ -104,7 +106,7 @@ async def test_plan_diff_updates_replacements_and_costs(world: World, kube_file:
     change = bigger.change("aws.nodegroup.gpu")
     assert change is not None and change.action is Action.UPDATE
     assert (change.before or {})["size"] == 2 and (change.after or {})["size"] == 3
-    assert change.cost_per_hour == pytest.approx(3 * 4.6016)
+    assert change.cost_per_hour == pytest.approx(3 * 4.6016 + 3 * 200 * 0.08 / 730, abs=1e-4)
     assert [c.address for c in bigger.changes if c.layer == "aws" and c.action is not Action.NOOP] == [
         "aws.nodegroup.gpu"]
     other = await session_for(gpu_node_type="g6.48xlarge").plan()

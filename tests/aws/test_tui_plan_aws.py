@@ -12,8 +12,8 @@ from tests.pilot_wait import wait_for
 from tests.test_tui_plan import PlanApp, diff_text, planned, summary_text
 
 # The documented on-demand prices (us-east-1): 2 × g6.12xlarge, 1 × m7i.xlarge, the EKS control plane,
-# one NAT gateway and its public IPv4 address.
-PER_HOUR = 2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005
+# one NAT gateway and its public IPv4 address, the gp3 root volumes (2 × 200 GB, 50 GB at $0.08/GB-month).
+PER_HOUR = 2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005 + 450 * 0.08 / 730
 
 
 async def test_aws_plan_shows_its_layers_costs_and_quota(world: World, kube_file: Path) -> None:
@@ -26,12 +26,15 @@ async def test_aws_plan_shows_its_layers_costs_and_quota(world: World, kube_file
         text = diff_text(screen)
         for heading in ("aws — AWS infrastructure", "kubernetes — Kubernetes objects", "ray-job — Ray job"):
             assert heading in text
-        assert "  + aws.nodegroup.gpu  $9.20/h" in text and "  + aws.eks-cluster  $0.10/h" in text
+        assert "  + aws.nodegroup.gpu  $9.25/h" in text and "  + aws.eks-cluster  $0.10/h" in text
+        assert "cost: 2 × g6.12xlarge $4.6016/h + 2 × 200 GB gp3" in text
+        assert "cost: gateway $0.045/h + Elastic IP $0.005/h, + $0.045/GB processed" in text
         assert "uses 96 vCPUs of L-DB2E81BA, headroom 192" in text
         assert "uses 4 vCPUs of L-1216C47A, headroom 640" in text
         summary = summary_text(screen)
         assert f"Plan: {creates} to create, 0 to update" in summary
-        assert f"Cost: ${PER_HOUR:.2f}/hour while up" in summary
+        assert (f"Cost: ${PER_HOUR:.2f}/hour while up, + $0.045/GB NAT data processing "
+                "(estimate, us-east-1 prices)") in summary
         assert "96 vCPUs of L-DB2E81BA, headroom 192" in summary
 
         await pilot.press("a")

@@ -339,7 +339,15 @@ class Partition:
         return f"arn:{self.name}:{service}:{region}:{account}:{resource}"
 
     def service_principal(self, service: str) -> str:
-        return f"{service}.{self.dns_suffix}"
+        """``<service>.<suffix>``: the partition's DNS suffix for the services IAM knows by it there (EC2
+        in aws-cn and the ISO partitions), the standard partition's for the rest, EKS included (eksctl
+        pkg/apis/eksctl.io/v1alpha5/partitions.go; IAM refuses the EKS principal with aws-cn's suffix)."""
+        suffix = self.dns_suffix if service in _PARTITION_SUFFIXED_PRINCIPALS else partition(STANDARD_REGION).dns_suffix
+        return f"{service}.{suffix}"
+
+
+_PARTITION_SUFFIXED_PRINCIPALS = frozenset({"ec2"})
+STANDARD_REGION = "us-east-1"  # a region of the standard partition, whose suffix most principals keep
 
 
 @functools.cache

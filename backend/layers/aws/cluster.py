@@ -54,7 +54,7 @@ def assumed_role_name(caller_arn: str) -> str | None:
 
 async def caller_principal(api: AwsApi) -> str:
     """The IAM principal an access entry names: the role behind an assumed-role session, as IAM writes
-    its ARN, path included (IAM Identity Center roles live under ``/aws-reserved/sso.<the partition's DNS suffix>/``,
+    its ARN, path included (IAM Identity Center roles live under ``/aws-reserved/sso.<DNS suffix>/``,
     and EKS refuses their ARN without it), so it comes from ``iam:GetRole``, not from the STS ARN."""
     caller = str((await api.identity())["Arn"])
     role = assumed_role_name(caller)

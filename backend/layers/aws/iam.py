@@ -23,8 +23,8 @@ SERVICE = {CLUSTER_ROLE: "eks", NODE_ROLE: "ec2"}  # the principal's DNS suffix 
 
 
 def service_principal(address: str, region: str) -> str:
-    """The role's service principal: its service under the partition's DNS suffix (a different one in
-    aws-cn), as eksctl's templates write it with ``AWS::URLSuffix``."""
+    """The role's service principal as IAM knows it in the region's partition (``Partition.service_principal``:
+    EC2's with aws-cn's DNS suffix there, EKS's with the standard one, as eksctl's partition mappings write them)."""
     return partition(region).service_principal(SERVICE[address])
 
 

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
+from backend.aws.pricing import PriceBook, RegionPrices, builtin_region_prices, region_prices
+from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
 from backend.layers.aws.base import (
     ACCESS_ENTRY,
     ADDONS,
-    CLUSTER_COST,
     CLUSTER_ROLE,
     EKS_CLUSTER,
     GPU_NODES,
@@ -30,7 +31,6 @@ from backend.layers.aws.base import (
     LAUNCH_TEMPLATE,
     LAYER,
     NAT,
-    NAT_COST,
     NODE_ROLE,
     NODE_SG,
     PLACEMENT_GROUP,
@@ -44,6 +44,7 @@ from backend.layers.aws.base import (
     Topology,
     addon_address,
     aws_api,
+    nat_cost,
     nodegroup_cost,
     subnet_address,
     subnet_cidr,
@@ -104,6 +105,10 @@ class AwsLayer(Layer):
         self.preflight_checks: list[CheckResult] = []
         self.report: PreflightReport | None = None  # the matrix the AZs were settled from
         self.watch: MatrixWatch | None = None
+        self._prices: dict[tuple[str, tuple[str, ...]], RegionPrices] = {}  # per region, for the session
+        self._book: PriceBook | None = None  # the session's instance prices, shared with the preflight
+        self._planned_prices: RegionPrices | None = None  # what the last ``desired`` priced with
+        self._planned_nat = False
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -111,7 +116,37 @@ class AwsLayer(Layer):
 
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
-        self.topology = await self._topology(ctx)
+        # The prices are asked while the preflight runs: the plan waits for neither twice.
+        self.topology, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx))
+
+    async def _region_prices(self, ctx: Context) -> RegionPrices:
+        config = ctx.config
+        key = (config.region, tuple(sorted({config.gpu_node_type, config.system_node_type})))
+        if key not in self._prices:
+            self._prices[key] = await asyncio.to_thread(region_prices, self.price_book(config), *key)
+        return self._prices[key]
+
+    def price_book(self, config: RunConfig) -> PriceBook:
+        if self._book is None:
+            self._book = PriceBook(aws_api(config).session)
+        return self._book
+
+    def prices(self, config: RunConfig) -> RegionPrices:
+        """The region's prices this session asked for; the table, labelled, before any was asked."""
+        key = (config.region, tuple(sorted({config.gpu_node_type, config.system_node_type})))
+        return self._prices.get(key) or builtin_region_prices(*key)
+
+    def price_source(self, ctx: Context) -> str:
+        prices = self._planned_prices
+        if prices is None:
+            return ""
+        return prices.label or f"AWS Pricing API, {prices.region} on-demand"
+
+    def usage_costs(self, ctx: Context) -> list[str]:
+        prices = self._planned_prices
+        if prices is None or not self._planned_nat:
+            return []
+        return [f"+ ${prices.nat_per_gb:.3f}/GB NAT data processing"]
 
     async def _topology(self, ctx: Context) -> Topology:
         from backend.aws import run_preflight
@@ -124,13 +159,15 @@ class AwsLayer(Layer):
         if watch.all_regions:
             request = request.model_copy(update={"all_regions": True})
         self.report = None
-        # The image's size from its registry, asked while the matrix fills in (it never raises).
+        # The image's size from its registry, asked while the matrix fills in (it never raises, and
+        # gives up within its own deadline).
         sized = asyncio.ensure_future(asyncio.to_thread(image_size, config.image))
         try:
-            report = await run_preflight(request, on_region=watch.on_region, on_listed=watch.on_listed)
-        finally:
-            if not sized.done():
-                sized.cancel()
+            report = await run_preflight(request, on_region=watch.on_region, on_listed=watch.on_listed,
+                                         prices=self.price_book(config))
+        except BaseException:
+            sized.cancel()
+            raise
         image = await sized
         disk_gb, disk_why = system_disk_gb(image.compressed_bytes)
         if image.compressed_bytes is None and facts.get("system_disk_gb"):
@@ -256,11 +293,14 @@ class AwsLayer(Layer):
         out: list[Resource] = []
 
         def res(address: str, kind: str, spec: dict[str, Any], *deps: str, cost: float | None = 0.0,
-                quota: dict[str, dict[str, float | None]] | None = None) -> None:
+                quota: dict[str, dict[str, float | None]] | None = None, note: str = "") -> None:
             out.append(Resource(address=address, layer=LAYER, kind=kind, spec=spec, depends_on=deps,
-                                cost_per_hour=cost, quota=quota or {}))
+                                cost_per_hour=cost, cost_note=note, quota=quota or {}))
 
+        prices = self.prices(config)
+        self._planned_prices = prices
         adopted = bool(config.vpc_id)
+        self._planned_nat = not adopted
         private = [subnet_address("private", az) for az in topo.subnet_azs]
         res(VPC, "aws-vpc", {"cidr": "10.0.0.0/16"} if not adopted else {"cidr": None})
         for az in topo.subnet_azs:
@@ -272,7 +312,8 @@ class AwsLayer(Layer):
                 res(subnet_address("public", az), "aws-subnet",
                     {"az": az, "cidr": subnet_cidr("public", topo.az_index[az]), "role": "public"}, VPC)
             res(IGW, "aws-internet-gateway", {}, VPC)
-            res(NAT, "aws-nat-gateway", {"az": topo.network_azs[0]}, IGW, public[0], cost=NAT_COST)
+            nat, nat_note = nat_cost(prices)
+            res(NAT, "aws-nat-gateway", {"az": topo.network_azs[0]}, IGW, public[0], cost=nat, note=nat_note)
             res(PUBLIC_RT, "aws-route-table", {"role": "public", "via": "internet-gateway",
                                                "azs": sorted(topo.network_azs)}, IGW, *public)
             res(PRIVATE_RT, "aws-route-table", {"role": "private", "via": "nat-gateway",
@@ -287,7 +328,7 @@ class AwsLayer(Layer):
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,
                                              "public_cidrs": sorted(config.api_cidr_list())},
-            CLUSTER_ROLE, NODE_SG, *cluster_private, cost=CLUSTER_COST)
+            CLUSTER_ROLE, NODE_SG, *cluster_private, cost=prices.eks_cluster_per_hour)
         res(ACCESS_ENTRY, "aws-access-entry", {"policy": "cluster-admin"}, EKS_CLUSTER)
         res(KUBECONFIG, "aws-kubeconfig", {"context": "the cluster ARN"}, EKS_CLUSTER, ACCESS_ENTRY)
         for addon in ADDONS:
@@ -302,11 +343,14 @@ class AwsLayer(Layer):
              "imdsv2": True, "cluster_sg": True, "reservation": reservation, "capacity_block": block,
              "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
+        system_cost, system_note = nodegroup_cost(prices, config.system_node_type, config.system_node_count,
+                                                  topo.system_disk_gb)
+        gpu_cost, gpu_note = nodegroup_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB)
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
              "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb},
             *node_deps, *cluster_private,
-            cost=nodegroup_cost(config, config.system_node_type, config.system_node_count),
+            cost=system_cost, note=system_note,
             quota=self._quota(topo.system_quota_code, topo.system_headroom,
                               topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
         res(GPU_NODES, "aws-nodegroup",
@@ -314,7 +358,7 @@ class AwsLayer(Layer):
              "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
              "capacity_type": "CAPACITY_BLOCK" if block else "ON_DEMAND"},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
-            cost=nodegroup_cost(config, config.gpu_node_type, config.gpu_node_count),
+            cost=gpu_cost, note=gpu_note,
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,
                               topo.vcpus.get(config.gpu_node_type, 0) * config.gpu_node_count))
         return sorted(out, key=lambda r: _rank(r.address))

@@ -1,0 +1,88 @@
+"""Issue 20 item 11: the plan's costs are the region's prices from the Pricing API (tests/aws/moto_pricing.py
+serves GetProducts as AWS does), the built-in table only as a labelled estimate, and the plan bills the
+EBS root volumes, the NAT gateway's Elastic IP, and shows NAT data processing per GB."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.aws.conftest import World
+from tests.aws.provision_world import session_for
+from tests.conftest import run_rtui
+
+HOURS_PER_MONTH = 730
+GPU_DISK_GB, SYSTEM_DISK_GB = 200, 50
+
+# eu-west-2 as a test scripts it: dearer than us-east-1 in every part a plan bills.
+LONDON = {"eks": 0.10, "nat_hour": 0.05, "nat_gb": 0.05, "ebs_gp3": 0.0928, "ipv4": 0.005}
+LONDON_GPU, LONDON_SYSTEM = 5.6976, 0.2352
+
+
+def _quote_london(world: World) -> None:
+    world.script.pricing_denied = False
+    world.script.prices.update({("eu-west-2", "g6.12xlarge"): LONDON_GPU, ("eu-west-2", "m7i.xlarge"): LONDON_SYSTEM,
+                                # us-east-1's, so a client that asks for the wrong region is seen
+                                ("us-east-1", "g6.12xlarge"): 4.6016, ("us-east-1", "m7i.xlarge"): 0.2016})
+    world.script.region_prices.update({"eu-west-2": LONDON,
+                                       "us-east-1": {"eks": 0.10, "nat_hour": 0.045, "nat_gb": 0.045,
+                                                     "ebs_gp3": 0.08, "ipv4": 0.005}})
+
+
+def _plan_json(*args: str) -> dict:
+    proc = run_rtui("plan", "--target", "aws", *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _costs(plan: dict) -> dict[str, float]:
+    return {c["address"]: c["cost_per_hour"] for c in plan["changes"] if c.get("cost_per_hour")}
+
+
+def test_the_plan_prices_every_part_at_the_regions_pricing_api_quote(world: World, kube_file: Path) -> None:
+    _quote_london(world)
+    plan = _plan_json("--region", "eu-west-2")
+    gb_hour = LONDON["ebs_gp3"] / HOURS_PER_MONTH
+    assert _costs(plan) == {
+        "aws.nat-gateway": pytest.approx(LONDON["nat_hour"] + LONDON["ipv4"]),  # the gateway and its Elastic IP
+        "aws.eks-cluster": pytest.approx(LONDON["eks"]),
+        "aws.nodegroup.system": pytest.approx(LONDON_SYSTEM + SYSTEM_DISK_GB * gb_hour, abs=1e-4),
+        "aws.nodegroup.gpu": pytest.approx(2 * LONDON_GPU + 2 * GPU_DISK_GB * gb_hour, abs=1e-4),
+    }
+    assert plan["price_source"] == "AWS Pricing API, eu-west-2 on-demand"
+    assert plan["usage_costs"] == ["+ $0.050/GB NAT data processing"]
+    nat = next(c for c in plan["changes"] if c["address"] == "aws.nat-gateway")
+    assert "Elastic IP $0.005/h" in nat["cost_note"] and "+ $0.050/GB" in nat["cost_note"]
+    # Every question went to an endpoint the Pricing API has, never to the run's region.
+    asked = {region for service, region, _ in world.script.calls if service == "pricing"}
+    assert asked == {"us-east-1"}
+
+
+def test_without_the_pricing_api_the_plan_is_a_labelled_us_east_1_estimate(world: World, kube_file: Path) -> None:
+    assert world.script.pricing_denied
+    plan = _plan_json("--region", "us-east-1")
+    disks = (2 * GPU_DISK_GB + SYSTEM_DISK_GB) * 0.08 / HOURS_PER_MONTH
+    assert plan["cost_per_hour"] == pytest.approx(2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005 + disks, abs=1e-3)
+    assert plan["price_source"] == "estimate, us-east-1 prices"
+    assert plan["usage_costs"] == ["+ $0.045/GB NAT data processing"]
+
+    text = run_rtui("plan", "--target", "aws", "--region", "us-east-1")
+    assert text.returncode == 0, text.stderr
+    cost_line = next(line for line in text.stdout.splitlines() if line.startswith("Plan:"))
+    assert cost_line.endswith(f"Cost: ${plan['cost_per_hour']:.2f}/hour, + $0.045/GB NAT data processing "
+                              "(estimate, us-east-1 prices).")
+    assert "200 GB gp3" in text.stdout and "Elastic IP $0.005/h" in text.stdout
+
+
+async def test_a_second_plan_in_the_session_asks_the_pricing_api_nothing(world: World, kube_file: Path) -> None:
+    _quote_london(world)
+    session = session_for(region="eu-west-2")
+    first = await session.plan()
+    asked = sum(1 for service, _, _ in world.script.calls if service == "pricing")
+    assert asked >= 6  # two instance types, EKS, NAT hours, NAT bytes, gp3, public IPv4
+    again = await session.plan()
+    assert sum(1 for service, _, _ in world.script.calls if service == "pricing") == asked
+    assert again.cost_per_hour == pytest.approx(first.cost_per_hour)
+    assert again.price_source == "AWS Pricing API, eu-west-2 on-demand"
