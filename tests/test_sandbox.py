@@ -80,7 +80,9 @@ def test_sandbox_aws_by_keys(terminal: Terminal, tmp_path: Path) -> None:  # noq
 
 def test_sandbox_kube_by_keys(terminal: Terminal, tmp_path: Path) -> None:  # noqa: F811
     report = start(terminal, "kube", tmp_path)
-    screen = terminal.wait_for("sb", "GPU nodes — 2 GPU nodes", timeout=60)
+    # A fresh cluster: its GPU nodes advertise no GPUs until the device plugin the plan installs runs,
+    # and preflight says so (a warning, checked again once the plugins run), so the flow goes on.
+    screen = terminal.wait_for("sb", "GPU nodes —", timeout=60)
     assert "sandbox" in screen and "kube" in screen
     keys(terminal, "Enter")
     terminal.wait_for("sb", "Review the plan", timeout=60)
