@@ -14,7 +14,8 @@ from tests.aws.provision_world import session_for
 from tests.conftest import run_rtui
 
 HOURS_PER_MONTH = 730
-GPU_DISK_GB, SYSTEM_DISK_GB = 200, 50
+# The system disk: 100 GB, what rtui gives it when the image's registry does not answer (none is reachable here).
+GPU_DISK_GB, SYSTEM_DISK_GB = 200, 100
 
 # eu-west-2 as a test scripts it: dearer than us-east-1 in every part a plan bills.
 LONDON = {"eks": 0.10, "nat_hour": 0.05, "nat_gb": 0.05, "ebs_gp3": 0.0928, "ipv4": 0.005}
