@@ -103,3 +103,20 @@ def tagged(run_id: str) -> Counter[str]:
         counts["addon"] += len(eks().list_addons(clusterName=name)["addons"])
         counts["access-entry"] += len(eks().list_access_entries(clusterName=name)["accessEntries"])
     return +counts
+
+
+def given_vpc(azs: tuple[str, ...]) -> tuple[str, list[str]]:
+    """A VPC someone else made: a public subnet with a NAT gateway, private subnets in ``azs`` routed to it."""
+    client = ec2()
+    vpc = client.create_vpc(CidrBlock="10.7.0.0/16")["Vpc"]["VpcId"]
+    public = client.create_subnet(VpcId=vpc, CidrBlock="10.7.100.0/24", AvailabilityZone="us-east-1a")["Subnet"]
+    eip = client.allocate_address(Domain="vpc")["AllocationId"]
+    nat = client.create_nat_gateway(SubnetId=public["SubnetId"], AllocationId=eip)["NatGateway"]["NatGatewayId"]
+    table = client.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+    client.create_route(RouteTableId=table, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=nat)
+    private = []
+    for i, az in enumerate(azs):
+        sid = client.create_subnet(VpcId=vpc, CidrBlock=f"10.7.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"]
+        client.associate_route_table(RouteTableId=table, SubnetId=sid)
+        private.append(sid)
+    return vpc, private

@@ -10,7 +10,7 @@ import pytest
 from backend.model import Action, EventKind
 from backend.session import cost_meter
 from tests.aws.conftest import World
-from tests.aws.provision_world import RUN_TAG, down, ec2, eks, iam, session_for, tagged, up
+from tests.aws.provision_world import RUN_TAG, down, ec2, eks, given_vpc, iam, session_for, tagged, up
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
@@ -255,17 +255,7 @@ async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World,
 
 async def test_a_given_vpc_is_adopted_checked_and_never_deleted(world: World, kube_file: Path) -> None:
     client = ec2()
-    vpc = client.create_vpc(CidrBlock="10.7.0.0/16")["Vpc"]["VpcId"]
-    public = client.create_subnet(VpcId=vpc, CidrBlock="10.7.100.0/24", AvailabilityZone="us-east-1a")["Subnet"]
-    eip = client.allocate_address(Domain="vpc")["AllocationId"]
-    nat = client.create_nat_gateway(SubnetId=public["SubnetId"], AllocationId=eip)["NatGateway"]["NatGatewayId"]
-    table = client.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
-    client.create_route(RouteTableId=table, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=nat)
-    private = []
-    for i, az in enumerate(("us-east-1a", "us-east-1b")):
-        sid = client.create_subnet(VpcId=vpc, CidrBlock=f"10.7.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"]
-        client.associate_route_table(RouteTableId=table, SubnetId=sid)
-        private.append(sid)
+    vpc, private = given_vpc(("us-east-1a", "us-east-1b"))
     session = session_for(vpc_id=vpc, private_subnet_ids=",".join(private), availability_zone="us-east-1a")
     assert not [c for c in await session.preflight() if c.status.value == "fail"]
     made = await up(session)

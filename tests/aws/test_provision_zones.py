@@ -8,7 +8,7 @@ import pytest
 
 from backend.model import Action
 from tests.aws.conftest import World
-from tests.aws.provision_world import down, ec2, eks, session_for, tagged, up
+from tests.aws.provision_world import down, ec2, eks, given_vpc, session_for, tagged, up
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
@@ -37,26 +37,9 @@ async def test_a_given_az_eks_refuses_holds_the_gpu_nodes_only(world: World, kub
     assert tagged(session.run_id) == {}
 
 
-def _given_vpc(azs: tuple[str, ...]) -> tuple[str, list[str]]:
-    """A VPC someone else made: a public subnet with a NAT gateway, private subnets in ``azs`` routed to it."""
-    client = ec2()
-    vpc = client.create_vpc(CidrBlock="10.7.0.0/16")["Vpc"]["VpcId"]
-    public = client.create_subnet(VpcId=vpc, CidrBlock="10.7.100.0/24", AvailabilityZone="us-east-1a")["Subnet"]
-    eip = client.allocate_address(Domain="vpc")["AllocationId"]
-    nat = client.create_nat_gateway(SubnetId=public["SubnetId"], AllocationId=eip)["NatGateway"]["NatGatewayId"]
-    table = client.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
-    client.create_route(RouteTableId=table, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=nat)
-    private = []
-    for i, az in enumerate(azs):
-        sid = client.create_subnet(VpcId=vpc, CidrBlock=f"10.7.{i}.0/24", AvailabilityZone=az)["Subnet"]["SubnetId"]
-        client.associate_route_table(RouteTableId=table, SubnetId=sid)
-        private.append(sid)
-    return vpc, private
-
-
 async def test_a_given_vpc_takes_its_azs_from_its_subnets_and_a_second_up_changes_nothing(
         world: World, kube_file: Path) -> None:
-    vpc, private = _given_vpc(("us-east-1a", "us-east-1c"))
+    vpc, private = given_vpc(("us-east-1a", "us-east-1c"))
     session = session_for(vpc_id=vpc, private_subnet_ids=",".join(private))
     plan = await session.plan()
     made_here = [c.address for c in plan.changes if c.action is Action.CREATE and c.address.startswith("aws.subnet")]
@@ -77,12 +60,12 @@ async def test_a_given_vpc_takes_its_azs_from_its_subnets_and_a_second_up_change
 async def test_a_given_vpc_with_subnets_in_one_az_is_refused_in_one_line(world: World, kube_file: Path) -> None:
     from backend.errors import UserError
 
-    vpc, private = _given_vpc(("us-east-1a",))
+    vpc, private = given_vpc(("us-east-1a",))
     with pytest.raises(UserError) as refused:
         await session_for(vpc_id=vpc, private_subnet_ids=",".join(private)).plan()
     assert "two AZs" in refused.value.message and "\n" not in refused.value.message
     assert "--private-subnet-ids" in (refused.value.remedy or "")
-    vpc2, private2 = _given_vpc(("us-east-1a", "us-east-1b"))
+    vpc2, private2 = given_vpc(("us-east-1a", "us-east-1b"))
     with pytest.raises(UserError) as outside:
         await session_for(vpc_id=vpc2, private_subnet_ids=",".join(private2), availability_zone="us-east-1c").plan()
     assert "us-east-1c" in outside.value.message and "no private subnet" in outside.value.message
