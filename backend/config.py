@@ -562,6 +562,7 @@ def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
                             "config.json); the local target works offline",
                             remedy="pass a directory saved with save_pretrained (or downloaded with `hf download "
                                    "MODEL --local-dir DIR`), or leave --model-id out for the tiny model")
+        config = config.model_copy(update={"model_id": str(model_dir)})
     if config.target in ("aws", "kube") and (config.checkpoint_every or config.resume_from):
         storage = config.storage_path or ""
         if not storage.startswith(SHARED_STORAGE_SCHEMES):
@@ -570,8 +571,6 @@ def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
             raise UserError(f"{what} on {config.target}: {where} each node's own disk, so no node holds a whole "
                             "checkpoint and a resume finds none",
                             remedy="pass --storage-path s3://BUCKET/PREFIX (shared storage every node can write)")
-    if config.target == "local" and config.model_id:
-        config = config.model_copy(update={"model_id": str(model_dir)})
     return config
 
 
