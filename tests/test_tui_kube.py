@@ -53,7 +53,7 @@ class KubeWorld:
     def session(self, **flags: str) -> RunSession:
         return RunSession.for_config(resolve_config({
             "target": "kube", "kubeconfig": str(self.kubeconfig), "image": self.registry.image(),
-            "kuberay_crds": str(self.crds), "steps": "5", **flags}, environ={}))
+            "addon_registry": self.registry.host, "kuberay_crds": str(self.crds), "steps": "5", **flags}, environ={}))
 
 
 def two_contexts(cluster: KubeCluster, path: Path) -> Path:

@@ -26,6 +26,9 @@ _ENV = {
     "AWS_CONFIG_FILE": "/nonexistent/rtui-test-aws-config",
     "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/rtui-test-aws-credentials",
     "AWS_EC2_METADATA_DISABLED": "true",
+    # No registry answers here (the default image is on public.ecr.aws): the aws layer's tests plan on
+    # with tags, as a user passing --allow-unpinned does; pinning is tested in tests/kubernetes.
+    "RTUI_ALLOW_UNPINNED": "true",
 }
 _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
 

@@ -85,6 +85,7 @@ def make_world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]
     with FakeRegistry() as registry, FakeControlPlane(kube_cluster, jobs_url=head.url) as control:
         env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / "state"), "RTUI_TARGET": "kube",
                "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
+               "RTUI_ADDON_REGISTRY": registry.host,
                "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig),
                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         try:

@@ -142,7 +142,29 @@ def _daemonset(name: str, run_id: str, pod_spec: Manifest) -> Manifest:
     }
 
 
-def nvidia_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
+# The add-on images' upstream registries; ``addon_registry`` replaces them (a mirror keeps the paths).
+NVIDIA_PLUGIN_IMAGE = ("nvcr.io", "nvidia/k8s-device-plugin")
+EFA_PLUGIN_IMAGE = ("public.ecr.aws", "eks/aws-efa-k8s-device-plugin")
+OPERATOR_IMAGE = ("quay.io", "kuberay/operator")
+
+
+def addon_image(config: RunConfig, upstream: tuple[str, str], version: str, digest: str | None = None) -> str:
+    """``registry/path:vX.Y.Z``, from the mirror when one is set, and ``@digest`` when one is known."""
+    registry, path = upstream
+    image = f"{config.addon_registry or registry}/{path}:{_tag(version)}"
+    return f"{image}@{digest}" if digest else image
+
+
+def addon_images(config: RunConfig) -> dict[str, str]:
+    """{"nvidia" | "efa" | "operator": image by tag} of the add-ons this run installs."""
+    images = {"nvidia": addon_image(config, NVIDIA_PLUGIN_IMAGE, config.nvidia_device_plugin_version)}
+    if config.wants_efa():
+        images["efa"] = addon_image(config, EFA_PLUGIN_IMAGE, config.efa_device_plugin_version)
+    images["operator"] = addon_image(config, OPERATOR_IMAGE, config.kuberay_version)
+    return images
+
+
+def nvidia_device_plugin(config: RunConfig, run_id: str, digest: str | None = None) -> list[Manifest]:
     """NVIDIA's device plugin, on GPU nodes only: it makes ``nvidia.com/gpu`` allocatable.
 
     Which nodes: the chart's three labels (any one), NFD's PCI vendor 10de, NFD's Tegra CPU vendor,
@@ -166,7 +188,7 @@ def nvidia_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
         "containers": [{
             "name": "nvidia-device-plugin-ctr",
-            "image": f"nvcr.io/nvidia/k8s-device-plugin:{_tag(config.nvidia_device_plugin_version)}",
+            "image": addon_image(config, NVIDIA_PLUGIN_IMAGE, config.nvidia_device_plugin_version, digest),
             # It only talks to the kubelet over a socket in the mounted dir: no privileges needed.
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
             "volumeMounts": [{"name": "device-plugins", "mountPath": DEVICE_PLUGIN_DIR}],
@@ -176,7 +198,7 @@ def nvidia_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
     return [_daemonset(NVIDIA_PLUGIN_NAME, run_id, spec)]
 
 
-def efa_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
+def efa_device_plugin(config: RunConfig, run_id: str, digest: str | None = None) -> list[Manifest]:
     """AWS's EFA device plugin on EFA-capable GPU instance types: it makes ``vpc.amazonaws.com/efa`` allocatable.
 
     Placed like the chart (node affinity on the instance-type label, never on EKS Auto Mode nodes,
@@ -209,7 +231,7 @@ def efa_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
         ]}}},
         "containers": [{
             "name": "aws-efa-k8s-device-plugin",
-            "image": f"public.ecr.aws/eks/aws-efa-k8s-device-plugin:{_tag(config.efa_device_plugin_version)}",
+            "image": addon_image(config, EFA_PLUGIN_IMAGE, config.efa_device_plugin_version, digest),
             "securityContext": security,
             "resources": {"requests": {"cpu": "10m", "memory": "20Mi"}},
             "volumeMounts": mounts,
@@ -223,7 +245,7 @@ def _rules(rules: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
     return [{"apiGroups": list(g), "resources": list(r), "verbs": list(v)} for g, r, v in rules]
 
 
-def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest]) -> list[Manifest]:
+def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest], digest: str | None = None) -> list[Manifest]:
     """KubeRay's CRDs and operator as the ``kuberay-operator`` chart installs them, in ``rtui-kuberay``.
 
     The chart's defaults, minus its metrics Service (nothing scrapes it) and feature-gate flags
@@ -276,7 +298,7 @@ def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest]) -> li
                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": off_gpu_nodes}},
                     "containers": [{
                         "name": KUBERAY_NAME,
-                        "image": f"quay.io/kuberay/operator:{tag}",
+                        "image": addon_image(config, OPERATOR_IMAGE, config.kuberay_version, digest),
                         "imagePullPolicy": "IfNotPresent",
                         "command": ["/manager"],
                         "args": ["--enable-leader-election=true"],
