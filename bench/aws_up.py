@@ -176,6 +176,7 @@ def main() -> None:
     calls: collections.Counter[str] = collections.Counter()
     with tempfile.TemporaryDirectory(prefix="rtui-aws-bench-") as tmp:
         os.environ["RTUI_STATE_DIR"] = str(Path(tmp) / "state")
+        os.environ["RTUI_CONFIG_DIR"] = str(Path(tmp) / "config")  # where crd_dir vouches for its RayService CRD
         crds = crd_dir(Path(tmp))
         kuberay_crds(str(crds), "1.7.0")
         for rep in range(args.reps):

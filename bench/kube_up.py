@@ -105,6 +105,7 @@ def main() -> None:
     # Parsing KubeRay's 2 MB of CRDs takes about a second of real CPU on either path and does not
     # scale with the simulated minutes: done once here, outside both timings.
     with tempfile.TemporaryDirectory(prefix="rtui-kube-bench-") as tmp:
+        os.environ["RTUI_CONFIG_DIR"] = str(Path(tmp) / "config")  # where crd_dir vouches for its RayService CRD
         crds = crd_dir(Path(tmp))
         kuberay_crds(str(crds), "1.7.0")
         for rep in range(args.reps):

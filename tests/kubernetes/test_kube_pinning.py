@@ -1,4 +1,5 @@
-"""Issue 23 item 6: what runs is what the plan showed — every image pinned by digest at plan time.
+"""Issue 23 item 6: what runs is what the plan showed — every image pinned by digest at plan time,
+and KubeRay's CRDs applied only as the release's bytes, never with a conversion webhook.
 
 The real CLI (this checkout) against the emulated API server and the registry double
 (``fake_registry``: per-repository token scopes, HEAD with ``Docker-Content-Digest``, 404 for an
@@ -8,9 +9,11 @@ unknown tag), with the add-on images served by that registry as a mirror (``--ad
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from backend.store import RunStore
-from tests.kubernetes.kube_world import KubeWorld, gpu_cluster, world
+from tests.kubernetes.crds import vouch_for
+from tests.kubernetes.kube_world import KubeWorld, failure, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -69,3 +72,27 @@ def test_an_image_that_cannot_be_pinned_stops_the_plan_in_one_line_unless_allowe
     del world.registry.tags["kuberay/operator:v1.7.0"]
     refused = world.rtui("plan", check=False)
     assert refused.returncode == 2 and f"{world.registry.host}/kuberay/operator:v1.7.0" in refused.stderr
+
+
+def test_crds_that_are_not_the_release_or_convert_through_a_webhook_never_reach_the_cluster(
+        world: KubeWorld, tmp_path: Path) -> None:
+    gpu_cluster(world.cluster)
+    crds = Path(world.env["RTUI_KUBERAY_CRDS"])
+    hooked = tmp_path / "hooked"
+    hooked.mkdir()
+    for file in crds.iterdir():
+        (hooked / file.name).write_bytes(file.read_bytes())
+    service = (hooked / "ray.io_rayservices.yaml").read_text().replace(
+        "  scope: Namespaced\n", "  scope: Namespaced\n  conversion:\n    strategy: Webhook\n    webhook:\n"
+        "      conversionReviewVersions: [v1]\n      clientConfig: {url: 'https://convert.example.net/ray'}\n")
+    (hooked / "ray.io_rayservices.yaml").write_text(service)
+    failed = world.rtui("up", "--yes", "--json", "--until", "k8s.kuberay-operator", check=False,
+                        env={**world.env, "RTUI_KUBERAY_CRDS": str(hooked)})
+    assert failed.returncode != 0
+    assert "not KubeRay 1.7.0's" in failure(failed.stdout)  # the stand-in's new bytes are not vouched for
+    vouch_for(hooked / "ray.io_rayservices.yaml")  # vouched for: still refused for its webhook
+    failed = world.rtui("up", "--yes", "--json", "--until", "k8s.kuberay-operator", check=False,
+                        env={**world.env, "RTUI_KUBERAY_CRDS": str(hooked)})
+    assert failed.returncode != 0 and "convert.example.net" in failure(failed.stdout)
+    assert world.cluster.objects("CustomResourceDefinition") == []
+    world.rtui("down", "--yes", timeout=120)
