@@ -110,6 +110,9 @@ class RunConfig(BaseModel):
     model_id: str = Field("", description="Hugging Face model id, or a model directory on disk (default: "
                                           f"{DEFAULT_MODEL_ID} on GPU clusters, a tiny random Qwen2 locally; "
                                           "locally only a directory)")
+    model_revision: str = Field("", description="Hugging Face revision of --model-id: a branch, tag or commit "
+                                                "(default: main), resolved to its commit when planning; the job "
+                                                "loads that commit")
     steps: int = Field(100, ge=1, le=10_000_000, description="Training steps")
     seq_len: int = Field(128, ge=8, le=131_072, description="Sequence length in tokens")
     batch_size: int = Field(0, ge=0, le=4096, description="Per-worker micro-batch (0 = 1 on GPU clusters, 32 locally)")
@@ -283,7 +286,7 @@ TARGET_FIELDS: dict[str, frozenset[str]] = {
                                        "private_subnet_ids", "api_cidrs", "system_node_type", "system_node_count")},
     **{f: _CLUSTER for f in ("gpu_node_type", "gpu_node_count", "gpus_per_node", "namespace", "image",
                              "kuberay_version", "ray_version", "nvidia_device_plugin_version",
-                             "efa_device_plugin_version", "kuberay_crds", "hf_token", "model_id",
+                             "efa_device_plugin_version", "kuberay_crds", "hf_token", "model_id", "model_revision",
                              "allow_unpinned", "addon_registry")},
     **{f: frozenset({"kube"}) for f in ("kubeconfig", "context")},
     **{f: frozenset({"local"}) for f in ("local_cpus", "local_worker_nodes", "local_dashboard_port",

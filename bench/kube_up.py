@@ -72,7 +72,8 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> float:
         with FakeRegistry() as registry, FakeControlPlane(cluster, timings=timings):
             gpu_cluster(cluster, 2)
             config = RunConfig(target="kube", kubeconfig=str(cluster.kubeconfig), image=registry.image(),
-                               addon_registry=registry.host, kuberay_crds=str(crds))
+                               addon_registry=registry.host, kuberay_crds=str(crds),
+                               model_revision="0" * 40)  # a commit: no Hub asked
             store = RunStore(work / f"state-{order}")
             record = store.new(target="kube", cluster_name=config.cluster_name,
                                config=config.model_dump(mode="json"))

@@ -29,6 +29,8 @@ _ENV = {
     # No registry answers here (the default image is on public.ecr.aws): the aws layer's tests plan on
     # with tags, as a user passing --allow-unpinned does; pinning is tested in tests/kubernetes.
     "RTUI_ALLOW_UNPINNED": "true",
+    # The model's commit given (a full sha is used as it is): the plan asks no Hub.
+    "RTUI_MODEL_REVISION": "0" * 40,
 }
 _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
 

@@ -49,7 +49,7 @@ async def collect(events: AsyncIterator[StepEvent]) -> Outcome:
 def session_for(**values: Any) -> RunSession:
     # No registry answers here: the plan goes on with tags (--allow-unpinned); tests/kubernetes pins.
     return RunSession.for_config(resolve_config({"target": "aws", "region": REGION, "allow_unpinned": "true",
-                                                 **values}, environ={}))
+                                                 "model_revision": "0" * 40, **values}, environ={}))
 
 
 async def up(session: RunSession, *, until: str | None = "aws", az_failover: bool = False) -> Outcome:
