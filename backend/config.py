@@ -93,6 +93,10 @@ class RunConfig(BaseModel):
     addon_registry: str = Field("", description="A registry (HOST[/PATH]) mirroring the add-on images under their "
                                                 "upstream paths (nvidia/k8s-device-plugin, eks/aws-efa-k8s-device-"
                                                 "plugin, kuberay/operator); default: nvcr.io, public.ecr.aws, quay.io")
+    operator_scope: Literal["namespace", "cluster"] = Field(
+        "namespace", description="What the KubeRay operator rtui installs may act on: the run's namespace only "
+                                 "(a Role there, --watch-namespace), or every namespace (a ClusterRole: secrets and "
+                                 "pods of all namespaces)")
     kuberay_crds: str = Field("", description="Where the KubeRay CRDs come from: a dir of ray.io_*.yaml or an https "
                                               "URL prefix (default: the KubeRay release; set a dir when offline)")
     kubeconfig: str | None = Field(None, description="kubeconfig file (kube target; default: KUBECONFIG, else "
@@ -287,6 +291,7 @@ TARGET_FIELDS: dict[str, frozenset[str]] = {
     **{f: _CLUSTER for f in ("gpu_node_type", "gpu_node_count", "gpus_per_node", "namespace", "image",
                              "kuberay_version", "ray_version", "nvidia_device_plugin_version",
                              "efa_device_plugin_version", "kuberay_crds", "hf_token", "model_id", "model_revision",
+                             "operator_scope",
                              "allow_unpinned", "addon_registry")},
     **{f: frozenset({"kube"}) for f in ("kubeconfig", "context")},
     **{f: frozenset({"local"}) for f in ("local_cpus", "local_worker_nodes", "local_dashboard_port",

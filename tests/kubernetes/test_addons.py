@@ -141,8 +141,8 @@ def _roundtrip(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _operator(crds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return a.kuberay_operator(CONFIG, RUN, crds)
+def _operator(crds: list[dict[str, Any]], scope: str = "cluster") -> list[dict[str, Any]]:
+    return a.kuberay_operator(CONFIG.model_copy(update={"operator_scope": scope}), RUN, crds)
 
 
 def test_every_object_is_ours_and_names_the_run_that_installed_it(crds: list[dict[str, Any]]) -> None:
@@ -447,3 +447,30 @@ def test_the_shipped_sums_match_the_shared_release_files() -> None:
         pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
     for name in ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"):
         assert hashlib.sha256((SHARED / name).read_bytes()).hexdigest() == a.KUBERAY_CRD_SHA256["1.7.0"][name]
+
+
+# ----- issue 23 item 7: the operator rtui installs acts on the run's namespace only, unless asked -----
+
+def test_by_default_the_operator_watches_only_the_run_namespace_with_a_role_there(crds: list[dict[str, Any]]) -> None:
+    assert CONFIG.operator_scope == "namespace"
+    objects = a.kuberay_operator(CONFIG, RUN, crds)
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    roles = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects
+             if o["kind"] in ("Role", "RoleBinding")}
+    # As KubeRay's chart with singleNamespaceInstall and watchNamespace: the ClusterRole's rules in a
+    # Role of the watched namespace, bound to the operator's account in its own namespace.
+    role = roles[("Role", CONFIG.namespace, "rtui-kuberay-operator")]
+    assert role["rules"] == next(o for o in _operator(crds) if o["kind"] == "ClusterRole")["rules"]
+    binding = roles[("RoleBinding", CONFIG.namespace, "rtui-kuberay-operator")]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "rtui-kuberay-operator"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberay-operator", "namespace": "rtui-kuberay"}]
+    assert ("Role", "rtui-kuberay", "kuberay-operator-leader-election") in roles  # leader election stays
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "--enable-leader-election=true", "--watch-namespace", CONFIG.namespace]
+    assert a.watched_namespaces(deployment) == [CONFIG.namespace]
+    for obj in objects[3:]:
+        assert _roundtrip(obj) == obj, obj["kind"]
+    wide = [o for o in _operator(crds) if o["kind"] == "Deployment"][0]
+    assert a.watched_namespaces(wide) is None

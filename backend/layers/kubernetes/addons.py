@@ -271,16 +271,32 @@ def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest], diges
         {"key": GPU_NODE_LABEL, "operator": "NotIn", "values": ["true"]}]}]}
     deployment_meta = _metadata(KUBERAY_NAME, run_id, ns)
     deployment_meta["labels"]["app.kubernetes.io/version"] = tag
+    args = ["--enable-leader-election=true"]
+    if config.operator_scope == "namespace":
+        # The chart's singleNamespaceInstall with watchNamespace = the run's namespace (v1.7.0
+        # templates multiple_namespaces_role(binding).yaml, deployment.yaml): the same rules in a Role
+        # there, bound to the operator's account, and the operator told to watch only that namespace.
+        args += ["--watch-namespace", config.namespace]
+        access = [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id, config.namespace), "rules": _rules(_KUBERAY_RULES)},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id, config.namespace),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": KUBERAY_CLUSTER_ROLE},
+             "subjects": [account]}]
+    else:
+        access = [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id), "rules": _rules(_KUBERAY_RULES)},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": KUBERAY_CLUSTER_ROLE},
+             "subjects": [account]}]
     return [
         *owned_crds,
         {"apiVersion": "v1", "kind": "Namespace", "metadata": _metadata(ns, run_id)},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(KUBERAY_NAME, run_id, ns)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id), "rules": _rules(_KUBERAY_RULES)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": KUBERAY_CLUSTER_ROLE},
-         "subjects": [account]},
+        *access,
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": _metadata(leader, run_id, ns), "rules": _rules(_LEADER_RULES)},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -301,7 +317,7 @@ def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest], diges
                         "image": addon_image(config, OPERATOR_IMAGE, config.kuberay_version, digest),
                         "imagePullPolicy": "IfNotPresent",
                         "command": ["/manager"],
-                        "args": ["--enable-leader-election=true"],
+                        "args": args,
                         "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
                         "livenessProbe": copy.deepcopy(probe),
                         "readinessProbe": copy.deepcopy(probe),
@@ -569,6 +585,18 @@ def find_device_plugin(kind: Literal["nvidia", "efa"], daemonsets: list[dict[str
     adopted, not installed twice); one being deleted does not.
     """
     return _pick([ds for ds in daemonsets if any(_provides(kind, c.get("image", "")) for c in _containers(ds))])
+
+
+def watched_namespaces(deployment: dict[str, Any]) -> list[str] | None:
+    """The namespaces a KubeRay operator Deployment watches (its ``--watch-namespace``), None: all."""
+    for container in _containers(deployment):
+        words = [*(container.get("command") or []), *(container.get("args") or [])]
+        for i, word in enumerate(words):
+            value = words[i + 1] if word == "--watch-namespace" and i + 1 < len(words) else \
+                word.split("=", 1)[1] if word.startswith("--watch-namespace=") else None
+            if value is not None:
+                return [n for n in value.split(",") if n]
+    return None
 
 
 def find_kuberay_operator(deployments: list[dict[str, Any]], crds: list[dict[str, Any]]) -> dict[str, Any] | None:

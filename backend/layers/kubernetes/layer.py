@@ -274,6 +274,7 @@ class KubernetesLayer(Layer):
         gpu = [n for n in nodes if pods.is_gpu_node(n)]
         results.append(self._gpu_node_check(config, nodes, gpu))
         results.extend(await self._foreign_objects(api, ctx))
+        results.extend(await self._operator_reach(api, ctx))
         return results + self._token_check(config)
 
     @staticmethod
@@ -333,6 +334,28 @@ class KubernetesLayer(Layer):
                 detail=f"a RayCluster of this name in {config.namespace} was not made by this run",
                 remedy="choose another --cluster-name"))
         return out
+
+    @staticmethod
+    async def _operator_reach(api: KubeApi, ctx: Context) -> list[CheckResult]:
+        """A KubeRay operator already running (rtui's for another run, or anyone's) that watches only
+        other namespaces would never reconcile this run's RayCluster: said before anything is applied."""
+        from backend.layers.kubernetes.handlers import list_if_served
+
+        try:
+            found = addons.find_kuberay_operator(await api.list("apps/v1", "Deployment"),
+                                                 await list_if_served(api, "apiextensions.k8s.io/v1",
+                                                                      "CustomResourceDefinition"))
+        except UserError:
+            return []  # the operator handler says what is wrong with it
+        watched = None if found is None else addons.watched_namespaces(found)
+        if found is None or watched is None or ctx.config.namespace in watched:
+            return []
+        where = f"{found['metadata'].get('namespace')}/{found['metadata'].get('name')}"
+        return [CheckResult(id="kube.operator-scope", title="KubeRay operator", status=CheckStatus.FAIL,
+                            detail=f"the operator {where} watches only {', '.join(watched)}, "
+                                   f"not {ctx.config.namespace}",
+                            remedy="run after the run that installed it is down (its last run removes it), or have "
+                                   "one operator for every namespace (--operator-scope cluster on the first run)")]
 
     # --- ClusterAccess -------------------------------------------------------------------
     def access(self) -> KubernetesLayer:
