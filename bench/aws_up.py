@@ -121,7 +121,8 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
         with FakeRegistry() as registry, FakeControlPlane(cluster, timings=timings):
             config = RunConfig(target="aws", region="us-east-1", image=registry.image(),
                                addon_registry=registry.host, kuberay_crds=str(crds), cluster_name=f"bench-{order}",
-                               model_revision="0" * 40)  # a commit: no Hub asked
+                               model_revision="0" * 40,  # a commit: no Hub asked
+                               operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)
             store = RunStore(work / "state")
             record = store.new(target="aws", cluster_name=config.cluster_name, config=config.model_dump(mode="json"))
             session = RunSession(store, record, config)

@@ -73,7 +73,8 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> float:
             gpu_cluster(cluster, 2)
             config = RunConfig(target="kube", kubeconfig=str(cluster.kubeconfig), image=registry.image(),
                                addon_registry=registry.host, kuberay_crds=str(crds),
-                               model_revision="0" * 40)  # a commit: no Hub asked
+                               model_revision="0" * 40,  # a commit: no Hub asked
+                               operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)
             store = RunStore(work / f"state-{order}")
             record = store.new(target="kube", cluster_name=config.cluster_name,
                                config=config.model_dump(mode="json"))

@@ -26,13 +26,17 @@ _ENV = {
     "AWS_CONFIG_FILE": "/nonexistent/rtui-test-aws-config",
     "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/rtui-test-aws-credentials",
     "AWS_EC2_METADATA_DISABLED": "true",
-    # No registry answers here (the default image is on public.ecr.aws): the aws layer's tests plan on
-    # with tags, as a user passing --allow-unpinned does; pinning is tested in tests/kubernetes.
-    "RTUI_ALLOW_UNPINNED": "true",
-    # The model's commit given (a full sha is used as it is): the plan asks no Hub.
-    "RTUI_MODEL_REVISION": "0" * 40,
 }
 _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+@pytest.fixture(autouse=True)
+def _nothing_but_aws(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No registry or Hub answers here: the aws tests plan on with tags (as --allow-unpinned does) and
+    a given model commit (a full sha is used without asking the Hub). Set after tests/conftest.py's
+    isolated_env, which clears every RTUI_* variable; pinning is tested in tests/kubernetes."""
+    monkeypatch.setenv("RTUI_ALLOW_UNPINNED", "true")
+    monkeypatch.setenv("RTUI_MODEL_REVISION", "0" * 40)
 
 
 @pytest.fixture(scope="session")

@@ -382,6 +382,8 @@ class OperatorHandler(AddonHandler):
     address = OPERATOR
     title = "Install the KubeRay operator"
     expected_s = 60.0
+    # Shared by runs: a namespace this run creates (the Role's home) never remakes another run's operator.
+    follows_dependencies = False
 
     def objects(self, ctx: Context, crds: list[Manifest], digest: str | None = None) -> list[Manifest]:
         return addons.kuberay_operator(ctx.config, ctx.record.run_id, crds, digest)

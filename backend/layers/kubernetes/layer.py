@@ -231,7 +231,10 @@ class KubernetesLayer(Layer):
         if config.wants_efa():
             out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa", self._pinned_spec(addon["efa"]), *gpu))
             plugins.append(EFA_PLUGIN)
-        out.append(res(OPERATOR, "kuberay-operator", self._pinned_spec(addon["operator"]), *system))
+        # Scoped to the run's namespace, the operator's Role lives there: the namespace comes first.
+        scoped = [NAMESPACE] if config.operator_scope == "namespace" else []
+        out.append(res(OPERATOR, "kuberay-operator", {**self._pinned_spec(addon["operator"]),
+                                                      "scope": config.operator_scope}, *scoped, *system))
         out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
         spec = {**self._pinned_spec(config.image), "gpu_nodes": config.gpu_node_count,
                 "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
