@@ -185,7 +185,8 @@ class KubernetesLayer(Layer):
         """
         config = ctx.config
         wanted = [config.image, *addons.addon_images(config).values()]
-        asked = [i for i in dict.fromkeys(wanted) if i not in self._images]
+        # A digest found is kept for the process (the TUI plans again); one not found is asked again.
+        asked = [i for i in dict.fromkeys(wanted) if i not in self._images or self._images[i].digest is None]
         found = await asyncio.gather(*(asyncio.to_thread(resolve_digest, i) for i in asked))
         self._images.update(zip(asked, found, strict=True))
         unpinned = [self._images[i] for i in wanted if self._images[i].digest is None]
