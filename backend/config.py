@@ -47,6 +47,9 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     "vpc_id": (r"vpc-[0-9a-f]{8,17}", "a VPC id such as vpc-0abc12345def67890"),
     "private_subnet_ids": (r"(subnet-[0-9a-f]{8,17}(,subnet-[0-9a-f]{8,17})*)?",
                            "subnet ids, comma-separated, such as subnet-0abc1234,subnet-0def5678"),
+    "addon_registry": (r"([a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d{1,5})?(/[a-z0-9._-]+)*)?",
+                       "a registry host with an optional port and path, such as 123456789012.dkr.ecr.us-east-1."
+                       "amazonaws.com/mirror (no scheme, no tag)"),
     "api_cidrs": (r"(\d{1,3}(\.\d{1,3}){3}/\d{1,2}(,\d{1,3}(\.\d{1,3}){3}/\d{1,2})*)?",
                   "IPv4 CIDRs, comma-separated, such as 203.0.113.0/24"),
 }
@@ -85,6 +88,15 @@ class RunConfig(BaseModel):
     ray_version: str = Field("2.58.0", description="Ray version in the image")
     nvidia_device_plugin_version: str = Field("0.18.0", description="NVIDIA device plugin version")
     efa_device_plugin_version: str = Field("0.5.6", description="EFA device plugin version")
+    allow_unpinned: bool = Field(False, description="Go on when an image's digest cannot be resolved at plan time "
+                                                    "(the plan then flags the tags it pulls)")
+    addon_registry: str = Field("", description="A registry (HOST[/PATH]) mirroring the add-on images under their "
+                                                "upstream paths (nvidia/k8s-device-plugin, eks/aws-efa-k8s-device-"
+                                                "plugin, kuberay/operator); default: nvcr.io, public.ecr.aws, quay.io")
+    operator_scope: Literal["namespace", "cluster"] = Field(
+        "namespace", description="What the KubeRay operator rtui installs may act on: the run's namespace only "
+                                 "(a Role there, --watch-namespace), or every namespace (a ClusterRole: secrets and "
+                                 "pods of all namespaces)")
     kuberay_crds: str = Field("", description="Where the KubeRay CRDs come from: a dir of ray.io_*.yaml or an https "
                                               "URL prefix (default: the KubeRay release; set a dir when offline)")
     kubeconfig: str | None = Field(None, description="kubeconfig file (kube target; default: KUBECONFIG, else "
@@ -102,6 +114,9 @@ class RunConfig(BaseModel):
     model_id: str = Field("", description="Hugging Face model id, or a model directory on disk (default: "
                                           f"{DEFAULT_MODEL_ID} on GPU clusters, a tiny random Qwen2 locally; "
                                           "locally only a directory)")
+    model_revision: str = Field("", description="Hugging Face revision of --model-id: a branch, tag or commit "
+                                                "(default: main), resolved to its commit when planning; the job "
+                                                "loads that commit")
     steps: int = Field(100, ge=1, le=10_000_000, description="Training steps")
     seq_len: int = Field(128, ge=8, le=131_072, description="Sequence length in tokens")
     batch_size: int = Field(0, ge=0, le=4096, description="Per-worker micro-batch (0 = 1 on GPU clusters, 32 locally)")
@@ -143,7 +158,7 @@ class RunConfig(BaseModel):
     local_vocab_size: int = Field(1024, ge=16, le=262_144, description="Tiny local model: vocabulary size")
 
     @field_validator("cluster_name", "namespace", "region", "gpu_node_type", "system_node_type", "job_env", "vpc_id",
-                     "private_subnet_ids", "api_cidrs")
+                     "private_subnet_ids", "api_cidrs", "addon_registry")
     @classmethod
     def _matches_pattern(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
@@ -275,7 +290,9 @@ TARGET_FIELDS: dict[str, frozenset[str]] = {
                                        "private_subnet_ids", "api_cidrs", "system_node_type", "system_node_count")},
     **{f: _CLUSTER for f in ("gpu_node_type", "gpu_node_count", "gpus_per_node", "namespace", "image",
                              "kuberay_version", "ray_version", "nvidia_device_plugin_version",
-                             "efa_device_plugin_version", "kuberay_crds", "hf_token", "model_id")},
+                             "efa_device_plugin_version", "kuberay_crds", "hf_token", "model_id", "model_revision",
+                             "operator_scope",
+                             "allow_unpinned", "addon_registry")},
     **{f: frozenset({"kube"}) for f in ("kubeconfig", "context")},
     **{f: frozenset({"local"}) for f in ("local_cpus", "local_worker_nodes", "local_dashboard_port",
                                          "local_hidden_size", "local_layers", "local_heads", "local_vocab_size")},

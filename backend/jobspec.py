@@ -50,7 +50,8 @@ def training_package_dir() -> Path:
     return Path(training.__file__).resolve().parent
 
 
-def build_job_spec(config: RunConfig) -> JobSpec:
+def build_job_spec(config: RunConfig, model_revision: str | None = None) -> JobSpec:
+    """The job of this config; ``model_revision``: the hub commit the plan resolved (backend.hub)."""
     workers = config.effective_workers()
     args = [
         "python", "-m", "training.train",
@@ -97,6 +98,8 @@ def build_job_spec(config: RunConfig) -> JobSpec:
         "TOKENIZERS_PARALLELISM": "false",
     }
     model_id = config.effective_model_id()
+    if model_revision:
+        args += ["--model-revision", model_revision]
     if config.target == "local":
         args += ["--device", "cpu"]
         if model_id:  # a model directory on this machine, loaded as on a cluster (from_pretrained)

@@ -23,7 +23,8 @@ from backend.paths import state_dir
 
 # The fields that choose what runs (image, CRDs), what is read (token file, kubeconfig with its exec
 # plugins, the environment passed on) or where results go (storage_path may be an s3:// bucket).
-GUARDED_FIELDS: tuple[str, ...] = ("image", "kuberay_crds", "hf_token", "job_env", "kubeconfig", "storage_path")
+GUARDED_FIELDS: tuple[str, ...] = ("image", "addon_registry", "kuberay_crds", "hf_token", "job_env", "kubeconfig",
+                                   "storage_path")
 
 TRUST_COMMAND = "rtui config trust"
 _TRUST_FILE = "trusted-config.json"

@@ -119,8 +119,10 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
         SCRIPT.on_nodegroup_active = join_nodes(cluster)
         timings = Timings(addon_s=minute, pull_s=5 * minute, start_s=minute, stop_s=0.0)
         with FakeRegistry() as registry, FakeControlPlane(cluster, timings=timings):
-            config = RunConfig(target="aws", region="us-east-1", image=registry.image(), kuberay_crds=str(crds),
-                               cluster_name=f"bench-{order}")
+            config = RunConfig(target="aws", region="us-east-1", image=registry.image(),
+                               addon_registry=registry.host, kuberay_crds=str(crds), cluster_name=f"bench-{order}",
+                               model_revision="0" * 40,  # a commit: no Hub asked
+                               operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)
             store = RunStore(work / "state")
             record = store.new(target="aws", cluster_name=config.cluster_name, config=config.model_dump(mode="json"))
             session = RunSession(store, record, config)
@@ -176,6 +178,7 @@ def main() -> None:
     calls: collections.Counter[str] = collections.Counter()
     with tempfile.TemporaryDirectory(prefix="rtui-aws-bench-") as tmp:
         os.environ["RTUI_STATE_DIR"] = str(Path(tmp) / "state")
+        os.environ["RTUI_CONFIG_DIR"] = str(Path(tmp) / "config")  # where crd_dir vouches for its RayService CRD
         crds = crd_dir(Path(tmp))
         kuberay_crds(str(crds), "1.7.0")
         for rep in range(args.reps):

@@ -72,7 +72,9 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> float:
         with FakeRegistry() as registry, FakeControlPlane(cluster, timings=timings):
             gpu_cluster(cluster, 2)
             config = RunConfig(target="kube", kubeconfig=str(cluster.kubeconfig), image=registry.image(),
-                               kuberay_crds=str(crds))
+                               addon_registry=registry.host, kuberay_crds=str(crds),
+                               model_revision="0" * 40,  # a commit: no Hub asked
+                               operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)
             store = RunStore(work / f"state-{order}")
             record = store.new(target="kube", cluster_name=config.cluster_name,
                                config=config.model_dump(mode="json"))
@@ -105,6 +107,7 @@ def main() -> None:
     # Parsing KubeRay's 2 MB of CRDs takes about a second of real CPU on either path and does not
     # scale with the simulated minutes: done once here, outside both timings.
     with tempfile.TemporaryDirectory(prefix="rtui-kube-bench-") as tmp:
+        os.environ["RTUI_CONFIG_DIR"] = str(Path(tmp) / "config")  # where crd_dir vouches for its RayService CRD
         crds = crd_dir(Path(tmp))
         kuberay_crds(str(crds), "1.7.0")
         for rep in range(args.reps):

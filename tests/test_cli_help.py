@@ -28,7 +28,7 @@ def test_help_lists_choices_defaults_and_placeholders(command: tuple[str, ...]) 
     assert "(default: local)" in text and "(default: auto)" in text and "(default: rtui-ray)" in text
     assert "--gpus-per-node N GPUs per GPU node (default: 4)" in text
     assert "--region REGION AWS region (default: us-east-1)" in text
-    assert "--cluster-name NAME" in text and "--gpu-node-count N" in text and "--compile {true,false}" in text
+    assert "--cluster-name NAME" in text and "--gpu-node-count N" in text and "--compile [{true,false}]" in text
     assert "--system-node-type INSTANCE_TYPE" in text and "--local-dashboard-port PORT" in text
     for bad in ("NODE", "COUNT", "CLUSTER_NAME", "GPU_NODE_TYPE", "DASHBOARD_PORT"):
         assert f" {bad}" not in text, bad

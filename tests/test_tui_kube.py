@@ -28,6 +28,7 @@ from screens.plan import PlanScreen
 from screens.provision import ProvisionScreen
 from screens.run import RunScreen
 from screens.target import TargetScreen
+from tests.fake_hub import FakeHub
 from tests.kubernetes.conftest import CONTEXT, KubeCluster
 from tests.kubernetes.crds import crd_dir
 from tests.kubernetes.fake_control import FakeControlPlane, Timings
@@ -53,7 +54,7 @@ class KubeWorld:
     def session(self, **flags: str) -> RunSession:
         return RunSession.for_config(resolve_config({
             "target": "kube", "kubeconfig": str(self.kubeconfig), "image": self.registry.image(),
-            "kuberay_crds": str(self.crds), "steps": "5", **flags}, environ={}))
+            "addon_registry": self.registry.host, "kuberay_crds": str(self.crds), "steps": "5", **flags}, environ={}))
 
 
 def two_contexts(cluster: KubeCluster, path: Path) -> Path:
@@ -88,8 +89,9 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeWorld
         monkeypatch.setenv("RTUI_CACHE_DIR", str(tmp_path / "cache"))
         head = FakeRayHead(steps=5).start()
         try:
-            with FakeRegistry() as registry, \
+            with FakeRegistry() as registry, FakeHub() as hub, \
                     FakeControlPlane(cluster, SLOW_ENOUGH_TO_WATCH, jobs_url=head.url) as control:
+                monkeypatch.setenv("HF_ENDPOINT", hub.url)  # the Hub the plan asks for the model's commit
                 yield KubeWorld(cluster, control, registry, kubeconfig, crd_dir(tmp_path))
             assert not control.errors, control.errors[:3]
         finally:

@@ -57,6 +57,7 @@ class TrainConfig:
     reduce_dtype: ReduceDtype = "fp32"
     device: Device = "cpu"
     model_id: str | None = None  # None: a tiny Qwen2 built from the tiny_* fields
+    model_revision: str | None = None  # the hub commit rtui resolved at plan time (None: a local dir)
     tiny_hidden_size: int = 64
     tiny_layers: int = 2
     tiny_heads: int = 4

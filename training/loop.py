@@ -72,7 +72,7 @@ def build_model(cfg: TrainConfig) -> Any:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if cfg.model_id:
-        return load_pretrained(cfg.model_id)
+        return load_pretrained(cfg.model_id, revision=cfg.model_revision)
     heads = cfg.tiny_heads
     config = Qwen2Config(
         vocab_size=cfg.tiny_vocab_size, hidden_size=cfg.tiny_hidden_size,

@@ -35,13 +35,14 @@ def for_training(model: Any) -> Any:
     return model
 
 
-def load_pretrained(model_id: str) -> Any:
-    """A Qwen2 causal LM from a hub id or a local Hugging Face directory, with fp32 master weights
-    whatever dtype it was saved in, in training mode."""
+def load_pretrained(model_id: str, revision: str | None = None) -> Any:
+    """A Qwen2 causal LM from a hub id (at ``revision``, the commit the plan showed) or a local Hugging
+    Face directory, with fp32 master weights whatever dtype it was saved in, in training mode."""
     import torch
     from transformers import Qwen2ForCausalLM
 
-    model = Qwen2ForCausalLM.from_pretrained(model_id, dtype=torch.float32)
+    # transformers' own default is "main"; a local directory has no revision and ignores it.
+    model = Qwen2ForCausalLM.from_pretrained(model_id, revision=revision or "main", dtype=torch.float32)
     return for_training(model)
 
 

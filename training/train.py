@@ -79,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-id", default=d.model_id,
                    help="Hugging Face model id or local model directory, loaded with fp32 master weights in "
                         "training mode (default: a tiny random Qwen2 from the --tiny-* fields)")
+    p.add_argument("--model-revision", default=d.model_revision,
+                   help="the hub revision (a commit sha) of --model-id to load (default: the hub's main)")
     p.add_argument("--tiny-hidden-size", type=int, default=d.tiny_hidden_size)
     p.add_argument("--tiny-layers", type=int, default=d.tiny_layers)
     p.add_argument("--tiny-heads", type=int, default=d.tiny_heads)

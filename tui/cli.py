@@ -85,6 +85,7 @@ class Parser(argparse.ArgumentParser):
 _METAVAR = {
     "availability_zone": "AZ", "vpc_id": "VPC_ID", "private_subnet_ids": "SUBNET_ID,...", "api_cidrs": "CIDR,...",
     "system_node_type": "INSTANCE_TYPE", "gpu_node_type": "INSTANCE_TYPE", "image": "IMAGE",
+    "addon_registry": "HOST[/PATH]",
     "kuberay_crds": "DIR|URL", "kubeconfig": "FILE", "hf_token": "env:NAME|FILE", "model_id": "HUB_ID|DIR",
     "data": "cycle|random|PATH|s3://URI", "tokenizer": "DIR|HUB_ID", "storage_path": "DIR|s3://URI",
     "resume_from": "DIR|latest", "job_env": "NAME,...", "learning_rate": "RATE",
@@ -136,6 +137,8 @@ def _config_parent() -> Parser:
     for field in FIELD_NAMES:
         # --region may be repeated for `rtui check`; everywhere else the last one wins.
         extra: dict[str, Any] = {"action": "append"} if field == "region" else {}
+        if config_metavar(field) == "{true,false}":
+            extra = {"nargs": "?", "const": "true"}  # `--allow-unpinned` alone says yes
         group.add_argument(flag_name(field), dest=f"cfg_{field}", metavar=config_metavar(field),
                            default=argparse.SUPPRESS, help=config_help(field), **extra)
     return parent

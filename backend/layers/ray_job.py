@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import ClassVar
 
 from backend.errors import OperationError, UserError
+from backend.hub import Revision, resolve_revision
 from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context, Handler, Layer, job_secret_env
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
@@ -22,6 +24,19 @@ from backend.store import JobRecord, JobState
 
 JOB = "ray.job.train"
 STOP_WAIT_S = 15.0
+
+
+def _hub_token(source: str) -> str | None:
+    """The --hf-token value for asking the Hub about a private model (None: not set or unreadable;
+    the kubernetes layer's preflight says what is wrong with it)."""
+    if not source:
+        return None
+    from backend.layers.kubernetes.handlers import read_hf_token
+
+    try:
+        return read_hf_token(source)
+    except UserError:
+        return None
 
 
 class JobHandler(Handler):
@@ -43,7 +58,9 @@ class JobHandler(Handler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         jobs = await _jobs(ctx)
-        spec = build_job_spec(ctx.config)
+        # The commit the plan resolved and showed, never the branch's newer head.
+        revision = str(want.spec.get("model_revision") or "").split(" ", 1)[0] or None
+        spec = build_job_spec(ctx.config, revision)
         submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
         runtime_env = {**spec.runtime_env, "env_vars": {
             **spec.runtime_env.get("env_vars", {}), **_job_env(ctx),
@@ -85,11 +102,34 @@ class RayJobLayer(Layer):
     def handlers(self) -> Mapping[str, Handler]:
         return self._handlers
 
+    def __init__(self) -> None:
+        self._revisions: dict[tuple[str, str], Revision] = {}
+
+    async def prepare(self, ctx: Context) -> None:
+        """The hub commit the job loads, asked at plan time (none for a local model directory)."""
+        config = ctx.config
+        model_id = config.effective_model_id()
+        if config.target == "local" or model_id is None or (model_id, config.model_revision) in self._revisions:
+            return
+        if Path(model_id).expanduser().is_dir():
+            if config.model_revision:
+                raise UserError(f"--model-id {model_id} is a directory, which has no revision",
+                                remedy="drop --model-revision, or name a hub model id")
+            return
+        self._revisions[(model_id, config.model_revision)] = await asyncio.to_thread(
+            resolve_revision, model_id, config.model_revision, token=_hub_token(config.hf_token))
+
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
-        spec = build_job_spec(ctx.config)
+        revision = self._revision(ctx)
+        spec = build_job_spec(ctx.config, revision.sha if revision else None)
+        pinned = {"model_revision": f"{revision.sha} ({revision.asked})"} if revision else {}
         return [Resource(address=JOB, layer=self.name, kind="ray-job", cost_per_hour=0.0,
-                         spec={**spec.summary(), "spec_hash": spec.spec_hash},
+                         spec={**spec.summary(), **pinned, "spec_hash": spec.spec_hash},
                          depends_on=tuple(r.address for r in below))]
+
+    def _revision(self, ctx: Context) -> Revision | None:
+        model_id = ctx.config.effective_model_id()
+        return None if model_id is None else self._revisions.get((model_id, ctx.config.model_revision))
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         names = ctx.config.job_env_names()

@@ -30,6 +30,15 @@ _ENV = {
 _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
+@pytest.fixture(autouse=True)
+def _nothing_but_aws(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No registry or Hub answers here: the aws tests plan on with tags (as --allow-unpinned does) and
+    a given model commit (a full sha is used without asking the Hub). Set after tests/conftest.py's
+    isolated_env, which clears every RTUI_* variable; pinning is tested in tests/kubernetes."""
+    monkeypatch.setenv("RTUI_ALLOW_UNPINNED", "true")
+    monkeypatch.setenv("RTUI_MODEL_REVISION", "0" * 40)
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)

@@ -47,7 +47,9 @@ async def collect(events: AsyncIterator[StepEvent]) -> Outcome:
 
 
 def session_for(**values: Any) -> RunSession:
-    return RunSession.for_config(resolve_config({"target": "aws", "region": REGION, **values}, environ={}))
+    # No registry answers here: the plan goes on with tags (--allow-unpinned); tests/kubernetes pins.
+    return RunSession.for_config(resolve_config({"target": "aws", "region": REGION, "allow_unpinned": "true",
+                                                 "model_revision": "0" * 40, **values}, environ={}))
 
 
 async def up(session: RunSession, *, until: str | None = "aws", az_failover: bool = False) -> Outcome:

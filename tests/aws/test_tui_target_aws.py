@@ -20,7 +20,8 @@ FIXED_RUN_ID = "r20260101-000000-a2a2"
 
 
 def aws_session(**flags: str) -> RunSession:
-    session = RunSession.for_config(resolve_config({"target": "aws", "region": "us-east-1", **flags}, environ={}))
+    session = RunSession.for_config(resolve_config({"target": "aws", "region": "us-east-1", "allow_unpinned": "true",
+                                                    "model_revision": "0" * 40, **flags}, environ={}))
     session.record.run_id = FIXED_RUN_ID
     return session
 

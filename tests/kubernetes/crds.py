@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+
+from backend.layers.kubernetes.addons import TRUSTED_CRDS_FILE
 
 if TYPE_CHECKING:
     from tests.kubernetes.conftest import KubeCluster
@@ -32,8 +36,20 @@ spec:
 """
 
 
-def crd_dir(tmp_path: Path) -> Path:
-    """A folder rtui can load the operator's CRDs from (``--kuberay-crds``)."""
+STANDIN_SHA256 = hashlib.sha256(RAYSERVICE_CRD.encode()).hexdigest()
+
+
+def vouch_for(path: Path) -> None:
+    """List ``path``'s sha256 in the test's rtui config dir, as a user vouches for CRDs of their own."""
+    config = Path(os.environ["RTUI_CONFIG_DIR"])  # the test's own (tests/conftest.py), never the user's
+    config.mkdir(parents=True, exist_ok=True)
+    with (config / TRUSTED_CRDS_FILE).open("a") as out:
+        out.write(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
+
+
+def crd_dir(tmp_path: Path, *, vouch: bool = True) -> Path:
+    """A folder rtui can load the operator's CRDs from (``--kuberay-crds``): the shared v1.7.0 files,
+    which match the sha256 rtui ships, and the RayService stand-in, vouched for in the config dir."""
     if not (SHARED / "ray.io_rayclusters.yaml").is_file():
         pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
     folder = tmp_path / "crds"
@@ -41,6 +57,8 @@ def crd_dir(tmp_path: Path) -> Path:
     for name in ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"):
         (folder / name).symlink_to(SHARED / name)
     (folder / "ray.io_rayservices.yaml").write_text(RAYSERVICE_CRD)
+    if vouch:
+        vouch_for(folder / "ray.io_rayservices.yaml")
     return folder
 
 

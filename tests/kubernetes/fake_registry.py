@@ -1,7 +1,17 @@
 """A container registry on loopback that answers manifest HEADs the way public registries do.
 
 With ``token=True`` it first answers 401 with a ``WWW-Authenticate: Bearer`` challenge whose realm
-hands out an anonymous pull token (public.ecr.aws, Docker Hub and quay.io all do this).
+hands out an anonymous pull token (public.ecr.aws, Docker Hub and quay.io all do this). As in the
+token authentication spec (distribution/distribution ``docs/spec/auth/token.md``; Docker's
+``reference/api/registry/auth``), the challenge's ``scope`` names the repository asked for
+(``repository:<name>:pull``), the realm hands out a token for the scope in its query, and that token
+opens that repository only: a token of another repository is answered 401 again.
+
+``HEAD /v2/<name>/manifests/<tag>`` (OCI distribution spec, "Checking if content exists in the
+registry") answers 200 with ``Docker-Content-Digest`` (for a multi-platform tag, the *index*'s
+digest) and the manifest's media type, or 404 for a tag the repository does not have, without a body.
+The default ``tags`` hold the Ray test image and the add-on images rtui installs (device plugins,
+KubeRay operator) under their upstream paths, as a mirror (``--addon-registry``) serves them.
 
 ``GET`` of a tag's manifest answers as a multi-platform image does (OCI distribution spec, "Pulling
 manifests"; OCI image spec ``image-index.md`` and ``manifest.md``): the tag names an image index whose
@@ -16,16 +26,30 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-TOKEN = "anonymous-pull-token"
+TOKEN = "anonymous-pull-token"  # the token of rtui/ray; another repository's is token_for(repo)
+
+
+def token_for(repository: str) -> str:
+    return TOKEN if repository == "rtui/ray" else f"anonymous-pull-token:{repository}"
+
+
+def _digest(name: str) -> str:
+    return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+
+DEFAULT_TAGS = {name: _digest(name) for name in (
+    "rtui/ray:test", "nvidia/k8s-device-plugin:v0.18.0", "eks/aws-efa-k8s-device-plugin:v0.5.6",
+    "kuberay/operator:v1.7.0")}
 
 
 class FakeRegistry:
     def __init__(self, tags: dict[str, str] | None = None, *, token: bool = True,
                  layers: dict[str, list[int]] | None = None) -> None:
-        self.tags = tags or {"rtui/ray:test": "sha256:" + hashlib.sha256(b"rtui-ray-test").hexdigest()}
+        self.tags = dict(DEFAULT_TAGS) if tags is None else tags
         self.token = token
         self.layers = layers or {}
         self.blobs: dict[str, tuple[str, bytes]] = {}  # digest -> (media type, body)
@@ -39,16 +63,19 @@ class FakeRegistry:
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 registry.requests.append(("GET", self.path, self.headers.get("Authorization")))
                 if self.path.startswith("/token"):
-                    body = f'{{"token": "{TOKEN}"}}'.encode()
+                    query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                    scope = (query.get("scope") or [""])[0]
+                    repo = scope.removeprefix("repository:").rsplit(":", 1)[0]
+                    body = json.dumps({"token": token_for(repo)}).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
                     return
-                if not self._authorized():
-                    return
                 repo, _, ref = self.path.removeprefix("/v2/").partition("/manifests/")
+                if not self._authorized(repo):
+                    return
                 found = registry.manifest(repo, ref)
                 if found is None:
                     self.send_error(404)
@@ -61,24 +88,21 @@ class FakeRegistry:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def _authorized(self) -> bool:
-                if registry.token and self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            def _authorized(self, repo: str) -> bool:
+                if registry.token and self.headers.get("Authorization") != f"Bearer {token_for(repo)}":
                     self.send_response(401)
                     self.send_header("WWW-Authenticate", f'Bearer realm="{registry.url}/token",'
-                                                         f'service="fake",scope="repository:rtui/ray:pull"')
+                                                         f'service="fake",scope="repository:{repo}:pull"')
+                    self.send_header("Content-Length", "0")
                     self.end_headers()
                     return False
                 return True
 
             def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
                 registry.requests.append(("HEAD", self.path, self.headers.get("Authorization")))
-                if registry.token and self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                    self.send_response(401)
-                    self.send_header("WWW-Authenticate", f'Bearer realm="{registry.url}/token",'
-                                                         f'service="fake",scope="repository:rtui/ray:pull"')
-                    self.end_headers()
-                    return
                 repo, _, tag = self.path.removeprefix("/v2/").partition("/manifests/")
+                if not self._authorized(repo):
+                    return
                 digest = registry.tags.get(f"{repo}:{tag}")
                 if digest is None:
                     self.send_response(404)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.fake_hub import FakeHub
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import crd_dir
 from tests.kubernetes.fake_control import FakeControlPlane
@@ -39,6 +40,7 @@ class KubeWorld:
     registry: FakeRegistry
     env: dict[str, str]
     state: Path
+    hub: FakeHub
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "tui.cli", *args]
@@ -82,13 +84,14 @@ def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1, label
 
 def make_world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
     head = FakeRayHead(steps=5).start()
-    with FakeRegistry() as registry, FakeControlPlane(kube_cluster, jobs_url=head.url) as control:
+    with FakeRegistry() as registry, FakeHub() as hub, FakeControlPlane(kube_cluster, jobs_url=head.url) as control:
         env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / "state"), "RTUI_TARGET": "kube",
                "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
+               "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,
                "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig),
                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         try:
-            yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state")
+            yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state", hub)
         finally:
             head.stop()
         assert not control.errors, control.errors[:3]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import http.server
 import json
 import threading
@@ -19,7 +20,7 @@ from backend.errors import OperationError, UserError
 from backend.layers.kubernetes import addons as a
 from backend.layers.kubernetes.manifests import labels
 from backend.layers.kubernetes.pods import unschedulable_reason
-from tests.kubernetes.crds import RAYSERVICE_CRD, SHARED
+from tests.kubernetes.crds import RAYSERVICE_CRD, SHARED, STANDIN_SHA256
 from tests.kubernetes.crds import crd_dir as _crd_dir
 
 RUN = "r20260101-120000-abcd"
@@ -34,7 +35,8 @@ def crd_dir(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def crds(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     # Module-wide: parsing 2.3 MB of YAML takes seconds.
-    return a.load_kuberay_crds(str(_crd_dir(tmp_path_factory.mktemp("shared"))), "1.7.0")
+    return a.load_kuberay_crds(str(_crd_dir(tmp_path_factory.mktemp("shared"), vouch=False)), "1.7.0",
+                               trusted=frozenset({STANDIN_SHA256}))
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -81,12 +83,16 @@ def test_crds_without_rayservice_are_refused_since_the_operator_would_exit() -> 
 
 
 def test_a_directory_with_something_else_than_a_ray_crd_is_refused(tmp_path: Path) -> None:
+    # Even a file the user vouched for (its sha256 trusted) must be a ray.io CRD.
+    def vouched() -> frozenset[str]:
+        return frozenset({hashlib.sha256((tmp_path / "ray.io_rayclusters.yaml").read_bytes()).hexdigest()})
+
     (tmp_path / "ray.io_rayclusters.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     with pytest.raises(UserError, match="ConfigMap"):
-        a.load_kuberay_crds(str(tmp_path), "1.7.0")
+        a.load_kuberay_crds(str(tmp_path), "1.7.0", trusted=vouched())
     (tmp_path / "ray.io_rayclusters.yaml").write_text(RAYSERVICE_CRD.replace("group: ray.io", "group: example.com"))
     with pytest.raises(UserError, match="example.com"):
-        a.load_kuberay_crds(str(tmp_path), "1.7.0")
+        a.load_kuberay_crds(str(tmp_path), "1.7.0", trusted=vouched())
     with pytest.raises(UserError, match="does not exist"):
         a.load_kuberay_crds(str(tmp_path / "nope"), "1.7.0")
 
@@ -135,8 +141,8 @@ def _roundtrip(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _operator(crds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return a.kuberay_operator(CONFIG, RUN, crds)
+def _operator(crds: list[dict[str, Any]], scope: str = "cluster") -> list[dict[str, Any]]:
+    return a.kuberay_operator(CONFIG.model_copy(update={"operator_scope": scope}), RUN, crds)
 
 
 def test_every_object_is_ours_and_names_the_run_that_installed_it(crds: list[dict[str, Any]]) -> None:
@@ -369,3 +375,102 @@ def test_deployment_available_needs_the_available_condition_on_the_latest_spec()
                                      "message": 'ReplicaSet "kuberay-operator-7d9f8b6c5" has timed out progressing.'}])
     assert "timed out progressing" in a.deployment_available(stuck)[1]
     assert "rolling out" in a.deployment_available(_dep_status(updatedReplicas=0))[1]
+
+
+# ----- issue 23 item 6: the CRDs applied are the release's, byte for byte, and send nothing out -----
+
+WEBHOOK_CONVERSION = """\
+  conversion:
+    strategy: Webhook
+    webhook:
+      conversionReviewVersions: [v1]
+      clientConfig:
+        url: https://convert.example.net/ray
+"""
+
+
+def test_a_crd_with_a_conversion_webhook_is_refused_even_when_its_hash_is_trusted(tmp_path: Path) -> None:
+    folder = _crd_dir(tmp_path, vouch=False)
+    hooked = RAYSERVICE_CRD.replace("  scope: Namespaced\n", "  scope: Namespaced\n" + WEBHOOK_CONVERSION)
+    (folder / "ray.io_rayservices.yaml").write_text(hooked)
+    trusted = frozenset({hashlib.sha256(hooked.encode()).hexdigest()})
+    with pytest.raises(UserError, match="webhook") as err:
+        a.load_kuberay_crds(str(folder), "1.7.0", trusted=trusted)
+    assert "convert.example.net" in str(err.value) and "\n" not in str(err.value)
+    # A service-backed webhook (the other clientConfig) is refused as well.
+    by_service = hooked.replace("url: https://convert.example.net/ray", "service: {namespace: evil, name: conv}")
+    (folder / "ray.io_rayservices.yaml").write_text(by_service)
+    with pytest.raises(UserError, match="evil/conv"):
+        a.load_kuberay_crds(str(folder), "1.7.0", trusted=frozenset({hashlib.sha256(by_service.encode()).hexdigest()}))
+
+
+def test_a_crd_whose_bytes_are_not_the_release_is_refused_in_one_line(tmp_path: Path) -> None:
+    folder = _crd_dir(tmp_path, vouch=False)
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    for file in folder.iterdir():
+        (tampered / file.name).write_bytes(file.read_bytes())
+    with (tampered / "ray.io_rayjobs.yaml").open("a") as out:
+        out.write("# one more line\n")
+    refused = r"ray.io_rayjobs.yaml has sha256 [0-9a-f]{16}…, not KubeRay 1.7.0's 01a5cf3b"
+    with pytest.raises(UserError, match=refused) as err:
+        a.load_kuberay_crds(str(tampered), "1.7.0", trusted=frozenset({STANDIN_SHA256}))
+    assert "\n" not in str(err.value) and "kuberay-crds.sha256" in str(err.value)
+    # Downloaded the same: a mirror or a moved tag serving other bytes is refused, and nothing is cached.
+    cache = tmp_path / "cache"
+    with _serving(tampered) as url, pytest.raises(UserError, match="rayjobs.yaml has sha256"):
+        a.load_kuberay_crds(url, "1.7.0", cache_dir=cache, timeout=10, trusted=frozenset({STANDIN_SHA256}))
+    assert not [p for p in cache.rglob("ray.io_rayjobs.yaml")]
+    # A release rtui ships no sums for cannot be verified: refused, naming the ones it knows.
+    with pytest.raises(UserError, match="ships no sha256 of KubeRay 1.5.0") as err:
+        a.load_kuberay_crds(str(folder), "1.5.0", trusted=frozenset({STANDIN_SHA256}))
+    assert "1.7.0" in str(err.value)
+
+
+def test_a_cached_crd_with_a_wrong_hash_is_downloaded_again(crd_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with _serving(crd_dir) as url:
+        first = a.load_kuberay_crds(url, "1.7.0", cache_dir=cache, timeout=10)
+        (cached,) = cache.rglob("ray.io_rayclusters.yaml")
+        cached.write_bytes(cached.read_bytes().replace(b"description:", b"description: planted", 1))
+        again = a.load_kuberay_crds(url, "1.7.0", cache_dir=cache, timeout=10)
+    assert again == first
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == a.KUBERAY_CRD_SHA256["1.7.0"][cached.name]
+    # Tampered with again while the source is gone: refused rather than used.
+    cached.write_bytes(cached.read_bytes() + b"\n")
+    with pytest.raises(OperationError, match="cannot download"):
+        a.load_kuberay_crds(url, "1.7.0", cache_dir=cache, timeout=2)
+
+
+def test_the_shipped_sums_match_the_shared_release_files() -> None:
+    if not SHARED.is_dir():
+        pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
+    for name in ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"):
+        assert hashlib.sha256((SHARED / name).read_bytes()).hexdigest() == a.KUBERAY_CRD_SHA256["1.7.0"][name]
+
+
+# ----- issue 23 item 7: the operator rtui installs acts on the run's namespace only, unless asked -----
+
+def test_by_default_the_operator_watches_only_the_run_namespace_with_a_role_there(crds: list[dict[str, Any]]) -> None:
+    assert CONFIG.operator_scope == "namespace"
+    objects = a.kuberay_operator(CONFIG, RUN, crds)
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    roles = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects
+             if o["kind"] in ("Role", "RoleBinding")}
+    # As KubeRay's chart with singleNamespaceInstall and watchNamespace: the ClusterRole's rules in a
+    # Role of the watched namespace, bound to the operator's account in its own namespace.
+    role = roles[("Role", CONFIG.namespace, "rtui-kuberay-operator")]
+    assert role["rules"] == next(o for o in _operator(crds) if o["kind"] == "ClusterRole")["rules"]
+    binding = roles[("RoleBinding", CONFIG.namespace, "rtui-kuberay-operator")]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "rtui-kuberay-operator"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberay-operator", "namespace": "rtui-kuberay"}]
+    assert ("Role", "rtui-kuberay", "kuberay-operator-leader-election") in roles  # leader election stays
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "--enable-leader-election=true", "--watch-namespace", CONFIG.namespace]
+    assert a.watched_namespaces(deployment) == [CONFIG.namespace]
+    for obj in objects[3:]:
+        assert _roundtrip(obj) == obj, obj["kind"]
+    wide = [o for o in _operator(crds) if o["kind"] == "Deployment"][0]
+    assert a.watched_namespaces(wide) is None

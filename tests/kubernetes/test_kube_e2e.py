@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fake_hub import FakeHub
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import crd_dir
 from tests.kubernetes.fake_control import FakeControlPlane
@@ -64,9 +65,10 @@ def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1) -> No
 @pytest.fixture
 def world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
     head = FakeRayHead(steps=5).start()
-    with FakeRegistry() as registry, FakeControlPlane(kube_cluster, jobs_url=head.url) as control:
+    with FakeRegistry() as registry, FakeHub() as hub, FakeControlPlane(kube_cluster, jobs_url=head.url) as control:
         env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / "state"), "RTUI_TARGET": "kube",
                "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
+               "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,
                "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig)}
         try:
             yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state")

@@ -60,7 +60,9 @@ def test_two_runs_share_the_operator_and_plugins_and_the_last_one_out_removes_th
     gpu_cluster(world.cluster)
     until = ("--until", "k8s.gpu-workers")  # each run holds one GPU node
     second = {**world.env, "RTUI_STATE_DIR": str(tmp_path / "state-b")}
-    a = ["--gpu-node-count", "1"]
+    # One operator for both namespaces: the first run installs it cluster-wide (by default it would
+    # watch only the first run's namespace, and the second run's preflight says so).
+    a = ["--gpu-node-count", "1", "--operator-scope", "cluster"]
     b = [*a, "--namespace", "team-b", "--cluster-name", "ray-b"]
     world.rtui("up", "--yes", *a, *until, timeout=120)
     plan = json.loads(world.rtui("plan", "--json", *b, env=second).stdout)

@@ -221,7 +221,8 @@ def test_rtui_manifest_prints_the_objects_as_a_yaml_stream_and_touches_no_state(
     assert printed == every_object(kube(gpus_per_node=8, namespace="ml"), RUN)[0]
     assert proc.stdout.count("\n---\n") == len(printed)  # the notes, then one document each
     assert [o["kind"] for o in printed][0] == "Namespace" and printed[-1]["kind"] == "RayCluster"
-    assert {"DaemonSet", "Deployment", "ClusterRole"} <= {o["kind"] for o in printed}
+    assert {"DaemonSet", "Deployment", "Role", "RoleBinding"} <= {o["kind"] for o in printed}
+    assert "ClusterRole" not in {o["kind"] for o in printed}  # the operator acts on the run's namespace only
     assert proc.stdout.startswith("# the KubeRay 1.7.0 CRDs")  # what it cannot print, said first
     assert container(worker(printed[-1]))["resources"]["limits"]["cpu"] == "80"
     assert not isolated_env.exists()

@@ -62,3 +62,17 @@ def test_the_image_size_is_its_linux_amd64_layers_as_downloaded() -> None:
     auths = [auth for method, path, auth in registry.requests if method == "GET" and "/manifests/" in path]
     assert auths[0] is None and auths[-1] == "Bearer anonymous-pull-token"
     assert missing.compressed_bytes is None and "HTTP 404" in missing.reason
+
+
+def test_each_repository_is_opened_by_a_token_of_its_own_scope() -> None:
+    from tests.kubernetes.fake_registry import token_for
+
+    with FakeRegistry() as registry:
+        operator = resolve_digest(registry.image("kuberay/operator:v1.7.0"))
+        plugin = resolve_digest(registry.image("nvidia/k8s-device-plugin:v0.18.0"))
+    assert operator.digest == registry.tags["kuberay/operator:v1.7.0"]
+    assert plugin.digest == registry.tags["nvidia/k8s-device-plugin:v0.18.0"]
+    tokens = {path: auth for method, path, auth in registry.requests if method == "HEAD" and auth}
+    assert tokens == {"/v2/kuberay/operator/manifests/v1.7.0": f"Bearer {token_for('kuberay/operator')}",
+                      "/v2/nvidia/k8s-device-plugin/manifests/v0.18.0":
+                          f"Bearer {token_for('nvidia/k8s-device-plugin')}"}

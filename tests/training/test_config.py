@@ -73,3 +73,24 @@ def test_checkpoint_marker_round_trip_and_older_markers() -> None:
         ckpt.CheckpointMeta.from_json('{"world_size": 2}')
     with pytest.raises(ValueError):
         ckpt.CheckpointMeta.from_json("[1]")
+
+
+def test_the_model_revision_reaches_the_program_and_from_pretrained(monkeypatch: pytest.MonkeyPatch) -> None:
+    sha = "a" * 40
+    config = resolve_config({"target": "kube", "model_revision": sha}, environ={}).config
+    cfg = parse_args(build_job_spec(config, sha).entrypoint.split()[3:])
+    assert cfg.model_revision == sha and cfg.model_id == config.effective_model_id()
+    import transformers
+
+    from training import step
+
+    seen: dict[str, object] = {}
+
+    def fake_from_pretrained(model_id: str, **kwargs: object) -> object:
+        seen.update(kwargs, model_id=model_id)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(transformers.Qwen2ForCausalLM, "from_pretrained", fake_from_pretrained)
+    with pytest.raises(RuntimeError, match="stop here"):
+        step.load_pretrained("Qwen/Qwen2.5-1.5B", revision=sha)
+    assert seen["revision"] == sha and seen["model_id"] == "Qwen/Qwen2.5-1.5B"

@@ -142,7 +142,29 @@ def _daemonset(name: str, run_id: str, pod_spec: Manifest) -> Manifest:
     }
 
 
-def nvidia_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
+# The add-on images' upstream registries; ``addon_registry`` replaces them (a mirror keeps the paths).
+NVIDIA_PLUGIN_IMAGE = ("nvcr.io", "nvidia/k8s-device-plugin")
+EFA_PLUGIN_IMAGE = ("public.ecr.aws", "eks/aws-efa-k8s-device-plugin")
+OPERATOR_IMAGE = ("quay.io", "kuberay/operator")
+
+
+def addon_image(config: RunConfig, upstream: tuple[str, str], version: str, digest: str | None = None) -> str:
+    """``registry/path:vX.Y.Z``, from the mirror when one is set, and ``@digest`` when one is known."""
+    registry, path = upstream
+    image = f"{config.addon_registry or registry}/{path}:{_tag(version)}"
+    return f"{image}@{digest}" if digest else image
+
+
+def addon_images(config: RunConfig) -> dict[str, str]:
+    """{"nvidia" | "efa" | "operator": image by tag} of the add-ons this run installs."""
+    images = {"nvidia": addon_image(config, NVIDIA_PLUGIN_IMAGE, config.nvidia_device_plugin_version)}
+    if config.wants_efa():
+        images["efa"] = addon_image(config, EFA_PLUGIN_IMAGE, config.efa_device_plugin_version)
+    images["operator"] = addon_image(config, OPERATOR_IMAGE, config.kuberay_version)
+    return images
+
+
+def nvidia_device_plugin(config: RunConfig, run_id: str, digest: str | None = None) -> list[Manifest]:
     """NVIDIA's device plugin, on GPU nodes only: it makes ``nvidia.com/gpu`` allocatable.
 
     Which nodes: the chart's three labels (any one), NFD's PCI vendor 10de, NFD's Tegra CPU vendor,
@@ -166,7 +188,7 @@ def nvidia_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
         "containers": [{
             "name": "nvidia-device-plugin-ctr",
-            "image": f"nvcr.io/nvidia/k8s-device-plugin:{_tag(config.nvidia_device_plugin_version)}",
+            "image": addon_image(config, NVIDIA_PLUGIN_IMAGE, config.nvidia_device_plugin_version, digest),
             # It only talks to the kubelet over a socket in the mounted dir: no privileges needed.
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
             "volumeMounts": [{"name": "device-plugins", "mountPath": DEVICE_PLUGIN_DIR}],
@@ -176,7 +198,7 @@ def nvidia_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
     return [_daemonset(NVIDIA_PLUGIN_NAME, run_id, spec)]
 
 
-def efa_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
+def efa_device_plugin(config: RunConfig, run_id: str, digest: str | None = None) -> list[Manifest]:
     """AWS's EFA device plugin on EFA-capable GPU instance types: it makes ``vpc.amazonaws.com/efa`` allocatable.
 
     Placed like the chart (node affinity on the instance-type label, never on EKS Auto Mode nodes,
@@ -209,7 +231,7 @@ def efa_device_plugin(config: RunConfig, run_id: str) -> list[Manifest]:
         ]}}},
         "containers": [{
             "name": "aws-efa-k8s-device-plugin",
-            "image": f"public.ecr.aws/eks/aws-efa-k8s-device-plugin:{_tag(config.efa_device_plugin_version)}",
+            "image": addon_image(config, EFA_PLUGIN_IMAGE, config.efa_device_plugin_version, digest),
             "securityContext": security,
             "resources": {"requests": {"cpu": "10m", "memory": "20Mi"}},
             "volumeMounts": mounts,
@@ -223,7 +245,7 @@ def _rules(rules: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
     return [{"apiGroups": list(g), "resources": list(r), "verbs": list(v)} for g, r, v in rules]
 
 
-def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest]) -> list[Manifest]:
+def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest], digest: str | None = None) -> list[Manifest]:
     """KubeRay's CRDs and operator as the ``kuberay-operator`` chart installs them, in ``rtui-kuberay``.
 
     The chart's defaults, minus its metrics Service (nothing scrapes it) and feature-gate flags
@@ -249,16 +271,32 @@ def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest]) -> li
         {"key": GPU_NODE_LABEL, "operator": "NotIn", "values": ["true"]}]}]}
     deployment_meta = _metadata(KUBERAY_NAME, run_id, ns)
     deployment_meta["labels"]["app.kubernetes.io/version"] = tag
+    args = ["--enable-leader-election=true"]
+    if config.operator_scope == "namespace":
+        # The chart's singleNamespaceInstall with watchNamespace = the run's namespace (v1.7.0
+        # templates multiple_namespaces_role(binding).yaml, deployment.yaml): the same rules in a Role
+        # there, bound to the operator's account, and the operator told to watch only that namespace.
+        args += ["--watch-namespace", config.namespace]
+        access = [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id, config.namespace), "rules": _rules(_KUBERAY_RULES)},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id, config.namespace),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": KUBERAY_CLUSTER_ROLE},
+             "subjects": [account]}]
+    else:
+        access = [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id), "rules": _rules(_KUBERAY_RULES)},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": KUBERAY_CLUSTER_ROLE},
+             "subjects": [account]}]
     return [
         *owned_crds,
         {"apiVersion": "v1", "kind": "Namespace", "metadata": _metadata(ns, run_id)},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(KUBERAY_NAME, run_id, ns)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id), "rules": _rules(_KUBERAY_RULES)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": _metadata(KUBERAY_CLUSTER_ROLE, run_id),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": KUBERAY_CLUSTER_ROLE},
-         "subjects": [account]},
+        *access,
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": _metadata(leader, run_id, ns), "rules": _rules(_LEADER_RULES)},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -276,10 +314,10 @@ def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest]) -> li
                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": off_gpu_nodes}},
                     "containers": [{
                         "name": KUBERAY_NAME,
-                        "image": f"quay.io/kuberay/operator:{tag}",
+                        "image": addon_image(config, OPERATOR_IMAGE, config.kuberay_version, digest),
                         "imagePullPolicy": "IfNotPresent",
                         "command": ["/manager"],
-                        "args": ["--enable-leader-election=true"],
+                        "args": args,
                         "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
                         "livenessProbe": copy.deepcopy(probe),
                         "readinessProbe": copy.deepcopy(probe),
@@ -304,6 +342,69 @@ KUBERAY_CRD_FILES = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_r
 REQUIRED_CRD_KINDS = frozenset({"RayCluster", "RayJob", "RayService"})
 _CRD_MAX_BYTES = 16 << 20  # the largest (rayjobs) is 1.4 MB in v1.7.0
 _OFFLINE = f"for an offline cluster set {KUBERAY_CRDS_ENV} to a directory holding KubeRay's ray.io_*.yaml CRDs"
+# The sha256 of each CRD file as the release tag holds it (the bytes raw.githubusercontent.com serves:
+# ``git show v1.7.0:ray-operator/config/crd/bases/<file> | sha256sum`` in ray-project/kuberay). A tag
+# can be moved and a mirror or a cache can serve anything: only these bytes are applied.
+KUBERAY_CRD_SHA256: dict[str, dict[str, str]] = {
+    "1.7.0": {
+        "ray.io_rayclusters.yaml": "c44704442eef0c6721ad40c1d66782c8bd3fdab9d3344306a5820910a679baa1",
+        "ray.io_rayjobs.yaml": "01a5cf3b17c1769fda44af7e82debcd98722f0c27b9ab84d084681c6649121f5",
+        "ray.io_rayservices.yaml": "0a8fc325e6e22b9231c1f282b309555e2ecf94227ca20a03df3d1d9a403907ab",
+        "ray.io_raycronjobs.yaml": "31c2c753bba01f7e8e89cb8e8c504131b58ee42090ca536d87f5ac27605a568e",
+    },
+    "1.6.2": {
+        "ray.io_rayclusters.yaml": "1d51d8c4ce065b22c2069af0ebd72ae25f4a6968e5c5f93a3106ba6fc35bcc1d",
+        "ray.io_rayjobs.yaml": "ecae45d9a5dc1be68f1074ba784c495ef9d439d295253b61e1bd51f7b08522f5",
+        "ray.io_rayservices.yaml": "95c639acc20ecc3cfa425d5ad0f8a7c152a336bc16d2e0deec17b62005e67fda",
+        "ray.io_raycronjobs.yaml": "6d0ae6c24a2b2a6c0796c6775cd72f3e894831ff3b89379613e93c4d55965cd5",
+    },
+}
+# CRD files the user vouches for beyond the shipped ones (a patched build, a release newer than rtui):
+# ``sha256sum`` lines in rtui's own config dir, never in the working directory.
+TRUSTED_CRDS_FILE = "kuberay-crds.sha256"
+
+
+def trusted_crd_hashes(config_dir: Path) -> frozenset[str]:
+    """The sha256 sums listed in ``config_dir/kuberay-crds.sha256`` (none when there is no such file)."""
+    try:
+        text = (config_dir / TRUSTED_CRDS_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return frozenset()
+    return frozenset(w[0].lower() for w in (line.split() for line in text.splitlines())
+                     if w and len(w[0]) == 64 and all(c in "0123456789abcdefABCDEF" for c in w[0]))
+
+
+def _verify(body: bytes, name: str, version: str, trusted: frozenset[str], where: str) -> None:
+    """Refuse bytes that are not the KubeRay ``version`` release's ``name`` (nor vouched for by the user)."""
+    found = hashlib.sha256(body).hexdigest()
+    release = KUBERAY_CRD_SHA256.get(version.removeprefix("v"), {})
+    if found == release.get(name) or found in trusted:
+        return
+    vouch = f"or, to use your own, add `{found}  {name}` to {TRUSTED_CRDS_FILE} in rtui's config dir"
+    if not release:
+        raise UserError(f"rtui ships no sha256 of KubeRay {version}'s CRDs, so {where} cannot be verified",
+                        remedy=f"use --kuberay-version {' or '.join(sorted(KUBERAY_CRD_SHA256))}, {vouch}")
+    expected = release.get(name)
+    detail = f"is not a file of KubeRay {version}" if expected is None else \
+        f"has sha256 {found[:16]}…, not KubeRay {version}'s {expected[:16]}…"
+    raise UserError(f"{where} {detail}: refused",
+                    remedy=f"check --kuberay-crds (a mirror, a moved tag or a cache served other bytes), {vouch}")
+
+
+def _refuse_conversion_webhook(crd: Manifest, where: str) -> None:
+    """A CRD whose conversion strategy is Webhook makes the API server send every object of its kinds
+    (ray.io: each RayCluster, its pod specs and env) to that webhook (apiextensions.k8s.io/v1
+    ``CustomResourceConversion``). KubeRay's CRDs have none: one that does is refused."""
+    conversion = (crd.get("spec") or {}).get("conversion") or {}
+    if not isinstance(conversion, dict):
+        return
+    legacy = conversion.get("webhookClientConfig")  # apiextensions.k8s.io/v1beta1's place for it
+    if conversion.get("strategy", "None") != "None" or conversion.get("webhook") or legacy:
+        client = (conversion.get("webhook") or {}).get("clientConfig") or legacy or {}
+        target = client.get("url") or "/".join(str((client.get("service") or {}).get(k, "?"))
+                                                for k in ("namespace", "name"))
+        raise UserError(f"{where} converts objects through a webhook ({target}): refused, the API server would send "
+                        "every ray.io object there", remedy=f"use KubeRay's own CRDs; {_OFFLINE}")
 
 
 def _parse_crd(text: str, where: str) -> Manifest:
@@ -322,6 +423,7 @@ def _parse_crd(text: str, where: str) -> Manifest:
                         "CustomResourceDefinition", remedy=_OFFLINE)
     if (crd.get("spec") or {}).get("group") != "ray.io":
         raise UserError(f"{where} defines group {(crd.get('spec') or {}).get('group')!r}, not ray.io", remedy=_OFFLINE)
+    _refuse_conversion_webhook(crd, where)
     return crd
 
 
@@ -339,7 +441,7 @@ def _check_url(url: str) -> None:
         raise UserError(f"KubeRay CRD source {url!r} is not an https:// URL or a directory", remedy=_OFFLINE)
 
 
-def _download(url: str, timeout: float) -> str:
+def _download(url: str, timeout: float) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (scheme checked)
             body: bytes = response.read(_CRD_MAX_BYTES + 1)
@@ -353,36 +455,53 @@ def _download(url: str, timeout: float) -> str:
         raise OperationError(f"cannot download {url}: {reason}", remedy=_OFFLINE) from None
     if len(body) > _CRD_MAX_BYTES:
         raise OperationError(f"{url} is larger than {_CRD_MAX_BYTES >> 20} MB: not a KubeRay CRD", remedy=_OFFLINE)
-    return body.decode("utf-8", errors="replace")
+    return body
 
 
-def _fetch_cached(url: str, cache: Path | None, timeout: float) -> Manifest:
+def _decode(body: bytes, where: str) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{where} is not UTF-8 text", remedy=_OFFLINE) from None
+
+
+def _fetch_cached(url: str, cache: Path | None, timeout: float, version: str, trusted: frozenset[str]) -> Manifest:
+    name = url.rsplit("/", 1)[-1]
     if cache is not None and cache.is_file():
         try:
-            return _parse_crd(cache.read_text(encoding="utf-8"), str(cache))
-        except (UserError, OSError, UnicodeDecodeError):
-            pass  # a torn or stale cache entry: download it again
-    text = _download(url, timeout)
-    crd = _parse_crd(text, url)
+            body = cache.read_bytes()
+            _verify(body, name, version, trusted, str(cache))
+            return _parse_crd(_decode(body, str(cache)), str(cache))
+        except (UserError, OSError):
+            pass  # torn, stale or tampered with: downloaded again, and checked again
+    body = _download(url, timeout)
+    _verify(body, name, version, trusted, url)
+    crd = _parse_crd(_decode(body, url), url)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         partial = cache.with_name(f".{cache.name}.{os.getpid()}")
-        partial.write_text(text, encoding="utf-8")
+        partial.write_bytes(body)
         os.replace(partial, cache)  # never a half-written file under the final name
     return crd
 
 
 def load_kuberay_crds(source: str, version: str, *, cache_dir: Path | None = None,
-                      timeout: float = 30.0) -> list[Manifest]:
+                      timeout: float = 30.0, trusted: frozenset[str] | None = None) -> list[Manifest]:
     """KubeRay's CRDs, RayCluster first: from a directory of ``ray.io_*.yaml`` files, or downloaded
     from an http(s) URL prefix (``""``: the release ``v{version}`` on GitHub) and cached under
-    ``cache_dir/kuberay-crds/`` by URL, since a tag's files never change.
+    ``cache_dir/kuberay-crds/`` by URL.
 
-    Checks each is a ray.io CustomResourceDefinition and that RayCluster, RayJob and RayService are
-    there; a CRD does not say which KubeRay release it came from, so matching ``version`` is the
-    caller's word.
+    Every file, downloaded, cached or in the directory, must hash to the sha256 rtui ships for that
+    file of KubeRay ``version`` (``KUBERAY_CRD_SHA256``), or to one the user vouched for in rtui's
+    config dir (``trusted``; None: read from there); a cache entry that does not is downloaded again.
+    Each must be a ray.io CustomResourceDefinition without a conversion webhook, and RayCluster,
+    RayJob and RayService must be there.
     """
     _tag(version)
+    if trusted is None:
+        from backend.paths import config_dir
+
+        trusted = trusted_crd_hashes(config_dir())
     crds: list[Manifest] = []
     if source == "" or source.startswith(("http://", "https://")):
         prefix = source or KUBERAY_CRD_URL.format(version=version.removeprefix("v"))
@@ -391,7 +510,8 @@ def load_kuberay_crds(source: str, version: str, *, cache_dir: Path | None = Non
         folder = None if cache_dir is None else (
             cache_dir / "kuberay-crds" / hashlib.sha256(prefix.encode()).hexdigest()[:16])
         for file in KUBERAY_CRD_FILES:
-            crds.append(_fetch_cached(prefix + file, None if folder is None else folder / file, timeout))
+            crds.append(_fetch_cached(prefix + file, None if folder is None else folder / file, timeout,
+                                      version, trusted))
     else:
         directory = Path(source).expanduser()
         if not directory.is_dir():
@@ -401,10 +521,11 @@ def load_kuberay_crds(source: str, version: str, *, cache_dir: Path | None = Non
             raise UserError(f"no ray.io_*.yaml files in {directory}", remedy=_OFFLINE)
         for path in files:
             try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
+                body = path.read_bytes()
+            except OSError as exc:
                 raise UserError(f"cannot read {path}: {exc}", remedy=_OFFLINE) from None
-            crds.append(_parse_crd(text, str(path)))
+            _verify(body, path.name, version, trusted, str(path))
+            crds.append(_parse_crd(_decode(body, str(path)), str(path)))
     kinds = {crd["spec"].get("names", {}).get("kind") for crd in crds}
     missing = sorted(REQUIRED_CRD_KINDS - kinds)
     if missing:
@@ -464,6 +585,18 @@ def find_device_plugin(kind: Literal["nvidia", "efa"], daemonsets: list[dict[str
     adopted, not installed twice); one being deleted does not.
     """
     return _pick([ds for ds in daemonsets if any(_provides(kind, c.get("image", "")) for c in _containers(ds))])
+
+
+def watched_namespaces(deployment: dict[str, Any]) -> list[str] | None:
+    """The namespaces a KubeRay operator Deployment watches (its ``--watch-namespace``), None: all."""
+    for container in _containers(deployment):
+        words = [*(container.get("command") or []), *(container.get("args") or [])]
+        for i, word in enumerate(words):
+            value = words[i + 1] if word == "--watch-namespace" and i + 1 < len(words) else \
+                word.split("=", 1)[1] if word.startswith("--watch-namespace=") else None
+            if value is not None:
+                return [n for n in value.split(",") if n]
+    return None
 
 
 def find_kuberay_operator(deployments: list[dict[str, Any]], crds: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -293,7 +293,9 @@ class AddonHandler(KubeHandler):
         async for p in apply_all(api, objects):
             yield p
         workload = next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment"))
-        ctx.ledger.update(want.address, id=object_id(workload))
+        ctx.ledger.update(want.address, id=object_id(workload),
+                          outputs={"image": workload["spec"]["template"]["spec"]["containers"][0]["image"],
+                                   "digest": want.spec.get("digest")})
 
         async def ready() -> Check:
             live = await api.get(*ref(workload))
@@ -317,9 +319,9 @@ class DevicePluginHandler(AddonHandler):
     which: ClassVar[Literal["nvidia", "efa"]]
     expected_s = 60.0
 
-    def objects(self, ctx: Context) -> list[Manifest]:
+    def objects(self, ctx: Context, digest: str | None = None) -> list[Manifest]:
         make = addons.nvidia_device_plugin if self.which == "nvidia" else addons.efa_device_plugin
-        return make(ctx.config, ctx.record.run_id)
+        return make(ctx.config, ctx.record.run_id, digest)
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         found = addons.find_device_plugin(self.which, await api.list("apps/v1", "DaemonSet"))
@@ -337,7 +339,7 @@ class DevicePluginHandler(AddonHandler):
                                f"{', ...' if len(advertising) > 3 else ''}): a plugin runs, adopted")
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        async for p in self.install(ctx, want, self.objects(ctx)):
+        async for p in self.install(ctx, want, self.objects(ctx, want.spec.get("digest"))):
             yield p
 
     async def readiness(self, api: KubeApi, live: Manifest) -> Check:
@@ -380,9 +382,11 @@ class OperatorHandler(AddonHandler):
     address = OPERATOR
     title = "Install the KubeRay operator"
     expected_s = 60.0
+    # Shared by runs: a namespace this run creates (the Role's home) never remakes another run's operator.
+    follows_dependencies = False
 
-    def objects(self, ctx: Context, crds: list[Manifest]) -> list[Manifest]:
-        return addons.kuberay_operator(ctx.config, ctx.record.run_id, crds)
+    def objects(self, ctx: Context, crds: list[Manifest], digest: str | None = None) -> list[Manifest]:
+        return addons.kuberay_operator(ctx.config, ctx.record.run_id, crds, digest)
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         found = addons.find_kuberay_operator(await api.list("apps/v1", "Deployment"),
@@ -394,7 +398,7 @@ class OperatorHandler(AddonHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         yield Progress(f"reading the KubeRay {ctx.config.kuberay_version} CRDs")
         crds = await asyncio.to_thread(kuberay_crds, ctx.config.kuberay_crds, ctx.config.kuberay_version)
-        objects = self.objects(ctx, crds)
+        objects = self.objects(ctx, crds, want.spec.get("digest"))
         definitions = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
         api = self.api(ctx)
         existing = {c["metadata"]["name"]: c for c in

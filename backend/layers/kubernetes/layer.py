@@ -171,20 +171,46 @@ class KubernetesLayer(Layer):
         PrepullHandler(), RayClusterHandler(), WorkersHandler())}
 
     def __init__(self) -> None:
-        self._image: Resolved | None = None
+        self._images: dict[str, Resolved] = {}  # image by tag -> its digest, asked at plan time
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
         return self._handlers
 
     async def prepare(self, ctx: Context) -> None:
-        if self._image is None or self._image.image != ctx.config.image:
-            self._image = await asyncio.to_thread(resolve_digest, ctx.config.image)
+        """Every image the plan pulls, resolved to the digest its registry names now (all at once).
+
+        An image that cannot be resolved stops the plan unless the user allows tags (--allow-unpinned):
+        what runs on the cluster must be what the plan showed, also for a pod rescheduled a day later.
+        """
+        config = ctx.config
+        wanted = [config.image, *addons.addon_images(config).values()]
+        # A digest found is kept for the process (the TUI plans again); one not found is asked again.
+        asked = [i for i in dict.fromkeys(wanted) if i not in self._images or self._images[i].digest is None]
+        found = await asyncio.gather(*(asyncio.to_thread(resolve_digest, i) for i in asked))
+        self._images.update(zip(asked, found, strict=True))
+        unpinned = [self._images[i] for i in wanted if self._images[i].digest is None]
+        if unpinned and not config.allow_unpinned:
+            first = unpinned[0]
+            more = f" (+{len(unpinned) - 1} more)" if len(unpinned) > 1 else ""
+            raise UserError(f"cannot pin the image {first.image} to a digest: {first.reason.removeprefix('unpinned: ')}"
+                            f"{more}",
+                            remedy="let this machine reach the registry, pin it yourself as IMAGE@sha256:…, or pass "
+                                   "--allow-unpinned to pull by tag (the plan flags it)")
+
+    def _resolved(self, image: str) -> Resolved:
+        return self._images.get(image) or Resolved(image, None, "unpinned: the registry was not asked")
+
+    def _pinned_spec(self, image: str) -> dict[str, Any]:
+        resolved = self._resolved(image)
+        pinning = resolved.reason if resolved.digest else f"{resolved.reason}; pulled by tag (--allow-unpinned)"
+        return {"image": manifests.pinned_image(image, resolved.digest), "digest": resolved.digest, "pinning": pinning}
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
-        config, run_id = ctx.config, ctx.record.run_id
-        image = self._image or Resolved(config.image, None, "unpinned: the registry was not asked")
+        config = ctx.config
+        image = self._resolved(config.image)
         pinned = manifests.pinned_image(config.image, image.digest)
+        addon = addons.addon_images(config)
 
         # On the aws target: the API once the kubeconfig entry exists, a node for the operator and
         # the head once the system nodes are up, the GPU nodes only for the workers.
@@ -200,18 +226,18 @@ class KubernetesLayer(Layer):
         out = [res(NAMESPACE, "k8s-namespace", {"name": config.namespace})]
         if config.hf_token:
             out.append(res(HF_SECRET, "k8s-secret", {"source": config.hf_token}, NAMESPACE))
-        plugin_image = addons.nvidia_device_plugin(config, run_id)
         # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
-        out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", {"image": _first_image(plugin_image)}, *gpu))
+        out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu))
         plugins = [NVIDIA_PLUGIN]
         if config.wants_efa():
-            out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa",
-                           {"image": _first_image(addons.efa_device_plugin(config, run_id))}, *gpu))
+            out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa", self._pinned_spec(addon["efa"]), *gpu))
             plugins.append(EFA_PLUGIN)
-        operator = [o for o in addons.kuberay_operator(config, run_id, []) if o["kind"] == "Deployment"]
-        out.append(res(OPERATOR, "kuberay-operator", {"image": _first_image(operator)}, *system))
+        # Scoped to the run's namespace, the operator's Role lives there: the namespace comes first.
+        scoped = [NAMESPACE] if config.operator_scope == "namespace" else []
+        out.append(res(OPERATOR, "kuberay-operator", {**self._pinned_spec(addon["operator"]),
+                                                      "scope": config.operator_scope}, *scoped, *system))
         out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
-        spec = {"image": pinned, "digest": image.digest, "pinning": image.reason, "gpu_nodes": config.gpu_node_count,
+        spec = {**self._pinned_spec(config.image), "gpu_nodes": config.gpu_node_count,
                 "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
                 "hf_token": bool(config.hf_token)}
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
@@ -252,6 +278,7 @@ class KubernetesLayer(Layer):
         gpu = [n for n in nodes if pods.is_gpu_node(n)]
         results.append(self._gpu_node_check(config, nodes, gpu))
         results.extend(await self._foreign_objects(api, ctx))
+        results.extend(await self._operator_reach(api, ctx))
         return results + self._token_check(config)
 
     @staticmethod
@@ -312,6 +339,28 @@ class KubernetesLayer(Layer):
                 remedy="choose another --cluster-name"))
         return out
 
+    @staticmethod
+    async def _operator_reach(api: KubeApi, ctx: Context) -> list[CheckResult]:
+        """A KubeRay operator already running (rtui's for another run, or anyone's) that watches only
+        other namespaces would never reconcile this run's RayCluster: said before anything is applied."""
+        from backend.layers.kubernetes.handlers import list_if_served
+
+        try:
+            found = addons.find_kuberay_operator(await api.list("apps/v1", "Deployment"),
+                                                 await list_if_served(api, "apiextensions.k8s.io/v1",
+                                                                      "CustomResourceDefinition"))
+        except UserError:
+            return []  # the operator handler says what is wrong with it
+        watched = None if found is None else addons.watched_namespaces(found)
+        if found is None or watched is None or ctx.config.namespace in watched:
+            return []
+        where = f"{found['metadata'].get('namespace')}/{found['metadata'].get('name')}"
+        return [CheckResult(id="kube.operator-scope", title="KubeRay operator", status=CheckStatus.FAIL,
+                            detail=f"the operator {where} watches only {', '.join(watched)}, "
+                                   f"not {ctx.config.namespace}",
+                            remedy="run after the run that installed it is down (its last run removes it), or have "
+                                   "one operator for every namespace (--operator-scope cluster on the first run)")]
+
     # --- ClusterAccess -------------------------------------------------------------------
     def access(self) -> KubernetesLayer:
         return self
@@ -370,12 +419,6 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     notes.append("device plugins and the operator are skipped where the cluster already runs them")
     objects.append(manifests.image_prepull(config, run_id))
     objects.append(manifests.raycluster(config, run_id))
-    notes.append("the image is pinned by digest at plan time when its registry answers")
+    notes.append("every image is pinned by digest at plan time (refused when its registry does not answer, "
+                 "unless --allow-unpinned)")
     return objects, notes
-
-
-def _first_image(objects: list[manifests.Manifest]) -> str:
-    for obj in objects:
-        if obj["kind"] in ("DaemonSet", "Deployment"):
-            return str(obj["spec"]["template"]["spec"]["containers"][0]["image"])
-    return ""
