@@ -122,6 +122,20 @@ def deep_merge(base: Obj, patch: Obj) -> Obj:
     return out
 
 
+def fold_string_data(key: tuple[str, str, str], obj: Obj) -> None:
+    """A Secret's ``stringData`` goes into ``data`` (base64) on write and is never read back: the
+    v1 Secret API reference ("stringData ... is merged into the data field on write, overwriting any
+    existing values. The stringData field is never output when reading from the API";
+    kubernetes/kubernetes pkg/apis/core/v1/conversion.go ``Convert_v1_Secret_To_core_Secret``)."""
+    if key != ("", "v1", "secrets") or "stringData" not in obj:
+        return
+    import base64
+
+    data = dict(obj.get("data") or {})
+    data.update({k: base64.b64encode(str(v).encode()).decode() for k, v in (obj.pop("stringData") or {}).items()})
+    obj["data"] = data
+
+
 def crd_condition(crd: Obj, kind: str) -> bool:
     return any(c.get("type") == kind and c.get("status") == "True"
                for c in (crd.get("status") or {}).get("conditions") or [])
@@ -386,6 +400,7 @@ class RtuiKube(KubernetesEmulator):
                 obj["metadata"]["managedFields"] = [self._managed(manager, obj["apiVersion"])]
             if key == ("", "v1", "namespaces"):
                 obj.setdefault("status", {"phase": "Active"})
+            fold_string_data(key, obj)
             self._objects[self._objkey(key, namespace, name)] = obj
             await self._publish(key, "ADDED", obj)
         if key == CRD_KEY and not crd_condition(obj, "Established"):
@@ -409,6 +424,7 @@ class RtuiKube(KubernetesEmulator):
                         new["status"] = old["status"]
                 else:
                     new = deep_merge(old, patch)
+                fold_string_data(key, new)
             for k in ("apiVersion", "kind"):
                 new[k] = old[k]
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]

@@ -42,6 +42,7 @@ from backend.layers.kubernetes.raycluster import (
     ray_pods_selector,
 )
 from backend.layers.kubernetes.registry import Resolved, resolve_digest
+from backend.layers.kubernetes.security import RAY_TOKEN, RayTokenHandler, ray_token
 from backend.model import CheckResult, CheckStatus, Observed, Resource
 
 if TYPE_CHECKING:
@@ -167,8 +168,8 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
 class KubernetesLayer(Layer):
     name = LAYER
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
-        NamespaceHandler(), HfTokenHandler(), NvidiaPluginHandler(), EfaPluginHandler(), OperatorHandler(),
-        PrepullHandler(), RayClusterHandler(), WorkersHandler())}
+        NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), NvidiaPluginHandler(), EfaPluginHandler(),
+        OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
 
     def __init__(self) -> None:
         self._image: Resolved | None = None
@@ -200,6 +201,8 @@ class KubernetesLayer(Layer):
         out = [res(NAMESPACE, "k8s-namespace", {"name": config.namespace})]
         if config.hf_token:
             out.append(res(HF_SECRET, "k8s-secret", {"source": config.hf_token}, NAMESPACE))
+        # Made when applied, kept only in the cluster: the spec says where, never what.
+        out.append(res(RAY_TOKEN, "k8s-ray-token", {"key": manifests.RAY_TOKEN_KEY}, NAMESPACE))
         plugin_image = addons.nvidia_device_plugin(config, run_id)
         # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
         out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", {"image": _first_image(plugin_image)}, *gpu))
@@ -213,12 +216,12 @@ class KubernetesLayer(Layer):
         out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
         spec = {"image": pinned, "digest": image.digest, "pinning": image.reason, "gpu_nodes": config.gpu_node_count,
                 "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
-                "hf_token": bool(config.hf_token)}
+                "hf_token": bool(config.hf_token), "auth": "token"}
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below if r.address == AWS_LAUNCH_TEMPLATE]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
-        deps = [NAMESPACE, OPERATOR, *([HF_SECRET] if config.hf_token else []), *system]
+        deps = [NAMESPACE, RAY_TOKEN, OPERATOR, *([HF_SECRET] if config.hf_token else []), *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
@@ -232,7 +235,7 @@ class KubernetesLayer(Layer):
             return []
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, KubeHandler)))
-        order = [NAMESPACE, HF_SECRET, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
+        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
         return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
@@ -327,14 +330,18 @@ class KubernetesLayer(Layer):
                 return None
             heads = await api.list("v1", "Pod", ctx.config.namespace,
                                    ray_pods_selector(ctx.config.cluster_name, "head"))
+            token = await ray_token(api, ctx.config, ctx.record.run_id)
         except Unreachable:
             raise  # not "no Jobs API yet": the cluster cannot be asked at all (status says so, exit 1)
         except RtuiError:
             return None
         if not any(pods.pod_ready(p) for p in heads):
             return None
+        # A cluster of this run without its token (a Secret deleted by hand) is asked without one:
+        # Ray refuses, and the refusal says so.
+        auth = {manifests.RAY_TOKEN_HEADER: f"Bearer {token}"} if token else {}
         return api.ray_jobs(ctx.config.namespace, manifests.head_service_name(ctx.config),
-                            manifests.DASHBOARD_PORT_NAME)
+                            manifests.DASHBOARD_PORT_NAME, ray_auth=auth)
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         return {}
@@ -361,6 +368,7 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     notes = []
     if config.hf_token:
         objects.append(manifests.hf_token_secret(config, run_id, f"<read from {config.hf_token} when applied>"))
+    objects.append(manifests.ray_token_secret(config, run_id, "<random, made when applied>"))
     objects += addons.nvidia_device_plugin(config, run_id)
     if config.wants_efa():
         objects += addons.efa_device_plugin(config, run_id)

@@ -128,6 +128,48 @@ def _token_env(config: RunConfig) -> list[Manifest]:
                                                                   "key": HF_TOKEN_KEY}}}]
 
 
+# Ray token auth (Ray >= 2.52, KubeRay >= 1.5): KubeRay reads the token from this key of the Secret
+# ``authOptions.secretName`` names (ray-operator/controllers/ray/utils/constant.go RAY_AUTH_TOKEN_SECRET_KEY).
+RAY_TOKEN_KEY = "auth_token"
+# Ray's dashboard reads the token from ``Authorization``, then from this header, "for proxies and
+# KubeRay" (ray/_private/authentication/http_token_authentication.py). The API server's service
+# proxy drops the ``Authorization`` it authenticated, so the token to Ray goes in this one.
+RAY_TOKEN_HEADER = "X-Ray-Authorization"
+
+
+def ray_token_secret_name(config: RunConfig) -> str:
+    return f"{config.cluster_name}-ray-token"
+
+
+def ray_token_secret(config: RunConfig, run_id: str, token: str) -> Manifest:
+    """The Secret holding the Ray cluster's auth token: made in memory when applied, never written."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": ray_token_secret_name(config), "namespace": config.namespace,
+                         "labels": labels(run_id)},
+            "stringData": {RAY_TOKEN_KEY: token}}
+
+
+def _ray_token_env(config: RunConfig) -> list[Manifest]:
+    """What KubeRay 1.7's ``SetContainerTokenAuthEnvVars`` adds, set here too: an operator that does
+    not know ``authOptions`` (older than 1.5, adopted as it runs) drops the field, and its Ray would
+    then start without auth; with these the Ray containers start in token mode whatever the operator."""
+    return [{"name": "RAY_AUTH_MODE", "value": "token"},
+            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": ray_token_secret_name(config),
+                                                                      "key": RAY_TOKEN_KEY}}}]
+
+
+def with_token_auth(config: RunConfig, cluster: Manifest) -> Manifest:
+    """The RayCluster with Ray's token auth on: ``authOptions`` naming our Secret (KubeRay then creates
+    none of its own) and the env in every Ray container, so the dashboard, the Jobs API and the GCS
+    take no request without the token."""
+    spec = cluster["spec"]
+    spec["authOptions"] = {"mode": "token", "secretName": ray_token_secret_name(config)}
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        container = group["template"]["spec"]["containers"][0]
+        container["env"] = [*container.get("env", []), *_ray_token_env(config)]
+    return cluster
+
+
 def namespace(config: RunConfig, run_id: str) -> Manifest:
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": config.namespace, "labels": labels(run_id)}}
@@ -209,7 +251,7 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
     """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers, each asking
     for its node's ``efa_interfaces``."""
     image = pinned_image(config.image, image_digest)
-    return {
+    return with_token_auth(config, {
         "apiVersion": RAYCLUSTER_API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": config.cluster_name, "namespace": config.namespace, "labels": labels(run_id)},
@@ -218,7 +260,7 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
             "headGroupSpec": _head_group(config, run_id, image),
             "workerGroupSpecs": [_worker_group(config, run_id, image, efa_interfaces)],
         },
-    }
+    })
 
 
 def manifests(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> list[Manifest]:
