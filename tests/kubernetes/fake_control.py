@@ -48,6 +48,7 @@ class FakeControlPlane:
     _first_seen: dict[str, float] = field(default_factory=dict)
     _pulled: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, image) -> when it is cached
     _events: set[str] = field(default_factory=set)
+    _pod_ips: dict[tuple[str, str], str] = field(default_factory=dict)  # the kubelet's podIP, one per pod
     _advertised: set[tuple[str, str]] = field(default_factory=set)  # (node, resource) a plugin DS of the test's made
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -215,7 +216,8 @@ class FakeControlPlane:
             self.cluster.create({"apiVersion": "v1", "kind": "Service",
                                  "metadata": {"name": f"{name}-head-svc", "namespace": ns,
                                               "labels": {"ray.io/cluster": name}},
-                                 "spec": {"ports": [{"name": "dashboard", "port": 8265}]}})
+                                 "spec": {"selector": {"ray.io/cluster": name, "ray.io/node-type": "head"},
+                                          "ports": [{"name": "dashboard", "port": 8265}]}})
 
     def _auth(self, rc: Obj) -> str | None:
         """The Secret the Ray containers read RAY_AUTH_TOKEN from, None without token auth.
@@ -305,8 +307,10 @@ class FakeControlPlane:
                 # ``ray start`` in token mode takes RAY_AUTH_TOKEN; without RAY_AUTH_MODE=token, no auth.
                 FakeRayHead.running[self.jobs_url].auth_token = \
                     env.get("RAY_AUTH_TOKEN") if env.get("RAY_AUTH_MODE") == "token" else None
+            self._pod_ips.setdefault((ns, name), f"10.244.{len(self._pod_ips) // 250}.{len(self._pod_ips) % 250 + 2}")
             self.cluster.set_status("Pod", name, ns, {
-                "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                "phase": "Running", "podIP": self._pod_ips[(ns, name)],
+                "conditions": [{"type": "Ready", "status": "True"}],
                 "containerStatuses": [{"name": pod["spec"]["containers"][0]["name"], "image": image, "ready": True,
                                        "restartCount": 0, "state": {"running": {"startedAt": "now"}}}]})
             if meta["labels"].get("ray.io/node-type") == "head" and self.jobs_url:

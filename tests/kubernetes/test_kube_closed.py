@@ -82,3 +82,55 @@ def test_a_package_planted_under_the_name_rtui_would_compute_is_not_what_the_job
     assert name != guessed and name.startswith("_ray_pkg_") and name.endswith(".zip")
     shipped = zipfile.ZipFile(io.BytesIO(world.head.packages[name]))
     assert shipped.read("training/__init__.py") == (training_package_dir() / "__init__.py").read_bytes()
+
+
+def test_the_network_policy_admits_the_ray_pods_and_the_api_servers_proxy_and_no_one_else(world: KubeWorld) -> None:
+    """On a cluster whose CNI enforces policies (the emulator applies them, pod_network.py), the job runs
+    through the API server's proxy (the proxy dials the head from the API server's address), a Ray
+    worker reaches the head, and a pod of another namespace, or a non-Ray pod of ours, does not."""
+    from tests.kubernetes.pod_network import Source
+
+    gpu_cluster(world.cluster)
+    world.cluster.enforce_network_policies()
+    up = world.rtui("up", "--yes", "--json", timeout=180)
+    assert events(up.stdout)[-1]["data"]["job_status"] == "SUCCEEDED", events(up.stdout)[-1]
+
+    svc = f"{CLUSTER}-head-svc"
+    world.cluster.add_namespace("team-b")
+    outsider = Source(ip="10.244.9.9", namespace="team-b", labels={"app": "notebook"}, pod="notebook",
+                      namespace_labels={"kubernetes.io/metadata.name": "team-b"})
+    assert world.cluster.pod_request(outsider, NAMESPACE, svc, "dashboard", "/api/version") is None
+    # A pod of ours that is no Ray pod (the image pre-pull) is kept out too.
+    neighbour = Source(ip="10.244.9.10", namespace=NAMESPACE, labels={"app.kubernetes.io/name": "x"}, pod="x",
+                       namespace_labels={"kubernetes.io/metadata.name": NAMESPACE})
+    assert world.cluster.pod_request(neighbour, NAMESPACE, svc, "dashboard", "/api/version") is None
+    worker = world.cluster.get("Pod", f"{CLUSTER}-gpu-worker-0", NAMESPACE)
+    assert worker is not None
+    from_worker = Source(ip=worker["status"]["podIP"], namespace=NAMESPACE, labels=worker["metadata"]["labels"],
+                         pod=worker["metadata"]["name"],
+                         namespace_labels={"kubernetes.io/metadata.name": NAMESPACE})
+    reached = world.cluster.pod_request(from_worker, NAMESPACE, svc, "dashboard", "/api/version")
+    assert reached is not None and reached[0] == 401  # in, and then Ray's token
+
+    check = json.loads(world.rtui("check", "--json").stdout)
+    policy_check = next(c for c in check["checks"] if c["id"] == "kube.network-policy")
+    assert policy_check["status"] == "ok" and "kube-system/calico-node" in policy_check["detail"], policy_check
+    policy = world.cluster.get("NetworkPolicy", f"{CLUSTER}-ray", NAMESPACE)
+    assert policy is not None and policy["metadata"]["labels"].get("rtui.dev/run")
+    # Nothing the official client's model drops (a misspelt or unknown field): the Kubernetes schema.
+    from kubernetes.client import ApiClient
+
+    client = ApiClient()
+    bare = {k: v for k, v in policy.items() if k in ("apiVersion", "kind", "spec")}
+    model = client.deserialize(json.dumps(bare), "V1NetworkPolicy", "application/json")
+    assert client.sanitize_for_serialization(model) == bare
+
+    world.rtui("down", "--yes", timeout=180)
+    assert world.cluster.get("NetworkPolicy", f"{CLUSTER}-ray", NAMESPACE) is None
+
+
+def test_the_plan_says_when_the_cluster_does_not_enforce_network_policies(world: KubeWorld) -> None:
+    gpu_cluster(world.cluster)
+    check = json.loads(world.rtui("check", "--json").stdout)
+    policy_check = next(c for c in check["checks"] if c["id"] == "kube.network-policy")
+    assert policy_check["status"] == "warn" and "not enforced" in policy_check["detail"], policy_check

@@ -81,6 +81,8 @@ KINDS: dict[tuple[str, str], KindInfo] = {
     ("ray.io/v1", "RayService"): KindInfo("rayservices", True),
     ("ray.io/v1", "RayCronJob"): KindInfo("raycronjobs", True),
     ("coordination.k8s.io/v1", "Lease"): KindInfo("leases", True),
+    ("v1", "Endpoints"): KindInfo("endpoints", True),
+    ("networking.k8s.io/v1", "NetworkPolicy"): KindInfo("networkpolicies", True),
 }
 
 

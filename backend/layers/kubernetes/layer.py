@@ -42,7 +42,15 @@ from backend.layers.kubernetes.raycluster import (
     ray_pods_selector,
 )
 from backend.layers.kubernetes.registry import Resolved, resolve_digest
-from backend.layers.kubernetes.security import RAY_TOKEN, RayTokenHandler, ray_token
+from backend.layers.kubernetes.security import (
+    NETWORK_POLICY,
+    RAY_TOKEN,
+    NetworkPolicyHandler,
+    RayTokenHandler,
+    network_policy,
+    policy_enforcer,
+    ray_token,
+)
 from backend.model import CheckResult, CheckStatus, Observed, Resource
 
 if TYPE_CHECKING:
@@ -168,8 +176,8 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
 class KubernetesLayer(Layer):
     name = LAYER
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
-        NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), NvidiaPluginHandler(), EfaPluginHandler(),
-        OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
+        NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), NetworkPolicyHandler(), NvidiaPluginHandler(),
+        EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
 
     def __init__(self) -> None:
         self._image: Resolved | None = None
@@ -203,6 +211,11 @@ class KubernetesLayer(Layer):
             out.append(res(HF_SECRET, "k8s-secret", {"source": config.hf_token}, NAMESPACE))
         # Made when applied, kept only in the cluster: the spec says where, never what.
         out.append(res(RAY_TOKEN, "k8s-ray-token", {"key": manifests.RAY_TOKEN_KEY}, NAMESPACE))
+        # Before the pods start: no moment where the pod network reaches them unfiltered.
+        out.append(res(NETWORK_POLICY, "k8s-networkpolicy",
+                       {"admits": "the Ray pods of this cluster; the API server's addresses (Endpoints "
+                                  f"default/kubernetes, read when applied) on port {manifests.DASHBOARD_PORT}"},
+                       NAMESPACE))
         plugin_image = addons.nvidia_device_plugin(config, run_id)
         # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
         out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", {"image": _first_image(plugin_image)}, *gpu))
@@ -221,7 +234,7 @@ class KubernetesLayer(Layer):
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below if r.address == AWS_LAUNCH_TEMPLATE]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
-        deps = [NAMESPACE, RAY_TOKEN, OPERATOR, *([HF_SECRET] if config.hf_token else []), *system]
+        deps = [NAMESPACE, RAY_TOKEN, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []), *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
@@ -235,13 +248,18 @@ class KubernetesLayer(Layer):
             return []
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, KubeHandler)))
-        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
+        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, NETWORK_POLICY, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL,
+                 RAYCLUSTER, WORKERS]
         return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         config = ctx.config
         if config.target == "aws":
-            return self._token_check(config)  # the cluster and its nodes are the aws layer's to make
+            # The cluster and its nodes are the aws layer's to make: what its CNI enforces is known later.
+            return [CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.WARN,
+                                detail="not known before the cluster exists: EKS's VPC CNI enforces NetworkPolicies "
+                                       "only with its add-on's enableNetworkPolicy on; Ray's token protects it either "
+                                       "way")] + self._token_check(config)
         try:
             api = kube_api(ctx)
             nodes = await api.list("v1", "Node")
@@ -255,7 +273,26 @@ class KubernetesLayer(Layer):
         gpu = [n for n in nodes if pods.is_gpu_node(n)]
         results.append(self._gpu_node_check(config, nodes, gpu))
         results.extend(await self._foreign_objects(api, ctx))
+        results.append(await self._policy_check(api))
         return results + self._token_check(config)
+
+    @staticmethod
+    async def _policy_check(api: KubeApi) -> CheckResult:
+        """Whether the cluster enforces the NetworkPolicy rtui creates (best effort: a known CNI agent)."""
+        try:
+            enforcer = policy_enforcer(await api.list("apps/v1", "DaemonSet"))
+        except UserError as exc:
+            return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.WARN,
+                               detail=f"could not tell ({exc.message})")
+        if enforcer:
+            return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.OK,
+                               detail=f"enforced by {enforcer}")
+        return CheckResult(
+            id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.WARN,
+            detail="no agent that enforces NetworkPolicies found (calico, cilium, antrea, kube-router, weave, "
+                   "EKS's VPC CNI with its network policy agent): the policy is created but likely not enforced, "
+                   "so any pod can reach Ray's ports; Ray's token still refuses it",
+            remedy="enable the CNI's policy support (EKS: the vpc-cni add-on's enableNetworkPolicy)")
 
     @staticmethod
     def _gpu_node_check(config: RunConfig, nodes: list[dict[str, Any]], gpu: list[dict[str, Any]]) -> CheckResult:
@@ -369,6 +406,7 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     if config.hf_token:
         objects.append(manifests.hf_token_secret(config, run_id, f"<read from {config.hf_token} when applied>"))
     objects.append(manifests.ray_token_secret(config, run_id, "<random, made when applied>"))
+    objects.append(network_policy(config, run_id, []))
     objects += addons.nvidia_device_plugin(config, run_id)
     if config.wants_efa():
         objects += addons.efa_device_plugin(config, run_id)
@@ -376,6 +414,8 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     notes.append(f"the KubeRay {config.kuberay_version} CRDs (RayCluster, RayJob, RayService) come first, from "
                  f"{config.kuberay_crds or 'the KubeRay release'}")
     notes.append("device plugins and the operator are skipped where the cluster already runs them")
+    notes.append("the NetworkPolicy also admits the API server's addresses (Endpoints default/kubernetes) on port "
+                 f"{manifests.DASHBOARD_PORT}, read when applied")
     objects.append(manifests.image_prepull(config, run_id))
     objects.append(manifests.raycluster(config, run_id))
     notes.append("the image is pinned by digest at plan time when its registry answers")
