@@ -134,3 +134,53 @@ def test_the_plan_says_when_the_cluster_does_not_enforce_network_policies(world:
     check = json.loads(world.rtui("check", "--json").stdout)
     policy_check = next(c for c in check["checks"] if c["id"] == "kube.network-policy")
     assert policy_check["status"] == "warn" and "not enforced" in policy_check["detail"], policy_check
+
+
+def test_job_env_values_reach_the_job_through_a_secret_and_nowhere_the_jobs_api_or_rtui_shows(
+        world: KubeWorld) -> None:
+    import base64
+
+    gpu_cluster(world.cluster)
+    value = "wandb-Value-9f8e7d6c5b4a"
+    world.env["WANDB_API_KEY"] = value
+    up = world.rtui("up", "--yes", "--json", "--job-env", "WANDB_API_KEY", timeout=180)
+    assert events(up.stdout)[-1]["data"]["job_status"] == "SUCCEEDED"
+
+    # What anyone with the Jobs API sees (Ray returns each job's runtime_env): no value.
+    token = world.head.auth_token
+    status, listed = probe(f"{world.head.url}/api/jobs/", headers={"X-Ray-Authorization": f"Bearer {token}"})
+    assert status == 200 and value not in listed
+    (job,) = world.head.jobs.values()
+    env_vars = job.runtime_env["env_vars"]
+    assert "WANDB_API_KEY" not in env_vars and value not in json.dumps(job.runtime_env)
+    path = env_vars["RTUI_JOB_ENV_FILE"]
+
+    # The job reads it from the run's Secret, mounted in every Ray container at that path.
+    secret = world.cluster.get("Secret", f"{CLUSTER}-job-env", NAMESPACE)
+    assert secret is not None and secret["metadata"]["labels"].get("rtui.dev/run")
+    (key, data), = secret["data"].items()
+    assert json.loads(base64.b64decode(data)) == {"WANDB_API_KEY": value}
+    rc = world.cluster.get("RayCluster", CLUSTER, NAMESPACE)
+    assert rc is not None
+    for group in [rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]]:
+        spec = group["template"]["spec"]
+        (volume,) = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == f"{CLUSTER}-job-env"]
+        (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+        assert f"{mount['mountPath']}/{key}" == path and mount["readOnly"] is True
+    assert value not in json.dumps(rc)
+
+    # Applying twice does nothing; a changed value updates the Secret alone, and the plan never shows it.
+    again = json.loads(world.rtui("plan", "--json", "--job-env", "WANDB_API_KEY").stdout)
+    assert {c["address"]: c["action"] for c in again["changes"] if c["action"] != "noop"} == {}
+    world.env["WANDB_API_KEY"] = value + "-rotated"
+    changed = world.rtui("plan", "--json", "--job-env", "WANDB_API_KEY").stdout
+    assert {c["address"]: c["action"] for c in json.loads(changed)["changes"] if c["action"] != "noop"} == {
+        "k8s.secret.job-env": "update"}
+    assert value not in changed
+
+    for file in world.state.rglob("*"):
+        if file.is_file():
+            assert value not in file.read_text(errors="replace"), file
+    assert value not in up.stdout + up.stderr
+    world.rtui("down", "--yes", timeout=180)
+    assert world.cluster.get("Secret", f"{CLUSTER}-job-env", NAMESPACE) is None

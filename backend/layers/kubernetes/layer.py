@@ -43,8 +43,10 @@ from backend.layers.kubernetes.raycluster import (
 )
 from backend.layers.kubernetes.registry import Resolved, resolve_digest
 from backend.layers.kubernetes.security import (
+    JOB_ENV,
     NETWORK_POLICY,
     RAY_TOKEN,
+    JobEnvHandler,
     NetworkPolicyHandler,
     RayTokenHandler,
     network_policy,
@@ -52,6 +54,7 @@ from backend.layers.kubernetes.security import (
     ray_token,
 )
 from backend.model import CheckResult, CheckStatus, Observed, Resource
+from training.passed_env import JOB_ENV_FILE
 
 if TYPE_CHECKING:
     from backend.layers.kubernetes.access import KubeApi
@@ -176,7 +179,8 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
 class KubernetesLayer(Layer):
     name = LAYER
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
-        NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), NetworkPolicyHandler(), NvidiaPluginHandler(),
+        NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), JobEnvHandler(), NetworkPolicyHandler(),
+        NvidiaPluginHandler(),
         EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
 
     def __init__(self) -> None:
@@ -211,6 +215,8 @@ class KubernetesLayer(Layer):
             out.append(res(HF_SECRET, "k8s-secret", {"source": config.hf_token}, NAMESPACE))
         # Made when applied, kept only in the cluster: the spec says where, never what.
         out.append(res(RAY_TOKEN, "k8s-ray-token", {"key": manifests.RAY_TOKEN_KEY}, NAMESPACE))
+        # Names only: the values are read from rtui's environment when applied.
+        out.append(res(JOB_ENV, "k8s-job-env", {"names": sorted(config.job_env_names())}, NAMESPACE))
         # Before the pods start: no moment where the pod network reaches them unfiltered.
         out.append(res(NETWORK_POLICY, "k8s-networkpolicy",
                        {"admits": "the Ray pods of this cluster; the API server's addresses (Endpoints "
@@ -234,7 +240,8 @@ class KubernetesLayer(Layer):
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below if r.address == AWS_LAUNCH_TEMPLATE]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
-        deps = [NAMESPACE, RAY_TOKEN, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []), *system]
+        deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []),
+                *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
@@ -248,7 +255,7 @@ class KubernetesLayer(Layer):
             return []
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, KubeHandler)))
-        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, NETWORK_POLICY, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL,
+        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL,
                  RAYCLUSTER, WORKERS]
         return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
 
@@ -383,6 +390,11 @@ class KubernetesLayer(Layer):
     def job_env(self, ctx: Context) -> dict[str, str]:
         return {}
 
+    def carry_job_secrets(self, ctx: Context, submission_id: str, values: Mapping[str, str]) -> dict[str, str]:
+        """The values are in the run's job-env Secret (``k8s.secret.job-env``, applied before the job from
+        the same environment), mounted in every Ray container: the job gets the file's path only."""
+        return {JOB_ENV_FILE: manifests.job_env_file()}
+
     async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
         api = await cluster_api(ctx)
         heads = await api.list("v1", "Pod", ctx.config.namespace, ray_pods_selector(ctx.config.cluster_name, "head"))
@@ -406,6 +418,11 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     if config.hf_token:
         objects.append(manifests.hf_token_secret(config, run_id, f"<read from {config.hf_token} when applied>"))
     objects.append(manifests.ray_token_secret(config, run_id, "<random, made when applied>"))
+    if config.job_env_names():
+        objects.append(manifests.job_env_secret(config, run_id, {n: "<read from rtui's environment when applied>"
+                                                                 for n in config.job_env_names()}))
+    else:
+        objects.append(manifests.job_env_secret(config, run_id, {}))
     objects.append(network_policy(config, run_id, []))
     objects += addons.nvidia_device_plugin(config, run_id)
     if config.wants_efa():

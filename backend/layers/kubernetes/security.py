@@ -200,3 +200,65 @@ class NetworkPolicyHandler(KubeHandler):
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         async for p in delete_ours(self.api(ctx), ctx, [network_policy(ctx.config, ctx.record.run_id, [])]):
             yield p
+
+
+# ---- the --job-env values ----------------------------------------------------------------------------
+JOB_ENV = "k8s.secret.job-env"
+
+
+def _job_env_values(config: RunConfig) -> dict[str, str]:
+    from backend.jobspec import build_job_spec, passed_env_values
+
+    return passed_env_values(build_job_spec(config))
+
+
+class JobEnvHandler(KubeHandler):
+    """The ``--job-env`` values in a Secret of the run (always there, ``{}`` without any: the Ray pods
+    mount it from their start, so naming variables later never remakes the cluster)."""
+
+    kind = "k8s-job-env"
+    title = "Store the --job-env values as a Secret"
+    expected_s = 1.0
+    updatable = True
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        import json
+
+        from backend.errors import UserError
+
+        live = await api.get("v1", "Secret", manifests.job_env_secret_name(ctx.config), ctx.config.namespace)
+        if live is None or not ours(live, ctx.record.run_id):
+            return None
+        try:
+            stored = json.loads(secret_value(live, manifests.JOB_ENV_KEY) or "{}")
+        except ValueError:
+            stored = None
+        names = sorted(stored) if isinstance(stored, dict) else []
+        try:
+            current = stored == _job_env_values(ctx.config)
+        except UserError:  # a variable not set here (status, down): nothing to compare with
+            current = True
+        return Observed(address=JOB_ENV, layer=LAYER, kind=self.kind, id=object_id(live), state={"names": names},
+                        depends_on=(NAMESPACE,), healthy=current,
+                        reason="in place" if current else "the values in rtui's environment changed")
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        if have.state.get("names") != want.spec.get("names"):
+            return Action.UPDATE, f"variables now: {', '.join(want.spec.get('names') or []) or 'none'}"
+        return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        values = _job_env_values(ctx.config)
+        secret = manifests.job_env_secret(ctx.config, ctx.record.run_id, values)
+        await self.api(ctx).apply(secret)
+        ctx.ledger.update(want.address, id=object_id(secret))
+        yield Progress(f"{len(values)} --job-env values stored in the cluster" if values else "no --job-env values",
+                       1.0)
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        async for p in delete_ours(self.api(ctx), ctx, [manifests.job_env_secret(ctx.config, ctx.record.run_id, {})]):
+            yield p
