@@ -46,7 +46,7 @@ class KubeWorld:
     def labelled(self) -> list[str]:
         """Every object of ours still in the cluster (any kind rtui applies)."""
         kinds = ["Namespace", "Secret", "ServiceAccount", "DaemonSet", "Deployment", "ClusterRole",
-                 "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster"]
+                 "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster", "NetworkPolicy"]
         return [f"{kind}/{o['metadata']['name']}" for kind in kinds for o in self.cluster.objects(kind)
                 if RUN_LABEL in (o["metadata"].get("labels") or {})]
 
