@@ -134,6 +134,11 @@ def test_the_plan_says_when_the_cluster_does_not_enforce_network_policies(world:
     check = json.loads(world.rtui("check", "--json").stdout)
     policy_check = next(c for c in check["checks"] if c["id"] == "kube.network-policy")
     assert policy_check["status"] == "warn" and "not enforced" in policy_check["detail"], policy_check
+    plan = json.loads(world.rtui("plan", "--json").stdout)
+    (change,) = [c for c in plan["changes"] if c["address"] == "k8s.networkpolicy.ray"]
+    assert "not enforced" in change["after"]["enforced"], change
+    text = world.rtui("plan").stdout
+    assert "not enforced" in text, text[-2000:]
 
 
 def test_job_env_values_reach_the_job_through_a_secret_and_nowhere_the_jobs_api_or_rtui_shows(

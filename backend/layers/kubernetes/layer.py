@@ -185,6 +185,7 @@ class KubernetesLayer(Layer):
 
     def __init__(self) -> None:
         self._image: Resolved | None = None
+        self._enforcement = "not checked"
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -193,6 +194,7 @@ class KubernetesLayer(Layer):
     async def prepare(self, ctx: Context) -> None:
         if self._image is None or self._image.image != ctx.config.image:
             self._image = await asyncio.to_thread(resolve_digest, ctx.config.image)
+        self._enforcement = (await self._policy_check(ctx)).detail or ""
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
         config, run_id = ctx.config, ctx.record.run_id
@@ -220,7 +222,8 @@ class KubernetesLayer(Layer):
         # Before the pods start: no moment where the pod network reaches them unfiltered.
         out.append(res(NETWORK_POLICY, "k8s-networkpolicy",
                        {"admits": "the Ray pods of this cluster; the API server's addresses (Endpoints "
-                                  f"default/kubernetes, read when applied) on port {manifests.DASHBOARD_PORT}"},
+                                  f"default/kubernetes, read when applied) on port {manifests.DASHBOARD_PORT}",
+                        "enforced": self._enforcement},
                        NAMESPACE))
         plugin_image = addons.nvidia_device_plugin(config, run_id)
         # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
@@ -262,11 +265,8 @@ class KubernetesLayer(Layer):
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         config = ctx.config
         if config.target == "aws":
-            # The cluster and its nodes are the aws layer's to make: what its CNI enforces is known later.
-            return [CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.WARN,
-                                detail="not known before the cluster exists: EKS's VPC CNI enforces NetworkPolicies "
-                                       "only with its add-on's enableNetworkPolicy on; Ray's token protects it either "
-                                       "way")] + self._token_check(config)
+            # The cluster and its nodes are the aws layer's to make; the plan says what its CNI enforces.
+            return self._token_check(config)
         try:
             api = kube_api(ctx)
             nodes = await api.list("v1", "Node")
@@ -280,17 +280,24 @@ class KubernetesLayer(Layer):
         gpu = [n for n in nodes if pods.is_gpu_node(n)]
         results.append(self._gpu_node_check(config, nodes, gpu))
         results.extend(await self._foreign_objects(api, ctx))
-        results.append(await self._policy_check(api))
+        results.append(await self._policy_check(ctx))
         return results + self._token_check(config)
 
     @staticmethod
-    async def _policy_check(api: KubeApi) -> CheckResult:
+    async def _policy_check(ctx: Context) -> CheckResult:
         """Whether the cluster enforces the NetworkPolicy rtui creates (best effort: a known CNI agent)."""
         try:
-            enforcer = policy_enforcer(await api.list("apps/v1", "DaemonSet"))
-        except UserError as exc:
+            if ctx.config.target == "aws":  # its cluster may not exist yet, and its CNI is the aws layer's to set
+                raise ClusterNotReady("not asked")
+            enforcer = policy_enforcer(await kube_api(ctx).list("apps/v1", "DaemonSet"))
+        except ClusterNotReady:
+            return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.INFO,
+                               detail="not checked on the aws target (EKS's VPC CNI enforces NetworkPolicies "
+                                      "only with its add-on's enableNetworkPolicy on); Ray's token protects the "
+                                      "cluster either way")
+        except RtuiError as exc:
             return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.WARN,
-                               detail=f"could not tell ({exc.message})")
+                               detail=f"not known: could not list the cluster's DaemonSets ({exc.message})")
         if enforcer:
             return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.OK,
                                detail=f"enforced by {enforcer}")
