@@ -57,3 +57,18 @@ def test_peer_kinds_named_ports_and_except() -> None:
     assert not admitted([deny_all], HEAD, WORKER, 8265)
     egress_only = {**base, "spec": {"podSelector": {}, "policyTypes": ["Egress"]}}
     assert admitted([egress_only], HEAD, OUTSIDER, 8265)
+
+
+def test_rtuis_policy_is_a_valid_networking_v1_object() -> None:
+    """Through the official client's V1NetworkPolicy model (as test_addons checks the add-ons): a misspelt or
+    unknown field would be dropped, a missing required one (an ipBlock's cidr) refused."""
+    import json
+
+    from kubernetes.client import ApiClient
+
+    client = ApiClient()
+    for cidrs in ([], ["10.0.0.2/32", "10.0.1.7/32"]):
+        policy = network_policy(RunConfig(target="kube", namespace="ml"), RUN, cidrs)
+        model = client.deserialize(json.dumps(policy), "V1NetworkPolicy", "application/json")
+        assert client.sanitize_for_serialization(model) == policy
+        assert policy["metadata"]["namespace"] == "ml" and policy["spec"]["policyTypes"] == ["Ingress"]
