@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import re
+import secrets
 import ssl as ssl_lib
 import zipfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -52,6 +53,12 @@ LOGS_READ_BYTES = 64 * 1024
 # A silent peer (a proxy that dropped the connection without a FIN) is noticed within this.
 WS_HEARTBEAT_S = 30.0
 SOCKS_SCHEMES = ("socks5", "socks5h", "socks4", "socks4a")
+# A file of random bytes put in every package this client uploads. Ray skips the upload of a URI
+# that exists (job_head ``get_package`` answers 200), and the URI is a hash of the content: without
+# this, anyone who can reach the dashboard could plant a package under the hash of the public
+# ``training/`` code before rtui submits, and the job would run it. With it the name is unknowable.
+NONCE_FILE = "_rtui_package_nonce"
+NONCE_BYTES = 16
 
 
 def _no_headers() -> Mapping[str, str]:
@@ -97,6 +104,8 @@ class JobsApi:
         self.stream_idle_s = stream_idle_s
         self._held: aiohttp.ClientSession | None = None
         self._held_loop: asyncio.AbstractEventLoop | None = None
+        # One per client: its jobs share an unchanged package, no one else can name it in advance.
+        self._nonce = {NONCE_FILE: secrets.token_bytes(NONCE_BYTES)}
 
     # --- session lifetime ------------------------------------------------------------------
     async def __aenter__(self) -> JobsApi:
@@ -333,7 +342,7 @@ class JobsApi:
         if not path.is_dir():
             raise OperationError(f"{path} is not a directory",
                                  remedy="runtime_env takes a local directory or a package URI here")
-        uri = await asyncio.to_thread(package_uri, path, excludes)
+        uri = await asyncio.to_thread(package_uri, path, excludes, self._nonce)
         protocol, name = uri.split("://", 1)
         where = f"/api/packages/{protocol}/{name}"
         # Ask first, every time: the GET also pins the package for a while in Ray's store, so it
@@ -343,7 +352,7 @@ class JobsApi:
             return uri
         if known.status != 404:
             raise self._failed(f"checking package {uri}", known)
-        data = await asyncio.to_thread(zip_package, path, excludes, include_parent_dir)
+        data = await asyncio.to_thread(zip_package, path, excludes, include_parent_dir, self._nonce)
         sent = await self.request("PUT", where, data=data, timeout_s=max(self.timeout_s, 300.0))
         if sent.status != 200:
             raise self._failed(f"uploading package {uri} ({len(data)} bytes)", sent)
@@ -446,19 +455,24 @@ def _xor(left: bytes, right: bytes) -> bytes:
     return bytes(a ^ b for a, b in zip(left, right, strict=False))
 
 
-def package_uri(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES) -> str:
+def package_uri(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES,
+                extra: Mapping[str, bytes] | None = None) -> str:
     """``gcs://_ray_pkg_<hash>.zip``, the hash as Ray computes it: the XOR of the SHA-1 of each
-    path's name (and a file's content), folded into 8 bytes that start as ``b"0" * 8``."""
+    path's name (and a file's content), folded into 8 bytes that start as ``b"0" * 8``; ``extra``:
+    files added at the package root (name -> content), hashed the same way."""
     root = root.absolute()
     acc = b"0" * 8
     for path in _walk(root, excludes):
         acc = _xor(acc, _path_hash(path, root))
+    for name, content in (extra or {}).items():
+        acc = _xor(acc, hashlib.sha1(name.encode() + content).digest())  # noqa: S324 - Ray's naming
     return f"gcs://_ray_pkg_{acc.hex()}.zip"
 
 
-def zip_package(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES, include_parent_dir: bool = False) -> bytes:
+def zip_package(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES, include_parent_dir: bool = False,
+                extra: Mapping[str, bytes] | None = None) -> bytes:
     """The zip Ray builds: every file and empty directory, named from the package root
-    (under the root's own name for a py_module)."""
+    (under the root's own name for a py_module); ``extra`` files at that root."""
     root = root.absolute()
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED, strict_timestamps=False) as archive:
@@ -466,4 +480,6 @@ def zip_package(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES, include_
             if path.is_file() or (path.is_dir() and next(path.iterdir(), None) is None):
                 name = path.relative_to(root)
                 archive.write(path, str(Path(root.name) / name if include_parent_dir else name))
+        for extra_name, content in (extra or {}).items():
+            archive.writestr(str(Path(root.name) / extra_name if include_parent_dir else extra_name), content)
     return buffer.getvalue()

@@ -38,8 +38,9 @@ from tests.kubernetes.crds import crd_dir  # noqa: E402
 from tests.kubernetes.fake_control import FakeControlPlane, Timings  # noqa: E402
 from tests.kubernetes.fake_registry import FakeRegistry  # noqa: E402
 
+# The Ray token's Secret (issue 23) comes with the namespace: the RayCluster's pods cannot start without it.
 SEED_ORDER = ["k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator", "k8s.namespace",
-              "k8s.raycluster", "k8s.gpu-workers"]
+              "k8s.secret.ray-token", "k8s.raycluster", "k8s.gpu-workers"]
 
 
 def sequential(steps: list[Step]) -> list[Step]:

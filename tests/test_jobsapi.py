@@ -248,7 +248,10 @@ async def test_a_package_is_uploaded_once_per_content(fake: FakeRay, tmp_path: P
     sent_env = fake.jobs["j2"].details["runtime_env"]
     assert sent_env == {"py_modules": [uri], "env_vars": {"A": "1"}}
     names = set(zipfile.ZipFile(io.BytesIO(fake.packages[uri])).namelist())
-    assert names == {"pkg/__init__.py", "pkg/sub/mod.py", "pkg/empty/"}, names
+    assert names == {"pkg/__init__.py", "pkg/sub/mod.py", "pkg/empty/", f"pkg/{jobsapi.NONCE_FILE}"}, names
+    # Not the name anyone can compute from the code alone (a package planted there would be used).
+    assert uri != jobsapi.package_uri(tmp_path / "pkg")
+    assert RayJobs(fake.url).api._nonce != jobs.api._nonce
 
     # A cache directory changing does not make a new package; a source file does.
     (tmp_path / "pkg" / "__pycache__" / "other.pyc").write_bytes(b"1")

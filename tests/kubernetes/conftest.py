@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.kubernetes.kmock_ext import CUSTOM_KINDS, KINDS, PLURAL_OF, Obj, RtuiKube, Served, crd_condition, now_rfc3339
+from tests.kubernetes.pod_network import Source
 
 T = TypeVar("T")
 KIND_KEYS = {kind: key for key, (kind, _, _) in {**KINDS, **CUSTOM_KINDS}.items()}
@@ -36,6 +37,8 @@ TOKEN = "test-token-0"
 # A name only the test proxies resolve (``tests/netproxies.py``), also in the server's certificate:
 # a client that bypasses the proxy cannot find the server, one that ignores tls-server-name cannot trust it.
 SERVER_NAME = "apiserver.rtui.test"
+# The address the API server's proxy connects to pods from (a control-plane address in the node network).
+APISERVER_IP = "10.0.0.2"
 
 
 def _self_signed_for_loopback() -> tuple[bytes, bytes]:
@@ -105,6 +108,11 @@ class KubeCluster:
             self.url = f"https://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
             for ns in ("default", "kube-system"):
                 await self.kube._create(("", "v1", "namespaces"), None, {"metadata": {"name": ns}})
+            # The API server keeps its own addresses in the ``kubernetes`` Service's Endpoints.
+            await self.kube._create(("", "v1", "endpoints"), "default", {
+                "metadata": {"name": "kubernetes", "namespace": "default"},
+                "subsets": [{"addresses": [{"ip": APISERVER_IP}], "ports": [{"name": "https", "port": 443,
+                                                                              "protocol": "TCP"}]}]})
             self._ready.set()
             await self._stop.wait()
             await self.kube.drop_log_streams()
@@ -236,6 +244,35 @@ class KubeCluster:
     def drop_log_streams(self, abrupt: bool = False) -> None:
         """End every open log stream: cleanly (as an API server timeout does) or mid-chunk."""
         self._call(self.kube.drop_log_streams(abrupt))
+
+    def enforce_network_policies(self, agent: str = "calico-node") -> Obj:
+        """A CNI that enforces NetworkPolicies from now on, known by its agent's DaemonSet in kube-system."""
+        self._on_loop(lambda: setattr(self.kube, "enforce_policies", True))
+        return self.create({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                            "metadata": {"name": agent, "namespace": "kube-system", "labels": {"k8s-app": agent}},
+                            "spec": {"selector": {"matchLabels": {"k8s-app": agent}}, "template": {
+                                "metadata": {"labels": {"k8s-app": agent}},
+                                "spec": {"nodeSelector": {"rtui.test/cni": "never-scheduled"},
+                                         "containers": [{"name": agent, "image": f"docker.io/calico/{agent}:v3"}]}}}})
+
+    def pod_request(self, src: Source, namespace: str, service: str, port: str, path: str,
+                    headers: dict[str, str] | None = None) -> tuple[int, str] | None:
+        """A request from ``src`` (a pod the test plays) to ``service:port`` over the pod network: the
+        answer of the pod behind it, or None when the NetworkPolicies drop the connection."""
+        reached = self._on_loop(lambda: self.kube.reach(src, namespace, service, port))
+        if reached is None:
+            return None
+        target = self._on_loop(lambda: self.kube.proxies.get((namespace, service, port)))
+        assert target is not None, f"nothing answers behind {namespace}/{service}:{port}"
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(urllib.request.Request(target + path, headers=headers or {}),
+                                        timeout=10) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
 
     def proxy_to(self, namespace: str, service: str, port: str, target: str) -> None:
         """``/api/v1/namespaces/<ns>/services/<svc>:<port>/proxy/...`` forwards to ``target``."""

@@ -10,6 +10,9 @@ benchmark can run the seed's timings scaled down.
 
 from __future__ import annotations
 
+import base64
+import copy
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,6 +22,7 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.fake_ray import FakeRayHead
 
 Obj = dict[str, Any]
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
@@ -44,6 +48,7 @@ class FakeControlPlane:
     _first_seen: dict[str, float] = field(default_factory=dict)
     _pulled: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, image) -> when it is cached
     _events: set[str] = field(default_factory=set)
+    _pod_ips: dict[tuple[str, str], str] = field(default_factory=dict)  # the kubelet's podIP, one per pod
     _advertised: set[tuple[str, str]] = field(default_factory=set)  # (node, resource) a plugin DS of the test's made
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -200,17 +205,57 @@ class FakeControlPlane:
         meta, spec = rc["metadata"], rc["spec"]
         ns, name = meta["namespace"], meta["name"]
         existing = {p["metadata"]["name"] for p in self.cluster.objects("Pod", ns)}
-        head = spec["headGroupSpec"]["template"]
+        auth = self._auth(rc)
+        head = with_token_env(spec["headGroupSpec"]["template"], auth)
         self._make_pod(ns, f"{name}-head-0", name, "head", "headgroup", head, existing)
         for group in spec.get("workerGroupSpecs", []):
             for i in range(group.get("replicas", 1)):
                 self._make_pod(ns, f"{name}-{group['groupName']}-worker-{i}", name, "worker", group["groupName"],
-                               group["template"], existing)
+                               with_token_env(group["template"], auth), existing)
         if self.cluster.get("Service", f"{name}-head-svc", ns) is None:
             self.cluster.create({"apiVersion": "v1", "kind": "Service",
                                  "metadata": {"name": f"{name}-head-svc", "namespace": ns,
                                               "labels": {"ray.io/cluster": name}},
-                                 "spec": {"ports": [{"name": "dashboard", "port": 8265}]}})
+                                 "spec": {"selector": {"ray.io/cluster": name, "ray.io/node-type": "head"},
+                                          "ports": [{"name": "dashboard", "port": 8265}]}})
+
+    def _auth(self, rc: Obj) -> str | None:
+        """The Secret the Ray containers read RAY_AUTH_TOKEN from, None without token auth.
+
+        KubeRay v1.7.0 (ray-operator/controllers/ray/raycluster_controller.go ``reconcileAuthSecret``):
+        with ``authOptions.mode: token`` and no ``secretName`` it creates a Secret named after the
+        cluster holding a random ``auth_token``; with a ``secretName`` it creates nothing and uses that
+        Secret as it is (a missing one leaves the pods unable to start)."""
+        options = rc["spec"].get("authOptions") or {}
+        if options.get("mode") != "token":
+            return None
+        meta = rc["metadata"]
+        if options.get("secretName"):
+            return str(options["secretName"])
+        if self.cluster.get("Secret", meta["name"], meta["namespace"]) is None:
+            self.cluster.create({"apiVersion": "v1", "kind": "Secret",
+                                 "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                                              "labels": {"ray.io/cluster": meta["name"]}},
+                                 "data": {"auth_token": base64.b64encode(secrets.token_hex(16).encode()).decode()}})
+        return str(meta["name"])
+
+    def _container_env(self, ns: str, container: Obj) -> dict[str, str] | str:
+        """The container's environment as the kubelet resolves it, or why it cannot start (the
+        kubelet's CreateContainerConfigError message for a missing Secret or key)."""
+        out: dict[str, str] = {}
+        for var in container.get("env") or []:
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+            if ref is None:
+                out[var["name"]] = str(var.get("value", ""))
+                continue
+            secret = self.cluster.get("Secret", ref["name"], ns)
+            if secret is None:
+                return f'secret "{ref["name"]}" not found'
+            value = secret_value(secret, ref["key"])
+            if value is None:
+                return f"couldn't find key {ref['key']} in Secret {ns}/{ref['name']}"
+            out[var["name"]] = value
+        return out
 
     def _make_pod(self, ns: str, pod_name: str, cluster: str, node_type: str, group: str, template: Obj,
                   existing: set[str]) -> None:
@@ -251,9 +296,21 @@ class FakeControlPlane:
         if not self._cached(node, image):
             self._first_seen.pop(f"start/{ns}/{name}", None)  # the start clock runs from the pull's end
             return
+        env = self._container_env(ns, pod["spec"]["containers"][0])
+        if isinstance(env, str):
+            self.cluster.set_status("Pod", name, ns, {"phase": "Pending", "containerStatuses": [{
+                "name": pod["spec"]["containers"][0]["name"], "image": image, "ready": False, "restartCount": 0,
+                "state": {"waiting": {"reason": "CreateContainerConfigError", "message": env}}}]})
+            return
         if self._age(f"start/{ns}/{name}") >= self.timings.start_s:
+            if meta["labels"].get("ray.io/node-type") == "head" and self.jobs_url in FakeRayHead.running:
+                # ``ray start`` in token mode takes RAY_AUTH_TOKEN; without RAY_AUTH_MODE=token, no auth.
+                FakeRayHead.running[self.jobs_url].auth_token = \
+                    env.get("RAY_AUTH_TOKEN") if env.get("RAY_AUTH_MODE") == "token" else None
+            self._pod_ips.setdefault((ns, name), f"10.244.{len(self._pod_ips) // 250}.{len(self._pod_ips) % 250 + 2}")
             self.cluster.set_status("Pod", name, ns, {
-                "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                "phase": "Running", "podIP": self._pod_ips[(ns, name)],
+                "conditions": [{"type": "Ready", "status": "True"}],
                 "containerStatuses": [{"name": pod["spec"]["containers"][0]["name"], "image": image, "ready": True,
                                        "restartCount": 0, "state": {"running": {"startedAt": "now"}}}]})
             if meta["labels"].get("ray.io/node-type") == "head" and self.jobs_url:
@@ -313,6 +370,32 @@ class FakeControlPlane:
 DAEMONSET_TOLERATIONS = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": e} for k, e in (
     ("not-ready", "NoExecute"), ("unreachable", "NoExecute"), ("disk-pressure", "NoSchedule"),
     ("memory-pressure", "NoSchedule"), ("pid-pressure", "NoSchedule"), ("unschedulable", "NoSchedule"))]
+
+
+def secret_value(secret: Obj, key: str) -> str | None:
+    """A Secret's value: the API server folds ``stringData`` into ``data`` (base64) on write."""
+    if key in (secret.get("stringData") or {}):
+        return str(secret["stringData"][key])
+    data = (secret.get("data") or {}).get(key)
+    return base64.b64decode(data).decode() if data is not None else None
+
+
+def with_token_env(template: Obj, secret_name: str | None) -> Obj:
+    """The pod template with the env KubeRay v1.7.0 adds to the Ray container under token auth
+    (ray-operator/controllers/ray/common/pod.go ``SetContainerTokenAuthEnvVars``): RAY_AUTH_MODE=token
+    and RAY_AUTH_TOKEN from the Secret's ``auth_token`` key, each only where the container has none."""
+    if secret_name is None:
+        return template
+    out = copy.deepcopy(template)
+    container = out["spec"]["containers"][0]
+    env = container.setdefault("env", [])
+    names = {v["name"] for v in env}
+    if "RAY_AUTH_MODE" not in names:
+        env.append({"name": "RAY_AUTH_MODE", "value": "token"})
+    if "RAY_AUTH_TOKEN" not in names:
+        env.append({"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name,
+                                                                           "key": "auth_token"}}})
+    return out
 
 
 def pod_requests(spec: Obj) -> dict[str, Decimal]:

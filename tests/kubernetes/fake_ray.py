@@ -3,6 +3,22 @@
 It answers the REST routes Ray 2.58's dashboard serves for jobs (submit, get, list, stop, logs,
 the websocket tail, package upload) and "runs" each job by emitting scripted log lines, so the
 ray-job layer, the follower and telemetry run unchanged against it.
+
+Token auth as Ray 2.58 does it (``auth_token`` set: the head was started with ``RAY_AUTH_MODE=token``
+and that ``RAY_AUTH_TOKEN``; the test's control plane sets it from the head pod's env, as KubeRay's
+pod does). Ray's ``token_auth_middleware`` (ray/_private/authentication/http_token_authentication.py,
+wired in dashboard/http_server_head.py ``run``) lets only the public paths through (``/``,
+``/favicon.ico``, ``/api/authentication_mode``, ``/api/authenticate``, the health checks,
+``/static/``); it reads ``Authorization``, then ``X-Ray-Authorization`` (the header meant for proxies
+and KubeRay), then the ``ray-authentication-token`` cookie; none: 401 ``Unauthorized: Missing
+authentication token``; one that is not ``Bearer <token>``: 403 ``Forbidden: Invalid authentication
+token`` (both ``text/plain``). ``/api/version`` is not public.
+
+Packages as Ray's ``job_head`` serves them (dashboard/modules/job/job_head.py
+``get_package``/``upload_package``): ``GET /api/packages/{protocol}/{name}`` answers 200 when the URI
+exists in the GCS store and 404 otherwise; a client (Ray's SDK: ``_upload_package_if_needed`` in
+dashboard/modules/dashboard_sdk.py) uploads only after a 404, so a package planted under a URI the
+client computes is what the job gets. ``PUT`` of an existing URI overwrites it.
 """
 
 from __future__ import annotations
@@ -26,6 +42,11 @@ NCCL_EFA_LINES = [
     "(RayTrainWorker pid=210, ip=10.0.1.5) gpu-0:210:240 [0] NCCL INFO Channel 00/0 : 3[3] -> 4[0] [send] "
     "via NET/AWS Libfabric/0",
 ]
+
+
+# Ray 2.58 dashboard/http_server_head.py ``run``: what the token middleware lets through without a token.
+RAY_PUBLIC_PATHS = frozenset({"/", "/favicon.ico", "/api/authentication_mode", "/api/authenticate", "/api/healthz",
+                              "/api/gcs_healthz", "/api/local_raylet_healthz", "/-/healthz"})
 
 
 def metric_line(step: int) -> str:
@@ -55,7 +76,13 @@ class FakeJob:
 class FakeRayHead:
     """The Jobs API of one head; ``script`` is the log a job prints, one line per ``line_every_s``."""
 
+    # Heads by URL: the test's control plane finds the one a head service leads to, to start it
+    # with the token its pod's environment names (as ``ray start`` reads RAY_AUTH_TOKEN).
+    running: dict[str, FakeRayHead] = {}
+
     def __init__(self, *, steps: int = 5, line_every_s: float = 0.01, fail: bool = False) -> None:
+        self.auth_token: str | None = None  # None: RAY_AUTH_MODE is not "token" (Ray's default)
+        self.refused: list[tuple[str, int]] = []  # (path, status) of every request the middleware refused
         self.jobs: dict[str, FakeJob] = {}
         self.packages: dict[str, bytes] = {}
         self.headers_seen: list[dict[str, str]] = []
@@ -78,6 +105,7 @@ class FakeRayHead:
         return self
 
     def stop(self) -> None:
+        FakeRayHead.running.pop(self.url, None)
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
@@ -89,7 +117,7 @@ class FakeRayHead:
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         self._changed = asyncio.Condition()
-        app = aiohttp.web.Application()
+        app = aiohttp.web.Application(middlewares=[self._token_auth])
         app.add_routes([
             aiohttp.web.get("/api/version", self._version),
             aiohttp.web.post("/api/jobs/", self._submit),
@@ -107,9 +135,27 @@ class FakeRayHead:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
+        FakeRayHead.running[self.url] = self
         self._ready.set()
         await self._stop.wait()
         await runner.cleanup()
+
+    # ---- Ray's token auth middleware --------------------------------------------------------------
+    @aiohttp.web.middleware
+    async def _token_auth(self, request: aiohttp.web.Request, handler: Any) -> aiohttp.web.StreamResponse:
+        token = self.auth_token
+        if token is None or request.path in RAY_PUBLIC_PATHS or request.path.startswith("/static/"):
+            return await handler(request)  # type: ignore[no-any-return]
+        header = request.headers.get("Authorization", "") or request.headers.get("X-Ray-Authorization", "")
+        if not header and (cookie := request.cookies.get("ray-authentication-token")):
+            header = "Bearer " + cookie
+        if not header:
+            self.refused.append((request.path, 401))
+            return aiohttp.web.Response(status=401, text="Unauthorized: Missing authentication token")
+        if header != f"Bearer {token}":
+            self.refused.append((request.path, 403))
+            return aiohttp.web.Response(status=403, text="Forbidden: Invalid authentication token")
+        return await handler(request)  # type: ignore[no-any-return]
 
     # ---- routes -----------------------------------------------------------------------------------
     def _seen(self, request: aiohttp.web.Request) -> None:
@@ -205,7 +251,8 @@ class FakeRayHead:
         self._seen(request)
         if request.match_info["name"] in self.packages:
             return aiohttp.web.Response(status=200)
-        return aiohttp.web.Response(status=404, text="Package not found")
+        uri = f"{request.match_info['protocol']}://{request.match_info['name']}"
+        return aiohttp.web.Response(status=404, text=f"Package {uri} does not exist")
 
     async def _package_upload(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         self._seen(request)

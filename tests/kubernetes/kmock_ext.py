@@ -26,6 +26,8 @@ import yaml
 from kmock._internal import references
 from kmock._internal.k8s import KubernetesEmulator
 
+from tests.kubernetes.pod_network import Source, admitted
+
 Obj = dict[str, Any]
 
 # (group, version, plural) -> (kind, namespaced, has a status subresource)
@@ -46,6 +48,8 @@ KINDS: dict[tuple[str, str, str], tuple[str, bool, bool]] = {
     ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("RoleBinding", True, False),
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): ("CustomResourceDefinition", False, True),
     ("coordination.k8s.io", "v1", "leases"): ("Lease", True, False),
+    ("", "v1", "endpoints"): ("Endpoints", True, False),
+    ("networking.k8s.io", "v1", "networkpolicies"): ("NetworkPolicy", True, False),
 }
 CRD_KEY = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 # KubeRay's kinds: served only while an Established CRD defines them (``RtuiKube._kind``); named
@@ -122,6 +126,20 @@ def deep_merge(base: Obj, patch: Obj) -> Obj:
     return out
 
 
+def fold_string_data(key: tuple[str, str, str], obj: Obj) -> None:
+    """A Secret's ``stringData`` goes into ``data`` (base64) on write and is never read back: the
+    v1 Secret API reference ("stringData ... is merged into the data field on write, overwriting any
+    existing values. The stringData field is never output when reading from the API";
+    kubernetes/kubernetes pkg/apis/core/v1/conversion.go ``Convert_v1_Secret_To_core_Secret``)."""
+    if key != ("", "v1", "secrets") or "stringData" not in obj:
+        return
+    import base64
+
+    data = dict(obj.get("data") or {})
+    data.update({k: base64.b64encode(str(v).encode()).decode() for k, v in (obj.pop("stringData") or {}).items()})
+    obj["data"] = data
+
+
 def crd_condition(crd: Obj, kind: str) -> bool:
     return any(c.get("type") == kind and c.get("status") == "True"
                for c in (crd.get("status") or {}).get("conditions") or [])
@@ -182,6 +200,8 @@ class RtuiKube(KubernetesEmulator):
     _abrupt_drop: bool = attrs.field(default=False, init=False)
     # How long a new CRD waits for NamesAccepted/Established (a real cluster: milliseconds to seconds).
     establish_after_s: float = attrs.field(default=0.2, init=False)
+    # Whether the cluster's CNI enforces NetworkPolicies (``pod_network``); without, they do nothing.
+    enforce_policies: bool = attrs.field(default=False, init=False)
 
     # ---- entry point ---------------------------------------------------------------------------
 
@@ -386,6 +406,9 @@ class RtuiKube(KubernetesEmulator):
                 obj["metadata"]["managedFields"] = [self._managed(manager, obj["apiVersion"])]
             if key == ("", "v1", "namespaces"):
                 obj.setdefault("status", {"phase": "Active"})
+                # Set by the API server on every namespace since 1.21 (what namespaceSelectors match by name).
+                obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+            fold_string_data(key, obj)
             self._objects[self._objkey(key, namespace, name)] = obj
             await self._publish(key, "ADDED", obj)
         if key == CRD_KEY and not crd_condition(obj, "Established"):
@@ -409,6 +432,7 @@ class RtuiKube(KubernetesEmulator):
                         new["status"] = old["status"]
                 else:
                     new = deep_merge(old, patch)
+                fold_string_data(key, new)
             for k in ("apiVersion", "kind"):
                 new[k] = old[k]
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
@@ -534,11 +558,41 @@ class RtuiKube(KubernetesEmulator):
 
     # ---- the API server's service proxy (DESIGN.md §4) ------------------------------------------------
 
+    def apiserver_ips(self) -> list[str]:
+        """The API server's own addresses: the ``kubernetes`` Service's Endpoints, which it maintains."""
+        endpoints = self.find(("", "v1", "endpoints"), "default", "kubernetes") or {}
+        return [a["ip"] for s in endpoints.get("subsets") or [] for a in s.get("addresses") or []]
+
+    def reach(self, src: Source, namespace: str, service: str, port: str) -> tuple[Obj, int] | None:
+        """The pod behind ``service`` a connection from ``src`` gets to, and its port; None when the
+        NetworkPolicies drop it (the client then times out: a dropped SYN gets no answer)."""
+        svc = self.find(("", "v1", "services"), namespace, service) or {}
+        ports = [p for p in (svc.get("spec") or {}).get("ports") or []
+                 if p.get("name") == port or str(p.get("port")) == port]
+        number = int(ports[0].get("targetPort") or ports[0]["port"]) if ports else int(port) if port.isdigit() else 0
+        selector = (svc.get("spec") or {}).get("selector") or {}
+        backends = [p for p in self.items(("", "v1", "pods"), namespace)
+                    if selector and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                    and (p.get("status") or {}).get("phase") == "Running"]
+        if not backends:
+            return None
+        pod = backends[0]
+        if self.enforce_policies and not admitted(
+                self.items(("networking.k8s.io", "v1", "networkpolicies")), pod, src, number):
+            return None
+        return pod, number
+
     async def _proxy(self, raw: aiohttp.web.BaseRequest, namespace: str, service: str, port: str,
                      rest: str | None) -> aiohttp.web.StreamResponse:
         target = self.proxies.get((namespace, service, port))
         if target is None:
             raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{service}"')
+        # The proxy dials the pod from the API server's own address: a policy that does not admit it
+        # drops the SYN, and the API server answers what its proxy handler does on a dial timeout.
+        if self.enforce_policies and self.reach(Source(ip=(self.apiserver_ips() or ["0.0.0.0"])[0]),
+                                                namespace, service, port) is None:
+            raise ApiError(503, "ServiceUnavailable",
+                           f"error trying to reach service: dial tcp {service}.{namespace}:{port}: i/o timeout")
         url = target.rstrip("/") + (rest or "/")
         headers = {k: v for k, v in raw.headers.items()
                    if k.lower() not in ("authorization", "host", "content-length", "transfer-encoding")}

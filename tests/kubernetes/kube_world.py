@@ -29,7 +29,7 @@ from tests.kubernetes.fake_registry import FakeRegistry
 ROOT = Path(__file__).resolve().parents[2]
 RUN_LABEL = "rtui.dev/run"
 OURS = ["Namespace", "Secret", "ServiceAccount", "DaemonSet", "Deployment", "ClusterRole", "ClusterRoleBinding",
-        "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster"]
+        "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster", "NetworkPolicy"]
 
 
 @dataclass

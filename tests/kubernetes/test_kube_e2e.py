@@ -7,6 +7,7 @@ reads a kubeconfig, asks a registry for the image digest, and talks HTTP.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -46,7 +47,7 @@ class KubeWorld:
     def labelled(self) -> list[str]:
         """Every object of ours still in the cluster (any kind rtui applies)."""
         kinds = ["Namespace", "Secret", "ServiceAccount", "DaemonSet", "Deployment", "ClusterRole",
-                 "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster"]
+                 "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster", "NetworkPolicy"]
         return [f"{kind}/{o['metadata']['name']}" for kind in kinds for o in self.cluster.objects(kind)
                 if RUN_LABEL in (o["metadata"].get("labels") or {})]
 
@@ -125,7 +126,7 @@ def test_the_hugging_face_token_reaches_a_secret_and_nothing_else(world: KubeWor
     world.env["MY_HF"] = token
     world.rtui("up", "--yes", "--hf-token", "env:MY_HF", "--until", "k8s.raycluster", timeout=120)
     secret = world.cluster.get("Secret", "rtui-ray-hf-token", "rtui")
-    assert secret is not None and token in str(secret.get("stringData") or secret.get("data"))
+    assert secret is not None and base64.b64decode(secret["data"]["HF_TOKEN"]).decode() == token
     rc = world.cluster.get("RayCluster", "rtui-ray", "rtui")
     assert rc is not None and token not in str(rc)
     env = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]

@@ -88,7 +88,9 @@ def test_existing_operator_and_device_plugins_are_adopted_untouched_and_kept(wor
     assert events(up.stdout)[-1]["data"]["job_status"] == "SUCCEEDED"
     assert _versions(world.cluster) == before
     # rtui installed no operator or plugin of its own beside them.
-    assert sorted(world.labelled()) == ["DaemonSet/rtui-ray-image-prepull", "Namespace/rtui", "RayCluster/rtui-ray"]
+    assert sorted(world.labelled()) == ["DaemonSet/rtui-ray-image-prepull", "Namespace/rtui",
+                                        "NetworkPolicy/rtui-ray-ray", "RayCluster/rtui-ray", "Secret/rtui-ray-job-env",
+                                        "Secret/rtui-ray-ray-token"]
     assert world.cluster.get("Namespace", "rtui-kuberay") is None
 
     world.rtui("down", "--yes", timeout=120)

@@ -79,7 +79,13 @@ def container(group: dict[str, Any]) -> dict[str, Any]:
 def env(c: dict[str, Any]) -> dict[str, str]:
     names = [e["name"] for e in c["env"]]
     assert len(names) == len(set(names)), names
-    return {e["name"]: e["value"] for e in c["env"]}
+    def value(e: dict[str, Any]) -> str:
+        if "value" in e:
+            return str(e["value"])
+        ref = e["valueFrom"]["secretKeyRef"]
+        return f"<secret {ref['name']}/{ref['key']}>"
+
+    return {e["name"]: value(e) for e in c["env"]}
 
 
 # --- KubeRay's schema ---
@@ -116,8 +122,22 @@ def test_the_seed_worker() -> None:
     assert "nodeSelector" not in spec and "affinity" not in spec
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert env(c) == {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi", "NCCL_SOCKET_IFNAME": "eth0",
-                      "NCCL_DEBUG": "INFO"}
+                      "NCCL_DEBUG": "INFO", "RAY_AUTH_MODE": "token",
+                      "RAY_AUTH_TOKEN": "<secret rtui-ray-ray-token/auth_token>"}
     assert "FI_EFA_USE_DEVICE_RDMA" not in env(c)  # g6 has no GPUDirect RDMA
+
+
+def test_ray_runs_in_token_mode_with_the_runs_secret() -> None:
+    """KubeRay 1.7's ``authOptions`` (schema: ../shared/schemas/kuberay) naming the run's Secret, and the
+    env KubeRay would add, in every Ray container (an operator without authOptions drops the field)."""
+    rc = m.raycluster(kube(), RUN)
+    assert rc["spec"]["authOptions"] == {"mode": "token", "secretName": "rtui-ray-ray-token"}
+    for c in (container(head(rc)), container(worker(rc))):
+        assert env(c)["RAY_AUTH_MODE"] == "token"
+        assert env(c)["RAY_AUTH_TOKEN"] == "<secret rtui-ray-ray-token/auth_token>"
+    secret = m.ray_token_secret(kube(), RUN, "t0ken")
+    assert secret["metadata"]["name"] == "rtui-ray-ray-token" and secret["stringData"] == {"auth_token": "t0ken"}
+    assert schema_errors(rc) == []
 
 
 def test_the_seed_head() -> None:

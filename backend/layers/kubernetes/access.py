@@ -15,7 +15,7 @@ import os
 import socket
 import ssl
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -81,6 +81,8 @@ KINDS: dict[tuple[str, str], KindInfo] = {
     ("ray.io/v1", "RayService"): KindInfo("rayservices", True),
     ("ray.io/v1", "RayCronJob"): KindInfo("raycronjobs", True),
     ("coordination.k8s.io/v1", "Lease"): KindInfo("leases", True),
+    ("v1", "Endpoints"): KindInfo("endpoints", True),
+    ("networking.k8s.io/v1", "NetworkPolicy"): KindInfo("networkpolicies", True),
 }
 
 
@@ -235,12 +237,19 @@ class KubeApi:
         """The API server's proxy to a service port (DESIGN.md §4): no port exposed outside the cluster."""
         return f"{self.server}/api/v1/namespaces/{namespace}/services/{service}:{port_name}/proxy"
 
-    def ray_jobs(self, namespace: str, service: str, port_name: str) -> RayJobs:
+    def ray_jobs(self, namespace: str, service: str, port_name: str, *,
+                 ray_auth: Mapping[str, str] | None = None) -> RayJobs:
         """The Ray Jobs API behind a service port, reached the way every request to this server goes:
-        its token, its CA, its proxy and its TLS server name."""
+        its token, its CA, its proxy and its TLS server name; ``ray_auth``: the headers Ray's own
+        token auth wants, which the proxy passes on (it drops only the ``Authorization`` it used)."""
         from backend.rayjobs import RayJobs
 
-        return RayJobs(self.proxy_url(namespace, service, port_name), header_provider=self.headers,
+        extra = dict(ray_auth or {})
+
+        def headers() -> dict[str, str]:
+            return {**self.headers(), **extra}
+
+        return RayJobs(self.proxy_url(namespace, service, port_name), header_provider=headers,
                        ssl=self.ssl_context(), proxy=self.proxy, server_hostname=self.tls_server_name,
                        stream_idle_s=self.stream_idle_s)
 

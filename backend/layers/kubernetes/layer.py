@@ -42,7 +42,19 @@ from backend.layers.kubernetes.raycluster import (
     ray_pods_selector,
 )
 from backend.layers.kubernetes.registry import Resolved, resolve_digest
+from backend.layers.kubernetes.security import (
+    JOB_ENV,
+    NETWORK_POLICY,
+    RAY_TOKEN,
+    JobEnvHandler,
+    NetworkPolicyHandler,
+    RayTokenHandler,
+    network_policy,
+    policy_enforcer,
+    ray_token,
+)
 from backend.model import CheckResult, CheckStatus, Observed, Resource
+from training.passed_env import JOB_ENV_FILE
 
 if TYPE_CHECKING:
     from backend.layers.kubernetes.access import KubeApi
@@ -167,11 +179,13 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
 class KubernetesLayer(Layer):
     name = LAYER
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
-        NamespaceHandler(), HfTokenHandler(), NvidiaPluginHandler(), EfaPluginHandler(), OperatorHandler(),
-        PrepullHandler(), RayClusterHandler(), WorkersHandler())}
+        NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), JobEnvHandler(), NetworkPolicyHandler(),
+        NvidiaPluginHandler(),
+        EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
 
     def __init__(self) -> None:
         self._images: dict[str, Resolved] = {}  # image by tag -> its digest, asked at plan time
+        self._enforcement = "not checked"
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -197,6 +211,7 @@ class KubernetesLayer(Layer):
                             f"{more}",
                             remedy="let this machine reach the registry, pin it yourself as IMAGE@sha256:…, or pass "
                                    "--allow-unpinned to pull by tag (the plan flags it)")
+        self._enforcement = (await self._policy_check(ctx)).detail or ""
 
     def _resolved(self, image: str) -> Resolved:
         return self._images.get(image) or Resolved(image, None, "unpinned: the registry was not asked")
@@ -226,6 +241,16 @@ class KubernetesLayer(Layer):
         out = [res(NAMESPACE, "k8s-namespace", {"name": config.namespace})]
         if config.hf_token:
             out.append(res(HF_SECRET, "k8s-secret", {"source": config.hf_token}, NAMESPACE))
+        # Made when applied, kept only in the cluster: the spec says where, never what.
+        out.append(res(RAY_TOKEN, "k8s-ray-token", {"key": manifests.RAY_TOKEN_KEY}, NAMESPACE))
+        # Names only: the values are read from rtui's environment when applied.
+        out.append(res(JOB_ENV, "k8s-job-env", {"names": sorted(config.job_env_names())}, NAMESPACE))
+        # Before the pods start: no moment where the pod network reaches them unfiltered.
+        out.append(res(NETWORK_POLICY, "k8s-networkpolicy",
+                       {"admits": "the Ray pods of this cluster; the API server's addresses (Endpoints "
+                                  f"default/kubernetes, read when applied) on port {manifests.DASHBOARD_PORT}",
+                        "enforced": self._enforcement},
+                       NAMESPACE))
         # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
         out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu))
         plugins = [NVIDIA_PLUGIN]
@@ -239,12 +264,13 @@ class KubernetesLayer(Layer):
         out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
         spec = {**self._pinned_spec(config.image), "gpu_nodes": config.gpu_node_count,
                 "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
-                "hf_token": bool(config.hf_token)}
+                "hf_token": bool(config.hf_token), "auth": "token"}
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below if r.address == AWS_LAUNCH_TEMPLATE]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
-        deps = [NAMESPACE, OPERATOR, *([HF_SECRET] if config.hf_token else []), *system]
+        deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []),
+                *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
@@ -258,13 +284,15 @@ class KubernetesLayer(Layer):
             return []
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, KubeHandler)))
-        order = [NAMESPACE, HF_SECRET, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
+        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL,
+                 RAYCLUSTER, WORKERS]
         return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         config = ctx.config
         if config.target == "aws":
-            return self._token_check(config)  # the cluster and its nodes are the aws layer's to make
+            # The cluster and its nodes are the aws layer's to make; the plan says what its CNI enforces.
+            return self._token_check(config)
         try:
             api = kube_api(ctx)
             nodes = await api.list("v1", "Node")
@@ -279,7 +307,33 @@ class KubernetesLayer(Layer):
         results.append(self._gpu_node_check(config, nodes, gpu))
         results.extend(await self._foreign_objects(api, ctx))
         results.extend(await self._operator_reach(api, ctx))
+        results.append(await self._policy_check(ctx))
         return results + self._token_check(config)
+
+    @staticmethod
+    async def _policy_check(ctx: Context) -> CheckResult:
+        """Whether the cluster enforces the NetworkPolicy rtui creates (best effort: a known CNI agent)."""
+        try:
+            if ctx.config.target == "aws":  # its cluster may not exist yet, and its CNI is the aws layer's to set
+                raise ClusterNotReady("not asked")
+            enforcer = policy_enforcer(await kube_api(ctx).list("apps/v1", "DaemonSet"))
+        except ClusterNotReady:
+            return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.INFO,
+                               detail="not checked on the aws target (EKS's VPC CNI enforces NetworkPolicies "
+                                      "only with its add-on's enableNetworkPolicy on); Ray's token protects the "
+                                      "cluster either way")
+        except RtuiError as exc:
+            return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.WARN,
+                               detail=f"not known: could not list the cluster's DaemonSets ({exc.message})")
+        if enforcer:
+            return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.OK,
+                               detail=f"enforced by {enforcer}")
+        return CheckResult(
+            id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.WARN,
+            detail="no agent that enforces NetworkPolicies found (calico, cilium, antrea, kube-router, weave, "
+                   "EKS's VPC CNI with its network policy agent): the policy is created but likely not enforced, "
+                   "so any pod can reach Ray's ports; Ray's token still refuses it",
+            remedy="enable the CNI's policy support (EKS: the vpc-cni add-on's enableNetworkPolicy)")
 
     @staticmethod
     def _gpu_node_check(config: RunConfig, nodes: list[dict[str, Any]], gpu: list[dict[str, Any]]) -> CheckResult:
@@ -376,17 +430,26 @@ class KubernetesLayer(Layer):
                 return None
             heads = await api.list("v1", "Pod", ctx.config.namespace,
                                    ray_pods_selector(ctx.config.cluster_name, "head"))
+            token = await ray_token(api, ctx.config, ctx.record.run_id)
         except Unreachable:
             raise  # not "no Jobs API yet": the cluster cannot be asked at all (status says so, exit 1)
         except RtuiError:
             return None
         if not any(pods.pod_ready(p) for p in heads):
             return None
+        # A cluster of this run without its token (a Secret deleted by hand) is asked without one:
+        # Ray refuses, and the refusal says so.
+        auth = {manifests.RAY_TOKEN_HEADER: f"Bearer {token}"} if token else {}
         return api.ray_jobs(ctx.config.namespace, manifests.head_service_name(ctx.config),
-                            manifests.DASHBOARD_PORT_NAME)
+                            manifests.DASHBOARD_PORT_NAME, ray_auth=auth)
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         return {}
+
+    def carry_job_secrets(self, ctx: Context, submission_id: str, values: Mapping[str, str]) -> dict[str, str]:
+        """The values are in the run's job-env Secret (``k8s.secret.job-env``, applied before the job from
+        the same environment), mounted in every Ray container: the job gets the file's path only."""
+        return {JOB_ENV_FILE: manifests.job_env_file()}
 
     async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
         api = await cluster_api(ctx)
@@ -410,6 +473,13 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     notes = []
     if config.hf_token:
         objects.append(manifests.hf_token_secret(config, run_id, f"<read from {config.hf_token} when applied>"))
+    objects.append(manifests.ray_token_secret(config, run_id, "<random, made when applied>"))
+    if config.job_env_names():
+        objects.append(manifests.job_env_secret(config, run_id, {n: "<read from rtui's environment when applied>"
+                                                                 for n in config.job_env_names()}))
+    else:
+        objects.append(manifests.job_env_secret(config, run_id, {}))
+    objects.append(network_policy(config, run_id, []))
     objects += addons.nvidia_device_plugin(config, run_id)
     if config.wants_efa():
         objects += addons.efa_device_plugin(config, run_id)
@@ -417,6 +487,8 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     notes.append(f"the KubeRay {config.kuberay_version} CRDs (RayCluster, RayJob, RayService) come first, from "
                  f"{config.kuberay_crds or 'the KubeRay release'}")
     notes.append("device plugins and the operator are skipped where the cluster already runs them")
+    notes.append("the NetworkPolicy also admits the API server's addresses (Endpoints default/kubernetes) on port "
+                 f"{manifests.DASHBOARD_PORT}, read when applied")
     objects.append(manifests.image_prepull(config, run_id))
     objects.append(manifests.raycluster(config, run_id))
     notes.append("every image is pinned by digest at plan time (refused when its registry does not answer, "

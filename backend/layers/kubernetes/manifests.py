@@ -6,6 +6,7 @@ against KubeRay's CRD schema. The RayCluster follows the seed's spec (DESIGN.md 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -128,6 +129,86 @@ def _token_env(config: RunConfig) -> list[Manifest]:
                                                                   "key": HF_TOKEN_KEY}}}]
 
 
+# Ray token auth (Ray >= 2.52, KubeRay >= 1.5): KubeRay reads the token from this key of the Secret
+# ``authOptions.secretName`` names (ray-operator/controllers/ray/utils/constant.go RAY_AUTH_TOKEN_SECRET_KEY).
+RAY_TOKEN_KEY = "auth_token"
+# Ray's dashboard reads the token from ``Authorization``, then from this header, "for proxies and
+# KubeRay" (ray/_private/authentication/http_token_authentication.py). The API server's service
+# proxy drops the ``Authorization`` it authenticated, so the token to Ray goes in this one.
+RAY_TOKEN_HEADER = "X-Ray-Authorization"
+
+
+def ray_token_secret_name(config: RunConfig) -> str:
+    return f"{config.cluster_name}-ray-token"
+
+
+def ray_token_secret(config: RunConfig, run_id: str, token: str) -> Manifest:
+    """The Secret holding the Ray cluster's auth token: made in memory when applied, never written."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": ray_token_secret_name(config), "namespace": config.namespace,
+                         "labels": labels(run_id)},
+            "stringData": {RAY_TOKEN_KEY: token}}
+
+
+def _ray_token_env(config: RunConfig) -> list[Manifest]:
+    """What KubeRay 1.7's ``SetContainerTokenAuthEnvVars`` adds, set here too: an operator that does
+    not know ``authOptions`` (older than 1.5, adopted as it runs) drops the field, and its Ray would
+    then start without auth; with these the Ray containers start in token mode whatever the operator."""
+    return [{"name": "RAY_AUTH_MODE", "value": "token"},
+            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": ray_token_secret_name(config),
+                                                                      "key": RAY_TOKEN_KEY}}}]
+
+
+def with_token_auth(config: RunConfig, cluster: Manifest) -> Manifest:
+    """The RayCluster with Ray's token auth on: ``authOptions`` naming our Secret (KubeRay then creates
+    none of its own) and the env in every Ray container, so the dashboard, the Jobs API and the GCS
+    take no request without the token."""
+    spec = cluster["spec"]
+    spec["authOptions"] = {"mode": "token", "secretName": ray_token_secret_name(config)}
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        container = group["template"]["spec"]["containers"][0]
+        container["env"] = [*container.get("env", []), *_ray_token_env(config)]
+    return cluster
+
+
+# The user's --job-env values: a Secret of the run, mounted read-only in every Ray container; the job
+# gets only the file's path (training/passed_env.py reads it), never the values in its runtime_env.
+JOB_ENV_KEY = "job-env.json"
+JOB_ENV_VOLUME = "rtui-job-env"
+JOB_ENV_MOUNT = "/var/run/rtui/job-env"
+
+
+def job_env_secret_name(config: RunConfig) -> str:
+    return f"{config.cluster_name}-job-env"
+
+
+def job_env_file() -> str:
+    return f"{JOB_ENV_MOUNT}/{JOB_ENV_KEY}"
+
+
+def job_env_secret(config: RunConfig, run_id: str, values: dict[str, str]) -> Manifest:
+    """The Secret holding the ``--job-env`` values (JSON, as training.passed_env reads it): built in
+    memory when applied, never written anywhere else."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": job_env_secret_name(config), "namespace": config.namespace,
+                         "labels": labels(run_id)},
+            "stringData": {JOB_ENV_KEY: json.dumps(values, sort_keys=True)}}
+
+
+def with_job_env_mount(config: RunConfig, cluster: Manifest) -> Manifest:
+    """The RayCluster with the job-env Secret mounted read-only in every Ray container (``optional``:
+    a pod starts before or without it; the kubelet fills the volume once it exists)."""
+    spec = cluster["spec"]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        pod["volumes"] = [*pod.get("volumes", []), {"name": JOB_ENV_VOLUME, "secret": {
+            "secretName": job_env_secret_name(config), "optional": True}}]
+        container = pod["containers"][0]
+        container["volumeMounts"] = [*container.get("volumeMounts", []),
+                                     {"name": JOB_ENV_VOLUME, "mountPath": JOB_ENV_MOUNT, "readOnly": True}]
+    return cluster
+
+
 def namespace(config: RunConfig, run_id: str) -> Manifest:
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": config.namespace, "labels": labels(run_id)}}
@@ -209,7 +290,7 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
     """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers, each asking
     for its node's ``efa_interfaces``."""
     image = pinned_image(config.image, image_digest)
-    return {
+    return with_job_env_mount(config, with_token_auth(config, {
         "apiVersion": RAYCLUSTER_API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": config.cluster_name, "namespace": config.namespace, "labels": labels(run_id)},
@@ -218,7 +299,7 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
             "headGroupSpec": _head_group(config, run_id, image),
             "workerGroupSpecs": [_worker_group(config, run_id, image, efa_interfaces)],
         },
-    }
+    }))
 
 
 def manifests(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> list[Manifest]:
