@@ -1,0 +1,194 @@
+"""The run's product: a Hugging Face model directory gathered from the FSDP2 shards.
+
+Every rank calls ``export_model`` (the gather is a collective); rank 0 alone writes. What the
+pieces guarantee, read in their sources (torch 2.13, huggingface_hub 1.x, transformers 5.x):
+
+* ``get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))``
+  walks the state dict one tensor at a time (``torch.distributed._state_dict_utils._iterate_state_dict``):
+  each DTensor is all-gathered on its device (``full_tensor``), then moved to host memory on rank 0
+  only (``ranks_only=(0,)``); every other rank drops it. So the device holds one full parameter at
+  a time beside its shards, and rank 0's host holds one full copy of the model, the others none.
+* The dtype cast (to the dtype the run computed in) replaces one entry at a time, so it never
+  needs a second full copy.
+* ``huggingface_hub.save_torch_state_dict`` writes ``model.safetensors``, or shards of at most
+  ``max_shard_size`` with ``model.safetensors.index.json`` when the model is larger: the layout
+  ``from_pretrained`` reads.
+
+A directory is written under a temporary name ending in ``.incomplete-…`` and renamed into place
+only once every file and the marker ``rtui_model.json`` are written, so an export interrupted
+(teardown, a full disk) leaves a directory that says it is incomplete and is never offered as the
+model (``find_models`` looks for the marker in a directory without that suffix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MODEL_MARKER = "rtui_model.json"
+CHECK_FILE = "rtui_check.safetensors"  # the fixed input and the logits the trained model gave for it
+INCOMPLETE = ".incomplete-"
+FINAL_NAME = "model"
+MAX_SHARD_SIZE = "5GB"
+CHECK_SEQ_LEN = 16
+
+
+def export_name(step: int, final: bool) -> str:
+    return FINAL_NAME if final else f"model-step-{step:08d}"
+
+
+@dataclass(frozen=True)
+class ExportInfo:
+    """What ``rtui_model.json`` records (and the job's summary repeats under ``model``)."""
+
+    format: str
+    step: int
+    final: bool
+    dtype: str
+    files: list[str]
+    bytes: int
+    export_s: float
+    state_bytes: int  # the one full copy rank 0 held in host memory
+    tokenizer: bool
+    eval: dict[str, Any] = field(default_factory=dict)
+    uri: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+
+def check_input(vocab: int, seq_len: int = CHECK_SEQ_LEN) -> Any:
+    """A fixed (1, seq_len) input: the same on every rank and in every test that checks the export."""
+    import torch
+
+    return torch.randint(0, vocab, (1, seq_len), generator=torch.Generator().manual_seed(1234))
+
+
+def reference_logits(model: Any, device: Any) -> tuple[Any, Any]:
+    """(input_ids, logits on CPU in fp32) of the trained model; every rank must call it (FSDP forward)."""
+    import torch
+
+    ids = check_input(int(model.config.vocab_size))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids.to(device)).logits.float().cpu()
+    finally:
+        model.train(was_training)
+    return ids, logits
+
+
+def gather_full_state_dict(model: Any) -> dict[str, Any]:
+    """The whole model's tensors on rank 0's host (an empty dict on the other ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _cast_in_place(state: dict[str, Any], dtype: Any) -> int:
+    total = 0
+    for key in list(state):
+        tensor = state[key]
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            state[key] = tensor.to(dtype)  # the fp32 original is freed as its entry is replaced
+        total += state[key].numel() * state[key].element_size()
+    return total
+
+
+def _dir_files(directory: str) -> tuple[list[str], int]:
+    names = sorted(n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n)))
+    return names, sum(os.path.getsize(os.path.join(directory, n)) for n in names)
+
+
+def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dtype: Any,
+                 tokenizer: str | None = None, check: tuple[Any, Any] | None = None,
+                 evaluation: dict[str, Any] | None = None, max_shard_size: str | int = MAX_SHARD_SIZE,
+                 before_publish: Any = None) -> ExportInfo | None:
+    """Gather the model (every rank) and write it as ``root/<name>`` (rank 0); rank 0 gets the info.
+
+    ``check`` is (input_ids, logits) from ``reference_logits``, stored beside the weights so anyone can
+    verify the directory reproduces the trained model. ``before_publish`` (tests) runs on the finished
+    temporary directory just before it is renamed into place.
+    """
+    started = time.monotonic()
+    state = gather_full_state_dict(model)
+    if rank != 0:
+        return None
+    import copy
+
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    config = copy.deepcopy(model.config)
+    config.use_cache = True  # training turned the KV cache off; generation wants it
+    config.dtype = dtype
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # the same weights as the embedding: saved once, tied on load
+    state_bytes = _cast_in_place(state, dtype)
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    name = export_name(step, final)
+    tmp = tempfile.mkdtemp(prefix=f".{name}{INCOMPLETE}", dir=root)  # 0700
+    config.save_pretrained(tmp)
+    generation = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(config)
+    generation.save_pretrained(tmp)
+    save_torch_state_dict(state, tmp, max_shard_size=max_shard_size, safe_serialization=True)
+    del state
+    if tokenizer:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(tmp)
+    if check is not None:
+        save_file({"input_ids": check[0].contiguous(), "logits": check[1].contiguous()}, os.path.join(tmp, CHECK_FILE))
+    files, size = _dir_files(tmp)
+    info = ExportInfo(format="hf", step=step, final=final, dtype=str(dtype).removeprefix("torch."),
+                      files=[*files, MODEL_MARKER], bytes=size, export_s=0.0, state_bytes=state_bytes,
+                      tokenizer=bool(tokenizer), eval=dict(evaluation or {}))
+    info = ExportInfo(**{**asdict(info), "export_s": round(time.monotonic() - started, 3)})
+    with open(os.path.join(tmp, MODEL_MARKER), "w") as f:
+        f.write(info.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    if before_publish is not None:
+        before_publish(tmp)
+    final_dir = os.path.join(root, name)
+    if os.path.exists(final_dir):  # an earlier export of the same name: swap, then drop the old one
+        old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=root)
+        os.rename(final_dir, os.path.join(old, name))
+        os.rename(tmp, final_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final_dir)
+    return ExportInfo(**{**asdict(info), "uri": final_dir})
+
+
+def read_marker(directory: str) -> ExportInfo | None:
+    """The export's info when ``directory`` is a complete rtui model directory, else None."""
+    if INCOMPLETE in os.path.basename(directory.rstrip("/")):
+        return None
+    try:
+        with open(os.path.join(directory, MODEL_MARKER)) as f:
+            raw = json.load(f)
+        info = ExportInfo(**raw)
+    except (OSError, ValueError, TypeError):
+        return None
+    if not all(os.path.isfile(os.path.join(directory, n)) for n in info.files):
+        return None
+    return ExportInfo(**{**asdict(info), "uri": directory})
+
+
+def find_models(root: str) -> list[ExportInfo]:
+    """Every complete model directory directly under ``root``: the final one first, then the
+    periodic exports newest first. Incomplete directories are never listed."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    found = [info for n in names if not n.startswith(".") and (info := read_marker(os.path.join(root, n)))]
+    return sorted(found, key=lambda i: (not i.final, -i.step))
