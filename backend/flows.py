@@ -285,11 +285,41 @@ async def head_log(session: RunSession, *, follow: bool) -> AsyncIterator[str]:
         yield line.split(" ", 1)[-1]
 
 
-async def down(session: RunSession) -> AsyncIterator[StepEvent]:
-    """Tear down everything discovery finds of this run, in reverse dependency order."""
+DATA_STEP = "data"
+
+
+async def down(session: RunSession, *, delete_data: bool = False) -> AsyncIterator[StepEvent]:
+    """Tear down everything discovery finds of this run, in reverse dependency order; then the run's
+    data (checkpoints, models): kept and listed with its size, deleted only when ``delete_data``."""
     with session.changing():
         async for event in session.teardown():
             yield event
+        async for event in data_after_down(session, delete_data):
+            yield event
+
+
+async def data_after_down(session: RunSession, delete_data: bool) -> AsyncIterator[StepEvent]:
+    store = session.data_store()
+    if store is None:
+        return
+    usage = await asyncio.to_thread(store.usage)
+    if usage.bytes == 0 and usage.empty:
+        await asyncio.to_thread(store.delete)  # nothing in it: removed with the rest
+        return
+    if not delete_data:
+        yield StepEvent(step=DATA_STEP, kind=EventKind.DONE, message=f"kept on purpose: {usage.describe()}",
+                        remedy=f"delete it with `rtui down {session.run_id} --delete-data --yes`",
+                        data={"kept": usage.to_dict()})
+        return
+    yield StepEvent(step=DATA_STEP, kind=EventKind.STARTED, message=f"deleting {usage.describe()}")
+    try:
+        await asyncio.to_thread(store.delete)
+    except OSError as exc:
+        yield StepEvent(step=DATA_STEP, kind=EventKind.FAILED, message=f"deleting {store.uri} failed: {exc}",
+                        cause=str(exc), remedy="check its permissions and run the same command again")
+        return
+    yield StepEvent(step=DATA_STEP, kind=EventKind.DONE, message=f"deleted {usage.describe()}",
+                    data={"deleted": usage.to_dict()})
 
 
 @dataclass(frozen=True)
