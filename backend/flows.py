@@ -288,6 +288,17 @@ async def head_log(session: RunSession, *, follow: bool) -> AsyncIterator[str]:
 DATA_STEP = "data"
 
 
+async def fetch_model(session: RunSession, to: Path) -> Path:
+    """Copy the run's newest complete model to ``to`` (resumable); UserError when there is none."""
+    store = session.data_store()
+    found = await asyncio.to_thread(store.latest_model) if store is not None else None
+    if store is None or found is None:
+        raise UserError(f"run {session.run_id} has no complete model rtui can fetch",
+                        remedy="a run writes its model when training ends; see `rtui status`")
+    await asyncio.to_thread(store.fetch, found, to)
+    return to
+
+
 async def down(session: RunSession, *, delete_data: bool = False) -> AsyncIterator[StepEvent]:
     """Tear down everything discovery finds of this run, in reverse dependency order; then the run's
     data (checkpoints, models): kept and listed with its size, deleted only when ``delete_data``."""
