@@ -40,3 +40,25 @@ async def test_finish_panel_shows_eval_and_model_and_m_copies_it(isolated_env: P
         target = Path.cwd() / f"rtui-model-{session.run_id}"
         await wait_for(pilot, lambda: (target / MODEL_MARKER).is_file(), 20, "the model copied by M")
         assert sorted(p.name for p in target.iterdir()) == sorted(info.files)
+
+
+async def test_d_keeps_the_data_unless_delete_data_is_typed_after_the_cluster_name(
+        isolated_env: Path, exported: Path) -> None:
+    from screens.confirm import ConfirmTeardown
+
+    session = dashboard_session(priced=False)
+    data = local_data_dir(session.store.root, session.run_id)
+    shutil.copytree(exported, data / "rtui-1" / "model")
+    app = DashboardApp(session, resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("D")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the teardown modal")
+        modal = app.screen
+        assert isinstance(modal, ConfirmTeardown)
+        assert any("Kept unless you say so" in line and "1 model" in line for line in modal.details), modal.details
+        await pilot.press(*f"{session.config.cluster_name} delete dat", "enter")
+        await pilot.pause(0.1)
+        assert "not the cluster name" in str(modal.query_one("#confirm-error").render())
+        await pilot.press("a", "enter")
+        await wait_for(pilot, lambda: not data.exists(), 30, "the run's data deleted by the teardown")
