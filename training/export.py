@@ -132,9 +132,12 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
     if getattr(config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)  # the same weights as the embedding: saved once, tied on load
     state_bytes = _cast_in_place(state, dtype)
-    os.makedirs(root, mode=0o700, exist_ok=True)
     name = export_name(step, final)
-    tmp = tempfile.mkdtemp(prefix=f".{name}{INCOMPLETE}", dir=root)  # 0700
+    remote = root.startswith("s3://")
+    if not remote:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+    # 0700; for S3 a local staging dir, uploaded once complete
+    tmp = tempfile.mkdtemp(prefix=f".{name}{INCOMPLETE}", dir=None if remote else root)
     config.save_pretrained(tmp)
     generation = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(config)
     generation.save_pretrained(tmp)
@@ -157,6 +160,12 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
         os.fsync(f.fileno())
     if before_publish is not None:
         before_publish(tmp)
+    if remote:
+        try:
+            uri = upload_dir(tmp, f"{root.rstrip('/')}/{name}", info.files)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return ExportInfo(**{**asdict(info), "uri": uri})
     final_dir = os.path.join(root, name)
     if os.path.exists(final_dir):  # an earlier export of the same name: swap, then drop the old one
         old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=root)
@@ -166,6 +175,27 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
     else:
         os.rename(tmp, final_dir)
     return ExportInfo(**{**asdict(info), "uri": final_dir})
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """(bucket, key prefix without a trailing slash) of ``s3://bucket/prefix``."""
+    rest = uri.removeprefix("s3://")
+    bucket, _, prefix = rest.partition("/")
+    return bucket, prefix.strip("/")
+
+
+def upload_dir(directory: str, uri: str, files: list[str]) -> str:
+    """Upload ``files`` of ``directory`` under ``uri`` with boto3 (multipart for large shards), the
+    marker last: a prefix without ``rtui_model.json`` is an export that did not finish and is never
+    offered. Credentials and endpoint come from boto3's own chain (a pod's service account, an
+    instance role, ``AWS_ENDPOINT_URL``)."""
+    import boto3
+
+    bucket, prefix = split_s3(uri)
+    s3 = boto3.client("s3")
+    for name in sorted(files, key=lambda n: n == MODEL_MARKER):
+        s3.upload_file(os.path.join(directory, name), bucket, f"{prefix}/{name}" if prefix else name)
+    return f"s3://{bucket}/{prefix}"
 
 
 def read_marker(directory: str) -> ExportInfo | None:
