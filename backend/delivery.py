@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.errors import OperationError, UserError
+from backend.model import CheckResult, CheckStatus
 from training.export import ExportInfo, find_models, read_marker
 
 LOAD_HINT = "from transformers import AutoModelForCausalLM; model = AutoModelForCausalLM.from_pretrained('{path}')"
@@ -170,3 +171,78 @@ def model_summary(model: ExportInfo | None, summary: dict[str, Any] | None) -> d
 
 def marker_of(directory: str) -> ExportInfo | None:
     return read_marker(directory)
+
+
+# -- preflight: can the run write where its data goes? -------------------------------------------
+
+STORAGE_CHECK = "storage.writable"
+STORAGE_TITLE = "Storage path is writable"
+
+
+def check_storage_writable(uri: str, *, profile: str | None = None, run_id: str = "check") -> CheckResult:
+    """Write (then delete) one small object or file where the run's checkpoints and model will go.
+
+    S3 answers a write its principal may not make with 403 AccessDenied (and a missing bucket with
+    404 NoSuchBucket); the result names the principal (STS GetCallerIdentity) and the missing
+    permission. A local directory is checked with the user it will be written as."""
+    if uri.startswith("s3://"):
+        return _check_s3(uri, profile=profile, run_id=run_id)
+    return _check_dir(Path(uri))
+
+
+def _check_dir(path: Path) -> CheckResult:
+    import getpass
+
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    user = getpass.getuser()
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.FAIL,
+                           detail=f"--storage-path {path}: user {user} may not write to {existing} "
+                                  "(missing write permission)",
+                           remedy="pick a directory you can write, or grant write permission on it")
+    return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.OK, detail=str(path))
+
+
+def _check_s3(uri: str, *, profile: str | None, run_id: str) -> CheckResult:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from training.export import split_s3
+
+    bucket, prefix = split_s3(uri)
+    key = f"{prefix}/.rtui-write-check-{run_id}" if prefix else f".rtui-write-check-{run_id}"
+    resource = f"arn:aws:s3:::{bucket}/{key}"
+    aws = boto3.Session(profile_name=profile)
+    if aws.region_name is None:  # STS's regional endpoint needs one; any will do for a bucket check
+        aws = boto3.Session(profile_name=profile, region_name="us-east-1")
+    principal = "the AWS credentials in use"
+    try:
+        principal = str(aws.client("sts").get_caller_identity()["Arn"])
+        s3 = aws.client("s3")
+        s3.put_object(Bucket=bucket, Key=key, Body=b"rtui write check\n")
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("AccessDenied", "AllAccessDisabled", "403"):
+            detail = f"{principal} may not write to {uri}: missing permission s3:PutObject on {resource}"
+        elif code == "NoSuchBucket":
+            detail = f"bucket {bucket} does not exist (or is not visible to {principal})"
+        else:
+            detail = f"writing to {uri} as {principal} failed: {code or exc}"
+        return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.FAIL, detail=detail,
+                           remedy=f"allow s3:PutObject, s3:GetObject, s3:ListBucket and s3:DeleteObject on "
+                                  f"{bucket}/{prefix + '/' if prefix else ''}* for {principal}, or pick "
+                                  "another --storage-path")
+    except BotoCoreError as exc:
+        return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.FAIL,
+                           detail=f"cannot reach S3 to check {uri}: {exc}",
+                           remedy="check your AWS credentials and network (or AWS_ENDPOINT_URL)")
+    try:
+        s3.delete_object(Bucket=bucket, Key=key)
+    except ClientError:
+        return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.WARN,
+                           detail=f"{principal} may write to {uri} but not delete (s3:DeleteObject on {resource}): "
+                                  f"the probe object {key} stays, and old checkpoints cannot be pruned",
+                           remedy=f"allow s3:DeleteObject on {bucket}/{prefix}/* for {principal}")
+    return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.OK, detail=f"{uri} as {principal}")

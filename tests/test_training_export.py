@@ -152,3 +152,20 @@ def test_a_directory_missing_a_listed_file_is_not_a_model(tmp_path: Path, name: 
     (directory / "config.json").write_text("{}")
     [info] = find_models(str(tmp_path))
     assert info.uri == str(directory)
+
+
+def test_a_full_volume_is_one_line_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC while writing the shards (huggingface_hub raises the OSError the write got)."""
+    import errno
+
+    import huggingface_hub
+
+    from training.export import ExportError
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(huggingface_hub, "save_torch_state_dict", full)
+    with pytest.raises(ExportError, match=r"the volume holding .* is full: the model needs about [\d,]+ bytes"):
+        _run(tmp_path, world=1, steps=1)
+    assert os.listdir(tmp_path / "export") == []

@@ -22,6 +22,7 @@ model (``find_models`` looks for the marker in a directory without that suffix).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -36,6 +37,10 @@ INCOMPLETE = ".incomplete-"
 FINAL_NAME = "model"
 MAX_SHARD_SIZE = "5GB"
 CHECK_SEQ_LEN = 16
+
+
+class ExportError(RuntimeError):
+    """The model could not be written; the message says why and what to do, in one line."""
 
 
 def export_name(step: int, final: bool) -> str:
@@ -138,17 +143,25 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
         os.makedirs(root, mode=0o700, exist_ok=True)
     # 0700; for S3 a local staging dir, uploaded once complete
     tmp = tempfile.mkdtemp(prefix=f".{name}{INCOMPLETE}", dir=None if remote else root)
-    config.save_pretrained(tmp)
-    generation = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(config)
-    generation.save_pretrained(tmp)
-    save_torch_state_dict(state, tmp, max_shard_size=max_shard_size, safe_serialization=True)
-    del state
-    if tokenizer:
-        from transformers import AutoTokenizer
+    try:
+        config.save_pretrained(tmp)
+        generation = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(config)
+        generation.save_pretrained(tmp)
+        save_torch_state_dict(state, tmp, max_shard_size=max_shard_size, safe_serialization=True)
+        del state
+        if tokenizer:
+            from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(tmp)
-    if check is not None:
-        save_file({"input_ids": check[0].contiguous(), "logits": check[1].contiguous()}, os.path.join(tmp, CHECK_FILE))
+            AutoTokenizer.from_pretrained(tokenizer).save_pretrained(tmp)
+        if check is not None:
+            save_file({"input_ids": check[0].contiguous(), "logits": check[1].contiguous()},
+                      os.path.join(tmp, CHECK_FILE))
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial export only takes the space others need
+        raise ExportError(f"the volume holding {root} is full: the model needs about {state_bytes:,} bytes; "
+                          "free space there or give the run more storage (--storage-size)") from None
     files, size = _dir_files(tmp)
     info = ExportInfo(format="hf", step=step, final=final, dtype=str(dtype).removeprefix("torch."),
                       files=[*files, MODEL_MARKER], bytes=size, export_s=0.0, state_bytes=state_bytes,
