@@ -38,7 +38,8 @@ def strict_s3() -> Iterator[dict[str, dict[str, str]]]:
     boto3.client("s3", **admin).create_bucket(Bucket="models")
     iam = boto3.client("iam", **admin)
     keys: dict[str, dict[str, str]] = {}
-    for user, actions in (("writer", ["s3:PutObject", "s3:GetObject", "s3:DeleteObject"]), ("reader", ["s3:GetObject"])):
+    users = {"writer": ["s3:PutObject", "s3:GetObject", "s3:DeleteObject"], "reader": ["s3:GetObject"]}
+    for user, actions in users.items():
         iam.create_user(UserName=user)
         iam.put_user_policy(UserName=user, PolicyName="p", PolicyDocument=json.dumps({
             "Version": "2012-10-17", "Statement": [
