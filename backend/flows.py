@@ -12,9 +12,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from backend.config import RunConfig
+from backend.delivery import DataUsage, LocalDirStore
 from backend.errors import OperationError, RtuiError, UserError
 from backend.follow import JobFollower, JobUpdate
 from backend.layers.base import HeadLogSource
@@ -352,6 +353,32 @@ def find_orphans(store: RunStore, target: str, cluster_name: str | None = None) 
     known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
     return [Orphan(c.run_id, c.cluster_name, "local", str(c.path)) for c in find_clusters(cluster_name=cluster_name)
             if c.run_id not in known and not _recorded_elsewhere(store, c.run_id, c.facts.get("state_dir"))]
+
+
+@dataclass(frozen=True)
+class KeptData:
+    """A torn-down run's data rtui keeps on purpose (until `rtui down RUN --delete-data --yes`)."""
+
+    run_id: str
+    usage: DataUsage
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "kept_on_purpose": True, **self.usage.to_dict()}
+
+
+def kept_data(store: RunStore) -> list[KeptData]:
+    """Data dirs of local runs that are down (or whose record is gone): not leftovers, kept on purpose."""
+    root = store.root / "data"
+    if not root.is_dir():
+        return []
+    live = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
+    out = []
+    for path in sorted(root.iterdir()):
+        if path.is_dir() and path.name not in live:
+            usage = LocalDirStore(path).usage()
+            if usage.bytes:
+                out.append(KeptData(path.name, usage))
+    return out
 
 
 async def aws_orphan(store: RunStore, config: RunConfig) -> RunSession | None:

@@ -116,14 +116,19 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
     if missing is not None and not orphans:
         raise missing
     data = (await session.status_report()).to_dict() if session is not None else None
+    kept = [k for k in flows.kept_data(store) if on_local and (session is None or k.run_id != session.run_id)]
     if ns.json:
-        _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans]})
+        _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans],
+                         "kept_data": [k.to_dict() for k in kept]})
         return 0
     if data is not None:
         out.write(format_status(data))
     for o in orphans:
         out.write(f"orphan   {o.target} cluster {o.cluster_name} of run {o.run_id} is running without a record "
                   f"({o.where}) — tear it down: {rtui_command()} down {o.run_id} --yes\n")
+    for k in kept:
+        out.write(f"kept     on purpose: run {k.run_id}'s data, {k.usage.describe()} — delete it: "
+                  f"{rtui_command()} down {k.run_id} --delete-data --yes\n")
     return 0
 
 
