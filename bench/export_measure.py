@@ -72,7 +72,8 @@ def main() -> None:
     assert info is not None
     print(json.dumps({"params": params, "precision": args.precision, "export_s": round(wall, 3),
                       "files_bytes": info.bytes, "state_bytes": info.state_bytes,
-                      "rss_before_mib": round(base / 2**20, 1), "peak_rss_growth_mib": round((peak - base) / 2**20, 1)}))
+                      "rss_before_mib": round(base / 2**20, 1),
+                      "peak_rss_growth_mib": round((peak - base) / 2**20, 1)}))
 
 
 if __name__ == "__main__":
