@@ -169,3 +169,18 @@ def test_a_full_volume_is_one_line_and_leaves_nothing(tmp_path: Path, monkeypatc
     with pytest.raises(ExportError, match=r"the volume holding .* is full: the model needs about [\d,]+ bytes"):
         _run(tmp_path, world=1, steps=1)
     assert os.listdir(tmp_path / "export") == []
+
+
+def test_the_held_out_split_of_text_is_disjoint_stable_and_about_5_percent() -> None:
+    """Packed text rows go to training or to evaluation by their content alone (training.evaluate)."""
+    import numpy as np
+
+    from training.evaluate import HELD_OUT_EVERY, is_held_out, keep_for_training, keep_held_out
+
+    rows = [{"input_ids": np.random.default_rng(i).integers(0, 50_000, 128)} for i in range(4000)]
+    held = [r for r in rows if keep_held_out(r)]
+    train = [r for r in rows if keep_for_training(r)]
+    assert len(held) + len(train) == len(rows)
+    assert abs(len(held) / len(rows) - 1 / HELD_OUT_EVERY) < 0.015, len(held)
+    # The same sequence is held out whatever its dtype or container (a rerun, another rank, another epoch).
+    assert all(is_held_out(r["input_ids"].astype(np.int32).tolist()) for r in held[:50])
