@@ -95,9 +95,9 @@ class ConfirmTeardown(ModalScreen[bool]):
             yield Label(f"Tear down {self.what}?", classes="heading")
             for line in self.details:
                 yield Label(line, classes="detail", markup=False)
-            yield Label(f"Type the cluster name [b]{self.cluster_name}[/b] and press enter (the run's checkpoints "
-                        f"and model are kept; type [b]{self.cluster_name} {self.DELETE_DATA}[/b] to delete them too). "
-                        "Escape cancels.")
+            yield Label(f"Type the cluster name [b]{self.cluster_name}[/b] and press enter. Escape cancels.")
+            yield Label(f"Checkpoints and models are kept; [b]{self.cluster_name} {self.DELETE_DATA}[/b] "
+                        "deletes them too.", classes="detail")
             yield Input(placeholder=self.cluster_name, id="confirm-input")
             yield Label("", id="confirm-error")
 
