@@ -190,6 +190,7 @@ def run_worker(cfg: TrainConfig) -> None:
 
     eval_batches = held_out_batches(cfg, model, plan, rank, world, device)
     before = evaluate_and_print(model, eval_batches, device, rank, step=start_step, phase="before")
+    reset_peak_memory(device)  # the evaluation's forward is not the training step's peak
 
     peak = detect_peak(device)
     c = model.config
@@ -266,15 +267,16 @@ def held_out_batches(cfg: TrainConfig, model: Any, plan: StepPlan, rank: int, wo
         return []
     import ray.train
 
-    n = sequences_per_rank(cfg.eval_tokens, plan.seq_len, world, plan.micro_batch) // plan.micro_batch
+    # Batches no larger than the evaluation needs: --eval-tokens, not the micro-batch, sets its size.
+    batch = min(plan.micro_batch, sequences_per_rank(cfg.eval_tokens, plan.seq_len, world, 1))
+    n = sequences_per_rank(cfg.eval_tokens, plan.seq_len, world, batch) // batch
     if cfg.synthetic_data:
-        stream = SyntheticTokens(cfg.data, model.config.vocab_size, plan.micro_batch, plan.seq_len, cfg.seed,
-                                 eval_stream(rank))
+        stream = SyntheticTokens(cfg.data, model.config.vocab_size, batch, plan.seq_len, cfg.seed, eval_stream(rank))
         return take_batches(stream.next_batch, n)
     shard = ray.train.get_dataset_shard("eval")
     import torch
 
-    iterator = shard.iter_torch_batches(batch_size=plan.micro_batch, dtypes=torch.long, drop_last=True)
+    iterator = shard.iter_torch_batches(batch_size=batch, dtypes=torch.long, drop_last=True)
     batches = [b["input_ids"].cpu() for b in take_batches(iterator, n)]
     batches = equal_batch_count(batches, device)
     if not batches and rank == 0:
