@@ -44,8 +44,9 @@ def eval_stream(rank: int) -> int:
 
 
 def sequences_per_rank(eval_tokens: int, seq_len: int, world: int, micro_batch: int) -> int:
-    """Whole micro-batches per rank so that all ranks together see at least ``eval_tokens`` tokens."""
-    per_rank = math.ceil(eval_tokens / (seq_len * world))
+    """Whole micro-batches per rank so that all ranks together predict at least ``eval_tokens`` tokens
+    (a sequence of ``seq_len`` ids predicts ``seq_len - 1`` of them)."""
+    per_rank = math.ceil(eval_tokens / (max(1, seq_len - 1) * world))
     return math.ceil(per_rank / micro_batch) * micro_batch
 
 
