@@ -184,3 +184,35 @@ def test_the_held_out_split_of_text_is_disjoint_stable_and_about_5_percent() -> 
     assert abs(len(held) / len(rows) - 1 / HELD_OUT_EVERY) < 0.015, len(held)
     # The same sequence is held out whatever its dtype or container (a rerun, another rank, another epoch).
     assert all(is_held_out(r["input_ids"].astype(np.int32).tolist()) for r in held[:50])
+
+
+def test_tied_embeddings_are_gathered_and_saved_once_and_tied_again_on_load(tmp_path: Path) -> None:
+    """Qwen2.5 ties lm_head to the embedding: the export skips the second name (gathering it would hold
+    the embedding twice) and from_pretrained ties it back."""
+    import torch
+    import torch.distributed as dist
+    from safetensors import safe_open
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from training.export import export_model, reference_logits
+    from training.sharding import build_mesh, shard_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                             tie_word_embeddings=True))
+        model = shard_model(model, "fp32", reshard_after_forward=False, mesh=build_mesh("cpu", "full", 1, 1))
+        info = export_model(model, str(tmp_path), rank=0, step=1, final=True, dtype=torch.float32,
+                            check=reference_logits(model, torch.device("cpu")))
+    finally:
+        dist.destroy_process_group()
+    assert info is not None
+    directory = Path(info.uri)
+    with safe_open(str(directory / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    logits, trained = _loaded_logits(directory)
+    assert torch.allclose(logits, trained, atol=1e-5)

@@ -6,10 +6,13 @@ pieces guarantee, read in their sources (torch 2.13, huggingface_hub 1.x, transf
 * ``get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))``
   walks the state dict one tensor at a time (``torch.distributed._state_dict_utils._iterate_state_dict``):
   each DTensor is all-gathered on its device (``full_tensor``), then moved to host memory on rank 0
-  only (``ranks_only=(0,)``); every other rank drops it. So the device holds one full parameter at
-  a time beside its shards, and rank 0's host holds one full copy of the model, the others none.
-* The dtype cast (to the dtype the run computed in) replaces one entry at a time, so it never
-  needs a second full copy.
+  only (``ranks_only=(0,)``); every other rank drops it. ``gather_full_state_dict`` does the same
+  walk with DTensor's public ``full_tensor`` and two differences that matter for the memory bound:
+  it casts each tensor to the saved dtype as it arrives (rank 0 holds one copy of the model in
+  the dtype it is saved in, never the fp32 master copy as well), and it skips the tied
+  ``lm_head.weight`` (``get_model_state_dict`` lists it beside ``model.embed_tokens.weight`` and
+  gathers the same embedding twice: 0.93 GB more for Qwen2.5-1.5B). The device holds one full
+  tensor at a time beside its shards.
 * ``huggingface_hub.save_torch_state_dict`` writes ``model.safetensors``, or shards of at most
   ``max_shard_size`` with ``model.safetensors.index.json`` when the model is larger: the layout
   ``from_pretrained`` reads.
@@ -89,21 +92,29 @@ def reference_logits(model: Any, device: Any) -> tuple[Any, Any]:
     return ids, logits
 
 
-def gather_full_state_dict(model: Any) -> dict[str, Any]:
-    """The whole model's tensors on rank 0's host (an empty dict on the other ranks)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def gather_full_state_dict(model: Any, dtype: Any = None, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The whole model's tensors on rank 0's host, cast to ``dtype`` one at a time (an empty dict on
+    the other ranks). Every rank must call it with the same ``skip``: each gather is a collective."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    keep = not dist.is_initialized() or dist.get_rank() == 0
+    state: dict[str, Any] = {}
+    for name, value in model.state_dict().items():
+        if name in skip:
+            continue
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        if keep:
+            tensor = full.detach().to("cpu")
+            if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+            state[name] = tensor
+        del full  # the device's full copy of this tensor goes before the next is gathered
+    return state
 
 
-def _cast_in_place(state: dict[str, Any], dtype: Any) -> int:
-    total = 0
-    for key in list(state):
-        tensor = state[key]
-        if tensor.is_floating_point() and tensor.dtype != dtype:
-            state[key] = tensor.to(dtype)  # the fp32 original is freed as its entry is replaced
-        total += state[key].numel() * state[key].element_size()
-    return total
+def _nbytes(state: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
 
 
 def _dir_files(directory: str) -> tuple[list[str], int]:
@@ -122,7 +133,9 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
     temporary directory just before it is renamed into place.
     """
     started = time.monotonic()
-    state = gather_full_state_dict(model)
+    # Tied weights are the embedding's: saved once, tied again on load.
+    tied = ("lm_head.weight",) if getattr(model.config, "tie_word_embeddings", False) else ()
+    state = gather_full_state_dict(model, dtype, skip=tied)
     if rank != 0:
         return None
     import copy
@@ -134,9 +147,7 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
     config = copy.deepcopy(model.config)
     config.use_cache = True  # training turned the KV cache off; generation wants it
     config.dtype = dtype
-    if getattr(config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)  # the same weights as the embedding: saved once, tied on load
-    state_bytes = _cast_in_place(state, dtype)
+    state_bytes = _nbytes(state)
     name = export_name(step, final)
     remote = root.startswith("s3://")
     if not remote:
