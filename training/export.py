@@ -105,10 +105,10 @@ def gather_full_state_dict(model: Any, dtype: Any = None, skip: tuple[str, ...] 
             continue
         full = value.full_tensor() if isinstance(value, DTensor) else value
         if keep:
-            tensor = full.detach().to("cpu")
+            tensor = full.detach()
             if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
-                tensor = tensor.to(dtype)
-            state[name] = tensor
+                tensor = tensor.to(dtype)  # on the device: half the bytes cross PCIe for a bf16 save
+            state[name] = tensor.to("cpu")
         del full  # the device's full copy of this tensor goes before the next is gathered
     return state
 
