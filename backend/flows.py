@@ -12,9 +12,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from backend.config import RunConfig
+from backend.delivery import DataUsage, LocalDirStore
 from backend.errors import OperationError, RtuiError, UserError
 from backend.follow import JobFollower, JobUpdate
 from backend.layers.base import HeadLogSource
@@ -285,11 +286,52 @@ async def head_log(session: RunSession, *, follow: bool) -> AsyncIterator[str]:
         yield line.split(" ", 1)[-1]
 
 
-async def down(session: RunSession) -> AsyncIterator[StepEvent]:
-    """Tear down everything discovery finds of this run, in reverse dependency order."""
+DATA_STEP = "data"
+
+
+async def fetch_model(session: RunSession, to: Path) -> Path:
+    """Copy the run's newest complete model to ``to`` (resumable); UserError when there is none."""
+    store = session.data_store()
+    found = await asyncio.to_thread(store.latest_model) if store is not None else None
+    if store is None or found is None:
+        raise UserError(f"run {session.run_id} has no complete model rtui can fetch",
+                        remedy="a run writes its model when training ends; see `rtui status`")
+    await asyncio.to_thread(store.fetch, found, to)
+    return to
+
+
+async def down(session: RunSession, *, delete_data: bool = False) -> AsyncIterator[StepEvent]:
+    """Tear down everything discovery finds of this run, in reverse dependency order; then the run's
+    data (checkpoints, models): kept and listed with its size, deleted only when ``delete_data``."""
     with session.changing():
         async for event in session.teardown():
             yield event
+        async for event in data_after_down(session, delete_data):
+            yield event
+
+
+async def data_after_down(session: RunSession, delete_data: bool) -> AsyncIterator[StepEvent]:
+    store = session.data_store()
+    if store is None:
+        return
+    usage = await asyncio.to_thread(store.usage)
+    if usage.bytes == 0 and usage.empty:
+        await asyncio.to_thread(store.delete)  # nothing in it: removed with the rest
+        return
+    if not delete_data:
+        yield StepEvent(step=DATA_STEP, kind=EventKind.DONE, message=f"kept on purpose: {usage.describe()}",
+                        remedy=f"delete it with `rtui down {session.run_id} --delete-data --yes`",
+                        data={"kept": usage.to_dict()})
+        return
+    yield StepEvent(step=DATA_STEP, kind=EventKind.STARTED, message=f"deleting {usage.describe()}")
+    try:
+        await asyncio.to_thread(store.delete)
+    except OSError as exc:
+        yield StepEvent(step=DATA_STEP, kind=EventKind.FAILED, message=f"deleting {store.uri} failed: {exc}",
+                        cause=str(exc), remedy="check its permissions and run the same command again")
+        return
+    yield StepEvent(step=DATA_STEP, kind=EventKind.DONE, message=f"deleted {usage.describe()}",
+                    data={"deleted": usage.to_dict()})
 
 
 @dataclass(frozen=True)
@@ -311,6 +353,32 @@ def find_orphans(store: RunStore, target: str, cluster_name: str | None = None) 
     known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
     return [Orphan(c.run_id, c.cluster_name, "local", str(c.path)) for c in find_clusters(cluster_name=cluster_name)
             if c.run_id not in known and not _recorded_elsewhere(store, c.run_id, c.facts.get("state_dir"))]
+
+
+@dataclass(frozen=True)
+class KeptData:
+    """A torn-down run's data rtui keeps on purpose (until `rtui down RUN --delete-data --yes`)."""
+
+    run_id: str
+    usage: DataUsage
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "kept_on_purpose": True, **self.usage.to_dict()}
+
+
+def kept_data(store: RunStore) -> list[KeptData]:
+    """Data dirs of local runs that are down (or whose record is gone): not leftovers, kept on purpose."""
+    root = store.root / "data"
+    if not root.is_dir():
+        return []
+    live = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
+    out = []
+    for path in sorted(root.iterdir()):
+        if path.is_dir() and path.name not in live:
+            usage = LocalDirStore(path).usage()
+            if usage.bytes:
+                out.append(KeptData(path.name, usage))
+    return out
 
 
 async def aws_orphan(store: RunStore, config: RunConfig) -> RunSession | None:

@@ -7,6 +7,7 @@ string these together live in ``backend.flows``; the UI layers only render what 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
+from backend.delivery import DataStore, LocalDirStore, local_data_dir, model_summary
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
@@ -66,6 +68,8 @@ class StatusReport:
     transport: dict[str, Any]
     resources: dict[str, dict[str, Any]]
     cost: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None  # backend.delivery.model_summary: the run's model, where it is
+    data: dict[str, Any] | None = None  # backend.delivery.DataUsage: what the run's data store holds
 
     def to_dict(self) -> dict[str, Any]:
         r = self.record
@@ -83,7 +87,7 @@ class StatusReport:
             "steps": {k: {"status": v.status.value, "message": v.message, "error": v.error,
                           "attempts": v.attempts, "duration_s": v.duration_s} for k, v in r.steps.items()},
             "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
-            "spool_path": r.job_spool_path(), "cost": self.cost,
+            "spool_path": r.job_spool_path(), "cost": self.cost, "model": self.model, "data": self.data,
         }
 
 
@@ -342,10 +346,21 @@ class RunSession:
         resources = {address: {"kind": r.kind, "id": r.id, "status": r.status.value}
                      for address, r in self.record.resources.items()}
         last_metric = None if latest is None else {**latest.to_dict(), "world_size": telemetry.series.world_size}
+        store = self.data_store()
+        model = await asyncio.to_thread(store.latest_model) if store is not None else None
+        usage = await asyncio.to_thread(store.usage) if store is not None else None
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
                             self.attached_elsewhere(), last_metric,
                             telemetry.series.summary, telemetry.transport.to_dict(), resources,
-                            cost_meter(self.record))
+                            cost_meter(self.record), model_summary(model, telemetry.series.summary),
+                            usage.to_dict() if usage is not None else None)
+
+    def data_store(self) -> DataStore | None:
+        """Where this run's checkpoints and model live (local: a 0700 dir under the state dir, kept
+        after `down`); None where the target has no store rtui manages yet."""
+        if self.record.target == "local":
+            return LocalDirStore(local_data_dir(self.store.root, self.run_id))
+        return None
 
 
 def cost_meter(record: RunRecord, now: float | None = None) -> dict[str, Any] | None:

@@ -81,11 +81,14 @@ class ConfirmConfigFile(ModalScreen[bool]):
 class ConfirmTeardown(ModalScreen[bool]):
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="cancel", tooltip="Keep everything running")]
 
+    DELETE_DATA = "delete data"
+
     def __init__(self, cluster_name: str, what: str, details: list[str] | None = None) -> None:
         super().__init__()
         self.cluster_name = cluster_name
         self.what = what
         self.details = details or []
+        self.delete_data = False  # typed "<cluster name> delete data": the run's checkpoints and model go too
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm"):
@@ -93,11 +96,15 @@ class ConfirmTeardown(ModalScreen[bool]):
             for line in self.details:
                 yield Label(line, classes="detail", markup=False)
             yield Label(f"Type the cluster name [b]{self.cluster_name}[/b] and press enter. Escape cancels.")
+            yield Label(f"Checkpoints and models are kept; [b]{self.cluster_name} {self.DELETE_DATA}[/b] "
+                        "deletes them too.", classes="detail")
             yield Input(placeholder=self.cluster_name, id="confirm-input")
             yield Label("", id="confirm-error")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.value.strip() == self.cluster_name:
+        typed = " ".join(event.value.split())
+        if typed in (self.cluster_name, f"{self.cluster_name} {self.DELETE_DATA}"):
+            self.delete_data = typed != self.cluster_name
             self.dismiss(True)
         else:
             self.query_one("#confirm-error", Label).update("That is not the cluster name.")

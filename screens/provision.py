@@ -62,9 +62,11 @@ class ProvisionScreen(RtuiScreen):
         failed: StepEvent
 
     def __init__(self, plan: PlanResult | None = None, *, mode: Mode = "apply",
-                 outline: list[Step] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 outline: list[Step] | None = None, clock: Callable[[], float] = time.time,
+                 delete_data: bool = False) -> None:
         super().__init__()
         self.plan = plan
+        self.delete_data = delete_data  # teardown: the run's checkpoints and model go too
         self.clock = clock  # what running panes measure their elapsed time against
         self.mode: Mode = mode
         self.outline = outline or []
@@ -93,7 +95,7 @@ class ProvisionScreen(RtuiScreen):
                 assert self.plan is not None
                 events = flows.apply_plan(self.session, self.plan)
             else:
-                events = flows.down(self.session)
+                events = flows.down(self.session, delete_data=self.delete_data)
             async for event in events:
                 ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
                 self.post_message(self.StepEventPosted(event))

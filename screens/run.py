@@ -7,6 +7,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -68,6 +69,8 @@ class RunScreen(RtuiScreen):
         Binding("g", "toggle_view", "Graph/log", id="view",
                 tooltip="Narrow: switch between the log and the graph; wide: hide or show the graph beside the log"),
         Binding("D", "teardown", "Tear down", id="teardown", tooltip="Stop the job and remove the cluster"),
+        Binding("M", "fetch_model", "Fetch model", id="fetch_model",
+                tooltip="Copy the run's model (a Hugging Face directory) to ./rtui-model-RUN_ID"),
     ]
 
     @dataclass
@@ -167,7 +170,11 @@ class RunScreen(RtuiScreen):
         throughput = ThroughputSnapshot.build(self.telemetry.series, total_steps=self.session.config.steps,
                                               cost_per_hour=cost, elapsed_s=elapsed)
         self.query_one(TransportBadge).snapshot = TransportSnapshot.from_verdict(self.telemetry.transport)
-        self.query_one(RunStats).snapshot = throughput
+        stats = self.query_one(RunStats)
+        model_appeared = throughput.model_uri is not None and stats.snapshot.model_uri is None
+        stats.snapshot = throughput
+        if model_appeared:
+            self.refresh_bindings()  # M (fetch the model) is possible now
         self.query_one(ThroughputGraph).snapshot = throughput
         spark = self.query_one(Sparkline)
         if spark.data != (data := throughput.spark):
@@ -278,6 +285,8 @@ class RunScreen(RtuiScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "teardown":
             return not self.app.read_only
+        if action == "fetch_model":  # once the job has written one
+            return self.query_one(RunStats).snapshot.model_uri is not None
         if action in ("toggle_follow", "resume_follow", "filter", "toggle_metrics", "switch_tail") and self.log_hidden:
             return False
         if action == "switch_tail":
@@ -285,6 +294,15 @@ class RunScreen(RtuiScreen):
         if action == "resume_follow":  # not while typing a filter: End moves the cursor there
             return not self.active_tail.following and not isinstance(self.focused, Input)
         return True
+
+    @work(exclusive=True, group="fetch-model")
+    async def action_fetch_model(self) -> None:
+        try:
+            copied = await flows.fetch_model(self.session, Path.cwd() / f"rtui-model-{self.session.run_id}")
+        except Exception as exc:  # noqa: BLE001 - one place shows it
+            self.app.report_error(exc)
+            return
+        self.app.notify(f"Model copied to {copied}", title="Model")
 
     def action_teardown(self) -> None:
         self.post_message(self.TeardownRequested())

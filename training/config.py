@@ -80,9 +80,12 @@ class TrainConfig:
     resume_from: str | None = None
     max_failures: int = 0
     require_transport: RequiredTransport = "any"
+    eval_tokens: int = 2048  # held-out tokens evaluated before the first step and after the last; 0: none
+    export_every: int = 0  # also export the model every N steps (the final export always happens)
     # Filled in by the driver before the workers start.
     nccl_dir: str | None = None  # where each rank's NCCL writes the log the transport guard reads
     resume_path: str | None = None  # the checkpoint --resume-from resolved to (None: a fresh start)
+    export_root: str | None = None  # the local directory the model directories are written under
 
     def __post_init__(self) -> None:
         for name, kind in (("lr_schedule", LrSchedule), ("optimizer", OptimizerImpl), ("precision", Precision),
@@ -96,7 +99,8 @@ class TrainConfig:
                      "tiny_vocab_size", "tokenize_actors", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise TrainConfigError(f"{flag(name)} must be at least 1")
-        for name in ("tokens_per_step", "shard_size", "checkpoint_every", "warmup_steps", "max_failures",
+        for name in ("tokens_per_step", "shard_size", "checkpoint_every", "warmup_steps", "max_failures", "eval_tokens",
+                     "export_every",
                      "weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise TrainConfigError(f"{flag(name)} must not be negative")

@@ -18,7 +18,18 @@ from training.devices import (
     reset_peak_memory,
     training_flops_per_token,
 )
-from training.metrics import RunFacts, RunSummary, metric_record, print_metric, print_summary
+from training.evaluate import equal_batch_count, eval_stream, evaluate, sequences_per_rank, take_batches
+from training.export import ExportInfo, export_model, reference_logits
+from training.metrics import (
+    RunFacts,
+    RunSummary,
+    eval_record,
+    metric_record,
+    model_record,
+    print_eval,
+    print_metric,
+    print_summary,
+)
 from training.passed_env import load_passed_env
 from training.sharding import build_mesh, build_optimizer, shard_groups_span_nodes
 from training.step import for_training, load_pretrained, norm_value, prepare_model, train_step
@@ -177,6 +188,10 @@ def run_worker(cfg: TrainConfig) -> None:
         if rank == 0:
             print(f"rtui-train: resumed from {getattr(resume, 'path', resume)} at step {start_step}", flush=True)
 
+    eval_batches = held_out_batches(cfg, model, plan, rank, world, device)
+    before = evaluate_and_print(model, eval_batches, device, rank, step=start_step, phase="before")
+    reset_peak_memory(device)  # the evaluation's forward is not the training step's peak
+
     peak = detect_peak(device)
     c = model.config
     facts = RunFacts(n_params, world, plan.micro_batch, plan.seq_len, plan.grad_accum, peak.name, peak.flops,
@@ -232,5 +247,67 @@ def run_worker(cfg: TrainConfig) -> None:
         elif report_now or step == cfg.steps:
             ray.train.report(metrics)
             last_report = now
+        if cfg.export_every and step % cfg.export_every == 0 and step != cfg.steps:
+            export(model, cfg, device, rank, step, final=False, evaluation={"before": before})
+    after = evaluate_and_print(model, eval_batches, device, rank, step=cfg.steps, phase="after")
+    evaluation = {"before": before, "after": after} if before else {}
+    info = export(model, cfg, device, rank, cfg.steps, final=True, evaluation=evaluation)
     if rank == 0:
-        print_summary(summary.record(facts, cfg.steps))
+        record = summary.record(facts, cfg.steps)
+        if evaluation:
+            record.update(eval_record(evaluation))
+        if info is not None:
+            record["model"] = model_record(info)
+        print_summary(record)
+
+
+def held_out_batches(cfg: TrainConfig, model: Any, plan: StepPlan, rank: int, world: int, device: Any) -> list[Any]:
+    """This rank's share of the held-out split, read once and evaluated before and after training."""
+    if not cfg.eval_tokens:
+        return []
+    import ray.train
+
+    # Batches no larger than the evaluation needs: --eval-tokens, not the micro-batch, sets its size.
+    batch = min(plan.micro_batch, sequences_per_rank(cfg.eval_tokens, plan.seq_len, world, 1))
+    n = sequences_per_rank(cfg.eval_tokens, plan.seq_len, world, batch) // batch
+    if cfg.synthetic_data:
+        stream = SyntheticTokens(cfg.data, model.config.vocab_size, batch, plan.seq_len, cfg.seed, eval_stream(rank))
+        return take_batches(stream.next_batch, n)
+    shard = ray.train.get_dataset_shard("eval")
+    import torch
+
+    iterator = shard.iter_torch_batches(batch_size=batch, dtypes=torch.long, drop_last=True)
+    batches = [b["input_ids"].cpu() for b in take_batches(iterator, n)]
+    batches = equal_batch_count(batches, device)
+    if not batches and rank == 0:
+        print("rtui-train: warning: the held-out split holds no full micro-batch on some rank; no evaluation",
+              flush=True)
+    return batches
+
+
+def evaluate_and_print(model: Any, batches: list[Any], device: Any, rank: int, *, step: int,
+                       phase: str) -> dict[str, Any]:
+    if not batches:
+        return {}
+    result: dict[str, Any] = {**evaluate(model, batches, device), "step": step, "phase": phase}
+    if rank == 0:
+        print_eval(result)
+    return result
+
+
+def export(model: Any, cfg: TrainConfig, device: Any, rank: int, step: int, *, final: bool,
+           evaluation: dict[str, Any]) -> ExportInfo | None:
+    """The Hugging Face model directory under ``cfg.export_root`` (every rank gathers, rank 0 writes)."""
+    import torch
+
+    if not cfg.export_root:
+        return None
+    check = reference_logits(model, device)
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    info = export_model(model, cfg.export_root, rank=rank, step=step, final=final, dtype=dtype,
+                        tokenizer=cfg.tokenizer_source,
+                        check=check, evaluation=evaluation)
+    if info is not None:
+        print(f"rtui-train: model ({'final' if final else f'step {step}'}) written to {info.uri}: "
+              f"{len(info.files)} files, {info.bytes:,} bytes in {info.export_s:.1f}s", flush=True)
+    return info

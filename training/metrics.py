@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training.devices import mfu
-from training.protocol import METRIC_TAG, SUMMARY_TAG, format_record
+from training.protocol import EVAL_TAG, METRIC_TAG, SUMMARY_TAG, format_record
 
 GIB = 2**30
 
@@ -158,3 +158,22 @@ class RunSummary:
 
 def print_summary(record: dict[str, Any]) -> None:
     print(format_record(SUMMARY_TAG, record), flush=True)
+
+
+def print_eval(result: dict[str, Any]) -> None:
+    """One held-out evaluation: ``{"phase": "before"|"after", "step", "loss", "perplexity", "tokens"}``."""
+    print(format_record(EVAL_TAG, result), flush=True)
+
+
+def eval_record(evaluation: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The summary's evaluation keys: loss and perplexity before and after, and the tokens they cover."""
+    before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
+    return {"eval_loss_before": before.get("loss"), "eval_loss_after": after.get("loss"),
+            "eval_perplexity_before": before.get("perplexity"), "eval_perplexity_after": after.get("perplexity"),
+            "eval_tokens": after.get("tokens", before.get("tokens"))}
+
+
+def model_record(info: Any) -> dict[str, Any]:
+    """The summary's ``model``: where the exported directory is and what it holds."""
+    return {"uri": info.uri, "format": info.format, "step": info.step, "files": list(info.files),
+            "bytes": info.bytes, "dtype": info.dtype, "export_s": info.export_s, "state_bytes": info.state_bytes}

@@ -6,6 +6,7 @@ survives any log pipeline (Ray job logs, pod logs, CloudWatch) intact:
 
     RTUI_METRIC {"step": 3, "loss": 6.9, "tokens_per_s": 812.4, ...}
     RTUI_SUMMARY {"steps": 20, "tokens_per_s_mean": 790.1, ...}
+    RTUI_EVAL {"phase": "before", "step": 0, "loss": 6.93, "perplexity": 1022.7, "tokens": 2048}
     RTUI_FABRIC {"world_size": 2, "results": [{"size_bytes": 1048576, "busbw_gbps": 1.2, ...}], ...}
 """
 
@@ -16,6 +17,8 @@ from typing import Any
 
 METRIC_TAG = "RTUI_METRIC"
 SUMMARY_TAG = "RTUI_SUMMARY"
+# A held-out evaluation (before the first step, after the last); the summary repeats both.
+EVAL_TAG = "RTUI_EVAL"
 # The all-reduce sweep of `python -m training.fabric` (read by backend.bench, not by telemetry).
 FABRIC_TAG = "RTUI_FABRIC"
 

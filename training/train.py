@@ -30,6 +30,7 @@ from training.config import (
     TrainConfig,
     TrainConfigError,
 )
+from training.evaluate import keep_for_training, keep_held_out
 from training.loop import TransportMismatch, build_model, train_loop_per_worker
 from training.passed_env import load_passed_env
 from training.raytrain import quiet_ray_train
@@ -117,6 +118,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-from", default=d.resume_from,
                    help="latest (newest complete checkpoint under --storage-path, or a fresh start when there "
                         "is none), or a checkpoint dir / run dir, local or s3://")
+    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens,
+                   help="held-out tokens (never trained on) evaluated before the first step and after the last; "
+                        "0: none")
+    p.add_argument("--export-every", type=int, default=d.export_every,
+                   help="also write the Hugging Face model directory every N steps (it is always written at the end)")
     p.add_argument("--max-failures", type=int, default=d.max_failures,
                    help="worker-group restarts Ray Train may do; each restarts from the latest checkpoint")
     p.add_argument("--require-transport", default=d.require_transport, choices=get_args(RequiredTransport),
@@ -166,6 +172,12 @@ def _text_dataset(cfg: TrainConfig) -> tuple[TrainConfig, Any]:
                                    data_cpus=cfg.data_cpus, tokenize_actors=cfg.tokenize_actors)
 
 
+def export_root(storage: str, run_name: str) -> str:
+    """Where rank 0 writes the model directories: beside the run's checkpoints when the storage is a
+    directory (a local one, or a volume every node mounts at the same path)."""
+    return os.path.join(storage, run_name)
+
+
 def _init_ray(cfg: TrainConfig) -> None:
     import ray
 
@@ -193,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_ray_train()
     cfg = cfg.replace(nccl_dir=os.path.join(tempfile.gettempdir(), f"rtui-nccl-{os.getpid()}-{int(time.time())}"))
     storage = cfg.storage_path or os.path.join(tempfile.gettempdir(), "rtui-train-results")
+    run_name = cfg.run_name or f"rtui-{int(time.time())}"
+    cfg = cfg.replace(run_name=run_name, export_root=export_root(storage, run_name))
     started_ray = not ray.is_initialized()
     try:
         cfg = cfg.replace(resume_path=resolve_resume(cfg.resume_from, storage))
@@ -202,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         _init_ray(cfg)
         datasets: dict[str, Any] = {}
         if not cfg.synthetic_data:
-            cfg, datasets["train"] = _text_dataset(cfg)
+            cfg, text = _text_dataset(cfg)
+            datasets["train"] = text.filter(fn=keep_for_training)  # the held-out split is never trained on
+            if cfg.eval_tokens:
+                datasets["eval"] = text.filter(fn=keep_held_out)
         print(f"rtui-train: {cfg.num_workers} workers on {cfg.device}, {cfg.steps} steps, seq {cfg.seq_len}, "
               f"batch {cfg.batch_size or 'auto'}, {cfg.precision}, shard {cfg.shard}, data {cfg.data}, lr {cfg.lr:g}",
               flush=True)
@@ -210,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             train_loop_per_worker, train_loop_config=cfg.as_dict(), datasets=datasets,
             scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                          resources_per_worker=None if cfg.use_gpu else {"CPU": 1}),
-            run_config=RunConfig(name=cfg.run_name or f"rtui-{int(time.time())}", storage_path=storage,
+            run_config=RunConfig(name=run_name, storage_path=storage,
                                  checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
                                  failure_config=FailureConfig(max_failures=cfg.max_failures)),
         )

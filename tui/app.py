@@ -234,21 +234,23 @@ class RtuiApp(App[None]):
             return
         from screens.confirm import ConfirmTeardown
 
+        session = self.session
+        modal = ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
+                                details=teardown_summary(session, now=self.clock()))
+
         def confirmed(yes: bool | None) -> None:
             if yes:
                 # After the modal is gone: routing from inside its dismissal would race its pop.
-                self.call_after_refresh(self._teardown)
+                self.call_after_refresh(self._teardown, modal.delete_data)
 
-        session = self.session
-        self.push_screen(ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
-                                         details=teardown_summary(session, now=self.clock())), confirmed)
+        self.push_screen(modal, confirmed)
 
-    def _teardown(self) -> None:
+    def _teardown(self, delete_data: bool = False) -> None:
         if not self.acquire():
             return
         from screens.provision import ProvisionScreen
 
-        self._go(ProvisionScreen(mode="teardown"))
+        self._go(ProvisionScreen(mode="teardown", delete_data=delete_data))
 
     def _new_run(self) -> None:
         """After a teardown, going back starts a new run of the same config (never re-applies a dead one)."""
@@ -421,4 +423,9 @@ def teardown_summary(session: RunSession, *, now: float | None = None) -> list[s
     cost = cost_meter(session.record, now=now)
     if cost and cost.get("per_hour"):
         lines.append(f"These cost ${cost['per_hour']:.2f}/hour now (${cost['accrued']:.2f} so far).")
-    return lines or ["Nothing is recorded as made; discovery looks again before deleting."]
+    lines = lines or ["Nothing is recorded as made; discovery looks again before deleting."]
+    store = session.data_store()
+    usage = store.usage() if store is not None else None
+    if usage is not None and not usage.empty:
+        lines.append(f"Kept unless you say so: {usage.describe()}")
+    return lines

@@ -146,7 +146,9 @@ def _config_parent() -> Parser:
 
 def build_parser() -> Parser:
     common = _config_parent()
-    parser = Parser(prog="rtui", parents=[common],
+    # No abbreviations at the top: it would read a subcommand's own option (`rtui model --to`) as an
+    # ambiguous prefix of the shared ones (--tokenizer, --tokens-per-step) before the subcommand sees it.
+    parser = Parser(prog="rtui", parents=[common], allow_abbrev=False,
                     description="Fine-tune a model with Ray Train, locally or across GPU machines on AWS.")
     parser.add_argument("--resume", nargs="?", const=LATEST, metavar="RUN_ID",
                         help="reattach the wizard to a run (the latest when RUN_ID is omitted)")
@@ -184,10 +186,17 @@ def build_parser() -> Parser:
     c = p.add_word_command("run_id", "classify", parents=[common], description=text)
     c.add_argument("files", nargs="*", metavar="FILE", help="a job log; - reads stdin")
     c.add_argument("--json", action="store_true", help="one JSON object per file")
-    p = add("down", "tear down everything a run created")
+    p = add("down", "tear down everything a run created (its checkpoints and model are kept)")
     p.add_argument("run_id", nargs="?")
     p.add_argument("--yes", action="store_true")
+    p.add_argument("--delete-data", action="store_true",
+                   help="also delete the run's checkpoints and model (kept otherwise, and listed with their size)")
     p.add_argument("--json", action="store_true")
+    p = add("model", "copy a run's model (a Hugging Face directory) to a local directory")
+    p.add_argument("run_id", nargs="?", help="the run (the latest when omitted)")
+    p.add_argument("--to", metavar="DIR", help="where to copy it (made if missing; default ./rtui-model-RUN_ID)")
+    p.add_argument("--json", action="store_true",
+                   help="print {uri, format, files, bytes, eval_loss_before, eval_loss_after} and copy only with --to")
     p = add("check", "preflight checks; for aws, a feasibility matrix per region and AZ")
     p.add_argument("--all-regions", action="store_true", help="check every region enabled for the account")
     p.add_argument("--request-quota-increase", action="store_true",
@@ -319,7 +328,7 @@ def _main(argv: list[str]) -> int:
 
     handler = {
         "plan": commands.plan, "up": commands.up, "status": commands.status, "logs": commands.logs,
-        "down": commands.down, "runs": commands.runs, "bench": commands.bench,
+        "down": commands.down, "runs": commands.runs, "bench": commands.bench, "model": commands.model,
     }[ns.command]
     return asyncio.run(handler(ns, out))
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from backend import flows
@@ -17,7 +19,7 @@ from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from backend.textutil import strip_ansi
 from tui.cli import resolved_from, rtui_command
-from tui.render import format_event, format_plan, format_status
+from tui.render import eval_line, format_event, format_plan, format_status
 
 
 def _json_line(out: TextIO, payload: dict[str, Any]) -> None:
@@ -114,14 +116,19 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
     if missing is not None and not orphans:
         raise missing
     data = (await session.status_report()).to_dict() if session is not None else None
+    kept = [k for k in flows.kept_data(store) if on_local and (session is None or k.run_id != session.run_id)]
     if ns.json:
-        _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans]})
+        _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans],
+                         "kept_data": [k.to_dict() for k in kept]})
         return 0
     if data is not None:
         out.write(format_status(data))
     for o in orphans:
         out.write(f"orphan   {o.target} cluster {o.cluster_name} of run {o.run_id} is running without a record "
                   f"({o.where}) — tear it down: {rtui_command()} down {o.run_id} --yes\n")
+    for k in kept:
+        out.write(f"kept     on purpose: run {k.run_id}'s data, {k.usage.describe()} — delete it: "
+                  f"{rtui_command()} down {k.run_id} --delete-data --yes\n")
     return 0
 
 
@@ -191,12 +198,16 @@ async def down(ns: argparse.Namespace, out: TextIO) -> int:
         out.write(f"nothing of cluster {resolved.config.cluster_name} is running on the "
                   f"{resolved.config.target} target\n")
         return 0
-    if session.record.status is RunStatus.DOWN and not await session.discover():
-        out.write(f"run {session.run_id} is already down\n")
-        return 0
     emit = _emitter(ns.json, out)
     ok = True
-    async for event in flows.down(session):
+    if session.record.status is RunStatus.DOWN and not await session.discover():
+        async for event in flows.data_after_down(session, ns.delete_data):
+            emit(event)
+            ok = ok and event.kind is not EventKind.FAILED
+        if not ns.json:
+            out.write(f"run {session.run_id} is already down\n")
+        return 0 if ok else 1
+    async for event in flows.down(session, delete_data=ns.delete_data):
         emit(event)
         ok = ok and event.kind is not EventKind.FAILED
     if not ns.json:
@@ -311,3 +322,42 @@ def _format_ab(report: dict[str, Any]) -> str:
 
 
 __all__ = ["plan", "up", "status", "logs", "down", "runs", "check", "bench"]
+
+
+async def model(ns: argparse.Namespace, out: TextIO) -> int:
+    """`rtui model [RUN_ID] [--to DIR] [--json]`: the run's model, copied to a local directory."""
+    from backend.delivery import LOAD_HINT, human_bytes, model_summary
+
+    session = RunSession.open(ns.run_id, lenient=True)
+    store = session.data_store()
+    if store is None:
+        raise UserError(f"run {session.run_id} is on the {session.record.target} target, whose model rtui cannot "
+                        "fetch yet", remedy="copy it from the --storage-path the run used")
+    found = await asyncio.to_thread(store.latest_model)
+    if found is None:
+        raise UserError(f"run {session.run_id} has no complete model in {store.uri}",
+                        remedy="a run writes its model when training ends: see `rtui status` for how the job did "
+                               "(an export interrupted by teardown is never offered)")
+    summary = model_summary(found, session.telemetry().series.summary)
+    assert summary is not None
+    to = Path(ns.to).expanduser().resolve() if ns.to else None
+    if ns.json:
+        if to is not None:
+            await asyncio.to_thread(store.fetch, found, to)
+            summary = {**summary, "copied_to": str(to)}
+        _json_line(out, summary)
+        return 0
+    to = to or Path.cwd() / f"rtui-model-{session.run_id}"
+    total = found.bytes
+
+    def progress(done: int, _all: int) -> None:
+        out.write(f"\rcopying {human_bytes(done)} / {human_bytes(total)}")
+        out.flush()
+
+    await asyncio.to_thread(store.fetch, found, to, progress)
+    out.write(f"\nmodel of run {session.run_id} (step {found.step}) copied to {to}: {len(found.files)} files, "
+              f"{human_bytes(total)}\n")
+    if summary.get("eval_loss_before") is not None:
+        out.write(f"{eval_line(summary)}\n")
+    out.write("load it with:\n  " + LOAD_HINT.format(path=to) + "\n")
+    return 0

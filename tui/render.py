@@ -60,11 +60,22 @@ def _changed(before: dict[str, Any], after: dict[str, Any]) -> str:
 def format_event(event: StepEvent, elapsed_s: float) -> str:
     mark = _EVENT_MARK.get(event.kind, "?")
     text = event.message
-    if event.kind is EventKind.FAILED and event.remedy:
+    if event.kind in (EventKind.FAILED, EventKind.DONE) and event.remedy:
         text = f"{text} — {event.remedy}"
     if event.kind is EventKind.PROGRESS and event.fraction is not None:
         text = f"{text} ({event.fraction:.0%})"
     return f"{elapsed_s:7.1f}s {mark} {event.step:<18} {text}"
+
+
+def eval_line(summary: dict[str, Any]) -> str:
+    """"eval loss 6.93 → 0.08 on 2,048 held-out tokens" from a run summary's eval_* keys."""
+    before, after, tokens = summary.get("eval_loss_before"), summary.get("eval_loss_after"), summary.get("eval_tokens")
+    text = f"eval loss {before:.2f}" if isinstance(before, int | float) else "eval loss ?"
+    if isinstance(after, int | float):
+        text += f" → {after:.2f}"
+    if isinstance(tokens, int):
+        text += f" on {tokens:,} held-out tokens"
+    return text
 
 
 def format_status(data: dict[str, Any]) -> str:
@@ -99,6 +110,13 @@ def format_status(data: dict[str, Any]) -> str:
         world = metric.get("world_size")
         lines.append(f"training step {metric.get('step')} loss {metric.get('loss')} "
                      f"{metric.get('tokens_per_s') or 0:,.0f} tokens/s" + (f" (world {world})" if world else ""))
+    summary = data.get("summary") or {}
+    if summary.get("eval_loss_before") is not None:
+        lines.append(f"eval     {eval_line(summary)}")
+    model = data.get("model")
+    if model:
+        lines.append(f"model    {model['uri']} ({len(model['files'])} files, {model['bytes']:,} bytes) — "
+                     f"copy it: rtui model {data['run_id']} --to DIR")
     for address, res in data.get("resources", {}).items():
         lines.append(f"  {res['status']:<9} {address:<22} {res.get('id') or ''}")
     for name, step in data["steps"].items():

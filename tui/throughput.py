@@ -17,6 +17,7 @@ from textual.widgets import Label
 from textual_plot import HiResMode, PlotWidget
 
 from backend.telemetry import MetricSeries
+from tui.render import eval_line
 
 ETA_WINDOW = 20  # recent steps whose mean step time predicts the rest
 SPARK_POINTS = 240
@@ -44,6 +45,8 @@ class ThroughputSnapshot:
     summary_tokens_per_s: float | None = None
     summary_loss: float | None = None
     finished: bool = False
+    eval_text: str | None = None  # "eval loss 6.93 → 0.08 on 2,048 held-out tokens" (tui.render.eval_line)
+    model_uri: str | None = None  # where the job wrote the model (the summary's model.uri)
 
     @classmethod
     def build(cls, series: MetricSeries, *, total_steps: int | None, cost_per_hour: float | None = None,
@@ -68,6 +71,8 @@ class ThroughputSnapshot:
             cost_so_far=cost * elapsed_s / 3600 if cost is not None and elapsed_s is not None else None,
             summary_tokens_per_s=_float(summary.get("tokens_per_s_mean")),
             summary_loss=_float(summary.get("final_loss")), finished=series.summary is not None,
+            eval_text=eval_line(summary) if summary.get("eval_loss_before") is not None else None,
+            model_uri=_model_uri(summary),
         )
 
     @property
@@ -93,6 +98,12 @@ def downsample(xs: tuple[float, ...], ys: tuple[float, ...], buckets: int) -> tu
             out_x.append(sum(xs[lo:hi]) / (hi - lo))
             out_y.append(sum(values) / len(values))
     return out_x, out_y
+
+
+def _model_uri(summary: dict[str, object]) -> str | None:
+    model = summary.get("model")
+    uri = model.get("uri") if isinstance(model, dict) else None
+    return uri if isinstance(uri, str) else None
 
 
 def _float(value: object) -> float | None:
@@ -163,6 +174,10 @@ class RunStats(Widget):
             mean = f"{s.summary_tokens_per_s:,.0f}" if s.summary_tokens_per_s is not None else "?"
             loss = f"{s.summary_loss:.4f}" if s.summary_loss is not None else "?"
             text.append(f"\nfinished: mean {mean} tokens/s, final loss {loss}", style="green")
+            if s.eval_text:
+                text.append(f"\n{s.eval_text}", style="green")
+            if s.model_uri:
+                text.append(f"\nmodel: {s.model_uri}  (M copies it here)", style="bold")
         return text
 
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from backend.delivery import local_data_dir
 from backend.errors import OperationError, TransientError, UserError
 from backend.layers import local_cluster as lc
 from backend.layers.base import Context, Handler, Layer
@@ -336,9 +337,12 @@ class LocalRay(Layer):
         return {JOB_ENV_FILE: str(path)}
 
     def job_env(self, ctx: Context) -> dict[str, str]:
-        # Results go inside the cluster's dir, so teardown leaves nothing behind.
-        cluster = _live_cluster(ctx)
-        return {"RTUI_STORAGE_PATH": str(cluster.path / "results")} if cluster is not None else {}
+        # Checkpoints and the model go to the run's data dir under the state dir (0700): `down` keeps
+        # them (backend.delivery); only `down --delete-data` removes them.
+        data = local_data_dir(ctx.store.root, ctx.record.run_id)
+        data.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data.mkdir(mode=0o700, exist_ok=True)
+        return {"RTUI_STORAGE_PATH": str(data)}
 
 
 def _live_cluster(ctx: Context) -> lc.ClusterDir | None:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from backend.delivery import check_storage_writable
 from backend.errors import OperationError, UserError
 from backend.hub import Revision, resolve_revision
 from backend.jobspec import build_job_spec, passed_env_values
@@ -132,16 +133,21 @@ class RayJobLayer(Layer):
         return None if model_id is None else self._revisions.get((model_id, ctx.config.model_revision))
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
+        results = []
+        if ctx.config.storage_path:  # where checkpoints and the model go: a write the run can make?
+            results.append(await asyncio.to_thread(
+                check_storage_writable, ctx.config.storage_path,
+                profile=ctx.config.profile if ctx.config.target == "aws" else None, run_id=ctx.record.run_id))
         names = ctx.config.job_env_names()
         if not names:
-            return []
+            return results
         try:
             passed_env_values(build_job_spec(ctx.config))
         except UserError as exc:
-            return [CheckResult(id="job.env", title="Variables passed to the job", status=CheckStatus.FAIL,
-                                detail=exc.message, remedy=exc.remedy)]
-        return [CheckResult(id="job.env", title="Variables passed to the job", status=CheckStatus.OK,
-                            detail=", ".join(names))]
+            return [*results, CheckResult(id="job.env", title="Variables passed to the job",
+                                          status=CheckStatus.FAIL, detail=exc.message, remedy=exc.remedy)]
+        return [*results, CheckResult(id="job.env", title="Variables passed to the job", status=CheckStatus.OK,
+                                      detail=", ".join(names))]
 
     async def discover(self, ctx: Context) -> list[Observed]:
         jobs = await ctx.jobs()

@@ -1,0 +1,248 @@
+"""The run's product on the backend side: where its data lives, the model in it, fetching and keeping it.
+
+A run's data (checkpoints and exported model directories, ``training.export``) lives in a
+``DataStore``: a directory under the run's state dir on the local target; a PersistentVolumeClaim or
+an ``s3://`` prefix on a cluster are more stores of the same shape. Each store can say what it holds
+(``usage``), find the newest complete model (a directory whose ``rtui_model.json`` lists files that
+are all there; an interrupted export is named ``.<name>.incomplete-*`` and never found), copy it to a
+local directory (``fetch``) and delete everything (``delete``, only on ``--delete-data``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from backend.errors import OperationError, UserError
+from backend.model import CheckResult, CheckStatus
+from training.export import ExportInfo, find_models, read_marker
+
+LOAD_HINT = "from transformers import AutoModelForCausalLM; model = AutoModelForCausalLM.from_pretrained('{path}')"
+
+
+@dataclass(frozen=True)
+class DataUsage:
+    """What a store holds: bytes, and how many models and checkpoints; the monthly cost where there is one."""
+
+    where: str
+    bytes: int
+    models: int
+    checkpoints: int
+    monthly_cost: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.models == 0 and self.checkpoints == 0
+
+    def describe(self) -> str:
+        parts = [f"{self.models} model{'s' * (self.models != 1)}",
+                 f"{self.checkpoints} checkpoint{'s' * (self.checkpoints != 1)}", human_bytes(self.bytes)]
+        if self.monthly_cost is not None:
+            parts.append(f"${self.monthly_cost:,.2f}/month")
+        return f"{self.where}: " + ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"where": self.where, "bytes": self.bytes, "models": self.models, "checkpoints": self.checkpoints,
+                "monthly_cost": self.monthly_cost}
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1000
+    return f"{n} B"
+
+
+class DataStore(Protocol):
+    """One place a run's data lives (local dir today; a PVC or an S3 prefix are stores of the same shape)."""
+
+    uri: str
+
+    def usage(self) -> DataUsage: ...
+
+    def latest_model(self) -> ExportInfo | None: ...
+
+    def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]: ...
+
+    def delete(self) -> None: ...
+
+
+class LocalDirStore:
+    """The local target's run data: ``<state dir>/data/<run id>/`` (0700), kept after `down`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.uri = str(path)
+
+    def _model_roots(self) -> list[Path]:
+        """The dirs model directories are written under: the storage root and each Ray Train run name in it."""
+        if not self.path.is_dir():
+            return []
+        return [self.path, *sorted(p for p in self.path.iterdir() if p.is_dir() and not p.name.startswith("."))]
+
+    def models(self) -> list[ExportInfo]:
+        found = [m for root in self._model_roots() for m in find_models(str(root))]
+        return sorted(found, key=lambda m: (m.final, m.step, os.path.getmtime(m.uri)), reverse=True)
+
+    def latest_model(self) -> ExportInfo | None:
+        models = self.models()
+        return models[0] if models else None
+
+    def usage(self) -> DataUsage:
+        if not self.path.exists():
+            return DataUsage(self.uri, 0, 0, 0)
+        size = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file() and not f.is_symlink())
+        checkpoints = sum(1 for _ in self.path.rglob("rtui_checkpoint.json"))
+        return DataUsage(self.uri, size, len(self.models()), checkpoints)
+
+    def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
+        return copy_model_dir(Path(model.uri), model, to, progress)
+
+    def delete(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def copy_model_dir(source: Path, model: ExportInfo, to: Path,
+                   progress: Callable[[int, int], None] | None = None) -> list[str]:
+    """Copy the listed files into ``to`` (made if missing); a file already there with the same size
+    is kept (a fetch that was interrupted goes on where it stopped). Returns the names copied."""
+    prepare_target(to)
+    total = sum((source / n).stat().st_size for n in model.files)
+    done = 0
+    copied = []
+    for name in model.files:
+        src, dst = source / name, to / name
+        size = src.stat().st_size
+        if not (dst.is_file() and dst.stat().st_size == size):
+            part = to / f".{name}.part"
+            try:
+                shutil.copyfile(src, part)
+            except OSError as exc:
+                part.unlink(missing_ok=True)
+                raise OperationError(f"copying {name} to {to} failed: {exc.strerror or exc}",
+                                     remedy="free some space there (or pick another --to) and run it again; "
+                                            "files already copied are kept") from None
+            os.replace(part, dst)
+            copied.append(name)
+        done += size
+        if progress is not None:
+            progress(done, total)
+    return copied
+
+
+def prepare_target(to: Path) -> None:
+    """``--to`` must be a directory we can write (made if missing), and not another model's files."""
+    if to.exists() and not to.is_dir():
+        raise UserError(f"--to {to} is a file, not a directory", remedy="give a directory (it is made if missing)")
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--to {to}: cannot make the directory ({exc.strerror or exc})",
+                        remedy="pick a directory you can write") from None
+    if not os.access(to, os.W_OK | os.X_OK):
+        raise UserError(f"--to {to} is not writable by you", remedy="pick a directory you can write")
+
+
+def local_data_dir(state_root: Path, run_id: str) -> Path:
+    return state_root / "data" / run_id
+
+
+def model_summary(model: ExportInfo | None, summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``{uri, format, files, bytes, eval_loss_before, eval_loss_after}`` — what `rtui model --json`
+    prints and `rtui status --json` carries under ``model``."""
+    if model is None:
+        return None
+    evaluation = model.eval or {}
+    before = (evaluation.get("before") or {}).get("loss")
+    after = (evaluation.get("after") or {}).get("loss")
+    if summary:
+        before = summary.get("eval_loss_before", before)
+        after = summary.get("eval_loss_after", after)
+    return {"uri": model.uri, "format": model.format, "files": list(model.files), "bytes": model.bytes,
+            "step": model.step, "eval_loss_before": before, "eval_loss_after": after,
+            "eval_tokens": (evaluation.get("after") or evaluation.get("before") or {}).get("tokens")}
+
+
+def marker_of(directory: str) -> ExportInfo | None:
+    return read_marker(directory)
+
+
+# -- preflight: can the run write where its data goes? -------------------------------------------
+
+STORAGE_CHECK = "storage.writable"
+STORAGE_TITLE = "Storage path is writable"
+
+
+def check_storage_writable(uri: str, *, profile: str | None = None, run_id: str = "check") -> CheckResult:
+    """Write (then delete) one small object or file where the run's checkpoints and model will go.
+
+    S3 answers a write its principal may not make with 403 AccessDenied (and a missing bucket with
+    404 NoSuchBucket); the result names the principal (STS GetCallerIdentity) and the missing
+    permission. A local directory is checked with the user it will be written as."""
+    if uri.startswith("s3://"):
+        return _check_s3(uri, profile=profile, run_id=run_id)
+    return _check_dir(Path(uri))
+
+
+def _check_dir(path: Path) -> CheckResult:
+    import getpass
+
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    user = getpass.getuser()
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.FAIL,
+                           detail=f"--storage-path {path}: user {user} may not write to {existing} "
+                                  "(missing write permission)",
+                           remedy="pick a directory you can write, or grant write permission on it")
+    return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.OK, detail=str(path))
+
+
+def _check_s3(uri: str, *, profile: str | None, run_id: str) -> CheckResult:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from training.export import split_s3
+
+    bucket, prefix = split_s3(uri)
+    key = f"{prefix}/.rtui-write-check-{run_id}" if prefix else f".rtui-write-check-{run_id}"
+    resource = f"arn:aws:s3:::{bucket}/{key}"
+    aws = boto3.Session(profile_name=profile)
+    if aws.region_name is None:  # STS's regional endpoint needs one; any will do for a bucket check
+        aws = boto3.Session(profile_name=profile, region_name="us-east-1")
+    principal = "the AWS credentials in use"
+    try:
+        principal = str(aws.client("sts").get_caller_identity()["Arn"])
+        s3 = aws.client("s3")
+        s3.put_object(Bucket=bucket, Key=key, Body=b"rtui write check\n")
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("AccessDenied", "AllAccessDisabled", "403"):
+            detail = f"{principal} may not write to {uri}: missing permission s3:PutObject on {resource}"
+        elif code == "NoSuchBucket":
+            detail = f"bucket {bucket} does not exist (or is not visible to {principal})"
+        else:
+            detail = f"writing to {uri} as {principal} failed: {code or exc}"
+        return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.FAIL, detail=detail,
+                           remedy=f"allow s3:PutObject, s3:GetObject, s3:ListBucket and s3:DeleteObject on "
+                                  f"{bucket}/{prefix + '/' if prefix else ''}* for {principal}, or pick "
+                                  "another --storage-path")
+    except BotoCoreError as exc:
+        return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.FAIL,
+                           detail=f"cannot reach S3 to check {uri}: {exc}",
+                           remedy="check your AWS credentials and network (or AWS_ENDPOINT_URL)")
+    try:
+        s3.delete_object(Bucket=bucket, Key=key)
+    except ClientError:
+        return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.WARN,
+                           detail=f"{principal} may write to {uri} but not delete (s3:DeleteObject on {resource}): "
+                                  f"the probe object {key} stays, and old checkpoints cannot be pruned",
+                           remedy=f"allow s3:DeleteObject on {bucket}/{prefix}/* for {principal}")
+    return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.OK, detail=f"{uri} as {principal}")

@@ -1,0 +1,94 @@
+"""The training program's S3 writes, alone: the model export uploads through boto3 to moto's server
+over real HTTP (``AWS_ENDPOINT_URL``, as a pod's environment or service account would set it up)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli_model import EVAL
+from tests.test_training_export import TINY, _free_port
+from training.export import CHECK_FILE, MODEL_MARKER
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="models")
+    try:
+        yield client
+    finally:
+        server.stop()
+
+
+def _export_to(root: str, **kwargs: object) -> object:
+    import torch
+    import torch.distributed as dist
+
+    from training.export import export_model, reference_logits
+    from training.loop import build_model
+    from training.sharding import build_mesh, shard_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = shard_model(build_model(TINY.replace(precision="fp32")), "fp32", reshard_after_forward=False,
+                            mesh=build_mesh("cpu", "full", 1, 1))
+        return export_model(model, root, rank=0, step=7, final=True, dtype=torch.float32,
+                            check=reference_logits(model, torch.device("cpu")), evaluation=EVAL, **kwargs)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_export_to_s3_uploads_a_directory_from_pretrained_loads(s3: object, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    info = _export_to("s3://models/runs/r1")
+    assert info is not None and info.uri == "s3://models/runs/r1/model"  # type: ignore[attr-defined]
+    listed = s3.list_objects_v2(Bucket="models", Prefix="runs/r1/model/")["Contents"]  # type: ignore[attr-defined]
+    names = {o["Key"].removeprefix("runs/r1/model/") for o in listed}
+    assert names == set(info.files) and MODEL_MARKER in names  # type: ignore[attr-defined]
+    local = tmp_path / "dl"
+    local.mkdir()
+    for name in names:
+        s3.download_file("models", f"runs/r1/model/{name}", str(local / name))  # type: ignore[attr-defined]
+    check = load_file(str(local / CHECK_FILE))
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(local)(input_ids=check["input_ids"]).logits
+    assert torch.allclose(logits, check["logits"], atol=1e-5)
+
+
+def test_an_upload_cut_short_leaves_no_marker(s3: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The marker goes last: an upload interrupted (teardown, a lost connection) leaves a prefix
+    without it, which nothing offers as a model."""
+    import boto3.s3.transfer
+
+    real = boto3.s3.transfer.S3Transfer.upload_file
+    sent: list[str] = []
+
+    def flaky(self: object, filename: str, bucket: str, key: str, *args: object, **kwargs: object) -> None:
+        if len(sent) == 2:
+            raise ConnectionError("connection lost")
+        sent.append(key)
+        real(self, filename, bucket, key, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(boto3.s3.transfer.S3Transfer, "upload_file", flaky)
+    with pytest.raises(ConnectionError):
+        _export_to("s3://models/runs/r2")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="models", Prefix="runs/r2/")["Contents"]]  # type: ignore[attr-defined]
+    assert len(keys) == 2 and not any(k.endswith(MODEL_MARKER) for k in keys)

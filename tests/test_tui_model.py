@@ -1,0 +1,64 @@
+"""The dashboard's finish panel: the held-out eval, where the model is, and M copying it (Pilot)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from backend.delivery import local_data_dir
+from tests.pilot_wait import wait_for
+from tests.test_cli_model import EVAL, exported
+from tests.test_tui_dashboard import DashboardApp, dashboard_session, feed, metric_lines, settle, stats_text
+from training.export import MODEL_MARKER, ExportInfo
+from training.metrics import eval_record, model_record
+from training.protocol import SUMMARY_TAG, format_record
+from tui.throughput import RunStats
+
+__all__ = ["exported"]  # the module's fixture: one model directory the training program's export wrote
+
+
+async def test_finish_panel_shows_eval_and_model_and_m_copies_it(isolated_env: Path, exported: Path) -> None:
+    import json
+
+    session = dashboard_session(priced=False)
+    model_dir = local_data_dir(session.store.root, session.run_id) / "rtui-1" / "model"
+    shutil.copytree(exported, model_dir)
+    info = ExportInfo(**{**json.loads((model_dir / MODEL_MARKER).read_text()), "uri": str(model_dir)})
+    summary = {"steps": 40, "tokens_per_s_mean": 4000.0, "final_loss": 0.1, **eval_record(EVAL),
+               "model": model_record(info)}
+    app = DashboardApp(session, resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await feed(pilot, metric_lines(1, 12))
+        assert not app.screen.check_action("fetch_model", ())  # no model yet: M does nothing
+        await feed(pilot, [format_record(SUMMARY_TAG, summary)])
+        text = stats_text(app.screen.query_one(RunStats))
+        assert "eval loss 6.93 → 0.08 on 2,048 held-out tokens" in text
+        assert f"model: {model_dir}" in text and "M copies it" in text
+        assert app.screen.check_action("fetch_model", ())
+        await pilot.press("M")
+        target = Path.cwd() / f"rtui-model-{session.run_id}"
+        await wait_for(pilot, lambda: (target / MODEL_MARKER).is_file(), 20, "the model copied by M")
+        assert sorted(p.name for p in target.iterdir()) == sorted(info.files)
+
+
+async def test_d_keeps_the_data_unless_delete_data_is_typed_after_the_cluster_name(
+        isolated_env: Path, exported: Path) -> None:
+    from screens.confirm import ConfirmTeardown
+
+    session = dashboard_session(priced=False)
+    data = local_data_dir(session.store.root, session.run_id)
+    shutil.copytree(exported, data / "rtui-1" / "model")
+    app = DashboardApp(session, resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("D")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the teardown modal")
+        modal = app.screen
+        assert isinstance(modal, ConfirmTeardown)
+        assert any("Kept unless you say so" in line and "1 model" in line for line in modal.details), modal.details
+        await pilot.press(*f"{session.config.cluster_name} delete dat", "enter")
+        await pilot.pause(0.1)
+        assert "not the cluster name" in str(modal.query_one("#confirm-error").render())
+        await pilot.press("a", "enter")
+        await wait_for(pilot, lambda: not data.exists(), 30, "the run's data deleted by the teardown")
