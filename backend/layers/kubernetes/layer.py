@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
 from backend.layers.base import Context, Handler, Layer
-from backend.layers.kubernetes import addons, manifests, pods
+from backend.layers.kubernetes import addons, idle, manifests, pods
 from backend.layers.kubernetes.handlers import (
     EFA_PLUGIN,
     HF_SECRET,
@@ -250,9 +250,28 @@ class KubernetesLayer(Layer):
         results = [CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.OK,
                                detail=f"context {api.context} at {api.server}, {len(nodes)} nodes")]
         gpu = [n for n in nodes if pods.is_gpu_node(n)]
-        results.append(self._gpu_node_check(config, nodes, gpu))
+        node_autoscaler = await idle.find_node_autoscaler(api)
+        if not gpu and (node_autoscaler.found or await self._scaled_to_zero(api, ctx)):
+            results.append(CheckResult(
+                id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.WARN,
+                detail=f"no GPU node now (0/{config.gpu_node_count}): "
+                       + ("the node autoscaler adds them when the workers ask" if node_autoscaler.found else
+                          "this run's workers were scaled down while idle; they come back only if a node "
+                          "autoscaler adds GPU nodes"),
+                remedy=None if node_autoscaler.found else "add GPU nodes if the workers stay Pending"))
+        else:
+            results.append(self._gpu_node_check(config, nodes, gpu))
+        results.append(CheckResult(id="kube.node-autoscaler", title="Node autoscaler",
+                                   status=CheckStatus.OK if node_autoscaler.found or not config.idle_timeout_s()
+                                   else CheckStatus.WARN, detail=node_autoscaler.line(),
+                                   data={"found": node_autoscaler.found, "looked": node_autoscaler.looked}))
         results.extend(await self._foreign_objects(api, ctx))
         return results + self._token_check(config)
+
+    @staticmethod
+    async def _scaled_to_zero(api: KubeApi, ctx: Context) -> bool:
+        live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+        return live is not None and ours(live, ctx.record.run_id) and idle.scales_to_zero(live)
 
     @staticmethod
     def _gpu_node_check(config: RunConfig, nodes: list[dict[str, Any]], gpu: list[dict[str, Any]]) -> CheckResult:
@@ -338,6 +357,20 @@ class KubernetesLayer(Layer):
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         return {}
+
+    async def gpu_fleet(self, ctx: Context) -> dict[str, Any] | None:
+        """GPU workers and nodes now (issue 26); the aws target prices its GPU nodegroup."""
+        try:
+            api = await cluster_api(ctx)
+            cluster = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name,
+                                          ctx.config.namespace)
+            if cluster is None or not ours(cluster, ctx.record.run_id):
+                return None
+            fleet = await idle.gpu_fleet(api, ctx.config, cluster)
+        except RtuiError:
+            return None
+        return {**fleet.to_dict(), "line": fleet.line(), "idle_timeout_s": ctx.config.idle_timeout_s(),
+                "priced": AWS_GPU_NODES if AWS_GPU_NODES in ctx.record.resources else None}
 
     async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
         api = await cluster_api(ctx)
