@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from backend.flows import SCALE_UP_S
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_autoscalers import Autoscalers, NodeAutoscaler, RayAutoscaler
 from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
@@ -65,10 +66,18 @@ def test_idle_workers_and_their_nodes_go_and_a_new_job_brings_them_back(world: K
         assert checks["kube.node-autoscaler"]["detail"].startswith("no node autoscaler found")
 
         # A new job on the scaled-to-zero cluster: its placement group brings nodes and workers back.
+        world.control.timings.pull_s = 3.0  # a fresh node pulls the Ray image before its worker starts
         again = world.rtui("up", "--yes", "--json", *IDLE, "--steps", "6", timeout=180)
         last = events(again.stdout)[-1]
         assert last["kind"] == "done" and last["data"]["job_status"] == "SUCCEEDED", again.stdout[-3000:]
         assert len(players.nodes.added) == 2
+        # It said it was scaling up, with the nodes arriving, and its ETA counted them.
+        train = [e for e in events(again.stdout) if e["step"] == "train"]
+        arriving = [e["message"] for e in train if e["message"].startswith("scaling up from idle: GPU nodes")]
+        assert arriving and arriving[0].startswith("scaling up from idle: GPU nodes 0/2, workers 0/2"), arriving
+        assert len(set(arriving)) >= 2, arriving  # nodes and workers arriving, one line each
+        started = next(e for e in train if e["kind"] == "started")
+        assert started["data"]["expected_s"] >= SCALE_UP_S
         assert "RTUI_METRIC" in world.rtui("logs").stdout
 
     # Never in the way of a job: nothing was removed while a job of this head was pending or running.
