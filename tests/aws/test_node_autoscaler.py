@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from kubernetes.client import ApiClient
+
 from backend.config import RunConfig
 from backend.layers.aws import node_autoscaler as na
 
@@ -55,3 +57,38 @@ def test_the_policy_reads_everywhere_and_scales_only_this_runs_groups() -> None:
 def test_the_image_is_pinned_to_the_clusters_minor() -> None:
     assert na.cluster_autoscaler_image("1.34") == "registry.k8s.io/autoscaling/cluster-autoscaler:v1.34.5"
     assert na.cluster_autoscaler_image("1.29") is None
+
+
+def test_the_manifests_discover_this_clusters_groups_and_stay_off_the_gpu_nodes() -> None:
+    labels = {"app.kubernetes.io/managed-by": "rtui", "rtui.dev/run": RUN}
+    objects = na.cluster_autoscaler_manifests(aws(), "rtui-ray", labels)
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"]
+    assert all(o["metadata"]["labels"] == labels for o in objects)
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.k8s.io/autoscaling/cluster-autoscaler:v1.34.5"
+    assert "--node-group-auto-discovery=asg:tag=k8s.io/cluster-autoscaler/enabled,k8s.io/cluster-autoscaler/rtui-ray" \
+        in container["command"]
+    assert "--cloud-provider=aws" in container["command"]
+    # The selector picks the template's pods; the pod keeps off GPU nodes (it would pin one).
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"][
+        "labels"].items()
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term["matchExpressions"] == [{"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}]
+    # It may evict pods and update nodes cluster-wide, and write only its own status ConfigMap in kube-system.
+    role = next(o for o in objects if o["kind"] == "ClusterRole")
+    assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in role["rules"]
+    ns_role = next(o for o in objects if o["kind"] == "Role")
+    assert {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["delete", "get", "update"],
+            "resourceNames": ["cluster-autoscaler-status"]} in ns_role["rules"]
+
+
+def test_the_manifests_hold_only_fields_kubernetes_knows() -> None:
+    """Each object through the official client's model (the Kubernetes API's schema): a misspelt or
+    unknown field would be dropped, so the round trip would differ."""
+    client = ApiClient()
+    for obj in na.cluster_autoscaler_manifests(aws(), "rtui-ray", {"rtui.dev/run": RUN}):
+        model = client.deserialize(json.dumps(obj), f"V1{obj['kind']}", "application/json")
+        assert client.sanitize_for_serialization(model) == obj, obj["kind"]

@@ -92,3 +92,102 @@ def autoscaler_policy(cluster_name: str, run_id: str, *, partition: str = "aws")
             },
         ],
     }
+
+
+NAMESPACE = "kube-system"
+NAME = "cluster-autoscaler"
+STATUS_CONFIGMAP = "cluster-autoscaler-status"
+
+
+def _rules(*rules: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]) -> list[dict[str, Any]]:
+    """(apiGroups, resources, verbs, resourceNames) as RBAC rules."""
+    out = []
+    for groups, resources, verbs, names in rules:
+        rule: dict[str, Any] = {"apiGroups": list(groups), "resources": list(resources), "verbs": list(verbs)}
+        if names:
+            rule["resourceNames"] = list(names)
+        out.append(rule)
+    return out
+
+
+_READ = ("watch", "list", "get")
+# The chart's ClusterRole and Role (charts/cluster-autoscaler/templates/clusterrole.yaml, role.yaml),
+# for the AWS cloud provider: what it reads to simulate scheduling, what it writes to drain a node.
+_CLUSTER_RULES = _rules(
+    (("",), ("events", "endpoints"), ("create", "patch"), ()),
+    (("",), ("pods/eviction",), ("create",), ()),
+    (("",), ("pods/status",), ("update",), ()),
+    (("",), ("endpoints",), ("get", "update"), (NAME,)),
+    (("",), ("nodes",), ("watch", "list", "get", "update"), ()),
+    (("",), ("namespaces", "pods", "services", "replicationcontrollers", "persistentvolumeclaims",
+             "persistentvolumes"), _READ, ()),
+    (("batch",), ("jobs", "cronjobs"), _READ, ()),
+    (("batch", "extensions"), ("jobs",), ("get", "list", "patch", "watch"), ()),
+    (("extensions",), ("replicasets", "daemonsets"), _READ, ()),
+    (("policy",), ("poddisruptionbudgets",), ("watch", "list"), ()),
+    (("apps",), ("daemonsets", "replicasets", "statefulsets"), _READ, ()),
+    (("storage.k8s.io",), ("storageclasses", "csinodes", "csidrivers", "csistoragecapacities"), _READ, ()),
+    (("",), ("configmaps",), ("list", "watch"), ()),
+    (("coordination.k8s.io",), ("leases",), ("create",), ()),
+    (("coordination.k8s.io",), ("leases",), ("get", "update"), (NAME,)),
+)
+_NAMESPACE_RULES = _rules(
+    (("",), ("configmaps",), ("create",), ()),
+    (("",), ("configmaps",), ("delete", "get", "update"), (STATUS_CONFIGMAP,)),
+)
+
+
+def cluster_autoscaler_manifests(config: RunConfig, cluster_name: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """cluster-autoscaler as its chart installs it with ``cloudProvider: aws`` and
+    ``autoDiscovery.clusterName``: ServiceAccount (its IAM comes through a Pod Identity association,
+    no annotation), ClusterRole/Role and bindings, and a one-replica Deployment on the system node."""
+    image = cluster_autoscaler_image(config.kubernetes_version)
+    if image is None:
+        raise ValueError(f"no cluster-autoscaler pinned for Kubernetes {config.kubernetes_version}")
+    meta = {"name": NAME, "labels": dict(labels)}
+    ns_meta = {**meta, "namespace": NAMESPACE}
+    subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
+    selector = {"app.kubernetes.io/name": NAME}
+    discovery = ",".join(f"{k}" for k in discovery_tags(cluster_name))
+    args = ["./cluster-autoscaler", "--cloud-provider=aws", f"--namespace={NAMESPACE}",
+            f"--node-group-auto-discovery=asg:tag={discovery}", "--logtostderr=true",
+            "--stderrthreshold=info", "--v=4"]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": ns_meta, "automountServiceAccountToken": True},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta,
+         "rules": _CLUSTER_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+         "subjects": subject},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": ns_meta,
+         "rules": _NAMESPACE_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": ns_meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
+         "subjects": subject},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": ns_meta, "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": {**labels, **selector}},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "priorityClassName": "system-cluster-critical",
+                    # Never on a GPU node: it would keep the node it runs on from being removed.
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": GPU_NODE_LABEL, "operator": "NotIn", "values": ["true"]}]}]}}},
+                    "containers": [{
+                        "name": NAME, "image": image, "command": args,
+                        "env": [{"name": "AWS_REGION", "value": config.region}],
+                        "ports": [{"name": "http", "containerPort": 8085}],
+                        "livenessProbe": {"httpGet": {"path": "/health-check", "port": 8085}},
+                        "resources": {"requests": {"cpu": "100m", "memory": "300Mi"},
+                                      "limits": {"memory": "300Mi"}},
+                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}},
+                    }],
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "fsGroup": 65534},
+                },
+            },
+        }},
+    ]
