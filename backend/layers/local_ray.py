@@ -138,6 +138,7 @@ class HeadHandler(Handler):
                                  "dashboard_url": dashboard_url, "shape": dict(want.spec),
                                  "state_dir": str(ctx.store.root)}
         cluster = await asyncio.to_thread(lc.make_cluster_dir, ctx.record.run_id, ctx.config.cluster_name, facts)
+        ctx.record.facts.pop("stopped_while_idle", None)  # a new head: the last one's idle stop is history
         # The one secret rtui writes: a fresh token, 0600 inside the 0700 dir, gone with it at teardown.
         token_fd = os.open(cluster.path / TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(token_fd, "w") as fh:
@@ -168,7 +169,11 @@ class HeadHandler(Handler):
             try:
                 info = await jobs.version(timeout_s=1.0)
                 await asyncio.to_thread(lc.tighten, cluster.path)
-                yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})", 1.0)
+                idle_s = ctx.config.idle_timeout_s()
+                if idle_s:
+                    _start_idle_watcher(cluster, idle_s)
+                yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})"
+                               + (f"; stops after {idle_s}s without a job or an rtui" if idle_s else ""), 1.0)
                 return
             except TransientError:
                 pass
@@ -339,6 +344,16 @@ class LocalRay(Layer):
         # Results go inside the cluster's dir, so teardown leaves nothing behind.
         cluster = _live_cluster(ctx)
         return {"RTUI_STORAGE_PATH": str(cluster.path / "results")} if cluster is not None else {}
+
+
+def _start_idle_watcher(cluster: lc.ClusterDir, idle_s: int) -> None:
+    """backend.local_idle beside the head: it stops the cluster after ``idle_s`` without a job or an
+    rtui attached (issue 26). Detached like the Ray processes; the dir on its command line makes it ours."""
+    root = str(Path(__file__).resolve().parents[2])  # where `backend` is, for the new interpreter
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *([path] if path else [])])}
+    start_detached([sys.executable, "-m", "backend.local_idle", str(cluster.path), str(idle_s)],
+                   log_path=cluster.path / "rtui-idle.log", env=env, cwd=cluster.path)
 
 
 def _live_cluster(ctx: Context) -> lc.ClusterDir | None:
