@@ -101,3 +101,14 @@ def test_a_running_job_keeps_its_workers_past_the_idle_timeout(world: KubeWorld)
         assert json.loads(out.splitlines()[-1])["data"]["job_status"] == "SUCCEEDED"
     assert seen and min(seen) == 2, seen
     assert not players.errors, players.errors[:3]
+
+
+def test_changing_the_idle_time_replaces_the_raycluster_and_the_same_one_is_a_noop(world: KubeWorld) -> None:
+    gpu_cluster(world.cluster)
+    world.rtui("up", "--yes", *IDLE, "--until", "k8s.raycluster", timeout=180)
+    same = json.loads(world.rtui("plan", "--json", *IDLE).stdout)
+    assert {c["address"]: c["action"] for c in same["changes"]}["k8s.raycluster"] == "noop"
+    # The autoscaler's sidecar and options exist only in a new head pod: KubeRay applies them at creation.
+    fixed = json.loads(world.rtui("plan", "--json", "--idle-minutes", "0").stdout)
+    change = next(c for c in fixed["changes"] if c["address"] == "k8s.raycluster")
+    assert change["action"] == "replace" and "idle_timeout_s" in change["reason"], change

@@ -213,7 +213,10 @@ class KubernetesLayer(Layer):
         out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
         spec = {"image": pinned, "digest": image.digest, "pinning": image.reason, "gpu_nodes": config.gpu_node_count,
                 "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
-                "hf_token": bool(config.hf_token)}
+                "hf_token": bool(config.hf_token),
+                # KubeRay adds the autoscaler (issue 26) only to a head pod it creates: a new idle time
+                # or turning it on or off is a new RayCluster.
+                "idle_timeout_s": config.idle_timeout_s()}
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below if r.address == AWS_LAUNCH_TEMPLATE]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
