@@ -61,6 +61,11 @@ def test_a_cluster_left_idle_stops_keeps_its_dir_and_says_why() -> None:
     app = RtuiApp(RunSession.open(run_id, RunStore()), resume=True)
     assert app.sub_title.endswith("· stopped while idle"), app.sub_title
 
+    # The next plan says why the head is replaced.
+    plan = json_lines(run_rtui("plan", "--json", "--idle-minutes", "0.1", "--steps", "3", check=True).stdout)[0]
+    head_change = next(c for c in plan["changes"] if c["address"] == "local.ray-head")
+    assert head_change["action"] == "replace" and "stopped while idle" in head_change["reason"], head_change
+
     down = run_rtui("down", run_id, "--yes", timeout=120)
     assert down.returncode == 0, down.stderr[-2000:]
     assert not Path(path).exists()

@@ -264,9 +264,10 @@ class LocalRay(Layer):
             ports = cluster.facts.get("ports", {})
             state = {**cluster.facts.get("shape", {}), "dashboard_port": ports.get("dashboard"),
                      "dir": str(cluster.path)}
+            stopped = "stopped while idle: a new head replaces it" if cluster.facts.get("stopped_while_idle") else ""
             observed.append(Observed(
                 address=address, layer=self.name, kind="ray-head", id=str(cluster.path), state=state,
-                healthy=healthy and n == 0, reason="running" if healthy else "its head is not running"))
+                healthy=healthy and n == 0, reason="running" if healthy else stopped or "its head is not running"))
             if n == 0:
                 for index, _proc in sorted(procs.workers.items()):
                     observed.append(Observed(
@@ -351,7 +352,9 @@ def _start_idle_watcher(cluster: lc.ClusterDir, idle_s: int) -> None:
     rtui attached (issue 26). Detached like the Ray processes; the dir on its command line makes it ours."""
     root = str(Path(__file__).resolve().parents[2])  # where `backend` is, for the new interpreter
     path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *([path] if path else [])])}
+    # Ray's minimal environment (never the user's credentials: tests/test_local_security.py), plus
+    # where to import rtui from.
+    env = {**ray_env(cluster), "PYTHONPATH": os.pathsep.join([root, *([path] if path else [])])}
     start_detached([sys.executable, "-m", "backend.local_idle", str(cluster.path), str(idle_s)],
                    log_path=cluster.path / "rtui-idle.log", env=env, cwd=cluster.path)
 
