@@ -105,7 +105,9 @@ class NodeAutoscaler:
     make_node: Callable[[str], None]  # adds a node of the GPU group, by name
     max_nodes: int = 2
     unneeded_s: float = 600.0
+    launch_s: float = 0.0  # from the scale-up decision to the node joining (minutes on AWS)
     _empty_since: dict[str, float] = field(default_factory=dict)
+    _launching: list[tuple[float, str]] = field(default_factory=list)  # (joins at, name)
     _made: int = 0
     removed: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
@@ -114,21 +116,26 @@ class NodeAutoscaler:
         return [n for n in self.cluster.objects("Node") if GPU in (n["status"].get("capacity") or {})]
 
     def tick(self) -> None:
+        now = time.monotonic()
+        for joins_at, name in [entry for entry in self._launching if entry[0] <= now]:
+            self._launching.remove((joins_at, name))
+            self.make_node(name)
+            self.added.append(name)
         nodes = self.gpu_nodes()
         pods = self.cluster.objects("Pod")
         waiting = [p for p in pods if _unschedulable(p) and not p["spec"].get("nodeName")
                    and any(GPU in (c.get("resources") or {}).get("requests", {}) for c in p["spec"]["containers"])]
-        if waiting and len(nodes) < self.max_nodes:
+        coming = len(nodes) + len(self._launching)
+        if waiting and coming < self.max_nodes:
             # Nodes already there but still without GPUs (the plugin is starting) count as on their way.
             placed = {p["spec"].get("nodeName") for p in pods if not _owned_by_daemonset(p)}
             free = [n for n in nodes if n["metadata"]["name"] not in placed]
-            for _ in range(min(self.max_nodes - len(nodes), max(0, len(waiting) - len(free)))):
+            for _ in range(min(self.max_nodes - coming, max(0, len(waiting) - len(free) - len(self._launching)))):
                 self._made += 1
-                name = f"gpu-auto-{self._made}"
-                self.make_node(name)
-                self.added.append(name)
+                self._launching.append((now + self.launch_s, f"gpu-auto-{self._made}"))
             return
-        now = time.monotonic()
+        if waiting or self._launching:
+            return
         for node in nodes:
             name = node["metadata"]["name"]
             used = [p for p in pods if p["spec"].get("nodeName") == name and not _owned_by_daemonset(p)]
