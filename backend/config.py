@@ -8,6 +8,7 @@ dir) > built-in default. ``resolve_config`` records the source of every field so
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -110,6 +111,11 @@ class RunConfig(BaseModel):
                                                                        "balancer may drop it without a word)")
     hf_token: str = Field("", description="Hugging Face token for the cluster's pods, as a Secret: env:NAME (a "
                                           "variable of rtui's environment) or a file path; the value is never stored")
+    # --- idle: what goes when no job needs it (issue 26) ---
+    idle_minutes: float = Field(10.0, ge=0, le=7 * 24 * 60, description="Minutes without a job after which the GPU "
+                                "workers go (Ray's autoscaler; a node autoscaler then removes their nodes), or "
+                                "the local cluster stops; fractions allowed; 0 = never (the cluster stays at full "
+                                "size)")
     # --- training ---
     model_id: str = Field("", description="Hugging Face model id, or a model directory on disk (default: "
                                           f"{DEFAULT_MODEL_ID} on GPU clusters, a tiny random Qwen2 locally; "
@@ -244,6 +250,13 @@ class RunConfig(BaseModel):
         # A kube cluster is used for what the seed does: EFA between GPU nodes. One without EFA
         # (another cloud, a lab) says so with --require-transport any, and its pods ask for none.
         return "efa" if self.target in ("aws", "kube") else "any"
+
+    def idle_timeout_s(self) -> int | None:
+        """Whole seconds of idleness before the GPU workers (or the local cluster) go; None: never.
+        KubeRay's ``idleTimeoutSeconds`` is an int32, so a fraction of a second rounds up."""
+        if not self.idle_minutes:
+            return None
+        return max(1, math.ceil(self.idle_minutes * 60))
 
     def effective_workers(self) -> int:
         if self.num_workers:

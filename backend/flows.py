@@ -110,10 +110,57 @@ async def follow_steps(session: RunSession) -> AsyncIterator[StepEvent]:
     key = f"{session.config.target}/train/per-step"
     per_step = session.store.durations().get(key)
     expected = per_step * session.config.steps if per_step else 60.0
-    runner = Runner([Step(TRAIN, "Train", lambda: _train_progress(session), expected_s=expected)],
+    fleet = await session.gpu_fleet()
+    if fleet is not None and fleet["workers"] < fleet["full"]:
+        expected += SCALE_UP_S  # the job's first step waits for the nodes and workers to come back
+
+    async def progress() -> AsyncIterator[Progress]:
+        if fleet is not None and fleet["workers"] < fleet["full"]:
+            async for p in _scale_up_progress(session):
+                yield p
+        async for p in _train_progress(session):
+            yield p
+
+    runner = Runner([Step(TRAIN, "Train", progress, expected_s=expected)],
                     on_state=lambda sid, state: _save_step(session, sid, state, key))
     async for event in runner.events():
         yield event
+
+
+# A cluster scaled to zero while idle (issue 26): AWS's typical durations for a GPU node to come
+# back, as the ETA of the job's first step counts them: the Auto Scaling group launches the instance
+# (~60 s), it boots and joins EKS (~90 s), the device plugins start on it (~30 s), the Ray image
+# (several GB) is pulled onto the fresh disk (~240 s), the Ray worker starts and joins (~20 s).
+SCALE_UP_S = 60.0 + 90.0 + 30.0 + 240.0 + 20.0
+SCALE_UP_POLL_S = 2.0
+SCALE_UP_TIMEOUT_S = 1800.0
+
+
+async def _scale_up_progress(session: RunSession) -> AsyncIterator[Progress]:
+    """The GPU nodes and workers arriving, until every worker runs (then the job trains)."""
+    deadline = time.monotonic() + SCALE_UP_TIMEOUT_S
+    shown = ""
+    while time.monotonic() < deadline:
+        fleet = await session.gpu_fleet()
+        if fleet is None or fleet["workers"] >= fleet["full"] or await _job_over(session):
+            return  # up, or a job that ended first (it asks for nothing more): following it says the rest
+        line = (f"scaling up from idle: GPU nodes {fleet['nodes']}/{fleet['full']}, "
+                f"workers {fleet['workers']}/{fleet['full']} (the job's placement group asked for them)")
+        if line != shown:
+            shown = line
+            yield Progress(line, 0.0)
+        await asyncio.sleep(SCALE_UP_POLL_S)
+    # Past the deadline the job's own state tells the rest (it fails or trains): no verdict here.
+
+
+async def _job_over(session: RunSession) -> bool:
+    jobs, job = await session.jobs(), session.record.current_job
+    if jobs is None or job is None:
+        return True
+    try:
+        return (await jobs.status(job.submission_id)).terminal
+    except RtuiError:
+        return False
 
 
 def _save_step(session: RunSession, sid: str, state: StepState, timing_key: str = "") -> None:

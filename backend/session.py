@@ -70,6 +70,7 @@ class StatusReport:
     cost: dict[str, Any] | None = None
     model: dict[str, Any] | None = None  # backend.delivery.model_summary: the run's model, where it is
     data: dict[str, Any] | None = None  # backend.delivery.DataUsage: what the run's data store holds
+    gpu: dict[str, Any] | None = None  # GPU workers and nodes now, against the full size (issue 26)
 
     def to_dict(self) -> dict[str, Any]:
         r = self.record
@@ -77,7 +78,8 @@ class StatusReport:
         return {
             "run_id": r.run_id, "target": r.target, "cluster_name": r.cluster_name, "status": r.status.value,
             "attached": self.attached, "created_at": r.created_at, "updated_at": r.updated_at,
-            "cluster": {"alive": self.cluster_alive, "dashboard_url": self.dashboard_url},
+            "cluster": {"alive": self.cluster_alive, "dashboard_url": self.dashboard_url,
+                        "stopped_while_idle": None if self.cluster_alive else r.facts.get("stopped_while_idle")},
             "resources": self.resources,
             "job": None if job is None else {
                 "number": len(r.jobs), "submission_id": job.submission_id,
@@ -88,6 +90,7 @@ class StatusReport:
                           "attempts": v.attempts, "duration_s": v.duration_s} for k, v in r.steps.items()},
             "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
             "spool_path": r.job_spool_path(), "cost": self.cost, "model": self.model, "data": self.data,
+            "gpu": self.gpu,
         }
 
 
@@ -346,14 +349,15 @@ class RunSession:
         resources = {address: {"kind": r.kind, "id": r.id, "status": r.status.value}
                      for address, r in self.record.resources.items()}
         last_metric = None if latest is None else {**latest.to_dict(), "world_size": telemetry.series.world_size}
+        gpu = await self.gpu_fleet() if alive else None
         store = self.data_store()
         model = await asyncio.to_thread(store.latest_model) if store is not None else None
         usage = await asyncio.to_thread(store.usage) if store is not None else None
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
                             self.attached_elsewhere(), last_metric,
                             telemetry.series.summary, telemetry.transport.to_dict(), resources,
-                            cost_meter(self.record), model_summary(model, telemetry.series.summary),
-                            usage.to_dict() if usage is not None else None)
+                            cost_meter(self.record, gpu=gpu), model_summary(model, telemetry.series.summary),
+                            usage.to_dict() if usage is not None else None, gpu)
 
     def data_store(self) -> DataStore | None:
         """Where this run's checkpoints and model live (local: a 0700 dir under the state dir, kept
@@ -362,11 +366,32 @@ class RunSession:
             return LocalDirStore(local_data_dir(self.store.root, self.run_id))
         return None
 
+    async def gpu_fleet(self) -> dict[str, Any] | None:
+        """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:
+        the last job's end, and when the idle timeout let the workers go after it."""
+        from backend.layers.base import GpuFleetReporter
 
-def cost_meter(record: RunRecord, now: float | None = None) -> dict[str, Any] | None:
+        cluster = self.ctx.cluster
+        if not isinstance(cluster, GpuFleetReporter):
+            return None
+        fleet = await cluster.gpu_fleet(self.ctx)
+        job = self.record.current_job
+        if fleet is None or job is None or job.ended_at is None or not job.status.terminal:
+            return fleet
+        idle_s = fleet.get("idle_timeout_s")
+        return {**fleet, "idle_since": job.ended_at,
+                "scaled_down_at": job.ended_at + idle_s if idle_s and fleet["workers"] < fleet["full"] else None}
+
+
+def cost_meter(record: RunRecord, now: float | None = None,
+               gpu: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """What the run costs now and has cost so far: each live priced resource from when it was made,
     at the plan's price, unless it is known to bill nothing (``ResourceRecord.bills``); after teardown,
-    what the orphan sweep still found. None when nothing is priced."""
+    what the orphan sweep still found. None when nothing is priced.
+
+    ``gpu`` (``RunSession.gpu_fleet``): the GPU nodes now; their priced resource then bills for the
+    nodes that exist (a nodegroup scaled to zero while idle bills nothing), and ``per_hour_full``
+    says what the cluster costs at full size. What was accrued is still counted at full size."""
     import time
 
     now = time.time() if now is None else now
@@ -380,7 +405,13 @@ def cost_meter(record: RunRecord, now: float | None = None) -> dict[str, Any] | 
     left = record.facts.get("sweep") or []
     if not items and not left:
         return None
-    return {"per_hour": round(sum(i["per_hour"] for i in items.values()), 4),
+    full = round(sum(i["per_hour"] for i in items.values()), 4)
+    priced = (gpu or {}).get("priced")
+    if gpu and priced in items and gpu.get("full"):
+        share = min(1.0, gpu["nodes"] / gpu["full"])
+        items[priced] = {**items[priced], "per_hour_full": items[priced]["per_hour"],
+                         "per_hour": round(items[priced]["per_hour"] * share, 4)}
+    return {"per_hour": round(sum(i["per_hour"] for i in items.values()), 4), "per_hour_full": full,
             "accrued": round(sum(i["accrued"] for i in items.values()), 4), "resources": items,
             "left_behind": left, "left_behind_per_hour": round(sum(float(i.get("cost_per_hour") or 0)
                                                                    for i in left), 4)}

@@ -24,12 +24,14 @@ from backend.layers.base import HeadLogSource
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
 from tui.logtail import LogTail
+from tui.render import gpu_line
 from tui.screen import RtuiScreen
 from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot
 from tui.transport_badge import TransportBadge, TransportSnapshot
 
 REPLAY_LINES = 5_000
 REFRESH_S = 0.25  # the dashboard's widgets get new snapshots at most this often
+GPU_REFRESH_S = 5.0  # GPU nodes come and go in minutes: an API round trip every few seconds is plenty
 COST_REFRESH_S = 2.0  # with no new lines only the cost meter moves: redrawing it at 4 Hz cost ~6 % of a core
 HEAD_BATCH_S = 0.05  # head-log lines reach the screen in batches at most this often
 JOB_TAB, HEAD_TAB = "tab-job", "tab-head"
@@ -87,6 +89,13 @@ class RunScreen(RtuiScreen):
         lines: list[str]
 
     @dataclass
+    class GpuFleetChanged(Message):
+        """GPU workers and nodes now (issue 26), with the cost per hour that follows from them."""
+
+        fleet: dict[str, Any]
+        cost_per_hour: float | None
+
+    @dataclass
     class TeardownRequested(Message):
         """The user pressed D: the App asks for the cluster name, then tears down."""
 
@@ -97,6 +106,9 @@ class RunScreen(RtuiScreen):
         self.clock = clock
         self._stale = True  # telemetry moved on since the widgets' last snapshots
         self._refreshed_at = 0.0
+        self.gpu_fleet: dict[str, Any] | None = None  # kube and aws: the GPU side now
+        self._gpu_cost: float | None = None
+        self._status_message = ""
 
     @property
     def metric(self) -> MetricPoint | None:
@@ -135,6 +147,7 @@ class RunScreen(RtuiScreen):
         self.follow_job()
         if self.has_head:
             self.follow_head()
+            self.watch_gpu()
 
     @property
     def has_head(self) -> bool:
@@ -148,6 +161,7 @@ class RunScreen(RtuiScreen):
         return tails.first() if tails else self.query_one("#tail", LogTail)
 
     def _render_status(self, message: str) -> None:
+        self._status_message = message
         job = self.session.record.current_job
         text = Text()
         text.append("job ", style="dim")
@@ -155,11 +169,36 @@ class RunScreen(RtuiScreen):
         text.append(f"  {self.job_status}", style=_STATUS_STYLE.get(self.job_status, "bold"))
         if message:
             text.append(f"  {message.splitlines()[0][:100]}", style="dim")
+        if self.gpu_fleet is not None:
+            text.append(f"\n{gpu_line(self.gpu_fleet)}", style="dim")
+            if self._gpu_cost is not None:
+                text.append(f"  ${self._gpu_cost:.2f}/hour now", style="dim")
         self.query_one("#job-status", Static).update(text)
+
+    @work(exclusive=True, group="gpu")
+    async def watch_gpu(self) -> None:
+        """GPU workers and nodes as they go while idle and come back for a job (issue 26)."""
+        from backend.session import cost_meter
+
+        try:
+            while True:
+                fleet = await self.session.gpu_fleet()
+                if fleet is not None:
+                    meter = cost_meter(self.session.record, gpu=fleet)
+                    self.post_message(self.GpuFleetChanged(fleet, meter["per_hour"] if meter else None))
+                await asyncio.sleep(GPU_REFRESH_S)
+        except Exception as exc:  # noqa: BLE001 - one place shows it
+            self.app.report_error(exc)
+
+    def on_run_screen_gpu_fleet_changed(self, message: GpuFleetChanged) -> None:
+        if (message.fleet, message.cost_per_hour) != (self.gpu_fleet, self._gpu_cost):
+            self.gpu_fleet, self._gpu_cost = message.fleet, message.cost_per_hour
+            self._render_status(self._status_message)
+            self._stale = True
 
     def refresh_dashboard(self) -> None:
         """Hand the badge, stats, sparkline and graph fresh snapshots (equal ones repaint nothing)."""
-        cost = plan_cost_per_hour(self.session.record.plan)
+        cost = plan_cost_per_hour(self.session.record.plan) if self._gpu_cost is None else self._gpu_cost
         now = time.monotonic()
         # A priced run's cost keeps running without new lines, slowly enough to redraw it seldom.
         if not (self._stale or (cost and now - self._refreshed_at >= COST_REFRESH_S)):

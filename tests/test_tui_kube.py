@@ -188,6 +188,10 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
         assert isinstance(run, RunScreen)
         await wait_for(pilot, lambda: run.job_status == "SUCCEEDED", 60, "the job to succeed")
         await wait_for(pilot, lambda: run.metric is not None and run.metric.step == 5, 10, "the last metric")
+        # The GPU side now (issue 26): the workers and their nodes, at full size while the job is fresh.
+        await wait_for(pilot, lambda: run.gpu_fleet is not None, 15, "the GPU workers and nodes")
+        shown = str(run.query_one("#job-status", Static).render())
+        assert "GPU nodes 2/2, workers 2/2" in shown, shown
         record = app.session.record
         assert RunStore().load(record.run_id).config["context"] == SECOND
 

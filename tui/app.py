@@ -65,6 +65,8 @@ class RtuiApp(App[None]):
     def _set_subtitle(self) -> None:
         s = self.session
         down = " · down" if s.record.status is RunStatus.DOWN else ""
+        if not down and s.record.facts.get("stopped_while_idle"):
+            down = " · stopped while idle"
         # On kube, which cluster: the context the kubeconfig names (or its current one).
         where = f" @ {s.config.context}" if s.config.target == "kube" and s.config.context else ""
         if s.config.target == "aws":  # and where: the AZ once chosen, else the region

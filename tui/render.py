@@ -78,6 +78,25 @@ def eval_line(summary: dict[str, Any]) -> str:
     return text
 
 
+def stopped_while_idle_line(stopped: dict[str, Any]) -> str:
+    """"stopped while idle at 14:12 (600s without a job or an rtui)" (issue 26, the local target)."""
+    at = time.strftime("%H:%M", time.localtime(stopped["at"]))
+    return f"stopped while idle at {at} ({stopped['idle_s']:.0f}s without a job or an rtui; `rtui up` starts it again)"
+
+
+def gpu_line(gpu: dict[str, Any]) -> str:
+    """GPU nodes and workers now against the full size, and when they went idle (issue 26):
+    "GPU nodes 0/2, workers 0/2 — idle since 14:02, scaled to zero at 14:12"."""
+    line = f"GPU nodes {gpu['nodes']}/{gpu['full']}, workers {gpu['workers']}/{gpu['full']}"
+    when = []
+    if gpu.get("idle_since"):
+        when.append(f"idle since {time.strftime('%H:%M', time.localtime(gpu['idle_since']))}")
+    if gpu.get("scaled_down_at"):
+        verb = "scaled to zero" if gpu["workers"] == 0 else "scaled down"
+        when.append(f"{verb} at {time.strftime('%H:%M', time.localtime(gpu['scaled_down_at']))}")
+    return line + (f" — {', '.join(when)}" if when else "")
+
+
 def format_status(data: dict[str, Any]) -> str:
     created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data["created_at"]))
     cluster = data["cluster"]
@@ -87,11 +106,18 @@ def format_status(data: dict[str, Any]) -> str:
                                           "  [interrupted: no rtui attached; `rtui --resume` continues]"
                                           if data["status"] in ("applying", "tearing_down") else ""),
         f"cluster  {'up' if cluster['alive'] else 'not running'}"
-        + (f" — dashboard {cluster['dashboard_url']}" if cluster["alive"] and cluster["dashboard_url"] else ""),
+        + (f" — dashboard {cluster['dashboard_url']}" if cluster["alive"] and cluster["dashboard_url"] else "")
+        + (f" — {stopped_while_idle_line(cluster['stopped_while_idle'])}" if cluster.get("stopped_while_idle")
+           else ""),
     ]
+    gpu = data.get("gpu")
+    if gpu:
+        lines.append(f"gpu      {gpu_line(gpu)}")
     cost = data.get("cost")
     if cost and cost.get("resources"):
-        lines.append(f"cost     ${cost['per_hour']:.2f}/hour now, ${cost['accrued']:.2f} so far "
+        full = cost.get("per_hour_full")
+        at_full = f" (${full:.2f}/hour at full size)" if full is not None and full != cost["per_hour"] else ""
+        lines.append(f"cost     ${cost['per_hour']:.2f}/hour now{at_full}, ${cost['accrued']:.2f} so far "
                      f"({len(cost['resources'])} priced resources)")
     if cost and cost.get("left_behind"):
         lines.append(f"LEFT     {len(cost['left_behind'])} resources still exist after teardown "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from backend.config import RunConfig
 from backend.ledger import Ledger
@@ -35,6 +35,16 @@ class ClusterAccess(Protocol):
 
     def job_finished(self, ctx: Context) -> None:
         """A job of this run ended (locally: the files it left are made private again)."""
+        ...
+
+
+@runtime_checkable
+class GpuFleetReporter(Protocol):
+    """A cluster whose GPU workers and nodes come and go with demand (issue 26)."""
+
+    async def gpu_fleet(self, ctx: Context) -> dict[str, Any] | None:
+        """GPU workers running and GPU nodes now against the full size, with the address of the
+        priced GPU nodes resource when there is one; None when it cannot be seen."""
         ...
 
 

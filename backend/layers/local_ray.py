@@ -139,6 +139,7 @@ class HeadHandler(Handler):
                                  "dashboard_url": dashboard_url, "shape": dict(want.spec),
                                  "state_dir": str(ctx.store.root)}
         cluster = await asyncio.to_thread(lc.make_cluster_dir, ctx.record.run_id, ctx.config.cluster_name, facts)
+        ctx.record.facts.pop("stopped_while_idle", None)  # a new head: the last one's idle stop is history
         # The one secret rtui writes: a fresh token, 0600 inside the 0700 dir, gone with it at teardown.
         token_fd = os.open(cluster.path / TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(token_fd, "w") as fh:
@@ -169,7 +170,11 @@ class HeadHandler(Handler):
             try:
                 info = await jobs.version(timeout_s=1.0)
                 await asyncio.to_thread(lc.tighten, cluster.path)
-                yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})", 1.0)
+                idle_s = ctx.config.idle_timeout_s()
+                if idle_s:
+                    _start_idle_watcher(cluster, idle_s)
+                yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})"
+                               + (f"; stops after {idle_s}s without a job or an rtui" if idle_s else ""), 1.0)
                 return
             except TransientError:
                 pass
@@ -260,9 +265,10 @@ class LocalRay(Layer):
             ports = cluster.facts.get("ports", {})
             state = {**cluster.facts.get("shape", {}), "dashboard_port": ports.get("dashboard"),
                      "dir": str(cluster.path)}
+            stopped = "stopped while idle: a new head replaces it" if cluster.facts.get("stopped_while_idle") else ""
             observed.append(Observed(
                 address=address, layer=self.name, kind="ray-head", id=str(cluster.path), state=state,
-                healthy=healthy and n == 0, reason="running" if healthy else "its head is not running"))
+                healthy=healthy and n == 0, reason="running" if healthy else stopped or "its head is not running"))
             if n == 0:
                 for index, _proc in sorted(procs.workers.items()):
                     observed.append(Observed(
@@ -343,6 +349,18 @@ class LocalRay(Layer):
         data.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         data.mkdir(mode=0o700, exist_ok=True)
         return {"RTUI_STORAGE_PATH": str(data)}
+
+
+def _start_idle_watcher(cluster: lc.ClusterDir, idle_s: int) -> None:
+    """backend.local_idle beside the head: it stops the cluster after ``idle_s`` without a job or an
+    rtui attached (issue 26). Detached like the Ray processes; the dir on its command line makes it ours."""
+    root = str(Path(__file__).resolve().parents[2])  # where `backend` is, for the new interpreter
+    path = os.environ.get("PYTHONPATH")
+    # Ray's minimal environment (never the user's credentials: tests/test_local_security.py), plus
+    # where to import rtui from.
+    env = {**ray_env(cluster), "PYTHONPATH": os.pathsep.join([root, *([path] if path else [])])}
+    start_detached([sys.executable, "-m", "backend.local_idle", str(cluster.path), str(idle_s)],
+                   log_path=cluster.path / "rtui-idle.log", env=env, cwd=cluster.path)
 
 
 def _live_cluster(ctx: Context) -> lc.ClusterDir | None:

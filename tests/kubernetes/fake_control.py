@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import itertools
 import secrets
 import threading
 import time
@@ -207,11 +208,13 @@ class FakeControlPlane:
         existing = {p["metadata"]["name"] for p in self.cluster.objects("Pod", ns)}
         auth = self._auth(rc)
         head = with_token_env(spec["headGroupSpec"]["template"], auth)
+        autoscaling = spec.get("enableInTreeAutoscaling") is True
+        if autoscaling:
+            head = with_autoscaler_sidecar(head)
         self._make_pod(ns, f"{name}-head-0", name, "head", "headgroup", head, existing)
         for group in spec.get("workerGroupSpecs", []):
-            for i in range(group.get("replicas", 1)):
-                self._make_pod(ns, f"{name}-{group['groupName']}-worker-{i}", name, "worker", group["groupName"],
-                               with_token_env(group["template"], auth), existing)
+            self._worker_group(ns, name, {**group, "template": with_token_env(group["template"], auth)},
+                               autoscaling, existing)
         if self.cluster.get("Service", f"{name}-head-svc", ns) is None:
             self.cluster.create({"apiVersion": "v1", "kind": "Service",
                                  "metadata": {"name": f"{name}-head-svc", "namespace": ns,
@@ -256,6 +259,32 @@ class FakeControlPlane:
                 return f"couldn't find key {ref['key']} in Secret {ns}/{ref['name']}"
             out[var["name"]] = value
         return out
+
+    def _worker_group(self, ns: str, cluster: str, group: Obj, autoscaling: bool, existing: set[str]) -> None:
+        """KubeRay v1.7.0's reconcilePods for one worker group (raycluster_controller.go): the pods named
+        in ``scaleStrategy.workersToDelete`` go first, whatever ``replicas`` says; the desired count is
+        ``replicas`` clamped into [minReplicas, maxReplicas] (utils.GetWorkerGroupDesiredReplicas); missing
+        pods are made; surplus pods are deleted at random only when the in-tree autoscaler is off: with
+        it on, the autoscaler alone picks which pods go (ENABLE_RANDOM_POD_DELETE unset)."""
+        gname = group["groupName"]
+        prefix = f"{cluster}-{gname}-worker-"
+        doomed = set((group.get("scaleStrategy") or {}).get("workersToDelete") or [])
+        for pod_name in sorted(doomed & existing):
+            if pod_name.startswith(prefix):
+                self.cluster.delete("Pod", pod_name, ns)
+                existing.discard(pod_name)
+        live = sorted((n for n in existing if n.startswith(prefix)), key=lambda n: int(n.rsplit("-", 1)[1]))
+        low, high = group.get("minReplicas", 0), group.get("maxReplicas", 2**31 - 1)
+        replicas = group.get("replicas")
+        desired = low if replicas is None or replicas < low else min(replicas, high)
+        if len(live) < desired:
+            taken = {int(n.rsplit("-", 1)[1]) for n in live}
+            free = (i for i in range(desired + len(taken)) if i not in taken)
+            for i in itertools.islice(free, desired - len(live)):
+                self._make_pod(ns, f"{prefix}{i}", cluster, "worker", gname, group["template"], existing)
+        elif len(live) > desired and not autoscaling:
+            for pod_name in live[desired:]:
+                self.cluster.delete("Pod", pod_name, ns)
 
     def _make_pod(self, ns: str, pod_name: str, cluster: str, node_type: str, group: str, template: Obj,
                   existing: set[str]) -> None:
@@ -364,6 +393,20 @@ class FakeControlPlane:
         if key not in self._events:
             self._events.add(key)
             self.cluster.add_event(ns, "Pod", pod, reason, message, type=kind)
+
+
+# KubeRay v1.7.0's autoscaler sidecar (common/pod.go, BuildAutoscalerContainer): the Ray image, 500m CPU
+# and 512Mi as request and limit unless autoscalerOptions.resources says otherwise.
+AUTOSCALER_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
+
+
+def with_autoscaler_sidecar(template: Obj) -> Obj:
+    """The head pod template as KubeRay makes it when ``enableInTreeAutoscaling`` is on: the
+    autoscaler container beside the head's, so its requests count where the head is scheduled."""
+    spec = template["spec"]
+    sidecar = {"name": "autoscaler", "image": spec["containers"][0]["image"],
+               "resources": {"requests": dict(AUTOSCALER_RESOURCES), "limits": dict(AUTOSCALER_RESOURCES)}}
+    return {**template, "spec": {**spec, "containers": [*spec["containers"], sidecar]}}
 
 
 # What the DaemonSet controller adds to every pod it makes (pkg/controller/daemon/util/daemonset_util.go).

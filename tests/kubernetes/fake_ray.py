@@ -89,6 +89,9 @@ class FakeRayHead:
         self.script = [*NCCL_EFA_LINES, *(metric_line(s) for s in range(1, steps + 1))]
         self.line_every_s = line_every_s
         self.fail = fail
+        # Ray Train's driver runs at once but trains only once its placement group is placed: a test
+        # that scales the workers sets this to "are the GPU workers up" (None: they always are).
+        self.workers_ready: Callable[[], bool] | None = None
         self.url = ""
         self._changed: asyncio.Condition
         self._loop = asyncio.new_event_loop()
@@ -181,6 +184,8 @@ class FakeRayHead:
     async def _run(self, job: FakeJob) -> None:
         await asyncio.sleep(0.05)
         await self._set(job, status="RUNNING")
+        while self.workers_ready is not None and job.status == "RUNNING" and not self.workers_ready():
+            await asyncio.sleep(0.05)
         for line in self.script:
             if job.status != "RUNNING":
                 return

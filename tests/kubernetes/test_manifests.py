@@ -116,7 +116,7 @@ def test_the_seed_worker() -> None:
     seed = {"nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "1", "cpu": "40", "memory": "160Gi"}
     assert c["resources"] == {"requests": seed, "limits": seed}  # requests == limits: QoS Guaranteed
     assert group["rayStartParams"]["num-gpus"] == "4"
-    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 0, 2)  # idle workers go
     spec = group["template"]["spec"]
     # The GPU request places it (any node advertising GPUs), not the seed's GPU Feature Discovery label.
     assert "nodeSelector" not in spec and "affinity" not in spec
@@ -138,6 +138,41 @@ def test_ray_runs_in_token_mode_with_the_runs_secret() -> None:
     secret = m.ray_token_secret(kube(), RUN, "t0ken")
     assert secret["metadata"]["name"] == "rtui-ray-ray-token" and secret["stringData"] == {"auth_token": "t0ken"}
     assert schema_errors(rc) == []
+
+
+# --- idle workers go (issue 26) ---
+
+def test_the_in_tree_autoscaler_removes_idle_gpu_workers_after_idle_minutes() -> None:
+    rc = m.raycluster(kube(idle_minutes=10), RUN)
+    assert schema_errors(rc) == []
+    spec = rc["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["autoscalerOptions"] == {"version": "v2", "upscalingMode": "Default", "idleTimeoutSeconds": 600}
+    group = worker(rc)
+    # Starts at full size (KubeRay clamps replicas into [min, max]); all may go; at most one per GPU node.
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 0, 2)
+
+
+def test_a_fraction_of_a_minute_rounds_up_to_whole_seconds_as_kuberays_int32_field_wants() -> None:
+    rc = m.raycluster(kube(idle_minutes=0.001), RUN)
+    assert rc["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] == 1 and schema_errors(rc) == []
+    assert m.raycluster(kube(idle_minutes=2.5), RUN)["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] == 150
+
+
+def test_idle_minutes_0_keeps_todays_fixed_size_cluster_exactly() -> None:
+    fixed = m.raycluster(kube(idle_minutes=0), RUN)
+    assert "enableInTreeAutoscaling" not in fixed["spec"] and "autoscalerOptions" not in fixed["spec"]
+    group = worker(fixed)
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
+    # The autoscaling cluster differs in those fields only: the pods are the seed's either way.
+    scaled = m.raycluster(kube(idle_minutes=10), RUN)
+    assert scaled["spec"]["headGroupSpec"] == fixed["spec"]["headGroupSpec"]
+    assert worker(scaled)["template"] == group["template"]
+
+
+def test_a_negative_idle_time_is_bad_input() -> None:
+    with pytest.raises(ValueError):
+        kube(idle_minutes=-1)
 
 
 def test_the_seed_head() -> None:

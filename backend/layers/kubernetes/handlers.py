@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from backend.errors import UserError
 from backend.layers.base import Context, Handler
-from backend.layers.kubernetes import addons, manifests, pods
+from backend.layers.kubernetes import addons, idle, manifests, pods
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -313,6 +313,12 @@ class AddonHandler(KubeHandler):
             yield p
 
 
+async def _scaled_to_zero(api: KubeApi, ctx: Context) -> bool:
+    """This run's RayCluster is live and lets its GPU workers all go while idle."""
+    live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+    return live is not None and ours(live, ctx.record.run_id) and idle.scales_to_zero(live)
+
+
 class DevicePluginHandler(AddonHandler):
     """One installer per device plugin: ours only where the cluster runs none (DESIGN.md §4)."""
 
@@ -326,7 +332,13 @@ class DevicePluginHandler(AddonHandler):
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         found = addons.find_device_plugin(self.which, await api.list("apps/v1", "DaemonSet"))
         if found is not None:
-            return self.observed(found, ctx, *addons.daemonset_ready(found, await gpu_nodes(api)))
+            nodes = await gpu_nodes(api)
+            if not nodes and await _scaled_to_zero(api, ctx):
+                # No GPU node because the idle workers went and their nodes with them (issue 26):
+                # the plugin is in place and runs on each GPU node as the next job brings it.
+                return self.observed(found, ctx, True, "no GPU node now (scaled to zero while idle): "
+                                                       "runs on each one as it joins")
+            return self.observed(found, ctx, *addons.daemonset_ready(found, nodes))
         # A plugin of another vendor or installer (GKE's, the GPU Operator's, a renamed image) runs
         # where the GPU nodes already advertise the resource: a second one would fight it.
         resource = manifests.GPU_RESOURCE if self.which == "nvidia" else manifests.EFA_RESOURCE

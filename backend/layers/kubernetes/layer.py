@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
 from backend.layers.base import Context, Handler, Layer
-from backend.layers.kubernetes import addons, manifests, pods
+from backend.layers.kubernetes import addons, idle, manifests, pods
 from backend.layers.kubernetes.handlers import (
     EFA_PLUGIN,
     HF_SECRET,
@@ -264,7 +264,10 @@ class KubernetesLayer(Layer):
         out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
         spec = {**self._pinned_spec(config.image), "gpu_nodes": config.gpu_node_count,
                 "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
-                "hf_token": bool(config.hf_token), "auth": "token"}
+                "hf_token": bool(config.hf_token), "auth": "token",
+                # KubeRay adds the autoscaler (issue 26) only to a head pod it creates: a new idle time
+                # or turning it on or off is a new RayCluster.
+                "idle_timeout_s": config.idle_timeout_s()}
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below if r.address == AWS_LAUNCH_TEMPLATE]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
@@ -304,7 +307,21 @@ class KubernetesLayer(Layer):
         results = [CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.OK,
                                detail=f"context {api.context} at {api.server}, {len(nodes)} nodes")]
         gpu = [n for n in nodes if pods.is_gpu_node(n)]
-        results.append(self._gpu_node_check(config, nodes, gpu))
+        node_autoscaler = await idle.find_node_autoscaler(api)
+        if not gpu and (node_autoscaler.found or await self._scaled_to_zero(api, ctx)):
+            results.append(CheckResult(
+                id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.WARN,
+                detail=f"no GPU node now (0/{config.gpu_node_count}): "
+                       + ("the node autoscaler adds them when the workers ask" if node_autoscaler.found else
+                          "this run's workers were scaled down while idle; they come back only if a node "
+                          "autoscaler adds GPU nodes"),
+                remedy=None if node_autoscaler.found else "add GPU nodes if the workers stay Pending"))
+        else:
+            results.append(self._gpu_node_check(config, nodes, gpu))
+        results.append(CheckResult(id="kube.node-autoscaler", title="Node autoscaler",
+                                   status=CheckStatus.OK if node_autoscaler.found or not config.idle_timeout_s()
+                                   else CheckStatus.WARN, detail=node_autoscaler.line(),
+                                   data={"found": node_autoscaler.found, "looked": node_autoscaler.looked}))
         results.extend(await self._foreign_objects(api, ctx))
         results.extend(await self._operator_reach(api, ctx))
         results.append(await self._policy_check(ctx))
@@ -334,6 +351,11 @@ class KubernetesLayer(Layer):
                    "EKS's VPC CNI with its network policy agent): the policy is created but likely not enforced, "
                    "so any pod can reach Ray's ports; Ray's token still refuses it",
             remedy="enable the CNI's policy support (EKS: the vpc-cni add-on's enableNetworkPolicy)")
+
+    @staticmethod
+    async def _scaled_to_zero(api: KubeApi, ctx: Context) -> bool:
+        live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+        return live is not None and ours(live, ctx.record.run_id) and idle.scales_to_zero(live)
 
     @staticmethod
     def _gpu_node_check(config: RunConfig, nodes: list[dict[str, Any]], gpu: list[dict[str, Any]]) -> CheckResult:
@@ -450,6 +472,20 @@ class KubernetesLayer(Layer):
         """The values are in the run's job-env Secret (``k8s.secret.job-env``, applied before the job from
         the same environment), mounted in every Ray container: the job gets the file's path only."""
         return {JOB_ENV_FILE: manifests.job_env_file()}
+
+    async def gpu_fleet(self, ctx: Context) -> dict[str, Any] | None:
+        """GPU workers and nodes now (issue 26); the aws target prices its GPU nodegroup."""
+        try:
+            api = await cluster_api(ctx)
+            cluster = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name,
+                                          ctx.config.namespace)
+            if cluster is None or not ours(cluster, ctx.record.run_id):
+                return None
+            fleet = await idle.gpu_fleet(api, ctx.config, cluster)
+        except RtuiError:
+            return None
+        return {**fleet.to_dict(), "line": fleet.line(), "idle_timeout_s": ctx.config.idle_timeout_s(),
+                "priced": AWS_GPU_NODES if AWS_GPU_NODES in ctx.record.resources else None}
 
     async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
         api = await cluster_api(ctx)

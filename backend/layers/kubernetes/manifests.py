@@ -285,20 +285,49 @@ def _worker_group(config: RunConfig, run_id: str, image: str, efa_interfaces: in
     }
 
 
+# Ray's autoscaler v2 (KubeRay >= 1.4 sets RAY_enable_autoscaler_v2 and the pods' restartPolicy for it).
+AUTOSCALER_VERSION = "v2"
+
+
+def idle_scaling(config: RunConfig, spec: Manifest) -> Manifest:
+    """``spec`` with KubeRay's in-tree autoscaler on when ``--idle-minutes`` is not 0 (issue 26).
+
+    The operator then adds the autoscaler as a sidecar of the head pod and makes its ServiceAccount,
+    Role and RoleBinding (pods get/list/watch/patch, rayclusters get/patch), which the operator's
+    ClusterRole may create (addons._KUBERAY_RULES). The autoscaler removes a worker only once it has
+    been idle, no task, actor or placement-group bundle on it, for ``idleTimeoutSeconds``: a running
+    Ray Train job's placement group holds every worker, so a job is never scaled down. It scales
+    down by lowering ``replicas`` and naming the pods in ``scaleStrategy.workersToDelete``; with the
+    autoscaler on, KubeRay deletes no other pod (raycluster_controller.go, reconcilePods).
+    ``replicas`` starts at the full size (KubeRay clamps it into [minReplicas, maxReplicas],
+    utils.GetWorkerGroupDesiredReplicas), so the first job finds its workers ready; ``minReplicas: 0``
+    lets them all go. ``0`` keeps today's fixed-size cluster, field for field.
+    """
+    idle_s = config.idle_timeout_s()
+    if idle_s is None:
+        return spec
+    count = config.gpu_node_count
+    groups = [{**g, "replicas": count, "minReplicas": 0, "maxReplicas": count} for g in spec["workerGroupSpecs"]]
+    return {**spec, "enableInTreeAutoscaling": True,
+            "autoscalerOptions": {"version": AUTOSCALER_VERSION, "upscalingMode": "Default",
+                                  "idleTimeoutSeconds": idle_s},
+            "workerGroupSpecs": groups}
+
+
 def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = None,
                efa_interfaces: int = 1) -> Manifest:
     """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers, each asking
-    for its node's ``efa_interfaces``."""
+    for its node's ``efa_interfaces``; idle workers go when ``--idle-minutes`` says so."""
     image = pinned_image(config.image, image_digest)
     return with_job_env_mount(config, with_token_auth(config, {
         "apiVersion": RAYCLUSTER_API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": config.cluster_name, "namespace": config.namespace, "labels": labels(run_id)},
-        "spec": {
+        "spec": idle_scaling(config, {
             "rayVersion": config.ray_version,
             "headGroupSpec": _head_group(config, run_id, image),
             "workerGroupSpecs": [_worker_group(config, run_id, image, efa_interfaces)],
-        },
+        }),
     }))
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import OperationError, UserError
 from backend.layers.base import Context
-from backend.layers.kubernetes import manifests, pods
+from backend.layers.kubernetes import idle, manifests, pods
 from backend.layers.kubernetes.handlers import (
     EFA_PLUGIN,
     HF_SECRET,
@@ -283,10 +283,14 @@ class WorkersHandler(KubeHandler):
                                  ray_pods_selector(ctx.config.cluster_name, "worker"))
         running = sum(pods.pod_running(p) for p in workers)
         want = ctx.config.gpu_node_count
+        # Scaled down while idle (issue 26): as it should be. The job's placement group brings the
+        # workers back through Ray's autoscaler; waiting for them here would wait for nobody.
+        idle_down = running < want and idle.scales_to_zero(cluster)
         return Observed(address=WORKERS, layer=LAYER, kind=self.kind, id=object_id(cluster),
                         state={"nodes": want, "gpus_per_node": ctx.config.gpus_per_node},
-                        depends_on=(RAYCLUSTER,), healthy=running >= want,
-                        reason=f"{running}/{want} workers running")
+                        depends_on=(RAYCLUSTER,), healthy=running >= want or idle_down,
+                        reason=f"{running}/{want} workers running"
+                               + (": scaled down while idle, the job scales them up" if idle_down else ""))
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)

@@ -1,0 +1,99 @@
+"""Stop a local cluster left idle (issue 26, item 4): ``python -m backend.local_idle <cluster dir> <seconds>``.
+
+A local cluster has no autoscaler to lend, so the head's start leaves this small watcher beside
+it, detached like Ray's own processes and holding the cluster's dir on its command line (so it is
+ours, and ``rtui down`` stops it with the rest). Every few seconds it asks the head's Jobs API
+whether a job is pending or running, and the run's lock whether an rtui is attached. After
+``seconds`` with neither, it takes the run's lock (no rtui attaches meanwhile), stops the cluster's
+Ray processes by pid (only ours: ``local_cluster.cluster_family``), and says so in the marker and
+in the run's record (``facts["stopped_while_idle"]``). The dir stays, with the results the jobs
+wrote in it; the ledger keeps it as the head's resource, so ``rtui down`` removes it and a new
+``rtui up`` replaces the stopped head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+from backend.errors import RtuiError
+from backend.layers import local_cluster as lc
+
+POLL_MAX_S = 5.0
+
+
+async def busy(cluster: lc.ClusterDir) -> bool:
+    """A job pending or running; an unanswered question counts as busy (never stop on a doubt)."""
+    from backend.layers.local_ray import jobs_for
+
+    jobs = jobs_for(cluster)
+    if jobs is None:
+        return True
+    try:
+        async with jobs:
+            return any(not job.terminal for job in await jobs.list())
+    except RtuiError:
+        return True
+
+
+def stop(cluster: lc.ClusterDir, idle_s: float, store_root: Path | None) -> bool:
+    """Stop the cluster's processes under the run's lock; False when an rtui holds the run."""
+    from backend.procs import terminate
+    from backend.store import RunLockedError, RunStore
+
+    store = RunStore(store_root) if store_root is not None else None
+    hold = store.lock(cluster.run_id) if store is not None else contextlib.nullcontext()
+    try:
+        with hold:
+            procs = lc.node_procs(cluster)
+            roots = [p for p in (procs.head, *procs.workers.values()) if p is not None]
+            family = lc.cluster_family(cluster.path, roots)  # never this process (it holds the dir too)
+            at = time.time()
+            cluster.facts["stopped_while_idle"] = {"at": at, "idle_s": idle_s}
+            lc.write_marker(cluster)
+            terminate(family)
+            if store is not None:
+                with contextlib.suppress(RtuiError, OSError):
+                    record = store.load(cluster.run_id)
+                    record.facts["stopped_while_idle"] = {"at": at, "idle_s": idle_s, "dir": str(cluster.path)}
+                    store.save(record)
+    except RunLockedError:
+        return False
+    return True
+
+
+async def watch(path: Path, idle_s: float) -> str:
+    """Watch until the cluster is stopped here (``"stopped"``) or goes some other way (``"gone"``)."""
+    from backend.store import RunStore
+
+    poll = max(0.2, min(POLL_MAX_S, idle_s / 4))
+    since = time.monotonic()
+    while True:
+        await asyncio.sleep(poll)
+        cluster = lc.read_marker(path)
+        if cluster is None or lc.node_procs(cluster).head is None:
+            return "gone"  # torn down, or stopped by someone else: nothing left to watch
+        root = cluster.facts.get("state_dir")
+        store_root = Path(root) if root else None
+        attached = store_root is not None and RunStore(store_root).is_locked(cluster.run_id)
+        if attached or await busy(cluster):
+            since = time.monotonic()
+            continue
+        if time.monotonic() - since >= idle_s and stop(cluster, idle_s, store_root):
+            return "stopped"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m backend.local_idle <cluster dir> <idle seconds>", file=sys.stderr)
+        return 2
+    outcome = asyncio.run(watch(Path(argv[0]), float(argv[1])))
+    print(f"rtui idle watcher: {outcome}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
