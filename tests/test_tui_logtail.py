@@ -112,6 +112,24 @@ async def test_the_window_is_bounded_and_the_spool_keeps_everything(isolated_env
         assert sum(1 for _ in screen.session.spool().iter_lines()) == 12_000
 
 
+async def test_a_batch_beyond_the_window_costs_only_the_window(isolated_env: Path) -> None:
+    """25k lines in one drain: the ring keeps 20k, of those only the newest 10k (the window) are
+    cleaned and written, the rest are counted; the write starts no thread (Textual's Log starts one
+    per write to measure widths, with the whole batch in its name)."""
+    app = DashboardApp(dashboard_session(), resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await dashboard(pilot)
+        tail = job_tail(screen)
+        tail.push([f"row {i}\x1b[0m" if i % 1000 == 0 else f"row {i}" for i in range(25_000)])
+        before = {id(w) for w in app.workers}
+        tail.drain()
+        started = [w.name for w in app.workers if id(w) not in before]
+        assert started == [], started
+        assert tail.dropped == 5_000 and tail.total == 20_000
+        assert len(tail.lines) == 10_000 and tail.lines[0] == "row 15000" and tail.lines[-1] == "row 24999"
+        assert "row 24000" in tail.lines, "escapes are still cleaned where a batch has them"
+
+
 async def test_job_status_changes_show_as_they_happen(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(follow, "STATUS_EVERY_S", 0.05)
     session = dashboard_session()

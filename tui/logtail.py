@@ -4,6 +4,12 @@ Producers ``push`` lines into a pending ring; one timer drains it at 20 Hz with 
 ``Log.write_lines`` (one ``write_line`` per line costs ~140 µs, DESIGN.md §8). The widget keeps
 at most ``max_lines`` lines; the history lives in the run's spool on disk.
 
+A drain's work is bounded by what the view can keep, not by how fast lines arrive: of a batch
+larger than the window only its newest ``max_lines`` are cleaned, filtered and cut (the older ones
+would leave the window in the same drain; they are counted, and the spool has them), and only the
+rows the log can hold are written. A flood of 100k lines/s then costs the loop a bounded slice of
+each frame (bench/tui_flood.py).
+
 What is shown is derived from the window: metric lines (``RTUI_METRIC {json}``, which feed the
 graph) are hidden unless asked for, and a filter keeps only lines that contain its text. While
 the view is scrolled up it is paused: new lines are counted ("+N new lines") but not written, so
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from itertools import islice
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -30,25 +37,60 @@ DRAIN_HZ = 20
 WRAP_INDENT = "  "  # a wrapped line's continuation hangs under its text
 
 
-def wrap_lines(lines: list[str], width: int) -> list[str]:
+def wrap_lines(lines: list[str], width: int, *, keep: int | None = None) -> list[str]:
     """Cut each line longer than ``width`` into pieces, at a space when one is in the piece's second
-    half, continuations indented (a flood pays one ``len`` a line: most lines fit)."""
-    if width <= len(WRAP_INDENT) + 8:  # not laid out yet, or too narrow to read anyway
-        return lines
-    out: list[str] = []
+    half, continuations indented. With ``keep``, only the newest ``keep`` rows are made: the lines
+    are cut from the last one back until that many rows are in hand (a flood cuts no more lines
+    than the log can hold)."""
+    if width <= len(WRAP_INDENT) + 8 or max(map(len, lines), default=0) <= width:
+        # Not laid out yet or too narrow to read (then nothing is cut), or every line fits.
+        return lines if keep is None else lines[-keep:] if keep else []
+    rows: list[list[str]] = []  # per line, newest first
+    made = 0
     step = width - len(WRAP_INDENT)
-    for line in lines:
+    for line in reversed(lines):
+        if keep is not None and made >= keep:
+            break
         if len(line) <= width:
-            out.append(line)
-            continue
-        start, room, first = 0, width, True
-        while len(line) - start > room:
-            space = line.rfind(" ", start + room // 2, start + room)
-            end = space + 1 if space > 0 else start + room
-            out.append(line[start:end] if first else WRAP_INDENT + line[start:end])
-            start, room, first = end, step, False
-        out.append(WRAP_INDENT + line[start:])
-    return out
+            pieces = [line]
+        else:
+            pieces = []
+            start, room, first = 0, width, True
+            while len(line) - start > room:
+                space = line.rfind(" ", start + room // 2, start + room)
+                end = space + 1 if space > 0 else start + room
+                pieces.append(line[start:end] if first else WRAP_INDENT + line[start:end])
+                start, room, first = end, step, False
+            pieces.append(WRAP_INDENT + line[start:])
+        rows.append(pieces)
+        made += len(pieces)
+    out = [row for pieces in reversed(rows) for row in pieces]
+    return out if keep is None else out[-keep:] if keep else []
+
+
+def clean_lines(lines: list[str]) -> list[str]:
+    """``display_lines`` for a batch: one look at the whole batch first (a flood's lines rarely hold
+    an escape, a carriage return or a tab), then line by line only when one does."""
+    blob = "\n".join(lines)
+    if "\x1b" in blob or "\r" in blob or "\t" in blob:
+        return display_lines(lines)
+    return lines
+
+
+class TailLog(Log):
+    """Textual's ``Log`` without its per-write thread.
+
+    ``Log.write_lines`` starts a thread worker on every call to measure the new lines' widest cell
+    width (and the worker's name is built from ``repr`` of the whole batch): under a flood that is
+    20 threads a second, each holding the interpreter lock while the loop waits. Here the lines are
+    already cut to the view's width and the view never scrolls sideways, so the width is measured
+    in the call, by ``len``. (``_update_size`` is Textual 8.2.8's hook, pinned in pyproject.toml;
+    tests/test_tui_logtail.py checks that a write starts no worker.)
+    """
+
+    def _update_size(self, updates: int, lines: list[str]) -> None:  # type: ignore[override]
+        if lines:
+            self._update_maximum_width(updates, max(map(len, lines)))
 
 
 class FilterInput(Input):
@@ -95,7 +137,7 @@ class LogTail(Vertical):
 
     def compose(self) -> ComposeResult:
         yield FilterInput(placeholder="filter (substring, any case) — Enter keeps it, Escape clears it")
-        yield Log(max_lines=self._max_lines, auto_scroll=True)
+        yield TailLog(max_lines=self._max_lines, auto_scroll=True)
         yield Label("", classes="log-status")
 
     @property
@@ -129,12 +171,18 @@ class LogTail(Vertical):
         return [x for x in lines if needle in x.casefold() and not (hide_metrics and METRIC_TAG in x)]
 
     def drain(self) -> None:
-        if not self._pending:
+        pending, window = self._pending, self._window
+        if not pending:
             return
-        batch = display_lines(list(self._pending))  # only what survived the ring is cleaned
-        self._pending.clear()
-        window = self._window
         assert window.maxlen is not None
+        # Only what the window can hold is cleaned: older lines of the batch would leave it in this
+        # same drain (they are counted in ``total``; the spool keeps them).
+        passed = max(0, len(pending) - window.maxlen)
+        if passed and not self.following:  # still news to the paused reader: "+N new lines" counts them
+            self.unseen += len(self._visible(islice(pending, passed)))
+        batch = clean_lines(list(islice(pending, passed, None)))
+        pending.clear()
+        self.total += passed
         evicted = len(window) + len(batch) - window.maxlen
         if evicted > 0 and self.filter_text:
             gone = [window[i] for i in range(min(evicted, len(window)))]
@@ -152,7 +200,7 @@ class LogTail(Vertical):
     def _write(self, lines: list[str], *, clear: bool = False) -> None:
         log = self.log_view
         self._wrap_width = width = log.scrollable_content_region.width
-        lines = wrap_lines(lines, width)
+        lines = wrap_lines(lines, width, keep=log.max_lines)  # rows beyond it would be pruned at once
         self._writing = True
         try:
             if clear:
