@@ -174,6 +174,7 @@ class Leftover:
     id: str
     state: str = ""
     cost_per_hour: float = 0.0
+    price_source: str = ""  # where cost_per_hour comes from ("estimate, us-east-1 prices", ...)
 
     def describe(self) -> str:
         cost = f", ${self.cost_per_hour:.3f}/h" if self.cost_per_hour else ""

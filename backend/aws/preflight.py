@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from backend.aws.calls import CallPool
 from backend.aws.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
-from backend.aws.pricing import PriceBook, plan_price
+from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, price_plan
 from backend.aws.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
 from backend.aws.report import PreflightReport, PreflightRequest, QuotaStatus, RegionReport, Reservation
 from backend.aws.session import AwsSession, describe_aws_error, error_code
@@ -37,14 +37,17 @@ class _Scan:
         self.gpu: InstanceFacts
         self.system: InstanceFacts
 
-    async def price(self, region: str, instance_type: str) -> tuple[float | None, str | None]:
+    async def region_prices(self, region: str) -> RegionPrices:
+        """Everything a plan in ``region`` bills, from the session's PriceBook (the plan and the sweep
+        price from the same answer)."""
+        types = (self.request.gpu_node_type, self.request.system_node_type)
         if not self.prices.api_answered:
             # Until the Pricing API has answered once the PriceBook lets one caller ask it at a
             # time; wait here rather than in a worker, where the wait would hold a pool slot.
             async with self._price_gate:
                 if not self.prices.api_answered:
-                    return await self.pool.run(self.prices.instance_price, region, instance_type)
-        return await self.pool.run(self.prices.instance_price, region, instance_type)
+                    return await self.pool.run(self.prices.region, region, types)
+        return await self.pool.run(self.prices.region, region, types)
 
     async def call(self, service: str, region: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(client, *args)`` in a worker thread. The client is made there too: creating
@@ -237,15 +240,14 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
             _optional(scan.call("ec2", region, running_instances)),
             _optional(scan.call("ec2", region, _reservations, req.gpu_node_type, req.gpu_node_count)),
             *quota_reads,
-            scan.price(region, req.gpu_node_type),
-            scan.price(region, req.system_node_type),
+            scan.region_prices(region),
         )
     finally:
         for task in quota_reads:
             task.cancel()  # a no-op once done; else the region was abandoned (timeout)
     zones_resp, offered, (instances, inst_err), (reservations, res_err) = results[:4]
     limits = dict(zip(codes, results[4 : 4 + len(codes)], strict=True))
-    gpu_price, system_price = results[-2], results[-1]
+    prices: RegionPrices = results[-1]
 
     vcpus_by_type = {scan.gpu.instance_type: scan.gpu.vcpus, scan.system.instance_type: scan.system.vcpus}
     if instances:
@@ -305,7 +307,10 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
         )
         for name, zid in sorted(zones)
     ]
-    price, source, breakdown = plan_price(gpu_price, req.gpu_node_count, system_price, req.system_node_count)
+    cost = price_plan(prices, PlanShape(
+        gpu_node_type=req.gpu_node_type, gpu_node_count=req.gpu_node_count, gpu_disk_gb=req.gpu_disk_gb,
+        system_node_type=req.system_node_type, system_node_count=req.system_node_count,
+        system_disk_gb=req.system_disk_gb))
     reasons = []
     if not any(z.gpu_offered for z in zone_reports):
         reasons.append(f"{req.gpu_node_type} is not offered in {region}")
@@ -315,9 +320,9 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
     return RegionReport(
         region=region,
         enabled=True,
-        price_per_hour=price,
-        price_source=source,
-        price_breakdown=breakdown,
+        price_per_hour=cost.total,
+        price_source=cost.source,
+        price_breakdown=cost.breakdown(),
         quota=quota,
         system_quota=system_quota,
         zones=zone_reports,

@@ -241,7 +241,8 @@ async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World,
     gone = await down(session)
     assert not gone.ok
     sweep = next(e for e in gone.events if e.step == "sweep" and e.kind is EventKind.FAILED)
-    assert sweep.message.startswith("9 resources of this run are still there ($0.050/h): NAT gateway")
+    assert sweep.message.startswith("9 resources of this run are still there "
+                                    "($0.050/h, estimate, us-east-1 prices): NAT gateway")
     assert "Elastic IP" in sweep.message
     left = {item["kind"]: item for item in session.record.facts["sweep"]}
     assert left["NAT gateway"]["cost_per_hour"] == pytest.approx(0.045)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
-from backend.aws.pricing import PriceBook, RegionPrices, builtin_region_prices, region_prices
+from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, builtin_region_prices, price_plan
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
@@ -44,8 +44,6 @@ from backend.layers.aws.base import (
     Topology,
     addon_address,
     aws_api,
-    nat_cost,
-    nodegroup_cost,
     subnet_address,
     subnet_cidr,
     system_disk_gb,
@@ -105,7 +103,6 @@ class AwsLayer(Layer):
         self.preflight_checks: list[CheckResult] = []
         self.report: PreflightReport | None = None  # the matrix the AZs were settled from
         self.watch: MatrixWatch | None = None
-        self._prices: dict[tuple[str, tuple[str, ...]], RegionPrices] = {}  # per region, for the session
         self._book: PriceBook | None = None  # the session's instance prices, shared with the preflight
         self._planned_prices: RegionPrices | None = None  # what the last ``desired`` priced with
         self._planned_nat = False
@@ -121,10 +118,8 @@ class AwsLayer(Layer):
 
     async def _region_prices(self, ctx: Context) -> RegionPrices:
         config = ctx.config
-        key = (config.region, tuple(sorted({config.gpu_node_type, config.system_node_type})))
-        if key not in self._prices:
-            self._prices[key] = await asyncio.to_thread(region_prices, self.price_book(config), *key)
-        return self._prices[key]
+        return await asyncio.to_thread(self.price_book(config).region, config.region,
+                                       (config.gpu_node_type, config.system_node_type))
 
     def price_book(self, config: RunConfig) -> PriceBook:
         if self._book is None:
@@ -133,14 +128,15 @@ class AwsLayer(Layer):
 
     def prices(self, config: RunConfig) -> RegionPrices:
         """The region's prices this session asked for; the table, labelled, before any was asked."""
-        key = (config.region, tuple(sorted({config.gpu_node_type, config.system_node_type})))
-        return self._prices.get(key) or builtin_region_prices(*key)
+        types = (config.gpu_node_type, config.system_node_type)
+        known = self._book.known(config.region, types) if self._book is not None else None
+        return known or builtin_region_prices(config.region, types)
 
     def price_source(self, ctx: Context) -> str:
         prices = self._planned_prices
         if prices is None:
             return ""
-        return prices.label or f"AWS Pricing API, {prices.region} on-demand"
+        return prices.source
 
     def usage_costs(self, ctx: Context) -> list[str]:
         prices = self._planned_prices
@@ -301,6 +297,10 @@ class AwsLayer(Layer):
         self._planned_prices = prices
         adopted = bool(config.vpc_id)
         self._planned_nat = not adopted
+        cost = price_plan(prices, PlanShape(
+            gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count, gpu_disk_gb=ROOT_VOLUME_GB,
+            system_node_type=config.system_node_type, system_node_count=config.system_node_count,
+            system_disk_gb=topo.system_disk_gb, nat_gateway=not adopted)).parts
         private = [subnet_address("private", az) for az in topo.subnet_azs]
         res(VPC, "aws-vpc", {"cidr": "10.0.0.0/16"} if not adopted else {"cidr": None})
         for az in topo.subnet_azs:
@@ -312,8 +312,8 @@ class AwsLayer(Layer):
                 res(subnet_address("public", az), "aws-subnet",
                     {"az": az, "cidr": subnet_cidr("public", topo.az_index[az]), "role": "public"}, VPC)
             res(IGW, "aws-internet-gateway", {}, VPC)
-            nat, nat_note = nat_cost(prices)
-            res(NAT, "aws-nat-gateway", {"az": topo.network_azs[0]}, IGW, public[0], cost=nat, note=nat_note)
+            nat = cost["nat_gateway"]
+            res(NAT, "aws-nat-gateway", {"az": topo.network_azs[0]}, IGW, public[0], cost=nat.per_hour, note=nat.note)
             res(PUBLIC_RT, "aws-route-table", {"role": "public", "via": "internet-gateway",
                                                "azs": sorted(topo.network_azs)}, IGW, *public)
             res(PRIVATE_RT, "aws-route-table", {"role": "private", "via": "nat-gateway",
@@ -328,7 +328,7 @@ class AwsLayer(Layer):
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,
                                              "public_cidrs": sorted(config.api_cidr_list())},
-            CLUSTER_ROLE, NODE_SG, *cluster_private, cost=prices.eks_cluster_per_hour)
+            CLUSTER_ROLE, NODE_SG, *cluster_private, cost=cost["eks_control_plane"].per_hour)
         res(ACCESS_ENTRY, "aws-access-entry", {"policy": "cluster-admin"}, EKS_CLUSTER)
         res(KUBECONFIG, "aws-kubeconfig", {"context": "the cluster ARN"}, EKS_CLUSTER, ACCESS_ENTRY)
         for addon in ADDONS:
@@ -343,14 +343,12 @@ class AwsLayer(Layer):
              "imdsv2": True, "cluster_sg": True, "reservation": reservation, "capacity_block": block,
              "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
-        system_cost, system_note = nodegroup_cost(prices, config.system_node_type, config.system_node_count,
-                                                  topo.system_disk_gb)
-        gpu_cost, gpu_note = nodegroup_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB)
+        system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
              "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb},
             *node_deps, *cluster_private,
-            cost=system_cost, note=system_note,
+            cost=system_cost.per_hour, note=system_cost.note,
             quota=self._quota(topo.system_quota_code, topo.system_headroom,
                               topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
         res(GPU_NODES, "aws-nodegroup",
@@ -358,7 +356,7 @@ class AwsLayer(Layer):
              "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
              "capacity_type": "CAPACITY_BLOCK" if block else "ON_DEMAND"},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
-            cost=gpu_cost, note=gpu_note,
+            cost=gpu_cost.per_hour, note=gpu_cost.note,
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,
                               topo.vcpus.get(config.gpu_node_type, 0) * config.gpu_node_count))
         return sorted(out, key=lambda r: _rank(r.address))
@@ -454,7 +452,12 @@ class AwsLayer(Layer):
                             remedy="fix the subnets or drop --vpc-id to let rtui build a VPC" if problems else None)]
 
     async def sweep(self, ctx: Context) -> list[Leftover]:
-        return await sweep(aws_api(ctx.config), ctx)
+        config = ctx.config
+
+        async def prices(types: tuple[str, ...]) -> RegionPrices:
+            return await asyncio.to_thread(self.price_book(config).region, config.region, types)
+
+        return await sweep(aws_api(config), ctx, prices)
 
 
 def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResult]:
