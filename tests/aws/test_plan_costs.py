@@ -14,7 +14,7 @@ from tests.aws.provision_world import session_for
 from tests.conftest import run_rtui
 
 HOURS_PER_MONTH = 730
-# The system disk: 100 GB, what rtui gives it when the image's registry does not answer (none is reachable here).
+# The system disk: 100 GB, sized from the registry double (tests/aws/conftest.py: a 14 GB image).
 GPU_DISK_GB, SYSTEM_DISK_GB = 200, 100
 
 # eu-west-2 as a test scripts it: dearer than us-east-1 in every part a plan bills.

@@ -93,7 +93,7 @@ async def test_plan_diff_updates_replacements_and_costs(world: World, kube_file:
     assert {c.action for c in aws} == {Action.CREATE}
     # The documented on-demand prices (us-east-1): 2 × g6.12xlarge, 1 × m7i.xlarge, the EKS control
     # plane, one NAT gateway and its public IPv4 address, the nodes' gp3 root volumes (2 × 200 GB, and
-    # 100 GB for the system node: its image's registry does not answer here, so its size is unknown).
+    # 100 GB for the system node, sized from the registry double's 14 GB default image).
     assert fresh.cost_per_hour == pytest.approx(2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005 + 500 * 0.08 / 730,
                                                 abs=1e-4)
     assert fresh.price_source == "estimate, us-east-1 prices"  # the Pricing API is denied here

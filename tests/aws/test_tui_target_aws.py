@@ -11,7 +11,7 @@ from backend.config import resolve_config
 from backend.session import RunSession
 from screens.quota import ConfirmQuotaIncrease
 from screens.target import TargetScreen
-from tests.aws.conftest import G, World
+from tests.aws.conftest import G, World, image_env
 from tests.pilot_wait import wait_for
 from tui.app import RtuiApp
 from tui.matrix import AzMatrix, FeasibilityPanel
@@ -20,7 +20,8 @@ FIXED_RUN_ID = "r20260101-000000-a2a2"
 
 
 def aws_session(**flags: str) -> RunSession:
-    session = RunSession.for_config(resolve_config({"target": "aws", "region": "us-east-1", **flags}, environ={}))
+    config = resolve_config({"target": "aws", "region": "us-east-1", **flags}, environ=image_env())
+    session = RunSession.for_config(config)
     session.record.run_id = FIXED_RUN_ID
     return session
 
@@ -79,7 +80,7 @@ async def test_the_matrix_shows_the_pricing_apis_figure_where_it_answers(world: 
     from tests.aws.test_plan_costs import LONDON_TOTAL, _quote_london
 
     _quote_london(world)
-    session = RunSession.for_config(resolve_config({"target": "aws", "region": "eu-west-2"}, environ={}))
+    session = RunSession.for_config(resolve_config({"target": "aws", "region": "eu-west-2"}, environ=image_env()))
     app = RtuiApp(session)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: checked(app), 30, "the matrix")
