@@ -357,7 +357,13 @@ def _reservations(ec2: Any, instance_type: str, count: int) -> list[Reservation]
     free, the rest runs On-Demand. A *targeted* ODCR or a Capacity Block takes only instances whose
     launch template names it: the GPU launch template names one, so it serves the plan only when it
     holds every GPU node (a launch beyond its free slots fails, and a Capacity Block nodegroup cannot
-    spill to On-Demand). Per-AZ matching is the caller's (reports are grouped by the reservation's AZ)."""
+    spill to On-Demand). Per-AZ matching is the caller's (reports are grouped by the reservation's AZ).
+
+    Placement ("Use Capacity Reservations with cluster placement groups", EC2 User Guide): a reservation
+    made in a cluster placement group holds its capacity in that group, so only instances launched into
+    it draw on it. The launch template puts the GPU nodes into a named reservation's own group (or none),
+    but into rtui's own cluster group otherwise: an *open* ODCR made in some placement group takes none
+    of them and is not counted."""
     found: list[Reservation] = []
     paginator = ec2.get_paginator("describe_capacity_reservations")
     filters = [
@@ -386,15 +392,31 @@ def _reservations(ec2: Any, instance_type: str, count: int) -> list[Reservation]
                 end_date=end.isoformat() if hasattr(end, "isoformat") else end,
                 match_criteria=cr.get("InstanceMatchCriteria", "open"),
             )
-            named = reservation.kind == "capacity-block" or reservation.match_criteria == "targeted"
-            reservation.usable = (
-                reservation.state == "active"
-                and reservation.available >= (count if named else 1)
-                and reservation.platform == "Linux/UNIX"
-                and reservation.tenancy == "default"
-            )
+            reservation.placement_group = _group_name(cr.get("PlacementGroupArn"))
+            reservation.why_unusable = _why_unusable(reservation, count)
+            reservation.usable = not reservation.why_unusable
             found.append(reservation)
     return found
+
+
+def _group_name(arn: object) -> str | None:
+    return str(arn).rsplit("/", 1)[-1] if arn else None
+
+
+def _why_unusable(reservation: Reservation, count: int) -> str:
+    """Why the plan's GPU nodes would not land in ``reservation`` ("" when they would)."""
+    if reservation.state != "active":
+        return f"{reservation.state}, not active"
+    if reservation.platform != "Linux/UNIX" or reservation.tenancy != "default":
+        return f"for {reservation.platform} ({reservation.tenancy} tenancy), not Linux/UNIX (default tenancy)"
+    if reservation.targeted and reservation.available < count:
+        return f"{reservation.available} free, and a named reservation must hold all {count} GPU nodes"
+    if reservation.available < 1:
+        return "no free slot"
+    if not reservation.targeted and reservation.placement_group:
+        return (f"made in placement group {reservation.placement_group}: it takes only instances launched "
+                "into that group, and the GPU nodes go into rtui's own")
+    return ""
 
 
 def _vcpus_of(ec2: Any, types: list[str]) -> dict[str, int]:

@@ -77,9 +77,12 @@ class Reservation(BaseModel):
     state: str
     end_date: str | None = None
     match_criteria: str = "open"
+    # The cluster placement group it was made in (from PlacementGroupArn): its capacity is held there.
+    placement_group: str | None = None
     # Active, Linux/UNIX, default tenancy, with room: instances of the plan can land in it (a targeted
     # ODCR or a Capacity Block: only when it holds every GPU node, since the launch template names it).
     usable: bool = False
+    why_unusable: str = ""
 
     @property
     def targeted(self) -> bool:

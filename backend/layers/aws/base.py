@@ -108,6 +108,18 @@ class Names:
         return f"{self.cluster}-gpu"
 
 
+@dataclass(frozen=True)
+class NamedReservation:
+    """The reservation the GPU launch template names."""
+
+    id: str
+    kind: str  # "odcr" (targeted) or "capacity-block"
+    placement_group: str | None = None  # the cluster placement group its capacity is held in
+
+    def to_fact(self, az: str) -> dict[str, str | None]:
+        return {"az": az, "id": self.id, "kind": self.kind, "placement_group": self.placement_group}
+
+
 @dataclass
 class Topology:
     """The AZs of a run: the two the network spans, the GPU nodes' one, and where to fail over to."""
@@ -122,15 +134,30 @@ class Topology:
     system_headroom: float | None = None
     vcpus: dict[str, int] = field(default_factory=dict)
     efa_interfaces: int = 1  # per GPU node: one per network card (DescribeInstanceTypes)
-    # AZ -> (id, kind) of the reservation the GPU launch template names there: a targeted ODCR ("odcr")
-    # or a Capacity Block ("capacity-block") that holds every GPU node. Open ODCRs need no naming.
-    reservations: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # AZ -> the reservation the GPU launch template names there: a targeted ODCR or a Capacity Block
+    # that holds every GPU node. Open ODCRs need no naming.
+    reservations: dict[str, NamedReservation] = field(default_factory=dict)
     system_disk_gb: int = 50
     system_disk_why: str = ""
 
     @property
-    def gpu_reservation(self) -> tuple[str, str] | None:
+    def gpu_reservation(self) -> NamedReservation | None:
         return self.reservations.get(self.gpu_az)
+
+    @property
+    def gpu_placement_group(self) -> tuple[str | None, bool]:
+        """The placement group the GPU nodes launch into, and whether rtui makes it.
+
+        EC2 puts a reservation's capacity where it was made (EC2 User Guide, "Use Capacity Reservations
+        with cluster placement groups"): a targeted ODCR made in a cluster placement group holds the nodes
+        in that group; one made outside any group holds them somewhere in the AZ, where a fresh cluster
+        group of ours would have to find them again (InsufficientInstanceCapacity, the reservation
+        notwithstanding); a Capacity Block is co-located already and takes no group ("Capacity Blocks
+        for ML"). Without a named reservation the nodes go into rtui's own cluster group."""
+        named = self.gpu_reservation
+        if named is None:
+            return None, True
+        return named.placement_group, False
 
     @property
     def subnet_azs(self) -> list[str]:

@@ -40,6 +40,7 @@ from backend.layers.aws.base import (
     SYSTEM_NODES,
     VPC,
     AwsHandler,
+    NamedReservation,
     Names,
     Topology,
     addon_address,
@@ -209,11 +210,13 @@ class AwsLayer(Layer):
         index = {zone: i for i, zone in enumerate(sorted(zones))}
         quota, system_quota = region.quota, region.system_quota
         named = {z.zone: reserved_nodes(z.reservations)[1] for z in region.zones}
-        reservations: dict[str, tuple[str, str]] = {az: (r.id, r.kind) for az, r in named.items() if r is not None}
+        reservations = {az: NamedReservation(r.id, r.kind, r.placement_group)
+                        for az, r in named.items() if r is not None}
         # The reservation this run's nodes already fill shows no free slot now: keep naming it.
         kept = facts.get("reservation") or {}
         if kept.get("az") and kept.get("id"):
-            reservations[kept["az"]] = (str(kept["id"]), str(kept.get("kind") or "odcr"))
+            reservations[kept["az"]] = NamedReservation(str(kept["id"]), str(kept.get("kind") or "odcr"),
+                                                        kept.get("placement_group"))
         return Topology(
             reservations=reservations, system_disk_gb=disk_gb, system_disk_why=f"{disk_why} ({image.reason})",
             network_azs=network_azs, gpu_az=gpu_az, az_index=index,
@@ -259,8 +262,7 @@ class AwsLayer(Layer):
             ctx.record.facts.update({"gpu_az": topo.gpu_az, "network_azs": topo.network_azs,
                                      "system_disk_gb": topo.system_disk_gb})
             named = topo.gpu_reservation
-            ctx.record.facts["reservation"] = (
-                {"az": topo.gpu_az, "id": named[0], "kind": named[1]} if named else None)
+            ctx.record.facts["reservation"] = named.to_fact(topo.gpu_az) if named else None
             ctx.save()
 
     def fail_over(self, ctx: Context, failed_az: str, why: str) -> str | None:
@@ -335,13 +337,18 @@ class AwsLayer(Layer):
             deps = (EKS_CLUSTER, SYSTEM_NODES) if addon == "coredns" else (EKS_CLUSTER,)
             res(addon_address(addon), "aws-eks-addon", {"name": addon}, *deps)
         efa = config.wants_efa()
-        res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
-        reservation, reservation_kind = topo.gpu_reservation or (None, None)
-        block = reservation_kind == "capacity-block"
+        named = topo.gpu_reservation
+        block = named is not None and named.kind == "capacity-block"
+        placement, own_group = topo.gpu_placement_group
+        if own_group:
+            placement = names.placement_group(topo.gpu_az)
+            res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
         res(LAUNCH_TEMPLATE, "aws-launch-template",
             {"efa": efa, "efa_interfaces": topo.efa_interfaces if efa else 0, "volume_gb": ROOT_VOLUME_GB,
-             "imdsv2": True, "cluster_sg": True, "reservation": reservation, "capacity_block": block,
-             "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
+             "imdsv2": True, "cluster_sg": True, "reservation": named.id if named else None,
+             "capacity_block": block, "placement_group": placement},
+            NODE_SG, EKS_CLUSTER, *((PLACEMENT_GROUP,) if own_group else ()),
+            note="" if named is None else _placement_note(named))
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
         system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
         res(SYSTEM_NODES, "aws-nodegroup",
@@ -508,3 +515,12 @@ def _control_plane_azs(zones: Sequence[ZoneReport], gpu_az: str, where: str, rem
     if len(picked) < 2:
         raise UserError(f"EKS needs subnets in two AZs and {where} has {len(picked)} it accepts", remedy=remedy)
     return picked
+
+
+def _placement_note(named: NamedReservation) -> str:
+    """Why the GPU nodes go where they go when a reservation holds them."""
+    if named.kind == "capacity-block":
+        return f"Capacity Block {named.id}: co-located already, no placement group"
+    if named.placement_group:
+        return f"targeted ODCR {named.id}: into its placement group {named.placement_group}"
+    return f"targeted ODCR {named.id}: made outside any placement group, so none (its capacity is not in one)"
