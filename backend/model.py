@@ -114,6 +114,9 @@ class Plan(BaseModel):
     # what bills by use beside the hourly total ("+ $0.045/GB NAT data processing").
     price_source: str = ""
     usage_costs: list[str] = Field(default_factory=list)
+    # One line each about what the plan decided differently from before, and why ("capacity reservation
+    # cr-… expired: the GPU nodes run On-Demand").
+    notes: list[str] = Field(default_factory=list)
 
     @property
     def is_noop(self) -> bool:

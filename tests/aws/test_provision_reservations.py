@@ -112,3 +112,23 @@ async def test_an_open_odcr_in_another_placement_group_is_not_counted(world: Wor
     assert found.id == other["CapacityReservationId"] and found.placement_group == "someone-elses-group"
     assert not found.usable  # the GPU nodes launch into rtui's own group: it would take none of them
     assert "placement group someone-elses-group" in found.why_unusable
+
+
+@pytest.mark.parametrize("ending", ["expired", "cancelled"])
+async def test_a_recorded_reservation_that_ended_is_named_no_more(world: World, kube_file: Path, ending: str) -> None:
+    from tui.render import format_plan
+
+    cr = world.reserve("us-east-1", ZONE, count=2, match="targeted")
+    session, _, _ = await _up_in_reservation(world, cr)
+    # The reservation ends while the nodes run (EC2 keeps describing it, with its state and end date).
+    cr["State"] = ending
+    cr.update({"EndDateType": "limited", "EndDate": "2026-12-01T00:00:00Z"} if ending == "expired" else {})
+    world.script.ice_zones.clear()
+    plan = await session.plan()
+    lt = plan.change("aws.launch-template.gpu")
+    assert lt is not None and lt.after is not None and lt.after["reservation"] is None
+    said = "expired on 2026-12-01" if ending == "expired" else "cancelled"
+    assert plan.notes == [f"capacity reservation {cr['CapacityReservationId']} {said}: "
+                          "the GPU nodes now use On-Demand capacity"]
+    assert f"Note: capacity reservation {cr['CapacityReservationId']} {said}" in format_plan(plan)
+    assert (await down(session)).ok

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
@@ -107,6 +108,7 @@ class AwsLayer(Layer):
         self._book: PriceBook | None = None  # the session's instance prices, shared with the preflight
         self._planned_prices: RegionPrices | None = None  # what the last ``desired`` priced with
         self._planned_nat = False
+        self._notes: list[str] = []  # what the last settling of the AZs decided differently, one line each
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -139,6 +141,30 @@ class AwsLayer(Layer):
             return ""
         return prices.source
 
+    def plan_notes(self, ctx: Context) -> list[str]:
+        return list(self._notes)
+
+    async def _reservation_ended(self, ctx: Context, reservation_id: str, zone: ZoneReport | None) -> str | None:
+        """How the recorded reservation ended ("expired on 2026-12-01", "cancelled", "no longer exists");
+        None while it is active. The matrix lists only live reservations; one it no longer lists is asked
+        for by id (EC2 still describes an ended one for a while, with its state and end date)."""
+        listed = next((r for r in (zone.reservations if zone else []) if r.id == reservation_id), None)
+        if listed is not None and listed.state == "active" and not _past(listed.end_date):
+            return None
+        found = await aws_api(ctx.config).call("ec2", "describe_capacity_reservations",
+                                               CapacityReservationIds=[reservation_id],
+                                               ok=("InvalidCapacityReservationId.NotFound",))
+        cr = next(iter((found or {}).get("CapacityReservations") or []), None)
+        if cr is None:
+            return "no longer exists"
+        state, end = str(cr.get("State", "")), cr.get("EndDate")
+        end_text = end.isoformat() if hasattr(end, "isoformat") else str(end) if end else None
+        if state == "active" and not _past(end_text):
+            return None
+        if state == "active" or state == "expired":
+            return "expired" + (f" on {end_text[:10]}" if end_text else "")
+        return state
+
     def usage_costs(self, ctx: Context) -> list[str]:
         prices = self._planned_prices
         if prices is None or not self._planned_nat:
@@ -156,6 +182,7 @@ class AwsLayer(Layer):
         if watch.all_regions:
             request = request.model_copy(update={"all_regions": True})
         self.report = None
+        self._notes = []
         # The image's size from its registry, asked while the matrix fills in (it never raises, and
         # gives up within its own deadline).
         sized = asyncio.ensure_future(asyncio.to_thread(image_size, config.image))
@@ -212,11 +239,19 @@ class AwsLayer(Layer):
         named = {z.zone: reserved_nodes(z.reservations)[1] for z in region.zones}
         reservations = {az: NamedReservation(r.id, r.kind, r.placement_group)
                         for az, r in named.items() if r is not None}
-        # The reservation this run's nodes already fill shows no free slot now: keep naming it.
+        # The reservation this run's nodes already fill shows no free slot now: keep naming it, while it
+        # lasts. One that expired or was cancelled is named no more, and the plan says what replaces it.
         kept = facts.get("reservation") or {}
         if kept.get("az") and kept.get("id"):
-            reservations[kept["az"]] = NamedReservation(str(kept["id"]), str(kept.get("kind") or "odcr"),
-                                                        kept.get("placement_group"))
+            ended = await self._reservation_ended(ctx, str(kept["id"]), zones.get(kept["az"]))
+            if ended is None:
+                reservations[kept["az"]] = NamedReservation(str(kept["id"]), str(kept.get("kind") or "odcr"),
+                                                            kept.get("placement_group"))
+            elif kept["az"] == gpu_az:
+                zone = zones.get(gpu_az)
+                uses = _capacity_used(reservations.get(gpu_az), reserved_nodes(zone.reservations)[0] if zone else 0,
+                                      config.gpu_node_count)
+                self._notes.append(f"capacity reservation {kept['id']} {ended}: the GPU nodes now use {uses}")
         return Topology(
             reservations=reservations, system_disk_gb=disk_gb, system_disk_why=f"{disk_why} ({image.reason})",
             network_azs=network_azs, gpu_az=gpu_az, az_index=index,
@@ -524,3 +559,23 @@ def _placement_note(named: NamedReservation) -> str:
     if named.placement_group:
         return f"targeted ODCR {named.id}: into its placement group {named.placement_group}"
     return f"targeted ODCR {named.id}: made outside any placement group, so none (its capacity is not in one)"
+
+
+def _past(when: str | None) -> bool:
+    """Whether an ISO timestamp (a reservation's end date) has passed."""
+    if not when:
+        return False
+    try:
+        moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return moment.timestamp() <= time.time()
+
+
+def _capacity_used(named: NamedReservation | None, open_reserved: int, count: int) -> str:
+    """What capacity the GPU nodes of a plan launch into, in words."""
+    if named is not None:
+        return f"{'Capacity Block' if named.kind == 'capacity-block' else 'targeted ODCR'} {named.id}"
+    if open_reserved:
+        return f"open capacity reservations for {min(open_reserved, count)} of {count} nodes, On-Demand for the rest"
+    return "On-Demand capacity"
