@@ -151,9 +151,12 @@ class AwsLayer(Layer):
         listed = next((r for r in (zone.reservations if zone else []) if r.id == reservation_id), None)
         if listed is not None and listed.state == "active" and not _past(listed.end_date):
             return None
-        found = await aws_api(ctx.config).call("ec2", "describe_capacity_reservations",
-                                               CapacityReservationIds=[reservation_id],
-                                               ok=("InvalidCapacityReservationId.NotFound",))
+        try:
+            found = await aws_api(ctx.config).call("ec2", "describe_capacity_reservations",
+                                                   CapacityReservationIds=[reservation_id],
+                                                   ok=("InvalidCapacityReservationId.NotFound",))
+        except OperationError:
+            return None  # not readable now (a permission, the network): keep naming it, as before
         cr = next(iter((found or {}).get("CapacityReservations") or []), None)
         if cr is None:
             return "no longer exists"
@@ -161,7 +164,7 @@ class AwsLayer(Layer):
         end_text = end.isoformat() if hasattr(end, "isoformat") else str(end) if end else None
         if state == "active" and not _past(end_text):
             return None
-        if state == "active" or state == "expired":
+        if state in ("active", "expired"):
             return "expired" + (f" on {end_text[:10]}" if end_text else "")
         return state
 
