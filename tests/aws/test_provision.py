@@ -254,6 +254,25 @@ async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World,
     assert tagged(session.run_id) == {}
 
 
+async def test_the_sweep_prices_leftovers_at_the_pricing_apis_quote(world: World, kube_file: Path) -> None:
+    world.script.pricing_denied = False
+    world.script.prices.update({("us-east-1", "g6.12xlarge"): 4.6016, ("us-east-1", "m7i.xlarge"): 0.2016})
+    # Dearer than the built-in table, so a figure from the table would show.
+    world.script.region_prices["us-east-1"] = {"eks": 0.10, "nat_hour": 0.06, "nat_gb": 0.05, "ebs_gp3": 0.08,
+                                               "ipv4": 0.006}
+    session = session_for()
+    assert (await up(session)).ok
+    world.script.errors[("ec2", "DeleteNatGateway")] = "UnauthorizedOperation"
+    gone = await down(session)
+    sweep = next(e for e in gone.events if e.step == "sweep" and e.kind is EventKind.FAILED)
+    assert "($0.066/h, AWS Pricing API, us-east-1 on-demand)" in sweep.message
+    left = {item["kind"]: item for item in session.record.facts["sweep"]}
+    assert left["NAT gateway"]["cost_per_hour"] == pytest.approx(0.06)
+    assert left["Elastic IP"]["cost_per_hour"] == pytest.approx(0.006)
+    world.script.errors.clear()
+    assert (await down(session)).ok
+
+
 async def test_a_given_vpc_is_adopted_checked_and_never_deleted(world: World, kube_file: Path) -> None:
     client = ec2()
     vpc, private = given_vpc(("us-east-1a", "us-east-1b"))
