@@ -114,6 +114,9 @@ class Plan(BaseModel):
     # what bills by use beside the hourly total ("+ $0.045/GB NAT data processing").
     price_source: str = ""
     usage_costs: list[str] = Field(default_factory=list)
+    # One line each about what the plan decided differently from before, and why ("capacity reservation
+    # cr-… expired: the GPU nodes run On-Demand").
+    notes: list[str] = Field(default_factory=list)
 
     @property
     def is_noop(self) -> bool:
@@ -174,6 +177,7 @@ class Leftover:
     id: str
     state: str = ""
     cost_per_hour: float = 0.0
+    price_source: str = ""  # where cost_per_hour comes from ("estimate, us-east-1 prices", ...)
 
     def describe(self) -> str:
         cost = f", ${self.cost_per_hour:.3f}/h" if self.cost_per_hour else ""

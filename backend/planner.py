@@ -83,6 +83,7 @@ async def make_plan(stack: Stack, ctx: Context) -> PlanResult:
     sources = [s for layer in stack.layers if (s := layer.price_source(ctx))]
     plan.price_source = "; ".join(dict.fromkeys(sources))
     plan.usage_costs = [u for layer in stack.layers for u in layer.usage_costs(ctx)]
+    plan.notes = [n for layer in stack.layers for n in layer.plan_notes(ctx)]
     return plan
 
 

@@ -274,7 +274,9 @@ class RunSession:
             self.store.save(self.record)
             if left:
                 cost = sum(item.cost_per_hour for item in left)
-                raise OperationError(f"{len(left)} resources of this run are still there (${cost:.3f}/h): "
+                sources = "; ".join(dict.fromkeys(i.price_source for i in left if i.cost_per_hour and i.price_source))
+                raise OperationError(f"{len(left)} resources of this run are still there (${cost:.3f}/h"
+                                     + (f", {sources}" if sources else "") + "): "
                                      + "; ".join(item.describe() for item in left[:8])
                                      + (f"; +{len(left) - 8} more" if len(left) > 8 else ""),
                                      remedy="run `rtui down` again; what it cannot delete is named above")

@@ -20,7 +20,7 @@ from backend.aws.report import PreflightReport, RegionReport, ZoneReport
 
 _VERDICT = {"feasible": ("✓", "green"), "warning": ("!", "yellow"), "blocked": ("✗", "red")}
 # mark, flag, zone, zone id, GPU offered, EFA, quota headroom, reservation, EKS zone, $/h
-_COLUMNS = ((2, "<"), (2, "<"), (16, "<"), (10, "<"), (4, "<"), (4, "<"), (8, ">"), (10, "<"), (4, "<"), (8, ">"))
+_COLUMNS = ((2, "<"), (2, "<"), (16, "<"), (10, "<"), (4, "<"), (4, "<"), (8, ">"), (10, "<"), (4, "<"), (9, ">"))
 HEADER = ("", "", "AZ", "zone id", "GPU", "EFA", "quota", " reserved", "EKS", "$/h")
 
 
@@ -95,6 +95,19 @@ def reservation_cell(zone: ZoneReport) -> tuple[str, str]:
     return f" {kind} {sum(r.available for r in usable)}", "green"
 
 
+def estimated(region: RegionReport) -> bool:
+    return bool(region.price_source) and "estimate" in (region.price_source or "")
+
+
+def price_cell(region: RegionReport) -> tuple[str, str]:
+    """The plan's $/h in the region; "~" marks the built-in estimate (the panel's legend says whose prices)."""
+    if region.price_per_hour is None:
+        return "?", "yellow"
+    if estimated(region):
+        return f"~${region.price_per_hour:.2f}", "yellow"
+    return f"${region.price_per_hour:.2f}", ""
+
+
 def zone_prompt(region: RegionReport, zone: ZoneReport, *, recommended: bool, chosen: bool) -> Text:
     cells = _Cells()
     mark, style = _VERDICT[zone.verdict]
@@ -107,7 +120,7 @@ def zone_prompt(region: RegionReport, zone: ZoneReport, *, recommended: bool, ch
     cells.add(*quota_cell(region))
     cells.add(*reservation_cell(zone))
     cells.add(*_yes(zone.eks_supported))
-    cells.add(f"${region.price_per_hour:.2f}" if region.price_per_hour is not None else "?", "")
+    cells.add(*price_cell(region))
     text = cells.line()
     notes = [(r, "red") for r in zone.reasons] if not zone.feasible else [(w, "yellow") for w in zone.warnings]
     for note, note_style in notes:
@@ -194,20 +207,28 @@ class FeasibilityPanel(Vertical):
         where = "every enabled region" if all_regions else self.region_name
         # On the panel's border, with the column heading inside it above the rows.
         self.border_title = f"Feasibility · {self.gpus} · {where}"
-        self.border_subtitle = "★ recommended  ● chosen  Enter uses an AZ"
         self.matrix.snapshot = MatrixSnapshot(chosen=self.chosen)
+        self._legend()
+
+    def _legend(self) -> None:
+        """The marks' meanings; "~" only once a row shows an estimate (the Pricing API did not answer)."""
+        regions = [r for _, r in self.matrix.snapshot.regions if r is not None]
+        label = next((r.price_source for r in regions if estimated(r)), None)
+        self.border_subtitle = "★ recommended  ● chosen  Enter uses an AZ" + (f"  ~ {label}" if label else "")
 
     def listed(self, regions: list[str]) -> None:
         self.matrix.snapshot = MatrixSnapshot(tuple((name, None) for name in regions), chosen=self.chosen)
 
     def checked(self, report: RegionReport) -> None:
         self.matrix.snapshot = self.matrix.snapshot.with_region(report)
+        self._legend()
 
     def finished(self, report: PreflightReport | None, failed: str | None) -> None:
         rec = report.recommendation if report is not None else None
         self.matrix.snapshot = MatrixSnapshot(
             tuple((r.region, r) for r in report.regions) if report is not None else self.matrix.snapshot.regions,
             (rec.region, rec.zone) if rec is not None else None, self.chosen, failed, finished=True)
+        self._legend()
 
     @property
     def highlighted_region(self) -> str | None:

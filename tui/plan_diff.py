@@ -176,6 +176,8 @@ def summary_lines(plan: Plan, width: int) -> list[Text]:
             quota_text.append(f"{vcpus:.0f} vCPUs of {code}" + (f", headroom {headroom:.0f}" if headroom is not None
                                                                 else ""), style="bold red" if short else "cyan")
         lines += hang(quota_text, 7, width)
+    for note in plan.notes:
+        lines += hang(Text.assemble(("Note: ", "bold yellow"), note), 6, width)
     if plan.is_noop:
         lines.append(Text("Nothing to create: applying follows the existing job.", style="green"))
     return lines

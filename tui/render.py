@@ -47,6 +47,7 @@ def format_plan(plan: Plan, *, run_id: str | None = None) -> str:
         + (f" Cost: ${plan.cost_per_hour:.2f}/hour" + "".join(f", {u}" for u in plan.usage_costs)
            + (f" ({plan.price_source})" if plan.price_source else "") + "." if plan.cost_per_hour else "")
     )
+    lines.extend(f"Note: {note}" for note in plan.notes)
     if plan.is_noop:
         lines.append("Nothing to do: everything is already in place.")
     return "\n".join(lines) + "\n"

@@ -192,7 +192,7 @@ def render_text(report: PreflightReport) -> str:
     if rec is None:
         lines.append("No feasible AZ in the checked regions.")
     else:
-        price = f", ${rec.price_per_hour:.2f}/h" if rec.price_per_hour is not None else ""
+        price = f", {rec.price_text()}" if rec.price_per_hour is not None else ""
         lines.append(f"Recommendation: {rec.zone} ({rec.zone_id}) in {rec.region}{price} — {rec.why}")
     return "\n".join(lines) + "\n"
 

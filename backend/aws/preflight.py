@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from backend.aws.calls import CallPool
 from backend.aws.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
-from backend.aws.pricing import PriceBook, plan_price
+from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, price_plan
 from backend.aws.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
 from backend.aws.report import PreflightReport, PreflightRequest, QuotaStatus, RegionReport, Reservation
 from backend.aws.session import AwsSession, describe_aws_error, error_code
@@ -37,14 +37,17 @@ class _Scan:
         self.gpu: InstanceFacts
         self.system: InstanceFacts
 
-    async def price(self, region: str, instance_type: str) -> tuple[float | None, str | None]:
+    async def region_prices(self, region: str) -> RegionPrices:
+        """Everything a plan in ``region`` bills, from the session's PriceBook (the plan and the sweep
+        price from the same answer)."""
+        types = (self.request.gpu_node_type, self.request.system_node_type)
         if not self.prices.api_answered:
             # Until the Pricing API has answered once the PriceBook lets one caller ask it at a
             # time; wait here rather than in a worker, where the wait would hold a pool slot.
             async with self._price_gate:
                 if not self.prices.api_answered:
-                    return await self.pool.run(self.prices.instance_price, region, instance_type)
-        return await self.pool.run(self.prices.instance_price, region, instance_type)
+                    return await self.pool.run(self.prices.region, region, types)
+        return await self.pool.run(self.prices.region, region, types)
 
     async def call(self, service: str, region: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(client, *args)`` in a worker thread. The client is made there too: creating
@@ -237,15 +240,14 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
             _optional(scan.call("ec2", region, running_instances)),
             _optional(scan.call("ec2", region, _reservations, req.gpu_node_type, req.gpu_node_count)),
             *quota_reads,
-            scan.price(region, req.gpu_node_type),
-            scan.price(region, req.system_node_type),
+            scan.region_prices(region),
         )
     finally:
         for task in quota_reads:
             task.cancel()  # a no-op once done; else the region was abandoned (timeout)
     zones_resp, offered, (instances, inst_err), (reservations, res_err) = results[:4]
     limits = dict(zip(codes, results[4 : 4 + len(codes)], strict=True))
-    gpu_price, system_price = results[-2], results[-1]
+    prices: RegionPrices = results[-1]
 
     vcpus_by_type = {scan.gpu.instance_type: scan.gpu.vcpus, scan.system.instance_type: scan.system.vcpus}
     if instances:
@@ -305,7 +307,10 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
         )
         for name, zid in sorted(zones)
     ]
-    price, source, breakdown = plan_price(gpu_price, req.gpu_node_count, system_price, req.system_node_count)
+    cost = price_plan(prices, PlanShape(
+        gpu_node_type=req.gpu_node_type, gpu_node_count=req.gpu_node_count, gpu_disk_gb=req.gpu_disk_gb,
+        system_node_type=req.system_node_type, system_node_count=req.system_node_count,
+        system_disk_gb=req.system_disk_gb))
     reasons = []
     if not any(z.gpu_offered for z in zone_reports):
         reasons.append(f"{req.gpu_node_type} is not offered in {region}")
@@ -315,9 +320,9 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
     return RegionReport(
         region=region,
         enabled=True,
-        price_per_hour=price,
-        price_source=source,
-        price_breakdown=breakdown,
+        price_per_hour=cost.total,
+        price_source=cost.source,
+        price_breakdown=cost.breakdown(),
         quota=quota,
         system_quota=system_quota,
         zones=zone_reports,
@@ -352,7 +357,13 @@ def _reservations(ec2: Any, instance_type: str, count: int) -> list[Reservation]
     free, the rest runs On-Demand. A *targeted* ODCR or a Capacity Block takes only instances whose
     launch template names it: the GPU launch template names one, so it serves the plan only when it
     holds every GPU node (a launch beyond its free slots fails, and a Capacity Block nodegroup cannot
-    spill to On-Demand). Per-AZ matching is the caller's (reports are grouped by the reservation's AZ)."""
+    spill to On-Demand). Per-AZ matching is the caller's (reports are grouped by the reservation's AZ).
+
+    Placement ("Use Capacity Reservations with cluster placement groups", EC2 User Guide): a reservation
+    made in a cluster placement group holds its capacity in that group, so only instances launched into
+    it draw on it. The launch template puts the GPU nodes into a named reservation's own group (or none),
+    but into rtui's own cluster group otherwise: an *open* ODCR made in some placement group takes none
+    of them and is not counted."""
     found: list[Reservation] = []
     paginator = ec2.get_paginator("describe_capacity_reservations")
     filters = [
@@ -381,15 +392,31 @@ def _reservations(ec2: Any, instance_type: str, count: int) -> list[Reservation]
                 end_date=end.isoformat() if hasattr(end, "isoformat") else end,
                 match_criteria=cr.get("InstanceMatchCriteria", "open"),
             )
-            named = reservation.kind == "capacity-block" or reservation.match_criteria == "targeted"
-            reservation.usable = (
-                reservation.state == "active"
-                and reservation.available >= (count if named else 1)
-                and reservation.platform == "Linux/UNIX"
-                and reservation.tenancy == "default"
-            )
+            reservation.placement_group = _group_name(cr.get("PlacementGroupArn"))
+            reservation.why_unusable = _why_unusable(reservation, count)
+            reservation.usable = not reservation.why_unusable
             found.append(reservation)
     return found
+
+
+def _group_name(arn: object) -> str | None:
+    return str(arn).rsplit("/", 1)[-1] if arn else None
+
+
+def _why_unusable(reservation: Reservation, count: int) -> str:
+    """Why the plan's GPU nodes would not land in ``reservation`` ("" when they would)."""
+    if reservation.state != "active":
+        return f"{reservation.state}, not active"
+    if reservation.platform != "Linux/UNIX" or reservation.tenancy != "default":
+        return f"for {reservation.platform} ({reservation.tenancy} tenancy), not Linux/UNIX (default tenancy)"
+    if reservation.targeted and reservation.available < count:
+        return f"{reservation.available} free, and a named reservation must hold all {count} GPU nodes"
+    if reservation.available < 1:
+        return "no free slot"
+    if not reservation.targeted and reservation.placement_group:
+        return (f"made in placement group {reservation.placement_group}: it takes only instances launched "
+                "into that group, and the GPU nodes go into rtui's own")
+    return ""
 
 
 def _vcpus_of(ec2: Any, types: list[str]) -> dict[str, int]:

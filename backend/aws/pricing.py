@@ -38,6 +38,31 @@ class PriceBook:
         # Until the API has answered once, one caller at a time asks it: a denied Pricing API
         # then costs the scan one failed call, not one per region and type.
         self._first_answer = threading.Lock()
+        # Everything a plan bills per (region, instance types): the matrix, the plan and the sweep
+        # of one session price from the same answer, asked once.
+        self._regions: dict[tuple[str, tuple[str, ...]], RegionPrices] = {}
+        self._region_locks: dict[tuple[str, tuple[str, ...]], threading.Lock] = {}
+
+    def region(self, region: str, instance_types: tuple[str, ...] | list[str]) -> RegionPrices:
+        """Every price a plan in ``region`` bills (see ``region_prices``), asked once per session. Blocking."""
+        key = (region, tuple(sorted(set(instance_types))))
+        with self._lock:
+            if key in self._regions:
+                return self._regions[key]
+            gate = self._region_locks.setdefault(key, threading.Lock())
+        with gate:  # two callers asking for the same region wait for one answer
+            with self._lock:
+                if key in self._regions:
+                    return self._regions[key]
+            prices = region_prices(self, *key)
+            with self._lock:
+                self._regions[key] = prices
+            return prices
+
+    def known(self, region: str, instance_types: tuple[str, ...] | list[str]) -> RegionPrices | None:
+        """The region's prices if this session already asked for them (no call)."""
+        with self._lock:
+            return self._regions.get((region, tuple(sorted(set(instance_types)))))
 
     @property
     def api_answered(self) -> bool:
@@ -120,27 +145,6 @@ def builtin_instance_price(region: str, instance_type: str) -> tuple[float | Non
     return price, SOURCE_BUILTIN if region in catalog.BUILTIN_SAME_AS_US_EAST_1 else SOURCE_ESTIMATE
 
 
-def plan_price(
-    gpu: tuple[float | None, str | None],
-    gpu_count: int,
-    system: tuple[float | None, str | None],
-    system_count: int,
-) -> tuple[float | None, str | None, dict[str, float]]:
-    """The whole plan per hour: GPU nodes, system nodes, EKS control plane, one NAT gateway."""
-    if gpu[0] is None or (system_count and system[0] is None):
-        return None, None, {}
-    breakdown = {
-        "gpu_nodes": round(gpu[0] * gpu_count, 4),
-        "system_nodes": round((system[0] or 0.0) * system_count, 4),
-        "eks_control_plane": catalog.EKS_CONTROL_PLANE_PER_HOUR,
-        "nat_gateway": catalog.NAT_GATEWAY_PER_HOUR,
-    }
-    sources = {s for s in (gpu[1], system[1] if system_count else None) if s}
-    # The weakest source labels the total: one estimated part makes the sum an estimate.
-    source = next(s for s in (SOURCE_ESTIMATE, SOURCE_BUILTIN, SOURCE_API) if s in sources)
-    return round(sum(breakdown.values()), 4), source, breakdown
-
-
 # --- Everything a plan bills, per region ----------------------------------------------------
 # The fallback for the parts beyond instances (us-east-1 list prices, DESIGN.md §3; EBS and
 # public IPv4 from the EBS and VPC pricing pages, checked 2026-11).
@@ -170,6 +174,11 @@ class RegionPrices:
     def label(self) -> str:
         """"" for Pricing API quotes, else the label every shown total carries."""
         return ESTIMATE_LABEL if self.estimated else ""
+
+    @property
+    def source(self) -> str:
+        """Where every figure priced from these prices comes from, as shown beside it."""
+        return self.label or f"AWS Pricing API, {self.region} on-demand"
 
     def instance(self, instance_type: str) -> float | None:
         return self.instances.get(instance_type)
@@ -281,3 +290,71 @@ def builtin_region_prices(region: str, instance_types: tuple[str, ...]) -> Regio
                         nat_per_hour=catalog.NAT_GATEWAY_PER_HOUR, nat_per_gb=BUILTIN_NAT_PER_GB,
                         ebs_gp3_gb_month=BUILTIN_EBS_GP3_GB_MONTH, public_ipv4_per_hour=BUILTIN_PUBLIC_IPV4_PER_HOUR,
                         estimated=("all",))
+
+
+# --- One function prices a plan --------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanShape:
+    """What a plan bills by the hour: its nodes with their root volumes, the cluster, the NAT gateway."""
+
+    gpu_node_type: str
+    gpu_node_count: int
+    gpu_disk_gb: int
+    system_node_type: str
+    system_node_count: int
+    system_disk_gb: int
+    nat_gateway: bool = True  # False when the plan adopts a VPC (its NAT is not ours to bill)
+
+
+@dataclass(frozen=True)
+class PartCost:
+    per_hour: float | None  # None: an instance type nobody has a price for
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """A plan's cost per hour, part by part, with the label every shown figure carries."""
+
+    parts: dict[str, PartCost]
+    source: str
+    nat_per_gb: float | None
+
+    @property
+    def total(self) -> float | None:
+        amounts = [p.per_hour for p in self.parts.values()]
+        return None if any(a is None for a in amounts) else round(sum(a for a in amounts if a is not None), 4)
+
+    def breakdown(self) -> dict[str, float]:
+        return {name: p.per_hour for name, p in self.parts.items() if p.per_hour is not None}
+
+
+def nodes_cost(prices: RegionPrices, instance_type: str, count: int, volume_gb: int) -> PartCost:
+    """Instances and their gp3 root volumes per hour, and what that is made of."""
+    price = prices.instance(instance_type)
+    if price is None:
+        return PartCost(None, f"no price known for {instance_type}")
+    disks = prices.ebs_per_hour(volume_gb) * count
+    note = (f"{count} × {instance_type} ${price:.4f}/h + {count} × {volume_gb} GB gp3 "
+            f"(${prices.ebs_gp3_gb_month:.3f}/GB-month) ${disks:.4f}/h")
+    return PartCost(round(price * count + disks, 4), note)
+
+
+def nat_gateway_cost(prices: RegionPrices) -> PartCost:
+    """The NAT gateway and its Elastic IP per hour; its data processing bills per GB beside."""
+    return PartCost(round(prices.nat_per_hour + prices.public_ipv4_per_hour, 4),
+                    f"gateway ${prices.nat_per_hour:.3f}/h + Elastic IP ${prices.public_ipv4_per_hour:.3f}/h, "
+                    f"+ ${prices.nat_per_gb:.3f}/GB processed")
+
+
+def price_plan(prices: RegionPrices, shape: PlanShape) -> PlanCost:
+    """The one pricing of a plan: what the matrix shows per region and the plan bills per resource."""
+    parts = {
+        "gpu_nodes": nodes_cost(prices, shape.gpu_node_type, shape.gpu_node_count, shape.gpu_disk_gb),
+        "system_nodes": (nodes_cost(prices, shape.system_node_type, shape.system_node_count, shape.system_disk_gb)
+                         if shape.system_node_count else PartCost(0.0)),
+        "eks_control_plane": PartCost(prices.eks_cluster_per_hour, f"${prices.eks_cluster_per_hour:.3f}/h"),
+    }
+    if shape.nat_gateway:
+        parts["nat_gateway"] = nat_gateway_cost(prices)
+    return PlanCost(parts=parts, source=prices.source, nat_per_gb=prices.nat_per_gb if shape.nat_gateway else None)

@@ -27,6 +27,9 @@ class PreflightRequest(BaseModel):
     system_node_type: str = "m7i.xlarge"
     system_node_count: int = Field(default=1, ge=0)
     require_efa: bool = True
+    # The root volumes the plan gives its nodes (gp3, billed per GB-month): priced with the nodes.
+    gpu_disk_gb: int = Field(default=200, ge=1)
+    system_disk_gb: int = Field(default=100, ge=1)
     profile: str | None = None
     default_region: str = "us-east-1"
     # One slow region must not hold the matrix hostage; it is reported unreachable instead.
@@ -74,9 +77,12 @@ class Reservation(BaseModel):
     state: str
     end_date: str | None = None
     match_criteria: str = "open"
+    # The cluster placement group it was made in (from PlacementGroupArn): its capacity is held there.
+    placement_group: str | None = None
     # Active, Linux/UNIX, default tenancy, with room: instances of the plan can land in it (a targeted
     # ODCR or a Capacity Block: only when it holds every GPU node, since the launch template names it).
     usable: bool = False
+    why_unusable: str = ""
 
     @property
     def targeted(self) -> bool:
@@ -139,8 +145,16 @@ class Recommendation(BaseModel):
     zone: str
     zone_id: str = ""
     price_per_hour: float | None = None
+    price_source: str | None = None
     reservation: str | None = None
     why: str = ""
+
+
+    def price_text(self) -> str:
+        """"$9.55/h (estimate, us-east-1 prices)": the figure with where it comes from."""
+        if self.price_per_hour is None:
+            return "price unknown"
+        return f"${self.price_per_hour:.2f}/h" + (f" ({self.price_source})" if self.price_source else "")
 
 
 class PreflightReport(BaseModel):
@@ -165,7 +179,7 @@ class PreflightReport(BaseModel):
             results.append(_region_check(region))
         if self.recommendation is not None:
             rec = self.recommendation
-            price = f" at ${rec.price_per_hour:.2f}/h" if rec.price_per_hour is not None else ""
+            price = f" at {rec.price_text()}" if rec.price_per_hour is not None else ""
             results.append(
                 CheckResult(
                     id="aws.recommendation",

@@ -230,6 +230,7 @@ def recommend(regions: list[RegionReport]) -> Recommendation | None:
         zone=zone.zone,
         zone_id=zone.zone_id,
         price_per_hour=region.price_per_hour,
+        price_source=region.price_source,
         reservation=reservation,
         why=why,
     )

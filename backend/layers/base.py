@@ -168,6 +168,10 @@ class Layer(abc.ABC):
         """What its last ``desired`` bills by use beside the hourly costs ("+ $0.045/GB ...")."""
         return []
 
+    def plan_notes(self, ctx: Context) -> list[str]:
+        """One line each about what its last ``desired`` decided differently from the run's record."""
+        return []
+
     def applying(self, ctx: Context) -> None:
         """A plan of this layer is about to be applied (keep what it settled, e.g. the AZs)."""
         return None

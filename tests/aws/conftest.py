@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,9 +14,11 @@ from typing import Any
 import boto3
 import pytest
 
+from tests.aws import netguard
 from tests.aws.moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
 from tests.aws.moto_provision import install_provisioning
 from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.fake_registry import FakeRegistry
 
 G, P, STANDARD = "L-DB2E81BA", "L-417A185B", "L-1216C47A"
 
@@ -28,11 +31,50 @@ _ENV = {
     "AWS_EC2_METADATA_DISABLED": "true",
 }
 _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
+# The image every aws test runs unless it names one: served by the registry double on loopback, its
+# linux/amd64 layers 14 GB compressed, so the system disk is sized from the registry to 100 GB
+# (backend/layers/aws/base.py system_disk_gb), never by reaching public.ecr.aws.
+DEFAULT_IMAGE_LAYERS = [6_000_000_000, 5_000_000_000, 3_000_000_000]
+DEFAULT_IMAGE_ENV = "RTUI_IMAGE"
+
+
+def image_env() -> dict[str, str]:
+    """The environment a config resolved inside a test takes (its image from the registry double)."""
+    return {DEFAULT_IMAGE_ENV: os.environ[DEFAULT_IMAGE_ENV]}
+
+
+@pytest.fixture(scope="session")
+def image_registry() -> Iterator[FakeRegistry]:
+    """The registry double the default image of every aws test is pulled from."""
+    with FakeRegistry(layers={"rtui/ray:test": DEFAULT_IMAGE_LAYERS}) as registry:
+        yield registry
+
+
+@pytest.fixture(autouse=True)
+def no_real_network(image_registry: FakeRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Points every config at the registry double (``RTUI_IMAGE``, as a user picks an image) and fails
+    the test that tried to reach a non-loopback address, here or in an ``rtui`` it started (the guard's
+    site dir on PYTHONPATH)."""
+    log = tmp_path / "netguard-attempts.log"
+    log.touch()
+    monkeypatch.setenv(DEFAULT_IMAGE_ENV, image_registry.image())
+    monkeypatch.setenv(netguard.LOG_ENV, str(log))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(netguard.SITE_DIR), os.environ.get("PYTHONPATH")) if p))
+    attempts: list[str] = []
+    uninstall = netguard.install(attempts)
+    try:
+        yield
+    finally:
+        uninstall()
+    attempts += [line for line in log.read_text().splitlines() if line]
+    assert not attempts, f"the test reached beyond loopback: {sorted(set(attempts))}"
 
 
 @pytest.fixture(autouse=True)
 def _nothing_but_aws(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No registry or Hub answers here: the aws tests plan on with tags (as --allow-unpinned does) and
+    """Only the Ray image's registry double answers here (not the add-ons' registries, nor the Hub): the
+    aws tests plan on with tags (as --allow-unpinned does) and
     a given model commit (a full sha is used without asking the Hub). Set after tests/conftest.py's
     isolated_env, which clears every RTUI_* variable; pinning is tested in tests/kubernetes."""
     monkeypatch.setenv("RTUI_ALLOW_UNPINNED", "true")

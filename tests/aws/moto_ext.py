@@ -175,9 +175,22 @@ def _request_service_quota_increase(self: ServiceQuotasResponse) -> str:
 
 
 def _describe_capacity_reservations(self: EC2Response) -> ActionResult:
+    """Named ids answer whatever their state (an expired or cancelled reservation is still described
+    for a while: EC2 User Guide, "Capacity Reservation states"); an id the account never had is
+    ``InvalidCapacityReservationId.NotFound`` (EC2 API reference, error codes)."""
     filters = self._filters_from_querystring()
+    ids = self._get_param("CapacityReservationIds", [])
+    known = {cr["CapacityReservationId"] for cr in SCRIPT.reservations.get(self.region, [])}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        from moto.ec2.exceptions import EC2ClientError
+
+        raise EC2ClientError("InvalidCapacityReservationId.NotFound",
+                        f"The capacity reservation ID '{unknown[0]}' does not exist")
     found = []
     for cr in SCRIPT.reservations.get(self.region, []):
+        if ids and cr["CapacityReservationId"] not in ids:
+            continue
         if "instance-type" in filters and cr["InstanceType"] not in filters["instance-type"]:
             continue
         if "state" in filters and cr["State"] not in filters["state"]:
@@ -233,9 +246,16 @@ def reservation(
     state: str = "active",
     available: int | None = None,
     match: str | None = None,
+    placement_group: str | None = None,
+    end_date: str | None = None,
 ) -> dict[str, Any]:
-    """A DescribeCapacityReservations entry; Capacity Blocks are always targeted, ODCRs open unless ``match``."""
-    return {
+    """A DescribeCapacityReservations entry; Capacity Blocks are always targeted, ODCRs open unless ``match``;
+    ``placement_group``: made in that cluster placement group (``PlacementGroupArn``)."""
+    region = zone[:-1]
+    extra = ({"PlacementGroupArn": f"arn:aws:ec2:{region}:123456789012:placement-group/{placement_group}"}
+             if placement_group else {})
+    limited = kind == "capacity-block" or end_date is not None
+    return {**extra,
         "CapacityReservationId": f"cr-{uuid.uuid4().hex[:17]}",
         "OwnerId": "123456789012",
         "InstanceType": instance_type,
@@ -245,8 +265,8 @@ def reservation(
         "TotalInstanceCount": count,
         "AvailableInstanceCount": count if available is None else available,
         "State": state,
-        "EndDateType": "limited" if kind == "capacity-block" else "unlimited",
-        "EndDate": "2031-01-01T00:00:00Z" if kind == "capacity-block" else None,
+        "EndDateType": "limited" if limited else "unlimited",
+        "EndDate": end_date or ("2031-01-01T00:00:00Z" if kind == "capacity-block" else None),
         "InstanceMatchCriteria": "targeted" if kind == "capacity-block" else (match or "open"),
         "ReservationType": kind,
     }

@@ -28,6 +28,23 @@ against what the launch really uses:
   AZ and platform, the reservation ID is required). ``CAPACITY_BLOCK`` without a block target
   launches nothing.
 
+- **Placement groups** (the launch template's ``Placement.GroupName``; a reservation's
+  ``PlacementGroupArn``). A reservation made in a cluster placement group holds its capacity inside
+  that group: only instances launched into that group draw on it, and a launch that names no group
+  is placed in the reservation's group (EC2 User Guide, "Use Capacity Reservations with cluster
+  placement groups", cr-cpg; aws-parallelcluster PR #7252, "the ODCR decides the placement using its
+  own PG"). A targeted launch into *another* group than its reservation's finds no capacity it may
+  use and fails (aws-parallelcluster ``PlacementGroupCapacityReservationValidator``: an error). A
+  reservation made outside any group holds capacity somewhere in the AZ, not in the fresh cluster
+  group the launch names: EC2 must still place every instance together in that group, and that is
+  where insufficient-capacity errors come from "even if the capacity reservation has remaining
+  capacity" (the same validator's warning; eksctl PR #8220 stopped adding a placement group to a
+  nodegroup that uses a reservation for this reason). The double answers that worst case:
+  ``InsufficientInstanceCapacity``. Open ODCRs outside any group still take matching instances
+  launched into a group (EC2 User Guide, "Placement group rules and limitations"). Capacity Blocks
+  are already co-located in an UltraCluster and take no placement group: a launch that names one is
+  refused (EC2 User Guide, "Capacity Blocks for ML"; aws-parallelcluster PR #6311 makes it an error).
+
 Instances drawn from a reservation lower its ``AvailableInstanceCount`` until their nodegroup is
 gone; reserved capacity is held, so those instances never meet ``InsufficientInstanceCapacity``.
 """
@@ -60,6 +77,12 @@ def _mismatch(cr: dict[str, Any], itype: str, zone: str | None) -> str | None:
     return None
 
 
+def placement_group_of(cr: dict[str, Any]) -> str | None:
+    """The name of the cluster placement group a reservation was made in (None: none)."""
+    arn = cr.get("PlacementGroupArn")
+    return str(arn).rsplit("/", 1)[-1] if arn else None
+
+
 def draw(region: str, ng: Nodegroup, info: dict[str, Any]) -> tuple[int, str | None]:
     """How many of the nodegroup's instances land in reservations (taken from them), and why the launch
     fails (None: it does not; the rest runs On-Demand)."""
@@ -69,6 +92,7 @@ def draw(region: str, ng: Nodegroup, info: dict[str, Any]) -> tuple[int, str | N
     market = (lt.get("InstanceMarketOptions") or {}).get("MarketType")
     block_type = (getattr(ng, "capacity_type", None) or "ON_DEMAND") == "CAPACITY_BLOCK"
     want, itype, zone = info["desired_size"], info["instance_type"], info.get("zone")
+    group = (lt.get("Placement") or {}).get("GroupName") or None
     taken: list[tuple[dict[str, Any], int]] = []
     if target:
         cr = next((c for c in _reservations(region) if c["CapacityReservationId"] == target), None)
@@ -83,6 +107,17 @@ def draw(region: str, ng: Nodegroup, info: dict[str, Any]) -> tuple[int, str | N
         why = _mismatch(cr, itype, zone)
         if why:
             return 0, f"InvalidParameterValue: {why}"
+        held_in = placement_group_of(cr)
+        if block and group:
+            return 0, (f"InvalidParameterCombination: Capacity Block {target} cannot be launched into placement "
+                       f"group {group}")
+        if held_in and group and group != held_in:
+            return 0, (f"InvalidParameterCombination: Capacity Reservation {target} is in placement group "
+                       f"{held_in}, not {group}")
+        if not block and not held_in and group:
+            return 0, (f"InsufficientInstanceCapacity: We currently do not have sufficient {itype} capacity in "
+                       f"placement group {group} ({zone}); Capacity Reservation {target} holds its capacity "
+                       "outside it")
         fits = min(want, int(cr["AvailableInstanceCount"]))
         taken.append((cr, fits))
         failure = None if fits == want else (
@@ -96,7 +131,9 @@ def draw(region: str, ng: Nodegroup, info: dict[str, Any]) -> tuple[int, str | N
         if spec.get("CapacityReservationPreference", "open") == "open":
             left = want
             for cr in _reservations(region):
-                if left and cr.get("InstanceMatchCriteria") == "open" and _mismatch(cr, itype, zone) is None:
+                held_in = placement_group_of(cr)
+                if (left and cr.get("InstanceMatchCriteria") == "open" and _mismatch(cr, itype, zone) is None
+                        and (held_in is None or held_in == group)):
                     fits = min(left, int(cr["AvailableInstanceCount"]))
                     if fits:
                         taken.append((cr, fits))

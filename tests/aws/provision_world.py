@@ -14,6 +14,7 @@ from backend.config import resolve_config
 from backend.ledger import ResourceStatus
 from backend.model import EventKind, StepEvent
 from backend.session import RunSession
+from tests.aws.conftest import image_env
 from tests.aws.reachability import assert_reachable
 
 REGION = "us-east-1"
@@ -47,9 +48,9 @@ async def collect(events: AsyncIterator[StepEvent]) -> Outcome:
 
 
 def session_for(**values: Any) -> RunSession:
-    # No registry answers here: the plan goes on with tags (--allow-unpinned); tests/kubernetes pins.
+    # Only the Ray image's registry double answers here: the plan goes on with tags (--allow-unpinned); tests/kubernetes pins.
     return RunSession.for_config(resolve_config({"target": "aws", "region": REGION, "allow_unpinned": "true",
-                                                 "model_revision": "0" * 40, **values}, environ={}))
+                                                 "model_revision": "0" * 40, **values}, environ=image_env()))
 
 
 async def up(session: RunSession, *, until: str | None = "aws", az_failover: bool = False) -> Outcome:

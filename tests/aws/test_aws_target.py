@@ -8,12 +8,12 @@ import os
 from backend.config import resolve_config
 from backend.model import CheckStatus
 from backend.session import RunSession
-from tests.aws.conftest import World
+from tests.aws.conftest import World, image_env
 from tests.conftest import run_rtui
 
 
 async def test_aws_target_preflight_returns_the_matrix_as_checks(world: World) -> None:
-    session = RunSession.for_config(resolve_config({"target": "aws", "region": "us-east-1"}, environ={}))
+    session = RunSession.for_config(resolve_config({"target": "aws", "region": "us-east-1"}, environ=image_env()))
     results = await session.preflight()
     recommendation = [r for r in results if r.id == "aws.recommendation"]
     assert len(recommendation) == 1 and recommendation[0].status is CheckStatus.OK

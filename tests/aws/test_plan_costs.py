@@ -14,7 +14,7 @@ from tests.aws.provision_world import session_for
 from tests.conftest import run_rtui
 
 HOURS_PER_MONTH = 730
-# The system disk: 100 GB, what rtui gives it when the image's registry does not answer (none is reachable here).
+# The system disk: 100 GB, sized from the registry double (tests/aws/conftest.py: a 14 GB image).
 GPU_DISK_GB, SYSTEM_DISK_GB = 200, 100
 
 # eu-west-2 as a test scripts it: dearer than us-east-1 in every part a plan bills.
@@ -87,3 +87,46 @@ async def test_a_second_plan_in_the_session_asks_the_pricing_api_nothing(world: 
     assert sum(1 for service, _, _ in world.script.calls if service == "pricing") == asked
     assert again.cost_per_hour == pytest.approx(first.cost_per_hour)
     assert again.price_source == "AWS Pricing API, eu-west-2 on-demand"
+
+
+# What the whole default plan costs in eu-west-2 at the quotes above, and at the built-in table.
+LONDON_TOTAL = (2 * LONDON_GPU + LONDON_SYSTEM + LONDON["eks"] + LONDON["nat_hour"] + LONDON["ipv4"]
+                + (2 * GPU_DISK_GB + SYSTEM_DISK_GB) * LONDON["ebs_gp3"] / HOURS_PER_MONTH)
+TABLE_TOTAL = 2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005 + (2 * GPU_DISK_GB + SYSTEM_DISK_GB) * 0.08 / HOURS_PER_MONTH
+
+
+def _check(region: str) -> tuple[str, dict]:
+    text = run_rtui("check", "--target", "aws", "--region", region)
+    assert text.returncode == 0, text.stderr
+    doc = run_rtui("check", "--target", "aws", "--region", region, "--json")
+    assert doc.returncode == 0, doc.stderr
+    return text.stdout, json.loads(doc.stdout)
+
+
+def test_check_recommendation_and_plan_quote_the_pricing_apis_figure(world: World, kube_file: Path) -> None:
+    _quote_london(world)
+    assert f"{LONDON_TOTAL:.2f}" != f"{TABLE_TOTAL:.2f}"  # the table would show another figure
+    text, doc = _check("eu-west-2")
+    figure = f"${LONDON_TOTAL:.2f}/h (AWS Pricing API, eu-west-2 on-demand)"
+    assert f"eu-west-2: feasible, {figure}" in text
+    recommendation = next(line for line in text.splitlines() if line.startswith("Recommendation:"))
+    assert f"in eu-west-2, {figure}" in recommendation
+    (region,) = doc["regions"]
+    assert region["price_per_hour"] == pytest.approx(LONDON_TOTAL, abs=1e-4)
+    assert region["price_source"] == doc["recommendation"]["price_source"] == "AWS Pricing API, eu-west-2 on-demand"
+    plan = _plan_json("--region", "eu-west-2")
+    assert plan["cost_per_hour"] == pytest.approx(region["price_per_hour"], abs=1e-3)
+
+
+def test_where_the_pricing_api_cannot_answer_every_figure_is_a_labelled_estimate(world: World,
+                                                                                 kube_file: Path) -> None:
+    assert world.script.pricing_denied
+    text, doc = _check("eu-west-2")
+    figure = f"${TABLE_TOTAL:.2f}/h (estimate, us-east-1 prices)"
+    assert f"eu-west-2: feasible, {figure}" in text
+    recommendation = next(line for line in text.splitlines() if line.startswith("Recommendation:"))
+    assert f"in eu-west-2, {figure}" in recommendation
+    assert doc["regions"][0]["price_per_hour"] == pytest.approx(TABLE_TOTAL, abs=1e-4)
+    plan = _plan_json("--region", "eu-west-2")
+    assert plan["cost_per_hour"] == pytest.approx(TABLE_TOTAL, abs=1e-3)
+    assert plan["price_source"] == "estimate, us-east-1 prices"

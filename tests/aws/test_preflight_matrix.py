@@ -34,9 +34,10 @@ async def test_default_plan_in_us_east_1(world: World) -> None:
     assert region.quota is not None
     assert (region.quota.code, region.quota.limit, region.quota.used, region.quota.needed) == (G, 192, 0, 96)
     assert region.system_quota is not None and region.system_quota.code == STANDARD
-    # 2 × 4.6016 + 0.2016 + EKS 0.10 + NAT 0.045, from the built-in table (the Pricing API is denied).
-    assert region.price_per_hour == pytest.approx(9.5498)
-    assert region.price_source == "builtin"
+    # 2 × 4.6016 + 0.2016 + EKS 0.10 + NAT 0.045 + its Elastic IP 0.005 + 500 GB gp3 at 0.08/GB-month, from
+    # the built-in table, labelled (the Pricing API is denied).
+    assert region.price_per_hour == pytest.approx(9.6096, abs=1e-4)
+    assert region.price_source == "estimate, us-east-1 prices"
     assert report.recommendation is not None
     assert (report.recommendation.region, report.recommendation.zone) == ("us-east-1", "us-east-1a")
 
@@ -55,7 +56,7 @@ async def test_region_without_the_gpu_type(world: World) -> None:
     assert all(not z.gpu_offered and not z.feasible for z in region.zones)
     assert "g6.12xlarge is not offered in us-west-1" in region.reasons
     assert report.recommendation is None
-    assert region.price_source == "builtin-estimate"
+    assert region.price_source == "estimate, us-east-1 prices"
 
 
 async def test_eks_rejected_zone_id_holds_gpu_nodes_only(world: World) -> None:
@@ -154,10 +155,14 @@ async def test_recommendation_prefers_a_reservation_over_a_cheaper_region(world:
             ("eu-west-2", "m7i.xlarge"): 0.25,
         }
     )
+    world.script.region_prices.update({
+        "us-east-1": {"eks": 0.10, "nat_hour": 0.045, "nat_gb": 0.045, "ebs_gp3": 0.08, "ipv4": 0.005},
+        "eu-west-2": {"eks": 0.10, "nat_hour": 0.05, "nat_gb": 0.05, "ebs_gp3": 0.0928, "ipv4": 0.005}})
     report = await run_preflight(PreflightRequest(regions=["us-east-1", "eu-west-2"]))
     prices = {r.region: (r.price_per_hour, r.price_source) for r in report.regions}
-    assert prices["us-east-1"] == (pytest.approx(9.5498), "pricing-api")
-    assert prices["eu-west-2"] == (pytest.approx(11.395), "pricing-api")
+    assert prices["us-east-1"] == (pytest.approx(9.6096, abs=1e-4), "AWS Pricing API, us-east-1 on-demand")
+    assert prices["eu-west-2"] == (pytest.approx(11.25 + 0.155 + 500 * 0.0928 / 730, abs=1e-4),
+                                   "AWS Pricing API, eu-west-2 on-demand")
     assert report.recommendation is not None
     assert (report.recommendation.region, report.recommendation.zone) == ("eu-west-2", "eu-west-2b")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.aws.catalog import InstanceFacts, gpudirect_rdma_possible, quota_code_for
-from backend.aws.pricing import plan_price
+from backend.aws.pricing import PlanShape, builtin_region_prices, price_plan
 from backend.aws.quota import headroom, vcpus_in_use
 from backend.aws.report import RegionReport, Reservation
 from backend.aws.verdict import ZoneInputs, assess_zone, recommend
@@ -128,8 +128,14 @@ def test_recommend_prefers_reservation_then_price() -> None:
     assert recommend([cheap.model_copy(update={"zones": [_zone(limit=0)]})]) is None
 
 
-def test_plan_price_labels_the_weakest_source() -> None:
-    total, source, parts = plan_price((4.6016, "pricing-api"), 2, (0.2016, "builtin-estimate"), 1)
-    assert total == pytest.approx(9.5498) and source == "builtin-estimate"
-    assert set(parts) == {"gpu_nodes", "system_nodes", "eks_control_plane", "nat_gateway"}
-    assert plan_price((None, None), 2, (0.2, "builtin"), 1) == (None, None, {})
+def test_one_function_prices_a_plan_from_its_region_prices() -> None:
+    prices = builtin_region_prices("eu-west-1", ("g6.12xlarge", "m7i.xlarge"))
+    shape = PlanShape("g6.12xlarge", 2, 200, "m7i.xlarge", 1, 100)
+    cost = price_plan(prices, shape)
+    disks = (2 * 200 + 100) * 0.08 / 730
+    assert cost.total == pytest.approx(2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005 + disks, abs=1e-4)
+    assert cost.source == "estimate, us-east-1 prices" and cost.nat_per_gb == pytest.approx(0.045)
+    assert set(cost.breakdown()) == {"gpu_nodes", "system_nodes", "eks_control_plane", "nat_gateway"}
+    adopted = price_plan(prices, PlanShape("g6.12xlarge", 2, 200, "m7i.xlarge", 1, 100, nat_gateway=False))
+    assert "nat_gateway" not in adopted.parts and adopted.nat_per_gb is None
+    assert price_plan(prices, PlanShape("x9.huge", 2, 200, "m7i.xlarge", 1, 100)).total is None

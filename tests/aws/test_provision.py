@@ -93,7 +93,7 @@ async def test_plan_diff_updates_replacements_and_costs(world: World, kube_file:
     assert {c.action for c in aws} == {Action.CREATE}
     # The documented on-demand prices (us-east-1): 2 × g6.12xlarge, 1 × m7i.xlarge, the EKS control
     # plane, one NAT gateway and its public IPv4 address, the nodes' gp3 root volumes (2 × 200 GB, and
-    # 100 GB for the system node: its image's registry does not answer here, so its size is unknown).
+    # 100 GB for the system node, sized from the registry double's 14 GB default image).
     assert fresh.cost_per_hour == pytest.approx(2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005 + 500 * 0.08 / 730,
                                                 abs=1e-4)
     assert fresh.price_source == "estimate, us-east-1 prices"  # the Pricing API is denied here
@@ -241,7 +241,8 @@ async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World,
     gone = await down(session)
     assert not gone.ok
     sweep = next(e for e in gone.events if e.step == "sweep" and e.kind is EventKind.FAILED)
-    assert sweep.message.startswith("9 resources of this run are still there ($0.050/h): NAT gateway")
+    assert sweep.message.startswith("9 resources of this run are still there "
+                                    "($0.050/h, estimate, us-east-1 prices): NAT gateway")
     assert "Elastic IP" in sweep.message
     left = {item["kind"]: item for item in session.record.facts["sweep"]}
     assert left["NAT gateway"]["cost_per_hour"] == pytest.approx(0.045)
@@ -251,6 +252,25 @@ async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World,
     again = await down(session)
     assert again.ok, again.failures()
     assert tagged(session.run_id) == {}
+
+
+async def test_the_sweep_prices_leftovers_at_the_pricing_apis_quote(world: World, kube_file: Path) -> None:
+    world.script.pricing_denied = False
+    world.script.prices.update({("us-east-1", "g6.12xlarge"): 4.6016, ("us-east-1", "m7i.xlarge"): 0.2016})
+    # Dearer than the built-in table, so a figure from the table would show.
+    world.script.region_prices["us-east-1"] = {"eks": 0.10, "nat_hour": 0.06, "nat_gb": 0.05, "ebs_gp3": 0.08,
+                                               "ipv4": 0.006}
+    session = session_for()
+    assert (await up(session)).ok
+    world.script.errors[("ec2", "DeleteNatGateway")] = "UnauthorizedOperation"
+    gone = await down(session)
+    sweep = next(e for e in gone.events if e.step == "sweep" and e.kind is EventKind.FAILED)
+    assert "($0.066/h, AWS Pricing API, us-east-1 on-demand)" in sweep.message
+    left = {item["kind"]: item for item in session.record.facts["sweep"]}
+    assert left["NAT gateway"]["cost_per_hour"] == pytest.approx(0.06)
+    assert left["Elastic IP"]["cost_per_hour"] == pytest.approx(0.006)
+    world.script.errors.clear()
+    assert (await down(session)).ok
 
 
 async def test_a_given_vpc_is_adopted_checked_and_never_deleted(world: World, kube_file: Path) -> None:

@@ -33,7 +33,7 @@ def test_plan_shows_every_change_its_cost_and_the_quota_it_uses(world: World, ku
         assert f"+ {address}" in text, address
     assert "$9.2470/h" in text  # 2 × g6.12xlarge and their 200 GB gp3 root volumes
     assert "uses 96 vCPUs of quota L-DB2E81BA (headroom 192)" in text
-    # The system disk is 100 GB here (its image's size is unknown).
+    # The system disk is 100 GB here (the registry double's default image is 14 GB compressed).
     assert "Cost: $9.61/hour, + $0.045/GB NAT data processing (estimate, us-east-1 prices)." in text
 
 
@@ -46,7 +46,7 @@ def test_up_status_down_through_the_binary(world: World, kube_file: Path) -> Non
     assert f"Logs: {RTUI} logs " in hint and f"tear down: {RTUI} down " in hint, hint
     pasted_down = hint.split("tear down: ", 1)[1].strip()
     status = json.loads(run_rtui("status", "--json").stdout)
-    assert status["cost"]["per_hour"] == pytest.approx(9.6096)  # the system disk is 100 GB (image size unknown)
+    assert status["cost"]["per_hour"] == pytest.approx(9.6096)  # the system disk is 100 GB (a 14 GB image)
     assert status["cost"]["accrued"] >= 0 and "aws.nodegroup.gpu" in status["cost"]["resources"]
     assert "cost     $9.61/hour now" in run_rtui("status").stdout
 

@@ -42,6 +42,11 @@ async def _up_in_reservation(world: World, cr: dict[str, Any]) -> tuple[Any, dic
     return session, group, data
 
 
+def _our_placement_groups() -> list[str]:
+    return sorted(g["GroupName"] for g in ec2().describe_placement_groups()["PlacementGroups"]
+                  if g["GroupName"].startswith("rtui-") and g.get("State") != "deleted")
+
+
 async def _down_gives_back(session: Any, cr: dict[str, Any]) -> None:
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
@@ -54,6 +59,10 @@ async def test_a_targeted_odcr_is_named_by_the_launch_template(world: World, kub
     target = data["CapacityReservationSpecification"]["CapacityReservationTarget"]
     assert target["CapacityReservationId"] == cr["CapacityReservationId"]
     assert group.get("capacityType", "ON_DEMAND") == "ON_DEMAND" and "InstanceMarketOptions" not in data
+    # Its capacity is held outside any placement group: a fresh cluster group would have to hold the
+    # nodes anyway (InsufficientInstanceCapacity), so the nodes go where the reservation has them.
+    assert "GroupName" not in (data.get("Placement") or {})
+    assert _our_placement_groups() == []
     await _down_gives_back(session, cr)
 
 
@@ -64,6 +73,9 @@ async def test_a_capacity_block_takes_a_capacity_block_nodegroup(world: World, k
     assert data["InstanceMarketOptions"]["MarketType"] == "capacity-block"
     target = data["CapacityReservationSpecification"]["CapacityReservationTarget"]
     assert target["CapacityReservationId"] == cr["CapacityReservationId"]
+    # A Capacity Block is co-located already and takes no placement group.
+    assert "GroupName" not in (data.get("Placement") or {})
+    assert _our_placement_groups() == []
     await _down_gives_back(session, cr)
 
 
@@ -73,3 +85,50 @@ async def test_an_open_odcr_is_used_without_naming_it(world: World, kube_file: P
     assert "CapacityReservationSpecification" not in data
     assert group.get("capacityType", "ON_DEMAND") == "ON_DEMAND"
     await _down_gives_back(session, cr)
+
+
+async def test_a_targeted_odcr_in_a_cluster_placement_group_takes_the_nodes_into_that_group(
+        world: World, kube_file: Path) -> None:
+    ec2().create_placement_group(GroupName="team-p-group", Strategy="cluster")
+    cr = world.reserve("us-east-1", ZONE, count=2, match="targeted", placement_group="team-p-group")
+    plan = await session_for().plan()
+    lt = next(c for c in plan.changes if c.address == "aws.launch-template.gpu")
+    assert lt.after is not None and lt.after["placement_group"] == "team-p-group"
+    assert "aws.placement-group.gpu" not in {c.address for c in plan.changes}  # none of ours is made
+    session, _, data = await _up_in_reservation(world, cr)
+    assert data["Placement"]["GroupName"] == "team-p-group"
+    assert _our_placement_groups() == []
+    await _down_gives_back(session, cr)
+    assert [g["GroupName"] for g in ec2().describe_placement_groups()["PlacementGroups"]] == ["team-p-group"]
+
+
+async def test_an_open_odcr_in_another_placement_group_is_not_counted(world: World) -> None:
+    from backend.aws import PreflightRequest, run_preflight
+
+    other = world.reserve("us-east-1", ZONE, count=2, placement_group="someone-elses-group")
+    (region,) = (await run_preflight(PreflightRequest())).regions
+    zone = next(z for z in region.zones if z.zone == ZONE)
+    (found,) = zone.reservations
+    assert found.id == other["CapacityReservationId"] and found.placement_group == "someone-elses-group"
+    assert not found.usable  # the GPU nodes launch into rtui's own group: it would take none of them
+    assert "placement group someone-elses-group" in found.why_unusable
+
+
+@pytest.mark.parametrize("ending", ["expired", "cancelled"])
+async def test_a_recorded_reservation_that_ended_is_named_no_more(world: World, kube_file: Path, ending: str) -> None:
+    from tui.render import format_plan
+
+    cr = world.reserve("us-east-1", ZONE, count=2, match="targeted")
+    session, _, _ = await _up_in_reservation(world, cr)
+    # The reservation ends while the nodes run (EC2 keeps describing it, with its state and end date).
+    cr["State"] = ending
+    cr.update({"EndDateType": "limited", "EndDate": "2026-12-01T00:00:00Z"} if ending == "expired" else {})
+    world.script.ice_zones.clear()
+    plan = await session.plan()
+    lt = plan.change("aws.launch-template.gpu")
+    assert lt is not None and lt.after is not None and lt.after["reservation"] is None
+    said = "expired on 2026-12-01" if ending == "expired" else "cancelled"
+    assert plan.notes == [f"capacity reservation {cr['CapacityReservationId']} {said}: "
+                          "the GPU nodes now use On-Demand capacity"]
+    assert f"Note: capacity reservation {cr['CapacityReservationId']} {said}" in format_plan(plan)
+    assert (await down(session)).ok

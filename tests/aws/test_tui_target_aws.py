@@ -11,17 +11,17 @@ from backend.config import resolve_config
 from backend.session import RunSession
 from screens.quota import ConfirmQuotaIncrease
 from screens.target import TargetScreen
-from tests.aws.conftest import G, World
+from tests.aws.conftest import G, World, image_env
 from tests.pilot_wait import wait_for
 from tui.app import RtuiApp
-from tui.matrix import AzMatrix
+from tui.matrix import AzMatrix, FeasibilityPanel
 
 FIXED_RUN_ID = "r20260101-000000-a2a2"
 
 
 def aws_session(**flags: str) -> RunSession:
     session = RunSession.for_config(resolve_config({"target": "aws", "region": "us-east-1", "allow_unpinned": "true",
-                                                    "model_revision": "0" * 40, **flags}, environ={}))
+                                                    "model_revision": "0" * 40, **flags}, environ=image_env()))
     session.record.run_id = FIXED_RUN_ID
     return session
 
@@ -65,12 +65,30 @@ async def test_the_matrix_fills_live_shows_why_an_az_is_blocked_and_preselects_t
         assert highlighted is not None and highlighted.id == "us-east-1/us-east-1a"
         assert matrix(app).has_focus
         row = prompt(app, "us-east-1/us-east-1a")
-        assert "★" in row and "use1-az6" in row and "$9.55" in row and "+96" in row  # 192 - 0 used - 96 needed
+        # The Pricing API is denied: the built-in table's figure, marked and labelled an estimate.
+        assert "★" in row and "use1-az6" in row and "~$9.61" in row and "+96" in row  # 192 - 0 used - 96 needed
+        assert "~ estimate, us-east-1 prices" in str(screen.query_one(FeasibilityPanel).border_subtitle)
         # The region's own line is in the matrix, not repeated among the checks.
         assert "Region us-east-1" not in str(screen.query_one("#checks", Static).render())
         assert "Recommended placement" in str(screen.query_one("#checks", Static).render())
         # No quota is short: nothing to request.
         assert screen.check_action("request_quota", ()) is False
+        await pilot.press("q")
+
+
+async def test_the_matrix_shows_the_pricing_apis_figure_where_it_answers(world: World) -> None:
+    from tests.aws.test_plan_costs import LONDON_TOTAL, _quote_london
+
+    _quote_london(world)
+    session = RunSession.for_config(resolve_config({"target": "aws", "region": "eu-west-2"}, environ=image_env()))
+    app = RtuiApp(session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+        recommended = matrix(app).snapshot.recommended
+        assert recommended is not None
+        row = prompt(app, "/".join(recommended))
+        assert f"${LONDON_TOTAL:.2f}" in row and "~" not in row
+        assert "estimate" not in str(app.screen.query_one(FeasibilityPanel).border_subtitle)
         await pilot.press("q")
 
 

@@ -10,8 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from backend.aws import catalog
-from backend.aws.pricing import RegionPrices, builtin_instance_price
 from backend.config import RunConfig
 from backend.layers.aws.api import EC2_TOKEN, AwsApi, client_token
 from backend.layers.base import Context, Handler
@@ -37,8 +35,6 @@ SYSTEM_NODES = "aws.nodegroup.system"
 GPU_NODES = "aws.nodegroup.gpu"
 ADDONS = ("vpc-cni", "kube-proxy", "coredns")
 
-# Public IPv4 addresses bill by the hour since 2024, the NAT gateway's EIP included.
-PUBLIC_IPV4_PER_HOUR = 0.005
 VPC_CIDR = "10.0.0.0/16"
 ROOT_VOLUME_GB = 200  # the Ray image is ~30 GB unpacked; room for it, checkpoints and logs
 # The system node (Ray head, operator) pulls the same image. A registry gives only the compressed
@@ -112,6 +108,18 @@ class Names:
         return f"{self.cluster}-gpu"
 
 
+@dataclass(frozen=True)
+class NamedReservation:
+    """The reservation the GPU launch template names."""
+
+    id: str
+    kind: str  # "odcr" (targeted) or "capacity-block"
+    placement_group: str | None = None  # the cluster placement group its capacity is held in
+
+    def to_fact(self, az: str) -> dict[str, str | None]:
+        return {"az": az, "id": self.id, "kind": self.kind, "placement_group": self.placement_group}
+
+
 @dataclass
 class Topology:
     """The AZs of a run: the two the network spans, the GPU nodes' one, and where to fail over to."""
@@ -126,45 +134,36 @@ class Topology:
     system_headroom: float | None = None
     vcpus: dict[str, int] = field(default_factory=dict)
     efa_interfaces: int = 1  # per GPU node: one per network card (DescribeInstanceTypes)
-    # AZ -> (id, kind) of the reservation the GPU launch template names there: a targeted ODCR ("odcr")
-    # or a Capacity Block ("capacity-block") that holds every GPU node. Open ODCRs need no naming.
-    reservations: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # AZ -> the reservation the GPU launch template names there: a targeted ODCR or a Capacity Block
+    # that holds every GPU node. Open ODCRs need no naming.
+    reservations: dict[str, NamedReservation] = field(default_factory=dict)
     system_disk_gb: int = 50
     system_disk_why: str = ""
 
     @property
-    def gpu_reservation(self) -> tuple[str, str] | None:
+    def gpu_reservation(self) -> NamedReservation | None:
         return self.reservations.get(self.gpu_az)
+
+    @property
+    def gpu_placement_group(self) -> tuple[str | None, bool]:
+        """The placement group the GPU nodes launch into, and whether rtui makes it.
+
+        EC2 puts a reservation's capacity where it was made (EC2 User Guide, "Use Capacity Reservations
+        with cluster placement groups"): a targeted ODCR made in a cluster placement group holds the nodes
+        in that group; one made outside any group holds them somewhere in the AZ, where a fresh cluster
+        group of ours would have to find them again (InsufficientInstanceCapacity, the reservation
+        notwithstanding); a Capacity Block is co-located already and takes no group ("Capacity Blocks
+        for ML"). Without a named reservation the nodes go into rtui's own cluster group."""
+        named = self.gpu_reservation
+        if named is None:
+            return None, True
+        return named.placement_group, False
 
     @property
     def subnet_azs(self) -> list[str]:
         """Private subnets: the network's AZs, and the GPU AZ when failover moved it elsewhere."""
         return list(dict.fromkeys([*self.network_azs, self.gpu_az]))
 
-
-def instance_price(config: RunConfig, instance_type: str) -> float | None:
-    return builtin_instance_price(config.region, instance_type)[0]
-
-
-def nodegroup_cost(prices: RegionPrices, instance_type: str, count: int, volume_gb: int) -> tuple[float | None, str]:
-    """Its nodes and their gp3 root volumes per hour, and what that is made of."""
-    price = prices.instance(instance_type)
-    if price is None:
-        return None, ""
-    disks = prices.ebs_per_hour(volume_gb) * count
-    note = (f"{count} × {instance_type} ${price:.4f}/h + {count} × {volume_gb} GB gp3 "
-            f"(${prices.ebs_gp3_gb_month:.3f}/GB-month) ${disks:.4f}/h")
-    return round(price * count + disks, 4), note
-
-
-def nat_cost(prices: RegionPrices) -> tuple[float, str]:
-    """The NAT gateway and its Elastic IP per hour; its data processing bills per GB beside."""
-    return (round(prices.nat_per_hour + prices.public_ipv4_per_hour, 4),
-            f"gateway ${prices.nat_per_hour:.3f}/h + Elastic IP ${prices.public_ipv4_per_hour:.3f}/h, "
-            f"+ ${prices.nat_per_gb:.3f}/GB processed")
-
-
-CLUSTER_COST = catalog.EKS_CONTROL_PLANE_PER_HOUR
 
 _APIS: dict[tuple[str, str | None], AwsApi] = {}
 

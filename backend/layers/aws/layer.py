@@ -12,10 +12,11 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
-from backend.aws.pricing import PriceBook, RegionPrices, builtin_region_prices, region_prices
+from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, builtin_region_prices, price_plan
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
@@ -40,12 +41,11 @@ from backend.layers.aws.base import (
     SYSTEM_NODES,
     VPC,
     AwsHandler,
+    NamedReservation,
     Names,
     Topology,
     addon_address,
     aws_api,
-    nat_cost,
-    nodegroup_cost,
     subnet_address,
     subnet_cidr,
     system_disk_gb,
@@ -105,10 +105,10 @@ class AwsLayer(Layer):
         self.preflight_checks: list[CheckResult] = []
         self.report: PreflightReport | None = None  # the matrix the AZs were settled from
         self.watch: MatrixWatch | None = None
-        self._prices: dict[tuple[str, tuple[str, ...]], RegionPrices] = {}  # per region, for the session
         self._book: PriceBook | None = None  # the session's instance prices, shared with the preflight
         self._planned_prices: RegionPrices | None = None  # what the last ``desired`` priced with
         self._planned_nat = False
+        self._notes: list[str] = []  # what the last settling of the AZs decided differently, one line each
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -121,10 +121,8 @@ class AwsLayer(Layer):
 
     async def _region_prices(self, ctx: Context) -> RegionPrices:
         config = ctx.config
-        key = (config.region, tuple(sorted({config.gpu_node_type, config.system_node_type})))
-        if key not in self._prices:
-            self._prices[key] = await asyncio.to_thread(region_prices, self.price_book(config), *key)
-        return self._prices[key]
+        return await asyncio.to_thread(self.price_book(config).region, config.region,
+                                       (config.gpu_node_type, config.system_node_type))
 
     def price_book(self, config: RunConfig) -> PriceBook:
         if self._book is None:
@@ -133,14 +131,42 @@ class AwsLayer(Layer):
 
     def prices(self, config: RunConfig) -> RegionPrices:
         """The region's prices this session asked for; the table, labelled, before any was asked."""
-        key = (config.region, tuple(sorted({config.gpu_node_type, config.system_node_type})))
-        return self._prices.get(key) or builtin_region_prices(*key)
+        types = (config.gpu_node_type, config.system_node_type)
+        known = self._book.known(config.region, types) if self._book is not None else None
+        return known or builtin_region_prices(config.region, types)
 
     def price_source(self, ctx: Context) -> str:
         prices = self._planned_prices
         if prices is None:
             return ""
-        return prices.label or f"AWS Pricing API, {prices.region} on-demand"
+        return prices.source
+
+    def plan_notes(self, ctx: Context) -> list[str]:
+        return list(self._notes)
+
+    async def _reservation_ended(self, ctx: Context, reservation_id: str, zone: ZoneReport | None) -> str | None:
+        """How the recorded reservation ended ("expired on 2026-12-01", "cancelled", "no longer exists");
+        None while it is active. The matrix lists only live reservations; one it no longer lists is asked
+        for by id (EC2 still describes an ended one for a while, with its state and end date)."""
+        listed = next((r for r in (zone.reservations if zone else []) if r.id == reservation_id), None)
+        if listed is not None and listed.state == "active" and not _past(listed.end_date):
+            return None
+        try:
+            found = await aws_api(ctx.config).call("ec2", "describe_capacity_reservations",
+                                                   CapacityReservationIds=[reservation_id],
+                                                   ok=("InvalidCapacityReservationId.NotFound",))
+        except OperationError:
+            return None  # not readable now (a permission, the network): keep naming it, as before
+        cr = next(iter((found or {}).get("CapacityReservations") or []), None)
+        if cr is None:
+            return "no longer exists"
+        state, end = str(cr.get("State", "")), cr.get("EndDate")
+        end_text = end.isoformat() if hasattr(end, "isoformat") else str(end) if end else None
+        if state == "active" and not _past(end_text):
+            return None
+        if state in ("active", "expired"):
+            return "expired" + (f" on {end_text[:10]}" if end_text else "")
+        return state
 
     def usage_costs(self, ctx: Context) -> list[str]:
         prices = self._planned_prices
@@ -159,6 +185,7 @@ class AwsLayer(Layer):
         if watch.all_regions:
             request = request.model_copy(update={"all_regions": True})
         self.report = None
+        self._notes = []
         # The image's size from its registry, asked while the matrix fills in (it never raises, and
         # gives up within its own deadline).
         sized = asyncio.ensure_future(asyncio.to_thread(image_size, config.image))
@@ -213,11 +240,21 @@ class AwsLayer(Layer):
         index = {zone: i for i, zone in enumerate(sorted(zones))}
         quota, system_quota = region.quota, region.system_quota
         named = {z.zone: reserved_nodes(z.reservations)[1] for z in region.zones}
-        reservations: dict[str, tuple[str, str]] = {az: (r.id, r.kind) for az, r in named.items() if r is not None}
-        # The reservation this run's nodes already fill shows no free slot now: keep naming it.
+        reservations = {az: NamedReservation(r.id, r.kind, r.placement_group)
+                        for az, r in named.items() if r is not None}
+        # The reservation this run's nodes already fill shows no free slot now: keep naming it, while it
+        # lasts. One that expired or was cancelled is named no more, and the plan says what replaces it.
         kept = facts.get("reservation") or {}
         if kept.get("az") and kept.get("id"):
-            reservations[kept["az"]] = (str(kept["id"]), str(kept.get("kind") or "odcr"))
+            ended = await self._reservation_ended(ctx, str(kept["id"]), zones.get(kept["az"]))
+            if ended is None:
+                reservations[kept["az"]] = NamedReservation(str(kept["id"]), str(kept.get("kind") or "odcr"),
+                                                            kept.get("placement_group"))
+            elif kept["az"] == gpu_az:
+                zone = zones.get(gpu_az)
+                uses = _capacity_used(reservations.get(gpu_az), reserved_nodes(zone.reservations)[0] if zone else 0,
+                                      config.gpu_node_count)
+                self._notes.append(f"capacity reservation {kept['id']} {ended}: the GPU nodes now use {uses}")
         return Topology(
             reservations=reservations, system_disk_gb=disk_gb, system_disk_why=f"{disk_why} ({image.reason})",
             network_azs=network_azs, gpu_az=gpu_az, az_index=index,
@@ -263,8 +300,7 @@ class AwsLayer(Layer):
             ctx.record.facts.update({"gpu_az": topo.gpu_az, "network_azs": topo.network_azs,
                                      "system_disk_gb": topo.system_disk_gb})
             named = topo.gpu_reservation
-            ctx.record.facts["reservation"] = (
-                {"az": topo.gpu_az, "id": named[0], "kind": named[1]} if named else None)
+            ctx.record.facts["reservation"] = named.to_fact(topo.gpu_az) if named else None
             ctx.save()
 
     def fail_over(self, ctx: Context, failed_az: str, why: str) -> str | None:
@@ -301,6 +337,10 @@ class AwsLayer(Layer):
         self._planned_prices = prices
         adopted = bool(config.vpc_id)
         self._planned_nat = not adopted
+        cost = price_plan(prices, PlanShape(
+            gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count, gpu_disk_gb=ROOT_VOLUME_GB,
+            system_node_type=config.system_node_type, system_node_count=config.system_node_count,
+            system_disk_gb=topo.system_disk_gb, nat_gateway=not adopted)).parts
         private = [subnet_address("private", az) for az in topo.subnet_azs]
         res(VPC, "aws-vpc", {"cidr": "10.0.0.0/16"} if not adopted else {"cidr": None})
         for az in topo.subnet_azs:
@@ -312,8 +352,8 @@ class AwsLayer(Layer):
                 res(subnet_address("public", az), "aws-subnet",
                     {"az": az, "cidr": subnet_cidr("public", topo.az_index[az]), "role": "public"}, VPC)
             res(IGW, "aws-internet-gateway", {}, VPC)
-            nat, nat_note = nat_cost(prices)
-            res(NAT, "aws-nat-gateway", {"az": topo.network_azs[0]}, IGW, public[0], cost=nat, note=nat_note)
+            nat = cost["nat_gateway"]
+            res(NAT, "aws-nat-gateway", {"az": topo.network_azs[0]}, IGW, public[0], cost=nat.per_hour, note=nat.note)
             res(PUBLIC_RT, "aws-route-table", {"role": "public", "via": "internet-gateway",
                                                "azs": sorted(topo.network_azs)}, IGW, *public)
             res(PRIVATE_RT, "aws-route-table", {"role": "private", "via": "nat-gateway",
@@ -328,29 +368,32 @@ class AwsLayer(Layer):
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,
                                              "public_cidrs": sorted(config.api_cidr_list())},
-            CLUSTER_ROLE, NODE_SG, *cluster_private, cost=prices.eks_cluster_per_hour)
+            CLUSTER_ROLE, NODE_SG, *cluster_private, cost=cost["eks_control_plane"].per_hour)
         res(ACCESS_ENTRY, "aws-access-entry", {"policy": "cluster-admin"}, EKS_CLUSTER)
         res(KUBECONFIG, "aws-kubeconfig", {"context": "the cluster ARN"}, EKS_CLUSTER, ACCESS_ENTRY)
         for addon in ADDONS:
             deps = (EKS_CLUSTER, SYSTEM_NODES) if addon == "coredns" else (EKS_CLUSTER,)
             res(addon_address(addon), "aws-eks-addon", {"name": addon}, *deps)
         efa = config.wants_efa()
-        res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
-        reservation, reservation_kind = topo.gpu_reservation or (None, None)
-        block = reservation_kind == "capacity-block"
+        named = topo.gpu_reservation
+        block = named is not None and named.kind == "capacity-block"
+        placement, own_group = topo.gpu_placement_group
+        if own_group:
+            placement = names.placement_group(topo.gpu_az)
+            res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
         res(LAUNCH_TEMPLATE, "aws-launch-template",
             {"efa": efa, "efa_interfaces": topo.efa_interfaces if efa else 0, "volume_gb": ROOT_VOLUME_GB,
-             "imdsv2": True, "cluster_sg": True, "reservation": reservation, "capacity_block": block,
-             "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
+             "imdsv2": True, "cluster_sg": True, "reservation": named.id if named else None,
+             "capacity_block": block, "placement_group": placement},
+            NODE_SG, EKS_CLUSTER, *((PLACEMENT_GROUP,) if own_group else ()),
+            note="" if named is None else _placement_note(named))
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
-        system_cost, system_note = nodegroup_cost(prices, config.system_node_type, config.system_node_count,
-                                                  topo.system_disk_gb)
-        gpu_cost, gpu_note = nodegroup_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB)
+        system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
              "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb},
             *node_deps, *cluster_private,
-            cost=system_cost, note=system_note,
+            cost=system_cost.per_hour, note=system_cost.note,
             quota=self._quota(topo.system_quota_code, topo.system_headroom,
                               topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
         res(GPU_NODES, "aws-nodegroup",
@@ -358,7 +401,7 @@ class AwsLayer(Layer):
              "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
              "capacity_type": "CAPACITY_BLOCK" if block else "ON_DEMAND"},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
-            cost=gpu_cost, note=gpu_note,
+            cost=gpu_cost.per_hour, note=gpu_cost.note,
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,
                               topo.vcpus.get(config.gpu_node_type, 0) * config.gpu_node_count))
         return sorted(out, key=lambda r: _rank(r.address))
@@ -454,7 +497,12 @@ class AwsLayer(Layer):
                             remedy="fix the subnets or drop --vpc-id to let rtui build a VPC" if problems else None)]
 
     async def sweep(self, ctx: Context) -> list[Leftover]:
-        return await sweep(aws_api(ctx.config), ctx)
+        config = ctx.config
+
+        async def prices(types: tuple[str, ...]) -> RegionPrices:
+            return await asyncio.to_thread(self.price_book(config).region, config.region, types)
+
+        return await sweep(aws_api(config), ctx, prices)
 
 
 def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResult]:
@@ -505,3 +553,32 @@ def _control_plane_azs(zones: Sequence[ZoneReport], gpu_az: str, where: str, rem
     if len(picked) < 2:
         raise UserError(f"EKS needs subnets in two AZs and {where} has {len(picked)} it accepts", remedy=remedy)
     return picked
+
+
+def _placement_note(named: NamedReservation) -> str:
+    """Why the GPU nodes go where they go when a reservation holds them."""
+    if named.kind == "capacity-block":
+        return f"Capacity Block {named.id}: co-located already, no placement group"
+    if named.placement_group:
+        return f"targeted ODCR {named.id}: into its placement group {named.placement_group}"
+    return f"targeted ODCR {named.id}: made outside any placement group, so none (its capacity is not in one)"
+
+
+def _past(when: str | None) -> bool:
+    """Whether an ISO timestamp (a reservation's end date) has passed."""
+    if not when:
+        return False
+    try:
+        moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return moment.timestamp() <= time.time()
+
+
+def _capacity_used(named: NamedReservation | None, open_reserved: int, count: int) -> str:
+    """What capacity the GPU nodes of a plan launch into, in words."""
+    if named is not None:
+        return f"{'Capacity Block' if named.kind == 'capacity-block' else 'targeted ODCR'} {named.id}"
+    if open_reserved:
+        return f"open capacity reservations for {min(open_reserved, count)} of {count} nodes, On-Demand for the rest"
+    return "On-Demand capacity"

@@ -104,10 +104,11 @@ def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dic
         "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
             "VolumeSize": want.spec["volume_gb"], "VolumeType": "gp3", "DeleteOnTermination": True}}],
-        "Placement": {"GroupName": want.spec["placement_group"]},
         "TagSpecifications": [*tag_spec("instance", node_tags, f"{ctx.config.cluster_name}-gpu"),
                               *tag_spec("network-interface", node_tags), *tag_spec("volume", node_tags)],
     }
+    if want.spec.get("placement_group"):  # none for a Capacity Block or an ODCR held outside any group
+        data["Placement"] = {"GroupName": want.spec["placement_group"]}
     # A targeted ODCR or a Capacity Block takes only instances that name it (EC2 API reference,
     # CapacityReservationSpecification); a Capacity Block also wants the capacity-block market (EKS User
     # Guide, capacity-blocks-mng). Open ODCRs need nothing: matching instances land in them by default.
@@ -188,7 +189,7 @@ class LaunchTemplateHandler(AwsHandler):
         else:
             template = await api.call(
                 "ec2", "create_launch_template", LaunchTemplateName=Names(ctx.config.cluster_name).launch_template,
-                ClientToken=create_token(ctx, want.address, want.spec["placement_group"],
+                ClientToken=create_token(ctx, want.address, want.spec["placement_group"] or "no-group",
                                          limits=LAUNCH_TEMPLATE_TOKEN),
                 LaunchTemplateData=launch_template_data(ctx, await node_groups(api, ctx), want),
                 TagSpecifications=tag_spec("launch-template", run_tags(ctx)))

@@ -3,40 +3,77 @@ for anything at all still in the run's VPC (tagged or not).
 
 It looks at every resource type the aws layer makes (and the network interfaces EKS and EFA
 leave in our subnets), straight from the APIs, not from the record. Whatever it finds is
-listed with what it still costs per hour; ``rtui down`` then exits non-zero.
+listed with what it still costs per hour, at the same region prices the plan used (the Pricing
+API, or the built-in table labelled an estimate), asked only when something billable is left;
+``rtui down`` then exits non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from backend.aws import catalog
+from backend.aws.pricing import RegionPrices
 from backend.layers.aws.api import CLUSTER_TAG, IAM_PATH, RUN_TAG, AwsApi, run_filter
-from backend.layers.aws.base import CLUSTER_COST, PUBLIC_IPV4_PER_HOUR, instance_price
 from backend.layers.base import Context
 from backend.model import Leftover
 
 _NOT_FOUND = ("ResourceNotFoundException",)
 
+# What a leftover bills per hour at a region's prices (the kind of Leftover.state tells which).
+Bill = Callable[[RegionPrices], float]
+PriceLookup = Callable[[tuple[str, ...]], Awaitable[RegionPrices]]
 
-async def sweep(api: AwsApi, ctx: Context) -> list[Leftover]:
+
+def _instances_of(instance_type: str, count: int = 1) -> Bill:
+    return lambda prices: (prices.instance(instance_type) or 0.0) * count
+
+
+def _cluster(prices: RegionPrices) -> float:
+    return prices.eks_cluster_per_hour
+
+
+def _nat(prices: RegionPrices) -> float:
+    return prices.nat_per_hour
+
+
+def _public_ip(prices: RegionPrices) -> float:
+    return prices.public_ipv4_per_hour
+
+
+async def sweep(api: AwsApi, ctx: Context, prices: PriceLookup) -> list[Leftover]:
+    """What is left of the run; ``prices`` gives the region's prices for some instance types (the
+    session's, so the plan, the matrix and the sweep quote the same figures)."""
     run = ctx.record.run_id
+    bills: dict[int, Bill] = {}
     finders: list[Callable[[], Awaitable[list[Leftover]]]] = [
-        lambda: _eks(api, ctx), lambda: _ec2(api, ctx), lambda: _roles(api, run)]
-    found = await asyncio.gather(*(f() for f in finders))
+        lambda: _eks(api, ctx, bills), lambda: _ec2(api, ctx, bills), lambda: _roles(api, run)]
+    found = [item for group in await asyncio.gather(*(f() for f in finders)) for item in group]
+    billed = [item for item in found if id(item) in bills]
+    if billed:
+        types = tuple(sorted({item.state.split(",")[0] for item in billed if item.kind in ("instance", "nodegroup")}
+                             | {ctx.config.gpu_node_type, ctx.config.system_node_type}))
+        quote = await prices(types)
+        found = [dataclasses.replace(item, cost_per_hour=round(bills[id(item)](quote), 4), price_source=quote.source)
+                 if id(item) in bills else item for item in found]
     # What bills first: a user reading one line sees the costly leftovers.
-    return sorted((item for group in found for item in group), key=lambda item: -item.cost_per_hour)
+    return sorted(found, key=lambda item: -item.cost_per_hour)
 
 
-async def _eks(api: AwsApi, ctx: Context) -> list[Leftover]:
+def _billed(bills: dict[int, Bill], item: Leftover, bill: Bill) -> Leftover:
+    bills[id(item)] = bill
+    return item
+
+
+async def _eks(api: AwsApi, ctx: Context, bills: dict[int, Bill]) -> list[Leftover]:
     out: list[Leftover] = []
     name = ctx.config.cluster_name
     cluster = await api.call("eks", "describe_cluster", name=name, ok=_NOT_FOUND)
     if cluster is None or (cluster["cluster"].get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
         return out
-    out.append(Leftover("EKS cluster", name, cluster["cluster"]["status"].lower(), CLUSTER_COST))
+    out.append(_billed(bills, Leftover("EKS cluster", name, cluster["cluster"]["status"].lower()), _cluster))
     groups = await api.pages("eks", "list_nodegroups", "nodegroups", clusterName=name)
     for group_name in groups:
         group = (await api.call("eks", "describe_nodegroup", clusterName=name, nodegroupName=group_name,
@@ -44,14 +81,16 @@ async def _eks(api: AwsApi, ctx: Context) -> list[Leftover]:
         if group is None:
             continue
         size = (group.get("scalingConfig") or {}).get("desiredSize") or 0
-        price = instance_price(ctx.config, (group.get("instanceTypes") or [""])[0]) or 0.0
-        out.append(Leftover("nodegroup", f"{name}/{group_name}", group["status"].lower(), round(price * size, 4)))
+        instance_type = (group.get("instanceTypes") or [""])[0]
+        out.append(_billed(bills, Leftover("nodegroup", f"{name}/{group_name}",
+                                           f"{instance_type}, {size} nodes, {group['status'].lower()}"),
+                           _instances_of(instance_type, size)))
     for addon in await api.pages("eks", "list_addons", "addons", clusterName=name):
         out.append(Leftover("EKS add-on", f"{name}/{addon}"))
     return out
 
 
-async def _ec2(api: AwsApi, ctx: Context) -> list[Leftover]:
+async def _ec2(api: AwsApi, ctx: Context, bills: dict[int, Bill]) -> list[Leftover]:
     run = ctx.record.run_id
 
     async def tagged(operation: str, key: str) -> list[dict[str, Any]]:
@@ -65,13 +104,14 @@ async def _ec2(api: AwsApi, ctx: Context) -> list[Leftover]:
              ("describe_placement_groups", "PlacementGroups"), ("describe_network_interfaces", "NetworkInterfaces")]
     found = await asyncio.gather(*(tagged(operation, key) for operation, key in kinds))
     vpcs, subnets, gateways, nats, addresses, tables, groups, templates, placement, enis = found
-    instances = await _instances(api, ctx)
+    instances = await _instances(api, ctx, bills)
     out = [Leftover("VPC", v["VpcId"]) for v in vpcs]
     out += [Leftover("subnet", s["SubnetId"], s["AvailabilityZone"]) for s in subnets]
     out += [Leftover("internet gateway", g["InternetGatewayId"]) for g in gateways]
-    out += [Leftover("NAT gateway", n["NatGatewayId"], n["State"], catalog.NAT_GATEWAY_PER_HOUR) for n in nats
+    out += [_billed(bills, Leftover("NAT gateway", n["NatGatewayId"], n["State"]), _nat) for n in nats
             if n["State"] != "deleted"]
-    out += [Leftover("Elastic IP", a["AllocationId"], a.get("PublicIp", ""), PUBLIC_IPV4_PER_HOUR) for a in addresses]
+    out += [_billed(bills, Leftover("Elastic IP", a["AllocationId"], a.get("PublicIp", "")), _public_ip)
+            for a in addresses]
     out += [Leftover("route table", t["RouteTableId"]) for t in tables]
     out += [Leftover("security group", g["GroupId"]) for g in groups]
     out += [Leftover("launch template", t["LaunchTemplateId"]) for t in templates]
@@ -87,11 +127,11 @@ async def _ec2(api: AwsApi, ctx: Context) -> list[Leftover]:
     out += instances
     if vpcs:
         seen_ids = {item.id for item in out}
-        out += [item for item in await _in_vpcs(api, [v["VpcId"] for v in vpcs]) if item.id not in seen_ids]
+        out += [item for item in await _in_vpcs(api, [v["VpcId"] for v in vpcs], bills) if item.id not in seen_ids]
     return out
 
 
-async def _in_vpcs(api: AwsApi, vpc_ids: list[str]) -> list[Leftover]:
+async def _in_vpcs(api: AwsApi, vpc_ids: list[str], bills: dict[int, Bill]) -> list[Leftover]:
     """Whatever is still in the run's VPC, tagged by us or not (EKS's own security group, what a
     controller or a user made there): each of them keeps the VPC from being deleted."""
     in_vpc = [{"Name": "vpc-id", "Values": vpc_ids}]
@@ -113,23 +153,23 @@ async def _in_vpcs(api: AwsApi, vpc_ids: list[str]) -> list[Leftover]:
     out += [Leftover("network interface", e["NetworkInterfaceId"],
                      f"{e.get('InterfaceType', 'interface')}, {e.get('Status', '')}") for e in enis]
     out += [Leftover("internet gateway", g["InternetGatewayId"]) for g in gateways]
-    out += [Leftover("NAT gateway", n["NatGatewayId"], n["State"], catalog.NAT_GATEWAY_PER_HOUR) for n in nats
+    out += [_billed(bills, Leftover("NAT gateway", n["NatGatewayId"], n["State"]), _nat) for n in nats
             if n["State"] not in ("deleted", "deleting")]
-    out += [Leftover("instance", i["InstanceId"], f"{i['InstanceType']}, {i['State']['Name']}")
-            for r in reservations for i in r.get("Instances") or []]
+    out += [_billed(bills, Leftover("instance", i["InstanceId"], f"{i['InstanceType']}, {i['State']['Name']}"),
+                    _instances_of(i["InstanceType"])) for r in reservations for i in r.get("Instances") or []]
     return out
 
 
-async def _instances(api: AwsApi, ctx: Context) -> list[Leftover]:
+async def _instances(api: AwsApi, ctx: Context, bills: dict[int, Bill]) -> list[Leftover]:
     reservations = await api.pages("ec2", "describe_instances", "Reservations", Filters=[
         *run_filter(ctx.record.run_id),
         {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}])
     out = []
     for reservation in reservations:
         for instance in reservation.get("Instances") or []:
-            out.append(Leftover("instance", instance["InstanceId"],
-                                f"{instance['InstanceType']}, {instance['State']['Name']}",
-                                instance_price(ctx.config, instance["InstanceType"]) or 0.0))
+            out.append(_billed(bills, Leftover("instance", instance["InstanceId"],
+                                               f"{instance['InstanceType']}, {instance['State']['Name']}"),
+                               _instances_of(instance["InstanceType"])))
     return out
 
 
