@@ -36,11 +36,12 @@ _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGIO
 # (backend/layers/aws/base.py system_disk_gb), never by reaching public.ecr.aws.
 DEFAULT_IMAGE_LAYERS = [6_000_000_000, 5_000_000_000, 3_000_000_000]
 DEFAULT_IMAGE_ENV = "RTUI_IMAGE"
+ADDON_REGISTRY_ENV = "RTUI_ADDON_REGISTRY"
 
 
 def image_env() -> dict[str, str]:
-    """The environment a config resolved inside a test takes (its image from the registry double)."""
-    return {DEFAULT_IMAGE_ENV: os.environ[DEFAULT_IMAGE_ENV]}
+    """The environment a config resolved inside a test takes (its images from the registry double)."""
+    return {name: os.environ[name] for name in (DEFAULT_IMAGE_ENV, ADDON_REGISTRY_ENV)}
 
 
 @pytest.fixture(scope="session")
@@ -52,12 +53,15 @@ def image_registry() -> Iterator[FakeRegistry]:
 
 @pytest.fixture(autouse=True)
 def no_real_network(image_registry: FakeRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Points every config at the registry double (``RTUI_IMAGE``, as a user picks an image) and fails
+    """Points every config at the registry double (``RTUI_IMAGE`` and ``RTUI_ADDON_REGISTRY``, as a user
+    picks an image and a mirror) and fails
     the test that tried to reach a non-loopback address, here or in an ``rtui`` it started (the guard's
     site dir on PYTHONPATH)."""
     log = tmp_path / "netguard-attempts.log"
     log.touch()
     monkeypatch.setenv(DEFAULT_IMAGE_ENV, image_registry.image())
+    # The add-ons' images (device plugins, KubeRay operator) from the same double, as from a mirror.
+    monkeypatch.setenv(ADDON_REGISTRY_ENV, image_registry.host)
     monkeypatch.setenv(netguard.LOG_ENV, str(log))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         p for p in (str(netguard.SITE_DIR), os.environ.get("PYTHONPATH")) if p))
@@ -73,8 +77,8 @@ def no_real_network(image_registry: FakeRegistry, tmp_path: Path, monkeypatch: p
 
 @pytest.fixture(autouse=True)
 def _nothing_but_aws(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the Ray image's registry double answers here (not the add-ons' registries, nor the Hub): the
-    aws tests plan on with tags (as --allow-unpinned does) and
+    """The Hub does not answer here, and a test may point at a registry that does not: the
+    aws tests plan on with tags where a digest cannot be had (as --allow-unpinned does) and
     a given model commit (a full sha is used without asking the Hub). Set after tests/conftest.py's
     isolated_env, which clears every RTUI_* variable; pinning is tested in tests/kubernetes."""
     monkeypatch.setenv("RTUI_ALLOW_UNPINNED", "true")

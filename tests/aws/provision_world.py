@@ -48,7 +48,8 @@ async def collect(events: AsyncIterator[StepEvent]) -> Outcome:
 
 
 def session_for(**values: Any) -> RunSession:
-    # Only the Ray image's registry double answers here: the plan goes on with tags (--allow-unpinned); tests/kubernetes pins.
+    # Images come from the registry double (conftest.image_env); one that cannot be pinned goes on
+    # by tag (--allow-unpinned). tests/kubernetes tests the pinning.
     return RunSession.for_config(resolve_config({"target": "aws", "region": REGION, "allow_unpinned": "true",
                                                  "model_revision": "0" * 40, **values}, environ=image_env()))
 

@@ -9,7 +9,7 @@ Pure data, as the aws layer will apply it:
   ``k8s.io/cluster-autoscaler/node-template/{label,taint,resources}/…`` tags
   (kubernetes/autoscaler, cluster-autoscaler/cloudprovider/aws/README.md, "Scaling a node group to
   0"). For an EKS managed nodegroup it reads labels and taints from ``eks:DescribeNodegroup`` too,
-  but extended resources (``nvidia.com/gpu``, ``vpc.amazonaws.com/efa``) only from ASG tags, and
+  but extended resources (the GPU and EFA device resources) only from ASG tags, and
   EKS does not copy a nodegroup's tags to its ASG: they go on the ASG itself.
 - The IAM policy cluster-autoscaler's pod gets through EKS Pod Identity: the read-only calls it
   needs on every group (they take no resource-level permissions), and the two that change a group
