@@ -43,7 +43,7 @@ from moto.iam.exceptions import MalformedPolicyDocument
 from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
 from tests.aws import moto_provision_api as api
-from tests.aws import moto_provision_ec2, moto_reservations, moto_strict
+from tests.aws import moto_provision_ec2, moto_reservations, moto_security, moto_strict
 from tests.aws.moto_ext import SCRIPT
 
 LOCK = threading.RLock()
@@ -542,6 +542,7 @@ def install_provisioning() -> Callable[[], None]:
     patch(IAMBackend, "create_role", _create_role(IAMBackend.create_role))
     undo_ec2 = moto_provision_ec2.install(patch)
     moto_strict.install(patch)  # issue 20's rules, on top of the wrappers above
+    moto_security.install(patch)  # issue 23's rules
 
     def uninstall() -> None:
         undo_ec2()

@@ -33,6 +33,7 @@ ACCESS_ENTRY = "aws.access-entry.admin"
 KUBECONFIG = "aws.kubeconfig"
 PLACEMENT_GROUP = "aws.placement-group.gpu"
 LAUNCH_TEMPLATE = "aws.launch-template.gpu"
+SYSTEM_LAUNCH_TEMPLATE = "aws.launch-template.system"
 SYSTEM_NODES = "aws.nodegroup.system"
 GPU_NODES = "aws.nodegroup.gpu"
 ADDONS = ("vpc-cni", "kube-proxy", "coredns")
@@ -102,6 +103,10 @@ class Names:
     @property
     def launch_template(self) -> str:
         return f"rtui-{self.cluster}-gpu"
+
+    @property
+    def system_launch_template(self) -> str:
+        return f"rtui-{self.cluster}-system"
 
     @property
     def system_nodegroup(self) -> str:

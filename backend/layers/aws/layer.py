@@ -37,6 +37,7 @@ from backend.layers.aws.base import (
     PRIVATE_RT,
     PUBLIC_RT,
     ROOT_VOLUME_GB,
+    SYSTEM_LAUNCH_TEMPLATE,
     SYSTEM_NODES,
     VPC,
     AwsHandler,
@@ -73,7 +74,7 @@ AMI_GPU = "AL2023_x86_64_NVIDIA"
 AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
 ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, EKS_CLUSTER,
-         ACCESS_ENTRY, KUBECONFIG, "aws.addon", PLACEMENT_GROUP, LAUNCH_TEMPLATE, SYSTEM_NODES, GPU_NODES)
+         ACCESS_ENTRY, KUBECONFIG, "aws.addon", PLACEMENT_GROUP, "aws.launch-template", SYSTEM_NODES, GPU_NODES)
 
 
 @dataclass
@@ -340,16 +341,20 @@ class AwsLayer(Layer):
         block = reservation_kind == "capacity-block"
         res(LAUNCH_TEMPLATE, "aws-launch-template",
             {"efa": efa, "efa_interfaces": topo.efa_interfaces if efa else 0, "volume_gb": ROOT_VOLUME_GB,
-             "imdsv2": True, "cluster_sg": True, "reservation": reservation, "capacity_block": block,
+             "imdsv2": True, "imds_hop_limit": 1, "cluster_sg": True, "reservation": reservation,
+             "capacity_block": block,
              "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
+        res(SYSTEM_LAUNCH_TEMPLATE, "aws-launch-template",
+            {"volume_gb": topo.system_disk_gb, "imdsv2": True, "imds_hop_limit": 1}, EKS_CLUSTER)
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
         system_cost, system_note = nodegroup_cost(prices, config.system_node_type, config.system_node_count,
                                                   topo.system_disk_gb)
         gpu_cost, gpu_note = nodegroup_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB)
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
-             "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb},
-            *node_deps, *cluster_private,
+             "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb,
+             "launch_template": True},
+            *node_deps, *cluster_private, SYSTEM_LAUNCH_TEMPLATE,
             cost=system_cost, note=system_note,
             quota=self._quota(topo.system_quota_code, topo.system_headroom,
                               topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
