@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from tests.aws.conftest import World
-from tests.aws.provision_world import REGION, down, eks, session_for, tagged, up
+from tests.aws.provision_world import REGION, down, eks, iam, session_for, tagged, up
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 CLUSTER = "rtui-ray"
@@ -44,3 +44,65 @@ async def test_every_node_requires_imdsv2_with_hop_limit_1(world: World, kube_fi
     assert loose == {}, f"nodes whose pods can reach the node role's credentials: {loose}"
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
+
+
+def roles_of(run_id: str) -> dict[str, dict[str, Any]]:
+    """Every role of the run: its attached policies and its trust statement(s)."""
+    client = iam()
+    out = {}
+    for role in client.list_roles(PathPrefix="/rtui/")["Roles"]:
+        if {"Key": "rtui:run", "Value": run_id} not in client.list_role_tags(RoleName=role["RoleName"])["Tags"]:
+            continue
+        attached = client.list_attached_role_policies(RoleName=role["RoleName"])["AttachedPolicies"]
+        out[role["RoleName"]] = {"policies": sorted(p["PolicyName"] for p in attached),
+                                 "trust": role["AssumeRolePolicyDocument"]["Statement"]}
+    return out
+
+
+async def test_roles_hold_only_what_each_needs_and_the_cni_gets_its_permissions_by_pod_identity(
+        world: World, kube_file: Path) -> None:
+    session = session_for()
+    plan = await session.plan()
+    planned = {c.address for c in plan.changes}
+    assert {"aws.iam-role.pod-cni", "aws.pod-identity.cni", "aws.addon.eks-pod-identity-agent"} <= planned
+    made = await up(session)
+    assert made.ok, made.failures()  # the nodes join: aws-node has the CNI's permissions through pod identity
+    roles = roles_of(session.run_id)
+    assert {name: r["policies"] for name, r in roles.items()} == {
+        f"rtui-{CLUSTER}-cluster": ["AmazonEKSClusterPolicy"],
+        f"rtui-{CLUSTER}-nodes": ["AmazonEC2ContainerRegistryPullOnly", "AmazonEKSWorkerNodePolicy"],
+        f"rtui-{CLUSTER}-pod-cni": ["AmazonEKS_CNI_Policy"]}
+    account = boto3.client("sts", region_name=REGION).get_caller_identity()["Account"]
+    cluster_arn = eks().describe_cluster(name=CLUSTER)["cluster"]["arn"]
+    [pod] = roles[f"rtui-{CLUSTER}-pod-cni"]["trust"]
+    assert pod["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert sorted(pod["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+    assert pod["Condition"]["StringEquals"] == {
+        "aws:SourceAccount": account, "aws:RequestTag/eks-cluster-arn": cluster_arn,
+        "aws:RequestTag/kubernetes-namespace": "kube-system", "aws:RequestTag/kubernetes-service-account": "aws-node"}
+    [node] = roles[f"rtui-{CLUSTER}-nodes"]["trust"]
+    assert node["Principal"] == {"Service": "ec2.amazonaws.com"} and "Condition" not in node
+    associations = eks().list_pod_identity_associations(clusterName=CLUSTER)["associations"]
+    assert [(a["namespace"], a["serviceAccount"]) for a in associations] == [("kube-system", "aws-node")]
+    association = eks().describe_pod_identity_association(
+        clusterName=CLUSTER, associationId=associations[0]["associationId"])["association"]
+    assert association["roleArn"] == iam().get_role(RoleName=f"rtui-{CLUSTER}-pod-cni")["Role"]["Arn"]
+    assert "eks-pod-identity-agent" in eks().list_addons(clusterName=CLUSTER)["addons"]
+    again = await session.plan()
+    assert [(c.address, c.reason) for c in again.changes if c.layer == "aws" and c.action.value != "noop"] == []
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+    assert roles_of(session.run_id) == {}
+
+
+async def test_the_cluster_role_is_trusted_for_this_account_and_cluster_only(world: World, kube_file: Path) -> None:
+    session = session_for()
+    made = await up(session, until="aws.eks-cluster")
+    assert made.ok, made.failures()
+    account = boto3.client("sts", region_name=REGION).get_caller_identity()["Account"]
+    [statement] = roles_of(session.run_id)[f"rtui-{CLUSTER}-cluster"]["trust"]
+    assert statement["Principal"] == {"Service": "eks.amazonaws.com"}
+    assert statement["Condition"] == {
+        "StringEquals": {"aws:SourceAccount": account},
+        "ArnLike": {"aws:SourceArn": eks().describe_cluster(name=CLUSTER)["cluster"]["arn"]}}
+    assert (await down(session)).ok

@@ -36,7 +36,7 @@ LAUNCH_TEMPLATE = "aws.launch-template.gpu"
 SYSTEM_LAUNCH_TEMPLATE = "aws.launch-template.system"
 SYSTEM_NODES = "aws.nodegroup.system"
 GPU_NODES = "aws.nodegroup.gpu"
-ADDONS = ("vpc-cni", "kube-proxy", "coredns")
+ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent")
 
 # Public IPv4 addresses bill by the hour since 2024, the NAT gateway's EIP included.
 PUBLIC_IPV4_PER_HOUR = 0.005

@@ -58,8 +58,18 @@ from backend.layers.aws.cluster import (
     KubeconfigHandler,
     describe_cluster,
 )
-from backend.layers.aws.iam import CLUSTER_POLICIES, NODE_POLICIES, RoleHandler, service_principal
+from backend.layers.aws.iam import (
+    CLUSTER_POLICIES,
+    NODE_POLICIES,
+    POD_IDENTITIES,
+    POD_IDENTITY_PREFIX,
+    RoleHandler,
+    service_principal,
+    trust_shape,
+    trust_statement,
+)
 from backend.layers.aws.nodes import LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
+from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from backend.layers.aws.sweep import sweep
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
@@ -73,8 +83,9 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
 AMI_GPU = "AL2023_x86_64_NVIDIA"
 AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
-ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, EKS_CLUSTER,
-         ACCESS_ENTRY, KUBECONFIG, "aws.addon", PLACEMENT_GROUP, "aws.launch-template", SYSTEM_NODES, GPU_NODES)
+ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
+         EKS_CLUSTER, ACCESS_ENTRY, KUBECONFIG, "aws.addon", "aws.pod-identity", PLACEMENT_GROUP,
+         "aws.launch-template", SYSTEM_NODES, GPU_NODES)
 
 
 @dataclass
@@ -99,7 +110,7 @@ class AwsLayer(Layer):
         network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
         routes.RouteTableHandler(), routes.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
         AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
-        NodegroupHandler())}
+        NodegroupHandler(), PodIdentityHandler())}
 
     def __init__(self) -> None:
         self.topology: Topology | None = None
@@ -321,10 +332,16 @@ class AwsLayer(Layer):
                                                 "azs": sorted(topo.subnet_azs)}, NAT, *private)
         routes = () if adopted else (PRIVATE_RT,)
         res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
-        res(CLUSTER_ROLE, "aws-iam-role", {"service": service_principal(CLUSTER_ROLE, config.region),
-                                           "policies": sorted(CLUSTER_POLICIES)})
-        res(NODE_ROLE, "aws-iam-role", {"service": service_principal(NODE_ROLE, config.region),
-                                        "policies": sorted(NODE_POLICIES)})
+        def role(address: str, policies: Sequence[str]) -> None:
+            # The trust's actions and condition keys (the account is filled in when the role is made).
+            shape = trust_shape(trust_statement(address, config.region, "", config.cluster_name))
+            res(address, "aws-iam-role", {"service": service_principal(address, config.region),
+                                          "policies": sorted(policies), "trust": shape})
+
+        role(CLUSTER_ROLE, CLUSTER_POLICIES)
+        role(NODE_ROLE, NODE_POLICIES)
+        for identity in POD_IDENTITIES:
+            role(identity.role_address, identity.policies)
         cluster_private = [subnet_address("private", az) for az in topo.network_azs]
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,
@@ -335,6 +352,9 @@ class AwsLayer(Layer):
         for addon in ADDONS:
             deps = (EKS_CLUSTER, SYSTEM_NODES) if addon == "coredns" else (EKS_CLUSTER,)
             res(addon_address(addon), "aws-eks-addon", {"name": addon}, *deps)
+        for identity in POD_IDENTITIES:
+            res(identity.address, "aws-pod-identity", PodIdentityHandler.spec(ctx, identity), EKS_CLUSTER,
+                identity.role_address, addon_address(POD_IDENTITY_AGENT))
         efa = config.wants_efa()
         res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
         reservation, reservation_kind = topo.gpu_reservation or (None, None)
@@ -346,7 +366,9 @@ class AwsLayer(Layer):
              "placement_group": names.placement_group(topo.gpu_az)}, NODE_SG, EKS_CLUSTER, PLACEMENT_GROUP)
         res(SYSTEM_LAUNCH_TEMPLATE, "aws-launch-template",
             {"volume_gb": topo.system_disk_gb, "imdsv2": True, "imds_hop_limit": 1}, EKS_CLUSTER)
-        node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
+        # The nodes join once aws-node can assign addresses: its permissions come by pod identity.
+        node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"),
+                     *(p.address for p in POD_IDENTITIES))
         system_cost, system_note = nodegroup_cost(prices, config.system_node_type, config.system_node_count,
                                                   topo.system_disk_gb)
         gpu_cost, gpu_note = nodegroup_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB)
@@ -490,10 +512,9 @@ def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResul
 
 def _needs(later: str, earlier: str) -> bool:
     """Whether ``later`` must go before ``earlier`` is deleted (they share the VPC; IAM stands apart)."""
-    iam = (CLUSTER_ROLE, NODE_ROLE)
-    if earlier in iam:
-        return later in (EKS_CLUSTER, SYSTEM_NODES, GPU_NODES)
-    if later in iam:
+    if earlier.startswith("aws.iam-role."):
+        return later in (EKS_CLUSTER, SYSTEM_NODES, GPU_NODES) or later.startswith(POD_IDENTITY_PREFIX)
+    if later.startswith("aws.iam-role."):
         return False
     if earlier == PLACEMENT_GROUP:
         return later in (LAUNCH_TEMPLATE, GPU_NODES)
