@@ -42,11 +42,16 @@ API, its roles), made as strict as AWS. Each rule names the AWS document it copi
   request context, so a trust policy conditioned on other values refuses it and CreateCluster
   answers that the role could not be assumed (EKS User Guide, "Cross-service confused deputy
   prevention"; IAM User Guide, "The confused deputy problem"; the message as in ``_propagating``).
+- **CreateCluster's ``publicAccessCidrs`` are CIDR blocks.** EKS refuses anything else with
+  ``InvalidParameterException`` (EKS API reference, ``VpcConfigRequest.publicAccessCidrs``: the CIDR
+  blocks allowed to reach the public endpoint; an IPv4 cluster takes no IPv6 block). moto stored any
+  string. Whether EKS also refuses private ranges there is not documented; the double does not.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import json
 import time
 import uuid
@@ -290,6 +295,13 @@ def _condition_values(statement: dict[str, Any], operator: str, key: str) -> lis
 
 def _create_cluster(original: Callable[[EKSResponse], Any]) -> Callable[[EKSResponse], Any]:
     def create_cluster(self: EKSResponse) -> Any:
+        for cidr in (self._get_param("resourcesVpcConfig") or {}).get("publicAccessCidrs") or []:
+            try:
+                network = ipaddress.ip_network(str(cidr), strict=False)
+            except ValueError:
+                network = None
+            if network is None or network.version != 4:
+                raise _invalid(f"The following CIDRs are invalid in publicAccessCidrs: [{cidr}]")
         role_arn = str(self._get_param("roleArn") or "")
         partition = getattr(self, "partition", "aws")
         role = _role(self.current_account, partition, role_arn)

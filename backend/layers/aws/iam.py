@@ -34,8 +34,8 @@ POD_IDENTITY_PREFIX = "aws.pod-identity."
 @dataclass(frozen=True)
 class PodIdentity:
     """A Kubernetes service account that gets AWS credentials of its own role through EKS Pod Identity
-    (the ``eks-pod-identity-agent`` add-on hands them to its pods): the role, trusted by
-    ``pods.eks.amazonaws.com`` for that one cluster, namespace and service account, with ``policies``."""
+    (the ``eks-pod-identity-agent`` add-on hands them to its pods): the role, trusted by EKS Pod Identity
+    (the ``pods.eks`` service principal) for that one cluster, namespace and service account, with ``policies``."""
 
     name: str
     namespace: str

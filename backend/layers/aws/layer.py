@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
 from backend.aws.pricing import PriceBook, RegionPrices, builtin_region_prices, region_prices
+from backend.aws.public_ip import public_cidr
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
@@ -129,7 +130,25 @@ class AwsLayer(Layer):
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
         # The prices are asked while the preflight runs: the plan waits for neither twice.
-        self.topology, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx))
+        self.topology, _, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx),
+                                                   self._api_cidrs(ctx))
+
+    async def _api_cidrs(self, ctx: Context) -> list[str]:
+        """Who may reach the EKS API endpoint: ``--api-cidrs``, else the caller's public address, learned
+        once per run and kept in its record (a later plan from elsewhere does not move it by itself)."""
+        given = ctx.config.api_cidr_list()
+        if given:
+            return given
+        learned: list[str] | None = ctx.record.facts.get("api_cidrs")
+        if not learned:
+            learned = [await asyncio.to_thread(public_cidr)]
+            ctx.record.facts["api_cidrs"] = learned
+            ctx.save()
+        return learned
+
+    @staticmethod
+    def api_cidr_list(ctx: Context) -> list[str]:
+        return ctx.config.api_cidr_list() or list(ctx.record.facts.get("api_cidrs") or [])
 
     async def _region_prices(self, ctx: Context) -> RegionPrices:
         config = ctx.config
@@ -343,9 +362,12 @@ class AwsLayer(Layer):
         for identity in POD_IDENTITIES:
             role(identity.role_address, identity.policies)
         cluster_private = [subnet_address("private", az) for az in topo.network_azs]
+        cidrs = self.api_cidr_list(ctx)
+        access = ("OPEN TO THE WHOLE INTERNET (0.0.0.0/0): anyone can reach the API endpoint, which still asks "
+                  "for credentials" if "0.0.0.0/0" in cidrs else f"only from {', '.join(sorted(cidrs))}")
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,
-                                             "public_cidrs": sorted(config.api_cidr_list())},
+                                             "public_cidrs": sorted(cidrs), "api_access": access},
             CLUSTER_ROLE, NODE_SG, *cluster_private, cost=prices.eks_cluster_per_hour)
         res(ACCESS_ENTRY, "aws-access-entry", {"policy": "cluster-admin"}, EKS_CLUSTER)
         res(KUBECONFIG, "aws-kubeconfig", {"context": "the cluster ARN"}, EKS_CLUSTER, ACCESS_ENTRY)
