@@ -46,6 +46,12 @@ API, its roles), made as strict as AWS. Each rule names the AWS document it copi
   ``InvalidParameterException`` (EKS API reference, ``VpcConfigRequest.publicAccessCidrs``: the CIDR
   blocks allowed to reach the public endpoint; an IPv4 cluster takes no IPv6 block). moto stored any
   string. Whether EKS also refuses private ranges there is not documented; the double does not.
+- **Control-plane logging.** EKS knows five log types (``api``, ``audit``, ``authenticator``,
+  ``controllerManager``, ``scheduler``), refuses others with ``InvalidParameterException``, and
+  reports all five in ``logging.clusterLogging`` as one enabled and one disabled group; an update
+  changes only the types it names (EKS API reference, ``Logging``/``LogSetup``; EKS User Guide,
+  "Send control plane logs to CloudWatch Logs": all off by default). moto kept whatever it was
+  given, and replaced the whole setting on update.
 """
 
 from __future__ import annotations
@@ -332,6 +338,45 @@ def _create_cluster(original: Callable[[EKSResponse], Any]) -> Callable[[EKSResp
     return create_cluster
 
 
+LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+
+
+def _log_setting(current: dict[str, Any] | None, request: dict[str, Any] | None) -> dict[str, Any]:
+    enabled = {t for group in (current or {}).get("clusterLogging") or [] if group.get("enabled")
+               for t in group.get("types") or []}
+    for group in (request or {}).get("clusterLogging") or []:
+        types = list(group.get("types") or [])
+        unknown = [t for t in types if t not in LOG_TYPES]
+        if unknown:
+            raise _invalid(f"The type {unknown[0]} is not a valid log type; valid types are {', '.join(LOG_TYPES)}")
+        enabled = enabled | set(types) if group.get("enabled") else enabled - set(types)
+    return {"clusterLogging": [{"types": [t for t in LOG_TYPES if t in enabled], "enabled": True},
+                               {"types": [t for t in LOG_TYPES if t not in enabled], "enabled": False}]}
+
+
+def _logged_create(original: Callable[[EKSResponse], Any]) -> Callable[[EKSResponse], Any]:
+    def create_cluster(self: EKSResponse) -> Any:
+        setting = _log_setting(None, self._get_param("logging"))
+        result = original(self)
+        self.eks_backend.clusters[self._get_param("name")].logging = setting
+        return result
+
+    return create_cluster
+
+
+def _update_cluster_config(original: Callable[[EKSResponse], Any]) -> Callable[[EKSResponse], Any]:
+    def update_cluster_config(self: EKSResponse) -> Any:
+        cluster = _cluster(self)
+        if self._get_param("logging") is not None:
+            setting = _log_setting(cluster.logging, self._get_param("logging"))
+            result = original(self)
+            cluster.logging = setting
+            return result
+        return original(self)
+
+    return update_cluster_config
+
+
 ROUTES = ("{0}/clusters/(?P<name>[^/]+)/pod-identity-associations$",
           "{0}/clusters/(?P<name>[^/]+)/pod-identity-associations/(?P<associationId>[^/]+)$")
 METHODS = (create_pod_identity_association, describe_pod_identity_association, list_pod_identity_associations,
@@ -347,5 +392,6 @@ def install(patch: Patch) -> None:
         patch(EKSResponse, method.__name__, method)
     for route in ROUTES:
         eks_urls.url_paths.setdefault(route, eks_urls.response.dispatch)
-    patch(EKSResponse, "create_cluster", _create_cluster(EKSResponse.create_cluster))
+    patch(EKSResponse, "create_cluster", _logged_create(_create_cluster(EKSResponse.create_cluster)))
+    patch(EKSResponse, "update_cluster_config", _update_cluster_config(EKSResponse.update_cluster_config))
     patch(moto_provision, "_tick_nodegroup", _tick_nodegroup(moto_provision._tick_nodegroup))

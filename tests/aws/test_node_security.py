@@ -106,3 +106,16 @@ async def test_the_cluster_role_is_trusted_for_this_account_and_cluster_only(wor
         "StringEquals": {"aws:SourceAccount": account},
         "ArnLike": {"aws:SourceArn": eks().describe_cluster(name=CLUSTER)["cluster"]["arn"]}}
     assert (await down(session)).ok
+
+
+async def test_the_control_plane_logs_audit_and_authenticator_and_the_plan_prices_them(
+        world: World, kube_file: Path) -> None:
+    session = session_for()
+    plan = await session.plan()
+    assert any("CloudWatch" in line for line in plan.usage_costs), plan.usage_costs
+    made = await up(session, until="aws.eks-cluster")
+    assert made.ok, made.failures()
+    logging = eks().describe_cluster(name=CLUSTER)["cluster"]["logging"]["clusterLogging"]
+    enabled = {t for group in logging if group["enabled"] for t in group["types"]}
+    assert enabled == {"audit", "authenticator"}
+    assert (await down(session)).ok

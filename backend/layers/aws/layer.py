@@ -53,6 +53,9 @@ from backend.layers.aws.base import (
     system_disk_gb,
 )
 from backend.layers.aws.cluster import (
+    CLOUDWATCH_LOGS_GB_MONTH,
+    CLOUDWATCH_LOGS_PER_GB,
+    CONTROL_PLANE_LOGS,
     AccessEntryHandler,
     AddonHandler,
     EksClusterHandler,
@@ -175,9 +178,11 @@ class AwsLayer(Layer):
 
     def usage_costs(self, ctx: Context) -> list[str]:
         prices = self._planned_prices
-        if prices is None or not self._planned_nat:
+        if prices is None:
             return []
-        return [f"+ ${prices.nat_per_gb:.3f}/GB NAT data processing"]
+        logs = (f"+ ${CLOUDWATCH_LOGS_PER_GB:.2f}/GB (+ ${CLOUDWATCH_LOGS_GB_MONTH:.2f}/GB-month) CloudWatch "
+                f"Logs: control-plane {', '.join(CONTROL_PLANE_LOGS)} logs")
+        return [*([f"+ ${prices.nat_per_gb:.3f}/GB NAT data processing"] if self._planned_nat else []), logs]
 
     async def _topology(self, ctx: Context) -> Topology:
         from backend.aws import run_preflight
@@ -367,7 +372,8 @@ class AwsLayer(Layer):
                   "for credentials" if "0.0.0.0/0" in cidrs else f"only from {', '.join(sorted(cidrs))}")
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,
-                                             "public_cidrs": sorted(cidrs), "api_access": access},
+                                             "public_cidrs": sorted(cidrs), "api_access": access,
+                                             "logs": sorted(CONTROL_PLANE_LOGS)},
             CLUSTER_ROLE, NODE_SG, *cluster_private, cost=prices.eks_cluster_per_hour)
         res(ACCESS_ENTRY, "aws-access-entry", {"policy": "cluster-admin"}, EKS_CLUSTER)
         res(KUBECONFIG, "aws-kubeconfig", {"context": "the cluster ARN"}, EKS_CLUSTER, ACCESS_ENTRY)
