@@ -119,3 +119,17 @@ async def test_the_control_plane_logs_audit_and_authenticator_and_the_plan_price
     enabled = {t for group in logging if group["enabled"] for t in group["types"]}
     assert enabled == {"audit", "authenticator"}
     assert (await down(session)).ok
+
+
+async def test_up_and_down_write_a_symlinked_kubeconfig_through_the_link(world: World, kube_file: Path) -> None:
+    real = kube_file.parent.parent / "dotfiles" / "kubeconfig"
+    kube_file.parent.mkdir(parents=True, exist_ok=True)
+    kube_file.symlink_to(real)  # not there yet: the first write makes it, 0600
+    session = session_for()
+    made = await up(session, until="aws.kubeconfig")
+    assert made.ok, made.failures()
+    assert kube_file.is_symlink() and real.is_file() and oct(real.stat().st_mode & 0o777) == "0o600"
+    arn = eks().describe_cluster(name=CLUSTER)["cluster"]["arn"]
+    assert arn in real.read_text()
+    assert (await down(session)).ok
+    assert kube_file.is_symlink() and arn not in real.read_text()  # the entry went, the link stayed
