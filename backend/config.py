@@ -8,6 +8,7 @@ dir) > built-in default. ``resolve_config`` records the source of every field so
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -73,8 +74,9 @@ class RunConfig(BaseModel):
     vpc_id: str | None = Field(None, description="aws: an existing VPC to use (adopted: checked, never deleted)")
     private_subnet_ids: str = Field("", description="aws with --vpc-id: its private subnets, comma-separated (two "
                                                     "AZs at least, one in the GPU AZ, each routed to a NAT gateway)")
-    api_cidrs: str = Field("", description="aws: CIDRs allowed to reach the EKS API endpoint, comma-separated "
-                                           "(default: anywhere; the API still needs credentials)")
+    api_cidrs: str = Field("", description="aws: public CIDRs allowed to reach the EKS API endpoint, comma-separated "
+                                           "(default: your public address as AWS sees it; 0.0.0.0/0 opens it to "
+                                           "everyone, flagged in the plan)")
     system_node_type: str = Field("m7i.xlarge", description="Instance type of the system node (Ray head, operator)")
     system_node_count: int = Field(1, ge=1, le=10, description="Number of system nodes")
     gpu_node_type: str = Field("g6.12xlarge", description="Instance type of the GPU worker nodes")
@@ -183,6 +185,22 @@ class RunConfig(BaseModel):
                              f"job; pass only what the job needs (such as {', '.join(sorted(JOB_SECRETS))})")
         return v
 
+    @field_validator("api_cidrs")
+    @classmethod
+    def _real_cidrs(cls, v: str) -> str:
+        """Each an IPv4 network as written (no host bits), public: the public endpoint sees public addresses."""
+        for text in (c for c in v.split(",") if c):
+            try:
+                network = ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                raise ValueError(f"{text} is not an IPv4 CIDR (such as 203.0.113.0/24)") from None
+            if str(network) != text:
+                raise ValueError(f"{text} has host bits set: did you mean {network}?")
+            if network.prefixlen and not network.is_global:
+                raise ValueError(f"{text} is a private or reserved range: the public API endpoint sees only public "
+                                 "addresses")
+        return v
+
     @field_validator("hf_token")
     @classmethod
     def _token_source(cls, v: str) -> str:
@@ -194,7 +212,8 @@ class RunConfig(BaseModel):
         return [s for s in self.private_subnet_ids.split(",") if s]
 
     def api_cidr_list(self) -> list[str]:
-        return [c for c in self.api_cidrs.split(",") if c] or ["0.0.0.0/0"]
+        """The CIDRs given (none: the plan uses the caller's public address)."""
+        return [c for c in self.api_cidrs.split(",") if c]
 
     def wants_efa(self) -> bool:
         """Whether the GPU pods hold an EFA interface (they then need one on every GPU node)."""
@@ -605,4 +624,5 @@ def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
 
 
 # RTUI_* variables that are not config fields (so they are not reported as typos).
-_NON_CONFIG_ENV = frozenset({"RTUI_STATE_DIR", "RTUI_CONFIG_DIR", "RTUI_CACHE_DIR", "RTUI_LOG_LEVEL"})
+_NON_CONFIG_ENV = frozenset({"RTUI_STATE_DIR", "RTUI_CONFIG_DIR", "RTUI_CACHE_DIR", "RTUI_LOG_LEVEL",
+                             "RTUI_CHECKIP_URL"})

@@ -41,6 +41,7 @@ from backend.planner import apply_steps, select_until  # noqa: E402
 from backend.runner import Runner, Step  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.store import RunStore  # noqa: E402
+from tests.aws.checkip import CHECKIP  # noqa: E402
 from tests.aws.moto_ext import SCRIPT, ScriptedMotoServer, install  # noqa: E402
 from tests.aws.moto_provision import install_provisioning  # noqa: E402
 from tests.kubernetes.conftest import KubeCluster  # noqa: E402
@@ -51,8 +52,9 @@ from tests.kubernetes.fake_registry import FakeRegistry  # noqa: E402
 # The run's Secrets and NetworkPolicy (issue 23) come with the namespace, before the pods that need them.
 SEED_ORDER = [
     "aws.vpc", "aws.subnet", "aws.internet-gateway", "aws.nat-gateway", "aws.route-table",
-    "aws.security-group.nodes", "aws.iam-role", "aws.eks-cluster", "aws.addon", "aws.access-entry.admin",
-    "aws.kubeconfig", "aws.nodegroup.system", "aws.placement-group.gpu", "aws.launch-template.gpu",
+    "aws.security-group.nodes", "aws.iam-role", "aws.eks-cluster", "aws.addon", "aws.pod-identity",
+    "aws.access-entry.admin", "aws.kubeconfig", "aws.launch-template.system", "aws.nodegroup.system",
+    "aws.placement-group.gpu", "aws.launch-template.gpu",
     "aws.nodegroup.gpu", "k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator",
     "k8s.namespace", "k8s.secret.ray-token", "k8s.secret.job-env", "k8s.networkpolicy.ray", "k8s.raycluster",
     "k8s.gpu-workers"]
@@ -171,6 +173,8 @@ def main() -> None:
     install_provisioning()
     server = ScriptedMotoServer(SCRIPT)
     server.start()
+    CHECKIP.start()  # the caller's public address (the EKS API's default allow-list), never the internet's
+    os.environ["RTUI_CHECKIP_URL"] = CHECKIP.url
     host, port = server.get_host_and_port()
     os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_SESSION_TOKEN": "bench",
                        "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_CONFIG_FILE": "/nonexistent",

@@ -112,6 +112,7 @@ def kube_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str], 
 
 def aws_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str]) -> None:
     from bench.aws_up import join_nodes
+    from tests.aws.checkip import CheckIp
     from tests.aws.moto_ext import SCRIPT, ScriptedMotoServer, install
     from tests.aws.moto_provision import install_provisioning
 
@@ -130,8 +131,11 @@ def aws_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str]) -
     server = ScriptedMotoServer(SCRIPT)
     server.start()
     stack.callback(server.stop)
+    checkip = CheckIp()  # the caller's public address (the EKS API's default allow-list), never the internet's
+    checkip.start()
+    stack.callback(checkip.stop)
     host, port = server.get_host_and_port()
-    env.update({"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": NAME,
+    env.update({"RTUI_CHECKIP_URL": checkip.url, "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": NAME,
                 "AWS_SECRET_ACCESS_KEY": NAME, "AWS_SESSION_TOKEN": NAME, "AWS_REGION": "us-east-1",
                 "AWS_CONFIG_FILE": str(tmp / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-creds"),
                 "AWS_EC2_METADATA_DISABLED": "true", "RTUI_REGION": "us-east-1",

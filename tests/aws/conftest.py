@@ -15,6 +15,7 @@ import boto3
 import pytest
 
 from tests.aws import netguard
+from tests.aws.checkip import CHECKIP
 from tests.aws.moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
 from tests.aws.moto_provision import install_provisioning
 from tests.kubernetes.conftest import KubeCluster
@@ -92,6 +93,7 @@ def moto_endpoint() -> Iterator[str]:
     uninstall_provisioning = install_provisioning()
     server = ScriptedMotoServer(SCRIPT)
     server.start()
+    CHECKIP.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     with pytest.MonkeyPatch.context() as mp:  # restores the environment whatever happens
@@ -104,6 +106,7 @@ def moto_endpoint() -> Iterator[str]:
             yield endpoint
         finally:
             SCRIPT.reset()
+            CHECKIP.stop()
             server.stop()
             uninstall_provisioning()
             uninstall()
@@ -136,8 +139,11 @@ class World:
 
 
 @pytest.fixture
-def world(moto_endpoint: str) -> Iterator[World]:
+def world(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     SCRIPT.reset()
+    CHECKIP.reset()
+    # The caller's public address, never asked of the internet (set here: tests/conftest.py clears RTUI_*).
+    monkeypatch.setenv("RTUI_CHECKIP_URL", CHECKIP.url)
     request = urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")
     urllib.request.urlopen(request, timeout=10).close()
     # A generous account by default; tests tighten what they are about.

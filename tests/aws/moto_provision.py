@@ -43,7 +43,7 @@ from moto.iam.exceptions import MalformedPolicyDocument
 from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
 from tests.aws import moto_provision_api as api
-from tests.aws import moto_provision_ec2, moto_reservations, moto_strict
+from tests.aws import moto_provision_ec2, moto_reservations, moto_security, moto_strict
 from tests.aws.moto_ext import SCRIPT
 
 LOCK = threading.RLock()
@@ -302,9 +302,12 @@ def _ticking(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 # partitions.go; terraform-provider-aws names.ServicePrincipalNameForPartition, from aws-cdk's
 # region-info). IAM refuses another with ``MalformedPolicyDocument: Invalid principal in policy:
 # "SERVICE":"eks.amazonaws.com.cn"`` (the error users of terraform-aws-eks met in cn-north-1).
-SERVICE_PRINCIPALS = {"aws": {"ec2.amazonaws.com", "eks.amazonaws.com"},
-                      "aws-us-gov": {"ec2.amazonaws.com", "eks.amazonaws.com"},
-                      "aws-cn": {"ec2.amazonaws.com.cn", "ec2.amazonaws.com", "eks.amazonaws.com"}}
+# EKS Pod Identity's principal is ``pods.eks.amazonaws.com`` in every partition (EKS User Guide, "Create IAM
+# role with trust policy required by EKS Pod Identity", the same in its aws-cn edition).
+SERVICE_PRINCIPALS = {"aws": {"ec2.amazonaws.com", "eks.amazonaws.com", "pods.eks.amazonaws.com"},
+                      "aws-us-gov": {"ec2.amazonaws.com", "eks.amazonaws.com", "pods.eks.amazonaws.com"},
+                      "aws-cn": {"ec2.amazonaws.com.cn", "ec2.amazonaws.com", "eks.amazonaws.com",
+                                 "pods.eks.amazonaws.com"}}
 
 
 def _trusted_services(document: str) -> list[str]:
@@ -500,7 +503,8 @@ ROUTES = {  # added to moto's EKS URL map before the server builds its app
 # The AWS managed policies rtui attaches. moto can load all ~1,400 (MOTO_IAM_LOAD_MANAGED_POLICIES),
 # but it then parses them again at every reset: ~3 s per test. These few are all a test needs.
 NEEDED_POLICIES = ("AmazonEKSClusterPolicy", "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
-                   "AmazonEC2ContainerRegistryReadOnly", "AmazonSSMManagedInstanceCore")
+                   "AmazonEC2ContainerRegistryReadOnly", "AmazonEC2ContainerRegistryPullOnly",
+                   "AmazonSSMManagedInstanceCore")
 
 
 @functools.cache
@@ -542,10 +546,11 @@ def install_provisioning() -> Callable[[], None]:
     patch(IAMBackend, "create_role", _create_role(IAMBackend.create_role))
     undo_ec2 = moto_provision_ec2.install(patch)
     moto_strict.install(patch)  # issue 20's rules, on top of the wrappers above
+    moto_security.install(patch)  # issue 23's rules
 
     def uninstall() -> None:
         undo_ec2()
-        for route in ROUTES:
+        for route in (*ROUTES, *moto_security.ROUTES):
             eks_urls.url_paths.pop(route, None)
         for obj, name, old in reversed(patches):
             if old is _MISSING:

@@ -19,9 +19,9 @@ from tests.conftest import run_rtui
 PARTITIONS = [("cn-northwest-1", "aws-cn", "amazonaws.com.cn", {"cn-north-1", "cn-northwest-1"}),
               ("us-gov-west-1", "aws-us-gov", "amazonaws.com", {"us-gov-west-1", "us-gov-east-1"})]
 # The roles' service principals IAM takes there (tests/aws/moto_provision.py SERVICE_PRINCIPALS, eksctl's
-# partitions.go): EKS keeps amazonaws.com even in aws-cn, EC2 takes the partition's suffix.
-PRINCIPALS = {"aws-cn": {"eks.amazonaws.com", "ec2.amazonaws.com.cn"},
-              "aws-us-gov": {"eks.amazonaws.com", "ec2.amazonaws.com"}}
+# partitions.go): EKS keeps amazonaws.com even in aws-cn (EKS Pod Identity's too), EC2 takes the partition's suffix.
+PRINCIPALS = {"aws-cn": {"eks.amazonaws.com", "ec2.amazonaws.com.cn", "pods.eks.amazonaws.com"},
+              "aws-us-gov": {"eks.amazonaws.com", "ec2.amazonaws.com", "pods.eks.amazonaws.com"}}
 ARN = re.compile(r"arn:([a-z-]+):")
 HOST = re.compile(r"\b[\w.-]+\.amazonaws\.com(?:\.cn)?\b")
 

@@ -21,6 +21,9 @@ GPU_DISK_GB, SYSTEM_DISK_GB = 200, 100
 LONDON = {"eks": 0.10, "nat_hour": 0.05, "nat_gb": 0.05, "ebs_gp3": 0.0928, "ipv4": 0.005}
 LONDON_GPU, LONDON_SYSTEM = 5.6976, 0.2352
 
+# The control plane's audit and authenticator logs bill per GB in CloudWatch Logs (issue 23).
+LOGS = "+ $0.50/GB (+ $0.03/GB-month) CloudWatch Logs: control-plane audit, authenticator logs"
+
 
 def _quote_london(world: World) -> None:
     world.script.pricing_denied = False
@@ -53,7 +56,7 @@ def test_the_plan_prices_every_part_at_the_regions_pricing_api_quote(world: Worl
         "aws.nodegroup.gpu": pytest.approx(2 * LONDON_GPU + 2 * GPU_DISK_GB * gb_hour, abs=1e-4),
     }
     assert plan["price_source"] == "AWS Pricing API, eu-west-2 on-demand"
-    assert plan["usage_costs"] == ["+ $0.050/GB NAT data processing"]
+    assert plan["usage_costs"] == ["+ $0.050/GB NAT data processing", LOGS]
     nat = next(c for c in plan["changes"] if c["address"] == "aws.nat-gateway")
     assert "Elastic IP $0.005/h" in nat["cost_note"] and "+ $0.050/GB" in nat["cost_note"]
     # Every question went to an endpoint the Pricing API has, never to the run's region.
@@ -67,13 +70,13 @@ def test_without_the_pricing_api_the_plan_is_a_labelled_us_east_1_estimate(world
     disks = (2 * GPU_DISK_GB + SYSTEM_DISK_GB) * 0.08 / HOURS_PER_MONTH
     assert plan["cost_per_hour"] == pytest.approx(2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005 + disks, abs=1e-3)
     assert plan["price_source"] == "estimate, us-east-1 prices"
-    assert plan["usage_costs"] == ["+ $0.045/GB NAT data processing"]
+    assert plan["usage_costs"] == ["+ $0.045/GB NAT data processing", LOGS]
 
     text = run_rtui("plan", "--target", "aws", "--region", "us-east-1")
     assert text.returncode == 0, text.stderr
     cost_line = next(line for line in text.stdout.splitlines() if line.startswith("Plan:"))
-    assert cost_line.endswith(f"Cost: ${plan['cost_per_hour']:.2f}/hour, + $0.045/GB NAT data processing "
-                              "(estimate, us-east-1 prices).")
+    assert cost_line.endswith(f"Cost: ${plan['cost_per_hour']:.2f}/hour, + $0.045/GB NAT data processing, "
+                              f"{LOGS} (estimate, us-east-1 prices).")
     assert "200 GB gp3" in text.stdout and "Elastic IP $0.005/h" in text.stdout
 
 

@@ -15,8 +15,8 @@ from tests.aws.provision_world import RUN_TAG, down, ec2, eks, given_vpc, iam, s
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 EXPECTED = {"vpc": 1, "subnet": 4, "internet-gateway": 1, "nat-gateway": 1, "elastic-ip": 1, "route-table": 2,
-            "security-group": 1, "launch-template": 1, "placement-group": 1, "iam-role": 2, "eks-cluster": 1,
-            "nodegroup": 2, "addon": 3, "access-entry": 1}
+            "security-group": 1, "launch-template": 2, "placement-group": 1, "iam-role": 3, "eks-cluster": 1,
+            "nodegroup": 2, "addon": 4, "access-entry": 1}
 
 
 async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world: World, kube_file: Path) -> None:
@@ -38,7 +38,8 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
     for key in ("IpPermissions", "IpPermissionsEgress"):
         pairs = [pair["GroupId"] for p in group[key] if p["IpProtocol"] == "-1" for pair in p["UserIdGroupPairs"]]
         assert group["GroupId"] in pairs, f"no EFA self rule in {key}"
-    template = client.describe_launch_templates(Filters=run_filter)["LaunchTemplates"][0]
+    template = client.describe_launch_templates(
+        Filters=run_filter, LaunchTemplateNames=["rtui-rtui-ray-gpu"])["LaunchTemplates"][0]
     data = client.describe_launch_template_versions(LaunchTemplateId=template["LaunchTemplateId"])[
         "LaunchTemplateVersions"][0]["LaunchTemplateData"]
     interface = data["NetworkInterfaces"][0]
@@ -72,12 +73,13 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
     roles = {r["RoleName"]: r for r in iam().list_roles(PathPrefix="/rtui/")["Roles"]}
     attached = {p["PolicyName"] for p in iam().list_attached_role_policies(RoleName="rtui-rtui-ray-nodes")[
         "AttachedPolicies"]}
-    assert {"AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy"} <= attached and len(roles) == 2
+    # The CNI's permissions are its own role's (pod identity: test_node_security), not every pod's.
+    assert attached == {"AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly"} and len(roles) == 3
     assert kube_file.exists() and oct(kube_file.stat().st_mode & 0o777) == "0o600"
     assert "k8s-aws-v1" not in kube_file.read_text()  # an exec plugin, never a token
 
     again = await session.plan()
-    assert [c.address for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+    assert [(c.address, c.reason) for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
 
     gone = await down(session)
     assert gone.ok, gone.failures()
@@ -348,7 +350,7 @@ async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, k
         assert eks().list_access_entries(clusterName="rtui-ray")["accessEntries"] == [role["Arn"]]
         assert path in role["Arn"]
         again = await session.plan()
-        assert [c.address for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+        assert [(c.address, c.reason) for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
         assert (await down(session)).ok
         assert tagged(session.run_id) == {}
     finally:
@@ -394,7 +396,8 @@ async def test_a_create_whose_reply_was_lost_is_not_made_twice(world: World, kub
     assert made.ok, made.failures()
     assert any(e.cause == "InternalError" for e in made.retries())
     counts = tagged(session.run_id)
-    assert (counts["route-table"], counts["nat-gateway"], counts["launch-template"]) == (2, 1, 1)
+    # the GPU and the system launch templates, once each
+    assert (counts["route-table"], counts["nat-gateway"], counts["launch-template"]) == (2, 1, 2)
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
 

@@ -34,7 +34,8 @@ def test_plan_shows_every_change_its_cost_and_the_quota_it_uses(world: World, ku
     assert "$9.2470/h" in text  # 2 × g6.12xlarge and their 200 GB gp3 root volumes
     assert "uses 96 vCPUs of quota L-DB2E81BA (headroom 192)" in text
     # The system disk is 100 GB here (the registry double's default image is 14 GB compressed).
-    assert "Cost: $9.61/hour, + $0.045/GB NAT data processing (estimate, us-east-1 prices)." in text
+    assert ("Cost: $9.61/hour, + $0.045/GB NAT data processing, + $0.50/GB (+ $0.03/GB-month) CloudWatch Logs: "
+            "control-plane audit, authenticator logs (estimate, us-east-1 prices).") in text
 
 
 def test_up_status_down_through_the_binary(world: World, kube_file: Path) -> None:

@@ -38,7 +38,8 @@ async def test_p4d_nodes_launch_with_an_efa_on_each_of_their_four_cards(world: W
     assert made.ok, made.failures()
     client = ec2()
     run = [{"Name": f"tag:{RUN_TAG}", "Values": [session.run_id]}]
-    template = client.describe_launch_templates(Filters=run)["LaunchTemplates"][0]
+    template = client.describe_launch_templates(Filters=run, LaunchTemplateNames=["rtui-rtui-ray-gpu"])[
+        "LaunchTemplates"][0]
     data = client.describe_launch_template_versions(LaunchTemplateId=template["LaunchTemplateId"])[
         "LaunchTemplateVersions"][0]["LaunchTemplateData"]
     nics = data["NetworkInterfaces"]

@@ -11,15 +11,20 @@ import pytest
 
 from backend.model import Action
 from tests.aws.conftest import World
-from tests.aws.provision_world import down, eks, session_for, tagged, up
+from tests.aws.provision_world import down, ec2, eks, session_for, tagged, up
 from tests.kubernetes.fake_registry import FakeRegistry
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 
 def _system_disk() -> int:
+    """The system nodes' root disk: their launch template's (which sets their metadata options too)."""
     group = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-system")["nodegroup"]
-    return int(group["diskSize"])
+    assert group.get("diskSize") is None  # EKS refuses diskSize beside a launch template
+    versions = ec2().describe_launch_template_versions(LaunchTemplateId=group["launchTemplate"]["id"],
+                                                       Versions=[group["launchTemplate"]["version"]])
+    return int(versions["LaunchTemplateVersions"][0]["LaunchTemplateData"]["BlockDeviceMappings"][0]["Ebs"][
+        "VolumeSize"])
 
 
 async def test_the_system_disk_holds_the_image_as_its_registry_sizes_it(world: World, kube_file: Path) -> None:

@@ -34,8 +34,9 @@ async def test_aws_plan_shows_its_layers_costs_and_quota(world: World, kube_file
         assert "uses 4 vCPUs of L-1216C47A, headroom 640" in text
         summary = summary_text(screen)
         assert f"Plan: {creates} to create, 0 to update" in summary
-        assert (f"Cost: ${PER_HOUR:.2f}/hour while up, + $0.045/GB NAT data processing "
-                "(estimate, us-east-1 prices)") in summary
+        assert (f"Cost: ${PER_HOUR:.2f}/hour while up, + $0.045/GB NAT data processing, + $0.50/GB "
+                "(+ $0.03/GB-month) CloudWatch Logs: control-plane audit, authenticator logs "
+                "(estimate, us-east-1 prices)") in " ".join(summary.split())  # the pane wraps it
         assert "96 vCPUs of L-DB2E81BA, headroom 192" in summary
 
         await pilot.press("a")

@@ -144,3 +144,29 @@ def test_the_aws_cli_is_preferred_when_installed(tmp_path: Path, monkeypatch: py
     assert plugin["command"] == "aws"
     assert plugin["args"] == ["--region", "us-west-2", "eks", "get-token", "--cluster-name", "rtui-demo",
                               "--output", "json"]
+
+
+def test_a_symlinked_kubeconfig_stays_a_link_and_its_target_is_written(tmp_path: Path) -> None:
+    # dotfiles managers link ~/.kube/config to a file kept elsewhere: writing must go through the link.
+    real = tmp_path / "dotfiles" / "kubeconfig"
+    real.parent.mkdir()
+    real.write_text(yaml.safe_dump(EXISTING))
+    real.chmod(0o640)
+    link = tmp_path / "kube" / "config"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    assert write_entry(link) == ARN
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert [e["name"] for e in yaml.safe_load(real.read_text())["clusters"]] == ["work", ARN]
+    assert stat.S_IMODE(real.stat().st_mode) == 0o640  # the target's mode stays
+    assert not [p for p in real.parent.iterdir() if p.name.startswith(".")]  # no temp file left
+    assert eks.remove_kubeconfig_entry(link, ARN)
+    assert link.is_symlink() and [e["name"] for e in yaml.safe_load(real.read_text())["clusters"]] == ["work"]
+
+
+def test_a_link_to_a_file_not_yet_there_makes_the_target_0600(tmp_path: Path) -> None:
+    real = tmp_path / "dotfiles" / "kubeconfig"
+    link = tmp_path / "config"
+    link.symlink_to(real)
+    write_entry(link)
+    assert link.is_symlink() and real.is_file() and stat.S_IMODE(real.stat().st_mode) == 0o600

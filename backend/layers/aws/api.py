@@ -66,7 +66,8 @@ IAM_SETTLE_S = 120.0
 IAM_PROPAGATION_MESSAGES = ("does not exist", "Error in role params",
                             "could not be assumed because the trusted entity is not correct",
                             "doesn't have the Amazon EKS Managed Policies associated with it",
-                            "IAM role's policy must include")
+                            "IAM role's policy must include",
+                            "Trust policy of the role provided is invalid")
 
 
 def iam_propagating(exc: ClientError) -> bool:

@@ -31,9 +31,10 @@ ACCESS_ENTRY = "aws.access-entry.admin"
 KUBECONFIG = "aws.kubeconfig"
 PLACEMENT_GROUP = "aws.placement-group.gpu"
 LAUNCH_TEMPLATE = "aws.launch-template.gpu"
+SYSTEM_LAUNCH_TEMPLATE = "aws.launch-template.system"
 SYSTEM_NODES = "aws.nodegroup.system"
 GPU_NODES = "aws.nodegroup.gpu"
-ADDONS = ("vpc-cni", "kube-proxy", "coredns")
+ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent")
 
 VPC_CIDR = "10.0.0.0/16"
 ROOT_VOLUME_GB = 200  # the Ray image is ~30 GB unpacked; room for it, checkpoints and logs
@@ -98,6 +99,10 @@ class Names:
     @property
     def launch_template(self) -> str:
         return f"rtui-{self.cluster}-gpu"
+
+    @property
+    def system_launch_template(self) -> str:
+        return f"rtui-{self.cluster}-system"
 
     @property
     def system_nodegroup(self) -> str:

@@ -33,6 +33,21 @@ CLUSTER_EXPECTED_S = 600.0
 CLUSTER_DELETE_S = 300.0
 ADDON_EXPECTED_S = 60.0
 ADMIN_POLICY_NAME = "AmazonEKSClusterAdminPolicy"
+# Control-plane logs kept: who called the API and what it did (audit), and who authenticated
+# (authenticator). They go to CloudWatch Logs, billed per GB ingested and stored (CloudWatch pricing,
+# standard log class in us-east-1: $0.50/GB ingested, $0.03/GB-month stored; other regions differ).
+CONTROL_PLANE_LOGS = ("audit", "authenticator")
+CLOUDWATCH_LOGS_PER_GB = 0.50
+CLOUDWATCH_LOGS_GB_MONTH = 0.03
+
+
+def log_setting(types: list[str]) -> dict[str, Any]:
+    return {"clusterLogging": [{"types": list(types), "enabled": True}]}
+
+
+def enabled_logs(cluster: dict[str, Any]) -> list[str]:
+    return sorted({t for group in (cluster.get("logging") or {}).get("clusterLogging") or []
+                   if group.get("enabled") for t in group.get("types") or []})
 
 
 def admin_policy(region: str) -> str:
@@ -80,6 +95,7 @@ class EksClusterHandler(AwsHandler):
         return [Observed(address=EKS_CLUSTER, layer=LAYER, kind=self.kind, id=cluster["name"],
                          state={"version": cluster.get("version"),
                                 "public_cidrs": sorted(vpc.get("publicAccessCidrs") or ["0.0.0.0/0"]),
+                                "logs": enabled_logs(cluster),
                                 "pending": "creating" if status == "CREATING" else
                                 "updating" if status == "UPDATING" else None,
                                 "endpoint": cluster.get("endpoint")},
@@ -88,7 +104,7 @@ class EksClusterHandler(AwsHandler):
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         if have.state.get("pending") or not have.healthy:
             return super().compare(want, have)
-        changed = [k for k in ("version", "public_cidrs") if have.state.get(k) != want.spec.get(k)]
+        changed = [k for k in ("version", "public_cidrs", "logs") if have.state.get(k) != want.spec.get(k)]
         if changed:
             return Action.UPDATE, f"changed: {', '.join(changed)}"
         return Action.NOOP, have.reason
@@ -109,6 +125,7 @@ class EksClusterHandler(AwsHandler):
                                     "endpointPrivateAccess": True, "endpointPublicAccess": True,
                                     "publicAccessCidrs": list(want.spec["public_cidrs"])},
                 accessConfig={"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": False},
+                logging=log_setting(list(want.spec.get("logs") or [])),
                 tags=tags(ctx.record.run_id, name),
                 clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                 ok=("ResourceInUseException",), new_role=True)
@@ -136,6 +153,10 @@ class EksClusterHandler(AwsHandler):
                 await api.call("eks", "update_cluster_config", name=have.id, resourcesVpcConfig={
                     "endpointPublicAccess": True, "publicAccessCidrs": list(want.spec["public_cidrs"])})
                 yield Progress(f"public endpoint limited to {', '.join(want.spec['public_cidrs'])}")
+            elif have.state.get("logs") != want.spec.get("logs"):
+                await api.call("eks", "update_cluster_config", name=have.id,
+                               logging=log_setting(list(want.spec.get("logs") or [])))
+                yield Progress(f"control-plane logs: {', '.join(want.spec.get('logs') or [])}")
             elif have.state.get("version") != want.spec["version"]:
                 await api.call("eks", "update_cluster_version", name=have.id, version=want.spec["version"])
                 yield Progress(f"upgrading to Kubernetes {want.spec['version']}")

@@ -1,14 +1,21 @@
-"""The two IAM roles: the EKS cluster's and the nodes', each with its AWS managed policies.
+"""The IAM roles: the EKS cluster's, the nodes', and one per pod identity, each with its AWS managed
+policies and a trust policy narrowed by the conditions AWS documents for its service.
 
 Roles live under the path ``/rtui/`` and carry our tags; a role of our name without this run's
 tag is refused (IAM names are global to the account, so another run's role is not ours either).
+
+The nodes' role holds only what a node needs (EKS User Guide, "Amazon EKS node IAM role": the worker
+node policy and pulling images); whatever a pod needs of AWS comes through EKS Pod Identity, a role
+per service account (``PodIdentity``), never through the node's instance profile.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from backend.layers.aws.api import IAM_PATH, RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from backend.layers.aws.base import CLUSTER_ROLE, LAYER, NODE_ROLE, AwsHandler, Names
@@ -17,14 +24,55 @@ from backend.model import Action, Observed, Resource
 from backend.runner import Progress
 
 CLUSTER_POLICIES = ("AmazonEKSClusterPolicy",)
-NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly",
-                 "AmazonSSMManagedInstanceCore")
+NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly")
+POD_SERVICE = "pods.eks"
 SERVICE = {CLUSTER_ROLE: "eks", NODE_ROLE: "ec2"}  # the principal's DNS suffix is the partition's
+POD_ROLE_PREFIX = "aws.iam-role.pod-"
+POD_IDENTITY_PREFIX = "aws.pod-identity."
+
+
+@dataclass(frozen=True)
+class PodIdentity:
+    """A Kubernetes service account that gets AWS credentials of its own role through EKS Pod Identity
+    (the ``eks-pod-identity-agent`` add-on hands them to its pods): the role, trusted by EKS Pod Identity
+    (the ``pods.eks`` service principal) for that one cluster, namespace and service account, with ``policies``."""
+
+    name: str
+    namespace: str
+    service_account: str
+    policies: tuple[str, ...]
+    why: str = ""
+
+    @property
+    def role_address(self) -> str:
+        return POD_ROLE_PREFIX + self.name
+
+    @property
+    def address(self) -> str:
+        return POD_IDENTITY_PREFIX + self.name
+
+
+# The VPC CNI manages ENIs and addresses for pods: its permissions go to its own service account, not
+# to every pod through the node role (EKS User Guide, "Configure Amazon VPC CNI plug-in to use IRSA/Pod
+# Identity"; the vpc-cni add-on supports Pod Identity).
+CNI_IDENTITY = PodIdentity("cni", "kube-system", "aws-node", ("AmazonEKS_CNI_Policy",),
+                           why="the VPC CNI's ENI permissions, for its aws-node service account only")
+POD_IDENTITIES: tuple[PodIdentity, ...] = (CNI_IDENTITY,)
+
+
+def pod_identity(address: str) -> PodIdentity | None:
+    return next((p for p in POD_IDENTITIES if address in (p.address, p.role_address)), None)
+
+
+def role_addresses() -> list[str]:
+    return [CLUSTER_ROLE, NODE_ROLE, *(p.role_address for p in POD_IDENTITIES)]
 
 
 def service_principal(address: str, region: str) -> str:
     """The role's service principal as IAM knows it in the region's partition (``Partition.service_principal``:
     EC2's with aws-cn's DNS suffix there, EKS's with the standard one, as eksctl's partition mappings write them)."""
+    if pod_identity(address) is not None:
+        return partition(region).service_principal(POD_SERVICE)
     return partition(region).service_principal(SERVICE[address])
 
 
@@ -34,12 +82,72 @@ def managed_policy_arn(policy: str, region: str) -> str:
 
 def role_name(ctx: Context, address: str) -> str:
     names = Names(ctx.config.cluster_name)
-    return names.cluster_role if address == CLUSTER_ROLE else names.node_role
+    if address == CLUSTER_ROLE:
+        return names.cluster_role
+    if address == NODE_ROLE:
+        return names.node_role
+    return f"rtui-{ctx.config.cluster_name}-pod-{address.removeprefix(POD_ROLE_PREFIX)}"[:64]
 
 
-def trust_policy(service: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+def trust_statement(address: str, region: str, account: str, cluster: str) -> dict[str, Any]:
+    """Who may assume the role, and under which conditions (what ``trust_policy`` writes, what observe reads).
+
+    - The cluster role: EKS, for this account's cluster of this name only (EKS User Guide, "Cross-service
+      confused deputy prevention": ``aws:SourceArn`` and ``aws:SourceAccount`` on the cluster role).
+    - A pod identity's role: EKS Pod Identity (``sts:AssumeRole`` and ``sts:TagSession``), for this
+      cluster, namespace and service account only, by the session tags it sets (EKS User Guide,
+      "Create IAM role with trust policy required by EKS Pod Identity", "Enable or disable session tags").
+    - The nodes' role: EC2, unconditioned (EC2 sets no source keys when an instance profile's role is
+      assumed).
+    """
+    part = partition(region).name
+    cluster_arn = f"arn:{part}:eks:{region}:{account}:cluster/{cluster}"
+    service = service_principal(address, region)
+    identity = pod_identity(address)
+    if identity is not None:
+        return {"Effect": "Allow", "Principal": {"Service": service}, "Action": ["sts:AssumeRole", "sts:TagSession"],
+                "Condition": {"StringEquals": {"aws:SourceAccount": account,
+                                               "aws:RequestTag/eks-cluster-arn": cluster_arn,
+                                               "aws:RequestTag/kubernetes-namespace": identity.namespace,
+                                               "aws:RequestTag/kubernetes-service-account":
+                                                   identity.service_account}}}
+    if address == CLUSTER_ROLE:
+        return {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole",
+                "Condition": {"StringEquals": {"aws:SourceAccount": account},
+                              "ArnLike": {"aws:SourceArn": cluster_arn}}}
+    return {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
+
+
+def trust_policy(statement: dict[str, Any]) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": [statement]})
+
+
+def read_trust(document: Any) -> dict[str, Any]:
+    """The single statement of a role's trust policy as IAM returns it (a dict, or URL-encoded JSON)."""
+    doc = json.loads(unquote(document)) if isinstance(document, str) else dict(document or {})
+    statements = doc.get("Statement") or []
+    statements = statements if isinstance(statements, list) else [statements]
+    return dict(statements[0]) if len(statements) == 1 else {"statements": statements}
+
+
+def _normal(statement: dict[str, Any]) -> str:
+    """A statement compared as data: one action and a list of one are the same."""
+    def norm(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in sorted(v.items())}
+        if isinstance(v, list):
+            return norm(v[0]) if len(v) == 1 else sorted(norm(x) for x in v)
+        return v
+
+    return json.dumps(norm({k: v for k, v in statement.items() if k != "Sid"}), sort_keys=True)
+
+
+def trust_shape(statement: dict[str, Any]) -> list[str]:
+    """What the plan shows of a trust statement, free of the account: its actions and condition keys."""
+    actions = statement.get("Action") or []
+    conditions = statement.get("Condition") or {}
+    return sorted([*(actions if isinstance(actions, list) else [actions]),
+                   *(f"{op} {key}" for op, keys in conditions.items() for key in keys)])
 
 
 async def role_arn(api: AwsApi, ctx: Context, address: str) -> str:
@@ -60,7 +168,7 @@ class RoleHandler(AwsHandler):
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         out = []
-        for address in (CLUSTER_ROLE, NODE_ROLE):
+        for address in role_addresses():
             name = role_name(ctx, address)
             found = await api.call("iam", "get_role", RoleName=name, ok=("NoSuchEntity",))
             if found is None:
@@ -69,15 +177,17 @@ class RoleHandler(AwsHandler):
             if role_tags.get(RUN_TAG) != ctx.record.run_id:
                 continue  # someone else's: preflight refuses it
             attached = await api.pages("iam", "list_attached_role_policies", "AttachedPolicies", RoleName=name)
+            trust = read_trust(found["Role"].get("AssumeRolePolicyDocument"))
             out.append(Observed(address=address, layer=LAYER, kind=self.kind, id=name, reason="exists",
                                 state={"policies": sorted(p["PolicyName"] for p in attached),
-                                       "service": service_principal(address, ctx.config.region)}))
+                                       "service": (trust.get("Principal") or {}).get("Service"),
+                                       "trust": _normal(trust), "trust_shape": trust_shape(trust)}))
         return out
 
     async def foreign(self, api: AwsApi, ctx: Context) -> list[str]:
         """Our role names taken by another run or someone else (the layer's preflight refuses them)."""
         taken = []
-        for address in (CLUSTER_ROLE, NODE_ROLE):
+        for address in role_addresses():
             name = role_name(ctx, address)
             if await api.call("iam", "get_role", RoleName=name, ok=("NoSuchEntity",)) is not None and \
                     (await self._tags(api, name)).get(RUN_TAG) != ctx.record.run_id:
@@ -96,7 +206,7 @@ class RoleHandler(AwsHandler):
             refuse_foreign("IAM role", name, await self._tags(api, name), ctx.record.run_id)
         else:
             await api.call("iam", "create_role", RoleName=name, Path=IAM_PATH,
-                           AssumeRolePolicyDocument=trust_policy(want.spec["service"]),
+                           AssumeRolePolicyDocument=trust_policy(await self._statement(api, ctx, want.address)),
                            Description=f"rtui {ctx.config.cluster_name}: {want.address.rsplit('.', 1)[1]}",
                            Tags=[{"Key": k, "Value": v} for k, v in
                                  tags(ctx.record.run_id, ctx.config.cluster_name).items()],
@@ -105,8 +215,29 @@ class RoleHandler(AwsHandler):
         async for p in self._policies(api, name, want.spec["policies"]):
             yield p
 
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        """The plan knows the trust's shape, not the account: the account-bound statement is compared
+        when the role is updated (``update`` rewrites it when it differs)."""
+        if not have.healthy:
+            return super().compare(want, have)
+        changed = [k for k in ("policies", "service") if have.state.get(k) != want.spec.get(k)]
+        if want.spec.get("trust") and have.state.get("trust_shape") != want.spec["trust"]:
+            changed.append("trust")
+        if changed:
+            return Action.UPDATE, f"changed: {', '.join(changed)}"
+        return Action.NOOP, have.reason or "in place"
+
+    async def _statement(self, api: AwsApi, ctx: Context, address: str) -> dict[str, Any]:
+        account = str((await api.identity())["Account"])
+        return trust_statement(address, ctx.config.region, account, ctx.config.cluster_name)
+
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
-        async for p in self._policies(self.api(ctx), have.id, want.spec["policies"]):
+        api = self.api(ctx)
+        statement = await self._statement(api, ctx, want.address)
+        if have.state.get("trust") != _normal(statement):
+            await api.call("iam", "update_assume_role_policy", RoleName=have.id, PolicyDocument=trust_policy(statement))
+            yield Progress(f"{have.id}: trust policy narrowed")
+        async for p in self._policies(api, have.id, want.spec["policies"]):
             yield p
 
     async def _policies(self, api: AwsApi, name: str, wanted: list[str]) -> AsyncIterator[Progress]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aws.catalog import quota_code_for
 from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, builtin_region_prices, price_plan
+from backend.aws.public_ip import public_cidr
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
@@ -38,6 +39,7 @@ from backend.layers.aws.base import (
     PRIVATE_RT,
     PUBLIC_RT,
     ROOT_VOLUME_GB,
+    SYSTEM_LAUNCH_TEMPLATE,
     SYSTEM_NODES,
     VPC,
     AwsHandler,
@@ -51,14 +53,27 @@ from backend.layers.aws.base import (
     system_disk_gb,
 )
 from backend.layers.aws.cluster import (
+    CLOUDWATCH_LOGS_GB_MONTH,
+    CLOUDWATCH_LOGS_PER_GB,
+    CONTROL_PLANE_LOGS,
     AccessEntryHandler,
     AddonHandler,
     EksClusterHandler,
     KubeconfigHandler,
     describe_cluster,
 )
-from backend.layers.aws.iam import CLUSTER_POLICIES, NODE_POLICIES, RoleHandler, service_principal
+from backend.layers.aws.iam import (
+    CLUSTER_POLICIES,
+    NODE_POLICIES,
+    POD_IDENTITIES,
+    POD_IDENTITY_PREFIX,
+    RoleHandler,
+    service_principal,
+    trust_shape,
+    trust_statement,
+)
 from backend.layers.aws.nodes import LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
+from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from backend.layers.aws.sweep import sweep
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
@@ -72,8 +87,9 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
 AMI_GPU = "AL2023_x86_64_NVIDIA"
 AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
-ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, EKS_CLUSTER,
-         ACCESS_ENTRY, KUBECONFIG, "aws.addon", PLACEMENT_GROUP, LAUNCH_TEMPLATE, SYSTEM_NODES, GPU_NODES)
+ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
+         EKS_CLUSTER, ACCESS_ENTRY, KUBECONFIG, "aws.addon", "aws.pod-identity", PLACEMENT_GROUP,
+         "aws.launch-template", SYSTEM_NODES, GPU_NODES)
 
 
 @dataclass
@@ -98,7 +114,7 @@ class AwsLayer(Layer):
         network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
         routes.RouteTableHandler(), routes.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
         AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
-        NodegroupHandler())}
+        NodegroupHandler(), PodIdentityHandler())}
 
     def __init__(self) -> None:
         self.topology: Topology | None = None
@@ -117,7 +133,25 @@ class AwsLayer(Layer):
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
         # The prices are asked while the preflight runs: the plan waits for neither twice.
-        self.topology, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx))
+        self.topology, _, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx),
+                                                   self._api_cidrs(ctx))
+
+    async def _api_cidrs(self, ctx: Context) -> list[str]:
+        """Who may reach the EKS API endpoint: ``--api-cidrs``, else the caller's public address, learned
+        once per run and kept in its record (a later plan from elsewhere does not move it by itself)."""
+        given = ctx.config.api_cidr_list()
+        if given:
+            return given
+        learned: list[str] | None = ctx.record.facts.get("api_cidrs")
+        if not learned:
+            learned = [await asyncio.to_thread(public_cidr)]
+            ctx.record.facts["api_cidrs"] = learned
+            ctx.save()
+        return learned
+
+    @staticmethod
+    def api_cidr_list(ctx: Context) -> list[str]:
+        return ctx.config.api_cidr_list() or list(ctx.record.facts.get("api_cidrs") or [])
 
     async def _region_prices(self, ctx: Context) -> RegionPrices:
         config = ctx.config
@@ -170,9 +204,11 @@ class AwsLayer(Layer):
 
     def usage_costs(self, ctx: Context) -> list[str]:
         prices = self._planned_prices
-        if prices is None or not self._planned_nat:
+        if prices is None:
             return []
-        return [f"+ ${prices.nat_per_gb:.3f}/GB NAT data processing"]
+        logs = (f"+ ${CLOUDWATCH_LOGS_PER_GB:.2f}/GB (+ ${CLOUDWATCH_LOGS_GB_MONTH:.2f}/GB-month) CloudWatch "
+                f"Logs: control-plane {', '.join(CONTROL_PLANE_LOGS)} logs")
+        return [*([f"+ ${prices.nat_per_gb:.3f}/GB NAT data processing"] if self._planned_nat else []), logs]
 
     async def _topology(self, ctx: Context) -> Topology:
         from backend.aws import run_preflight
@@ -360,20 +396,33 @@ class AwsLayer(Layer):
                                                 "azs": sorted(topo.subnet_azs)}, NAT, *private)
         routes = () if adopted else (PRIVATE_RT,)
         res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
-        res(CLUSTER_ROLE, "aws-iam-role", {"service": service_principal(CLUSTER_ROLE, config.region),
-                                           "policies": sorted(CLUSTER_POLICIES)})
-        res(NODE_ROLE, "aws-iam-role", {"service": service_principal(NODE_ROLE, config.region),
-                                        "policies": sorted(NODE_POLICIES)})
+        def role(address: str, policies: Sequence[str]) -> None:
+            # The trust's actions and condition keys (the account is filled in when the role is made).
+            shape = trust_shape(trust_statement(address, config.region, "", config.cluster_name))
+            res(address, "aws-iam-role", {"service": service_principal(address, config.region),
+                                          "policies": sorted(policies), "trust": shape})
+
+        role(CLUSTER_ROLE, CLUSTER_POLICIES)
+        role(NODE_ROLE, NODE_POLICIES)
+        for identity in POD_IDENTITIES:
+            role(identity.role_address, identity.policies)
         cluster_private = [subnet_address("private", az) for az in topo.network_azs]
+        cidrs = self.api_cidr_list(ctx)
+        access = ("OPEN TO THE WHOLE INTERNET (0.0.0.0/0): anyone can reach the API endpoint, which still asks "
+                  "for credentials" if "0.0.0.0/0" in cidrs else f"only from {', '.join(sorted(cidrs))}")
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,
-                                             "public_cidrs": sorted(config.api_cidr_list())},
+                                             "public_cidrs": sorted(cidrs), "api_access": access,
+                                             "logs": sorted(CONTROL_PLANE_LOGS)},
             CLUSTER_ROLE, NODE_SG, *cluster_private, cost=cost["eks_control_plane"].per_hour)
         res(ACCESS_ENTRY, "aws-access-entry", {"policy": "cluster-admin"}, EKS_CLUSTER)
         res(KUBECONFIG, "aws-kubeconfig", {"context": "the cluster ARN"}, EKS_CLUSTER, ACCESS_ENTRY)
         for addon in ADDONS:
             deps = (EKS_CLUSTER, SYSTEM_NODES) if addon == "coredns" else (EKS_CLUSTER,)
             res(addon_address(addon), "aws-eks-addon", {"name": addon}, *deps)
+        for identity in POD_IDENTITIES:
+            res(identity.address, "aws-pod-identity", PodIdentityHandler.spec(ctx, identity), EKS_CLUSTER,
+                identity.role_address, addon_address(POD_IDENTITY_AGENT))
         efa = config.wants_efa()
         named = topo.gpu_reservation
         block = named is not None and named.kind == "capacity-block"
@@ -383,16 +432,21 @@ class AwsLayer(Layer):
             res(PLACEMENT_GROUP, "aws-placement-group", {"strategy": "cluster", "az": topo.gpu_az})
         res(LAUNCH_TEMPLATE, "aws-launch-template",
             {"efa": efa, "efa_interfaces": topo.efa_interfaces if efa else 0, "volume_gb": ROOT_VOLUME_GB,
-             "imdsv2": True, "cluster_sg": True, "reservation": named.id if named else None,
+             "imdsv2": True, "imds_hop_limit": 1, "cluster_sg": True, "reservation": named.id if named else None,
              "capacity_block": block, "placement_group": placement},
             NODE_SG, EKS_CLUSTER, *((PLACEMENT_GROUP,) if own_group else ()),
             note="" if named is None else _placement_note(named))
-        node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"))
+        res(SYSTEM_LAUNCH_TEMPLATE, "aws-launch-template",
+            {"volume_gb": topo.system_disk_gb, "imdsv2": True, "imds_hop_limit": 1}, EKS_CLUSTER)
+        # The nodes join once aws-node can assign addresses: its permissions come by pod identity.
+        node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"),
+                     *(p.address for p in POD_IDENTITIES))
         system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
-             "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb},
-            *node_deps, *cluster_private,
+             "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb,
+             "launch_template": True},
+            *node_deps, *cluster_private, SYSTEM_LAUNCH_TEMPLATE,
             cost=system_cost.per_hour, note=system_cost.note,
             quota=self._quota(topo.system_quota_code, topo.system_headroom,
                               topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
@@ -533,10 +587,9 @@ def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResul
 
 def _needs(later: str, earlier: str) -> bool:
     """Whether ``later`` must go before ``earlier`` is deleted (they share the VPC; IAM stands apart)."""
-    iam = (CLUSTER_ROLE, NODE_ROLE)
-    if earlier in iam:
-        return later in (EKS_CLUSTER, SYSTEM_NODES, GPU_NODES)
-    if later in iam:
+    if earlier.startswith("aws.iam-role."):
+        return later in (EKS_CLUSTER, SYSTEM_NODES, GPU_NODES) or later.startswith(POD_IDENTITY_PREFIX)
+    if later.startswith("aws.iam-role."):
         return False
     if earlier == PLACEMENT_GROUP:
         return later in (LAUNCH_TEMPLATE, GPU_NODES)

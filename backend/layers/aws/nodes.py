@@ -18,6 +18,7 @@ from backend.layers.aws.base import (
     LAYER,
     NODE_ROLE,
     PLACEMENT_GROUP,
+    SYSTEM_LAUNCH_TEMPLATE,
     SYSTEM_NODES,
     AwsHandler,
     Names,
@@ -36,6 +37,11 @@ NODEGROUP_DELETE_S = 300.0
 _NOT_FOUND = ("ResourceNotFoundException",)
 ICE = "InsufficientInstanceCapacity"
 LAUNCH_TEMPLATE_TOKEN = (1, 128)  # CreateLaunchTemplate takes longer tokens than other EC2 calls
+# IMDSv2 only, and its token answers travel one hop: the node itself, never a pod behind the CNI (a
+# pod would otherwise take the node role's credentials). EKS's AL2023 AMIs default to a hop limit of 2
+# (ImdsSupport v2.0), so every nodegroup has a launch template that says 1. Pods needing AWS get
+# their own role through EKS Pod Identity, whose agent runs on the host network.
+METADATA_OPTIONS = {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"}
 
 
 class CapacityError(OperationError):
@@ -100,8 +106,7 @@ def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dic
     data: dict[str, Any] = {
         "NetworkInterfaces": network_interfaces(groups, want.spec.get("efa_interfaces", 0) if want.spec["efa"]
                                                 else 0),
-        # IMDSv2 only; hop limit 2 so pods (one hop further) can still reach it through the CNI.
-        "MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"},
+        "MetadataOptions": dict(METADATA_OPTIONS),
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
             "VolumeSize": want.spec["volume_gb"], "VolumeType": "gp3", "DeleteOnTermination": True}}],
         "TagSpecifications": [*tag_spec("instance", node_tags, f"{ctx.config.cluster_name}-gpu"),
@@ -118,6 +123,20 @@ def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dic
         if want.spec.get("capacity_block"):
             data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     return data
+
+
+def system_launch_template_data(ctx: Context, want: Resource) -> dict[str, Any]:
+    """The system nodes' template: metadata options and the root disk only. It names no security group
+    and no network interface, so EKS still puts the nodes in the cluster security group (EKS User
+    Guide, "Customize managed nodes with launch templates"), as it did without a template."""
+    node_tags = run_tags(ctx)
+    return {
+        "MetadataOptions": dict(METADATA_OPTIONS),
+        "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
+            "VolumeSize": want.spec["volume_gb"], "VolumeType": "gp3", "DeleteOnTermination": True}}],
+        "TagSpecifications": [*tag_spec("instance", node_tags, f"{ctx.config.cluster_name}-system"),
+                              *tag_spec("volume", node_tags)],
+    }
 
 
 def network_interfaces(groups: list[str], efa: int) -> list[dict[str, Any]]:
@@ -146,58 +165,87 @@ async def node_groups(api: AwsApi, ctx: Context) -> list[str]:
 
 
 class LaunchTemplateHandler(AwsHandler):
+    """Both nodegroups' launch templates: the GPU nodes' (EFA interfaces, placement, reservation) and
+    the system nodes' (metadata options and disk only), told apart by their names."""
+
     kind = "aws-launch-template"
     title = "Create the GPU launch template (EFA interface, IMDSv2)"
     address = LAUNCH_TEMPLATE
     expected_s = 2.0
 
+    def step_title(self, address: str, action: Action) -> str:
+        if action is Action.CREATE and address == SYSTEM_LAUNCH_TEMPLATE:
+            return "Create the system launch template (IMDSv2, hop limit 1)"
+        return super().step_title(address, action)
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        if want.address == SYSTEM_LAUNCH_TEMPLATE and have.healthy:
+            disk, needed = have.state.get("volume_gb"), want.spec.get("volume_gb")
+            if disk is not None and needed is not None and disk > needed:  # a bigger disk than needed stays
+                want = want.model_copy(update={"spec": {**want.spec, "volume_gb": disk}})
+        return super().compare(want, have)
+
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         out = []
         templates = await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
         cluster = await describe_cluster(api, ctx.config.cluster_name) if templates else None
+        system_name = Names(ctx.config.cluster_name).system_launch_template
         for template in templates:
             versions = await api.call("ec2", "describe_launch_template_versions",
                                       LaunchTemplateId=template["LaunchTemplateId"], Versions=["$Latest"])
             data = (versions.get("LaunchTemplateVersions") or [{}])[0].get("LaunchTemplateData") or {}
+            metadata = data.get("MetadataOptions") or {}
+            volume_gb = ((data.get("BlockDeviceMappings") or [{}])[0].get("Ebs") or {}).get("VolumeSize")
+            hop_limit = metadata.get("HttpPutResponseHopLimit")
+            common = {"volume_gb": volume_gb, "imdsv2": metadata.get("HttpTokens") == "required",
+                      "imds_hop_limit": None if hop_limit is None else int(hop_limit),
+                      "version": template.get("LatestVersionNumber")}
+            if template.get("LaunchTemplateName") == system_name:
+                out.append(Observed(address=SYSTEM_LAUNCH_TEMPLATE, layer=LAYER, kind=self.kind,
+                                    id=template["LaunchTemplateId"], state=common, reason="exists"))
+                continue
             interface = (data.get("NetworkInterfaces") or [{}])[0]
             cluster_group = ((cluster or {}).get("resourcesVpcConfig") or {}).get("clusterSecurityGroupId")
             out.append(Observed(address=LAUNCH_TEMPLATE, layer=LAYER, kind=self.kind, id=template["LaunchTemplateId"],
-                                state={"efa": interface.get("InterfaceType") == "efa",
+                                state={**common,
+                                       "efa": interface.get("InterfaceType") == "efa",
                                        "efa_interfaces": sum(1 for nic in data.get("NetworkInterfaces") or []
                                                              if nic.get("InterfaceType") == "efa"),
-                                       "volume_gb": ((data.get("BlockDeviceMappings") or [{}])[0].get("Ebs") or {})
-                                       .get("VolumeSize"),
                                        "placement_group": (data.get("Placement") or {}).get("GroupName"),
                                        "reservation": ((data.get("CapacityReservationSpecification") or {})
                                                        .get("CapacityReservationTarget") or {})
                                        .get("CapacityReservationId"),
                                        "capacity_block": (data.get("InstanceMarketOptions") or {})
                                        .get("MarketType") == "capacity-block",
-                                       "imdsv2": (data.get("MetadataOptions") or {}).get("HttpTokens") == "required",
                                        "cluster_sg": cluster_group is not None and all(
                                            cluster_group in (nic.get("Groups") or [])
-                                           for nic in data.get("NetworkInterfaces") or [{}]),
-                                       "version": template.get("LatestVersionNumber")},
+                                           for nic in data.get("NetworkInterfaces") or [{}])},
                                 reason="exists"))
         return out
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        found = await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
+        names = Names(ctx.config.cluster_name)
+        system = want.address == SYSTEM_LAUNCH_TEMPLATE
+        name = names.system_launch_template if system else names.launch_template
+        found = [t for t in await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
+                 if t.get("LaunchTemplateName") == name]
         if found:
             tid = found[0]["LaunchTemplateId"]
         else:
+            data = (system_launch_template_data(ctx, want) if system
+                    else launch_template_data(ctx, await node_groups(api, ctx), want))
             template = await api.call(
-                "ec2", "create_launch_template", LaunchTemplateName=Names(ctx.config.cluster_name).launch_template,
-                ClientToken=create_token(ctx, want.address, want.spec["placement_group"] or "no-group",
+                "ec2", "create_launch_template", LaunchTemplateName=name,
+                ClientToken=create_token(ctx, want.address,
+                                         *([] if system else [want.spec["placement_group"] or "no-group"]),
                                          limits=LAUNCH_TEMPLATE_TOKEN),
-                LaunchTemplateData=launch_template_data(ctx, await node_groups(api, ctx), want),
-                TagSpecifications=tag_spec("launch-template", run_tags(ctx)))
+                LaunchTemplateData=data, TagSpecifications=tag_spec("launch-template", run_tags(ctx)))
             tid = template["LaunchTemplate"]["LaunchTemplateId"]
         self.made(ctx, want, tid)
-        efa = want.spec.get("efa_interfaces", 0) if want.spec["efa"] else 0
+        efa = want.spec.get("efa_interfaces", 0) if want.spec.get("efa") else 0
         yield Progress(f"{tid}: " + (f"{efa} EFA interface{'s' if efa > 1 else ''} (one per network card), "
-                                     if efa else "") + "IMDSv2 only, "
+                                     if efa else "") + "IMDSv2 only, hop limit 1, "
                        f"{want.spec['volume_gb']} GB root", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
@@ -261,7 +309,8 @@ class NodegroupHandler(AwsHandler):
                 state={"instance_type": (group.get("instanceTypes") or [None])[0],
                        "size": (group.get("scalingConfig") or {}).get("desiredSize"),
                        "capacity_type": group.get("capacityType") or "ON_DEMAND",
-                       "disk_gb": group.get("diskSize"),
+                       "disk_gb": group.get("diskSize") or await _template_disk(api, group),
+                       "launch_template": bool((group.get("launchTemplate") or {}).get("id")),
                        "azs": sorted({subnets.get(s, s) for s in group.get("subnets") or []}),
                        "pending": "creating" if status == "CREATING" else "updating" if status == "UPDATING" else None},
                 healthy=healthy, reason=reason))
@@ -274,7 +323,8 @@ class NodegroupHandler(AwsHandler):
             have_v, want_v = have.state.get(key), want.spec.get(key)
             return sorted(have_v or []) == sorted(want_v or []) if key == "azs" else have_v == want_v
 
-        replaced = [k for k in ("instance_type", "azs", "capacity_type") if k in want.spec and not same(k)]
+        replaced = [k for k in ("instance_type", "azs", "capacity_type", "launch_template")
+                    if k in want.spec and not same(k)]
         if replaced:
             return Action.REPLACE, f"changed: {', '.join(replaced)}"
         disk, needed = have.state.get("disk_gb"), want.spec.get("disk_gb")
@@ -302,7 +352,13 @@ class NodegroupHandler(AwsHandler):
         if want.spec.get("capacity_type", "ON_DEMAND") != "ON_DEMAND":
             request["capacityType"] = want.spec["capacity_type"]  # CAPACITY_BLOCK: the template names the block
         if want.spec.get("launch_template"):
-            templates = await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
+            names = Names(cluster)
+            template_name = names.launch_template if want.address == GPU_NODES else names.system_launch_template
+            templates = [t for t in await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
+                         if t.get("LaunchTemplateName") == template_name]
+            if not templates:
+                raise OperationError(f"launch template {template_name} is gone",
+                                     remedy="run `rtui up` again: the plan makes it anew")
             request["launchTemplate"] = {"id": templates[0]["LaunchTemplateId"],
                                          "version": str(templates[0]["LatestVersionNumber"])}
         else:
@@ -375,6 +431,19 @@ async def delete_nodegroup(api: AwsApi, cluster: str, name: str) -> AsyncIterato
     async for p in wait_until(look, what=f"deleting nodegroup {name}", expected_s=NODEGROUP_DELETE_S,
                               timeout_s=1800.0):
         yield p
+
+
+async def _template_disk(api: AwsApi, group: dict[str, Any]) -> int | None:
+    """The root disk a nodegroup's launch template gives (EKS reports no ``diskSize`` then)."""
+    template = group.get("launchTemplate") or {}
+    if not template.get("id"):
+        return None
+    versions = await api.call("ec2", "describe_launch_template_versions", LaunchTemplateId=template["id"],
+                              Versions=[str(template.get("version") or "$Latest")],
+                              ok=("InvalidLaunchTemplateId.NotFound", "InvalidLaunchTemplateId.VersionNotFound"))
+    data = ((versions or {}).get("LaunchTemplateVersions") or [{}])[0].get("LaunchTemplateData") or {}
+    size = ((data.get("BlockDeviceMappings") or [{}])[0].get("Ebs") or {}).get("VolumeSize")
+    return None if size is None else int(size)
 
 
 async def _placed_in(api: AwsApi, cluster: str, name: str, placement_group: str) -> bool:

@@ -206,6 +206,10 @@ def _write_atomically(target: Path, config: dict[str, Any], mode: int) -> None:
 
 
 def _write_text_atomically(target: Path, text: str, mode: int) -> None:
+    """Replace the file's content at once (a temp file beside it, renamed over it). A symlinked kubeconfig
+    (dotfiles kept elsewhere) stays a link: the file it points to is the one replaced, even when it is not
+    there yet."""
+    target = Path(os.path.realpath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
