@@ -87,6 +87,7 @@ class PacedHead:
 def kube_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str], *, nodes: bool) -> Any:
     """The emulated API server with its controllers, registry and Ray head; ``nodes``: a GPU cluster
     that is already there (kube), else nodes join as EKS nodegroups turn active (aws)."""
+    from tests.fake_hub import FakeHub
     from tests.kubernetes.conftest import KubeCluster
     from tests.kubernetes.fake_control import FakeControlPlane, Timings
     from tests.kubernetes.fake_registry import FakeRegistry
@@ -99,14 +100,17 @@ def kube_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str], 
         gpu_cluster(cluster)
     head = PacedHead.start(step_s=max(minute / 3, 0.05))
     stack.callback(head.stop)
-    registry = stack.enter_context(FakeRegistry())
+    registry = stack.enter_context(FakeRegistry())  # the Ray image and the add-ons', as a mirror serves them
+    hub = stack.enter_context(FakeHub())  # the model's revision is pinned to a commit at plan time
     timings = Timings(addon_s=minute, pull_s=2 * minute, start_s=minute / 2, stop_s=minute / 4)
     stack.enter_context(FakeControlPlane(cluster, timings=timings, jobs_url=head.url))
-    env.update({"RTUI_IMAGE": registry.image(), "RTUI_CLUSTER_NAME": NAME, "RTUI_STEPS": str(STEPS)})
+    env.update({"RTUI_IMAGE": registry.image(), "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,
+                "RTUI_CLUSTER_NAME": NAME, "RTUI_STEPS": str(STEPS)})
     if (SHARED_CRDS / "ray.io_rayclusters.yaml").is_file():  # else rtui fetches them from the KubeRay release
         from tests.kubernetes.crds import crd_dir
 
-        env["RTUI_KUBERAY_CRDS"] = str(crd_dir(tmp))
+        # The RayService stand-in is vouched for in the sandbox's own config dir, as a user vouches.
+        env["RTUI_KUBERAY_CRDS"] = str(crd_dir(tmp, config=Path(env["RTUI_CONFIG_DIR"])))
     return cluster
 
 

@@ -39,17 +39,19 @@ spec:
 STANDIN_SHA256 = hashlib.sha256(RAYSERVICE_CRD.encode()).hexdigest()
 
 
-def vouch_for(path: Path) -> None:
-    """List ``path``'s sha256 in the test's rtui config dir, as a user vouches for CRDs of their own."""
-    config = Path(os.environ["RTUI_CONFIG_DIR"])  # the test's own (tests/conftest.py), never the user's
+def vouch_for(path: Path, config: Path | None = None) -> None:
+    """List ``path``'s sha256 in an rtui config dir (by default the test's own, tests/conftest.py, never
+    the user's), as a user vouches for CRDs of their own."""
+    config = config or Path(os.environ["RTUI_CONFIG_DIR"])
     config.mkdir(parents=True, exist_ok=True)
     with (config / TRUSTED_CRDS_FILE).open("a") as out:
         out.write(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
 
 
-def crd_dir(tmp_path: Path, *, vouch: bool = True) -> Path:
+def crd_dir(tmp_path: Path, *, vouch: bool = True, config: Path | None = None) -> Path:
     """A folder rtui can load the operator's CRDs from (``--kuberay-crds``): the shared v1.7.0 files,
-    which match the sha256 rtui ships, and the RayService stand-in, vouched for in the config dir."""
+    which match the sha256 rtui ships, and the RayService stand-in, vouched for in the config dir
+    (``config``, by default the test's)."""
     if not (SHARED / "ray.io_rayclusters.yaml").is_file():
         pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
     folder = tmp_path / "crds"
@@ -58,7 +60,7 @@ def crd_dir(tmp_path: Path, *, vouch: bool = True) -> Path:
         (folder / name).symlink_to(SHARED / name)
     (folder / "ray.io_rayservices.yaml").write_text(RAYSERVICE_CRD)
     if vouch:
-        vouch_for(folder / "ray.io_rayservices.yaml")
+        vouch_for(folder / "ray.io_rayservices.yaml", config)
     return folder
 
 
