@@ -299,12 +299,28 @@ def delete_access_entry(self: EKSResponse) -> ActionResult:
     return ActionResult({})
 
 
+def access_scope(cluster: Cluster, scope: Any) -> dict[str, Any]:
+    """An access policy's scope as EKS takes it (EKS API reference, ``AccessScope``: ``type`` is
+    ``cluster`` or ``namespace``, and ``namespaces`` is required when it is ``namespace``;
+    AssociateAccessPolicy answers ``InvalidParameterException`` otherwise and associates nothing)."""
+    def refuse(message: str) -> InvalidParameterException:
+        return InvalidParameterException(clusterName=cluster.name, nodegroupName=None, fargateProfileName=None,
+                                         addonName=None, message=message)
+
+    if not isinstance(scope, dict) or scope.get("type") not in ("cluster", "namespace"):
+        raise refuse("accessScope.type must be one of [cluster, namespace]")
+    namespaces = scope.get("namespaces") or []
+    if scope["type"] == "namespace" and not namespaces:
+        raise refuse("accessScope.namespaces must be specified when accessScope.type is namespace")
+    return {"type": scope["type"], "namespaces": list(namespaces)}
+
+
 def associate_access_policy(self: EKSResponse) -> ActionResult:
     cluster = _cluster(self)
     entry = _entry(self, cluster)
     policy = {
         "policyArn": self._get_param("policyArn"),
-        "accessScope": self._get_param("accessScope") or {"type": "cluster"},
+        "accessScope": access_scope(cluster, self._get_param("accessScope")),
         "associatedAt": utcnow(),
         "modifiedAt": utcnow(),
     }
