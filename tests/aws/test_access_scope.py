@@ -33,10 +33,8 @@ def test_a_scope_eks_refuses_is_refused_and_nothing_is_associated(world: World, 
     assert eks.list_associated_access_policies(clusterName="c1", principalArn=who)["associatedAccessPolicies"] == []
 
 
-def test_a_namespace_scope_is_kept_and_a_new_association_replaces_the_scope(world: World) -> None:
+def test_a_namespace_scope_is_kept(world: World) -> None:
     eks, who = _entry(world)
-    eks.associate_access_policy(clusterName="c1", principalArn=who, policyArn=ADMIN,
-                                accessScope={"type": "namespace", "namespaces": ["rtui"]})
     eks.associate_access_policy(clusterName="c1", principalArn=who, policyArn=ADMIN,
                                 accessScope={"type": "namespace", "namespaces": ["rtui", "ml"]})
     [policy] = eks.list_associated_access_policies(clusterName="c1", principalArn=who)["associatedAccessPolicies"]
