@@ -6,6 +6,7 @@ State lives on moto's ``Cluster`` objects (``rtui_addons``, ``rtui_access``), se
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -82,6 +83,47 @@ def _addon(self: EKSResponse, cluster: Cluster) -> dict[str, Any]:
 
 # --- add-ons ---------------------------------------------------------------------------------
 
+# The top-level keys of the vpc-cni add-on's configuration schema (``aws eks describe-addon-configuration
+# --addon-name vpc-cni``: a JSON schema with ``additionalProperties: false``), as far as rtui needs them.
+# ``enableNetworkPolicy`` is a string ("true"/"false"), not a JSON boolean (EKS User Guide, "Restrict Pod
+# network traffic with Kubernetes network policies": ``{"enableNetworkPolicy": "true"}``).
+VPC_CNI_SETTINGS = frozenset({"affinity", "enableNetworkPolicy", "enableWindowsIpam", "enableWindowsPrefixDelegation",
+                              "env", "eniConfig", "init", "livenessProbeTimeoutSeconds", "nodeAgent",
+                              "readinessProbeTimeoutSeconds", "resources", "tolerations"})
+BOOLEAN_STRINGS = ("true", "false")
+
+
+def configuration_values(addon_name: str, raw: str | None) -> str | None:
+    """``configurationValues`` as EKS takes them (EKS API reference, CreateAddon/UpdateAddon:
+    "validated against the schema returned by DescribeAddonConfiguration"; a value that is not JSON,
+    or that the add-on's schema refuses, is an ``InvalidParameterException`` and nothing is created or
+    changed). Kept verbatim, as DescribeAddon returns them. rtui sends JSON; YAML is not modelled."""
+    if raw is None or raw == "":
+        return raw
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameterException(message=f"ConfigurationValue is not in valid JSON format: {exc.msg}") \
+            from None
+    if not isinstance(values, dict):
+        raise InvalidParameterException(
+            message="ConfigurationValue provided in request is not supported: Json schema validation failed "
+                    f"with error: [$: {type(values).__name__} found, object expected]")
+    if addon_name == "vpc-cni":
+        unknown = sorted(set(values) - VPC_CNI_SETTINGS)
+        if unknown:
+            raise InvalidParameterException(
+                message="ConfigurationValue provided in request is not supported: Json schema validation failed "
+                        f"with error: [$.{unknown[0]}: is not defined in the schema and the schema does not allow "
+                        "additional properties]")
+        policy = values.get("enableNetworkPolicy")
+        if policy is not None and policy not in BOOLEAN_STRINGS:
+            raise InvalidParameterException(
+                message="ConfigurationValue provided in request is not supported: Json schema validation failed "
+                        f"with error: [$.enableNetworkPolicy: {json.dumps(policy)} is not a boolean string]")
+    return raw
+
+
 
 def settle_addon(addon: dict[str, Any]) -> None:
     """Where a new add-on ends: ACTIVE, or DEGRADED with the health issues that say why when
@@ -97,6 +139,7 @@ def create_addon(self: EKSResponse) -> ActionResult:
     name = self._get_param("addonName")
     if name in _addons(cluster):
         raise _in_use(f"Addon already exists with name: {name}")
+    configuration = configuration_values(name, self._get_param("configurationValues"))
     delay = SCRIPT.timings.addon_create
     addon = {
         "addonName": name,
@@ -109,7 +152,7 @@ def create_addon(self: EKSResponse) -> ActionResult:
         "modifiedAt": utcnow(),
         "serviceAccountRoleArn": self._get_param("serviceAccountRoleArn"),
         "tags": self._get_param("tags") or {},
-        "configurationValues": self._get_param("configurationValues"),
+        "configurationValues": configuration,
         "rtui_since": time.monotonic(),
     }
     if delay <= 0:
@@ -128,6 +171,7 @@ def list_addons(self: EKSResponse) -> ActionResult:
 
 def update_addon(self: EKSResponse) -> ActionResult:
     addon = _addon(self, _cluster(self))
+    configuration_values(addon["addonName"], self._get_param("configurationValues"))  # all or nothing
     params = []
     for key in ("addonVersion", "serviceAccountRoleArn", "configurationValues"):
         value = self._get_param(key)
@@ -255,12 +299,28 @@ def delete_access_entry(self: EKSResponse) -> ActionResult:
     return ActionResult({})
 
 
+def access_scope(cluster: Cluster, scope: Any) -> dict[str, Any]:
+    """An access policy's scope as EKS takes it (EKS API reference, ``AccessScope``: ``type`` is
+    ``cluster`` or ``namespace``, and ``namespaces`` is required when it is ``namespace``;
+    AssociateAccessPolicy answers ``InvalidParameterException`` otherwise and associates nothing)."""
+    def refuse(message: str) -> InvalidParameterException:
+        return InvalidParameterException(clusterName=cluster.name, nodegroupName=None, fargateProfileName=None,
+                                         addonName=None, message=message)
+
+    if not isinstance(scope, dict) or scope.get("type") not in ("cluster", "namespace"):
+        raise refuse("accessScope.type must be one of [cluster, namespace]")
+    namespaces = scope.get("namespaces") or []
+    if scope["type"] == "namespace" and not namespaces:
+        raise refuse("accessScope.namespaces must be specified when accessScope.type is namespace")
+    return {"type": scope["type"], "namespaces": list(namespaces)}
+
+
 def associate_access_policy(self: EKSResponse) -> ActionResult:
     cluster = _cluster(self)
     entry = _entry(self, cluster)
     policy = {
         "policyArn": self._get_param("policyArn"),
-        "accessScope": self._get_param("accessScope") or {"type": "cluster"},
+        "accessScope": access_scope(cluster, self._get_param("accessScope")),
         "associatedAt": utcnow(),
         "modifiedAt": utcnow(),
     }

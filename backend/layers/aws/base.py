@@ -35,6 +35,13 @@ SYSTEM_LAUNCH_TEMPLATE = "aws.launch-template.system"
 SYSTEM_NODES = "aws.nodegroup.system"
 GPU_NODES = "aws.nodegroup.gpu"
 ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent")
+# The add-ons' configuration values. EKS's VPC CNI enforces Kubernetes NetworkPolicies (the one the
+# kubernetes layer creates around Ray) only with enableNetworkPolicy on, a string "true" in the add-on's
+# configuration values: it then runs its network policy agent (the aws-node DaemonSet's
+# aws-network-policy-agent container) on every node. It needs vpc-cni 1.14+ on Kubernetes 1.25+ and a
+# Linux kernel 5.10+ (the EKS-optimized AL2023 AMIs rtui uses qualify). EKS User Guide, "Restrict Pod
+# network traffic with Kubernetes network policies" (cni-network-policy-configure).
+ADDON_CONFIGURATION: dict[str, dict[str, str]] = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 
 VPC_CIDR = "10.0.0.0/16"
 ROOT_VOLUME_GB = 200  # the Ray image is ~30 GB unpacked; room for it, checkpoints and logs

@@ -7,6 +7,7 @@ entry holds an exec plugin, never a token (``backend.layers.kubernetes.eks``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -181,10 +182,20 @@ class EksClusterHandler(AwsHandler):
                 yield p
 
 
+def _configuration(raw: str | None) -> dict[str, Any] | None:
+    """An add-on's configuration values as EKS returns them (a JSON string; empty when none)."""
+    try:
+        values = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return values if isinstance(values, dict) else None
+
+
 class AddonHandler(AwsHandler):
     kind = "aws-eks-addon"
     title = "Install an EKS add-on"
     expected_s = ADDON_EXPECTED_S
+    updatable = True  # its configuration values change in place (UpdateAddon)
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         name = ctx.config.cluster_name
@@ -201,7 +212,8 @@ class AddonHandler(AwsHandler):
             status = addon["status"]
             out.append(Observed(address=f"aws.addon.{addon_name}", layer=LAYER, kind=self.kind,
                                 id=f"{name}/{addon_name}", depends_on=(EKS_CLUSTER,),
-                                state={"name": addon_name, "pending": "creating" if status == "CREATING" else None},
+                                state={"name": addon_name, "pending": "creating" if status == "CREATING" else None,
+                                       "configuration": _configuration(addon.get("configurationValues"))},
                                 healthy=status not in ("CREATE_FAILED", "DELETING", "DELETE_FAILED"),
                                 reason=status.lower()))
         return out
@@ -209,12 +221,24 @@ class AddonHandler(AwsHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         name, addon = ctx.config.cluster_name, want.spec["name"]
+        configuration = want.spec.get("configuration")
+        extra: dict[str, Any] = {"configurationValues": json.dumps(configuration)} if configuration else {}
         await api.call("eks", "create_addon", clusterName=name, addonName=addon, resolveConflicts="OVERWRITE",
-                       tags=tags(ctx.record.run_id, name),
+                       tags=tags(ctx.record.run_id, name), **extra,
                        clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                        ok=("ResourceInUseException",))
         self.made(ctx, want, f"{name}/{addon}")
         async for p in self.wait_ready(ctx, f"{name}/{addon}"):
+            yield p
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        """An add-on of an earlier rtui made without today's configuration values (vpc-cni's network
+        policy agent): EKS applies them in place, on the running add-on."""
+        api = self.api(ctx)
+        cluster, addon = have.id.split("/", 1)
+        await api.call("eks", "update_addon", clusterName=cluster, addonName=addon, resolveConflicts="OVERWRITE",
+                       configurationValues=json.dumps(want.spec.get("configuration") or {}))
+        async for p in self.wait_ready(ctx, have.id):
             yield p
 
     def wait_ready(self, ctx: Context, resource_id: str) -> AsyncIterator[Progress]:

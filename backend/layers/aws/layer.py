@@ -24,6 +24,7 @@ from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
 from backend.layers.aws.base import (
     ACCESS_ENTRY,
+    ADDON_CONFIGURATION,
     ADDONS,
     CLUSTER_ROLE,
     EKS_CLUSTER,
@@ -419,7 +420,9 @@ class AwsLayer(Layer):
         res(KUBECONFIG, "aws-kubeconfig", {"context": "the cluster ARN"}, EKS_CLUSTER, ACCESS_ENTRY)
         for addon in ADDONS:
             deps = (EKS_CLUSTER, SYSTEM_NODES) if addon == "coredns" else (EKS_CLUSTER,)
-            res(addon_address(addon), "aws-eks-addon", {"name": addon}, *deps)
+            configuration = ADDON_CONFIGURATION.get(addon)
+            res(addon_address(addon), "aws-eks-addon",
+                {"name": addon, **({"configuration": configuration} if configuration else {})}, *deps)
         for identity in POD_IDENTITIES:
             res(identity.address, "aws-pod-identity", PodIdentityHandler.spec(ctx, identity), EKS_CLUSTER,
                 identity.role_address, addon_address(POD_IDENTITY_AGENT))
