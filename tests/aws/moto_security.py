@@ -75,6 +75,7 @@ from moto.eks.responses import EKSResponse
 from moto.iam.models import iam_backends
 
 from tests.aws.moto_ext import SCRIPT
+from tests.aws.moto_provision_api import _cluster
 
 Patch = Callable[[Any, str, Any], None]
 
@@ -185,14 +186,6 @@ def _trusts_pod_identity(role: Any) -> bool:
                 {"sts:AssumeRole", "sts:TagSession"} <= set(actions):
             return True
     return False
-
-
-def _cluster(self: EKSResponse) -> Cluster:
-    name = self._get_param("name")
-    cluster = self.eks_backend.clusters.get(name)
-    if cluster is None:
-        raise _not_found(f"No cluster found for name: {name}.")
-    return cluster
 
 
 def _public(item: dict[str, Any]) -> dict[str, Any]:

@@ -114,12 +114,17 @@ def hf_token_secret_name(config: RunConfig) -> str:
     return f"{config.cluster_name}-hf-token"
 
 
-def hf_token_secret(config: RunConfig, run_id: str, token: str) -> Manifest:
-    """The Secret the pods read the Hugging Face token from: built in memory, applied, never written."""
+def secret(config: RunConfig, run_id: str, name: str, key: str, value: str) -> Manifest:
+    """A Secret of the run in its namespace holding ``value`` under ``key``: built in memory when it is
+    applied, never written anywhere else."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": hf_token_secret_name(config), "namespace": config.namespace,
-                         "labels": labels(run_id)},
-            "stringData": {HF_TOKEN_KEY: token}}
+            "metadata": {"name": name, "namespace": config.namespace, "labels": labels(run_id)},
+            "stringData": {key: value}}
+
+
+def hf_token_secret(config: RunConfig, run_id: str, token: str) -> Manifest:
+    """The Secret the pods read the Hugging Face token from."""
+    return secret(config, run_id, hf_token_secret_name(config), HF_TOKEN_KEY, token)
 
 
 def _token_env(config: RunConfig) -> list[Manifest]:
@@ -143,11 +148,8 @@ def ray_token_secret_name(config: RunConfig) -> str:
 
 
 def ray_token_secret(config: RunConfig, run_id: str, token: str) -> Manifest:
-    """The Secret holding the Ray cluster's auth token: made in memory when applied, never written."""
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": ray_token_secret_name(config), "namespace": config.namespace,
-                         "labels": labels(run_id)},
-            "stringData": {RAY_TOKEN_KEY: token}}
+    """The Secret holding the Ray cluster's auth token."""
+    return secret(config, run_id, ray_token_secret_name(config), RAY_TOKEN_KEY, token)
 
 
 def _ray_token_env(config: RunConfig) -> list[Manifest]:
@@ -187,12 +189,8 @@ def job_env_file() -> str:
 
 
 def job_env_secret(config: RunConfig, run_id: str, values: dict[str, str]) -> Manifest:
-    """The Secret holding the ``--job-env`` values (JSON, as training.passed_env reads it): built in
-    memory when applied, never written anywhere else."""
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": job_env_secret_name(config), "namespace": config.namespace,
-                         "labels": labels(run_id)},
-            "stringData": {JOB_ENV_KEY: json.dumps(values, sort_keys=True)}}
+    """The Secret holding the ``--job-env`` values (JSON, as training.passed_env reads it)."""
+    return secret(config, run_id, job_env_secret_name(config), JOB_ENV_KEY, json.dumps(values, sort_keys=True))
 
 
 def with_job_env_mount(config: RunConfig, cluster: Manifest) -> Manifest:
