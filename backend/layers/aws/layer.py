@@ -27,6 +27,7 @@ from backend.layers.aws.base import (
     ADDONS,
     CLUSTER_ROLE,
     EKS_CLUSTER,
+    GPU_ASG_TAGS,
     GPU_NODES,
     IGW,
     KUBECONFIG,
@@ -72,7 +73,8 @@ from backend.layers.aws.iam import (
     trust_shape,
     trust_statement,
 )
-from backend.layers.aws.nodes import LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
+from backend.layers.aws.node_autoscaler import gpu_asg_tags, gpu_scaling_config
+from backend.layers.aws.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from backend.layers.aws.sweep import sweep
 from backend.layers.base import Context, Handler, Layer
@@ -89,7 +91,7 @@ AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
 ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
          EKS_CLUSTER, ACCESS_ENTRY, KUBECONFIG, "aws.addon", "aws.pod-identity", PLACEMENT_GROUP,
-         "aws.launch-template", SYSTEM_NODES, GPU_NODES)
+         "aws.launch-template", SYSTEM_NODES, GPU_NODES, GPU_ASG_TAGS)
 
 
 @dataclass
@@ -114,7 +116,7 @@ class AwsLayer(Layer):
         network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
         routes.RouteTableHandler(), routes.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
         AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
-        NodegroupHandler(), PodIdentityHandler())}
+        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler())}
 
     def __init__(self) -> None:
         self.topology: Topology | None = None
@@ -442,6 +444,7 @@ class AwsLayer(Layer):
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"),
                      *(p.address for p in POD_IDENTITIES))
         system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
+        scaling = gpu_scaling_config(config)  # min 0 when idle workers go (cluster-autoscaler takes their nodes)
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
              "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb,
@@ -451,13 +454,17 @@ class AwsLayer(Layer):
             quota=self._quota(topo.system_quota_code, topo.system_headroom,
                               topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
         res(GPU_NODES, "aws-nodegroup",
-            {"instance_type": config.gpu_node_type, "size": config.gpu_node_count, "azs": [topo.gpu_az],
+            {"instance_type": config.gpu_node_type, "size": config.gpu_node_count,
+             "min_size": scaling["minSize"], "max_size": scaling["maxSize"], "azs": [topo.gpu_az],
              "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
              "capacity_type": "CAPACITY_BLOCK" if block else "ON_DEMAND"},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
             cost=gpu_cost.per_hour, note=gpu_cost.note,
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,
                               topo.vcpus.get(config.gpu_node_type, 0) * config.gpu_node_count))
+        if config.idle_timeout_s():  # the group may shrink to zero: cluster-autoscaler must know its nodes
+            res(GPU_ASG_TAGS, "aws-asg-tags", {"tags": gpu_asg_tags(config, config.cluster_name, ctx.record.run_id,
+                                                                    topo.efa_interfaces if efa else 0)}, GPU_NODES)
         return sorted(out, key=lambda r: _rank(r.address))
 
     @staticmethod
