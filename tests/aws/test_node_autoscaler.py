@@ -15,7 +15,7 @@ from backend.config import RunConfig
 from backend.layers.aws import node_autoscaler as na
 from backend.model import Action
 from tests.aws.conftest import World
-from tests.aws.provision_world import REGION, down, eks, session_for, tagged, up
+from tests.aws.provision_world import REGION, down, eks, iam, session_for, tagged, up
 
 RUN = "r20261204-120000-abcd"
 
@@ -136,6 +136,18 @@ async def test_up_lets_the_gpu_group_shrink_to_zero_and_tags_its_asg_for_a_scale
     # DescribeAutoScalingGroups shows the same tags (what cluster-autoscaler's discovery reads).
     (group,) = autoscaling().describe_auto_scaling_groups(AutoScalingGroupNames=[_gpu_asg()])["AutoScalingGroups"]
     assert {t["Key"]: t["Value"] for t in group["Tags"]}.items() >= wanted.items()
+    # cluster-autoscaler's service account has its own role, with the policy scoped to this run's groups.
+    associations = eks().list_pod_identity_associations(clusterName="rtui-ray", namespace="kube-system",
+                                                        serviceAccount="cluster-autoscaler")["associations"]
+    assert len(associations) == 1
+    role = eks().describe_pod_identity_association(clusterName="rtui-ray", associationId=associations[0][
+        "associationId"])["association"]["roleArn"].rsplit("/", 1)[1]
+    assert iam().list_attached_role_policies(RoleName=role)["AttachedPolicies"] == []
+    (name,) = iam().list_role_policies(RoleName=role)["PolicyNames"]
+    document = iam().get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+    assert document == na.autoscaler_policy("rtui-ray", session.run_id)
+    trust = iam().get_role(RoleName=role)["Role"]["AssumeRolePolicyDocument"]["Statement"][0]["Condition"]
+    assert trust["StringEquals"]["aws:RequestTag/kubernetes-service-account"] == "cluster-autoscaler"
     # A second plan finds nothing to do.
     again = await session_for().plan()
     assert [c.address for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
@@ -150,6 +162,8 @@ async def test_idle_minutes_0_keeps_the_fixed_size_and_no_template_tags(world: W
     gpu = eks().describe_nodegroup(**GPU_GROUP)["nodegroup"]
     assert gpu["scalingConfig"] == {"minSize": 2, "maxSize": 2, "desiredSize": 2}
     assert not any("node-template" in k for k in _asg_tags(_gpu_asg()))
+    assert eks().list_pod_identity_associations(clusterName="rtui-ray", serviceAccount="cluster-autoscaler",
+                                                namespace="kube-system")["associations"] == []
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
 

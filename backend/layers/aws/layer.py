@@ -65,10 +65,12 @@ from backend.layers.aws.cluster import (
 )
 from backend.layers.aws.iam import (
     CLUSTER_POLICIES,
+    CNI_IDENTITY,
     NODE_POLICIES,
-    POD_IDENTITIES,
     POD_IDENTITY_PREFIX,
     RoleHandler,
+    inline_policies,
+    planned_identities,
     service_principal,
     trust_shape,
     trust_statement,
@@ -401,12 +403,17 @@ class AwsLayer(Layer):
         def role(address: str, policies: Sequence[str]) -> None:
             # The trust's actions and condition keys (the account is filled in when the role is made).
             shape = trust_shape(trust_statement(address, config.region, "", config.cluster_name))
-            res(address, "aws-iam-role", {"service": service_principal(address, config.region),
-                                          "policies": sorted(policies), "trust": shape})
+            spec: dict[str, Any] = {"service": service_principal(address, config.region),
+                                    "policies": sorted(policies), "trust": shape}
+            inline = inline_policies(address, config.cluster_name, ctx.record.run_id, config.region)
+            if inline:
+                spec["inline"] = inline
+            res(address, "aws-iam-role", spec)
 
         role(CLUSTER_ROLE, CLUSTER_POLICIES)
         role(NODE_ROLE, NODE_POLICIES)
-        for identity in POD_IDENTITIES:
+        identities = planned_identities(config)
+        for identity in identities:
             role(identity.role_address, identity.policies)
         cluster_private = [subnet_address("private", az) for az in topo.network_azs]
         cidrs = self.api_cidr_list(ctx)
@@ -422,7 +429,7 @@ class AwsLayer(Layer):
         for addon in ADDONS:
             deps = (EKS_CLUSTER, SYSTEM_NODES) if addon == "coredns" else (EKS_CLUSTER,)
             res(addon_address(addon), "aws-eks-addon", {"name": addon}, *deps)
-        for identity in POD_IDENTITIES:
+        for identity in identities:
             res(identity.address, "aws-pod-identity", PodIdentityHandler.spec(ctx, identity), EKS_CLUSTER,
                 identity.role_address, addon_address(POD_IDENTITY_AGENT))
         efa = config.wants_efa()
@@ -442,7 +449,7 @@ class AwsLayer(Layer):
             {"volume_gb": topo.system_disk_gb, "imdsv2": True, "imds_hop_limit": 1}, EKS_CLUSTER)
         # The nodes join once aws-node can assign addresses: its permissions come by pod identity.
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"),
-                     *(p.address for p in POD_IDENTITIES))
+                     CNI_IDENTITY.address)
         system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
         scaling = gpu_scaling_config(config)  # min 0 when idle workers go (cluster-autoscaler takes their nodes)
         res(SYSTEM_NODES, "aws-nodegroup",
