@@ -3,6 +3,7 @@ its AWS cloud provider reads (kubernetes/autoscaler cluster-autoscaler/cloudprov
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,45 @@ async def test_a_size_cluster_autoscaler_chose_is_not_drift(world: World, kube_f
     assert eks().describe_nodegroup(**GPU_GROUP)["nodegroup"]["scalingConfig"]["desiredSize"] == 0
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
+
+
+def _kube(world: World, tmp_path: Path) -> Any:
+    """The official Kubernetes client on the cluster's API (the emulator EKS's endpoint names)."""
+    from kubernetes import client as k8s
+
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(base64.b64decode(world.script.cluster_ca))
+    config = k8s.Configuration(host=eks().describe_cluster(name="rtui-ray")["cluster"]["endpoint"])
+    config.ssl_ca_cert = str(ca)
+    config.api_key = {"authorization": "Bearer k8s-aws-v1.test"}
+    return k8s.ApiClient(config)
+
+
+@pytest.mark.usefixtures("fast_backoff")
+async def test_up_installs_cluster_autoscaler_for_this_clusters_groups_and_down_removes_it(
+        world: World, kube_file: Path, tmp_path: Path) -> None:
+    from kubernetes import client as k8s
+
+    session = session_for()
+    plan = await session.plan()
+    step = plan.change("aws.cluster-autoscaler")
+    assert step is not None and step.action is Action.CREATE
+    assert set(step.depends_on) >= {"aws.pod-identity.cluster-autoscaler", "aws.nodegroup.system"}
+    assert (await up(session)).ok
+    api = _kube(world, tmp_path)
+    deployment = k8s.AppsV1Api(api).read_namespaced_deployment("cluster-autoscaler", "kube-system")
+    (container,) = deployment.spec.template.spec.containers
+    assert container.image == "registry.k8s.io/autoscaling/cluster-autoscaler:v1.34.5"
+    assert "--node-group-auto-discovery=asg:tag=k8s.io/cluster-autoscaler/enabled,k8s.io/cluster-autoscaler/rtui-ray" \
+        in container.command
+    assert deployment.spec.template.spec.service_account_name == "cluster-autoscaler"
+    k8s.CoreV1Api(api).read_namespaced_service_account("cluster-autoscaler", "kube-system")
+    k8s.RbacAuthorizationV1Api(api).read_cluster_role("cluster-autoscaler")
+    again = await session_for().plan()
+    assert [c.address for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+    # With --idle-minutes 0 nothing of it is planned.
+    fixed = await session_for(idle_minutes="0").plan()
+    assert {c.address for c in fixed.changes} & {"aws.cluster-autoscaler", "aws.asg-tags.gpu",
+                                                 "aws.pod-identity.cluster-autoscaler"} == set()

@@ -22,6 +22,7 @@ from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
+from backend.layers.aws.autoscaler import CLUSTER_AUTOSCALER, ClusterAutoscalerHandler
 from backend.layers.aws.base import (
     ACCESS_ENTRY,
     ADDONS,
@@ -64,6 +65,7 @@ from backend.layers.aws.cluster import (
     describe_cluster,
 )
 from backend.layers.aws.iam import (
+    AUTOSCALER_IDENTITY,
     CLUSTER_POLICIES,
     CNI_IDENTITY,
     NODE_POLICIES,
@@ -75,7 +77,7 @@ from backend.layers.aws.iam import (
     trust_shape,
     trust_statement,
 )
-from backend.layers.aws.node_autoscaler import gpu_asg_tags, gpu_scaling_config
+from backend.layers.aws.node_autoscaler import cluster_autoscaler_image, gpu_asg_tags, gpu_scaling_config
 from backend.layers.aws.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from backend.layers.aws.sweep import sweep
@@ -93,7 +95,7 @@ AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
 ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
          EKS_CLUSTER, ACCESS_ENTRY, KUBECONFIG, "aws.addon", "aws.pod-identity", PLACEMENT_GROUP,
-         "aws.launch-template", SYSTEM_NODES, GPU_NODES, GPU_ASG_TAGS)
+         "aws.launch-template", SYSTEM_NODES, GPU_NODES, GPU_ASG_TAGS, CLUSTER_AUTOSCALER)
 
 
 @dataclass
@@ -118,7 +120,7 @@ class AwsLayer(Layer):
         network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
         routes.RouteTableHandler(), routes.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
         AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
-        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler())}
+        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler(), ClusterAutoscalerHandler())}
 
     def __init__(self) -> None:
         self.topology: Topology | None = None
@@ -472,6 +474,10 @@ class AwsLayer(Layer):
         if config.idle_timeout_s():  # the group may shrink to zero: cluster-autoscaler must know its nodes
             res(GPU_ASG_TAGS, "aws-asg-tags", {"tags": gpu_asg_tags(config, config.cluster_name, ctx.record.run_id,
                                                                     topo.efa_interfaces if efa else 0)}, GPU_NODES)
+            image = cluster_autoscaler_image(config.kubernetes_version)
+            if image is not None:  # its credentials come with its pods, which start on the system node
+                res(CLUSTER_AUTOSCALER, "aws-cluster-autoscaler", ClusterAutoscalerHandler.spec(ctx, image),
+                    KUBECONFIG, SYSTEM_NODES, AUTOSCALER_IDENTITY.address)
         return sorted(out, key=lambda r: _rank(r.address))
 
     @staticmethod
