@@ -131,6 +131,7 @@ class AwsLayer(Layer):
         self._planned_prices: RegionPrices | None = None  # what the last ``desired`` priced with
         self._planned_nat = False
         self._notes: list[str] = []  # what the last settling of the AZs decided differently, one line each
+        self._idle_note = ""  # what the last ``desired`` bills while the GPU nodes are scaled to zero
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -182,7 +183,7 @@ class AwsLayer(Layer):
         return prices.source
 
     def plan_notes(self, ctx: Context) -> list[str]:
-        return list(self._notes)
+        return [*self._notes, *([self._idle_note] if self._idle_note else [])]
 
     async def _reservation_ended(self, ctx: Context, reservation_id: str, zone: ZoneReport | None) -> str | None:
         """How the recorded reservation ended ("expired on 2026-12-01", "cancelled", "no longer exists");
@@ -383,6 +384,7 @@ class AwsLayer(Layer):
             gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count, gpu_disk_gb=ROOT_VOLUME_GB,
             system_node_type=config.system_node_type, system_node_count=config.system_node_count,
             system_disk_gb=topo.system_disk_gb, nat_gateway=not adopted)).parts
+        self._idle_note = _idle_note(config, cost, nat=not adopted)
         private = [subnet_address("private", az) for az in topo.subnet_azs]
         res(VPC, "aws-vpc", {"cidr": "10.0.0.0/16"} if not adopted else {"cidr": None})
         for az in topo.subnet_azs:
@@ -615,6 +617,18 @@ def _needs(later: str, earlier: str) -> bool:
         return later in (LAUNCH_TEMPLATE, GPU_NODES)
     return True
 
+
+
+def _idle_note(config: RunConfig, cost: Mapping[str, Any], *, nat: bool) -> str:
+    """What still bills while cluster-autoscaler has taken every GPU node (the plan's priced parts but
+    the GPU nodes), beside the full size; empty with ``--idle-minutes 0`` (the nodes never go)."""
+    if not config.idle_timeout_s():
+        return ""
+    full = sum(float(p.per_hour or 0.0) for p in cost.values())
+    idle = full - float(cost["gpu_nodes"].per_hour or 0.0)
+    billing = "the system node, EKS and the NAT gateway" if nat else "the system node and EKS"
+    return (f"idle after {config.idle_minutes:g} min without a job: the GPU nodes scale to zero "
+            f"(cluster-autoscaler) and {billing} keep billing, ${idle:.2f}/h instead of ${full:.2f}/h")
 
 
 def _control_plane_azs(zones: Sequence[ZoneReport], gpu_az: str, where: str, remedy: str) -> list[str]:
