@@ -52,6 +52,8 @@ from moto.eks.exceptions import EKSError, InvalidParameterException
 from moto.eks.models import EKSBackend, Nodegroup, eks_backends
 from moto.eks.responses import EKSResponse
 
+from tests.aws import moto_asg
+
 Patch = Callable[[Any, str, Any], None]
 EKS_CONTROL_PLANE_REJECTED_ZONE_IDS = frozenset({"use1-az3", "usw1-az2", "cac1-az3"})
 
@@ -143,7 +145,7 @@ def _describe_auto_scaling_groups(original: Callable[[AutoScalingResponse], Acti
                 "AutoScalingGroupName": asg, "MinSize": int(ng.scaling_config.get("minSize", 0)),
                 "MaxSize": int(ng.scaling_config.get("maxSize", size)), "DesiredCapacity": size,
                 "DefaultCooldown": 300, "AvailabilityZones": list(info.get("zones") or []),
-                "HealthCheckType": "EC2", "CreatedTime": utcnow(),
+                "HealthCheckType": "EC2", "CreatedTime": utcnow(), "Tags": moto_asg.asg_tags(ng),
                 "Instances": [{"InstanceId": i, "InstanceType": info.get("instance_type"), "AvailabilityZone": zone,
                                "LifecycleState": "InService", "HealthStatus": "Healthy",
                                "ProtectedFromScaleIn": False} for i in _instances(ng)],
@@ -232,6 +234,7 @@ def install(patch: Patch) -> None:
     patch(moto_provision, "_fail_capacity", _fail_capacity(moto_provision._fail_capacity))
     patch(AutoScalingResponse, "describe_auto_scaling_groups",
           _describe_auto_scaling_groups(AutoScalingResponse.describe_auto_scaling_groups))
+    moto_asg.install(patch)
     patch(EC2Response, "delete_placement_group", _delete_placement_group(EC2Response.delete_placement_group))
     for name in ("create_cluster", "create_nodegroup", "create_addon", "create_access_entry"):
         patch(EKSResponse, name, _eks_tokens(getattr(EKSResponse, name)))

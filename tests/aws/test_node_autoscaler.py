@@ -3,12 +3,20 @@ its AWS cloud provider reads (kubernetes/autoscaler cluster-autoscaler/cloudprov
 
 from __future__ import annotations
 
+import base64
 import json
+from pathlib import Path
+from typing import Any
 
+import boto3
+import pytest
 from kubernetes.client import ApiClient
 
 from backend.config import RunConfig
 from backend.layers.aws import node_autoscaler as na
+from backend.model import Action
+from tests.aws.conftest import World
+from tests.aws.provision_world import REGION, down, eks, iam, session_for, tagged, up
 
 RUN = "r20261204-120000-abcd"
 
@@ -92,3 +100,129 @@ def test_the_manifests_hold_only_fields_kubernetes_knows() -> None:
     for obj in na.cluster_autoscaler_manifests(aws(), "rtui-ray", {"rtui.dev/run": RUN}):
         model = client.deserialize(json.dumps(obj), f"V1{obj['kind']}", "application/json")
         assert client.sanitize_for_serialization(model) == obj, obj["kind"]
+
+
+# --- through `plan`/`up`/`down` on the aws double ---------------------------------------------------
+
+GPU_GROUP = {"clusterName": "rtui-ray", "nodegroupName": "rtui-ray-gpu"}
+
+
+def _gpu_asg() -> str:
+    group = eks().describe_nodegroup(**GPU_GROUP)["nodegroup"]
+    return str(group["resources"]["autoScalingGroups"][0]["name"])
+
+
+def _asg_tags(name: str) -> dict[str, str]:
+    listed = autoscaling().describe_tags(Filters=[{"Name": "auto-scaling-group", "Values": [name]}])["Tags"]
+    return {t["Key"]: t["Value"] for t in listed}
+
+
+def autoscaling() -> Any:
+    return boto3.client("autoscaling", region_name=REGION)
+
+
+@pytest.mark.usefixtures("fast_backoff")
+async def test_up_lets_the_gpu_group_shrink_to_zero_and_tags_its_asg_for_a_scale_up(world: World,
+                                                                                  kube_file: Path) -> None:
+    session = session_for()
+    done = await up(session)
+    assert done.ok, done.failures()
+    gpu = eks().describe_nodegroup(**GPU_GROUP)["nodegroup"]
+    assert gpu["scalingConfig"] == {"minSize": 0, "maxSize": 2, "desiredSize": 2}
+    system = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-system")["nodegroup"]
+    assert system["scalingConfig"]["minSize"] == system["scalingConfig"]["maxSize"]
+    tags = _asg_tags(_gpu_asg())
+    wanted = na.gpu_asg_tags(session.config, "rtui-ray", session.run_id)
+    assert {k: tags.get(k) for k in wanted} == wanted
+    # DescribeAutoScalingGroups shows the same tags (what cluster-autoscaler's discovery reads).
+    (group,) = autoscaling().describe_auto_scaling_groups(AutoScalingGroupNames=[_gpu_asg()])["AutoScalingGroups"]
+    assert {t["Key"]: t["Value"] for t in group["Tags"]}.items() >= wanted.items()
+    # cluster-autoscaler's service account has its own role, with the policy scoped to this run's groups.
+    associations = eks().list_pod_identity_associations(clusterName="rtui-ray", namespace="kube-system",
+                                                        serviceAccount="cluster-autoscaler")["associations"]
+    assert len(associations) == 1
+    role = eks().describe_pod_identity_association(clusterName="rtui-ray", associationId=associations[0][
+        "associationId"])["association"]["roleArn"].rsplit("/", 1)[1]
+    assert iam().list_attached_role_policies(RoleName=role)["AttachedPolicies"] == []
+    (name,) = iam().list_role_policies(RoleName=role)["PolicyNames"]
+    document = iam().get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+    assert document == na.autoscaler_policy("rtui-ray", session.run_id)
+    trust = iam().get_role(RoleName=role)["Role"]["AssumeRolePolicyDocument"]["Statement"][0]["Condition"]
+    assert trust["StringEquals"]["aws:RequestTag/kubernetes-service-account"] == "cluster-autoscaler"
+    # A second plan finds nothing to do.
+    again = await session_for().plan()
+    assert [c.address for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+
+
+@pytest.mark.usefixtures("fast_backoff")
+async def test_idle_minutes_0_keeps_the_fixed_size_and_no_template_tags(world: World, kube_file: Path) -> None:
+    session = session_for(idle_minutes="0")
+    assert (await up(session)).ok
+    gpu = eks().describe_nodegroup(**GPU_GROUP)["nodegroup"]
+    assert gpu["scalingConfig"] == {"minSize": 2, "maxSize": 2, "desiredSize": 2}
+    assert not any("node-template" in k for k in _asg_tags(_gpu_asg()))
+    assert eks().list_pod_identity_associations(clusterName="rtui-ray", serviceAccount="cluster-autoscaler",
+                                                namespace="kube-system")["associations"] == []
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+
+
+@pytest.mark.usefixtures("fast_backoff")
+async def test_a_size_cluster_autoscaler_chose_is_not_drift(world: World, kube_file: Path) -> None:
+    session = session_for()
+    assert (await up(session)).ok
+    # cluster-autoscaler takes the idle nodes away: it sets the group's desired capacity, as its
+    # AWS cloud provider does, and EKS reports the new size as the nodegroup's.
+    autoscaling().set_desired_capacity(AutoScalingGroupName=_gpu_asg(), DesiredCapacity=0)
+    assert eks().describe_nodegroup(**GPU_GROUP)["nodegroup"]["scalingConfig"]["desiredSize"] == 0
+    plan = await session_for().plan()
+    change = plan.change("aws.nodegroup.gpu")
+    assert change is not None and change.action is Action.NOOP, (change.action, change.reason) if change else None
+    assert (await up(session_for())).ok
+    assert eks().describe_nodegroup(**GPU_GROUP)["nodegroup"]["scalingConfig"]["desiredSize"] == 0
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+
+
+def _kube(world: World, tmp_path: Path) -> Any:
+    """The official Kubernetes client on the cluster's API (the emulator EKS's endpoint names)."""
+    from kubernetes import client as k8s
+
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(base64.b64decode(world.script.cluster_ca))
+    config = k8s.Configuration(host=eks().describe_cluster(name="rtui-ray")["cluster"]["endpoint"])
+    config.ssl_ca_cert = str(ca)
+    config.api_key = {"authorization": "Bearer k8s-aws-v1.test"}
+    return k8s.ApiClient(config)
+
+
+@pytest.mark.usefixtures("fast_backoff")
+async def test_up_installs_cluster_autoscaler_for_this_clusters_groups_and_down_removes_it(
+        world: World, kube_file: Path, tmp_path: Path) -> None:
+    from kubernetes import client as k8s
+
+    session = session_for()
+    plan = await session.plan()
+    step = plan.change("aws.cluster-autoscaler")
+    assert step is not None and step.action is Action.CREATE
+    assert set(step.depends_on) >= {"aws.pod-identity.cluster-autoscaler", "aws.nodegroup.system"}
+    assert (await up(session)).ok
+    api = _kube(world, tmp_path)
+    deployment = k8s.AppsV1Api(api).read_namespaced_deployment("cluster-autoscaler", "kube-system")
+    (container,) = deployment.spec.template.spec.containers
+    assert container.image == "registry.k8s.io/autoscaling/cluster-autoscaler:v1.34.5"
+    assert "--node-group-auto-discovery=asg:tag=k8s.io/cluster-autoscaler/enabled,k8s.io/cluster-autoscaler/rtui-ray" \
+        in container.command
+    assert deployment.spec.template.spec.service_account_name == "cluster-autoscaler"
+    k8s.CoreV1Api(api).read_namespaced_service_account("cluster-autoscaler", "kube-system")
+    k8s.RbacAuthorizationV1Api(api).read_cluster_role("cluster-autoscaler")
+    again = await session_for().plan()
+    assert [c.address for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+    # With --idle-minutes 0 nothing of it is planned.
+    fixed = await session_for(idle_minutes="0").plan()
+    assert {c.address for c in fixed.changes} & {"aws.cluster-autoscaler", "aws.asg-tags.gpu",
+                                                 "aws.pod-identity.cluster-autoscaler"} == set()

@@ -71,7 +71,8 @@ async def test_roles_hold_only_what_each_needs_and_the_cni_gets_its_permissions_
     assert {name: r["policies"] for name, r in roles.items()} == {
         f"rtui-{CLUSTER}-cluster": ["AmazonEKSClusterPolicy"],
         f"rtui-{CLUSTER}-nodes": ["AmazonEC2ContainerRegistryPullOnly", "AmazonEKSWorkerNodePolicy"],
-        f"rtui-{CLUSTER}-pod-cni": ["AmazonEKS_CNI_Policy"]}
+        f"rtui-{CLUSTER}-pod-cni": ["AmazonEKS_CNI_Policy"],
+        f"rtui-{CLUSTER}-pod-cluster-autoscaler": []}  # its own policy, inline (test_node_autoscaler)
     account = boto3.client("sts", region_name=REGION).get_caller_identity()["Account"]
     cluster_arn = eks().describe_cluster(name=CLUSTER)["cluster"]["arn"]
     [pod] = roles[f"rtui-{CLUSTER}-pod-cni"]["trust"]
@@ -83,9 +84,12 @@ async def test_roles_hold_only_what_each_needs_and_the_cni_gets_its_permissions_
     [node] = roles[f"rtui-{CLUSTER}-nodes"]["trust"]
     assert node["Principal"] == {"Service": "ec2.amazonaws.com"} and "Condition" not in node
     associations = eks().list_pod_identity_associations(clusterName=CLUSTER)["associations"]
-    assert [(a["namespace"], a["serviceAccount"]) for a in associations] == [("kube-system", "aws-node")]
+    # aws-node's, and cluster-autoscaler's (idle GPU nodes go: test_node_autoscaler).
+    assert sorted((a["namespace"], a["serviceAccount"]) for a in associations) == [
+        ("kube-system", "aws-node"), ("kube-system", "cluster-autoscaler")]
+    cni = next(a for a in associations if a["serviceAccount"] == "aws-node")
     association = eks().describe_pod_identity_association(
-        clusterName=CLUSTER, associationId=associations[0]["associationId"])["association"]
+        clusterName=CLUSTER, associationId=cni["associationId"])["association"]
     assert association["roleArn"] == iam().get_role(RoleName=f"rtui-{CLUSTER}-pod-cni")["Role"]["Arn"]
     assert "eks-pod-identity-agent" in eks().list_addons(clusterName=CLUSTER)["addons"]
     again = await session.plan()

@@ -34,6 +34,7 @@ LAUNCH_TEMPLATE = "aws.launch-template.gpu"
 SYSTEM_LAUNCH_TEMPLATE = "aws.launch-template.system"
 SYSTEM_NODES = "aws.nodegroup.system"
 GPU_NODES = "aws.nodegroup.gpu"
+GPU_ASG_TAGS = "aws.asg-tags.gpu"  # cluster-autoscaler's tags on the GPU nodes' Auto Scaling group
 ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent")
 # The add-ons' configuration values. EKS's VPC CNI enforces Kubernetes NetworkPolicies (the one the
 # kubernetes layer creates around Ray) only with enableNetworkPolicy on, a string "true" in the add-on's

@@ -12,11 +12,13 @@ per service account (``PodIdentity``), never through the node's instance profile
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from backend.config import RunConfig
+from backend.layers.aws import node_autoscaler
 from backend.layers.aws.api import IAM_PATH, RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from backend.layers.aws.base import CLUSTER_ROLE, LAYER, NODE_ROLE, AwsHandler, Names
 from backend.layers.base import Context
@@ -42,6 +44,14 @@ class PodIdentity:
     service_account: str
     policies: tuple[str, ...]
     why: str = ""
+    # A policy of its own, inline in the role (cluster, run id, partition → document): for what no
+    # AWS managed policy scopes to one run.
+    inline: Callable[[str, str, str], dict[str, Any]] | None = None
+    # Whether a run plans it (default: always).
+    wanted: Callable[[RunConfig], bool] | None = None
+
+    def planned(self, config: RunConfig) -> bool:
+        return self.wanted is None or self.wanted(config)
 
     @property
     def role_address(self) -> str:
@@ -57,7 +67,33 @@ class PodIdentity:
 # Identity"; the vpc-cni add-on supports Pod Identity).
 CNI_IDENTITY = PodIdentity("cni", "kube-system", "aws-node", ("AmazonEKS_CNI_Policy",),
                            why="the VPC CNI's ENI permissions, for its aws-node service account only")
-POD_IDENTITIES: tuple[PodIdentity, ...] = (CNI_IDENTITY,)
+# cluster-autoscaler changes the size of this run's GPU Auto Scaling group (issue 26): reads
+# everywhere, scales only the groups carrying this cluster's discovery tag and this run's tag
+# (``node_autoscaler.autoscaler_policy``). Only when idle workers go (``--idle-minutes`` not 0).
+AUTOSCALER_IDENTITY = PodIdentity(
+    "cluster-autoscaler", node_autoscaler.NAMESPACE, node_autoscaler.NAME, (),
+    why="cluster-autoscaler's scaling of this run's GPU Auto Scaling group, for its service account only",
+    inline=lambda cluster, run, part: node_autoscaler.autoscaler_policy(cluster, run, partition=part),
+    wanted=lambda config: config.idle_timeout_s() is not None)
+POD_IDENTITIES: tuple[PodIdentity, ...] = (CNI_IDENTITY, AUTOSCALER_IDENTITY)
+INLINE_POLICY = "rtui-scoped"  # the name of a pod identity role's inline policy
+
+
+def planned_identities(config: RunConfig) -> tuple[PodIdentity, ...]:
+    return tuple(p for p in POD_IDENTITIES if p.planned(config))
+
+
+def inline_policies(address: str, cluster: str, run_id: str, region: str) -> dict[str, str]:
+    """The role's inline policies as the plan compares them: name → the document, canonical JSON."""
+    identity = pod_identity(address)
+    if identity is None or identity.inline is None:
+        return {}
+    return {INLINE_POLICY: _canonical(identity.inline(cluster, run_id, partition(region).name))}
+
+
+def _canonical(document: Any) -> str:
+    doc = json.loads(unquote(document)) if isinstance(document, str) else document
+    return json.dumps(doc, sort_keys=True)
 
 
 def pod_identity(address: str) -> PodIdentity | None:
@@ -178,8 +214,13 @@ class RoleHandler(AwsHandler):
                 continue  # someone else's: preflight refuses it
             attached = await api.pages("iam", "list_attached_role_policies", "AttachedPolicies", RoleName=name)
             trust = read_trust(found["Role"].get("AssumeRolePolicyDocument"))
+            inline = {}
+            for policy in await api.pages("iam", "list_role_policies", "PolicyNames", RoleName=name):
+                got = await api.call("iam", "get_role_policy", RoleName=name, PolicyName=policy, ok=("NoSuchEntity",))
+                if got is not None:
+                    inline[policy] = _canonical(got["PolicyDocument"])
             out.append(Observed(address=address, layer=LAYER, kind=self.kind, id=name, reason="exists",
-                                state={"policies": sorted(p["PolicyName"] for p in attached),
+                                state={"policies": sorted(p["PolicyName"] for p in attached), "inline": inline,
                                        "service": (trust.get("Principal") or {}).get("Service"),
                                        "trust": _normal(trust), "trust_shape": trust_shape(trust)}))
         return out
@@ -212,7 +253,7 @@ class RoleHandler(AwsHandler):
                                  tags(ctx.record.run_id, ctx.config.cluster_name).items()],
                            ok=("EntityAlreadyExists",))
         self.made(ctx, want, name)
-        async for p in self._policies(api, name, want.spec["policies"]):
+        async for p in self._policies(api, name, want.spec["policies"], want.spec.get("inline") or {}):
             yield p
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
@@ -221,6 +262,8 @@ class RoleHandler(AwsHandler):
         if not have.healthy:
             return super().compare(want, have)
         changed = [k for k in ("policies", "service") if have.state.get(k) != want.spec.get(k)]
+        if (have.state.get("inline") or {}) != (want.spec.get("inline") or {}):
+            changed.append("inline policy")
         if want.spec.get("trust") and have.state.get("trust_shape") != want.spec["trust"]:
             changed.append("trust")
         if changed:
@@ -237,10 +280,17 @@ class RoleHandler(AwsHandler):
         if have.state.get("trust") != _normal(statement):
             await api.call("iam", "update_assume_role_policy", RoleName=have.id, PolicyDocument=trust_policy(statement))
             yield Progress(f"{have.id}: trust policy narrowed")
-        async for p in self._policies(api, have.id, want.spec["policies"]):
+        async for p in self._policies(api, have.id, want.spec["policies"], want.spec.get("inline") or {}):
             yield p
 
-    async def _policies(self, api: AwsApi, name: str, wanted: list[str]) -> AsyncIterator[Progress]:
+    async def _policies(self, api: AwsApi, name: str, wanted: list[str],
+                        inline: dict[str, str]) -> AsyncIterator[Progress]:
+        for policy, document in inline.items():
+            await api.call("iam", "put_role_policy", RoleName=name, PolicyName=policy, PolicyDocument=document)
+            yield Progress(f"{name}: inline policy {policy} put")
+        for policy in await api.pages("iam", "list_role_policies", "PolicyNames", RoleName=name):
+            if policy not in inline:
+                await api.call("iam", "delete_role_policy", RoleName=name, PolicyName=policy, ok=("NoSuchEntity",))
         attached = {p["PolicyName"]: p["PolicyArn"] for p in
                     await api.pages("iam", "list_attached_role_policies", "AttachedPolicies", RoleName=name)}
         for policy in wanted:
@@ -251,7 +301,7 @@ class RoleHandler(AwsHandler):
         for policy, arn in attached.items():
             if policy not in wanted:
                 await api.call("iam", "detach_role_policy", RoleName=name, PolicyArn=arn, ok=("NoSuchEntity",))
-        yield Progress(f"{name} with {', '.join(wanted)}", 1.0)
+        yield Progress(f"{name} with {', '.join([*wanted, *inline]) or 'no policy'}", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -260,6 +310,9 @@ class RoleHandler(AwsHandler):
         for policy in attached:
             await api.call("iam", "detach_role_policy", RoleName=have.id, PolicyArn=policy["PolicyArn"],
                            ok=("NoSuchEntity",))
+        # IAM refuses to delete a role that still has inline policies (DeleteConflict).
+        for name in await api.pages("iam", "list_role_policies", "PolicyNames", RoleName=have.id):
+            await api.call("iam", "delete_role_policy", RoleName=have.id, PolicyName=name, ok=("NoSuchEntity",))
         # A managed nodegroup's instance profile normally goes with the nodegroup; one left would block.
         profiles = await api.pages("iam", "list_instance_profiles_for_role", "InstanceProfiles", RoleName=have.id)
         for profile in profiles:

@@ -22,12 +22,14 @@ from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
+from backend.layers.aws.autoscaler import CLUSTER_AUTOSCALER, ClusterAutoscalerHandler
 from backend.layers.aws.base import (
     ACCESS_ENTRY,
     ADDON_CONFIGURATION,
     ADDONS,
     CLUSTER_ROLE,
     EKS_CLUSTER,
+    GPU_ASG_TAGS,
     GPU_NODES,
     IGW,
     KUBECONFIG,
@@ -64,16 +66,20 @@ from backend.layers.aws.cluster import (
     describe_cluster,
 )
 from backend.layers.aws.iam import (
+    AUTOSCALER_IDENTITY,
     CLUSTER_POLICIES,
+    CNI_IDENTITY,
     NODE_POLICIES,
-    POD_IDENTITIES,
     POD_IDENTITY_PREFIX,
     RoleHandler,
+    inline_policies,
+    planned_identities,
     service_principal,
     trust_shape,
     trust_statement,
 )
-from backend.layers.aws.nodes import LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
+from backend.layers.aws.node_autoscaler import cluster_autoscaler_image, gpu_asg_tags, gpu_scaling_config
+from backend.layers.aws.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from backend.layers.aws.sweep import sweep
 from backend.layers.base import Context, Handler, Layer
@@ -90,7 +96,7 @@ AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
 ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
          EKS_CLUSTER, ACCESS_ENTRY, KUBECONFIG, "aws.addon", "aws.pod-identity", PLACEMENT_GROUP,
-         "aws.launch-template", SYSTEM_NODES, GPU_NODES)
+         "aws.launch-template", SYSTEM_NODES, GPU_NODES, GPU_ASG_TAGS, CLUSTER_AUTOSCALER)
 
 
 @dataclass
@@ -115,7 +121,7 @@ class AwsLayer(Layer):
         network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
         routes.RouteTableHandler(), routes.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
         AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
-        NodegroupHandler(), PodIdentityHandler())}
+        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler(), ClusterAutoscalerHandler())}
 
     def __init__(self) -> None:
         self.topology: Topology | None = None
@@ -126,6 +132,7 @@ class AwsLayer(Layer):
         self._planned_prices: RegionPrices | None = None  # what the last ``desired`` priced with
         self._planned_nat = False
         self._notes: list[str] = []  # what the last settling of the AZs decided differently, one line each
+        self._idle_note = ""  # what the last ``desired`` bills while the GPU nodes are scaled to zero
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -177,7 +184,7 @@ class AwsLayer(Layer):
         return prices.source
 
     def plan_notes(self, ctx: Context) -> list[str]:
-        return list(self._notes)
+        return [*self._notes, *([self._idle_note] if self._idle_note else [])]
 
     async def _reservation_ended(self, ctx: Context, reservation_id: str, zone: ZoneReport | None) -> str | None:
         """How the recorded reservation ended ("expired on 2026-12-01", "cancelled", "no longer exists");
@@ -378,6 +385,7 @@ class AwsLayer(Layer):
             gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count, gpu_disk_gb=ROOT_VOLUME_GB,
             system_node_type=config.system_node_type, system_node_count=config.system_node_count,
             system_disk_gb=topo.system_disk_gb, nat_gateway=not adopted)).parts
+        self._idle_note = _idle_note(config, cost, nat=not adopted)
         private = [subnet_address("private", az) for az in topo.subnet_azs]
         res(VPC, "aws-vpc", {"cidr": "10.0.0.0/16"} if not adopted else {"cidr": None})
         for az in topo.subnet_azs:
@@ -400,12 +408,17 @@ class AwsLayer(Layer):
         def role(address: str, policies: Sequence[str]) -> None:
             # The trust's actions and condition keys (the account is filled in when the role is made).
             shape = trust_shape(trust_statement(address, config.region, "", config.cluster_name))
-            res(address, "aws-iam-role", {"service": service_principal(address, config.region),
-                                          "policies": sorted(policies), "trust": shape})
+            spec: dict[str, Any] = {"service": service_principal(address, config.region),
+                                    "policies": sorted(policies), "trust": shape}
+            inline = inline_policies(address, config.cluster_name, ctx.record.run_id, config.region)
+            if inline:
+                spec["inline"] = inline
+            res(address, "aws-iam-role", spec)
 
         role(CLUSTER_ROLE, CLUSTER_POLICIES)
         role(NODE_ROLE, NODE_POLICIES)
-        for identity in POD_IDENTITIES:
+        identities = planned_identities(config)
+        for identity in identities:
             role(identity.role_address, identity.policies)
         cluster_private = [subnet_address("private", az) for az in topo.network_azs]
         cidrs = self.api_cidr_list(ctx)
@@ -423,7 +436,7 @@ class AwsLayer(Layer):
             configuration = ADDON_CONFIGURATION.get(addon)
             res(addon_address(addon), "aws-eks-addon",
                 {"name": addon, **({"configuration": configuration} if configuration else {})}, *deps)
-        for identity in POD_IDENTITIES:
+        for identity in identities:
             res(identity.address, "aws-pod-identity", PodIdentityHandler.spec(ctx, identity), EKS_CLUSTER,
                 identity.role_address, addon_address(POD_IDENTITY_AGENT))
         efa = config.wants_efa()
@@ -443,8 +456,9 @@ class AwsLayer(Layer):
             {"volume_gb": topo.system_disk_gb, "imdsv2": True, "imds_hop_limit": 1}, EKS_CLUSTER)
         # The nodes join once aws-node can assign addresses: its permissions come by pod identity.
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"),
-                     *(p.address for p in POD_IDENTITIES))
+                     CNI_IDENTITY.address)
         system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
+        scaling = gpu_scaling_config(config)  # min 0 when idle workers go (cluster-autoscaler takes their nodes)
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
              "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb,
@@ -454,13 +468,21 @@ class AwsLayer(Layer):
             quota=self._quota(topo.system_quota_code, topo.system_headroom,
                               topo.vcpus.get(config.system_node_type, 0) * config.system_node_count))
         res(GPU_NODES, "aws-nodegroup",
-            {"instance_type": config.gpu_node_type, "size": config.gpu_node_count, "azs": [topo.gpu_az],
+            {"instance_type": config.gpu_node_type, "size": config.gpu_node_count,
+             "min_size": scaling["minSize"], "max_size": scaling["maxSize"], "azs": [topo.gpu_az],
              "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
              "capacity_type": "CAPACITY_BLOCK" if block else "ON_DEMAND"},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
             cost=gpu_cost.per_hour, note=gpu_cost.note,
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,
                               topo.vcpus.get(config.gpu_node_type, 0) * config.gpu_node_count))
+        if config.idle_timeout_s():  # the group may shrink to zero: cluster-autoscaler must know its nodes
+            res(GPU_ASG_TAGS, "aws-asg-tags", {"tags": gpu_asg_tags(config, config.cluster_name, ctx.record.run_id,
+                                                                    topo.efa_interfaces if efa else 0)}, GPU_NODES)
+            image = cluster_autoscaler_image(config.kubernetes_version)
+            if image is not None:  # its credentials come with its pods, which start on the system node
+                res(CLUSTER_AUTOSCALER, "aws-cluster-autoscaler", ClusterAutoscalerHandler.spec(ctx, image),
+                    KUBECONFIG, SYSTEM_NODES, AUTOSCALER_IDENTITY.address)
         return sorted(out, key=lambda r: _rank(r.address))
 
     @staticmethod
@@ -598,6 +620,18 @@ def _needs(later: str, earlier: str) -> bool:
         return later in (LAUNCH_TEMPLATE, GPU_NODES)
     return True
 
+
+
+def _idle_note(config: RunConfig, cost: Mapping[str, Any], *, nat: bool) -> str:
+    """What still bills while cluster-autoscaler has taken every GPU node (the plan's priced parts but
+    the GPU nodes), beside the full size; empty with ``--idle-minutes 0`` (the nodes never go)."""
+    if not config.idle_timeout_s():
+        return ""
+    full = sum(float(p.per_hour or 0.0) for p in cost.values())
+    idle = full - float(cost["gpu_nodes"].per_hour or 0.0)
+    billing = "the system node, EKS and the NAT gateway" if nat else "the system node and EKS"
+    return (f"idle after {config.idle_minutes:g} min without a job: the GPU nodes scale to zero "
+            f"(cluster-autoscaler) and {billing} keep billing, ${idle:.2f}/h instead of ${full:.2f}/h")
 
 
 def _control_plane_azs(zones: Sequence[ZoneReport], gpu_az: str, where: str, remedy: str) -> list[str]:

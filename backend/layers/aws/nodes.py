@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from backend.errors import OperationError
+from backend.layers.aws import node_autoscaler as na
 from backend.layers.aws.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, tag_map, tag_spec, tags, wait_until
 from backend.layers.aws.base import (
+    GPU_ASG_TAGS,
     GPU_NODES,
     LAUNCH_TEMPLATE,
     LAYER,
@@ -300,6 +302,7 @@ class NodegroupHandler(AwsHandler):
             if group is None:
                 continue
             status = group["status"]
+            scaling = group.get("scalingConfig") or {}
             healthy = status not in ("CREATE_FAILED", "DELETING", "DELETE_FAILED", "DEGRADED")
             reason = status.lower()
             if not healthy:
@@ -307,7 +310,8 @@ class NodegroupHandler(AwsHandler):
             out.append(Observed(
                 address=address, layer=LAYER, kind=self.kind, id=f"{cluster['name']}/{name}",
                 state={"instance_type": (group.get("instanceTypes") or [None])[0],
-                       "size": (group.get("scalingConfig") or {}).get("desiredSize"),
+                       "size": scaling.get("desiredSize"), "min_size": scaling.get("minSize"),
+                       "max_size": scaling.get("maxSize"),
                        "capacity_type": group.get("capacityType") or "ON_DEMAND",
                        "disk_gb": group.get("diskSize") or await _template_disk(api, group),
                        "launch_template": bool((group.get("launchTemplate") or {}).get("id")),
@@ -330,7 +334,14 @@ class NodegroupHandler(AwsHandler):
         disk, needed = have.state.get("disk_gb"), want.spec.get("disk_gb")
         if disk is not None and needed is not None and disk < needed:  # a bigger disk than needed stays
             return Action.REPLACE, f"disk {disk} GB, the image needs {needed} GB"
-        if have.state.get("size") != want.spec["size"]:
+        # The bounds are ours; the size within them is cluster-autoscaler's once the group may shrink
+        # (min below max): a size it chose is not drift to undo.
+        low, high = _bounds(want)
+        if (have.state.get("min_size"), have.state.get("max_size")) != (low, high):
+            if have.state.get("max_size") != high:
+                return Action.UPDATE, f"size {have.state.get('size')} → {want.spec['size']}"
+            return Action.UPDATE, f"minimum size {have.state.get('min_size')} → {low}"
+        if low == high and have.state.get("size") != want.spec["size"]:
             return Action.UPDATE, f"size {have.state.get('size')} → {want.spec['size']}"
         return Action.NOOP, have.reason
 
@@ -338,12 +349,11 @@ class NodegroupHandler(AwsHandler):
         api = self.api(ctx)
         cluster, name = ctx.config.cluster_name, self.names(ctx)[want.address]
         subnets = await subnet_ids(api, ctx, "private", list(want.spec["azs"]))
-        size = want.spec["size"]
         request: dict[str, Any] = {
             "clusterName": cluster, "nodegroupName": name, "nodeRole": await role_arn(api, ctx, NODE_ROLE),
             "subnets": [subnets[az] for az in want.spec["azs"]], "instanceTypes": [want.spec["instance_type"]],
             "amiType": want.spec["ami_type"], "labels": dict(want.spec["labels"]),
-            "scalingConfig": {"minSize": size, "maxSize": size, "desiredSize": size},
+            "scalingConfig": _scaling(want),
             "tags": tags(ctx.record.run_id, cluster),
             "clientRequestToken": create_token(ctx, want.address, *want.spec["azs"], limits=EKS_TOKEN),
         }
@@ -407,7 +417,7 @@ class NodegroupHandler(AwsHandler):
             cluster, name = have.id.split("/", 1)
             size = want.spec["size"]
             await self.api(ctx).call("eks", "update_nodegroup_config", clusterName=cluster, nodegroupName=name,
-                                     scalingConfig={"minSize": size, "maxSize": size, "desiredSize": size})
+                                     scalingConfig=_scaling(want))
             yield Progress(f"{name}: {have.state.get('size')} → {size} nodes")
         async for p in self._until_ready(ctx, want, have.id):
             yield p
@@ -416,6 +426,19 @@ class NodegroupHandler(AwsHandler):
         cluster, name = have.id.split("/", 1)
         async for p in delete_nodegroup(self.api(ctx), cluster, name):
             yield p
+
+
+def _bounds(want: Resource) -> tuple[int, int]:
+    """The group's (minSize, maxSize): the planned size both ways unless the plan lets it shrink."""
+    size = int(want.spec["size"])
+    return int(want.spec.get("min_size", size)), int(want.spec.get("max_size", size))
+
+
+def _scaling(want: Resource) -> dict[str, int]:
+    """The scaling config a create or an update asks for: the planned size (``rtui up`` wants the
+    nodes), within the planned bounds."""
+    low, high = _bounds(want)
+    return {"minSize": low, "maxSize": high, "desiredSize": int(want.spec["size"])}
 
 
 async def delete_nodegroup(api: AwsApi, cluster: str, name: str) -> AsyncIterator[Progress]:
@@ -479,3 +502,84 @@ async def running_instances(api: AwsApi, cluster: str, name: str) -> list[str]:
                              AutoScalingGroupNames=names)
     return [i["InstanceId"] for g in groups for i in g.get("Instances") or []
             if i.get("LifecycleState") not in ("Terminated",)]
+
+
+class AsgTagsHandler(AwsHandler):
+    """The tags cluster-autoscaler reads on the GPU nodes' Auto Scaling group (``node_autoscaler.gpu_asg_tags``).
+
+    EKS makes the group and never copies the nodegroup's tags onto it (EKS API reference, TagResource:
+    tags "don't propagate to any other resources"), so they are set on the group once the nodegroup is
+    ACTIVE (``autoscaling:CreateOrUpdateTags``). They go with the group; ``delete`` removes ours from a
+    group that stays (EKS's own discovery tags are left to EKS)."""
+
+    kind = "aws-asg-tags"
+    title = "Tag the GPU nodes' Auto Scaling group for cluster-autoscaler (scale from zero)"
+    address = GPU_ASG_TAGS
+    expected_s = 2.0
+    updatable = True
+
+    @staticmethod
+    def _ours(found: dict[str, str], cluster: str) -> dict[str, str]:
+        template = f"{na.TAG_PREFIX}/node-template/"
+        keep = {*na.discovery_tags(cluster), na.RUN_TAG}
+        return {k: v for k, v in found.items() if k in keep or k.startswith(template)}
+
+    async def _group(self, api: AwsApi, cluster: str, name: str) -> str | None:
+        group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
+                                ok=_NOT_FOUND) or {}).get("nodegroup") or {}
+        names = [g["name"] for g in (group.get("resources") or {}).get("autoScalingGroups") or [] if g.get("name")]
+        return names[0] if names else None
+
+    async def _tags(self, api: AwsApi, group: str) -> dict[str, str]:
+        listed = await api.pages("autoscaling", "describe_tags", "Tags",
+                                 Filters=[{"Name": "auto-scaling-group", "Values": [group]}])
+        return {t["Key"]: t.get("Value", "") for t in listed}
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        cluster = await describe_cluster(api, ctx.config.cluster_name)
+        if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
+            return []
+        group = await self._group(api, cluster["name"], Names(ctx.config.cluster_name).gpu_nodegroup)
+        if group is None:
+            return []
+        ours = self._ours(await self._tags(api, group), cluster["name"])
+        if ours.get(na.RUN_TAG) != ctx.record.run_id:
+            return []  # not tagged by this run yet
+        return [Observed(address=GPU_ASG_TAGS, layer=LAYER, kind=self.kind, id=group, state={"tags": ours},
+                         depends_on=(GPU_NODES,), reason="tagged")]
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        cluster = ctx.config.cluster_name
+        group = await self._group(api, cluster, Names(cluster).gpu_nodegroup)
+        if group is None:
+            raise OperationError(f"the GPU nodegroup of {cluster} reports no Auto Scaling group",
+                                 remedy="run `rtui up` again once the nodegroup is active")
+        async for p in self._apply(ctx, want, group, {}):
+            yield p
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self._apply(ctx, want, have.id, dict(have.state.get("tags") or {})):
+            yield p
+
+    async def _apply(self, ctx: Context, want: Resource, group: str, had: dict[str, str]) -> AsyncIterator[Progress]:
+        api = self.api(ctx)
+        wanted: dict[str, str] = dict(want.spec["tags"])
+        await api.call("autoscaling", "create_or_update_tags", Tags=[
+            {"ResourceId": group, "ResourceType": "auto-scaling-group", "Key": k, "Value": v,
+             "PropagateAtLaunch": False} for k, v in wanted.items()])
+        self.made(ctx, want, group)
+        stale = [k for k in had if k not in wanted]
+        if stale:
+            await api.call("autoscaling", "delete_tags", Tags=[
+                {"ResourceId": group, "ResourceType": "auto-scaling-group", "Key": k} for k in stale])
+        yield Progress(f"{group}: {len(wanted)} tags (discovery, node template: labels, taint, "
+                       "nvidia.com/gpu, EFA)", 1.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        keep = set(na.discovery_tags(ctx.config.cluster_name))  # EKS's own
+        mine = [k for k in have.state.get("tags") or {} if k not in keep]
+        if mine:
+            await self.api(ctx).call("autoscaling", "delete_tags", ok=("ValidationError",), Tags=[
+                {"ResourceId": have.id, "ResourceType": "auto-scaling-group", "Key": k} for k in mine])
+        yield Progress(f"{have.id}: cluster-autoscaler's template tags removed", 1.0)

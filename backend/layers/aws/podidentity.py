@@ -91,7 +91,8 @@ class PodIdentityHandler(AwsHandler):
             association_id = made["association"]["associationId"]
         self.made(ctx, want, f"{name}/{association_id}")
         yield Progress(f"{identity.namespace}/{identity.service_account} → {role_name(ctx, identity.role_address)} "
-                       f"({', '.join(identity.policies)})", 1.0)
+                       f"({', '.join([*identity.policies, *(['its scoped policy'] if identity.inline else [])])})",
+                       1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         cluster, association_id = have.id.split("/", 1)

@@ -1,0 +1,82 @@
+"""cluster-autoscaler in the EKS cluster, as a resource of the aws plan (issue 26).
+
+Its objects (``node_autoscaler.cluster_autoscaler_manifests``: the chart's, pinned by version) are
+applied through the Kubernetes layer's apply machinery once its service account's Pod Identity
+association exists (EKS injects the credentials when a pod starts, so the association comes first)
+and the system nodes run. Teardown deletes only what carries this run's labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from backend.layers.aws import node_autoscaler as na
+from backend.layers.aws.api import AwsApi
+from backend.layers.aws.base import LAYER, AwsHandler
+from backend.layers.base import Context
+from backend.model import Observed, Resource
+from backend.runner import Progress
+
+CLUSTER_AUTOSCALER = "aws.cluster-autoscaler"
+
+
+def _objects(ctx: Context) -> list[dict[str, Any]]:
+    from backend.layers.kubernetes import manifests
+
+    return na.cluster_autoscaler_manifests(ctx.config, ctx.config.cluster_name, manifests.labels(ctx.record.run_id))
+
+
+class ClusterAutoscalerHandler(AwsHandler):
+    kind = "aws-cluster-autoscaler"
+    title = "Install cluster-autoscaler (empty GPU nodes go)"
+    address = CLUSTER_AUTOSCALER
+    expected_s = 3.0
+    updatable = True
+
+    async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        from backend.layers.kubernetes.handlers import ours
+        from backend.layers.kubernetes.layer import ClusterNotReady, cluster_api
+
+        try:
+            kube = await cluster_api(ctx)
+        except ClusterNotReady:
+            return []
+        live = await kube.get("apps/v1", "Deployment", na.NAME, na.NAMESPACE)
+        if live is None or not ours(live, ctx.record.run_id):
+            return []
+        container = live["spec"]["template"]["spec"]["containers"][0]
+        return [Observed(address=CLUSTER_AUTOSCALER, layer=LAYER, kind=self.kind, id=f"{na.NAMESPACE}/{na.NAME}",
+                         state={"image": container.get("image"), "command": list(container.get("command") or [])},
+                         reason="installed")]
+
+    @staticmethod
+    def spec(ctx: Context, image: str) -> dict[str, Any]:
+        deployment = next(o for o in _objects(ctx) if o["kind"] == "Deployment")
+        return {"image": image, "command": deployment["spec"]["template"]["spec"]["containers"][0]["command"]}
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        from backend.layers.kubernetes.handlers import apply_all
+        from backend.layers.kubernetes.layer import cluster_api
+
+        kube = await cluster_api(ctx)
+        async for p in apply_all(kube, _objects(ctx)):
+            yield p
+        self.made(ctx, want, f"{na.NAMESPACE}/{na.NAME}")
+        yield Progress(f"{want.spec['image']}: scales this run's GPU group between 0 and "
+                       f"{ctx.config.gpu_node_count} nodes", 1.0)
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        from backend.layers.kubernetes.handlers import delete_ours
+        from backend.layers.kubernetes.layer import ClusterNotReady, cluster_api
+
+        try:
+            kube = await cluster_api(ctx)
+        except ClusterNotReady:
+            return
+        async for p in delete_ours(kube, ctx, _objects(ctx)):
+            yield p
