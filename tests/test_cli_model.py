@@ -28,25 +28,10 @@ EVAL = {"before": {"loss": 6.93, "perplexity": 1022.7, "tokens": 2048, "step": 0
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One model directory written by training.export from a one-rank FSDP2 model."""
-    import torch
-    import torch.distributed as dist
-
-    from tests.test_training_export import TINY, _free_port
-    from training.export import export_model, reference_logits
-    from training.loop import build_model
-    from training.sharding import build_mesh, shard_model
+    from tests.test_training_export import export_one_rank
 
     root = tmp_path_factory.mktemp("exported")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        model = shard_model(build_model(TINY.replace(precision="fp32")), "fp32", reshard_after_forward=False,
-                            mesh=build_mesh("cpu", "full", 1, 1))
-        export_model(model, str(root), rank=0, step=20, final=True, dtype=torch.float32,
-                     check=reference_logits(model, torch.device("cpu")), evaluation=EVAL)
-    finally:
-        dist.destroy_process_group()
+    export_one_rank(str(root), step=20, evaluation=EVAL)
     return root / "model"
 
 

@@ -29,6 +29,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def export_one_rank(root: str, *, step: int, evaluation: Any, **kwargs: Any) -> Any:
+    """training.export's export of the tiny fp32 model, FSDP2-sharded in a gloo world of one rank."""
+    import torch
+    import torch.distributed as dist
+
+    from training.export import export_model, reference_logits
+    from training.loop import build_model
+    from training.sharding import build_mesh, shard_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = shard_model(build_model(TINY.replace(precision="fp32")), "fp32", reshard_after_forward=False,
+                            mesh=build_mesh("cpu", "full", 1, 1))
+        return export_model(model, root, rank=0, step=step, final=True, dtype=torch.float32,
+                            check=reference_logits(model, torch.device("cpu")), evaluation=evaluation, **kwargs)
+    finally:
+        dist.destroy_process_group()
+
+
 def _worker(rank: int, world: int, port: int, root: str, precision: str, steps: int, shard_size: Any,
             interrupt: bool) -> None:
     import torch

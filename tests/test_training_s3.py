@@ -3,14 +3,13 @@ over real HTTP (``AWS_ENDPOINT_URL``, as a pod's environment or service account 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.test_cli_model import EVAL
-from tests.test_training_export import TINY, _free_port
+from tests.test_training_export import export_one_rank
 from training.export import CHECK_FILE, MODEL_MARKER
 
 
@@ -34,23 +33,7 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 
 
 def _export_to(root: str, **kwargs: object) -> object:
-    import torch
-    import torch.distributed as dist
-
-    from training.export import export_model, reference_logits
-    from training.loop import build_model
-    from training.sharding import build_mesh, shard_model
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        model = shard_model(build_model(TINY.replace(precision="fp32")), "fp32", reshard_after_forward=False,
-                            mesh=build_mesh("cpu", "full", 1, 1))
-        return export_model(model, root, rank=0, step=7, final=True, dtype=torch.float32,
-                            check=reference_logits(model, torch.device("cpu")), evaluation=EVAL, **kwargs)
-    finally:
-        dist.destroy_process_group()
+    return export_one_rank(root, step=7, evaluation=EVAL, **kwargs)
 
 
 def test_export_to_s3_uploads_a_directory_from_pretrained_loads(s3: object, tmp_path: Path) -> None:
