@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from itertools import islice
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -88,9 +89,12 @@ class TailLog(Log):
     tests/test_tui_logtail.py checks that a write starts no worker.)
     """
 
-    def _update_size(self, updates: int, lines: list[str]) -> None:  # type: ignore[override]
+    def _measure_inline(self, updates: int, lines: list[str]) -> None:
         if lines:
             self._update_maximum_width(updates, max(map(len, lines)))
+
+    # In place of Log's thread worker (typed as returning a Worker, which an inline call has no need of).
+    _update_size: Any = _measure_inline
 
 
 class FilterInput(Input):
