@@ -35,6 +35,7 @@ SMOKE: dict[str, tuple[list[str], str, tuple[pytest.MarkDecorator, ...]]] = {
     "train_vs_plain.py": (["--steps", "3", "--per-worker-batch", "2"], '"plain_tokens_per_s"', (pytest.mark.ray,)),
     "first_metric.py": (["--reps", "1", str(REPO)], "median", (pytest.mark.ray,)),
     "auth_cost.py": (["--reps", "1"], "median dashboard", (pytest.mark.ray,)),
+    "export_measure.py": (["--world", "1"], '"peak_rss_growth_mib"', ()),
 }
 
 
