@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +31,24 @@ PREFIX = "runs"
 def strict_s3() -> Iterator[dict[str, dict[str, str]]]:
     """Bucket ``models``; users ``writer`` (may write runs/*) and ``reader`` (may only read); auth on."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    # A server of its own in its own process: moto's backends and its auth switch are process-wide,
+    # so one in this process would share the users and the switch with every other moto test here.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=2).read()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
     admin = {"endpoint_url": endpoint, "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
              "region_name": "us-east-1"}
     boto3.client("s3", **admin).create_bucket(Bucket="models")
@@ -58,8 +74,8 @@ def strict_s3() -> Iterator[dict[str, dict[str, str]]]:
     try:
         yield keys
     finally:
-        auth("inf")  # moto's setting is process-wide: leave it as other tests expect
-        server.stop()
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_a_bucket_prefix_the_principal_may_not_write_fails_preflight(strict_s3: dict[str, dict[str, str]]) -> None:
