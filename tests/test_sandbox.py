@@ -85,7 +85,8 @@ def test_sandbox_kube_by_keys(terminal: Terminal, tmp_path: Path) -> None:  # no
     screen = terminal.wait_for("sb", "GPU nodes —", timeout=60)
     assert "sandbox" in screen and "kube" in screen
     keys(terminal, "Enter")
-    terminal.wait_for("sb", "Review the plan", timeout=60)
+    # The plan's summary, not the screen's title: the title shows while it is still planning.
+    terminal.wait_for("sb", " to create, ", timeout=60)
     keys(terminal, "a")
     terminal.wait_for("sb", " EFA ", timeout=120)
     terminal.wait_for("sb", "SUCCEEDED", timeout=120)
