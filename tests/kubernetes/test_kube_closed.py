@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, world
 
@@ -27,6 +28,14 @@ def probe(url: str, method: str = "GET", headers: dict[str, str] | None = None,
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
 
+
+
+def assert_written_nowhere(secret: str, state: Path, output: str) -> None:
+    """``secret`` is in no file under rtui's state dir (records, ledger, logs) nor in what rtui printed."""
+    for file in state.rglob("*"):
+        if file.is_file():
+            assert secret not in file.read_text(errors="replace"), file
+    assert secret not in output
 
 def test_ray_on_the_cluster_refuses_a_pod_network_client_without_the_token(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
@@ -50,10 +59,7 @@ def test_ray_on_the_cluster_refuses_a_pod_network_client_without_the_token(world
     assert token
     secret = world.cluster.get("Secret", f"{CLUSTER}-ray-token", NAMESPACE)
     assert secret is not None and secret["metadata"]["labels"].get("rtui.dev/run")
-    for path in world.state.rglob("*"):
-        if path.is_file():
-            assert token not in path.read_text(errors="replace"), path
-    assert token not in up.stdout + up.stderr
+    assert_written_nowhere(token, world.state, up.stdout + up.stderr)
     world.rtui("down", "--yes", timeout=180)
     assert world.cluster.get("Secret", f"{CLUSTER}-ray-token", NAMESPACE) is None
 
@@ -183,9 +189,6 @@ def test_job_env_values_reach_the_job_through_a_secret_and_nowhere_the_jobs_api_
         "k8s.secret.job-env": "update"}
     assert value not in changed
 
-    for file in world.state.rglob("*"):
-        if file.is_file():
-            assert value not in file.read_text(errors="replace"), file
-    assert value not in up.stdout + up.stderr
+    assert_written_nowhere(value, world.state, up.stdout + up.stderr)
     world.rtui("down", "--yes", timeout=180)
     assert world.cluster.get("Secret", f"{CLUSTER}-job-env", NAMESPACE) is None
