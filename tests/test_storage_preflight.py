@@ -28,9 +28,17 @@ PREFIX = "runs"
 
 
 @pytest.fixture
-def strict_s3() -> Iterator[dict[str, dict[str, str]]]:
+def strict_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, dict[str, str]]]:
     """Bucket ``models``; users ``writer`` (may write runs/*) and ``reader`` (may only read); auth on."""
     import boto3
+
+    # Only the user's access key signs: a session token left in the environment (tests/aws's
+    # session-wide moto fixture sets AWS_SESSION_TOKEN until the session ends) makes moto, as STS,
+    # refuse a long-term AKIA key with InvalidClientTokenId: the full suite's failure in CI.
+    for name in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/rtui-test-aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/rtui-test-aws-credentials")
 
     # A server of its own in its own process: moto's backends and its auth switch are process-wide,
     # so one in this process would share the users and the switch with every other moto test here.
