@@ -64,106 +64,132 @@ class RunConfig(BaseModel):
     # non-finite number would otherwise be reported as out of range, or not at all.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
-    target: Target = Field("local", description="Where to run: this machine, a new EKS cluster, or a kubeconfig one")
-    cluster_name: str = Field("rtui-ray", description="Name of the cluster (and of the RayCluster); identifies the run")
+    target: Target = Field(default="local",
+        description="Where to run: this machine, a new EKS cluster, or a kubeconfig one")
+    cluster_name: str = Field(default="rtui-ray",
+        description="Name of the cluster (and of the RayCluster); identifies the run")
     # --- AWS / Kubernetes ---
-    region: str = Field("us-east-1", description="AWS region")
-    availability_zone: str | None = Field(None, description="AZ for the GPU nodes (chosen by preflight when unset)")
-    profile: str | None = Field(None, description="AWS profile (else the usual credential chain)")
-    kubernetes_version: str = Field("1.34", description="EKS Kubernetes version")
-    vpc_id: str | None = Field(None, description="aws: an existing VPC to use (adopted: checked, never deleted)")
-    private_subnet_ids: str = Field("", description="aws with --vpc-id: its private subnets, comma-separated (two "
+    region: str = Field(default="us-east-1", description="AWS region")
+    availability_zone: str | None = Field(default=None,
+        description="AZ for the GPU nodes (chosen by preflight when unset)")
+    profile: str | None = Field(default=None, description="AWS profile (else the usual credential chain)")
+    kubernetes_version: str = Field(default="1.34", description="EKS Kubernetes version")
+    vpc_id: str | None = Field(default=None,
+        description="aws: an existing VPC to use (adopted: checked, never deleted)")
+    private_subnet_ids: str = Field(default="",
+        description="aws with --vpc-id: its private subnets, comma-separated (two "
                                                     "AZs at least, one in the GPU AZ, each routed to a NAT gateway)")
-    api_cidrs: str = Field("", description="aws: public CIDRs allowed to reach the EKS API endpoint, comma-separated "
+    api_cidrs: str = Field(default="",
+        description="aws: public CIDRs allowed to reach the EKS API endpoint, comma-separated "
                                            "(default: your public address as AWS sees it; 0.0.0.0/0 opens it to "
                                            "everyone, flagged in the plan)")
-    system_node_type: str = Field("m7i.xlarge", description="Instance type of the system node (Ray head, operator)")
-    system_node_count: int = Field(1, ge=1, le=10, description="Number of system nodes")
-    gpu_node_type: str = Field("g6.12xlarge", description="Instance type of the GPU worker nodes")
-    gpu_node_count: int = Field(2, ge=1, le=64, description="Number of GPU worker nodes")
-    gpus_per_node: int = Field(4, ge=1, le=16, description="GPUs per GPU node")
-    namespace: str = Field("rtui", description="Kubernetes namespace")
+    system_node_type: str = Field(default="m7i.xlarge",
+        description="Instance type of the system node (Ray head, operator)")
+    system_node_count: int = Field(default=1, ge=1, le=10, description="Number of system nodes")
+    gpu_node_type: str = Field(default="g6.12xlarge", description="Instance type of the GPU worker nodes")
+    gpu_node_count: int = Field(default=2, ge=1, le=64, description="Number of GPU worker nodes")
+    gpus_per_node: int = Field(default=4, ge=1, le=16, description="GPUs per GPU node")
+    namespace: str = Field(default="rtui", description="Kubernetes namespace")
     image: str = Field(
-        "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
+        default="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
         description="Container image of the Ray head and workers",
     )
-    kuberay_version: str = Field("1.7.0", description="KubeRay operator version")
-    ray_version: str = Field("2.58.0", description="Ray version in the image")
-    nvidia_device_plugin_version: str = Field("0.18.0", description="NVIDIA device plugin version")
-    efa_device_plugin_version: str = Field("0.5.6", description="EFA device plugin version")
-    allow_unpinned: bool = Field(False, description="Go on when an image's digest cannot be resolved at plan time "
+    kuberay_version: str = Field(default="1.7.0", description="KubeRay operator version")
+    ray_version: str = Field(default="2.58.0", description="Ray version in the image")
+    nvidia_device_plugin_version: str = Field(default="0.18.0", description="NVIDIA device plugin version")
+    efa_device_plugin_version: str = Field(default="0.5.6", description="EFA device plugin version")
+    allow_unpinned: bool = Field(default=False,
+        description="Go on when an image's digest cannot be resolved at plan time "
                                                     "(the plan then flags the tags it pulls)")
-    addon_registry: str = Field("", description="A registry (HOST[/PATH]) mirroring the add-on images under their "
+    addon_registry: str = Field(default="",
+        description="A registry (HOST[/PATH]) mirroring the add-on images under their "
                                                 "upstream paths (nvidia/k8s-device-plugin, eks/aws-efa-k8s-device-"
                                                 "plugin, kuberay/operator); default: nvcr.io, public.ecr.aws, quay.io")
     operator_scope: Literal["namespace", "cluster"] = Field(
-        "namespace", description="What the KubeRay operator rtui installs may act on: the run's namespace only "
+        default="namespace", description="What the KubeRay operator rtui installs may act on: the run's namespace only "
                                  "(a Role there, --watch-namespace), or every namespace (a ClusterRole: secrets and "
                                  "pods of all namespaces)")
-    kuberay_crds: str = Field("", description="Where the KubeRay CRDs come from: a dir of ray.io_*.yaml or an https "
+    kuberay_crds: str = Field(default="",
+        description="Where the KubeRay CRDs come from: a dir of ray.io_*.yaml or an https "
                                               "URL prefix (default: the KubeRay release; set a dir when offline)")
-    kubeconfig: str | None = Field(None, description="kubeconfig file (kube target; default: KUBECONFIG, else "
+    kubeconfig: str | None = Field(default=None, description="kubeconfig file (kube target; default: KUBECONFIG, else "
                                                      "~/.kube/config)")
-    context: str | None = Field(None, description="kubeconfig context (kube target; default: the current one)")
-    kube_timeout_s: float = Field(10.0, gt=0, le=600, description="Deadline of each Kubernetes API request (kube "
+    context: str | None = Field(default=None, description="kubeconfig context (kube target; default: the current one)")
+    kube_timeout_s: float = Field(default=10.0, gt=0, le=600,
+        description="Deadline of each Kubernetes API request (kube "
                                                                   "and aws targets): a server that does not answer "
                                                                   "by then is reported unreachable")
-    kube_stream_idle_s: float = Field(60.0, gt=0, le=3600, description="A cluster log stream silent this long is "
+    kube_stream_idle_s: float = Field(default=60.0, gt=0, le=3600,
+        description="A cluster log stream silent this long is "
                                                                        "asked again from its last line (a load "
                                                                        "balancer may drop it without a word)")
-    hf_token: str = Field("", description="Hugging Face token for the cluster's pods, as a Secret: env:NAME (a "
+    hf_token: str = Field(default="", description="Hugging Face token for the cluster's pods, as a Secret: env:NAME (a "
                                           "variable of rtui's environment) or a file path; the value is never stored")
     # --- idle: what goes when no job needs it (issue 26) ---
-    idle_minutes: float = Field(10.0, ge=0, le=7 * 24 * 60, description="Minutes without a job after which the GPU "
+    idle_minutes: float = Field(default=10.0, ge=0, le=7 * 24 * 60,
+        description="Minutes without a job after which the GPU "
                                 "workers go (Ray's autoscaler; a node autoscaler then removes their nodes), or "
                                 "the local cluster stops; fractions allowed; 0 = never (the cluster stays at full "
                                 "size)")
     # --- training ---
-    model_id: str = Field("", description="Hugging Face model id, or a model directory on disk (default: "
+    model_id: str = Field(default="", description="Hugging Face model id, or a model directory on disk (default: "
                                           f"{DEFAULT_MODEL_ID} on GPU clusters, a tiny random Qwen2 locally; "
                                           "locally only a directory)")
-    model_revision: str = Field("", description="Hugging Face revision of --model-id: a branch, tag or commit "
+    model_revision: str = Field(default="", description="Hugging Face revision of --model-id: a branch, tag or commit "
                                                 "(default: main), resolved to its commit when planning; the job "
                                                 "loads that commit")
-    steps: int = Field(100, ge=1, le=10_000_000, description="Training steps")
-    seq_len: int = Field(128, ge=8, le=131_072, description="Sequence length in tokens")
-    batch_size: int = Field(0, ge=0, le=4096, description="Per-worker micro-batch (0 = 1 on GPU clusters, 32 locally)")
+    steps: int = Field(default=100, ge=1, le=10_000_000, description="Training steps")
+    seq_len: int = Field(default=128, ge=8, le=131_072, description="Sequence length in tokens")
+    batch_size: int = Field(default=0, ge=0, le=4096,
+        description="Per-worker micro-batch (0 = 1 on GPU clusters, 32 locally)")
     learning_rate: float = Field(
-        0, ge=0, lt=1, description="AdamW learning rate (0 = 1e-5 on GPU clusters, 1e-3 for the local tiny model)")
-    num_workers: int = Field(0, ge=0, le=4096, description="Ray Train workers (0 = every GPU; locally 0 = 2)")
-    precision: Precision = Field("auto", description="FSDP parameter precision (auto = bf16 on GPUs, fp32 on CPU)")
-    data: str = Field("cycle", description="Training data: cycle (a token pattern a model learns in a few dozen "
+        default=0, ge=0, lt=1,
+            description="AdamW learning rate (0 = 1e-5 on GPU clusters, 1e-3 for the local tiny model)")
+    num_workers: int = Field(default=0, ge=0, le=4096, description="Ray Train workers (0 = every GPU; locally 0 = 2)")
+    precision: Precision = Field(default="auto",
+        description="FSDP parameter precision (auto = bf16 on GPUs, fp32 on CPU)")
+    data: str = Field(default="cycle",
+        description="Training data: cycle (a token pattern a model learns in a few dozen "
                       "steps), random (uniform ids: the loss stays at ln(vocab)), or a JSONL/Parquet path or s3:// URI")
-    text_field: str = Field("text", description="Text column of the data files")
-    tokenizer: str | None = Field(None, description="Tokenizer dir or hub id for data files (default: the model id)")
-    shard: Literal["full", "hybrid"] = Field("full", description="FSDP2 sharding: full, or hybrid (shard in a node)")
-    shard_size: int = Field(0, ge=0, le=4096, description="GPUs per shard group with --shard hybrid (0 = the GPUs of "
+    text_field: str = Field(default="text", description="Text column of the data files")
+    tokenizer: str | None = Field(default=None,
+        description="Tokenizer dir or hub id for data files (default: the model id)")
+    shard: Literal["full", "hybrid"] = Field(default="full",
+        description="FSDP2 sharding: full, or hybrid (shard in a node)")
+    shard_size: int = Field(default=0, ge=0, le=4096,
+        description="GPUs per shard group with --shard hybrid (0 = the GPUs of "
                                                           "one node)")
     reduce_dtype: Literal["fp32", "bf16"] = Field(
-        "fp32", description="Gradient reduce dtype under bf16 (bf16 halves the bytes; sums still accumulate in fp32)")
+        default="fp32",
+            description="Gradient reduce dtype under bf16 (bf16 halves the bytes; sums still accumulate in fp32)")
     reshard_after_forward: Literal["auto", "yes", "no"] = Field(
-        "auto", description="Free each layer's gathered weights after forward (auto = yes on GPUs, no on CPU)")
+        default="auto", description="Free each layer's gathered weights after forward (auto = yes on GPUs, no on CPU)")
     optimizer: Literal["auto", "fused", "foreach", "plain"] = Field(
-        "auto", description="AdamW implementation (auto = fused on GPUs, foreach on CPU)")
-    tokens_per_step: int = Field(0, ge=0, description="Tokens per optimizer step (0 = no gradient accumulation)")
-    activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory")
-    compile: bool = Field(False, description="torch.compile each decoder layer")
-    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps and at the end (0 = never)")
-    storage_path: str | None = Field(None, description="Checkpoints and results: a dir or s3:// (local default: temp)")
-    resume_from: str | None = Field(None, description="Resume from a checkpoint dir, run dir or 'latest'")
+        default="auto", description="AdamW implementation (auto = fused on GPUs, foreach on CPU)")
+    tokens_per_step: int = Field(default=0, ge=0,
+        description="Tokens per optimizer step (0 = no gradient accumulation)")
+    activation_checkpointing: bool = Field(default=False,
+        description="Recompute activations in backward to save memory")
+    compile: bool = Field(default=False, description="torch.compile each decoder layer")
+    checkpoint_every: int = Field(default=0, ge=0, description="Checkpoint every N steps and at the end (0 = never)")
+    storage_path: str | None = Field(default=None,
+        description="Checkpoints and results: a dir or s3:// (local default: temp)")
+    resume_from: str | None = Field(default=None, description="Resume from a checkpoint dir, run dir or 'latest'")
     require_transport: Transport = Field(
-        "auto", description="Fail the job early unless NCCL uses this network (auto = efa on aws and kube, any "
+        default="auto", description="Fail the job early unless NCCL uses this network (auto = efa on aws and kube, any "
                            "locally; any also lets the pods run without EFA)")
     # --- local target ---
-    job_env: str = Field("", description="Variables of rtui's environment the job gets, by name (e.g. HF_TOKEN); "
+    job_env: str = Field(default="",
+        description="Variables of rtui's environment the job gets, by name (e.g. HF_TOKEN); "
                                          "no other credential reaches the cluster")
-    local_cpus: int = Field(0, ge=0, le=1024, description="CPUs given to the local Ray head (0 = all cores)")
-    local_worker_nodes: int = Field(0, ge=0, le=8, description="Extra local Ray worker nodes")
-    local_dashboard_port: int = Field(0, ge=0, le=65535, description="Local Ray dashboard port (0 = a free port)")
-    local_hidden_size: int = Field(64, ge=8, le=8192, description="Tiny local model: hidden size")
-    local_layers: int = Field(2, ge=1, le=64, description="Tiny local model: decoder layers")
-    local_heads: int = Field(4, ge=1, le=128, description="Tiny local model: attention heads")
-    local_vocab_size: int = Field(1024, ge=16, le=262_144, description="Tiny local model: vocabulary size")
+    local_cpus: int = Field(default=0, ge=0, le=1024, description="CPUs given to the local Ray head (0 = all cores)")
+    local_worker_nodes: int = Field(default=0, ge=0, le=8, description="Extra local Ray worker nodes")
+    local_dashboard_port: int = Field(default=0, ge=0, le=65535,
+        description="Local Ray dashboard port (0 = a free port)")
+    local_hidden_size: int = Field(default=64, ge=8, le=8192, description="Tiny local model: hidden size")
+    local_layers: int = Field(default=2, ge=1, le=64, description="Tiny local model: decoder layers")
+    local_heads: int = Field(default=4, ge=1, le=128, description="Tiny local model: attention heads")
+    local_vocab_size: int = Field(default=1024, ge=16, le=262_144, description="Tiny local model: vocabulary size")
 
     @field_validator("cluster_name", "namespace", "region", "gpu_node_type", "system_node_type", "job_env", "vpc_id",
                      "private_subnet_ids", "api_cidrs", "addon_registry")
