@@ -75,9 +75,9 @@ class PlanScreen(RtuiScreen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "apply":
-            if self.app.read_only:
-                return False
-            return True if self.plan is not None else None
+            # Hidden, not dimmed, until there is a plan to apply: a dimmed key still reads as an offer,
+            # and pressing it while planning did nothing (issue 21 item 5).
+            return not self.app.read_only and self.plan is not None
         if action == "toggle_unchanged":
             return self.plan is not None and any(c.action is Action.NOOP for c in self.plan.changes)
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,32 @@ def test_plan_unchanged_shown_120x40_snapshot(snap_compare) -> None:  # type: ig
 
 def test_apply_confirmation_80x24_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
     assert _snapshot(snap_compare, (80, 24), "a")
+
+
+async def test_apply_is_not_offered_until_the_plan_is_made(isolated_env: Path) -> None:
+    """While the plan is being made the footer shows no `a Apply` and the key does nothing; once it is
+    made the key is offered and works (issue 21 item 5: the footer never offers a key that is refused)."""
+    plan = PlanResult(target="local", changes=[
+        Change(address="local.ray-head", layer="local-ray", kind="ray-head", action=Action.CREATE, after={"cpus": 2})])
+    release = asyncio.Event()
+    session = fixed_session()
+
+    async def slow_plan() -> PlanResult:
+        await release.wait()
+        return plan
+
+    app = PlanApp(session)
+    session.plan = slow_plan  # type: ignore[method-assign]
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen), 5, "the plan screen")
+        await pilot.pause(0.1)
+        footer = {key for key, b in app.screen.active_bindings.items() if b.binding.show}
+        assert "a" not in footer, footer
+        await pilot.press("a")
+        await pilot.pause(0.1)
+        assert app.applied == []
+        release.set()
+        screen = await planned(pilot)
+        assert screen.check_action("apply", ()) is True
+        await pilot.press("a")
+        await wait_for(pilot, lambda: app.applied, 5, "the apply")
