@@ -373,7 +373,7 @@ async def data_after_down(session: RunSession, delete_data: bool) -> AsyncIterat
     yield StepEvent(step=DATA_STEP, kind=EventKind.STARTED, message=f"deleting {usage.describe()}")
     try:
         await asyncio.to_thread(store.delete)
-    except OSError as exc:
+    except (OSError, OperationError) as exc:
         yield StepEvent(step=DATA_STEP, kind=EventKind.FAILED, message=f"deleting {store.uri} failed: {exc}",
                         cause=str(exc), remedy="check its permissions and run the same command again")
         return

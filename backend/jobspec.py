@@ -17,6 +17,7 @@ from typing import Any
 
 import training
 from backend.config import RunConfig
+from backend.delivery import run_storage_uri
 from backend.errors import UserError
 
 
@@ -50,8 +51,9 @@ def training_package_dir() -> Path:
     return Path(training.__file__).resolve().parent
 
 
-def build_job_spec(config: RunConfig, model_revision: str | None = None) -> JobSpec:
-    """The job of this config; ``model_revision``: the hub commit the plan resolved (backend.hub)."""
+def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_id: str | None = None) -> JobSpec:
+    """The job of this config; ``model_revision``: the hub commit the plan resolved (backend.hub);
+    ``run_id``: the run whose own prefix under ``--storage-path`` the job writes to."""
     workers = config.effective_workers()
     args = [
         "python", "-m", "training.train",
@@ -88,7 +90,8 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None) -> JobS
     if config.checkpoint_every:
         args += ["--checkpoint-every", str(config.checkpoint_every)]
     if config.storage_path:
-        args += ["--storage-path", config.storage_path]
+        args += ["--storage-path",
+                 run_storage_uri(config.storage_path, run_id) if run_id else config.storage_path]
     if config.resume_from:
         args += ["--resume-from", config.resume_from]
     env_vars = {

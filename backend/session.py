@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
-from backend.delivery import DataStore, LocalDirStore, local_data_dir, model_summary
+from backend.delivery import DataStore, data_store_for, local_data_dir, model_summary
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
@@ -362,11 +362,11 @@ class RunSession:
                             usage.to_dict() if usage is not None else None, gpu)
 
     def data_store(self) -> DataStore | None:
-        """Where this run's checkpoints and model live (local: a 0700 dir under the state dir, kept
-        after `down`); None where the target has no store rtui manages yet."""
-        if self.record.target == "local":
-            return LocalDirStore(local_data_dir(self.store.root, self.run_id))
-        return None
+        """Where this run's checkpoints and model live: its own prefix under ``--storage-path`` when
+        one is given, else (local) a 0700 dir under the state dir, kept after `down`; None where
+        the target keeps nothing rtui can reach."""
+        local = local_data_dir(self.store.root, self.run_id) if self.record.target == "local" else None
+        return data_store_for(self.config.storage_path, self.run_id, local_default=local, profile=self.config.profile)
 
     async def gpu_fleet(self) -> dict[str, Any] | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:

@@ -61,7 +61,7 @@ class JobHandler(Handler):
         jobs = await _jobs(ctx)
         # The commit the plan resolved and showed, never the branch's newer head.
         revision = str(want.spec.get("model_revision") or "").split(" ", 1)[0] or None
-        spec = build_job_spec(ctx.config, revision)
+        spec = build_job_spec(ctx.config, revision, run_id=ctx.record.run_id)
         submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
         runtime_env = {**spec.runtime_env, "env_vars": {
             **spec.runtime_env.get("env_vars", {}), **_job_env(ctx),
@@ -122,7 +122,7 @@ class RayJobLayer(Layer):
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
         revision = self._revision(ctx)
-        spec = build_job_spec(ctx.config, revision.sha if revision else None)
+        spec = build_job_spec(ctx.config, revision.sha if revision else None, run_id=ctx.record.run_id)
         pinned = {"model_revision": f"{revision.sha} ({revision.asked})"} if revision else {}
         return [Resource(address=JOB, layer=self.name, kind="ray-job", cost_per_hour=0.0,
                          spec={**spec.summary(), **pinned, "spec_hash": spec.spec_hash},
