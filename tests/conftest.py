@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,5 +57,5 @@ def run_rtui(*args: str, timeout: float = 300, env: dict[str, str] | None = None
     return proc
 
 
-def json_lines(text: str) -> list[dict]:
+def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]

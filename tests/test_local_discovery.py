@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from tests.conftest import run_rtui
 
 
 @pytest.fixture
-def cluster() -> lc.ClusterDir:
+def cluster() -> Iterator[lc.ClusterDir]:
     made = lc.make_cluster_dir("r20260101-000000-test", "c1", {"state_dir": os.environ["RTUI_STATE_DIR"]})
     yield made
     if made.path.exists():

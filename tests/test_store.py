@@ -12,10 +12,18 @@ import pytest
 from backend.errors import OperationError, UserError
 from backend.ledger import ResourceStatus
 from backend.spool import LogSpool
-from backend.store import SCHEMA_VERSION, CorruptRecordError, JobState, RunLockedError, RunStatus, RunStore
+from backend.store import (
+    SCHEMA_VERSION,
+    CorruptRecordError,
+    JobState,
+    RunLockedError,
+    RunRecord,
+    RunStatus,
+    RunStore,
+)
 
 
-def make(store: RunStore):
+def make(store: RunStore) -> RunRecord:
     return store.create(target="local", cluster_name="c1", config={"steps": 3})
 
 
@@ -157,7 +165,8 @@ def test_find_active_and_latest(tmp_path: Path) -> None:
     store.save(first)
     assert store.find_active("local", "c1") is None
     second = make(store)
-    assert store.find_active("local", "c1").run_id == second.run_id
+    active = store.find_active("local", "c1")
+    assert active is not None and active.run_id == second.run_id
     assert store.find_active("local", "other") is None
 
 

@@ -35,6 +35,7 @@ from tests.kubernetes.fake_control import FakeControlPlane, Timings
 from tests.kubernetes.fake_ray import FakeRayHead
 from tests.kubernetes.fake_registry import FakeRegistry
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tui.app import RtuiApp
 from tui.widgets import StepPane
 
@@ -252,7 +253,7 @@ SNAPSHOT_CHECKS = [
 ]
 
 
-def test_kube_target_screen_snapshot(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_kube_target_screen_snapshot(snap_compare: SnapCompare, tmp_path: Path) -> None:
     """The picker and the checks at 80×24. The checks are fixed (no server is contacted), the run id too."""
     kubeconfig = tmp_path / "kubeconfig"
     doc = {"apiVersion": "v1", "kind": "Config", "current-context": CONTEXT,
@@ -266,7 +267,7 @@ def test_kube_target_screen_snapshot(snap_compare, tmp_path: Path) -> None:  # t
     async def fixed_checks() -> list[CheckResult]:
         return SNAPSHOT_CHECKS
 
-    session.preflight = fixed_checks  # type: ignore[method-assign]
+    session.preflight = fixed_checks
 
     async def loaded(pilot: Pilot[None]) -> None:
         app = pilot.app

@@ -18,6 +18,7 @@ from textual.widgets._footer import FooterKey
 
 from screens.run import HEAD_TAB, RunScreen
 from tests.pilot_wait import screen_text, wait_for
+from tests.snap import SnapCompare
 from tests.test_tui_dashboard import (
     SOCKET_FALLBACK_LINES,
     DashboardApp,
@@ -146,7 +147,7 @@ async def test_the_palette_quit_says_it_tears_nothing_down(isolated_env: Path) -
         assert quits[0].callback == app.action_quit_detach
 
 
-def test_graph_view_80x24_snapshot(snap_compare, isolated_env: Path) -> None:  # type: ignore[no-untyped-def]
+def test_graph_view_80x24_snapshot(snap_compare: SnapCompare, isolated_env: Path) -> None:
     async def graph(pilot: Pilot[None]) -> None:
         await dashboard(pilot)
         await feed(pilot, [*SOCKET_FALLBACK_LINES, *metric_lines(1, 24, tokens=1900.0, step_time=4.1)])

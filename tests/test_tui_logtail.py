@@ -161,7 +161,7 @@ async def test_a_read_only_watcher_sees_the_status_the_follower_saves(isolated_e
     job = session.record.current_job
     assert job is not None
     calls = iter([True, True, False])
-    session.attached_elsewhere = lambda: next(calls)  # type: ignore[method-assign]
+    session.attached_elsewhere = lambda: next(calls)
     monkey_wait = flows.WATCH_EVERY_S
     flows.WATCH_EVERY_S = 0.01
     try:
@@ -201,7 +201,7 @@ async def test_head_pod_tab_follows_the_head_log(isolated_env: Path) -> None:
     session = dashboard_session()
     head = FakeHead(["head starting", "\x1b[32mgcs up\x1b[0m", "dashboard on 8265"])
     assert isinstance(head, HeadLogSource)
-    session.ctx.cluster = head  # type: ignore[assignment]
+    session.ctx.cluster = head
     app = DashboardApp(session, resume=True)
     async with app.run_test(size=(120, 40)) as pilot:
         screen = await dashboard(pilot)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -114,10 +115,11 @@ def test_placement_groups(world: World) -> None:
         == 1
     )
     ec2.delete_placement_group(GroupName="pg1")
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: ec2.delete_placement_group(GroupName="pg1"),
         lambda: ec2.describe_placement_groups(GroupNames=["pg1"]),
-    ):
+    ]
+    for call in calls:
         with pytest.raises(ClientError) as err:
             call()
         assert code(err) == "InvalidPlacementGroup.Unknown"
@@ -157,7 +159,9 @@ def test_addons_lifecycle(world: World) -> None:
     with pytest.raises(ClientError) as err:
         eks.create_addon(clusterName="c1", addonName="vpc-cni")
     assert code(err) == "ResourceInUseException"
-    status = lambda: eks.describe_addon(clusterName="c1", addonName="vpc-cni")["addon"]["status"]  # noqa: E731
+    def status() -> str:
+        return str(eks.describe_addon(clusterName="c1", addonName="vpc-cni")["addon"]["status"])
+
     assert wait_for(status, "ACTIVE") == "ACTIVE"
     assert eks.list_addons(clusterName="c1")["addons"] == ["vpc-cni"]
     eks.update_addon(clusterName="c1", addonName="vpc-cni", addonVersion="v9")
@@ -250,11 +254,12 @@ def test_nodegroup_enis_left_behind_block_deletion(world: World) -> None:
     eks.delete_nodegroup(clusterName="c1", nodegroupName="gpu")
     enis = ec2.describe_network_interfaces(Filters=[{"Name": "subnet-id", "Values": [net["a"]]}])["NetworkInterfaces"]
     assert len(enis) == 4 and {e["Status"] for e in enis} == {"available"}
-    for call in (
+    dependent: list[Callable[[], object]] = [
         lambda: ec2.delete_subnet(SubnetId=net["a"]),
         lambda: ec2.delete_security_group(GroupId=net["sg"]),
         lambda: ec2.delete_vpc(VpcId=net["vpc"]),
-    ):
+    ]
+    for call in dependent:
         with pytest.raises(ClientError) as err:
             call()
         assert code(err) == "DependencyViolation"
@@ -326,7 +331,9 @@ def test_nat_gateway_lifecycle(world: World) -> None:
         AllocationId=eip["AllocationId"],
         TagSpecifications=[{"ResourceType": "natgateway", "Tags": TAGS}],
     )["NatGateway"]
-    state = lambda: ec2.describe_nat_gateways(NatGatewayIds=[nat["NatGatewayId"]])["NatGateways"][0]["State"]  # noqa: E731
+    def state() -> str:
+        return str(ec2.describe_nat_gateways(NatGatewayIds=[nat["NatGatewayId"]])["NatGateways"][0]["State"])
+
     assert state() == "pending"
     assert wait_for(state, "available") == "available"
     tagged = ec2.describe_nat_gateways(Filter=[{"Name": "tag:rtui:run", "Values": ["r1"]}])["NatGateways"]
