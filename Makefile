@@ -38,7 +38,7 @@ test: $(STAMP_DEV)
 
 lint: $(STAMP_DEV)
 	$(BIN)/ruff check .
-	$(BIN)/mypy backend tui screens training
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV)

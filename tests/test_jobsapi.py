@@ -329,7 +329,10 @@ async def test_follow_survives_dropped_tails_without_a_duplicate_or_a_gap(
     fake.tail_drops_after = [5, 12]  # two connections die mid-stream, the third runs to the end
 
     async def finish() -> None:
-        await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 20
+        while fake.tail_drops_after or sum(p.endswith("/logs/tail") for _, p, _ in fake.requests) < 3:
+            assert time.monotonic() < deadline, "the client never opened its third tail"
+            await asyncio.sleep(0.01)  # the third tail, the one that drops no more, is open
         # The last tail closes normally without the end: Ray's head does that when it loses its
         # agent. The job's end time, after that close, tells; the end reaches only the full log.
         job.log, job.tail_misses = log, 500

@@ -68,7 +68,10 @@ def test_kill_during_many_saves_never_leaves_a_torn_record(tmp_path: Path) -> No
     proc = subprocess.Popen([sys.executable, "-c", code, str(root), rec.run_id], cwd=Path(__file__).parents[1])
     import time
 
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while RunStore(root).load(rec.run_id).config.get("i", 0) < 50:  # killed in the middle of its saves
+        assert proc.poll() is None and time.monotonic() < deadline, "the writer made no progress"
+        time.sleep(0.02)
     proc.kill()
     proc.wait()
     loaded = RunStore(root).load(rec.run_id)  # parses: never half-written

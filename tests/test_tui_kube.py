@@ -282,7 +282,6 @@ async def test_an_unreachable_api_server_is_one_line_in_the_checks_within_the_de
         world: KubeWorld, tmp_path: Path, server: str) -> None:
     """Issue 19, item 8: the server and the context in one line, within --kube-timeout-s, no crash."""
     import socket
-    import time
 
     listener = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog) and never answers
     url = "https://127.0.0.1:9" if server == "refuses" else f"https://127.0.0.1:{listener.getsockname()[1]}"
@@ -292,17 +291,20 @@ async def test_an_unreachable_api_server_is_one_line_in_the_checks_within_the_de
     path = tmp_path / "gone"
     path.write_text(yaml.safe_dump(doc))
     app = RtuiApp(world.session(kubeconfig=str(path), kube_timeout_s="1"))
-    started = time.monotonic()
     try:
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: target_screen(app), 15, "checks")
-            took = time.monotonic() - started
             shown = str(app.screen.query_one("#checks", Static).render())
             # One check: the server in its line, the context in its remedy (the CLI's one line, in two).
             assert shown.count("✗") == 1 and f"Kubernetes API server at {url}" in shown, shown
             assert f"context {CONTEXT!r}" in shown, shown
             assert "Traceback" not in shown
-            assert took < 8, took  # the 1 s deadline, not the default 10 s
+            # The 1 s deadline, not the default 10 s: the error names it, and a server that never answers
+            # was given up on by urllib3's own read timeout of 1 s (its words). Wall time from the app's
+            # start is no measure of it on a loaded machine (9.5 s seen on CI for a 1 s wait).
+            assert "within 1s" in shown, shown
+            if server == "never answers":
+                assert "(read timeout=1.0)" in shown, shown
             await pilot.press("enter")
             await pilot.pause(0.2)
             assert isinstance(app.screen, TargetScreen)  # nothing to go on with
