@@ -59,3 +59,11 @@ def run_rtui(*args: str, timeout: float = 300, env: dict[str, str] | None = None
 
 def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`), tests that start a real Ray cluster or drive tmux share one
+    group: one worker runs them one after another, as a serial run does, while the rest spread."""
+    for item in items:
+        if item.get_closest_marker("ray") or item.get_closest_marker("tmux"):
+            item.add_marker(pytest.mark.xdist_group("ray"))

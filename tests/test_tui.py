@@ -69,17 +69,15 @@ async def test_teardown_needs_the_exact_cluster_name() -> None:
     app = ConfirmHarness()
     async with app.run_test() as pilot:
         await pilot.press(*"rtui-rat", "enter")
-        await pilot.pause(0.1)
-        assert app.answer is None and "not the cluster name" in str(
-            app.screen.query_one("#confirm-error").render())
+        await wait_for(pilot, lambda: "not the cluster name" in str(app.screen.query_one("#confirm-error").render()),
+                       5, "the refusal")
+        assert app.answer is None
         await pilot.press("backspace", "y", "enter")
-        await pilot.pause(0.1)
-        assert app.answer is True
+        await wait_for(pilot, lambda: app.answer is True, 5, "the answer yes")
     app2 = ConfirmHarness()
     async with app2.run_test() as pilot:
         await pilot.press("escape")
-        await pilot.pause(0.1)
-        assert app2.answer is False
+        await wait_for(pilot, lambda: app2.answer is False, 5, "the answer no")
 
 
 def test_plan_screen_snapshot(snap_compare: SnapCompare) -> None:
@@ -108,14 +106,14 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
         run = app.screen
         assert isinstance(run, RunScreen)
         await wait_for(pilot, lambda: run.job_status == "SUCCEEDED", 240, "job to succeed")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: run.metric is not None and run.metric.step == 12 and run.summary is not None,
+                       10, "the last metric and the summary")
         assert run.metric is not None and run.metric.step == 12
         assert run.summary is not None and run.summary["steps"] == 12
         tail = run.query_one("#tail", LogTail)
         assert not any("RTUI_METRIC" in line for line in tail.lines), "metric lines are hidden until m"
         await pilot.press("m")
-        await pilot.pause(0.1)
-        assert any("RTUI_METRIC" in line for line in tail.lines)
+        await wait_for(pilot, lambda: any("RTUI_METRIC" in line for line in tail.lines), 5, "the metric lines")
         assert not any("\x1b[" in line for line in tail.lines), "ANSI escapes must not reach the view"
         metrics_text = str(run.query_one("#metrics").render())
         assert "step 12/12" in metrics_text
@@ -160,10 +158,9 @@ async def test_quit_while_steps_run_asks_first(isolated_env: Path) -> None:
         await app.push_screen(ProvisionScreen(plan))
         await wait_for(pilot, lambda: app.screen.query("StepPane"), 5, "panes")
         await pilot.press("q")
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, ConfirmDetach)
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDetach), 5, "the detach question")
         await pilot.press("n")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: isinstance(app.screen, ProvisionScreen), 5, "the steps again")
         assert isinstance(app.screen, ProvisionScreen) and app.screen.running
         await pilot.press("q", "y")
         await pilot.pause(0.2)

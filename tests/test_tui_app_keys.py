@@ -115,7 +115,7 @@ async def test_show_config_is_what_the_job_runs_with(isolated_env: Path) -> None
         await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
         command = next(c for c in app.get_system_commands(app.screen) if c.title == "Show config")
         command.callback()
-        await pilot.pause(0.05)
+        await wait_for(pilot, lambda: app._notifications, 5, "the config shown")
         text = "\n".join(n.message for n in app._notifications)
     assert "learning_rate = 0.001  [auto on local" in text, text
     assert "batch_size = 32  [auto on local" in text and "precision = fp32  [auto on local" in text
