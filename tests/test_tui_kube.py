@@ -222,9 +222,9 @@ async def test_a_bad_kubeconfig_is_one_line_in_the_checks_and_enter_is_refused(
         await wait_for(pilot, lambda: picker(app).disabled, 5, "the picker's error")
         assert "no contexts" in str(picker(app).get_option_at_index(0).prompt)
         await pilot.press("enter")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: any(n.message.startswith("Kubernetes API: ") for n in app._notifications), 5,
+                       "the notification")
         assert isinstance(app.screen, TargetScreen)
-        assert any(n.message.startswith("Kubernetes API: ") for n in app._notifications)
         await pilot.press("q")
     assert app.return_code == 0
 
@@ -237,9 +237,9 @@ async def test_context_switch_is_refused_once_the_run_has_resources(world: KubeW
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: target_screen(app) and contexts_shown(app) == 2, 15, "the target screen")
         await pilot.press("down", "enter")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: any("already has resources" in n.message for n in app._notifications), 5,
+                       "the refusal")
         assert app.session is session and session.config.context is None
-        assert any("already has resources" in n.message for n in app._notifications)
 
 
 SNAPSHOT_RUN_ID = "r20260101-000000-cafe"
