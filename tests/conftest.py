@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,5 +57,13 @@ def run_rtui(*args: str, timeout: float = 300, env: dict[str, str] | None = None
     return proc
 
 
-def json_lines(text: str) -> list[dict]:
+def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`), tests that start a real Ray cluster or drive tmux share one
+    group: one worker runs them one after another, as a serial run does, while the rest spread."""
+    for item in items:
+        if item.get_closest_marker("ray") or item.get_closest_marker("tmux"):
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,10 @@ from tests.test_local_e2e import cluster_dir, heads, our_processes
 pytestmark = pytest.mark.ray
 
 
-def _wait(what: str, cond: object, timeout: float) -> None:
+def _wait(what: str, cond: Callable[[], object], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
+        if cond():
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")

@@ -12,10 +12,18 @@ import pytest
 from backend.errors import OperationError, UserError
 from backend.ledger import ResourceStatus
 from backend.spool import LogSpool
-from backend.store import SCHEMA_VERSION, CorruptRecordError, JobState, RunLockedError, RunStatus, RunStore
+from backend.store import (
+    SCHEMA_VERSION,
+    CorruptRecordError,
+    JobState,
+    RunLockedError,
+    RunRecord,
+    RunStatus,
+    RunStore,
+)
 
 
-def make(store: RunStore):
+def make(store: RunStore) -> RunRecord:
     return store.create(target="local", cluster_name="c1", config={"steps": 3})
 
 
@@ -60,7 +68,10 @@ def test_kill_during_many_saves_never_leaves_a_torn_record(tmp_path: Path) -> No
     proc = subprocess.Popen([sys.executable, "-c", code, str(root), rec.run_id], cwd=Path(__file__).parents[1])
     import time
 
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while RunStore(root).load(rec.run_id).config.get("i", 0) < 50:  # killed in the middle of its saves
+        assert proc.poll() is None and time.monotonic() < deadline, "the writer made no progress"
+        time.sleep(0.02)
     proc.kill()
     proc.wait()
     loaded = RunStore(root).load(rec.run_id)  # parses: never half-written
@@ -157,7 +168,8 @@ def test_find_active_and_latest(tmp_path: Path) -> None:
     store.save(first)
     assert store.find_active("local", "c1") is None
     second = make(store)
-    assert store.find_active("local", "c1").run_id == second.run_id
+    active = store.find_active("local", "c1")
+    assert active is not None and active.run_id == second.run_id
     assert store.find_active("local", "other") is None
 
 

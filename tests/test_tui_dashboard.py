@@ -22,6 +22,7 @@ from backend.store import JobRecord, JobState, RunStatus
 from backend.telemetry import MetricSeries, Telemetry
 from screens.run import RunScreen, plan_cost_per_hour
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tests.test_tui import FIXED_RUN_ID, fixed_session
 from training.logparse.verdict import Verdict
 from training.protocol import METRIC_TAG, SUMMARY_TAG, format_record
@@ -181,7 +182,7 @@ def test_snapshot_is_plain_frozen_data() -> None:
                                                   decided_by=("line a", "line b")))
     assert snap == TransportSnapshot(transport="efa", basis="channels", reason="r", evidence="line a")
     with pytest.raises(AttributeError):
-        snap.transport = "socket"  # type: ignore[misc]
+        snap.transport = "socket"  # type: ignore[misc]  # the assignment a frozen snapshot refuses, on purpose
     raw = Verdict(transport="socket", reason="r", decided_by=("\x1b[36m(w)\x1b[0m x\tvia NET/Socket/0",))
     assert TransportSnapshot.from_verdict(raw).evidence == "(w) x    via NET/Socket/0"
 
@@ -369,7 +370,7 @@ def test_refresh_cost_per_update(isolated_env: Path) -> None:
 
 
 # --- SVG snapshots -------------------------------------------------------------------------------
-def _snapshot(snap_compare, lines: list[str], size: tuple[int, int], *, expand: bool = False) -> bool:  # type: ignore[no-untyped-def]
+def _snapshot(snap_compare: SnapCompare, lines: list[str], size: tuple[int, int], *, expand: bool = False) -> bool:
     async def drive(pilot: Pilot[None]) -> None:
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, RunScreen), 5, "run screen")
         await settle(pilot)
@@ -385,17 +386,17 @@ EFA_RUN = [*EFA_LINES, *metric_lines(1, 24)]
 SOCKET_RUN = [*SOCKET_FALLBACK_LINES, *metric_lines(1, 24, tokens=1900.0, step_time=4.1)]
 
 
-def test_dashboard_efa_120x40_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_dashboard_efa_120x40_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, EFA_RUN, (120, 40))
 
 
-def test_dashboard_socket_fallback_120x40_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_dashboard_socket_fallback_120x40_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, SOCKET_RUN, (120, 40), expand=True)
 
 
-def test_dashboard_efa_80x24_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_dashboard_efa_80x24_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, EFA_RUN, (80, 24))
 
 
-def test_dashboard_socket_fallback_80x24_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_dashboard_socket_fallback_80x24_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, SOCKET_RUN, (80, 24))

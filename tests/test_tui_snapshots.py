@@ -60,6 +60,7 @@ from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmTeardown
 from screens.provision import ProvisionScreen
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tests.test_tui import FIXED_RUN_ID
 from tui.app import RtuiApp
 from tui.widgets import StepPane
@@ -222,7 +223,7 @@ async def _failed(pilot: Pilot[None]) -> ProvisionScreen:
 
 
 @SIZES
-def test_failed_gpu_nodegroup_snapshot(snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_failed_gpu_nodegroup_snapshot(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     async def failed(pilot: Pilot[None]) -> None:
         screen = await _failed(pilot)
         assert {pane.step_id: pane.status for pane in screen.query(StepPane)} == {
@@ -237,12 +238,14 @@ def test_failed_gpu_nodegroup_snapshot(snap_compare, size: tuple[int, int]) -> N
 
 
 @SIZES
-def test_teardown_modal_snapshot(snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_teardown_modal_snapshot(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     async def teardown(pilot: Pilot[None]) -> None:
         await _failed(pilot)
         await pilot.press("D")
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmTeardown), 5, "the teardown modal")
-        details = pilot.app.screen.details  # type: ignore[attr-defined]
+        modal = pilot.app.screen
+        assert isinstance(modal, ConfirmTeardown)
+        details = modal.details
         assert details[0].startswith("aws: vpc, ") and details[1].startswith("k8s: namespace, ")
         assert details[-1] == "These cost $0.35/hour now ($0.32 so far)."
 

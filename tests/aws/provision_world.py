@@ -11,6 +11,7 @@ import boto3
 
 from backend import flows
 from backend.config import resolve_config
+from backend.layers.aws.layer import AwsLayer
 from backend.ledger import ResourceStatus
 from backend.model import EventKind, StepEvent
 from backend.session import RunSession
@@ -46,6 +47,13 @@ async def collect(events: AsyncIterator[StepEvent]) -> Outcome:
     async for event in events:
         out.events.append(event)
     return out
+
+
+def gpu_az(session: RunSession) -> str:
+    """The AZ the aws layer chose for the GPU nodes when the session last planned."""
+    layer = session.stack.layer("aws")
+    assert isinstance(layer, AwsLayer) and layer.topology is not None, "the session has not planned on aws"
+    return layer.topology.gpu_az
 
 
 def session_for(**values: Any) -> RunSession:

@@ -13,6 +13,7 @@ from screens.quota import ConfirmQuotaIncrease
 from screens.target import TargetScreen
 from tests.aws.conftest import G, World, image_env
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tui.app import RtuiApp
 from tui.matrix import AzMatrix, FeasibilityPanel
 
@@ -215,7 +216,7 @@ async def test_the_matrix_heading_is_inside_its_box_and_the_config_fits_or_scrol
             await pilot.press("q")
 
 
-def _snapshot(snap_compare, size: tuple[int, int]) -> bool:  # type: ignore[no-untyped-def]
+def _snapshot(snap_compare: SnapCompare, size: tuple[int, int]) -> bool:
     async def loaded(pilot: Pilot[None]) -> None:
         app = pilot.app
         assert isinstance(app, RtuiApp)
@@ -224,11 +225,11 @@ def _snapshot(snap_compare, size: tuple[int, int]) -> bool:  # type: ignore[no-u
     return bool(snap_compare(RtuiApp(aws_session()), run_before=loaded, terminal_size=size))
 
 
-def test_aws_matrix_with_a_blocked_az_120x40_snapshot(snap_compare, world: World) -> None:  # type: ignore[no-untyped-def]
+def test_aws_matrix_with_a_blocked_az_120x40_snapshot(snap_compare: SnapCompare, world: World) -> None:
     assert _snapshot(snap_compare, (120, 40))
 
 
-def test_aws_matrix_with_a_blocked_az_80x24_snapshot(snap_compare, world: World) -> None:  # type: ignore[no-untyped-def]
+def test_aws_matrix_with_a_blocked_az_80x24_snapshot(snap_compare: SnapCompare, world: World) -> None:
     assert _snapshot(snap_compare, (80, 24))
 
 

@@ -48,7 +48,7 @@ def test_a_bad_value_is_one_line_before_ray_starts(argv: list[str], message: str
 def test_the_config_is_frozen_and_revalidated_on_replace() -> None:
     cfg = TrainConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.steps = 3  # type: ignore[misc]
+        cfg.steps = 3  # type: ignore[misc]  # the assignment a frozen config refuses, on purpose
     with pytest.raises(TrainConfigError, match="--precision must be one of bf16, fp32, not 'fp16'"):
         cfg.replace(precision="fp16")
     with pytest.raises(TrainConfigError, match="--require-transport needs --device cuda"):
