@@ -430,11 +430,14 @@ def kept_data(store: RunStore) -> list[KeptData]:
 
 async def aws_orphan(store: RunStore, config: RunConfig) -> RunSession | None:
     """A run of this cluster name that AWS has resources of (by our tags) and no record here knows."""
-    from backend.layers.aws.base import aws_api
+    from backend.clients import Clients
+    from backend.layers.aws.api import AwsApi
     from backend.layers.aws.sweep import runs_of_cluster
 
     known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
-    runs = [r for r in await runs_of_cluster(aws_api(config), config.cluster_name) if r not in known]
+    async with Clients() as clients:  # no session yet: the one found makes its own
+        api = clients.get(("aws", config.region, config.profile), lambda: AwsApi(config.region, config.profile))
+        runs = [r for r in await runs_of_cluster(api, config.cluster_name) if r not in known]
     return RunSession.orphan(runs[0], config, store) if runs else None
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, data_store_for, local_data_dir, model_summary
 from backend.errors import OperationError, UserError
@@ -95,10 +96,14 @@ class StatusReport:
 
 
 class RunSession:
+    """One run. It owns its clients (AWS, Kubernetes): made when a layer first needs one, closed when
+    the session ends (``async with session:``, or ``close()`` from its owner)."""
+
     def __init__(self, store: RunStore, record: RunRecord, config: RunConfig) -> None:
         self.store = store
         self.record = record
         self.config = config
+        self.clients = Clients()
         if config.target not in SUPPORTED_TARGETS:
             make_stack(config.target)  # refuse unsupported targets now, with one clear line
         self._held: set[str] = set()
@@ -115,7 +120,22 @@ class RunSession:
         from backend.layers.base import Context
 
         access = next((a for layer in self.stack.layers if (a := layer.access()) is not None), None)
-        return Context(self.config, self.record, self.store, cluster=access)
+        return Context(self.config, self.record, self.store, cluster=access, clients=self.clients)
+
+    # --- ending --------------------------------------------------------------------------
+    async def __aenter__(self) -> RunSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the clients this session made (their connections and worker threads)."""
+        await self.clients.aclose()
+
+    def close(self) -> None:
+        """``aclose`` for an owner outside the event loop (the TUI replacing its session)."""
+        self.clients.close()
 
     # --- opening -----------------------------------------------------------------------
     @classmethod

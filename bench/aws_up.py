@@ -148,7 +148,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
                 raise SystemExit(f"{order}: a step failed")
             from backend.layers.aws.base import aws_api
 
-            counted = aws_api(config).counts
+            counted = aws_api(session.ctx).counts
             calls = collections.Counter({f"up:{k}": v for k, v in counted.items()})
             counted.clear()
             del before
@@ -158,6 +158,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
                         raise SystemExit(f"teardown: {event.step}: {event.message}")
                 calls.update({f"down:{k}": v for k, v in counted.items()})
                 counted.clear()
+            await session.aclose()
             return elapsed, critical_path(steps, runner), calls
     finally:
         cluster.stop()

@@ -93,6 +93,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> float:
             elapsed = time.perf_counter() - started
             if runner.failed:
                 raise SystemExit(f"{order}: a step failed")
+            await session.aclose()
             return elapsed
     finally:
         cluster.stop()

@@ -28,10 +28,6 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     monkeypatch.chdir(tmp_path)
     yield state
     _reap_clusters(state)
-    # Each test's kubeconfig gets its own cached cluster API (a pool of up to 16 threads): close them.
-    layer = sys.modules.get("backend.layers.kubernetes.layer")
-    if layer is not None:
-        layer.close_apis()
 
 
 def _reap_clusters(state: Path) -> None:

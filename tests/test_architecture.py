@@ -67,3 +67,70 @@ def test_no_screen_imports_another_and_none_needs_a_type_ignore() -> None:
     for folder in ("tui", "screens"):
         for path in (REPO / folder).glob("*.py"):
             assert "# type: ignore" not in path.read_text(), f"{folder}/{path.name} has a type: ignore"
+
+
+# What holds a connection, a pool or threads: a client of AWS, Kubernetes or Ray, a session of
+# boto3, the worker pool they run on. A cache of one at module level outlives every session.
+CLIENTISH = ("Api", "Client", "Session", "Pool", "Jobs", "Resource")
+
+
+def _clientish(text: str) -> bool:
+    import re
+
+    return any(re.search(rf"[A-Za-z_]*{word}\b", text) for word in CLIENTISH)
+
+
+def module_level_client_caches(source: str) -> list[str]:
+    """Module-level mutable containers holding clients, and functools caches of functions returning one."""
+    import ast
+
+    found: list[str] = []
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            note = ast.unparse(node.annotation)
+            mutable = note.split("[")[0].split(".")[-1].lower() in {"dict", "list", "set", "defaultdict",
+                                                                    "ordereddict", "weakvaluedictionary"}
+            if mutable and _clientish(note):
+                found.append(f"{node.target.id}: {note} (line {node.lineno})")
+        elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Dict, ast.List, ast.Set, ast.Call)):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and any(w in target.id.lower() for w in ("api", "client", "eks")):
+                    if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) not in (
+                            "dict", "list", "set", "collections.defaultdict", "defaultdict"):
+                        continue
+                    found.append(f"{target.id} = {ast.unparse(node.value)[:40]} (line {node.lineno})")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            cached = [d for d in node.decorator_list
+                      if ast.unparse(d.func if isinstance(d, ast.Call) else d).split(".")[-1]
+                      in {"cache", "lru_cache", "cached"}]
+            returns = ast.unparse(node.returns) if node.returns is not None else "?"
+            if cached and (returns == "?" or _clientish(returns)):
+                found.append(f"@{ast.unparse(cached[0])} {node.name}() -> {returns} (line {node.lineno})")
+    return found
+
+
+def test_the_client_cache_scan_finds_what_it_looks_for() -> None:
+    """The scan below can fail: each shape of a module-level client cache is found, data caches are not."""
+    source = (
+        "import functools\n"
+        "_APIS: dict[tuple[str, str], AwsApi] = {}\n"
+        "_EKS = {}\n"
+        "CLIENTS: list['KubeApi'] = []\n"
+        "PRICES: dict[str, float] = {}\n"
+        "@functools.lru_cache(maxsize=2)\n"
+        "def jobs(address: str) -> RayJobs: ...\n"
+        "@functools.cache\n"
+        "def partition(region: str) -> Partition: ...\n"
+    )
+    found = module_level_client_caches(source)
+    names = [f.split(":")[0].split(" ")[0] for f in found]
+    assert names == ["_APIS", "_EKS", "CLIENTS", "@functools.lru_cache(maxsize=2)"]
+
+
+def test_no_module_level_client_cache_in_backend() -> None:
+    """Clients belong to the session (issue 24 item 4): made when first needed, closed when it ends.
+    A module-level cache outlives every session, leaks its threads and must be cleared by tests."""
+    found = {str(path.relative_to(REPO)): hits for path in sorted((REPO / "backend").rglob("*.py"))
+             if (hits := module_level_client_caches(path.read_text()))}
+    assert not found, found

@@ -134,7 +134,7 @@ class RtuiApp(App[None]):
         self.release()  # a lock is the old session's (a failed apply that created nothing)
         config = old.config.model_copy(update=update)
         old.record.config = config.model_dump(mode="json")
-        self.session = RunSession(old.store, old.record, config)
+        self._replace_session(RunSession(old.store, old.record, config))
         self._set_subtitle()
         from screens.target import TargetScreen
 
@@ -260,7 +260,7 @@ class RtuiApp(App[None]):
         self.release()
         record = old.store.new(target=old.config.target, cluster_name=old.config.cluster_name,
                                config=old.config.model_dump(mode="json"))
-        self.session = RunSession(old.store, record, old.config)
+        self._replace_session(RunSession(old.store, record, old.config))
         self._set_subtitle()
         from screens.target import TargetScreen
 
@@ -288,6 +288,12 @@ class RtuiApp(App[None]):
 
     def on_unmount(self) -> None:
         self.release()
+        self.session.close()  # the session ends with the app: its clients and their threads too
+
+    def _replace_session(self, new: RunSession) -> None:
+        """Switch to ``new``; the old session's clients close once the screens using them are gone."""
+        old, self.session = self.session, new
+        self.call_after_refresh(old.close)
 
     # --- errors and actions ------------------------------------------------------------
     def report_error(self, exc: BaseException) -> None:
@@ -357,7 +363,7 @@ class RtuiApp(App[None]):
 
             def picked(run_id: str | None) -> None:
                 if run_id and run_id != self.session.run_id:
-                    self.session = RunSession.resume(run_id, self.session.store)
+                    self._replace_session(RunSession.resume(run_id, self.session.store))
                     self._set_subtitle()
                     self._go(self.get_default_screen())
 

@@ -56,11 +56,22 @@ def gpu_az(session: RunSession) -> str:
     return layer.topology.gpu_az
 
 
+# The sessions this test made: the world fixture ends each (its clients and their threads) after it.
+OPEN: list[RunSession] = []
+
+
 def session_for(**values: Any) -> RunSession:
     # Images come from the registry double (conftest.image_env); one that cannot be pinned goes on
     # by tag (--allow-unpinned). tests/kubernetes tests the pinning.
-    return RunSession.for_config(resolve_config({"target": "aws", "region": REGION, "allow_unpinned": "true",
-                                                 "model_revision": "0" * 40, **values}, environ=image_env()))
+    session = RunSession.for_config(resolve_config({"target": "aws", "region": REGION, "allow_unpinned": "true",
+                                                    "model_revision": "0" * 40, **values}, environ=image_env()))
+    OPEN.append(session)
+    return session
+
+
+def close_sessions() -> None:
+    while OPEN:
+        OPEN.pop().close()
 
 
 async def up(session: RunSession, *, until: str | None = "aws", az_failover: bool = False) -> Outcome:

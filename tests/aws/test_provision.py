@@ -184,7 +184,6 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
 
 
 async def test_half_made_resources_are_waited_on_not_made_again(world: World, kube_file: Path) -> None:
-    from backend.layers.aws import base
 
     # The double reads the create time when it is asked: the control plane stays CREATING however long
     # a loaded machine takes to plan again, and is made quick once the plan has been checked.
@@ -204,7 +203,6 @@ async def test_half_made_resources_are_waited_on_not_made_again(world: World, ku
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    base._APIS.clear()
     plan = await session_for().plan()
     cluster = plan.change("aws.eks-cluster")
     assert cluster is not None and cluster.action is Action.UPDATE and "waiting" in cluster.reason
@@ -336,7 +334,6 @@ async def test_the_sweep_reports_what_is_left_in_the_vpc_tagged_or_not(world: Wo
 
 async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, kube_file: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend.layers.aws import base
 
     path = "/aws-reserved/sso.amazonaws.com/us-east-1/"
     role = iam().create_role(RoleName="AWSReservedSSO_AdministratorAccess_0123456789abcdef", Path=path,
@@ -346,19 +343,15 @@ async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, k
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["AccessKeyId"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["SecretAccessKey"])
     monkeypatch.setenv("AWS_SESSION_TOKEN", creds["SessionToken"])
-    base._APIS.clear()  # a new identity: the layer's clients are made again
-    try:
-        session = session_for()
-        made = await up(session)
-        assert made.ok, made.failures()
-        assert eks().list_access_entries(clusterName="rtui-ray")["accessEntries"] == [role["Arn"]]
-        assert path in role["Arn"]
-        again = await session.plan()
-        assert [(c.address, c.reason) for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
-        assert (await down(session)).ok
-        assert tagged(session.run_id) == {}
-    finally:
-        base._APIS.clear()
+    session = session_for()  # a new session: its clients sign as the new identity
+    made = await up(session)
+    assert made.ok, made.failures()
+    assert eks().list_access_entries(clusterName="rtui-ray")["accessEntries"] == [role["Arn"]]
+    assert path in role["Arn"]
+    again = await session.plan()
+    assert [(c.address, c.reason) for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
 
 
 async def test_a_new_role_that_iam_has_not_settled_is_retried_and_shown(world: World, kube_file: Path) -> None:

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from backend.config import RunConfig
 from backend.layers.aws.api import EC2_TOKEN, AwsApi, client_token
 from backend.layers.base import Context, Handler
 from backend.ledger import ResourceStatus
@@ -178,15 +177,10 @@ class Topology:
         return list(dict.fromkeys([*self.network_azs, self.gpu_az]))
 
 
-_APIS: dict[tuple[str, str | None], AwsApi] = {}
-
-
-def aws_api(config: RunConfig) -> AwsApi:
-    """The region's API for this config, made once per process."""
-    key = (config.region, config.profile)
-    if key not in _APIS:
-        _APIS[key] = AwsApi(config.region, config.profile)
-    return _APIS[key]
+def aws_api(ctx: Context) -> AwsApi:
+    """The region's API for this config, made once per session (the session closes it)."""
+    region, profile = ctx.config.region, ctx.config.profile
+    return ctx.clients.get(("aws", region, profile), lambda: AwsApi(region, profile))
 
 
 class AwsHandler(Handler):
@@ -198,7 +192,7 @@ class AwsHandler(Handler):
         raise NotImplementedError
 
     def api(self, ctx: Context) -> AwsApi:
-        return aws_api(ctx.config)
+        return aws_api(ctx)
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         # Found half-made (a crash, a detach): wait for it, never make a second one.

@@ -163,12 +163,12 @@ class AwsLayer(Layer):
 
     async def _region_prices(self, ctx: Context) -> RegionPrices:
         config = ctx.config
-        return await asyncio.to_thread(self.price_book(config).region, config.region,
+        return await asyncio.to_thread(self.price_book(ctx).region, config.region,
                                        (config.gpu_node_type, config.system_node_type))
 
-    def price_book(self, config: RunConfig) -> PriceBook:
+    def price_book(self, ctx: Context) -> PriceBook:
         if self._book is None:
-            self._book = PriceBook(aws_api(config).session)
+            self._book = PriceBook(aws_api(ctx).session)
         return self._book
 
     def prices(self, config: RunConfig) -> RegionPrices:
@@ -194,7 +194,7 @@ class AwsLayer(Layer):
         if listed is not None and listed.state == "active" and not _past(listed.end_date):
             return None
         try:
-            found = await aws_api(ctx.config).call("ec2", "describe_capacity_reservations",
+            found = await aws_api(ctx).call("ec2", "describe_capacity_reservations",
                                                    CapacityReservationIds=[reservation_id],
                                                    ok=("InvalidCapacityReservationId.NotFound",))
         except OperationError:
@@ -235,7 +235,7 @@ class AwsLayer(Layer):
         sized = asyncio.ensure_future(asyncio.to_thread(image_size, config.image))
         try:
             report = await run_preflight(request, on_region=watch.on_region, on_listed=watch.on_listed,
-                                         prices=self.price_book(config))
+                                         prices=self.price_book(ctx))
         except BaseException:
             sized.cancel()
             raise
@@ -319,7 +319,7 @@ class AwsLayer(Layer):
             raise UserError(f"--vpc-id {config.vpc_id} needs its private subnets",
                             remedy="pass --private-subnet-ids with subnets in at least two AZs")
         try:
-            subnets = await aws_api(config).pages("ec2", "describe_subnets", "Subnets", SubnetIds=ids)
+            subnets = await aws_api(ctx).pages("ec2", "describe_subnets", "Subnets", SubnetIds=ids)
         except OperationError as exc:
             raise UserError(f"cannot read --private-subnet-ids: {exc.message}",
                             remedy="check the subnet ids and the region") from None
@@ -491,7 +491,7 @@ class AwsLayer(Layer):
 
     # --- discovery ---------------------------------------------------------------------------
     async def discover(self, ctx: Context) -> list[Observed]:
-        api = aws_api(ctx.config)
+        api = aws_api(ctx)
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, AwsHandler)))
         observed = [o for per_kind in found for o in per_kind]
@@ -523,7 +523,7 @@ class AwsLayer(Layer):
         return results
 
     async def _names_taken(self, ctx: Context) -> list[CheckResult]:
-        api = aws_api(ctx.config)
+        api = aws_api(ctx)
         name = ctx.config.cluster_name
         out = []
         cluster = await describe_cluster(api, name)
@@ -548,7 +548,7 @@ class AwsLayer(Layer):
         return out
 
     async def _given_vpc(self, ctx: Context) -> list[CheckResult]:
-        api, config, topo = aws_api(ctx.config), ctx.config, self.topology
+        api, config, topo = aws_api(ctx), ctx.config, self.topology
         assert topo is not None
         ids = config.private_subnet_id_list()
         if not ids:
@@ -579,9 +579,9 @@ class AwsLayer(Layer):
         config = ctx.config
 
         async def prices(types: tuple[str, ...]) -> RegionPrices:
-            return await asyncio.to_thread(self.price_book(config).region, config.region, types)
+            return await asyncio.to_thread(self.price_book(ctx).region, config.region, types)
 
-        return await sweep(aws_api(config), ctx, prices)
+        return await sweep(aws_api(ctx), ctx, prices)
 
 
 def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResult]:
