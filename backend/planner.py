@@ -150,7 +150,7 @@ def apply_steps(stack: Stack, ctx: Context, plan: PlanResult) -> list[Step]:
         steps.append(Step(change.address, handler.step_title(change.address, change.action),
                           _change_action(handler, ctx, change, plan),
                           deps=deps, expected_s=typical.get(key, handler.expected_s), retries=handler.retries,
-                          backoff_s=handler.backoff_s, timing_key=key))
+                          backoff_s=handler.backoff_s, timing_key=key, layer=change.layer))
     return steps
 
 
@@ -169,7 +169,7 @@ def reconcile(ctx: Context, plan: PlanResult) -> None:
         entry = ctx.ledger.get(change.address)
         status = ResourceStatus.ADOPTED if have.adopted else ResourceStatus.READY
         if entry is None or entry.status is not status or entry.id != have.id:
-            ctx.ledger.set(change.address, change.kind, status, id=have.id,
+            ctx.ledger.set(change.address, change.kind, status, layer=change.layer, id=have.id,
                            outputs=entry.outputs if entry is not None else None)
 
 
@@ -189,7 +189,7 @@ def _change_action(handler: Handler, ctx: Context, change: Change,
                 yield update
             ctx.ledger.update(change.address, status=ResourceStatus.READY)
         elif change.action in (Action.CREATE, Action.REPLACE):
-            ctx.ledger.set(change.address, change.kind, ResourceStatus.INTENDED)
+            ctx.ledger.set(change.address, change.kind, ResourceStatus.INTENDED, layer=change.layer)
             async for update in handler.create(ctx, want):
                 yield update
             ctx.ledger.update(change.address, status=ResourceStatus.READY)
@@ -200,7 +200,7 @@ def _change_action(handler: Handler, ctx: Context, change: Change,
 async def _delete(handler: Handler, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
     entry = ctx.ledger.get(have.address)
     if entry is None:
-        ctx.ledger.set(have.address, have.kind, ResourceStatus.DELETING, id=have.id)
+        ctx.ledger.set(have.address, have.kind, ResourceStatus.DELETING, layer=have.layer, id=have.id)
     else:
         ctx.ledger.update(have.address, status=ResourceStatus.DELETING, id=have.id)
     async for update in handler.delete(ctx, have):
@@ -225,7 +225,8 @@ def teardown_steps(stack: Stack, ctx: Context, observed: Sequence[Observed]) -> 
 
         key = timing_key(ctx, have.kind, Action.DELETE)
         steps.append(Step(have.address, handler.step_title(have.address, Action.DELETE), action,
-                          deps=dependents, expected_s=typical.get(key, handler.expected_s), timing_key=key))
+                          deps=dependents, expected_s=typical.get(key, handler.expected_s), timing_key=key,
+                          layer=have.layer))
     return steps
 
 

@@ -90,7 +90,7 @@ def clean_world() -> None:
 
 def context(tmp_path: Path, steps: int = 3, run_id: str | None = None) -> Context:
     store = RunStore(tmp_path / "state")
-    record = store.load(run_id) if run_id else store.create(target="local", cluster_name="toy", config={})
+    record = store.load(run_id) if run_id else store.create(RunConfig(cluster_name="toy"))
     return Context(RunConfig(steps=steps), record, store)
 
 
@@ -187,7 +187,7 @@ async def test_a_steps_eta_is_its_typical_duration_on_this_machine(tmp_path: Pat
     store = RunStore(tmp_path / "state")
 
     def new_run() -> RunSession:
-        record = store.create(target="local", cluster_name="toy", config={})
+        record = store.create(RunConfig(cluster_name="toy"))
         session = RunSession(store, record, RunConfig(steps=3))
         session.__dict__["stack"] = STACK
         return session
