@@ -40,9 +40,19 @@ class Stack:
 
 
 async def discover(stack: Stack, ctx: Context) -> list[Observed]:
-    """Every layer's live resources of this run, bottom layer first (layers looked at concurrently)."""
-    found = await all_or_none(*(layer.discover(ctx) for layer in stack.layers))
-    return [o for per_layer in found for o in per_layer]
+    """Every layer's live resources of this run, bottom layer first (layers looked at concurrently).
+
+    A layer runs on the layers below it (its ``desired`` is made from theirs), so what it has live
+    depends on what the nearest layer below has live: that is written into each ``depends_on`` here,
+    the one place, and teardown reads nothing but ``depends_on``."""
+    found: list[list[Observed]] = await all_or_none(*(layer.discover(ctx) for layer in stack.layers))
+    out: list[Observed] = []
+    below: tuple[str, ...] = ()
+    for per_layer in found:
+        out.extend(o.model_copy(update={"depends_on": tuple(dict.fromkeys([*o.depends_on, *below]))})
+                   if below else o for o in per_layer)
+        below = tuple(o.address for o in per_layer) or below
+    return out
 
 
 async def all_or_none(*calls: Awaitable[Any]) -> list[Any]:
@@ -209,16 +219,14 @@ async def _delete(handler: Handler, ctx: Context, have: Observed) -> AsyncIterat
 
 
 def teardown_steps(stack: Stack, ctx: Context, observed: Sequence[Observed]) -> list[Step]:
-    """A delete step per live resource of ours; each waits for everything that depends on it."""
+    """A delete step per live resource of ours; each waits for everything that depends on it: its
+    order comes from ``depends_on`` alone (``discover`` puts a layer's resources on the layer below)."""
     ours = [o for o in observed if not o.adopted]
-    level = {layer.name: i for i, layer in enumerate(stack.layers)}
     typical = ctx.store.durations()
     steps = []
     for have in reversed(ours):
         handler = stack.handler(have.layer, have.kind)
-        # What depends on it, and everything of the layers above (a job goes before its cluster).
-        dependents = tuple(o.address for o in ours
-                           if have.address in o.depends_on or level[o.layer] > level[have.layer])
+        dependents = tuple(o.address for o in ours if have.address in o.depends_on)
 
         def action(handler: Handler = handler, have: Observed = have) -> AsyncIterator[Progress]:
             return _delete(handler, ctx, have)
