@@ -160,6 +160,8 @@ def test_the_cli_reads_an_old_record(isolated_env: Path) -> None:
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
     data = json_lines(status.stdout)[0]
     assert data["status"] == "down" and set(data["teardown_steps"]) >= {"sweep", "local.ray-head"}
+    human = run_rtui("status", run_id)
+    assert human.returncode == 0 and "teardown local.ray-head" in human.stdout, human.stderr
     assert data["cluster"]["stopped_while_idle"] == {"at": 1765000100.0, "idle_s": 600.0,
                                                      "dir": "/tmp/rtui-r20251206-053320-a1b2-x"}
 
