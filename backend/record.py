@@ -241,6 +241,11 @@ class RunRecord(BaseModel):
             return {**data, "config": fallback, "rejected_config": {"written": written, "reason": _first_error(exc)}}
         return data
 
+    def use_config(self, config: RunConfig) -> None:
+        """The run goes on with ``config`` (applied or reconfigured): a rejected one is history."""
+        self.config = config
+        self.rejected_config = None
+
     @property
     def current_job(self) -> JobRecord | None:
         return self.jobs[-1] if self.jobs else None

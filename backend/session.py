@@ -234,7 +234,7 @@ class RunSession:
         from backend.planner import apply_steps, reconcile, select_until
 
         steps = select_until(apply_steps(self.stack, self.ctx, plan), plan, until)
-        self.record.config = self.config
+        self.record.use_config(self.config)
         self.record.plan = plan.as_plan()
         self.record.status = RunStatus.APPLYING
         self.store.save(self.record)

@@ -149,6 +149,10 @@ def test_a_config_this_rtui_rejects_is_kept_as_written(tmp_path: Path) -> None:
     assert (record.config.target, record.config.cluster_name) == ("local", "rtui-ray")
     store.save(record)  # a teardown saves it: what was written is still there
     assert store.load(run_id).rejected_config == record.rejected_config
+    record.use_config(RunConfig(steps=7))  # applied again with a config this rtui takes
+    store.save(record)
+    again = store.load(run_id)
+    assert again.rejected_config is None and again.config.steps == 7
 
 
 def test_the_cli_reads_an_old_record(isolated_env: Path) -> None:

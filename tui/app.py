@@ -133,7 +133,7 @@ class RtuiApp(App[None]):
             return
         self.release()  # a lock is the old session's (a failed apply that created nothing)
         config = old.config.model_copy(update=update)
-        old.record.config = config
+        old.record.use_config(config)
         self.session = RunSession(old.store, old.record, config)
         self._set_subtitle()
         from screens.target import TargetScreen

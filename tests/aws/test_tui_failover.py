@@ -31,6 +31,6 @@ async def test_no_capacity_offers_the_move_and_the_plan_moves_the_gpu_nodes(worl
         assert moved.from_az == first and moved.to != first
         plan = app.screen.plan  # type: ignore[attr-defined]
         gpu = plan.change("aws.nodegroup.gpu")
-        assert gpu is not None and gpu.after["azs"] == [moved["to"]]
-        assert plan.change(f"aws.subnet.private.{moved['to']}") is not None
+        assert gpu is not None and gpu.after["azs"] == [moved.to]
+        assert plan.change(f"aws.subnet.private.{moved.to}") is not None
         await pilot.press("q")
