@@ -326,7 +326,10 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     layer_of = {c.get("address"): c.get("layer") for c in (plan or {}).get("changes") or [] if isinstance(c, dict)}
 
     def layer(address: str) -> str:
-        return str(layer_of.get(address) or _V2_LAYERS.get(address.split(".", 1)[0], "") if "." in address else "")
+        """The plan's word for it, else the layer rtui 2 named by that prefix; "" for "sweep", "run"."""
+        if "." not in address:
+            return ""
+        return str(layer_of.get(address) or _V2_LAYERS.get(address.split(".", 1)[0], ""))
 
     steps: dict[str, Any] = {}
     teardown: dict[str, Any] = {}
