@@ -132,6 +132,11 @@ class Plan(BaseModel):
     def cost_per_hour(self) -> float:
         return sum(self.prices().values())
 
+    def layer_cost_per_hour(self, layer: str) -> float:
+        """What one layer's part of the plan costs per hour (its changes' ``prices``)."""
+        prices = self.prices()
+        return sum(prices.get(c.address, 0.0) for c in self.changes if c.layer == layer)
+
     def as_plan(self) -> Plan:
         """Just the plan (a subclass's extra fields, such as what discovery saw, left out): what a record keeps."""
         return Plan.model_validate(self.model_dump(include=set(Plan.model_fields)))

@@ -25,7 +25,7 @@ def format_plan(plan: Plan, *, run_id: str | None = None) -> str:
     lines = [f"Plan for the {plan.target} target" + (f" (run {run_id})" if run_id else "") + ":"]
     for layer in plan.layers():
         changes = [c for c in plan.changes if c.layer == layer]
-        per_hour = sum(c.cost_per_hour or 0.0 for c in changes if c.action is not Action.DELETE)
+        per_hour = plan.layer_cost_per_hour(layer)
         lines.append(f"  {layer}" + (f"  ${per_hour:.2f}/hour" if per_hour else ""))
         for change in changes:
             if change.action is Action.UPDATE and change.before is not None:
