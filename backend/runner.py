@@ -44,6 +44,7 @@ class Step:
     skip_if: Callable[[], bool] | None = field(default=None, repr=False)
     # What this step's duration is kept under (RunStore.record_duration), for the next ETA; "" keeps none.
     timing_key: str = ""
+    layer: str = ""  # the layer whose resource it works on ("" for none): its StepState carries it
 
 
 StateCallback = Callable[[str, StepState], None]
@@ -83,7 +84,7 @@ class Runner:
             if missing:
                 raise ValueError(f"step {s.id} depends on unknown {missing}")
         self._check_acyclic()
-        self.states: dict[str, StepState] = {s.id: StepState(title=s.title) for s in self.steps}
+        self.states: dict[str, StepState] = {s.id: StepState(title=s.title, layer=s.layer) for s in self.steps}
         self._on_state = on_state or (lambda _sid, _st: None)
         self._sleep = sleep
         self._queue: asyncio.Queue[StepEvent | None] = asyncio.Queue()

@@ -128,7 +128,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
                                model_revision="0" * 40,  # a commit: no Hub asked
                                operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)
             store = RunStore(work / "state")
-            record = store.new(target="aws", cluster_name=config.cluster_name, config=config.model_dump(mode="json"))
+            record = store.new(config)
             session = RunSession(store, record, config)
             plan = await session.plan()
             for layer in session.stack.layers:

@@ -203,8 +203,7 @@ def fake_session(tmp_path: Path) -> RunSession:
     """A real local run's session (a record in ``state``) on a cluster that is not there."""
     config = resolve_config({}, environ={}).config
     store = RunStore(tmp_path / "state")
-    session = RunSession(store, store.create(target="local", cluster_name="c", config=config.model_dump(mode="json")),
-                         config)
+    session = RunSession(store, store.create(config.model_copy(update={"cluster_name": "c"})), config)
     session.ctx.cluster = ResultsCluster(tmp_path / "ray" / "results")
     return session
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from backend import flows, follow
-from backend.config import resolve_config
+from backend.config import RunConfig, resolve_config
 from backend.errors import OperationError
 from backend.layers.base import Context
 from backend.ledger import ResourceStatus
@@ -65,7 +65,7 @@ class FakeCluster:
 def make_session(tmp_path: Path, jobs: FakeJobs) -> RunSession:
     config = resolve_config({"steps": "2"}, environ={}).config
     store = RunStore(tmp_path / "state")
-    record = store.create(target="local", cluster_name="c", config=config.model_dump(mode="json"))
+    record = store.create(config)
     record.jobs.append(JobRecord(submission_id="j1", submitted_at=0.0, spec_hash="h"))
     session = RunSession(store, record, config)
     session.ctx.cluster = FakeCluster(jobs)
@@ -92,7 +92,7 @@ async def test_a_succeeded_job_reports_progress_and_keeps_telemetry(tmp_path: Pa
     updates = [u async for u in flows._train_progress(session)]
     assert updates[-1].fraction == 1.0 and "step 2/2" in updates[-1].message
     snapshot = RunStore(tmp_path / "state").load(session.run_id).telemetry
-    assert snapshot is not None and snapshot["metrics"]["latest"]["step"] == 2
+    assert snapshot is not None and snapshot.metrics.latest is not None and snapshot.metrics.latest.step == 2
 
 
 async def test_reattaching_never_duplicates_the_spool(tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ async def test_each_job_of_a_run_has_its_own_spool_metrics_and_summary(tmp_path:
     from backend.layers.ray_job import JOB, RayJobLayer
 
     store = RunStore(tmp_path / "state")
-    record = store.create(target="local", cluster_name="c", config={})
+    record = store.create(RunConfig(cluster_name="c"))
     jobs = TwoJobs({f"rtui-{record.run_id}-1": metric_lines(20), f"rtui-{record.run_id}-2": metric_lines(5)})
 
     async def submit_and_follow(steps: int) -> list[str]:
@@ -217,8 +217,10 @@ async def test_each_job_of_a_run_has_its_own_spool_metrics_and_summary(tmp_path:
     report = (await session.status_report()).to_dict()
     assert report["job"]["submission_id"] == two.submission_id and report["job"]["number"] == 2
     assert report["last_metric"]["step"] == 5 and report["summary"]["steps"] == 5
-    assert two.telemetry is not None and two.telemetry["metrics"]["latest"]["step"] == 5
-    assert one.telemetry is not None and one.telemetry["metrics"]["latest"]["step"] == 20
+    assert two.telemetry is not None and two.telemetry.metrics.latest is not None
+    assert two.telemetry.metrics.latest.step == 5
+    assert one.telemetry is not None and one.telemetry.metrics.latest is not None
+    assert one.telemetry.metrics.latest.step == 20
     latest = session.telemetry(one).series.latest
     assert latest is not None and latest.step == 20
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from backend.config import RunConfig
 from backend.errors import OperationError
 from backend.layers import local_cluster as lc
 from backend.ledger import ResourceStatus
@@ -84,7 +85,7 @@ def test_only_processes_holding_that_exact_dir_are_ours(cluster: lc.ClusterDir) 
 
 def test_down_never_touches_a_recorded_dir_without_the_marker(isolated_env: Path) -> None:
     store = RunStore()
-    record = store.create(target="local", cluster_name="rtui-ray", config={})
+    record = store.create(RunConfig())
     decoy = lc.ROOT / f"rtui-{record.run_id}-dead"
     decoy.mkdir(mode=0o700)
     try:

@@ -51,7 +51,7 @@ def test_a_cluster_left_idle_stops_keeps_its_dir_and_says_why() -> None:
     marker = json.loads((path / MARKER).read_text())
     assert marker["stopped_while_idle"]["idle_s"] == 6
     record = RunStore().load(run_id)
-    assert record.facts["stopped_while_idle"]["dir"] == str(path)
+    assert record.facts.stopped_while_idle is not None and record.facts.stopped_while_idle.dir == str(path)
     assert record.resources["local.ray-head"].id == str(path)
     assert [c.path for c in find_clusters(run_id=run_id)] == [path]
     assert all(node_procs(c).head is None for c in find_clusters(run_id=run_id))

@@ -13,6 +13,7 @@ from textual import work
 from textual.app import SystemCommand
 
 from backend.ledger import ResourceStatus
+from backend.model import Action, Change, Plan
 from backend.session import RunSession
 from backend.store import RunStatus
 from screens.confirm import ConfirmTeardown, PickRun
@@ -26,12 +27,14 @@ def with_resources(session: RunSession) -> RunSession:
     """A run that made two priced resources an hour ago (as an aws apply records them)."""
     session.store.save(session.record)
     ledger = session.ctx.ledger
-    ledger.set("aws.nodegroup.gpu", "aws-nodegroup", ResourceStatus.READY, id="c/gpu")
-    ledger.set("aws.vpc", "aws-vpc", ResourceStatus.READY, id="vpc-1")
+    ledger.set("aws.nodegroup.gpu", "aws-nodegroup", ResourceStatus.READY, layer="aws", id="c/gpu")
+    ledger.set("aws.vpc", "aws-vpc", ResourceStatus.READY, layer="aws", id="vpc-1")
     for entry in session.record.resources.values():
         entry.created_at = time.time() - 3600
-    session.record.plan = {"target": "aws", "changes": [
-        {"address": "aws.nodegroup.gpu", "cost_per_hour": 9.2032}, {"address": "aws.vpc", "cost_per_hour": 0}]}
+    session.record.plan = Plan(target="aws", changes=[
+        Change(address="aws.nodegroup.gpu", layer="aws", kind="aws-nodegroup", action=Action.CREATE,
+               cost_per_hour=9.2032),
+        Change(address="aws.vpc", layer="aws", kind="aws-vpc", action=Action.CREATE, cost_per_hour=0)])
     session.record.status = RunStatus.UP
     session.store.save(session.record)
     return session
@@ -63,7 +66,7 @@ async def test_teardown_from_the_first_screen_lists_what_goes_and_its_cost(isola
         modal = app.screen
         assert isinstance(modal, ConfirmTeardown)
         text = "\n".join(modal.details)
-        assert "aws: nodegroup.gpu, vpc" in text
+        assert "aws: aws.nodegroup.gpu, aws.vpc" in text  # grouped by the layer each resource records
         assert "$9.20/hour now ($9.20 so far)" in text
         await pilot.press("escape")
         await pilot.pause(0.1)

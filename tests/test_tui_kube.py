@@ -104,7 +104,9 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeWorld
 
 
 def steps(app: RtuiApp) -> dict[str, tuple[str, str, str | None]]:
-    return {k: (v.status.value, v.message, v.error) for k, v in app.session.record.steps.items()}
+    record = app.session.record
+    return {f"{phase}{k}": (v.status.value, v.message, v.error)
+            for phase, states in (("", record.steps), ("teardown ", record.teardown_steps)) for k, v in states.items()}
 
 
 def target_screen(app: RtuiApp) -> TargetScreen | None:
@@ -194,7 +196,7 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
         shown = str(run.query_one("#job-status", Static).render())
         assert "GPU nodes 2/2, workers 2/2" in shown, shown
         record = app.session.record
-        assert RunStore().load(record.run_id).config["context"] == SECOND
+        assert RunStore().load(record.run_id).config.context == SECOND
 
         await pilot.press("D")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the confirm modal")

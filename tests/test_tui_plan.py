@@ -234,7 +234,7 @@ async def test_apply_is_not_offered_until_the_plan_is_made(isolated_env: Path) -
         return plan
 
     app = PlanApp(session)
-    session.plan = slow_plan  # type: ignore[method-assign]
+    session.plan = slow_plan
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen), 5, "the plan screen")
         await pilot.pause(0.1)

@@ -53,7 +53,7 @@ from backend.layers.kubernetes.handlers import NAMESPACE, OPERATOR, PREPULL, RAY
 from backend.layers.kubernetes.raycluster import RayClusterHandler, WorkersHandler
 from backend.layers.ray_job import JOB, JobHandler
 from backend.ledger import BILLING, ResourceRecord, ResourceStatus
-from backend.model import Action, EventKind, StepEvent
+from backend.model import Action, Change, EventKind, Plan, StepEvent
 from backend.runner import Progress, Step
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
@@ -163,8 +163,8 @@ class FailedApplyApp(RtuiApp):
 
 
 def _made(kind: str, rid: str, at: float, status: ResourceStatus = ResourceStatus.READY,
-          outputs: dict[str, Any] | None = None) -> ResourceRecord:
-    return ResourceRecord(kind=kind, id=rid, status=status, created_at=T0 + at, updated_at=T0 + at,
+          outputs: dict[str, Any] | None = None, layer: str = "aws") -> ResourceRecord:
+    return ResourceRecord(kind=kind, layer=layer, id=rid, status=status, created_at=T0 + at, updated_at=T0 + at,
                           outputs=outputs or {})
 
 
@@ -200,17 +200,15 @@ def failed_apply_session() -> RunSession:
         # billing nothing (no instance was launched), as the nodegroup handler leaves it.
         GPU_NODES: _made("aws-nodegroup", f"rtui-ray/{GPU_GROUP}", 612.0, ResourceStatus.CREATING,
                          outputs={BILLING: False}),
-        NAMESPACE: _made("k8s-namespace", "Namespace/rtui", 615.0),
-        OPERATOR: _made("kuberay-operator", "Deployment/kuberay-operator", 801.8),
-        PREPULL: _made("k8s-image-prepull", "DaemonSet/rtui/rtui-ray-prepull", 615.0),
-        RAYCLUSTER: _made("raycluster", "RayCluster/rtui/rtui-ray", 813.1),
+        NAMESPACE: _made("k8s-namespace", "Namespace/rtui", 615.0, layer="kubernetes"),
+        OPERATOR: _made("kuberay-operator", "Deployment/kuberay-operator", 801.8, layer="kubernetes"),
+        PREPULL: _made("k8s-image-prepull", "DaemonSet/rtui/rtui-ray-prepull", 615.0, layer="kubernetes"),
+        RAYCLUSTER: _made("raycluster", "RayCluster/rtui/rtui-ray", 813.1, layer="kubernetes"),
     }
-    record.plan = {"target": "aws", "changes": [
-        {"address": EKS_CLUSTER, "action": "create", "cost_per_hour": 0.10},
-        {"address": NAT, "action": "create", "cost_per_hour": 0.05},
-        {"address": SYSTEM_NODES, "action": "create", "cost_per_hour": 0.2016},
-        {"address": GPU_NODES, "action": "create", "cost_per_hour": 9.2032},
-    ]}
+    record.plan = Plan(target="aws", changes=[
+        Change(address=address, layer="aws", kind=record.resources[address].kind, action=Action.CREATE,
+               cost_per_hour=cost)
+        for address, cost in ((EKS_CLUSTER, 0.10), (NAT, 0.05), (SYSTEM_NODES, 0.2016), (GPU_NODES, 9.2032))])
     return session
 
 
@@ -246,7 +244,7 @@ def test_teardown_modal_snapshot(snap_compare: SnapCompare, size: tuple[int, int
         modal = pilot.app.screen
         assert isinstance(modal, ConfirmTeardown)
         details = modal.details
-        assert details[0].startswith("aws: vpc, ") and details[1].startswith("k8s: namespace, ")
+        assert details[0].startswith("aws: aws.vpc, ") and details[1].startswith("kubernetes: k8s.namespace, ")
         assert details[-1] == "These cost $0.35/hour now ($0.32 so far)."
 
     assert snap_compare(FailedApplyApp(failed_apply_session(), clock=lambda: NOW), run_before=teardown,

@@ -65,7 +65,7 @@ class RtuiApp(App[None]):
     def _set_subtitle(self) -> None:
         s = self.session
         down = " · down" if s.record.status is RunStatus.DOWN else ""
-        if not down and s.record.facts.get("stopped_while_idle"):
+        if not down and s.record.facts.stopped_while_idle is not None:
             down = " · stopped while idle"
         # On kube, which cluster: the context the kubeconfig names (or its current one).
         where = f" @ {s.config.context}" if s.config.target == "kube" and s.config.context else ""
@@ -133,7 +133,7 @@ class RtuiApp(App[None]):
             return
         self.release()  # a lock is the old session's (a failed apply that created nothing)
         config = old.config.model_copy(update=update)
-        old.record.config = config.model_dump(mode="json")
+        old.record.use_config(config)
         self._replace_session(RunSession(old.store, old.record, config))
         self._set_subtitle()
         from screens.target import TargetScreen
@@ -258,8 +258,7 @@ class RtuiApp(App[None]):
         """After a teardown, going back starts a new run of the same config (never re-applies a dead one)."""
         old = self.session
         self.release()
-        record = old.store.new(target=old.config.target, cluster_name=old.config.cluster_name,
-                               config=old.config.model_dump(mode="json"))
+        record = old.store.new(old.config)
         self._replace_session(RunSession(old.store, record, old.config))
         self._set_subtitle()
         from screens.target import TargetScreen
@@ -421,11 +420,10 @@ def teardown_summary(session: RunSession, *, now: float | None = None) -> list[s
     (and has cost up to ``now``, the wall clock unless given)."""
     from backend.session import cost_meter
 
-    live = [(address, r) for address, r in session.record.resources.items() if r.live]
     by_layer: dict[str, list[str]] = {}
-    for address, _record in live:
-        layer = address.split(".", 1)[0]
-        by_layer.setdefault(layer, []).append(address.split(".", 1)[1] if "." in address else address)
+    for address, entry in session.record.resources.items():
+        if entry.live:
+            by_layer.setdefault(entry.layer or "other", []).append(address)
     lines = [f"{layer}: {', '.join(names[:6])}" + (f" +{len(names) - 6} more" if len(names) > 6 else "")
              for layer, names in by_layer.items()]
     cost = cost_meter(session.record, now=now)

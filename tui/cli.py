@@ -213,6 +213,9 @@ def build_parser() -> Parser:
     p.add_argument("--profile", metavar="PROFILE", help="AWS profile (else the usual credential chain)")
     p = add("runs", "list runs")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--set-aside-corrupt", action="store_true",
+                   help="move the run records that cannot be read to the state dir's corrupt/ folder (listing "
+                        "only reports them)")
     p = add("config", "show the effective configuration, or confirm ./rtui.toml")
     p.add_argument("action", choices=["show", "trust"],
                    help="show: every field, its value and where it came from; trust: confirm the fields of "

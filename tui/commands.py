@@ -109,7 +109,6 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
             and session.record.target != wanted["target"]:
         raise UserError(f"run {session.run_id} is on the {session.record.target} target, not {wanted['target']}",
                         remedy=f"drop --target, or see `rtui runs` for the {wanted['target']} runs")
-    # After opening: listing the store sets a corrupt record aside, which would hide it from `open`.
     on_local = wanted.get("target", "local") == "local"
     orphans = [o for o in flows.find_orphans(store, "local") if on_local and (session is None
                                                                                or o.run_id != session.run_id)]
@@ -221,7 +220,11 @@ async def down(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 async def runs(ns: argparse.Namespace, out: TextIO) -> int:
-    records, warnings = RunStore().list()
+    store = RunStore()
+    if ns.set_aside_corrupt:  # the only command that moves a record: listing never does
+        for kept in store.set_aside_corrupt():
+            print(f"rtui: set aside an unreadable run record as {kept}", file=sys.stderr)
+    records, warnings = store.list()
     for warning in warnings:
         print(f"rtui: {warning}", file=sys.stderr)
     rows = [{"run_id": r.run_id, "target": r.target, "cluster_name": r.cluster_name, "status": r.status.value,

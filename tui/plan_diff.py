@@ -106,12 +106,11 @@ def change_lines(change: Change, width: int) -> list[Text]:
     return lines
 
 
-def layer_summary(changes: list[Change]) -> str:
+def layer_summary(changes: list[Change], cost: float) -> str:
     counts = {a: sum(1 for c in changes if c.action is a) for a in Action}
     parts = [f"{n} {VERB[a]}" for a, n in counts.items() if n and a is not Action.NOOP]
     if counts[Action.NOOP]:
         parts.append(f"{counts[Action.NOOP]} unchanged")
-    cost = sum(c.cost_per_hour or 0.0 for c in changes if c.action is not Action.DELETE)
     return ", ".join(parts) + (f" · {money(cost)}/hour" if cost else "")
 
 
@@ -124,7 +123,7 @@ def plan_lines(plan: Plan, width: int, *, show_unchanged: bool = False) -> list[
             lines.append(Text())
         title = LAYER_TITLE.get(layer, "")
         heading = Text.assemble((layer, "bold underline"), (f" — {title}" if title else "", "bold"),
-                                (f"   {layer_summary(changes)}", "dim"))
+                                (f"   {layer_summary(changes, plan.layer_cost_per_hour(layer))}", "dim"))
         lines += hang(heading, 4, width)
         for change in changes:
             if change.action is not Action.NOOP:

@@ -109,7 +109,7 @@ async def test_choosing_another_az_makes_a_session_with_it(world: World) -> None
         assert (chosen[0].region, chosen[0].zone) == ("us-east-1", "us-east-1b")
         await wait_for(pilot, lambda: checked(app) not in (None, first), 30, "the new target screen")
         assert app.session is not session and app.session.config.availability_zone == "us-east-1b"
-        assert app.session.run_id == FIXED_RUN_ID and app.session.record.config["availability_zone"] == "us-east-1b"
+        assert app.session.run_id == FIXED_RUN_ID and app.session.record.config.availability_zone == "us-east-1b"
         assert "@ us-east-1b" in str(app.sub_title)
         highlighted = matrix(app).highlighted_option
         assert highlighted is not None and highlighted.id == "us-east-1/us-east-1b"

@@ -48,8 +48,8 @@ def test_every_image_of_the_plan_is_resolved_to_a_digest_shown_recorded_and_pull
     record = RunStore(world.state).load(run_id)
     assert {a: record.resources[a].outputs.get("digest") for a in ADDONS} == {
         a: world.registry.tags[t] for a, t in ADDONS.items()}
-    assert record.plan is not None and all("@sha256:" in c["after"]["image"] for c in record.plan["changes"]
-                                           if c["address"] in ADDONS)
+    assert record.plan is not None and all("@sha256:" in (c.after or {})["image"] for c in record.plan.changes
+                                           if c.address in ADDONS)
     world.rtui("down", "--yes", timeout=120)
 
 

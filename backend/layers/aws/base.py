@@ -14,6 +14,7 @@ from backend.layers.aws.api import EC2_TOKEN, AwsApi, client_token
 from backend.layers.base import Context, Handler
 from backend.ledger import ResourceStatus
 from backend.model import Action, Observed, Resource
+from backend.record import ReservationFact
 from backend.runner import Progress
 
 LAYER = "aws"
@@ -128,8 +129,8 @@ class NamedReservation:
     kind: str  # "odcr" (targeted) or "capacity-block"
     placement_group: str | None = None  # the cluster placement group its capacity is held in
 
-    def to_fact(self, az: str) -> dict[str, str | None]:
-        return {"az": az, "id": self.id, "kind": self.kind, "placement_group": self.placement_group}
+    def to_fact(self, az: str) -> ReservationFact:
+        return ReservationFact(az=az, id=self.id, kind=self.kind, placement_group=self.placement_group)
 
 
 @dataclass
@@ -218,7 +219,7 @@ def create_token(ctx: Context, address: str, *parts: str, limits: tuple[int, int
     """The idempotency token of one create call of ``address``: the run, the resource, what places it
     (``parts``: an AZ, a placement group) and the attempt, counted in the run record, so a replacement
     or a failover never reuses the token of an earlier request with other parameters."""
-    attempts: dict[str, int] = ctx.record.facts.setdefault("create_attempts", {})
+    attempts = ctx.record.facts.create_attempts
     attempts[address] = attempts.get(address, 0) + 1
     ctx.save()
     return client_token(ctx.record.run_id, address.removeprefix("aws."), *parts, str(attempts[address]),
