@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import targets
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
-from backend.delivery import DataStore, LocalDirStore, local_data_dir, model_summary
+from backend.delivery import DataStore, model_summary
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
@@ -27,30 +28,15 @@ if TYPE_CHECKING:
     from backend.planner import PlanResult, Stack
     from backend.rayjobs import RayJobs
     from backend.telemetry import Telemetry
+    from targets import Target
 
-SUPPORTED_TARGETS = ("local", "aws", "kube")
-
-
-def make_stack(target: str) -> Stack:
-    """The target's layers, bottom up (DESIGN.md §1). Imported here: they stay off the first frame."""
-    from backend.layers.ray_job import RayJobLayer
-    from backend.planner import Stack
-
-    if target == "local":
-        from backend.layers.local_ray import LocalRay
-
-        return Stack("local", [LocalRay(), RayJobLayer()])
-    if target == "kube":
-        from backend.layers.kubernetes.layer import KubernetesLayer
-
-        return Stack("kube", [KubernetesLayer(), RayJobLayer()])
-    if target == "aws":
-        from backend.layers.aws.layer import AwsLayer
-        from backend.layers.kubernetes.layer import KubernetesLayer
-
-        return Stack("aws", [AwsLayer(), KubernetesLayer(), RayJobLayer()])
-    raise UserError(f"the {target} target is not in this version",
-                    remedy="use --target local, or `rtui check --target aws` for AWS feasibility")
+def target_of(name: str) -> Target:
+    """The target called ``name``, or one clear line naming those this rtui knows."""
+    try:
+        return targets.get(name)
+    except KeyError:
+        raise UserError(f"the {name} target is not in this version",
+                        remedy=f"use --target {' or '.join(targets.names())}") from None
 
 
 @dataclass
@@ -99,8 +85,7 @@ class RunSession:
         self.store = store
         self.record = record
         self.config = config
-        if config.target not in SUPPORTED_TARGETS:
-            make_stack(config.target)  # refuse unsupported targets now, with one clear line
+        self.target = target_of(config.target)  # an unknown one is refused now, with one clear line
         self._held: set[str] = set()
         # Where each config value came from (ResolvedConfig.sources); a reopened run's came from its record.
         self.sources: dict[str, str] = {}
@@ -108,7 +93,7 @@ class RunSession:
     @cached_property
     def stack(self) -> Stack:
         # Built on first use: the layers' modules (processes, telemetry) stay off the first frame.
-        return make_stack(self.config.target)
+        return self.target.stack(self.config)
 
     @cached_property
     def ctx(self) -> Context:
@@ -364,9 +349,7 @@ class RunSession:
     def data_store(self) -> DataStore | None:
         """Where this run's checkpoints and model live (local: a 0700 dir under the state dir, kept
         after `down`); None where the target has no store rtui manages yet."""
-        if self.record.target == "local":
-            return LocalDirStore(local_data_dir(self.store.root, self.run_id))
-        return None
+        return target_of(self.record.target).data_store(self.store.root, self.run_id)
 
     async def gpu_fleet(self) -> dict[str, Any] | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:
