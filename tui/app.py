@@ -146,11 +146,10 @@ class RtuiApp(App[None]):
         from screens.target import TargetScreen
 
         target = self.screen
-        region = message.requests[0][0]  # the screen asks for one region's quotas at a time
 
         def answered(yes: bool | None) -> None:
             if yes and isinstance(target, TargetScreen):
-                target.file_quota_increase(region)
+                message.file()  # the screen's panel files them (one region's quotas at a time)
 
         self.push_screen(ConfirmQuotaIncrease(message.requests), answered)
 

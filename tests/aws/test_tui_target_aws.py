@@ -11,6 +11,7 @@ from backend.config import resolve_config
 from backend.session import RunSession
 from screens.quota import ConfirmQuotaIncrease
 from screens.target import TargetScreen
+from targets.aws.panel import MatrixPanel
 from tests.aws.conftest import G, World, image_env
 from tests.pilot_wait import wait_for
 from tui.app import RtuiApp
@@ -53,7 +54,8 @@ async def test_the_matrix_fills_live_shows_why_an_az_is_blocked_and_preselects_t
     async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
         await wait_for(pilot, lambda: checked(app), 30, "the matrix")
         screen = checked(app)
-        assert screen is not None and screen.report is not None  # the typed report, not a list of checks
+        assert screen is not None and isinstance(screen.panel, MatrixPanel)
+        assert screen.panel.report is not None  # the typed report, not a list of checks
         # The region arrived on its own, before the checks finished.
         assert seen.index("RegionsListed") < seen.index("RegionChecked") < seen.index("ChecksFinished")
         snapshot = matrix(app).snapshot
