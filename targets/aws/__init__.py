@@ -38,7 +38,9 @@ class AwsTarget(Target):
         from backend.planner import Stack
 
         below = Below(api_ready=KUBECONFIG, system_nodes=SYSTEM_NODES, gpu_nodes=GPU_NODES,
-                      launch_template=LAUNCH_TEMPLATE)
+                      launch_template=LAUNCH_TEMPLATE,
+                      network_policy="enforced by the VPC CNI's network policy agent (the aws layer installs the "
+                                     "vpc-cni add-on with enableNetworkPolicy on)")
         return Stack(self.name, [AwsLayer(), KubernetesLayer(below), RayJobLayer()])
 
     def defaults(self, config: RunConfig) -> Defaults:

@@ -74,6 +74,13 @@ class Below:
     system_nodes: str | None = None  # the nodes of the operator and the Ray head
     gpu_nodes: str | None = None  # the GPU nodes: the workers and device plugins wait for them; priced
     launch_template: str | None = None  # the GPU nodes' template: its spec's ``efa_interfaces`` per node
+    # What enforces NetworkPolicy on the cluster made below (its CNI, as that layer installs it).
+    network_policy: str | None = None
+
+    @property
+    def makes_cluster(self) -> bool:
+        """Whether the cluster is made below: its nodes are that layer's to check, not this one's."""
+        return self.api_ready is not None
 
 
 class ClusterNotReady(OperationError):
@@ -302,8 +309,8 @@ class KubernetesLayer(Layer):
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         config = ctx.config
-        if config.target == "aws":
-            # The cluster and its nodes are the aws layer's to make; the plan says what its CNI enforces.
+        if self.below.makes_cluster:
+            # The cluster and its nodes are the layer below's to make; the plan says what its CNI enforces.
             return self._token_check(config)
         try:
             api = kube_api(ctx)
@@ -336,13 +343,11 @@ class KubernetesLayer(Layer):
         results.append(await self._policy_check(ctx))
         return results + self._token_check(config)
 
-    @staticmethod
-    async def _policy_check(ctx: Context) -> CheckResult:
+    async def _policy_check(self, ctx: Context) -> CheckResult:
         """Whether the cluster enforces the NetworkPolicy rtui creates (best effort: a known CNI agent)."""
-        if ctx.config.target == "aws":  # the aws layer installs vpc-cni with enableNetworkPolicy on
+        if self.below.network_policy:  # the layer below installs the CNI that enforces it
             return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.OK,
-                               detail="enforced by the VPC CNI's network policy agent (the aws layer installs the "
-                                      "vpc-cni add-on with enableNetworkPolicy on)")
+                               detail=self.below.network_policy)
         try:
             enforcer = policy_enforcer(await kube_api(ctx).list("apps/v1", "DaemonSet"))
         except ClusterNotReady:
