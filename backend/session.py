@@ -125,6 +125,10 @@ class RunSession:
         """
         store = store or RunStore()
         record = store.resolve(run_id)
+        if not targets.known(record.target):  # an installed target whose package has gone since
+            raise OperationError(f"run {record.run_id} is on the {record.target} target, which this rtui does not "
+                                 "have now", remedy=f"install the package that provides the {record.target} target "
+                                                    "again (see `rtui runs`)")
         try:
             config = RunConfig.model_validate(record.config)
         except ValueError as exc:

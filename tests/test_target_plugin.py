@@ -117,11 +117,17 @@ def test_a_fourth_target_is_a_folder_and_an_entry_point(tmp_path: Path) -> None:
     again = run_rtui("plan", "--target", "toy", env=env, check=True)
     assert "0 to create" in again.stdout and "1 unchanged" in again.stdout, again.stdout
 
+    # Without the package its name is unknown again, and its live run says what is missing in one line.
+    without = {"PYTHONPATH": str(REPO)}
+    gone = run_rtui("plan", "--target", "toy", env=without)
+    assert gone.returncode == 2 and "expected one of local, aws, kube" in gone.stderr, gone.stderr
+    for args in (("status",), ("down", "--yes")):
+        orphaned = run_rtui(*args, env=without)
+        assert orphaned.returncode == 1 and orphaned.stderr.count("\n") == 1, orphaned.stderr
+        assert f"run {run_id} is on the toy target" in orphaned.stderr and "Traceback" not in orphaned.stderr
+    assert marker.exists()
+
     run_rtui("down", "--yes", "--target", "toy", env=env, check=True)
     assert not marker.exists()
     status = json.loads(run_rtui("status", "--json", run_id, env=env, check=True).stdout)
     assert status["status"] == "down"
-
-    # Without the package the name is unknown again: nothing of it was left in rtui.
-    gone = run_rtui("plan", "--target", "toy", env={"PYTHONPATH": str(REPO)})
-    assert gone.returncode == 2 and "expected one of local, aws, kube" in gone.stderr, gone.stderr
