@@ -38,6 +38,12 @@ def test_backend_never_imports_the_ui() -> None:
     assert not loaded & {"textual", "tui", "screens"}, loaded & {"textual", "tui", "screens"}
 
 
+def test_targets_keep_textual_in_their_panels() -> None:
+    """A target's package serves the CLI too: only its first-screen panel (``*.panel``) is Textual."""
+    loaded = top_level(imported_after([m for m in modules_of("targets") if not m.endswith(".panel")]))
+    assert not loaded & {"textual", "tui", "screens"}, loaded & {"textual", "tui", "screens"}
+
+
 def test_training_knows_nothing_of_the_rest() -> None:
     light = [m for m in modules_of("training") if m != "training.train"] + ["training.train"]
     loaded = top_level(imported_after(light))
