@@ -81,7 +81,9 @@ class Target(ABC):
     bench_ab_steps: ClassVar[int] = 20
     has_kubernetes: ClassVar[bool] = False  # its stack has Kubernetes objects (`rtui manifest`)
     has_feasibility: ClassVar[bool] = False  # `rtui check` shows a feasibility matrix (``feasibility``)
-    own_fields: ClassVar[frozenset[str]] = frozenset()  # config fields of backend.config.SPECIFIC it reads
+    # The config fields it reads that not every target reads (a field no target claims is every target's):
+    # `rtui config show` lists a target's common fields and its own.
+    own_fields: ClassVar[frozenset[str]] = frozenset()
     # "module:Class" of its first-screen panel (a Textual widget, imported by the screen only), or None.
     panel: ClassVar[str | None] = None
     # What the plan's cost line says when nothing is priced.

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from backend.aws import PreflightReport, QuotaIncreaseRequest
     from backend.aws.report import QuotaStatus, RegionReport
     from backend.layers.aws.layer import AwsLayer
-    from tui.matrix import FeasibilityPanel
+    from targets.aws.matrix import FeasibilityPanel
 
 # Checks whose failure leaves the matrix empty: the matrix box says them, with their remedy.
 MATRIX_FAILURES = frozenset({"aws.preflight", "aws.azs"})
@@ -50,14 +50,14 @@ class MatrixPanel(TargetPanel):
     all_regions = False
 
     def above(self) -> Iterable[Widget]:
-        from tui.matrix import FeasibilityPanel
+        from targets.aws.matrix import FeasibilityPanel
 
         cfg = self.screen.session.config
         yield FeasibilityPanel(gpus=f"{cfg.gpu_node_count} × {cfg.gpu_node_type}", region=cfg.region,
                                chosen=(cfg.region, cfg.availability_zone) if cfg.availability_zone else None)
 
     def feasibility(self) -> FeasibilityPanel:
-        from tui.matrix import FeasibilityPanel
+        from targets.aws.matrix import FeasibilityPanel
 
         return self.screen.query_one(FeasibilityPanel)
 

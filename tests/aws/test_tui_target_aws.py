@@ -11,11 +11,11 @@ from backend.config import resolve_config
 from backend.session import RunSession
 from screens.quota import ConfirmQuotaIncrease
 from screens.target import TargetScreen
+from targets.aws.matrix import AzMatrix, FeasibilityPanel
 from targets.aws.panel import MatrixPanel
 from tests.aws.conftest import G, World, image_env
 from tests.pilot_wait import wait_for
 from tui.app import RtuiApp
-from tui.matrix import AzMatrix, FeasibilityPanel
 
 FIXED_RUN_ID = "r20260101-000000-a2a2"
 
@@ -195,7 +195,7 @@ async def test_the_matrix_heading_is_inside_its_box_and_the_config_fits_or_scrol
     configuration panel is whole on screen or scrolls inside itself."""
     from textual.containers import ScrollableContainer
 
-    from tui.matrix import FeasibilityPanel
+    from targets.aws.matrix import FeasibilityPanel
 
     for size in ((120, 40), (80, 24)):
         app = RtuiApp(aws_session())
