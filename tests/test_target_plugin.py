@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from backend.config import RunConfig
+import pytest
+
+import targets
+from backend import flows
+from backend.config import RunConfig, resolve_config
+from backend.errors import NoCapacity
 from backend.layers.base import Context, Handler, Layer
 from backend.ledger import ResourceStatus
-from backend.model import Observed, Resource
+from backend.model import EventKind, Observed, Resource
 from backend.planner import Stack
 from backend.runner import Progress
+from backend.session import RunSession
 from targets import Defaults, Target
 from tests.conftest import REPO, run_rtui
 
@@ -131,3 +137,85 @@ def test_a_fourth_target_is_a_folder_and_an_entry_point(tmp_path: Path) -> None:
     assert not marker.exists()
     status = json.loads(run_rtui("status", "--json", run_id, env=env, check=True).stdout)
     assert status["status"] == "down"
+
+
+# --- a target's own failover policy, caught by the error's type --------------------------------------
+FULL_ZONES = {"zone-a"}
+
+
+class ZonedMarkerHandler(MarkerHandler):
+    kind = "toy-zoned-marker"
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        zone = want.spec["zone"]
+        if zone in FULL_ZONES:  # what a provider says when it has no machines there
+            raise NoCapacity(f"no room for the marker in {zone}", az=zone, code="ToyFull")
+        async for p in super().create(ctx, want):
+            yield p
+
+
+class ZonedMarkerLayer(MarkerLayer):
+    _handlers: ClassVar[dict[str, Handler]] = {ZonedMarkerHandler.kind: ZonedMarkerHandler()}
+
+    def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
+        zone = ctx.record.facts.get("zone", "zone-a")
+        path = world() / f"{ctx.config.cluster_name}.marker"
+        return [Resource(address=MARKER, layer=self.name, kind=ZonedMarkerHandler.kind,
+                         spec={"path": str(path), "zone": zone})]
+
+
+class ZonedToyTarget(ToyTarget):
+    name = "zonedtoy"
+
+    def stack(self, config: RunConfig) -> Stack:
+        return Stack(self.name, [ZonedMarkerLayer()])
+
+    def fail_over(self, session: RunSession, error: NoCapacity) -> str | None:
+        session.record.facts["zone"] = "zone-b"
+        session.store.save(session.record)
+        return f"{error.code} in {error.az}: the marker moves to zone-b"
+
+
+@pytest.fixture
+def zoned_toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The zoned toy registered in this process, as a built-in line would register it."""
+    monkeypatch.setitem(targets.BUILTIN, ZonedToyTarget.name, f"{__name__}:ZonedToyTarget")
+    monkeypatch.setenv("TOY_WORLD", str(tmp_path))
+    targets.get.cache_clear()
+    yield tmp_path
+    targets.get.cache_clear()
+
+
+async def test_no_capacity_is_caught_by_type_and_the_target_fails_over(zoned_toy: Path) -> None:
+    session = RunSession.for_config(resolve_config({"target": ZonedToyTarget.name}))
+    events = [e async for e in flows.up(session, az_failover=True)]
+    failed = [e for e in events if e.kind is EventKind.FAILED and e.step == MARKER]
+    assert len(failed) == 1 and isinstance(failed[0].error, NoCapacity) and failed[0].error.az == "zone-a"
+    assert "error" not in failed[0].model_dump(mode="json")  # the error object is never written anywhere
+    moved = [e.data["failover"] for e in events if "failover" in e.data]
+    assert moved == ["ToyFull in zone-a: the marker moves to zone-b"]
+    assert events[-1].kind is EventKind.DONE
+    assert (zoned_toy / "rtui-ray.marker").read_text().strip() == session.run_id
+    assert session.record.resources[MARKER].status is ResourceStatus.READY
+
+
+async def test_a_message_that_names_no_capacity_is_not_a_capacity_failure(zoned_toy: Path) -> None:
+    """Only the type counts: a failure whose text merely names a capacity code does not move anything."""
+    FULL_ZONES.clear()
+    try:
+        session = RunSession.for_config(resolve_config({"target": ZonedToyTarget.name}))
+
+        async def refuse(ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+            from backend.errors import OperationError
+
+            raise OperationError("InsufficientInstanceCapacity was in the text of an unrelated failure")
+            yield Progress("never")
+
+        handler = session.stack.layers[0].handlers[ZonedMarkerHandler.kind]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(handler, "create", refuse)
+            events = [e async for e in flows.up(session, az_failover=True)]
+        assert not [e for e in events if "failover" in e.data] and events[-1].kind is EventKind.FAILED
+        assert "zone" not in session.record.facts
+    finally:
+        FULL_ZONES.add("zone-a")
