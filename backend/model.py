@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backend.errors import RtuiError
+
 
 class CheckStatus(StrEnum):
     OK = "ok"
@@ -171,7 +173,7 @@ TERMINAL_EVENTS = frozenset({EventKind.DONE, EventKind.FAILED, EventKind.SKIPPED
 class StepEvent(BaseModel):
     """Something that happened to one step. The runner emits these; the UI renders them."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     step: str
     kind: EventKind
@@ -182,6 +184,8 @@ class StepEvent(BaseModel):
     attempt: int = 1
     ts: float = Field(default_factory=time.time)
     data: dict[str, Any] = Field(default_factory=dict)
+    # A failure's own error, to catch by type (a NoCapacity a target can fail over); never serialised.
+    error: RtuiError | None = Field(default=None, exclude=True, repr=False)
 
 
 @dataclass(frozen=True)

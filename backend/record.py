@@ -181,6 +181,8 @@ class RunFacts(BaseModel):
     reservation: ReservationFact | None = None
     failed_azs: list[str] = Field(default_factory=list)
     az_moves: list[AzMove] = Field(default_factory=list)
+    # An installed target's own facts (targets outside this package: their keys are theirs to name).
+    target_facts: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 class JobRecord(BaseModel):
@@ -237,8 +239,12 @@ class RunRecord(BaseModel):
         try:
             RunConfig.model_validate(written)
         except ValidationError as exc:
-            fallback = {"target": data.get("target"), "cluster_name": data.get("cluster_name")}
-            return {**data, "config": fallback, "rejected_config": {"written": written, "reason": _first_error(exc)}}
+            fallback: dict[str, Any] = {"target": data.get("target"), "cluster_name": data.get("cluster_name")}
+            try:
+                config = RunConfig.model_validate(fallback)
+            except ValidationError:  # its target is not installed now: kept unchecked, so the run is still
+                config = RunConfig.model_construct(**fallback)  # listed and refused in one line when opened
+            return {**data, "config": config, "rejected_config": {"written": written, "reason": _first_error(exc)}}
         return data
 
     def use_config(self, config: RunConfig) -> None:

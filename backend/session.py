@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import targets
 from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
-from backend.delivery import DataStore, data_store_for, local_data_dir, model_summary
+from backend.delivery import DataStore, data_store_for, model_summary
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
@@ -29,30 +30,15 @@ if TYPE_CHECKING:
     from backend.rayjobs import RayJobs
     from backend.runner import Step
     from backend.telemetry import Telemetry
+    from targets import Target
 
-SUPPORTED_TARGETS = ("local", "aws", "kube")
-
-
-def make_stack(target: str) -> Stack:
-    """The target's layers, bottom up (DESIGN.md §1). Imported here: they stay off the first frame."""
-    from backend.layers.ray_job import RayJobLayer
-    from backend.planner import Stack
-
-    if target == "local":
-        from backend.layers.local_ray import LocalRay
-
-        return Stack("local", [LocalRay(), RayJobLayer()])
-    if target == "kube":
-        from backend.layers.kubernetes.layer import KubernetesLayer
-
-        return Stack("kube", [KubernetesLayer(), RayJobLayer()])
-    if target == "aws":
-        from backend.layers.aws.layer import AwsLayer
-        from backend.layers.kubernetes.layer import KubernetesLayer
-
-        return Stack("aws", [AwsLayer(), KubernetesLayer(), RayJobLayer()])
-    raise UserError(f"the {target} target is not in this version",
-                    remedy="use --target local, or `rtui check --target aws` for AWS feasibility")
+def target_of(name: str) -> Target:
+    """The target called ``name``, or one clear line naming those this rtui knows."""
+    try:
+        return targets.get(name)
+    except KeyError:
+        raise UserError(f"the {name} target is not in this version",
+                        remedy=f"use --target {' or '.join(targets.names())}") from None
 
 
 @dataclass
@@ -110,8 +96,7 @@ class RunSession:
         self.record = record
         self.config = config
         self.clients = Clients()
-        if config.target not in SUPPORTED_TARGETS:
-            make_stack(config.target)  # refuse unsupported targets now, with one clear line
+        self.target = target_of(config.target)  # an unknown one is refused now, with one clear line
         self._held: set[str] = set()
         # Where each config value came from (ResolvedConfig.sources); a reopened run's came from its record.
         self.sources: dict[str, str] = {}
@@ -119,7 +104,7 @@ class RunSession:
     @cached_property
     def stack(self) -> Stack:
         # Built on first use: the layers' modules (processes, telemetry) stay off the first frame.
-        return make_stack(self.config.target)
+        return self.target.stack(self.config)
 
     @cached_property
     def ctx(self) -> Context:
@@ -165,6 +150,10 @@ class RunSession:
         """
         store = store or RunStore()
         record = store.resolve(run_id)
+        if not targets.known(record.target):  # an installed target whose package has gone since
+            raise OperationError(f"run {record.run_id} is on the {record.target} target, which this rtui does not "
+                                 "have now", remedy=f"install the package that provides the {record.target} target "
+                                                    "again (see `rtui runs`)")
         rejected = record.rejected_config
         if rejected is not None and not lenient:
             raise OperationError(f"run {record.run_id} has a config this rtui cannot use ({rejected.reason})",
@@ -383,10 +372,11 @@ class RunSession:
 
     def data_store(self) -> DataStore | None:
         """Where this run's checkpoints and model live: its own prefix under ``--storage-path`` when
-        one is given, else (local) a 0700 dir under the state dir, kept after `down`; None where
-        the target keeps nothing rtui can reach."""
-        local = local_data_dir(self.store.root, self.run_id) if self.record.target == "local" else None
-        return data_store_for(self.config.storage_path, self.run_id, local_default=local, profile=self.config.profile)
+        one is given, else the target's own place (local: a 0700 dir under the state dir, kept after
+        `down`); None where the target keeps nothing rtui can reach."""
+        if not self.config.storage_path:
+            return self.target.data_store(self.store.root, self.run_id)
+        return data_store_for(self.config.storage_path, self.run_id, local_default=None, profile=self.config.profile)
 
     async def gpu_fleet(self) -> dict[str, Any] | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:

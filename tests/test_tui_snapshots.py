@@ -47,7 +47,7 @@ from backend.layers.aws.base import (
 from backend.layers.aws.cluster import EksClusterHandler
 from backend.layers.aws.iam import RoleHandler
 from backend.layers.aws.network import VpcHandler
-from backend.layers.aws.nodes import NodegroupHandler
+from backend.layers.aws.nodes import CapacityError, NodegroupHandler
 from backend.layers.base import Handler
 from backend.layers.kubernetes.handlers import NAMESPACE, OPERATOR, PREPULL, RAYCLUSTER, WORKERS
 from backend.layers.kubernetes.raycluster import RayClusterHandler, WorkersHandler
@@ -138,7 +138,8 @@ FAILED_APPLY = [
     _event(RAYCLUSTER, P, 838.5, "head ready", fraction=1.0),
     _event(RAYCLUSTER, D, 838.5),
     _event(GPU_NODES, P, 852.0, "nodegroup creating (taking longer than the usual 4 min)", fraction=0.95),
-    _event(GPU_NODES, EventKind.FAILED, 918.6, CAPACITY_CAUSE, cause=CAPACITY_CAUSE, remedy=CAPACITY_REMEDY),
+    _event(GPU_NODES, EventKind.FAILED, 918.6, CAPACITY_CAUSE, cause=CAPACITY_CAUSE, remedy=CAPACITY_REMEDY,
+           error=CapacityError(CAPACITY_CAUSE, az="us-east-1a", remedy=CAPACITY_REMEDY)),
     _event(WORKERS, EventKind.CANCELLED, 918.6, f"needs {GPU_NODES}, which did not finish",
            cause=f"needs {GPU_NODES}, which did not finish"),
     # JOB: never reached (the runner stopped before it; no event, its pane stays pending).
@@ -227,7 +228,7 @@ def test_failed_gpu_nodegroup_snapshot(snap_compare: SnapCompare, size: tuple[in
         assert {pane.step_id: pane.status for pane in screen.query(StepPane)} == {
             VPC: "done", CLUSTER_ROLE: "done", EKS_CLUSTER: "done", SYSTEM_NODES: "done", GPU_NODES: "failed",
             RAYCLUSTER: "done", WORKERS: "cancelled", JOB: "pending"}
-        assert screen.no_capacity is not None and screen.no_capacity.step == GPU_NODES
+        assert screen.no_capacity is not None and screen.no_capacity.az == "us-east-1a"
         assert screen.check_action("fail_over", ()) is True and screen.check_action("retry", ()) is True
         assert "m moves them" in str(screen.query_one("#outcome").render())
 

@@ -67,10 +67,8 @@ class RtuiApp(App[None]):
         down = " · down" if s.record.status is RunStatus.DOWN else ""
         if not down and s.record.facts.stopped_while_idle is not None:
             down = " · stopped while idle"
-        # On kube, which cluster: the context the kubeconfig names (or its current one).
-        where = f" @ {s.config.context}" if s.config.target == "kube" and s.config.context else ""
-        if s.config.target == "aws":  # and where: the AZ once chosen, else the region
-            where = f" @ {s.config.availability_zone or s.config.region}"
+        where = s.target.where(s.config)  # which cluster: a kube context, an aws AZ (or region)
+        where = f" @ {where}" if where else ""
         self.sub_title = f"{s.config.target}{where} · {s.config.cluster_name} · run {s.run_id}{down}"
 
     # --- routing -----------------------------------------------------------------------
@@ -148,11 +146,10 @@ class RtuiApp(App[None]):
         from screens.target import TargetScreen
 
         target = self.screen
-        region = message.requests[0][0]  # the screen asks for one region's quotas at a time
 
         def answered(yes: bool | None) -> None:
             if yes and isinstance(target, TargetScreen):
-                target.file_quota_increase(region)
+                message.file()  # the screen's panel files them (one region's quotas at a time)
 
         self.push_screen(ConfirmQuotaIncrease(message.requests), answered)
 
@@ -165,7 +162,7 @@ class RtuiApp(App[None]):
         if self.read_only:
             return
         plan = message.plan
-        costs_money = self.session.config.target == "aws" or plan.cost_per_hour > 0
+        costs_money = self.session.target.costs_money or plan.cost_per_hour > 0
         if plan.is_noop or not costs_money:
             self._apply(plan)
             return

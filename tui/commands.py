@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+import targets
 from backend import flows
 from backend.errors import UserError
 from backend.follow import JobUpdate
@@ -109,9 +110,8 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
             and session.record.target != wanted["target"]:
         raise UserError(f"run {session.run_id} is on the {session.record.target} target, not {wanted['target']}",
                         remedy=f"drop --target, or see `rtui runs` for the {wanted['target']} runs")
-    on_local = wanted.get("target", "local") == "local"
-    orphans = [o for o in flows.find_orphans(store, "local") if on_local and (session is None
-                                                                               or o.run_id != session.run_id)]
+    shown_target = wanted.get("target", targets.DEFAULT)
+    orphans = [o for o in flows.find_orphans(store, shown_target) if session is None or o.run_id != session.run_id]
     if missing is not None and not orphans:
         raise missing
     if session is not None:
@@ -119,7 +119,8 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
             data: dict[str, Any] | None = (await session.status_report()).to_dict()
     else:
         data = None
-    kept = [k for k in flows.kept_data(store) if on_local and (session is None or k.run_id != session.run_id)]
+    keeps_data = targets.get(shown_target).data_store(store.root, "") is not None  # data dirs on this machine
+    kept = [k for k in flows.kept_data(store) if keeps_data and (session is None or k.run_id != session.run_id)]
     if ns.json:
         _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans],
                          "kept_data": [k.to_dict() for k in kept]})
@@ -195,8 +196,8 @@ async def down(ns: argparse.Namespace, out: TextIO) -> int:
     by_cluster = any(resolved.sources.get(f) in ("flag", "env") for f in ("target", "cluster_name"))
     store = RunStore()
     session = flows.session_for_down(store, ns.run_id, resolved.config, by_cluster=by_cluster)
-    if session is None and resolved.config.target == "aws":
-        session = await flows.aws_orphan(store, resolved.config)
+    if session is None:
+        session = await flows.tagged_orphan(store, resolved.config)
     if session is None:
         out.write(f"nothing of cluster {resolved.config.cluster_name} is running on the "
                   f"{resolved.config.target} target\n")

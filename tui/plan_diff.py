@@ -14,6 +14,7 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.widgets import Static
 
+import targets
 from backend.model import Action, Change, Plan
 
 ACTION_STYLE = {Action.CREATE: "green", Action.UPDATE: "yellow", Action.REPLACE: "magenta", Action.DELETE: "red",
@@ -159,7 +160,7 @@ def summary_lines(plan: Plan, width: int) -> list[Text]:
                       f"{counts['noop']} unchanged.", style="bold"), 6, width)
     cost = plan.cost_per_hour
     cost_text = Text.assemble(("Cost: ", "bold"), f"{money(cost)}/hour while up" if cost else
-                              ("free (local)" if plan.target == "local" else "nothing priced"))
+                              targets.get(plan.target).unpriced)
     if cost:
         for usage in plan.usage_costs:
             cost_text.append(f", {usage}")

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+import targets
 from backend.delivery import check_storage_writable
 from backend.errors import OperationError, UserError
 from backend.hub import Revision, resolve_revision
@@ -110,7 +111,8 @@ class RayJobLayer(Layer):
         """The hub commit the job loads, asked at plan time (none for a local model directory)."""
         config = ctx.config
         model_id = config.effective_model_id()
-        if config.target == "local" or model_id is None or (model_id, config.model_revision) in self._revisions:
+        known = (model_id, config.model_revision) in self._revisions
+        if targets.get(config.target).offline or model_id is None or known:
             return
         if Path(model_id).expanduser().is_dir():
             if config.model_revision:
@@ -137,7 +139,7 @@ class RayJobLayer(Layer):
         if ctx.config.storage_path:  # where checkpoints and the model go: a write the run can make?
             results.append(await asyncio.to_thread(
                 check_storage_writable, ctx.config.storage_path,
-                profile=ctx.config.profile if ctx.config.target == "aws" else None, run_id=ctx.record.run_id))
+                profile=targets.get(ctx.config.target).storage_profile(ctx.config), run_id=ctx.record.run_id))
         names = ctx.config.job_env_names()
         if not names:
             return results

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.model import EventKind, StepEvent
+from backend.layers.aws.nodes import CapacityError
 from screens.plan import PlanScreen
 from screens.provision import ProvisionScreen
 from tests.aws.conftest import World
@@ -18,7 +18,7 @@ async def test_no_capacity_offers_the_move_and_the_plan_moves_the_gpu_nodes(worl
     await session.plan()
     first = session.record.facts.gpu_az or gpu_az(session)
     cause = f"nodegroup g: InsufficientInstanceCapacity in {first} (AsgInstanceLaunchFailures)"
-    failed = StepEvent(step="aws.nodegroup.gpu", kind=EventKind.FAILED, cause=cause, message="no capacity")
+    failed = CapacityError(cause, az=first)
     app = RtuiApp(session)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")

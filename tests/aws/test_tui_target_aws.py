@@ -11,11 +11,12 @@ from backend.config import resolve_config
 from backend.session import RunSession
 from screens.quota import ConfirmQuotaIncrease
 from screens.target import TargetScreen
+from targets.aws.matrix import AzMatrix, FeasibilityPanel
+from targets.aws.panel import MatrixPanel
 from tests.aws.conftest import G, World, image_env
 from tests.pilot_wait import wait_for
 from tests.snap import SnapCompare
 from tui.app import RtuiApp
-from tui.matrix import AzMatrix, FeasibilityPanel
 
 FIXED_RUN_ID = "r20260101-000000-a2a2"
 
@@ -54,7 +55,8 @@ async def test_the_matrix_fills_live_shows_why_an_az_is_blocked_and_preselects_t
     async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
         await wait_for(pilot, lambda: checked(app), 30, "the matrix")
         screen = checked(app)
-        assert screen is not None and screen.report is not None  # the typed report, not a list of checks
+        assert screen is not None and isinstance(screen.panel, MatrixPanel)
+        assert screen.panel.report is not None  # the typed report, not a list of checks
         # The region arrived on its own, before the checks finished.
         assert seen.index("RegionsListed") < seen.index("RegionChecked") < seen.index("ChecksFinished")
         snapshot = matrix(app).snapshot
@@ -194,7 +196,7 @@ async def test_the_matrix_heading_is_inside_its_box_and_the_config_fits_or_scrol
     configuration panel is whole on screen or scrolls inside itself."""
     from textual.containers import ScrollableContainer
 
-    from tui.matrix import FeasibilityPanel
+    from targets.aws.matrix import FeasibilityPanel
 
     for size in ((120, 40), (80, 24)):
         app = RtuiApp(aws_session())
