@@ -160,5 +160,7 @@ class Retrying:
 
     def reset(self) -> None:
         """A try got through: the next failure starts from the first delay and a full budget."""
+        if not self.failures:
+            return  # cheap enough to call for every line a stream yields
         self.failures = 0
         self.next_delay_s = self.backoff.delay(0, self._rng)
