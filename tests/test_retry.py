@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from backend.retry import Backoff, Retry, Retrying, report_retry, set_step_retry_sink
+from backend.retry import Backoff, Jitter, Retry, Retrying, report_retry, set_step_retry_sink
 from tests.clock import TestClock
 
 
@@ -16,8 +16,8 @@ def test_backoff_grows_by_its_factor_up_to_its_cap() -> None:
 
 
 @pytest.mark.parametrize(("jitter", "low", "high"), [("full", 0.0, 4.0), ("spread", 3.2, 4.8), ("none", 4.0, 4.0)])
-def test_jitter_stays_within_its_bounds_and_spreads(jitter: str, low: float, high: float) -> None:
-    backoff = Backoff(1.0, cap_s=4.0, jitter=jitter)  # type: ignore[arg-type]
+def test_jitter_stays_within_its_bounds_and_spreads(jitter: Jitter, low: float, high: float) -> None:
+    backoff = Backoff(1.0, cap_s=4.0, jitter=jitter)
     rng = random.Random(7)
     delays = [backoff.delay(5, rng) for _ in range(200)]
     assert all(low <= d <= high for d in delays)
