@@ -7,7 +7,6 @@ not have Ray installed.
 
 from __future__ import annotations
 
-import asyncio
 import ssl as ssl_lib
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -17,9 +16,10 @@ from typing import Any
 
 from backend.errors import OperationError, TransientError
 from backend.jobsapi import WS_HEARTBEAT_S, HeaderProvider, JobsApi, SubmitRefused, TokenRefused
+from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
 from backend.store import JobState
 
-RECONNECT_DELAY_S = 1.0
+RECONNECT = Backoff(first_s=1.0, factor=1.0)  # a tail again, or the job's status, every second
 LOG_FETCH_ATTEMPTS = 3
 
 
@@ -58,18 +58,20 @@ class JobStatus:
 class RayJobs:
     """A cluster's jobs. ``headers`` is fixed (the local target's token); ``header_provider``
     is called for every request (a token that expires); ``ssl`` carries a kubeconfig's CA, ``proxy``
-    and ``server_hostname`` its proxy and tls-server-name (``KubeApi.ray_jobs`` fills all three)."""
+    and ``server_hostname`` its proxy and tls-server-name (``KubeApi.ray_jobs`` fills all three);
+    ``clock`` is what its reconnects and waits read and sleep on."""
 
     def __init__(self, address: str, *, headers: Mapping[str, str] | None = None,
                  header_provider: HeaderProvider | None = None, ssl: ssl_lib.SSLContext | None = None,
                  proxy: str | None = None, server_hostname: str | None = None, timeout_s: float = 30.0,
-                 stream_idle_s: float = WS_HEARTBEAT_S) -> None:
+                 stream_idle_s: float = WS_HEARTBEAT_S, clock: Clock = REAL_CLOCK) -> None:
         if headers and header_provider:
             raise ValueError("give either fixed headers or a header provider, not both")
         fixed = dict(headers or {})
         self.api = JobsApi(address, headers=header_provider or (lambda: fixed), ssl=ssl, proxy=proxy,
                            server_hostname=server_hostname, timeout_s=timeout_s, stream_idle_s=stream_idle_s)
         self.address = self.api.base_url
+        self.clock = clock
 
     async def __aenter__(self) -> RayJobs:
         await self.api.__aenter__()
@@ -142,8 +144,9 @@ class RayJobs:
         streamed, taking only what comes after what we hold (``JobsApi.logs_from``).
         """
         held = skip_chars  # characters from the log's start that the caller has
+        reconnects = Retrying(RECONNECT, clock=self.clock)  # no limit: until the job ends
         while True:
-            seen, clean = 0, False
+            seen, clean, dropped = 0, False, ""
             try:
                 async for chunk in self.api.tail(submission_id):
                     start = max(0, held - seen)
@@ -152,9 +155,10 @@ class RayJobs:
                         yield chunk[start:]
                         held = seen
                 clean = True
-            except TransientError:
+            except TransientError as exc:
                 # Dropped (a silent peer is noticed by the heartbeat): the pooled connections beside it
                 # likely went the same way; decide from the job's status below, on fresh ones.
+                dropped = exc.message
                 await self.api.fresh_connections()
             closed_at = time.time()
             status = await self._status_after_drop(submission_id)
@@ -163,34 +167,37 @@ class RayJobs:
                     async for text in self._rest_of_log(submission_id, held):
                         yield text
                 return
-            await asyncio.sleep(RECONNECT_DELAY_S)
+            if dropped:  # a retry, told to the step; a tail the head closed early is only asked again
+                reconnects.failed("log tail dropped", f"the job's log tail dropped ({dropped})")
+            await reconnects.pause()
 
     async def _status_after_drop(self, submission_id: str) -> JobStatus:
         """The job's status, asked again on fresh connections while the way to the head recovers."""
-        for attempt in range(LOG_FETCH_ATTEMPTS):
+        tries = Retrying(RECONNECT, attempts=LOG_FETCH_ATTEMPTS, clock=self.clock)
+        while True:
             try:
                 return await self.status(submission_id)
-            except TransientError:
-                if attempt + 1 == LOG_FETCH_ATTEMPTS:
+            except TransientError as exc:
+                if not tries.failed("Jobs API unreachable", f"the job's status: {exc.message}"):
                     raise
                 await self.api.fresh_connections()
-                await asyncio.sleep(RECONNECT_DELAY_S)
-        raise AssertionError("unreachable")
+                await tries.pause()
 
     async def _rest_of_log(self, submission_id: str, held: int) -> AsyncIterator[str]:
         """The log after its first ``held`` characters, from the full-log endpoint; a read that
         breaks midway is taken up again after what it yielded."""
-        for attempt in range(LOG_FETCH_ATTEMPTS):
+        tries = Retrying(RECONNECT, attempts=LOG_FETCH_ATTEMPTS, clock=self.clock)
+        while True:
             try:
                 async for text in self.api.logs_from(submission_id, held):
                     held += len(text)
                     yield text
                 return
-            except TransientError:
-                if attempt + 1 == LOG_FETCH_ATTEMPTS:
+            except TransientError as exc:
+                if not tries.failed("Jobs API unreachable", f"the job's log: {exc.message}"):
                     raise
                 await self.api.fresh_connections()
-                await asyncio.sleep(RECONNECT_DELAY_S)
+                await tries.pause()
 
 
 def _closed_after_end(status: JobStatus, closed_at: float) -> bool:
@@ -206,17 +213,14 @@ async def submit_when_ready(jobs: RayJobs, *, timeout_s: float = 90.0, first_del
                             **kwargs: Any) -> AsyncIterator[str]:
     """Submit, waiting out a job agent that is not registered yet (``first_delay_s``, doubling up to 5 s,
     between tries); yields progress messages."""
-    started = time.monotonic()
-    delay = first_delay_s
+    tries = Retrying(Backoff(first_delay_s, 2.0, 5.0), deadline_s=timeout_s, clock=jobs.clock)
     while True:
         try:
             await jobs.submit(**kwargs)
             return
         except TransientError as exc:
-            waited = time.monotonic() - started
-            if waited > timeout_s:
-                raise OperationError(f"{exc.message} (still after {waited:.0f}s)",
+            if not tries.failed("job agent not ready", f"submitting the job: {exc.message}"):
+                raise OperationError(f"{exc.message} (still after {tries.elapsed:.0f}s)",
                                      remedy="see the head log in the run's temp dir") from None
-            yield f"waiting for the job agent ({waited:.0f}s)"
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            yield f"waiting for the job agent ({tries.elapsed:.0f}s)"
+            await tries.pause()

@@ -1,6 +1,6 @@
 """The step runner: a dependency DAG of async steps, run as concurrently as allowed.
 
-The runner owns ordering, retries with backoff for transient errors, cancellation
+The runner owns ordering, retries with backoff for transient errors (``backend.retry``), cancellation
 and persistence: it calls ``on_state`` after every transition, so a crash at any
 moment leaves an accurate record behind. Steps know nothing about any of that;
 they yield progress and raise on failure.
@@ -9,14 +9,13 @@ they yield progress and raise on failure.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from backend.errors import RtuiError, TransientError
 from backend.model import EventKind, StepEvent
+from backend.retry import REAL_CLOCK, Backoff, Clock, Retry, Retrying, set_step_retry_sink
 from backend.store import StepState, StepStatus
 
 
@@ -49,19 +48,6 @@ class Step:
 
 StateCallback = Callable[[str, StepState], None]
 
-# Set inside each running step's task: how code deep in a step (an SDK call that retries)
-# reports what the step's own progress cannot, such as one throttled call being tried again.
-_step_retry_sink: contextvars.ContextVar[Callable[[str, str, float], None] | None] = \
-    contextvars.ContextVar("rtui_step_retry_sink", default=None)
-
-
-def report_retry(message: str, cause: str, delay_s: float) -> None:
-    """Tell the running step's watchers that a call inside it is tried again (no-op outside a step)."""
-    sink = _step_retry_sink.get()
-    if sink is not None:
-        sink(message, cause, delay_s)
-
-
 class StepFailed(RtuiError):
     """Raised by ``run_to_completion`` when at least one step failed."""
 
@@ -72,7 +58,7 @@ class Runner:
         steps: Iterable[Step],
         *,
         on_state: StateCallback | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self.steps = list(steps)
         ids = [s.id for s in self.steps]
@@ -86,7 +72,7 @@ class Runner:
         self._check_acyclic()
         self.states: dict[str, StepState] = {s.id: StepState(title=s.title, layer=s.layer) for s in self.steps}
         self._on_state = on_state or (lambda _sid, _st: None)
-        self._sleep = sleep
+        self._clock = clock
         self._queue: asyncio.Queue[StepEvent | None] = asyncio.Queue()
 
     def _check_acyclic(self) -> None:
@@ -128,11 +114,18 @@ class Runner:
             return
         attempt = 0
 
-        def call_retried(message: str, cause: str, delay_s: float) -> None:
-            self._emit(StepEvent(step=step.id, kind=EventKind.RETRYING, message=message, cause=cause,
-                                 attempt=attempt, data={"delay_s": delay_s, "scope": "call"}))
+        def call_retried(retry: Retry) -> None:
+            self._emit(StepEvent(step=step.id, kind=EventKind.RETRYING, message=retry.message, cause=retry.cause,
+                                 attempt=attempt, data={"delay_s": retry.delay_s, "scope": "call"}))
 
-        _step_retry_sink.set(call_retried)  # this task's context only
+        def step_retried(retry: Retry) -> None:
+            self._transition(step.id, message=retry.message)
+            self._emit(StepEvent(step=step.id, kind=EventKind.RETRYING, message=retry.message, cause=retry.cause,
+                                 attempt=attempt, data={"delay_s": retry.delay_s, "scope": "step"}))
+
+        set_step_retry_sink(call_retried)  # this task's context only
+        tries = Retrying(Backoff(step.backoff_s, jitter="spread"), attempts=step.retries + 1, clock=self._clock,
+                         report=step_retried)
         while True:
             attempt += 1
             self._transition(step.id, status=StepStatus.RUNNING, attempts=attempt,
@@ -155,12 +148,7 @@ class Runner:
                 self._emit(StepEvent(step=step.id, kind=EventKind.CANCELLED, message="cancelled", attempt=attempt))
                 raise
             except TransientError as exc:
-                if attempt <= step.retries:
-                    delay = step.backoff_s * (2 ** (attempt - 1)) * (0.8 + 0.4 * random.random())
-                    self._transition(step.id, message=f"retrying in {delay:.1f}s: {exc}")
-                    self._emit(StepEvent(step=step.id, kind=EventKind.RETRYING, message=str(exc),
-                                         cause=exc.message, attempt=attempt, data={"delay_s": delay}))
-                    await self._sleep(delay)
+                if await tries.again(cause=exc.message, message=str(exc)):
                     continue
                 self._fail(step, exc.message, exc.remedy, attempt, exc)
                 return

@@ -26,6 +26,7 @@ from backend.errors import OperationError, TransientError
 from backend.jobsapi import JobsApi
 from backend.rayjobs import RayJobs
 from backend.store import JobState
+from tests.clock import TestClock
 
 KUBE_PREFIX = "/api/v1/namespaces/ns/services/x-head-svc:dashboard/proxy"
 ALREADY = ("Traceback (most recent call last):\n  File \"job_head.py\", line 406, in submit_job\n"
@@ -275,11 +276,13 @@ def test_the_package_name_is_the_one_ray_computes(tmp_path: Path) -> None:
 
 
 async def test_submission_answers_keep_their_meaning(fake: FakeRay) -> None:
-    jobs = RayJobs(fake.url)
+    clock = TestClock()
+    jobs = RayJobs(fake.url, clock=clock)
     fake.submit_answers = [(500, "No available agent to submit job, please try again later.")] * 2 + [(500, ALREADY)]
     waits = [w async for w in rayjobs.submit_when_ready(jobs, first_delay_s=0.01, entrypoint="x", submission_id="j1",
                                                          runtime_env={}, metadata={})]
     assert len(waits) == 2 and "waiting for the job agent" in waits[0] and not fake.submit_answers
+    assert clock.slept == [0.01, 0.02]
 
     fake.submit_answers = [(400, "Traceback (most recent call last):\n  File x\nValueError: bad runtime_env\n")]
     with pytest.raises(OperationError, match="ValueError: bad runtime_env") as info:
@@ -320,9 +323,7 @@ def numbered(n: int) -> str:
     return "".join(f"line {i:06d} of the job log\n" for i in range(n))
 
 
-async def test_follow_survives_dropped_tails_without_a_duplicate_or_a_gap(
-        fake: FakeRay, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rayjobs, "RECONNECT_DELAY_S", 0.0)
+async def test_follow_survives_dropped_tails_without_a_duplicate_or_a_gap(fake: FakeRay) -> None:
     fake.tail_chunk_chars = 1000  # not a multiple of a line: drops land mid-line
     log = numbered(2000)
     job = fake.add_job("j1", log[:20_000])
@@ -339,7 +340,7 @@ async def test_follow_survives_dropped_tails_without_a_duplicate_or_a_gap(
         job.details.update(status="SUCCEEDED", end_time=int((time.time() + 60) * 1000))
 
     finisher = asyncio.create_task(finish())
-    async with RayJobs(fake.url) as jobs:
+    async with RayJobs(fake.url, clock=TestClock()) as jobs:
         got = "".join([c async for c in jobs.follow("j1", skip_chars=3000)])
     await finisher
     tails = [p for m, p, _ in fake.requests if p.endswith("/logs/tail")]
@@ -360,14 +361,13 @@ async def test_a_tail_closed_after_the_end_is_the_whole_log_and_is_not_fetched_a
 async def test_a_dropped_tail_of_a_finished_job_takes_only_the_rest_from_the_full_log(
         fake: FakeRay, monkeypatch: pytest.MonkeyPatch) -> None:
     """Non-ASCII and astral characters count as one character each, as in the tail."""
-    monkeypatch.setattr(rayjobs, "RECONNECT_DELAY_S", 0.0)
     monkeypatch.setattr(jobsapi, "LOGS_READ_BYTES", 7)  # escapes and surrogate pairs cut in two
     log = "".join(f"r\u00e9sum\u00e9 {i} \N{GRINNING FACE} \"q\" \\ tab\t\n" for i in range(300))
     job = fake.add_job("j1", log, status="FAILED")
     job.details["end_time"] = int(time.time() * 1000) - 1000
     fake.tail_chunk_chars = 100
     fake.tail_drops_after = [3, 5]  # both connections drop before the end
-    async with RayJobs(fake.url) as jobs:
+    async with RayJobs(fake.url, clock=TestClock()) as jobs:
         got = [c async for c in jobs.follow("j1", skip_chars=50)]
     assert "".join(got) == log[50:]
     assert len([p for _, p, _ in fake.requests if p.endswith("/logs")]) == 1

@@ -10,6 +10,7 @@ from backend.errors import OperationError, TransientError, UserError
 from backend.model import EventKind, StepEvent
 from backend.runner import Progress, Runner, Step
 from backend.store import StepState, StepStatus
+from tests.clock import TestClock
 
 
 def sleeper(log: list[str], name: str, seconds: float = 0.0,
@@ -46,7 +47,6 @@ async def test_dependencies_order_steps_and_independent_steps_overlap() -> None:
 
 async def test_transient_errors_are_retried_with_backoff_then_succeed() -> None:
     attempts = []
-    delays: list[float] = []
 
     async def flaky() -> AsyncIterator[Progress]:
         attempts.append(1)
@@ -54,13 +54,13 @@ async def test_transient_errors_are_retried_with_backoff_then_succeed() -> None:
             raise TransientError("throttled")
         yield Progress("ok")
 
-    async def fake_sleep(delay: float) -> None:
-        delays.append(delay)
-
-    runner = Runner([Step("s", "S", flaky, retries=3, backoff_s=1.0)], sleep=fake_sleep)
+    clock = TestClock()
+    runner = Runner([Step("s", "S", flaky, retries=3, backoff_s=1.0)], clock=clock)
     events = await collect(runner)
+    delays = clock.slept
     assert len(attempts) == 3
-    assert [e.kind for e in events].count(EventKind.RETRYING) == 2
+    retries = [e for e in events if e.kind is EventKind.RETRYING]
+    assert len(retries) == 2 and all(e.cause == "throttled" and e.data["scope"] == "step" for e in retries)
     assert 0.8 <= delays[0] <= 1.2 and 1.6 <= delays[1] <= 2.4  # exponential, with jitter
     assert runner.states["s"].status is StepStatus.DONE and runner.states["s"].attempts == 3
 
@@ -78,10 +78,7 @@ async def test_retries_exhausted_and_permanent_errors_fail_without_retry() -> No
         raise OperationError("quota exceeded", remedy="ask for more")
         yield Progress()  # pragma: no cover
 
-    async def no_sleep(_d: float) -> None:
-        return None
-
-    runner = Runner([Step("t", "T", transient, retries=2), Step("p", "P", permanent, retries=5)], sleep=no_sleep)
+    runner = Runner([Step("t", "T", transient, retries=2), Step("p", "P", permanent, retries=5)], clock=TestClock())
     events = await collect(runner)
     assert calls == {"t": 3, "p": 1}
     failed = {e.step: e for e in events if e.kind is EventKind.FAILED}

@@ -7,10 +7,12 @@ from pathlib import Path
 import boto3
 import pytest
 
+from backend.layers.aws.api import AwsApi
 from backend.model import Action, EventKind
 from backend.session import cost_meter
 from tests.aws.conftest import World
 from tests.aws.provision_world import RUN_TAG, down, ec2, eks, given_vpc, iam, session_for, tagged, up
+from tests.clock import FastClock
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
@@ -126,29 +128,32 @@ async def test_plan_diff_updates_replacements_and_costs(world: World, kube_file:
     assert tagged(session.run_id) == {}
 
 
-async def test_throttling_and_5xx_on_every_call_over_ten_seeds(world: World, kube_file: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_whole_up_and_down_through_throttling_and_5xx_on_every_call(world: World, kube_file: Path) -> None:
+    """The flow, once: how one call is retried is tested in test_api_retries.py, without moto."""
     import random
 
-    from backend.layers.aws import api
-
-    monkeypatch.setattr(api, "BACKOFF_BASE_S", 0.002)
-    for seed in range(10):
-        world.script.rng = random.Random(seed)
-        world.script.throttle_rate = 0.15
-        world.script.error5xx_rate = 0.15
-        session = session_for(cluster_name=f"flaky-{seed}")
-        made = await up(session)
-        assert made.ok, (seed, made.failures())
-        gone = await down(session)
-        assert gone.ok, (seed, gone.failures())
-        world.script.throttle_rate = world.script.error5xx_rate = 0.0  # the test's own look, unhindered
-        assert tagged(session.run_id) == {}
-        retried = made.retries() + gone.retries()
-        assert retried and all(e.data.get("scope") == "call" for e in retried)
-        assert any("Throttl" in (e.cause or "") or "RequestLimitExceeded" in (e.cause or "") for e in retried)
-        assert any(e.cause in ("InternalError", "ServiceUnavailable", "InternalFailure") for e in retried)
-    assert world.script.throttled > 50 and world.script.faulted > 50, (world.script.throttled, world.script.faulted)
+    world.script.rng = random.Random(0)
+    world.script.throttle_rate = 0.15
+    world.script.error5xx_rate = 0.15
+    session = session_for(cluster_name="flaky")
+    # The session's AWS client, made here with a clock 50× faster (the backoff, in real seconds,
+    # is not what this tests); the layers find it where they look for it.
+    clock = FastClock(50.0)
+    config = session.config
+    session.clients.get(("aws", config.region, config.profile),
+                        lambda: AwsApi(config.region, config.profile, clock=clock))
+    made = await up(session)
+    assert made.ok, made.failures()
+    gone = await down(session)
+    assert gone.ok, gone.failures()
+    world.script.throttle_rate = world.script.error5xx_rate = 0.0  # the test's own look, unhindered
+    assert tagged(session.run_id) == {}
+    retried = made.retries() + gone.retries()
+    assert retried and all(e.data.get("scope") == "call" for e in retried)
+    assert any("Throttl" in (e.cause or "") or "RequestLimitExceeded" in (e.cause or "") for e in retried)
+    assert any(e.cause in ("InternalError", "ServiceUnavailable", "InternalFailure") for e in retried)
+    assert len(clock.slept) >= len(retried)  # every retry slept on the clock it was given
+    assert world.script.throttled > 5 and world.script.faulted > 5, (world.script.throttled, world.script.faulted)
 
 
 async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(world: World, kube_file: Path) -> None:

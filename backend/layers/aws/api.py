@@ -1,21 +1,18 @@
 """The AWS layer's calls: one region, our tags, retries a user can see, and waits with an ETA.
 
-botocore's own retries are off here: a throttled or failed call is retried by ``AwsApi.call``,
-which tells the running step (``runner.report_retry``), so a progress pane shows each retry
+botocore's own retries are off here: a throttled or failed call is retried by ``AwsApi.call``
+(``backend.retry``), which tells the running step, so a progress pane shows each retry
 instead of a step that seems stuck. Errors become one line with what to do next.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextvars
 import functools
 import hashlib
 import json
-import random
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,17 +38,18 @@ from backend.aws.session import (
     no_credentials_error,
 )
 from backend.errors import OperationError, RtuiError, UserError
-from backend.runner import Progress, report_retry
+from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
+from backend.runner import Progress
 
 RUN_TAG = "rtui:run"
 CLUSTER_TAG = "rtui:cluster"
 ROLE_TAG = "rtui:role"  # what a resource is for, where its kind alone does not say (public/private subnet)
 IAM_PATH = "/rtui/"
 
-# Retries of one call: throttling and 5xx come in bursts, so back off up to ~20 s and try ten times.
+# Retries of one call: throttling and 5xx come in bursts, so back off up to ~20 s (full jitter, as
+# botocore's standard mode) and try ten times.
 CALL_ATTEMPTS = 10
-BACKOFF_BASE_S = 0.25
-BACKOFF_CAP_S = 20.0
+CALL_BACKOFF = Backoff(first_s=0.5, cap_s=20.0, jitter="full")
 _TRANSIENT_CODES = frozenset({
     *THROTTLING_CODES, "InternalError", "InternalFailure", "InternalServerError", "ServiceUnavailable",
     "ServiceUnavailableException", "ServerException", "RequestTimeout", "RequestTimeoutException",
@@ -63,6 +61,7 @@ _CONNECTION_ERRORS = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutE
 # InvalidParameterException messages (the ones terraform-provider-aws retries CreateCluster on,
 # internal/service/eks/cluster.go, within its two-minute propagation timeout).
 IAM_SETTLE_S = 120.0
+IAM_SETTLE_BACKOFF = Backoff(first_s=0.4, factor=1.6, cap_s=10.0)
 IAM_PROPAGATION_MESSAGES = ("does not exist", "Error in role params",
                             "could not be assumed because the trusted entity is not correct",
                             "doesn't have the Amazon EKS Managed Policies associated with it",
@@ -78,17 +77,24 @@ def iam_propagating(exc: ClientError) -> bool:
 # typical duration, at most every 15 s: an EKS cluster (~10 min) is asked about 40 times.
 FIRST_POLL_S = 0.05
 MAX_POLL_S = 15.0
+POLL_FACTOR = 1.5
 # Set while a wait polls: the calls made then are counted as waits (`AwsApi.counts`).
 _polling: contextvars.ContextVar[bool] = contextvars.ContextVar("rtui_aws_polling", default=False)
 
 
 def transient(exc: BaseException) -> bool:
+    return retry_cause(exc) is not None
+
+
+def retry_cause(exc: BaseException) -> str | None:
+    """Why a failed call is worth trying again (its error code or exception name), or None."""
     if isinstance(exc, _CONNECTION_ERRORS):
-        return True
+        return type(exc).__name__
     if isinstance(exc, ClientError):
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        return error_code(exc) in _TRANSIENT_CODES or status >= 500
-    return False
+        if error_code(exc) in _TRANSIENT_CODES or status >= 500:
+            return error_code(exc) or f"HTTP {status}"
+    return None
 
 
 def missing_permission(exc: BaseException) -> tuple[str, str] | None:
@@ -115,9 +121,11 @@ class Phase:
 class AwsApi:
     """One region's clients, on the shared worker threads, with the run's tags."""
 
-    def __init__(self, region: str, profile: str | None = None, *, concurrency: int = 32) -> None:
+    def __init__(self, region: str, profile: str | None = None, *, concurrency: int = 32,
+                 clock: Clock = REAL_CLOCK) -> None:
         self.region = region
         self.profile = profile
+        self.clock = clock  # what its retries and waits read and sleep on
         self.session = AwsSession(profile, max_pool_connections=concurrency,
                                   retries={"mode": "standard", "total_max_attempts": 1},
                                   user_agent_extra="rtui-provision")
@@ -147,11 +155,9 @@ class AwsApi:
         """
         fn = getattr(self.client(service), operation)
         what = f"{service}:{_camel(operation)}"
-        settle_until = time.monotonic() + IAM_SETTLE_S
-        settling = 0
-        attempt = 0
-        while attempt < CALL_ATTEMPTS:
-            attempt += 1
+        tries = Retrying(CALL_BACKOFF, attempts=CALL_ATTEMPTS, clock=self.clock)
+        settling = Retrying(IAM_SETTLE_BACKOFF, deadline_s=IAM_SETTLE_S, clock=self.clock)  # uses no try
+        while True:
             self.counts[what] += 1
             if _polling.get():
                 self.counts[f"wait:{what}"] += 1
@@ -160,29 +166,18 @@ class AwsApi:
             except ClientError as exc:
                 if error_code(exc) in ok:
                     return None
-                if new_role and iam_propagating(exc) and time.monotonic() < settle_until:
-                    attempt -= 1  # not a fault of the call: it does not use up its attempts
-                    settling += 1
-                    delay = min(10.0, 0.25 * 1.6 ** settling)
-                    report_retry(f"{what}: IAM has not settled the new role yet "
-                                 f"({exc.response.get('Error', {}).get('Message', '')[:120]}): trying again in "
-                                 f"{delay:.1f}s", "IAM propagation", delay)
-                    await asyncio.sleep(delay)
+                if new_role and iam_propagating(exc) and await settling.again(
+                        "IAM propagation", f"{what}: IAM has not settled the new role yet "
+                                           f"({exc.response.get('Error', {}).get('Message', '')[:120]})"):
                     continue
-                if not transient(exc) or attempt == CALL_ATTEMPTS:
+                cause = retry_cause(exc)
+                if cause is None or not await tries.again(cause, f"{what} answered {cause}"):
                     raise self.error(exc, what) from None
-                cause = error_code(exc)
             except _CONNECTION_ERRORS as exc:
-                if attempt == CALL_ATTEMPTS:
+                if not await tries.again(type(exc).__name__, f"{what} answered {type(exc).__name__}"):
                     raise self.error(exc, what) from None
-                cause = type(exc).__name__
             except BotoCoreError as exc:  # a reply botocore cannot read, a bad parameter: not worth a retry
                 raise self.error(exc, what) from None
-            delay = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt))
-            report_retry(f"{what} answered {cause}: trying again in {delay:.1f}s (attempt {attempt + 1})",
-                         cause, delay)
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
 
     def error(self, exc: BaseException, what: str) -> RtuiError:
         if isinstance(exc, RtuiError):
@@ -264,12 +259,12 @@ def minutes(seconds: float) -> str:
 
 
 async def wait_until(look: Callable[[], Awaitable[Phase]], *, what: str, expected_s: float,
-                     timeout_s: float, remedy: str | None = None) -> AsyncIterator[Progress]:
+                     timeout_s: float, remedy: str | None = None,
+                     clock: Clock = REAL_CLOCK) -> AsyncIterator[Progress]:
     """Poll ``look`` until done; yield the phase AWS reports with the time left against the typical
     duration. A failure AWS reports ends the wait at once; the deadline ends it with the last phase."""
-    started = time.monotonic()
-    delay = FIRST_POLL_S
-    cap = min(MAX_POLL_S, max(FIRST_POLL_S, expected_s / 20))
+    polls = Retrying(Backoff(FIRST_POLL_S, POLL_FACTOR, min(MAX_POLL_S, max(FIRST_POLL_S, expected_s / 20))),
+                     deadline_s=timeout_s, clock=clock)
     last = ""
     while True:
         token = _polling.set(True)
@@ -279,7 +274,7 @@ async def wait_until(look: Callable[[], Awaitable[Phase]], *, what: str, expecte
             _polling.reset(token)
         if state.failed:
             raise OperationError(f"{what}: {state.failed}", remedy=state.remedy or remedy)
-        elapsed = time.monotonic() - started
+        elapsed = polls.elapsed
         if state.done:
             yield Progress(f"{state.phase} after {minutes(elapsed)}", 1.0)
             return
@@ -289,10 +284,8 @@ async def wait_until(look: Callable[[], Awaitable[Phase]], *, what: str, expecte
         if message != last:
             last = message
             yield Progress(message, min(0.95, elapsed / expected_s) if expected_s > 0 else None)
-        if elapsed > timeout_s:
-            raise OperationError(f"{what}: still {state.phase} after {minutes(elapsed)}", remedy=remedy)
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, cap)
+        if not await polls.again():
+            raise OperationError(f"{what}: still {state.phase} after {minutes(polls.elapsed)}", remedy=remedy)
 
 
 def refuse_foreign(kind: str, name: str, owner_tags: dict[str, str], run_id: str) -> None:

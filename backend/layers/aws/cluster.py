@@ -145,7 +145,8 @@ class EksClusterHandler(AwsHandler):
                              remedy="see its events in the EKS console; `rtui down` then `rtui up` makes it anew")
             return Phase(status == "ACTIVE", f"control plane {status.lower()}")
 
-        return wait_until(look, what=f"EKS cluster {resource_id}", expected_s=CLUSTER_EXPECTED_S, timeout_s=1800.0)
+        return wait_until(look, what=f"EKS cluster {resource_id}", expected_s=CLUSTER_EXPECTED_S, timeout_s=1800.0,
+                          clock=api.clock)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -175,7 +176,7 @@ class EksClusterHandler(AwsHandler):
                          f"control plane {cluster['status'].lower()}")
 
         async for p in wait_until(look, what=f"deleting EKS cluster {have.id}", expected_s=CLUSTER_DELETE_S,
-                                  timeout_s=1800.0):
+                                  timeout_s=1800.0, clock=api.clock):
             yield p
         if vpc:  # also in an adopted VPC, which rtui never deletes
             async for p in delete_cluster_groups(api, str(vpc), have.id):
@@ -259,7 +260,7 @@ class AddonHandler(AwsHandler):
                                     "again")
             return Phase(status == "ACTIVE", f"{addon} {status.lower()}")
 
-        return wait_until(look, what=f"add-on {addon}", expected_s=ADDON_EXPECTED_S, timeout_s=1200.0)
+        return wait_until(look, what=f"add-on {addon}", expected_s=ADDON_EXPECTED_S, timeout_s=1200.0, clock=api.clock)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -271,7 +272,8 @@ class AddonHandler(AwsHandler):
             return Phase(found is None, f"{addon} " + ("deleted" if found is None else
                                                        found["addon"]["status"].lower()))
 
-        async for p in wait_until(look, what=f"deleting add-on {addon}", expected_s=30.0, timeout_s=900.0):
+        async for p in wait_until(look, what=f"deleting add-on {addon}", expected_s=30.0, timeout_s=900.0,
+                                  clock=api.clock):
             yield p
 
 

@@ -89,7 +89,7 @@ async def until_free(api: AwsApi, what: str, attempt: Any, *, subnet: str | None
         return Phase(False, f"{what} in use: {blocked}")
 
     async for p in wait_until(look, what=f"deleting {what}", expected_s=60.0, timeout_s=DEPENDENCY_TIMEOUT_S,
-                              remedy="see the interfaces with `aws ec2 describe-network-interfaces`"):
+                              remedy="see the interfaces with `aws ec2 describe-network-interfaces`", clock=api.clock):
         yield p
 
 
@@ -333,7 +333,8 @@ class NatGatewayHandler(AwsHandler):
                              remedy="run `rtui up` again: the plan replaces it")
             return Phase(nat["State"] == "available", f"NAT gateway {nat['State']}")
 
-        return wait_until(look, what=f"NAT gateway {resource_id}", expected_s=NAT_EXPECTED_S, timeout_s=900.0)
+        return wait_until(look, what=f"NAT gateway {resource_id}", expected_s=NAT_EXPECTED_S, timeout_s=900.0,
+                          clock=api.clock)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -345,7 +346,8 @@ class NatGatewayHandler(AwsHandler):
             state = nats[0]["State"] if nats else "deleted"
             return Phase(state == "deleted", f"NAT gateway {state}")
 
-        async for p in wait_until(look, what=f"deleting NAT gateway {have.id}", expected_s=60.0, timeout_s=900.0):
+        async for p in wait_until(look, what=f"deleting NAT gateway {have.id}", expected_s=60.0, timeout_s=900.0,
+                                  clock=api.clock):
             yield p
         for address in await find(api, ctx, "describe_addresses", "Addresses"):
             await api.call("ec2", "release_address", AllocationId=address["AllocationId"], ok=GONE_CODES)

@@ -95,7 +95,8 @@ class PlacementGroupHandler(AwsHandler):
                 raise
             return Phase(True, f"{have.id} deleted")
 
-        async for p in wait_until(look, what=f"deleting placement group {have.id}", expected_s=30.0, timeout_s=900.0):
+        async for p in wait_until(look, what=f"deleting placement group {have.id}", expected_s=30.0, timeout_s=900.0,
+                                  clock=api.clock):
             yield p
 
 
@@ -409,7 +410,8 @@ class NodegroupHandler(AwsHandler):
                              remedy="fix what AWS names, then `rtui up` again replaces the nodegroup")
             return Phase(status == "ACTIVE", f"nodegroup {status.lower()}")
 
-        return wait_until(look, what=f"nodegroup {name}", expected_s=NODEGROUP_EXPECTED_S, timeout_s=1800.0)
+        return wait_until(look, what=f"nodegroup {name}", expected_s=NODEGROUP_EXPECTED_S, timeout_s=1800.0,
+                          clock=api.clock)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
         if not have.state.get("pending"):
@@ -451,7 +453,7 @@ async def delete_nodegroup(api: AwsApi, cluster: str, name: str) -> AsyncIterato
         return Phase(group is None, f"nodegroup {state}")
 
     async for p in wait_until(look, what=f"deleting nodegroup {name}", expected_s=NODEGROUP_DELETE_S,
-                              timeout_s=1800.0):
+                              timeout_s=1800.0, clock=api.clock):
         yield p
 
 

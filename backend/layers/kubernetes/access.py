@@ -29,6 +29,7 @@ from kubernetes.config import kube_config
 from kubernetes.config.config_exception import ConfigException
 
 from backend.errors import OperationError, UserError
+from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
 
 if TYPE_CHECKING:
     from backend.rayjobs import RayJobs
@@ -46,6 +47,8 @@ _LOG_QUEUE_BATCHES = 64  # a slow consumer stalls the reading thread, not memory
 # A log stream silent this long is asked again from its last line: a quiet job costs one request a
 # minute, a connection a load balancer dropped without a FIN (nothing ever arrives) costs a minute.
 STREAM_IDLE_S = 60.0
+LOG_RECONNECT = Backoff(first_s=0.2, factor=2.0, cap_s=2.0)
+LOG_FAILURES = 3  # in a row
 # Blocking requests run on the API's own threads, as many as one discovery sends at once (about a
 # dozen): on asyncio's default executor (cpu_count + 4 threads, 6 on a 2-CPU machine) they would
 # queue, and a server that never answers would take two or three request deadlines to report.
@@ -112,7 +115,7 @@ class KubeApi:
     """A cluster's API server as one kubeconfig context sees it."""
 
     def __init__(self, configuration: Configuration, *, context: str, namespace: str, timeout_s: float,
-                 stream_idle_s: float = STREAM_IDLE_S) -> None:
+                 stream_idle_s: float = STREAM_IDLE_S, clock: Clock = REAL_CLOCK) -> None:
         # No urllib3 retries: a deadline is only a deadline if nothing silently tries again.
         configuration.retries = False
         # TCP keepalive with client-go's timings: the kernel notices a peer a load balancer forgot.
@@ -123,6 +126,7 @@ class KubeApi:
         self._namespace = namespace
         self.timeout_s = timeout_s
         self.stream_idle_s = stream_idle_s
+        self.clock = clock  # what a log's reconnects sleep on
         self._token_provider: TokenProvider | None = None
         self._threads = ThreadPoolExecutor(_REQUEST_THREADS, thread_name_prefix="kube-api")
 
@@ -337,7 +341,8 @@ class KubeApi:
         """
         seen_ts: str | None = None
         seen_at_ts: set[str] = set()  # lines already yielded with the latest timestamp (sinceTime is coarse)
-        failures = 0
+        # A stream that ends while the pod runs is asked again after 0.2 s; three failures in a row end it.
+        failures = Retrying(LOG_RECONNECT, attempts=LOG_FAILURES, clock=self.clock)
         while True:
             query = [("timestamps", "true")]
             if container:
@@ -360,7 +365,7 @@ class KubeApi:
                         if ts != seen_ts:
                             seen_ts, seen_at_ts = ts, set()
                         seen_at_ts.add(line)
-                    failures = 0
+                    failures.reset()
                     yield line if timestamps else text
             except _ObjectGone:
                 return  # the pod is gone: its log with it
@@ -371,24 +376,22 @@ class KubeApi:
                                          f"{self.stream_idle_s:g}s", remedy="check the network to the cluster"
                                          ) from None
                 continue  # not a failure: a quiet pod looks the same; ask again at once
-            except OperationError:
+            except OperationError as exc:
                 self.fresh_connections()
-                failures += 1
-                if not follow or failures >= 3:
+                if not follow or not failures.failed("log stream broke", exc.message):
                     raise
             if not follow:
                 return
             try:
                 phase = ((await self.get("v1", "Pod", pod, namespace)) or {}).get("status", {}).get("phase")
-            except OperationError:
+            except OperationError as exc:
                 self.fresh_connections()
-                failures += 1
-                if failures >= 3:
+                if not failures.failed("Kubernetes API unreachable", exc.message):
                     raise
                 phase = "Unknown"
             if phase in (None, "Succeeded", "Failed"):
                 return
-            await asyncio.sleep(min(0.2 * 2**failures, 2.0))
+            await failures.pause()
 
     async def _stream(self, path: str, query: Query, what: _What) -> AsyncIterator[str]:
         """Lines of a streamed response: a thread reads, a bounded queue hands batches to the loop."""

@@ -6,16 +6,16 @@ minutes), so quick things are seen quickly and slow ones cost few requests.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from backend.errors import OperationError
+from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
 from backend.runner import Progress
 
 FIRST_POLL_S = 0.05
 MAX_POLL_S = 2.0
+POLLS = Backoff(FIRST_POLL_S, 1.5, MAX_POLL_S)
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,9 @@ class Check:
 
 
 async def wait_for(check: Callable[[], Awaitable[Check]], *, what: str, timeout_s: float,
-                   remedy: str | None = None) -> AsyncIterator[Progress]:
+                   remedy: str | None = None, clock: Clock = REAL_CLOCK) -> AsyncIterator[Progress]:
     """Yield progress each time the check's message changes; raise on a fatal answer or the deadline."""
-    started = time.monotonic()
-    delay = FIRST_POLL_S
+    polls = Retrying(POLLS, deadline_s=timeout_s, clock=clock)
     last = ""
     while True:
         state = await check()
@@ -41,8 +40,5 @@ async def wait_for(check: Callable[[], Awaitable[Check]], *, what: str, timeout_
             yield Progress(state.message, state.fraction)
         if state.done:
             return
-        waited = time.monotonic() - started
-        if waited > timeout_s:
-            raise OperationError(f"{what}: not done after {waited:.0f}s ({state.message})", remedy=remedy)
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, MAX_POLL_S)
+        if not await polls.again():
+            raise OperationError(f"{what}: not done after {polls.elapsed:.0f}s ({state.message})", remedy=remedy)
