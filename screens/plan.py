@@ -63,7 +63,7 @@ class PlanScreen(RtuiScreen):
         try:
             plan = await self.session.plan()
         except Exception as exc:  # noqa: BLE001
-            self.app.report_error(exc)
+            self.wizard.report_error(exc)
             return
         self.plan = plan
         self._show()
@@ -75,7 +75,7 @@ class PlanScreen(RtuiScreen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "apply":
-            if self.app.read_only:
+            if self.wizard.read_only:
                 return False
             return True if self.plan is not None else None
         if action == "toggle_unchanged":

@@ -101,7 +101,7 @@ class ProvisionScreen(RtuiScreen):
                 self.post_message(self.StepEventPosted(event))
         except Exception as exc:  # noqa: BLE001 - one place shows it
             ok = False
-            self.app.report_error(exc)
+            self.wizard.report_error(exc)
         self.post_message(self.Finished(self.mode, ok))
 
     async def on_provision_screen_step_event_posted(self, message: StepEventPosted) -> None:
@@ -144,7 +144,7 @@ class ProvisionScreen(RtuiScreen):
         if action == "back":
             return None if self.running else True
         if action == "fail_over":
-            return self.no_capacity is not None and not self.running and not self.app.read_only
+            return self.no_capacity is not None and not self.running and not self.wizard.read_only
         return True
 
     @property

@@ -188,7 +188,7 @@ class RunScreen(RtuiScreen):
                     self.post_message(self.GpuFleetChanged(fleet, meter["per_hour"] if meter else None))
                 await asyncio.sleep(GPU_REFRESH_S)
         except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.app.report_error(exc)
+            self.wizard.report_error(exc)
 
     def on_run_screen_gpu_fleet_changed(self, message: GpuFleetChanged) -> None:
         if (message.fleet, message.cost_per_hour) != (self.gpu_fleet, self._gpu_cost):
@@ -230,13 +230,13 @@ class RunScreen(RtuiScreen):
             async for update in flows.attach(self.session, replayed_bytes=offset):
                 if isinstance(update, flows.Attached):
                     if update.read_only:
-                        self.app.notify("Another rtui is attached to this run: watching its log read-only.")
+                        self.notify("Another rtui is attached to this run: watching its log read-only.")
                     elif not update.cluster_alive:
                         self.post_message(self.JobStatusChanged("cluster not running", ""))
                     continue
                 self._post_update(update)
         except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.app.report_error(exc)
+            self.wizard.report_error(exc)
 
     @work(exclusive=True, group="head-log")
     async def follow_head(self) -> None:
@@ -258,7 +258,7 @@ class RunScreen(RtuiScreen):
                     reader.result()
                     return
         except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.app.report_error(exc)
+            self.wizard.report_error(exc)
         finally:
             reader.cancel()
 
@@ -323,7 +323,7 @@ class RunScreen(RtuiScreen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "teardown":
-            return not self.app.read_only
+            return not self.wizard.read_only
         if action == "fetch_model":  # once the job has written one
             return self.query_one(RunStats).snapshot.model_uri is not None
         if action in ("toggle_follow", "resume_follow", "filter", "toggle_metrics", "switch_tail") and self.log_hidden:
@@ -339,9 +339,9 @@ class RunScreen(RtuiScreen):
         try:
             copied = await flows.fetch_model(self.session, Path.cwd() / f"rtui-model-{self.session.run_id}")
         except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.app.report_error(exc)
+            self.wizard.report_error(exc)
             return
-        self.app.notify(f"Model copied to {copied}", title="Model")
+        self.notify(f"Model copied to {copied}", title="Model")
 
     def action_teardown(self) -> None:
         self.post_message(self.TeardownRequested())

@@ -249,7 +249,7 @@ class TargetScreen(RtuiScreen):
         except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
             line = exc.message if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
             if layer is None:
-                self.app.report_error(exc)
+                self.wizard.report_error(exc)
                 check_id, title = "preflight", "Checks"
             else:  # the matrix says it (once: no notification too); Enter is refused with this line
                 check_id, title = "aws.preflight", "AWS preflight"
@@ -270,7 +270,7 @@ class TargetScreen(RtuiScreen):
         try:
             filed = await request_missing_quota(request)
         except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
-            self.app.report_error(exc)
+            self.wizard.report_error(exc)
             return
         self.post_message(self.QuotaRequested(filed))
 
@@ -284,7 +284,7 @@ class TargetScreen(RtuiScreen):
             self.post_message(self.ContextsLoaded([], None, exc.message))
             return
         except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
-            self.app.report_error(exc)
+            self.wizard.report_error(exc)
             return
         self.post_message(self.ContextsLoaded(contexts, current))
 
@@ -350,7 +350,7 @@ class TargetScreen(RtuiScreen):
         if action in ("pick_zone", "all_regions"):
             return self.aws
         if action == "request_quota":
-            return self.aws and not self.app.read_only and bool(self.short_quotas())
+            return self.aws and not self.wizard.read_only and bool(self.short_quotas())
         return True
 
     def _enter_picks(self) -> bool:

@@ -28,9 +28,9 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     yield state
     _reap_clusters(state)
     # Each test's kubeconfig gets its own cached cluster API (a pool of up to 16 threads): close them.
-    layer = sys.modules.get("backend.layers.kubernetes.layer")
-    if layer is not None:
-        layer.close_apis()
+    clients = sys.modules.get("backend.layers.kubernetes.clients")
+    if clients is not None:
+        clients.close_apis()
 
 
 def _reap_clusters(state: Path) -> None:

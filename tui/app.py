@@ -22,7 +22,7 @@ from textual.screen import Screen
 from backend.errors import RtuiError, UserError
 from backend.session import RunSession
 from backend.store import RunStatus
-from tui.cli import rtui_command
+from tui.invocation import rtui_command
 
 if TYPE_CHECKING:
     from backend.config import ResolvedConfig
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from screens.provision import ProvisionScreen
     from screens.run import RunScreen
     from screens.target import TargetScreen
+    from tui.screen import WizardApp
 
 
 class RtuiApp(App[None]):
@@ -399,6 +400,9 @@ class RtuiApp(App[None]):
             message = None
         self.exit(return_code=0, message=message)
 
+
+if TYPE_CHECKING:  # what screens reach through tui.screen.WizardApp, checked here
+    _app_as_screens_see_it: type[WizardApp] = RtuiApp
 
 # Screen actions the palette offers where the current screen has them (and allows them now).
 _SCREEN_COMMANDS = (

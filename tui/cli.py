@@ -10,9 +10,7 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import re
-import shutil
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -24,13 +22,12 @@ from backend.config import (
     FIELD_NAMES,
     ResolvedConfig,
     RunConfig,
-    Untrusted,
     flag_name,
-    resolve_config,
     shown,
 )
 from backend.errors import RtuiError, UserError
 from backend.store import RunStatus, RunStore
+from tui.invocation import resolved_from
 
 if TYPE_CHECKING:
     from backend.session import RunSession
@@ -273,17 +270,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _flags(ns: argparse.Namespace) -> dict[str, Any]:
-    flags = {f: getattr(ns, f"cfg_{f}") for f in FIELD_NAMES if hasattr(ns, f"cfg_{f}")}
-    if isinstance(flags.get("region"), list):
-        flags["region"] = flags["region"][-1]
-    return flags
-
-
-def resolved_from(ns: argparse.Namespace, untrusted: Untrusted = "refuse") -> ResolvedConfig:
-    return resolve_config(_flags(ns), config_file=getattr(ns, "config_file", None), untrusted=untrusted)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
@@ -466,22 +452,6 @@ def _wizard(ns: argparse.Namespace) -> int:
                   confirm_config=confirm)
     app.run()
     return int(app.return_code or 0)
-
-
-def rtui_command() -> str:
-    """How to run this rtui again from the user's shell: `rtui` when that is what the PATH finds,
-    else the path it was started by (e.g. `.venv/bin/rtui`), relative to the current directory."""
-    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
-    on_path = shutil.which("rtui")
-    if started is None or started.name != "rtui" or (on_path and Path(on_path).resolve() == started):
-        return "rtui"
-    try:
-        relative = os.path.relpath(started)
-    except ValueError:
-        return str(started)
-    if relative.startswith(".."):  # outside the current directory: the full path reads better
-        return str(started)
-    return relative if os.sep in relative else f"./{relative}"
 
 
 def live_run_ids(store: RunStore) -> list[str]:

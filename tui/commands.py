@@ -18,7 +18,7 @@ from backend.model import CheckStatus, EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from backend.textutil import strip_ansi
-from tui.cli import resolved_from, rtui_command
+from tui.invocation import resolved_from, rtui_command
 from tui.render import eval_line, format_event, format_plan, format_status
 
 

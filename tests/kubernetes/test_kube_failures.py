@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backend.layers.kubernetes import layer as kube_layer
+from backend.layers.kubernetes import clients as kube_clients
 from backend.layers.kubernetes import raycluster
 from backend.layers.kubernetes.pods import PodProblem
 from tests.kubernetes.conftest import KubeCluster
@@ -133,7 +133,7 @@ def test_worker_pending_for_efa_held_elsewhere_fails_at_the_deadline_with_the_re
     world.control.held = {"gpu-0": {EFA: 1}, "gpu-1": {EFA: 1}}
     for key, value in world.env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(kube_layer, "_APIS", {})  # this test's API server, not an earlier test's
+    monkeypatch.setattr(kube_clients, "_APIS", {})  # this test's API server, not an earlier test's
     monkeypatch.setattr(raycluster, "UNSCHEDULABLE_TIMEOUT_S", 1.0)
     assert cli.main(["up", "--yes", "--json"]) == 1
     line = failure(capsys.readouterr().out)

@@ -35,8 +35,8 @@ class ClusterAutoscalerHandler(AwsHandler):
     updatable = True
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        from backend.layers.kubernetes.clients import ClusterNotReady, cluster_api
         from backend.layers.kubernetes.handlers import ours
-        from backend.layers.kubernetes.layer import ClusterNotReady, cluster_api
 
         try:
             kube = await cluster_api(ctx)
@@ -56,8 +56,8 @@ class ClusterAutoscalerHandler(AwsHandler):
         return {"image": image, "command": deployment["spec"]["template"]["spec"]["containers"][0]["command"]}
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        from backend.layers.kubernetes.clients import cluster_api
         from backend.layers.kubernetes.handlers import apply_all
-        from backend.layers.kubernetes.layer import cluster_api
 
         kube = await cluster_api(ctx)
         async for p in apply_all(kube, _objects(ctx)):
@@ -71,8 +71,8 @@ class ClusterAutoscalerHandler(AwsHandler):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        from backend.layers.kubernetes.clients import ClusterNotReady, cluster_api
         from backend.layers.kubernetes.handlers import delete_ours
-        from backend.layers.kubernetes.layer import ClusterNotReady, cluster_api
 
         try:
             kube = await cluster_api(ctx)

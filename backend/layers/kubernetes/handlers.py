@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from backend.errors import UserError
 from backend.layers.base import Context, Handler
 from backend.layers.kubernetes import addons, idle, manifests, pods
+from backend.layers.kubernetes.clients import kube_api
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -148,8 +149,6 @@ class KubeHandler(Handler):
         raise NotImplementedError
 
     def api(self, ctx: Context) -> KubeApi:
-        from backend.layers.kubernetes.layer import kube_api
-
         return kube_api(ctx)
 
 
