@@ -470,7 +470,8 @@ def _read(path: Path) -> bytes:
 
 
 def _load_toml(path: Path, content: bytes) -> dict[str, Any]:
-    import tomllib  # only when there is a file to read
+    # lazy: tomllib only when there is a rtui.toml to read
+    import tomllib
 
     try:
         # utf-8-sig: Windows editors save "UTF-8" with a byte-order mark, which tomllib rejects
@@ -585,6 +586,7 @@ def resolve_config(
         raise UserError("--data with a file needs --tokenizer on the local target",
                         remedy="pass a local tokenizer dir (the local target works offline)")
     if config.tokens_per_step:
+        # lazy: the step planner only for --tokens-per-step; not on the first frame
         from training.stepplan import StepPlanError, plan_step
 
         try:

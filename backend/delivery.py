@@ -10,6 +10,7 @@ local directory (``fetch``) and delete everything (``delete``, only on ``--delet
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 
 from backend.errors import OperationError, UserError
 from backend.model import CheckResult, CheckStatus
-from training.export import ExportInfo, find_models, read_marker
+from training.export import ExportInfo, find_models, read_marker, split_s3
 
 LOAD_HINT = "from transformers import AutoModelForCausalLM; model = AutoModelForCausalLM.from_pretrained('{path}')"
 
@@ -191,8 +192,6 @@ def check_storage_writable(uri: str, *, profile: str | None = None, run_id: str 
 
 
 def _check_dir(path: Path) -> CheckResult:
-    import getpass
-
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -206,10 +205,10 @@ def _check_dir(path: Path) -> CheckResult:
 
 
 def _check_s3(uri: str, *, profile: str | None, run_id: str) -> CheckResult:
+    # lazy: boto3 only for s3:// storage (a local run never loads it)
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from training.export import split_s3
 
     bucket, prefix = split_s3(uri)
     key = f"{prefix}/.rtui-write-check-{run_id}" if prefix else f".rtui-write-check-{run_id}"

@@ -12,14 +12,14 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from backend.config import RunConfig
 from backend.delivery import DataUsage, LocalDirStore
 from backend.errors import OperationError, RtuiError, UserError
 from backend.follow import JobFollower, JobUpdate
 from backend.layers.base import HeadLogSource
-from backend.layers.local_cluster import ClusterDir
+from backend.layers.local_cluster import ClusterDir, find_clusters
 from backend.model import Action, CheckStatus, EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.rayjobs import JobStatus
@@ -27,9 +27,7 @@ from backend.runner import Progress, Runner, Step
 from backend.session import RunSession
 from backend.spool import LogSpool
 from backend.store import JobState, RunStatus, RunStore, StepState, StepStatus
-
-if TYPE_CHECKING:
-    from backend.telemetry import Telemetry
+from backend.telemetry import Telemetry
 
 RUN = "run"
 TRAIN = "train"
@@ -85,6 +83,7 @@ CAPACITY_CODE = "InsufficientInstanceCapacity"
 
 def fail_over(session: RunSession, failed: StepEvent) -> str | None:
     """Move the GPU nodes to the next feasible AZ after AWS ran out of capacity; what moved, or None."""
+    # lazy: boto3 only on the aws target (a local run never loads it)
     from backend.layers.aws.layer import AwsLayer
 
     layer = next((x for x in session.stack.layers if isinstance(x, AwsLayer)), None)
@@ -171,8 +170,6 @@ def _save_step(session: RunSession, sid: str, state: StepState, timing_key: str 
 
 
 async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
-    from backend.telemetry import Telemetry  # the parser only when a job is followed
-
     jobs = await session.jobs()
     if jobs is None:
         raise OperationError("the cluster of this run is not running", remedy=f"see `rtui status {session.run_id}`")
@@ -395,7 +392,6 @@ def find_orphans(store: RunStore, target: str, cluster_name: str | None = None) 
     """Clusters found from the world (markers) whose run has no record in this state dir."""
     if target != "local":
         return []
-    from backend.layers.local_cluster import find_clusters
 
     known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
     return [Orphan(c.run_id, c.cluster_name, "local", str(c.path)) for c in find_clusters(cluster_name=cluster_name)
@@ -430,6 +426,7 @@ def kept_data(store: RunStore) -> list[KeptData]:
 
 async def aws_orphan(store: RunStore, config: RunConfig) -> RunSession | None:
     """A run of this cluster name that AWS has resources of (by our tags) and no record here knows."""
+    # lazy: boto3 only on the aws target (a local run never loads it)
     from backend.layers.aws.base import aws_api
     from backend.layers.aws.sweep import runs_of_cluster
 
@@ -476,7 +473,6 @@ def session_for_down(store: RunStore, run_id: str | None, config: RunConfig, *, 
 def _clusters_named(config: RunConfig) -> list[ClusterDir]:
     if config.target != "local":
         return []
-    from backend.layers.local_cluster import find_clusters
 
     return find_clusters(cluster_name=config.cluster_name)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,14 +18,26 @@ from typing import TYPE_CHECKING, Any
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, LocalDirStore, local_data_dir, model_summary
 from backend.errors import OperationError, UserError
+from backend.layers.base import Context, GpuFleetReporter
+from backend.layers.ray_job import RayJobLayer
 from backend.model import StepEvent
+from backend.planner import (
+    Stack,
+    apply_steps,
+    discover,
+    forget_missing,
+    make_plan,
+    reconcile,
+    select_until,
+    teardown_steps,
+)
+from backend.runner import Progress, Runner, Step
 from backend.spool import LogSpool
 from backend.store import JobRecord, RunRecord, RunStatus, RunStore, StepState, StepStatus
 
 if TYPE_CHECKING:
-    from backend.layers.base import Context
     from backend.model import CheckResult, Observed
-    from backend.planner import PlanResult, Stack
+    from backend.planner import PlanResult
     from backend.rayjobs import RayJobs
     from backend.telemetry import Telemetry
 
@@ -33,18 +46,18 @@ SUPPORTED_TARGETS = ("local", "aws", "kube")
 
 def make_stack(target: str) -> Stack:
     """The target's layers, bottom up (DESIGN.md §1). Imported here: they stay off the first frame."""
-    from backend.layers.ray_job import RayJobLayer
-    from backend.planner import Stack
-
     if target == "local":
+        # lazy: only the target's own layers load (boto3, the kubernetes client stay out of a local run)
         from backend.layers.local_ray import LocalRay
 
         return Stack("local", [LocalRay(), RayJobLayer()])
     if target == "kube":
+        # lazy: only the target's own layers load (boto3, the kubernetes client stay out of a local run)
         from backend.layers.kubernetes.layer import KubernetesLayer
 
         return Stack("kube", [KubernetesLayer(), RayJobLayer()])
     if target == "aws":
+        # lazy: only the target's own layers load (boto3, the kubernetes client stay out of a local run)
         from backend.layers.aws.layer import AwsLayer
         from backend.layers.kubernetes.layer import KubernetesLayer
 
@@ -112,8 +125,6 @@ class RunSession:
 
     @cached_property
     def ctx(self) -> Context:
-        from backend.layers.base import Context
-
         access = next((a for layer in self.stack.layers if (a := layer.access()) is not None), None)
         return Context(self.config, self.record, self.store, cluster=access)
 
@@ -222,18 +233,12 @@ class RunSession:
         return results
 
     async def plan(self) -> PlanResult:
-        from backend.planner import make_plan
-
         return await make_plan(self.stack, self.ctx)
 
     async def discover(self) -> list[Observed]:
-        from backend.planner import discover
-
         return await discover(self.stack, self.ctx)
 
     async def apply(self, plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:
-        from backend.planner import apply_steps, reconcile, select_until
-
         steps = select_until(apply_steps(self.stack, self.ctx, plan), plan, until)
         self.record.config = self.config.model_dump(mode="json")
         self.record.plan = plan.model_dump(mode="json")
@@ -246,8 +251,6 @@ class RunSession:
             yield event
 
     async def teardown(self) -> AsyncIterator[StepEvent]:
-        from backend.planner import forget_missing, teardown_steps
-
         self.record.status = RunStatus.TEARING_DOWN
         self.store.save(self.record)
         observed = await self.discover()
@@ -261,8 +264,6 @@ class RunSession:
 
     async def _sweep(self) -> AsyncIterator[StepEvent]:
         """The orphan sweep as a last step: anything of this run still live fails teardown, with its cost."""
-        from backend.runner import Progress, Step
-
         layers = [layer for layer in self.stack.layers if layer.sweeps]
         if not layers:
             return
@@ -291,8 +292,6 @@ class RunSession:
             self.store.save(self.record)
 
     async def _run(self, steps: list[Any], *, prefix: str, done: RunStatus) -> AsyncIterator[StepEvent]:
-        from backend.runner import Runner
-
         keys = {step.id: step.timing_key for step in steps}
 
         def on_state(step_id: str, state: StepState) -> None:
@@ -325,6 +324,7 @@ class RunSession:
     def telemetry(self, job: JobRecord | None = None) -> Telemetry:
         """Verdict and metric series of a job (the current one by default) rebuilt from its spool;
         keep it current with ``feed_from()``."""
+        # lazy: the log parser (~55 ms) only when telemetry is read; not on the first frame
         from backend.telemetry import Telemetry
 
         telemetry = Telemetry()
@@ -371,8 +371,6 @@ class RunSession:
     async def gpu_fleet(self) -> dict[str, Any] | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:
         the last job's end, and when the idle timeout let the workers go after it."""
-        from backend.layers.base import GpuFleetReporter
-
         cluster = self.ctx.cluster
         if not isinstance(cluster, GpuFleetReporter):
             return None
@@ -394,8 +392,6 @@ def cost_meter(record: RunRecord, now: float | None = None,
     ``gpu`` (``RunSession.gpu_fleet``): the GPU nodes now; their priced resource then bills for the
     nodes that exist (a nodegroup scaled to zero while idle bills nothing), and ``per_hour_full``
     says what the cluster costs at full size. What was accrued is still counted at full size."""
-    import time
-
     now = time.time() if now is None else now
     prices = {c["address"]: float(c.get("cost_per_hour") or 0) for c in (record.plan or {}).get("changes", [])}
     items = {}

@@ -21,6 +21,7 @@ from textual.widgets import Footer, Header, Input, Label, Sparkline, Static, Tab
 from backend import flows
 from backend.follow import JobUpdate
 from backend.layers.base import HeadLogSource
+from backend.session import cost_meter
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
 from tui.logtail import LogTail
@@ -178,8 +179,6 @@ class RunScreen(RtuiScreen):
     @work(exclusive=True, group="gpu")
     async def watch_gpu(self) -> None:
         """GPU workers and nodes as they go while idle and come back for a job (issue 26)."""
-        from backend.session import cost_meter
-
         try:
             while True:
                 fleet = await self.session.gpu_fleet()

@@ -159,12 +159,14 @@ class TargetScreen(RtuiScreen):
     def aws_layer(self) -> AwsLayer | None:
         if not self.aws:
             return None
+        # lazy: boto3 and the aws layer only on the aws target
         from backend.layers.aws.layer import AwsLayer
 
         return next((layer for layer in self.session.stack.layers if isinstance(layer, AwsLayer)), None)
 
     def feasibility(self) -> FeasibilityPanel:
         """aws: the matrix (its module loads with the first aws screen, not before)."""
+        # lazy: the AZ matrix widget only on the aws target
         from tui.matrix import FeasibilityPanel
 
         return self.query_one(FeasibilityPanel)
@@ -180,6 +182,7 @@ class TargetScreen(RtuiScreen):
             targets.border_subtitle = unselectable_reason(target)
             yield targets
             if self.aws:
+                # lazy: the AZ matrix widget only on the aws target
                 from tui.matrix import FeasibilityPanel
 
                 cfg = self.session.config
@@ -235,6 +238,7 @@ class TargetScreen(RtuiScreen):
     async def run_checks(self) -> None:
         layer = self.aws_layer()
         if layer is not None:
+            # lazy: boto3 and the aws layer only on the aws target
             from backend.layers.aws.layer import MatrixWatch
 
             def listed(names: list[str]) -> None:
@@ -263,6 +267,7 @@ class TargetScreen(RtuiScreen):
     @work(exclusive=True, group="quota")
     async def file_quota_increase(self, region: str) -> None:
         """After the App's confirmation: the same request `rtui check --request-quota-increase --yes` files."""
+        # lazy: boto3 and the aws layer only on the aws target
         from backend.aws.quota_requests import request_missing_quota
         from backend.layers.aws_preflight import preflight_request
 
@@ -276,6 +281,7 @@ class TargetScreen(RtuiScreen):
 
     @work(exclusive=True, group="contexts")
     async def load_contexts(self) -> None:
+        # lazy: the kubernetes client only on the kube target
         from backend.layers.kubernetes.access import kube_contexts
 
         try:
@@ -336,6 +342,7 @@ class TargetScreen(RtuiScreen):
         """The short quotas of the highlighted AZ's region (else the configured one), once the matrix is in."""
         if self.report is None:
             return []
+        # lazy: boto3 and the aws layer only on the aws target
         from backend.aws.quota_requests import short_quotas
 
         region = self.feasibility().highlighted_region

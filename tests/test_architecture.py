@@ -80,6 +80,7 @@ class Import:
     module: str
     path: Path
     line: int
+    end_line: int
     targets: tuple[str, ...]
     in_function: bool
     type_checking: bool
@@ -131,7 +132,8 @@ def imports_of_ours() -> list[Import]:
         def visit_statement(node: ast.AST, in_function: bool, type_checking: bool, module: str,
                             path: Path) -> None:
             if isinstance(node, ast.Import | ast.ImportFrom):
-                found.append(Import(module, path, node.lineno, _targets(node, module, path, known),
+                found.append(Import(module, path, node.lineno, node.end_lineno or node.lineno,
+                                    _targets(node, module, path, known),
                                     in_function, type_checking))
                 return
             visit(node, in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda),
@@ -201,3 +203,33 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert import_cycles(graph) == [["a", "b", "c"], ["e", "f"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
+
+
+LAZY = "# lazy:"
+
+
+def _lazy_reason(imp: Import, lines: list[str]) -> str:
+    """The reason a function-level import gives: `# lazy: <why>` on the line above it or at its end."""
+    for text in (lines[imp.line - 2], lines[imp.line - 1]):
+        if LAZY in text:
+            return text.split(LAZY, 1)[1].strip()
+    return ""
+
+
+def test_every_function_level_import_says_why_it_is_lazy() -> None:
+    """Issue 24 item 3: an import inside a function hides a dependency; it stays only where the first frame (or a
+    process that must stay light) needs it, and says so in a `# lazy: <reason>` comment. training/ runs in the
+    cluster's image and imports torch where it is used: it is not held to this. Imports right below one another
+    share the reason above the first."""
+    unexplained = []
+    explained_until: dict[Path, int] = {}  # the last line of a run of lazy imports under one reason
+    for imp in sorted(imports_of_ours(), key=lambda i: (str(i.path), i.line)):
+        if imp.in_function and imp.module.split(".")[0] in ("backend", "tui", "screens"):
+            lines = imp.path.read_text().splitlines()
+            above = explained_until.get(imp.path)
+            if _lazy_reason(imp, lines) or (above is not None and not "".join(lines[above:imp.line - 1]).strip()):
+                explained_until[imp.path] = imp.end_line  # the next import right below shares the reason
+            else:
+                unexplained.append(f"{imp.path.relative_to(REPO)}:{imp.line}: {lines[imp.line - 1].strip()}")
+    assert not unexplained, f"{len(unexplained)} function-level imports without a `{LAZY} <reason>`:\n" + \
+        "\n".join(unexplained)

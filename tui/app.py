@@ -17,20 +17,24 @@ from typing import TYPE_CHECKING, Any
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 
 from backend.errors import RtuiError, UserError
-from backend.session import RunSession
+from backend.planner import apply_steps
+from backend.session import RunSession, cost_meter
 from backend.store import RunStatus
+from backend.trust import remember
+from screens.confirm import ConfirmApply, ConfirmConfigFile, ConfirmDetach, ConfirmTeardown, PickRun
+from screens.plan import PlanScreen
+from screens.target import TargetScreen
+from tui.help import HelpScreen, key_rows
 from tui.invocation import rtui_command
 
 if TYPE_CHECKING:
     from backend.config import ResolvedConfig
     from backend.planner import PlanResult
-    from screens.plan import PlanScreen
     from screens.provision import ProvisionScreen
     from screens.run import RunScreen
-    from screens.target import TargetScreen
     from tui.screen import WizardApp
 
 
@@ -79,14 +83,12 @@ class RtuiApp(App[None]):
         """The first screen is the default one: no blank screen is laid out before it."""
         record = self.session.record
         if self.resume and record.status is not RunStatus.DOWN and record.current_job is not None:
+            # lazy: the run screen (the graph, flows: ~300 ms) loads when first shown; not on the first frame
             from screens.run import RunScreen
 
             return RunScreen()
         if self.resume and record.status is not RunStatus.DOWN and record.resources:
-            from screens.plan import PlanScreen
-
             return PlanScreen()
-        from screens.target import TargetScreen
 
         return TargetScreen()
 
@@ -106,8 +108,6 @@ class RtuiApp(App[None]):
             self.push_screen(screen)
 
     def on_target_screen_chosen(self, _message: TargetScreen.Chosen) -> None:
-        from screens.plan import PlanScreen
-
         self._go(PlanScreen())
 
     def on_target_screen_context_chosen(self, message: TargetScreen.ContextChosen) -> None:
@@ -137,7 +137,6 @@ class RtuiApp(App[None]):
         old.record.config = config.model_dump(mode="json")
         self.session = RunSession(old.store, old.record, config)
         self._set_subtitle()
-        from screens.target import TargetScreen
 
         self._go(TargetScreen())
 
@@ -145,8 +144,8 @@ class RtuiApp(App[None]):
         """Filing a quota request is a support case with AWS: only after a yes in the modal."""
         if self.read_only:
             return
+        # lazy: the quota modal only on the aws target
         from screens.quota import ConfirmQuotaIncrease
-        from screens.target import TargetScreen
 
         target = self.screen
         region = message.requests[0][0]  # the screen asks for one region's quotas at a time
@@ -158,8 +157,6 @@ class RtuiApp(App[None]):
         self.push_screen(ConfirmQuotaIncrease(message.requests), answered)
 
     def on_plan_screen_back_requested(self, _message: PlanScreen.BackRequested) -> None:
-        from screens.target import TargetScreen
-
         self._go(TargetScreen())
 
     def on_plan_screen_approved(self, message: PlanScreen.Approved) -> None:
@@ -171,7 +168,6 @@ class RtuiApp(App[None]):
             self._apply(plan)
             return
         # What costs money by the hour is asked for twice: `a` on the plan, then `y` here.
-        from screens.confirm import ConfirmApply
 
         def confirmed(yes: bool | None) -> None:
             if yes:
@@ -183,7 +179,7 @@ class RtuiApp(App[None]):
     def _apply(self, plan: PlanResult) -> None:
         if not self.acquire():
             return
-        from backend.planner import apply_steps
+        # lazy: the provisioning screen (flows: ~230 ms) loads when first shown; not on the first frame
         from screens.provision import ProvisionScreen
 
         outline = apply_steps(self.session.stack, self.session.ctx, plan)
@@ -192,6 +188,7 @@ class RtuiApp(App[None]):
     def on_provision_screen_finished(self, message: ProvisionScreen.Finished) -> None:
         self._set_subtitle()
         if message.mode == "apply" and message.ok:
+            # lazy: the run screen (the graph, flows: ~300 ms) loads when first shown; not on the first frame
             from screens.run import RunScreen
 
             self._go(RunScreen())
@@ -200,19 +197,18 @@ class RtuiApp(App[None]):
         if self.session.record.status is RunStatus.DOWN:
             self._new_run()
             return
-        from screens.plan import PlanScreen
 
         self._go(PlanScreen())
 
     def on_provision_screen_retry_requested(self, message: ProvisionScreen.RetryRequested) -> None:
-        from screens.plan import PlanScreen
+        # lazy: the provisioning screen (flows: ~230 ms) loads when first shown; not on the first frame
         from screens.provision import ProvisionScreen
 
         self._go(ProvisionScreen(mode="teardown") if message.mode == "teardown" else PlanScreen())
 
     def on_provision_screen_failover_requested(self, message: ProvisionScreen.FailoverRequested) -> None:
+        # lazy: flows (~160 ms) loads with the screens that run steps; not on the first frame
         from backend import flows
-        from screens.plan import PlanScreen
 
         moved = flows.fail_over(self.session, message.failed)
         if moved is None:
@@ -235,7 +231,6 @@ class RtuiApp(App[None]):
     def action_teardown(self) -> None:
         if self.read_only or not self.has_resources():
             return
-        from screens.confirm import ConfirmTeardown
 
         session = self.session
         modal = ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
@@ -251,6 +246,7 @@ class RtuiApp(App[None]):
     def _teardown(self, delete_data: bool = False) -> None:
         if not self.acquire():
             return
+        # lazy: the provisioning screen (flows: ~230 ms) loads when first shown; not on the first frame
         from screens.provision import ProvisionScreen
 
         self._go(ProvisionScreen(mode="teardown", delete_data=delete_data))
@@ -263,7 +259,6 @@ class RtuiApp(App[None]):
                                config=old.config.model_dump(mode="json"))
         self.session = RunSession(old.store, record, old.config)
         self._set_subtitle()
-        from screens.target import TargetScreen
 
         self._go(TargetScreen())
 
@@ -297,8 +292,6 @@ class RtuiApp(App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "teardown":
-            from textual.screen import ModalScreen
-
             # Hidden when there is nothing to tear down, in --read-only, above a modal, and while a
             # teardown runs (during an apply it acts: it stops the apply and tears down).
             return (not self.read_only and self.has_resources() and not isinstance(self.screen, ModalScreen)
@@ -332,9 +325,6 @@ class RtuiApp(App[None]):
         self.notify(f"{rtui_command()} --resume {self.session.run_id}", title="Resume this run", timeout=15)
 
     def _ask_config_confirmation(self, resolved: ResolvedConfig) -> None:
-        from backend.trust import remember
-        from screens.confirm import ConfirmConfigFile
-
         path, sha256 = resolved.config_file, resolved.config_sha256
         assert path is not None and sha256 is not None  # an unconfirmed file was read
 
@@ -354,8 +344,6 @@ class RtuiApp(App[None]):
         if self.confirm_config is not None and self.confirm_config.unconfirmed:
             self._ask_config_confirmation(self.confirm_config)
         if self.choose_from:
-            from screens.confirm import PickRun
-
             def picked(run_id: str | None) -> None:
                 if run_id and run_id != self.session.run_id:
                     self.session = RunSession.resume(run_id, self.session.store)
@@ -365,16 +353,12 @@ class RtuiApp(App[None]):
             self.push_screen(PickRun(self.choose_from, self.session.store), picked)
 
     def action_toggle_help(self) -> None:
-        from tui.help import HelpScreen, key_rows
-
         if isinstance(self.screen, HelpScreen):
             self.screen.dismiss()
         else:
             self.push_screen(HelpScreen(getattr(self.screen, "HELP_TITLE", "this screen"), key_rows(self.screen)))
 
     def action_quit_detach(self) -> None:
-        from screens.confirm import ConfirmDetach
-
         if isinstance(self.screen, ConfirmDetach):
             return
         steps_running = bool(getattr(self.screen, "running", False))
@@ -417,8 +401,6 @@ _SCREEN_COMMANDS = (
 def teardown_summary(session: RunSession, *, now: float | None = None) -> list[str]:
     """What the teardown modal lists: what this run has made, by layer, and what it costs per hour
     (and has cost up to ``now``, the wall clock unless given)."""
-    from backend.session import cost_meter
-
     live = [(address, r) for address, r in session.record.resources.items() if r.live]
     by_layer: dict[str, list[str]] = {}
     for address, _record in live:

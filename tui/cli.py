@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
+from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
 from backend.config import (
     ECHO_LIMIT,
@@ -26,11 +26,10 @@ from backend.config import (
     shown,
 )
 from backend.errors import RtuiError, UserError
-from backend.store import RunStatus, RunStore
+from backend.session import RunSession
+from backend.store import RunStatus, RunStore, new_run_id
+from backend.trust import remember
 from tui.invocation import resolved_from
-
-if TYPE_CHECKING:
-    from backend.session import RunSession
 
 LATEST = "__latest__"
 HELP_FLAGS = ("-h", "--help")
@@ -310,6 +309,7 @@ def _main(argv: list[str]) -> int:
         return _classify(ns, out)
     if ns.command == "token":
         return _token(ns, out)
+    # lazy: the commands load flows (~200 ms); the wizard's first frame does without
     from tui import commands
 
     handler = {
@@ -320,6 +320,7 @@ def _main(argv: list[str]) -> int:
 
 
 def _token(ns: argparse.Namespace, out: TextIO) -> int:
+    # lazy: boto3 only for `rtui token` (kubectl's exec plugin)
     from backend.layers.kubernetes.eks import token_command_output
 
     out.write(token_command_output(ns.cluster_name, ns.region, ns.profile) + "\n")
@@ -350,8 +351,6 @@ def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
 
 def _config_trust(ns: argparse.Namespace, out: TextIO) -> int:
     """Confirm ./rtui.toml's guarded fields in the content read now (checked like any config first)."""
-    from backend.trust import remember
-
     resolved = resolved_from(ns, untrusted="show")
     if not resolved.unconfirmed or resolved.config_file is None or resolved.config_sha256 is None:
         out.write("nothing to confirm: no ./rtui.toml here sets a field that chooses what runs or what is read, "
@@ -368,6 +367,7 @@ def _config_trust(ns: argparse.Namespace, out: TextIO) -> int:
 def _check(ns: argparse.Namespace, out: TextIO) -> int:
     config = resolved_from(ns).config
     if config.target == "aws":
+        # lazy: boto3 and the AWS preflight only for --target aws
         from backend.aws import PreflightRequest, check_command
 
         request = PreflightRequest(
@@ -384,6 +384,7 @@ def _check(ns: argparse.Namespace, out: TextIO) -> int:
         raise UserError("--request-quota-increase is for --target aws")
     if ns.all_regions:
         raise UserError("--all-regions is for --target aws")
+    # lazy: the commands load flows (~200 ms); the wizard's first frame does without
     from tui import commands
 
     return asyncio.run(commands.check(ns, out))
@@ -393,9 +394,9 @@ def _manifest(ns: argparse.Namespace, out: TextIO) -> int:
     config = resolved_from(ns).config
     if config.target == "local":
         raise UserError("the local target has no Kubernetes objects", remedy="use --target kube or --target aws")
+    # lazy: the Kubernetes layer only for `rtui manifest`
     from backend.layers.kubernetes.layer import every_object
     from backend.layers.kubernetes.manifests import yaml_stream
-    from backend.store import new_run_id
 
     objects, notes = every_object(config, new_run_id() if ns.run_id is None else ns.run_id)
     out.write("".join(f"# {note}\n" for note in notes))
@@ -407,6 +408,7 @@ def _request_quota(request: Any, ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.yes:
         raise UserError("--request-quota-increase files a request with AWS and needs --yes",
                         remedy="run `rtui check --target aws` first to see what is short")
+    # lazy: boto3 and the AWS preflight only for --target aws
     from backend.aws.check_command import increase_quota_command
 
     return increase_quota_command(request, as_json=ns.json, stdout=out, stderr=sys.stderr)
@@ -416,6 +418,7 @@ def _classify(ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.files:
         raise UserError("no files to classify", remedy="use `rtui logs classify FILE... [--json]` (- for stdin)")
     try:
+        # lazy: the log classifier only for `rtui logs classify`
         from backend.telemetry.classify import classify_command
     except ImportError:
         raise UserError("log classification is not available in this version") from None
@@ -425,8 +428,6 @@ def _classify(ns: argparse.Namespace, out: TextIO) -> int:
 def wizard_session(ns: argparse.Namespace) -> tuple[RunSession, list[str], ResolvedConfig | None]:
     """The wizard's run, the live runs to choose from (--resume without an id), and a resolved config
     whose ./rtui.toml fields the first modal asks the user to confirm (None when none waits)."""
-    from backend.session import RunSession
-
     if ns.resume is not None:
         session = RunSession.resume(None if ns.resume == LATEST else ns.resume)
         choose_from = live_run_ids(session.store) if ns.resume == LATEST else []
@@ -446,6 +447,7 @@ def _wizard(ns: argparse.Namespace) -> int:
         # a terminal the app draws into a pipe or file and waits for keys that never come.
         raise UserError("the wizard needs a terminal (stdin or stdout is not one)",
                         remedy="run `rtui` in a terminal; scripts use `rtui plan`, `rtui up --yes`, `rtui status`")
+    # lazy: Textual only for the wizard: `rtui token` runs on every kubectl call
     from tui.app import RtuiApp
 
     app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only, choose_from=choose_from,

@@ -25,6 +25,7 @@ class ClusterNotReady(OperationError):
 
 def kube_api(ctx: Context) -> KubeApi:
     """The cluster's API for this config, made once per process (it refreshes its own token)."""
+    # lazy: the kubernetes client only when a cluster is reached; not on the aws target's first frame
     from backend.layers.kubernetes.access import KubeApi
 
     if ctx.config.target == "aws":
@@ -60,6 +61,7 @@ def _eks_api(ctx: Context) -> KubeApi:
 
 async def refresh_eks_api(ctx: Context) -> KubeApi:
     """Ask EKS again for the run's cluster: its API, or ClusterNotReady when there is none to use."""
+    # lazy: boto3 only on the aws target; the kube target never loads it
     from backend.layers.aws.base import aws_api
     from backend.layers.aws.cluster import describe_cluster
 
@@ -82,6 +84,7 @@ def _eks_key(ctx: Context) -> tuple[str, str, str | None]:
 def _describe_eks(config: RunConfig) -> Obj | None:
     """The EKS cluster of this name (None: there is none), through the aws layer's client, blocking:
     only the first use in a process (``refresh_eks_api`` asks on the loop's terms)."""
+    # lazy: boto3 only on the aws target; the kube target never loads it
     from botocore.exceptions import BotoCoreError, ClientError
 
     from backend.layers.aws.base import aws_api
@@ -98,6 +101,7 @@ def _describe_eks(config: RunConfig) -> Obj | None:
 
 
 def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
+    # lazy: boto3 and the kubernetes client only when the aws target reaches its cluster
     import boto3
 
     from backend.layers.kubernetes import eks

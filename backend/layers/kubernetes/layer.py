@@ -33,6 +33,7 @@ from backend.layers.kubernetes.handlers import (
     NvidiaPluginHandler,
     OperatorHandler,
     get_if_served,
+    list_if_served,
     ours,
     read_hf_token,
 )
@@ -313,8 +314,6 @@ class KubernetesLayer(Layer):
     async def _operator_reach(api: KubeApi, ctx: Context) -> list[CheckResult]:
         """A KubeRay operator already running (rtui's for another run, or anyone's) that watches only
         other namespaces would never reconcile this run's RayCluster: said before anything is applied."""
-        from backend.layers.kubernetes.handlers import list_if_served
-
         try:
             found = addons.find_kuberay_operator(await api.list("apps/v1", "Deployment"),
                                                  await list_if_served(api, "apiextensions.k8s.io/v1",
@@ -337,6 +336,7 @@ class KubernetesLayer(Layer):
 
     async def jobs(self, ctx: Context) -> RayJobs | None:
         """The head's Jobs API through the API server, once this run's head pod is ready."""
+        # lazy: the kubernetes client only when a cluster is reached; not on the aws target's first frame
         from backend.layers.kubernetes.access import Unreachable
 
         try:
