@@ -1,8 +1,9 @@
 """The run's product on the backend side: where its data lives, the model in it, fetching and keeping it.
 
 A run's data (checkpoints and exported model directories, ``training.export``) lives in a
-``DataStore``: a directory under the run's state dir on the local target; a PersistentVolumeClaim or
-an ``s3://`` prefix on a cluster are more stores of the same shape. Each store can say what it holds
+``DataStore``: a directory under the run's state dir on the local target, or the run's own prefix
+``<--storage-path>/<run id>/`` when the user names shared storage (``S3Store`` for ``s3://``), so
+runs that share a bucket prefix never see, fetch or delete each other's data. Each store can say what it holds
 (``usage``), find the newest complete model (a directory whose ``rtui_model.json`` lists files that
 are all there; an interrupted export is named ``.<name>.incomplete-*`` and never found), copy it to a
 local directory (``fetch``) and delete everything (``delete``, only on ``--delete-data``).
@@ -11,16 +12,17 @@ local directory (``fetch``) and delete everything (``delete``, only on ``--delet
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from backend.errors import OperationError, UserError
 from backend.model import CheckResult, CheckStatus
-from training.export import ExportInfo, find_models, read_marker, split_s3
+from training.export import INCOMPLETE, MODEL_MARKER, ExportInfo, find_models, read_marker, split_s3
 
 LOAD_HINT = "from transformers import AutoModelForCausalLM; model = AutoModelForCausalLM.from_pretrained('{path}')"
 
@@ -40,10 +42,11 @@ class DataUsage:
         return self.models == 0 and self.checkpoints == 0
 
     def describe(self) -> str:
-        parts = [f"{self.models} model{'s' * (self.models != 1)}",
-                 f"{self.checkpoints} checkpoint{'s' * (self.checkpoints != 1)}", human_bytes(self.bytes)]
+        parts = [f"{self.models:,} model{'s' * (self.models != 1)}",
+                 f"{self.checkpoints:,} checkpoint{'s' * (self.checkpoints != 1)}", human_bytes(self.bytes)]
         if self.monthly_cost is not None:
-            parts.append(f"${self.monthly_cost:,.2f}/month")
+            parts.append(f"${self.monthly_cost:,.2f}/month" if self.monthly_cost >= 0.01 or not self.monthly_cost
+                         else "under $0.01/month")
         return f"{self.where}: " + ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,6 +110,160 @@ class LocalDirStore:
 
     def delete(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+# S3 Standard in us-east-1, first 50 TB: $0.023 per GB-month, where AWS bills a GB as 2^30 bytes
+# (Amazon S3 pricing page; "GB-Month" in the AWS billing glossary). Other regions differ by a few cents.
+S3_STANDARD_PER_GIB_MONTH = 0.023
+
+
+def run_storage_uri(storage_path: str, run_id: str) -> str:
+    """Where one run's checkpoints and models go under the user's ``--storage-path``: its own prefix."""
+    return f"{storage_path.rstrip('/')}/{run_id}"
+
+
+class S3Store:
+    """A run's data under ``s3://bucket/prefix/<run id>/``, read with the user's own AWS credentials
+    (boto3's chain: profile, environment, SSO; ``AWS_ENDPOINT_URL`` for an S3-compatible endpoint).
+
+    A model directory there is complete when its ``rtui_model.json`` exists and every file it lists is
+    there: the training program uploads the marker last (``training.export.upload_dir``)."""
+
+    def __init__(self, uri: str, profile: str | None = None) -> None:
+        self.uri = uri.rstrip("/")
+        self.bucket, self.prefix = split_s3(self.uri)
+        self.profile = profile
+        self._s3: Any = None
+
+    def _client(self) -> Any:
+        if self._s3 is None:
+            # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
+            import boto3
+
+            aws = boto3.Session(profile_name=self.profile)
+            self._s3 = aws.client("s3", region_name=aws.region_name or "us-east-1")
+        return self._s3
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        # lazy: botocore only for s3:// storage
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(*args, **kwargs)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", "")) or str(exc)
+            raise OperationError(f"{what} {self.uri} failed: {code}",
+                                 remedy="check that your AWS credentials may read and list it "
+                                        "(s3:GetObject, s3:ListBucket), then run the same command again") from None
+        except BotoCoreError as exc:
+            raise OperationError(f"{what} {self.uri} failed: {exc}",
+                                 remedy="check your AWS credentials and network, then run it again") from None
+
+    def _objects(self) -> dict[str, tuple[int, float]]:
+        """Every object under the run's prefix: key relative to it -> (size, last modified)."""
+        base = f"{self.prefix}/" if self.prefix else ""
+
+        def listing() -> dict[str, tuple[int, float]]:  # pages: one call a thousand keys
+            found = {}
+            for page in self._client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+                for obj in page.get("Contents", []):
+                    found[obj["Key"][len(base):]] = (int(obj["Size"]), obj["LastModified"].timestamp())
+            return found
+
+        return dict(self._call("listing", listing))
+
+    def _key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+    def models(self) -> list[ExportInfo]:
+        objects = self._objects()
+        found: list[tuple[ExportInfo, float]] = []
+        for key, (_size, modified) in objects.items():
+            if not key.endswith(f"/{MODEL_MARKER}") and key != MODEL_MARKER:
+                continue
+            directory = key[: -len(MODEL_MARKER)].rstrip("/")
+            if INCOMPLETE in directory.rsplit("/", 1)[-1] or directory.count("/") > 1:
+                continue  # an export that did not finish, or something deeper than <run name>/<model>
+            raw = self._call("reading", self._client().get_object, Bucket=self.bucket, Key=self._key(key))
+            raw = self._call("reading", raw["Body"].read)
+            try:
+                info = ExportInfo(**json.loads(raw))
+            except (ValueError, TypeError):
+                continue
+            inside = f"{directory}/" if directory else ""
+            if not all(f"{inside}{name}" in objects for name in info.files):
+                continue
+            uri = f"{self.uri}/{directory}" if directory else self.uri
+            found.append((ExportInfo(**{**asdict(info), "uri": uri}), modified))
+        found.sort(key=lambda pair: (pair[0].final, pair[0].step, pair[1]), reverse=True)
+        return [info for info, _ in found]
+
+    def latest_model(self) -> ExportInfo | None:
+        models = self.models()
+        return models[0] if models else None
+
+    def usage(self) -> DataUsage:
+        objects = self._objects()
+        size = sum(s for s, _ in objects.values())
+        checkpoints = sum(1 for key in objects if key.rsplit("/", 1)[-1] == "rtui_checkpoint.json")
+        return DataUsage(self.uri, size, len(self.models()) if objects else 0, checkpoints,
+                         monthly_cost=size / 2**30 * S3_STANDARD_PER_GIB_MONTH)
+
+    def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
+        """Download the listed files (resumable as ``copy_model_dir``: a file of the same size is kept)."""
+        prepare_target(to)
+        _, directory = split_s3(model.uri)
+        keys = {name: f"{directory}/{name}" if directory else name for name in model.files}
+        sizes = {name: int(self._call("reading", self._client().head_object, Bucket=self.bucket,
+                                      Key=key)["ContentLength"]) for name, key in keys.items()}
+        total, done, copied = sum(sizes.values()), 0, []
+        for name, key in keys.items():
+            size = sizes[name]
+            dst = to / name
+            if not (dst.is_file() and dst.stat().st_size == size):
+                part = to / f".{name}.part"
+                try:
+                    self._call("downloading", self._client().download_file, self.bucket, key, str(part))
+                except OperationError:
+                    part.unlink(missing_ok=True)
+                    raise
+                except OSError as exc:
+                    part.unlink(missing_ok=True)
+                    raise OperationError(f"writing {name} to {to} failed: {exc.strerror or exc}",
+                                         remedy="free some space there (or pick another --to) and run it again; "
+                                                "files already copied are kept") from None
+                os.replace(part, dst)
+                copied.append(name)
+            done += size
+            if progress is not None:
+                progress(done, total)
+        return copied
+
+    def delete(self) -> None:
+        """Every object under the run's prefix, 1,000 keys a request (S3 DeleteObjects' limit)."""
+        keys = [self._key(k) for k in self._objects()]
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start:start + 1000]]
+            answer = self._call("deleting", self._client().delete_objects, Bucket=self.bucket,
+                                Delete={"Objects": batch, "Quiet": True})
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise OperationError(f"deleting {self.uri} failed: {first.get('Code')} on {first.get('Key')}",
+                                     remedy="allow s3:DeleteObject on it for your credentials, then run the same "
+                                            "command again")
+
+
+def data_store_for(storage_path: str | None, run_id: str, *, local_default: Path | None,
+                   profile: str | None = None) -> DataStore | None:
+    """The store of one run: its prefix under ``--storage-path`` when given, else ``local_default``."""
+    if storage_path:
+        uri = run_storage_uri(storage_path, run_id)
+        if uri.startswith("s3://"):
+            return S3Store(uri, profile)
+        if "://" not in uri:
+            return LocalDirStore(Path(uri).expanduser())
+        return None  # gs://, abfs://, hdfs://: written by the job, not fetched by rtui yet
+    return LocalDirStore(local_default) if local_default is not None else None
 
 
 def copy_model_dir(source: Path, model: ExportInfo, to: Path,
@@ -205,10 +362,9 @@ def _check_dir(path: Path) -> CheckResult:
 
 
 def _check_s3(uri: str, *, profile: str | None, run_id: str) -> CheckResult:
-    # lazy: boto3 only for s3:// storage (a local run never loads it)
+    # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
-
 
     bucket, prefix = split_s3(uri)
     key = f"{prefix}/.rtui-write-check-{run_id}" if prefix else f".rtui-write-check-{run_id}"

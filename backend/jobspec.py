@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import targets
 import training
 from backend.config import RunConfig
+from backend.delivery import run_storage_uri
 from backend.errors import UserError
 
 
@@ -50,8 +52,9 @@ def training_package_dir() -> Path:
     return Path(training.__file__).resolve().parent
 
 
-def build_job_spec(config: RunConfig, model_revision: str | None = None) -> JobSpec:
-    """The job of this config; ``model_revision``: the hub commit the plan resolved (backend.hub)."""
+def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_id: str | None = None) -> JobSpec:
+    """The job of this config; ``model_revision``: the hub commit the plan resolved (backend.hub);
+    ``run_id``: the run whose own prefix under ``--storage-path`` the job writes to."""
     workers = config.effective_workers()
     args = [
         "python", "-m", "training.train",
@@ -66,7 +69,8 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None) -> JobS
         "--shard", config.shard,
         "--data", config.data,
     ]
-    if config.shard == "hybrid" and (config.shard_size or config.target != "local"):
+    on_gpus = targets.get(config.target).on_gpus
+    if config.shard == "hybrid" and (config.shard_size or on_gpus):
         # Locally the program groups the workers Ray placed on each node itself.
         args += ["--shard-size", str(config.effective_shard_size())]
     if config.reduce_dtype != "fp32":
@@ -88,7 +92,8 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None) -> JobS
     if config.checkpoint_every:
         args += ["--checkpoint-every", str(config.checkpoint_every)]
     if config.storage_path:
-        args += ["--storage-path", config.storage_path]
+        args += ["--storage-path",
+                 run_storage_uri(config.storage_path, run_id) if run_id else config.storage_path]
     if config.resume_from:
         args += ["--resume-from", config.resume_from]
     env_vars = {
@@ -100,7 +105,7 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None) -> JobS
     model_id = config.effective_model_id()
     if model_revision:
         args += ["--model-revision", model_revision]
-    if config.target == "local":
+    if not on_gpus:
         args += ["--device", "cpu"]
         if model_id:  # a model directory on this machine, loaded as on a cluster (from_pretrained)
             args += ["--model-id", model_id]
@@ -192,7 +197,7 @@ def describe_step_plan(config: RunConfig) -> str:
     shape = model_shape(config)
     if shape is None:
         return line + "; memory per rank: estimated on the cluster"
-    gpu = config.target != "local"
+    gpu = targets.get(config.target).on_gpus
     precision = config.effective_precision()
     reshard = config.reshard_after_forward == "yes" or (config.reshard_after_forward == "auto" and gpu)
     estimate = estimate_memory(shape, micro_batch=plan.micro_batch, seq_len=plan.seq_len, shard_size=shard,

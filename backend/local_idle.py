@@ -23,6 +23,7 @@ from backend.errors import RtuiError
 from backend.layers import local_cluster as lc
 from backend.layers.local_ray import jobs_for
 from backend.procs import terminate
+from backend.record import StoppedWhileIdle
 from backend.store import RunLockedError, RunStore
 
 POLL_MAX_S = 5.0
@@ -56,7 +57,7 @@ def stop(cluster: lc.ClusterDir, idle_s: float, store_root: Path | None) -> bool
             if store is not None:
                 with contextlib.suppress(RtuiError, OSError):
                     record = store.load(cluster.run_id)
-                    record.facts["stopped_while_idle"] = {"at": at, "idle_s": idle_s, "dir": str(cluster.path)}
+                    record.facts.stopped_while_idle = StoppedWhileIdle(at=at, idle_s=idle_s, dir=str(cluster.path))
                     store.save(record)
     except RunLockedError:
         return False

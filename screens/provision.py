@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from textual import work
 from textual.app import ComposeResult
@@ -13,8 +13,10 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Header, Static
+from textual.worker import Worker
 
 from backend import flows
+from backend.errors import NoCapacity
 from backend.model import EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.runner import Step
@@ -59,7 +61,7 @@ class ProvisionScreen(RtuiScreen):
     class FailoverRequested(Message):
         """The GPU nodes found no capacity: the App moves them to the next feasible AZ."""
 
-        failed: StepEvent
+        failed: NoCapacity
 
     def __init__(self, plan: PlanResult | None = None, *, mode: Mode = "apply",
                  outline: list[Step] | None = None, clock: Callable[[], float] = time.time,
@@ -72,7 +74,7 @@ class ProvisionScreen(RtuiScreen):
         self.outline = outline or []
         self.running = True
         self.ok = False
-        self.no_capacity: StepEvent | None = None
+        self.no_capacity: NoCapacity | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -87,27 +89,28 @@ class ProvisionScreen(RtuiScreen):
     def on_mount(self) -> None:
         self.run_steps()
 
-    @work(exclusive=True, group="steps")
+    @work(exclusive=True, group="steps", exit_on_error=False)
     async def run_steps(self) -> None:
         ok = True
-        try:
-            if self.mode == "apply":
-                assert self.plan is not None
-                events = flows.apply_plan(self.session, self.plan)
-            else:
-                events = flows.down(self.session, delete_data=self.delete_data)
-            async for event in events:
-                ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
-                self.post_message(self.StepEventPosted(event))
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            ok = False
-            self.wizard.report_error(exc)
+        if self.mode == "apply":
+            assert self.plan is not None
+            events = flows.apply_plan(self.session, self.plan)
+        else:
+            events = flows.down(self.session, delete_data=self.delete_data)
+        async for event in events:
+            ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
+            self.post_message(self.StepEventPosted(event))
         self.post_message(self.Finished(self.mode, ok))
+
+    def worker_failed(self, worker: Worker[Any], error: BaseException) -> bool:
+        if worker.group == "steps":  # the steps ended, not well: the App decides what comes next
+            self.post_message(self.Finished(self.mode, False))
+        return False  # and the notification says why
 
     async def on_provision_screen_step_event_posted(self, message: StepEventPosted) -> None:
         event = message.event
-        if event.kind is EventKind.FAILED and flows.CAPACITY_CODE in (event.cause or ""):
-            self.no_capacity = event
+        if isinstance(event.error, NoCapacity):
+            self.no_capacity = event.error
         panes = self.query(f"#{StepPane.dom_id(event.step)}")
         if panes:
             pane = panes.first(StepPane)

@@ -40,13 +40,6 @@ _STATUS_STYLE: dict[str, str] = {JobState.SUCCEEDED: "bold green", JobState.FAIL
                  JobState.RUNNING: "bold yellow"}
 
 
-def plan_cost_per_hour(plan: dict[str, Any] | None) -> float | None:
-    """What the applied plan said the run costs per hour; None when it priced nothing."""
-    costs = [c.get("cost_per_hour") for c in (plan or {}).get("changes", []) if c.get("action") != "delete"]
-    priced = [float(c) for c in costs if isinstance(c, int | float)]
-    return sum(priced) if priced else None
-
-
 class RunScreen(RtuiScreen):
     HELP_TITLE = "the run"
     # Below 100 columns the graph folds away (`g` shows it in the log's place): the log tail and the
@@ -176,18 +169,15 @@ class RunScreen(RtuiScreen):
                 text.append(f"  ${self._gpu_cost:.2f}/hour now", style="dim")
         self.query_one("#job-status", Static).update(text)
 
-    @work(exclusive=True, group="gpu")
+    @work(exclusive=True, group="gpu", exit_on_error=False)
     async def watch_gpu(self) -> None:
         """GPU workers and nodes as they go while idle and come back for a job (issue 26)."""
-        try:
-            while True:
-                fleet = await self.session.gpu_fleet()
-                if fleet is not None:
-                    meter = cost_meter(self.session.record, gpu=fleet)
-                    self.post_message(self.GpuFleetChanged(fleet, meter["per_hour"] if meter else None))
-                await asyncio.sleep(GPU_REFRESH_S)
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.wizard.report_error(exc)
+        while True:
+            fleet = await self.session.gpu_fleet()
+            if fleet is not None:
+                meter = cost_meter(self.session.record, gpu=fleet)
+                self.post_message(self.GpuFleetChanged(fleet, meter["per_hour"] if meter else None))
+            await asyncio.sleep(GPU_REFRESH_S)
 
     def on_run_screen_gpu_fleet_changed(self, message: GpuFleetChanged) -> None:
         if (message.fleet, message.cost_per_hour) != (self.gpu_fleet, self._gpu_cost):
@@ -197,7 +187,11 @@ class RunScreen(RtuiScreen):
 
     def refresh_dashboard(self) -> None:
         """Hand the badge, stats, sparkline and graph fresh snapshots (equal ones repaint nothing)."""
-        cost = plan_cost_per_hour(self.session.record.plan) if self._gpu_cost is None else self._gpu_cost
+        plan = self.session.record.plan  # what the applied plan said the run costs per hour
+        if self._gpu_cost is not None:
+            cost: float | None = self._gpu_cost
+        else:
+            cost = plan.cost_per_hour if plan is not None and plan.prices() else None
         now = time.monotonic()
         # A priced run's cost keeps running without new lines, slowly enough to redraw it seldom.
         if not (self._stale or (cost and now - self._refreshed_at >= COST_REFRESH_S)):
@@ -218,26 +212,23 @@ class RunScreen(RtuiScreen):
         if spark.data != (data := throughput.spark):
             spark.data = data
 
-    @work(exclusive=True, group="follow")
+    @work(exclusive=True, group="follow", exit_on_error=False)
     async def follow_job(self) -> None:
         """Replay the spool, then attach (or watch read-only); widgets change only in handlers."""
         spool = self.session.spool()
         offset = spool.size()
         if spool.exists():  # the view gets the tail, telemetry the whole history once
             self.post_message(self.LinesArrived(list(deque(spool.iter_lines(), maxlen=REPLAY_LINES))))
-        try:
-            async for update in flows.attach(self.session, replayed_bytes=offset):
-                if isinstance(update, flows.Attached):
-                    if update.read_only:
-                        self.notify("Another rtui is attached to this run: watching its log read-only.")
-                    elif not update.cluster_alive:
-                        self.post_message(self.JobStatusChanged("cluster not running", ""))
-                    continue
-                self._post_update(update)
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.wizard.report_error(exc)
+        async for update in flows.attach(self.session, replayed_bytes=offset):
+            if isinstance(update, flows.Attached):
+                if update.read_only:
+                    self.notify("Another rtui is attached to this run: watching its log read-only.")
+                elif not update.cluster_alive:
+                    self.post_message(self.JobStatusChanged("cluster not running", ""))
+                continue
+            self._post_update(update)
 
-    @work(exclusive=True, group="head-log")
+    @work(exclusive=True, group="head-log", exit_on_error=False)
     async def follow_head(self) -> None:
         """The head pod's log (spooled by ``flows.head_log``), posted in batches."""
         batch: list[str] = []
@@ -256,8 +247,6 @@ class RunScreen(RtuiScreen):
                 if done:
                     reader.result()
                     return
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.wizard.report_error(exc)
         finally:
             reader.cancel()
 
@@ -333,13 +322,9 @@ class RunScreen(RtuiScreen):
             return not self.active_tail.following and not isinstance(self.focused, Input)
         return True
 
-    @work(exclusive=True, group="fetch-model")
+    @work(exclusive=True, group="fetch-model", exit_on_error=False)
     async def action_fetch_model(self) -> None:
-        try:
-            copied = await flows.fetch_model(self.session, Path.cwd() / f"rtui-model-{self.session.run_id}")
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.wizard.report_error(exc)
-            return
+        copied = await flows.fetch_model(self.session, Path.cwd() / f"rtui-model-{self.session.run_id}")
         self.notify(f"Model copied to {copied}", title="Model")
 
     def action_teardown(self) -> None:

@@ -38,14 +38,16 @@ if TYPE_CHECKING:
     from tui.screen import WizardApp
 
 
+QUIT_TIP = "Quit; it tears nothing down (asks first while work is in flight)"
+
+
 class RtuiApp(App[None]):
     CSS_PATH = Path(__file__).with_name("rtui.tcss")
     TITLE = "rtui"
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
-        Binding("q", "quit_detach", "Quit", id="quit", tooltip="Quit; never tears anything down"),
-        Binding("ctrl+q", "quit_detach", "Quit", show=False, id="quit_ctrl", priority=True,
-                tooltip="Quit; never tears anything down"),
+        Binding("q", "quit_detach", "Quit", id="quit", tooltip=QUIT_TIP),
+        Binding("ctrl+q", "quit_detach", "Quit", show=False, id="quit_ctrl", priority=True, tooltip=QUIT_TIP),
         Binding("question_mark,f1", "toggle_help", "Help", id="help", tooltip="Show every key"),
         Binding("D", "teardown", "Tear down", id="teardown_any",
                 tooltip="Delete everything this run made (asks for the cluster name first)"),
@@ -70,12 +72,10 @@ class RtuiApp(App[None]):
     def _set_subtitle(self) -> None:
         s = self.session
         down = " · down" if s.record.status is RunStatus.DOWN else ""
-        if not down and s.record.facts.get("stopped_while_idle"):
+        if not down and s.record.facts.stopped_while_idle is not None:
             down = " · stopped while idle"
-        # On kube, which cluster: the context the kubeconfig names (or its current one).
-        where = f" @ {s.config.context}" if s.config.target == "kube" and s.config.context else ""
-        if s.config.target == "aws":  # and where: the AZ once chosen, else the region
-            where = f" @ {s.config.availability_zone or s.config.region}"
+        where = s.target.where(s.config)  # which cluster: a kube context, an aws AZ (or region)
+        where = f" @ {where}" if where else ""
         self.sub_title = f"{s.config.target}{where} · {s.config.cluster_name} · run {s.run_id}{down}"
 
     # --- routing -----------------------------------------------------------------------
@@ -134,8 +134,8 @@ class RtuiApp(App[None]):
             return
         self.release()  # a lock is the old session's (a failed apply that created nothing)
         config = old.config.model_copy(update=update)
-        old.record.config = config.model_dump(mode="json")
-        self.session = RunSession(old.store, old.record, config)
+        old.record.use_config(config)
+        self._replace_session(RunSession(old.store, old.record, config))
         self._set_subtitle()
 
         self._go(TargetScreen())
@@ -148,11 +148,10 @@ class RtuiApp(App[None]):
         from screens.quota import ConfirmQuotaIncrease
 
         target = self.screen
-        region = message.requests[0][0]  # the screen asks for one region's quotas at a time
 
         def answered(yes: bool | None) -> None:
             if yes and isinstance(target, TargetScreen):
-                target.file_quota_increase(region)
+                message.file()  # the screen's panel files them (one region's quotas at a time)
 
         self.push_screen(ConfirmQuotaIncrease(message.requests), answered)
 
@@ -163,7 +162,7 @@ class RtuiApp(App[None]):
         if self.read_only:
             return
         plan = message.plan
-        costs_money = self.session.config.target == "aws" or plan.cost_per_hour > 0
+        costs_money = self.session.target.costs_money or plan.cost_per_hour > 0
         if plan.is_noop or not costs_money:
             self._apply(plan)
             return
@@ -255,9 +254,8 @@ class RtuiApp(App[None]):
         """After a teardown, going back starts a new run of the same config (never re-applies a dead one)."""
         old = self.session
         self.release()
-        record = old.store.new(target=old.config.target, cluster_name=old.config.cluster_name,
-                               config=old.config.model_dump(mode="json"))
-        self.session = RunSession(old.store, record, old.config)
+        record = old.store.new(old.config)
+        self._replace_session(RunSession(old.store, record, old.config))
         self._set_subtitle()
 
         self._go(TargetScreen())
@@ -284,11 +282,17 @@ class RtuiApp(App[None]):
 
     def on_unmount(self) -> None:
         self.release()
+        self.session.close()  # the session ends with the app: its clients and their threads too
+
+    def _replace_session(self, new: RunSession) -> None:
+        """Switch to ``new``; the old session's clients close once the screens using them are gone."""
+        old, self.session = self.session, new
+        self.call_after_refresh(old.close)
 
     # --- errors and actions ------------------------------------------------------------
     def report_error(self, exc: BaseException) -> None:
         text = str(exc) if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
-        self.notify(text, title="Error", severity="error", timeout=10)
+        self.notify(" ".join(text.split()), title="Error", severity="error", timeout=10)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "teardown":
@@ -299,18 +303,17 @@ class RtuiApp(App[None]):
         return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        """The palette (ctrl+p): the app's own commands first, then Textual's."""
-        if not self.read_only and self.has_resources():
-            yield SystemCommand("Tear down", "Delete everything this run made (asks for the cluster name)",
-                                self.action_teardown)
-        for action, title, help_text in _SCREEN_COMMANDS:
-            if hasattr(screen, f"action_{action}") and screen.check_action(action, ()):
-                yield SystemCommand(title, help_text, partial(screen.run_action, action))
+        """The palette (ctrl+p): what the footer offers now, from the same bindings (one per action, those that
+        act now: a dimmed or hidden key is no command either), then the two commands no key runs, then Textual's."""
+        offered: set[str] = set()
+        for node, binding, enabled, tooltip in screen.active_bindings.values():
+            if binding.show and enabled and binding.action not in offered:
+                offered.add(binding.action)
+                yield SystemCommand(binding.description, tooltip or binding.description,
+                                    partial(self.run_action, binding.action, node))
         yield SystemCommand("Show config", "The run's effective configuration, field by field", self._show_config)
         yield SystemCommand("Resume command", "How to come back to this run from a shell", self._show_resume)
-        yield SystemCommand("Quit", "Quit rtui; it tears nothing down (asks first while work is in flight)",
-                            self.action_quit_detach)
-        # Textual's own Quit would exit at once, without the detach question.
+        # Textual's own Quit would exit at once, without the detach question (ours is the q binding's).
         yield from (c for c in super().get_system_commands(screen) if c.callback != self.action_quit)
 
     def _show_config(self) -> None:
@@ -346,7 +349,7 @@ class RtuiApp(App[None]):
         if self.choose_from:
             def picked(run_id: str | None) -> None:
                 if run_id and run_id != self.session.run_id:
-                    self.session = RunSession.resume(run_id, self.session.store)
+                    self._replace_session(RunSession.resume(run_id, self.session.store))
                     self._set_subtitle()
                     self._go(self.get_default_screen())
 
@@ -388,24 +391,14 @@ class RtuiApp(App[None]):
 if TYPE_CHECKING:  # what screens reach through tui.screen.WizardApp, checked here
     _app_as_screens_see_it: type[WizardApp] = RtuiApp
 
-# Screen actions the palette offers where the current screen has them (and allows them now).
-_SCREEN_COMMANDS = (
-    ("toggle_follow", "Follow logs", "Follow the newest log lines, or pause"),
-    ("filter", "Filter logs", "Show only the log lines that contain some text"),
-    ("recheck", "Re-check", "Run the preflight checks again"),
-    ("replan", "Re-plan", "Discover the live state and plan again"),
-    ("retry", "Retry", "Re-plan and apply again after a failure"),
-)
-
 
 def teardown_summary(session: RunSession, *, now: float | None = None) -> list[str]:
     """What the teardown modal lists: what this run has made, by layer, and what it costs per hour
     (and has cost up to ``now``, the wall clock unless given)."""
-    live = [(address, r) for address, r in session.record.resources.items() if r.live]
     by_layer: dict[str, list[str]] = {}
-    for address, _record in live:
-        layer = address.split(".", 1)[0]
-        by_layer.setdefault(layer, []).append(address.split(".", 1)[1] if "." in address else address)
+    for address, entry in session.record.resources.items():
+        if entry.live:
+            by_layer.setdefault(entry.layer or "other", []).append(address)
     lines = [f"{layer}: {', '.join(names[:6])}" + (f" +{len(names) - 6} more" if len(names) > 6 else "")
              for layer, names in by_layer.items()]
     cost = cost_meter(session.record, now=now)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+import targets
 from backend.delivery import check_storage_writable
 from backend.errors import OperationError, UserError
 from backend.hub import Revision, resolve_revision
@@ -62,7 +63,7 @@ class JobHandler(Handler):
         jobs = await _jobs(ctx)
         # The commit the plan resolved and showed, never the branch's newer head.
         revision = str(want.spec.get("model_revision") or "").split(" ", 1)[0] or None
-        spec = build_job_spec(ctx.config, revision)
+        spec = build_job_spec(ctx.config, revision, run_id=ctx.record.run_id)
         submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
         runtime_env = {**spec.runtime_env, "env_vars": {
             **spec.runtime_env.get("env_vars", {}), **_job_env(ctx),
@@ -111,7 +112,8 @@ class RayJobLayer(Layer):
         """The hub commit the job loads, asked at plan time (none for a local model directory)."""
         config = ctx.config
         model_id = config.effective_model_id()
-        if config.target == "local" or model_id is None or (model_id, config.model_revision) in self._revisions:
+        known = (model_id, config.model_revision) in self._revisions
+        if targets.get(config.target).offline or model_id is None or known:
             return
         if Path(model_id).expanduser().is_dir():
             if config.model_revision:
@@ -123,7 +125,7 @@ class RayJobLayer(Layer):
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
         revision = self._revision(ctx)
-        spec = build_job_spec(ctx.config, revision.sha if revision else None)
+        spec = build_job_spec(ctx.config, revision.sha if revision else None, run_id=ctx.record.run_id)
         pinned = {"model_revision": f"{revision.sha} ({revision.asked})"} if revision else {}
         return [Resource(address=JOB, layer=self.name, kind="ray-job", cost_per_hour=0.0,
                          spec={**spec.summary(), **pinned, "spec_hash": spec.spec_hash},
@@ -138,7 +140,7 @@ class RayJobLayer(Layer):
         if ctx.config.storage_path:  # where checkpoints and the model go: a write the run can make?
             results.append(await asyncio.to_thread(
                 check_storage_writable, ctx.config.storage_path,
-                profile=ctx.config.profile if ctx.config.target == "aws" else None, run_id=ctx.record.run_id))
+                profile=targets.get(ctx.config.target).storage_profile(ctx.config), run_id=ctx.record.run_id))
         names = ctx.config.job_env_names()
         if not names:
             return results

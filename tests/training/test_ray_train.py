@@ -92,10 +92,11 @@ CYCLE = ["--data", "cycle", "--seq-len", "64", "--batch-size", "4", "--lr", "3e-
 
 @pytest.fixture(scope="module")
 def full_run(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
-    """FSDP over both workers on the learnable cycle, checkpointing every 6 of 16 steps (and at the end)."""
+    """FSDP over both workers on the learnable cycle, checkpointing every 6 of 16 steps (and at the end),
+    exporting the model at step 8 and at the end."""
     store = tmp_path_factory.mktemp("store")
     run = train(ray_address, *CYCLE, "--steps", "16", "--shard", "full", "--checkpoint-every", "6",
-                "--keep-checkpoints", "3", "--storage-path", str(store), "--run-name", "full")
+                "--keep-checkpoints", "3", "--export-every", "8", "--storage-path", str(store), "--run-name", "full")
     return _ok(run), store
 
 
@@ -106,6 +107,16 @@ def test_full_shard_trains_on_a_learnable_pattern(full_run: tuple[Run, Path]) ->
     assert losses[-1] < losses[0] - 1.5, losses  # ln(1024) ≈ 6.9 at the start
     assert "mesh 2 ('shard',)" in run.stdout
     assert run.summary is not None and run.summary["steps_run"] == 16 and run.summary["world_size"] == 2
+
+
+def test_export_every_writes_a_model_at_that_step_and_the_final_one_is_offered(full_run: tuple[Run, Path]) -> None:
+    from backend.delivery import LocalDirStore
+
+    _, store = full_run
+    models = LocalDirStore(store).models()
+    assert [(m.step, m.final, os.path.basename(m.uri)) for m in models] == \
+        [(16, True, "model"), (8, False, "model-step-00000008")]
+    assert LocalDirStore(store).latest_model() == models[0]
 
 
 def test_metric_lines_parse_with_the_telemetry_parser(full_run: tuple[Run, Path]) -> None:
@@ -126,7 +137,7 @@ def test_checkpoint_then_resume_continues_at_the_right_step(ray_address: str, fu
                                                             tmp_path: Path) -> None:
     first, store = full_run
     assert [s for s, _ in ckpt.find_checkpoints(str(store))] == [6, 12, 16]
-    assert ckpt.resolve_resume("latest", str(store)).endswith("checkpoint_step_00000016")  # type: ignore[union-attr]
+    assert str(ckpt.resolve_resume("latest", str(store))).endswith("checkpoint_step_00000016")
     resumed = _ok(train(ray_address, *CYCLE, "--steps", "12", "--shard", "full", "--storage-path", str(tmp_path),
                         "--resume-from", str(store / "full" / ckpt.checkpoint_dir_name(6))))
     assert "at step 6" in resumed.stdout

@@ -88,6 +88,7 @@ from backend.layers.aws_preflight import preflight_request
 from backend.layers.base import Context, Handler, Layer
 from backend.layers.kubernetes.registry import image_size
 from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
+from backend.record import AzMove
 
 if TYPE_CHECKING:
     from backend.aws import PreflightReport
@@ -154,25 +155,25 @@ class AwsLayer(Layer):
         given = ctx.config.api_cidr_list()
         if given:
             return given
-        learned: list[str] | None = ctx.record.facts.get("api_cidrs")
+        learned = ctx.record.facts.api_cidrs
         if not learned:
             learned = [await asyncio.to_thread(public_cidr)]
-            ctx.record.facts["api_cidrs"] = learned
+            ctx.record.facts.api_cidrs = learned
             ctx.save()
         return learned
 
     @staticmethod
     def api_cidr_list(ctx: Context) -> list[str]:
-        return ctx.config.api_cidr_list() or list(ctx.record.facts.get("api_cidrs") or [])
+        return ctx.config.api_cidr_list() or list(ctx.record.facts.api_cidrs)
 
     async def _region_prices(self, ctx: Context) -> RegionPrices:
         config = ctx.config
-        return await asyncio.to_thread(self.price_book(config).region, config.region,
+        return await asyncio.to_thread(self.price_book(ctx).region, config.region,
                                        (config.gpu_node_type, config.system_node_type))
 
-    def price_book(self, config: RunConfig) -> PriceBook:
+    def price_book(self, ctx: Context) -> PriceBook:
         if self._book is None:
-            self._book = PriceBook(aws_api(config).session)
+            self._book = PriceBook(aws_api(ctx).session)
         return self._book
 
     def prices(self, config: RunConfig) -> RegionPrices:
@@ -198,7 +199,7 @@ class AwsLayer(Layer):
         if listed is not None and listed.state == "active" and not _past(listed.end_date):
             return None
         try:
-            found = await aws_api(ctx.config).call("ec2", "describe_capacity_reservations",
+            found = await aws_api(ctx).call("ec2", "describe_capacity_reservations",
                                                    CapacityReservationIds=[reservation_id],
                                                    ok=("InvalidCapacityReservationId.NotFound",))
         except OperationError:
@@ -234,15 +235,15 @@ class AwsLayer(Layer):
         sized = asyncio.ensure_future(asyncio.to_thread(image_size, config.image))
         try:
             report = await run_preflight(request, on_region=watch.on_region, on_listed=watch.on_listed,
-                                         prices=self.price_book(config))
+                                         prices=self.price_book(ctx))
         except BaseException:
             sized.cancel()
             raise
         image = await sized
         disk_gb, disk_why = system_disk_gb(image.compressed_bytes)
-        if image.compressed_bytes is None and facts.get("system_disk_gb"):
+        if image.compressed_bytes is None and facts.system_disk_gb:
             # A registry that does not answer now never shrinks nor grows the disk this run sized before.
-            disk_gb, disk_why = int(facts["system_disk_gb"]), "as sized before"
+            disk_gb, disk_why = facts.system_disk_gb, "as sized before"
         self.report = report
         self.preflight_checks = [*_first_reasons(report, config.region), *report.to_check_results()]
         region = next((r for r in report.regions if r.region == config.region), None)
@@ -259,7 +260,7 @@ class AwsLayer(Layer):
                        and report.recommendation.region == config.region else None)
         if given is not None and recommended not in given:
             recommended = next(iter(sorted(feasible, key=lambda a: zones[a].verdict != "feasible")), None)
-        gpu_az = config.availability_zone or facts.get("gpu_az") or recommended
+        gpu_az = config.availability_zone or facts.gpu_az or recommended
         if gpu_az is None:
             blockers = _first_reasons(report, config.region)
             if blockers:
@@ -274,7 +275,7 @@ class AwsLayer(Layer):
             raise UserError(f"no private subnet of {config.vpc_id} is in the GPU AZ {gpu_az}",
                             remedy=f"choose one of {', '.join(sorted(given))} or add a subnet in {gpu_az} "
                                    "to --private-subnet-ids")
-        network_azs = list(facts.get("network_azs") or [])
+        network_azs = list(facts.network_azs)
         if not network_azs:
             network_azs = _control_plane_azs(
                 in_reach, gpu_az, config.region if given is None else "--private-subnet-ids",
@@ -287,21 +288,20 @@ class AwsLayer(Layer):
                         for az, r in named.items() if r is not None}
         # The reservation this run's nodes already fill shows no free slot now: keep naming it, while it
         # lasts. One that expired or was cancelled is named no more, and the plan says what replaces it.
-        kept = facts.get("reservation") or {}
-        if kept.get("az") and kept.get("id"):
-            ended = await self._reservation_ended(ctx, str(kept["id"]), zones.get(kept["az"]))
+        kept = facts.reservation
+        if kept is not None and kept.az and kept.id:
+            ended = await self._reservation_ended(ctx, kept.id, zones.get(kept.az))
             if ended is None:
-                reservations[kept["az"]] = NamedReservation(str(kept["id"]), str(kept.get("kind") or "odcr"),
-                                                            kept.get("placement_group"))
-            elif kept["az"] == gpu_az:
+                reservations[kept.az] = NamedReservation(kept.id, kept.kind or "odcr", kept.placement_group)
+            elif kept.az == gpu_az:
                 zone = zones.get(gpu_az)
                 uses = _capacity_used(reservations.get(gpu_az), reserved_nodes(zone.reservations)[0] if zone else 0,
                                       config.gpu_node_count)
-                self._notes.append(f"capacity reservation {kept['id']} {ended}: the GPU nodes now use {uses}")
+                self._notes.append(f"capacity reservation {kept.id} {ended}: the GPU nodes now use {uses}")
         return Topology(
             reservations=reservations, system_disk_gb=disk_gb, system_disk_why=f"{disk_why} ({image.reason})",
             network_azs=network_azs, gpu_az=gpu_az, az_index=index,
-            failover_azs=[z for z in feasible if z != gpu_az and z not in facts.get("failed_azs", [])],
+            failover_azs=[z for z in feasible if z != gpu_az and z not in facts.failed_azs],
             gpu_quota_code=quota.code if quota else quota_code_for(config.gpu_node_type),
             gpu_headroom=quota.headroom if quota else None,
             system_quota_code=system_quota.code if system_quota else quota_code_for(config.system_node_type),
@@ -318,7 +318,7 @@ class AwsLayer(Layer):
             raise UserError(f"--vpc-id {config.vpc_id} needs its private subnets",
                             remedy="pass --private-subnet-ids with subnets in at least two AZs")
         try:
-            subnets = await aws_api(config).pages("ec2", "describe_subnets", "Subnets", SubnetIds=ids)
+            subnets = await aws_api(ctx).pages("ec2", "describe_subnets", "Subnets", SubnetIds=ids)
         except OperationError as exc:
             raise UserError(f"cannot read --private-subnet-ids: {exc.message}",
                             remedy="check the subnet ids and the region") from None
@@ -340,10 +340,10 @@ class AwsLayer(Layer):
         """Keep the AZs this run builds in (called when it applies)."""
         if self.topology is not None:
             topo = self.topology
-            ctx.record.facts.update({"gpu_az": topo.gpu_az, "network_azs": topo.network_azs,
-                                     "system_disk_gb": topo.system_disk_gb})
+            facts = ctx.record.facts
+            facts.gpu_az, facts.network_azs, facts.system_disk_gb = topo.gpu_az, topo.network_azs, topo.system_disk_gb
             named = topo.gpu_reservation
-            ctx.record.facts["reservation"] = named.to_fact(topo.gpu_az) if named else None
+            facts.reservation = named.to_fact(topo.gpu_az) if named else None
             ctx.save()
 
     def fail_over(self, ctx: Context, failed_az: str, why: str) -> str | None:
@@ -351,13 +351,13 @@ class AwsLayer(Layer):
         topology = self.topology
         if topology is None:
             return None
-        failed = [*ctx.record.facts.get("failed_azs", []), failed_az]
+        facts = ctx.record.facts
+        failed = [*facts.failed_azs, failed_az]
         remaining = [z for z in topology.failover_azs if z not in failed]
         if not remaining:
             return None
-        moves = [*ctx.record.facts.get("az_moves", []), {"from": failed_az, "to": remaining[0], "why": why[:300],
-                                                         "at": time.time()}]
-        ctx.record.facts.update({"gpu_az": remaining[0], "failed_azs": failed, "az_moves": moves})
+        move = AzMove(from_az=failed_az, to=remaining[0], why=why[:300], at=time.time())
+        facts.gpu_az, facts.failed_azs, facts.az_moves = remaining[0], failed, [*facts.az_moves, move]
         ctx.save()
         topology.gpu_az = remaining[0]
         topology.failover_azs = remaining[1:]
@@ -490,7 +490,7 @@ class AwsLayer(Layer):
 
     # --- discovery ---------------------------------------------------------------------------
     async def discover(self, ctx: Context) -> list[Observed]:
-        api = aws_api(ctx.config)
+        api = aws_api(ctx)
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, AwsHandler)))
         observed = [o for per_kind in found for o in per_kind]
@@ -522,7 +522,7 @@ class AwsLayer(Layer):
         return results
 
     async def _names_taken(self, ctx: Context) -> list[CheckResult]:
-        api = aws_api(ctx.config)
+        api = aws_api(ctx)
         name = ctx.config.cluster_name
         out = []
         cluster = await describe_cluster(api, name)
@@ -547,7 +547,7 @@ class AwsLayer(Layer):
         return out
 
     async def _given_vpc(self, ctx: Context) -> list[CheckResult]:
-        api, config, topo = aws_api(ctx.config), ctx.config, self.topology
+        api, config, topo = aws_api(ctx), ctx.config, self.topology
         assert topo is not None
         ids = config.private_subnet_id_list()
         if not ids:
@@ -578,9 +578,9 @@ class AwsLayer(Layer):
         config = ctx.config
 
         async def prices(types: tuple[str, ...]) -> RegionPrices:
-            return await asyncio.to_thread(self.price_book(config).region, config.region, types)
+            return await asyncio.to_thread(self.price_book(ctx).region, config.region, types)
 
-        return await sweep(aws_api(config), ctx, prices)
+        return await sweep(aws_api(ctx), ctx, prices)
 
 
 def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResult]:

@@ -1,14 +1,13 @@
 """The Kubernetes API of a run's cluster: from the kubeconfig (kube target) or from EKS (aws target).
 
 Below the layer and its handlers, which both reach the cluster through ``kube_api`` (the handlers
-cannot import the layer that imports them).
+cannot import the layer that imports them). The APIs are the session's (``ctx.clients``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from backend.config import RunConfig
 from backend.errors import OperationError
 from backend.layers.base import Context
 
@@ -16,7 +15,6 @@ if TYPE_CHECKING:
     from backend.layers.kubernetes.access import KubeApi
 
 Obj = dict[str, Any]
-_APIS: dict[tuple[str | None, ...], KubeApi] = {}
 
 
 class ClusterNotReady(OperationError):
@@ -24,26 +22,18 @@ class ClusterNotReady(OperationError):
 
 
 def kube_api(ctx: Context) -> KubeApi:
-    """The cluster's API for this config, made once per process (it refreshes its own token)."""
-    # lazy: the kubernetes client only when a cluster is reached; not on the aws target's first frame
+    """The cluster's API for this config, made once per session (it refreshes its own token; the
+    session closes it)."""
+    # lazy: the kubernetes client (~1 s) only when a cluster is reached; making the stack does without
     from backend.layers.kubernetes.access import KubeApi
 
     if ctx.config.target == "aws":
         return _eks_api(ctx)
-    key = (ctx.config.kubeconfig, ctx.config.context, str(ctx.config.kube_timeout_s),
-           str(ctx.config.kube_stream_idle_s))
-    if key not in _APIS:
-        _APIS[key] = KubeApi.from_kubeconfig(ctx.config.kubeconfig, ctx.config.context,
-                                             timeout_s=ctx.config.kube_timeout_s,
-                                             stream_idle_s=ctx.config.kube_stream_idle_s)
-    return _APIS[key]
-
-
-def close_apis() -> None:
-    """Close every cluster API this process made (their connections and idle threads)."""
-    _EKS.clear()
-    while _APIS:
-        _APIS.popitem()[1].close()
+    config = ctx.config
+    key = ("kube", config.kubeconfig, config.context, config.kube_timeout_s, config.kube_stream_idle_s)
+    return ctx.clients.get(key, lambda: KubeApi.from_kubeconfig(config.kubeconfig, config.context,
+                                                                timeout_s=config.kube_timeout_s,
+                                                                stream_idle_s=config.kube_stream_idle_s))
 
 
 def _eks_api(ctx: Context) -> KubeApi:
@@ -51,21 +41,24 @@ def _eks_api(ctx: Context) -> KubeApi:
 
     Its endpoint and CA come from EKS, never from a kubeconfig entry: an entry named by the same ARN
     may be a leftover of a deleted cluster, or point at another one altogether. rtui signs its own
-    EKS token (no exec plugin runs). The first use in a process asks EKS itself.
+    EKS token (no exec plugin runs). The first use in a session asks EKS itself.
     """
-    key = _eks_key(ctx)
-    if key not in _EKS:
-        _remember_eks(ctx, _describe_eks(ctx.config))
-    return _EKS[key]
+    # lazy: the kubernetes client (~1 s) only when a cluster is reached; making the stack does without
+    from backend.layers.kubernetes.access import KubeApi
+
+    known = ctx.clients.aliased(_eks_key(ctx))
+    if isinstance(known, KubeApi):
+        return known
+    return _remember_eks(ctx, _describe_eks(ctx))
 
 
 async def refresh_eks_api(ctx: Context) -> KubeApi:
     """Ask EKS again for the run's cluster: its API, or ClusterNotReady when there is none to use."""
-    # lazy: boto3 only on the aws target; the kube target never loads it
+    # lazy: boto3 and the aws layer only on the aws target (a kube run never loads them)
     from backend.layers.aws.base import aws_api
     from backend.layers.aws.cluster import describe_cluster
 
-    cluster = await describe_cluster(aws_api(ctx.config), ctx.config.cluster_name)
+    cluster = await describe_cluster(aws_api(ctx), ctx.config.cluster_name)
     return _remember_eks(ctx, cluster)
 
 
@@ -74,24 +67,21 @@ async def cluster_api(ctx: Context) -> KubeApi:
     return await refresh_eks_api(ctx) if ctx.config.target == "aws" else kube_api(ctx)
 
 
-_EKS: dict[tuple[str, str, str | None], KubeApi] = {}
+def _eks_key(ctx: Context) -> tuple[str, str, str, str | None]:
+    return "eks", ctx.config.cluster_name, ctx.config.region, ctx.config.profile
 
 
-def _eks_key(ctx: Context) -> tuple[str, str, str | None]:
-    return ctx.config.cluster_name, ctx.config.region, ctx.config.profile
-
-
-def _describe_eks(config: RunConfig) -> Obj | None:
+def _describe_eks(ctx: Context) -> Obj | None:
     """The EKS cluster of this name (None: there is none), through the aws layer's client, blocking:
-    only the first use in a process (``refresh_eks_api`` asks on the loop's terms)."""
-    # lazy: boto3 only on the aws target; the kube target never loads it
+    only the first use in a session (``refresh_eks_api`` asks on the loop's terms)."""
+    # lazy: boto3 and the aws layer only on the aws target (a kube run never loads them)
     from botocore.exceptions import BotoCoreError, ClientError
 
     from backend.layers.aws.base import aws_api
 
-    api = aws_api(config)
+    api = aws_api(ctx)
     try:
-        return dict(api.client("eks").describe_cluster(name=config.cluster_name)["cluster"])
+        return dict(api.client("eks").describe_cluster(name=ctx.config.cluster_name)["cluster"])
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
             return None
@@ -101,7 +91,7 @@ def _describe_eks(config: RunConfig) -> Obj | None:
 
 
 def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
-    # lazy: boto3 and the kubernetes client only when the aws target reaches its cluster
+    # lazy: boto3 and the aws layer only on the aws target (a kube run never loads them)
     import boto3
 
     from backend.layers.kubernetes import eks
@@ -112,19 +102,22 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
     ca_data = ((cluster or {}).get("certificateAuthority") or {}).get("data")
     if cluster is None or (cluster.get("tags") or {}).get(eks.RUN_TAG) != ctx.record.run_id \
             or cluster.get("status") not in ("ACTIVE", "UPDATING") or not endpoint or not ca_data:
-        _EKS.pop(key, None)
+        ctx.clients.forget(key)
         state = "not there" if cluster is None else "not this run's" \
             if (cluster.get("tags") or {}).get(eks.RUN_TAG) != ctx.record.run_id else str(cluster.get("status"))
         raise ClusterNotReady(f"the EKS cluster {config.cluster_name} is {state.lower()}",
                               remedy="`rtui up` makes it")
     ca_file = eks.ca_file(str(ca_data))
-    api_key = ("aws", str(cluster["arn"]), str(endpoint), ca_file, str(config.kube_timeout_s),
-               str(config.kube_stream_idle_s))
-    if api_key not in _APIS:
+    arn = str(cluster["arn"])
+    api_key = ("eks-api", arn, str(endpoint), ca_file, config.kube_timeout_s,
+               config.kube_stream_idle_s)
+
+    def make() -> KubeApi:
         provider = eks.EksTokenProvider(config.cluster_name, config.region,
                                         boto3.Session(profile_name=config.profile, region_name=config.region))
-        _APIS[api_key] = KubeApi.for_server(str(endpoint), ca_file, context=str(cluster["arn"]),
-                                            token_provider=provider, timeout_s=config.kube_timeout_s,
-                                            stream_idle_s=config.kube_stream_idle_s)
-    _EKS[key] = _APIS[api_key]
-    return _EKS[key]
+        return KubeApi.for_server(str(endpoint), ca_file, context=arn, token_provider=provider,
+                                  timeout_s=config.kube_timeout_s, stream_idle_s=config.kube_stream_idle_s)
+
+    api = ctx.clients.get(api_key, make)
+    ctx.clients.alias(key, api_key)
+    return api

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.config import RunConfig
@@ -63,11 +64,22 @@ if TYPE_CHECKING:
     from backend.rayjobs import RayJobs
 
 Obj = dict[str, Any]
-# The aws layer's addresses this layer waits for on the aws target (absent elsewhere).
-AWS_KUBECONFIG = "aws.kubeconfig"
-AWS_SYSTEM_NODES = "aws.nodegroup.system"
-AWS_GPU_NODES = "aws.nodegroup.gpu"
-AWS_LAUNCH_TEMPLATE = "aws.launch-template.gpu"
+@dataclass(frozen=True)
+class Below:
+    """The addresses of the layer under this one that it waits for, handed in by the target that stacks
+    them (``targets.aws``); none on a cluster that is already there (``targets.kube``)."""
+
+    api_ready: str | None = None  # after it, the cluster's API answers (a kubeconfig entry)
+    system_nodes: str | None = None  # the nodes of the operator and the Ray head
+    gpu_nodes: str | None = None  # the GPU nodes: the workers and device plugins wait for them; priced
+    launch_template: str | None = None  # the GPU nodes' template: its spec's ``efa_interfaces`` per node
+    # What enforces NetworkPolicy on the cluster made below (its CNI, as that layer installs it).
+    network_policy: str | None = None
+
+    @property
+    def makes_cluster(self) -> bool:
+        """Whether the cluster is made below: its nodes are that layer's to check, not this one's."""
+        return self.api_ready is not None
 
 
 class KubernetesLayer(Layer):
@@ -77,7 +89,8 @@ class KubernetesLayer(Layer):
         NvidiaPluginHandler(),
         EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
 
-    def __init__(self) -> None:
+    def __init__(self, below: Below | None = None) -> None:
+        self.below = below or Below()
         self._images: dict[str, Resolved] = {}  # image by tag -> its digest, asked at plan time
         self._enforcement = "not checked"
 
@@ -121,12 +134,12 @@ class KubernetesLayer(Layer):
         pinned = manifests.pinned_image(config.image, image.digest)
         addon = addons.addon_images(config)
 
-        # On the aws target: the API once the kubeconfig entry exists, a node for the operator and
-        # the head once the system nodes are up, the GPU nodes only for the workers.
+        # On a cluster made below (aws): the API once the kubeconfig entry exists, a node for the operator
+        # and the head once the system nodes are up, the GPU nodes only for the workers.
         made_below = {r.address for r in below}
-        api_ready = tuple(a for a in (AWS_KUBECONFIG,) if a in made_below)
-        system = tuple(a for a in (AWS_SYSTEM_NODES,) if a in made_below)
-        gpu = tuple(a for a in (AWS_GPU_NODES,) if a in made_below)
+        api_ready = tuple(a for a in (self.below.api_ready,) if a in made_below)
+        system = tuple(a for a in (self.below.system_nodes,) if a in made_below)
+        gpu = tuple(a for a in (self.below.gpu_nodes,) if a in made_below)
 
         def res(address: str, kind: str, spec: dict[str, Any], *deps: str, cost: float = 0.0) -> Resource:
             return Resource(address=address, layer=LAYER, kind=kind, spec=spec,
@@ -163,7 +176,8 @@ class KubernetesLayer(Layer):
                 # or turning it on or off is a new RayCluster.
                 "idle_timeout_s": config.idle_timeout_s()}
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
-        efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below if r.address == AWS_LAUNCH_TEMPLATE]
+        efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below
+                     if r.address == self.below.launch_template]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
         deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []),
@@ -187,8 +201,8 @@ class KubernetesLayer(Layer):
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         config = ctx.config
-        if config.target == "aws":
-            # The cluster and its nodes are the aws layer's to make; the plan says what its CNI enforces.
+        if self.below.makes_cluster:
+            # The cluster and its nodes are the layer below's to make; the plan says what its CNI enforces.
             return self._token_check(config)
         try:
             api = kube_api(ctx)
@@ -221,13 +235,11 @@ class KubernetesLayer(Layer):
         results.append(await self._policy_check(ctx))
         return results + self._token_check(config)
 
-    @staticmethod
-    async def _policy_check(ctx: Context) -> CheckResult:
+    async def _policy_check(self, ctx: Context) -> CheckResult:
         """Whether the cluster enforces the NetworkPolicy rtui creates (best effort: a known CNI agent)."""
-        if ctx.config.target == "aws":  # the aws layer installs vpc-cni with enableNetworkPolicy on
+        if self.below.network_policy:  # the layer below installs the CNI that enforces it
             return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.OK,
-                               detail="enforced by the VPC CNI's network policy agent (the aws layer installs the "
-                                      "vpc-cni add-on with enableNetworkPolicy on)")
+                               detail=self.below.network_policy)
         try:
             enforcer = policy_enforcer(await kube_api(ctx).list("apps/v1", "DaemonSet"))
         except ClusterNotReady:
@@ -336,7 +348,7 @@ class KubernetesLayer(Layer):
 
     async def jobs(self, ctx: Context) -> RayJobs | None:
         """The head's Jobs API through the API server, once this run's head pod is ready."""
-        # lazy: the kubernetes client only when a cluster is reached; not on the aws target's first frame
+        # lazy: the kubernetes client (~1 s) only when the cluster is reached; making the stack does without
         from backend.layers.kubernetes.access import Unreachable
 
         try:
@@ -379,7 +391,7 @@ class KubernetesLayer(Layer):
         except RtuiError:
             return None
         return {**fleet.to_dict(), "line": fleet.line(), "idle_timeout_s": ctx.config.idle_timeout_s(),
-                "priced": AWS_GPU_NODES if AWS_GPU_NODES in ctx.record.resources else None}
+                "priced": self.below.gpu_nodes if self.below.gpu_nodes in ctx.record.resources else None}
 
     async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
         api = await cluster_api(ctx)

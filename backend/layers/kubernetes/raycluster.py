@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import OperationError, UserError
@@ -91,8 +91,9 @@ async def pod_report(api: KubeApi, namespace: str, pod_list: list[Manifest]) -> 
 class Unscheduled:
     """How long the pods have been unschedulable without a break, and whether that is long enough to stop."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.since: float | None = None
+        self.clock = clock
 
     def fatal(self, problem: pods.PodProblem | None) -> str | None:
         """The line to fail with: the problem if fatal in itself, or unscheduled past the deadline."""
@@ -101,7 +102,7 @@ class Unscheduled:
         if problem is None or not problem.unscheduled:
             self.since = None
             return None
-        now = time.monotonic()
+        now = self.clock()
         self.since = now if self.since is None else self.since
         waited = now - self.since
         if waited < UNSCHEDULABLE_TIMEOUT_S:

@@ -1,0 +1,197 @@
+"""A run's data on S3 (issue 25): the run's own prefix under ``--storage-path``; `rtui model` fetches
+its newest complete model, `status` and `down` say what is kept and what it costs a month, and
+`down --delete-data` deletes that prefix only — never another run's under the same path.
+
+S3 is moto's server over real HTTP in a process of its own (its backends are process-wide). Real S3
+lists a prefix 1,000 keys a page (ListObjectsV2 ``MaxKeys``) and DeleteObjects takes at most 1,000
+keys (S3 API reference); moto pages and limits the same way, so the store is tested with more keys
+than one page holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.config import RunConfig
+from backend.delivery import S3_STANDARD_PER_GIB_MONTH, S3Store, data_store_for, run_storage_uri
+from backend.errors import OperationError
+from backend.jobspec import build_job_spec
+from backend.store import RunStatus, RunStore
+from tests.conftest import json_lines, run_rtui
+from training.export import MODEL_MARKER, upload_dir
+
+BUCKET = "rtui-models"
+EVAL = {"before": {"loss": 6.9, "perplexity": 992.3, "tokens": 64, "step": 0, "phase": "before"},
+        "after": {"loss": 1.2, "perplexity": 3.3, "tokens": 64, "step": 7, "phase": "after"}}
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=2).read()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    try:
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture
+def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    import boto3
+
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for key, value in {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_CONFIG_FILE": "/nonexistent/rtui-test-aws-config",
+                       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/rtui-test-aws-credentials"}.items():
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=BUCKET)
+    yield client
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=BUCKET, Key=obj["Key"])
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model directory written by training.export (one gloo rank, the tiny model)."""
+    from tests.test_training_export import export_one_rank
+
+    root = tmp_path_factory.mktemp("exported")
+    export_one_rank(str(root), step=7, evaluation=EVAL)
+    return root / "model"
+
+
+def _upload(exported: Path, uri: str) -> list[str]:
+    files = sorted(os.listdir(exported))
+    upload_dir(str(exported), uri, files)
+    return files
+
+
+def kube_run(storage: str) -> str:
+    """A finished kube run that wrote to ``storage`` (its cluster unreachable: the kubeconfig is gone)."""
+    store = RunStore()
+    record = store.create(RunConfig(target="kube", cluster_name="rtui-ray", storage_path=storage))
+    record.status = RunStatus.DOWN
+    store.save(record)
+    return record.run_id
+
+
+def test_the_job_writes_under_the_runs_own_prefix() -> None:
+    config = RunConfig(target="kube", storage_path="s3://b/p/")
+    spec = build_job_spec(config, run_id="r-1")
+    assert "--storage-path s3://b/p/r-1" in spec.entrypoint
+    assert run_storage_uri("s3://b/p/", "r-1") == "s3://b/p/r-1"
+    assert isinstance(data_store_for("s3://b/p", "r-1", local_default=None), S3Store)
+    assert data_store_for(None, "r-1", local_default=None) is None
+
+
+def test_model_fetches_the_newest_complete_one_and_status_prices_what_is_kept(
+        s3: Any, exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "gone-kubeconfig"))
+    storage = f"s3://{BUCKET}/runs"
+    run_id = kube_run(storage)
+    mine = run_storage_uri(storage, run_id)
+    files = _upload(exported, f"{mine}/rtui-1700000000/model")
+    # An export that did not finish (no marker: it is uploaded last), and another run's newer model.
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{run_id}/rtui-1700000000/export-step-9/config.json", Body=b"{}")
+    _upload(exported, f"{storage}/other-run/rtui-1800000000/model")
+
+    fetched = tmp_path / "fetched"
+    out = run_rtui("model", run_id, "--to", str(fetched), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json_lines(out.stdout)[0]
+    assert summary["uri"] == f"{mine}/rtui-1700000000/model" and summary["copied_to"] == str(fetched)
+    assert sorted(os.listdir(fetched)) == files
+    for name in files:
+        assert (fetched / name).read_bytes() == (exported / name).read_bytes()
+
+    status = run_rtui("status", run_id, "--json", timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json_lines(status.stdout)[0]
+    assert report["model"]["uri"] == summary["uri"]
+    size = sum((exported / n).stat().st_size for n in files) + 2  # and the unfinished export's "{}"
+    assert report["data"]["bytes"] == size and report["data"]["models"] == 1
+    assert report["data"]["monthly_cost"] == pytest.approx(size / 2**30 * S3_STANDARD_PER_GIB_MONTH)
+
+
+def test_a_resumed_fetch_keeps_what_it_has(s3: Any, exported: Path, tmp_path: Path) -> None:
+    storage = f"s3://{BUCKET}/resume"
+    uri = run_storage_uri(storage, "r-2")
+    _upload(exported, f"{uri}/job/model")
+    store = S3Store(uri)
+    model = store.latest_model()
+    assert model is not None and model.step == 7 and MODEL_MARKER in model.files
+    to = tmp_path / "to"
+    assert sorted(store.fetch(model, to)) == sorted(model.files)
+    (to / "model.safetensors").unlink()
+    seen: list[tuple[int, int]] = []
+    assert store.fetch(model, to, lambda done, total: seen.append((done, total))) == ["model.safetensors"]
+    assert seen[-1][0] == seen[-1][1] == sum((to / name).stat().st_size for name in model.files)
+
+
+def test_down_keeps_then_delete_data_removes_only_this_runs_prefix(s3: Any) -> None:
+    from backend.flows import data_after_down
+
+    storage = f"s3://{BUCKET}/shared"
+    # More keys than one page of a listing or one DeleteObjects call holds.
+    keys = [f"shared/{run}/job/checkpoint_{i:05d}/rtui_checkpoint.json"
+            for run, count in (("mine", 1_050), ("theirs", 3)) for i in range(count)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda key: s3.put_object(Bucket=BUCKET, Key=key, Body=b"{}"), keys))
+
+    class Session:  # what data_after_down reads of a session
+        run_id = "mine"
+
+        @staticmethod
+        def data_store() -> S3Store:
+            return S3Store(run_storage_uri(storage, "mine"))
+
+    async def events(delete: bool) -> list[Any]:
+        return [e async for e in data_after_down(Session(), delete)]  # type: ignore[arg-type]
+
+    [kept] = asyncio.run(events(False))
+    assert kept.message.startswith(f"kept on purpose: {storage}/mine: 0 models, 1,050 checkpoints")
+    assert kept.message.endswith("2.1 kB, under $0.01/month") and "--delete-data" in (kept.remedy or "")
+    *_, done = asyncio.run(events(True))
+    assert done.data["deleted"]["checkpoints"] == 1_050
+    left = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="shared/")["Contents"]]
+    assert len(left) == 3 and all(k.startswith("shared/theirs/") for k in left)
+
+
+def test_a_listing_the_credentials_may_not_make_is_one_line(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = S3Store(f"s3://no-such-bucket-{os.getpid()}/runs/r")
+    with pytest.raises(OperationError) as err:
+        store.usage()
+    assert err.value.message == f"listing s3://no-such-bucket-{os.getpid()}/runs/r failed: NoSuchBucket"
+    assert "s3:ListBucket" in (err.value.remedy or "")
+    assert json.dumps(err.value.message).count("\\n") == 0
