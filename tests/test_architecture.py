@@ -358,3 +358,17 @@ def test_generic_code_has_no_branch_on_a_target_name() -> None:
         for path in sorted(REPO.glob(pattern)):
             found += target_branches(path.read_text(), str(path.relative_to(REPO)))
     assert not found, f"{len(found)} branches on a target name:\n" + "\n".join(found)
+
+
+def test_the_lazy_rule_reads_a_reason_above_or_beside_an_import() -> None:
+    """The checker itself: a reason on the line above or at the end counts; an import without one does not."""
+    lines = ["def f() -> None:", "    # lazy: boto3 only on the aws target", "    import boto3",
+             "def g() -> None:", "    import yaml  # lazy: yaml only for manifests",
+             "def h() -> None:", "    import json"]
+
+    def at(line: int) -> Import:
+        return Import("m", Path("m.py"), line, line, (), True, False)
+
+    assert _lazy_reason(at(3), lines) == "boto3 only on the aws target"
+    assert _lazy_reason(at(5), lines) == "yaml only for manifests"
+    assert _lazy_reason(at(7), lines) == ""
