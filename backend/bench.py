@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import targets
+from backend import flows
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.jobspec import JobSpec, build_job_spec, passed_env_values
@@ -34,6 +35,7 @@ from backend.layers.base import job_secret_env
 from backend.model import EventKind, StepEvent
 from backend.rayjobs import RayJobs, submit_when_ready
 from backend.store import JobState
+from backend.telemetry import Telemetry
 from training.protocol import FABRIC_TAG, parse_record
 
 if TYPE_CHECKING:
@@ -95,8 +97,6 @@ class FabricRun:
 
 def _verdict(lines: Iterable[str]) -> tuple[str, str, dict[str, Any] | None]:
     """(transport, why, RTUI_SUMMARY record) from one pass of Telemetry over the lines."""
-    from backend.telemetry import Telemetry  # heavy-ish; only benches need it
-
     telemetry = Telemetry()
     telemetry.feed_lines(lines)
     verdict = telemetry.transport
@@ -195,8 +195,6 @@ def _event(step: str, kind: EventKind, message: str, **data: Any) -> StepEvent:
 
 async def bring_up(session: RunSession, on_event: EventSink) -> RayJobs:
     """What ``rtui up --until <cluster layer>`` does: the same flow, stopping below the job."""
-    from backend import flows
-
     cluster_layer = session.stack.layers[-2].name
     plan = await session.plan()
     if flows.plan_is_noop_below(plan, JOB_LAYER):

@@ -444,7 +444,8 @@ def _read(path: Path) -> bytes:
 
 
 def _load_toml(path: Path, content: bytes) -> dict[str, Any]:
-    import tomllib  # only when there is a file to read
+    # lazy: tomllib only when there is a rtui.toml to read
+    import tomllib
 
     try:
         # utf-8-sig: Windows editors save "UTF-8" with a byte-order mark, which tomllib rejects
@@ -554,6 +555,7 @@ def resolve_config(
         config = config.model_copy(update={"data": str(data_path)})
     config = targets.get(config.target).check(config, cwd)
     if config.tokens_per_step:
+        # lazy: the step planner only for --tokens-per-step; not on the first frame
         from training.stepplan import StepPlanError, plan_step
 
         try:

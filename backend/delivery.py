@@ -11,6 +11,7 @@ local directory (``fetch``) and delete everything (``delete``, only on ``--delet
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -136,6 +137,7 @@ class S3Store:
 
     def _client(self) -> Any:
         if self._s3 is None:
+            # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
             import boto3
 
             aws = boto3.Session(profile_name=self.profile)
@@ -143,6 +145,7 @@ class S3Store:
         return self._s3
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        # lazy: botocore only for s3:// storage
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -346,8 +349,6 @@ def check_storage_writable(uri: str, *, profile: str | None = None, run_id: str 
 
 
 def _check_dir(path: Path) -> CheckResult:
-    import getpass
-
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -361,10 +362,9 @@ def _check_dir(path: Path) -> CheckResult:
 
 
 def _check_s3(uri: str, *, profile: str | None, run_id: str) -> CheckResult:
+    # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
-
-    from training.export import split_s3
 
     bucket, prefix = split_s3(uri)
     key = f"{prefix}/.rtui-write-check-{run_id}" if prefix else f".rtui-write-check-{run_id}"

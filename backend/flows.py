@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from backend.config import RunConfig
 from backend.delivery import DataUsage, LocalDirStore
@@ -26,9 +26,7 @@ from backend.runner import Progress, Runner, Step
 from backend.session import RunSession, target_of
 from backend.spool import LogSpool
 from backend.store import JobState, RunStatus, RunStore, StepState, StepStatus
-
-if TYPE_CHECKING:
-    from backend.telemetry import Telemetry
+from backend.telemetry import Telemetry
 
 RUN = "run"
 TRAIN = "train"
@@ -160,8 +158,6 @@ def _save_step(session: RunSession, sid: str, state: StepState, timing_key: str 
 
 
 async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
-    from backend.telemetry import Telemetry  # the parser only when a job is followed
-
     jobs = await session.jobs()
     if jobs is None:
         raise OperationError("the cluster of this run is not running", remedy=f"see `rtui status {session.run_id}`")

@@ -368,6 +368,7 @@ def socks_connector(proxy: str) -> aiohttp.TCPConnector:
     dropping aiohttp's ``server_hostname`` (a kubeconfig's tls-server-name): with one, the tunnel is
     opened without TLS and TLS is started over it here, with that name.
     """
+    # lazy: aiohttp-socks (~40 ms) only behind a SOCKS proxy
     from aiohttp_socks import ProxyConnector, ProxyType
 
     class Connector(ProxyConnector):

@@ -146,6 +146,7 @@ def _qwen2_params(layers: int, hidden: int, intermediate: int, vocab: int, heads
 
 def model_shape(config: RunConfig) -> Any:
     """The ModelShape the step plan needs, when it can be known here (None: on the cluster only)."""
+    # lazy: the step planner only when a plan is described; not on the first frame
     from training.stepplan import ModelShape
 
     model_id = config.effective_model_id()
@@ -175,6 +176,7 @@ def model_shape(config: RunConfig) -> Any:
 
 def describe_step_plan(config: RunConfig) -> str:
     """One line for the plan: micro-batch × seq × ranks × accumulation, shard groups, expected memory per rank."""
+    # lazy: the step planner only when a plan is described; not on the first frame
     from training.stepplan import GIB, StepPlanError, estimate_memory, plan_step
 
     world = config.effective_workers()

@@ -21,14 +21,16 @@ from pathlib import Path
 
 from backend.errors import RtuiError
 from backend.layers import local_cluster as lc
+from backend.layers.local_ray import jobs_for
+from backend.procs import terminate
+from backend.record import StoppedWhileIdle
+from backend.store import RunLockedError, RunStore
 
 POLL_MAX_S = 5.0
 
 
 async def busy(cluster: lc.ClusterDir) -> bool:
     """A job pending or running; an unanswered question counts as busy (never stop on a doubt)."""
-    from backend.layers.local_ray import jobs_for
-
     jobs = jobs_for(cluster)
     if jobs is None:
         return True
@@ -41,10 +43,6 @@ async def busy(cluster: lc.ClusterDir) -> bool:
 
 def stop(cluster: lc.ClusterDir, idle_s: float, store_root: Path | None) -> bool:
     """Stop the cluster's processes under the run's lock; False when an rtui holds the run."""
-    from backend.procs import terminate
-    from backend.record import StoppedWhileIdle
-    from backend.store import RunLockedError, RunStore
-
     store = RunStore(store_root) if store_root is not None else None
     hold = store.lock(cluster.run_id) if store is not None else contextlib.nullcontext()
     try:
@@ -68,8 +66,6 @@ def stop(cluster: lc.ClusterDir, idle_s: float, store_root: Path | None) -> bool
 
 async def watch(path: Path, idle_s: float) -> str:
     """Watch until the cluster is stopped here (``"stopped"``) or goes some other way (``"gone"``)."""
-    from backend.store import RunStore
-
     poll = max(0.2, min(POLL_MAX_S, idle_s / 4))
     since = time.monotonic()
     while True:

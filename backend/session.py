@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,16 +20,26 @@ from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, data_store_for, model_summary
 from backend.errors import OperationError, UserError
+from backend.layers.base import Context, GpuFleetReporter
 from backend.model import StepEvent
+from backend.planner import (
+    PlanResult,
+    Stack,
+    apply_steps,
+    discover,
+    forget_missing,
+    make_plan,
+    reconcile,
+    select_until,
+    teardown_steps,
+)
+from backend.runner import Progress, Runner, Step
 from backend.spool import LogSpool
 from backend.store import JobRecord, RunRecord, RunStatus, RunStore, StepState, StepStatus
 
 if TYPE_CHECKING:
-    from backend.layers.base import Context
     from backend.model import CheckResult, Observed
-    from backend.planner import PlanResult, Stack
     from backend.rayjobs import RayJobs
-    from backend.runner import Step
     from backend.telemetry import Telemetry
     from targets import Target
 
@@ -108,8 +119,6 @@ class RunSession:
 
     @cached_property
     def ctx(self) -> Context:
-        from backend.layers.base import Context
-
         access = next((a for layer in self.stack.layers if (a := layer.access()) is not None), None)
         return Context(self.config, self.record, self.store, cluster=access, clients=self.clients)
 
@@ -230,18 +239,12 @@ class RunSession:
         return results
 
     async def plan(self) -> PlanResult:
-        from backend.planner import make_plan
-
         return await make_plan(self.stack, self.ctx)
 
     async def discover(self) -> list[Observed]:
-        from backend.planner import discover
-
         return await discover(self.stack, self.ctx)
 
     async def apply(self, plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:
-        from backend.planner import apply_steps, reconcile, select_until
-
         steps = select_until(apply_steps(self.stack, self.ctx, plan), plan, until)
         self.record.use_config(self.config)
         self.record.plan = plan.as_plan()
@@ -254,8 +257,6 @@ class RunSession:
             yield event
 
     async def teardown(self) -> AsyncIterator[StepEvent]:
-        from backend.planner import forget_missing, teardown_steps
-
         self.record.status = RunStatus.TEARING_DOWN
         self.store.save(self.record)
         observed = await self.discover()
@@ -269,8 +270,6 @@ class RunSession:
 
     async def _sweep(self) -> AsyncIterator[StepEvent]:
         """The orphan sweep as a last step: anything of this run still live fails teardown, with its cost."""
-        from backend.runner import Progress, Step
-
         layers = [layer for layer in self.stack.layers if layer.sweeps]
         if not layers:
             return
@@ -300,8 +299,6 @@ class RunSession:
 
     async def _run(self, steps: list[Step], into: dict[str, StepState], *,
                    done: RunStatus) -> AsyncIterator[StepEvent]:
-        from backend.runner import Runner
-
         keys = {step.id: step.timing_key for step in steps}
 
         def on_state(step_id: str, state: StepState) -> None:
@@ -334,6 +331,7 @@ class RunSession:
     def telemetry(self, job: JobRecord | None = None) -> Telemetry:
         """Verdict and metric series of a job (the current one by default) rebuilt from its spool;
         keep it current with ``feed_from()``."""
+        # lazy: the log parser (~75 ms) only when telemetry is read; `rtui --help` and the first frame do without
         from backend.telemetry import Telemetry
 
         telemetry = Telemetry()
@@ -381,8 +379,6 @@ class RunSession:
     async def gpu_fleet(self) -> dict[str, Any] | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:
         the last job's end, and when the idle timeout let the workers go after it."""
-        from backend.layers.base import GpuFleetReporter
-
         cluster = self.ctx.cluster
         if not isinstance(cluster, GpuFleetReporter):
             return None
@@ -404,8 +400,6 @@ def cost_meter(record: RunRecord, now: float | None = None,
     ``gpu`` (``RunSession.gpu_fleet``): the GPU nodes now; their priced resource then bills for the
     nodes that exist (a nodegroup scaled to zero while idle bills nothing), and ``per_hour_full``
     says what the cluster costs at full size. What was accrued is still counted at full size."""
-    import time
-
     now = time.time() if now is None else now
     prices = record.plan.prices() if record.plan is not None else {}
     items = {}

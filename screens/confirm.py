@@ -9,7 +9,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, Label
+from textual.widgets import Footer, Input, Label, OptionList
+from textual.widgets.option_list import Option
 
 from backend.model import Plan
 from backend.store import RunStore
@@ -158,9 +159,6 @@ class PickRun(ModalScreen[str | None]):
         self.store = store
 
     def compose(self) -> ComposeResult:
-        from textual.widgets import OptionList
-        from textual.widgets.option_list import Option
-
         with Vertical(id="confirm"):
             yield Label("Several runs are live. Resume which?", classes="heading")
             options = []

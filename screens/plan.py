@@ -56,16 +56,11 @@ class PlanScreen(RtuiScreen):
     def on_mount(self) -> None:
         self.compute()
 
-    @work(exclusive=True, group="plan")
+    @work(exclusive=True, group="plan", exit_on_error=False)
     async def compute(self) -> None:
         self.plan = None
         self._show()
-        try:
-            plan = await self.session.plan()
-        except Exception as exc:  # noqa: BLE001
-            self.app.report_error(exc)
-            return
-        self.plan = plan
+        self.plan = await self.session.plan()  # a failure: RtuiScreen says it; nothing to apply
         self._show()
 
     def _show(self) -> None:
@@ -77,7 +72,7 @@ class PlanScreen(RtuiScreen):
         if action == "apply":
             # Hidden, not dimmed, until there is a plan to apply: a dimmed key still reads as an offer,
             # and pressing it while planning did nothing (issue 21 item 5).
-            return not self.app.read_only and self.plan is not None
+            return not self.wizard.read_only and self.plan is not None
         if action == "toggle_unchanged":
             return self.plan is not None and any(c.action is Action.NOOP for c in self.plan.changes)
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from textual import work
 from textual.app import ComposeResult
@@ -13,6 +13,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Header, Static
+from textual.worker import Worker
 
 from backend import flows
 from backend.errors import NoCapacity
@@ -88,22 +89,23 @@ class ProvisionScreen(RtuiScreen):
     def on_mount(self) -> None:
         self.run_steps()
 
-    @work(exclusive=True, group="steps")
+    @work(exclusive=True, group="steps", exit_on_error=False)
     async def run_steps(self) -> None:
         ok = True
-        try:
-            if self.mode == "apply":
-                assert self.plan is not None
-                events = flows.apply_plan(self.session, self.plan)
-            else:
-                events = flows.down(self.session, delete_data=self.delete_data)
-            async for event in events:
-                ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
-                self.post_message(self.StepEventPosted(event))
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            ok = False
-            self.app.report_error(exc)
+        if self.mode == "apply":
+            assert self.plan is not None
+            events = flows.apply_plan(self.session, self.plan)
+        else:
+            events = flows.down(self.session, delete_data=self.delete_data)
+        async for event in events:
+            ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
+            self.post_message(self.StepEventPosted(event))
         self.post_message(self.Finished(self.mode, ok))
+
+    def worker_failed(self, worker: Worker[Any], error: BaseException) -> bool:
+        if worker.group == "steps":  # the steps ended, not well: the App decides what comes next
+            self.post_message(self.Finished(self.mode, False))
+        return False  # and the notification says why
 
     async def on_provision_screen_step_event_posted(self, message: StepEventPosted) -> None:
         event = message.event
@@ -145,7 +147,7 @@ class ProvisionScreen(RtuiScreen):
         if action == "back":
             return None if self.running else True
         if action == "fail_over":
-            return self.no_capacity is not None and not self.running and not self.app.read_only
+            return self.no_capacity is not None and not self.running and not self.wizard.read_only
         return True
 
     @property

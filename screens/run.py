@@ -21,6 +21,7 @@ from textual.widgets import Footer, Header, Input, Label, Sparkline, Static, Tab
 from backend import flows
 from backend.follow import JobUpdate
 from backend.layers.base import HeadLogSource
+from backend.session import cost_meter
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
 from tui.logtail import LogTail
@@ -168,20 +169,15 @@ class RunScreen(RtuiScreen):
                 text.append(f"  ${self._gpu_cost:.2f}/hour now", style="dim")
         self.query_one("#job-status", Static).update(text)
 
-    @work(exclusive=True, group="gpu")
+    @work(exclusive=True, group="gpu", exit_on_error=False)
     async def watch_gpu(self) -> None:
         """GPU workers and nodes as they go while idle and come back for a job (issue 26)."""
-        from backend.session import cost_meter
-
-        try:
-            while True:
-                fleet = await self.session.gpu_fleet()
-                if fleet is not None:
-                    meter = cost_meter(self.session.record, gpu=fleet)
-                    self.post_message(self.GpuFleetChanged(fleet, meter["per_hour"] if meter else None))
-                await asyncio.sleep(GPU_REFRESH_S)
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.app.report_error(exc)
+        while True:
+            fleet = await self.session.gpu_fleet()
+            if fleet is not None:
+                meter = cost_meter(self.session.record, gpu=fleet)
+                self.post_message(self.GpuFleetChanged(fleet, meter["per_hour"] if meter else None))
+            await asyncio.sleep(GPU_REFRESH_S)
 
     def on_run_screen_gpu_fleet_changed(self, message: GpuFleetChanged) -> None:
         if (message.fleet, message.cost_per_hour) != (self.gpu_fleet, self._gpu_cost):
@@ -216,26 +212,23 @@ class RunScreen(RtuiScreen):
         if spark.data != (data := throughput.spark):
             spark.data = data
 
-    @work(exclusive=True, group="follow")
+    @work(exclusive=True, group="follow", exit_on_error=False)
     async def follow_job(self) -> None:
         """Replay the spool, then attach (or watch read-only); widgets change only in handlers."""
         spool = self.session.spool()
         offset = spool.size()
         if spool.exists():  # the view gets the tail, telemetry the whole history once
             self.post_message(self.LinesArrived(list(deque(spool.iter_lines(), maxlen=REPLAY_LINES))))
-        try:
-            async for update in flows.attach(self.session, replayed_bytes=offset):
-                if isinstance(update, flows.Attached):
-                    if update.read_only:
-                        self.app.notify("Another rtui is attached to this run: watching its log read-only.")
-                    elif not update.cluster_alive:
-                        self.post_message(self.JobStatusChanged("cluster not running", ""))
-                    continue
-                self._post_update(update)
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.app.report_error(exc)
+        async for update in flows.attach(self.session, replayed_bytes=offset):
+            if isinstance(update, flows.Attached):
+                if update.read_only:
+                    self.notify("Another rtui is attached to this run: watching its log read-only.")
+                elif not update.cluster_alive:
+                    self.post_message(self.JobStatusChanged("cluster not running", ""))
+                continue
+            self._post_update(update)
 
-    @work(exclusive=True, group="head-log")
+    @work(exclusive=True, group="head-log", exit_on_error=False)
     async def follow_head(self) -> None:
         """The head pod's log (spooled by ``flows.head_log``), posted in batches."""
         batch: list[str] = []
@@ -254,8 +247,6 @@ class RunScreen(RtuiScreen):
                 if done:
                     reader.result()
                     return
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.app.report_error(exc)
         finally:
             reader.cancel()
 
@@ -320,7 +311,7 @@ class RunScreen(RtuiScreen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "teardown":
-            return not self.app.read_only
+            return not self.wizard.read_only
         if action == "fetch_model":  # once the job has written one
             return self.query_one(RunStats).snapshot.model_uri is not None
         if action in ("toggle_follow", "resume_follow", "filter", "toggle_metrics", "switch_tail") and self.log_hidden:
@@ -331,14 +322,10 @@ class RunScreen(RtuiScreen):
             return not self.active_tail.following and not isinstance(self.focused, Input)
         return True
 
-    @work(exclusive=True, group="fetch-model")
+    @work(exclusive=True, group="fetch-model", exit_on_error=False)
     async def action_fetch_model(self) -> None:
-        try:
-            copied = await flows.fetch_model(self.session, Path.cwd() / f"rtui-model-{self.session.run_id}")
-        except Exception as exc:  # noqa: BLE001 - one place shows it
-            self.app.report_error(exc)
-            return
-        self.app.notify(f"Model copied to {copied}", title="Model")
+        copied = await flows.fetch_model(self.session, Path.cwd() / f"rtui-model-{self.session.run_id}")
+        self.notify(f"Model copied to {copied}", title="Model")
 
     def action_teardown(self) -> None:
         self.post_message(self.TeardownRequested())

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -21,6 +21,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
+from textual.worker import Worker
 
 import targets
 from backend.errors import RtuiError
@@ -162,23 +163,22 @@ class TargetScreen(RtuiScreen):
         self.call_after_refresh(self.panel.after_first_paint)
 
     # --- workers: they post messages, the handlers below change widgets ------------------
-    @work(exclusive=True, group="checks")
+    @work(exclusive=True, group="checks", exit_on_error=False)
     async def run_checks(self) -> None:
         self.panel.before_checks()
-        try:
-            results = await self.session.preflight()
-        except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
-            line = exc.message if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
-            taken = self.panel.takes_failure()
-            if taken is None:
-                self.app.report_error(exc)
-            check_id, title = taken or ("preflight", "Checks")
-            # The checks panel has the failure too (never "checking…" for ever).
-            self.post_message(self.ChecksFinished([CheckResult(
-                id=check_id, title=title, status=CheckStatus.FAIL, detail=line,
-                remedy=exc.remedy if isinstance(exc, RtuiError) else None)]))
-            return
-        self.post_message(self.ChecksFinished(results))
+        self.post_message(self.ChecksFinished(await self.session.preflight()))
+
+    def worker_failed(self, worker: Worker[Any], error: BaseException) -> bool:
+        if worker.group != "checks":
+            return False
+        line = error.message if isinstance(error, RtuiError) else f"{type(error).__name__}: {error}"
+        taken = self.panel.takes_failure()
+        check_id, title = taken or ("preflight", "Checks")
+        # The checks panel has the failure too (never "checking…" for ever).
+        self.post_message(self.ChecksFinished([CheckResult(
+            id=check_id, title=title, status=CheckStatus.FAIL, detail=line,
+            remedy=error.remedy if isinstance(error, RtuiError) else None)]))
+        return taken is not None  # the panel says it (the aws matrix): no notification too
 
     def on_target_screen_checks_finished(self, message: ChecksFinished) -> None:
         self.checks = message.results

@@ -22,6 +22,7 @@ import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cache
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, ClassVar, TextIO
 
 if TYPE_CHECKING:
@@ -143,8 +144,6 @@ def _load(spec: str) -> Target:
 @cache
 def _plugins() -> dict[str, str]:
     """{name: "module:attribute"} of the installed packages' targets (read once, when first needed)."""
-    from importlib.metadata import entry_points
-
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,8 +65,6 @@ def test_the_tui_process_stays_light() -> None:
 
 def test_no_screen_imports_another_and_none_needs_a_type_ignore() -> None:
     """DESIGN.md §7: the App routes on messages; screens reach it typed."""
-    import ast
-
     for path in sorted((REPO / "screens").glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -76,21 +77,183 @@ def test_no_screen_imports_another_and_none_needs_a_type_ignore() -> None:
             assert "# type: ignore" not in path.read_text(), f"{folder}/{path.name} has a type: ignore"
 
 
+# --- the import graph (issue 24, item 3) ---------------------------------------------------------------------
+GRAPH_PACKAGES = ("backend", "targets", "tui", "screens", "training")
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement of ours: where it is, what it names, and whether it runs inside a function."""
+
+    module: str
+    path: Path
+    line: int
+    end_line: int
+    targets: tuple[str, ...]
+    in_function: bool
+    type_checking: bool
+
+
+def module_files() -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    for package in GRAPH_PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, path: Path, known: set[str]) -> tuple[str, ...]:
+    """The modules of ours an import statement loads: `from a.b import c` is a.b.c when that is a module, else a.b."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:  # relative: from the importing module's package
+            package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+            base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+    return tuple(sorted({n for n in names if n in known}))
+
+
+def imports_of_ours() -> list[Import]:
+    files = module_files()
+    known = set(files)
+    found: list[Import] = []
+    for module, path in files.items():
+        def visit(node: ast.AST, in_function: bool, type_checking: bool, module: str = module,
+                  path: Path = path) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and _type_checking(child.test):
+                    for part in child.body:
+                        visit_statement(part, in_function, True, module, path)
+                    for part in child.orelse:
+                        visit_statement(part, in_function, type_checking, module, path)
+                else:
+                    visit_statement(child, in_function, type_checking, module, path)
+
+        def visit_statement(node: ast.AST, in_function: bool, type_checking: bool, module: str,
+                            path: Path) -> None:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                found.append(Import(module, path, node.lineno, node.end_lineno or node.lineno,
+                                    _targets(node, module, path, known),
+                                    in_function, type_checking))
+                return
+            visit(node, in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda),
+                  type_checking, module, path)
+
+        visit(ast.parse(path.read_text()), False, False)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports when it runs (function-level imports count; TYPE_CHECKING ones not)."""
+    graph: dict[str, set[str]] = {module: set() for module in module_files()}
+    for imp in imports_of_ours():
+        if not imp.type_checking:
+            graph[imp.module].update(t for t in imp.targets if t != imp.module)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every group of modules that reach each other through imports (Tarjan's strongly connected components
+    of two or more modules): each cycle lies inside one group, and every module of a group is on one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def connect(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                connect(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group: list[str] = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            connect(module)
+    return sorted(groups)
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    """Issue 24 item 3: no two modules import each other, by any path; a function-level import is an import.
+    The message lists each group of modules in a cycle with the imports that hold it together."""
+    cycles = import_cycles(import_graph())
+    lines = []
+    for group in cycles:
+        lines.append("cycle: " + " · ".join(group))
+        lines += [f"    {imp.path.relative_to(REPO)}:{imp.line} imports {target}"
+                  + (" (in a function)" if imp.in_function else "")
+                  for imp in imports_of_ours() if imp.module in group and not imp.type_checking
+                  for target in imp.targets if target in group and target != imp.module]
+    assert not cycles, "import cycles:\n" + "\n".join(lines)
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    """The checker itself: a cycle through three modules and one through two, each reported once; a module
+    importing itself (harmless, and what `from package import name` inside a package's __init__ reads as) is none."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}, "g": {"g"}}
+    assert import_cycles(graph) == [["a", "b", "c"], ["e", "f"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+
+LAZY = "# lazy:"
+
+
+def _lazy_reason(imp: Import, lines: list[str]) -> str:
+    """The reason a function-level import gives: `# lazy: <why>` on the line above it or at its end."""
+    for text in (lines[imp.line - 2], lines[imp.line - 1]):
+        if LAZY in text:
+            return text.split(LAZY, 1)[1].strip()
+    return ""
+
+
+def test_every_function_level_import_says_why_it_is_lazy() -> None:
+    """Issue 24 item 3: an import inside a function hides a dependency; it stays only where the first frame (or a
+    process that must stay light) needs it, and says so in a `# lazy: <reason>` comment. training/ runs in the
+    cluster's image and imports torch where it is used: it is not held to this. Imports right below one another
+    share the reason above the first."""
+    unexplained = []
+    explained_until: dict[Path, int] = {}  # the last line of a run of lazy imports under one reason
+    for imp in sorted(imports_of_ours(), key=lambda i: (str(i.path), i.line)):
+        if imp.in_function and imp.module.split(".")[0] in ("backend", "targets", "tui", "screens"):
+            lines = imp.path.read_text().splitlines()
+            above = explained_until.get(imp.path)
+            if _lazy_reason(imp, lines) or (above is not None and not "".join(lines[above:imp.line - 1]).strip()):
+                explained_until[imp.path] = imp.end_line  # the next import right below shares the reason
+            else:
+                unexplained.append(f"{imp.path.relative_to(REPO)}:{imp.line}: {lines[imp.line - 1].strip()}")
+    assert not unexplained, f"{len(unexplained)} function-level imports without a `{LAZY} <reason>`:\n" + \
+        "\n".join(unexplained)
+
+
 # What holds a connection, a pool or threads: a client of AWS, Kubernetes or Ray, a session of
 # boto3, the worker pool they run on. A cache of one at module level outlives every session.
 CLIENTISH = ("Api", "Client", "Session", "Pool", "Jobs", "Resource")
 
 
 def _clientish(text: str) -> bool:
-    import re
-
     return any(re.search(rf"[A-Za-z_]*{word}\b", text) for word in CLIENTISH)
 
 
 def module_level_client_caches(source: str) -> list[str]:
     """Module-level mutable containers holding clients, and functools caches of functions returning one."""
-    import ast
-
     found: list[str] = []
     tree = ast.parse(source)
     for node in tree.body:
@@ -152,8 +315,6 @@ GENERIC = ("backend/*.py", "backend/telemetry/*.py", "backend/layers/base.py",
 
 
 def _names_a_target(node: object) -> bool:
-    import ast
-
     if isinstance(node, ast.Constant):
         return node.value in TARGET_NAMES
     if isinstance(node, ast.Tuple | ast.List | ast.Set):
@@ -165,8 +326,6 @@ def _names_a_target(node: object) -> bool:
 
 def target_branches(source: str, filename: str = "<src>") -> list[str]:
     """``file:line: code`` of each comparison (==, !=, in, not in, is) or ``case`` against a target's name."""
-    import ast
-
     tree = ast.parse(source, filename)
     lines = source.splitlines()
     hits: list[int] = []
@@ -199,3 +358,17 @@ def test_generic_code_has_no_branch_on_a_target_name() -> None:
         for path in sorted(REPO.glob(pattern)):
             found += target_branches(path.read_text(), str(path.relative_to(REPO)))
     assert not found, f"{len(found)} branches on a target name:\n" + "\n".join(found)
+
+
+def test_the_lazy_rule_reads_a_reason_above_or_beside_an_import() -> None:
+    """The checker itself: a reason on the line above or at the end counts; an import without one does not."""
+    lines = ["def f() -> None:", "    # lazy: boto3 only on the aws target", "    import boto3",
+             "def g() -> None:", "    import yaml  # lazy: yaml only for manifests",
+             "def h() -> None:", "    import json"]
+
+    def at(line: int) -> Import:
+        return Import("m", Path("m.py"), line, line, (), True, False)
+
+    assert _lazy_reason(at(3), lines) == "boto3 only on the aws target"
+    assert _lazy_reason(at(5), lines) == "yaml only for manifests"
+    assert _lazy_reason(at(7), lines) == ""

@@ -52,13 +52,13 @@ def every_kind() -> PlanResult:
 class PlanApp(RtuiApp):
     """The real app opening on the plan screen; the session's plan is the one given (else its own)."""
 
-    def __init__(self, session: RunSession, plan: PlanResult | None = None) -> None:
+    def __init__(self, session: RunSession, plan: PlanResult | None = None, *, read_only: bool = False) -> None:
         if plan is not None:
             async def planned() -> PlanResult:
                 return plan
 
             session.plan = planned
-        super().__init__(session)
+        super().__init__(session, read_only=read_only)
         self.applied: list[PlanResult] = []
 
     def get_default_screen(self) -> Screen[None]:

@@ -17,20 +17,28 @@ from typing import TYPE_CHECKING, Any
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 
 from backend.errors import RtuiError, UserError
-from backend.session import RunSession
+from backend.planner import apply_steps
+from backend.session import RunSession, cost_meter
 from backend.store import RunStatus
-from tui.cli import rtui_command
+from backend.trust import remember
+from screens.confirm import ConfirmApply, ConfirmConfigFile, ConfirmDetach, ConfirmTeardown, PickRun
+from screens.plan import PlanScreen
+from screens.target import TargetScreen
+from tui.help import HelpScreen, key_rows
+from tui.invocation import rtui_command
 
 if TYPE_CHECKING:
     from backend.config import ResolvedConfig
     from backend.planner import PlanResult
-    from screens.plan import PlanScreen
     from screens.provision import ProvisionScreen
     from screens.run import RunScreen
-    from screens.target import TargetScreen
+    from tui.screen import WizardApp
+
+
+QUIT_TIP = "Quit; it tears nothing down (asks first while work is in flight)"
 
 
 class RtuiApp(App[None]):
@@ -38,9 +46,8 @@ class RtuiApp(App[None]):
     TITLE = "rtui"
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
-        Binding("q", "quit_detach", "Quit", id="quit", tooltip="Quit; never tears anything down"),
-        Binding("ctrl+q", "quit_detach", "Quit", show=False, id="quit_ctrl", priority=True,
-                tooltip="Quit; never tears anything down"),
+        Binding("q", "quit_detach", "Quit", id="quit", tooltip=QUIT_TIP),
+        Binding("ctrl+q", "quit_detach", "Quit", show=False, id="quit_ctrl", priority=True, tooltip=QUIT_TIP),
         Binding("question_mark,f1", "toggle_help", "Help", id="help", tooltip="Show every key"),
         Binding("D", "teardown", "Tear down", id="teardown_any",
                 tooltip="Delete everything this run made (asks for the cluster name first)"),
@@ -76,14 +83,12 @@ class RtuiApp(App[None]):
         """The first screen is the default one: no blank screen is laid out before it."""
         record = self.session.record
         if self.resume and record.status is not RunStatus.DOWN and record.current_job is not None:
+            # lazy: the run screen (the graph, flows: ~300 ms) loads when first shown; not on the first frame
             from screens.run import RunScreen
 
             return RunScreen()
         if self.resume and record.status is not RunStatus.DOWN and record.resources:
-            from screens.plan import PlanScreen
-
             return PlanScreen()
-        from screens.target import TargetScreen
 
         return TargetScreen()
 
@@ -103,8 +108,6 @@ class RtuiApp(App[None]):
             self.push_screen(screen)
 
     def on_target_screen_chosen(self, _message: TargetScreen.Chosen) -> None:
-        from screens.plan import PlanScreen
-
         self._go(PlanScreen())
 
     def on_target_screen_context_chosen(self, message: TargetScreen.ContextChosen) -> None:
@@ -134,7 +137,6 @@ class RtuiApp(App[None]):
         old.record.use_config(config)
         self._replace_session(RunSession(old.store, old.record, config))
         self._set_subtitle()
-        from screens.target import TargetScreen
 
         self._go(TargetScreen())
 
@@ -142,8 +144,8 @@ class RtuiApp(App[None]):
         """Filing a quota request is a support case with AWS: only after a yes in the modal."""
         if self.read_only:
             return
+        # lazy: the quota modal only on the aws target
         from screens.quota import ConfirmQuotaIncrease
-        from screens.target import TargetScreen
 
         target = self.screen
 
@@ -154,8 +156,6 @@ class RtuiApp(App[None]):
         self.push_screen(ConfirmQuotaIncrease(message.requests), answered)
 
     def on_plan_screen_back_requested(self, _message: PlanScreen.BackRequested) -> None:
-        from screens.target import TargetScreen
-
         self._go(TargetScreen())
 
     def on_plan_screen_approved(self, message: PlanScreen.Approved) -> None:
@@ -167,7 +167,6 @@ class RtuiApp(App[None]):
             self._apply(plan)
             return
         # What costs money by the hour is asked for twice: `a` on the plan, then `y` here.
-        from screens.confirm import ConfirmApply
 
         def confirmed(yes: bool | None) -> None:
             if yes:
@@ -179,7 +178,7 @@ class RtuiApp(App[None]):
     def _apply(self, plan: PlanResult) -> None:
         if not self.acquire():
             return
-        from backend.planner import apply_steps
+        # lazy: the provisioning screen (flows: ~230 ms) loads when first shown; not on the first frame
         from screens.provision import ProvisionScreen
 
         outline = apply_steps(self.session.stack, self.session.ctx, plan)
@@ -188,6 +187,7 @@ class RtuiApp(App[None]):
     def on_provision_screen_finished(self, message: ProvisionScreen.Finished) -> None:
         self._set_subtitle()
         if message.mode == "apply" and message.ok:
+            # lazy: the run screen (the graph, flows: ~300 ms) loads when first shown; not on the first frame
             from screens.run import RunScreen
 
             self._go(RunScreen())
@@ -196,19 +196,18 @@ class RtuiApp(App[None]):
         if self.session.record.status is RunStatus.DOWN:
             self._new_run()
             return
-        from screens.plan import PlanScreen
 
         self._go(PlanScreen())
 
     def on_provision_screen_retry_requested(self, message: ProvisionScreen.RetryRequested) -> None:
-        from screens.plan import PlanScreen
+        # lazy: the provisioning screen (flows: ~230 ms) loads when first shown; not on the first frame
         from screens.provision import ProvisionScreen
 
         self._go(ProvisionScreen(mode="teardown") if message.mode == "teardown" else PlanScreen())
 
     def on_provision_screen_failover_requested(self, message: ProvisionScreen.FailoverRequested) -> None:
+        # lazy: flows (~160 ms) loads with the screens that run steps; not on the first frame
         from backend import flows
-        from screens.plan import PlanScreen
 
         moved = flows.fail_over(self.session, message.failed)
         if moved is None:
@@ -231,7 +230,6 @@ class RtuiApp(App[None]):
     def action_teardown(self) -> None:
         if self.read_only or not self.has_resources():
             return
-        from screens.confirm import ConfirmTeardown
 
         session = self.session
         modal = ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
@@ -247,6 +245,7 @@ class RtuiApp(App[None]):
     def _teardown(self, delete_data: bool = False) -> None:
         if not self.acquire():
             return
+        # lazy: the provisioning screen (flows: ~230 ms) loads when first shown; not on the first frame
         from screens.provision import ProvisionScreen
 
         self._go(ProvisionScreen(mode="teardown", delete_data=delete_data))
@@ -258,7 +257,6 @@ class RtuiApp(App[None]):
         record = old.store.new(old.config)
         self._replace_session(RunSession(old.store, record, old.config))
         self._set_subtitle()
-        from screens.target import TargetScreen
 
         self._go(TargetScreen())
 
@@ -294,12 +292,10 @@ class RtuiApp(App[None]):
     # --- errors and actions ------------------------------------------------------------
     def report_error(self, exc: BaseException) -> None:
         text = str(exc) if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
-        self.notify(text, title="Error", severity="error", timeout=10)
+        self.notify(" ".join(text.split()), title="Error", severity="error", timeout=10)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "teardown":
-            from textual.screen import ModalScreen
-
             # Hidden when there is nothing to tear down, in --read-only, above a modal, and while a
             # teardown runs (during an apply it acts: it stops the apply and tears down).
             return (not self.read_only and self.has_resources() and not isinstance(self.screen, ModalScreen)
@@ -307,18 +303,17 @@ class RtuiApp(App[None]):
         return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        """The palette (ctrl+p): the app's own commands first, then Textual's."""
-        if not self.read_only and self.has_resources():
-            yield SystemCommand("Tear down", "Delete everything this run made (asks for the cluster name)",
-                                self.action_teardown)
-        for action, title, help_text in _SCREEN_COMMANDS:
-            if hasattr(screen, f"action_{action}") and screen.check_action(action, ()):
-                yield SystemCommand(title, help_text, partial(screen.run_action, action))
+        """The palette (ctrl+p): what the footer offers now, from the same bindings (one per action, those that
+        act now: a dimmed or hidden key is no command either), then the two commands no key runs, then Textual's."""
+        offered: set[str] = set()
+        for node, binding, enabled, tooltip in screen.active_bindings.values():
+            if binding.show and enabled and binding.action not in offered:
+                offered.add(binding.action)
+                yield SystemCommand(binding.description, tooltip or binding.description,
+                                    partial(self.run_action, binding.action, node))
         yield SystemCommand("Show config", "The run's effective configuration, field by field", self._show_config)
         yield SystemCommand("Resume command", "How to come back to this run from a shell", self._show_resume)
-        yield SystemCommand("Quit", "Quit rtui; it tears nothing down (asks first while work is in flight)",
-                            self.action_quit_detach)
-        # Textual's own Quit would exit at once, without the detach question.
+        # Textual's own Quit would exit at once, without the detach question (ours is the q binding's).
         yield from (c for c in super().get_system_commands(screen) if c.callback != self.action_quit)
 
     def _show_config(self) -> None:
@@ -333,9 +328,6 @@ class RtuiApp(App[None]):
         self.notify(f"{rtui_command()} --resume {self.session.run_id}", title="Resume this run", timeout=15)
 
     def _ask_config_confirmation(self, resolved: ResolvedConfig) -> None:
-        from backend.trust import remember
-        from screens.confirm import ConfirmConfigFile
-
         path, sha256 = resolved.config_file, resolved.config_sha256
         assert path is not None and sha256 is not None  # an unconfirmed file was read
 
@@ -355,8 +347,6 @@ class RtuiApp(App[None]):
         if self.confirm_config is not None and self.confirm_config.unconfirmed:
             self._ask_config_confirmation(self.confirm_config)
         if self.choose_from:
-            from screens.confirm import PickRun
-
             def picked(run_id: str | None) -> None:
                 if run_id and run_id != self.session.run_id:
                     self._replace_session(RunSession.resume(run_id, self.session.store))
@@ -366,16 +356,12 @@ class RtuiApp(App[None]):
             self.push_screen(PickRun(self.choose_from, self.session.store), picked)
 
     def action_toggle_help(self) -> None:
-        from tui.help import HelpScreen, key_rows
-
         if isinstance(self.screen, HelpScreen):
             self.screen.dismiss()
         else:
             self.push_screen(HelpScreen(getattr(self.screen, "HELP_TITLE", "this screen"), key_rows(self.screen)))
 
     def action_quit_detach(self) -> None:
-        from screens.confirm import ConfirmDetach
-
         if isinstance(self.screen, ConfirmDetach):
             return
         steps_running = bool(getattr(self.screen, "running", False))
@@ -402,21 +388,13 @@ class RtuiApp(App[None]):
         self.exit(return_code=0, message=message)
 
 
-# Screen actions the palette offers where the current screen has them (and allows them now).
-_SCREEN_COMMANDS = (
-    ("toggle_follow", "Follow logs", "Follow the newest log lines, or pause"),
-    ("filter", "Filter logs", "Show only the log lines that contain some text"),
-    ("recheck", "Re-check", "Run the preflight checks again"),
-    ("replan", "Re-plan", "Discover the live state and plan again"),
-    ("retry", "Retry", "Re-plan and apply again after a failure"),
-)
+if TYPE_CHECKING:  # what screens reach through tui.screen.WizardApp, checked here
+    _app_as_screens_see_it: type[WizardApp] = RtuiApp
 
 
 def teardown_summary(session: RunSession, *, now: float | None = None) -> list[str]:
     """What the teardown modal lists: what this run has made, by layer, and what it costs per hour
     (and has cost up to ``now``, the wall clock unless given)."""
-    from backend.session import cost_meter
-
     by_layer: dict[str, list[str]] = {}
     for address, entry in session.record.resources.items():
         if entry.live:

@@ -10,14 +10,12 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import re
-import shutil
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
+from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
 import targets
 from backend.config import (
@@ -25,16 +23,14 @@ from backend.config import (
     FIELD_NAMES,
     ResolvedConfig,
     RunConfig,
-    Untrusted,
     flag_name,
-    resolve_config,
     shown,
 )
 from backend.errors import RtuiError, UserError
-from backend.store import RunStatus, RunStore
-
-if TYPE_CHECKING:
-    from backend.session import RunSession
+from backend.session import RunSession
+from backend.store import RunStatus, RunStore, new_run_id
+from backend.trust import remember
+from tui.invocation import resolved_from
 
 LATEST = "__latest__"
 HELP_FLAGS = ("-h", "--help")
@@ -283,17 +279,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _flags(ns: argparse.Namespace) -> dict[str, Any]:
-    flags = {f: getattr(ns, f"cfg_{f}") for f in FIELD_NAMES if hasattr(ns, f"cfg_{f}")}
-    if isinstance(flags.get("region"), list):
-        flags["region"] = flags["region"][-1]
-    return flags
-
-
-def resolved_from(ns: argparse.Namespace, untrusted: Untrusted = "refuse") -> ResolvedConfig:
-    return resolve_config(_flags(ns), config_file=getattr(ns, "config_file", None), untrusted=untrusted)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
@@ -334,6 +319,7 @@ def _main(argv: list[str]) -> int:
         return _classify(ns, out)
     if ns.command == "token":
         return _token(ns, out)
+    # lazy: the commands load flows (~200 ms); the wizard's first frame does without
     from tui import commands
 
     handler = {
@@ -344,6 +330,7 @@ def _main(argv: list[str]) -> int:
 
 
 def _token(ns: argparse.Namespace, out: TextIO) -> int:
+    # lazy: boto3 only for `rtui token` (kubectl's exec plugin)
     from backend.layers.kubernetes.eks import token_command_output
 
     out.write(token_command_output(ns.cluster_name, ns.region, ns.profile) + "\n")
@@ -374,8 +361,6 @@ def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
 
 def _config_trust(ns: argparse.Namespace, out: TextIO) -> int:
     """Confirm ./rtui.toml's guarded fields in the content read now (checked like any config first)."""
-    from backend.trust import remember
-
     resolved = resolved_from(ns, untrusted="show")
     if not resolved.unconfirmed or resolved.config_file is None or resolved.config_sha256 is None:
         out.write("nothing to confirm: no ./rtui.toml here sets a field that chooses what runs or what is read, "
@@ -401,6 +386,7 @@ def _check(ns: argparse.Namespace, out: TextIO) -> int:
         raise UserError(f"--request-quota-increase is for {matrix}")
     if ns.all_regions:
         raise UserError(f"--all-regions is for {matrix}")
+    # lazy: the commands load flows (~200 ms); the wizard's first frame does without
     from tui import commands
 
     return asyncio.run(commands.check(ns, out))
@@ -411,9 +397,9 @@ def _manifest(ns: argparse.Namespace, out: TextIO) -> int:
     if not targets.get(config.target).has_kubernetes:
         kube = " or ".join(f"--target {t}" for t in targets.names() if targets.get(t).has_kubernetes)
         raise UserError(f"the {config.target} target has no Kubernetes objects", remedy=f"use {kube}")
+    # lazy: the Kubernetes layer only for `rtui manifest`
     from backend.layers.kubernetes.layer import every_object
     from backend.layers.kubernetes.manifests import yaml_stream
-    from backend.store import new_run_id
 
     objects, notes = every_object(config, new_run_id() if ns.run_id is None else ns.run_id)
     out.write("".join(f"# {note}\n" for note in notes))
@@ -425,6 +411,7 @@ def _classify(ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.files:
         raise UserError("no files to classify", remedy="use `rtui logs classify FILE... [--json]` (- for stdin)")
     try:
+        # lazy: the log classifier only for `rtui logs classify`
         from backend.telemetry.classify import classify_command
     except ImportError:
         raise UserError("log classification is not available in this version") from None
@@ -434,8 +421,6 @@ def _classify(ns: argparse.Namespace, out: TextIO) -> int:
 def wizard_session(ns: argparse.Namespace) -> tuple[RunSession, list[str], ResolvedConfig | None]:
     """The wizard's run, the live runs to choose from (--resume without an id), and a resolved config
     whose ./rtui.toml fields the first modal asks the user to confirm (None when none waits)."""
-    from backend.session import RunSession
-
     if ns.resume is not None:
         session = RunSession.resume(None if ns.resume == LATEST else ns.resume)
         choose_from = live_run_ids(session.store) if ns.resume == LATEST else []
@@ -455,28 +440,13 @@ def _wizard(ns: argparse.Namespace) -> int:
         # a terminal the app draws into a pipe or file and waits for keys that never come.
         raise UserError("the wizard needs a terminal (stdin or stdout is not one)",
                         remedy="run `rtui` in a terminal; scripts use `rtui plan`, `rtui up --yes`, `rtui status`")
+    # lazy: Textual only for the wizard: `rtui token` runs on every kubectl call
     from tui.app import RtuiApp
 
     app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only, choose_from=choose_from,
                   confirm_config=confirm)
     app.run()
     return int(app.return_code or 0)
-
-
-def rtui_command() -> str:
-    """How to run this rtui again from the user's shell: `rtui` when that is what the PATH finds,
-    else the path it was started by (e.g. `.venv/bin/rtui`), relative to the current directory."""
-    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
-    on_path = shutil.which("rtui")
-    if started is None or started.name != "rtui" or (on_path and Path(on_path).resolve() == started):
-        return "rtui"
-    try:
-        relative = os.path.relpath(started)
-    except ValueError:
-        return str(started)
-    if relative.startswith(".."):  # outside the current directory: the full path reads better
-        return str(started)
-    return relative if os.sep in relative else f"./{relative}"
 
 
 def live_run_ids(store: RunStore) -> list[str]:

@@ -12,14 +12,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import targets
+from backend import bench as benches
 from backend import flows
+from backend.delivery import LOAD_HINT, human_bytes, model_summary
 from backend.errors import UserError
 from backend.follow import JobUpdate
 from backend.model import CheckStatus, EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from backend.textutil import strip_ansi
-from tui.cli import resolved_from, rtui_command
+from training.fabric import format_table, human_size
+from tui.invocation import resolved_from, rtui_command
 from tui.render import eval_line, format_event, format_plan, format_status
 
 
@@ -256,7 +259,6 @@ async def bench(ns: argparse.Namespace, out: TextIO) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be at least {least}")
     if ns.timeout <= 0:
         raise UserError("--timeout must be positive")
-    from backend import bench as benches  # the bench code (and telemetry) only for this command
 
     resolved = resolved_from(ns)
     async with RunSession.for_config(resolved) as session:
@@ -293,8 +295,6 @@ async def bench(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 def _format_fabric(report: dict[str, Any]) -> str:
-    from training.fabric import format_table, human_size  # stdlib-only at import
-
     lines = []
     for name, run in report["variants"].items():
         lines.append(f"{name}: all_reduce on {run['transport']} — {run['world_size']} workers on "
@@ -335,8 +335,6 @@ __all__ = ["plan", "up", "status", "logs", "down", "runs", "check", "bench"]
 
 async def model(ns: argparse.Namespace, out: TextIO) -> int:
     """`rtui model [RUN_ID] [--to DIR] [--json]`: the run's model, copied to a local directory."""
-    from backend.delivery import LOAD_HINT, human_bytes, model_summary
-
     async with RunSession.open(ns.run_id, lenient=True) as session:
         store = session.data_store()
         if store is None:

@@ -14,6 +14,7 @@ from typing import TextIO, TypeVar
 
 from backend.aws.preflight import run_preflight
 from backend.aws.quota import QuotaIncreaseRequest, increase_command
+from backend.aws.quota_requests import request_missing_quota
 from backend.aws.report import PreflightReport, PreflightRequest, RegionReport
 from backend.aws.session import AwsSession
 from backend.config import clip
@@ -105,8 +106,6 @@ def increase_quota_command(
     request: PreflightRequest, *, as_json: bool, stdout: TextIO, stderr: TextIO, heartbeat_s: float = HEARTBEAT_S
 ) -> int:
     """``rtui check --target aws --request-quota-increase --yes``: file what the plan is short of."""
-    from backend.aws.quota_requests import request_missing_quota
-
     def run(aws: AwsSession, watch: Watch) -> Awaitable[list[QuotaIncreaseRequest]]:
         def filing(region: str, code: str) -> None:
             watch.waiting_for = f"requesting quota {code} in {region}"

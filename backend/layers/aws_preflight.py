@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from backend.aws import PreflightRequest
+from backend.layers.aws.base import ROOT_VOLUME_GB, SYSTEM_DISK_UNKNOWN_GB
 from backend.layers.base import Context
-
-if TYPE_CHECKING:
-    from backend.aws import PreflightRequest
 
 
 def preflight_request(ctx: Context) -> PreflightRequest:
-    from backend.aws import PreflightRequest
-    from backend.layers.aws.base import ROOT_VOLUME_GB, SYSTEM_DISK_UNKNOWN_GB
-
     cfg = ctx.config
     return PreflightRequest(
         gpu_disk_gb=ROOT_VOLUME_GB,

@@ -33,6 +33,7 @@ def _hub_token(source: str) -> str | None:
     the kubernetes layer's preflight says what is wrong with it)."""
     if not source:
         return None
+    # lazy: the Kubernetes handlers (~80 ms) only for a private model's token; not on the local first frame
     from backend.layers.kubernetes.handlers import read_hf_token
 
     try:

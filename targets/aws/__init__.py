@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TextIO
 
+from backend.clients import Clients
+from backend.planner import Stack
 from targets import Defaults, Target
+from targets.aws.check import feasibility
 from targets.kube import CLUSTER_FIELDS, gpu_cluster_defaults
 
 if TYPE_CHECKING:
     from backend.config import RunConfig
     from backend.errors import NoCapacity
-    from backend.planner import Stack
     from backend.session import RunSession
 
 
@@ -31,11 +33,11 @@ class AwsTarget(Target):
     panel = "targets.aws.panel:MatrixPanel"
 
     def stack(self, config: RunConfig) -> Stack:
+        # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.aws.base import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
         from backend.layers.aws.layer import AwsLayer
         from backend.layers.kubernetes.layer import Below, KubernetesLayer
         from backend.layers.ray_job import RayJobLayer
-        from backend.planner import Stack
 
         below = Below(api_ready=KUBECONFIG, system_nodes=SYSTEM_NODES, gpu_nodes=GPU_NODES,
                       launch_template=LAUNCH_TEMPLATE,
@@ -50,7 +52,7 @@ class AwsTarget(Target):
         return config.availability_zone or config.region  # the AZ once chosen, else the region
 
     async def tagged_runs(self, config: RunConfig) -> list[str]:
-        from backend.clients import Clients
+        # lazy: boto3 (~400 ms) only on the aws target; listing the targets does without
         from backend.layers.aws.api import AwsApi
         from backend.layers.aws.sweep import runs_of_cluster
 
@@ -60,6 +62,7 @@ class AwsTarget(Target):
 
     def fail_over(self, session: RunSession, error: NoCapacity) -> str | None:
         """The GPU nodes move to the next feasible AZ (``AwsLayer.fail_over`` keeps why in the record)."""
+        # lazy: boto3 (~400 ms) only on the aws target; listing the targets does without
         from backend.layers.aws.layer import AwsLayer
 
         layer = next((x for x in session.stack.layers if isinstance(x, AwsLayer)), None)
@@ -71,8 +74,6 @@ class AwsTarget(Target):
 
     def feasibility(self, config: RunConfig, *, regions: list[str] | None, all_regions: bool,
                     request_quota: bool, yes: bool, as_json: bool, out: TextIO) -> int | None:
-        from targets.aws.check import feasibility
-
         return feasibility(config, regions=regions, all_regions=all_regions, request_quota=request_quota, yes=yes,
                            as_json=as_json, out=out)
 

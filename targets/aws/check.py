@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 def feasibility(config: RunConfig, *, regions: list[str] | None, all_regions: bool, request_quota: bool,
                 yes: bool, as_json: bool, out: TextIO) -> int:
+    # lazy: boto3 (~400 ms) only when the aws feasibility is asked for (`rtui check --target aws`)
     from backend.aws import PreflightRequest, check_command
 
     request = PreflightRequest(
@@ -27,6 +28,7 @@ def feasibility(config: RunConfig, *, regions: list[str] | None, all_regions: bo
     if not yes:
         raise UserError("--request-quota-increase files a request with AWS and needs --yes",
                         remedy="run `rtui check --target aws` first to see what is short")
+    # lazy: boto3, as above, and only with --request-quota-increase
     from backend.aws.check_command import increase_quota_command
 
     return increase_quota_command(request, as_json=as_json, stdout=out, stderr=sys.stderr)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 from textual.widget import Widget
 
 from backend.model import CheckResult, CheckStatus
+from targets.aws.matrix import FeasibilityPanel
 from tui.target_panel import PanelUpdated, TargetPanel
 
 if TYPE_CHECKING:
     from backend.aws import PreflightReport, QuotaIncreaseRequest
     from backend.aws.report import QuotaStatus, RegionReport
     from backend.layers.aws.layer import AwsLayer
-    from targets.aws.matrix import FeasibilityPanel
 
 # Checks whose failure leaves the matrix empty: the matrix box says them, with their remedy.
 MATRIX_FAILURES = frozenset({"aws.preflight", "aws.azs"})
@@ -50,18 +50,15 @@ class MatrixPanel(TargetPanel):
     all_regions = False
 
     def above(self) -> Iterable[Widget]:
-        from targets.aws.matrix import FeasibilityPanel
-
         cfg = self.screen.session.config
         yield FeasibilityPanel(gpus=f"{cfg.gpu_node_count} × {cfg.gpu_node_type}", region=cfg.region,
                                chosen=(cfg.region, cfg.availability_zone) if cfg.availability_zone else None)
 
     def feasibility(self) -> FeasibilityPanel:
-        from targets.aws.matrix import FeasibilityPanel
-
         return self.screen.query_one(FeasibilityPanel)
 
     def layer(self) -> AwsLayer | None:
+        # lazy: boto3 (~400 ms) after the first frame: the matrix paints before the preflight needs the aws layer
         from backend.layers.aws.layer import AwsLayer
 
         return next((x for x in self.screen.session.stack.layers if isinstance(x, AwsLayer)), None)
@@ -76,6 +73,7 @@ class MatrixPanel(TargetPanel):
         return self.feasibility().matrix  # the AZ is the one choice left to make here
 
     def before_checks(self) -> None:
+        # lazy: boto3 (~400 ms) after the first frame: the matrix paints before the preflight needs the aws layer
         from backend.layers.aws.layer import MatrixWatch
 
         layer = self.layer()
@@ -113,6 +111,7 @@ class MatrixPanel(TargetPanel):
         """The short quotas of the highlighted AZ's region (else the configured one), once the matrix is in."""
         if self.report is None:
             return []
+        # lazy: boto3 (~400 ms) after the first frame: the matrix paints before the preflight needs the aws layer
         from backend.aws.quota_requests import short_quotas
 
         region = self.feasibility().highlighted_region
@@ -121,7 +120,7 @@ class MatrixPanel(TargetPanel):
 
     def enabled(self, action: str) -> bool:
         if action == "request_quota":
-            return not self.screen.app.read_only and bool(self.short_quotas())
+            return not self.screen.wizard.read_only and bool(self.short_quotas())
         return True
 
     def enter_picks(self, list_id: str, option_id: str) -> bool:
@@ -149,18 +148,15 @@ class MatrixPanel(TargetPanel):
 
     def file_quota_increase(self, region: str) -> None:
         """After the App's confirmation: the same request `rtui check --request-quota-increase --yes` files."""
-        self.screen.run_worker(self._file(region), exclusive=True, group="quota")
+        self.screen.run_worker(self._file(region), exclusive=True, group="quota", exit_on_error=False)
 
     async def _file(self, region: str) -> None:
+        # lazy: boto3 (~400 ms) after the first frame: the matrix paints before the preflight needs the aws layer
         from backend.aws.quota_requests import request_missing_quota
         from backend.layers.aws_preflight import preflight_request
 
         request = preflight_request(self.screen.session.ctx).model_copy(update={"regions": [region]})
-        try:
-            filed = await request_missing_quota(request)
-        except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
-            self.screen.app.report_error(exc)
-            return
+        filed = await request_missing_quota(request)  # a failure: RtuiScreen says it in one notification
         self.screen.post_message(QuotaRequested(lambda: self.quota_requested(filed)))
 
     def quota_requested(self, filed: list[QuotaIncreaseRequest]) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from backend.config import DEFAULT_MODEL_ID
+from backend.planner import Stack
 from targets import Defaults, Target
 
 if TYPE_CHECKING:
     from backend.config import RunConfig
-    from backend.planner import Stack
 
 # The config fields every GPU cluster target reads (kube, aws).
 CLUSTER_FIELDS = frozenset({
@@ -28,8 +29,6 @@ def gpu_cluster_defaults(config: RunConfig) -> Defaults:
 
     1e-5 fine-tunes a pretrained model. A kube cluster is used for what the seed does, EFA between GPU
     nodes; one without EFA (another cloud, a lab) says so with --require-transport any."""
-    from backend.config import DEFAULT_MODEL_ID
-
     return Defaults(batch_size=1, precision="bf16", learning_rate=1e-5, model_id=DEFAULT_MODEL_ID,
                     workers=config.gpu_node_count * config.gpus_per_node, shard_size=config.gpus_per_node,
                     require_transport="efa")
@@ -43,9 +42,9 @@ class KubeTarget(Target):
     panel = "targets.kube.panel:ContextPanel"
 
     def stack(self, config: RunConfig) -> Stack:
+        # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.kubernetes.layer import KubernetesLayer
         from backend.layers.ray_job import RayJobLayer
-        from backend.planner import Stack
 
         return Stack(self.name, [KubernetesLayer(), RayJobLayer()])
 

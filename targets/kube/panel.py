@@ -51,9 +51,10 @@ class ContextPanel(TargetPanel):
         return self.picker()  # the context is the one choice left to make here
 
     def after_first_paint(self) -> None:
-        self.screen.run_worker(self.load_contexts(), exclusive=True, group="contexts")
+        self.screen.run_worker(self.load_contexts(), exclusive=True, group="contexts", exit_on_error=False)
 
     async def load_contexts(self) -> None:
+        # lazy: the kubernetes client (~1 s) after the first frame: the picker paints, then fills
         from backend.layers.kubernetes.access import kube_contexts
 
         try:
@@ -61,9 +62,6 @@ class ContextPanel(TargetPanel):
         except RtuiError as exc:  # the preflight's Kubernetes API check shows it with its remedy
             error = exc.message
             self.screen.post_message(ContextsLoaded(lambda: self.show_error(error)))
-            return
-        except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
-            self.screen.app.report_error(exc)
             return
         self.screen.post_message(ContextsLoaded(lambda: self.show(contexts, current)))
 

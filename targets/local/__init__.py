@@ -9,12 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backend.config import shown
+from backend.delivery import LocalDirStore, local_data_dir
+from backend.errors import UserError
+from backend.planner import Stack
 from targets import Defaults, FoundCluster, Target
 
 if TYPE_CHECKING:
     from backend.config import RunConfig
     from backend.delivery import DataStore
-    from backend.planner import Stack
 
 
 class LocalTarget(Target):
@@ -30,9 +33,9 @@ class LocalTarget(Target):
     unpriced = "free (local)"
 
     def stack(self, config: RunConfig) -> Stack:
+        # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.local_ray import LocalRay
         from backend.layers.ray_job import RayJobLayer
-        from backend.planner import Stack
 
         return Stack(self.name, [LocalRay(), RayJobLayer()])
 
@@ -48,9 +51,6 @@ class LocalTarget(Target):
                         shard_size=workers, require_transport="any")
 
     def check(self, config: RunConfig, cwd: Path) -> RunConfig:
-        from backend.config import shown
-        from backend.errors import UserError
-
         if config.effective_require_transport() != "any":
             raise UserError(f"--require-transport={config.require_transport} needs NCCL on GPUs",
                             remedy="the local target trains on CPU with gloo; use --target aws or kube")
@@ -68,6 +68,7 @@ class LocalTarget(Target):
         return config
 
     def live_clusters(self, cluster_name: str | None = None) -> list[FoundCluster]:
+        # lazy: psutil (~30 ms) only when live clusters are looked for
         from backend.layers.local_cluster import find_clusters
 
         found = []
@@ -78,6 +79,4 @@ class LocalTarget(Target):
         return found
 
     def data_store(self, state_root: Path, run_id: str) -> DataStore | None:
-        from backend.delivery import LocalDirStore, local_data_dir
-
         return LocalDirStore(local_data_dir(state_root, run_id))

@@ -26,6 +26,7 @@ from botocore.exceptions import (
     NoCredentialsError,
     ReadTimeoutError,
 )
+from botocore.loaders import create_loader
 
 from backend.aws.calls import CallPool
 from backend.aws.session import (
@@ -346,8 +347,6 @@ STANDARD_REGION = "us-east-1"  # a region of the standard partition, whose suffi
 
 @functools.cache
 def partition(region: str) -> Partition:
-    from botocore.loaders import create_loader
-
     data = create_loader().load_data("partitions")
     for p in data["partitions"]:
         if region in p.get("regions", {}) or re.match(p["regionRegex"], region):

@@ -15,6 +15,9 @@ from backend.layers.aws import node_autoscaler as na
 from backend.layers.aws.api import AwsApi
 from backend.layers.aws.base import LAYER, AwsHandler
 from backend.layers.base import Context
+from backend.layers.kubernetes import manifests
+from backend.layers.kubernetes.clients import ClusterNotReady, cluster_api
+from backend.layers.kubernetes.handlers import apply_all, delete_ours, ours
 from backend.model import Observed, Resource
 from backend.runner import Progress
 
@@ -22,8 +25,6 @@ CLUSTER_AUTOSCALER = "aws.cluster-autoscaler"
 
 
 def _objects(ctx: Context) -> list[dict[str, Any]]:
-    from backend.layers.kubernetes import manifests
-
     return na.cluster_autoscaler_manifests(ctx.config, ctx.config.cluster_name, manifests.labels(ctx.record.run_id))
 
 
@@ -35,9 +36,6 @@ class ClusterAutoscalerHandler(AwsHandler):
     updatable = True
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        from backend.layers.kubernetes.handlers import ours
-        from backend.layers.kubernetes.layer import ClusterNotReady, cluster_api
-
         try:
             kube = await cluster_api(ctx)
         except ClusterNotReady:
@@ -56,9 +54,6 @@ class ClusterAutoscalerHandler(AwsHandler):
         return {"image": image, "command": deployment["spec"]["template"]["spec"]["containers"][0]["command"]}
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        from backend.layers.kubernetes.handlers import apply_all
-        from backend.layers.kubernetes.layer import cluster_api
-
         kube = await cluster_api(ctx)
         async for p in apply_all(kube, _objects(ctx)):
             yield p
@@ -71,9 +66,6 @@ class ClusterAutoscalerHandler(AwsHandler):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        from backend.layers.kubernetes.handlers import delete_ours
-        from backend.layers.kubernetes.layer import ClusterNotReady, cluster_api
-
         try:
             kube = await cluster_api(ctx)
         except ClusterNotReady:

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from backend.errors import OperationError
 from backend.layers.aws.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, partition, refuse_foreign, tags, wait_until
 from backend.layers.aws.base import (
     ACCESS_ENTRY,
@@ -322,6 +323,7 @@ class AccessEntryHandler(AwsHandler):
 
 
 def kubeconfig_path(ctx: Context) -> Path:
+    # lazy: the kubeconfig writer only when applied; this module is on the aws target's first frame
     from backend.layers.kubernetes.eks import kubeconfig_path as path_for
 
     return path_for(ctx.config.kubeconfig)
@@ -374,12 +376,11 @@ class KubeconfigHandler(AwsHandler):
                          reason="its cluster is gone")]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        # lazy: the kubeconfig writer only when applied; this module is on the aws target's first frame
         from backend.layers.kubernetes.eks import write_kubeconfig_entry
 
         cluster = await describe_cluster(self.api(ctx), ctx.config.cluster_name)
         if cluster is None or not cluster.get("endpoint"):
-            from backend.errors import OperationError
-
             raise OperationError(f"EKS cluster {ctx.config.cluster_name} has no endpoint yet",
                                  remedy="run `rtui up` again once it is active")
         path = kubeconfig_path(ctx)
@@ -395,6 +396,7 @@ class KubeconfigHandler(AwsHandler):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        # lazy: the kubeconfig writer only when applied; this module is on the aws target's first frame
         from backend.layers.kubernetes.eks import remove_kubeconfig_entry
 
         path, name = have.id.split("|", 1)

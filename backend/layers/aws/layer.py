@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from backend.aws import run_preflight
 from backend.aws.catalog import quota_code_for
 from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, builtin_region_prices, price_plan
 from backend.aws.public_ip import public_cidr
+from backend.aws.report import reserved_nodes
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
@@ -82,7 +84,9 @@ from backend.layers.aws.node_autoscaler import cluster_autoscaler_image, gpu_asg
 from backend.layers.aws.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from backend.layers.aws.sweep import sweep
+from backend.layers.aws_preflight import preflight_request
 from backend.layers.base import Context, Handler, Layer
+from backend.layers.kubernetes.registry import image_size
 from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
 from backend.record import AzMove
 
@@ -220,11 +224,6 @@ class AwsLayer(Layer):
         return [*([f"+ ${prices.nat_per_gb:.3f}/GB NAT data processing"] if self._planned_nat else []), logs]
 
     async def _topology(self, ctx: Context) -> Topology:
-        from backend.aws import run_preflight
-        from backend.aws.report import reserved_nodes
-        from backend.layers.aws_preflight import preflight_request
-        from backend.layers.kubernetes.registry import image_size
-
         config, facts = ctx.config, ctx.record.facts
         request, watch = preflight_request(ctx), self.watch or MatrixWatch()
         if watch.all_regions:

@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import urllib3
@@ -29,10 +29,8 @@ from kubernetes.config import kube_config
 from kubernetes.config.config_exception import ConfigException
 
 from backend.errors import OperationError, UserError
+from backend.rayjobs import RayJobs
 from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
-
-if TYPE_CHECKING:
-    from backend.rayjobs import RayJobs
 
 Obj = dict[str, Any]
 Objs = list[Obj]  # aliases: inside KubeApi, ``list`` names the method
@@ -246,8 +244,6 @@ class KubeApi:
         """The Ray Jobs API behind a service port, reached the way every request to this server goes:
         its token, its CA, its proxy and its TLS server name; ``ray_auth``: the headers Ray's own
         token auth wants, which the proxy passes on (it drops only the ``Authorization`` it used)."""
-        from backend.rayjobs import RayJobs
-
         extra = dict(ray_auth or {})
 
         def headers() -> dict[str, str]:

@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.layers.kubernetes.manifests import (
@@ -34,6 +36,7 @@ from backend.layers.kubernetes.manifests import (
     labels,
 )
 from backend.layers.kubernetes.pods import unschedulable_reason
+from backend.paths import config_dir
 
 INSTALLED_BY = "rtui.dev/installed-by-run"
 NAME_LABEL = "app.kubernetes.io/name"
@@ -408,8 +411,6 @@ def _refuse_conversion_webhook(crd: Manifest, where: str) -> None:
 
 
 def _parse_crd(text: str, where: str) -> Manifest:
-    import yaml  # a dependency of the kubernetes client; only the CRD loader needs it here
-
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # 10x faster on a megabyte of YAML
     try:
         docs = [d for d in yaml.load_all(text, Loader=loader) if d is not None]
@@ -499,8 +500,6 @@ def load_kuberay_crds(source: str, version: str, *, cache_dir: Path | None = Non
     """
     _tag(version)
     if trusted is None:
-        from backend.paths import config_dir
-
         trusted = trusted_crd_hashes(config_dir())
     crds: list[Manifest] = []
     if source == "" or source.startswith(("http://", "https://")):

@@ -24,6 +24,7 @@ import yaml
 
 from backend.layers.aws.api import partition
 from backend.layers.kubernetes import kubeconfig_text
+from backend.paths import cache_dir
 
 TOKEN_PREFIX = "k8s-aws-v1."
 RUN_TAG = "rtui:run"  # the aws layer's tag naming the run that made a resource (DESIGN.md §1)
@@ -160,8 +161,6 @@ def kubeconfig_path(flag: str | None) -> Path:
 def ca_file(ca_data_b64: str) -> str:
     """A cluster's CA (base64 PEM, as EKS and kubeconfigs give it) in a file the HTTP client can load
     (a public certificate, in rtui's cache, named by its hash)."""
-    from backend.paths import cache_dir
-
     ca = base64.b64decode(ca_data_b64)
     target = cache_dir() / "eks" / f"{hashlib.sha256(ca).hexdigest()[:16]}.pem"
     if not target.exists():

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from backend.errors import UserError
 from backend.layers.base import Context, Handler
 from backend.layers.kubernetes import addons, idle, manifests, pods
+from backend.layers.kubernetes.clients import kube_api
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Action, Observed, Resource
+from backend.paths import cache_dir
 from backend.runner import Progress
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ def object_id(obj: Manifest) -> str:
 async def get_if_served(api: KubeApi, api_version: str, kind: str, name: str,
                         namespace: str | None = None) -> Manifest | None:
     """The object, or None when it or its whole kind is missing (a fresh cluster serves no ray.io yet)."""
+    # lazy: the kubernetes client only when a cluster is reached; not on the aws target's first frame
     from backend.layers.kubernetes.access import KindNotServed
 
     try:
@@ -74,6 +77,7 @@ async def get_if_served(api: KubeApi, api_version: str, kind: str, name: str,
 async def list_if_served(api: KubeApi, api_version: str, kind: str, namespace: str | None = None,
                          label_selector: str | None = None) -> list[Manifest]:
     """The objects, none when the server does not serve the kind (its CRD missing or not Established)."""
+    # lazy: the kubernetes client only when a cluster is reached; not on the aws target's first frame
     from backend.layers.kubernetes.access import KindNotServed
 
     try:
@@ -148,8 +152,6 @@ class KubeHandler(Handler):
         raise NotImplementedError
 
     def api(self, ctx: Context) -> KubeApi:
-        from backend.layers.kubernetes.layer import kube_api
-
         return kube_api(ctx)
 
 
@@ -382,8 +384,6 @@ class EfaPluginHandler(DevicePluginHandler):
 @functools.lru_cache(maxsize=2)
 def kuberay_crds(source: str, version: str) -> list[Manifest]:
     """The CRDs, parsed once per process (about 2 MB of YAML: a second or so)."""
-    from backend.paths import cache_dir
-
     return addons.load_kuberay_crds(source, version, cache_dir=cache_dir())
 
 

@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any
 
+import yaml
+
 from backend.config import RunConfig
 from backend.errors import UserError
 
@@ -336,8 +338,6 @@ def manifests(config: RunConfig, run_id: str, *, image_digest: str | None = None
 
 def yaml_stream(objects: list[Manifest]) -> str:
     """A YAML stream of ``objects`` (``---`` between them), as ``kubectl apply -f -`` reads it."""
-    import yaml  # a dependency of the kubernetes client; only the manifest command needs it
-
     # Every value written out where it is used: a value two objects share (a probe's httpGet)
     # would otherwise print as an ``&id001`` anchor and ``*id001`` aliases.
     plain_dumper = type("PlainDumper", (yaml.SafeDumper,), {"ignore_aliases": lambda self, data: True})

@@ -143,6 +143,7 @@ def _node_not_ready(node: Obj) -> str | None:
 def _quantity(value: object) -> Decimal | None:
     # The client's parser (all suffixes: m, Ki..Ei, k..E, exponents); kubernetes.utils imports the
     # whole client, so only when a node is checked, never when this module is imported.
+    # lazy: kubernetes.utils imports the whole client; only when a node is checked
     from kubernetes.utils.quantity import parse_quantity
 
     try:

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
+import json
 import secrets
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from backend.errors import OperationError, UserError
+from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context
 from backend.layers.kubernetes import manifests
 from backend.layers.kubernetes.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
@@ -122,8 +126,6 @@ def network_policy(config: RunConfig, run_id: str, apiserver: list[str]) -> mani
 
 async def apiserver_cidrs(api: KubeApi) -> list[str]:
     """The API server's addresses as /32 (or /128) CIDRs, from the ``kubernetes`` Service's Endpoints."""
-    import ipaddress
-
     live = await api.get("v1", "Endpoints", APISERVER_ENDPOINTS[1], APISERVER_ENDPOINTS[0])
     out = set()
     for subset in (live or {}).get("subsets") or []:
@@ -179,8 +181,6 @@ class NetworkPolicyHandler(KubeHandler):
         return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        from backend.errors import OperationError
-
         api = self.api(ctx)
         cidrs = await apiserver_cidrs(api)
         if not cidrs:
@@ -207,8 +207,6 @@ JOB_ENV = "k8s.secret.job-env"
 
 
 def _job_env_values(config: RunConfig) -> dict[str, str]:
-    from backend.jobspec import build_job_spec, passed_env_values
-
     return passed_env_values(build_job_spec(config))
 
 
@@ -222,10 +220,6 @@ class JobEnvHandler(KubeHandler):
     updatable = True
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        import json
-
-        from backend.errors import UserError
-
         live = await api.get("v1", "Secret", manifests.job_env_secret_name(ctx.config), ctx.config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None
