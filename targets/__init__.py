@@ -126,6 +126,11 @@ class Target(ABC):
         """`rtui check` on this target when it has its own (an exit code), else None for the generic one."""
         return None
 
+    def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
+        """Where the job writes checkpoints and the model when the target gives the run its own storage
+        and no --storage-path names any (kube: the run's volume, mounted in every Ray pod), else None."""
+        return None
+
     def storage_profile(self, config: RunConfig) -> str | None:
         """The AWS profile that writes --storage-path (None: the usual credential chain)."""
         return None

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from targets import Defaults, Target
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from backend.config import RunConfig
     from backend.planner import Stack
 
@@ -39,7 +41,7 @@ class KubeTarget(Target):
     name = "kube"
     label = "Kubernetes — an existing cluster from kubeconfig"
     has_kubernetes = True
-    own_fields = CLUSTER_FIELDS | {"kubeconfig", "context"}
+    own_fields = CLUSTER_FIELDS | {"kubeconfig", "context", "storage_size"}
     panel = "targets.kube.panel:ContextPanel"
 
     def stack(self, config: RunConfig) -> Stack:
@@ -51,6 +53,20 @@ class KubeTarget(Target):
 
     def defaults(self, config: RunConfig) -> Defaults:
         return gpu_cluster_defaults(config)
+
+    def check(self, config: RunConfig, cwd: Path) -> RunConfig:
+        from backend.errors import UserError
+
+        if config.storage_size and config.storage_path:
+            raise UserError(f"--storage-size {config.storage_size} and --storage-path {config.storage_path} both say "
+                            "where the run's data goes", remedy="pass one of them")
+        return config
+
+    def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
+        """With --storage-size: the run's own directory on its volume (``manifests.DATA_MOUNT``)."""
+        from backend.layers.kubernetes.manifests import job_storage_path
+
+        return job_storage_path(run_id) if config.storage_size else None
 
     def where(self, config: RunConfig) -> str:
         return config.context or ""  # the kubeconfig's context when one is named (else its current one)

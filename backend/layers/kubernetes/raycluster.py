@@ -37,6 +37,7 @@ from backend.layers.kubernetes.handlers import (
     wait_established,
 )
 from backend.layers.kubernetes.security import JOB_ENV, NETWORK_POLICY, RAY_TOKEN
+from backend.layers.kubernetes.storage import DATA_CLAIM
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -195,7 +196,7 @@ class RayClusterHandler(KubeHandler):
         ready = any(pods.pod_ready(p) for p in heads)
         # Teardown order: everything the pods used outlives them (job, RayCluster; then the rest).
         return Observed(address=RAYCLUSTER, layer=LAYER, kind=self.kind, id=object_id(live), state=state,
-                        depends_on=(NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR,
+                        depends_on=(NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, DATA_CLAIM, OPERATOR,
                                     NVIDIA_PLUGIN, EFA_PLUGIN, PREPULL),
                         healthy=ready,
                         reason="head ready" if ready else "head not ready")

@@ -1,0 +1,161 @@
+"""The run's volume on kube (issue 25, item 3): ``--storage-size`` makes a PersistentVolumeClaim of the
+cluster's default StorageClass that the Ray head and workers mount; the job writes under it.
+
+The emulator binds claims like the PV controller and a CSI provisioner (fake_control._claim) and sets
+the default class at admission (kmock_ext._admit_claim): a claim with no class on a cluster without a
+default StorageClass stays Pending, and so do the pods that mount it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from backend.layers.kubernetes import raycluster
+from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.fake_control import FakeControlPlane
+from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world
+
+__all__ = ["world"]  # the fixture, imported for pytest
+
+MOUNT = "/var/lib/rtui-data"
+
+
+def storage_class(cluster: KubeCluster, name: str, provisioner: str, *, default: bool = True,
+                  binding: str = "Immediate") -> dict[str, Any]:
+    annotations = {"storageclass.kubernetes.io/is-default-class": "true"} if default else {}
+    return cluster.create({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                           "metadata": {"name": name, "annotations": annotations},
+                           "provisioner": provisioner, "volumeBindingMode": binding})
+
+
+def claim(cluster: KubeCluster, name: str, modes: tuple[str, ...] = ("ReadWriteMany",)) -> dict[str, Any]:
+    cluster.add_namespace("team") if cluster.get("Namespace", "team") is None else None
+    return cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                           "metadata": {"name": name, "namespace": "team"},
+                           "spec": {"accessModes": list(modes), "resources": {"requests": {"storage": "5Gi"}}}})
+
+
+def _in_process(world: KubeWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in world.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(raycluster, "UNSCHEDULABLE_TIMEOUT_S", 3.0)
+
+
+# ---- the emulator is as strict as the real thing -------------------------------------------------------
+
+def test_a_claim_without_class_stays_pending_without_a_default_storage_class(kube_cluster: KubeCluster) -> None:
+    with FakeControlPlane(kube_cluster) as control:
+        made = claim(kube_cluster, "data")
+        assert "storageClassName" not in made["spec"]
+        time.sleep(0.3)
+        live = kube_cluster.read("PersistentVolumeClaim", "data", "team")
+        assert live["status"]["phase"] == "Pending"
+        why = [e["message"] for e in kube_cluster.objects("Event", "team")
+               if e["involvedObject"]["name"] == "data"]
+        assert why == ["no persistent volumes available for this claim and no storage class is set"]
+        # A pod that mounts it is never scheduled (kube-scheduler's VolumeBinding filter).
+        node = kube_cluster.add_node("n0", gpus=0, efa=0)
+        pod = kube_cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+                                   "spec": {"containers": [{"name": "c", "image": "i"}], "volumes": [
+                                       {"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}})
+        assert control._schedule(pod, [node]) is None
+        status = kube_cluster.read("Pod", "p", "team")["status"]
+        assert "pod has unbound immediate PersistentVolumeClaims" in status["conditions"][0]["message"]
+
+
+def test_the_default_storage_class_is_set_at_admission_and_binds(kube_cluster: KubeCluster) -> None:
+    storage_class(kube_cluster, "old-default", "efs.csi.aws.com")
+    time.sleep(1.1)  # creationTimestamp has seconds: the newer default must be newer
+    storage_class(kube_cluster, "efs", "efs.csi.aws.com")
+    storage_class(kube_cluster, "not-default", "efs.csi.aws.com", default=False)
+    with FakeControlPlane(kube_cluster):
+        made = claim(kube_cluster, "data")
+        assert made["spec"]["storageClassName"] == "efs"  # the newest default
+        deadline = time.monotonic() + 5
+        while kube_cluster.read("PersistentVolumeClaim", "data", "team")["status"]["phase"] != "Bound":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_a_block_device_class_refuses_read_write_many(kube_cluster: KubeCluster) -> None:
+    storage_class(kube_cluster, "gp3", "ebs.csi.aws.com")
+    with FakeControlPlane(kube_cluster):
+        claim(kube_cluster, "data")
+        time.sleep(0.3)
+        assert kube_cluster.read("PersistentVolumeClaim", "data", "team")["status"]["phase"] == "Pending"
+        why = [e["reason"] for e in kube_cluster.objects("Event", "team") if e["involvedObject"]["name"] == "data"]
+        assert why == ["ProvisioningFailed"]
+
+
+# ---- rtui up --storage-size ---------------------------------------------------------------------------
+
+def test_no_default_storage_class_is_refused_in_preflight_in_one_line(
+        world: KubeWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "efs", "efs.csi.aws.com", default=False)  # a class, but none is the default
+    _in_process(world, monkeypatch)
+    code = cli.main(["up", "--yes", "--storage-size", "50Gi"])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    lines = [ln for ln in text.splitlines() if "default StorageClass" in ln]
+    assert code == 2, text[-3000:]
+    assert lines and "stays Pending" in lines[0], text[-3000:]
+    assert "Traceback" not in text
+    assert world.labelled() == []
+    assert world.cluster.objects("PersistentVolumeClaim") == []
+
+
+def test_a_read_write_once_default_class_is_refused_with_the_reason(
+        world: KubeWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "gp3", "ebs.csi.aws.com", binding="WaitForFirstConsumer")
+    _in_process(world, monkeypatch)
+    code = cli.main(["up", "--yes", "--storage-size", "50Gi"])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code == 2, text[-3000:]
+    lines = [ln for ln in text.splitlines() if "ReadWriteOnce" in ln]
+    assert lines and "gp3" in lines[0] and "different nodes" in lines[0], text[-3000:]
+    assert world.cluster.objects("PersistentVolumeClaim") == []
+
+
+def test_the_plan_shows_the_volume(world: KubeWorld) -> None:
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "efs", "efs.csi.aws.com")
+    out = world.rtui("plan", "--storage-size", "50Gi").stdout
+    assert "k8s.pvc.data" in out, out
+    assert "50Gi" in out and "efs (efs.csi.aws.com, the cluster's default)" in out and "ReadWriteMany" in out, out
+
+
+def test_the_volume_is_made_mounted_and_written_to(
+        world: KubeWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "efs", "efs.csi.aws.com")
+    _in_process(world, monkeypatch)
+    code = cli.main(["up", "--yes", "--json", "--storage-size", "50Gi"])
+    out = capsys.readouterr().out
+    assert code == 0, failure(out)
+    assert events(out)[-1]["data"]["job_status"] == "SUCCEEDED"
+    [pvc] = world.cluster.objects("PersistentVolumeClaim", "rtui")
+    run_id = pvc["metadata"]["labels"]["rtui.dev/run"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    assert pvc["spec"]["storageClassName"] == "efs" and pvc["status"]["phase"] == "Bound"
+    ray_pods = [p for p in world.cluster.objects("Pod", "rtui") if "ray.io/node-type" in p["metadata"]["labels"]]
+    assert {p["metadata"]["labels"]["ray.io/node-type"] for p in ray_pods} == {"head", "worker"}
+    for pod in ray_pods:
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["rtui-data"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+        mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        assert MOUNT in mounts
+    [job] = world.head.jobs.values()
+    assert f"--storage-path {MOUNT}/{run_id}" in job.entrypoint
