@@ -117,7 +117,7 @@ class Target(ABC):
         """Move what the provider had no capacity for; what moved, in one line, or None when it cannot."""
         return None
 
-    def data_store(self, state_root: Path, run_id: str) -> DataStore | None:
+    def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
         """Where a run's checkpoints and model live, when rtui manages them on this target."""
         return None
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from backend.config import RunConfig
+    from backend.delivery import DataStore
     from backend.planner import Stack
 
 # The config fields every GPU cluster target reads (kube, aws).
@@ -61,6 +62,14 @@ class KubeTarget(Target):
             raise UserError(f"--storage-size {config.storage_size} and --storage-path {config.storage_path} both say "
                             "where the run's data goes", remedy="pass one of them")
         return config
+
+    def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
+        """With --storage-size: the run's directory on its volume, read through short-lived pods."""
+        if not config.storage_size:
+            return None
+        from backend.layers.kubernetes.volume_store import VolumeStore
+
+        return VolumeStore(config, run_id)
 
     def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
         """With --storage-size: the run's own directory on its volume (``manifests.DATA_MOUNT``)."""

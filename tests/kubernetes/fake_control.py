@@ -14,10 +14,14 @@ import base64
 import copy
 import itertools
 import secrets
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity as _parse_quantity
@@ -51,6 +55,8 @@ class FakeControlPlane:
     # Extended resources that pods the test does not show hold on a node: {node: {resource: count}}.
     held: dict[str, dict[str, int]] = field(default_factory=dict)
     tick_s: float = 0.01
+    # The directory standing for each claim's volume: {(namespace, claim): dir}; a reader pod's command runs there.
+    volumes: dict[tuple[str, str], Path] = field(default_factory=dict)
     _first_seen: dict[str, float] = field(default_factory=dict)
     _pulled: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, image) -> when it is cached
     _events: set[str] = field(default_factory=set)
@@ -391,6 +397,9 @@ class FakeControlPlane:
         meta, status = pod["metadata"], pod.get("status") or {}
         ns, name = meta["namespace"], meta["name"]
         cluster = meta.get("labels", {}).get("ray.io/cluster")
+        if meta.get("labels", {}).get("rtui.dev/role") == "data-reader":
+            self._run_to_end(pod, nodes)
+            return
         if cluster is None:
             return
         if (ns, cluster) not in live_clusters:
@@ -436,6 +445,32 @@ class FakeControlPlane:
                                        "restartCount": 0, "state": {"running": {"startedAt": "now"}}}]})
             if meta["labels"].get("ray.io/node-type") == "head" and self.jobs_url:
                 self.cluster.proxy_to(ns, f"{cluster}-head-svc", "dashboard", self.jobs_url)
+
+    def _run_to_end(self, pod: Obj, nodes: list[Obj]) -> None:
+        """The kubelet of a pod that runs one command and ends (restartPolicy Never): scheduled like any
+        pod (its claim must be bound), then its command runs here in the directory standing for the
+        volume mounted at its workingDir, and its stdout becomes its log. The mount must be read-only
+        (the pod only reads), else the fake refuses to run it."""
+        meta, spec = pod["metadata"], pod["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Running"):
+            return
+        if not spec.get("nodeName") and self._schedule(pod, nodes) is None:
+            return
+        container = spec["containers"][0]
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == container["workingDir"])
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        claim = volume["persistentVolumeClaim"]["claimName"]
+        assert mount.get("readOnly") and volume["persistentVolumeClaim"].get("readOnly"), "mounted read-write"
+        where = self.volumes.setdefault((ns, claim), Path(tempfile.mkdtemp(prefix=f"vol-{claim}-")))
+        self.cluster.set_status("Pod", name, ns, {"phase": "Running"})
+        command = [sys.executable if c == "python" else c for c in container["command"]]
+        done = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=60)
+        self.cluster.feed_log(ns, name, (done.stdout + done.stderr).splitlines())
+        self.cluster.set_status("Pod", name, ns, {
+            "phase": "Succeeded" if done.returncode == 0 else "Failed",
+            "containerStatuses": [{"name": container["name"], "ready": False, "restartCount": 0,
+                                   "state": {"terminated": {"exitCode": done.returncode}}}]})
 
     def _schedule(self, pod: Obj, nodes: list[Obj]) -> str | None:
         """kube-scheduler's filters, as far as a Ray pod meets them: NodeUnschedulable, NodeAffinity

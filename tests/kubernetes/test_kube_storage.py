@@ -8,12 +8,14 @@ default StorageClass stays Pending, and so do the pods that mount it.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from backend.layers.kubernetes import raycluster
+from backend.layers.kubernetes import raycluster, volume_store
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_control import FakeControlPlane
 from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world
@@ -159,3 +161,58 @@ def test_the_volume_is_made_mounted_and_written_to(
         assert MOUNT in mounts
     [job] = world.head.jobs.values()
     assert f"--storage-path {MOUNT}/{run_id}" in job.entrypoint
+
+
+# ---- down keeps the volume; `rtui model` copies from it; --delete-data removes it --------------------
+
+def _write_model(root: Path, files: dict[str, bytes]) -> None:
+    """A model directory as training.export leaves it: the files, then the marker that lists them."""
+    root.mkdir(parents=True)
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    (root / "rtui_model.json").write_text(json.dumps({
+        "format": "hf", "step": 5, "final": True, "dtype": "bf16", "files": sorted(files),
+        "bytes": sum(len(d) for d in files.values()), "export_s": 0.1, "state_bytes": 1, "tokenizer": False,
+        "eval": {"before": {"loss": 6.9, "tokens": 64}, "after": {"loss": 0.1, "tokens": 64}}}))
+
+
+def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
+        world: KubeWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(volume_store, "CHUNK_BYTES", 50_000)  # several reader pods for one file
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "efs", "efs.csi.aws.com")
+    world.rtui("up", "--yes", "--storage-size", "50Gi")
+    [pvc] = world.cluster.objects("PersistentVolumeClaim", "rtui")
+    run_id = pvc["metadata"]["labels"]["rtui.dev/run"]
+    volume = tmp_path / "volume"
+    world.control.volumes[("rtui", pvc["metadata"]["name"])] = volume
+    weights = bytes(range(256)) * 700 + b"\0" * 20_000  # equal chunks: numbered lines keep them apart
+    _write_model(volume / run_id / "rtui-train" / "model", {"config.json": b"{}", "model.safetensors": weights})
+    (volume / run_id / "rtui-train" / "checkpoint_000001").mkdir()
+    (volume / run_id / "rtui-train" / "checkpoint_000001" / "rtui_checkpoint.json").write_text("{}")
+
+    down = world.rtui("down", "--yes")
+    text = down.stdout + down.stderr
+    kept = [ln for ln in text.splitlines() if "kept on purpose" in ln]
+    assert kept and f"pvc://rtui/{pvc['metadata']['name']}/{run_id} (a 50Gi volume): 1 model, 1 checkpoint" \
+        in kept[0], text
+    assert world.cluster.get("PersistentVolumeClaim", pvc["metadata"]["name"], "rtui") is not None
+    assert world.cluster.get("Namespace", "rtui") is not None
+    assert world.cluster.objects("RayCluster", "rtui") == []
+
+    to = tmp_path / "model"
+    from tui import cli
+
+    _in_process(world, monkeypatch)  # in this process: CHUNK_BYTES as patched
+    assert cli.main(["model", run_id, "--to", str(to)]) == 0
+    assert (to / "model.safetensors").read_bytes() == weights
+    assert (to / "config.json").read_bytes() == b"{}"
+    readers = [s for s in world.cluster.requests("POST") if "/pods" in s.path] + \
+        [s for s in world.cluster.requests("PATCH") if "-read-" in s.path]
+    assert len(readers) >= 3 + len(weights) // 50_000, readers  # listings, and the big file in several pods
+    assert [p for p in world.cluster.objects("Pod", "rtui") if "-read-" in p["metadata"]["name"]] == []
+
+    gone = world.rtui("down", run_id, "--delete-data", "--yes")
+    assert "deleted" in gone.stdout + gone.stderr, gone.stdout + gone.stderr
+    assert world.cluster.get("PersistentVolumeClaim", pvc["metadata"]["name"], "rtui") is None
+    assert world.cluster.get("Namespace", "rtui") is None

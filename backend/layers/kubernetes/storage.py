@@ -22,11 +22,11 @@ What the Kubernetes docs say, and what rtui does with it:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from backend.config import RunConfig, storage_bytes
+from backend.config import RunConfig
 from backend.layers.base import Context
 from backend.layers.kubernetes import manifests
 from backend.layers.kubernetes.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
@@ -133,13 +133,9 @@ def claim_size(claim: Obj) -> str:
     return str((((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage") or "")
 
 
-def claim_bytes(claim: Obj) -> int:
-    """The claim's size in bytes (its capacity once bound, else its request); 0 when unreadable."""
-    size = str(((claim.get("status") or {}).get("capacity") or {}).get("storage") or claim_size(claim))
-    try:
-        return storage_bytes(size)
-    except (KeyError, ValueError):
-        return 0
+def claim_capacity(claim: Obj) -> str:
+    """The claim's size as Kubernetes writes it (its capacity once bound, else its request): ``50Gi``."""
+    return str(((claim.get("status") or {}).get("capacity") or {}).get("storage") or claim_size(claim))
 
 
 class DataClaimHandler(KubeHandler):
@@ -186,6 +182,9 @@ class DataClaimHandler(KubeHandler):
                                 remedy=f"see `kubectl -n {ctx.config.namespace} describe pvc "
                                        f"{manifests.data_claim_name(ctx.config)}` (its events say why)"):
             yield p
+
+    def kept_on_down(self, have: Observed, observed: Sequence[Observed]) -> bool:
+        return True  # the run's checkpoints and model: `rtui down --delete-data` removes it (VolumeStore)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         async for p in delete_ours(self.api(ctx), ctx, [manifests.data_claim(ctx.config, ctx.record.run_id)]):
