@@ -216,3 +216,30 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     assert "deleted" in gone.stdout + gone.stderr, gone.stdout + gone.stderr
     assert world.cluster.get("PersistentVolumeClaim", pvc["metadata"]["name"], "rtui") is None
     assert world.cluster.get("Namespace", "rtui") is None
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--storage-size", "50GB"], "a size such as 50Gi"),
+    (["--storage-size", "100Mi"], "at least 1Gi"),
+    (["--storage-size", "50Gi", "--storage-path", "s3://b/p"], "pass one of them"),
+    (["--storage-size", "50Gi", "--target", "local"], "the local target has none"),
+])
+def test_bad_storage_size_is_one_line_exit_2(args: list[str], says: str, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    monkeypatch.setenv("RTUI_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("RTUI_TARGET", "kube")
+    code = cli.main(["plan", *args])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code == 2, text
+    assert says in text and "Traceback" not in text, text
+    assert len([ln for ln in text.splitlines() if ln.strip()]) <= 2, text
+
+
+def test_the_manifest_shows_the_claim_and_the_mounts(world: KubeWorld) -> None:
+    out = world.rtui("manifest", "--storage-size", "50Gi").stdout
+    assert "kind: PersistentVolumeClaim" in out and "storage: 50Gi" in out and "ReadWriteMany" in out, out
+    assert out.count("claimName: rtui-ray-data") == 2, out  # the head and the worker group
