@@ -42,7 +42,8 @@ class KubeTarget(Target):
     name = "kube"
     label = "Kubernetes — an existing cluster from kubeconfig"
     has_kubernetes = True
-    own_fields = CLUSTER_FIELDS | {"kubeconfig", "context", "storage_size"}
+    own_fields = CLUSTER_FIELDS | {"kubeconfig", "context", "storage_size",
+                                   "service_account"}
     panel = "targets.kube.panel:ContextPanel"
 
     def stack(self, config: RunConfig) -> Stack:

@@ -420,11 +420,21 @@ class RtuiKube(KubernetesEmulator):
             fold_string_data(key, obj)
             if key == PVC_KEY:
                 self._admit_claim(obj)
+            if key == ("", "v1", "pods"):
+                self._admit_service_account(obj, namespace, name)
             self._objects[self._objkey(key, namespace, name)] = obj
             await self._publish(key, "ADDED", obj)
         if key == CRD_KEY and not crd_condition(obj, "Established"):
             self._schedule_establishing(name)
         return copy.deepcopy(obj)
+
+    def _admit_service_account(self, pod: Obj, namespace: str | None, name: str) -> None:
+        """The ServiceAccount admission plugin: a pod whose service account does not exist is refused
+        (plugin/pkg/admission/serviceaccount/admission.go: "error looking up service account")."""
+        account = (pod.get("spec") or {}).get("serviceAccountName")
+        if account and account != "default" and self.find(("", "v1", "serviceaccounts"), namespace, account) is None:
+            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: error looking up service account '
+                                             f'{namespace}/{account}: serviceaccount "{account}" not found')
 
     def _admit_claim(self, claim: Obj) -> None:
         """The DefaultStorageClass admission plugin: a claim that names no class (the field absent, not

@@ -243,3 +243,31 @@ def test_the_manifest_shows_the_claim_and_the_mounts(world: KubeWorld) -> None:
     out = world.rtui("manifest", "--storage-size", "50Gi").stdout
     assert "kind: PersistentVolumeClaim" in out and "storage: 50Gi" in out and "ReadWriteMany" in out, out
     assert out.count("claimName: rtui-ray-data") == 2, out  # the head and the worker group
+
+
+# ---- --service-account: the Ray pods run as an account the cluster gives credentials to -------------
+
+def test_a_pod_of_a_missing_service_account_is_refused(kube_cluster: KubeCluster) -> None:
+    kube_cluster.add_namespace("team")
+    with pytest.raises(Exception, match="error looking up service account team/trainer"):
+        kube_cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+                             "spec": {"serviceAccountName": "trainer", "containers": [{"name": "c", "image": "i"}]}})
+
+
+def test_the_ray_pods_run_as_the_service_account_rtui_makes(
+        world: KubeWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    gpu_cluster(world.cluster)
+    _in_process(world, monkeypatch)
+    code = cli.main(["up", "--yes", "--json", "--service-account", "trainer"])
+    out = capsys.readouterr().out
+    assert code == 0, failure(out)
+    account = world.cluster.read("ServiceAccount", "trainer", "rtui")
+    assert account["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rtui"
+    ray_pods = [p for p in world.cluster.objects("Pod", "rtui") if "ray.io/node-type" in p["metadata"]["labels"]]
+    assert ray_pods and {p["spec"].get("serviceAccountName") for p in ray_pods} == {"trainer"}
+    assert "ServiceAccount/trainer" in world.labelled()
+    code = cli.main(["down", "--yes"])
+    assert code == 0
+    assert world.cluster.get("ServiceAccount", "trainer", "rtui") is None

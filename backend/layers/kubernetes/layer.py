@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
 from backend.layers.base import Context, Handler, Layer
-from backend.layers.kubernetes import addons, idle, manifests, pods, storage
+from backend.layers.kubernetes import addons, identity, idle, manifests, pods, storage
 from backend.layers.kubernetes.handlers import (
     EFA_PLUGIN,
     HF_SECRET,
@@ -192,7 +192,7 @@ class KubernetesLayer(Layer):
     name = LAYER
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
         NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), JobEnvHandler(), NetworkPolicyHandler(),
-        NvidiaPluginHandler(), storage.DataClaimHandler(),
+        NvidiaPluginHandler(), storage.DataClaimHandler(), identity.PodAccountHandler(),
         EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
 
     def __init__(self, below: Below | None = None) -> None:
@@ -275,6 +275,9 @@ class KubernetesLayer(Layer):
         if volume:
             out.append(res(storage.DATA_CLAIM, "k8s-pvc",
                            storage.claim_spec(config, ctx.record.run_id, self._storage), NAMESPACE))
+        account = [identity.POD_ACCOUNT] if config.service_account else []
+        if account:
+            out.append(res(identity.POD_ACCOUNT, "k8s-serviceaccount", identity.account_spec(config), NAMESPACE))
         # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
         out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu))
         plugins = [NVIDIA_PLUGIN]
@@ -294,13 +297,15 @@ class KubernetesLayer(Layer):
                 "idle_timeout_s": config.idle_timeout_s()}
         if volume:  # mounting a volume or not is a new RayCluster
             spec["volume"] = manifests.data_claim_name(config)
+        if account:  # so is another service account
+            spec["service_account"] = config.service_account
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below
                      if r.address == self.below.launch_template]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
         deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []),
-                *volume, *system]
+                *volume, *account, *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
@@ -314,8 +319,8 @@ class KubernetesLayer(Layer):
             return []
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, KubeHandler)))
-        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, storage.DATA_CLAIM, NVIDIA_PLUGIN,
-                 EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
+        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, storage.DATA_CLAIM, identity.POD_ACCOUNT,
+                 NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
         return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
@@ -354,6 +359,8 @@ class KubernetesLayer(Layer):
         results.append(await self._policy_check(ctx))
         if wants_volume(ctx):
             results.append(storage.check(config, await storage.storage_facts(api)))
+        if config.service_account:
+            results.append(identity.check(config))
         return results + self._token_check(config)
 
     async def _policy_check(self, ctx: Context) -> CheckResult:
@@ -546,6 +553,8 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     objects.append(network_policy(config, run_id, []))
     if config.storage_size:
         objects.append(manifests.data_claim(config, run_id))
+    if config.service_account:
+        objects.append(manifests.service_account(config, run_id))
     objects += addons.nvidia_device_plugin(config, run_id)
     if config.wants_efa():
         objects += addons.efa_device_plugin(config, run_id)

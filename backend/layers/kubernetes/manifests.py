@@ -246,6 +246,23 @@ def with_data_volume(config: RunConfig, cluster: Manifest) -> Manifest:
     return cluster
 
 
+def service_account(config: RunConfig, run_id: str) -> Manifest:
+    """The ServiceAccount the Ray pods run as (``--service-account``), in the run's namespace. It carries
+    no credential itself: the cluster's mechanism attaches one to its name (an EKS Pod Identity
+    association for namespace/name; its agent's webhook injects the credentials into the pods)."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": config.service_account, "namespace": config.namespace, "labels": labels(run_id)}}
+
+
+def with_service_account(config: RunConfig, cluster: Manifest) -> Manifest:
+    """Every Ray pod runs as ``--service-account``. With KubeRay's autoscaler on, KubeRay binds the
+    autoscaler's Role to the head pod's service account, which the user (here rtui) must create."""
+    spec = cluster["spec"]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        group["template"]["spec"]["serviceAccountName"] = config.service_account
+    return cluster
+
+
 def namespace(config: RunConfig, run_id: str) -> Manifest:
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": config.namespace, "labels": labels(run_id)}}
@@ -366,6 +383,8 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
             "workerGroupSpecs": [_worker_group(config, run_id, image, efa_interfaces)],
         }),
     }))
+    if config.service_account:
+        cluster = with_service_account(config, cluster)
     return with_data_volume(config, cluster) if config.storage_size else cluster
 
 
