@@ -144,6 +144,8 @@ class DataClaimHandler(KubeHandler):
     expected_s = 10.0
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        if not ctx.config.storage_size:
+            return None  # no run without one asks for claims (nor needs the permission to)
         live = await api.get("v1", "PersistentVolumeClaim", manifests.data_claim_name(ctx.config),
                              ctx.config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
