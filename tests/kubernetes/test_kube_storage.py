@@ -8,6 +8,7 @@ default StorageClass stays Pending, and so do the pods that mount it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -199,6 +200,16 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     assert world.cluster.get("PersistentVolumeClaim", pvc["metadata"]["name"], "rtui") is not None
     assert world.cluster.get("Namespace", "rtui") is not None
     assert world.cluster.objects("RayCluster", "rtui") == []
+
+    # The TUI's teardown modal asks for the usage on its event loop's thread: no nested asyncio.run.
+    from backend.config import RunConfig
+
+    async def on_a_loop() -> str:
+        store = volume_store.VolumeStore(RunConfig(target="kube", storage_size="50Gi", kubeconfig=str(
+            world.cluster.kubeconfig)), run_id)
+        return store.usage().describe()
+
+    assert "1 model, 1 checkpoint" in asyncio.run(on_a_loop())
 
     to = tmp_path / "model"
     from tui import cli

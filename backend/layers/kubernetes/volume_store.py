@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import json
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -47,6 +49,7 @@ READER_ROLE = "data-reader"
 CHUNK_BYTES = 6 * 2**20
 LINE_BYTES = 6000  # 8,000 base64 characters a line: far from the 16 KiB where runtimes split lines
 READER_TIMEOUT_S = 300.0
+LISTING_FRESH_S = 10.0
 # The program the reader pod runs (python is in every Ray image): ``list RUN`` or ``read RUN PATH OFFSET LENGTH``.
 READER = r"""
 import base64, json, os, sys
@@ -91,6 +94,7 @@ class VolumeStore:
         self.config, self.run_id = config, run_id
         self.claim = manifests.data_claim_name(config)
         self.uri = f"pvc://{config.namespace}/{self.claim}/{run_id}"
+        self._listed: tuple[float, list[Obj]] | None = None  # the last listing: one pod serves a status
 
     # ---- the API, in a loop of its own (the store's methods are called in a worker thread) ----------
     def _with_api(self, fn: Callable[[KubeApi], Awaitable[T]]) -> T:
@@ -105,7 +109,14 @@ class VolumeStore:
             finally:
                 api.close()
 
-        return asyncio.run(run())
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(run())
+        # Called on a loop's own thread (the TUI's teardown modal asks for the usage): a loop of its own
+        # in another thread, as asyncio.run cannot nest.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, run()).result()
 
     async def _live_claim(self, api: KubeApi) -> Obj | None:
         live = await api.get("v1", "PersistentVolumeClaim", self.claim, self.config.namespace)
@@ -166,9 +177,16 @@ class VolumeStore:
         return payloads[:-1]
 
     async def _listing(self, api: KubeApi) -> list[Obj]:
+        """What the run's directory holds; a listing of the last few seconds serves again (`status` asks
+        for the model and the usage one after the other: one reader pod, not two)."""
+        now = time.monotonic()
+        if self._listed is not None and now - self._listed[0] < LISTING_FRESH_S:
+            return self._listed[1]
         if await self._live_claim(api) is None:
             return []
-        return [json.loads(p) for p in await self._read(api, ["list", self.run_id])]
+        listing = [json.loads(p) for p in await self._read(api, ["list", self.run_id])]
+        self._listed = (now, listing)
+        return listing
 
     # ---- DataStore -------------------------------------------------------------------------------
     def _models(self, listing: list[Obj]) -> list[ExportInfo]:
@@ -222,6 +240,7 @@ class VolumeStore:
         inside = f"{directory}/" if directory else ""
 
         async def copy(api: KubeApi) -> list[str]:
+            self._listed = None  # the sizes to copy: as they are now
             sizes = {e["f"]: int(e["s"]) for e in await self._listing(api)}
             missing = [n for n in model.files if f"{inside}{n}" not in sizes]
             if missing:
