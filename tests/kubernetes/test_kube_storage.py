@@ -196,7 +196,7 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     text = down.stdout + down.stderr
     kept = [ln for ln in text.splitlines() if "kept on purpose" in ln]
     assert kept and f"pvc://rtui/{pvc['metadata']['name']}/{run_id} (a 50Gi volume): 1 model, 1 checkpoint" \
-        in kept[0], text
+        in kept[0] and "under $0.01/month" in kept[0], text
     assert world.cluster.get("PersistentVolumeClaim", pvc["metadata"]["name"], "rtui") is not None
     assert world.cluster.get("Namespace", "rtui") is not None
     assert world.cluster.objects("RayCluster", "rtui") == []

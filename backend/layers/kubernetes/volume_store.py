@@ -50,6 +50,10 @@ CHUNK_BYTES = 6 * 2**20
 LINE_BYTES = 6000  # 8,000 base64 characters a line: far from the 16 KiB where runtimes split lines
 READER_TIMEOUT_S = 300.0
 LISTING_FRESH_S = 10.0
+# What a month of stored data costs where the driver's price is known and billed on bytes stored:
+# EFS Standard, us-east-1, $0.30 per GB-month (Amazon EFS pricing; other regions differ a little).
+# Block volumes bill their whole provisioned size instead, and rtui refuses them for the run's volume.
+PER_GIB_MONTH = {"efs.csi.aws.com": 0.30}
 # The program the reader pod runs (python is in every Ray image): ``list RUN`` or ``read RUN PATH OFFSET LENGTH``.
 READER = r"""
 import base64, json, os, sys
@@ -217,11 +221,15 @@ class VolumeStore:
         return models[0] if models else None
 
     def usage(self) -> DataUsage:
-        async def look(api: KubeApi) -> tuple[Obj | None, list[Obj]]:
+        async def look(api: KubeApi) -> tuple[Obj | None, list[Obj], str]:
             claim = await self._live_claim(api)
-            return claim, (await self._listing(api) if claim is not None else [])
+            if claim is None:
+                return None, [], ""
+            class_name = (claim.get("spec") or {}).get("storageClassName")
+            found = await api.get("storage.k8s.io/v1", "StorageClass", class_name) if class_name else None
+            return claim, await self._listing(api), str((found or {}).get("provisioner") or "")
 
-        claim, listing = self._with_api(look)
+        claim, listing, provisioner = self._with_api(look)
         if claim is None:
             return DataUsage(self.uri, 0, 0, 0)
         from backend.layers.kubernetes.storage import claim_capacity
@@ -230,7 +238,9 @@ class VolumeStore:
         checkpoints = sum(1 for e in listing if str(e["f"]).rsplit("/", 1)[-1] == "rtui_checkpoint.json")
         volume = claim_capacity(claim)
         where = f"{self.uri} (a {volume} volume)" if volume else self.uri
-        return DataUsage(where, size, len(self._models(listing)), checkpoints)
+        per_gib = PER_GIB_MONTH.get(provisioner)
+        return DataUsage(where, size, len(self._models(listing)), checkpoints,
+                         monthly_cost=size / 2**30 * per_gib if per_gib is not None else None)
 
     def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
         """Copy the model's files through reader pods, ``CHUNK_BYTES`` a pod; a file already there with
