@@ -201,6 +201,12 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     assert world.cluster.get("Namespace", "rtui") is not None
     assert world.cluster.objects("RayCluster", "rtui") == []
 
+    # A new run in that namespace is refused, saying whose data is there and how to remove it.
+    again = world.rtui("up", "--yes", "--storage-size", "50Gi", check=False)
+    refused = [ln for ln in (again.stdout + again.stderr).splitlines() if "kept" in ln]
+    assert again.returncode == 2 and refused and run_id in refused[0], again.stdout + again.stderr
+    assert f"rtui down {run_id} --delete-data --yes" in again.stdout + again.stderr
+
     # The TUI's teardown modal asks for the usage on its event loop's thread: no nested asyncio.run.
     from backend.config import RunConfig
 

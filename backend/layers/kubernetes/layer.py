@@ -439,8 +439,19 @@ class KubernetesLayer(Layer):
         namespace = await api.get("v1", "Namespace", config.namespace)
         if namespace is not None and not ours(namespace, run_id):
             owner = "another rtui run" if ours(namespace) else "someone else"
-            out.append(CheckResult(id="kube.namespace", title=f"Namespace {config.namespace}", status=CheckStatus.FAIL,
-                                   detail=f"exists and belongs to {owner}", remedy="choose another with --namespace"))
+            other = (namespace["metadata"].get("labels") or {}).get(manifests.RUN_LABEL, "")
+            kept = [c for c in await api.list("v1", "PersistentVolumeClaim", config.namespace)
+                    if ours(c, other)] if ours(namespace) else []
+            if kept:  # a torn-down run's data, kept on purpose
+                out.append(CheckResult(
+                    id="kube.namespace", title=f"Namespace {config.namespace}", status=CheckStatus.FAIL,
+                    detail=f"holds the volume run {other} kept ({kept[0]['metadata']['name']}: its checkpoints and "
+                           "model)", remedy=f"choose another --namespace, or delete that data with `rtui down "
+                                            f"{other} --delete-data --yes`"))
+            else:
+                out.append(CheckResult(id="kube.namespace", title=f"Namespace {config.namespace}",
+                                       status=CheckStatus.FAIL, detail=f"exists and belongs to {owner}",
+                                       remedy="choose another with --namespace"))
         cluster = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name, config.namespace) \
             if namespace is not None else None
         if cluster is not None and not ours(cluster, run_id):
