@@ -31,6 +31,20 @@ Precision = Literal["auto", "bf16", "fp32"]
 Transport = Literal["auto", "any", "efa", "efa_gdr", "socket", "ib"]
 DEFAULT_MODEL_ID = "Qwen/Qwen2.5-1.5B"
 # Schemes of the shared storage Ray Train can write checkpoints to from every node (pyarrow file systems).
+# A Kubernetes object name (RFC 1123 subdomain), as a ServiceAccount's must be.
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# A Kubernetes quantity as a volume size: a whole number with a binary or decimal suffix.
+STORAGE_SIZE = re.compile(r"[1-9][0-9]{0,9}(Mi|Gi|Ti|Pi|M|G|T|P)")
+_STORAGE_UNITS = {"Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "M": 10**6, "G": 10**9, "T": 10**12,
+                  "P": 10**15}
+
+
+def storage_bytes(size: str) -> int:
+    """Bytes of a ``--storage-size`` (``STORAGE_SIZE``) such as 50Gi."""
+    unit = size.lstrip("0123456789")
+    return int(size[: len(size) - len(unit)]) * _STORAGE_UNITS[unit]
+
+
 SHARED_STORAGE_SCHEMES = ("s3://", "gs://", "abfs://", "abfss://", "hdfs://")
 
 
@@ -126,6 +140,14 @@ class RunConfig(BaseModel):
                                                                        "balancer may drop it without a word)")
     hf_token: str = Field(default="", description="Hugging Face token for the cluster's pods, as a Secret: env:NAME (a "
                                           "variable of rtui's environment) or a file path; the value is never stored")
+    storage_size: str = Field(default="", description="kube: a PersistentVolumeClaim of this size (e.g. 50Gi) in the "
+                                        "run's namespace, of the cluster's default StorageClass, mounted by the Ray "
+                                        "head and workers: checkpoints and the model go there (instead of "
+                                        "--storage-path); kept by `rtui down` unless --delete-data")
+    service_account: str = Field(default="", description="kube: the Ray pods run as this ServiceAccount, which rtui "
+                                           "makes in the run's namespace, so the cluster's own mechanism gives them "
+                                           "credentials (an EKS Pod Identity association for NAMESPACE/NAME made "
+                                           "beforehand) to write --storage-path s3://…")
     # --- idle: what goes when no job needs it (issue 26) ---
     idle_minutes: float = Field(default=10.0, ge=0, le=7 * 24 * 60,
         description="Minutes without a job after which the GPU "
@@ -233,6 +255,26 @@ class RunConfig(BaseModel):
             if network.prefixlen and not network.is_global:
                 raise ValueError(f"{text} is a private or reserved range: the public API endpoint sees only public "
                                  "addresses")
+        return v
+
+    @field_validator("service_account")
+    @classmethod
+    def _service_account_name(cls, v: str) -> str:
+        if v and (len(v) > 253 or not DNS_SUBDOMAIN.fullmatch(v)):
+            raise ValueError("a Kubernetes name: lowercase letters, digits, '-' and '.', starting and ending with a "
+                             "letter or digit")
+        if v == "default":
+            raise ValueError("not 'default': every pod of the namespace runs as it; name one for the Ray pods")
+        return v
+
+    @field_validator("storage_size")
+    @classmethod
+    def _quantity(cls, v: str) -> str:
+        if v and not STORAGE_SIZE.fullmatch(v):
+            raise ValueError("a size such as 50Gi, 500Gi or 1Ti (a whole number and Mi, Gi or Ti; G and T are "
+                             "powers of ten)")
+        if v and storage_bytes(v) < 2**30:
+            raise ValueError("at least 1Gi: a checkpoint of the smallest hub model is larger")
         return v
 
     @field_validator("hf_token")
@@ -601,9 +643,15 @@ def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
     if config.shard == "hybrid" and workers % config.effective_shard_size():
         raise UserError(f"--shard hybrid: shard groups of {config.effective_shard_size()} GPUs do not divide the "
                         f"{workers} workers", remedy="set --shard-size to a divisor of the workers (the GPUs per node)")
+    if config.storage_size and "storage_size" not in targets.get(config.target).own_fields:
+        raise UserError(f"--storage-size is a volume in a kube cluster; the {config.target} target has none",
+                        remedy="drop --storage-size (--storage-path names where the data goes)")
+    if config.service_account and "service_account" not in targets.get(config.target).own_fields:
+        raise UserError(f"--service-account is for the kube target; the {config.target} target gives its pods "
+                        "their credentials itself", remedy="drop --service-account")
     if not targets.get(config.target).shared_disk and (config.checkpoint_every or config.resume_from):
         storage = config.storage_path or ""
-        if not storage.startswith(SHARED_STORAGE_SCHEMES):
+        if not storage.startswith(SHARED_STORAGE_SCHEMES) and not config.storage_size:
             what = "--checkpoint-every" if config.checkpoint_every else "--resume-from"
             where = f"--storage-path {shown(storage)} is" if storage else "without --storage-path, checkpoints go to"
             raise UserError(f"{what} on {config.target}: {where} each node's own disk, so no node holds a whole "

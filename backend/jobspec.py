@@ -94,6 +94,8 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_
     if config.storage_path:
         args += ["--storage-path",
                  run_storage_uri(config.storage_path, run_id) if run_id else config.storage_path]
+    elif run_id and (own := targets.get(config.target).job_storage_path(config, run_id)):
+        args += ["--storage-path", own]
     if config.resume_from:
         args += ["--resume-from", config.resume_from]
     env_vars = {

@@ -221,7 +221,8 @@ async def _delete(handler: Handler, ctx: Context, have: Observed) -> AsyncIterat
 def teardown_steps(stack: Stack, ctx: Context, observed: Sequence[Observed]) -> list[Step]:
     """A delete step per live resource of ours; each waits for everything that depends on it: its
     order comes from ``depends_on`` alone (``discover`` puts a layer's resources on the layer below)."""
-    ours = [o for o in observed if not o.adopted]
+    ours = [o for o in observed
+            if not o.adopted and not stack.handler(o.layer, o.kind).kept_on_down(o, observed)]
     typical = ctx.store.durations()
     steps = []
     for have in reversed(ours):

@@ -373,7 +373,7 @@ class RunSession:
         one is given, else the target's own place (local: a 0700 dir under the state dir, kept after
         `down`); None where the target keeps nothing rtui can reach."""
         if not self.config.storage_path:
-            return self.target.data_store(self.store.root, self.run_id)
+            return self.target.data_store(self.store.root, self.run_id, self.config)
         return data_store_for(self.config.storage_path, self.run_id, local_default=None, profile=self.config.profile)
 
     async def gpu_fleet(self) -> dict[str, Any] | None:

@@ -118,13 +118,18 @@ class Target(ABC):
         """Move what the provider had no capacity for; what moved, in one line, or None when it cannot."""
         return None
 
-    def data_store(self, state_root: Path, run_id: str) -> DataStore | None:
+    def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
         """Where a run's checkpoints and model live, when rtui manages them on this target."""
         return None
 
     def feasibility(self, config: RunConfig, *, regions: list[str] | None, all_regions: bool,
                     request_quota: bool, yes: bool, as_json: bool, out: TextIO) -> int | None:
         """`rtui check` on this target when it has its own (an exit code), else None for the generic one."""
+        return None
+
+    def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
+        """Where the job writes checkpoints and the model when the target gives the run its own storage
+        and no --storage-path names any (kube: the run's volume, mounted in every Ray pod), else None."""
         return None
 
     def storage_profile(self, config: RunConfig) -> str | None:

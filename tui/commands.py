@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import targets
 from backend import bench as benches
 from backend import flows
+from backend.config import RunConfig
 from backend.delivery import LOAD_HINT, human_bytes, model_summary
 from backend.errors import UserError
 from backend.follow import JobUpdate
@@ -122,7 +123,8 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
             data: dict[str, Any] | None = (await session.status_report()).to_dict()
     else:
         data = None
-    keeps_data = targets.get(shown_target).data_store(store.root, "") is not None  # data dirs on this machine
+    # Data dirs on this machine (the local target's): a default config's store says whether there are any.
+    keeps_data = targets.get(shown_target).data_store(store.root, "", RunConfig()) is not None
     kept = [k for k in flows.kept_data(store) if keeps_data and (session is None or k.run_id != session.run_id)]
     if ns.json:
         _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans],

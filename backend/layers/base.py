@@ -119,6 +119,11 @@ class Handler(abc.ABC):
             return (Action.UPDATE if self.updatable else Action.REPLACE), f"changed: {', '.join(changed)}"
         return Action.NOOP, have.reason or "in place"
 
+    def kept_on_down(self, have: Observed, observed: Sequence[Observed]) -> bool:
+        """Whether teardown leaves ``have`` in place (the run's data and what holds it: removed only by
+        `rtui down --delete-data`, through the run's data store)."""
+        return False
+
     # What its delete step is called in a progress pane (default: "Delete <address>").
     delete_title: ClassVar[str | None] = None
 

@@ -11,11 +11,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from backend.config import DEFAULT_MODEL_ID
+from backend.errors import UserError
 from backend.planner import Stack
 from targets import Defaults, Target
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from backend.config import RunConfig
+    from backend.delivery import DataStore
 
 # The config fields every GPU cluster target reads (kube, aws).
 CLUSTER_FIELDS = frozenset({
@@ -38,7 +42,8 @@ class KubeTarget(Target):
     name = "kube"
     label = "Kubernetes — an existing cluster from kubeconfig"
     has_kubernetes = True
-    own_fields = CLUSTER_FIELDS | {"kubeconfig", "context"}
+    own_fields = CLUSTER_FIELDS | {"kubeconfig", "context", "storage_size",
+                                   "service_account"}
     panel = "targets.kube.panel:ContextPanel"
 
     def stack(self, config: RunConfig) -> Stack:
@@ -50,6 +55,28 @@ class KubeTarget(Target):
 
     def defaults(self, config: RunConfig) -> Defaults:
         return gpu_cluster_defaults(config)
+
+    def check(self, config: RunConfig, cwd: Path) -> RunConfig:
+        if config.storage_size and config.storage_path:
+            raise UserError(f"--storage-size {config.storage_size} and --storage-path {config.storage_path} both say "
+                            "where the run's data goes", remedy="pass one of them")
+        return config
+
+    def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
+        """With --storage-size: the run's directory on its volume, read through short-lived pods."""
+        if not config.storage_size:
+            return None
+        # lazy: the kubernetes layer loads only when a run's data is read; listing targets does without
+        from backend.layers.kubernetes.volume_store import VolumeStore
+
+        return VolumeStore(config, run_id)
+
+    def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
+        """With --storage-size: the run's own directory on its volume (``manifests.DATA_MOUNT``)."""
+        # lazy: the kubernetes layer loads only when a run's stack is made; listing targets does without
+        from backend.layers.kubernetes.manifests import job_storage_path
+
+        return job_storage_path(run_id) if config.storage_size else None
 
     def where(self, config: RunConfig) -> str:
         return config.context or ""  # the kubeconfig's context when one is named (else its current one)

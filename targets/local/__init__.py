@@ -78,5 +78,5 @@ class LocalTarget(Target):
                                       state_dir if isinstance(state_dir, str) else None))
         return found
 
-    def data_store(self, state_root: Path, run_id: str) -> DataStore | None:
+    def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
         return LocalDirStore(local_data_dir(state_root, run_id))

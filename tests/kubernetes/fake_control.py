@@ -14,10 +14,14 @@ import base64
 import copy
 import itertools
 import secrets
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity as _parse_quantity
@@ -51,6 +55,8 @@ class FakeControlPlane:
     # Extended resources that pods the test does not show hold on a node: {node: {resource: count}}.
     held: dict[str, dict[str, int]] = field(default_factory=dict)
     tick_s: float = 0.01
+    # The directory standing for each claim's volume: {(namespace, claim): dir}; a reader pod's command runs there.
+    volumes: dict[tuple[str, str], Path] = field(default_factory=dict)
     _first_seen: dict[str, float] = field(default_factory=dict)
     _pulled: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, image) -> when it is cached
     _events: set[str] = field(default_factory=set)
@@ -106,6 +112,8 @@ class FakeControlPlane:
         for rc in clusters:
             self._raycluster(rc, nodes)
         live = {(rc["metadata"]["namespace"], rc["metadata"]["name"]) for rc in clusters}
+        for claim in self.cluster.objects("PersistentVolumeClaim"):
+            self._claim(claim)
         for pod in self.cluster.objects("Pod"):
             self._pod(pod, nodes, live)
         self._collect_garbage()
@@ -303,11 +311,95 @@ class FakeControlPlane:
                          "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
             "spec": template["spec"], "status": {"phase": "Pending"}})
 
+    # ---- the PV controller and the CSI provisioners -------------------------------------------------
+    def _claim(self, claim: Obj) -> None:
+        """Bind a claim as the PV controller and an external provisioner would (kubernetes.io/docs/concepts/
+        storage/persistent-volumes/ "Binding", /storage-classes/ "Volume binding mode"):
+
+        - no storageClassName (no default class when it was made): only a pre-made PV of no class can
+          bind it; there is none here, so it stays Pending (event FailedBinding, the PV controller's
+          "no persistent volumes available for this claim and no storage class is set");
+        - a class that does not exist: Pending (ProvisioningFailed "storageclass.storage.k8s.io ... not found");
+        - a provisioner that cannot give the access mode asked (a block-device CSI driver such as
+          ebs.csi.aws.com asked for ReadWriteMany): Pending, ProvisioningFailed (aws-ebs-csi-driver's
+          controller refuses MULTI_NODE_MULTI_WRITER with InvalidArgument);
+        - ``volumeBindingMode: WaitForFirstConsumer``: bound once a pod using it is scheduled; else at once."""
+        meta, spec = claim["metadata"], claim.get("spec") or {}
+        ns, name = meta["namespace"], meta["name"]
+        if (claim.get("status") or {}).get("phase") == "Bound":
+            return
+        class_name = spec.get("storageClassName")
+        if not class_name:
+            self._event(ns, name, "FailedBinding", "no persistent volumes available for this claim and no storage "
+                                                   "class is set", "Normal", involved="PersistentVolumeClaim")
+            return
+        storage_class = self.cluster.get("StorageClass", class_name)
+        if storage_class is None:
+            self._event(ns, name, "ProvisioningFailed", f'storageclass.storage.k8s.io "{class_name}" not found',
+                        "Warning", involved="PersistentVolumeClaim")
+            return
+        modes = spec.get("accessModes") or []
+        provisioner = storage_class.get("provisioner", "")
+        if provisioner in SINGLE_NODE_PROVISIONERS and "ReadWriteMany" in modes:
+            self._event(ns, name, "ProvisioningFailed",
+                        f'failed to provision volume with StorageClass "{class_name}": rpc error: code = '
+                        "InvalidArgument desc = Volume capabilities MULTI_NODE_MULTI_WRITER not supported. "
+                        "Only AccessModes [ReadWriteOnce ReadWriteOncePod] supported.", "Warning",
+                        involved="PersistentVolumeClaim")
+            return
+        if storage_class.get("volumeBindingMode") == "WaitForFirstConsumer" and not any(
+                p["spec"].get("nodeName") and name in claims_of(p) for p in self.cluster.objects("Pod", ns)):
+            self._event(ns, name, "WaitForFirstConsumer", "waiting for first consumer to be created before binding",
+                        "Normal", involved="PersistentVolumeClaim")
+            return
+        size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "0")
+        self.cluster.set_status("PersistentVolumeClaim", name, ns, {
+            "phase": "Bound", "accessModes": modes, "capacity": {"storage": size}})
+        self.cluster.patch("PersistentVolumeClaim", name, ns, {"spec": {"volumeName": f"pvc-{meta.get('uid', name)}"}})
+
+    def _volume_misfit(self, pod: Obj) -> str | None:
+        """Why a pod's claims keep it off every node (kube-scheduler's VolumeBinding filter): a missing
+        claim, or an unbound claim that no provisioning at scheduling time will bind (an Immediate
+        class's claim is bound before, or never)."""
+        ns = pod["metadata"]["namespace"]
+        for claim_name in claims_of(pod):
+            claim = self.cluster.get("PersistentVolumeClaim", claim_name, ns)
+            if claim is None:
+                return f'persistentvolumeclaim "{claim_name}" not found'
+            if (claim.get("status") or {}).get("phase") == "Bound":
+                continue
+            class_name = (claim.get("spec") or {}).get("storageClassName")
+            storage_class = self.cluster.get("StorageClass", class_name) if class_name else None
+            if storage_class is None or storage_class.get("volumeBindingMode") != "WaitForFirstConsumer":
+                return "pod has unbound immediate PersistentVolumeClaims"
+        return None
+
+    def _attach_conflict(self, pod: Obj) -> str | None:
+        """The attach/detach controller's Multi-Attach error: a ReadWriteOnce volume is attached to one
+        node; a pod on another node waits in ContainerCreating (kubernetes.io/docs/concepts/storage/
+        persistent-volumes/ "Access Modes": ReadWriteOnce, "mounted as read-write by a single node")."""
+        meta = pod["metadata"]
+        for claim_name in claims_of(pod):
+            claim = self.cluster.get("PersistentVolumeClaim", claim_name, meta["namespace"]) or {}
+            if "ReadWriteMany" in ((claim.get("status") or {}).get("accessModes") or []):
+                continue
+            users = [p["metadata"]["name"] for p in self.cluster.objects("Pod", meta["namespace"])
+                     if claim_name in claims_of(p) and p["metadata"]["name"] != meta["name"]
+                     and (p.get("status") or {}).get("phase") == "Running"
+                     and p["spec"].get("nodeName") != pod["spec"].get("nodeName")]
+            if users:
+                volume = (claim.get("spec") or {}).get("volumeName", claim_name)
+                return f'Multi-Attach error for volume "{volume}" Volume is already used by pod(s) {", ".join(users)}'
+        return None
+
     # ---- scheduler and kubelet ----------------------------------------------------------------------
     def _pod(self, pod: Obj, nodes: list[Obj], live_clusters: set[tuple[str, str]]) -> None:
         meta, status = pod["metadata"], pod.get("status") or {}
         ns, name = meta["namespace"], meta["name"]
         cluster = meta.get("labels", {}).get("ray.io/cluster")
+        if meta.get("labels", {}).get("rtui.dev/role") == "data-reader":
+            self._run_to_end(pod, nodes)
+            return
         if cluster is None:
             return
         if (ns, cluster) not in live_clusters:
@@ -330,6 +422,10 @@ class FakeControlPlane:
         if not self._cached(node, image):
             self._first_seen.pop(f"start/{ns}/{name}", None)  # the start clock runs from the pull's end
             return
+        conflict = self._attach_conflict(pod)
+        if conflict:
+            self._event(ns, name, "FailedAttachVolume", conflict, "Warning")
+            return
         env = self._container_env(ns, pod["spec"]["containers"][0])
         if isinstance(env, str):
             self.cluster.set_status("Pod", name, ns, {"phase": "Pending", "containerStatuses": [{
@@ -350,6 +446,32 @@ class FakeControlPlane:
             if meta["labels"].get("ray.io/node-type") == "head" and self.jobs_url:
                 self.cluster.proxy_to(ns, f"{cluster}-head-svc", "dashboard", self.jobs_url)
 
+    def _run_to_end(self, pod: Obj, nodes: list[Obj]) -> None:
+        """The kubelet of a pod that runs one command and ends (restartPolicy Never): scheduled like any
+        pod (its claim must be bound), then its command runs here in the directory standing for the
+        volume mounted at its workingDir, and its stdout becomes its log. The mount must be read-only
+        (the pod only reads), else the fake refuses to run it."""
+        meta, spec = pod["metadata"], pod["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Running"):
+            return
+        if not spec.get("nodeName") and self._schedule(pod, nodes) is None:
+            return
+        container = spec["containers"][0]
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == container["workingDir"])
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        claim = volume["persistentVolumeClaim"]["claimName"]
+        assert mount.get("readOnly") and volume["persistentVolumeClaim"].get("readOnly"), "mounted read-write"
+        where = self.volumes.setdefault((ns, claim), Path(tempfile.mkdtemp(prefix=f"vol-{claim}-")))
+        self.cluster.set_status("Pod", name, ns, {"phase": "Running"})
+        command = [sys.executable if c == "python" else c for c in container["command"]]
+        done = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=60)
+        self.cluster.feed_log(ns, name, (done.stdout + done.stderr).splitlines())
+        self.cluster.set_status("Pod", name, ns, {
+            "phase": "Succeeded" if done.returncode == 0 else "Failed",
+            "containerStatuses": [{"name": container["name"], "ready": False, "restartCount": 0,
+                                   "state": {"terminated": {"exitCode": done.returncode}}}]})
+
     def _schedule(self, pod: Obj, nodes: list[Obj]) -> str | None:
         """kube-scheduler's filters, as far as a Ray pod meets them: NodeUnschedulable, NodeAffinity
         (nodeSelector and required affinity), TaintToleration and NodeResourcesFit (requests of the
@@ -362,7 +484,7 @@ class FakeControlPlane:
         reasons: dict[str, int] = {}
         fits: list[str] = []
         for node in nodes:
-            misfit = placement_misfit(spec, node)
+            misfit = placement_misfit(spec, node) or self._volume_misfit(pod)
             whys = [misfit] if misfit else [f"Insufficient {r}" for r in self._insufficient(node, wants)]
             if not whys:
                 fits.append(node["metadata"]["name"])
@@ -393,11 +515,12 @@ class FakeControlPlane:
         return [r for r, amount in wants.items()
                 if amount > 0 and allocatable.get(r, Decimal(0)) - used.get(r, Decimal(0)) < amount]
 
-    def _event(self, ns: str, pod: str, reason: str, message: str, kind: str) -> None:
-        key = f"{ns}/{pod}/{reason}/{message}"
+    def _event(self, ns: str, pod: str, reason: str, message: str, kind: str, *,
+               involved: str = "Pod") -> None:
+        key = f"{ns}/{involved}/{pod}/{reason}/{message}"
         if key not in self._events:
             self._events.add(key)
-            self.cluster.add_event(ns, "Pod", pod, reason, message, type=kind)
+            self.cluster.add_event(ns, involved, pod, reason, message, type=kind)
 
 
 # KubeRay v1.7.0's autoscaler sidecar (common/pod.go, BuildAutoscalerContainer): the Ray image, 500m CPU
@@ -418,6 +541,20 @@ def with_autoscaler_sidecar(template: Obj) -> Obj:
 DAEMONSET_TOLERATIONS = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": e} for k, e in (
     ("not-ready", "NoExecute"), ("unreachable", "NoExecute"), ("disk-pressure", "NoSchedule"),
     ("memory-pressure", "NoSchedule"), ("pid-pressure", "NoSchedule"), ("unschedulable", "NoSchedule"))]
+
+
+# CSI drivers of block devices: one node mounts a volume read-write at a time (ReadWriteOnce,
+# ReadWriteOncePod); asked for ReadWriteMany their provisioners fail. (aws-ebs-csi-driver,
+# gcp-compute-persistent-disk-csi-driver, azuredisk-csi-driver, rancher local-path-provisioner docs.)
+SINGLE_NODE_PROVISIONERS = frozenset({"ebs.csi.aws.com", "kubernetes.io/aws-ebs", "pd.csi.storage.gke.io",
+                                      "kubernetes.io/gce-pd", "disk.csi.azure.com", "kubernetes.io/azure-disk",
+                                      "rancher.io/local-path"})
+
+
+def claims_of(pod: Obj) -> list[str]:
+    """The PersistentVolumeClaims a pod's volumes name."""
+    return [v["persistentVolumeClaim"]["claimName"] for v in (pod.get("spec") or {}).get("volumes") or []
+            if v.get("persistentVolumeClaim")]
 
 
 def secret_value(secret: Obj, key: str) -> str | None:

@@ -50,7 +50,12 @@ KINDS: dict[tuple[str, str, str], tuple[str, bool, bool]] = {
     ("coordination.k8s.io", "v1", "leases"): ("Lease", True, False),
     ("", "v1", "endpoints"): ("Endpoints", True, False),
     ("networking.k8s.io", "v1", "networkpolicies"): ("NetworkPolicy", True, False),
+    ("", "v1", "persistentvolumeclaims"): ("PersistentVolumeClaim", True, True),
+    ("storage.k8s.io", "v1", "storageclasses"): ("StorageClass", False, False),
 }
+PVC_KEY = ("", "v1", "persistentvolumeclaims")
+STORAGE_CLASS_KEY = ("storage.k8s.io", "v1", "storageclasses")
+DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 CRD_KEY = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 # KubeRay's kinds: served only while an Established CRD defines them (``RtuiKube._kind``); named
 # here so the test's helpers can find their objects by kind.
@@ -413,11 +418,41 @@ class RtuiKube(KubernetesEmulator):
                 # Set by the API server on every namespace since 1.21 (what namespaceSelectors match by name).
                 obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             fold_string_data(key, obj)
+            if key == PVC_KEY:
+                self._admit_claim(obj)
+            if key == ("", "v1", "pods"):
+                self._admit_service_account(obj, namespace, name)
             self._objects[self._objkey(key, namespace, name)] = obj
             await self._publish(key, "ADDED", obj)
         if key == CRD_KEY and not crd_condition(obj, "Established"):
             self._schedule_establishing(name)
         return copy.deepcopy(obj)
+
+    def _admit_service_account(self, pod: Obj, namespace: str | None, name: str) -> None:
+        """The ServiceAccount admission plugin: a pod whose service account does not exist is refused
+        (plugin/pkg/admission/serviceaccount/admission.go: "error looking up service account")."""
+        account = (pod.get("spec") or {}).get("serviceAccountName")
+        if account and account != "default" and self.find(("", "v1", "serviceaccounts"), namespace, account) is None:
+            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: error looking up service account '
+                                             f'{namespace}/{account}: serviceaccount "{account}" not found')
+
+    def _admit_claim(self, claim: Obj) -> None:
+        """The DefaultStorageClass admission plugin: a claim that names no class (the field absent, not
+        ``""``) gets the cluster's default StorageClass, the newest one when several are marked default;
+        with no default it stays without a class, and only a PV of no class can ever bind it, so a
+        dynamically provisioned claim stays Pending. (kubernetes.io/docs/concepts/storage/persistent-volumes/
+        "Class" and /storage-classes/ "Default StorageClass"; plugin/pkg/admission/storage/storageclass/
+        setdefault/admission.go.)"""
+        spec = claim.setdefault("spec", {})
+        if spec.get("storageClassName") is not None:
+            return
+        defaults = [c for c in self.items(STORAGE_CLASS_KEY)
+                    if ((c.get("metadata") or {}).get("annotations") or {}).get(DEFAULT_CLASS_ANNOTATION) == "true"]
+        if defaults:
+            newest = max(defaults, key=lambda c: (c["metadata"].get("creationTimestamp", ""),
+                                                  int(c["metadata"].get("resourceVersion", "0"))))
+            spec["storageClassName"] = newest["metadata"]["name"]
+        claim["status"] = {"phase": "Pending"}
 
     async def _update(self, key: tuple[str, str, str], namespace: str | None, name: str, patch: Obj,
                       sub: str | None, *, replace: bool = False, manager: str = "") -> Obj:

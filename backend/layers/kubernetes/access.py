@@ -84,6 +84,8 @@ KINDS: dict[tuple[str, str], KindInfo] = {
     ("coordination.k8s.io/v1", "Lease"): KindInfo("leases", True),
     ("v1", "Endpoints"): KindInfo("endpoints", True),
     ("networking.k8s.io/v1", "NetworkPolicy"): KindInfo("networkpolicies", True),
+    ("v1", "PersistentVolumeClaim"): KindInfo("persistentvolumeclaims", True),
+    ("storage.k8s.io/v1", "StorageClass"): KindInfo("storageclasses", False),
 }
 
 

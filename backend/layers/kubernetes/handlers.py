@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -159,6 +159,10 @@ class NamespaceHandler(KubeHandler):
     kind = "k8s-namespace"
     title = "Create the namespace"
     expected_s = 1.0
+
+    def kept_on_down(self, have: Observed, observed: Sequence[Observed]) -> bool:
+        """Kept while it holds the run's volume: deleting a namespace deletes its claims."""
+        return any(o.kind == "k8s-pvc" for o in observed)
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         live = await api.get("v1", "Namespace", ctx.config.namespace)

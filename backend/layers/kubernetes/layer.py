@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import targets
 from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
 from backend.layers.base import Context, Handler, Layer
-from backend.layers.kubernetes import addons, idle, manifests, pods
+from backend.layers.kubernetes import addons, identity, idle, manifests, pods, storage
 from backend.layers.kubernetes.clients import ClusterNotReady, cluster_api, kube_api
 from backend.layers.kubernetes.handlers import (
     EFA_PLUGIN,
@@ -82,17 +83,23 @@ class Below:
         return self.api_ready is not None
 
 
+def wants_volume(ctx: Context) -> bool:
+    """Whether the run has its own volume (kube's --storage-size): the target says where the job writes."""
+    return targets.get(ctx.config.target).job_storage_path(ctx.config, ctx.record.run_id) is not None
+
+
 class KubernetesLayer(Layer):
     name = LAYER
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
         NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), JobEnvHandler(), NetworkPolicyHandler(),
-        NvidiaPluginHandler(),
+        NvidiaPluginHandler(), storage.DataClaimHandler(), identity.PodAccountHandler(),
         EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
 
     def __init__(self, below: Below | None = None) -> None:
         self.below = below or Below()
         self._images: dict[str, Resolved] = {}  # image by tag -> its digest, asked at plan time
         self._enforcement = "not checked"
+        self._storage: storage.StorageFacts | None = None  # the default StorageClass, asked at plan time
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -119,6 +126,11 @@ class KubernetesLayer(Layer):
                             remedy="let this machine reach the registry, pin it yourself as IMAGE@sha256:…, or pass "
                                    "--allow-unpinned to pull by tag (the plan flags it)")
         self._enforcement = (await self._policy_check(ctx)).detail or ""
+        if wants_volume(ctx):
+            try:
+                self._storage = await storage.storage_facts(await cluster_api(ctx))
+            except RtuiError:
+                self._storage = None  # preflight says why the cluster cannot be asked
 
     def _resolved(self, image: str) -> Resolved:
         return self._images.get(image) or Resolved(image, None, "unpinned: the registry was not asked")
@@ -158,6 +170,14 @@ class KubernetesLayer(Layer):
                                   f"default/kubernetes, read when applied) on port {manifests.DASHBOARD_PORT}",
                         "enforced": self._enforcement},
                        NAMESPACE))
+        # The run's volume: before the Ray pods that mount it.
+        volume = [storage.DATA_CLAIM] if wants_volume(ctx) else []
+        if volume:
+            out.append(res(storage.DATA_CLAIM, "k8s-pvc",
+                           storage.claim_spec(config, ctx.record.run_id, self._storage), NAMESPACE))
+        account = [identity.POD_ACCOUNT] if config.service_account else []
+        if account:
+            out.append(res(identity.POD_ACCOUNT, "k8s-serviceaccount", identity.account_spec(config), NAMESPACE))
         # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
         out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu))
         plugins = [NVIDIA_PLUGIN]
@@ -175,13 +195,17 @@ class KubernetesLayer(Layer):
                 # KubeRay adds the autoscaler (issue 26) only to a head pod it creates: a new idle time
                 # or turning it on or off is a new RayCluster.
                 "idle_timeout_s": config.idle_timeout_s()}
+        if volume:  # mounting a volume or not is a new RayCluster
+            spec["volume"] = manifests.data_claim_name(config)
+        if account:  # so is another service account
+            spec["service_account"] = config.service_account
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below
                      if r.address == self.below.launch_template]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
         deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []),
-                *system]
+                *volume, *account, *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
@@ -195,8 +219,8 @@ class KubernetesLayer(Layer):
             return []
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, KubeHandler)))
-        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL,
-                 RAYCLUSTER, WORKERS]
+        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, storage.DATA_CLAIM, identity.POD_ACCOUNT,
+                 NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
         return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
@@ -233,6 +257,10 @@ class KubernetesLayer(Layer):
         results.extend(await self._foreign_objects(api, ctx))
         results.extend(await self._operator_reach(api, ctx))
         results.append(await self._policy_check(ctx))
+        if wants_volume(ctx):
+            results.append(storage.check(config, await storage.storage_facts(api)))
+        if config.service_account:
+            results.append(identity.check(config))
         return results + self._token_check(config)
 
     async def _policy_check(self, ctx: Context) -> CheckResult:
@@ -311,8 +339,19 @@ class KubernetesLayer(Layer):
         namespace = await api.get("v1", "Namespace", config.namespace)
         if namespace is not None and not ours(namespace, run_id):
             owner = "another rtui run" if ours(namespace) else "someone else"
-            out.append(CheckResult(id="kube.namespace", title=f"Namespace {config.namespace}", status=CheckStatus.FAIL,
-                                   detail=f"exists and belongs to {owner}", remedy="choose another with --namespace"))
+            other = (namespace["metadata"].get("labels") or {}).get(manifests.RUN_LABEL, "")
+            kept = [c for c in await api.list("v1", "PersistentVolumeClaim", config.namespace)
+                    if ours(c, other)] if ours(namespace) else []
+            if kept:  # a torn-down run's data, kept on purpose
+                out.append(CheckResult(
+                    id="kube.namespace", title=f"Namespace {config.namespace}", status=CheckStatus.FAIL,
+                    detail=f"holds the volume run {other} kept ({kept[0]['metadata']['name']}: its checkpoints and "
+                           "model)", remedy=f"choose another --namespace, or delete that data with `rtui down "
+                                            f"{other} --delete-data --yes`"))
+            else:
+                out.append(CheckResult(id="kube.namespace", title=f"Namespace {config.namespace}",
+                                       status=CheckStatus.FAIL, detail=f"exists and belongs to {owner}",
+                                       remedy="choose another with --namespace"))
         cluster = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name, config.namespace) \
             if namespace is not None else None
         if cluster is not None and not ours(cluster, run_id):
@@ -422,6 +461,10 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     else:
         objects.append(manifests.job_env_secret(config, run_id, {}))
     objects.append(network_policy(config, run_id, []))
+    if config.storage_size:
+        objects.append(manifests.data_claim(config, run_id))
+    if config.service_account:
+        objects.append(manifests.service_account(config, run_id))
     objects += addons.nvidia_device_plugin(config, run_id)
     if config.wants_efa():
         objects += addons.efa_device_plugin(config, run_id)

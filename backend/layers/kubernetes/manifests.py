@@ -209,6 +209,62 @@ def with_job_env_mount(config: RunConfig, cluster: Manifest) -> Manifest:
     return cluster
 
 
+# ---- the run's volume (--storage-size) -------------------------------------------------------------
+DATA_VOLUME = "rtui-data"
+DATA_MOUNT = "/var/lib/rtui-data"
+READ_WRITE_MANY = "ReadWriteMany"
+READ_WRITE_ONCE = "ReadWriteOnce"
+
+
+def data_claim_name(config: RunConfig) -> str:
+    return f"{config.cluster_name}-data"
+
+
+def job_storage_path(run_id: str) -> str:
+    """The job's --storage-path on the run's volume: its own directory, named for the run."""
+    return f"{DATA_MOUNT}/{run_id}"
+
+
+def data_claim(config: RunConfig, run_id: str, access_mode: str = READ_WRITE_MANY) -> Manifest:
+    """The run's PersistentVolumeClaim: no ``storageClassName``, so the cluster's default StorageClass
+    provisions it (the DefaultStorageClass admission plugin fills the field in; kubernetes.io/docs/
+    concepts/storage/persistent-volumes/ "Class"). ReadWriteMany: the head (Ray Train's controller
+    writes the run's state) and the workers on other nodes all mount it read-write."""
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": data_claim_name(config), "namespace": config.namespace, "labels": labels(run_id)},
+            "spec": {"accessModes": [access_mode], "resources": {"requests": {"storage": config.storage_size}}}}
+
+
+def with_data_volume(config: RunConfig, cluster: Manifest) -> Manifest:
+    """The RayCluster with the run's claim mounted at ``DATA_MOUNT`` in every Ray container."""
+    spec = cluster["spec"]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        pod["volumes"] = [*pod.get("volumes", []), {"name": DATA_VOLUME, "persistentVolumeClaim": {
+            "claimName": data_claim_name(config)}}]
+        container = pod["containers"][0]
+        container["volumeMounts"] = [*container.get("volumeMounts", []),
+                                     {"name": DATA_VOLUME, "mountPath": DATA_MOUNT}]
+    return cluster
+
+
+def service_account(config: RunConfig, run_id: str) -> Manifest:
+    """The ServiceAccount the Ray pods run as (``--service-account``), in the run's namespace. It carries
+    no credential itself: the cluster's mechanism attaches one to its name (an EKS Pod Identity
+    association for namespace/name; its agent's webhook injects the credentials into the pods)."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": config.service_account, "namespace": config.namespace, "labels": labels(run_id)}}
+
+
+def with_service_account(config: RunConfig, cluster: Manifest) -> Manifest:
+    """Every Ray pod runs as ``--service-account``. With KubeRay's autoscaler on, KubeRay binds the
+    autoscaler's Role to the head pod's service account, which the user (here rtui) must create."""
+    spec = cluster["spec"]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        group["template"]["spec"]["serviceAccountName"] = config.service_account
+    return cluster
+
+
 def namespace(config: RunConfig, run_id: str) -> Manifest:
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": config.namespace, "labels": labels(run_id)}}
@@ -319,7 +375,7 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
     """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers, each asking
     for its node's ``efa_interfaces``; idle workers go when ``--idle-minutes`` says so."""
     image = pinned_image(config.image, image_digest)
-    return with_job_env_mount(config, with_token_auth(config, {
+    cluster = with_job_env_mount(config, with_token_auth(config, {
         "apiVersion": RAYCLUSTER_API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": config.cluster_name, "namespace": config.namespace, "labels": labels(run_id)},
@@ -329,6 +385,9 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
             "workerGroupSpecs": [_worker_group(config, run_id, image, efa_interfaces)],
         }),
     }))
+    if config.service_account:
+        cluster = with_service_account(config, cluster)
+    return with_data_volume(config, cluster) if config.storage_size else cluster
 
 
 def manifests(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> list[Manifest]:

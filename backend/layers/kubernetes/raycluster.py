@@ -36,7 +36,9 @@ from backend.layers.kubernetes.handlers import (
     ref,
     wait_established,
 )
+from backend.layers.kubernetes.identity import POD_ACCOUNT
 from backend.layers.kubernetes.security import JOB_ENV, NETWORK_POLICY, RAY_TOKEN
+from backend.layers.kubernetes.storage import DATA_CLAIM
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -195,8 +197,8 @@ class RayClusterHandler(KubeHandler):
         ready = any(pods.pod_ready(p) for p in heads)
         # Teardown order: everything the pods used outlives them (job, RayCluster; then the rest).
         return Observed(address=RAYCLUSTER, layer=LAYER, kind=self.kind, id=object_id(live), state=state,
-                        depends_on=(NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR,
-                                    NVIDIA_PLUGIN, EFA_PLUGIN, PREPULL),
+                        depends_on=(NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, DATA_CLAIM,
+                                    POD_ACCOUNT, OPERATOR, NVIDIA_PLUGIN, EFA_PLUGIN, PREPULL),
                         healthy=ready,
                         reason="head ready" if ready else "head not ready")
 

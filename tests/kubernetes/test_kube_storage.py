@@ -1,0 +1,290 @@
+"""The run's volume on kube (issue 25, item 3): ``--storage-size`` makes a PersistentVolumeClaim of the
+cluster's default StorageClass that the Ray head and workers mount; the job writes under it.
+
+The emulator binds claims like the PV controller and a CSI provisioner (fake_control._claim) and sets
+the default class at admission (kmock_ext._admit_claim): a claim with no class on a cluster without a
+default StorageClass stays Pending, and so do the pods that mount it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.layers.kubernetes import raycluster, volume_store
+from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.fake_control import FakeControlPlane
+from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world
+
+__all__ = ["world"]  # the fixture, imported for pytest
+
+MOUNT = "/var/lib/rtui-data"
+
+
+def storage_class(cluster: KubeCluster, name: str, provisioner: str, *, default: bool = True,
+                  binding: str = "Immediate") -> dict[str, Any]:
+    annotations = {"storageclass.kubernetes.io/is-default-class": "true"} if default else {}
+    return cluster.create({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                           "metadata": {"name": name, "annotations": annotations},
+                           "provisioner": provisioner, "volumeBindingMode": binding})
+
+
+def claim(cluster: KubeCluster, name: str, modes: tuple[str, ...] = ("ReadWriteMany",)) -> dict[str, Any]:
+    cluster.add_namespace("team") if cluster.get("Namespace", "team") is None else None
+    return cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                           "metadata": {"name": name, "namespace": "team"},
+                           "spec": {"accessModes": list(modes), "resources": {"requests": {"storage": "5Gi"}}}})
+
+
+def _in_process(world: KubeWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in world.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(raycluster, "UNSCHEDULABLE_TIMEOUT_S", 3.0)
+
+
+# ---- the emulator is as strict as the real thing -------------------------------------------------------
+
+def test_a_claim_without_class_stays_pending_without_a_default_storage_class(kube_cluster: KubeCluster) -> None:
+    with FakeControlPlane(kube_cluster) as control:
+        made = claim(kube_cluster, "data")
+        assert "storageClassName" not in made["spec"]
+        time.sleep(0.3)
+        live = kube_cluster.read("PersistentVolumeClaim", "data", "team")
+        assert live["status"]["phase"] == "Pending"
+        why = [e["message"] for e in kube_cluster.objects("Event", "team")
+               if e["involvedObject"]["name"] == "data"]
+        assert why == ["no persistent volumes available for this claim and no storage class is set"]
+        # A pod that mounts it is never scheduled (kube-scheduler's VolumeBinding filter).
+        node = kube_cluster.add_node("n0", gpus=0, efa=0)
+        pod = kube_cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+                                   "spec": {"containers": [{"name": "c", "image": "i"}], "volumes": [
+                                       {"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}})
+        assert control._schedule(pod, [node]) is None
+        status = kube_cluster.read("Pod", "p", "team")["status"]
+        assert "pod has unbound immediate PersistentVolumeClaims" in status["conditions"][0]["message"]
+
+
+def test_the_default_storage_class_is_set_at_admission_and_binds(kube_cluster: KubeCluster) -> None:
+    storage_class(kube_cluster, "old-default", "efs.csi.aws.com")
+    time.sleep(1.1)  # creationTimestamp has seconds: the newer default must be newer
+    storage_class(kube_cluster, "efs", "efs.csi.aws.com")
+    storage_class(kube_cluster, "not-default", "efs.csi.aws.com", default=False)
+    with FakeControlPlane(kube_cluster):
+        made = claim(kube_cluster, "data")
+        assert made["spec"]["storageClassName"] == "efs"  # the newest default
+        deadline = time.monotonic() + 5
+        while kube_cluster.read("PersistentVolumeClaim", "data", "team")["status"]["phase"] != "Bound":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_a_block_device_class_refuses_read_write_many(kube_cluster: KubeCluster) -> None:
+    storage_class(kube_cluster, "gp3", "ebs.csi.aws.com")
+    with FakeControlPlane(kube_cluster):
+        claim(kube_cluster, "data")
+        time.sleep(0.3)
+        assert kube_cluster.read("PersistentVolumeClaim", "data", "team")["status"]["phase"] == "Pending"
+        why = [e["reason"] for e in kube_cluster.objects("Event", "team") if e["involvedObject"]["name"] == "data"]
+        assert why == ["ProvisioningFailed"]
+
+
+# ---- rtui up --storage-size ---------------------------------------------------------------------------
+
+def test_no_default_storage_class_is_refused_in_preflight_in_one_line(
+        world: KubeWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "efs", "efs.csi.aws.com", default=False)  # a class, but none is the default
+    _in_process(world, monkeypatch)
+    code = cli.main(["up", "--yes", "--storage-size", "50Gi"])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    lines = [ln for ln in text.splitlines() if "default StorageClass" in ln]
+    assert code == 2, text[-3000:]
+    assert lines and "stays Pending" in lines[0], text[-3000:]
+    assert "Traceback" not in text
+    assert world.labelled() == []
+    assert world.cluster.objects("PersistentVolumeClaim") == []
+
+
+def test_a_read_write_once_default_class_is_refused_with_the_reason(
+        world: KubeWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "gp3", "ebs.csi.aws.com", binding="WaitForFirstConsumer")
+    _in_process(world, monkeypatch)
+    code = cli.main(["up", "--yes", "--storage-size", "50Gi"])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code == 2, text[-3000:]
+    lines = [ln for ln in text.splitlines() if "ReadWriteOnce" in ln]
+    assert lines and "gp3" in lines[0] and "different nodes" in lines[0], text[-3000:]
+    assert world.cluster.objects("PersistentVolumeClaim") == []
+
+
+def test_the_plan_shows_the_volume(world: KubeWorld) -> None:
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "efs", "efs.csi.aws.com")
+    out = world.rtui("plan", "--storage-size", "50Gi").stdout
+    assert "k8s.pvc.data" in out, out
+    assert "50Gi" in out and "efs (efs.csi.aws.com, the cluster's default)" in out and "ReadWriteMany" in out, out
+
+
+def test_the_volume_is_made_mounted_and_written_to(
+        world: KubeWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "efs", "efs.csi.aws.com")
+    _in_process(world, monkeypatch)
+    code = cli.main(["up", "--yes", "--json", "--storage-size", "50Gi"])
+    out = capsys.readouterr().out
+    assert code == 0, failure(out)
+    assert events(out)[-1]["data"]["job_status"] == "SUCCEEDED"
+    [pvc] = world.cluster.objects("PersistentVolumeClaim", "rtui")
+    run_id = pvc["metadata"]["labels"]["rtui.dev/run"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    assert pvc["spec"]["storageClassName"] == "efs" and pvc["status"]["phase"] == "Bound"
+    ray_pods = [p for p in world.cluster.objects("Pod", "rtui") if "ray.io/node-type" in p["metadata"]["labels"]]
+    assert {p["metadata"]["labels"]["ray.io/node-type"] for p in ray_pods} == {"head", "worker"}
+    for pod in ray_pods:
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["rtui-data"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+        mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        assert MOUNT in mounts
+    [job] = world.head.jobs.values()
+    assert f"--storage-path {MOUNT}/{run_id}" in job.entrypoint
+
+
+# ---- down keeps the volume; `rtui model` copies from it; --delete-data removes it --------------------
+
+def _write_model(root: Path, files: dict[str, bytes]) -> None:
+    """A model directory as training.export leaves it: the files, then the marker that lists them."""
+    root.mkdir(parents=True)
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    (root / "rtui_model.json").write_text(json.dumps({
+        "format": "hf", "step": 5, "final": True, "dtype": "bf16", "files": sorted(files),
+        "bytes": sum(len(d) for d in files.values()), "export_s": 0.1, "state_bytes": 1, "tokenizer": False,
+        "eval": {"before": {"loss": 6.9, "tokens": 64}, "after": {"loss": 0.1, "tokens": 64}}}))
+
+
+def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
+        world: KubeWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(volume_store, "CHUNK_BYTES", 50_000)  # several reader pods for one file
+    gpu_cluster(world.cluster)
+    storage_class(world.cluster, "efs", "efs.csi.aws.com")
+    world.rtui("up", "--yes", "--storage-size", "50Gi")
+    [pvc] = world.cluster.objects("PersistentVolumeClaim", "rtui")
+    run_id = pvc["metadata"]["labels"]["rtui.dev/run"]
+    volume = tmp_path / "volume"
+    world.control.volumes[("rtui", pvc["metadata"]["name"])] = volume
+    weights = bytes(range(256)) * 700 + b"\0" * 20_000  # equal chunks: numbered lines keep them apart
+    _write_model(volume / run_id / "rtui-train" / "model", {"config.json": b"{}", "model.safetensors": weights})
+    (volume / run_id / "rtui-train" / "checkpoint_000001").mkdir()
+    (volume / run_id / "rtui-train" / "checkpoint_000001" / "rtui_checkpoint.json").write_text("{}")
+
+    down = world.rtui("down", "--yes")
+    text = down.stdout + down.stderr
+    kept = [ln for ln in text.splitlines() if "kept on purpose" in ln]
+    assert kept and f"pvc://rtui/{pvc['metadata']['name']}/{run_id} (a 50Gi volume): 1 model, 1 checkpoint" \
+        in kept[0] and "under $0.01/month" in kept[0], text
+    assert world.cluster.get("PersistentVolumeClaim", pvc["metadata"]["name"], "rtui") is not None
+    assert world.cluster.get("Namespace", "rtui") is not None
+    assert world.cluster.objects("RayCluster", "rtui") == []
+
+    # A new run in that namespace is refused, saying whose data is there and how to remove it.
+    again = world.rtui("up", "--yes", "--storage-size", "50Gi", check=False)
+    refused = [ln for ln in (again.stdout + again.stderr).splitlines() if "kept" in ln]
+    assert again.returncode == 2 and refused and run_id in refused[0], again.stdout + again.stderr
+    assert f"rtui down {run_id} --delete-data --yes" in again.stdout + again.stderr
+
+    # The TUI's teardown modal asks for the usage on its event loop's thread: no nested asyncio.run.
+    from backend.config import RunConfig
+
+    async def on_a_loop() -> str:
+        store = volume_store.VolumeStore(RunConfig(target="kube", storage_size="50Gi", kubeconfig=str(
+            world.cluster.kubeconfig)), run_id)
+        return store.usage().describe()
+
+    assert "1 model, 1 checkpoint" in asyncio.run(on_a_loop())
+
+    to = tmp_path / "model"
+    from tui import cli
+
+    _in_process(world, monkeypatch)  # in this process: CHUNK_BYTES as patched
+    assert cli.main(["model", run_id, "--to", str(to)]) == 0
+    assert (to / "model.safetensors").read_bytes() == weights
+    assert (to / "config.json").read_bytes() == b"{}"
+    readers = [s for s in world.cluster.requests("POST") if "/pods" in s.path] + \
+        [s for s in world.cluster.requests("PATCH") if "-read-" in s.path]
+    assert len(readers) >= 3 + len(weights) // 50_000, readers  # listings, and the big file in several pods
+    assert [p for p in world.cluster.objects("Pod", "rtui") if "-read-" in p["metadata"]["name"]] == []
+
+    gone = world.rtui("down", run_id, "--delete-data", "--yes")
+    assert "deleted" in gone.stdout + gone.stderr, gone.stdout + gone.stderr
+    assert world.cluster.get("PersistentVolumeClaim", pvc["metadata"]["name"], "rtui") is None
+    assert world.cluster.get("Namespace", "rtui") is None
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--storage-size", "50GB"], "a size such as 50Gi"),
+    (["--storage-size", "100Mi"], "at least 1Gi"),
+    (["--storage-size", "50Gi", "--storage-path", "s3://b/p"], "pass one of them"),
+    (["--storage-size", "50Gi", "--target", "local"], "the local target has none"),
+])
+def test_bad_storage_size_is_one_line_exit_2(args: list[str], says: str, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    monkeypatch.setenv("RTUI_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("RTUI_TARGET", "kube")
+    code = cli.main(["plan", *args])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code == 2, text
+    assert says in text and "Traceback" not in text, text
+    assert len([ln for ln in text.splitlines() if ln.strip()]) <= 2, text
+
+
+def test_the_manifest_shows_the_claim_and_the_mounts(world: KubeWorld) -> None:
+    out = world.rtui("manifest", "--storage-size", "50Gi").stdout
+    assert "kind: PersistentVolumeClaim" in out and "storage: 50Gi" in out and "ReadWriteMany" in out, out
+    assert out.count("claimName: rtui-ray-data") == 2, out  # the head and the worker group
+
+
+# ---- --service-account: the Ray pods run as an account the cluster gives credentials to -------------
+
+def test_a_pod_of_a_missing_service_account_is_refused(kube_cluster: KubeCluster) -> None:
+    kube_cluster.add_namespace("team")
+    with pytest.raises(Exception, match="error looking up service account team/trainer"):
+        kube_cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+                             "spec": {"serviceAccountName": "trainer", "containers": [{"name": "c", "image": "i"}]}})
+
+
+def test_the_ray_pods_run_as_the_service_account_rtui_makes(
+        world: KubeWorld, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui import cli
+
+    gpu_cluster(world.cluster)
+    _in_process(world, monkeypatch)
+    code = cli.main(["up", "--yes", "--json", "--service-account", "trainer"])
+    out = capsys.readouterr().out
+    assert code == 0, failure(out)
+    account = world.cluster.read("ServiceAccount", "trainer", "rtui")
+    assert account["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rtui"
+    ray_pods = [p for p in world.cluster.objects("Pod", "rtui") if "ray.io/node-type" in p["metadata"]["labels"]]
+    assert ray_pods and {p["spec"].get("serviceAccountName") for p in ray_pods} == {"trainer"}
+    assert "ServiceAccount/trainer" in world.labelled()
+    code = cli.main(["down", "--yes"])
+    assert code == 0
+    assert world.cluster.get("ServiceAccount", "trainer", "rtui") is None
