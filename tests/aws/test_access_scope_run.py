@@ -98,6 +98,16 @@ async def test_namespace_scope_narrows_after_the_installs_and_down_restores_firs
                if c.address in made_here and c.action is not Action.NOOP]
     assert changed == []
 
+    # Made cluster admin again by hand (README: to change a cluster-wide install): the next up narrows again.
+    (who,) = eks().list_access_entries(clusterName="rtui-ray")["accessEntries"]
+    eks().associate_access_policy(clusterName="rtui-ray", principalArn=who, policyArn=CLUSTER_ADMIN,
+                                  accessScope={"type": "cluster"})
+    widened = await session.plan()
+    assert [(c.action, c.reason) for c in widened.changes if c.address == ACCESS_SCOPE] == \
+        [(Action.REPLACE, "half narrowed: cluster admin still associated")]
+    assert (await up(session, until=ACCESS_SCOPE)).ok
+    assert policies() == {ADMIN: {"type": "namespace", "namespaces": ["rtui"]}}
+
     before = len(eks_authz.requests())
     gone = await down(session)
     assert gone.ok, gone.failures()
