@@ -149,3 +149,23 @@ async def test_the_default_scope_plans_no_narrowing(world: World, kube_file: Pat
     assert session.config.access_scope == "cluster"
     assert ACCESS_SCOPE not in {c.address for c in plan.changes}
     assert not [n for n in plan.notes if n.startswith("access scope:")]
+
+
+async def test_the_namespaced_rest_of_the_cluster_is_made_by_the_narrowed_caller(
+        world: World, eks_authz: KubeCluster, narrowed_world: Path) -> None:
+    session = session_for(access_scope="namespace", kuberay_crds=str(narrowed_world))
+    assert (await up(session, until=ACCESS_SCOPE)).ok
+    before = len(eks_authz.requests())
+    # The secrets, the NetworkPolicy (it reads the API server's Endpoints in default), the prepull, the
+    # RayCluster and its workers: all after the narrowing, none refused.
+    rest = await up(session, until="kubernetes")
+    assert rest.ok, rest.failures()
+    assert [s.path for s in eks_authz.requests()[before:] if s.status == 403] == []
+    assert eks_authz.get("RayCluster", "rtui-ray", "rtui") is not None
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+    # Nothing of the grants is left: no role or binding of this run, anywhere.
+    kinds = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    left = [(kind, o["metadata"]["name"]) for kind in kinds for o in eks_authz.objects(kind)
+            if (o["metadata"].get("labels") or {}).get("rtui.dev/run") == session.run_id]
+    assert left == []

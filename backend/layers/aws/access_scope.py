@@ -19,8 +19,9 @@ Neither covers custom resources (RayCluster) nor the cluster-scoped reads rtui's
 CustomResourceDefinitions, and DaemonSets and Deployments of every namespace: which device plugins,
 operator and node autoscaler are there). EKS's answer for what the policies lack is Kubernetes RBAC for a
 group named in the access entry: made while still cluster admin, a ClusterRole that only reads those
-kinds (no Secrets, no writes) and a Role that manages RayClusters in the namespace, both bound to the
-entry's group ``rtui-<cluster>-caller``.
+kinds (no Secrets, no writes), a Role that reads only the Endpoints ``default/kubernetes`` (the API
+server's addresses the NetworkPolicy admits) and a Role that manages RayClusters in the namespace, all
+bound to the entry's group ``rtui-<cluster>-caller``.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def _installed_first() -> tuple[str, ...]:
 def rbac_objects(cluster: str, namespace: str, run_id: str) -> list[dict[str, Any]]:
     """The grants the namespaced policy lacks, bound to the access entry's group."""
     from backend.layers.kubernetes import manifests
+    from backend.layers.kubernetes.security import APISERVER_ENDPOINTS
 
     labels = manifests.labels(run_id)
     group = caller_group(cluster)
@@ -80,6 +82,15 @@ def rbac_objects(cluster: str, namespace: str, run_id: str) -> list[dict[str, An
          "rules": CLUSTER_READS},
         {"apiVersion": rbac, "kind": "ClusterRoleBinding", "metadata": {"name": name, "labels": labels},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": subject},
+        # The NetworkPolicy admits the API server's addresses, read from this one object when applied.
+        {"apiVersion": rbac, "kind": "Role", "metadata": {"name": name, "namespace": APISERVER_ENDPOINTS[0],
+                                                          "labels": labels},
+         "rules": [{"apiGroups": [""], "resources": ["endpoints"], "resourceNames": [APISERVER_ENDPOINTS[1]],
+                    "verbs": ["get"]}]},
+        {"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": name, "namespace": APISERVER_ENDPOINTS[0],
+                                                                 "labels": labels},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
          "subjects": subject},
         {"apiVersion": rbac, "kind": "Role", "metadata": {"name": "rtui-caller-rayclusters", "namespace": namespace,
                                                           "labels": labels},
