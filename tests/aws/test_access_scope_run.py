@@ -19,6 +19,7 @@ from tests.aws.provision_world import down, eks, session_for, tagged, up
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import crd_dir
 from tests.kubernetes.fake_control import FakeControlPlane
+from tests.kubernetes.fake_ray import FakeRayHead
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
@@ -54,10 +55,18 @@ def policies() -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def narrowed_world(world: World, eks_authz: KubeCluster, tmp_path: Path) -> Any:
+def ray_head() -> Any:
+    head = FakeRayHead(steps=3).start()
+    yield head
+    head.stop()
+
+
+@pytest.fixture
+def narrowed_world(world: World, eks_authz: KubeCluster, ray_head: FakeRayHead, tmp_path: Path) -> Any:
     world.script.on_nodegroup_active = join_nodes(eks_authz)
-    with FakeControlPlane(eks_authz):
+    with FakeControlPlane(eks_authz, jobs_url=ray_head.url) as control:
         yield crd_dir(tmp_path)
+    assert not control.errors, control.errors[:3]
 
 
 async def test_namespace_scope_narrows_after_the_installs_and_down_restores_first(
@@ -152,14 +161,15 @@ async def test_the_default_scope_plans_no_narrowing(world: World, kube_file: Pat
 
 
 async def test_the_namespaced_rest_of_the_cluster_is_made_by_the_narrowed_caller(
-        world: World, eks_authz: KubeCluster, narrowed_world: Path) -> None:
+        world: World, eks_authz: KubeCluster, narrowed_world: Path, ray_head: FakeRayHead) -> None:
     session = session_for(access_scope="namespace", kuberay_crds=str(narrowed_world))
     assert (await up(session, until=ACCESS_SCOPE)).ok
     before = len(eks_authz.requests())
     # The secrets, the NetworkPolicy (it reads the API server's Endpoints in default), the prepull, the
     # RayCluster and its workers: all after the narrowing, none refused.
-    rest = await up(session, until="kubernetes")
+    rest = await up(session, until=None)  # and the job, through the API server's service proxy
     assert rest.ok, rest.failures()
+    assert ray_head.jobs, "no job reached the Ray head"
     assert [s.path for s in eks_authz.requests()[before:] if s.status == 403] == []
     assert eks_authz.get("RayCluster", "rtui-ray", "rtui") is not None
     assert (await down(session)).ok
