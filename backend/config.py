@@ -98,6 +98,10 @@ class RunConfig(BaseModel):
         description="aws: public CIDRs allowed to reach the EKS API endpoint, comma-separated "
                                            "(default: your public address as AWS sees it; 0.0.0.0/0 opens it to "
                                            "everyone, flagged in the plan)")
+    access_scope: Literal["cluster", "namespace"] = Field(
+        default="cluster", description="aws: what your EKS access entry grants once rtui's cluster-wide objects "
+                                       "are installed: admin of the whole cluster, or admin of the run's namespace "
+                                       "only (AmazonEKSAdminPolicy there; `down` restores cluster admin first)")
     system_node_type: str = Field(default="m7i.xlarge",
         description="Instance type of the system node (Ray head, operator)")
     system_node_count: int = Field(default=1, ge=1, le=10, description="Number of system nodes")

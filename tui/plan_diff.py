@@ -19,7 +19,8 @@ from backend.model import Action, Change, Plan
 
 ACTION_STYLE = {Action.CREATE: "green", Action.UPDATE: "yellow", Action.REPLACE: "magenta", Action.DELETE: "red",
                 Action.NOOP: "dim"}
-LAYER_TITLE = {"aws": "AWS infrastructure", "kubernetes": "Kubernetes objects", "ray-job": "Ray job",
+LAYER_TITLE = {"aws": "AWS infrastructure", "kubernetes": "Kubernetes objects", "aws-access": "Your cluster access",
+               "ray-job": "Ray job",
                "local-ray": "Ray on this machine"}
 VERB = {Action.CREATE: "to create", Action.UPDATE: "to update", Action.REPLACE: "to replace",
         Action.DELETE: "to delete"}

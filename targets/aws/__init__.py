@@ -1,8 +1,9 @@
 """The aws target: a new EKS cluster with EFA GPU nodes in one AZ (DESIGN.md §3).
 
 Layers: ``backend.layers.aws`` (network, IAM, EKS, nodegroups), then the kubernetes layer (shared
-with the kube target: this target hands it the addresses of what the aws layer makes) and the
-ray-job layer. Read-only AWS (preflight matrix, pricing, quotas) is ``backend.aws``. The first
+with the kube target: this target hands it the addresses of what the aws layer makes), the caller's
+access narrowed to the namespace when asked (``backend.layers.aws.access_scope``) and the ray-job layer.
+Read-only AWS (preflight matrix, pricing, quotas) is ``backend.aws``. The first
 screen's panel, the region/AZ feasibility matrix, is ``targets.aws.panel``.
 """
 
@@ -29,11 +30,13 @@ class AwsTarget(Target):
     has_kubernetes = True
     has_feasibility = True
     own_fields = CLUSTER_FIELDS | {"region", "availability_zone", "profile", "kubernetes_version", "vpc_id",
-                                   "private_subnet_ids", "api_cidrs", "system_node_type", "system_node_count"}
+                                   "private_subnet_ids", "api_cidrs", "access_scope", "system_node_type",
+                                   "system_node_count"}
     panel = "targets.aws.panel:MatrixPanel"
 
     def stack(self, config: RunConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
+        from backend.layers.aws.access_scope import AccessScopeLayer
         from backend.layers.aws.base import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
         from backend.layers.aws.layer import AwsLayer
         from backend.layers.kubernetes.layer import Below, KubernetesLayer
@@ -43,7 +46,8 @@ class AwsTarget(Target):
                       launch_template=LAUNCH_TEMPLATE,
                       network_policy="enforced by the VPC CNI's network policy agent (the aws layer installs the "
                                      "vpc-cni add-on with enableNetworkPolicy on)")
-        return Stack(self.name, [AwsLayer(), KubernetesLayer(below), RayJobLayer()])
+        # The access entry is narrowed (--access-scope namespace) after the kubernetes layer's installs.
+        return Stack(self.name, [AwsLayer(), KubernetesLayer(below), AccessScopeLayer(), RayJobLayer()])
 
     def defaults(self, config: RunConfig) -> Defaults:
         return gpu_cluster_defaults(config)

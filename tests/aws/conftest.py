@@ -118,6 +118,7 @@ class World:
 
     endpoint: str
     script: Script
+    kube: KubeCluster | None = None  # the Kubernetes API every EKS cluster answers at (``kube_file``)
 
     def quota(self, region: str, code: str, value: float) -> None:
         self.script.quotas[(region, code)] = value
@@ -168,6 +169,17 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def eks_authz(world: World, kube_file: Path) -> KubeCluster:
+    """The emulated Kubernetes API authorizes each request as EKS does (``tests.aws.eks_authz``)."""
+    from tests.aws.eks_authz import eks_authorizer
+
+    cluster = world.kube
+    assert cluster is not None
+    cluster.authorize_with(eks_authorizer(cluster.kube))
+    return cluster
+
+
+@pytest.fixture
 def kube_file(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The kubeconfig rtui writes, and the Kubernetes API every new EKS cluster answers at (emulated,
     taking only EKS tokens)."""
@@ -177,6 +189,7 @@ def kube_file(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     cluster.start()
     cluster.require_token(lambda token: token.startswith("k8s-aws-v1."))
     world.script.cluster_endpoint = cluster.url
+    world.kube = cluster
     world.script.cluster_ca = base64.b64encode(cluster.ca_pem).decode()
     try:
         yield path

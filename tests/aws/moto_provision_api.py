@@ -294,6 +294,20 @@ def list_access_entries(self: EKSResponse) -> ActionResult:
     return ActionResult({"accessEntries": sorted(_access(_cluster(self)))})
 
 
+def update_access_entry(self: EKSResponse) -> ActionResult:
+    """UpdateAccessEntry: ``kubernetesGroups`` given replaces the entry's groups (EKS API reference:
+    "the groups ... you specify replace the existing ones"); the username only when given."""
+    cluster = _cluster(self)
+    entry = _entry(self, cluster)
+    groups = self._get_param("kubernetesGroups")
+    if groups is not None:
+        entry["kubernetesGroups"] = list(groups)
+    if self._get_param("username"):
+        entry["username"] = self._get_param("username")
+    entry["modifiedAt"] = utcnow()
+    return ActionResult({"accessEntry": _public(entry)})
+
+
 def delete_access_entry(self: EKSResponse) -> ActionResult:
     cluster = _cluster(self)
     entry = _entry(self, cluster)
@@ -361,6 +375,7 @@ METHODS: dict[str, Callable[[EKSResponse], ActionResult]] = {
         create_access_entry,
         describe_access_entry,
         list_access_entries,
+        update_access_entry,
         delete_access_entry,
         associate_access_policy,
         list_associated_access_policies,

@@ -27,7 +27,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.kubernetes.kmock_ext import CUSTOM_KINDS, KINDS, PLURAL_OF, Obj, RtuiKube, Served, crd_condition, now_rfc3339
+from tests.kubernetes.kmock_ext import (
+    CUSTOM_KINDS,
+    KINDS,
+    PLURAL_OF,
+    Access,
+    Obj,
+    RtuiKube,
+    Served,
+    crd_condition,
+    now_rfc3339,
+)
 from tests.kubernetes.pod_network import Source
 
 T = TypeVar("T")
@@ -133,6 +143,10 @@ class KubeCluster:
     def require_token(self, check: Callable[[str], bool] | None) -> None:
         """Every request but /version must carry ``Bearer <t>`` with ``check(t)`` true, else 401."""
         self._on_loop(lambda: setattr(self.kube, "token_check", check))
+
+    def authorize_with(self, authorizer: Callable[[Access], str | None] | None) -> None:
+        """Each request also asks ``authorizer`` (a denial's user name, or None to allow): 403 when it denies."""
+        self._on_loop(lambda: setattr(self.kube, "authorizer", authorizer))
 
     def forbid(self, verb: str, resource: str, namespace: str | None = None) -> None:
         """403 for ``verb`` on ``resource`` (a plural, e.g. ``rayclusters``), in one namespace or all."""

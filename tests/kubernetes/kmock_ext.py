@@ -108,6 +108,19 @@ class Served:
     peer_port: int = 0  # the client's TCP port: a request through a test proxy comes from the proxy's port
 
 
+@dataclass(frozen=True)
+class Access:
+    """What the API server's authorizer is asked for one request (its ``authorizer.Attributes``:
+    user, verb, API group, resource with subresource, namespace, name)."""
+
+    token: str
+    verb: str
+    resource: str
+    group: str
+    namespace: str | None
+    name: str | None
+
+
 def _peer_port(raw: aiohttp.web.BaseRequest) -> int:
     peer = raw.transport.get_extra_info("peername") if raw.transport is not None else None
     return int(peer[1]) if peer else 0
@@ -197,6 +210,9 @@ class RtuiKube(KubernetesEmulator):
     served: list[Served] = attrs.field(factory=list, init=False)
     token_check: Callable[[str], bool] | None = attrs.field(default=None, init=False)
     forbidden: set[tuple[str, str, str | None]] = attrs.field(factory=set, init=False)
+    # Who may do what beside ``forbidden``: the denial's message, or None to allow (e.g. EKS's
+    # access policies, tests/aws/eks_authz.py). None: everyone authenticated may do everything.
+    authorizer: Callable[[Access], str | None] | None = attrs.field(default=None, init=False)
     proxies: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
     _rv: int = attrs.field(default=1, init=False)
     _logs: dict[tuple[str, str], list[tuple[str, str]]] = attrs.field(factory=dict, init=False)
@@ -231,7 +247,9 @@ class RtuiKube(KubernetesEmulator):
             auth = raw.headers.get("Authorization", "")
             if not auth.startswith("Bearer ") or not self.token_check(auth[len("Bearer "):]):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
+        token = raw.headers.get("Authorization", "").removeprefix("Bearer ")
         if m := PROXY_RE.match(raw.path):
+            self._authorize(VERBS.get(raw.method, raw.method.lower()), "services/proxy", "", m[1], token, m[2])
             return await self._proxy(raw, *m.groups())
         if raw.path in ("/api", "/apis", "/api/v1") or raw.path.startswith("/apis/") and raw.path.count("/") == 3:
             return self._discovery(raw.path)
@@ -250,7 +268,7 @@ class RtuiKube(KubernetesEmulator):
         if raw.query.get("watch") in ("true", "1"):
             verb = "watch"
         # Authorization is a filter before any handler (server/config.go's handler chain): 403 comes first.
-        self._authorize(verb, plural if not sub else f"{plural}/{sub}", group, namespace)
+        self._authorize(verb, plural if not sub else f"{plural}/{sub}", group, namespace, token, name)
         self._kind((group, version, plural))  # a resource nothing serves: the NotFound handler's 404
         if verb == "watch":
             return None
@@ -278,11 +296,18 @@ class RtuiKube(KubernetesEmulator):
                                                                 replace=raw.method == "PUT"))
         raise ApiError(405, "MethodNotAllowed", f"{raw.method} {raw.path} is not emulated")
 
-    def _authorize(self, verb: str, resource: str, group: str, namespace: str | None) -> None:
-        if (verb, resource, namespace) in self.forbidden or (verb, resource, None) in self.forbidden:
+    def _authorize(self, verb: str, resource: str, group: str, namespace: str | None, token: str = "",
+                   name: str | None = None) -> None:
+        # A namespace object is namespaced to itself (k8s.io/apiserver requestinfo.go: the name of
+        # /api/v1/namespaces/<name> is also the request's namespace), so a grant in a namespace reaches it.
+        if resource == "namespaces" and name and namespace is None:
+            namespace = name
+        denied = (verb, resource, namespace) in self.forbidden or (verb, resource, None) in self.forbidden
+        why = self.authorizer(Access(token, verb, resource, group, namespace, name)) if self.authorizer else None
+        if denied or why is not None:
             where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
-            raise ApiError(403, "Forbidden", f'{resource} is forbidden: User "test" cannot {verb} resource '
-                                             f'"{resource}" in API group "{group}"{where}')
+            raise ApiError(403, "Forbidden", f'{resource} is forbidden: User "{why or "test"}" cannot {verb} '
+                                             f'resource "{resource}" in API group "{group}"{where}')
 
     # ---- custom resources: served only once their CRD is Established --------------------------------
 

@@ -35,6 +35,7 @@ CLUSTER_EXPECTED_S = 600.0
 CLUSTER_DELETE_S = 300.0
 ADDON_EXPECTED_S = 60.0
 ADMIN_POLICY_NAME = "AmazonEKSClusterAdminPolicy"
+NAMESPACE_POLICY_NAME = "AmazonEKSAdminPolicy"  # what --access-scope namespace leaves (aws/access_scope.py)
 # Control-plane logs kept: who called the API and what it did (audit), and who authenticated
 # (authenticator). They go to CloudWatch Logs, billed per GB ingested and stored (CloudWatch pricing,
 # standard log class in us-east-1: $0.50/GB ingested, $0.03/GB-month stored; other regions differ).
@@ -296,11 +297,15 @@ class AccessEntryHandler(AwsHandler):
             return []
         policies = await api.call("eks", "list_associated_access_policies", clusterName=name,
                                   principalArn=principal, ok=_NOT_FOUND) or {}
-        admin = any(p.get("policyArn") == admin_policy(ctx.config.region)
-                    for p in policies.get("associatedAccessPolicies") or [])
+        associated = {p.get("policyArn") for p in policies.get("associatedAccessPolicies") or []}
+        admin = admin_policy(ctx.config.region) in associated
+        # Narrowed on purpose (--access-scope namespace): the access-scope layer's resource says so.
+        narrowed = f":cluster-access-policy/{NAMESPACE_POLICY_NAME}" in " ".join(str(a) for a in associated)
         return [Observed(address=ACCESS_ENTRY, layer=LAYER, kind=self.kind, id=f"{name}|{principal}",
                          depends_on=(EKS_CLUSTER,), state={"principal": principal, "policy": "cluster-admin"},
-                         healthy=admin, reason="exists" if admin else "the admin policy is not associated")]
+                         healthy=admin or narrowed,
+                         reason="exists" if admin else "narrowed to a namespace (aws.access-scope)" if narrowed
+                         else "the admin policy is not associated")]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
