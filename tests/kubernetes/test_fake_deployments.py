@@ -34,10 +34,11 @@ def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
     raise AssertionError("not within the deadline")
 
 
-def available(cluster: KubeCluster, name: str) -> Obj | None:
+def available(cluster: KubeCluster, name: str) -> Obj:
+    """The Deployment's Available condition, {} before the controller wrote one."""
     conditions = {c["type"]: c for c in (cluster.read("Deployment", name, "kube-system").get("status") or {}).get(
         "conditions") or []}
-    return conditions.get("Available")
+    return conditions.get("Available") or {}
 
 
 def pods_of(cluster: KubeCluster, name: str) -> list[Obj]:
@@ -50,7 +51,7 @@ def test_a_pod_that_tolerates_nothing_on_a_tainted_node_leaves_the_deployment_un
     kube_cluster.create(deployment("picky"))
     kube_cluster.create(deployment("tolerant", tolerations=[{"key": "dedicated", "operator": "Exists"}]))
     with FakeControlPlane(kube_cluster):
-        eventually(lambda: (available(kube_cluster, "tolerant") or {}).get("status") == "True")
+        eventually(lambda: available(kube_cluster, "tolerant").get("status") == "True")
         condition = eventually(lambda: available(kube_cluster, "picky"))
         assert condition["status"] == "False" and condition["reason"] == "MinimumReplicasUnavailable"
         (pod,) = pods_of(kube_cluster, "picky")
@@ -59,7 +60,7 @@ def test_a_pod_that_tolerates_nothing_on_a_tainted_node_leaves_the_deployment_un
                                              .get("conditions") or [] if c["type"] == "PodScheduled"), None))
         assert scheduled["status"] == "False"
         assert "1 node(s) had untolerated taint {dedicated: infra}" in scheduled["message"]
-    assert available(kube_cluster, "picky")["status"] == "False"  # type: ignore[index]
+    assert available(kube_cluster, "picky")["status"] == "False"
 
 
 def test_a_node_selector_no_node_matches_and_an_unpullable_image_leave_it_unavailable(
@@ -70,11 +71,11 @@ def test_a_node_selector_no_node_matches_and_an_unpullable_image_leave_it_unavai
         kube_cluster.create(deployment("missing", image=f"{registry.host}/autoscaling/cluster-autoscaler:v9"))
         kube_cluster.create(deployment("there", image=f"{registry.host}/kuberay/operator:v1.7.0"))
         with FakeControlPlane(kube_cluster, registry=registry):
-            eventually(lambda: (available(kube_cluster, "there") or {}).get("status") == "True")
+            eventually(lambda: available(kube_cluster, "there").get("status") == "True")
             eventually(lambda: available(kube_cluster, "nowhere") and available(kube_cluster, "missing"))
             time.sleep(0.2)
-            assert available(kube_cluster, "nowhere")["status"] == "False"  # type: ignore[index]
-            assert available(kube_cluster, "missing")["status"] == "False"  # type: ignore[index]
+            assert available(kube_cluster, "nowhere")["status"] == "False"
+            assert available(kube_cluster, "missing")["status"] == "False"
             (pod,) = pods_of(kube_cluster, "missing")
             waiting = eventually(lambda: (kube_cluster.read("Pod", pod["metadata"]["name"], "kube-system")
                                           .get("status") or {}).get("containerStatuses"))
