@@ -416,6 +416,7 @@ def teardown_summary(session: RunSession, *, now: float | None = None) -> list[s
     """What the teardown modal lists: what this run has made, by layer, and what it costs per hour
     (and has cost up to ``now``, the wall clock unless given)."""
     from backend.session import cost_meter
+    from tui.render import accrued_text
 
     by_layer: dict[str, list[str]] = {}
     for address, entry in session.record.resources.items():
@@ -425,7 +426,7 @@ def teardown_summary(session: RunSession, *, now: float | None = None) -> list[s
              for layer, names in by_layer.items()]
     cost = cost_meter(session.record, now=now)
     if cost and cost.get("per_hour"):
-        lines.append(f"These cost ${cost['per_hour']:.2f}/hour now (${cost['accrued']:.2f} so far).")
+        lines.append(f"These cost ${cost['per_hour']:.2f}/hour now ({accrued_text(cost)}).")
     lines = lines or ["Nothing is recorded as made; discovery looks again before deleting."]
     store = session.data_store()
     usage = store.usage() if store is not None else None
