@@ -98,6 +98,10 @@ def _run(control: FakeControlPlane, pod: Obj, nodes: list[Obj]) -> bool:
     node = pod["spec"].get("nodeName") or control._schedule(pod, nodes)
     if node is None:
         return False
+    if any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in status.get("conditions") or []):
+        # Placed at last (room freed, a node joined): the scheduler's condition says so.
+        control.cluster.set_status("Pod", name, ns, {"phase": "Pending",
+                                                     "conditions": [{"type": "PodScheduled", "status": "True"}]})
     container = pod["spec"]["containers"][0]
     image = container["image"]
     if not pullable(control, image):

@@ -83,3 +83,14 @@ def test_a_node_selector_no_node_matches_and_an_unpullable_image_leave_it_unavai
             # The Deployment's pods go with it (the garbage collector).
             kube_cluster.delete("Deployment", "there", "kube-system")
             eventually(lambda: not pods_of(kube_cluster, "there"))
+
+
+def test_a_pod_placed_once_a_node_joins_runs_and_the_deployment_becomes_available(kube_cluster: KubeCluster) -> None:
+    kube_cluster.create(deployment("waiting", nodeSelector={"role": "system"}))
+    with FakeControlPlane(kube_cluster):
+        eventually(lambda: available(kube_cluster, "waiting").get("status") == "False")
+        kube_cluster.add_node("system-0", gpus=0, efa=0, labels={"role": "system"})
+        eventually(lambda: available(kube_cluster, "waiting").get("status") == "True")
+        (pod,) = pods_of(kube_cluster, "waiting")
+        assert pod["spec"]["nodeName"] == "system-0"
+        assert {c["type"]: c["status"] for c in pod["status"]["conditions"]}["PodScheduled"] == "True"
