@@ -18,6 +18,7 @@ scheduler's FailedScheduling message: what ``kubectl describe`` shows a person.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -63,13 +64,9 @@ def reconcile(control: FakeControlPlane, dep: Obj, nodes: list[Obj]) -> None:
                              "labels": {**(template.get("metadata") or {}).get("labels", {}),
                                         "pod-template-hash": rs.rsplit("-", 1)[1]},
                              "ownerReferences": [{"kind": "ReplicaSet", "name": rs}]},
-                "spec": copy_spec(template["spec"]), "status": {"phase": "Pending"}})
+                "spec": copy.deepcopy(template["spec"]), "status": {"phase": "Pending"}})
     ready = sum(_run(control, pod, nodes) for pod in mine.values())
     _set_status(control, dep, replicas, ready)
-
-
-def copy_spec(spec: Obj) -> Obj:
-    return json.loads(json.dumps(spec))  # type: ignore[no-any-return]  # a JSON round trip of a JSON object
 
 
 def _owner(pod: Obj) -> str | None:
