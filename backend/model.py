@@ -130,6 +130,18 @@ class Plan(BaseModel):
         return {c.address: c.cost_per_hour for c in self.changes
                 if c.action is not Action.DELETE and c.cost_per_hour is not None}
 
+    def scalable(self) -> dict[str, int]:
+        """The priced resources whose size may go below the planned one while the run lives (a
+        nodegroup an autoscaler may shrink: ``min_size`` under ``size``), with that planned size: what
+        each of them costs per hour is for that many nodes."""
+        out = {}
+        for c in self.changes:
+            spec = c.after or {}
+            if c.action is not Action.DELETE and c.cost_per_hour and isinstance(spec.get("size"), int) \
+                    and isinstance(spec.get("min_size"), int) and spec["min_size"] < spec["size"]:
+                out[c.address] = int(spec["size"])
+        return out
+
     @property
     def cost_per_hour(self) -> float:
         return sum(self.prices().values())

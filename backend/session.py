@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -20,7 +20,7 @@ from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, data_store_for, model_summary
 from backend.errors import OperationError, UserError
-from backend.layers.base import Context, GpuFleetReporter
+from backend.layers.base import Context, GpuFleetReporter, NodeHistory
 from backend.model import StepEvent
 from backend.planner import (
     PlanResult,
@@ -359,13 +359,16 @@ class RunSession:
                      for address, r in self.record.resources.items()}
         last_metric = None if latest is None else {**latest.to_dict(), "world_size": telemetry.series.world_size}
         gpu = await self.gpu_fleet() if alive else None
+        now = time.time()
+        node_hours = await self.node_hours(now) if self.record.status is not RunStatus.DOWN else None
         store = self.data_store()
         model = await asyncio.to_thread(store.latest_model) if store is not None else None
         usage = await asyncio.to_thread(store.usage) if store is not None else None
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
                             self.attached_elsewhere(), last_metric,
                             telemetry.series.summary, telemetry.transport.to_dict(), resources,
-                            cost_meter(self.record, gpu=gpu), model_summary(model, telemetry.series.summary),
+                            cost_meter(self.record, now, gpu=gpu, node_hours=node_hours),
+                            model_summary(model, telemetry.series.summary),
                             usage.to_dict() if usage is not None else None, gpu)
 
     def data_store(self) -> DataStore | None:
@@ -375,6 +378,26 @@ class RunSession:
         if not self.config.storage_path:
             return self.target.data_store(self.store.root, self.run_id, self.config)
         return data_store_for(self.config.storage_path, self.run_id, local_default=None, profile=self.config.profile)
+
+    async def node_hours(self, now: float | None = None) -> dict[str, float]:
+        """Node-hours so far of each priced resource that may have run below its planned size, from
+        the provider's own records (``NodeHistory``); a resource they cannot tell of is left out (the
+        cost meter then says its figure is an upper bound)."""
+
+        now = time.time() if now is None else now
+        scalable = self.record.plan.scalable() if self.record.plan is not None else {}
+        out: dict[str, float] = {}
+        for address in scalable:
+            entry = self.record.resources.get(address)
+            if entry is None or not entry.bills:
+                continue
+            for layer in self.stack.layers:
+                if isinstance(layer, NodeHistory):
+                    hours = await layer.node_hours(self.ctx, address, since=entry.created_at, now=now)
+                    if hours is not None:
+                        out[address] = hours
+                        break
+        return out
 
     async def gpu_fleet(self) -> dict[str, Any] | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:
@@ -391,23 +414,37 @@ class RunSession:
                 "scaled_down_at": job.ended_at + idle_s if idle_s and fleet["workers"] < fleet["full"] else None}
 
 
-def cost_meter(record: RunRecord, now: float | None = None,
-               gpu: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def cost_meter(record: RunRecord, now: float | None = None, gpu: dict[str, Any] | None = None,
+               node_hours: Mapping[str, float] | None = None) -> dict[str, Any] | None:
     """What the run costs now and has cost so far: each live priced resource from when it was made,
     at the plan's price, unless it is known to bill nothing (``ResourceRecord.bills``); after teardown,
     what the orphan sweep still found. None when nothing is priced.
 
     ``gpu`` (``RunSession.gpu_fleet``): the GPU nodes now; their priced resource then bills for the
     nodes that exist (a nodegroup scaled to zero while idle bills nothing), and ``per_hour_full``
-    says what the cluster costs at full size. What was accrued is still counted at full size."""
+    says what the cluster costs at full size.
+
+    What was accrued by a resource whose size may have gone below the planned one (``Plan.scalable``)
+    comes from the provider's own record of its nodes, ``node_hours`` (``RunSession.node_hours``: on
+    aws, the Auto Scaling group's activities), at the per-node price. Without that record it is
+    counted at full size for its whole life, an upper bound: the item says ``accrued_at_most`` and
+    the meter ``accrued_exact: False`` ("at most $X so far")."""
     now = time.time() if now is None else now
     prices = record.plan.prices() if record.plan is not None else {}
-    items = {}
+    scalable = record.plan.scalable() if record.plan is not None else {}
+    history = node_hours or {}
+    items: dict[str, dict[str, Any]] = {}
     for address, entry in record.resources.items():
         price = prices.get(address, 0.0)
         if price and entry.bills:
             hours = max(0.0, now - entry.created_at) / 3600
-            items[address] = {"per_hour": price, "since": entry.created_at, "accrued": round(price * hours, 4)}
+            item: dict[str, Any] = {"per_hour": price, "since": entry.created_at, "accrued": round(price * hours, 4)}
+            if address in scalable and address in history:
+                item.update(accrued=round(price / scalable[address] * history[address], 4),
+                            node_hours=round(history[address], 4))
+            elif address in scalable:
+                item["accrued_at_most"] = True
+            items[address] = item
     left = [item.to_dict() for item in record.facts.sweep or []]
     if not items and not left:
         return None
@@ -418,6 +455,7 @@ def cost_meter(record: RunRecord, now: float | None = None,
         items[priced] = {**items[priced], "per_hour_full": items[priced]["per_hour"],
                          "per_hour": round(items[priced]["per_hour"] * share, 4)}
     return {"per_hour": round(sum(i["per_hour"] for i in items.values()), 4), "per_hour_full": full,
-            "accrued": round(sum(i["accrued"] for i in items.values()), 4), "resources": items,
+            "accrued": round(sum(i["accrued"] for i in items.values()), 4),
+            "accrued_exact": not any(i.get("accrued_at_most") for i in items.values()), "resources": items,
             "left_behind": left, "left_behind_per_hour": round(sum(float(i.get("cost_per_hour") or 0)
                                                                    for i in left), 4)}

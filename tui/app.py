@@ -29,6 +29,7 @@ from screens.plan import PlanScreen
 from screens.target import TargetScreen
 from tui.help import HelpScreen, key_rows
 from tui.invocation import rtui_command
+from tui.render import accrued_text
 
 if TYPE_CHECKING:
     from backend.config import ResolvedConfig
@@ -403,7 +404,7 @@ def teardown_summary(session: RunSession, *, now: float | None = None) -> list[s
              for layer, names in by_layer.items()]
     cost = cost_meter(session.record, now=now)
     if cost and cost.get("per_hour"):
-        lines.append(f"These cost ${cost['per_hour']:.2f}/hour now (${cost['accrued']:.2f} so far).")
+        lines.append(f"These cost ${cost['per_hour']:.2f}/hour now ({accrued_text(cost)}).")
     lines = lines or ["Nothing is recorded as made; discovery looks again before deleting."]
     store = session.data_store()
     usage = store.usage() if store is not None else None

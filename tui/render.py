@@ -118,7 +118,7 @@ def format_status(data: dict[str, Any]) -> str:
     if cost and cost.get("resources"):
         full = cost.get("per_hour_full")
         at_full = f" (${full:.2f}/hour at full size)" if full is not None and full != cost["per_hour"] else ""
-        lines.append(f"cost     ${cost['per_hour']:.2f}/hour now{at_full}, ${cost['accrued']:.2f} so far "
+        lines.append(f"cost     ${cost['per_hour']:.2f}/hour now{at_full}, {accrued_text(cost)} "
                      f"({len(cost['resources'])} priced resources)")
     if cost and cost.get("left_behind"):
         lines.append(f"LEFT     {len(cost['left_behind'])} resources still exist after teardown "
@@ -152,3 +152,10 @@ def format_status(data: dict[str, Any]) -> str:
             extra = step.get("error") or step.get("message") or ""
             lines.append(f"  {step['status']:<9} {phase + name:<22} {took:>7}  {extra[:100]}")
     return "\n".join(lines) + "\n"
+
+
+def accrued_text(cost: dict[str, Any]) -> str:
+    """The cost meter's "so far": exact, or an upper bound when a scaled resource's history is unknown
+    (``backend.session.cost_meter``: counted at full size)."""
+    bound = "" if cost.get("accrued_exact", True) else "at most "
+    return f"{bound}${cost['accrued']:.2f} so far"

@@ -50,6 +50,16 @@ class GpuFleetReporter(Protocol):
 
 
 @runtime_checkable
+class NodeHistory(Protocol):
+    """A layer that can say how long the nodes of one of its priced, scalable resources really ran,
+    from the provider's own records (issue 26: the cost meter's "so far")."""
+
+    async def node_hours(self, ctx: Context, address: str, *, since: float, now: float) -> float | None:
+        """Node-hours of ``address`` between ``since`` and ``now``; None when its records cannot tell."""
+        ...
+
+
+@runtime_checkable
 class JobSecretCarrier(Protocol):
     """A cluster that hands the job the ``--job-env`` values outside ``runtime_env``: Ray's Jobs API
     returns a job's ``runtime_env`` to anyone who lists jobs, and its runtime-env agent logs it."""

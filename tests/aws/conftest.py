@@ -14,11 +14,12 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.aws import netguard
+from tests.aws import eks_nodes, netguard
 from tests.aws.checkip import CHECKIP
 from tests.aws.moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
 from tests.aws.moto_provision import install_provisioning
 from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.fake_control import FakeControlPlane
 from tests.kubernetes.fake_registry import FakeRegistry
 
 G, P, STANDARD = "L-DB2E81BA", "L-417A185B", "L-1216C47A"
@@ -168,6 +169,14 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+@dataclass
+class EksKube:
+    """The Kubernetes API every new EKS cluster answers at, and the test as its controllers."""
+
+    cluster: KubeCluster
+    control: FakeControlPlane
+
+
 @pytest.fixture
 def eks_authz(world: World, kube_file: Path) -> KubeCluster:
     """The emulated Kubernetes API authorizes each request as EKS does (``tests.aws.eks_authz``)."""
@@ -180,18 +189,29 @@ def eks_authz(world: World, kube_file: Path) -> KubeCluster:
 
 
 @pytest.fixture
-def kube_file(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The kubeconfig rtui writes, and the Kubernetes API every new EKS cluster answers at (emulated,
-    taking only EKS tokens)."""
-    path = tmp_path / "kube" / "config"
-    monkeypatch.setenv("KUBECONFIG", str(path))
+def eks_kube(world: World, image_registry: FakeRegistry) -> Iterator[EksKube]:
+    """The Kubernetes API every new EKS cluster answers at (emulated, taking only EKS tokens), with
+    its controllers and scheduler (``FakeControlPlane``) and the nodegroups' nodes joining it as they
+    turn ACTIVE (``eks_nodes``)."""
     cluster = KubeCluster()
     cluster.start()
     cluster.require_token(lambda token: token.startswith("k8s-aws-v1."))
     world.script.cluster_endpoint = cluster.url
     world.kube = cluster
     world.script.cluster_ca = base64.b64encode(cluster.ca_pem).decode()
+    world.script.on_nodegroup_active = lambda eks, group, info: eks_nodes.register(cluster, eks, group, info)
+    world.script.on_nodegroup_deleted = lambda eks, group, info: eks_nodes.deregister(cluster, eks, group, info)
     try:
-        yield path
+        with FakeControlPlane(cluster, registry=image_registry, tick_s=0.05) as control:
+            yield EksKube(cluster, control)
     finally:
+        world.script.on_nodegroup_active = world.script.on_nodegroup_deleted = None
         cluster.stop()
+
+
+@pytest.fixture
+def kube_file(eks_kube: EksKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The kubeconfig rtui writes (its cluster: ``eks_kube``)."""
+    path = tmp_path / "kube" / "config"
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    return path

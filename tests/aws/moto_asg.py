@@ -19,11 +19,13 @@ group is the nodegroup's (``moto_strict`` already describes it), with:
   AutoScalingGroup." / "above max value"; Auto Scaling API reference, SetDesiredCapacity); inside,
   it changes the group's desired capacity, which EKS then reports as the nodegroup's
   ``scalingConfig.desiredSize`` (EKS User Guide, "Managed node groups": the nodegroup's scaling
-  config and its ASG are the same numbers; cluster-autoscaler changes the ASG directly).
+  config and its ASG are the same numbers; cluster-autoscaler changes the ASG directly). The
+  instances it adds or takes away are recorded as scaling activities (``moto_activities``).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -131,10 +133,32 @@ def _set_desired_capacity(original: Callable[..., None]) -> Callable[..., None]:
         if size > high:
             raise ValidationError(f"New SetDesiredCapacity value {size} is above max value {high} for the "
                                   "AutoScalingGroup.")
+        _resize(self, ng, size)
         ng.scaling_config = {**ng.scaling_config, "desiredSize": size}
         return None
 
     return set_desired_capacity
+
+
+def _resize(backend: AutoScalingBackend, ng: Nodegroup, size: int) -> None:
+    """The group launches or terminates instances to reach ``size``, and records each
+    (``moto_activities``); the newest go first (what its default termination policy comes to for
+    instances of one launch template in one AZ)."""
+    from tests.aws import moto_activities
+
+    info: dict[str, Any] | None = getattr(ng, "rtui_info", None)
+    if info is None:
+        return
+    have = list(info.get("instance_ids") or [])
+    asg, account, region = asg_name(ng), backend.account_id, backend.region_name
+    if size < len(have):
+        moto_activities.terminated(account, region, asg, list(reversed(have[size:])), before=len(have))
+        have = have[:size]
+    elif size > len(have):
+        new = [f"i-{uuid.uuid4().hex[:17]}" for _ in range(size - len(have))]
+        moto_activities.launched(account, region, asg, new, started=moto_activities.started_at(0), before=len(have))
+        have += new
+    info["instance_ids"] = have
 
 
 def install(patch: Patch) -> None:

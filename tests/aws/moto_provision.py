@@ -42,7 +42,7 @@ from moto.iam.aws_managed_policies import aws_managed_policies_data
 from moto.iam.exceptions import MalformedPolicyDocument
 from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
-from tests.aws import moto_asg, moto_provision_ec2, moto_reservations, moto_security, moto_strict
+from tests.aws import moto_activities, moto_asg, moto_provision_ec2, moto_reservations, moto_security, moto_strict
 from tests.aws import moto_provision_api as api
 from tests.aws.moto_ext import SCRIPT
 
@@ -118,6 +118,8 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
             ng.status = "ACTIVE"
             info["instance_ids"] = _leave_enis(backend, cluster, ng, info)
             vars(ng)["rtui_info"] = info
+            moto_activities.launched(backend.account_id, backend.region_name, info["asg"], info["instance_ids"],
+                                     started=moto_activities.started_at(age), before=0)
             if SCRIPT.on_nodegroup_active is not None:
                 hook = SCRIPT.on_nodegroup_active
                 hooks.append(lambda: hook(cluster.name, ng.nodegroup_name, info))
@@ -127,6 +129,9 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
         _detach_enis(backend, ng)
         moto_reservations.give_back(backend.region_name, ng)
         last: dict[str, Any] | None = getattr(ng, "rtui_info", None)
+        if last is not None and last.get("instance_ids"):
+            moto_activities.terminated(backend.account_id, backend.region_name, last["asg"], last["instance_ids"],
+                                       before=len(last["instance_ids"]), cause="a user request to delete the group")
         if last is not None and SCRIPT.on_nodegroup_deleted is not None:
             gone = SCRIPT.on_nodegroup_deleted
             hooks.append(lambda: gone(cluster.name, ng.nodegroup_name, last))
@@ -483,13 +488,6 @@ def _delete_nodegroup(original: Callable[..., Nodegroup]) -> Callable[..., Nodeg
     return delete_nodegroup
 
 
-def _describe_scaling_activities(self: AutoScalingResponse) -> ActionResult:
-    name = self._get_param("AutoScalingGroupName")
-    activities = self.autoscaling_backend.__dict__.get("rtui_activities", {})
-    found = activities.get(name, []) if name else [a for acts in activities.values() for a in acts]
-    return ActionResult({"Activities": found})
-
-
 ROUTES = {  # added to moto's EKS URL map before the server builds its app
     "{0}/clusters/(?P<name>[^/]+)/addons$": "addons",
     "{0}/clusters/(?P<name>[^/]+)/addons/(?P<addonName>[^/]+)$": "addon",
@@ -531,7 +529,7 @@ def install_provisioning() -> Callable[[], None]:
     patch(EKSBackend, "describe_cluster", _describe_cluster(EKSBackend.describe_cluster))
     patch(EKSBackend, "delete_cluster", _delete_cluster(EKSBackend.delete_cluster))
     patch(EKSBackend, "delete_nodegroup", _delete_nodegroup(EKSBackend.delete_nodegroup))
-    patch(AutoScalingResponse, "describe_scaling_activities", _describe_scaling_activities)
+    patch(AutoScalingResponse, "describe_scaling_activities", moto_activities.describe_scaling_activities)
     # moto reads the region from ".<region>.amazonaws.com" anywhere in the URL; an IAM Identity Center
     # principal in an access-entry path (".../role/aws-reserved/sso.amazonaws.com/...") fooled it. AWS
     # takes the region from the endpoint's host: so does this.

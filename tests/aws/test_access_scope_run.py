@@ -11,7 +11,7 @@ import pytest
 
 from backend.errors import UserError
 from backend.layers.aws.access_scope import ACCESS_SCOPE, AccessScopeHandler
-from backend.layers.kubernetes.layer import cluster_api
+from backend.layers.kubernetes.clients import cluster_api
 from backend.ledger import ResourceStatus
 from backend.model import Action
 from tests.aws.conftest import World

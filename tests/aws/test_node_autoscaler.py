@@ -15,7 +15,7 @@ from kubernetes.client import ApiClient
 from backend.config import RunConfig
 from backend.layers.aws import node_autoscaler as na
 from backend.model import Action
-from tests.aws.conftest import World
+from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import REGION, down, eks, iam, session_for, tagged, up
 
 RUN = "r20261204-120000-abcd"
@@ -229,3 +229,65 @@ async def test_up_installs_cluster_autoscaler_for_this_clusters_groups_and_down_
     fixed = await session_for(idle_minutes="0").plan()
     assert {c.address for c in fixed.changes} & {"aws.cluster-autoscaler", "aws.asg-tags.gpu",
                                                  "aws.pod-identity.cluster-autoscaler"} == set()
+
+
+# --- waiting for it to run (the emulator's Deployment controller: tests/kubernetes/fake_deployments.py) ---
+
+def _failed_step(outcome: Any, address: str) -> str:
+    (line,) = [f for f in outcome.failures() if f.startswith(f"{address}:")]
+    return str(line)
+
+
+@pytest.mark.usefixtures("fast_backoff")
+async def test_up_is_done_only_once_cluster_autoscaler_runs_on_the_system_node(
+        world: World, eks_kube: EksKube, kube_file: Path) -> None:
+    session = session_for()
+    assert (await up(session)).ok
+    deployment = eks_kube.cluster.read("Deployment", "cluster-autoscaler", "kube-system")
+    conditions = {c["type"]: c["status"] for c in deployment["status"]["conditions"]}
+    assert conditions["Available"] == "True"
+    (pod,) = [p for p in eks_kube.cluster.objects("Pod", "kube-system")
+              if p["metadata"]["labels"].get("app.kubernetes.io/name") == "cluster-autoscaler"]
+    node = eks_kube.cluster.read("Node", pod["spec"]["nodeName"])
+    assert node["metadata"]["labels"]["eks.amazonaws.com/nodegroup"] == "rtui-ray-system"
+    assert (await down(session)).ok
+
+
+@pytest.mark.usefixtures("fast_backoff")
+async def test_up_fails_in_one_line_naming_why_cluster_autoscalers_pod_cannot_be_scheduled(
+        world: World, eks_kube: EksKube, kube_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.layers.aws import autoscaler
+
+    monkeypatch.setattr(autoscaler, "AVAILABLE_TIMEOUT_S", 1.5, raising=False)
+    # The system nodes carry a taint the pod does not tolerate (an account's node policy, say):
+    # Kubernetes never places it, and nothing removes idle GPU nodes.
+    join = world.script.on_nodegroup_active
+    assert join is not None
+    taint = {"key": "dedicated", "value": "infra", "effect": "NO_SCHEDULE"}
+    world.script.on_nodegroup_active = lambda eks, group, info: join(
+        eks, group, {**info, "taints": [*info["taints"], taint]} if group.endswith("-system") else info)
+    session = session_for()
+    outcome = await up(session)
+    assert not outcome.ok
+    line = _failed_step(outcome, "aws.cluster-autoscaler")
+    assert "\n" not in line
+    assert "cluster-autoscaler did not become available" in line
+    # The scheduler's own words: the system node's taint, the GPU nodes the pod's affinity keeps it off.
+    assert "not scheduled: 0/3 nodes are available: 1 node(s) had untolerated taint {dedicated: infra}, " \
+           "2 node(s) didn't match Pod's node affinity/selector" in line, line
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
+
+
+@pytest.mark.usefixtures("fast_backoff")
+async def test_up_fails_at_once_when_cluster_autoscalers_image_cannot_be_pulled(
+        world: World, eks_kube: EksKube, kube_file: Path) -> None:
+    image = na.cluster_autoscaler_image("1.34")
+    assert image is not None
+    eks_kube.control.bad_images.add(image)
+    session = session_for()
+    outcome = await up(session)
+    assert not outcome.ok
+    line = _failed_step(outcome, "aws.cluster-autoscaler")
+    assert f"cannot pull image {image}" in line and "not found" in line, line
+    assert (await down(session)).ok

@@ -1,7 +1,8 @@
 """The test as Kubernetes' controllers and kubelets: it reads objects over the emulator and writes status.
 
 It plays KubeRay (a RayCluster gets a head pod, worker pods and a head service), the DaemonSet and
-Deployment controllers, the device plugins (GPU nodes advertise ``nvidia.com/gpu`` and
+Deployment controllers (``fake_deployments``: Available only once its pods are scheduled and
+pulled), the device plugins (GPU nodes advertise ``nvidia.com/gpu`` and
 ``vpc.amazonaws.com/efa`` once a plugin's DaemonSet is ready), the scheduler (a worker that fits
 no node stays Pending with Kubernetes' own FailedScheduling message) and the kubelet (an image is
 pulled once per node, then cached; a bad image backs off). Durations are parameters, so a
@@ -26,8 +27,10 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity as _parse_quantity
 
+from tests.kubernetes import fake_deployments
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_ray import FakeRayHead
+from tests.kubernetes.fake_registry import FakeRegistry
 
 Obj = dict[str, Any]
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
@@ -40,7 +43,7 @@ def parse_quantity(value: str | int | float) -> Decimal:
 
 @dataclass
 class Timings:
-    addon_s: float = 0.0  # a device plugin's DaemonSet or the operator's Deployment becoming ready
+    addon_s: float = 0.0  # a device plugin's DaemonSet or a Deployment's pulled pod becoming ready
     pull_s: float = 0.0  # the Ray image's first pull on a node
     start_s: float = 0.0  # a pod from image-present to Running (and Ready)
     stop_s: float = 0.0  # pods going after their RayCluster is deleted
@@ -52,6 +55,7 @@ class FakeControlPlane:
     timings: Timings = field(default_factory=Timings)
     jobs_url: str = ""  # where the head service's dashboard port leads once the head is ready
     bad_images: set[str] = field(default_factory=set)
+    registry: FakeRegistry | None = None  # set: an image under its host pulls only if it holds the tag
     # Extended resources that pods the test does not show hold on a node: {node: {resource: count}}.
     held: dict[str, dict[str, int]] = field(default_factory=dict)
     tick_s: float = 0.01
@@ -99,15 +103,7 @@ class FakeControlPlane:
             self._daemonset(ds, nodes)
         self._withdraw(daemonsets, nodes)
         for dep in self.cluster.objects("Deployment"):
-            meta = dep["metadata"]
-            if not (dep.get("status") or {}).get("availableReplicas") and \
-                    self._age(f"dep/{meta['namespace']}/{meta['name']}") >= self.timings.addon_s:
-                n = dep["spec"].get("replicas", 1)
-                self.cluster.set_status("Deployment", meta["name"], meta["namespace"], {
-                    "observedGeneration": meta.get("generation", 1), "replicas": n, "readyReplicas": n,
-                    "availableReplicas": n, "updatedReplicas": n,
-                    "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
-                                   {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]})
+            fake_deployments.reconcile(self, dep, nodes)
         clusters = self.cluster.objects("RayCluster")
         for rc in clusters:
             self._raycluster(rc, nodes)
@@ -117,6 +113,7 @@ class FakeControlPlane:
         for pod in self.cluster.objects("Pod"):
             self._pod(pod, nodes, live)
         self._collect_garbage()
+        fake_deployments.collect_garbage(self)
 
     def _daemonset(self, ds: Obj, nodes: list[Obj]) -> None:
         meta = ds["metadata"]

@@ -67,7 +67,8 @@ def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1) -> No
 @pytest.fixture
 def world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
     head = FakeRayHead(steps=5).start()
-    with FakeRegistry() as registry, FakeHub() as hub, FakeControlPlane(kube_cluster, jobs_url=head.url) as control:
+    with FakeRegistry() as registry, FakeHub() as hub, FakeControlPlane(kube_cluster, jobs_url=head.url,
+                                                                       registry=registry) as control:
         env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / "state"), "RTUI_TARGET": "kube",
                "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
                "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,

@@ -34,6 +34,10 @@ from backend.layers.aws.autoscaler import CLUSTER_AUTOSCALER
 from backend.layers.aws.base import ACCESS_ENTRY, EKS_CLUSTER, AwsHandler, aws_api
 from backend.layers.aws.cluster import NAMESPACE_POLICY_NAME, admin_policy, caller_principal, describe_cluster
 from backend.layers.base import Context, Handler, Layer
+from backend.layers.kubernetes import manifests
+from backend.layers.kubernetes.clients import ClusterNotReady, cluster_api
+from backend.layers.kubernetes.handlers import EFA_PLUGIN, NAMESPACE, NVIDIA_PLUGIN, OPERATOR, apply_all, delete_ours
+from backend.layers.kubernetes.security import APISERVER_ENDPOINTS
 from backend.model import Observed, Resource
 from backend.runner import Progress
 
@@ -62,15 +66,12 @@ def caller_group(cluster: str) -> str:
 
 def _installed_first() -> tuple[str, ...]:
     """What needs cluster admin to install: the narrowing waits for each of them that the plan makes."""
-    from backend.layers.kubernetes.handlers import EFA_PLUGIN, NAMESPACE, NVIDIA_PLUGIN, OPERATOR
 
     return ACCESS_ENTRY, CLUSTER_AUTOSCALER, NAMESPACE, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR
 
 
 def rbac_objects(cluster: str, namespace: str, run_id: str) -> list[dict[str, Any]]:
     """The grants the namespaced policy lacks, bound to the access entry's group."""
-    from backend.layers.kubernetes import manifests
-    from backend.layers.kubernetes.security import APISERVER_ENDPOINTS
 
     labels = manifests.labels(run_id)
     group = caller_group(cluster)
@@ -147,8 +148,6 @@ class AccessScopeHandler(AwsHandler):
                          else "half narrowed: " + "; ".join(missing))]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        from backend.layers.kubernetes.handlers import apply_all
-        from backend.layers.kubernetes.layer import cluster_api
 
         api = self.api(ctx)
         name, namespace, region = ctx.config.cluster_name, ctx.config.namespace, ctx.config.region
@@ -168,8 +167,6 @@ class AccessScopeHandler(AwsHandler):
         yield Progress(f"{principal} is admin of the namespace {namespace} only", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        from backend.layers.kubernetes.handlers import delete_ours
-        from backend.layers.kubernetes.layer import ClusterNotReady, cluster_api
 
         api = self.api(ctx)
         name, principal = have.id.split("|", 1)

@@ -3,25 +3,38 @@
 Its objects (``node_autoscaler.cluster_autoscaler_manifests``: the chart's, pinned by version) are
 applied through the Kubernetes layer's apply machinery once its service account's Pod Identity
 association exists (EKS injects the credentials when a pod starts, so the association comes first)
-and the system nodes run. Teardown deletes only what carries this run's labels.
+and the system nodes run. It is ready when its Deployment is Available (its pod scheduled on a
+system node, its image pulled, running): until then nothing takes idle GPU nodes away, so the step
+waits for it and, when the pod cannot run, fails with the reason Kubernetes gives (the pod's
+PodScheduled=False message, an image it cannot pull). Teardown deletes only what carries this
+run's labels.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.layers.aws import node_autoscaler as na
 from backend.layers.aws.api import AwsApi
 from backend.layers.aws.base import LAYER, AwsHandler
 from backend.layers.base import Context
-from backend.layers.kubernetes import manifests
+from backend.layers.kubernetes import manifests, pods
+from backend.layers.kubernetes.addons import deployment_available
 from backend.layers.kubernetes.clients import ClusterNotReady, cluster_api
 from backend.layers.kubernetes.handlers import apply_all, delete_ours, ours
+from backend.layers.kubernetes.raycluster import pod_report
+from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Observed, Resource
 from backend.runner import Progress
 
+if TYPE_CHECKING:
+    from backend.layers.kubernetes.access import KubeApi
+
 CLUSTER_AUTOSCALER = "aws.cluster-autoscaler"
+# Its image (~30 MB) pulls and starts in well under a minute on a running system node; a pod that
+# no node takes is not going to be placed by waiting (the system nodegroup does not grow).
+AVAILABLE_TIMEOUT_S = 180.0
 
 
 def _objects(ctx: Context) -> list[dict[str, Any]]:
@@ -43,10 +56,14 @@ class ClusterAutoscalerHandler(AwsHandler):
         live = await kube.get("apps/v1", "Deployment", na.NAME, na.NAMESPACE)
         if live is None or not ours(live, ctx.record.run_id):
             return []
+
         container = live["spec"]["template"]["spec"]["containers"][0]
+        state: dict[str, Any] = {"image": container.get("image"), "command": list(container.get("command") or [])}
+        available, why = deployment_available(live)
+        if not available:
+            state["pending"] = why  # installed but not running: `up` waits for it again
         return [Observed(address=CLUSTER_AUTOSCALER, layer=LAYER, kind=self.kind, id=f"{na.NAMESPACE}/{na.NAME}",
-                         state={"image": container.get("image"), "command": list(container.get("command") or [])},
-                         reason="installed")]
+                         state=state, reason="installed" if available else why)]
 
     @staticmethod
     def spec(ctx: Context, image: str) -> dict[str, Any]:
@@ -58,6 +75,8 @@ class ClusterAutoscalerHandler(AwsHandler):
         async for p in apply_all(kube, _objects(ctx)):
             yield p
         self.made(ctx, want, f"{na.NAMESPACE}/{na.NAME}")
+        async for p in wait_available(kube):
+            yield p
         yield Progress(f"{want.spec['image']}: scales this run's GPU group between 0 and "
                        f"{ctx.config.gpu_node_count} nodes", 1.0)
 
@@ -72,3 +91,38 @@ class ClusterAutoscalerHandler(AwsHandler):
             return
         async for p in delete_ours(kube, ctx, _objects(ctx)):
             yield p
+
+
+async def wait_available(kube: KubeApi) -> AsyncIterator[Progress]:
+    """Until cluster-autoscaler's Deployment is Available; a pod that cannot run ends the wait with
+    Kubernetes' own reason (``pods.pod_problem``: not schedulable, image not pullable)."""
+
+    async def available() -> Check:
+        live = await kube.get("apps/v1", "Deployment", na.NAME, na.NAMESPACE)
+        if live is None:
+            return Check(False, "waiting for the Deployment to appear")
+        done, why = deployment_available(live)
+        if done:
+            return Check(True, why, 1.0)
+        selector = ",".join(f"{k}={v}" for k, v in live["spec"]["selector"]["matchLabels"].items())
+        mine = [p for p in await kube.list("v1", "Pod", na.NAMESPACE, selector)
+                if _selected(p, live["spec"]["selector"]["matchLabels"])]
+        problem = await pod_report(kube, na.NAMESPACE, mine)
+        if problem is not None:
+            why = problem.message
+        elif not mine:
+            why = f"{why}; no pod yet"
+        elif all(pods.pod_running(p) for p in mine):
+            why = f"{why}; its pod is running, not ready yet"
+        return Check(False, why, 0.5, fatal=problem.message if problem is not None and problem.fatal else None)
+
+    remedy = f"see `kubectl -n {na.NAMESPACE} describe pod -l app.kubernetes.io/name={na.NAME}`"
+    async for p in wait_for(available, what="cluster-autoscaler did not become available",
+                            timeout_s=AVAILABLE_TIMEOUT_S, remedy=remedy):
+        yield p
+
+
+def _selected(pod: dict[str, Any], match: dict[str, str]) -> bool:
+    """Whether ``pod`` carries the selector's labels (checked here too: a list may ignore the selector)."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in match.items())

@@ -81,6 +81,7 @@ from backend.layers.aws.iam import (
     trust_statement,
 )
 from backend.layers.aws.node_autoscaler import cluster_autoscaler_image, gpu_asg_tags, gpu_scaling_config
+from backend.layers.aws.node_hours import gpu_node_hours
 from backend.layers.aws.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from backend.layers.aws.sweep import sweep
@@ -142,6 +143,12 @@ class AwsLayer(Layer):
     @property
     def handlers(self) -> Mapping[str, Handler]:
         return self._handlers
+
+    async def node_hours(self, ctx: Context, address: str, *, since: float, now: float) -> float | None:
+        """The GPU nodes' hours from their Auto Scaling group's activities (``node_hours``)."""
+        if address != GPU_NODES:
+            return None
+        return await gpu_node_hours(ctx, since=since, now=now)
 
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
