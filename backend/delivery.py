@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -116,6 +116,16 @@ class LocalDirStore:
 S3_STANDARD_PER_GIB_MONTH = 0.023
 
 
+# Where a layer put the run's data when the user named no --storage-path (the aws layer's own bucket,
+# ``s3://<bucket>/runs``): kept in the run record's facts, read by the job and `rtui model/status/down`.
+STORAGE_FACT = "storage_path"
+
+
+def effective_storage_path(storage_path: str | None, facts: Mapping[str, Any]) -> str | None:
+    """``--storage-path``, else the storage a layer of the run made for it, else None."""
+    return storage_path or facts.get(STORAGE_FACT) or None
+
+
 def run_storage_uri(storage_path: str, run_id: str) -> str:
     """Where one run's checkpoints and models go under the user's ``--storage-path``: its own prefix."""
     return f"{storage_path.rstrip('/')}/{run_id}"
@@ -161,10 +171,17 @@ class S3Store:
         base = f"{self.prefix}/" if self.prefix else ""
 
         def listing() -> dict[str, tuple[int, float]]:  # pages: one call a thousand keys
+            from botocore.exceptions import ClientError
+
             found = {}
-            for page in self._client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
-                for obj in page.get("Contents", []):
-                    found[obj["Key"][len(base):]] = (int(obj["Size"]), obj["LastModified"].timestamp())
+            try:
+                for page in self._client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+                    for obj in page.get("Contents", []):
+                        found[obj["Key"][len(base):]] = (int(obj["Size"]), obj["LastModified"].timestamp())
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
+                    raise
+                return {}  # the run's own bucket went with `down --delete-data`: it holds nothing
             return found
 
         return dict(self._call("listing", listing))

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
-from backend.delivery import DataStore, data_store_for, local_data_dir, model_summary
+from backend.delivery import DataStore, data_store_for, effective_storage_path, local_data_dir, model_summary
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
@@ -269,18 +269,21 @@ class RunSession:
 
         async def look() -> AsyncIterator[Progress]:
             yield Progress("asking AWS for anything still tagged with this run")
-            left = [item for layer in layers for item in await layer.sweep(self.ctx)]
-            self.record.facts["sweep"] = [item.to_dict() for item in left]
+            found = [item for layer in layers for item in await layer.sweep(self.ctx)]
+            self.record.facts["sweep"] = [item.to_dict() for item in found]
             self.store.save(self.record)
+            kept = [item for item in found if item.kept]  # the run's data: kept on purpose, not a leftover
+            left = [item for item in found if not item.kept]
+            kept_note = "; kept on purpose: " + "; ".join(item.describe() for item in kept) if kept else ""
             if left:
                 cost = sum(item.cost_per_hour for item in left)
                 sources = "; ".join(dict.fromkeys(i.price_source for i in left if i.cost_per_hour and i.price_source))
                 raise OperationError(f"{len(left)} resources of this run are still there (${cost:.3f}/h"
                                      + (f", {sources}" if sources else "") + "): "
                                      + "; ".join(item.describe() for item in left[:8])
-                                     + (f"; +{len(left) - 8} more" if len(left) > 8 else ""),
-                                     remedy="run `rtui down` again; what it cannot delete is named above")
-            yield Progress("nothing left: no resource of this run is tagged in AWS", 1.0)
+                                     + (f"; +{len(left) - 8} more" if len(left) > 8 else "")
+                                     + kept_note, remedy="run `rtui down` again; what it cannot delete is named above")
+            yield Progress("nothing left: no resource of this run is tagged in AWS" + kept_note, 1.0)
 
         status = self.record.status
         async for event in self._run([Step("sweep", "Orphan sweep", look, expected_s=5.0)], prefix="teardown:",
@@ -366,7 +369,8 @@ class RunSession:
         one is given, else (local) a 0700 dir under the state dir, kept after `down`; None where
         the target keeps nothing rtui can reach."""
         local = local_data_dir(self.store.root, self.run_id) if self.record.target == "local" else None
-        return data_store_for(self.config.storage_path, self.run_id, local_default=local, profile=self.config.profile)
+        return data_store_for(effective_storage_path(self.config.storage_path, self.record.facts), self.run_id,
+                              local_default=local, profile=self.config.profile)
 
     async def gpu_fleet(self) -> dict[str, Any] | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:

@@ -83,6 +83,8 @@ class Context:
     record: RunRecord
     store: RunStore
     cluster: ClusterAccess | None = None
+    # `down --delete-data`: the run's data goes too (a store the run made for it, e.g. its bucket, with it).
+    delete_data: bool = False
 
     @property
     def ledger(self) -> Ledger:

@@ -19,6 +19,7 @@ from backend.aws.catalog import quota_code_for
 from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, builtin_region_prices, price_plan
 from backend.aws.public_ip import public_cidr
 from backend.config import RunConfig
+from backend.delivery import S3_STANDARD_PER_GIB_MONTH, STORAGE_FACT
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
@@ -81,6 +82,7 @@ from backend.layers.aws.iam import (
 from backend.layers.aws.node_autoscaler import cluster_autoscaler_image, gpu_asg_tags, gpu_scaling_config
 from backend.layers.aws.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
+from backend.layers.aws.storage import BUCKET, BUCKET_FACT, BucketHandler, name_for, storage_uri
 from backend.layers.aws.sweep import sweep
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
@@ -94,7 +96,7 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
 AMI_GPU = "AL2023_x86_64_NVIDIA"
 AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
-ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
+ORDER = (BUCKET, VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
          EKS_CLUSTER, ACCESS_ENTRY, KUBECONFIG, "aws.addon", "aws.pod-identity", PLACEMENT_GROUP,
          "aws.launch-template", SYSTEM_NODES, GPU_NODES, GPU_ASG_TAGS, CLUSTER_AUTOSCALER)
 
@@ -121,7 +123,7 @@ class AwsLayer(Layer):
         network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
         routes.RouteTableHandler(), routes.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
         AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
-        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler(), ClusterAutoscalerHandler())}
+        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler(), ClusterAutoscalerHandler(), BucketHandler())}
 
     def __init__(self) -> None:
         self.topology: Topology | None = None
@@ -141,8 +143,18 @@ class AwsLayer(Layer):
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
         # The prices are asked while the preflight runs: the plan waits for neither twice.
-        self.topology, _, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx),
-                                                   self._api_cidrs(ctx))
+        self.topology, _, _, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx),
+                                                      self._api_cidrs(ctx), self._data_bucket(ctx))
+
+    async def _data_bucket(self, ctx: Context) -> None:
+        """Without --storage-path the run's data goes to its own bucket: its name (from the account) and
+        the storage path the job and `rtui model/status/down` use, kept in the run record."""
+        if ctx.config.storage_path:
+            return
+        name = await name_for(aws_api(ctx.config), ctx)
+        if ctx.record.facts.get(BUCKET_FACT) != name or ctx.record.facts.get(STORAGE_FACT) != storage_uri(name):
+            ctx.record.facts.update({BUCKET_FACT: name, STORAGE_FACT: storage_uri(name)})
+            ctx.save()
 
     async def _api_cidrs(self, ctx: Context) -> list[str]:
         """Who may reach the EKS API endpoint: ``--api-cidrs``, else the caller's public address, learned
@@ -405,6 +417,9 @@ class AwsLayer(Layer):
                                                 "azs": sorted(topo.subnet_azs)}, NAT, *private)
         routes = () if adopted else (PRIVATE_RT,)
         res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
+        if not config.storage_path and ctx.record.facts.get(BUCKET_FACT):
+            res(BUCKET, BucketHandler.kind, BucketHandler.spec(str(ctx.record.facts[BUCKET_FACT])),
+                note=f"${S3_STANDARD_PER_GIB_MONTH}/GB-month of what it holds")
         def role(address: str, policies: Sequence[str]) -> None:
             # The trust's actions and condition keys (the account is filled in when the role is made).
             shape = trust_shape(trust_statement(address, config.region, "", config.cluster_name))
@@ -612,6 +627,8 @@ def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResul
 
 def _needs(later: str, earlier: str) -> bool:
     """Whether ``later`` must go before ``earlier`` is deleted (they share the VPC; IAM stands apart)."""
+    if BUCKET in (earlier, later):  # the bucket shares nothing with the rest: it goes when the job is gone
+        return False
     if earlier.startswith("aws.iam-role."):
         return later in (EKS_CLUSTER, SYSTEM_NODES, GPU_NODES) or later.startswith(POD_IDENTITY_PREFIX)
     if later.startswith("aws.iam-role."):
