@@ -32,13 +32,19 @@ sandbox-aws: $(STAMP_DEV)
 sandbox-kube: $(STAMP_DEV)
 	$(BIN)/python -m sandbox kube
 
+# Two pytest workers: the tests that start a real Ray cluster or a tmux terminal form one group that
+# runs on one worker, one at a time as before (two Ray clusters on two cores would starve each other's
+# deadlines); everything else (moto, the Kubernetes emulator, Pilot) is spread over both.
+# `make test TEST_WORKERS=0` runs it all in one process, in order.
+TEST_WORKERS ?= 2
+
 test: $(STAMP_DEV)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 lint: $(STAMP_DEV)
 	$(BIN)/ruff check .
-	$(BIN)/mypy backend tui screens training
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import targets
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.jobspec import JobSpec, build_job_spec, passed_env_values
@@ -61,14 +62,13 @@ VARIANTS = {
 }
 NO_EFA_LOCALLY = ("the local target has no EFA: only gloo over loopback TCP was measured "
                   "(use --target aws for an EFA-vs-TCP ratio)")
-AB_STEPS = {"local": 12, "cluster": 20}
 JOB_LAYER = "ray-job"
 JOB_TIMEOUT_S = 900.0
 HEARTBEAT_S = 5.0
 
 
 def select_variants(config: RunConfig, names: Sequence[str] | None = None) -> list[Variant]:
-    allowed = ("gloo",) if config.target == "local" else ("efa", "tcp")
+    allowed = targets.get(config.target).bench_variants
     chosen = list(dict.fromkeys(names)) if names else list(allowed)
     for name in chosen:
         if name not in allowed:
@@ -329,7 +329,7 @@ def fabric_spec(config: RunConfig, *, iters: int | None = None, warmup: int | No
     """The sweep, shipped and configured exactly like the training job (same py_modules and env)."""
     base = build_job_spec(config)
     args = ["python", "-m", "training.fabric", "--num-workers", str(base.workers),
-            "--device", "cpu" if config.target == "local" else "cuda"]
+            "--device", "cuda" if targets.get(config.target).on_gpus else "cpu"]
     for flag, value in (("--iters", iters), ("--warmup", warmup), ("--max-bytes", max_bytes)):
         if value is not None:
             args += [flag, str(value)]
@@ -364,8 +364,8 @@ async def run_ab(session: RunSession, *, variants: Sequence[str] | None = None, 
                  on_event: EventSink = lambda _e: None, timeout_s: float = JOB_TIMEOUT_S) -> dict[str, Any]:
     """Two short training jobs, EFA then TCP; the speedup is their tokens/s ratio."""
     chosen = select_variants(session.config, variants)
-    local = session.config.target == "local"
-    steps = steps or AB_STEPS["local" if local else "cluster"]
+    local = not session.target.on_gpus
+    steps = steps or session.target.bench_ab_steps
     # The transport guard stays off: the verdict over each log says what each side ran on.
     config = session.config.model_copy(update={"steps": steps, "require_transport": "any"})
     jobs = await bring_up(session, on_event)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+import targets
 from backend.errors import UserError
 from backend.paths import config_dir
 from backend.trust import GUARDED_FIELDS, JOB_SECRETS, TRUST_COMMAND, credential_names, digest, is_trusted
@@ -26,7 +27,6 @@ from backend.trust import GUARDED_FIELDS, JOB_SECRETS, TRUST_COMMAND, credential
 ENV_PREFIX = "RTUI_"
 CONFIG_FILENAME = "rtui.toml"
 
-Target = Literal["local", "aws", "kube"]
 Precision = Literal["auto", "bf16", "fp32"]
 Transport = Literal["auto", "any", "efa", "efa_gdr", "socket", "ib"]
 DEFAULT_MODEL_ID = "Qwen/Qwen2.5-1.5B"
@@ -64,7 +64,8 @@ class RunConfig(BaseModel):
     # non-finite number would otherwise be reported as out of range, or not at all.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
-    target: Target = Field(default="local",
+    # A registered target's name (targets.BUILTIN, or an installed package's): checked by _known_target.
+    target: str = Field(default=targets.DEFAULT,
         description="Where to run: this machine, a new EKS cluster, or a kubeconfig one")
     cluster_name: str = Field(default="rtui-ray",
         description="Name of the cluster (and of the RayCluster); identifies the run")
@@ -202,6 +203,13 @@ class RunConfig(BaseModel):
             raise ValueError(accepted)
         return v
 
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        if not targets.known(v):
+            raise ValueError(f"expected one of {', '.join(targets.names())}")
+        return v
+
     @field_validator("job_env")
     @classmethod
     def _no_credentials(cls, v: str) -> str:
@@ -251,50 +259,33 @@ class RunConfig(BaseModel):
     def data_is_file(self) -> bool:
         return self.data not in ("random", "cycle")
 
+    def target_defaults(self) -> targets.Defaults:
+        """What the fields left on auto resolve to on this run's target (each target says why)."""
+        return targets.get(self.target).defaults(self)
+
     def effective_batch_size(self) -> int:
-        # Locally a tiny model's step is dominated by per-step collective overheads:
-        # a bigger per-worker batch keeps the CPU busy computing. bench/local_throughput.py measured
-        # FSDP2 vs a plain loop at 0.62x with batch 8, 0.71x with 16 and 0.97x with 32.
-        if self.batch_size:
-            return self.batch_size
-        return 32 if self.target == "local" else 1
+        return self.batch_size or self.target_defaults().batch_size
 
     def effective_precision(self) -> str:
-        # bf16 matmuls on CPUs without bf16 units are several times slower than fp32.
-        if self.precision != "auto":
-            return self.precision
-        return "fp32" if self.target == "local" else "bf16"
+        return self.precision if self.precision != "auto" else self.target_defaults().precision
 
     def effective_learning_rate(self) -> float:
-        # 1e-5 fine-tunes a pretrained model; the local model starts from random weights, and at
-        # 1e-5 AdamW moves its logits too little in 100 steps for any data to lower the loss by even
-        # 15 % (measured: a constant token, 6.77 -> 6.01).
-        if self.learning_rate:
-            return self.learning_rate
-        return 1e-3 if self.target == "local" else 1e-5
+        return self.learning_rate or self.target_defaults().learning_rate
 
     def effective_model_id(self) -> str | None:
         """The model the job loads: the hub default on GPU clusters; locally only what was asked
         for (None: the tiny random Qwen2)."""
-        if self.model_id:
-            return self.model_id
-        return None if self.target == "local" else DEFAULT_MODEL_ID
+        return self.model_id or self.target_defaults().model_id
 
     def effective_shard_size(self) -> int:
         """Ranks per FSDP shard group: every rank (full), or one node's GPUs (hybrid)."""
         workers = self.effective_workers()
         if self.shard == "full":
             return workers
-        if self.shard_size:
-            return self.shard_size
-        return workers if self.target == "local" else self.gpus_per_node
+        return self.shard_size or self.target_defaults().shard_size
 
     def effective_require_transport(self) -> str:
-        if self.require_transport != "auto":
-            return self.require_transport
-        # A kube cluster is used for what the seed does: EFA between GPU nodes. One without EFA
-        # (another cloud, a lab) says so with --require-transport any, and its pods ask for none.
-        return "efa" if self.target in ("aws", "kube") else "any"
+        return self.require_transport if self.require_transport != "auto" else self.target_defaults().require_transport
 
     def idle_timeout_s(self) -> int | None:
         """Whole seconds of idleness before the GPU workers (or the local cluster) go; None: never.
@@ -304,9 +295,7 @@ class RunConfig(BaseModel):
         return max(1, math.ceil(self.idle_minutes * 60))
 
     def effective_workers(self) -> int:
-        if self.num_workers:
-            return self.num_workers
-        return 2 if self.target == "local" else self.gpu_node_count * self.gpus_per_node
+        return self.num_workers or self.target_defaults().workers
 
     def auto_values(self) -> dict[str, Any]:
         """{field: what it resolves to on this target} for each field left on auto (0 or "auto")."""
@@ -321,7 +310,9 @@ class RunConfig(BaseModel):
 
     def fields_of_target(self) -> tuple[str, ...]:
         """The fields this run's target reads, in declaration order (the others are never used by it)."""
-        return tuple(f for f in FIELD_NAMES if self.target in TARGET_FIELDS.get(f, ALL_TARGETS))
+        specific = frozenset().union(*(targets.get(name).own_fields for name in targets.names()))
+        own = targets.get(self.target).own_fields
+        return tuple(f for f in FIELD_NAMES if f not in specific or f in own)
 
     def effective_rows(self, sources: Mapping[str, str]) -> list[tuple[str, Any, str]]:
         """(field, the value the run uses, where it came from) for each field of the target.
@@ -338,23 +329,6 @@ class RunConfig(BaseModel):
             else:
                 rows.append((field, getattr(self, field), source))
         return rows
-
-
-ALL_TARGETS = frozenset({"local", "aws", "kube"})
-_CLUSTER = frozenset({"aws", "kube"})
-# Which targets read a field (a field not named here is read by every target).
-TARGET_FIELDS: dict[str, frozenset[str]] = {
-    **{f: frozenset({"aws"}) for f in ("region", "availability_zone", "profile", "kubernetes_version", "vpc_id",
-                                       "private_subnet_ids", "api_cidrs", "system_node_type", "system_node_count")},
-    **{f: _CLUSTER for f in ("gpu_node_type", "gpu_node_count", "gpus_per_node", "namespace", "image",
-                             "kuberay_version", "ray_version", "nvidia_device_plugin_version",
-                             "efa_device_plugin_version", "kuberay_crds", "hf_token", "model_id", "model_revision",
-                             "operator_scope",
-                             "allow_unpinned", "addon_registry")},
-    **{f: frozenset({"kube"}) for f in ("kubeconfig", "context")},
-    **{f: frozenset({"local"}) for f in ("local_cpus", "local_worker_nodes", "local_dashboard_port",
-                                         "local_hidden_size", "local_layers", "local_heads", "local_vocab_size")},
-}
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)
@@ -568,9 +542,6 @@ def resolve_config(
         config = RunConfig.model_validate(raw, strict=False)
     except ValidationError as exc:
         raise _describe_error(exc, sources, raw) from None
-    if config.target == "local" and config.effective_require_transport() != "any":
-        raise UserError(f"--require-transport={config.require_transport} needs NCCL on GPUs",
-                        remedy="the local target trains on CPU with gloo; use --target aws or kube")
     if config.data_is_file() and not config.data.startswith("s3://"):
         data_path = (cwd / config.data).resolve()
         try:
@@ -581,9 +552,7 @@ def resolve_config(
             raise UserError(f"--data {shown(config.data)}: no such file or directory",
                             remedy="give a JSONL/Parquet file or folder, an s3:// URI, `random` or `cycle`")
         config = config.model_copy(update={"data": str(data_path)})
-    if config.target == "local" and config.data_is_file() and not config.tokenizer:
-        raise UserError("--data with a file needs --tokenizer on the local target",
-                        remedy="pass a local tokenizer dir (the local target works offline)")
+    config = targets.get(config.target).check(config, cwd)
     if config.tokens_per_step:
         from training.stepplan import StepPlanError, plan_step
 
@@ -630,15 +599,7 @@ def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
     if config.shard == "hybrid" and workers % config.effective_shard_size():
         raise UserError(f"--shard hybrid: shard groups of {config.effective_shard_size()} GPUs do not divide the "
                         f"{workers} workers", remedy="set --shard-size to a divisor of the workers (the GPUs per node)")
-    if config.target == "local" and config.model_id:
-        model_dir = (cwd / Path(config.model_id).expanduser()).resolve()
-        if not (model_dir / "config.json").is_file():
-            raise UserError(f"--model-id {shown(config.model_id)}: not a Hugging Face model directory here (no "
-                            "config.json); the local target works offline",
-                            remedy="pass a directory saved with save_pretrained (or downloaded with `hf download "
-                                   "MODEL --local-dir DIR`), or leave --model-id out for the tiny model")
-        config = config.model_copy(update={"model_id": str(model_dir)})
-    if config.target in ("aws", "kube") and (config.checkpoint_every or config.resume_from):
+    if not targets.get(config.target).shared_disk and (config.checkpoint_every or config.resume_from):
         storage = config.storage_path or ""
         if not storage.startswith(SHARED_STORAGE_SCHEMES):
             what = "--checkpoint-every" if config.checkpoint_every else "--resume-from"

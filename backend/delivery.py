@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -116,14 +116,10 @@ class LocalDirStore:
 S3_STANDARD_PER_GIB_MONTH = 0.023
 
 
-# Where a layer put the run's data when the user named no --storage-path (the aws layer's own bucket,
-# ``s3://<bucket>/runs``): kept in the run record's facts, read by the job and `rtui model/status/down`.
-STORAGE_FACT = "storage_path"
-
-
-def effective_storage_path(storage_path: str | None, facts: Mapping[str, Any]) -> str | None:
-    """``--storage-path``, else the storage a layer of the run made for it, else None."""
-    return storage_path or facts.get(STORAGE_FACT) or None
+def effective_storage_path(storage_path: str | None, made: str | None) -> str | None:
+    """``--storage-path``, else the storage a layer of the run made for it (``RunFacts.storage_path``),
+    else None."""
+    return storage_path or made or None
 
 
 def run_storage_uri(storage_path: str, run_id: str) -> str:

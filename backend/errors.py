@@ -37,3 +37,13 @@ class OperationError(RtuiError):
 
 class TransientError(OperationError):
     """A failure worth retrying (throttling, a port race, a server still starting)."""
+
+
+class NoCapacity(OperationError):
+    """The provider had no capacity for the machines asked for in one zone (``az``); a target whose
+    ``fail_over`` can move them elsewhere catches it by this type (AWS: InsufficientInstanceCapacity)."""
+
+    def __init__(self, message: str, *, az: str, code: str = "no capacity", remedy: str | None = None) -> None:
+        super().__init__(message, remedy=remedy)
+        self.az = az
+        self.code = code  # the provider's own name for it, shown in what moved

@@ -16,15 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from backend.config import RunConfig
 from backend.delivery import DataUsage, LocalDirStore
-from backend.errors import OperationError, RtuiError, UserError
+from backend.errors import NoCapacity, OperationError, RtuiError, UserError
 from backend.follow import JobFollower, JobUpdate
 from backend.layers.base import HeadLogSource
-from backend.layers.local_cluster import ClusterDir
 from backend.model import Action, CheckStatus, EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.rayjobs import JobStatus
 from backend.runner import Progress, Runner, Step
-from backend.session import RunSession
+from backend.session import RunSession, target_of
 from backend.spool import LogSpool
 from backend.store import JobState, RunStatus, RunStore, StepState, StepStatus
 
@@ -59,8 +58,8 @@ async def up(session: RunSession, *, until: str | None = None, follow: bool = Tr
             ok, no_capacity = True, None
             async for event in session.apply(plan, until=until):
                 ok = ok and event.kind not in (EventKind.FAILED, EventKind.CANCELLED)
-                if event.kind is EventKind.FAILED and CAPACITY_CODE in (event.cause or ""):
-                    no_capacity = event
+                if isinstance(event.error, NoCapacity):
+                    no_capacity = event.error
                 yield event
             moved = fail_over(session, no_capacity) if az_failover and no_capacity is not None else None
             if moved is None:
@@ -80,19 +79,9 @@ async def up(session: RunSession, *, until: str | None = None, follow: bool = Tr
                               "status": session.record.status.value})
 
 
-CAPACITY_CODE = "InsufficientInstanceCapacity"
-
-
-def fail_over(session: RunSession, failed: StepEvent) -> str | None:
-    """Move the GPU nodes to the next feasible AZ after AWS ran out of capacity; what moved, or None."""
-    from backend.layers.aws.layer import AwsLayer
-
-    layer = next((x for x in session.stack.layers if isinstance(x, AwsLayer)), None)
-    if layer is None or layer.topology is None:
-        return None
-    old = layer.topology.gpu_az
-    new = layer.fail_over(session.ctx, old, failed.cause or CAPACITY_CODE)
-    return None if new is None else f"{CAPACITY_CODE} in {old}: moving the GPU nodes to {new}"
+def fail_over(session: RunSession, error: NoCapacity) -> str | None:
+    """Move what the provider had no capacity for, as the run's target does it; what moved, or None."""
+    return session.target.fail_over(session, error)
 
 
 async def apply_plan(session: RunSession, plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:
@@ -393,14 +382,13 @@ class Orphan:
 
 
 def find_orphans(store: RunStore, target: str, cluster_name: str | None = None) -> list[Orphan]:
-    """Clusters found from the world (markers) whose run has no record in this state dir."""
-    if target != "local":
+    """Clusters the target finds from the world (markers) whose run has no record in this state dir."""
+    found = target_of(target).live_clusters(cluster_name)
+    if not found:
         return []
-    from backend.layers.local_cluster import find_clusters
-
     known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
-    return [Orphan(c.run_id, c.cluster_name, "local", str(c.path)) for c in find_clusters(cluster_name=cluster_name)
-            if c.run_id not in known and not _recorded_elsewhere(store, c.run_id, c.facts.get("state_dir"))]
+    return [Orphan(c.run_id, c.cluster_name, target, c.where) for c in found
+            if c.run_id not in known and not _recorded_elsewhere(store, c.run_id, c.state_dir)]
 
 
 @dataclass(frozen=True)
@@ -429,13 +417,14 @@ def kept_data(store: RunStore) -> list[KeptData]:
     return out
 
 
-async def aws_orphan(store: RunStore, config: RunConfig) -> RunSession | None:
-    """A run of this cluster name that AWS has resources of (by our tags) and no record here knows."""
-    from backend.layers.aws.base import aws_api
-    from backend.layers.aws.sweep import runs_of_cluster
-
+async def tagged_orphan(store: RunStore, config: RunConfig) -> RunSession | None:
+    """A run of this cluster name the target's provider has resources of (aws: by our tags) and no
+    record here knows."""
+    tagged = await target_of(config.target).tagged_runs(config)
+    if not tagged:
+        return None
     known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
-    runs = [r for r in await runs_of_cluster(aws_api(config), config.cluster_name) if r not in known]
+    runs = [r for r in tagged if r not in known]
     return RunSession.orphan(runs[0], config, store) if runs else None
 
 
@@ -464,22 +453,15 @@ def session_for_down(store: RunStore, run_id: str | None, config: RunConfig, *, 
     if orphans:
         return RunSession.orphan(orphans[0].run_id, config, store)
     if by_cluster:
-        owned = [c for c in _clusters_named(config) if _recorded_elsewhere(store, c.run_id, c.facts.get("state_dir"))]
+        owned = [c for c in target_of(config.target).live_clusters(config.cluster_name)
+                 if _recorded_elsewhere(store, c.run_id, c.state_dir)]
         if owned:
             raise OperationError(
                 f"cluster {config.cluster_name} belongs to run {owned[0].run_id} of another state dir "
-                f"({owned[0].facts['state_dir']}); this one leaves it alone",
-                remedy=f"RTUI_STATE_DIR={owned[0].facts['state_dir']} rtui down {owned[0].run_id} --yes")
+                f"({owned[0].state_dir}); this one leaves it alone",
+                remedy=f"RTUI_STATE_DIR={owned[0].state_dir} rtui down {owned[0].run_id} --yes")
         return None
     return RunSession.open(None, store, lenient=True)
-
-
-def _clusters_named(config: RunConfig) -> list[ClusterDir]:
-    if config.target != "local":
-        return []
-    from backend.layers.local_cluster import find_clusters
-
-    return find_clusters(cluster_name=config.cluster_name)
 
 
 def plan_is_noop_below(plan: PlanResult, layer: str) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import targets
 import training
 from backend.config import RunConfig
 from backend.delivery import run_storage_uri
@@ -68,7 +69,8 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_
         "--shard", config.shard,
         "--data", config.data,
     ]
-    if config.shard == "hybrid" and (config.shard_size or config.target != "local"):
+    on_gpus = targets.get(config.target).on_gpus
+    if config.shard == "hybrid" and (config.shard_size or on_gpus):
         # Locally the program groups the workers Ray placed on each node itself.
         args += ["--shard-size", str(config.effective_shard_size())]
     if config.reduce_dtype != "fp32":
@@ -103,7 +105,7 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_
     model_id = config.effective_model_id()
     if model_revision:
         args += ["--model-revision", model_revision]
-    if config.target == "local":
+    if not on_gpus:
         args += ["--device", "cpu"]
         if model_id:  # a model directory on this machine, loaded as on a cluster (from_pretrained)
             args += ["--model-id", model_id]
@@ -193,7 +195,7 @@ def describe_step_plan(config: RunConfig) -> str:
     shape = model_shape(config)
     if shape is None:
         return line + "; memory per rank: estimated on the cluster"
-    gpu = config.target != "local"
+    gpu = targets.get(config.target).on_gpus
     precision = config.effective_precision()
     reshard = config.reshard_after_forward == "yes" or (config.reshard_after_forward == "auto" and gpu)
     estimate = estimate_memory(shape, micro_batch=plan.micro_batch, seq_len=plan.seq_len, shard_size=shard,

@@ -31,6 +31,7 @@ class ResourceStatus(StrEnum):
 
 class ResourceRecord(BaseModel):
     kind: str
+    layer: str = ""  # the layer that owns the address (the teardown summary groups by it)
     id: str | None = None
     status: ResourceStatus = ResourceStatus.INTENDED
     outputs: dict[str, Any] = Field(default_factory=dict)
@@ -62,14 +63,15 @@ class Ledger:
     def items(self) -> list[tuple[str, ResourceRecord]]:
         return list(self._resources.items())
 
-    def set(self, address: str, kind: str, status: ResourceStatus, *, id: str | None = None,
+    def set(self, address: str, kind: str, status: ResourceStatus, *, layer: str = "", id: str | None = None,
             outputs: dict[str, Any] | None = None) -> ResourceRecord:
         now = time.time()
         old = self._resources.get(address)
         if old is not None and (old.status is ResourceStatus.DELETED or status is ResourceStatus.INTENDED):
             old = None  # a new life for this address: nothing of the last one is carried over
         record = ResourceRecord(
-            kind=kind, id=id if id is not None else (old.id if old else None), status=status,
+            kind=kind, layer=layer or (old.layer if old else ""),
+            id=id if id is not None else (old.id if old else None), status=status,
             outputs=outputs if outputs is not None else (dict(old.outputs) if old else {}),
             created_at=old.created_at if old else now, updated_at=now,
         )

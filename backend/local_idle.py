@@ -42,6 +42,7 @@ async def busy(cluster: lc.ClusterDir) -> bool:
 def stop(cluster: lc.ClusterDir, idle_s: float, store_root: Path | None) -> bool:
     """Stop the cluster's processes under the run's lock; False when an rtui holds the run."""
     from backend.procs import terminate
+    from backend.record import StoppedWhileIdle
     from backend.store import RunLockedError, RunStore
 
     store = RunStore(store_root) if store_root is not None else None
@@ -58,7 +59,7 @@ def stop(cluster: lc.ClusterDir, idle_s: float, store_root: Path | None) -> bool
             if store is not None:
                 with contextlib.suppress(RtuiError, OSError):
                     record = store.load(cluster.run_id)
-                    record.facts["stopped_while_idle"] = {"at": at, "idle_s": idle_s, "dir": str(cluster.path)}
+                    record.facts.stopped_while_idle = StoppedWhileIdle(at=at, idle_s=idle_s, dir=str(cluster.path))
                     store.save(record)
     except RunLockedError:
         return False

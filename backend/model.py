@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backend.errors import RtuiError
+
 
 class CheckStatus(StrEnum):
     OK = "ok"
@@ -122,9 +124,24 @@ class Plan(BaseModel):
     def is_noop(self) -> bool:
         return all(c.action is Action.NOOP for c in self.changes)
 
+    def prices(self) -> dict[str, float]:
+        """How a plan is priced, the only place: what each priced resource it keeps or makes costs per
+        hour (USD), by address. A change that deletes prices nothing; {} when nothing is priced."""
+        return {c.address: c.cost_per_hour for c in self.changes
+                if c.action is not Action.DELETE and c.cost_per_hour is not None}
+
     @property
     def cost_per_hour(self) -> float:
-        return sum(c.cost_per_hour or 0.0 for c in self.changes if c.action is not Action.DELETE)
+        return sum(self.prices().values())
+
+    def layer_cost_per_hour(self, layer: str) -> float:
+        """What one layer's part of the plan costs per hour (its changes' ``prices``)."""
+        prices = self.prices()
+        return sum(prices.get(c.address, 0.0) for c in self.changes if c.layer == layer)
+
+    def as_plan(self) -> Plan:
+        """Just the plan (a subclass's extra fields, such as what discovery saw, left out): what a record keeps."""
+        return Plan.model_validate(self.model_dump(include=set(Plan.model_fields)))
 
     def counts(self) -> dict[str, int]:
         out = {a.value: 0 for a in Action}
@@ -156,7 +173,7 @@ TERMINAL_EVENTS = frozenset({EventKind.DONE, EventKind.FAILED, EventKind.SKIPPED
 class StepEvent(BaseModel):
     """Something that happened to one step. The runner emits these; the UI renders them."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     step: str
     kind: EventKind
@@ -167,6 +184,8 @@ class StepEvent(BaseModel):
     attempt: int = 1
     ts: float = Field(default_factory=time.time)
     data: dict[str, Any] = Field(default_factory=dict)
+    # A failure's own error, to catch by type (a NoCapacity a target can fail over); never serialised.
+    error: RtuiError | None = Field(default=None, exclude=True, repr=False)
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,19 @@ class Stack:
 
 
 async def discover(stack: Stack, ctx: Context) -> list[Observed]:
-    """Every layer's live resources of this run, bottom layer first (layers looked at concurrently)."""
-    found = await all_or_none(*(layer.discover(ctx) for layer in stack.layers))
-    return [o for per_layer in found for o in per_layer]
+    """Every layer's live resources of this run, bottom layer first (layers looked at concurrently).
+
+    A layer runs on the layers below it (its ``desired`` is made from theirs), so what it has live
+    depends on what the nearest layer below has live: that is written into each ``depends_on`` here,
+    the one place, and teardown reads nothing but ``depends_on``."""
+    found: list[list[Observed]] = await all_or_none(*(layer.discover(ctx) for layer in stack.layers))
+    out: list[Observed] = []
+    below: tuple[str, ...] = ()
+    for per_layer in found:
+        out.extend(o.model_copy(update={"depends_on": tuple(dict.fromkeys([*o.depends_on, *below]))})
+                   if below else o for o in per_layer)
+        below = tuple(o.address for o in per_layer) or below
+    return out
 
 
 async def all_or_none(*calls: Awaitable[Any]) -> list[Any]:
@@ -150,7 +160,7 @@ def apply_steps(stack: Stack, ctx: Context, plan: PlanResult) -> list[Step]:
         steps.append(Step(change.address, handler.step_title(change.address, change.action),
                           _change_action(handler, ctx, change, plan),
                           deps=deps, expected_s=typical.get(key, handler.expected_s), retries=handler.retries,
-                          backoff_s=handler.backoff_s, timing_key=key))
+                          backoff_s=handler.backoff_s, timing_key=key, layer=change.layer))
     return steps
 
 
@@ -169,7 +179,7 @@ def reconcile(ctx: Context, plan: PlanResult) -> None:
         entry = ctx.ledger.get(change.address)
         status = ResourceStatus.ADOPTED if have.adopted else ResourceStatus.READY
         if entry is None or entry.status is not status or entry.id != have.id:
-            ctx.ledger.set(change.address, change.kind, status, id=have.id,
+            ctx.ledger.set(change.address, change.kind, status, layer=change.layer, id=have.id,
                            outputs=entry.outputs if entry is not None else None)
 
 
@@ -189,7 +199,7 @@ def _change_action(handler: Handler, ctx: Context, change: Change,
                 yield update
             ctx.ledger.update(change.address, status=ResourceStatus.READY)
         elif change.action in (Action.CREATE, Action.REPLACE):
-            ctx.ledger.set(change.address, change.kind, ResourceStatus.INTENDED)
+            ctx.ledger.set(change.address, change.kind, ResourceStatus.INTENDED, layer=change.layer)
             async for update in handler.create(ctx, want):
                 yield update
             ctx.ledger.update(change.address, status=ResourceStatus.READY)
@@ -200,7 +210,7 @@ def _change_action(handler: Handler, ctx: Context, change: Change,
 async def _delete(handler: Handler, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
     entry = ctx.ledger.get(have.address)
     if entry is None:
-        ctx.ledger.set(have.address, have.kind, ResourceStatus.DELETING, id=have.id)
+        ctx.ledger.set(have.address, have.kind, ResourceStatus.DELETING, layer=have.layer, id=have.id)
     else:
         ctx.ledger.update(have.address, status=ResourceStatus.DELETING, id=have.id)
     async for update in handler.delete(ctx, have):
@@ -209,23 +219,22 @@ async def _delete(handler: Handler, ctx: Context, have: Observed) -> AsyncIterat
 
 
 def teardown_steps(stack: Stack, ctx: Context, observed: Sequence[Observed]) -> list[Step]:
-    """A delete step per live resource of ours; each waits for everything that depends on it."""
+    """A delete step per live resource of ours; each waits for everything that depends on it: its
+    order comes from ``depends_on`` alone (``discover`` puts a layer's resources on the layer below)."""
     ours = [o for o in observed if not o.adopted]
-    level = {layer.name: i for i, layer in enumerate(stack.layers)}
     typical = ctx.store.durations()
     steps = []
     for have in reversed(ours):
         handler = stack.handler(have.layer, have.kind)
-        # What depends on it, and everything of the layers above (a job goes before its cluster).
-        dependents = tuple(o.address for o in ours
-                           if have.address in o.depends_on or level[o.layer] > level[have.layer])
+        dependents = tuple(o.address for o in ours if have.address in o.depends_on)
 
         def action(handler: Handler = handler, have: Observed = have) -> AsyncIterator[Progress]:
             return _delete(handler, ctx, have)
 
         key = timing_key(ctx, have.kind, Action.DELETE)
         steps.append(Step(have.address, handler.step_title(have.address, Action.DELETE), action,
-                          deps=dependents, expected_s=typical.get(key, handler.expected_s), timing_key=key))
+                          deps=dependents, expected_s=typical.get(key, handler.expected_s), timing_key=key,
+                          layer=have.layer))
     return steps
 
 

@@ -202,10 +202,12 @@ def _closed_after_end(status: JobStatus, closed_at: float) -> bool:
     return status.end_time is None or closed_at >= status.end_time
 
 
-async def submit_when_ready(jobs: RayJobs, *, timeout_s: float = 90.0, **kwargs: Any) -> AsyncIterator[str]:
-    """Submit, waiting out a job agent that is not registered yet; yields progress messages."""
+async def submit_when_ready(jobs: RayJobs, *, timeout_s: float = 90.0, first_delay_s: float = 0.5,
+                            **kwargs: Any) -> AsyncIterator[str]:
+    """Submit, waiting out a job agent that is not registered yet (``first_delay_s``, doubling up to 5 s,
+    between tries); yields progress messages."""
     started = time.monotonic()
-    delay = 0.5
+    delay = first_delay_s
     while True:
         try:
             await jobs.submit(**kwargs)

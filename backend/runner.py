@@ -44,6 +44,7 @@ class Step:
     skip_if: Callable[[], bool] | None = field(default=None, repr=False)
     # What this step's duration is kept under (RunStore.record_duration), for the next ETA; "" keeps none.
     timing_key: str = ""
+    layer: str = ""  # the layer whose resource it works on ("" for none): its StepState carries it
 
 
 StateCallback = Callable[[str, StepState], None]
@@ -83,7 +84,7 @@ class Runner:
             if missing:
                 raise ValueError(f"step {s.id} depends on unknown {missing}")
         self._check_acyclic()
-        self.states: dict[str, StepState] = {s.id: StepState(title=s.title) for s in self.steps}
+        self.states: dict[str, StepState] = {s.id: StepState(title=s.title, layer=s.layer) for s in self.steps}
         self._on_state = on_state or (lambda _sid, _st: None)
         self._sleep = sleep
         self._queue: asyncio.Queue[StepEvent | None] = asyncio.Queue()
@@ -161,10 +162,10 @@ class Runner:
                                          cause=exc.message, attempt=attempt, data={"delay_s": delay}))
                     await self._sleep(delay)
                     continue
-                self._fail(step, exc.message, exc.remedy, attempt)
+                self._fail(step, exc.message, exc.remedy, attempt, exc)
                 return
             except RtuiError as exc:
-                self._fail(step, exc.message, exc.remedy, attempt)
+                self._fail(step, exc.message, exc.remedy, attempt, exc)
                 return
             except Exception as exc:  # a bug or an unexpected SDK error: keep it, don't crash the run
                 self._fail(step, f"{type(exc).__name__}: {exc}", None, attempt)
@@ -174,10 +175,10 @@ class Runner:
                                  attempt=attempt))
             return
 
-    def _fail(self, step: Step, cause: str, remedy: str | None, attempt: int) -> None:
+    def _fail(self, step: Step, cause: str, remedy: str | None, attempt: int, error: RtuiError | None = None) -> None:
         self._transition(step.id, status=StepStatus.FAILED, ended_at=time.time(), error=cause, remedy=remedy)
         self._emit(StepEvent(step=step.id, kind=EventKind.FAILED, message=cause, cause=cause, remedy=remedy,
-                             attempt=attempt))
+                             attempt=attempt, error=error))
 
     async def _schedule(self) -> None:
         pending = {s.id: s for s in self.steps}

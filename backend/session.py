@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import targets
+from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
-from backend.delivery import DataStore, data_store_for, effective_storage_path, local_data_dir, model_summary
+from backend.delivery import DataStore, data_store_for, effective_storage_path, model_summary
 from backend.errors import OperationError, UserError
 from backend.model import StepEvent
 from backend.spool import LogSpool
@@ -26,31 +28,17 @@ if TYPE_CHECKING:
     from backend.model import CheckResult, Observed
     from backend.planner import PlanResult, Stack
     from backend.rayjobs import RayJobs
+    from backend.runner import Step
     from backend.telemetry import Telemetry
+    from targets import Target
 
-SUPPORTED_TARGETS = ("local", "aws", "kube")
-
-
-def make_stack(target: str) -> Stack:
-    """The target's layers, bottom up (DESIGN.md §1). Imported here: they stay off the first frame."""
-    from backend.layers.ray_job import RayJobLayer
-    from backend.planner import Stack
-
-    if target == "local":
-        from backend.layers.local_ray import LocalRay
-
-        return Stack("local", [LocalRay(), RayJobLayer()])
-    if target == "kube":
-        from backend.layers.kubernetes.layer import KubernetesLayer
-
-        return Stack("kube", [KubernetesLayer(), RayJobLayer()])
-    if target == "aws":
-        from backend.layers.aws.layer import AwsLayer
-        from backend.layers.kubernetes.layer import KubernetesLayer
-
-        return Stack("aws", [AwsLayer(), KubernetesLayer(), RayJobLayer()])
-    raise UserError(f"the {target} target is not in this version",
-                    remedy="use --target local, or `rtui check --target aws` for AWS feasibility")
+def target_of(name: str) -> Target:
+    """The target called ``name``, or one clear line naming those this rtui knows."""
+    try:
+        return targets.get(name)
+    except KeyError:
+        raise UserError(f"the {name} target is not in this version",
+                        remedy=f"use --target {' or '.join(targets.names())}") from None
 
 
 @dataclass
@@ -79,28 +67,36 @@ class StatusReport:
             "run_id": r.run_id, "target": r.target, "cluster_name": r.cluster_name, "status": r.status.value,
             "attached": self.attached, "created_at": r.created_at, "updated_at": r.updated_at,
             "cluster": {"alive": self.cluster_alive, "dashboard_url": self.dashboard_url,
-                        "stopped_while_idle": None if self.cluster_alive else r.facts.get("stopped_while_idle")},
+                        "stopped_while_idle": None if self.cluster_alive or r.facts.stopped_while_idle is None
+                        else r.facts.stopped_while_idle.model_dump(mode="json")},
             "resources": self.resources,
             "job": None if job is None else {
                 "number": len(r.jobs), "submission_id": job.submission_id,
                 "status": self.job_status or job.status.value,
                 "message": self.job_message or job.message, "submitted_at": job.submitted_at,
             },
-            "steps": {k: {"status": v.status.value, "message": v.message, "error": v.error,
-                          "attempts": v.attempts, "duration_s": v.duration_s} for k, v in r.steps.items()},
+            "steps": _steps_dict(r.steps), "teardown_steps": _steps_dict(r.teardown_steps),
             "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
             "spool_path": r.job_spool_path(), "cost": self.cost, "model": self.model, "data": self.data,
             "gpu": self.gpu,
         }
 
 
+def _steps_dict(steps: dict[str, StepState]) -> dict[str, dict[str, Any]]:
+    return {k: {"status": v.status.value, "layer": v.layer, "message": v.message, "error": v.error,
+                "attempts": v.attempts, "duration_s": v.duration_s} for k, v in steps.items()}
+
+
 class RunSession:
+    """One run. It owns its clients (AWS, Kubernetes): made when a layer first needs one, closed when
+    the session ends (``async with session:``, or ``close()`` from its owner)."""
+
     def __init__(self, store: RunStore, record: RunRecord, config: RunConfig) -> None:
         self.store = store
         self.record = record
         self.config = config
-        if config.target not in SUPPORTED_TARGETS:
-            make_stack(config.target)  # refuse unsupported targets now, with one clear line
+        self.clients = Clients()
+        self.target = target_of(config.target)  # an unknown one is refused now, with one clear line
         self._held: set[str] = set()
         # Where each config value came from (ResolvedConfig.sources); a reopened run's came from its record.
         self.sources: dict[str, str] = {}
@@ -108,14 +104,29 @@ class RunSession:
     @cached_property
     def stack(self) -> Stack:
         # Built on first use: the layers' modules (processes, telemetry) stay off the first frame.
-        return make_stack(self.config.target)
+        return self.target.stack(self.config)
 
     @cached_property
     def ctx(self) -> Context:
         from backend.layers.base import Context
 
         access = next((a for layer in self.stack.layers if (a := layer.access()) is not None), None)
-        return Context(self.config, self.record, self.store, cluster=access)
+        return Context(self.config, self.record, self.store, cluster=access, clients=self.clients)
+
+    # --- ending --------------------------------------------------------------------------
+    async def __aenter__(self) -> RunSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the clients this session made (their connections and worker threads)."""
+        await self.clients.aclose()
+
+    def close(self) -> None:
+        """``aclose`` for an owner outside the event loop (the TUI replacing its session)."""
+        self.clients.close()
 
     # --- opening -----------------------------------------------------------------------
     @classmethod
@@ -125,8 +136,7 @@ class RunSession:
         config = resolved.config
         record = store.find_active(config.target, config.cluster_name)
         if record is None:
-            record = store.new(target=config.target, cluster_name=config.cluster_name,
-                               config=config.model_dump(mode="json"))
+            record = store.new(config)
         session = cls(store, record, config)
         session.sources = dict(resolved.sources)
         return session
@@ -140,25 +150,23 @@ class RunSession:
         """
         store = store or RunStore()
         record = store.resolve(run_id)
-        try:
-            config = RunConfig.model_validate(record.config)
-        except ValueError as exc:
-            if lenient:
-                return cls(store, record, RunConfig.model_validate({"target": record.target,
-                                                                    "cluster_name": record.cluster_name}))
-            first = str(exc).splitlines()
-            detail = first[1].strip() if len(first) > 1 else first[0]
-            raise OperationError(f"run {record.run_id} has a config this rtui cannot use ({detail[:120]})",
+        if not targets.known(record.target):  # an installed target whose package has gone since
+            raise OperationError(f"run {record.run_id} is on the {record.target} target, which this rtui does not "
+                                 "have now", remedy=f"install the package that provides the {record.target} target "
+                                                    "again (see `rtui runs`)")
+        rejected = record.rejected_config
+        if rejected is not None and not lenient:
+            raise OperationError(f"run {record.run_id} has a config this rtui cannot use ({rejected.reason})",
                                  remedy=f"tear it down by cluster name: `rtui down --yes --target {record.target} "
-                                        f"--cluster-name {record.cluster_name}`") from None
-        return cls(store, record, with_session_settings(config))
+                                        f"--cluster-name {record.cluster_name}`")
+        # A rejected config: the record holds the defaults for its target and cluster name (enough to tear down).
+        return cls(store, record, with_session_settings(record.config))
 
     @classmethod
     def orphan(cls, run_id: str, config: RunConfig, store: RunStore | None = None) -> RunSession:
         """A run whose record is gone but whose resources discovery found: enough to tear it down."""
         store = store or RunStore()
-        record = store.new(target=config.target, cluster_name=config.cluster_name,
-                           config=config.model_dump(mode="json"))
+        record = store.new(config)
         record = record.model_copy(update={"run_id": run_id, "spool_path": str(store.spool_dir / f"{run_id}.log"),
                                            "status": RunStatus.UP})
         return cls(store, record, config)
@@ -235,14 +243,14 @@ class RunSession:
         from backend.planner import apply_steps, reconcile, select_until
 
         steps = select_until(apply_steps(self.stack, self.ctx, plan), plan, until)
-        self.record.config = self.config.model_dump(mode="json")
-        self.record.plan = plan.model_dump(mode="json")
+        self.record.use_config(self.config)
+        self.record.plan = plan.as_plan()
         self.record.status = RunStatus.APPLYING
         self.store.save(self.record)
         for layer in self.stack.layers:
             layer.applying(self.ctx)
         reconcile(self.ctx, plan)
-        async for event in self._run(steps, prefix="", done=RunStatus.UP):
+        async for event in self._run(steps, self.record.steps, done=RunStatus.UP):
             yield event
 
     async def teardown(self) -> AsyncIterator[StepEvent]:
@@ -251,7 +259,7 @@ class RunSession:
         self.record.status = RunStatus.TEARING_DOWN
         self.store.save(self.record)
         observed = await self.discover()
-        async for event in self._run(teardown_steps(self.stack, self.ctx, observed), prefix="teardown:",
+        async for event in self._run(teardown_steps(self.stack, self.ctx, observed), self.record.teardown_steps,
                                      done=RunStatus.DOWN):
             yield event
         if self.record.status is RunStatus.DOWN:
@@ -270,7 +278,7 @@ class RunSession:
         async def look() -> AsyncIterator[Progress]:
             yield Progress("asking AWS for anything still tagged with this run")
             found = [item for layer in layers for item in await layer.sweep(self.ctx)]
-            self.record.facts["sweep"] = [item.to_dict() for item in found]
+            self.record.facts.sweep = found
             self.store.save(self.record)
             kept = [item for item in found if item.kept]  # the run's data: kept on purpose, not a leftover
             left = [item for item in found if not item.kept]
@@ -286,20 +294,21 @@ class RunSession:
             yield Progress("nothing left: no resource of this run is tagged in AWS" + kept_note, 1.0)
 
         status = self.record.status
-        async for event in self._run([Step("sweep", "Orphan sweep", look, expected_s=5.0)], prefix="teardown:",
-                                     done=status):
+        async for event in self._run([Step("sweep", "Orphan sweep", look, expected_s=5.0)],
+                                     self.record.teardown_steps, done=status):
             yield event
         if self.record.status is RunStatus.FAILED and status is RunStatus.DOWN:
             self.record.status = RunStatus.DOWN  # torn down; the sweep's findings are in its step and facts
             self.store.save(self.record)
 
-    async def _run(self, steps: list[Any], *, prefix: str, done: RunStatus) -> AsyncIterator[StepEvent]:
+    async def _run(self, steps: list[Step], into: dict[str, StepState], *,
+                   done: RunStatus) -> AsyncIterator[StepEvent]:
         from backend.runner import Runner
 
         keys = {step.id: step.timing_key for step in steps}
 
         def on_state(step_id: str, state: StepState) -> None:
-            self.record.steps[f"{prefix}{step_id}"] = state
+            into[step_id] = state
             self.store.save(self.record)
             if state.status is StepStatus.DONE and keys.get(step_id) and state.duration_s is not None:
                 self.store.record_duration(keys[step_id], state.duration_s)  # the next run's ETA
@@ -366,11 +375,12 @@ class RunSession:
 
     def data_store(self) -> DataStore | None:
         """Where this run's checkpoints and model live: its own prefix under ``--storage-path`` when
-        one is given, else (local) a 0700 dir under the state dir, kept after `down`; None where
-        the target keeps nothing rtui can reach."""
-        local = local_data_dir(self.store.root, self.run_id) if self.record.target == "local" else None
-        return data_store_for(effective_storage_path(self.config.storage_path, self.record.facts), self.run_id,
-                              local_default=local, profile=self.config.profile)
+        one is given, else the target's own place (local: a 0700 dir under the state dir, kept after
+        `down`); None where the target keeps nothing rtui can reach."""
+        storage = effective_storage_path(self.config.storage_path, self.record.facts.storage_path)
+        if not storage:
+            return self.target.data_store(self.store.root, self.run_id)
+        return data_store_for(storage, self.run_id, local_default=None, profile=self.config.profile)
 
     async def gpu_fleet(self) -> dict[str, Any] | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:
@@ -401,14 +411,14 @@ def cost_meter(record: RunRecord, now: float | None = None,
     import time
 
     now = time.time() if now is None else now
-    prices = {c["address"]: float(c.get("cost_per_hour") or 0) for c in (record.plan or {}).get("changes", [])}
+    prices = record.plan.prices() if record.plan is not None else {}
     items = {}
     for address, entry in record.resources.items():
         price = prices.get(address, 0.0)
         if price and entry.bills:
             hours = max(0.0, now - entry.created_at) / 3600
             items[address] = {"per_hour": price, "since": entry.created_at, "accrued": round(price * hours, 4)}
-    left = record.facts.get("sweep") or []
+    left = [item.to_dict() for item in record.facts.sweep or []]
     if not items and not left:
         return None
     full = round(sum(i["per_hour"] for i in items.values()), 4)

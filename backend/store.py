@@ -2,8 +2,11 @@
 
 The record is the memory that lets ``rtui --resume`` and ``rtui down`` work after a
 crash: config, plan, step states, resource ids, job submissions, spool path and the
-last telemetry snapshot. It never holds a secret. A record that fails to parse is
-moved aside (never overwritten) and reported in one line.
+last telemetry snapshot (its types: ``backend.record``). It never holds a secret.
+
+Reading never changes the store: a record that fails to parse is reported in one line, where
+it lies, every time it is read or listed, and stays there until ``set_aside_corrupt`` (the
+explicit ``rtui runs --set-aside-corrupt``) moves it to ``corrupt/``. Nothing is ever overwritten.
 """
 
 from __future__ import annotations
@@ -19,164 +22,37 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
+from backend.config import RunConfig
 from backend.errors import OperationError, UserError
-from backend.ledger import Ledger, ResourceRecord
+from backend.ledger import Ledger
 from backend.paths import state_dir
+from backend.record import (
+    ACTIVE_STATUSES,
+    SCHEMA_VERSION,
+    JobRecord,
+    JobState,
+    RunFacts,
+    RunRecord,
+    RunStatus,
+    StepState,
+    StepStatus,
+    TelemetrySnapshot,
+    migrate,
+)
 
-# 2: ``resources`` is the ledger, {address: ResourceRecord}; 1 had an untyped dict.
-SCHEMA_VERSION = 2
+# The record's types live in backend.record; most callers know them from here.
+__all__ = ["ACTIVE_STATUSES", "SCHEMA_VERSION", "ClusterBusyError", "CorruptRecordError", "JobRecord", "JobState",
+           "RunFacts", "RunLockedError", "RunRecord", "RunStatus", "RunStore", "StepState", "StepStatus",
+           "TelemetrySnapshot", "migrate", "new_run_id"]
+
 # How many successful durations of a step are kept for its ETA (the typical one is their median).
 DURATIONS_KEPT = 5
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
-
-class RunStatus(StrEnum):
-    PLANNED = "planned"
-    APPLYING = "applying"
-    UP = "up"
-    FAILED = "failed"
-    TEARING_DOWN = "tearing_down"
-    DOWN = "down"
-
-
-ACTIVE_STATUSES = frozenset({RunStatus.PLANNED, RunStatus.APPLYING, RunStatus.UP, RunStatus.FAILED,
-                             RunStatus.TEARING_DOWN})
-
-
-class StepStatus(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-    CANCELLED = "cancelled"
-
-
-class StepState(BaseModel):
-    status: StepStatus = StepStatus.PENDING
-    title: str = ""
-    attempts: int = 0
-    started_at: float | None = None
-    ended_at: float | None = None
-    message: str = ""
-    error: str | None = None
-    remedy: str | None = None
-
-    @property
-    def duration_s(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.ended_at or time.time()) - self.started_at
-
-
-class JobState(StrEnum):
-    """A Ray job's status, as the Jobs API names it."""
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    STOPPED = "STOPPED"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
-
-
-class JobRecord(BaseModel):
-    """One submission of the run's job. Each job has its own log spool and telemetry snapshot;
-    a record written before that (``spool_path`` None) shares the run's spool."""
-
-    submission_id: str
-    submitted_at: float
-    spec_hash: str
-    status: JobState = JobState.PENDING
-    message: str = ""
-    ended_at: float | None = None
-    spool_path: str | None = None
-    telemetry: dict[str, Any] | None = None
-
-
-class RunRecord(BaseModel):
-    schema_version: int = SCHEMA_VERSION
-    run_id: str
-    created_at: float
-    updated_at: float
-    target: str
-    cluster_name: str
-    status: RunStatus = RunStatus.PLANNED
-    config: dict[str, Any]
-    plan: dict[str, Any] | None = None
-    steps: dict[str, StepState] = Field(default_factory=dict)
-    resources: dict[str, ResourceRecord] = Field(default_factory=dict)
-    jobs: list[JobRecord] = Field(default_factory=list)
-    spool_path: str
-    telemetry: dict[str, Any] | None = None
-    # What a layer decided once and keeps across plans (the AZs an aws run chose, why it moved).
-    facts: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def current_job(self) -> JobRecord | None:
-        return self.jobs[-1] if self.jobs else None
-
-    def job(self, number: int | None = None) -> JobRecord | None:
-        """Job ``number`` (1 is the first submission), or the current one when None."""
-        if number is None:
-            return self.current_job
-        return self.jobs[number - 1] if 1 <= number <= len(self.jobs) else None
-
-    def job_spool_path(self, job: JobRecord | None = None) -> str:
-        """Where a job's log is spooled: its own file; the run's first spool for none yet or an old record."""
-        job = job if job is not None else self.current_job
-        return job.spool_path if job is not None and job.spool_path else self.spool_path
-
-    def next_job_spool_path(self) -> str:
-        """The spool of the job about to be submitted: the first keeps the run's spool path, each
-        later one a file of its own in the run's folder beside it (no run id can name that folder's files)."""
-        if not self.jobs:
-            return self.spool_path
-        base = Path(self.spool_path)
-        return str(base.parent / self.run_id / f"job-{len(self.jobs) + 1}.log")
-
-    @property
-    def active(self) -> bool:
-        return self.status in ACTIVE_STATUSES
-
-
-def migrate(data: dict[str, Any]) -> dict[str, Any]:
-    """Bring an older record to SCHEMA_VERSION, one version at a time."""
-    if data.get("schema_version") == 1:
-        data = _v1_to_v2(data)
-    return data
-
-
-def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
-    """v1 kept the local cluster's facts loose in ``resources``; v2 keeps them per address."""
-    old = data.get("resources") or {}
-    ledger: dict[str, Any] = {}
-    now = data.get("updated_at") or time.time()
-    if isinstance(old, dict) and old.get("temp_dir"):
-        outputs = {k: old[k] for k in ("ports", "gcs_address", "dashboard_url", "shape", "head_log", "head")
-                   if k in old}
-        alive = bool(old.get("head"))
-        ledger["local.ray-head"] = {"kind": "ray-head", "id": old["temp_dir"],
-                                    "status": "ready" if alive else "deleted", "outputs": outputs,
-                                    "created_at": data.get("created_at", now), "updated_at": now}
-        for i, worker in enumerate(old.get("workers") or []):
-            ledger[f"local.ray-worker.{i}"] = {"kind": "ray-worker", "id": old["temp_dir"], "status": "ready",
-                                               "outputs": {"proc": worker}, "created_at": now, "updated_at": now}
-    jobs = data.get("jobs") or []
-    if jobs and isinstance(jobs[-1], dict) and jobs[-1].get("submission_id"):
-        ledger["ray.job.train"] = {"kind": "ray-job", "id": jobs[-1]["submission_id"], "status": "ready",
-                                   "outputs": {"spec_hash": jobs[-1].get("spec_hash")},
-                                   "created_at": jobs[-1].get("submitted_at", now), "updated_at": now}
-    return {**data, "resources": ledger, "schema_version": 2}
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -185,7 +61,7 @@ def new_run_id(now: float | None = None) -> str:
 
 
 class CorruptRecordError(OperationError):
-    """A run record could not be read; it was moved aside."""
+    """A run record could not be read; it was left where it is."""
 
 
 class RunLockedError(OperationError):
@@ -230,17 +106,17 @@ class RunStore:
         return Ledger(record.resources, lambda: self.save(record))
 
     # --- records -----------------------------------------------------------------------
-    def new(self, *, target: str, cluster_name: str, config: dict[str, Any]) -> RunRecord:
+    def new(self, config: RunConfig) -> RunRecord:
         """A record in memory only: nothing is written until the run changes something."""
         now = time.time()
         run_id = new_run_id(now)
         return RunRecord(
-            run_id=run_id, created_at=now, updated_at=now, target=target, cluster_name=cluster_name,
+            run_id=run_id, created_at=now, updated_at=now, target=config.target, cluster_name=config.cluster_name,
             config=config, spool_path=str(self.spool_dir / f"{run_id}.log"),
         )
 
-    def create(self, *, target: str, cluster_name: str, config: dict[str, Any]) -> RunRecord:
-        record = self.new(target=target, cluster_name=cluster_name, config=config)
+    def create(self, config: RunConfig) -> RunRecord:
+        record = self.new(config)
         self.save(record)
         return record
 
@@ -261,6 +137,7 @@ class RunStore:
     def save(self, record: RunRecord) -> None:
         """Atomic replace: a crash leaves either the old or the new record, never half."""
         self.ensure_writable()
+        self._sweep_temp_files()  # at write time: listing and reading change nothing
         record.updated_at = time.time()
         data = record.model_dump_json(indent=2).encode()
         target = self.path_for(record.run_id)
@@ -297,30 +174,50 @@ class RunStore:
             if data.get("schema_version") != SCHEMA_VERSION:
                 raise ValueError(f"schema version {version!r}, expected {SCHEMA_VERSION}")
             return RunRecord.model_validate(data)
-        except (ValueError, ValidationError, AttributeError) as exc:
-            kept = self._set_aside(path)
-            reason = str(exc).splitlines()[0][:120]
-            raise CorruptRecordError(
-                f"run record {run_id} is corrupt ({reason}); kept it as {kept}",
-                remedy="inspect or delete it; live resources can still be found with `rtui down`",
-            ) from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            raise self._corrupt(run_id, path, f"{where}: {first.get('msg', '')}") from None
+        except (ValueError, AttributeError) as exc:
+            raise self._corrupt(run_id, path, str(exc)) from None
 
-    def _set_aside(self, path: Path) -> Path:
-        self.corrupt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        dest = self.corrupt_dir / f"{path.name}.{int(time.time())}"
-        os.replace(path, dest)
-        return dest
+    @staticmethod
+    def _corrupt(run_id: str, path: Path, reason: str) -> CorruptRecordError:
+        reason = (reason.splitlines() or ["unreadable"])[0][:120]
+        return CorruptRecordError(
+            f"run record {run_id} is corrupt ({reason}); left as it is at {path}",
+            remedy="inspect it, or move it out of the way with `rtui runs --set-aside-corrupt`; "
+                   "`rtui down` still finds live resources")
+
+    def set_aside_corrupt(self) -> list[Path]:
+        """Move every record that cannot be read to ``corrupt/`` (never overwritten, never deleted);
+        where each went. The only call that moves a record: reading and listing never do."""
+        moved: list[Path] = []
+        for path in self._record_paths():
+            try:
+                self.load(path.stem)
+            except CorruptRecordError:
+                self.corrupt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                dest = self.corrupt_dir / f"{path.name}.{int(time.time())}"
+                while dest.exists():
+                    dest = dest.with_name(dest.name + "_")
+                os.replace(path, dest)
+                moved.append(dest)
+            except OperationError:
+                continue  # a newer rtui's record, a directory: readable elsewhere, or not ours to move
+        return moved
+
+    def _record_paths(self) -> list[Path]:
+        if not self.runs_dir.is_dir():
+            return []
+        return [p for p in sorted(self.runs_dir.glob("*.json"))
+                if p.is_file() and RUN_ID_PATTERN.fullmatch(p.stem)]
 
     def list(self) -> tuple[list[RunRecord], list[str]]:
-        """All readable records (newest first) and one warning per corrupt record."""
+        """All readable records (newest first) and one warning per unreadable one; changes nothing."""
         records: list[RunRecord] = []
         warnings: list[str] = []
-        if not self.runs_dir.is_dir():
-            return records, warnings
-        self._sweep_temp_files()
-        for path in sorted(self.runs_dir.glob("*.json")):
-            if not path.is_file() or not RUN_ID_PATTERN.fullmatch(path.stem):
-                continue
+        for path in self._record_paths():
             try:
                 records.append(self.load(path.stem))
             except OperationError as exc:

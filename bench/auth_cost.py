@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,7 +31,7 @@ JOB = "python -c \"import ray; ray.init(); print(ray.cluster_resources()['CPU'])
 
 async def one(token: bool) -> tuple[float, float]:
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
-    facts = {"ports": ports, "gcs_address": f"127.0.0.1:{ports['gcs']}",
+    facts: dict[str, Any] = {"ports": ports, "gcs_address": f"127.0.0.1:{ports['gcs']}",
              "dashboard_url": f"http://127.0.0.1:{ports['dashboard']}", "state_dir": "bench"}
     cluster = lc.make_cluster_dir(f"bench{secrets.token_hex(2)}", "bench", facts)
     env = ray_env(cluster)

@@ -128,7 +128,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
                                model_revision="0" * 40,  # a commit: no Hub asked
                                operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)
             store = RunStore(work / "state")
-            record = store.new(target="aws", cluster_name=config.cluster_name, config=config.model_dump(mode="json"))
+            record = store.new(config)
             session = RunSession(store, record, config)
             plan = await session.plan()
             for layer in session.stack.layers:
@@ -148,7 +148,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
                 raise SystemExit(f"{order}: a step failed")
             from backend.layers.aws.base import aws_api
 
-            counted = aws_api(config).counts
+            counted = aws_api(session.ctx).counts
             calls = collections.Counter({f"up:{k}": v for k, v in counted.items()})
             counted.clear()
             del before
@@ -158,6 +158,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
                         raise SystemExit(f"teardown: {event.step}: {event.message}")
                 calls.update({f"down:{k}": v for k, v in counted.items()})
                 counted.clear()
+            await session.aclose()
             return elapsed, critical_path(steps, runner), calls
     finally:
         cluster.stop()

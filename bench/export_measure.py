@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn
 
     p = argparse.ArgumentParser()
     p.add_argument("--world", type=int, default=1)
@@ -39,7 +39,7 @@ def main() -> None:
     if args.world == 1:
         measure(0, args)
     else:
-        mp.spawn(measure, args=(args,), nprocs=args.world, join=True)
+        spawn(measure, args=(args,), nprocs=args.world, join=True)
 
 
 def measure(rank: int, args: argparse.Namespace) -> None:

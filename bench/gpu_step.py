@@ -66,7 +66,10 @@ def save_bf16_model(config: dict[str, Any], directory: Path, device: Any, seed: 
     torch.manual_seed(seed)
     with torch.device(device):  # initialising 1.5B weights is far quicker on a GPU
         model = Qwen2ForCausalLM(Qwen2Config(**config))
-    model.to(device="cpu", dtype=torch.bfloat16).save_pretrained(directory)
+    # nn.Module.to converts in place; transformers' own .to (a functools.wraps wrapper mypy reads as
+    # unbound) only adds checks for quantized models, which this is not.
+    torch.nn.Module.to(model, device="cpu", dtype=torch.bfloat16)
+    model.save_pretrained(directory)
     del model
 
 

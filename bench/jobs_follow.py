@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import psutil
@@ -77,14 +77,15 @@ def read_file(path: Path, chunk_chars: int) -> tuple[int, int]:
     return lines, chars
 
 
-async def measure(name: str, run: Callable[[], object], expected_lines: int) -> dict[str, object]:
+Counted = tuple[int, int]  # lines and characters read
+
+
+async def measure(name: str, run: Callable[[], Counted | Awaitable[Counted]], expected_lines: int) -> dict[str, object]:
     before, peak_before = rss_mb(), peak_rss_mb()
     started = time.perf_counter()
-    result = run()
-    if asyncio.iscoroutine(result):
-        result = await result
+    made = run()
+    lines, _chars = made if isinstance(made, tuple) else await made
     elapsed = time.perf_counter() - started
-    lines, _chars = result  # type: ignore[misc]
     assert lines == expected_lines, (name, lines, expected_lines)
     return {"what": name, "lines": lines, "seconds": round(elapsed, 3), "lines_per_s": round(lines / elapsed),
             "rss_mb_before": round(before, 1), "rss_mb_after": round(rss_mb(), 1),
@@ -125,7 +126,7 @@ async def main() -> None:
             async with RayJobs(url) as jobs:
                 # Warm up the connection and the code paths, then measure.
                 await jobs.version()
-                runs: list[tuple[str, Callable[[], object]]] = [
+                runs: list[tuple[str, Callable[[], Counted | Awaitable[Counted]]]] = [
                     ("local file read (baseline)", lambda: read_file(path, args.chunk_chars)),
                     ("JobsApi.tail (websocket)", lambda: count_lines(jobs.api.tail(JOB))),
                     ("RayJobs.follow (tail + final full-log fetch)", lambda: count_lines(jobs.follow(JOB))),

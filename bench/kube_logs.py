@@ -135,9 +135,9 @@ async def measure(name: str, run: Pass, expected: int) -> dict[str, object]:
 
 
 def session_for(state: Path, sid: str) -> RunSession:
-    config = resolve_config({}, environ={}).config
+    config = resolve_config({}, environ={}).config.model_copy(update={"target": "kube"})
     store = RunStore(state)
-    record = store.create(target="kube", cluster_name="rtui-ray", config=config.model_dump(mode="json"))
+    record = store.create(config)
     record.jobs.append(JobRecord(submission_id=sid, submitted_at=0.0, spec_hash="h"))
     return RunSession(store, record, config)
 

@@ -77,8 +77,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> float:
                                model_revision="0" * 40,  # a commit: no Hub asked
                                operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)
             store = RunStore(work / f"state-{order}")
-            record = store.new(target="kube", cluster_name=config.cluster_name,
-                               config=config.model_dump(mode="json"))
+            record = store.new(config)
             session = RunSession(store, record, config)
             plan = await session.plan()
             steps = select_until(apply_steps(session.stack, session.ctx, plan), plan, "kubernetes")
@@ -93,6 +92,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> float:
             elapsed = time.perf_counter() - started
             if runner.failed:
                 raise SystemExit(f"{order}: a step failed")
+            await session.aclose()
             return elapsed
     finally:
         cluster.stop()

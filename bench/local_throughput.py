@@ -25,7 +25,6 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from backend.config import RunConfig  # noqa: E402
 from backend.layers.local_cluster import cluster_family, find_clusters  # noqa: E402
 from backend.store import RunStore  # noqa: E402
 from training.protocol import SUMMARY_TAG, parse_record  # noqa: E402
@@ -91,14 +90,14 @@ def main() -> None:
         subprocess.run([rtui, "down", run_id, "--yes"], env=env, cwd=tmp, check=True, capture_output=True)
     assert summary is not None
     workers, ray_tps = summary["world_size"], summary["tokens_per_s_mean"]
-    per_worker_batch = RunConfig.model_validate(config).effective_batch_size()
+    per_worker_batch = config.effective_batch_size()
     global_batch = workers * per_worker_batch
     plain = subprocess.run(
         [sys.executable, str(REPO / "bench" / "plain_loop.py"), "--steps", str(args.steps),
          "--batch-size", str(global_batch), "--threads", str(cores), "--precision", "fp32",
-         "--hidden", str(config["local_hidden_size"]), "--layers", str(config["local_layers"]),
-         "--heads", str(config["local_heads"]), "--vocab", str(config["local_vocab_size"]),
-         "--seq-len", str(config["seq_len"])],
+         "--hidden", str(config.local_hidden_size), "--layers", str(config.local_layers),
+         "--heads", str(config.local_heads), "--vocab", str(config.local_vocab_size),
+         "--seq-len", str(config.seq_len)],
         capture_output=True, text=True, check=True, cwd=REPO)
     plain_tps = json.loads(plain.stdout.strip().splitlines()[-1])["tokens_per_s_mean"]
     print(f"Ray Train FSDP2, {workers} workers x batch {per_worker_batch}: {ray_tps:,.0f} tokens/s (steady mean)")

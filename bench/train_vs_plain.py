@@ -63,7 +63,7 @@ def main() -> None:
     cores = os.cpu_count() or 2
     env = {**os.environ, "RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
-    stop, driver = threading.Event(), []
+    stop, driver = threading.Event(), list[int]()
     if a.py_spy:
         threading.Thread(target=profile_workers, args=(a.py_spy, stop, driver), daemon=True).start()
     with tempfile.TemporaryDirectory() as tmp:

@@ -79,6 +79,7 @@ async def flood(rate: int = 100_000, seconds: float = 10.0, idle_s: float = 5.0,
                 metric_every: int = 10_000) -> FloodResult:
     """Run the flood in this process (its state dir must be private: see ``main``)."""
     from backend.config import resolve_config
+    from backend.model import Action, Change, Plan
     from backend.session import RunSession
     from backend.store import JobRecord, JobState, RunStatus
     from screens.run import RunScreen
@@ -90,7 +91,9 @@ async def flood(rate: int = 100_000, seconds: float = 10.0, idle_s: float = 5.0,
                                          status=JobState.RUNNING))
     session.record.status = RunStatus.UP
     if priced:  # the cost meter runs: the stats change every refresh tick
-        session.record.plan = {"changes": [{"action": "create", "cost_per_hour": 4.6}]}
+        session.record.plan = Plan(target="local", changes=[Change(address="aws.nodegroup.gpu", layer="aws",
+                                                                   kind="nodegroup", action=Action.CREATE,
+                                                                   cost_per_hour=4.6)])
     session.store.save(session.record)
     session = RunSession.resume(session.run_id)
 

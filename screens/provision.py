@@ -15,6 +15,7 @@ from textual.message import Message
 from textual.widgets import Footer, Header, Static
 
 from backend import flows
+from backend.errors import NoCapacity
 from backend.model import EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.runner import Step
@@ -59,7 +60,7 @@ class ProvisionScreen(RtuiScreen):
     class FailoverRequested(Message):
         """The GPU nodes found no capacity: the App moves them to the next feasible AZ."""
 
-        failed: StepEvent
+        failed: NoCapacity
 
     def __init__(self, plan: PlanResult | None = None, *, mode: Mode = "apply",
                  outline: list[Step] | None = None, clock: Callable[[], float] = time.time,
@@ -72,7 +73,7 @@ class ProvisionScreen(RtuiScreen):
         self.outline = outline or []
         self.running = True
         self.ok = False
-        self.no_capacity: StepEvent | None = None
+        self.no_capacity: NoCapacity | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -106,8 +107,8 @@ class ProvisionScreen(RtuiScreen):
 
     async def on_provision_screen_step_event_posted(self, message: StepEventPosted) -> None:
         event = message.event
-        if event.kind is EventKind.FAILED and flows.CAPACITY_CODE in (event.cause or ""):
-            self.no_capacity = event
+        if isinstance(event.error, NoCapacity):
+            self.no_capacity = event.error
         panes = self.query(f"#{StepPane.dom_id(event.step)}")
         if panes:
             pane = panes.first(StepPane)

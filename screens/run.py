@@ -39,13 +39,6 @@ _STATUS_STYLE: dict[str, str] = {JobState.SUCCEEDED: "bold green", JobState.FAIL
                  JobState.RUNNING: "bold yellow"}
 
 
-def plan_cost_per_hour(plan: dict[str, Any] | None) -> float | None:
-    """What the applied plan said the run costs per hour; None when it priced nothing."""
-    costs = [c.get("cost_per_hour") for c in (plan or {}).get("changes", []) if c.get("action") != "delete"]
-    priced = [float(c) for c in costs if isinstance(c, int | float)]
-    return sum(priced) if priced else None
-
-
 class RunScreen(RtuiScreen):
     HELP_TITLE = "the run"
     # Below 100 columns the graph folds away (`g` shows it in the log's place): the log tail and the
@@ -198,7 +191,11 @@ class RunScreen(RtuiScreen):
 
     def refresh_dashboard(self) -> None:
         """Hand the badge, stats, sparkline and graph fresh snapshots (equal ones repaint nothing)."""
-        cost = plan_cost_per_hour(self.session.record.plan) if self._gpu_cost is None else self._gpu_cost
+        plan = self.session.record.plan  # what the applied plan said the run costs per hour
+        if self._gpu_cost is not None:
+            cost: float | None = self._gpu_cost
+        else:
+            cost = plan.cost_per_hour if plan is not None and plan.prices() else None
         now = time.monotonic()
         # A priced run's cost keeps running without new lines, slowly enough to redraw it seldom.
         if not (self._stale or (cost and now - self._refreshed_at >= COST_REFRESH_S)):

@@ -1,23 +1,20 @@
 """First screen: pick the target, see the configuration and the live preflight checks.
 
-On the kube target it also offers the kubeconfig's contexts: choosing another posts
-``ContextChosen`` and the App makes a session for that context (and this screen anew, whose
-checks then run against the other cluster). The allocatable check is one of those checks.
-
-On aws it shows the feasibility matrix as the preflight fills it in, one region at a time (the
-aws layer's ``MatrixWatch`` posts each region as it returns): the AZ in use is highlighted,
-choosing another posts ``ZoneChosen`` and the App makes a session with that availability zone.
-A short quota offers the increase request; the App asks for confirmation, then this screen files it.
+What every target has is drawn here: the targets, the configuration, the checks. The run's target
+adds its own panel (``tui.target_panel``; the kube context picker in ``targets.kube.panel``, the aws
+feasibility matrix in ``targets.aws.panel``), whose module loads with this screen, not before.
+A panel picks another context or AZ by posting ``ContextChosen`` or ``ZoneChosen``: the App makes
+a session for it (and this screen anew, whose checks then run against it).
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
-from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -25,26 +22,16 @@ from textual.message import Message
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
+import targets
 from backend.errors import RtuiError
 from backend.model import CheckResult, CheckStatus
-from tui.checks import render_checks, render_config, render_context
+from tui.checks import render_checks, render_config
 from tui.screen import RtuiScreen
+from tui.target_panel import PanelUpdated, TargetPanel, panel_for
 
 if TYPE_CHECKING:
-    from backend.aws import PreflightReport, QuotaIncreaseRequest
-    from backend.aws.report import QuotaStatus, RegionReport
-    from backend.layers.aws.layer import AwsLayer
-    from backend.layers.kubernetes.access import KubeContext
-    from tui.matrix import FeasibilityPanel
+    from backend.aws.report import QuotaStatus
 
-# Checks whose failure leaves the aws matrix empty: the matrix box says them, with their remedy.
-MATRIX_FAILURES = frozenset({"aws.preflight", "aws.azs"})
-
-TARGETS = [
-    ("local", "Local — a real Ray cluster on this machine: tiny model, no cloud"),
-    ("aws", "AWS — new EKS cluster with EFA GPU nodes, in an AZ preflight checks"),
-    ("kube", "Kubernetes — an existing cluster from kubeconfig"),
-]
 
 def selectable_targets(target: str) -> set[str]:
     """The session's own target: its run, record and lock belong to it (another target is another run)."""
@@ -53,7 +40,7 @@ def selectable_targets(target: str) -> set[str]:
 
 def unselectable_reason(target: str) -> str | None:
     """Why the greyed targets cannot be chosen in a session for ``target`` (None when none is greyed)."""
-    others = [name for name, _ in TARGETS if name not in selectable_targets(target)]
+    others = [name for name in targets.names() if name not in selectable_targets(target)]
     if not others:
         return None
     article = "an" if target[0] in "aeiou" else "a"
@@ -87,29 +74,8 @@ class TargetScreen(RtuiScreen):
         name: str
 
     @dataclass
-    class ContextsLoaded(Message):
-        """The kubeconfig was read (``error`` is its one line when it could not be)."""
-
-        contexts: list[KubeContext]
-        current: str | None
-        error: str | None = None
-
-    @dataclass
     class ChecksFinished(Message):
         results: list[CheckResult]
-        report: PreflightReport | None = None  # aws: the matrix the checks came from
-
-    @dataclass
-    class RegionsListed(Message):
-        """aws: the regions the matrix is about to check."""
-
-        regions: list[str]
-
-    @dataclass
-    class RegionChecked(Message):
-        """aws: one region's checks returned."""
-
-        report: RegionReport
 
     @dataclass
     class ZoneChosen(Message):
@@ -123,10 +89,7 @@ class TargetScreen(RtuiScreen):
         """The user wants AWS asked for the quota the plan is short of: the App confirms first."""
 
         requests: list[tuple[str, QuotaStatus]]
-
-    @dataclass
-    class QuotaRequested(Message):
-        filed: list[QuotaIncreaseRequest]
+        file: Callable[[], None]  # files them (the panel's worker), once the user said yes
 
     BINDINGS = [
         # A priority binding: the focused list's own Enter would shadow it, and hide it from the footer.
@@ -144,52 +107,29 @@ class TargetScreen(RtuiScreen):
     ]
 
     checks: list[CheckResult] | None = None
-    report: PreflightReport | None = None  # aws: the finished matrix
-    kubeconfig_current: str | None = None  # the kubeconfig's current-context, once read
-    all_regions = False
 
-    @property
-    def kube(self) -> bool:
-        return self.session.config.target == "kube"
-
-    @property
-    def aws(self) -> bool:
-        return self.session.config.target == "aws"
-
-    def aws_layer(self) -> AwsLayer | None:
-        if not self.aws:
-            return None
-        from backend.layers.aws.layer import AwsLayer
-
-        return next((layer for layer in self.session.stack.layers if isinstance(layer, AwsLayer)), None)
-
-    def feasibility(self) -> FeasibilityPanel:
-        """aws: the matrix (its module loads with the first aws screen, not before)."""
-        from tui.matrix import FeasibilityPanel
-
-        return self.query_one(FeasibilityPanel)
+    @cached_property
+    def panel(self) -> TargetPanel:
+        """The run's target's part of this screen."""
+        return panel_for(self.session.target, self)
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Vertical(id="target-body"):
             yield Static("Where should this run go?", classes="heading")
-            enabled = selectable_targets(self.session.config.target)
             target = self.session.config.target
-            options = [Option(label, id=name, disabled=name not in enabled) for name, label in TARGETS]
-            targets = OptionList(*options, id="targets")
-            targets.border_subtitle = unselectable_reason(target)
-            yield targets
-            if self.aws:
-                from tui.matrix import FeasibilityPanel
-
-                cfg = self.session.config
-                yield FeasibilityPanel(gpus=f"{cfg.gpu_node_count} × {cfg.gpu_node_type}", region=cfg.region,
-                                       chosen=(cfg.region, cfg.availability_zone) if cfg.availability_zone else None)
+            enabled = selectable_targets(target)
+            options = [Option(targets.get(name).label, id=name, disabled=name not in enabled)
+                       for name in targets.names()]
+            choices = OptionList(*options, id="targets")
+            choices.border_subtitle = unselectable_reason(target)
+            yield choices
+            yield from self.panel.above()
             with Horizontal(id="target-details"):
-                if self.kube:  # the picker beside the checks: at 80×24 both stay in view
+                beside = list(self.panel.beside_config())
+                if beside:
                     with Vertical(id="target-left"):
-                        yield Static("Kubeconfig context", id="contexts-heading")
-                        yield OptionList(Option("reading the kubeconfig…", disabled=True), id="contexts")
+                        yield from beside
                         yield self._config_box()
                 else:
                     yield self._config_box()
@@ -208,190 +148,86 @@ class TargetScreen(RtuiScreen):
                 ("precision", cfg.effective_precision()),
                 ("model", cfg.effective_model_id()
                  or f"tiny Qwen2 ({cfg.local_layers} layers, hidden {cfg.local_hidden_size})")]
-        if self.kube:
-            rows += [("namespace", cfg.namespace), ("GPU nodes", f"{cfg.gpu_node_count} × {cfg.gpus_per_node} GPUs")]
-        if self.aws:
-            rows += [("region", cfg.region), ("GPU nodes", f"{cfg.gpu_node_count} × {cfg.gpu_node_type}"),
-                     ("AZ", cfg.availability_zone or "the recommended one")]
-        self.query_one("#config-summary", Static).update(render_config(rows))
-        targets = self.query_one("#targets", OptionList)
-        if self.kube or self.aws:  # two rows of air fewer, so the checks fit beside the picker at 80×24
-            for widget in (self.query_one(".heading"), targets):
+        self.query_one("#config-summary", Static).update(render_config(rows + self.panel.config_rows()))
+        choices = self.query_one("#targets", OptionList)
+        if self.panel.compact:  # two rows of air fewer, so the checks fit beside the picker at 80×24
+            for widget in (self.query_one(".heading"), choices):
                 widget.styles.margin = (0, 0, 0, 0)
-        targets.highlighted = next(i for i, (name, _) in enumerate(TARGETS)
+        choices.highlighted = next(i for i, name in enumerate(targets.names())
                                    if name in selectable_targets(cfg.target))
-        if self.aws:
-            self.feasibility().reset(all_regions=self.all_regions)
-        # On kube the context is the one choice left to make here, on aws the AZ: its picker has the focus.
-        (self.query_one("#contexts", OptionList) if self.kube else
-         self.feasibility().matrix if self.aws else targets).focus()
+        # Where the target has a choice left to make (a context, an AZ), its picker has the focus.
+        (self.panel.mounted() or choices).focus()
         # After the first paint: the checks import the target's modules, which the first frame doesn't need.
         self.call_after_refresh(self.run_checks)
-        if self.kube:
-            self.call_after_refresh(self.load_contexts)
+        self.call_after_refresh(self.panel.after_first_paint)
 
     # --- workers: they post messages, the handlers below change widgets ------------------
     @work(exclusive=True, group="checks")
     async def run_checks(self) -> None:
-        layer = self.aws_layer()
-        if layer is not None:
-            from backend.layers.aws.layer import MatrixWatch
-
-            def listed(names: list[str]) -> None:
-                self.post_message(self.RegionsListed(names))
-
-            def checked(region: RegionReport) -> None:
-                self.post_message(self.RegionChecked(region))
-
-            layer.watch = MatrixWatch(on_listed=listed, on_region=checked, all_regions=self.all_regions)
+        self.panel.before_checks()
         try:
             results = await self.session.preflight()
         except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
             line = exc.message if isinstance(exc, RtuiError) else f"{type(exc).__name__}: {exc}"
-            if layer is None:
+            taken = self.panel.takes_failure()
+            if taken is None:
                 self.app.report_error(exc)
-                check_id, title = "preflight", "Checks"
-            else:  # the matrix says it (once: no notification too); Enter is refused with this line
-                check_id, title = "aws.preflight", "AWS preflight"
+            check_id, title = taken or ("preflight", "Checks")
             # The checks panel has the failure too (never "checking…" for ever).
             self.post_message(self.ChecksFinished([CheckResult(
                 id=check_id, title=title, status=CheckStatus.FAIL, detail=line,
                 remedy=exc.remedy if isinstance(exc, RtuiError) else None)]))
             return
-        self.post_message(self.ChecksFinished(results, layer.report if layer is not None else None))
-
-    @work(exclusive=True, group="quota")
-    async def file_quota_increase(self, region: str) -> None:
-        """After the App's confirmation: the same request `rtui check --request-quota-increase --yes` files."""
-        from backend.aws.quota_requests import request_missing_quota
-        from backend.layers.aws_preflight import preflight_request
-
-        request = preflight_request(self.session.ctx).model_copy(update={"regions": [region]})
-        try:
-            filed = await request_missing_quota(request)
-        except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
-            self.app.report_error(exc)
-            return
-        self.post_message(self.QuotaRequested(filed))
-
-    @work(exclusive=True, group="contexts")
-    async def load_contexts(self) -> None:
-        from backend.layers.kubernetes.access import kube_contexts
-
-        try:
-            contexts, current = await asyncio.to_thread(kube_contexts, self.session.config.kubeconfig)
-        except RtuiError as exc:  # the preflight's Kubernetes API check shows it with its remedy
-            self.post_message(self.ContextsLoaded([], None, exc.message))
-            return
-        except Exception as exc:  # noqa: BLE001 - shown to the user, not swallowed
-            self.app.report_error(exc)
-            return
-        self.post_message(self.ContextsLoaded(contexts, current))
+        self.post_message(self.ChecksFinished(results))
 
     def on_target_screen_checks_finished(self, message: ChecksFinished) -> None:
         self.checks = message.results
-        self.report = message.report
-        # The matrix shows the regions, and what stopped it from filling (with what to do): the panel
-        # does not say it again.
-        stopped = next((c for c in message.results if c.id in MATRIX_FAILURES and c.status is CheckStatus.FAIL),
-                       None) if self.aws else None
-        shown = [c for c in message.results if not c.id.startswith("aws.region.") and c is not stopped]
-        self.query_one("#checks", Static).update(render_checks(shown))
-        if self.aws:
-            failed = None if stopped is None else stopped.detail + (f" — {stopped.remedy}" if stopped.remedy else "")
-            self.feasibility().finished(message.report, failed)
+        self.query_one("#checks", Static).update(render_checks(self.panel.checks_finished(message.results)))
         self.refresh_bindings()
 
-    def on_target_screen_regions_listed(self, message: RegionsListed) -> None:
-        self.feasibility().listed(message.regions)
-
-    def on_target_screen_region_checked(self, message: RegionChecked) -> None:
-        self.feasibility().checked(message.report)
-
-    def on_target_screen_quota_requested(self, message: QuotaRequested) -> None:
-        if not message.filed:
-            self.notify("No quota is short for this plan: nothing was requested.")
-        for r in message.filed:
-            self.notify(f"requested {r.quota_code} = {r.desired_value:g} vCPUs in {r.region}: {r.status}"
-                        + (f" (case {r.case_id})" if r.case_id else ""), title="Quota increase", timeout=10)
-
-    def on_target_screen_contexts_loaded(self, message: ContextsLoaded) -> None:
-        picker = self.query_one("#contexts", OptionList)
-        picker.clear_options()
-        if message.error is not None:
-            picker.add_option(Option(Text(f"no contexts: {message.error}", style="red"), disabled=True))
-            picker.disabled = True  # nothing to pick: Enter goes to the targets (and is refused there)
-            self.query_one("#targets", OptionList).focus()
-            return
-        self.kubeconfig_current = message.current
-        chosen = self.session.config.context or message.current
-        picker.add_options([Option(render_context(c, current=c.name == message.current), id=c.name)
-                            for c in message.contexts])
-        names = [c.name for c in message.contexts]
-        if chosen in names:
-            picker.highlighted = names.index(chosen)
+    @on(PanelUpdated)
+    def panel_updated(self, message: PanelUpdated) -> None:
+        message.apply()
 
     # --- actions -------------------------------------------------------------------------
-    def short_quotas(self) -> list[tuple[str, QuotaStatus]]:
-        """The short quotas of the highlighted AZ's region (else the configured one), once the matrix is in."""
-        if self.report is None:
-            return []
-        from backend.aws.quota_requests import short_quotas
-
-        region = self.feasibility().highlighted_region
-        short = short_quotas(self.report.regions)
-        return [s for s in short if s[0] == region] or [s for s in short if s[0] == self.session.config.region]
-
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "next":  # offered only where Enter acts: no plan to review past a failed check
             return not any(c.status is CheckStatus.FAIL for c in self.checks or []) or self._enter_picks()
-        if action == "pick_context":
-            return self.kube
-        if action in ("pick_zone", "all_regions"):
-            return self.aws
-        if action == "request_quota":
-            return self.aws and not self.app.read_only and bool(self.short_quotas())
+        if action in PANEL_ACTIONS:
+            return action in self.panel.offers and self.panel.enabled(action)
         return True
 
     def _enter_picks(self) -> bool:
-        """Whether Enter would switch to another AZ or context (that it does even past a failed check)."""
+        """Whether Enter would pick another option of the panel (that it does even past a failed check)."""
         focused = self.focused
-        if not isinstance(focused, OptionList) or focused.highlighted is None or focused.id not in ("matrix",
-                                                                                                    "contexts"):
+        if not isinstance(focused, OptionList) or focused.highlighted is None or focused.id not in self.panel.pickers:
             return False
         option = focused.get_option_at_index(focused.highlighted)
         if option.disabled or option.id is None:
             return False
-        if focused.id == "matrix":
-            return not self.feasibility().is_in_use(option.id)
-        return option.id != (self.session.config.context or self.kubeconfig_current)
+        return self.panel.enter_picks(focused.id, option.id)
 
     def action_recheck(self) -> None:
         self.query_one("#checks", Static).update("checking…")
         self.checks = None
-        if self.aws:
-            self.report = None
-            self.feasibility().reset(all_regions=self.all_regions)
-            self.refresh_bindings()
+        self.panel.rechecking()
+        self.refresh_bindings()
         self.run_checks()
 
-    def action_all_regions(self) -> None:
-        self.all_regions = not self.all_regions
-        self.action_recheck()
-
     def action_pick_context(self) -> None:
-        self.query_one("#contexts", OptionList).focus()
+        self.panel.act("pick_context")
 
     def action_pick_zone(self) -> None:
-        self.feasibility().matrix.focus()
+        self.panel.act("pick_zone")
+
+    def action_all_regions(self) -> None:
+        self.panel.act("all_regions")
 
     def action_request_quota(self) -> None:
-        requests = self.short_quotas()
-        if requests:
-            self.post_message(self.QuotaIncreaseAsked(requests))
+        self.panel.act("request_quota")
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        if event.option_list.id in ("matrix", "contexts"):
+        if event.option_list.id in self.panel.pickers:
             self.refresh_bindings()  # the quota on offer is the highlighted region's; Enter may pick it
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
@@ -411,15 +247,8 @@ class TargetScreen(RtuiScreen):
 
     def choose(self, list_id: str | None, option_id: str | None) -> None:
         """Enter on an option: another AZ or context is used first (a new session); the one in use goes on."""
-        if list_id == "matrix" and option_id is not None and not self.feasibility().is_in_use(option_id):
-            region, zone = option_id.split("/", 1)
-            self.post_message(self.ZoneChosen(region, zone))
+        if list_id in self.panel.pickers and option_id is not None and self.panel.choose(list_id, option_id):
             return
-        if list_id == "contexts" and option_id is not None:
-            in_use = self.session.config.context or self.kubeconfig_current
-            if option_id != in_use:
-                self.post_message(self.ContextChosen(option_id))
-                return
         self.go_on()
 
     def go_on(self) -> None:
@@ -428,3 +257,7 @@ class TargetScreen(RtuiScreen):
             self.notify(f"{failed[0].title}: {failed[0].remedy or failed[0].detail}", severity="error")
             return
         self.post_message(self.Chosen())
+
+
+# The screen's bindings that a target's panel serves (``TargetPanel.offers``): hidden where it serves none.
+PANEL_ACTIONS = frozenset({"pick_context", "pick_zone", "all_regions", "request_quota"})

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,10 +28,6 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     monkeypatch.chdir(tmp_path)
     yield state
     _reap_clusters(state)
-    # Each test's kubeconfig gets its own cached cluster API (a pool of up to 16 threads): close them.
-    layer = sys.modules.get("backend.layers.kubernetes.layer")
-    if layer is not None:
-        layer.close_apis()
 
 
 def _reap_clusters(state: Path) -> None:
@@ -56,5 +53,13 @@ def run_rtui(*args: str, timeout: float = 300, env: dict[str, str] | None = None
     return proc
 
 
-def json_lines(text: str) -> list[dict]:
+def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`), tests that start a real Ray cluster or drive tmux share one
+    group: one worker runs them one after another, as a serial run does, while the rest spread."""
+    for item in items:
+        if item.get_closest_marker("ray") or item.get_closest_marker("tmux"):
+            item.add_marker(pytest.mark.xdist_group("ray"))

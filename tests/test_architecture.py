@@ -38,6 +38,13 @@ def test_backend_never_imports_the_ui() -> None:
     assert not loaded & {"textual", "tui", "screens"}, loaded & {"textual", "tui", "screens"}
 
 
+def test_targets_keep_textual_in_their_panels() -> None:
+    """A target's package serves the CLI too: only its first-screen panel (and the aws matrix it shows) is Textual."""
+    textual_part = (".panel", ".matrix")
+    loaded = top_level(imported_after([m for m in modules_of("targets") if not m.endswith(textual_part)]))
+    assert not loaded & {"textual", "tui", "screens"}, loaded & {"textual", "tui", "screens"}
+
+
 def test_training_knows_nothing_of_the_rest() -> None:
     light = [m for m in modules_of("training") if m != "training.train"] + ["training.train"]
     loaded = top_level(imported_after(light))
@@ -67,3 +74,128 @@ def test_no_screen_imports_another_and_none_needs_a_type_ignore() -> None:
     for folder in ("tui", "screens"):
         for path in (REPO / folder).glob("*.py"):
             assert "# type: ignore" not in path.read_text(), f"{folder}/{path.name} has a type: ignore"
+
+
+# What holds a connection, a pool or threads: a client of AWS, Kubernetes or Ray, a session of
+# boto3, the worker pool they run on. A cache of one at module level outlives every session.
+CLIENTISH = ("Api", "Client", "Session", "Pool", "Jobs", "Resource")
+
+
+def _clientish(text: str) -> bool:
+    import re
+
+    return any(re.search(rf"[A-Za-z_]*{word}\b", text) for word in CLIENTISH)
+
+
+def module_level_client_caches(source: str) -> list[str]:
+    """Module-level mutable containers holding clients, and functools caches of functions returning one."""
+    import ast
+
+    found: list[str] = []
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            note = ast.unparse(node.annotation)
+            mutable = note.split("[")[0].split(".")[-1].lower() in {"dict", "list", "set", "defaultdict",
+                                                                    "ordereddict", "weakvaluedictionary"}
+            if mutable and _clientish(note):
+                found.append(f"{node.target.id}: {note} (line {node.lineno})")
+        elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Dict, ast.List, ast.Set, ast.Call)):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and any(w in target.id.lower() for w in ("api", "client", "eks")):
+                    if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) not in (
+                            "dict", "list", "set", "collections.defaultdict", "defaultdict"):
+                        continue
+                    found.append(f"{target.id} = {ast.unparse(node.value)[:40]} (line {node.lineno})")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            cached = [d for d in node.decorator_list
+                      if ast.unparse(d.func if isinstance(d, ast.Call) else d).split(".")[-1]
+                      in {"cache", "lru_cache", "cached"}]
+            returns = ast.unparse(node.returns) if node.returns is not None else "?"
+            if cached and (returns == "?" or _clientish(returns)):
+                found.append(f"@{ast.unparse(cached[0])} {node.name}() -> {returns} (line {node.lineno})")
+    return found
+
+
+def test_the_client_cache_scan_finds_what_it_looks_for() -> None:
+    """The scan below can fail: each shape of a module-level client cache is found, data caches are not."""
+    source = (
+        "import functools\n"
+        "_APIS: dict[tuple[str, str], AwsApi] = {}\n"
+        "_EKS = {}\n"
+        "CLIENTS: list['KubeApi'] = []\n"
+        "PRICES: dict[str, float] = {}\n"
+        "@functools.lru_cache(maxsize=2)\n"
+        "def jobs(address: str) -> RayJobs: ...\n"
+        "@functools.cache\n"
+        "def partition(region: str) -> Partition: ...\n"
+    )
+    found = module_level_client_caches(source)
+    names = [f.split(":")[0].split(" ")[0] for f in found]
+    assert names == ["_APIS", "_EKS", "CLIENTS", "@functools.lru_cache(maxsize=2)"]
+
+
+def test_no_module_level_client_cache_in_backend() -> None:
+    """Clients belong to the session (issue 24 item 4): made when first needed, closed when it ends.
+    A module-level cache outlives every session, leaks its threads and must be cleared by tests."""
+    found = {str(path.relative_to(REPO)): hits for path in sorted((REPO / "backend").rglob("*.py"))
+             if (hits := module_level_client_caches(path.read_text()))}
+    assert not found, found
+# The names of the built-in targets: generic code may carry them as data (a default, a help text),
+# never compare a value against them. Spelled here, not imported: the test must not trust the product.
+TARGET_NAMES = frozenset({"local", "kube", "aws"})
+# Generic code (issue 24): what serves every target. The layers of one target (backend/layers/aws,
+# kubernetes, local_ray, local_cluster) and the targets/ packages are where a target's own code lives.
+# backend/aws is the aws target's read-only AWS code (its "aws" is also the partition's name).
+GENERIC = ("backend/*.py", "backend/telemetry/*.py", "backend/layers/base.py",
+           "backend/layers/ray_job.py", "tui/*.py", "screens/*.py")
+
+
+def _names_a_target(node: object) -> bool:
+    import ast
+
+    if isinstance(node, ast.Constant):
+        return node.value in TARGET_NAMES
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_target(e) for e in node.elts)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("frozenset", "set"):
+        return any(_names_a_target(a) for a in node.args)
+    return False
+
+
+def target_branches(source: str, filename: str = "<src>") -> list[str]:
+    """``file:line: code`` of each comparison (==, !=, in, not in, is) or ``case`` against a target's name."""
+    import ast
+
+    tree = ast.parse(source, filename)
+    lines = source.splitlines()
+    hits: list[int] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            ops_ok = all(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn | ast.Is | ast.IsNot)
+                         for op in node.ops)
+            if ops_ok and any(_names_a_target(side) for side in (node.left, *node.comparators)):
+                hits.append(node.lineno)
+        elif isinstance(node, ast.MatchValue) and _names_a_target(node.value):
+            hits.append(node.lineno)
+    return [f"{filename}:{line}: {lines[line - 1].strip()}" for line in sorted(hits)]
+
+
+def test_the_branch_finder_sees_every_spelling() -> None:
+    """The finder itself: spacing, quotes, order, tuples, sets and match all count; data does not."""
+    branchy = ['if config.target=="local": pass', "if 'aws' != t: pass", 'x = target in ("aws", "kube")',
+               'x = cfg.target not in {"local"}', 'x = "kube" if  target  ==  "kube"  else 1',
+               'match config.target:\n    case "aws":\n        pass']
+    for src in branchy:
+        assert target_branches(src), src
+    for src in ['DEFAULT = "local"', 'x = {"local": 1}', 'x = name == "localhost"', 'x = t == other.target']:
+        assert not target_branches(src), src
+
+
+def test_generic_code_has_no_branch_on_a_target_name() -> None:
+    """Issue 24: a target is one folder; generic code asks the target, never tests its name."""
+    found: list[str] = []
+    for pattern in GENERIC:
+        for path in sorted(REPO.glob(pattern)):
+            found += target_branches(path.read_text(), str(path.relative_to(REPO)))
+    assert not found, f"{len(found)} branches on a target name:\n" + "\n".join(found)

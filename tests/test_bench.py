@@ -10,7 +10,6 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,9 +17,12 @@ import pytest
 from backend import bench
 from backend.config import resolve_config
 from backend.errors import OperationError, UserError
-from backend.model import Action, Change, EventKind, Plan, StepEvent
-from backend.rayjobs import JobStatus
-from backend.store import JobState
+from backend.layers.base import Context
+from backend.model import Action, Change, EventKind, StepEvent
+from backend.planner import PlanResult
+from backend.rayjobs import JobStatus, RayJobs
+from backend.session import RunSession
+from backend.store import JobState, RunStore
 from tests.conftest import REPO
 from training import fabric
 from training.protocol import FABRIC_TAG, format_record
@@ -154,17 +156,20 @@ def test_variants_and_specs_per_target() -> None:
 
 
 # --- bring-up and job handling, with fakes ------------------------------------------------------
-class FakeJobs:
+class FakeJobs(RayJobs):
     def __init__(self, chunks: list[str], final: str = "SUCCEEDED", hang: bool = False) -> None:
+        super().__init__("http://fake")
         self.chunks, self.final, self.hang = chunks, final, hang
         self.submitted: list[dict[str, Any]] = []
         self.stopped: list[str] = []
 
-    async def submit(self, **kwargs: Any) -> str:
-        self.submitted.append(kwargs)
-        return str(kwargs["submission_id"])
+    async def submit(self, *, entrypoint: str, submission_id: str, runtime_env: dict[str, Any],
+                     metadata: dict[str, str]) -> str:
+        self.submitted.append({"entrypoint": entrypoint, "submission_id": submission_id, "runtime_env": runtime_env,
+                               "metadata": metadata})
+        return submission_id
 
-    async def follow(self, submission_id: str) -> AsyncIterator[str]:
+    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
         for chunk in self.chunks:
             yield chunk
         if self.hang:
@@ -178,10 +183,29 @@ class FakeJobs:
         return True
 
 
-def fake_session(tmp_path: Path) -> Any:
-    cluster = SimpleNamespace(job_env=lambda ctx: {"RTUI_STORAGE_PATH": str(tmp_path / "ray" / "results")})
-    return SimpleNamespace(run_id="r1", ctx=SimpleNamespace(cluster=cluster),
-                           store=SimpleNamespace(root=tmp_path / "state"))
+class ResultsCluster:
+    """A cluster whose jobs write their results under ``results``."""
+
+    def __init__(self, results: Path) -> None:
+        self.results = results
+
+    async def jobs(self, ctx: Context) -> RayJobs | None:
+        return None
+
+    def job_env(self, ctx: Context) -> dict[str, str]:
+        return {"RTUI_STORAGE_PATH": str(self.results)}
+
+    def job_finished(self, ctx: Context) -> None:
+        pass
+
+
+def fake_session(tmp_path: Path) -> RunSession:
+    """A real local run's session (a record in ``state``) on a cluster that is not there."""
+    config = resolve_config({}, environ={}).config
+    store = RunStore(tmp_path / "state")
+    session = RunSession(store, store.create(config.model_copy(update={"cluster_name": "c"})), config)
+    session.ctx.cluster = ResultsCluster(tmp_path / "ray" / "results")
+    return session
 
 
 async def test_run_job_logs_to_a_file_and_reports_progress(tmp_path: Path) -> None:
@@ -189,10 +213,11 @@ async def test_run_job_logs_to_a_file_and_reports_progress(tmp_path: Path) -> No
     jobs = FakeJobs([PREFIX + "rtui-fabric: 1 MiB done\n" + PREFIX + record[:20], record[20:] + "\n"])
     events: list[StepEvent] = []
     spec = bench.fabric_spec(resolve_config({}, environ={}).config)
-    lines, log = await bench.run_job(fake_session(tmp_path), jobs, spec, label="fabric-gloo",  # type: ignore[arg-type]
+    session = fake_session(tmp_path)
+    lines, log = await bench.run_job(session, jobs, spec, label="fabric-gloo",
                                      variant=bench.VARIANTS["gloo"], on_event=events.append)
     assert bench.parse_fabric_log(lines, variant="gloo").results[0]["size_bytes"] == MIB
-    assert log.read_text().endswith(record[20:] + "\n") and log.parent == tmp_path / "state" / "bench" / "r1"
+    assert log.read_text().endswith(record[20:] + "\n") and log.parent == tmp_path / "state" / "bench" / session.run_id
     assert log.stat().st_mode & 0o777 == 0o600 and log.parent.stat().st_mode & 0o777 == 0o700
     assert [e.kind for e in events] == [EventKind.STARTED, EventKind.PROGRESS, EventKind.DONE]
     assert events[1].message == "swept 1 MiB"
@@ -204,48 +229,48 @@ async def test_failed_and_stuck_jobs(tmp_path: Path) -> None:
     spec = bench.fabric_spec(resolve_config({}, environ={}).config)
     failed = FakeJobs(["rtui-fabric: sweep failed: RuntimeError: wrong sum\n"], final="FAILED")
     with pytest.raises(OperationError, match="fabric-gloo job failed: rtui-fabric: sweep failed"):
-        await bench.run_job(fake_session(tmp_path), failed, spec, label="fabric-gloo",  # type: ignore[arg-type]
+        await bench.run_job(fake_session(tmp_path), failed, spec, label="fabric-gloo",
                             variant=bench.VARIANTS["gloo"], on_event=lambda e: None)
     stuck = FakeJobs(["starting\n"], final="RUNNING", hang=True)
+    session = fake_session(tmp_path)
     with pytest.raises(OperationError, match="did not finish within 0s; stopped it"):
-        await bench.run_job(fake_session(tmp_path), stuck, spec, label="fabric-gloo",  # type: ignore[arg-type]
+        await bench.run_job(session, stuck, spec, label="fabric-gloo",
                             variant=bench.VARIANTS["gloo"], on_event=lambda e: None, timeout_s=0.2)
-    assert stuck.stopped and stuck.stopped[0].startswith("rtui-r1-fabric-gloo-")
+    assert stuck.stopped and stuck.stopped[0].startswith(f"rtui-{session.run_id}-fabric-gloo-")
 
 
-async def test_bring_up_runs_the_up_flow_until_the_cluster_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_bring_up_runs_the_up_flow_until_the_cluster_layer(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from backend import flows
 
-    def plan(head: Action) -> Plan:
-        return Plan(target="local", changes=[
+    def plan(head: Action) -> PlanResult:
+        return PlanResult(target="local", changes=[
             Change(address="local.ray-head", layer="local-ray", kind="ray-head", action=head),
             Change(address="ray.job.train", layer="ray-job", kind="ray-job", action=Action.CREATE)])
 
     calls: list[tuple[str | None, bool]] = []
 
-    async def fake_up(session: Any, *, until: str | None = None, follow: bool = True) -> AsyncIterator[StepEvent]:
+    async def fake_up(session: RunSession, *, until: str | None = None,
+                      follow: bool = True) -> AsyncIterator[StepEvent]:
         calls.append((until, follow))
         yield StepEvent(step="local.ray-head", kind=EventKind.DONE)
 
     monkeypatch.setattr(flows, "up", fake_up)
     plans = iter([plan(Action.CREATE), plan(Action.NOOP)])
 
-    class Session:
-        run_id = "r1"
-        record = SimpleNamespace(current_job=None)
-        stack = SimpleNamespace(layers=[SimpleNamespace(name="local-ray"), SimpleNamespace(name="ray-job")])
+    async def planned() -> PlanResult:
+        return next(plans)
 
-        async def plan(self) -> Plan:
-            return next(plans)
+    async def jobs() -> RayJobs | None:
+        return FakeJobs([])
 
-        async def jobs(self) -> FakeJobs:
-            return FakeJobs([])
-
-    await bench.bring_up(Session(), lambda e: None)  # type: ignore[arg-type]
+    session = fake_session(tmp_path)
+    session.plan, session.jobs = planned, jobs
+    await bench.bring_up(session, lambda e: None)
     assert calls == [("local-ray", False)]
     # A cluster already up as configured is not applied again.
     events: list[StepEvent] = []
-    await bench.bring_up(Session(), events.append)  # type: ignore[arg-type]
+    await bench.bring_up(session, events.append)
     assert calls == [("local-ray", False)] and events[0].message == "cluster already up"
 
 

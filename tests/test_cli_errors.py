@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.config import RunConfig
 from backend.store import RunStatus, RunStore
 from tests.conftest import REPO, run_rtui
 
@@ -68,7 +69,7 @@ def test_port_already_taken() -> None:
 
 def test_second_up_while_one_runs_changes_nothing(isolated_env: Path) -> None:
     store = RunStore()
-    rec = store.create(target="local", cluster_name="rtui-ray", config={})
+    rec = store.create(RunConfig())
     rec.status = RunStatus.APPLYING
     store.save(rec)
     before = store.path_for(rec.run_id).read_bytes()
@@ -89,14 +90,16 @@ def test_second_up_while_one_runs_changes_nothing(isolated_env: Path) -> None:
 
 def test_corrupt_run_record(isolated_env: Path) -> None:
     store = RunStore()
-    rec = store.create(target="local", cluster_name="rtui-ray", config={})
+    rec = store.create(RunConfig())
     store.path_for(rec.run_id).write_text("{ torn")
     proc = run_rtui("status", rec.run_id)
     assert_one_line(proc, 1, f"run record {rec.run_id} is corrupt")
+    assert store.path_for(rec.run_id).read_text() == "{ torn", "left where it is"
+    listing = run_rtui("runs")
+    assert listing.returncode == 0 and "no runs yet" in listing.stdout and "is corrupt" in listing.stderr
+    assert run_rtui("runs", "--set-aside-corrupt").returncode == 0
     kept = list(store.corrupt_dir.iterdir())
     assert len(kept) == 1 and kept[0].read_text() == "{ torn"
-    listing = run_rtui("runs")
-    assert listing.returncode == 0 and "no runs yet" in listing.stdout
 
 
 def test_help_and_plan_work_without_any_state(isolated_env: Path) -> None:
@@ -108,7 +111,7 @@ def test_help_and_plan_work_without_any_state(isolated_env: Path) -> None:
 
 def test_resume_skips_runs_that_are_down(isolated_env: Path) -> None:
     store = RunStore()
-    rec = store.create(target="local", cluster_name="rtui-ray", config={})
+    rec = store.create(RunConfig())
     rec.status = RunStatus.DOWN
     store.save(rec)
     assert_one_line(run_rtui("--resume"), 2, f"no runs to resume (the latest, {rec.run_id}, is down)")

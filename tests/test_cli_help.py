@@ -7,7 +7,8 @@ from typing import get_args
 
 import pytest
 
-from backend.config import FIELD_NAMES, Precision, RunConfig, Target, Transport, flag_name
+import targets
+from backend.config import FIELD_NAMES, Precision, RunConfig, Transport, flag_name
 from tests.conftest import run_rtui
 from tui.cli import build_parser, config_metavar
 
@@ -21,9 +22,10 @@ def help_of(*command: str) -> str:
 @pytest.mark.parametrize("command", [(), ("up",)], ids=["rtui", "up"])
 def test_help_lists_choices_defaults_and_placeholders(command: tuple[str, ...]) -> None:
     text = help_of(*command)
-    for flag, literal in (("--target", Target), ("--precision", Precision), ("--require-transport", Transport)):
-        assert f"{flag} {{{','.join(get_args(literal))}}}" in text
-        assert f"one of {', '.join(get_args(literal))}" in text
+    for flag, choices in (("--target", tuple(targets.BUILTIN)), ("--precision", get_args(Precision)),
+                          ("--require-transport", get_args(Transport))):
+        assert f"{flag} {{{','.join(choices)}}}" in text
+        assert f"one of {', '.join(choices)}" in text
     assert "--shard {full,hybrid}" in text and "(default: full)" in text
     assert "(default: local)" in text and "(default: auto)" in text and "(default: rtui-ray)" in text
     assert "--gpus-per-node N GPUs per GPU node (default: 4)" in text

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.config import RunConfig
 from backend.store import JobRecord, JobState, RunStatus, RunStore
 from tests.conftest import run_rtui
 from tests.test_cli_errors import assert_one_line
@@ -14,7 +15,7 @@ from tests.test_cli_errors import assert_one_line
 
 def saved_run(**changes: object) -> tuple[RunStore, str, Path]:
     store = RunStore()
-    record = store.create(target="local", cluster_name="rtui-ray", config={})
+    record = store.create(RunConfig())
     record.status = RunStatus.UP
     store.save(record)
     path = store.path_for(record.run_id)
@@ -30,9 +31,15 @@ def test_a_300_character_run_id(isolated_env: Path, command: str) -> None:
     assert_one_line(run_rtui(*args), 2, "invalid run id")
 
 
-def test_malformed_resources_are_set_aside_in_one_line(isolated_env: Path) -> None:
+def test_malformed_resources_are_reported_in_one_line_and_set_aside_when_asked(isolated_env: Path) -> None:
     store, run_id, path = saved_run(resources={"local.ray-head": {"kind": "ray-head", "id": 7, "status": "nope"}})
+    before = path.read_bytes()
     assert_one_line(run_rtui("status", run_id), 1, f"run record {run_id} is corrupt")
+    listing = run_rtui("runs")
+    assert listing.returncode == 0 and f"run record {run_id} is corrupt" in listing.stderr
+    assert path.read_bytes() == before and not store.corrupt_dir.exists(), "reading and listing move nothing"
+    aside = run_rtui("runs", "--set-aside-corrupt")
+    assert aside.returncode == 0 and "set aside an unreadable run record" in aside.stderr, aside.stderr
     assert not path.exists() and len(list(store.corrupt_dir.iterdir())) == 1
     # Nothing of that run is live, so down has nothing to find: one line, not a traceback.
     assert_one_line(run_rtui("down", run_id, "--yes"), 2, f"no run {run_id}")
@@ -100,7 +107,7 @@ def test_logs_and_status_show_the_latest_job_and_earlier_ones_stay_readable(isol
 def test_status_honours_target(isolated_env: Path) -> None:
     """`rtui status --target kube` shows the latest kube run, not the latest run (issue 21, item 4)."""
     store = RunStore()
-    kube = store.create(target="kube", cluster_name="rtui-ray", config={"target": "kube"})
+    kube = store.create(RunConfig(target="kube"))
     kube.status = RunStatus.DOWN
     store.save(kube)
     _, local_id, _ = saved_run()

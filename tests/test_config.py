@@ -51,7 +51,7 @@ def test_xdg_config_file_used_when_cwd_has_none(tmp_path: Path, monkeypatch: pyt
         ({"region": "mars-1"}, "--region"),
     ],
 )
-def test_bad_values_name_field_value_and_what_is_accepted(flags: dict, needle: str) -> None:
+def test_bad_values_name_field_value_and_what_is_accepted(flags: dict[str, str], needle: str) -> None:
     with pytest.raises(UserError) as info:
         resolve_config(flags, environ={})
     assert needle in str(info.value)

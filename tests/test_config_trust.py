@@ -7,13 +7,18 @@ has confirmed that file's content; job_env never names a cloud or cluster creden
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from backend.config import resolve_config
 from backend.errors import UserError
 from tests.conftest import run_rtui
+
+if TYPE_CHECKING:
+    from tui.app import RtuiApp
 
 # The file of the issue: the user's AWS keys to the cluster, under an attacker's image and CRDs.
 HOSTILE = (
@@ -27,8 +32,8 @@ SECRETS = {"AWS_ACCESS_KEY_ID": "AKIAHOSTILETEST0000", "AWS_SECRET_ACCESS_KEY": 
            "AWS_SESSION_TOKEN": "hostile-session-token-456"}
 
 
-def _one_line(proc: object) -> str:
-    err = proc.stderr  # type: ignore[attr-defined]
+def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    err = proc.stderr
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     return str(err)
@@ -125,7 +130,7 @@ _WIZARD_FILE = ('target = "local"\nimage = "evil.example.com/ray:latest"\nhf_tok
                 'job_env = "MY_SETTING"\nsteps = 7\n')
 
 
-def _wizard_app(tmp_path: Path):  # type: ignore[no-untyped-def]
+def _wizard_app(tmp_path: Path) -> RtuiApp:
     from tui.app import RtuiApp
     from tui.cli import build_parser, wizard_session
 

@@ -100,8 +100,7 @@ def _upload(exported: Path, uri: str) -> list[str]:
 def kube_run(storage: str) -> str:
     """A finished kube run that wrote to ``storage`` (its cluster unreachable: the kubeconfig is gone)."""
     store = RunStore()
-    config = RunConfig(target="kube", storage_path=storage).model_dump(mode="json")
-    record = store.create(target="kube", cluster_name="rtui-ray", config=config)
+    record = store.create(RunConfig(target="kube", cluster_name="rtui-ray", storage_path=storage))
     record.status = RunStatus.DOWN
     store.save(record)
     return record.run_id

@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from backend import flows, follow
-from backend.config import resolve_config
+from backend.config import RunConfig, resolve_config
 from backend.errors import OperationError
 from backend.layers.base import Context
 from backend.ledger import ResourceStatus
-from backend.rayjobs import JobStatus
+from backend.rayjobs import JobStatus, RayJobs
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStore
 
 
-class FakeJobs:
+class FakeJobs(RayJobs):
     """States are handed out one per status call (the last repeats); the log comes in 7-char chunks."""
 
     def __init__(self, chunks: list[str], states: list[str], message: str = "", pause_s: float = 0.0) -> None:
+        super().__init__("http://fake")
         self.chunks, self.states, self.message, self.pause_s = chunks, states, message, pause_s
-        self.address = "http://fake"
         self.calls = 0
 
     async def version(self, timeout_s: float = 2.0) -> dict[str, Any]:
@@ -65,10 +65,10 @@ class FakeCluster:
 def make_session(tmp_path: Path, jobs: FakeJobs) -> RunSession:
     config = resolve_config({"steps": "2"}, environ={}).config
     store = RunStore(tmp_path / "state")
-    record = store.create(target="local", cluster_name="c", config=config.model_dump(mode="json"))
+    record = store.create(config)
     record.jobs.append(JobRecord(submission_id="j1", submitted_at=0.0, spec_hash="h"))
     session = RunSession(store, record, config)
-    session.ctx.cluster = FakeCluster(jobs)  # type: ignore[assignment]
+    session.ctx.cluster = FakeCluster(jobs)
     return session
 
 
@@ -92,7 +92,7 @@ async def test_a_succeeded_job_reports_progress_and_keeps_telemetry(tmp_path: Pa
     updates = [u async for u in flows._train_progress(session)]
     assert updates[-1].fraction == 1.0 and "step 2/2" in updates[-1].message
     snapshot = RunStore(tmp_path / "state").load(session.run_id).telemetry
-    assert snapshot is not None and snapshot["metrics"]["latest"]["step"] == 2
+    assert snapshot is not None and snapshot.metrics.latest is not None and snapshot.metrics.latest.step == 2
 
 
 async def test_reattaching_never_duplicates_the_spool(tmp_path: Path) -> None:
@@ -115,21 +115,23 @@ async def test_the_status_is_live_while_the_job_prints_nothing(tmp_path: Path, m
     assert states[0] == "PENDING" and "RUNNING" in states and states[-1] == "SUCCEEDED"
     assert states.index("RUNNING") < len(states) - 1, "RUNNING must show before the end"
     assert session.record.current_job is not None and session.record.current_job.status is JobState.SUCCEEDED
-    assert RunStore(tmp_path / "state").load(session.run_id).current_job.status is JobState.SUCCEEDED  # type: ignore[union-attr]
+    job = RunStore(tmp_path / "state").load(session.run_id).current_job
+    assert job is not None and job.status is JobState.SUCCEEDED
 
 
-async def test_submission_waits_for_the_job_agent_and_tolerates_a_lost_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_submission_waits_for_the_job_agent_and_tolerates_a_lost_answer() -> None:
     from backend import rayjobs
     from backend.errors import TransientError
-    from backend.jobsapi import Answer, SubmitRefused
+    from backend.jobsapi import Answer, JobsApi, SubmitRefused
 
     def refused(status: int, body: str) -> SubmitRefused:
         return SubmitRefused(Answer(status, body), OperationError(f"job submission failed: {body}"))
 
-    class Client:
+    class Client(JobsApi):
         calls = 0
 
-        async def submit(self, **kwargs: object) -> str:
+        async def submit(self, *, entrypoint: str, submission_id: str, runtime_env: Mapping[str, Any],
+                         metadata: Mapping[str, str]) -> str:
             Client.calls += 1
             if Client.calls < 3:
                 raise refused(500, "No available agent to submit job, please try again later.")
@@ -137,21 +139,18 @@ async def test_submission_waits_for_the_job_agent_and_tolerates_a_lost_answer(mo
                 raise refused(500, "Job with submission_id j1 already exists. Please use a different id.")
             return "j1"
 
-    async def no_sleep(_s: float) -> None:
-        return None
-
     jobs = rayjobs.RayJobs("http://fake")
-    jobs.api = Client()  # type: ignore[assignment]
-    monkeypatch.setattr(rayjobs.asyncio, "sleep", no_sleep)
-    waits = [w async for w in rayjobs.submit_when_ready(jobs, entrypoint="x", submission_id="j1",
+    jobs.api = Client("http://fake")
+    waits = [w async for w in rayjobs.submit_when_ready(jobs, first_delay_s=0.01, entrypoint="x", submission_id="j1",
                                                          runtime_env={}, metadata={})]
     assert len(waits) == 2 and Client.calls == 3 and "waiting for the job agent" in waits[0]
 
-    class Broken:
-        async def submit(self, **kwargs: object) -> str:
+    class Broken(JobsApi):
+        async def submit(self, *, entrypoint: str, submission_id: str, runtime_env: Mapping[str, Any],
+                         metadata: Mapping[str, str]) -> str:
             raise refused(400, "bad runtime_env")
 
-    jobs.api = Broken()  # type: ignore[assignment]
+    jobs.api = Broken("http://fake")
     with pytest.raises(OperationError, match="bad runtime_env") as info:
         [w async for w in rayjobs.submit_when_ready(jobs, entrypoint="x", submission_id="j2", runtime_env={},
                                                      metadata={})]
@@ -190,13 +189,13 @@ async def test_each_job_of_a_run_has_its_own_spool_metrics_and_summary(tmp_path:
     from backend.layers.ray_job import JOB, RayJobLayer
 
     store = RunStore(tmp_path / "state")
-    record = store.create(target="local", cluster_name="c", config={})
+    record = store.create(RunConfig(cluster_name="c"))
     jobs = TwoJobs({f"rtui-{record.run_id}-1": metric_lines(20), f"rtui-{record.run_id}-2": metric_lines(5)})
 
     async def submit_and_follow(steps: int) -> list[str]:
         config = resolve_config({"steps": str(steps)}, environ={}).config
         session = RunSession(store, store.load(record.run_id), config)
-        session.ctx.cluster = FakeCluster(jobs)  # type: ignore[assignment]
+        session.ctx.cluster = FakeCluster(jobs)
         layer = RayJobLayer()
         want = next(r for r in layer.desired(session.ctx, []) if r.address == JOB)
         session.ctx.ledger.set(JOB, "ray-job", ResourceStatus.CREATING)
@@ -218,9 +217,12 @@ async def test_each_job_of_a_run_has_its_own_spool_metrics_and_summary(tmp_path:
     report = (await session.status_report()).to_dict()
     assert report["job"]["submission_id"] == two.submission_id and report["job"]["number"] == 2
     assert report["last_metric"]["step"] == 5 and report["summary"]["steps"] == 5
-    assert two.telemetry is not None and two.telemetry["metrics"]["latest"]["step"] == 5
-    assert one.telemetry is not None and one.telemetry["metrics"]["latest"]["step"] == 20
-    assert session.telemetry(one).series.latest.step == 20  # type: ignore[union-attr]
+    assert two.telemetry is not None and two.telemetry.metrics.latest is not None
+    assert two.telemetry.metrics.latest.step == 5
+    assert one.telemetry is not None and one.telemetry.metrics.latest is not None
+    assert one.telemetry.metrics.latest.step == 20
+    latest = session.telemetry(one).series.latest
+    assert latest is not None and latest.step == 20
 
 
 class StoppableJobs(FakeJobs):

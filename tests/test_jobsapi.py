@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from backend import jobsapi, rayjobs
 from backend.errors import OperationError, TransientError
@@ -67,13 +68,13 @@ class FakeRay:
         return job
 
     @web.middleware
-    async def record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         self.requests.append((request.method, request.path, auth))
         self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
         if self.token is not None and auth != f"Bearer {self.token}":
             return web.Response(status=401, text="Unauthorized: missing or invalid token")
-        return await handler(request)  # type: ignore[no-any-return]
+        return await handler(request)
 
     def app(self) -> web.Application:
         api = web.Application()
@@ -273,15 +274,11 @@ def test_the_package_name_is_the_one_ray_computes(tmp_path: Path) -> None:
                                                    excludes=list(jobsapi.DEFAULT_EXCLUDES))
 
 
-async def test_submission_answers_keep_their_meaning(fake: FakeRay, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def no_sleep(_s: float) -> None:
-        return None
-
-    monkeypatch.setattr(rayjobs.asyncio, "sleep", no_sleep)
+async def test_submission_answers_keep_their_meaning(fake: FakeRay) -> None:
     jobs = RayJobs(fake.url)
     fake.submit_answers = [(500, "No available agent to submit job, please try again later.")] * 2 + [(500, ALREADY)]
-    waits = [w async for w in rayjobs.submit_when_ready(jobs, entrypoint="x", submission_id="j1", runtime_env={},
-                                                         metadata={})]
+    waits = [w async for w in rayjobs.submit_when_ready(jobs, first_delay_s=0.01, entrypoint="x", submission_id="j1",
+                                                         runtime_env={}, metadata={})]
     assert len(waits) == 2 and "waiting for the job agent" in waits[0] and not fake.submit_answers
 
     fake.submit_answers = [(400, "Traceback (most recent call last):\n  File x\nValueError: bad runtime_env\n")]
@@ -332,7 +329,10 @@ async def test_follow_survives_dropped_tails_without_a_duplicate_or_a_gap(
     fake.tail_drops_after = [5, 12]  # two connections die mid-stream, the third runs to the end
 
     async def finish() -> None:
-        await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 20
+        while fake.tail_drops_after or sum(p.endswith("/logs/tail") for _, p, _ in fake.requests) < 3:
+            assert time.monotonic() < deadline, "the client never opened its third tail"
+            await asyncio.sleep(0.01)  # the third tail, the one that drops no more, is open
         # The last tail closes normally without the end: Ray's head does that when it loses its
         # agent. The job's end time, after that close, tells; the end reaches only the full log.
         job.log, job.tail_misses = log, 500

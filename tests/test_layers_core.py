@@ -17,7 +17,7 @@ from backend.errors import UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.ledger import ResourceStatus
 from backend.model import Action, EventKind, Observed, Resource
-from backend.planner import Stack, apply_steps, make_plan, reconcile, select_until, teardown_steps
+from backend.planner import Stack, apply_steps, discover, make_plan, reconcile, select_until, teardown_steps
 from backend.runner import Progress, Runner
 from backend.store import RunStore
 
@@ -75,7 +75,7 @@ class Toy(Layer):
     async def discover(self, ctx: Context) -> list[Observed]:
         return [Observed(address=a, layer=self.name, kind=kind, id=a, state=spec,
                          depends_on=("toy.bucket",) if kind == "object" else ())
-                for a, (kind, run, spec) in WORLD.items() if run == ctx.record.run_id]
+                for a, (kind, run, spec) in WORLD.items() if run == ctx.record.run_id and a.startswith("toy.")]
 
 
 STACK = Stack("toy", [Toy()])
@@ -90,7 +90,7 @@ def clean_world() -> None:
 
 def context(tmp_path: Path, steps: int = 3, run_id: str | None = None) -> Context:
     store = RunStore(tmp_path / "state")
-    record = store.load(run_id) if run_id else store.create(target="local", cluster_name="toy", config={})
+    record = store.load(run_id) if run_id else store.create(RunConfig(cluster_name="toy"))
     return Context(RunConfig(steps=steps), record, store)
 
 
@@ -170,6 +170,47 @@ async def test_teardown_in_reverse_dependency_order_from_discovery(tmp_path: Pat
         "toy.bucket": ResourceStatus.DELETED, "toy.object": ResourceStatus.DELETED}
 
 
+class Upper(Layer):
+    """A layer on top of Toy whose discovery, like the ray-job layer's, names nothing below it."""
+
+    name = "upper"
+    _handlers: ClassVar[dict[str, Handler]] = {"thing": Bucket()}
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        return self._handlers
+
+    def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
+        return [Resource(address="upper.thing", layer=self.name, kind="thing",
+                         depends_on=tuple(r.address for r in below))]
+
+    async def discover(self, ctx: Context) -> list[Observed]:
+        return [Observed(address=a, layer=self.name, kind="thing", id=a)
+                for a, (_kind, run, _spec) in WORLD.items() if run == ctx.record.run_id and a.startswith("upper.")]
+
+
+async def test_teardown_order_comes_from_depends_on_alone(tmp_path: Path) -> None:
+    two = Stack("toy", [Toy(), Upper()])
+    ctx = context(tmp_path)
+    bare = [Observed(address="toy.bucket", layer="toy", kind="bucket", id="b"),
+            Observed(address="upper.thing", layer="upper", kind="thing", id="t")]
+    # Nothing says the thing needs the bucket: no order is made up from the layers' places in the stack.
+    assert {s.id: s.deps for s in teardown_steps(two, ctx, bare)} == {"toy.bucket": (), "upper.thing": ()}
+    steps = select_until(apply_steps(two, ctx, await make_plan(two, ctx)), await make_plan(two, ctx), None)
+    [e async for e in Runner(steps).events()]
+    CALLS.clear()
+    # Discovery is where a layer is put on the one below: the thing depends on what Toy has live.
+    observed = await discover(two, ctx)
+    assert {o.address: o.depends_on for o in observed} == {
+        "toy.bucket": (), "toy.object": ("toy.bucket",), "upper.thing": ("toy.bucket", "toy.object")}
+    steps = teardown_steps(two, ctx, observed)
+    assert {s.id: s.deps for s in steps} == {"upper.thing": (), "toy.object": ("upper.thing",),
+                                             "toy.bucket": ("toy.object", "upper.thing")}
+    assert {s.id: s.layer for s in steps} == {"upper.thing": "upper", "toy.object": "toy", "toy.bucket": "toy"}
+    [e async for e in Runner(steps).events()]
+    assert CALLS == ["delete upper.thing", "delete toy.object", "delete toy.bucket"] and WORLD == {}
+
+
 async def test_a_steps_eta_is_its_typical_duration_on_this_machine(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The first run guesses (the handler's expected_s); each later one expects what the step took
@@ -187,7 +228,7 @@ async def test_a_steps_eta_is_its_typical_duration_on_this_machine(tmp_path: Pat
     store = RunStore(tmp_path / "state")
 
     def new_run() -> RunSession:
-        record = store.create(target="local", cluster_name="toy", config={})
+        record = store.create(RunConfig(cluster_name="toy"))
         session = RunSession(store, record, RunConfig(steps=3))
         session.__dict__["stack"] = STACK
         return session

@@ -6,10 +6,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
+from backend.config import RunConfig
 from backend.errors import OperationError
 from backend.layers import local_cluster as lc
 from backend.ledger import ResourceStatus
@@ -18,7 +21,7 @@ from tests.conftest import run_rtui
 
 
 @pytest.fixture
-def cluster() -> lc.ClusterDir:
+def cluster() -> Iterator[lc.ClusterDir]:
     made = lc.make_cluster_dir("r20260101-000000-test", "c1", {"state_dir": os.environ["RTUI_STATE_DIR"]})
     yield made
     if made.path.exists():
@@ -56,12 +59,22 @@ def test_a_dir_without_our_marker_is_never_deleted(tmp_path: Path) -> None:
         lookalike.rmdir()
 
 
+def _argv_shown(pid: int) -> bool:
+    try:
+        return any(arg.startswith("--temp-dir=") for arg in psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
 def test_only_processes_holding_that_exact_dir_are_ours(cluster: lc.ClusterDir) -> None:
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     ours = subprocess.Popen([*sleeper, f"--temp-dir={cluster.ray_dir}"], start_new_session=True)
     sibling = subprocess.Popen([*sleeper, f"--temp-dir={cluster.path}2/r"], start_new_session=True)
     try:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 20
+        while not all(_argv_shown(proc.pid) for proc in (ours, sibling)):  # both exec'd, their argv readable
+            assert time.monotonic() < deadline, "the two processes never started"
+            time.sleep(0.02)
         found = {p.pid for p in lc.cluster_family(cluster.path)}
         assert ours.pid in found and sibling.pid not in found
     finally:
@@ -72,7 +85,7 @@ def test_only_processes_holding_that_exact_dir_are_ours(cluster: lc.ClusterDir) 
 
 def test_down_never_touches_a_recorded_dir_without_the_marker(isolated_env: Path) -> None:
     store = RunStore()
-    record = store.create(target="local", cluster_name="rtui-ray", config={})
+    record = store.create(RunConfig())
     decoy = lc.ROOT / f"rtui-{record.run_id}-dead"
     decoy.mkdir(mode=0o700)
     try:

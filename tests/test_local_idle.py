@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,10 @@ from tests.test_local_e2e import cluster_dir, heads, our_processes
 pytestmark = pytest.mark.ray
 
 
-def _wait(what: str, cond: object, timeout: float) -> None:
+def _wait(what: str, cond: Callable[[], object], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
+        if cond():
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
@@ -50,7 +51,7 @@ def test_a_cluster_left_idle_stops_keeps_its_dir_and_says_why() -> None:
     marker = json.loads((path / MARKER).read_text())
     assert marker["stopped_while_idle"]["idle_s"] == 6
     record = RunStore().load(run_id)
-    assert record.facts["stopped_while_idle"]["dir"] == str(path)
+    assert record.facts.stopped_while_idle is not None and record.facts.stopped_while_idle.dir == str(path)
     assert record.resources["local.ray-head"].id == str(path)
     assert [c.path for c in find_clusters(run_id=run_id)] == [path]
     assert all(node_procs(c).head is None for c in find_clusters(run_id=run_id))

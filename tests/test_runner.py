@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import pytest
 
@@ -12,7 +12,8 @@ from backend.runner import Progress, Runner, Step
 from backend.store import StepState, StepStatus
 
 
-def sleeper(log: list[str], name: str, seconds: float = 0.0, fail: Exception | None = None):
+def sleeper(log: list[str], name: str, seconds: float = 0.0,
+            fail: Exception | None = None) -> Callable[[], AsyncIterator[Progress]]:
     async def action() -> AsyncIterator[Progress]:
         log.append(f"start:{name}")
         yield Progress(f"{name} working", 0.5)
@@ -116,6 +117,7 @@ async def test_closing_the_event_stream_cancels_running_steps_and_persists() -> 
         on_state=lambda sid, st: saved.append((sid, st.status)),
     )
     stream = runner.events()
+    assert isinstance(stream, AsyncGenerator)
     async for event in stream:
         if event.kind is EventKind.PROGRESS:
             break

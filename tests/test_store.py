@@ -9,14 +9,23 @@ from pathlib import Path
 
 import pytest
 
+from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.ledger import ResourceStatus
 from backend.spool import LogSpool
-from backend.store import SCHEMA_VERSION, CorruptRecordError, JobState, RunLockedError, RunStatus, RunStore
+from backend.store import (
+    SCHEMA_VERSION,
+    CorruptRecordError,
+    JobState,
+    RunLockedError,
+    RunRecord,
+    RunStatus,
+    RunStore,
+)
 
 
-def make(store: RunStore):
-    return store.create(target="local", cluster_name="c1", config={"steps": 3})
+def make(store: RunStore) -> RunRecord:
+    return store.create(RunConfig(cluster_name="c1", steps=3))
 
 
 def test_records_are_private_and_round_trip(tmp_path: Path) -> None:
@@ -55,29 +64,35 @@ def test_kill_during_many_saves_never_leaves_a_torn_record(tmp_path: Path) -> No
     code = (
         "import sys; from backend.store import RunStore; s=RunStore(__import__('pathlib').Path(sys.argv[1]));"
         "r=s.load(sys.argv[2])\n"
-        "for i in range(100000):\n r.config['i']=i; r.config['pad']='x'*4096*(i%7); s.save(r)\n"
+        "for i in range(100000):\n r.facts.create_attempts['i']=i; r.facts.api_cidrs=['x'*4096*(i%7)]; s.save(r)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(root), rec.run_id], cwd=Path(__file__).parents[1])
     import time
 
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while RunStore(root).load(rec.run_id).facts.create_attempts.get("i", 0) < 50:  # killed in the middle of its saves
+        assert proc.poll() is None and time.monotonic() < deadline, "the writer made no progress"
+        time.sleep(0.02)
     proc.kill()
     proc.wait()
     loaded = RunStore(root).load(rec.run_id)  # parses: never half-written
-    assert loaded.config.get("i", 0) > 0
+    assert loaded.facts.create_attempts.get("i", 0) > 0
 
 
-def test_corrupt_record_is_kept_aside_and_reported(tmp_path: Path) -> None:
+def test_a_corrupt_record_is_reported_where_it_lies_and_set_aside_only_when_asked(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "s")
     rec = make(store)
     path = store.path_for(rec.run_id)
     path.write_text('{"schema_version": 1, "run_id": ')
-    with pytest.raises(CorruptRecordError) as info:
-        store.load(rec.run_id)
-    assert rec.run_id in str(info.value) and "kept it as" in str(info.value)
-    kept = list(store.corrupt_dir.iterdir())
-    assert len(kept) == 1 and kept[0].read_text().startswith('{"schema_version": 1')
-    assert not path.exists()
+    for _ in range(2):  # reading it again says the same: the first read moved nothing
+        with pytest.raises(CorruptRecordError) as info:
+            store.load(rec.run_id)
+        assert rec.run_id in str(info.value) and f"left as it is at {path}" in str(info.value)
+        assert "rtui runs --set-aside-corrupt" in str(info.value)
+    assert path.exists() and not store.corrupt_dir.exists()
+    [kept] = store.set_aside_corrupt()
+    assert kept.parent == store.corrupt_dir and kept.read_text().startswith('{"schema_version": 1')
+    assert not path.exists() and store.set_aside_corrupt() == []
 
 
 def test_unknown_schema_version_is_not_silently_read(tmp_path: Path) -> None:
@@ -136,9 +151,21 @@ def test_list_skips_corrupt_records_with_a_warning(tmp_path: Path) -> None:
     good = make(store)
     bad = make(store)
     store.path_for(bad.run_id).write_text("not json")
-    records, warnings = store.list()
-    assert [r.run_id for r in records] == [good.run_id]
-    assert len(warnings) == 1 and bad.run_id in warnings[0]
+    stale = store.runs_dir / f".{good.run_id}.old.tmp"  # a dead save's temp file: only a save sweeps it
+    stale.write_text("{")
+    os.utime(stale, (0, 0))
+
+    def state() -> dict[str, tuple[bytes, int]]:
+        return {str(p.relative_to(store.root)): (p.read_bytes(), p.stat().st_mtime_ns)
+                for p in sorted(store.root.rglob("*")) if p.is_file()}
+
+    before = state()
+    for _ in range(2):
+        records, warnings = store.list()
+        assert [r.run_id for r in records] == [good.run_id]
+        assert len(warnings) == 1 and bad.run_id in warnings[0] and "is corrupt" in warnings[0]
+    assert state() == before, "listing has no side effect"
+    assert store.latest().run_id == good.run_id and state() == before
 
 
 def test_unwritable_state_dir_is_a_user_error(tmp_path: Path) -> None:
@@ -157,7 +184,8 @@ def test_find_active_and_latest(tmp_path: Path) -> None:
     store.save(first)
     assert store.find_active("local", "c1") is None
     second = make(store)
-    assert store.find_active("local", "c1").run_id == second.run_id
+    active = store.find_active("local", "c1")
+    assert active is not None and active.run_id == second.run_id
     assert store.find_active("local", "other") is None
 
 
@@ -266,6 +294,8 @@ def test_a_dead_save_leaves_no_temp_file_for_long_and_asking_leaves_no_lock(tmp_
     fresh.write_text("{")
     os.utime(stale, (0, 0))
     store.list()
+    assert stale.exists() and fresh.exists(), "listing changes nothing"
+    store.save(rec)  # at write time
     assert not stale.exists() and fresh.exists(), "only a temp file too old to be a save in flight goes"
     assert not store.is_locked(rec.run_id) and not (store.lock_dir / f"{rec.run_id}.lock").exists()
     with store.lock(rec.run_id):

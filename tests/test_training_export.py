@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from training.config import TrainConfig
-from training.export import CHECK_FILE, INCOMPLETE, MODEL_MARKER, find_models
+from training.export import CHECK_FILE, INCOMPLETE, MODEL_MARKER, ExportInfo, find_models
 
 TINY = TrainConfig(tiny_vocab_size=256, tiny_hidden_size=64, tiny_layers=2, tiny_heads=4, seq_len=32,
                    data="cycle", lr=3e-3, num_workers=2)
@@ -29,7 +29,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def export_one_rank(root: str, *, step: int, evaluation: Any, **kwargs: Any) -> Any:
+def export_one_rank(root: str, *, step: int, evaluation: Any, **kwargs: Any) -> ExportInfo | None:
     """training.export's export of the tiny fp32 model, FSDP2-sharded in a gloo world of one rank."""
     import torch
     import torch.distributed as dist
@@ -95,14 +95,14 @@ def _worker(rank: int, world: int, port: int, root: str, precision: str, steps: 
 
 def _run(tmp_path: Path, *, world: int, precision: str = "fp32", steps: int = 30, shard_size: Any = "5GB",
          interrupt: bool = False) -> Path:
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn
 
     root = tmp_path / "export"
     args = (str(root), precision, steps, shard_size, interrupt)
     if world == 1:  # in this process: no interpreter to start
         _worker(0, 1, _free_port(), *args)
     else:
-        mp.spawn(_worker, args=(world, _free_port(), *args), nprocs=world, join=True)
+        spawn(_worker, args=(world, _free_port(), *args), nprocs=world, join=True)
     return root
 
 

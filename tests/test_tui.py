@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.app import App, ComposeResult
+from textual.pilot import Pilot
 
 from backend.config import resolve_config
 from backend.layers.local_cluster import cluster_family
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmTeardown
+from screens.plan import PlanScreen
+from screens.run import RunScreen
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tui.app import RtuiApp
 from tui.logtail import LogTail
+from tui.widgets import StepPane
 
 FIXED_RUN_ID = "r20260101-000000-beef"
 
@@ -62,21 +69,19 @@ async def test_teardown_needs_the_exact_cluster_name() -> None:
     app = ConfirmHarness()
     async with app.run_test() as pilot:
         await pilot.press(*"rtui-rat", "enter")
-        await pilot.pause(0.1)
-        assert app.answer is None and "not the cluster name" in str(
-            app.screen.query_one("#confirm-error").render())
+        await wait_for(pilot, lambda: "not the cluster name" in str(app.screen.query_one("#confirm-error").render()),
+                       5, "the refusal")
+        assert app.answer is None
         await pilot.press("backspace", "y", "enter")
-        await pilot.pause(0.1)
-        assert app.answer is True
+        await wait_for(pilot, lambda: app.answer is True, 5, "the answer yes")
     app2 = ConfirmHarness()
     async with app2.run_test() as pilot:
         await pilot.press("escape")
-        await pilot.pause(0.1)
-        assert app2.answer is False
+        await wait_for(pilot, lambda: app2.answer is False, 5, "the answer no")
 
 
-def test_plan_screen_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
-    async def to_plan(pilot) -> None:  # type: ignore[no-untyped-def]
+def test_plan_screen_snapshot(snap_compare: SnapCompare) -> None:
+    async def to_plan(pilot: Pilot[Any]) -> None:
         await pilot.press("enter")
         await wait_for(pilot, lambda: getattr(pilot.app.screen, "plan", None) is not None, 10, "plan")
 
@@ -90,22 +95,25 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
         await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
         await pilot.press("enter")
         await wait_for(pilot, lambda: getattr(app.screen, "plan", None) is not None, 15, "plan")
-        assert [c.action for c in app.screen.plan.changes] == ["create", "create"]
+        plan = app.screen
+        assert isinstance(plan, PlanScreen) and plan.plan is not None
+        assert [c.action for c in plan.plan.changes] == ["create", "create"]
         await pilot.press("a")
         await wait_for(pilot, lambda: type(app.screen).__name__ == "ProvisionScreen", 5, "provisioning")
-        panes = {p.step_id for p in app.screen.query("StepPane")}
+        panes = {p.step_id for p in app.screen.query(StepPane)}
         assert panes == {"local.ray-head", "ray.job.train"}
         await wait_for(pilot, lambda: type(app.screen).__name__ == "RunScreen", 120, "run screen")
         run = app.screen
+        assert isinstance(run, RunScreen)
         await wait_for(pilot, lambda: run.job_status == "SUCCEEDED", 240, "job to succeed")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: run.metric is not None and run.metric.step == 12 and run.summary is not None,
+                       10, "the last metric and the summary")
         assert run.metric is not None and run.metric.step == 12
         assert run.summary is not None and run.summary["steps"] == 12
         tail = run.query_one("#tail", LogTail)
         assert not any("RTUI_METRIC" in line for line in tail.lines), "metric lines are hidden until m"
         await pilot.press("m")
-        await pilot.pause(0.1)
-        assert any("RTUI_METRIC" in line for line in tail.lines)
+        await wait_for(pilot, lambda: any("RTUI_METRIC" in line for line in tail.lines), 5, "the metric lines")
         assert not any("\x1b[" in line for line in tail.lines), "ANSI escapes must not reach the view"
         metrics_text = str(run.query_one("#metrics").render())
         assert "step 12/12" in metrics_text
@@ -140,20 +148,19 @@ async def test_quit_while_steps_run_asks_first(isolated_env: Path) -> None:
         Change(address="local.ray-head", layer="local-ray", kind="ray-head", action=Action.CREATE),
         Change(address="ray.job.train", layer="ray-job", kind="ray-job", action=Action.CREATE)])
 
-    async def slow_apply(_plan, *, until=None):  # type: ignore[no-untyped-def]
+    async def slow_apply(plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:
         yield StepEvent(step="local.ray-head", kind=EventKind.STARTED, message="Start the Ray head")
         await asyncio.sleep(30)
 
-    session.apply = slow_apply  # type: ignore[method-assign]
+    session.apply = slow_apply
     app = RtuiApp(session)
     async with app.run_test(size=(110, 36)) as pilot:
         await app.push_screen(ProvisionScreen(plan))
         await wait_for(pilot, lambda: app.screen.query("StepPane"), 5, "panes")
         await pilot.press("q")
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, ConfirmDetach)
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDetach), 5, "the detach question")
         await pilot.press("n")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: isinstance(app.screen, ProvisionScreen), 5, "the steps again")
         assert isinstance(app.screen, ProvisionScreen) and app.screen.running
         await pilot.press("q", "y")
         await pilot.pause(0.2)

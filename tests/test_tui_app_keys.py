@@ -9,26 +9,32 @@ import time
 from pathlib import Path
 
 import pytest
+from textual import work
 from textual.app import SystemCommand
 
 from backend.ledger import ResourceStatus
+from backend.model import Action, Change, Plan
+from backend.session import RunSession
 from backend.store import RunStatus
 from screens.confirm import ConfirmTeardown, PickRun
 from tests.pilot_wait import wait_for
 from tests.test_tui import fixed_session
-from tui.app import RtuiApp, rtui_command
+from tui.app import RtuiApp
+from tui.cli import rtui_command
 
 
-def with_resources(session):  # type: ignore[no-untyped-def]
+def with_resources(session: RunSession) -> RunSession:
     """A run that made two priced resources an hour ago (as an aws apply records them)."""
     session.store.save(session.record)
     ledger = session.ctx.ledger
-    ledger.set("aws.nodegroup.gpu", "aws-nodegroup", ResourceStatus.READY, id="c/gpu")
-    ledger.set("aws.vpc", "aws-vpc", ResourceStatus.READY, id="vpc-1")
+    ledger.set("aws.nodegroup.gpu", "aws-nodegroup", ResourceStatus.READY, layer="aws", id="c/gpu")
+    ledger.set("aws.vpc", "aws-vpc", ResourceStatus.READY, layer="aws", id="vpc-1")
     for entry in session.record.resources.values():
         entry.created_at = time.time() - 3600
-    session.record.plan = {"target": "aws", "changes": [
-        {"address": "aws.nodegroup.gpu", "cost_per_hour": 9.2032}, {"address": "aws.vpc", "cost_per_hour": 0}]}
+    session.record.plan = Plan(target="aws", changes=[
+        Change(address="aws.nodegroup.gpu", layer="aws", kind="aws-nodegroup", action=Action.CREATE,
+               cost_per_hour=9.2032),
+        Change(address="aws.vpc", layer="aws", kind="aws-vpc", action=Action.CREATE, cost_per_hour=0)])
     session.record.status = RunStatus.UP
     session.store.save(session.record)
     return session
@@ -60,7 +66,7 @@ async def test_teardown_from_the_first_screen_lists_what_goes_and_its_cost(isola
         modal = app.screen
         assert isinstance(modal, ConfirmTeardown)
         text = "\n".join(modal.details)
-        assert "aws: nodegroup.gpu, vpc" in text
+        assert "aws: aws.nodegroup.gpu, aws.vpc" in text  # grouped by the layer each resource records
         assert "$9.20/hour now ($9.20 so far)" in text
         await pilot.press("escape")
         await pilot.pause(0.1)
@@ -112,7 +118,7 @@ async def test_show_config_is_what_the_job_runs_with(isolated_env: Path) -> None
         await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
         command = next(c for c in app.get_system_commands(app.screen) if c.title == "Show config")
         command.callback()
-        await pilot.pause(0.05)
+        await wait_for(pilot, lambda: app._notifications, 5, "the config shown")
         text = "\n".join(n.message for n in app._notifications)
     assert "learning_rate = 0.001  [auto on local" in text, text
     assert "batch_size = 32  [auto on local" in text and "precision = fp32  [auto on local" in text
@@ -123,16 +129,18 @@ async def test_show_config_is_what_the_job_runs_with(isolated_env: Path) -> None
 async def test_no_key_is_offered_while_steps_run_that_would_be_refused(isolated_env: Path) -> None:
     """While steps run: no `r Retry` (it retries only after a failure); `D` stays during an apply (it
     stops it and tears down) but not during a teardown already running (issue 21, item 5)."""
-    from screens.provision import ProvisionScreen
+    from screens.provision import Mode, ProvisionScreen
 
     class Running(ProvisionScreen):
-        def run_steps(self) -> None:  # type: ignore[override]
+        @work(exclusive=True, group="steps")
+        async def run_steps(self) -> None:
             """Steps that never finish: the screen stays running."""
 
-    for mode, teardown_offered in (("apply", True), ("teardown", False)):
+    modes: tuple[tuple[Mode, bool], ...] = (("apply", True), ("teardown", False))
+    for mode, teardown_offered in modes:
         class RunningApp(RtuiApp):
             def get_default_screen(self) -> Running:
-                return Running(mode=mode)  # type: ignore[arg-type]  # noqa: B023 - used in this iteration
+                return Running(mode=mode)  # noqa: B023 - used in this iteration
 
         app = RunningApp(with_resources(fixed_session()))
         async with app.run_test(size=(100, 30)) as pilot:

@@ -17,11 +17,13 @@ from textual.screen import Screen
 from textual.widgets import Sparkline
 from textual_plot import PlotWidget
 
+from backend.model import Action, Change, Plan
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStatus
 from backend.telemetry import MetricSeries, Telemetry
-from screens.run import RunScreen, plan_cost_per_hour
+from screens.run import RunScreen
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tests.test_tui import FIXED_RUN_ID, fixed_session
 from training.logparse.verdict import Verdict
 from training.protocol import METRIC_TAG, SUMMARY_TAG, format_record
@@ -181,7 +183,7 @@ def test_snapshot_is_plain_frozen_data() -> None:
                                                   decided_by=("line a", "line b")))
     assert snap == TransportSnapshot(transport="efa", basis="channels", reason="r", evidence="line a")
     with pytest.raises(AttributeError):
-        snap.transport = "socket"  # type: ignore[misc]
+        snap.transport = "socket"  # type: ignore[misc]  # the assignment a frozen snapshot refuses, on purpose
     raw = Verdict(transport="socket", reason="r", decided_by=("\x1b[36m(w)\x1b[0m x\tvia NET/Socket/0",))
     assert TransportSnapshot.from_verdict(raw).evidence == "(w) x    via NET/Socket/0"
 
@@ -276,12 +278,16 @@ async def test_no_color_still_says_the_verdict(monkeypatch: pytest.MonkeyPatch) 
         assert "#f4005f" not in screen  # the red of the colour badge
 
 
-def test_plan_cost_per_hour_reads_the_applied_plan() -> None:
-    assert plan_cost_per_hour(None) is None
-    assert plan_cost_per_hour({"changes": [{"action": "create", "cost_per_hour": None}]}) is None
-    assert plan_cost_per_hour({"changes": [{"action": "create", "cost_per_hour": 4.6016},
-                                           {"action": "noop", "cost_per_hour": 0.1},
-                                           {"action": "delete", "cost_per_hour": 9.0}]}) == pytest.approx(4.7016)
+def test_a_plan_is_priced_in_one_place() -> None:
+    def change(address: str, action: Action, cost: float | None) -> Change:
+        return Change(address=address, layer="aws", kind="k", action=action, cost_per_hour=cost)
+
+    unpriced = Plan(target="aws", changes=[change("aws.a", Action.CREATE, None)])
+    assert unpriced.prices() == {} and unpriced.cost_per_hour == 0
+    plan = Plan(target="aws", changes=[change("aws.a", Action.CREATE, 4.6016), change("aws.b", Action.NOOP, 0.1),
+                                       change("aws.c", Action.DELETE, 9.0), change("aws.d", Action.UPDATE, None)])
+    assert plan.prices() == {"aws.a": 4.6016, "aws.b": 0.1}  # what is deleted bills no more
+    assert plan.cost_per_hour == pytest.approx(4.7016)
 
 
 # --- the dashboard: RunScreen fed fake lines, frozen clock ------------------------------------------
@@ -292,9 +298,9 @@ def dashboard_session(*, priced: bool = True) -> RunSession:
                                          status=JobState.RUNNING))
     session.record.status = RunStatus.UP
     if priced:
-        session.record.plan = {"target": "local", "changes": [
-            {"address": "eks.nodegroup", "action": "create", "cost_per_hour": 9.2032},
-            {"address": "eks.cluster", "action": "create", "cost_per_hour": 0.10}]}
+        session.record.plan = Plan(target="local", changes=[
+            Change(address="eks.nodegroup", layer="eks", kind="nodegroup", action=Action.CREATE, cost_per_hour=9.2032),
+            Change(address="eks.cluster", layer="eks", kind="cluster", action=Action.CREATE, cost_per_hour=0.10)])
     session.store.save(session.record)
     return RunSession.resume(FIXED_RUN_ID)
 
@@ -369,7 +375,7 @@ def test_refresh_cost_per_update(isolated_env: Path) -> None:
 
 
 # --- SVG snapshots -------------------------------------------------------------------------------
-def _snapshot(snap_compare, lines: list[str], size: tuple[int, int], *, expand: bool = False) -> bool:  # type: ignore[no-untyped-def]
+def _snapshot(snap_compare: SnapCompare, lines: list[str], size: tuple[int, int], *, expand: bool = False) -> bool:
     async def drive(pilot: Pilot[None]) -> None:
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, RunScreen), 5, "run screen")
         await settle(pilot)
@@ -385,17 +391,17 @@ EFA_RUN = [*EFA_LINES, *metric_lines(1, 24)]
 SOCKET_RUN = [*SOCKET_FALLBACK_LINES, *metric_lines(1, 24, tokens=1900.0, step_time=4.1)]
 
 
-def test_dashboard_efa_120x40_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_dashboard_efa_120x40_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, EFA_RUN, (120, 40))
 
 
-def test_dashboard_socket_fallback_120x40_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_dashboard_socket_fallback_120x40_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, SOCKET_RUN, (120, 40), expand=True)
 
 
-def test_dashboard_efa_80x24_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_dashboard_efa_80x24_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, EFA_RUN, (80, 24))
 
 
-def test_dashboard_socket_fallback_80x24_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_dashboard_socket_fallback_80x24_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, SOCKET_RUN, (80, 24))

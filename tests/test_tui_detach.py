@@ -8,6 +8,7 @@ and 120x40, and SVG snapshots of both questions (steps running; a job running).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from screens.provision import ProvisionScreen
 from screens.run import RunScreen
 from tests.pilot_wait import screen_text as rendered_lines
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tests.test_tui import FIXED_RUN_ID, fixed_session
 from tests.test_tui_dashboard import DashboardApp, dashboard_session, settle
 from tui.app import RtuiApp
@@ -39,11 +41,11 @@ class StepsRunningApp(RtuiApp):
             Change(address="local.ray-head", layer="local-ray", kind="ray-head", action=Action.CREATE),
             Change(address="ray.job.train", layer="ray-job", kind="ray-job", action=Action.CREATE)])
 
-        async def slow_apply(_plan, *, until=None):  # type: ignore[no-untyped-def]
+        async def slow_apply(plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:
             yield StepEvent(step="local.ray-head", kind=EventKind.STARTED, message="Start the Ray head", ts=0.0)
             await asyncio.sleep(60)
 
-        session.apply = slow_apply  # type: ignore[method-assign]
+        session.apply = slow_apply
         self.push_screen(ProvisionScreen(plan, clock=lambda: 0.0))
 
 
@@ -107,10 +109,10 @@ async def test_detach_question_while_the_job_runs_is_whole(isolated_env: Path, s
 
 
 @SIZES
-def test_detach_steps_snapshot(snap_compare, isolated_env: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_detach_steps_snapshot(snap_compare: SnapCompare, isolated_env: Path, size: tuple[int, int]) -> None:
     assert snap_compare(StepsRunningApp(fixed_session()), run_before=ask_on_provision, terminal_size=size)
 
 
 @SIZES
-def test_detach_job_snapshot(snap_compare, isolated_env: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_detach_job_snapshot(snap_compare: SnapCompare, isolated_env: Path, size: tuple[int, int]) -> None:
     assert snap_compare(DashboardApp(dashboard_session(), resume=True), run_before=ask_on_run, terminal_size=size)

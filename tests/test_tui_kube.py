@@ -35,6 +35,7 @@ from tests.kubernetes.fake_control import FakeControlPlane, Timings
 from tests.kubernetes.fake_ray import FakeRayHead
 from tests.kubernetes.fake_registry import FakeRegistry
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tui.app import RtuiApp
 from tui.widgets import StepPane
 
@@ -103,7 +104,9 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeWorld
 
 
 def steps(app: RtuiApp) -> dict[str, tuple[str, str, str | None]]:
-    return {k: (v.status.value, v.message, v.error) for k, v in app.session.record.steps.items()}
+    record = app.session.record
+    return {f"{phase}{k}": (v.status.value, v.message, v.error)
+            for phase, states in (("", record.steps), ("teardown ", record.teardown_steps)) for k, v in states.items()}
 
 
 def target_screen(app: RtuiApp) -> TargetScreen | None:
@@ -193,7 +196,7 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
         shown = str(run.query_one("#job-status", Static).render())
         assert "GPU nodes 2/2, workers 2/2" in shown, shown
         record = app.session.record
-        assert RunStore().load(record.run_id).config["context"] == SECOND
+        assert RunStore().load(record.run_id).config.context == SECOND
 
         await pilot.press("D")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the confirm modal")
@@ -221,9 +224,9 @@ async def test_a_bad_kubeconfig_is_one_line_in_the_checks_and_enter_is_refused(
         await wait_for(pilot, lambda: picker(app).disabled, 5, "the picker's error")
         assert "no contexts" in str(picker(app).get_option_at_index(0).prompt)
         await pilot.press("enter")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: any(n.message.startswith("Kubernetes API: ") for n in app._notifications), 5,
+                       "the notification")
         assert isinstance(app.screen, TargetScreen)
-        assert any(n.message.startswith("Kubernetes API: ") for n in app._notifications)
         await pilot.press("q")
     assert app.return_code == 0
 
@@ -236,9 +239,9 @@ async def test_context_switch_is_refused_once_the_run_has_resources(world: KubeW
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: target_screen(app) and contexts_shown(app) == 2, 15, "the target screen")
         await pilot.press("down", "enter")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: any("already has resources" in n.message for n in app._notifications), 5,
+                       "the refusal")
         assert app.session is session and session.config.context is None
-        assert any("already has resources" in n.message for n in app._notifications)
 
 
 SNAPSHOT_RUN_ID = "r20260101-000000-cafe"
@@ -252,7 +255,7 @@ SNAPSHOT_CHECKS = [
 ]
 
 
-def test_kube_target_screen_snapshot(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_kube_target_screen_snapshot(snap_compare: SnapCompare, tmp_path: Path) -> None:
     """The picker and the checks at 80×24. The checks are fixed (no server is contacted), the run id too."""
     kubeconfig = tmp_path / "kubeconfig"
     doc = {"apiVersion": "v1", "kind": "Config", "current-context": CONTEXT,
@@ -266,7 +269,7 @@ def test_kube_target_screen_snapshot(snap_compare, tmp_path: Path) -> None:  # t
     async def fixed_checks() -> list[CheckResult]:
         return SNAPSHOT_CHECKS
 
-    session.preflight = fixed_checks  # type: ignore[method-assign]
+    session.preflight = fixed_checks
 
     async def loaded(pilot: Pilot[None]) -> None:
         app = pilot.app
@@ -281,7 +284,6 @@ async def test_an_unreachable_api_server_is_one_line_in_the_checks_within_the_de
         world: KubeWorld, tmp_path: Path, server: str) -> None:
     """Issue 19, item 8: the server and the context in one line, within --kube-timeout-s, no crash."""
     import socket
-    import time
 
     listener = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog) and never answers
     url = "https://127.0.0.1:9" if server == "refuses" else f"https://127.0.0.1:{listener.getsockname()[1]}"
@@ -291,17 +293,20 @@ async def test_an_unreachable_api_server_is_one_line_in_the_checks_within_the_de
     path = tmp_path / "gone"
     path.write_text(yaml.safe_dump(doc))
     app = RtuiApp(world.session(kubeconfig=str(path), kube_timeout_s="1"))
-    started = time.monotonic()
     try:
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: target_screen(app), 15, "checks")
-            took = time.monotonic() - started
             shown = str(app.screen.query_one("#checks", Static).render())
             # One check: the server in its line, the context in its remedy (the CLI's one line, in two).
             assert shown.count("✗") == 1 and f"Kubernetes API server at {url}" in shown, shown
             assert f"context {CONTEXT!r}" in shown, shown
             assert "Traceback" not in shown
-            assert took < 8, took  # the 1 s deadline, not the default 10 s
+            # The 1 s deadline, not the default 10 s: the error names it, and a server that never answers
+            # was given up on by urllib3's own read timeout of 1 s (its words). Wall time from the app's
+            # start is no measure of it on a loaded machine (9.5 s seen on CI for a 1 s wait).
+            assert "within 1s" in shown, shown
+            if server == "never answers":
+                assert "(read timeout=1.0)" in shown, shown
             await pilot.press("enter")
             await pilot.pause(0.2)
             assert isinstance(app.screen, TargetScreen)  # nothing to go on with

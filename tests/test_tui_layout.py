@@ -18,6 +18,7 @@ from textual.widgets._footer import FooterKey
 
 from screens.run import HEAD_TAB, RunScreen
 from tests.pilot_wait import screen_text, wait_for
+from tests.snap import SnapCompare
 from tests.test_tui_dashboard import (
     SOCKET_FALLBACK_LINES,
     DashboardApp,
@@ -116,14 +117,14 @@ async def test_at_80x24_g_switches_between_the_log_and_the_graph(isolated_env: P
         assert footer.get("g") == "Graph/log", footer
         assert any(row.keys == "g" and "graph" in row.name.lower() for row in key_rows(screen)), key_rows(screen)
         await pilot.press("g")
-        await pilot.pause(0.2)
-        assert graph.display and graph.region.width >= 70 and graph.region.height >= 10
+        await wait_for(pilot, lambda: graph.display and graph.region.width >= 70 and graph.region.height >= 10, 5,
+                       lambda: f"the graph at full size (at {graph.region})")
         assert not tails.display
         shown = {key.key_display for key in screen.query_one(Footer).query(FooterKey)}
         assert "g" in shown and not shown & {"f", "/"}, shown  # the log's keys go with it
         await pilot.press("g")
-        await pilot.pause(0.2)
-        assert not graph.display and tails.display and screen.focused is screen.query_one("#tail", LogTail).log_view
+        await wait_for(pilot, lambda: not graph.display and tails.display, 5, "the log back")
+        assert screen.focused is screen.query_one("#tail", LogTail).log_view
 
 
 async def test_at_120x40_g_gives_the_log_the_whole_width(isolated_env: Path) -> None:
@@ -133,8 +134,8 @@ async def test_at_120x40_g_gives_the_log_the_whole_width(isolated_env: Path) -> 
         graph, log = screen.query_one(ThroughputGraph), screen.query_one("#tail", LogTail).query_one(Log)
         assert graph.display and log.region.width < 80
         await pilot.press("g")
-        await pilot.pause(0.2)
-        assert not graph.display and log.region.width >= 118
+        await wait_for(pilot, lambda: not graph.display and log.region.width >= 118, 5,
+                       lambda: f"the log at full width (at {log.region})")
 
 
 async def test_the_palette_quit_says_it_tears_nothing_down(isolated_env: Path) -> None:
@@ -146,7 +147,7 @@ async def test_the_palette_quit_says_it_tears_nothing_down(isolated_env: Path) -
         assert quits[0].callback == app.action_quit_detach
 
 
-def test_graph_view_80x24_snapshot(snap_compare, isolated_env: Path) -> None:  # type: ignore[no-untyped-def]
+def test_graph_view_80x24_snapshot(snap_compare: SnapCompare, isolated_env: Path) -> None:
     async def graph(pilot: Pilot[None]) -> None:
         await dashboard(pilot)
         await feed(pilot, [*SOCKET_FALLBACK_LINES, *metric_lines(1, 24, tokens=1900.0, step_time=4.1)])

@@ -15,6 +15,7 @@ from textual.widgets import TabbedContent
 
 from backend import follow
 from backend.layers.base import Context, HeadLogSource
+from backend.rayjobs import JobStatus
 from backend.store import JobState
 from screens.run import HEAD_TAB, JOB_TAB, RunScreen
 from tests.pilot_wait import wait_for
@@ -130,27 +131,40 @@ async def test_a_batch_beyond_the_window_costs_only_the_window(isolated_env: Pat
         assert "row 24000" in tail.lines, "escapes are still cleaned where a batch has them"
 
 
+class SteppedJobs(FakeJobs):
+    """A job whose state is the one the test set last: it moves on only once the screen showed the one
+    before, so no state can come and go between two looks however slow the machine."""
+
+    def __init__(self) -> None:
+        super().__init__([METRICS], ["PENDING"], pause_s=1.0)
+        self.state = JobState.PENDING
+
+    async def status(self, submission_id: str) -> JobStatus:
+        return JobStatus(submission_id, self.state, self.message)
+
+
 async def test_job_status_changes_show_as_they_happen(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(follow, "STATUS_EVERY_S", 0.05)
     session = dashboard_session()
     job = session.record.current_job
     assert job is not None
     job.status = JobState.PENDING
-    jobs = FakeJobs([METRICS], ["PENDING", "PENDING", "RUNNING", "RUNNING", "RUNNING", "SUCCEEDED"], pause_s=1.0)
+    jobs = SteppedJobs()
     session.ctx.cluster = FakeCluster(jobs)
     app = DashboardApp(session, resume=True)
-    seen: list[str] = []
+
+    def shown() -> str:
+        return str(app.screen.query_one("#job-status").render()).split()[-1]
+
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 5, "run screen")
-        for _ in range(40):
-            text = str(app.screen.query_one("#job-status").render())
-            if not seen or seen[-1] != text:
-                seen.append(text)
-            if "SUCCEEDED" in text:
-                break
-            await pilot.pause(0.05)
-    states = [s.split()[-1] for s in seen]
-    assert states[0] == "PENDING" and "RUNNING" in states and states[-1] == "SUCCEEDED", seen
+        for state in (JobState.PENDING, JobState.RUNNING, JobState.SUCCEEDED):
+            jobs.state = state
+
+            def showing(want: str = state.value) -> bool:
+                return shown() == want
+
+            await wait_for(pilot, showing, 10, lambda: f"{jobs.state.value} to show (shows {shown()})")
 
 
 async def test_a_read_only_watcher_sees_the_status_the_follower_saves(isolated_env: Path) -> None:
@@ -161,7 +175,7 @@ async def test_a_read_only_watcher_sees_the_status_the_follower_saves(isolated_e
     job = session.record.current_job
     assert job is not None
     calls = iter([True, True, False])
-    session.attached_elsewhere = lambda: next(calls)  # type: ignore[method-assign]
+    session.attached_elsewhere = lambda: next(calls)
     monkey_wait = flows.WATCH_EVERY_S
     flows.WATCH_EVERY_S = 0.01
     try:
@@ -201,7 +215,7 @@ async def test_head_pod_tab_follows_the_head_log(isolated_env: Path) -> None:
     session = dashboard_session()
     head = FakeHead(["head starting", "\x1b[32mgcs up\x1b[0m", "dashboard on 8265"])
     assert isinstance(head, HeadLogSource)
-    session.ctx.cluster = head  # type: ignore[assignment]
+    session.ctx.cluster = head
     app = DashboardApp(session, resume=True)
     async with app.run_test(size=(120, 40)) as pilot:
         screen = await dashboard(pilot)

@@ -58,7 +58,7 @@ async def test_d_keeps_the_data_unless_delete_data_is_typed_after_the_cluster_na
         assert isinstance(modal, ConfirmTeardown)
         assert any("Kept unless you say so" in line and "1 model" in line for line in modal.details), modal.details
         await pilot.press(*f"{session.config.cluster_name} delete dat", "enter")
-        await pilot.pause(0.1)
-        assert "not the cluster name" in str(modal.query_one("#confirm-error").render())
+        await wait_for(pilot, lambda: "not the cluster name" in str(modal.query_one("#confirm-error").render()), 5,
+                       "the refusal")
         await pilot.press("a", "enter")
         await wait_for(pilot, lambda: not data.exists(), 30, "the run's data deleted by the teardown")

@@ -15,6 +15,7 @@ from backend.session import RunSession
 from screens.confirm import ConfirmApply, apply_summary
 from screens.plan import PlanScreen
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tests.test_tui import fixed_session
 from tui.app import RtuiApp
 from tui.plan_diff import PlanDiff, PlanSummary, plan_lines
@@ -51,13 +52,13 @@ def every_kind() -> PlanResult:
 class PlanApp(RtuiApp):
     """The real app opening on the plan screen; the session's plan is the one given (else its own)."""
 
-    def __init__(self, session: RunSession, plan: PlanResult | None = None, **kwargs: bool) -> None:
+    def __init__(self, session: RunSession, plan: PlanResult | None = None) -> None:
         if plan is not None:
             async def planned() -> PlanResult:
                 return plan
 
-            session.plan = planned  # type: ignore[method-assign]
-        super().__init__(session, **kwargs)
+            session.plan = planned
+        super().__init__(session)
         self.applied: list[PlanResult] = []
 
     def get_default_screen(self) -> Screen[None]:
@@ -198,7 +199,7 @@ def test_apply_summary_wording() -> None:
 
 
 # --- SVG snapshots (nothing on this screen reads the clock or blinks) ---------------------------
-def _snapshot(snap_compare, size: tuple[int, int], *keys: str) -> bool:  # type: ignore[no-untyped-def]
+def _snapshot(snap_compare: SnapCompare, size: tuple[int, int], *keys: str) -> bool:
     async def drive(pilot: Pilot[None]) -> None:
         await planned(pilot)
         await pilot.press(*keys)
@@ -208,15 +209,15 @@ def _snapshot(snap_compare, size: tuple[int, int], *keys: str) -> bool:  # type:
 
 
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
-def test_plan_every_kind_snapshot(snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_plan_every_kind_snapshot(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     assert _snapshot(snap_compare, size)
 
 
-def test_plan_unchanged_shown_120x40_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_plan_unchanged_shown_120x40_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, (120, 40), "u")
 
 
-def test_apply_confirmation_80x24_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+def test_apply_confirmation_80x24_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, (80, 24), "a")
 
 
@@ -233,7 +234,7 @@ async def test_apply_is_not_offered_until_the_plan_is_made(isolated_env: Path) -
         return plan
 
     app = PlanApp(session)
-    session.plan = slow_plan  # type: ignore[method-assign]
+    session.plan = slow_plan
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen), 5, "the plan screen")
         await pilot.pause(0.1)

@@ -47,19 +47,20 @@ from backend.layers.aws.base import (
 from backend.layers.aws.cluster import EksClusterHandler
 from backend.layers.aws.iam import RoleHandler
 from backend.layers.aws.network import VpcHandler
-from backend.layers.aws.nodes import NodegroupHandler
+from backend.layers.aws.nodes import CapacityError, NodegroupHandler
 from backend.layers.base import Handler
 from backend.layers.kubernetes.handlers import NAMESPACE, OPERATOR, PREPULL, RAYCLUSTER, WORKERS
 from backend.layers.kubernetes.raycluster import RayClusterHandler, WorkersHandler
 from backend.layers.ray_job import JOB, JobHandler
 from backend.ledger import BILLING, ResourceRecord, ResourceStatus
-from backend.model import Action, EventKind, StepEvent
+from backend.model import Action, Change, EventKind, Plan, StepEvent
 from backend.runner import Progress, Step
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmTeardown
 from screens.provision import ProvisionScreen
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tests.test_tui import FIXED_RUN_ID
 from tui.app import RtuiApp
 from tui.widgets import StepPane
@@ -137,7 +138,8 @@ FAILED_APPLY = [
     _event(RAYCLUSTER, P, 838.5, "head ready", fraction=1.0),
     _event(RAYCLUSTER, D, 838.5),
     _event(GPU_NODES, P, 852.0, "nodegroup creating (taking longer than the usual 4 min)", fraction=0.95),
-    _event(GPU_NODES, EventKind.FAILED, 918.6, CAPACITY_CAUSE, cause=CAPACITY_CAUSE, remedy=CAPACITY_REMEDY),
+    _event(GPU_NODES, EventKind.FAILED, 918.6, CAPACITY_CAUSE, cause=CAPACITY_CAUSE, remedy=CAPACITY_REMEDY,
+           error=CapacityError(CAPACITY_CAUSE, az="us-east-1a", remedy=CAPACITY_REMEDY)),
     _event(WORKERS, EventKind.CANCELLED, 918.6, f"needs {GPU_NODES}, which did not finish",
            cause=f"needs {GPU_NODES}, which did not finish"),
     # JOB: never reached (the runner stopped before it; no event, its pane stays pending).
@@ -162,8 +164,8 @@ class FailedApplyApp(RtuiApp):
 
 
 def _made(kind: str, rid: str, at: float, status: ResourceStatus = ResourceStatus.READY,
-          outputs: dict[str, Any] | None = None) -> ResourceRecord:
-    return ResourceRecord(kind=kind, id=rid, status=status, created_at=T0 + at, updated_at=T0 + at,
+          outputs: dict[str, Any] | None = None, layer: str = "aws") -> ResourceRecord:
+    return ResourceRecord(kind=kind, layer=layer, id=rid, status=status, created_at=T0 + at, updated_at=T0 + at,
                           outputs=outputs or {})
 
 
@@ -199,17 +201,15 @@ def failed_apply_session() -> RunSession:
         # billing nothing (no instance was launched), as the nodegroup handler leaves it.
         GPU_NODES: _made("aws-nodegroup", f"rtui-ray/{GPU_GROUP}", 612.0, ResourceStatus.CREATING,
                          outputs={BILLING: False}),
-        NAMESPACE: _made("k8s-namespace", "Namespace/rtui", 615.0),
-        OPERATOR: _made("kuberay-operator", "Deployment/kuberay-operator", 801.8),
-        PREPULL: _made("k8s-image-prepull", "DaemonSet/rtui/rtui-ray-prepull", 615.0),
-        RAYCLUSTER: _made("raycluster", "RayCluster/rtui/rtui-ray", 813.1),
+        NAMESPACE: _made("k8s-namespace", "Namespace/rtui", 615.0, layer="kubernetes"),
+        OPERATOR: _made("kuberay-operator", "Deployment/kuberay-operator", 801.8, layer="kubernetes"),
+        PREPULL: _made("k8s-image-prepull", "DaemonSet/rtui/rtui-ray-prepull", 615.0, layer="kubernetes"),
+        RAYCLUSTER: _made("raycluster", "RayCluster/rtui/rtui-ray", 813.1, layer="kubernetes"),
     }
-    record.plan = {"target": "aws", "changes": [
-        {"address": EKS_CLUSTER, "action": "create", "cost_per_hour": 0.10},
-        {"address": NAT, "action": "create", "cost_per_hour": 0.05},
-        {"address": SYSTEM_NODES, "action": "create", "cost_per_hour": 0.2016},
-        {"address": GPU_NODES, "action": "create", "cost_per_hour": 9.2032},
-    ]}
+    record.plan = Plan(target="aws", changes=[
+        Change(address=address, layer="aws", kind=record.resources[address].kind, action=Action.CREATE,
+               cost_per_hour=cost)
+        for address, cost in ((EKS_CLUSTER, 0.10), (NAT, 0.05), (SYSTEM_NODES, 0.2016), (GPU_NODES, 9.2032))])
     return session
 
 
@@ -222,13 +222,13 @@ async def _failed(pilot: Pilot[None]) -> ProvisionScreen:
 
 
 @SIZES
-def test_failed_gpu_nodegroup_snapshot(snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_failed_gpu_nodegroup_snapshot(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     async def failed(pilot: Pilot[None]) -> None:
         screen = await _failed(pilot)
         assert {pane.step_id: pane.status for pane in screen.query(StepPane)} == {
             VPC: "done", CLUSTER_ROLE: "done", EKS_CLUSTER: "done", SYSTEM_NODES: "done", GPU_NODES: "failed",
             RAYCLUSTER: "done", WORKERS: "cancelled", JOB: "pending"}
-        assert screen.no_capacity is not None and screen.no_capacity.step == GPU_NODES
+        assert screen.no_capacity is not None and screen.no_capacity.az == "us-east-1a"
         assert screen.check_action("fail_over", ()) is True and screen.check_action("retry", ()) is True
         assert "m moves them" in str(screen.query_one("#outcome").render())
 
@@ -237,13 +237,15 @@ def test_failed_gpu_nodegroup_snapshot(snap_compare, size: tuple[int, int]) -> N
 
 
 @SIZES
-def test_teardown_modal_snapshot(snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_teardown_modal_snapshot(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     async def teardown(pilot: Pilot[None]) -> None:
         await _failed(pilot)
         await pilot.press("D")
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmTeardown), 5, "the teardown modal")
-        details = pilot.app.screen.details  # type: ignore[attr-defined]
-        assert details[0].startswith("aws: vpc, ") and details[1].startswith("k8s: namespace, ")
+        modal = pilot.app.screen
+        assert isinstance(modal, ConfirmTeardown)
+        details = modal.details
+        assert details[0].startswith("aws: aws.vpc, ") and details[1].startswith("kubernetes: k8s.namespace, ")
         assert details[-1] == "These cost $0.35/hour now ($0.32 so far)."
 
     assert snap_compare(FailedApplyApp(failed_apply_session(), clock=lambda: NOW), run_before=teardown,

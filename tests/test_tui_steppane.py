@@ -7,6 +7,7 @@ from textual.app import App, ComposeResult
 from textual.widgets import Label, Static
 
 from backend.model import EventKind, StepEvent
+from tests.pilot_wait import wait_for
 from tui.widgets import StepPane
 
 T0 = 1_767_225_600.0
@@ -33,15 +34,15 @@ async def test_counters_collapse_done_keeps_its_outcome_and_the_eta_fits() -> No
                                        message=f"waiting for the dashboard ({second}s)"))
         pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.PROGRESS, ts=T0 + 3,
                                    message="starting 2 workers"))
-        await pilot.pause(0.1)
-        assert message(app).splitlines() == ["waiting for the dashboard (3s)", "starting 2 workers"]
+        await wait_for(pilot, lambda: message(app).splitlines() == ["waiting for the dashboard (3s)",
+                                                                     "starting 2 workers"], 5, lambda: message(app))
         label = app.query_one("#step-elapsed", Label)
         assert str(label.render()).strip() == "3.2s · ~17s left"
-        assert label.region.width >= len("3.2s · ~17s left")  # whole on screen: the label grows with its text
+        # Whole on screen: the label grows with its text (at the next layout).
+        await wait_for(pilot, lambda: label.region.width >= len("3.2s · ~17s left"), 5, lambda: str(label.region))
         pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.DONE, ts=T0 + 4.5,
                                    message="dashboard up at http://127.0.0.1:8265"))
-        await pilot.pause(0.1)
-        assert message(app) == "dashboard up at http://127.0.0.1:8265"
+        await wait_for(pilot, lambda: message(app) == "dashboard up at http://127.0.0.1:8265", 5, lambda: message(app))
         assert str(app.query_one("#step-elapsed", Label).render()).strip() == "4.5s"
 
 
@@ -53,6 +54,6 @@ async def test_a_failure_replaces_the_chatter_with_cause_and_remedy() -> None:
         pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.PROGRESS, ts=T0 + 1, message="trying"))
         pane.apply_event(StepEvent(step=pane.step_id, kind=EventKind.FAILED, ts=T0 + 2, message="port 6379 taken",
                                    remedy="set --ray-port"))
-        await pilot.pause(0.1)
-        assert message(app).splitlines() == ["port 6379 taken", "→ set --ray-port"]
+        await wait_for(pilot, lambda: message(app).splitlines() == ["port 6379 taken", "→ set --ray-port"], 5,
+                       lambda: message(app))
         assert pane.has_class("-failed")

@@ -137,6 +137,12 @@ class TrainConfig:
         return self.tokenizer or self.model_id
 
     @property
+    def tokenizer_revision(self) -> str | None:
+        """The model's pinned commit when the tokenizer is the model's own (a separate --tokenizer is
+        loaded as named: a local dir, or a hub id at its main branch)."""
+        return self.model_revision if self.tokenizer_source == self.model_id else None
+
+    @property
     def use_gpu(self) -> bool:
         return self.device == "cuda"
 

@@ -82,10 +82,10 @@ class TokenizeAndPack:
     tokenizer once and carries the unfinished tail of one batch into the next instead of dropping it.
     """
 
-    def __init__(self, tokenizer: str, text_field: str, seq_len: int) -> None:
+    def __init__(self, tokenizer: str, text_field: str, seq_len: int, revision: str | None = None) -> None:
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer, revision=revision)
         self.text_field = text_field
         self.seq_len = seq_len
         eos = self.tokenizer.eos_token_id
@@ -108,7 +108,7 @@ class TokenizeAndPack:
 
 
 def build_text_dataset(path: str, *, tokenizer: str, text_field: str, seq_len: int, data_cpus: float,
-                       tokenize_actors: int) -> Any:
+                       tokenize_actors: int, tokenizer_revision: str | None = None) -> Any:
     """The lazy Ray Data pipeline (read → tokenise+pack); Ray Train splits it across the ranks."""
     import ray.data
 
@@ -118,7 +118,8 @@ def build_text_dataset(path: str, *, tokenizer: str, text_field: str, seq_len: i
     else:
         ds = ray.data.read_json(path, lines=True, ray_remote_args=remote)
     return ds.map_batches(
-        TokenizeAndPack, fn_constructor_kwargs={"tokenizer": tokenizer, "text_field": text_field, "seq_len": seq_len},
+        TokenizeAndPack, fn_constructor_kwargs={"tokenizer": tokenizer, "text_field": text_field, "seq_len": seq_len,
+                                                "revision": tokenizer_revision},
         batch_size=256, batch_format="numpy", num_cpus=data_cpus, concurrency=tokenize_actors)
 
 

@@ -123,7 +123,8 @@ def _dir_files(directory: str) -> tuple[list[str], int]:
 
 
 def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dtype: Any,
-                 tokenizer: str | None = None, check: tuple[Any, Any] | None = None,
+                 tokenizer: str | None = None, tokenizer_revision: str | None = None,
+                 check: tuple[Any, Any] | None = None,
                  evaluation: dict[str, Any] | None = None, max_shard_size: str | int = MAX_SHARD_SIZE,
                  before_publish: Any = None) -> ExportInfo | None:
     """Gather the model (every rank) and write it as ``root/<name>`` (rank 0); rank 0 gets the info.
@@ -163,7 +164,7 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
         if tokenizer:
             from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(tokenizer).save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(tokenizer, revision=tokenizer_revision).save_pretrained(tmp)
         if check is not None:
             save_file({"input_ids": check[0].contiguous(), "logits": check[1].contiguous()},
                       os.path.join(tmp, CHECK_FILE))

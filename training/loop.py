@@ -305,7 +305,7 @@ def export(model: Any, cfg: TrainConfig, device: Any, rank: int, step: int, *, f
     check = reference_logits(model, device)
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
     info = export_model(model, cfg.export_root, rank=rank, step=step, final=final, dtype=dtype,
-                        tokenizer=cfg.tokenizer_source,
+                        tokenizer=cfg.tokenizer_source, tokenizer_revision=cfg.tokenizer_revision,
                         check=check, evaluation=evaluation)
     if info is not None:
         print(f"rtui-train: model ({'final' if final else f'step {step}'}) written to {info.uri}: "

@@ -157,7 +157,7 @@ def _text_dataset(cfg: TrainConfig) -> tuple[TrainConfig, Any]:
 
     tokenizer = cfg.tokenizer_source
     assert tokenizer is not None  # TrainConfig refuses data files without one
-    vocab = len(AutoTokenizer.from_pretrained(tokenizer))
+    vocab = len(AutoTokenizer.from_pretrained(tokenizer, revision=cfg.tokenizer_revision))
     if not cfg.model_id and vocab > cfg.tiny_vocab_size:
         print(f"rtui-train: tiny model vocab raised to the tokenizer's {vocab}", flush=True)
         cfg = cfg.replace(tiny_vocab_size=vocab)
@@ -169,7 +169,8 @@ def _text_dataset(cfg: TrainConfig) -> tuple[TrainConfig, Any]:
             f"Ray Data needs {data_cpus:g} CPUs beside the {train_cpus} the training workers hold, but the "
             f"cluster has {cpus:g}: start Ray with more CPUs (ray start --num-cpus) or lower --data-cpus")
     return cfg, build_text_dataset(cfg.data, tokenizer=tokenizer, text_field=cfg.text_field, seq_len=cfg.seq_len,
-                                   data_cpus=cfg.data_cpus, tokenize_actors=cfg.tokenize_actors)
+                                   data_cpus=cfg.data_cpus, tokenize_actors=cfg.tokenize_actors,
+                                   tokenizer_revision=cfg.tokenizer_revision)
 
 
 def export_root(storage: str, run_name: str) -> str:

@@ -65,12 +65,10 @@ class RtuiApp(App[None]):
     def _set_subtitle(self) -> None:
         s = self.session
         down = " · down" if s.record.status is RunStatus.DOWN else ""
-        if not down and s.record.facts.get("stopped_while_idle"):
+        if not down and s.record.facts.stopped_while_idle is not None:
             down = " · stopped while idle"
-        # On kube, which cluster: the context the kubeconfig names (or its current one).
-        where = f" @ {s.config.context}" if s.config.target == "kube" and s.config.context else ""
-        if s.config.target == "aws":  # and where: the AZ once chosen, else the region
-            where = f" @ {s.config.availability_zone or s.config.region}"
+        where = s.target.where(s.config)  # which cluster: a kube context, an aws AZ (or region)
+        where = f" @ {where}" if where else ""
         self.sub_title = f"{s.config.target}{where} · {s.config.cluster_name} · run {s.run_id}{down}"
 
     # --- routing -----------------------------------------------------------------------
@@ -133,8 +131,8 @@ class RtuiApp(App[None]):
             return
         self.release()  # a lock is the old session's (a failed apply that created nothing)
         config = old.config.model_copy(update=update)
-        old.record.config = config.model_dump(mode="json")
-        self.session = RunSession(old.store, old.record, config)
+        old.record.use_config(config)
+        self._replace_session(RunSession(old.store, old.record, config))
         self._set_subtitle()
         from screens.target import TargetScreen
 
@@ -148,11 +146,10 @@ class RtuiApp(App[None]):
         from screens.target import TargetScreen
 
         target = self.screen
-        region = message.requests[0][0]  # the screen asks for one region's quotas at a time
 
         def answered(yes: bool | None) -> None:
             if yes and isinstance(target, TargetScreen):
-                target.file_quota_increase(region)
+                message.file()  # the screen's panel files them (one region's quotas at a time)
 
         self.push_screen(ConfirmQuotaIncrease(message.requests), answered)
 
@@ -165,7 +162,7 @@ class RtuiApp(App[None]):
         if self.read_only:
             return
         plan = message.plan
-        costs_money = self.session.config.target == "aws" or plan.cost_per_hour > 0
+        costs_money = self.session.target.costs_money or plan.cost_per_hour > 0
         if plan.is_noop or not costs_money:
             self._apply(plan)
             return
@@ -258,9 +255,8 @@ class RtuiApp(App[None]):
         """After a teardown, going back starts a new run of the same config (never re-applies a dead one)."""
         old = self.session
         self.release()
-        record = old.store.new(target=old.config.target, cluster_name=old.config.cluster_name,
-                               config=old.config.model_dump(mode="json"))
-        self.session = RunSession(old.store, record, old.config)
+        record = old.store.new(old.config)
+        self._replace_session(RunSession(old.store, record, old.config))
         self._set_subtitle()
         from screens.target import TargetScreen
 
@@ -288,6 +284,12 @@ class RtuiApp(App[None]):
 
     def on_unmount(self) -> None:
         self.release()
+        self.session.close()  # the session ends with the app: its clients and their threads too
+
+    def _replace_session(self, new: RunSession) -> None:
+        """Switch to ``new``; the old session's clients close once the screens using them are gone."""
+        old, self.session = self.session, new
+        self.call_after_refresh(old.close)
 
     # --- errors and actions ------------------------------------------------------------
     def report_error(self, exc: BaseException) -> None:
@@ -357,7 +359,7 @@ class RtuiApp(App[None]):
 
             def picked(run_id: str | None) -> None:
                 if run_id and run_id != self.session.run_id:
-                    self.session = RunSession.resume(run_id, self.session.store)
+                    self._replace_session(RunSession.resume(run_id, self.session.store))
                     self._set_subtitle()
                     self._go(self.get_default_screen())
 
@@ -415,11 +417,10 @@ def teardown_summary(session: RunSession, *, now: float | None = None) -> list[s
     (and has cost up to ``now``, the wall clock unless given)."""
     from backend.session import cost_meter
 
-    live = [(address, r) for address, r in session.record.resources.items() if r.live]
     by_layer: dict[str, list[str]] = {}
-    for address, _record in live:
-        layer = address.split(".", 1)[0]
-        by_layer.setdefault(layer, []).append(address.split(".", 1)[1] if "." in address else address)
+    for address, entry in session.record.resources.items():
+        if entry.live:
+            by_layer.setdefault(entry.layer or "other", []).append(address)
     lines = [f"{layer}: {', '.join(names[:6])}" + (f" +{len(names) - 6} more" if len(names) > 6 else "")
              for layer, names in by_layer.items()]
     cost = cost_meter(session.record, now=now)

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
+import targets
 from backend.config import (
     ECHO_LIMIT,
     FIELD_NAMES,
@@ -101,10 +102,16 @@ def _choices(annotation: Any) -> tuple[str, ...]:
     return ()
 
 
+def field_choices(field: str) -> tuple[str, ...]:
+    """The values a config field takes when they are few: a Literal's, or the built-in targets (an
+    installed target is accepted too, but the help does not pay for looking them up)."""
+    return tuple(targets.BUILTIN) if field == "target" else _choices(RunConfig.model_fields[field].annotation)
+
+
 def config_metavar(field: str) -> str:
     """What a config flag's value looks like: ``{local,aws,kube}``, ``N``, ``NAME``, never a field name."""
     annotation = RunConfig.model_fields[field].annotation
-    choices = _choices(annotation)
+    choices = field_choices(field)
     if choices:
         return "{" + ",".join(choices) + "}"
     kinds = set(get_args(annotation)) - {type(None)} or {annotation}
@@ -119,7 +126,7 @@ def config_help(field: str) -> str:
     """The field's description, its choices when it has some, and its default (argparse-escaped)."""
     info = RunConfig.model_fields[field]
     text = info.description or ""
-    choices = _choices(info.annotation)
+    choices = field_choices(field)
     if choices:
         text += f"; one of {', '.join(choices)}"
     default = info.default
@@ -213,6 +220,9 @@ def build_parser() -> Parser:
     p.add_argument("--profile", metavar="PROFILE", help="AWS profile (else the usual credential chain)")
     p = add("runs", "list runs")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--set-aside-corrupt", action="store_true",
+                   help="move the run records that cannot be read to the state dir's corrupt/ folder (listing "
+                        "only reports them)")
     p = add("config", "show the effective configuration, or confirm ./rtui.toml")
     p.add_argument("action", choices=["show", "trust"],
                    help="show: every field, its value and where it came from; trust: confirm the fields of "
@@ -381,23 +391,16 @@ def _config_trust(ns: argparse.Namespace, out: TextIO) -> int:
 
 def _check(ns: argparse.Namespace, out: TextIO) -> int:
     config = resolved_from(ns).config
-    if config.target == "aws":
-        from backend.aws import PreflightRequest, check_command
-
-        request = PreflightRequest(
-            regions=getattr(ns, "cfg_region", None), all_regions=ns.all_regions,
-            gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
-            system_node_type=config.system_node_type, system_node_count=config.system_node_count,
-            profile=config.profile, default_region=config.region,
-            require_efa=config.effective_require_transport() in ("efa", "efa_gdr"),
-        )
-        if ns.request_quota_increase:
-            return _request_quota(request, ns, out)
-        return check_command(request, as_json=ns.json, stdout=out, stderr=sys.stderr)
+    target = targets.get(config.target)
+    code = target.feasibility(config, regions=getattr(ns, "cfg_region", None), all_regions=ns.all_regions,
+                              request_quota=ns.request_quota_increase, yes=ns.yes, as_json=ns.json, out=out)
+    if code is not None:
+        return code
+    matrix = " or ".join(f"--target {t}" for t in targets.names() if targets.get(t).has_feasibility)
     if ns.request_quota_increase:
-        raise UserError("--request-quota-increase is for --target aws")
+        raise UserError(f"--request-quota-increase is for {matrix}")
     if ns.all_regions:
-        raise UserError("--all-regions is for --target aws")
+        raise UserError(f"--all-regions is for {matrix}")
     from tui import commands
 
     return asyncio.run(commands.check(ns, out))
@@ -405,8 +408,9 @@ def _check(ns: argparse.Namespace, out: TextIO) -> int:
 
 def _manifest(ns: argparse.Namespace, out: TextIO) -> int:
     config = resolved_from(ns).config
-    if config.target == "local":
-        raise UserError("the local target has no Kubernetes objects", remedy="use --target kube or --target aws")
+    if not targets.get(config.target).has_kubernetes:
+        kube = " or ".join(f"--target {t}" for t in targets.names() if targets.get(t).has_kubernetes)
+        raise UserError(f"the {config.target} target has no Kubernetes objects", remedy=f"use {kube}")
     from backend.layers.kubernetes.layer import every_object
     from backend.layers.kubernetes.manifests import yaml_stream
     from backend.store import new_run_id
@@ -415,15 +419,6 @@ def _manifest(ns: argparse.Namespace, out: TextIO) -> int:
     out.write("".join(f"# {note}\n" for note in notes))
     out.write(yaml_stream(objects))
     return 0
-
-
-def _request_quota(request: Any, ns: argparse.Namespace, out: TextIO) -> int:
-    if not ns.yes:
-        raise UserError("--request-quota-increase files a request with AWS and needs --yes",
-                        remedy="run `rtui check --target aws` first to see what is short")
-    from backend.aws.check_command import increase_quota_command
-
-    return increase_quota_command(request, as_json=ns.json, stdout=out, stderr=sys.stderr)
 
 
 def _classify(ns: argparse.Namespace, out: TextIO) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+import targets
 from backend import flows
 from backend.errors import UserError
 from backend.follow import JobUpdate
@@ -28,37 +29,37 @@ def _json_line(out: TextIO, payload: dict[str, Any]) -> None:
 
 
 async def plan(ns: argparse.Namespace, out: TextIO) -> int:
-    session = RunSession.for_config(resolved_from(ns))
-    the_plan = await session.plan()
-    if ns.json:
-        _json_line(out, {"run_id": session.run_id, "target": the_plan.target, "noop": the_plan.is_noop,
-                         "cost_per_hour": the_plan.cost_per_hour, "price_source": the_plan.price_source,
-                         "usage_costs": the_plan.usage_costs, "counts": the_plan.counts(),
-                         "layers": the_plan.layers(),
-                         "changes": [c.model_dump(mode="json") for c in the_plan.changes]})
-    else:
-        out.write(format_plan(the_plan, run_id=session.run_id))
-    return 0
+    async with RunSession.for_config(resolved_from(ns)) as session:
+        the_plan = await session.plan()
+        if ns.json:
+            _json_line(out, {"run_id": session.run_id, "target": the_plan.target, "noop": the_plan.is_noop,
+                             "cost_per_hour": the_plan.cost_per_hour, "price_source": the_plan.price_source,
+                             "usage_costs": the_plan.usage_costs, "counts": the_plan.counts(),
+                             "layers": the_plan.layers(),
+                             "changes": [c.model_dump(mode="json") for c in the_plan.changes]})
+        else:
+            out.write(format_plan(the_plan, run_id=session.run_id))
+        return 0
 
 
 async def up(ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.yes:
         raise UserError("`rtui up` changes things and needs --yes", remedy="or run `rtui` to review the plan first")
-    session = RunSession.for_config(resolved_from(ns))
-    session.store.ensure_writable()
-    emit = _emitter(ns.json, out)
-    ok = False
-    async for event in flows.up(session, until=ns.until, az_failover=ns.az_failover):
-        emit(event)
-        if event.step == flows.RUN and event.kind is EventKind.STARTED and not ns.json:
-            out.write(format_plan(Plan.model_validate(event.data["plan"]), run_id=session.run_id))
-        if event.step == flows.RUN and event.kind in (EventKind.DONE, EventKind.FAILED):
-            ok = event.kind is EventKind.DONE
-    if ok and not ns.json:
-        rtui = rtui_command()  # pasteable from here, also when `rtui` is not on the PATH
-        out.write(f"\nThe cluster stays up. Logs: {rtui} logs {session.run_id}  ·  "
-                  f"tear down: {rtui} down {session.run_id} --yes\n")
-    return 0 if ok else 1
+    async with RunSession.for_config(resolved_from(ns)) as session:
+        session.store.ensure_writable()
+        emit = _emitter(ns.json, out)
+        ok = False
+        async for event in flows.up(session, until=ns.until, az_failover=ns.az_failover):
+            emit(event)
+            if event.step == flows.RUN and event.kind is EventKind.STARTED and not ns.json:
+                out.write(format_plan(Plan.model_validate(event.data["plan"]), run_id=session.run_id))
+            if event.step == flows.RUN and event.kind in (EventKind.DONE, EventKind.FAILED):
+                ok = event.kind is EventKind.DONE
+        if ok and not ns.json:
+            rtui = rtui_command()  # pasteable from here, also when `rtui` is not on the PATH
+            out.write(f"\nThe cluster stays up. Logs: {rtui} logs {session.run_id}  ·  "
+                      f"tear down: {rtui} down {session.run_id} --yes\n")
+        return 0 if ok else 1
 
 
 def _emitter(as_json: bool, out: TextIO) -> Callable[[StepEvent], None]:
@@ -76,18 +77,18 @@ def _emitter(as_json: bool, out: TextIO) -> Callable[[StepEvent], None]:
 
 async def check(ns: argparse.Namespace, out: TextIO) -> int:
     """Preflight of a non-AWS target: exit 0 when nothing fails, 3 when something does."""
-    session = RunSession.for_config(resolved_from(ns))
-    results = await session.preflight()
-    failed = any(r.status is CheckStatus.FAIL for r in results)
-    if ns.json:
-        _json_line(out, {"target": session.config.target, "checks": [r.model_dump(mode="json") for r in results],
-                         "feasible": not failed})
-    else:
-        marks = {CheckStatus.OK: "✓", CheckStatus.WARN: "!", CheckStatus.FAIL: "✗", CheckStatus.INFO: "i"}
-        for r in results:
-            out.write(f"{marks[r.status]} {r.title}" + (f" — {r.detail}" if r.detail else "")
-                      + (f"\n    {r.remedy}" if r.remedy and r.status is not CheckStatus.OK else "") + "\n")
-    return 3 if failed else 0
+    async with RunSession.for_config(resolved_from(ns)) as session:
+        results = await session.preflight()
+        failed = any(r.status is CheckStatus.FAIL for r in results)
+        if ns.json:
+            _json_line(out, {"target": session.config.target, "checks": [r.model_dump(mode="json") for r in results],
+                             "feasible": not failed})
+        else:
+            marks = {CheckStatus.OK: "✓", CheckStatus.WARN: "!", CheckStatus.FAIL: "✗", CheckStatus.INFO: "i"}
+            for r in results:
+                out.write(f"{marks[r.status]} {r.title}" + (f" — {r.detail}" if r.detail else "")
+                          + (f"\n    {r.remedy}" if r.remedy and r.status is not CheckStatus.OK else "") + "\n")
+        return 3 if failed else 0
 
 
 async def status(ns: argparse.Namespace, out: TextIO) -> int:
@@ -109,14 +110,17 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
             and session.record.target != wanted["target"]:
         raise UserError(f"run {session.run_id} is on the {session.record.target} target, not {wanted['target']}",
                         remedy=f"drop --target, or see `rtui runs` for the {wanted['target']} runs")
-    # After opening: listing the store sets a corrupt record aside, which would hide it from `open`.
-    on_local = wanted.get("target", "local") == "local"
-    orphans = [o for o in flows.find_orphans(store, "local") if on_local and (session is None
-                                                                               or o.run_id != session.run_id)]
+    shown_target = wanted.get("target", targets.DEFAULT)
+    orphans = [o for o in flows.find_orphans(store, shown_target) if session is None or o.run_id != session.run_id]
     if missing is not None and not orphans:
         raise missing
-    data = (await session.status_report()).to_dict() if session is not None else None
-    kept = [k for k in flows.kept_data(store) if on_local and (session is None or k.run_id != session.run_id)]
+    if session is not None:
+        async with session:
+            data: dict[str, Any] | None = (await session.status_report()).to_dict()
+    else:
+        data = None
+    keeps_data = targets.get(shown_target).data_store(store.root, "") is not None  # data dirs on this machine
+    kept = [k for k in flows.kept_data(store) if keeps_data and (session is None or k.run_id != session.run_id)]
     if ns.json:
         _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans],
                          "kept_data": [k.to_dict() for k in kept]})
@@ -156,32 +160,32 @@ def _line_writer(out: TextIO) -> Callable[[list[str]], None]:
 
 
 async def logs(ns: argparse.Namespace, out: TextIO) -> int:
-    session = RunSession.open(ns.run_id, lenient=True)
-    write = _line_writer(out)
-    if ns.source == "head":
-        async for line in flows.head_log(session, follow=ns.follow):
+    async with RunSession.open(ns.run_id, lenient=True) as session:
+        write = _line_writer(out)
+        if ns.source == "head":
+            async for line in flows.head_log(session, follow=ns.follow):
+                write([line])
+            return 0
+        job = session.record.current_job
+        if ns.job is not None:
+            job = session.record.job(ns.job)
+            if job is None:
+                count = len(session.record.jobs)
+                raise UserError(f"run {session.run_id} has no job {ns.job} (it has {count} job{'s' * (count != 1)})",
+                                remedy=f"use --job 1 to --job {count}" if count else "submit one with `rtui up --yes`")
+        offset = 0
+        for line, end in session.spool(job).iter_from(0):
             write([line])
+            offset = end
+        if session.record.status is RunStatus.DOWN or job is None or job is not session.record.current_job:
+            return 0  # an earlier job is history: its spool is all there is to print
+        if not ns.follow:
+            write(await flows.catch_up(session))
+            return 0
+        async for update in flows.attach(session, replayed_bytes=offset):
+            if isinstance(update, JobUpdate):
+                write(update.lines)
         return 0
-    job = session.record.current_job
-    if ns.job is not None:
-        job = session.record.job(ns.job)
-        if job is None:
-            count = len(session.record.jobs)
-            raise UserError(f"run {session.run_id} has no job {ns.job} (it has {count} job{'s' * (count != 1)})",
-                            remedy=f"use --job 1 to --job {count}" if count else "submit one with `rtui up --yes`")
-    offset = 0
-    for line, end in session.spool(job).iter_from(0):
-        write([line])
-        offset = end
-    if session.record.status is RunStatus.DOWN or job is None or job is not session.record.current_job:
-        return 0  # an earlier job is history: its spool is all there is to print
-    if not ns.follow:
-        write(await flows.catch_up(session))
-        return 0
-    async for update in flows.attach(session, replayed_bytes=offset):
-        if isinstance(update, JobUpdate):
-            write(update.lines)
-    return 0
 
 
 async def down(ns: argparse.Namespace, out: TextIO) -> int:
@@ -192,31 +196,36 @@ async def down(ns: argparse.Namespace, out: TextIO) -> int:
     by_cluster = any(resolved.sources.get(f) in ("flag", "env") for f in ("target", "cluster_name"))
     store = RunStore()
     session = flows.session_for_down(store, ns.run_id, resolved.config, by_cluster=by_cluster)
-    if session is None and resolved.config.target == "aws":
-        session = await flows.aws_orphan(store, resolved.config)
+    if session is None:
+        session = await flows.tagged_orphan(store, resolved.config)
     if session is None:
         out.write(f"nothing of cluster {resolved.config.cluster_name} is running on the "
                   f"{resolved.config.target} target\n")
         return 0
-    emit = _emitter(ns.json, out)
-    ok = True
-    if session.record.status is RunStatus.DOWN and not await session.discover():
-        async for event in flows.data_after_down(session, ns.delete_data):
+    async with session:
+        emit = _emitter(ns.json, out)
+        ok = True
+        if session.record.status is RunStatus.DOWN and not await session.discover():
+            async for event in flows.data_after_down(session, ns.delete_data):
+                emit(event)
+                ok = ok and event.kind is not EventKind.FAILED
+            if not ns.json:
+                out.write(f"run {session.run_id} is already down\n")
+            return 0 if ok else 1
+        async for event in flows.down(session, delete_data=ns.delete_data):
             emit(event)
             ok = ok and event.kind is not EventKind.FAILED
         if not ns.json:
-            out.write(f"run {session.run_id} is already down\n")
+            out.write(f"run {session.run_id} is {'down' if ok else 'NOT fully down: see the errors above'}\n")
         return 0 if ok else 1
-    async for event in flows.down(session, delete_data=ns.delete_data):
-        emit(event)
-        ok = ok and event.kind is not EventKind.FAILED
-    if not ns.json:
-        out.write(f"run {session.run_id} is {'down' if ok else 'NOT fully down: see the errors above'}\n")
-    return 0 if ok else 1
 
 
 async def runs(ns: argparse.Namespace, out: TextIO) -> int:
-    records, warnings = RunStore().list()
+    store = RunStore()
+    if ns.set_aside_corrupt:  # the only command that moves a record: listing never does
+        for kept in store.set_aside_corrupt():
+            print(f"rtui: set aside an unreadable run record as {kept}", file=sys.stderr)
+    records, warnings = store.list()
     for warning in warnings:
         print(f"rtui: {warning}", file=sys.stderr)
     rows = [{"run_id": r.run_id, "target": r.target, "cluster_name": r.cluster_name, "status": r.status.value,
@@ -250,37 +259,37 @@ async def bench(ns: argparse.Namespace, out: TextIO) -> int:
     from backend import bench as benches  # the bench code (and telemetry) only for this command
 
     resolved = resolved_from(ns)
-    session = RunSession.for_config(resolved)
-    session.store.ensure_writable()
-    # Progress is human text; with --json it goes to stderr so stdout holds only the result.
-    emit = _emitter(False, sys.stderr if ns.json else out)
-    ok = True
-    with session.changing():
-        try:
-            if ns.bench == "fabric":
-                max_mib = getattr(ns, "max_mib", None)
-                report = await benches.run_fabric(
-                    session, variants=ns.variant, on_event=emit, iters=ns.iters, warmup=ns.warmup,
-                    max_bytes=max_mib * 2**20 if max_mib else None, timeout_s=ns.timeout)
-            else:
-                steps = resolved.config.steps if resolved.sources.get("steps") == "flag" else None
-                report = await benches.run_ab(session, variants=ns.variant, steps=steps, on_event=emit,
-                                              timeout_s=ns.timeout)
-        finally:
-            if ns.down:
-                async for event in flows.down(session):
-                    emit(event)
-                    ok = ok and event.kind is not EventKind.FAILED
-    report = {**report, "run_id": session.run_id, "cluster": "down" if ns.down and ok else "up"}
-    if ns.json:
-        _json_line(out, report)
-    else:
-        out.write("\n" + (_format_fabric(report) if ns.bench == "fabric" else _format_ab(report)))
-        if not ns.down:
-            out.write(f"The cluster stays up: tear it down with `{rtui_command()} down {session.run_id} --yes`\n")
-        elif not ok:
-            out.write(f"run {session.run_id} is NOT fully down: see the errors above\n")
-    return 0 if ok else 1
+    async with RunSession.for_config(resolved) as session:
+        session.store.ensure_writable()
+        # Progress is human text; with --json it goes to stderr so stdout holds only the result.
+        emit = _emitter(False, sys.stderr if ns.json else out)
+        ok = True
+        with session.changing():
+            try:
+                if ns.bench == "fabric":
+                    max_mib = getattr(ns, "max_mib", None)
+                    report = await benches.run_fabric(
+                        session, variants=ns.variant, on_event=emit, iters=ns.iters, warmup=ns.warmup,
+                        max_bytes=max_mib * 2**20 if max_mib else None, timeout_s=ns.timeout)
+                else:
+                    steps = resolved.config.steps if resolved.sources.get("steps") == "flag" else None
+                    report = await benches.run_ab(session, variants=ns.variant, steps=steps, on_event=emit,
+                                                  timeout_s=ns.timeout)
+            finally:
+                if ns.down:
+                    async for event in flows.down(session):
+                        emit(event)
+                        ok = ok and event.kind is not EventKind.FAILED
+        report = {**report, "run_id": session.run_id, "cluster": "down" if ns.down and ok else "up"}
+        if ns.json:
+            _json_line(out, report)
+        else:
+            out.write("\n" + (_format_fabric(report) if ns.bench == "fabric" else _format_ab(report)))
+            if not ns.down:
+                out.write(f"The cluster stays up: tear it down with `{rtui_command()} down {session.run_id} --yes`\n")
+            elif not ok:
+                out.write(f"run {session.run_id} is NOT fully down: see the errors above\n")
+        return 0 if ok else 1
 
 
 def _format_fabric(report: dict[str, Any]) -> str:
@@ -328,36 +337,36 @@ async def model(ns: argparse.Namespace, out: TextIO) -> int:
     """`rtui model [RUN_ID] [--to DIR] [--json]`: the run's model, copied to a local directory."""
     from backend.delivery import LOAD_HINT, human_bytes, model_summary
 
-    session = RunSession.open(ns.run_id, lenient=True)
-    store = session.data_store()
-    if store is None:
-        raise UserError(f"run {session.run_id} is on the {session.record.target} target, whose model rtui cannot "
-                        "fetch yet", remedy="copy it from the --storage-path the run used")
-    found = await asyncio.to_thread(store.latest_model)
-    if found is None:
-        raise UserError(f"run {session.run_id} has no complete model in {store.uri}",
-                        remedy="a run writes its model when training ends: see `rtui status` for how the job did "
-                               "(an export interrupted by teardown is never offered)")
-    summary = model_summary(found, session.telemetry().series.summary)
-    assert summary is not None
-    to = Path(ns.to).expanduser().resolve() if ns.to else None
-    if ns.json:
-        if to is not None:
-            await asyncio.to_thread(store.fetch, found, to)
-            summary = {**summary, "copied_to": str(to)}
-        _json_line(out, summary)
+    async with RunSession.open(ns.run_id, lenient=True) as session:
+        store = session.data_store()
+        if store is None:
+            raise UserError(f"run {session.run_id} is on the {session.record.target} target, whose model rtui cannot "
+                            "fetch yet", remedy="copy it from the --storage-path the run used")
+        found = await asyncio.to_thread(store.latest_model)
+        if found is None:
+            raise UserError(f"run {session.run_id} has no complete model in {store.uri}",
+                            remedy="a run writes its model when training ends: see `rtui status` for how the job did "
+                                   "(an export interrupted by teardown is never offered)")
+        summary = model_summary(found, session.telemetry().series.summary)
+        assert summary is not None
+        to = Path(ns.to).expanduser().resolve() if ns.to else None
+        if ns.json:
+            if to is not None:
+                await asyncio.to_thread(store.fetch, found, to)
+                summary = {**summary, "copied_to": str(to)}
+            _json_line(out, summary)
+            return 0
+        to = to or Path.cwd() / f"rtui-model-{session.run_id}"
+        total = found.bytes
+
+        def progress(done: int, _all: int) -> None:
+            out.write(f"\rcopying {human_bytes(done)} / {human_bytes(total)}")
+            out.flush()
+
+        await asyncio.to_thread(store.fetch, found, to, progress)
+        out.write(f"\nmodel of run {session.run_id} (step {found.step}) copied to {to}: {len(found.files)} files, "
+                  f"{human_bytes(total)}\n")
+        if summary.get("eval_loss_before") is not None:
+            out.write(f"{eval_line(summary)}\n")
+        out.write("load it with:\n  " + LOAD_HINT.format(path=to) + "\n")
         return 0
-    to = to or Path.cwd() / f"rtui-model-{session.run_id}"
-    total = found.bytes
-
-    def progress(done: int, _all: int) -> None:
-        out.write(f"\rcopying {human_bytes(done)} / {human_bytes(total)}")
-        out.flush()
-
-    await asyncio.to_thread(store.fetch, found, to, progress)
-    out.write(f"\nmodel of run {session.run_id} (step {found.step}) copied to {to}: {len(found.files)} files, "
-              f"{human_bytes(total)}\n")
-    if summary.get("eval_loss_before") is not None:
-        out.write(f"{eval_line(summary)}\n")
-    out.write("load it with:\n  " + LOAD_HINT.format(path=to) + "\n")
-    return 0

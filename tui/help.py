@@ -8,6 +8,7 @@ before the app's, tooltips wrapped under their column; keys that do nothing righ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -27,7 +28,7 @@ class KeyRow:
     everywhere: bool  # the App's key rather than this screen's
 
 
-def key_rows(screen: Screen[object]) -> list[KeyRow]:
+def key_rows(screen: Screen[Any]) -> list[KeyRow]:
     """The screen's named bindings as it stands (keys hidden by `check_action` are left out), then the App's.
     A widget's own movement keys (arrows, page up) are one line under the table, not a row each."""
     app = screen.app

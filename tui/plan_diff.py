@@ -14,6 +14,7 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.widgets import Static
 
+import targets
 from backend.model import Action, Change, Plan
 
 ACTION_STYLE = {Action.CREATE: "green", Action.UPDATE: "yellow", Action.REPLACE: "magenta", Action.DELETE: "red",
@@ -106,12 +107,11 @@ def change_lines(change: Change, width: int) -> list[Text]:
     return lines
 
 
-def layer_summary(changes: list[Change]) -> str:
+def layer_summary(changes: list[Change], cost: float) -> str:
     counts = {a: sum(1 for c in changes if c.action is a) for a in Action}
     parts = [f"{n} {VERB[a]}" for a, n in counts.items() if n and a is not Action.NOOP]
     if counts[Action.NOOP]:
         parts.append(f"{counts[Action.NOOP]} unchanged")
-    cost = sum(c.cost_per_hour or 0.0 for c in changes if c.action is not Action.DELETE)
     return ", ".join(parts) + (f" · {money(cost)}/hour" if cost else "")
 
 
@@ -124,7 +124,7 @@ def plan_lines(plan: Plan, width: int, *, show_unchanged: bool = False) -> list[
             lines.append(Text())
         title = LAYER_TITLE.get(layer, "")
         heading = Text.assemble((layer, "bold underline"), (f" — {title}" if title else "", "bold"),
-                                (f"   {layer_summary(changes)}", "dim"))
+                                (f"   {layer_summary(changes, plan.layer_cost_per_hour(layer))}", "dim"))
         lines += hang(heading, 4, width)
         for change in changes:
             if change.action is not Action.NOOP:
@@ -160,7 +160,7 @@ def summary_lines(plan: Plan, width: int) -> list[Text]:
                       f"{counts['noop']} unchanged.", style="bold"), 6, width)
     cost = plan.cost_per_hour
     cost_text = Text.assemble(("Cost: ", "bold"), f"{money(cost)}/hour while up" if cost else
-                              ("free (local)" if plan.target == "local" else "nothing priced"))
+                              targets.get(plan.target).unpriced)
     if cost:
         for usage in plan.usage_costs:
             cost_text.append(f", {usage}")

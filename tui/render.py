@@ -25,7 +25,7 @@ def format_plan(plan: Plan, *, run_id: str | None = None) -> str:
     lines = [f"Plan for the {plan.target} target" + (f" (run {run_id})" if run_id else "") + ":"]
     for layer in plan.layers():
         changes = [c for c in plan.changes if c.layer == layer]
-        per_hour = sum(c.cost_per_hour or 0.0 for c in changes if c.action is not Action.DELETE)
+        per_hour = plan.layer_cost_per_hour(layer)
         lines.append(f"  {layer}" + (f"  ${per_hour:.2f}/hour" if per_hour else ""))
         for change in changes:
             if change.action is Action.UPDATE and change.before is not None:
@@ -146,8 +146,9 @@ def format_status(data: dict[str, Any]) -> str:
                      f"copy it: rtui model {data['run_id']} --to DIR")
     for address, res in data.get("resources", {}).items():
         lines.append(f"  {res['status']:<9} {address:<22} {res.get('id') or ''}")
-    for name, step in data["steps"].items():
-        took = f"{step['duration_s']:.1f}s" if step.get("duration_s") is not None else ""
-        extra = step.get("error") or step.get("message") or ""
-        lines.append(f"  {step['status']:<9} {name:<22} {took:>7}  {extra[:100]}")
+    for phase, steps in (("", data["steps"]), ("teardown ", data.get("teardown_steps") or {})):
+        for name, step in steps.items():
+            took = f"{step['duration_s']:.1f}s" if step.get("duration_s") is not None else ""
+            extra = step.get("error") or step.get("message") or ""
+            lines.append(f"  {step['status']:<9} {phase + name:<22} {took:>7}  {extra[:100]}")
     return "\n".join(lines) + "\n"

@@ -34,6 +34,7 @@ class Workers:
         self._lock = threading.Lock()
         self._idle = 0  # workers waiting for a job
         self._queued = 0  # jobs put but not yet taken
+        self._closed = False
         self.started = 0  # threads started over the pool's life (for tests and benchmarks)
 
     def submit(self, job: Callable[[], None]) -> None:
@@ -50,6 +51,7 @@ class Workers:
         """Let the idle workers end now (the owner will submit nothing more); a worker busy
         with a hung call ends when that call returns, or after ``idle_exit_s``."""
         with self._lock:
+            self._closed = True
             idle = self._idle
         for _ in range(idle):
             self._jobs.put(None)
@@ -57,6 +59,10 @@ class Workers:
     def _work(self) -> None:
         while True:
             with self._lock:
+                # A worker that was finishing a job when the pool closed was not idle then: it ends
+                # here, unless a job still waits (a call submitted just before the close).
+                if self._closed and self._queued <= self._idle:
+                    return
                 self._idle += 1
             try:
                 job = self._jobs.get(timeout=self._idle_exit_s)

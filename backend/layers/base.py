@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from backend.clients import Clients
 from backend.config import RunConfig
 from backend.ledger import Ledger
 from backend.model import Action, CheckResult, Leftover, Observed, Resource
@@ -77,12 +78,14 @@ class HeadLogSource(Protocol):
 
 @dataclass
 class Context:
-    """What a layer and its handlers may use: the config, the run's record and its ledger."""
+    """What a layer and its handlers may use: the config, the run's record and its ledger, and the
+    session's clients (``RunSession`` passes its own and closes them when it ends)."""
 
     config: RunConfig
     record: RunRecord
     store: RunStore
     cluster: ClusterAccess | None = None
+    clients: Clients = field(default_factory=Clients)
     # `down --delete-data`: the run's data goes too (a store the run made for it, e.g. its bucket, with it).
     delete_data: bool = False
 

@@ -139,7 +139,7 @@ class HeadHandler(Handler):
                                  "dashboard_url": dashboard_url, "shape": dict(want.spec),
                                  "state_dir": str(ctx.store.root)}
         cluster = await asyncio.to_thread(lc.make_cluster_dir, ctx.record.run_id, ctx.config.cluster_name, facts)
-        ctx.record.facts.pop("stopped_while_idle", None)  # a new head: the last one's idle stop is history
+        ctx.record.facts.stopped_while_idle = None  # a new head: the last one's idle stop is history
         # The one secret rtui writes: a fresh token, 0600 inside the 0700 dir, gone with it at teardown.
         token_fd = os.open(cluster.path / TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(token_fd, "w") as fh:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+import targets
 from backend.config import RunConfig
 from backend.delivery import check_storage_writable, effective_storage_path
 from backend.errors import OperationError, UserError
@@ -111,7 +112,8 @@ class RayJobLayer(Layer):
         """The hub commit the job loads, asked at plan time (none for a local model directory)."""
         config = ctx.config
         model_id = config.effective_model_id()
-        if config.target == "local" or model_id is None or (model_id, config.model_revision) in self._revisions:
+        known = (model_id, config.model_revision) in self._revisions
+        if targets.get(config.target).offline or model_id is None or known:
             return
         if Path(model_id).expanduser().is_dir():
             if config.model_revision:
@@ -138,7 +140,7 @@ class RayJobLayer(Layer):
         if ctx.config.storage_path:  # where checkpoints and the model go: a write the run can make?
             results.append(await asyncio.to_thread(
                 check_storage_writable, ctx.config.storage_path,
-                profile=ctx.config.profile if ctx.config.target == "aws" else None, run_id=ctx.record.run_id))
+                profile=targets.get(ctx.config.target).storage_profile(ctx.config), run_id=ctx.record.run_id))
         names = ctx.config.job_env_names()
         if not names:
             return results
@@ -179,8 +181,8 @@ async def _jobs(ctx: Context) -> RayJobs:
 
 def _with_storage(ctx: Context) -> RunConfig:
     """The config the job is built from: ``--storage-path``, else the storage a layer below made for the
-    run (the aws layer's bucket, ``delivery.STORAGE_FACT``)."""
-    storage = effective_storage_path(ctx.config.storage_path, ctx.record.facts)
+    run (the aws layer's bucket, ``RunFacts.storage_path``)."""
+    storage = effective_storage_path(ctx.config.storage_path, ctx.record.facts.storage_path)
     return ctx.config if storage == ctx.config.storage_path else ctx.config.model_copy(update={"storage_path": storage})
 
 

@@ -12,14 +12,12 @@ import os
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from backend.record import TelemetrySnapshot
 from backend.telemetry.metrics import DEFAULT_MAX_POINTS, MetricSeries
 from training.logparse.lines import LineSplitter, read_chunks
 from training.logparse.nccl import NcclAnalyzer
 from training.logparse.verdict import Verdict
-
-SNAPSHOT_SCHEMA = 1
 
 
 class Telemetry:
@@ -84,15 +82,14 @@ class Telemetry:
                                   "records say so); NCCL is not used")
         return verdict
 
-    def snapshot(self, *, tail: int = 240) -> dict[str, Any]:
-        """JSON-able state for the run store (the spool, not this, is the source of truth)."""
-        return {
-            "schema": SNAPSHOT_SCHEMA,
+    def snapshot(self, *, tail: int = 240) -> TelemetrySnapshot:
+        """What the run store keeps (the spool, not this, is the source of truth)."""
+        return TelemetrySnapshot.model_validate({
             "lines": self.lines,
             "transport": self.transport.to_dict(),
             "metrics": self.series.to_dict(tail=tail),
             "spool": {"path": str(self._spool) if self._spool else None, "offset": self._spool_offset},
-        }
+        })
 
     # -- spool replay ------------------------------------------------------------------------
     @property

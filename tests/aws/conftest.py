@@ -150,6 +150,9 @@ def world(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[World
     SCRIPT.default_quotas.update({G: 192, P: 0, STANDARD: 640})
     yield World(moto_endpoint, SCRIPT)
     SCRIPT.reset()
+    from tests.aws.provision_world import close_sessions  # it imports this module
+
+    close_sessions()
 
 
 @pytest.fixture

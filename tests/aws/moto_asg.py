@@ -36,7 +36,7 @@ Patch = Callable[[Any, str, Any], None]
 
 def _nodegroups(account: str, region: str) -> dict[str, Nodegroup]:
     backend = eks_backends[account][region]
-    return {ng.resources["autoScalingGroups"][0]["name"]: ng
+    return {asg_name(ng): ng
             for cluster in backend.clusters.values() for ng in cluster.nodegroups.values()}
 
 
@@ -53,9 +53,15 @@ def _held(ng: Nodegroup) -> dict[str, str]:
     return held
 
 
+def asg_name(ng: Nodegroup) -> str:
+    """The name of the Auto Scaling group moto's EKS names for a nodegroup."""
+    groups: list[dict[str, str]] = vars(ng)["resources"]["autoScalingGroups"]
+    return groups[0]["name"]
+
+
 def asg_tags(ng: Nodegroup) -> list[dict[str, Any]]:
     """The group's tags as the Auto Scaling API returns them."""
-    asg = ng.resources["autoScalingGroups"][0]["name"]
+    asg = asg_name(ng)
     return [{"ResourceId": asg, "ResourceType": "auto-scaling-group", "Key": k, "Value": v,
              "PropagateAtLaunch": True} for k, v in sorted(_held(ng).items())]
 

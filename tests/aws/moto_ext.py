@@ -20,8 +20,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
+from unittest.mock import patch
 from urllib.parse import parse_qsl, unquote_plus
 
 from moto.core.responses import ActionResult
@@ -201,18 +203,15 @@ def _describe_capacity_reservations(self: EC2Response) -> ActionResult:
 
 def install() -> Callable[[], None]:
     """Patch moto's classes; returns the function that undoes it."""
-    ServiceQuotasBackend.get_service_quota = _get_service_quota  # type: ignore[method-assign]
-    ServiceQuotasResponse.get_aws_default_service_quota = _get_aws_default_service_quota  # type: ignore[attr-defined]
-    ServiceQuotasResponse.request_service_quota_increase = _request_service_quota_increase  # type: ignore[attr-defined]
-    EC2Response.describe_capacity_reservations = _describe_capacity_reservations  # type: ignore[attr-defined]
-
-    def uninstall() -> None:
-        ServiceQuotasBackend.get_service_quota = _original_get_service_quota  # type: ignore[method-assign]
-        del ServiceQuotasResponse.get_aws_default_service_quota  # type: ignore[attr-defined]
-        del ServiceQuotasResponse.request_service_quota_increase  # type: ignore[attr-defined]
-        del EC2Response.describe_capacity_reservations  # type: ignore[attr-defined]
-
-    return uninstall
+    patches = ExitStack()
+    patches.enter_context(patch.object(ServiceQuotasBackend, "get_service_quota", _get_service_quota))
+    patches.enter_context(patch.object(ServiceQuotasResponse, "get_aws_default_service_quota",
+                                       _get_aws_default_service_quota, create=True))
+    patches.enter_context(patch.object(ServiceQuotasResponse, "request_service_quota_increase",
+                                       _request_service_quota_increase, create=True))
+    patches.enter_context(patch.object(EC2Response, "describe_capacity_reservations", _describe_capacity_reservations,
+                                       create=True))
+    return patches.close
 
 
 def offer(script: Script, region: str, zone: str, instance_type: str) -> None:
@@ -342,7 +341,7 @@ class FaultInjector:
     """WSGI middleware in front of moto: records calls, adds latency and the scripted faults."""
 
     def __init__(self, app: Any, script: Script) -> None:
-        self.app = app
+        self.app: Callable[..., Iterable[bytes]] = app
         self.script = script
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:

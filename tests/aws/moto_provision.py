@@ -42,8 +42,8 @@ from moto.iam.aws_managed_policies import aws_managed_policies_data
 from moto.iam.exceptions import MalformedPolicyDocument
 from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
+from tests.aws import moto_asg, moto_provision_ec2, moto_reservations, moto_s3, moto_security, moto_strict
 from tests.aws import moto_provision_api as api
-from tests.aws import moto_provision_ec2, moto_reservations, moto_s3, moto_security, moto_strict
 from tests.aws.moto_ext import SCRIPT
 
 LOCK = threading.RLock()
@@ -117,7 +117,7 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
         else:
             ng.status = "ACTIVE"
             info["instance_ids"] = _leave_enis(backend, cluster, ng, info)
-            ng.rtui_info = info
+            vars(ng)["rtui_info"] = info
             if SCRIPT.on_nodegroup_active is not None:
                 hook = SCRIPT.on_nodegroup_active
                 hooks.append(lambda: hook(cluster.name, ng.nodegroup_name, info))
@@ -126,10 +126,10 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
         cluster.nodegroup_count -= 1
         _detach_enis(backend, ng)
         moto_reservations.give_back(backend.region_name, ng)
-        info = getattr(ng, "rtui_info", None)
-        if info is not None and SCRIPT.on_nodegroup_deleted is not None:
-            hook = SCRIPT.on_nodegroup_deleted
-            hooks.append(lambda: hook(cluster.name, ng.nodegroup_name, info))
+        last: dict[str, Any] | None = getattr(ng, "rtui_info", None)
+        if last is not None and SCRIPT.on_nodegroup_deleted is not None:
+            gone = SCRIPT.on_nodegroup_deleted
+            hooks.append(lambda: gone(cluster.name, ng.nodegroup_name, last))
     return hooks
 
 
@@ -162,7 +162,7 @@ def nodegroup_info(backend: EKSBackend, ng: Nodegroup) -> dict[str, Any]:
         "zone": zones[0] if zones else None,
         "zones": zones,
         "subnets": list(ng.subnets or []),
-        "asg": ng.resources["autoScalingGroups"][0]["name"],
+        "asg": moto_asg.asg_name(ng),
         "launch_template": lt,
     }
 
@@ -270,10 +270,10 @@ def _leave_enis(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, info: dict
                 subnet, [], group_ids=groups or None, description="", tags=dict(nic_tags)
             )
             nic.interface_type = "efa"
-            nic.rtui_card = int(spec.get("NetworkCardIndex", 0))
+            vars(nic)["rtui_card"] = int(spec.get("NetworkCardIndex", 0))
             _attach(nic, instance_id, backend.account_id, int(spec.get("DeviceIndex", 0)))
             enis.append(nic.id)
-    ng.rtui_enis = enis
+    vars(ng)["rtui_enis"] = enis
     return ids
 
 
@@ -361,7 +361,7 @@ def _create_cluster(original: Callable[[EKSResponse], ActionResult]) -> Callable
         result = original(self)
         cluster = self.eks_backend.clusters[self._get_param("name")]
         access = self._get_param("accessConfig") or {}
-        cluster.access_config = {
+        vars(cluster)["access_config"] = {
             "authenticationMode": access.get("authenticationMode", "CONFIG_MAP"),
             "bootstrapClusterCreatorAdminPermissions": access.get("bootstrapClusterCreatorAdminPermissions", True),
         }
@@ -377,7 +377,7 @@ def _create_cluster(original: Callable[[EKSResponse], ActionResult]) -> Callable
         if vpc.get("vpcId"):
             vpc["clusterSecurityGroupId"] = _cluster_security_group(ec2, cluster.name, vpc["vpcId"]).id
         cluster.resources_vpc_config = vpc
-        cluster.rtui_addons, cluster.rtui_access = {}, {}
+        vars(cluster).update(rtui_addons={}, rtui_access={})
         _start(cluster, "CREATING" if SCRIPT.timings.cluster_create > 0 else "ACTIVE")
         return result
 
@@ -461,7 +461,7 @@ def _create_nodegroup(original: Callable[[EKSResponse], ActionResult]) -> Callab
         ng.scaling_config = dict(ng.scaling_config)  # moto shares its default dicts between nodegroups
         ng.health = {"issues": []}
         if not self._get_param("instanceTypes") and ng.launch_template:
-            ng.instance_types = None  # AWS reports none when the launch template names the type
+            vars(ng)["instance_types"] = None  # AWS reports none when the launch template names the type
         _start(ng, "CREATING")
         tick(self.current_account, self.region)
         return result

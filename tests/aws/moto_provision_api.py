@@ -62,11 +62,13 @@ def _active_cluster(self: EKSResponse) -> Cluster:
 
 
 def _addons(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    return cluster.__dict__.setdefault("rtui_addons", {})
+    addons: dict[str, dict[str, Any]] = vars(cluster).setdefault("rtui_addons", {})
+    return addons
 
 
 def _access(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    return cluster.__dict__.setdefault("rtui_access", {})
+    access: dict[str, dict[str, Any]] = vars(cluster).setdefault("rtui_access", {})
+    return access
 
 
 def _public(item: dict[str, Any]) -> dict[str, Any]:

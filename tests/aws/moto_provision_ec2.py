@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from moto.core.responses import ActionResult, EmptyResult
 from moto.ec2.exceptions import DependencyViolationError, EC2ClientError
@@ -28,7 +28,14 @@ Patcher = Callable[[Any, str, Any], None]
 
 
 def _pgs(backend: EC2Backend) -> dict[str, dict[str, Any]]:
-    return backend.__dict__.setdefault("rtui_pgs", {})
+    pgs: dict[str, dict[str, Any]] = vars(backend).setdefault("rtui_pgs", {})
+    return pgs
+
+
+def _filters(response: EC2Response) -> dict[str, list[str]]:
+    """The request's filters; moto annotates ``_filters_from_querystring`` as ``dict[str, str]`` but each value
+    is the list of the filter's ``Values``."""
+    return cast(dict[str, list[str]], response._filters_from_querystring())
 
 
 def _tags_match(tags: dict[str, str], filters: dict[str, list[str]]) -> bool:
@@ -80,7 +87,7 @@ def describe_placement_groups(self: EC2Response) -> ActionResult:
                 "InvalidPlacementGroupId.Malformed" if not gid.startswith("pg-") else "InvalidPlacementGroup.Unknown",
                 f"The Placement Group '{gid}' is unknown.",
             )
-    filters = self._filters_from_querystring()
+    filters = _filters(self)
     found = []
     for group in groups.values():
         tags = {t["Key"]: t["Value"] for t in group["Tags"]}
@@ -133,7 +140,7 @@ def _finish_nat_delete(backend: EC2Backend, nat: NatGateway) -> None:
 def _create_nat_gateway(original: Callable[..., NatGateway]) -> Callable[..., NatGateway]:
     def create_nat_gateway(self: EC2Backend, *args: Any, **kwargs: Any) -> NatGateway:
         nat = original(self, *args, **kwargs)
-        nat.rtui_since = time.monotonic()
+        vars(nat)["rtui_since"] = time.monotonic()
         if SCRIPT.timings.nat_create > 0:
             nat.state = "pending"
         return nat
@@ -146,7 +153,8 @@ def _delete_nat_gateway(self: EC2Backend, nat_gateway_id: str) -> NatGateway:
     if nat is None:
         raise EC2ClientError("NatGatewayNotFound", f"The Nat Gateway {nat_gateway_id} was not found")
     if nat.state in ("pending", "available", "failed"):
-        nat.state, nat.rtui_since = "deleting", time.monotonic()
+        nat.state = "deleting"
+        vars(nat)["rtui_since"] = time.monotonic()
         if SCRIPT.timings.nat_delete <= 0:
             _finish_nat_delete(self, nat)
     return nat
@@ -177,7 +185,7 @@ def _delete_subnet(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _delete_security_group(original: Callable[..., Any]) -> Callable[..., Any]:
     def delete_security_group(self: EC2Backend, name: str | None = None, group_id: str | None = None) -> Any:
-        group = self.get_security_group_by_name_or_id(group_id or name)
+        group = self.get_security_group_by_name_or_id(group_id or name or "")
         if group is not None and any(group in eni._group_set for eni in self.enis.values()):
             raise DependencyViolationError(f"resource {group.id} has a dependent object")
         return original(self, name=name, group_id=group_id)

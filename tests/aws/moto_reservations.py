@@ -140,7 +140,7 @@ def draw(region: str, ng: Nodegroup, info: dict[str, Any]) -> tuple[int, str | N
                         left -= fits
     for cr, n in taken:
         cr["AvailableInstanceCount"] = int(cr["AvailableInstanceCount"]) - n
-    ng.rtui_reserved = [(cr["CapacityReservationId"], n) for cr, n in taken if n]
+    vars(ng)["rtui_reserved"] = [(cr["CapacityReservationId"], n) for cr, n in taken if n]
     return sum(n for _, n in taken), failure
 
 
@@ -150,4 +150,4 @@ def give_back(region: str, ng: Nodegroup) -> None:
     for cr in _reservations(region):
         n = held.pop(cr["CapacityReservationId"], 0)
         cr["AvailableInstanceCount"] = int(cr["AvailableInstanceCount"]) + n
-    ng.rtui_reserved = []
+    vars(ng)["rtui_reserved"] = []

@@ -7,9 +7,18 @@
   References: S3 User Guide, "General purpose bucket naming rules" (bucketnamingrules.html); the S3
   API reference's error list (InvalidBucketName: "The specified bucket is not valid.").
 
+- **DeleteBucket of a bucket that is not empty.** S3 answers 409 ``BucketNotEmpty`` ("The bucket you
+  tried to delete is not empty") until every object is gone, "including all object versions and
+  delete markers" (S3 API reference, DeleteBucket; the error list, BucketNotEmpty). moto refuses a
+  bucket with keys, versions or delete markers too, but deletes one that holds only the parts of an
+  incomplete multipart upload, which S3 users report blocking DeleteBucket just the same (the parts
+  are stored and billed until aborted: S3 User Guide, "Uploading and copying objects using multipart
+  upload", "Aborting a multipart upload"): made to refuse it, so a product that does not abort them
+  fails here as it would there.
+
 Checked and already as S3 answers, so left alone (the tests in tests/aws/test_run_bucket.py rely on
-them): ``DeleteBucket`` on a bucket with objects is 409 ``BucketNotEmpty`` (S3 API reference,
-DeleteBucket: every object must be deleted first); ``GetBucketLifecycleConfiguration`` without a
+them): ``DeleteBucket`` on a bucket with objects, versions or delete markers is ``BucketNotEmpty``
+(above); ``GetBucketLifecycleConfiguration`` without a
 configuration is 404 ``NoSuchLifecycleConfiguration``, ``GetBucketTagging`` without tags 404
 ``NoSuchTagSet``, ``GetPublicAccessBlock`` without one 404 ``NoSuchPublicAccessBlockConfiguration``;
 ``CreateBucket`` with ``LocationConstraint: us-east-1`` is ``InvalidLocationConstraint`` and one in
@@ -28,7 +37,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from moto.s3.exceptions import InvalidBucketName
+from moto.s3.exceptions import BucketNotEmpty, InvalidBucketName
 from moto.s3.models import S3Backend
 
 Patch = Callable[[Any, str, Any], None]
@@ -59,5 +68,16 @@ def _strict_create_bucket(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_bucket
 
 
+def _strict_delete_bucket(original: Callable[..., Any]) -> Callable[..., Any]:
+    def delete_bucket(self: S3Backend, bucket_name: str) -> Any:
+        bucket = self.get_bucket(bucket_name)
+        if any(versions for _, versions in bucket.keys.lists()) or bucket.multiparts:
+            raise BucketNotEmpty(bucket_name=bucket_name)
+        return original(self, bucket_name)
+
+    return delete_bucket
+
+
 def install(patch: Patch) -> None:
     patch(S3Backend, "create_bucket", _strict_create_bucket(S3Backend.create_bucket))
+    patch(S3Backend, "delete_bucket", _strict_delete_bucket(S3Backend.delete_bucket))

@@ -80,8 +80,9 @@ from tests.aws.moto_provision_api import _cluster
 Patch = Callable[[Any, str, Any], None]
 
 # What EC2 gives an instance of an AMI with ImdsSupport v2.0 when nothing at launch says otherwise.
-AMI_V2_METADATA = {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled",
-                   "HttpProtocolIpv6": "disabled", "InstanceMetadataTags": "disabled"}
+AMI_V2_METADATA: dict[str, str | int] = {
+    "HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled",
+    "HttpProtocolIpv6": "disabled", "InstanceMetadataTags": "disabled"}
 
 
 def metadata_options(launch_template: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +143,7 @@ def _create_nodegroup(original: Callable[[EKSResponse], Any]) -> Callable[[EKSRe
         result = original(self)
         if self._get_param("launchTemplate"):
             cluster = self.eks_backend.clusters[self._get_param("name")]
-            cluster.nodegroups[self._get_param("nodegroupName")].disk_size = None
+            vars(cluster.nodegroups[self._get_param("nodegroupName")])["disk_size"] = None
         return result
 
     return create_nodegroup
@@ -166,7 +167,8 @@ def _not_found(message: str) -> ResourceNotFoundException:
 
 
 def _associations(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    return cluster.__dict__.setdefault("rtui_pod_identities", {})
+    found: dict[str, dict[str, Any]] = vars(cluster).setdefault("rtui_pod_identities", {})
+    return found
 
 
 def _role(account: str, partition: str, arn: str) -> Any:

@@ -123,8 +123,8 @@ def _fail_capacity(original: Callable[..., None]) -> Callable[..., None]:
     def fail_capacity(backend: EKSBackend, ng: Nodegroup, info: dict[str, Any]) -> None:
         original(backend, ng, info)
         launched = max(0, info["desired_size"] - 1)
-        ng.rtui_partial = [f"i-{uuid.uuid4().hex[:17]}" for _ in range(launched)]
-        ng.rtui_info = {**info, "instance_ids": list(ng.rtui_partial)}
+        partial = [f"i-{uuid.uuid4().hex[:17]}" for _ in range(launched)]
+        vars(ng).update(rtui_partial=partial, rtui_info={**info, "instance_ids": list(partial)})
 
     return fail_capacity
 
@@ -136,7 +136,7 @@ def _describe_auto_scaling_groups(original: Callable[[AutoScalingResponse], Acti
         ours = []
         for ng in _live_nodegroups(self.current_account, self.region):
             info = getattr(ng, "rtui_info", None) or {}
-            asg = ng.resources["autoScalingGroups"][0]["name"]
+            asg = moto_asg.asg_name(ng)
             if names and asg not in names:
                 continue
             zone = info.get("zone") or ""
@@ -153,9 +153,10 @@ def _describe_auto_scaling_groups(original: Callable[[AutoScalingResponse], Acti
         if names and len(ours) == len(names):
             return ActionResult({"AutoScalingGroups": ours})
         found = original(self)
-        if ours:
-            found.result["AutoScalingGroups"] = [*ours, *found.result["AutoScalingGroups"]]
-        return found
+        theirs = found.result
+        if not ours or not isinstance(theirs, dict):
+            return found
+        return ActionResult({**theirs, "AutoScalingGroups": [*ours, *theirs["AutoScalingGroups"]]})
 
     return describe_auto_scaling_groups
 
@@ -228,14 +229,14 @@ def _ec2_tokens(action: str, original: Callable[[EC2Response], Any]) -> Callable
 
 
 def install(patch: Patch) -> None:
-    from tests.aws import moto_provision
+    from tests.aws import moto_provision, moto_provision_ec2
 
     patch(EKSResponse, "create_cluster", _strict_create_cluster(EKSResponse.create_cluster))
     patch(moto_provision, "_fail_capacity", _fail_capacity(moto_provision._fail_capacity))
     patch(AutoScalingResponse, "describe_auto_scaling_groups",
           _describe_auto_scaling_groups(AutoScalingResponse.describe_auto_scaling_groups))
     moto_asg.install(patch)
-    patch(EC2Response, "delete_placement_group", _delete_placement_group(EC2Response.delete_placement_group))
+    patch(EC2Response, "delete_placement_group", _delete_placement_group(moto_provision_ec2.delete_placement_group))
     for name in ("create_cluster", "create_nodegroup", "create_addon", "create_access_entry"):
         patch(EKSResponse, name, _eks_tokens(getattr(EKSResponse, name)))
     for action, name in (("CreateLaunchTemplate", "create_launch_template"), ("CreateNatGateway", "create_nat_gateway"),

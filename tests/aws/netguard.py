@@ -14,8 +14,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 SITE_DIR = Path(__file__).parent / "netguard_site"
 LOG_ENV = "NETGUARD_TEST_LOG"
@@ -66,13 +68,8 @@ def install(log: list[str]) -> Any:
             raise refuse(f"resolve {host!r}")
         return real_getaddrinfo(host, *args, **kwargs)
 
-    socket.socket.connect = connect  # type: ignore[method-assign]
-    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
-    socket.getaddrinfo = getaddrinfo
-
-    def uninstall() -> None:
-        socket.socket.connect = real_connect  # type: ignore[method-assign]
-        socket.socket.connect_ex = real_connect_ex  # type: ignore[method-assign]
-        socket.getaddrinfo = real_getaddrinfo
-
-    return uninstall
+    patches = ExitStack()
+    patches.enter_context(patch.object(socket.socket, "connect", connect))
+    patches.enter_context(patch.object(socket.socket, "connect_ex", connect_ex))
+    patches.enter_context(patch.object(socket, "getaddrinfo", getaddrinfo))
+    return patches.close

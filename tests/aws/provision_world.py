@@ -11,6 +11,7 @@ import boto3
 
 from backend import flows
 from backend.config import resolve_config
+from backend.layers.aws.layer import AwsLayer
 from backend.ledger import ResourceStatus
 from backend.model import EventKind, StepEvent
 from backend.session import RunSession
@@ -48,11 +49,29 @@ async def collect(events: AsyncIterator[StepEvent]) -> Outcome:
     return out
 
 
+def gpu_az(session: RunSession) -> str:
+    """The AZ the aws layer chose for the GPU nodes when the session last planned."""
+    layer = session.stack.layer("aws")
+    assert isinstance(layer, AwsLayer) and layer.topology is not None, "the session has not planned on aws"
+    return layer.topology.gpu_az
+
+
+# The sessions this test made: the world fixture ends each (its clients and their threads) after it.
+OPEN: list[RunSession] = []
+
+
 def session_for(**values: Any) -> RunSession:
     # Images come from the registry double (conftest.image_env); one that cannot be pinned goes on
     # by tag (--allow-unpinned). tests/kubernetes tests the pinning.
-    return RunSession.for_config(resolve_config({"target": "aws", "region": REGION, "allow_unpinned": "true",
-                                                 "model_revision": "0" * 40, **values}, environ=image_env()))
+    session = RunSession.for_config(resolve_config({"target": "aws", "region": REGION, "allow_unpinned": "true",
+                                                    "model_revision": "0" * 40, **values}, environ=image_env()))
+    OPEN.append(session)
+    return session
+
+
+def close_sessions() -> None:
+    while OPEN:
+        OPEN.pop().close()
 
 
 async def up(session: RunSession, *, until: str | None = "aws", az_failover: bool = False) -> Outcome:

@@ -22,7 +22,7 @@ RUN = "r20261204-120000-abcd"
 
 
 def aws(**fields: object) -> RunConfig:
-    return RunConfig(target="aws", **fields)  # type: ignore[arg-type]
+    return RunConfig(target="aws", **fields)
 
 
 def test_the_gpu_group_may_shrink_to_zero_only_when_idle_workers_go() -> None:
@@ -191,6 +191,7 @@ def _kube(world: World, tmp_path: Path) -> Any:
     from kubernetes import client as k8s
 
     ca = tmp_path / "ca.pem"
+    assert world.script.cluster_ca is not None
     ca.write_bytes(base64.b64decode(world.script.cluster_ca))
     config = k8s.Configuration(host=eks().describe_cluster(name="rtui-ray")["cluster"]["endpoint"])
     config.ssl_ca_cert = str(ca)
@@ -211,11 +212,13 @@ async def test_up_installs_cluster_autoscaler_for_this_clusters_groups_and_down_
     assert (await up(session)).ok
     api = _kube(world, tmp_path)
     deployment = k8s.AppsV1Api(api).read_namespaced_deployment("cluster-autoscaler", "kube-system")
-    (container,) = deployment.spec.template.spec.containers
+    pod = deployment.spec.template.spec
+    assert pod is not None
+    (container,) = pod.containers
     assert container.image == "registry.k8s.io/autoscaling/cluster-autoscaler:v1.34.5"
     assert "--node-group-auto-discovery=asg:tag=k8s.io/cluster-autoscaler/enabled,k8s.io/cluster-autoscaler/rtui-ray" \
-        in container.command
-    assert deployment.spec.template.spec.service_account_name == "cluster-autoscaler"
+        in (container.command or [])
+    assert pod.service_account_name == "cluster-autoscaler"
     k8s.CoreV1Api(api).read_namespaced_service_account("cluster-autoscaler", "kube-system")
     k8s.RbacAuthorizationV1Api(api).read_cluster_role("cluster-autoscaler")
     again = await session_for().plan()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,13 +36,14 @@ def _quote_london(world: World) -> None:
                                                      "ebs_gp3": 0.08, "ipv4": 0.005}})
 
 
-def _plan_json(*args: str) -> dict:
+def _plan_json(*args: str) -> dict[str, Any]:
     proc = run_rtui("plan", "--target", "aws", *args, "--json")
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    plan: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return plan
 
 
-def _costs(plan: dict) -> dict[str, float]:
+def _costs(plan: dict[str, Any]) -> dict[str, float]:
     return {c["address"]: c["cost_per_hour"] for c in plan["changes"] if c.get("cost_per_hour")}
 
 
@@ -98,7 +100,7 @@ LONDON_TOTAL = (2 * LONDON_GPU + LONDON_SYSTEM + LONDON["eks"] + LONDON["nat_hou
 TABLE_TOTAL = 2 * 4.6016 + 0.2016 + 0.10 + 0.045 + 0.005 + (2 * GPU_DISK_GB + SYSTEM_DISK_GB) * 0.08 / HOURS_PER_MONTH
 
 
-def _check(region: str) -> tuple[str, dict]:
+def _check(region: str) -> tuple[str, dict[str, Any]]:
     text = run_rtui("check", "--target", "aws", "--region", region)
     assert text.returncode == 0, text.stderr
     doc = run_rtui("check", "--target", "aws", "--region", region, "--json")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 
 from backend.aws import PreflightRequest, run_preflight
 from backend.aws.calls import Workers
@@ -11,13 +13,13 @@ from backend.aws.session import AwsSession
 from tests.aws.conftest import World
 
 
-def wait_until(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
         time.sleep(0.01)
-    return predicate()
+    return bool(predicate())
 
 
 def new_threads(before: set[threading.Thread]) -> set[threading.Thread]:
@@ -28,14 +30,18 @@ def test_workers_start_one_thread_per_waiting_job_and_reuse_idle_ones() -> None:
     workers = Workers()
     gate = threading.Event()
     done: list[int] = []
+    def after_gate(i: int) -> None:
+        gate.wait(5)
+        done.append(i)
+
     for i in range(3):
-        workers.submit(lambda i=i: (gate.wait(5), done.append(i)))
+        workers.submit(functools.partial(after_gate, i))
     assert workers.started == 3  # three jobs waiting at once: three threads
     gate.set()
     assert wait_until(lambda: len(done) == 3)
     assert wait_until(lambda: workers._idle == 3)
     for i in range(3):
-        workers.submit(lambda i=i: done.append(i))
+        workers.submit(functools.partial(done.append, i))
     assert wait_until(lambda: len(done) == 6)
     assert workers.started == 3  # the parked ones took them
     workers.close()

@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -87,7 +88,7 @@ def test_no_feasible_zone_exits_3_with_json(world: World) -> None:
         ({"gpu_node_type": "g4dn.xlarge"}, "does not support EFA"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(world: World, request_kwargs: dict, needle: str) -> None:
+def test_bad_input_exits_2_with_one_line(world: World, request_kwargs: dict[str, Any], needle: str) -> None:
     code, out, err = run(PreflightRequest(**request_kwargs), as_json=True)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
-from backend.aws import PreflightRequest, run_preflight
+from backend.aws import PreflightReport, PreflightRequest, run_preflight
 from backend.errors import OperationError, UserError
 from tests.aws.conftest import World
 
 REGIONS = ["us-east-1", "eu-west-2", "us-west-1"]
 
 
-def matrix(report) -> list[dict]:  # type: ignore[no-untyped-def]
+def matrix(report: PreflightReport) -> list[dict[str, Any]]:
     return [r.model_dump(exclude={"elapsed_s"}) for r in report.regions]
 
 
@@ -79,7 +80,7 @@ async def test_missing_permission_on_optional_calls_degrades_to_warnings(world: 
         ({"gpu_node_type": "m7i.xlarge"}, "m7i.xlarge has no GPUs"),
     ],
 )
-async def test_bad_input_is_a_user_error(world: World, request_kwargs: dict, message: str) -> None:
+async def test_bad_input_is_a_user_error(world: World, request_kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(UserError) as caught:
         await run_preflight(PreflightRequest(**request_kwargs))
     assert message in str(caught.value)

@@ -105,7 +105,7 @@ async def test_reservation_rescues_a_short_quota(world: World) -> None:
     world.quota("us-east-1", G, 48)
     cr = world.reserve("us-east-1", "us-east-1c", count=2)
     world.reserve("us-east-1", "us-east-1d", count=2, platform="Windows")  # wrong platform: no rescue
-    world.reserve("us-east-1", "us-east-1b", count=4, instance_type="g6.48xlarge")  # other type: ignored
+    world.reserve("us-east-1", "us-east-1b", count=4, instance_type="g6.48xlarge")  # another type does not count
     report = await run_preflight(PreflightRequest())
     (region,) = report.regions
     c, d = zone(region, "us-east-1c"), zone(region, "us-east-1d")
@@ -160,9 +160,10 @@ async def test_recommendation_prefers_a_reservation_over_a_cheaper_region(world:
         "eu-west-2": {"eks": 0.10, "nat_hour": 0.05, "nat_gb": 0.05, "ebs_gp3": 0.0928, "ipv4": 0.005}})
     report = await run_preflight(PreflightRequest(regions=["us-east-1", "eu-west-2"]))
     prices = {r.region: (r.price_per_hour, r.price_source) for r in report.regions}
-    assert prices["us-east-1"] == (pytest.approx(9.6096, abs=1e-4), "AWS Pricing API, us-east-1 on-demand")
-    assert prices["eu-west-2"] == (pytest.approx(11.25 + 0.155 + 500 * 0.0928 / 730, abs=1e-4),
-                                   "AWS Pricing API, eu-west-2 on-demand")
+    assert prices["us-east-1"][0] == pytest.approx(9.6096, abs=1e-4)
+    assert prices["us-east-1"][1] == "AWS Pricing API, us-east-1 on-demand"
+    assert prices["eu-west-2"][0] == pytest.approx(11.25 + 0.155 + 500 * 0.0928 / 730, abs=1e-4)
+    assert prices["eu-west-2"][1] == "AWS Pricing API, eu-west-2 on-demand"
     assert report.recommendation is not None
     assert (report.recommendation.region, report.recommendation.zone) == ("eu-west-2", "eu-west-2b")
 

@@ -7,7 +7,7 @@ import pytest
 from backend.aws.catalog import InstanceFacts, gpudirect_rdma_possible, quota_code_for
 from backend.aws.pricing import PlanShape, builtin_region_prices, price_plan
 from backend.aws.quota import headroom, vcpus_in_use
-from backend.aws.report import RegionReport, Reservation
+from backend.aws.report import RegionReport, Reservation, ZoneReport
 from backend.aws.verdict import ZoneInputs, assess_zone, recommend
 
 GPU = InstanceFacts(
@@ -72,7 +72,7 @@ def _zone(
     others: frozenset[str] = frozenset({"use1-az1"}),
     reservations: tuple[Reservation, ...] = (),
     limit: float = 192,
-):
+) -> ZoneReport:
     return assess_zone(
         ZoneInputs(
             region="us-east-1",

@@ -63,7 +63,7 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
     assert gpu["labels"]["nvidia.com/gpu.present"] == "true"
     assert gpu["scalingConfig"]["desiredSize"] == 2 and gpu["instanceTypes"] == ["g6.12xlarge"]
     assert gpu["launchTemplate"]["id"] == template["LaunchTemplateId"]
-    assert session.record.facts["gpu_az"] == subnets[gpu["subnets"][0]]["AvailabilityZone"]
+    assert session.record.facts.gpu_az == subnets[gpu["subnets"][0]]["AvailabilityZone"]
     system = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-system")["nodegroup"]
     assert system["labels"]["role"] == "system" and system["instanceTypes"] == ["m7i.xlarge"]
     entries = eks().list_access_entries(clusterName="rtui-ray")["accessEntries"]
@@ -85,7 +85,7 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
     gone = await down(session)
     assert gone.ok, gone.failures()
     assert tagged(run) == {}
-    assert session.record.facts["sweep"] == []
+    assert session.record.facts.sweep == []
     assert any(e.step == "sweep" and e.kind.value == "done" for e in gone.events)
     assert cluster["arn"] not in kube_file.read_text()
 
@@ -174,9 +174,9 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
     gpu = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
     az = ec2().describe_subnets(SubnetIds=gpu["subnets"])["Subnets"][0]["AvailabilityZone"]
     assert az != first and gpu["status"] == "ACTIVE"
-    assert stuck.record.facts["az_moves"][0]["from"] == first
-    assert "InsufficientInstanceCapacity" in stuck.record.facts["az_moves"][0]["why"]
-    assert stuck.record.facts["gpu_az"] == az
+    assert stuck.record.facts.az_moves[0].from_az == first
+    assert "InsufficientInstanceCapacity" in stuck.record.facts.az_moves[0].why
+    assert stuck.record.facts.gpu_az == az
     meter = cost_meter(stuck.record)
     assert meter is not None and meter["resources"]["aws.nodegroup.gpu"]["per_hour"] > 4  # billing again
     assert (await down(stuck)).ok
@@ -184,7 +184,6 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
 
 
 async def test_half_made_resources_are_waited_on_not_made_again(world: World, kube_file: Path) -> None:
-    from backend.layers.aws import base
 
     # The double reads the create time when it is asked: the control plane stays CREATING however long
     # a loaded machine takes to plan again, and is made quick once the plan has been checked.
@@ -204,7 +203,6 @@ async def test_half_made_resources_are_waited_on_not_made_again(world: World, ku
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    base._APIS.clear()
     plan = await session_for().plan()
     cluster = plan.change("aws.eks-cluster")
     assert cluster is not None and cluster.action is Action.UPDATE and "waiting" in cluster.reason
@@ -250,9 +248,9 @@ async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World,
     assert sweep.message.startswith("9 resources of this run are still there "
                                     "($0.050/h, estimate, us-east-1 prices): NAT gateway")
     assert "Elastic IP" in sweep.message
-    left = {item["kind"]: item for item in session.record.facts["sweep"]}
-    assert left["NAT gateway"]["cost_per_hour"] == pytest.approx(0.045)
-    assert left["Elastic IP"]["cost_per_hour"] == pytest.approx(0.005)
+    left = {item.kind: item for item in session.record.facts.sweep or []}
+    assert left["NAT gateway"].cost_per_hour == pytest.approx(0.045)
+    assert left["Elastic IP"].cost_per_hour == pytest.approx(0.005)
     assert "EKS cluster" not in left and "nodegroup" not in left  # what could go, went
     world.script.errors.clear()
     again = await down(session)
@@ -272,9 +270,9 @@ async def test_the_sweep_prices_leftovers_at_the_pricing_apis_quote(world: World
     gone = await down(session)
     sweep = next(e for e in gone.events if e.step == "sweep" and e.kind is EventKind.FAILED)
     assert "($0.066/h, AWS Pricing API, us-east-1 on-demand)" in sweep.message
-    left = {item["kind"]: item for item in session.record.facts["sweep"]}
-    assert left["NAT gateway"]["cost_per_hour"] == pytest.approx(0.06)
-    assert left["Elastic IP"]["cost_per_hour"] == pytest.approx(0.006)
+    left = {item.kind: item for item in session.record.facts.sweep or []}
+    assert left["NAT gateway"].cost_per_hour == pytest.approx(0.06)
+    assert left["Elastic IP"].cost_per_hour == pytest.approx(0.006)
     world.script.errors.clear()
     assert (await down(session)).ok
 
@@ -326,8 +324,8 @@ async def test_the_sweep_reports_what_is_left_in_the_vpc_tagged_or_not(world: Wo
     gone = await down(session)
     assert not gone.ok
     sweep = next(e for e in gone.events if e.step == "sweep" and e.kind is EventKind.FAILED)
-    left = {item["id"]: item for item in session.record.facts["sweep"]}
-    assert stranger in left and left[stranger]["kind"] == "security group", sweep.message
+    left = {item.id: item for item in session.record.facts.sweep or []}
+    assert stranger in left and left[stranger].kind == "security group", sweep.message
     assert vpc in left
     ec2().delete_security_group(GroupId=stranger)
     assert (await down(session)).ok
@@ -336,7 +334,6 @@ async def test_the_sweep_reports_what_is_left_in_the_vpc_tagged_or_not(world: Wo
 
 async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, kube_file: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend.layers.aws import base
 
     path = "/aws-reserved/sso.amazonaws.com/us-east-1/"
     role = iam().create_role(RoleName="AWSReservedSSO_AdministratorAccess_0123456789abcdef", Path=path,
@@ -346,19 +343,15 @@ async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, k
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["AccessKeyId"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", creds["SecretAccessKey"])
     monkeypatch.setenv("AWS_SESSION_TOKEN", creds["SessionToken"])
-    base._APIS.clear()  # a new identity: the layer's clients are made again
-    try:
-        session = session_for()
-        made = await up(session)
-        assert made.ok, made.failures()
-        assert eks().list_access_entries(clusterName="rtui-ray")["accessEntries"] == [role["Arn"]]
-        assert path in role["Arn"]
-        again = await session.plan()
-        assert [(c.address, c.reason) for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
-        assert (await down(session)).ok
-        assert tagged(session.run_id) == {}
-    finally:
-        base._APIS.clear()
+    session = session_for()  # a new session: its clients sign as the new identity
+    made = await up(session)
+    assert made.ok, made.failures()
+    assert eks().list_access_entries(clusterName="rtui-ray")["accessEntries"] == [role["Arn"]]
+    assert path in role["Arn"]
+    again = await session.plan()
+    assert [(c.address, c.reason) for c in again.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}
 
 
 async def test_a_new_role_that_iam_has_not_settled_is_retried_and_shown(world: World, kube_file: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from backend.model import EventKind
 from backend.session import cost_meter
 from tests.aws.conftest import World
-from tests.aws.provision_world import RUN_TAG, down, ec2, eks, session_for, tagged, up
+from tests.aws.provision_world import RUN_TAG, down, ec2, eks, gpu_az, session_for, tagged, up
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
@@ -29,7 +29,7 @@ async def test_partial_capacity_bills_then_fails_over_deleting_the_old_nodes_bef
         world: World, kube_file: Path) -> None:
     plan_session = session_for()
     await plan_session.plan()
-    first = plan_session.stack.layer("aws").topology.gpu_az  # type: ignore[attr-defined]
+    first = gpu_az(plan_session)
     world.script.ice_zones["g6.12xlarge"] = {first}
 
     stuck = session_for()

@@ -13,7 +13,7 @@ import pytest
 
 from backend.model import Action
 from tests.aws.conftest import World
-from tests.aws.provision_world import down, ec2, eks, session_for, tagged, up
+from tests.aws.provision_world import down, ec2, eks, gpu_az, session_for, tagged, up
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 ZONE = "us-east-1c"
@@ -32,7 +32,7 @@ async def _up_in_reservation(world: World, cr: dict[str, Any]) -> tuple[Any, dic
     session = session_for()
     made = await up(session)
     assert made.ok, made.failures()
-    assert session.stack.layer("aws").topology.gpu_az == ZONE  # type: ignore[attr-defined]
+    assert gpu_az(session) == ZONE
     assert cr["AvailableInstanceCount"] == cr["TotalInstanceCount"] - 2
     group, data = _gpu_launch(session)
     assert group["status"] == "ACTIVE"

@@ -44,7 +44,9 @@ async def test_a_given_vpc_takes_its_azs_from_its_subnets_and_a_second_up_change
     plan = await session.plan()
     made_here = [c.address for c in plan.changes if c.action is Action.CREATE and c.address.startswith("aws.subnet")]
     assert made_here == []  # nothing is planned inside a VPC rtui did not create
-    assert sorted(plan.change("aws.eks-cluster").after["azs"]) == ["us-east-1a", "us-east-1c"]  # type: ignore[union-attr]
+    planned = plan.change("aws.eks-cluster")
+    assert planned is not None and planned.after is not None
+    assert sorted(planned.after["azs"]) == ["us-east-1a", "us-east-1c"]
     made = await up(session)
     assert made.ok, made.failures()
     cluster = eks().describe_cluster(name="rtui-ray")["cluster"]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.model import EventKind, StepEvent
+from backend.layers.aws.nodes import CapacityError
+from screens.plan import PlanScreen
 from screens.provision import ProvisionScreen
 from tests.aws.conftest import World
-from tests.aws.provision_world import session_for
+from tests.aws.provision_world import gpu_az, session_for
 from tests.pilot_wait import wait_for
 from tui.app import RtuiApp
 
@@ -15,9 +16,9 @@ from tui.app import RtuiApp
 async def test_no_capacity_offers_the_move_and_the_plan_moves_the_gpu_nodes(world: World, kube_file: Path) -> None:
     session = session_for()
     await session.plan()
-    first = session.record.facts.get("gpu_az") or session.stack.layer("aws").topology.gpu_az  # type: ignore[attr-defined]
+    first = session.record.facts.gpu_az or gpu_az(session)
     cause = f"nodegroup g: InsufficientInstanceCapacity in {first} (AsgInstanceLaunchFailures)"
-    failed = StepEvent(step="aws.nodegroup.gpu", kind=EventKind.FAILED, cause=cause, message="no capacity")
+    failed = CapacityError(cause, az=first)
     app = RtuiApp(session)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
@@ -27,10 +28,11 @@ async def test_no_capacity_offers_the_move_and_the_plan_moves_the_gpu_nodes(worl
         app.post_message(ProvisionScreen.FailoverRequested(failed))
         await wait_for(pilot, lambda: type(app.screen).__name__ == "PlanScreen", 5, "the plan screen")
         await wait_for(pilot, lambda: getattr(app.screen, "plan", None) is not None, 30, "the new plan")
-        moved = session.record.facts["az_moves"][0]
-        assert moved["from"] == first and moved["to"] != first
-        plan = app.screen.plan  # type: ignore[attr-defined]
+        moved = session.record.facts.az_moves[0]
+        assert moved.from_az == first and moved.to != first
+        plan = app.screen.plan if isinstance(app.screen, PlanScreen) else None
+        assert plan is not None
         gpu = plan.change("aws.nodegroup.gpu")
-        assert gpu is not None and gpu.after["azs"] == [moved["to"]]
-        assert plan.change(f"aws.subnet.private.{moved['to']}") is not None
+        assert gpu is not None and gpu.after is not None and gpu.after["azs"] == [moved.to]
+        assert plan.change(f"aws.subnet.private.{moved.to}") is not None
         await pilot.press("q")

@@ -11,10 +11,12 @@ from backend.config import resolve_config
 from backend.session import RunSession
 from screens.quota import ConfirmQuotaIncrease
 from screens.target import TargetScreen
+from targets.aws.matrix import AzMatrix, FeasibilityPanel
+from targets.aws.panel import MatrixPanel
 from tests.aws.conftest import G, World, image_env
 from tests.pilot_wait import wait_for
+from tests.snap import SnapCompare
 from tui.app import RtuiApp
-from tui.matrix import AzMatrix, FeasibilityPanel
 
 FIXED_RUN_ID = "r20260101-000000-a2a2"
 
@@ -53,7 +55,8 @@ async def test_the_matrix_fills_live_shows_why_an_az_is_blocked_and_preselects_t
     async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
         await wait_for(pilot, lambda: checked(app), 30, "the matrix")
         screen = checked(app)
-        assert screen is not None and screen.report is not None  # the typed report, not a list of checks
+        assert screen is not None and isinstance(screen.panel, MatrixPanel)
+        assert screen.panel.report is not None  # the typed report, not a list of checks
         # The region arrived on its own, before the checks finished.
         assert seen.index("RegionsListed") < seen.index("RegionChecked") < seen.index("ChecksFinished")
         snapshot = matrix(app).snapshot
@@ -108,7 +111,7 @@ async def test_choosing_another_az_makes_a_session_with_it(world: World) -> None
         assert (chosen[0].region, chosen[0].zone) == ("us-east-1", "us-east-1b")
         await wait_for(pilot, lambda: checked(app) not in (None, first), 30, "the new target screen")
         assert app.session is not session and app.session.config.availability_zone == "us-east-1b"
-        assert app.session.run_id == FIXED_RUN_ID and app.session.record.config["availability_zone"] == "us-east-1b"
+        assert app.session.run_id == FIXED_RUN_ID and app.session.record.config.availability_zone == "us-east-1b"
         assert "@ us-east-1b" in str(app.sub_title)
         highlighted = matrix(app).highlighted_option
         assert highlighted is not None and highlighted.id == "us-east-1/us-east-1b"
@@ -193,7 +196,7 @@ async def test_the_matrix_heading_is_inside_its_box_and_the_config_fits_or_scrol
     configuration panel is whole on screen or scrolls inside itself."""
     from textual.containers import ScrollableContainer
 
-    from tui.matrix import FeasibilityPanel
+    from targets.aws.matrix import FeasibilityPanel
 
     for size in ((120, 40), (80, 24)):
         app = RtuiApp(aws_session())
@@ -215,7 +218,7 @@ async def test_the_matrix_heading_is_inside_its_box_and_the_config_fits_or_scrol
             await pilot.press("q")
 
 
-def _snapshot(snap_compare, size: tuple[int, int]) -> bool:  # type: ignore[no-untyped-def]
+def _snapshot(snap_compare: SnapCompare, size: tuple[int, int]) -> bool:
     async def loaded(pilot: Pilot[None]) -> None:
         app = pilot.app
         assert isinstance(app, RtuiApp)
@@ -224,11 +227,11 @@ def _snapshot(snap_compare, size: tuple[int, int]) -> bool:  # type: ignore[no-u
     return bool(snap_compare(RtuiApp(aws_session()), run_before=loaded, terminal_size=size))
 
 
-def test_aws_matrix_with_a_blocked_az_120x40_snapshot(snap_compare, world: World) -> None:  # type: ignore[no-untyped-def]
+def test_aws_matrix_with_a_blocked_az_120x40_snapshot(snap_compare: SnapCompare, world: World) -> None:
     assert _snapshot(snap_compare, (120, 40))
 
 
-def test_aws_matrix_with_a_blocked_az_80x24_snapshot(snap_compare, world: World) -> None:  # type: ignore[no-untyped-def]
+def test_aws_matrix_with_a_blocked_az_80x24_snapshot(snap_compare: SnapCompare, world: World) -> None:
     assert _snapshot(snap_compare, (80, 24))
 
 

@@ -150,6 +150,12 @@ class KubeCluster:
     def get(self, kind: str, name: str, namespace: str | None = None) -> Obj | None:
         return self._on_loop(lambda: self.kube.find(KIND_KEYS[kind], namespace, name))
 
+    def read(self, kind: str, name: str, namespace: str | None = None) -> Obj:
+        """An object the test knows is there: its absence fails the test here, naming it."""
+        found = self.get(kind, name, namespace)
+        assert found is not None, f"no {kind} {namespace + '/' if namespace else ''}{name}"
+        return found
+
     def create(self, obj: Obj) -> Obj:
         """As a controller would: the object as given, status included."""
         key = KIND_KEYS[obj["kind"]]

@@ -20,13 +20,18 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
+from kubernetes.utils.quantity import parse_quantity as _parse_quantity
 
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_ray import FakeRayHead
 
 Obj = dict[str, Any]
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
+
+
+def parse_quantity(value: str | int | float) -> Decimal:
+    """A Kubernetes quantity ("500m", "160Gi") as the official client parses it."""
+    return Decimal(_parse_quantity(value))  # type: ignore[no-untyped-call]  # kubernetes.utils is untyped
 
 
 @dataclass
@@ -355,7 +360,7 @@ class FakeControlPlane:
         meta, spec = pod["metadata"], pod["spec"]
         wants = pod_requests(spec)
         reasons: dict[str, int] = {}
-        fits = []
+        fits: list[str] = []
         for node in nodes:
             misfit = placement_misfit(spec, node)
             whys = [misfit] if misfit else [f"Insufficient {r}" for r in self._insufficient(node, wants)]

@@ -30,10 +30,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, Self, overload
 
 import aiohttp
 import aiohttp.web
+from aiohttp.typedefs import Handler
 
 NCCL_EFA_LINES = [
     "(RayTrainWorker pid=210, ip=10.0.1.5) gpu-0:210:240 [0] NCCL INFO NET/OFI Selected provider is efa",
@@ -86,7 +87,7 @@ class FakeRayHead:
         self.jobs: dict[str, FakeJob] = {}
         self.packages: dict[str, bytes] = {}
         self.headers_seen: list[dict[str, str]] = []
-        self.script = [*NCCL_EFA_LINES, *(metric_line(s) for s in range(1, steps + 1))]
+        self.script: Sequence[str] = [*NCCL_EFA_LINES, *(metric_line(s) for s in range(1, steps + 1))]
         self.line_every_s = line_every_s
         self.fail = fail
         # Ray Train's driver runs at once but trains only once its placement group is placed: a test
@@ -101,7 +102,7 @@ class FakeRayHead:
                                         name="fake-ray-head", daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> FakeRayHead:
+    def start(self) -> Self:
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("the fake Ray head did not start")
@@ -136,7 +137,7 @@ class FakeRayHead:
         await runner.setup()
         site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"
         FakeRayHead.running[self.url] = self
         self._ready.set()
@@ -145,10 +146,10 @@ class FakeRayHead:
 
     # ---- Ray's token auth middleware --------------------------------------------------------------
     @aiohttp.web.middleware
-    async def _token_auth(self, request: aiohttp.web.Request, handler: Any) -> aiohttp.web.StreamResponse:
+    async def _token_auth(self, request: aiohttp.web.Request, handler: Handler) -> aiohttp.web.StreamResponse:
         token = self.auth_token
         if token is None or request.path in RAY_PUBLIC_PATHS or request.path.startswith("/static/"):
-            return await handler(request)  # type: ignore[no-any-return]
+            return await handler(request)
         header = request.headers.get("Authorization", "") or request.headers.get("X-Ray-Authorization", "")
         if not header and (cookie := request.cookies.get("ray-authentication-token")):
             header = "Bearer " + cookie
@@ -158,7 +159,7 @@ class FakeRayHead:
         if header != f"Bearer {token}":
             self.refused.append((request.path, 403))
             return aiohttp.web.Response(status=403, text="Forbidden: Invalid authentication token")
-        return await handler(request)  # type: ignore[no-any-return]
+        return await handler(request)
 
     # ---- routes -----------------------------------------------------------------------------------
     def _seen(self, request: aiohttp.web.Request) -> None:
@@ -280,7 +281,7 @@ class BigLogRayHead(FakeRayHead):
     def __init__(self, script: Sequence[str], *, write_lines: int = 10_000, line_every_s: float = 0.0,
                  **kwargs: Any) -> None:
         super().__init__(line_every_s=line_every_s, **kwargs)
-        self.script = script  # type: ignore[assignment]  # any sequence of lines will do
+        self.script = script  # any sequence of lines will do
         self.write_lines = write_lines
         self.printed: dict[str, int] = {}  # lines of the script each job has printed so far
 
@@ -314,8 +315,10 @@ class BigLogRayHead(FakeRayHead):
         sent = 0
         while True:
             async with self._changed:
-                await self._changed.wait_for(
-                    lambda seen=sent: self.printed.get(sid, 0) > seen or job.status not in ("PENDING", "RUNNING"))
+                def more(seen: int = sent) -> bool:
+                    return self.printed.get(sid, 0) > seen or job.status not in ("PENDING", "RUNNING")
+
+                await self._changed.wait_for(more)
             # The status first: a job seen ended has printed everything it will.
             ended = job.status not in ("PENDING", "RUNNING")
             printed = self.printed.get(sid, 0)
@@ -339,10 +342,10 @@ class TrainingLog(Sequence[str]):
     (training/protocol.py's format) every ``metric_every`` lines."""
 
     def __init__(self, count: int, *, metric_every: int = 100, nccl_every: int = 5000) -> None:
-        self.count, self.metric_every, self.nccl_every = count, metric_every, nccl_every
+        self.total, self.metric_every, self.nccl_every = count, metric_every, nccl_every
 
     def __len__(self) -> int:
-        return self.count
+        return self.total
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -350,8 +353,8 @@ class TrainingLog(Sequence[str]):
     def __getitem__(self, i: slice) -> Sequence[str]: ...
     def __getitem__(self, i: int | slice) -> str | Sequence[str]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.count))]
-        if not 0 <= i < self.count:
+            return [self[j] for j in range(*i.indices(self.total))]
+        if not 0 <= i < self.total:
             raise IndexError(i)
         if i < len(NCCL_EFA_LINES):
             return NCCL_EFA_LINES[i]

@@ -349,7 +349,8 @@ class RtuiKube(KubernetesEmulator):
         k = self._objkey(key, namespace, name)
         if k not in self._objects or self._objects[k].deleted:
             return None
-        return copy.deepcopy(self._objects[k].raw)
+        found: Obj = copy.deepcopy(self._objects[k].raw)
+        return found
 
     def items(self, key: tuple[str, str, str], namespace: str | None = None) -> list[Obj]:
         res = references.resource(*key)
@@ -373,7 +374,10 @@ class RtuiKube(KubernetesEmulator):
                 "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     async def _publish(self, key: tuple[str, str, str], event: str, obj: Obj) -> None:
-        await self._buses[references.resource(*key)].put({"type": event, "object": copy.deepcopy(obj)})
+        await self._publish_to(references.resource(*key), event, obj)
+
+    async def _publish_to(self, resource: references.resource, event: str, obj: Obj) -> None:
+        await self._buses[resource].put({"type": event, "object": copy.deepcopy(obj)})
 
     def _require_namespace(self, key: tuple[str, str, str], namespace: str | None) -> None:
         if self._kind(key)[1] and self.find(("", "v1", "namespaces"), None, namespace or "") is None:
@@ -471,7 +475,7 @@ class RtuiKube(KubernetesEmulator):
             for (r, ns, _name), o in list(self._objects.items()):
                 if ns == name and not o.deleted:
                     o.delete()
-                    await self._publish((r.group, r.version, r.plural), "DELETED", o.last.raw)
+                    await self._publish_to(r, "DELETED", o.last.raw)
         if key == CRD_KEY:
             # A CRD takes every object of its kind with it, in every namespace: the finalizer
             # customresourcecleanup.apiextensions.k8s.io (finalizer/crd_finalizer.go, same package)
@@ -481,7 +485,7 @@ class RtuiKube(KubernetesEmulator):
                 if r.group == spec.get("group") and r.plural == (spec.get("names") or {}).get("plural") \
                         and not o.deleted:
                     o.delete()
-                    await self._publish((r.group, r.version, r.plural), "DELETED", o.last.raw)
+                    await self._publish_to(r, "DELETED", o.last.raw)
         return obj
 
     @staticmethod
@@ -611,7 +615,7 @@ class RtuiKube(KubernetesEmulator):
         for h in ("Upgrade", "Connection", "Sec-WebSocket-Key", "Sec-WebSocket-Version", "Sec-WebSocket-Extensions"):
             headers.pop(h, None)
         downstream = aiohttp.web.WebSocketResponse()
-        await downstream.prepare(raw)  # type: ignore[arg-type]  # a BaseRequest is enough for aiohttp
+        await downstream.prepare(raw)  # a BaseRequest is enough for aiohttp
         async with session.ws_connect(url.replace("http", "ws", 1), headers=headers) as upstream:
 
             async def pump(src: Any, dst: Any) -> None:

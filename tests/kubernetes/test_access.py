@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import aiohttp.web
@@ -18,7 +19,7 @@ from backend.layers.kubernetes.access import KubeApi, split_timestamp
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import install_shared_crds
 
-RAYCLUSTER = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+RAYCLUSTER: dict[str, Any] = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
               "metadata": {"name": "rtui-ray", "namespace": "rtui", "labels": {"app.kubernetes.io/managed-by": "rtui"}},
               "spec": {"rayVersion": "2.58.0", "headGroupSpec": {"rayStartParams": {"num-gpus": "0"}}}}
 
@@ -118,7 +119,7 @@ async def test_a_kind_the_server_lacks_is_a_clear_error(kube_cluster: KubeCluste
     kube_cluster.kube.token_check = None
     api = KubeApi.from_kubeconfig()
     api_path = api.path
-    api.path = lambda *a, **k: api_path(*a, **k).replace("/ray.io/", "/nope.io/")  # type: ignore[method-assign]
+    api.path = lambda *a, **k: api_path(*a, **k).replace("/ray.io/", "/nope.io/")
     with pytest.raises(UserError, match="does not serve rayclusters.ray.io.*CustomResourceDefinition"):
         await api.get("ray.io/v1", "RayCluster", "x", "rtui")
 
@@ -284,7 +285,7 @@ async def test_service_proxy_carries_our_auth_headers(kube_cluster: KubeCluster)
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     try:
         api = KubeApi.from_kubeconfig()
         url = api.proxy_url("rtui", "rtui-ray-head-svc", "dashboard")
@@ -320,7 +321,7 @@ async def test_service_proxy_forwards_websockets(kube_cluster: KubeCluster) -> N
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     try:
         api = KubeApi.from_kubeconfig()
         kube_cluster.proxy_to("rtui", "head-svc", "dashboard", f"http://127.0.0.1:{port}")

@@ -91,11 +91,11 @@ EXISTING = {
 }
 
 
-def write_entry(path: Path, **kwargs: object) -> str:
-    args: dict[str, object] = {"cluster_name": "rtui-demo", "region": "us-west-2",
-                               "endpoint": "https://ABC.gr7.us-west-2.eks.amazonaws.com",
-                               "ca_data_b64": "Q0E=", "arn": ARN, **kwargs}
-    return eks.write_kubeconfig_entry(path, **args)  # type: ignore[arg-type]
+def write_entry(path: Path, *, profile: str | None = None, rtui_bin: str | None = None,
+                set_current: bool = False) -> str:
+    return eks.write_kubeconfig_entry(path, cluster_name="rtui-demo", region="us-west-2",
+                                      endpoint="https://ABC.gr7.us-west-2.eks.amazonaws.com", ca_data_b64="Q0E=",
+                                      arn=ARN, profile=profile, rtui_bin=rtui_bin, set_current=set_current)
 
 
 def test_merge_keeps_other_entries_and_the_current_context(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,7 +79,7 @@ def world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
         assert not control.errors, control.errors[:3]
 
 
-def events(out: str) -> list[dict]:  # type: ignore[type-arg]
+def events(out: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 

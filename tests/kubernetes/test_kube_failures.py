@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from backend.layers.kubernetes import layer as kube_layer
 from backend.layers.kubernetes import raycluster
 from backend.layers.kubernetes.pods import PodProblem
 from tests.kubernetes.conftest import KubeCluster
@@ -133,7 +131,6 @@ def test_worker_pending_for_efa_held_elsewhere_fails_at_the_deadline_with_the_re
     world.control.held = {"gpu-0": {EFA: 1}, "gpu-1": {EFA: 1}}
     for key, value in world.env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(kube_layer, "_APIS", {})  # this test's API server, not an earlier test's
     monkeypatch.setattr(raycluster, "UNSCHEDULABLE_TIMEOUT_S", 1.0)
     assert cli.main(["up", "--yes", "--json"]) == 1
     line = failure(capsys.readouterr().out)
@@ -143,15 +140,18 @@ def test_worker_pending_for_efa_held_elsewhere_fails_at_the_deadline_with_the_re
 
 
 def test_the_unschedulable_clock_restarts_when_the_pods_get_placed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(raycluster, "UNSCHEDULABLE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(raycluster, "UNSCHEDULABLE_TIMEOUT_S", 60.0)
     stuck = PodProblem(f"pod w: not scheduled: 2 nodes lack {EFA}", False, (EFA,), unscheduled=True)
-    clock = raycluster.Unscheduled()
+    now = [0.0]
+    clock = raycluster.Unscheduled(clock=lambda: now[0])
     assert clock.fatal(stuck) is None
-    time.sleep(0.06)
+    now[0] += 61
     assert clock.fatal(PodProblem('Pulling image "x" (still pulling)', False)) is None  # placed: the clock stops
     assert clock.fatal(stuck) is None  # and starts again from zero
-    time.sleep(0.06)
-    assert clock.fatal(stuck) == f"pod w: not scheduled: 2 nodes lack {EFA} (unschedulable for 0s)"
+    now[0] += 59
+    assert clock.fatal(stuck) is None
+    now[0] += 2
+    assert clock.fatal(stuck) == f"pod w: not scheduled: 2 nodes lack {EFA} (unschedulable for 61s)"
     assert clock.fatal(PodProblem("pod w: cannot pull image x", True)) == "pod w: cannot pull image x"
 
 

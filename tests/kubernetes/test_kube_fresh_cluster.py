@@ -53,7 +53,7 @@ def test_the_emulator_answers_ray_io_like_kube_apiserver_until_the_crd_is_establ
     status, body = _get(kube_cluster, RAY_PATH)
     assert status == 200 and body["kind"] == "RayClusterList" and body["items"] == []
     conditions = {c["type"]: c["status"] for c in
-                  kube_cluster.get("CustomResourceDefinition", "rayclusters.ray.io")["status"]["conditions"]}
+                  kube_cluster.read("CustomResourceDefinition", "rayclusters.ray.io")["status"]["conditions"]}
     assert conditions == {"NamesAccepted": "True", "Established": "True"}
     assert "ray.io" in {g["name"] for g in _get(kube_cluster, "/apis")[1]["groups"]}
     # A missing object of a served kind is another 404: one that names it.

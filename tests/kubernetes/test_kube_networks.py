@@ -27,6 +27,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -76,9 +77,17 @@ async def wait_for(what: str, cond: Callable[[], object], timeout: float = 20.0)
         await asyncio.sleep(0.02)
 
 
+class KubeconfigRoute(TypedDict, total=False):
+    """What ``KubeCluster.write_kubeconfig`` is given to route the client."""
+
+    host: str
+    proxy_url: str
+    tls_server_name: str
+
+
 @dataclass(frozen=True)
 class Route:
-    kubeconfig: Callable[[Proxies], dict[str, str]]  # write_kubeconfig's host/proxy_url/tls_server_name
+    kubeconfig: Callable[[Proxies], KubeconfigRoute]
     env: Callable[[Proxies], dict[str, str]]
     via: Callable[[Proxies], _Proxy | None]  # the proxy every connection must pass; None: none may
 

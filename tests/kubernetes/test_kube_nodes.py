@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from backend.layers.kubernetes import layer as kube_layer
 from backend.layers.kubernetes import raycluster
 from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world
 
@@ -19,7 +18,6 @@ def _in_process(world: KubeWorld, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the CLI in this process, with the unschedulable deadline cut to seconds (no knob in production)."""
     for key, value in world.env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(kube_layer, "_APIS", {})  # this test's API server, not an earlier test's
     monkeypatch.setattr(raycluster, "UNSCHEDULABLE_TIMEOUT_S", 3.0)
 
 

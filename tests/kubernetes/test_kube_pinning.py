@@ -38,9 +38,9 @@ def test_every_image_of_the_plan_is_resolved_to_a_digest_shown_recorded_and_pull
         "rtui/ray", "nvidia/k8s-device-plugin", "eks/aws-efa-k8s-device-plugin", "kuberay/operator"}
 
     world.rtui("up", "--yes", "--until", "kubernetes", timeout=120)
-    nvidia = world.cluster.get("DaemonSet", "rtui-nvidia-device-plugin", "kube-system")
-    efa = world.cluster.get("DaemonSet", "rtui-efa-device-plugin", "kube-system")
-    operator = world.cluster.get("Deployment", "kuberay-operator", "rtui-kuberay")
+    nvidia = world.cluster.read("DaemonSet", "rtui-nvidia-device-plugin", "kube-system")
+    efa = world.cluster.read("DaemonSet", "rtui-efa-device-plugin", "kube-system")
+    operator = world.cluster.read("Deployment", "kuberay-operator", "rtui-kuberay")
     applied = {address: obj["spec"]["template"]["spec"]["containers"][0]["image"] for address, obj in (
         ("k8s.device-plugin.nvidia", nvidia), ("k8s.device-plugin.efa", efa), ("k8s.kuberay-operator", operator))}
     assert applied == {a: after[a]["image"] for a in ADDONS}
@@ -48,8 +48,8 @@ def test_every_image_of_the_plan_is_resolved_to_a_digest_shown_recorded_and_pull
     record = RunStore(world.state).load(run_id)
     assert {a: record.resources[a].outputs.get("digest") for a in ADDONS} == {
         a: world.registry.tags[t] for a, t in ADDONS.items()}
-    assert record.plan is not None and all("@sha256:" in c["after"]["image"] for c in record.plan["changes"]
-                                           if c["address"] in ADDONS)
+    assert record.plan is not None and all("@sha256:" in (c.after or {})["image"] for c in record.plan.changes
+                                           if c.address in ADDONS)
     world.rtui("down", "--yes", timeout=120)
 
 

@@ -48,7 +48,7 @@ def test_crds_someone_else_installed_and_another_teams_rayjob_survive_up_and_dow
     assert world.cluster.get(*OPERATOR) is not None  # rtui ran its own operator against their CRDs
     assert _versions(world, *theirs) == before  # never applied over, never relabelled
     for name in CRDS:
-        assert RUN_LABEL not in world.cluster.get("CustomResourceDefinition", name)["metadata"]["labels"]
+        assert RUN_LABEL not in world.cluster.read("CustomResourceDefinition", name)["metadata"]["labels"]
 
     world.rtui("down", "--yes", timeout=120)
     assert _versions(world, *theirs) == before  # the CRDs and the other team's RayJob are still there

@@ -41,7 +41,7 @@ def head(kube_cluster: KubeCluster) -> Iterator[BigLogRayHead]:
 def session_for(tmp_path: Path, sid: str) -> RunSession:
     config = resolve_config({}, environ={}).config
     store = RunStore(tmp_path / "state")
-    record = store.create(target="kube", cluster_name="rtui-ray", config=config.model_dump(mode="json"))
+    record = store.create(config)
     record.jobs.append(JobRecord(submission_id=sid, submitted_at=0.0, spec_hash="h"))
     return RunSession(store, record, config)
 

@@ -63,15 +63,18 @@ def kube(**fields: Any) -> RunConfig:
 
 
 def head(rc: dict[str, Any]) -> dict[str, Any]:
-    return rc["spec"]["headGroupSpec"]
+    found: dict[str, Any] = rc["spec"]["headGroupSpec"]
+    return found
 
 
 def worker(rc: dict[str, Any]) -> dict[str, Any]:
+    group: dict[str, Any]
     (group,) = rc["spec"]["workerGroupSpecs"]
     return group
 
 
 def container(group: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any]
     (c,) = group["template"]["spec"]["containers"]
     return c
 

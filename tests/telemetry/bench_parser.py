@@ -113,7 +113,7 @@ def measure(path: Path, runs: int = 3) -> dict[str, Any]:
     parsed = _best_of(runs, lambda: parse(path))
     telemetry, by_line = replay(path), parse(path)
     # Both paths must agree, or the faster one is not doing the same work.
-    assert by_line.snapshot(tail=0)["transport"] == telemetry.snapshot(tail=0)["transport"]
+    assert by_line.snapshot(tail=0).transport == telemetry.snapshot(tail=0).transport
     assert by_line.series.records == telemetry.series.records and by_line.lines == telemetry.lines == n_lines
     quarter = path.with_suffix(".quarter")
     with open(path, encoding="utf-8", errors="replace") as f:

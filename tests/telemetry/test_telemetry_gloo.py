@@ -19,7 +19,7 @@ def test_gloo_records_without_nccl_lines_give_a_gloo_verdict() -> None:
     telemetry.feed_lines([record(1, "gloo")])
     verdict = telemetry.transport
     assert (verdict.transport, verdict.basis, verdict.label) == ("gloo", "backend", "gloo (no NCCL)")
-    assert telemetry.snapshot()["transport"]["transport"] == "gloo"
+    assert telemetry.snapshot().transport.transport == "gloo"
 
 
 def test_nccl_records_or_nccl_lines_never_read_as_gloo() -> None:

@@ -88,7 +88,7 @@ def test_telemetry_routes_lines_and_snapshot_is_json() -> None:
     telemetry.feed_lines([*nccl_socket_lines(), metric(1), "noise"])
     telemetry.feed(metric(2))
     assert telemetry.transport.transport == "socket" and len(telemetry.series) == 2
-    snap = json.loads(json.dumps(telemetry.snapshot()))
+    snap = json.loads(telemetry.snapshot().model_dump_json())
     assert snap["transport"]["transport"] == "socket" and snap["lines"] == 5
     assert [p["step"] for p in snap["metrics"]["points"]] == [1, 2]
 
@@ -121,7 +121,7 @@ def test_replay_then_follow_never_counts_twice(tmp_path: Path) -> None:
     telemetry.feed_from(spool)
     assert [p.step for p in telemetry.series.points] == [1, 2, 3, 4]
     assert telemetry.spool_offset == spool.stat().st_size
-    assert telemetry.snapshot()["spool"] == {"path": str(spool), "offset": spool.stat().st_size}
+    assert telemetry.snapshot().spool.model_dump() == {"path": str(spool), "offset": spool.stat().st_size}
 
 
 def test_resumed_session_matches_live_session(tmp_path: Path) -> None:

@@ -156,21 +156,21 @@ def test_live_badge_moves_from_announced_to_channels_and_to_a_fallback() -> None
                           "nics)\n" + ray + "w0:11:12 [0] NCCL INFO Using network Libfabric\n" + ray
                           + "w0:11:12 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 "
                             "MNNVL 0\n" + ray + "w0:11:12 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [rec").encode())
-    state = telemetry.snapshot(tail=0)["transport"]
+    state = telemetry.snapshot(tail=0).transport.model_dump()
     assert (state["transport"], state["basis"]) == ("efa", "announced")
     telemetry.feed_bytes(b"eive] via NET/Libfabric/0/GDRDMA\n")
-    state = telemetry.snapshot(tail=0)["transport"]
+    state = telemetry.snapshot(tail=0).transport.model_dump()
     assert (state["transport"], state["basis"]) == ("efa_gdr", "channels") and state["decided_by"]
     # A worker that joins later fails to bring up the OFI plugin and falls back to TCP.
     ray_b = "(RayTrainWorker pid=21, ip=10.0.1.12) "
     telemetry.feed_bytes((ray_b + "w1:21:22 [0] nccl_net_ofi_create_plugin:1067 NCCL WARN NET/OFI aws-ofi-nccl "
                           "initialization failed\n" + ray_b + "w1:21:22 [0] NCCL INFO Using network Socket\n").encode())
-    state = telemetry.snapshot(tail=0)["transport"]
+    state = telemetry.snapshot(tail=0).transport.model_dump()
     assert state["transport"] == "efa_gdr" and state["hosts"] == {"w0": "efa_gdr", "w1": "socket"}
     assert any("failed to initialise" in w for w in state["warnings"])
     assert any("w1 announced 'Socket' (socket), unlike the channels seen" in w for w in state["warnings"])
     telemetry.feed_bytes((ray_b + "w1:21:22 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [receive] via "
                           "NET/Socket/0\n").encode())
-    state = telemetry.snapshot(tail=0)["transport"]
+    state = telemetry.snapshot(tail=0).transport.model_dump()
     assert (state["transport"], state["basis"]) == ("socket", "channels")
     assert any("mixed transports" in w for w in state["warnings"])

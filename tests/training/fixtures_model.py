@@ -18,5 +18,10 @@ def save_tiny_qwen2(directory: Path, dtype: torch.dtype) -> Path:
     config = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          tie_word_embeddings=True, use_cache=True)
-    Qwen2ForCausalLM(config).to(torch.bfloat16).to(dtype).save_pretrained(directory)
+    model = Qwen2ForCausalLM(config)
+    # nn.Module.to converts in place; transformers' own .to (a functools.wraps wrapper mypy reads as
+    # unbound) only adds checks for quantized models, which this is not.
+    torch.nn.Module.to(model, torch.bfloat16)
+    torch.nn.Module.to(model, dtype)
+    model.save_pretrained(directory)
     return directory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_a_bad_value_is_one_line_before_ray_starts(argv: list[str], message: str
 def test_the_config_is_frozen_and_revalidated_on_replace() -> None:
     cfg = TrainConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.steps = 3  # type: ignore[misc]
+        cfg.steps = 3  # type: ignore[misc]  # the assignment a frozen config refuses, on purpose
     with pytest.raises(TrainConfigError, match="--precision must be one of bf16, fp32, not 'fp16'"):
         cfg.replace(precision="fp16")
     with pytest.raises(TrainConfigError, match="--require-transport needs --device cuda"):
@@ -94,3 +95,34 @@ def test_the_model_revision_reaches_the_program_and_from_pretrained(monkeypatch:
     with pytest.raises(RuntimeError, match="stop here"):
         step.load_pretrained("Qwen/Qwen2.5-1.5B", revision=sha)
     assert seen["revision"] == sha and seen["model_id"] == "Qwen/Qwen2.5-1.5B"
+
+
+def test_the_tokenizer_of_the_model_loads_at_the_models_pinned_revision(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    """Issue 23 item 6: the tokenizer files are code the job loads too (a tokenizer.json or a custom
+    class), so when they are the model's own they come from the commit the plan showed, like the weights."""
+    import transformers
+
+    from training.data import TokenizeAndPack
+
+    sha = "b" * 40
+    config = resolve_config({"target": "kube", "model_revision": sha, "data": "s3://b/corpus.jsonl"},
+                            environ={}).config
+    cfg = parse_args(build_job_spec(config, sha).entrypoint.split()[3:])
+    assert cfg.tokenizer_source == cfg.model_id and cfg.tokenizer_revision == sha
+    assert cfg.replace(tokenizer="/opt/tok").tokenizer_revision is None  # a separate tokenizer is loaded as named
+    seen: list[tuple[str, object]] = []
+
+    def fake_from_pretrained(name: str, **kwargs: object) -> object:
+        seen.append((name, kwargs.get("revision")))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_from_pretrained)
+    with pytest.raises(RuntimeError, match="stop here"):
+        TokenizeAndPack(cfg.tokenizer_source or "", "text", 8, revision=cfg.tokenizer_revision)
+    from tests.test_training_export import export_one_rank
+
+    with pytest.raises(RuntimeError, match="stop here"):  # the tokenizer files saved beside the exported model
+        export_one_rank(str(tmp_path), step=1, evaluation={}, tokenizer=cfg.tokenizer_source,
+                        tokenizer_revision=cfg.tokenizer_revision)
+    assert seen == [(cfg.model_id, sha)] * 2

@@ -70,7 +70,8 @@ def run_steps(model: Any, optimizer: Any, cfg: TrainConfig, data: SyntheticToken
 
 
 def local(param: Any) -> torch.Tensor:
-    return param.to_local() if hasattr(param, "to_local") else param
+    full: torch.Tensor = param.to_local() if hasattr(param, "to_local") else param
+    return full
 
 
 def test_bf16_checkpoint_trains_fp32_master_weights_in_train_mode(bf16_dir: Path) -> None:

@@ -5,6 +5,7 @@ weights saved in fp32: both load as fp32 master weights."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.ray
 STEPS = 6
 
 
-def up_and_down(model_dir: Path) -> list[dict]:  # type: ignore[type-arg]
+def up_and_down(model_dir: Path) -> list[dict[str, Any]]:
     proc = run_rtui("up", "--yes", "--json", "--model-id", str(model_dir), "--steps", str(STEPS), "--seq-len", "32",
                     "--batch-size", "2", "--learning-rate", "0.001", timeout=400)
     events = json_lines(proc.stdout)
@@ -27,6 +28,7 @@ def up_and_down(model_dir: Path) -> list[dict]:  # type: ignore[type-arg]
     try:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert events[-1]["data"]["job_status"] == "SUCCEEDED"
+        assert isinstance(run_id, str)
         spool = Path(RunStore().load(run_id).spool_path)
         return [rec for line in spool.read_text().splitlines()
                 if METRIC_TAG in line and (parsed := parse_record(line)) and (rec := parsed[1])]

@@ -137,7 +137,7 @@ def test_checkpoint_then_resume_continues_at_the_right_step(ray_address: str, fu
                                                             tmp_path: Path) -> None:
     first, store = full_run
     assert [s for s, _ in ckpt.find_checkpoints(str(store))] == [6, 12, 16]
-    assert ckpt.resolve_resume("latest", str(store)).endswith("checkpoint_step_00000016")  # type: ignore[union-attr]
+    assert str(ckpt.resolve_resume("latest", str(store))).endswith("checkpoint_step_00000016")
     resumed = _ok(train(ray_address, *CYCLE, "--steps", "12", "--shard", "full", "--storage-path", str(tmp_path),
                         "--resume-from", str(store / "full" / ckpt.checkpoint_dir_name(6))))
     assert "at step 6" in resumed.stdout

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,15 @@ from training.loop import lr_at
 from training.metrics import RunFacts, StepTimings, metric_record
 from training.protocol import METRIC_KEYS
 from training.sharding import mesh_shape, shard_groups_span_nodes
-from training.stepplan import GIB, FitCheck, ModelShape, StepPlanError, estimate_memory, plan_step
+from training.stepplan import (
+    GIB,
+    FitCheck,
+    MemoryEstimate,
+    ModelShape,
+    StepPlanError,
+    estimate_memory,
+    plan_step,
+)
 from training.train import parse_args
 
 # Qwen2.5-1.5B's shape (config.json): 28 layers, hidden 1536, intermediate 8960, vocab 151936, 1.54e9 params.
@@ -52,8 +62,8 @@ def test_micro_batch_must_divide_the_per_rank_sequences() -> None:
         plan_step(tokens_per_step=6 * 128 * 2, seq_len=128, world=2, micro_batch=4)
 
 
-def _fits_below(limit_mb: int):  # type: ignore[no-untyped-def]
-    def fits(mb: int):  # type: ignore[no-untyped-def]
+def _fits_below(limit_mb: int) -> Callable[[int], tuple[MemoryEstimate, bool]]:
+    def fits(mb: int) -> tuple[MemoryEstimate, bool]:
         estimate = estimate_memory(QWEN_1_5B, micro_batch=mb, seq_len=512, shard_size=4, compute_bytes=2,
                                    reshard_after_forward=True, activation_checkpointing=False)
         return estimate, mb <= limit_mb
@@ -112,13 +122,13 @@ def test_memory_estimate_moves_the_right_way() -> None:
 
 
 def test_fit_check_against_a_budget() -> None:
-    kwargs = {"seq_len": 512, "shard_size": 4, "compute_bytes": 2, "reshard_after_forward": True,
-              "activation_checkpointing": False, "budget_source": "test"}
-    _est, fits = FitCheck(QWEN_1_5B, budget_bytes=22 * GIB, **kwargs)(1)  # type: ignore[arg-type]
+    check = functools.partial(FitCheck, QWEN_1_5B, seq_len=512, shard_size=4, compute_bytes=2,
+                              reshard_after_forward=True, activation_checkpointing=False, budget_source="test")
+    _est, fits = check(budget_bytes=22 * GIB)(1)
     assert fits
-    est, fits = FitCheck(QWEN_1_5B, budget_bytes=6 * GIB, **kwargs)(8)  # type: ignore[arg-type]
+    est, fits = check(budget_bytes=6 * GIB)(8)
     assert not fits and est.total > 6 * GIB * 0.85
-    assert FitCheck(QWEN_1_5B, budget_bytes=None, **kwargs)(64)[1]  # type: ignore[arg-type]  # unknown budget
+    assert check(budget_bytes=None)(64)[1]  # unknown budget
 
 
 def test_meminfo_parsing() -> None:
@@ -199,7 +209,7 @@ def test_cycle_tokens_are_learnable_and_resumable() -> None:
     batch = src.next_batch()
     assert batch.shape == (2, 20) and len(set(batch.flatten().tolist())) <= 8
     # The successor of every token is fixed: that is what makes the pattern learnable.
-    succ = {}
+    succ: dict[int, int] = {}
     for row in batch.tolist():
         for a, b in zip(row, row[1:], strict=False):
             assert succ.setdefault(a, b) == b
@@ -251,7 +261,7 @@ def test_resume_finds_the_newest_complete_checkpoint(tmp_path: Path) -> None:
     _fake_checkpoint(store / "run-b", 30, complete=False)  # a crash mid-upload: not a checkpoint
     assert [s for s, _ in ckpt.find_checkpoints(str(store))] == [10, 20]
     assert ckpt.resolve_resume("latest", str(store)) == str(newest)
-    assert ckpt.resolve_resume(str(store / "run-a"), str(store)).endswith("checkpoint_step_00000010")  # type: ignore[union-attr]
+    assert str(ckpt.resolve_resume(str(store / "run-a"), str(store))).endswith("checkpoint_step_00000010")
     assert ckpt.resolve_resume(str(newest), "unused") == str(newest)
     assert ckpt.resolve_resume("latest", str(tmp_path / "empty")) is None  # a fresh start
     with pytest.raises(FileNotFoundError, match="no complete rtui checkpoint"):
@@ -259,10 +269,10 @@ def test_resume_finds_the_newest_complete_checkpoint(tmp_path: Path) -> None:
 
 
 def test_accumulation_keeps_unsharded_grads_in_the_estimate() -> None:
-    kwargs = {"micro_batch": 2, "seq_len": 512, "shard_size": 4, "compute_bytes": 2, "reshard_after_forward": False,
-              "activation_checkpointing": False}
-    assert estimate_memory(QWEN_1_5B, grad_accum=1, **kwargs).accumulated_grads == 0  # type: ignore[arg-type]
-    with_accum = estimate_memory(QWEN_1_5B, grad_accum=16, grad_accum_bytes=2, **kwargs)  # type: ignore[arg-type]
+    estimate = functools.partial(estimate_memory, QWEN_1_5B, micro_batch=2, seq_len=512, shard_size=4,
+                                 compute_bytes=2, reshard_after_forward=False, activation_checkpointing=False)
+    assert estimate(grad_accum=1).accumulated_grads == 0
+    with_accum = estimate(grad_accum=16, grad_accum_bytes=2)
     assert with_accum.accumulated_grads == 2 * QWEN_1_5B.n_params
     # docs/perf-model.md's recommended L4 step: 15.0 GiB; micro-batch 4 (18.5 GiB) does not fit 85 % of 21 GiB.
     assert round(with_accum.total / GIB, 1) == 15.0

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from backend.config import RunConfig
 from backend.layers.aws.api import EC2_TOKEN, AwsApi, client_token
 from backend.layers.base import Context, Handler
 from backend.ledger import ResourceStatus
 from backend.model import Action, Observed, Resource
+from backend.record import ReservationFact
 from backend.runner import Progress
 
 LAYER = "aws"
@@ -129,8 +129,8 @@ class NamedReservation:
     kind: str  # "odcr" (targeted) or "capacity-block"
     placement_group: str | None = None  # the cluster placement group its capacity is held in
 
-    def to_fact(self, az: str) -> dict[str, str | None]:
-        return {"az": az, "id": self.id, "kind": self.kind, "placement_group": self.placement_group}
+    def to_fact(self, az: str) -> ReservationFact:
+        return ReservationFact(az=az, id=self.id, kind=self.kind, placement_group=self.placement_group)
 
 
 @dataclass
@@ -178,15 +178,10 @@ class Topology:
         return list(dict.fromkeys([*self.network_azs, self.gpu_az]))
 
 
-_APIS: dict[tuple[str, str | None], AwsApi] = {}
-
-
-def aws_api(config: RunConfig) -> AwsApi:
-    """The region's API for this config, made once per process."""
-    key = (config.region, config.profile)
-    if key not in _APIS:
-        _APIS[key] = AwsApi(config.region, config.profile)
-    return _APIS[key]
+def aws_api(ctx: Context) -> AwsApi:
+    """The region's API for this config, made once per session (the session closes it)."""
+    region, profile = ctx.config.region, ctx.config.profile
+    return ctx.clients.get(("aws", region, profile), lambda: AwsApi(region, profile))
 
 
 class AwsHandler(Handler):
@@ -198,7 +193,7 @@ class AwsHandler(Handler):
         raise NotImplementedError
 
     def api(self, ctx: Context) -> AwsApi:
-        return aws_api(ctx.config)
+        return aws_api(ctx)
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         # Found half-made (a crash, a detach): wait for it, never make a second one.
@@ -224,7 +219,7 @@ def create_token(ctx: Context, address: str, *parts: str, limits: tuple[int, int
     """The idempotency token of one create call of ``address``: the run, the resource, what places it
     (``parts``: an AZ, a placement group) and the attempt, counted in the run record, so a replacement
     or a failover never reuses the token of an earlier request with other parameters."""
-    attempts: dict[str, int] = ctx.record.facts.setdefault("create_attempts", {})
+    attempts = ctx.record.facts.create_attempts
     attempts[address] = attempts.get(address, 0) + 1
     ctx.save()
     return client_token(ctx.record.run_id, address.removeprefix("aws."), *parts, str(attempts[address]),

@@ -19,7 +19,7 @@ from backend.aws.catalog import quota_code_for
 from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, builtin_region_prices, price_plan
 from backend.aws.public_ip import public_cidr
 from backend.config import RunConfig
-from backend.delivery import S3_STANDARD_PER_GIB_MONTH, STORAGE_FACT
+from backend.delivery import S3_STANDARD_PER_GIB_MONTH, effective_storage_path, run_storage_uri
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
@@ -70,6 +70,7 @@ from backend.layers.aws.iam import (
     AUTOSCALER_IDENTITY,
     CLUSTER_POLICIES,
     CNI_IDENTITY,
+    DATA_IDENTITY,
     NODE_POLICIES,
     POD_IDENTITY_PREFIX,
     RoleHandler,
@@ -82,10 +83,11 @@ from backend.layers.aws.iam import (
 from backend.layers.aws.node_autoscaler import cluster_autoscaler_image, gpu_asg_tags, gpu_scaling_config
 from backend.layers.aws.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
-from backend.layers.aws.storage import BUCKET, BUCKET_FACT, BucketHandler, name_for, storage_uri
+from backend.layers.aws.storage import BUCKET, BucketHandler, name_for, storage_uri
 from backend.layers.aws.sweep import sweep
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
+from backend.record import AzMove
 
 if TYPE_CHECKING:
     from backend.aws import PreflightReport
@@ -151,9 +153,10 @@ class AwsLayer(Layer):
         the storage path the job and `rtui model/status/down` use, kept in the run record."""
         if ctx.config.storage_path:
             return
-        name = await name_for(aws_api(ctx.config), ctx)
-        if ctx.record.facts.get(BUCKET_FACT) != name or ctx.record.facts.get(STORAGE_FACT) != storage_uri(name):
-            ctx.record.facts.update({BUCKET_FACT: name, STORAGE_FACT: storage_uri(name)})
+        name = await name_for(aws_api(ctx), ctx)
+        facts = ctx.record.facts
+        if facts.data_bucket != name or facts.storage_path != storage_uri(name):
+            facts.data_bucket, facts.storage_path = name, storage_uri(name)
             ctx.save()
 
     async def _api_cidrs(self, ctx: Context) -> list[str]:
@@ -162,25 +165,25 @@ class AwsLayer(Layer):
         given = ctx.config.api_cidr_list()
         if given:
             return given
-        learned: list[str] | None = ctx.record.facts.get("api_cidrs")
+        learned = ctx.record.facts.api_cidrs
         if not learned:
             learned = [await asyncio.to_thread(public_cidr)]
-            ctx.record.facts["api_cidrs"] = learned
+            ctx.record.facts.api_cidrs = learned
             ctx.save()
         return learned
 
     @staticmethod
     def api_cidr_list(ctx: Context) -> list[str]:
-        return ctx.config.api_cidr_list() or list(ctx.record.facts.get("api_cidrs") or [])
+        return ctx.config.api_cidr_list() or list(ctx.record.facts.api_cidrs)
 
     async def _region_prices(self, ctx: Context) -> RegionPrices:
         config = ctx.config
-        return await asyncio.to_thread(self.price_book(config).region, config.region,
+        return await asyncio.to_thread(self.price_book(ctx).region, config.region,
                                        (config.gpu_node_type, config.system_node_type))
 
-    def price_book(self, config: RunConfig) -> PriceBook:
+    def price_book(self, ctx: Context) -> PriceBook:
         if self._book is None:
-            self._book = PriceBook(aws_api(config).session)
+            self._book = PriceBook(aws_api(ctx).session)
         return self._book
 
     def prices(self, config: RunConfig) -> RegionPrices:
@@ -206,7 +209,7 @@ class AwsLayer(Layer):
         if listed is not None and listed.state == "active" and not _past(listed.end_date):
             return None
         try:
-            found = await aws_api(ctx.config).call("ec2", "describe_capacity_reservations",
+            found = await aws_api(ctx).call("ec2", "describe_capacity_reservations",
                                                    CapacityReservationIds=[reservation_id],
                                                    ok=("InvalidCapacityReservationId.NotFound",))
         except OperationError:
@@ -247,15 +250,15 @@ class AwsLayer(Layer):
         sized = asyncio.ensure_future(asyncio.to_thread(image_size, config.image))
         try:
             report = await run_preflight(request, on_region=watch.on_region, on_listed=watch.on_listed,
-                                         prices=self.price_book(config))
+                                         prices=self.price_book(ctx))
         except BaseException:
             sized.cancel()
             raise
         image = await sized
         disk_gb, disk_why = system_disk_gb(image.compressed_bytes)
-        if image.compressed_bytes is None and facts.get("system_disk_gb"):
+        if image.compressed_bytes is None and facts.system_disk_gb:
             # A registry that does not answer now never shrinks nor grows the disk this run sized before.
-            disk_gb, disk_why = int(facts["system_disk_gb"]), "as sized before"
+            disk_gb, disk_why = facts.system_disk_gb, "as sized before"
         self.report = report
         self.preflight_checks = [*_first_reasons(report, config.region), *report.to_check_results()]
         region = next((r for r in report.regions if r.region == config.region), None)
@@ -272,7 +275,7 @@ class AwsLayer(Layer):
                        and report.recommendation.region == config.region else None)
         if given is not None and recommended not in given:
             recommended = next(iter(sorted(feasible, key=lambda a: zones[a].verdict != "feasible")), None)
-        gpu_az = config.availability_zone or facts.get("gpu_az") or recommended
+        gpu_az = config.availability_zone or facts.gpu_az or recommended
         if gpu_az is None:
             blockers = _first_reasons(report, config.region)
             if blockers:
@@ -287,7 +290,7 @@ class AwsLayer(Layer):
             raise UserError(f"no private subnet of {config.vpc_id} is in the GPU AZ {gpu_az}",
                             remedy=f"choose one of {', '.join(sorted(given))} or add a subnet in {gpu_az} "
                                    "to --private-subnet-ids")
-        network_azs = list(facts.get("network_azs") or [])
+        network_azs = list(facts.network_azs)
         if not network_azs:
             network_azs = _control_plane_azs(
                 in_reach, gpu_az, config.region if given is None else "--private-subnet-ids",
@@ -300,21 +303,20 @@ class AwsLayer(Layer):
                         for az, r in named.items() if r is not None}
         # The reservation this run's nodes already fill shows no free slot now: keep naming it, while it
         # lasts. One that expired or was cancelled is named no more, and the plan says what replaces it.
-        kept = facts.get("reservation") or {}
-        if kept.get("az") and kept.get("id"):
-            ended = await self._reservation_ended(ctx, str(kept["id"]), zones.get(kept["az"]))
+        kept = facts.reservation
+        if kept is not None and kept.az and kept.id:
+            ended = await self._reservation_ended(ctx, kept.id, zones.get(kept.az))
             if ended is None:
-                reservations[kept["az"]] = NamedReservation(str(kept["id"]), str(kept.get("kind") or "odcr"),
-                                                            kept.get("placement_group"))
-            elif kept["az"] == gpu_az:
+                reservations[kept.az] = NamedReservation(kept.id, kept.kind or "odcr", kept.placement_group)
+            elif kept.az == gpu_az:
                 zone = zones.get(gpu_az)
                 uses = _capacity_used(reservations.get(gpu_az), reserved_nodes(zone.reservations)[0] if zone else 0,
                                       config.gpu_node_count)
-                self._notes.append(f"capacity reservation {kept['id']} {ended}: the GPU nodes now use {uses}")
+                self._notes.append(f"capacity reservation {kept.id} {ended}: the GPU nodes now use {uses}")
         return Topology(
             reservations=reservations, system_disk_gb=disk_gb, system_disk_why=f"{disk_why} ({image.reason})",
             network_azs=network_azs, gpu_az=gpu_az, az_index=index,
-            failover_azs=[z for z in feasible if z != gpu_az and z not in facts.get("failed_azs", [])],
+            failover_azs=[z for z in feasible if z != gpu_az and z not in facts.failed_azs],
             gpu_quota_code=quota.code if quota else quota_code_for(config.gpu_node_type),
             gpu_headroom=quota.headroom if quota else None,
             system_quota_code=system_quota.code if system_quota else quota_code_for(config.system_node_type),
@@ -331,7 +333,7 @@ class AwsLayer(Layer):
             raise UserError(f"--vpc-id {config.vpc_id} needs its private subnets",
                             remedy="pass --private-subnet-ids with subnets in at least two AZs")
         try:
-            subnets = await aws_api(config).pages("ec2", "describe_subnets", "Subnets", SubnetIds=ids)
+            subnets = await aws_api(ctx).pages("ec2", "describe_subnets", "Subnets", SubnetIds=ids)
         except OperationError as exc:
             raise UserError(f"cannot read --private-subnet-ids: {exc.message}",
                             remedy="check the subnet ids and the region") from None
@@ -353,10 +355,10 @@ class AwsLayer(Layer):
         """Keep the AZs this run builds in (called when it applies)."""
         if self.topology is not None:
             topo = self.topology
-            ctx.record.facts.update({"gpu_az": topo.gpu_az, "network_azs": topo.network_azs,
-                                     "system_disk_gb": topo.system_disk_gb})
+            facts = ctx.record.facts
+            facts.gpu_az, facts.network_azs, facts.system_disk_gb = topo.gpu_az, topo.network_azs, topo.system_disk_gb
             named = topo.gpu_reservation
-            ctx.record.facts["reservation"] = named.to_fact(topo.gpu_az) if named else None
+            facts.reservation = named.to_fact(topo.gpu_az) if named else None
             ctx.save()
 
     def fail_over(self, ctx: Context, failed_az: str, why: str) -> str | None:
@@ -364,13 +366,13 @@ class AwsLayer(Layer):
         topology = self.topology
         if topology is None:
             return None
-        failed = [*ctx.record.facts.get("failed_azs", []), failed_az]
+        facts = ctx.record.facts
+        failed = [*facts.failed_azs, failed_az]
         remaining = [z for z in topology.failover_azs if z not in failed]
         if not remaining:
             return None
-        moves = [*ctx.record.facts.get("az_moves", []), {"from": failed_az, "to": remaining[0], "why": why[:300],
-                                                         "at": time.time()}]
-        ctx.record.facts.update({"gpu_az": remaining[0], "failed_azs": failed, "az_moves": moves})
+        move = AzMove(from_az=failed_az, to=remaining[0], why=why[:300], at=time.time())
+        facts.gpu_az, facts.failed_azs, facts.az_moves = remaining[0], failed, [*facts.az_moves, move]
         ctx.save()
         topology.gpu_az = remaining[0]
         topology.failover_azs = remaining[1:]
@@ -417,22 +419,27 @@ class AwsLayer(Layer):
                                                 "azs": sorted(topo.subnet_azs)}, NAT, *private)
         routes = () if adopted else (PRIVATE_RT,)
         res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
-        if not config.storage_path and ctx.record.facts.get(BUCKET_FACT):
-            res(BUCKET, BucketHandler.kind, BucketHandler.spec(str(ctx.record.facts[BUCKET_FACT])),
+        own_bucket = not config.storage_path and ctx.record.facts.data_bucket
+        if own_bucket:
+            res(BUCKET, BucketHandler.kind, BucketHandler.spec(ctx.record.facts.data_bucket or ""),
                 note=f"${S3_STANDARD_PER_GIB_MONTH}/GB-month of what it holds")
+        # The run's own prefix in S3 (its bucket's, or the user's --storage-path): the Ray pods' role reaches
+        # that prefix only.
+        storage = effective_storage_path(config.storage_path, ctx.record.facts.storage_path)
+        data_uri = run_storage_uri(storage, ctx.record.run_id) if storage and storage.startswith("s3://") else None
         def role(address: str, policies: Sequence[str]) -> None:
             # The trust's actions and condition keys (the account is filled in when the role is made).
-            shape = trust_shape(trust_statement(address, config.region, "", config.cluster_name))
+            shape = trust_shape(trust_statement(address, config.region, "", config.cluster_name, config.namespace))
             spec: dict[str, Any] = {"service": service_principal(address, config.region),
                                     "policies": sorted(policies), "trust": shape}
-            inline = inline_policies(address, config.cluster_name, ctx.record.run_id, config.region)
+            inline = inline_policies(address, config.cluster_name, ctx.record.run_id, config.region, data_uri)
             if inline:
                 spec["inline"] = inline
             res(address, "aws-iam-role", spec)
 
         role(CLUSTER_ROLE, CLUSTER_POLICIES)
         role(NODE_ROLE, NODE_POLICIES)
-        identities = planned_identities(config)
+        identities = planned_identities(config, data_uri)
         for identity in identities:
             role(identity.role_address, identity.policies)
         cluster_private = [subnet_address("private", az) for az in topo.network_azs]
@@ -452,8 +459,10 @@ class AwsLayer(Layer):
             res(addon_address(addon), "aws-eks-addon",
                 {"name": addon, **({"configuration": configuration} if configuration else {})}, *deps)
         for identity in identities:
+            # The data role's pods write to the bucket: it exists before they can start.
+            data_deps = (BUCKET,) if identity is DATA_IDENTITY and own_bucket else ()
             res(identity.address, "aws-pod-identity", PodIdentityHandler.spec(ctx, identity), EKS_CLUSTER,
-                identity.role_address, addon_address(POD_IDENTITY_AGENT))
+                identity.role_address, addon_address(POD_IDENTITY_AGENT), *data_deps)
         efa = config.wants_efa()
         named = topo.gpu_reservation
         block = named is not None and named.kind == "capacity-block"
@@ -506,7 +515,7 @@ class AwsLayer(Layer):
 
     # --- discovery ---------------------------------------------------------------------------
     async def discover(self, ctx: Context) -> list[Observed]:
-        api = aws_api(ctx.config)
+        api = aws_api(ctx)
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, AwsHandler)))
         observed = [o for per_kind in found for o in per_kind]
@@ -538,7 +547,7 @@ class AwsLayer(Layer):
         return results
 
     async def _names_taken(self, ctx: Context) -> list[CheckResult]:
-        api = aws_api(ctx.config)
+        api = aws_api(ctx)
         name = ctx.config.cluster_name
         out = []
         cluster = await describe_cluster(api, name)
@@ -563,7 +572,7 @@ class AwsLayer(Layer):
         return out
 
     async def _given_vpc(self, ctx: Context) -> list[CheckResult]:
-        api, config, topo = aws_api(ctx.config), ctx.config, self.topology
+        api, config, topo = aws_api(ctx), ctx.config, self.topology
         assert topo is not None
         ids = config.private_subnet_id_list()
         if not ids:
@@ -594,9 +603,9 @@ class AwsLayer(Layer):
         config = ctx.config
 
         async def prices(types: tuple[str, ...]) -> RegionPrices:
-            return await asyncio.to_thread(self.price_book(config).region, config.region, types)
+            return await asyncio.to_thread(self.price_book(ctx).region, config.region, types)
 
-        return await sweep(aws_api(config), ctx, prices)
+        return await sweep(aws_api(ctx), ctx, prices)
 
 
 def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResult]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backend.errors import OperationError
+from backend.errors import NoCapacity, OperationError
 from backend.layers.aws import node_autoscaler as na
 from backend.layers.aws.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, tag_map, tag_spec, tags, wait_until
 from backend.layers.aws.base import (
@@ -46,12 +46,11 @@ LAUNCH_TEMPLATE_TOKEN = (1, 128)  # CreateLaunchTemplate takes longer tokens tha
 METADATA_OPTIONS = {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"}
 
 
-class CapacityError(OperationError):
+class CapacityError(NoCapacity):
     """AWS had no capacity for the GPU type in this AZ (the nodegroup could not launch its nodes)."""
 
     def __init__(self, message: str, *, az: str, remedy: str | None = None) -> None:
-        super().__init__(message, remedy=remedy)
-        self.az = az
+        super().__init__(message, az=az, code=ICE, remedy=remedy)
 
 
 class PlacementGroupHandler(AwsHandler):

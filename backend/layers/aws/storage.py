@@ -33,7 +33,6 @@ from backend.runner import Progress
 BUCKET = "aws.s3-bucket.data"
 KIND = "aws-s3-bucket"
 DATA_PREFIX = "runs"
-BUCKET_FACT = "data_bucket"  # the bucket's name, kept in the run record once the plan settled it
 ABORT_INCOMPLETE_UPLOADS_DAYS = 1
 LIFECYCLE_RULE = "rtui-abort-incomplete-multipart-uploads"
 # Ray's pods take their AWS credentials from this service account (kubernetes layer), and it from
@@ -78,9 +77,8 @@ def data_policy(bucket: str, prefix: str, partition_name: str) -> dict[str, Any]
 
 async def name_for(api: AwsApi, ctx: Context) -> str:
     """The run's bucket name: from the record once settled, else from the account (STS)."""
-    known = ctx.record.facts.get(BUCKET_FACT)
-    if known:
-        return str(known)
+    if ctx.record.facts.data_bucket:
+        return ctx.record.facts.data_bucket
     account = str((await api.identity())["Account"])
     return bucket_name(ctx.config.cluster_name, ctx.record.run_id, account, ctx.config.region)
 
@@ -216,10 +214,14 @@ class BucketHandler(AwsHandler):
             return
         if objects:
             yield Progress(f"deleting the run's data in {name} ({describe_holding(objects)})")
-            keys = [o["Key"] for o in objects]
-            for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
-                await api.call("s3", "delete_objects", Bucket=name, Delete={
-                    "Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
+        # Every version and delete marker, not only the current objects: S3 refuses to delete a bucket
+        # that holds any (BucketNotEmpty), and one someone turned versioning on for keeps old versions.
+        versions = [*await api.pages("s3", "list_object_versions", "Versions", Bucket=name),
+                    *await api.pages("s3", "list_object_versions", "DeleteMarkers", Bucket=name)]
+        keys = [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in versions]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
+            await api.call("s3", "delete_objects", Bucket=name, Delete={"Objects": keys[start:start + 1000],
+                                                                        "Quiet": True})
         # Parts of uploads that never completed are not data: they would keep the bucket from going.
         uploads = await api.pages("s3", "list_multipart_uploads", "Uploads", Bucket=name)
         for upload in uploads:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.config import RunConfig
@@ -53,6 +54,7 @@ from backend.layers.kubernetes.security import (
     policy_enforcer,
     ray_token,
 )
+from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT, ServiceAccountHandler
 from backend.model import CheckResult, CheckStatus, Observed, Resource
 from training.passed_env import JOB_ENV_FILE
 
@@ -61,12 +63,26 @@ if TYPE_CHECKING:
     from backend.rayjobs import RayJobs
 
 Obj = dict[str, Any]
-_APIS: dict[tuple[str | None, ...], KubeApi] = {}
-# The aws layer's addresses this layer waits for on the aws target (absent elsewhere).
-AWS_KUBECONFIG = "aws.kubeconfig"
-AWS_SYSTEM_NODES = "aws.nodegroup.system"
-AWS_GPU_NODES = "aws.nodegroup.gpu"
-AWS_LAUNCH_TEMPLATE = "aws.launch-template.gpu"
+@dataclass(frozen=True)
+class Below:
+    """The addresses of the layer under this one that it waits for, handed in by the target that stacks
+    them (``targets.aws``); none on a cluster that is already there (``targets.kube``)."""
+
+    api_ready: str | None = None  # after it, the cluster's API answers (a kubeconfig entry)
+    system_nodes: str | None = None  # the nodes of the operator and the Ray head
+    gpu_nodes: str | None = None  # the GPU nodes: the workers and device plugins wait for them; priced
+    launch_template: str | None = None  # the GPU nodes' template: its spec's ``efa_interfaces`` per node
+    # What enforces NetworkPolicy on the cluster made below (its CNI, as that layer installs it).
+    network_policy: str | None = None
+    # The Ray pods' service account and the address below that gives it AWS credentials (the aws layer's
+    # pod identity association for the run's data): made, and the pods run as it, when that is planned.
+    ray_service_account: str | None = None
+    ray_identity: str | None = None
+
+    @property
+    def makes_cluster(self) -> bool:
+        """Whether the cluster is made below: its nodes are that layer's to check, not this one's."""
+        return self.api_ready is not None
 
 
 class ClusterNotReady(OperationError):
@@ -74,25 +90,17 @@ class ClusterNotReady(OperationError):
 
 
 def kube_api(ctx: Context) -> KubeApi:
-    """The cluster's API for this config, made once per process (it refreshes its own token)."""
+    """The cluster's API for this config, made once per session (it refreshes its own token; the
+    session closes it)."""
     from backend.layers.kubernetes.access import KubeApi
 
     if ctx.config.target == "aws":
         return _eks_api(ctx)
-    key = (ctx.config.kubeconfig, ctx.config.context, str(ctx.config.kube_timeout_s),
-           str(ctx.config.kube_stream_idle_s))
-    if key not in _APIS:
-        _APIS[key] = KubeApi.from_kubeconfig(ctx.config.kubeconfig, ctx.config.context,
-                                             timeout_s=ctx.config.kube_timeout_s,
-                                             stream_idle_s=ctx.config.kube_stream_idle_s)
-    return _APIS[key]
-
-
-def close_apis() -> None:
-    """Close every cluster API this process made (their connections and idle threads)."""
-    _EKS.clear()
-    while _APIS:
-        _APIS.popitem()[1].close()
+    config = ctx.config
+    key = ("kube", config.kubeconfig, config.context, config.kube_timeout_s, config.kube_stream_idle_s)
+    return ctx.clients.get(key, lambda: KubeApi.from_kubeconfig(config.kubeconfig, config.context,
+                                                                timeout_s=config.kube_timeout_s,
+                                                                stream_idle_s=config.kube_stream_idle_s))
 
 
 def _eks_api(ctx: Context) -> KubeApi:
@@ -100,12 +108,14 @@ def _eks_api(ctx: Context) -> KubeApi:
 
     Its endpoint and CA come from EKS, never from a kubeconfig entry: an entry named by the same ARN
     may be a leftover of a deleted cluster, or point at another one altogether. rtui signs its own
-    EKS token (no exec plugin runs). The first use in a process asks EKS itself.
+    EKS token (no exec plugin runs). The first use in a session asks EKS itself.
     """
-    key = _eks_key(ctx)
-    if key not in _EKS:
-        _remember_eks(ctx, _describe_eks(ctx.config))
-    return _EKS[key]
+    from backend.layers.kubernetes.access import KubeApi
+
+    known = ctx.clients.aliased(_eks_key(ctx))
+    if isinstance(known, KubeApi):
+        return known
+    return _remember_eks(ctx, _describe_eks(ctx))
 
 
 async def refresh_eks_api(ctx: Context) -> KubeApi:
@@ -113,7 +123,7 @@ async def refresh_eks_api(ctx: Context) -> KubeApi:
     from backend.layers.aws.base import aws_api
     from backend.layers.aws.cluster import describe_cluster
 
-    cluster = await describe_cluster(aws_api(ctx.config), ctx.config.cluster_name)
+    cluster = await describe_cluster(aws_api(ctx), ctx.config.cluster_name)
     return _remember_eks(ctx, cluster)
 
 
@@ -122,23 +132,20 @@ async def cluster_api(ctx: Context) -> KubeApi:
     return await refresh_eks_api(ctx) if ctx.config.target == "aws" else kube_api(ctx)
 
 
-_EKS: dict[tuple[str, str, str | None], KubeApi] = {}
+def _eks_key(ctx: Context) -> tuple[str, str, str, str | None]:
+    return "eks", ctx.config.cluster_name, ctx.config.region, ctx.config.profile
 
 
-def _eks_key(ctx: Context) -> tuple[str, str, str | None]:
-    return ctx.config.cluster_name, ctx.config.region, ctx.config.profile
-
-
-def _describe_eks(config: RunConfig) -> Obj | None:
+def _describe_eks(ctx: Context) -> Obj | None:
     """The EKS cluster of this name (None: there is none), through the aws layer's client, blocking:
-    only the first use in a process (``refresh_eks_api`` asks on the loop's terms)."""
+    only the first use in a session (``refresh_eks_api`` asks on the loop's terms)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from backend.layers.aws.base import aws_api
 
-    api = aws_api(config)
+    api = aws_api(ctx)
     try:
-        return dict(api.client("eks").describe_cluster(name=config.cluster_name)["cluster"])
+        return dict(api.client("eks").describe_cluster(name=ctx.config.cluster_name)["cluster"])
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
             return None
@@ -158,22 +165,25 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
     ca_data = ((cluster or {}).get("certificateAuthority") or {}).get("data")
     if cluster is None or (cluster.get("tags") or {}).get(eks.RUN_TAG) != ctx.record.run_id \
             or cluster.get("status") not in ("ACTIVE", "UPDATING") or not endpoint or not ca_data:
-        _EKS.pop(key, None)
+        ctx.clients.forget(key)
         state = "not there" if cluster is None else "not this run's" \
             if (cluster.get("tags") or {}).get(eks.RUN_TAG) != ctx.record.run_id else str(cluster.get("status"))
         raise ClusterNotReady(f"the EKS cluster {config.cluster_name} is {state.lower()}",
                               remedy="`rtui up` makes it")
     ca_file = eks.ca_file(str(ca_data))
-    api_key = ("aws", str(cluster["arn"]), str(endpoint), ca_file, str(config.kube_timeout_s),
-               str(config.kube_stream_idle_s))
-    if api_key not in _APIS:
+    arn = str(cluster["arn"])
+    api_key = ("eks-api", arn, str(endpoint), ca_file, config.kube_timeout_s,
+               config.kube_stream_idle_s)
+
+    def make() -> KubeApi:
         provider = eks.EksTokenProvider(config.cluster_name, config.region,
                                         boto3.Session(profile_name=config.profile, region_name=config.region))
-        _APIS[api_key] = KubeApi.for_server(str(endpoint), ca_file, context=str(cluster["arn"]),
-                                            token_provider=provider, timeout_s=config.kube_timeout_s,
-                                            stream_idle_s=config.kube_stream_idle_s)
-    _EKS[key] = _APIS[api_key]
-    return _EKS[key]
+        return KubeApi.for_server(str(endpoint), ca_file, context=arn, token_provider=provider,
+                                  timeout_s=config.kube_timeout_s, stream_idle_s=config.kube_stream_idle_s)
+
+    api = ctx.clients.get(api_key, make)
+    ctx.clients.alias(key, api_key)
+    return api
 
 
 class KubernetesLayer(Layer):
@@ -181,9 +191,11 @@ class KubernetesLayer(Layer):
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
         NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), JobEnvHandler(), NetworkPolicyHandler(),
         NvidiaPluginHandler(),
-        EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
+        EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler(),
+        ServiceAccountHandler())}
 
-    def __init__(self) -> None:
+    def __init__(self, below: Below | None = None) -> None:
+        self.below = below or Below()
         self._images: dict[str, Resolved] = {}  # image by tag -> its digest, asked at plan time
         self._enforcement = "not checked"
 
@@ -227,12 +239,12 @@ class KubernetesLayer(Layer):
         pinned = manifests.pinned_image(config.image, image.digest)
         addon = addons.addon_images(config)
 
-        # On the aws target: the API once the kubeconfig entry exists, a node for the operator and
-        # the head once the system nodes are up, the GPU nodes only for the workers.
+        # On a cluster made below (aws): the API once the kubeconfig entry exists, a node for the operator
+        # and the head once the system nodes are up, the GPU nodes only for the workers.
         made_below = {r.address for r in below}
-        api_ready = tuple(a for a in (AWS_KUBECONFIG,) if a in made_below)
-        system = tuple(a for a in (AWS_SYSTEM_NODES,) if a in made_below)
-        gpu = tuple(a for a in (AWS_GPU_NODES,) if a in made_below)
+        api_ready = tuple(a for a in (self.below.api_ready,) if a in made_below)
+        system = tuple(a for a in (self.below.system_nodes,) if a in made_below)
+        gpu = tuple(a for a in (self.below.gpu_nodes,) if a in made_below)
 
         def res(address: str, kind: str, spec: dict[str, Any], *deps: str, cost: float = 0.0) -> Resource:
             return Resource(address=address, layer=LAYER, kind=kind, spec=spec,
@@ -269,11 +281,19 @@ class KubernetesLayer(Layer):
                 # or turning it on or off is a new RayCluster.
                 "idle_timeout_s": config.idle_timeout_s()}
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
-        efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below if r.address == AWS_LAUNCH_TEMPLATE]
+        efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below
+                     if r.address == self.below.launch_template]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
         deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []),
                 *system]
+        identity = [a for a in (self.below.ray_identity,) if a in made_below]
+        if identity and self.below.ray_service_account:
+            # Pod Identity injects credentials when a pod is created: the association comes first.
+            out.append(res(SERVICE_ACCOUNT, "k8s-serviceaccount", {"name": self.below.ray_service_account},
+                           NAMESPACE))
+            spec["service_account"] = self.below.ray_service_account
+            deps += [SERVICE_ACCOUNT, *identity]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
@@ -287,14 +307,15 @@ class KubernetesLayer(Layer):
             return []
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, KubeHandler)))
-        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL,
+        order = [NAMESPACE, SERVICE_ACCOUNT, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, NVIDIA_PLUGIN, EFA_PLUGIN,
+                 OPERATOR, PREPULL,
                  RAYCLUSTER, WORKERS]
         return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         config = ctx.config
-        if config.target == "aws":
-            # The cluster and its nodes are the aws layer's to make; the plan says what its CNI enforces.
+        if self.below.makes_cluster:
+            # The cluster and its nodes are the layer below's to make; the plan says what its CNI enforces.
             return self._token_check(config)
         try:
             api = kube_api(ctx)
@@ -327,13 +348,11 @@ class KubernetesLayer(Layer):
         results.append(await self._policy_check(ctx))
         return results + self._token_check(config)
 
-    @staticmethod
-    async def _policy_check(ctx: Context) -> CheckResult:
+    async def _policy_check(self, ctx: Context) -> CheckResult:
         """Whether the cluster enforces the NetworkPolicy rtui creates (best effort: a known CNI agent)."""
-        if ctx.config.target == "aws":  # the aws layer installs vpc-cni with enableNetworkPolicy on
+        if self.below.network_policy:  # the layer below installs the CNI that enforces it
             return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.OK,
-                               detail="enforced by the VPC CNI's network policy agent (the aws layer installs the "
-                                      "vpc-cni add-on with enableNetworkPolicy on)")
+                               detail=self.below.network_policy)
         try:
             enforcer = policy_enforcer(await kube_api(ctx).list("apps/v1", "DaemonSet"))
         except ClusterNotReady:
@@ -486,7 +505,7 @@ class KubernetesLayer(Layer):
         except RtuiError:
             return None
         return {**fleet.to_dict(), "line": fleet.line(), "idle_timeout_s": ctx.config.idle_timeout_s(),
-                "priced": AWS_GPU_NODES if AWS_GPU_NODES in ctx.record.resources else None}
+                "priced": self.below.gpu_nodes if self.below.gpu_nodes in ctx.record.resources else None}
 
     async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
         api = await cluster_api(ctx)

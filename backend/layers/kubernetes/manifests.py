@@ -313,11 +313,12 @@ def idle_scaling(config: RunConfig, spec: Manifest) -> Manifest:
 
 
 def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = None,
-               efa_interfaces: int = 1) -> Manifest:
+               efa_interfaces: int = 1, service_account: str | None = None) -> Manifest:
     """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers, each asking
-    for its node's ``efa_interfaces``; idle workers go when ``--idle-minutes`` says so."""
+    for its node's ``efa_interfaces``; idle workers go when ``--idle-minutes`` says so. With
+    ``service_account`` every Ray pod runs as it (its AWS role for the run's data, on aws)."""
     image = pinned_image(config.image, image_digest)
-    return with_job_env_mount(config, with_token_auth(config, {
+    return with_service_account(service_account, with_job_env_mount(config, with_token_auth(config, {
         "apiVersion": RAYCLUSTER_API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": config.cluster_name, "namespace": config.namespace, "labels": labels(run_id)},
@@ -326,7 +327,16 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
             "headGroupSpec": _head_group(config, run_id, image),
             "workerGroupSpecs": [_worker_group(config, run_id, image, efa_interfaces)],
         }),
-    }))
+    })))
+
+
+def with_service_account(name: str | None, cluster: Manifest) -> Manifest:
+    """The head's and every worker's pods run as ``name`` (None: the namespace's default account)."""
+    if name:
+        spec = cluster["spec"]
+        for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+            group["template"]["spec"]["serviceAccountName"] = name
+    return cluster
 
 
 def manifests(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> list[Manifest]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import OperationError, UserError
@@ -37,6 +37,7 @@ from backend.layers.kubernetes.handlers import (
     wait_established,
 )
 from backend.layers.kubernetes.security import JOB_ENV, NETWORK_POLICY, RAY_TOKEN
+from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -91,8 +92,9 @@ async def pod_report(api: KubeApi, namespace: str, pod_list: list[Manifest]) -> 
 class Unscheduled:
     """How long the pods have been unschedulable without a break, and whether that is long enough to stop."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.since: float | None = None
+        self.clock = clock
 
     def fatal(self, problem: pods.PodProblem | None) -> str | None:
         """The line to fail with: the problem if fatal in itself, or unscheduled past the deadline."""
@@ -101,7 +103,7 @@ class Unscheduled:
         if problem is None or not problem.unscheduled:
             self.since = None
             return None
-        now = time.monotonic()
+        now = self.clock()
         self.since = now if self.since is None else self.since
         waited = now - self.since
         if waited < UNSCHEDULABLE_TIMEOUT_S:
@@ -178,7 +180,8 @@ class RayClusterHandler(KubeHandler):
 
     def manifest(self, ctx: Context, want: Resource) -> Manifest:
         obj = manifests.raycluster(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"),
-                                   efa_interfaces=int(want.spec.get("efa_interfaces") or 1))
+                                   efa_interfaces=int(want.spec.get("efa_interfaces") or 1),
+                                   service_account=want.spec.get("service_account"))
         obj["metadata"]["annotations"] = {SPEC_ANNOTATION: json.dumps(want.spec, sort_keys=True)}
         return obj
 
@@ -194,7 +197,7 @@ class RayClusterHandler(KubeHandler):
         ready = any(pods.pod_ready(p) for p in heads)
         # Teardown order: everything the pods used outlives them (job, RayCluster; then the rest).
         return Observed(address=RAYCLUSTER, layer=LAYER, kind=self.kind, id=object_id(live), state=state,
-                        depends_on=(NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR,
+                        depends_on=(NAMESPACE, SERVICE_ACCOUNT, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR,
                                     NVIDIA_PLUGIN, EFA_PLUGIN, PREPULL),
                         healthy=ready,
                         reason="head ready" if ready else "head not ready")

@@ -1,0 +1,59 @@
+"""The Ray pods' own ServiceAccount, where the cluster below gives it AWS credentials (issue 25).
+
+On the aws target the Ray head and workers write the run's checkpoints and model to S3. EKS Pod
+Identity hands credentials to the pods of one service account (the aws layer's association names
+it, with a role scoped to the run's prefix): rtui makes that account in the run's namespace and the
+RayCluster's pods run as it. Its token is not mounted: Pod Identity injects its own credentials
+(EKS User Guide, "Understand how EKS Pod Identity works": the agent serves them to the pods through
+AWS_CONTAINER_CREDENTIALS_FULL_URI and a projected token of its own), and Ray needs no access to the
+Kubernetes API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from backend.layers.base import Context
+from backend.layers.kubernetes import manifests
+from backend.layers.kubernetes.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
+from backend.model import Observed, Resource
+from backend.runner import Progress
+
+if TYPE_CHECKING:
+    from backend.layers.kubernetes.access import KubeApi
+
+SERVICE_ACCOUNT = "k8s.serviceaccount.ray"
+
+
+def service_account(namespace: str, name: str, run_id: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+            "metadata": {"name": name, "namespace": namespace, "labels": manifests.labels(run_id)}}
+
+
+class ServiceAccountHandler(KubeHandler):
+    kind = "k8s-serviceaccount"
+    title = "Create the Ray pods' service account (their AWS role comes through it)"
+    expected_s = 1.0
+
+    async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        # Any account of the namespace labelled with this run (the name is the stack's to choose).
+        live = next((a for a in await api.list("v1", "ServiceAccount", ctx.config.namespace)
+                     if ours(a, ctx.record.run_id)), None)
+        if live is None:
+            return None
+        name = str(live["metadata"]["name"])
+        return Observed(address=SERVICE_ACCOUNT, layer=LAYER, kind=self.kind, id=f"{ctx.config.namespace}/{name}",
+                        state={"name": name}, depends_on=(NAMESPACE,), reason="exists")
+
+    async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        obj = service_account(ctx.config.namespace, str(want.spec["name"]), ctx.record.run_id)
+        await self.api(ctx).apply(obj)
+        ctx.ledger.update(want.address, id=object_id(obj))
+        yield Progress(f"service account {object_id(obj)}", 1.0)
+
+    async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        name = have.id.split("/", 1)[1]
+        async for p in delete_ours(self.api(ctx), ctx, [service_account(ctx.config.namespace, name,
+                                                                        ctx.record.run_id)]):
+            yield p

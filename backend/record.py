@@ -1,0 +1,371 @@
+"""The run record, typed end to end: what ``RunStore`` keeps of a run between rtui processes.
+
+The record is the memory that lets ``rtui --resume`` and ``rtui down`` work after a crash: the
+config the run was applied with (a ``RunConfig``), the plan (a ``Plan``), step states, the ledger
+of resources, job submissions, the last telemetry snapshot and the facts a layer decided once
+(``RunFacts``). It never holds a secret. Records written by an older rtui are brought to
+``SCHEMA_VERSION`` by ``migrate``, one version at a time (``tests/data/records`` holds samples).
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+
+from backend.config import RunConfig
+from backend.ledger import ResourceRecord
+from backend.model import Leftover, Plan
+
+# 3: config, plan, telemetry and facts are typed; teardown steps have their own map (2 prefixed their
+#    ids with "teardown:"); steps and resources carry their layer.
+# 2: ``resources`` is the ledger, {address: ResourceRecord}; 1 had an untyped dict.
+SCHEMA_VERSION = 3
+
+
+class RunStatus(StrEnum):
+    PLANNED = "planned"
+    APPLYING = "applying"
+    UP = "up"
+    FAILED = "failed"
+    TEARING_DOWN = "tearing_down"
+    DOWN = "down"
+
+
+ACTIVE_STATUSES = frozenset({RunStatus.PLANNED, RunStatus.APPLYING, RunStatus.UP, RunStatus.FAILED,
+                             RunStatus.TEARING_DOWN})
+
+
+class StepStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+class StepState(BaseModel):
+    status: StepStatus = StepStatus.PENDING
+    title: str = ""
+    # The layer whose resource the step works on; "" for a step of no layer (the job's follow, the sweep).
+    layer: str = ""
+    attempts: int = 0
+    started_at: float | None = None
+    ended_at: float | None = None
+    message: str = ""
+    error: str | None = None
+    remedy: str | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.ended_at or time.time()) - self.started_at
+
+
+class JobState(StrEnum):
+    """A Ray job's status, as the Jobs API names it."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+
+
+# --- telemetry, as the record keeps it (backend.telemetry.Telemetry.snapshot) ---------------------
+class TransportRecord(BaseModel):
+    """The NCCL transport verdict (``training.logparse.verdict.Verdict.to_dict``)."""
+
+    transport: str = "unknown"
+    basis: str | None = None
+    label: str = ""
+    reason: str = ""
+    nccl_version: str | None = None
+    plugin: str | None = None
+    plugin_version: str | None = None
+    provider: str | None = None
+    network: str | None = None
+    nodes: int | None = None
+    nodes_basis: str | None = None
+    ranks: int | None = None
+    hosts: dict[str, str] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+    evidence: list[str] = Field(default_factory=list)
+    decided_by: list[str] = Field(default_factory=list)
+
+
+class MetricRecord(BaseModel):
+    """One training step (``backend.telemetry.MetricPoint``)."""
+
+    step: int | None = None
+    ts: float | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    steps_per_s: float | None = None
+    step_time_s: float | None = None
+    mfu: float | None = None
+
+
+class MetricsRecord(BaseModel):
+    records: int = 0
+    latest: MetricRecord | None = None
+    points: list[MetricRecord] = Field(default_factory=list)
+    # The training program's RTUI_SUMMARY line, as it wrote it (its keys are that program's).
+    summary: dict[str, JsonValue] | None = None
+
+
+class SpoolPosition(BaseModel):
+    path: str | None = None
+    offset: int = 0
+
+
+class TelemetrySnapshot(BaseModel):
+    """What the record keeps of a job's telemetry (the spool, not this, is the source of truth)."""
+
+    lines: int = 0
+    transport: TransportRecord = Field(default_factory=TransportRecord)
+    metrics: MetricsRecord = Field(default_factory=MetricsRecord)
+    spool: SpoolPosition = Field(default_factory=SpoolPosition)
+
+
+# --- facts: what a layer decided once and keeps across plans --------------------------------------
+class StoppedWhileIdle(BaseModel):
+    """The local cluster stopped itself after ``idle_s`` without a job (issue 26)."""
+
+    at: float
+    idle_s: float
+    dir: str | None = None
+
+
+class AzMove(BaseModel):
+    """The GPU nodes moved AZ after a capacity failure."""
+
+    from_az: str
+    to: str
+    why: str
+    at: float
+
+
+class ReservationFact(BaseModel):
+    """The capacity reservation the GPU nodes use."""
+
+    az: str
+    id: str | None = None
+    kind: str | None = None
+    placement_group: str | None = None
+
+
+class RunFacts(BaseModel):
+    """What a layer decided once and keeps across plans (the AZs an aws run chose, why it moved)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Every target
+    sweep: list[Leftover] | None = None  # what the last orphan sweep still found (None: no sweep yet)
+    stopped_while_idle: StoppedWhileIdle | None = None  # local
+    # aws
+    api_cidrs: list[str] = Field(default_factory=list)  # the caller's public address, learned once
+    create_attempts: dict[str, int] = Field(default_factory=dict)  # per address: its idempotency tokens
+    gpu_az: str | None = None
+    network_azs: list[str] = Field(default_factory=list)
+    system_disk_gb: int | None = None
+    reservation: ReservationFact | None = None
+    failed_azs: list[str] = Field(default_factory=list)
+    az_moves: list[AzMove] = Field(default_factory=list)
+    data_bucket: str | None = None  # the run's own S3 bucket (no --storage-path), named once the plan settled it
+    # Where a layer put the run's data when the user named no --storage-path (the aws layer's bucket,
+    # ``s3://<bucket>/runs``): read by the job and `rtui model/status/down`.
+    storage_path: str | None = None
+    # An installed target's own facts (targets outside this package: their keys are theirs to name).
+    target_facts: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class JobRecord(BaseModel):
+    """One submission of the run's job. Each job has its own log spool and telemetry snapshot;
+    a record written before that (``spool_path`` None) shares the run's spool."""
+
+    submission_id: str
+    submitted_at: float
+    spec_hash: str
+    status: JobState = JobState.PENDING
+    message: str = ""
+    ended_at: float | None = None
+    spool_path: str | None = None
+    telemetry: TelemetrySnapshot | None = None
+
+
+class RejectedConfig(BaseModel):
+    """A recorded config this rtui does not accept (a field it no longer has, a bound it tightened):
+    kept as written, beside the defaults the run falls back to, so ``down`` still works and nothing is lost."""
+
+    written: dict[str, JsonValue]
+    reason: str
+
+
+class RunRecord(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    created_at: float
+    updated_at: float
+    target: str
+    cluster_name: str
+    status: RunStatus = RunStatus.PLANNED
+    config: RunConfig
+    rejected_config: RejectedConfig | None = None
+    plan: Plan | None = None
+    steps: dict[str, StepState] = Field(default_factory=dict)  # the apply's, by step id (the change's address)
+    teardown_steps: dict[str, StepState] = Field(default_factory=dict)  # the last teardown's, by step id
+    resources: dict[str, ResourceRecord] = Field(default_factory=dict)
+    jobs: list[JobRecord] = Field(default_factory=list)
+    spool_path: str
+    telemetry: TelemetrySnapshot | None = None
+    facts: RunFacts = Field(default_factory=RunFacts)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_a_rejected_config(cls, data: Any) -> Any:
+        """A config this rtui rejects does not make the record unreadable: the run keeps its target and
+        cluster name (what teardown needs) and the config as written, with why it was refused."""
+        if not isinstance(data, dict) or isinstance(data.get("config"), RunConfig):
+            return data
+        written = data.get("config")
+        if not isinstance(written, dict):
+            return data
+        try:
+            RunConfig.model_validate(written)
+        except ValidationError as exc:
+            fallback: dict[str, Any] = {"target": data.get("target"), "cluster_name": data.get("cluster_name")}
+            try:
+                config = RunConfig.model_validate(fallback)
+            except ValidationError:  # its target is not installed now: kept unchecked, so the run is still
+                config = RunConfig.model_construct(**fallback)  # listed and refused in one line when opened
+            return {**data, "config": config, "rejected_config": {"written": written, "reason": _first_error(exc)}}
+        return data
+
+    def use_config(self, config: RunConfig) -> None:
+        """The run goes on with ``config`` (applied or reconfigured): a rejected one is history."""
+        self.config = config
+        self.rejected_config = None
+
+    @property
+    def current_job(self) -> JobRecord | None:
+        return self.jobs[-1] if self.jobs else None
+
+    def job(self, number: int | None = None) -> JobRecord | None:
+        """Job ``number`` (1 is the first submission), or the current one when None."""
+        if number is None:
+            return self.current_job
+        return self.jobs[number - 1] if 1 <= number <= len(self.jobs) else None
+
+    def job_spool_path(self, job: JobRecord | None = None) -> str:
+        """Where a job's log is spooled: its own file; the run's first spool for none yet or an old record."""
+        job = job if job is not None else self.current_job
+        return job.spool_path if job is not None and job.spool_path else self.spool_path
+
+    def next_job_spool_path(self) -> str:
+        """The spool of the job about to be submitted: the first keeps the run's spool path, each
+        later one a file of its own in the run's folder beside it (no run id can name that folder's files)."""
+        if not self.jobs:
+            return self.spool_path
+        base = Path(self.spool_path)
+        return str(base.parent / self.run_id / f"job-{len(self.jobs) + 1}.log")
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{where}: {first.get('msg', '')}"[:160]
+
+
+# --- migration ------------------------------------------------------------------------------------
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older record to SCHEMA_VERSION, one version at a time."""
+    if data.get("schema_version") == 1:
+        data = _v1_to_v2(data)
+    if data.get("schema_version") == 2:
+        data = _v2_to_v3(data)
+    return data
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 kept the local cluster's facts loose in ``resources``; v2 keeps them per address."""
+    old = data.get("resources") or {}
+    ledger: dict[str, Any] = {}
+    now = data.get("updated_at") or time.time()
+    if isinstance(old, dict) and old.get("temp_dir"):
+        outputs = {k: old[k] for k in ("ports", "gcs_address", "dashboard_url", "shape", "head_log", "head")
+                   if k in old}
+        alive = bool(old.get("head"))
+        ledger["local.ray-head"] = {"kind": "ray-head", "id": old["temp_dir"],
+                                    "status": "ready" if alive else "deleted", "outputs": outputs,
+                                    "created_at": data.get("created_at", now), "updated_at": now}
+        for i, worker in enumerate(old.get("workers") or []):
+            ledger[f"local.ray-worker.{i}"] = {"kind": "ray-worker", "id": old["temp_dir"], "status": "ready",
+                                               "outputs": {"proc": worker}, "created_at": now, "updated_at": now}
+    jobs = data.get("jobs") or []
+    if jobs and isinstance(jobs[-1], dict) and jobs[-1].get("submission_id"):
+        ledger["ray.job.train"] = {"kind": "ray-job", "id": jobs[-1]["submission_id"], "status": "ready",
+                                   "outputs": {"spec_hash": jobs[-1].get("spec_hash")},
+                                   "created_at": jobs[-1].get("submitted_at", now), "updated_at": now}
+    return {**data, "resources": ledger, "schema_version": 2}
+
+
+# The layer of each address prefix rtui 2 wrote (only to give old steps and resources their layer: an
+# address's layer is never read from its name otherwise).
+_V2_LAYERS = {"aws": "aws", "k8s": "kubernetes", "local": "local-ray", "ray": "ray-job"}
+_TEARDOWN_PREFIX_V2 = "teardown:"
+
+
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v2: teardown step ids prefixed "teardown:" in ``steps``; no layer on steps or resources; the
+    telemetry snapshot's version under "schema"; an AZ move's origin under "from"."""
+    plan = data.get("plan") if isinstance(data.get("plan"), dict) else None
+    layer_of = {c.get("address"): c.get("layer") for c in (plan or {}).get("changes") or [] if isinstance(c, dict)}
+
+    def layer(address: str) -> str:
+        """The plan's word for it, else the layer rtui 2 named by that prefix; "" for "sweep", "run"."""
+        if "." not in address:
+            return ""
+        return str(layer_of.get(address) or _V2_LAYERS.get(address.split(".", 1)[0], ""))
+
+    steps: dict[str, Any] = {}
+    teardown: dict[str, Any] = {}
+    for sid, state in (data.get("steps") or {}).items():
+        into, step_id = (teardown, sid.removeprefix(_TEARDOWN_PREFIX_V2)) if sid.startswith(_TEARDOWN_PREFIX_V2) \
+            else (steps, sid)
+        into[step_id] = {**state, "layer": layer(step_id)} if isinstance(state, dict) else state
+    resources = {address: {**entry, "layer": layer(address)} if isinstance(entry, dict) else entry
+                 for address, entry in (data.get("resources") or {}).items()}
+    facts = dict(data.get("facts") or {})
+    if isinstance(facts.get("az_moves"), list):
+        facts["az_moves"] = [_renamed(m, "from", "from_az") for m in facts["az_moves"]]
+    jobs = [{**j, "telemetry": _telemetry_v3(j.get("telemetry"))} if isinstance(j, dict) else j
+            for j in data.get("jobs") or []]
+    return {**data, "steps": steps, "teardown_steps": teardown, "resources": resources, "facts": facts,
+            "jobs": jobs, "telemetry": _telemetry_v3(data.get("telemetry")), "schema_version": 3}
+
+
+def _renamed(item: Any, old: str, new: str) -> Any:
+    if not isinstance(item, dict) or old not in item:
+        return item
+    return {new if k == old else k: v for k, v in item.items()}
+
+
+def _telemetry_v3(snapshot: Any) -> Any:
+    """v2's snapshot carried its own version (``schema``: 1); the record's version now covers it."""
+    if isinstance(snapshot, dict) and snapshot.get("schema") == 1:
+        return {k: v for k, v in snapshot.items() if k != "schema"}
+    return snapshot

@@ -1,0 +1,83 @@
+"""The aws target: a new EKS cluster with EFA GPU nodes in one AZ (DESIGN.md §3).
+
+Layers: ``backend.layers.aws`` (network, IAM, EKS, nodegroups), then the kubernetes layer (shared
+with the kube target: this target hands it the addresses of what the aws layer makes) and the
+ray-job layer. Read-only AWS (preflight matrix, pricing, quotas) is ``backend.aws``. The first
+screen's panel, the region/AZ feasibility matrix, is ``targets.aws.panel``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TextIO
+
+from targets import Defaults, Target
+from targets.kube import CLUSTER_FIELDS, gpu_cluster_defaults
+
+if TYPE_CHECKING:
+    from backend.config import RunConfig
+    from backend.errors import NoCapacity
+    from backend.planner import Stack
+    from backend.session import RunSession
+
+
+class AwsTarget(Target):
+    name = "aws"
+    label = "AWS — new EKS cluster with EFA GPU nodes, in an AZ preflight checks"
+    costs_money = True
+    has_kubernetes = True
+    has_feasibility = True
+    own_fields = CLUSTER_FIELDS | {"region", "availability_zone", "profile", "kubernetes_version", "vpc_id",
+                                   "private_subnet_ids", "api_cidrs", "system_node_type", "system_node_count"}
+    panel = "targets.aws.panel:MatrixPanel"
+
+    def stack(self, config: RunConfig) -> Stack:
+        from backend.layers.aws.base import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
+        from backend.layers.aws.iam import DATA_IDENTITY
+        from backend.layers.aws.layer import AwsLayer
+        from backend.layers.kubernetes.layer import Below, KubernetesLayer
+        from backend.layers.ray_job import RayJobLayer
+        from backend.planner import Stack
+
+        below = Below(api_ready=KUBECONFIG, system_nodes=SYSTEM_NODES, gpu_nodes=GPU_NODES,
+                      launch_template=LAUNCH_TEMPLATE,
+                      network_policy="enforced by the VPC CNI's network policy agent (the aws layer installs the "
+                                     "vpc-cni add-on with enableNetworkPolicy on)",
+                      # The run's data in S3: the Ray pods' account, its role by pod identity (issue 25).
+                      ray_service_account=DATA_IDENTITY.service_account, ray_identity=DATA_IDENTITY.address)
+        return Stack(self.name, [AwsLayer(), KubernetesLayer(below), RayJobLayer()])
+
+    def defaults(self, config: RunConfig) -> Defaults:
+        return gpu_cluster_defaults(config)
+
+    def where(self, config: RunConfig) -> str:
+        return config.availability_zone or config.region  # the AZ once chosen, else the region
+
+    async def tagged_runs(self, config: RunConfig) -> list[str]:
+        from backend.clients import Clients
+        from backend.layers.aws.api import AwsApi
+        from backend.layers.aws.sweep import runs_of_cluster
+
+        async with Clients() as clients:  # no session yet: the run found opens its own
+            api = clients.get(("aws", config.region, config.profile), lambda: AwsApi(config.region, config.profile))
+            return list(await runs_of_cluster(api, config.cluster_name))
+
+    def fail_over(self, session: RunSession, error: NoCapacity) -> str | None:
+        """The GPU nodes move to the next feasible AZ (``AwsLayer.fail_over`` keeps why in the record)."""
+        from backend.layers.aws.layer import AwsLayer
+
+        layer = next((x for x in session.stack.layers if isinstance(x, AwsLayer)), None)
+        if layer is None or layer.topology is None:
+            return None
+        old = error.az or layer.topology.gpu_az
+        new = layer.fail_over(session.ctx, old, error.message)
+        return None if new is None else f"{error.code} in {old}: moving the GPU nodes to {new}"
+
+    def feasibility(self, config: RunConfig, *, regions: list[str] | None, all_regions: bool,
+                    request_quota: bool, yes: bool, as_json: bool, out: TextIO) -> int | None:
+        from targets.aws.check import feasibility
+
+        return feasibility(config, regions=regions, all_regions=all_regions, request_quota=request_quota, yes=yes,
+                           as_json=as_json, out=out)
+
+    def storage_profile(self, config: RunConfig) -> str | None:
+        return config.profile

@@ -1,0 +1,32 @@
+"""`rtui check --target aws`: the region/AZ feasibility matrix, and the quota increase it may file."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+from backend.errors import UserError
+
+if TYPE_CHECKING:
+    from backend.config import RunConfig
+
+
+def feasibility(config: RunConfig, *, regions: list[str] | None, all_regions: bool, request_quota: bool,
+                yes: bool, as_json: bool, out: TextIO) -> int:
+    from backend.aws import PreflightRequest, check_command
+
+    request = PreflightRequest(
+        regions=regions, all_regions=all_regions,
+        gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
+        system_node_type=config.system_node_type, system_node_count=config.system_node_count,
+        profile=config.profile, default_region=config.region,
+        require_efa=config.wants_efa(),
+    )
+    if not request_quota:
+        return check_command(request, as_json=as_json, stdout=out, stderr=sys.stderr)
+    if not yes:
+        raise UserError("--request-quota-increase files a request with AWS and needs --yes",
+                        remedy="run `rtui check --target aws` first to see what is short")
+    from backend.aws.check_command import increase_quota_command
+
+    return increase_quota_command(request, as_json=as_json, stdout=out, stderr=sys.stderr)

@@ -1,0 +1,56 @@
+"""The kube target: an existing cluster from a kubeconfig (DESIGN.md §3).
+
+Layers: ``backend.layers.kubernetes`` (plugins, KubeRay, the RayCluster; shared with the aws
+target, which hands it the addresses of the cluster it made) and the ray-job layer. Nothing
+outside the namespace and the objects rtui labelled is ever deleted. The first screen's panel,
+the kubeconfig's contexts, is ``targets.kube.panel``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from targets import Defaults, Target
+
+if TYPE_CHECKING:
+    from backend.config import RunConfig
+    from backend.planner import Stack
+
+# The config fields every GPU cluster target reads (kube, aws).
+CLUSTER_FIELDS = frozenset({
+    "gpu_node_type", "gpu_node_count", "gpus_per_node", "namespace", "image", "kuberay_version", "ray_version",
+    "nvidia_device_plugin_version", "efa_device_plugin_version", "kuberay_crds", "hf_token", "model_id",
+    "model_revision", "operator_scope", "allow_unpinned", "addon_registry"})
+
+
+def gpu_cluster_defaults(config: RunConfig) -> Defaults:
+    """A GPU cluster's auto values: the hub model fine-tuned in bf16, one rank per GPU, EFA between nodes.
+
+    1e-5 fine-tunes a pretrained model. A kube cluster is used for what the seed does, EFA between GPU
+    nodes; one without EFA (another cloud, a lab) says so with --require-transport any."""
+    from backend.config import DEFAULT_MODEL_ID
+
+    return Defaults(batch_size=1, precision="bf16", learning_rate=1e-5, model_id=DEFAULT_MODEL_ID,
+                    workers=config.gpu_node_count * config.gpus_per_node, shard_size=config.gpus_per_node,
+                    require_transport="efa")
+
+
+class KubeTarget(Target):
+    name = "kube"
+    label = "Kubernetes — an existing cluster from kubeconfig"
+    has_kubernetes = True
+    own_fields = CLUSTER_FIELDS | {"kubeconfig", "context"}
+    panel = "targets.kube.panel:ContextPanel"
+
+    def stack(self, config: RunConfig) -> Stack:
+        from backend.layers.kubernetes.layer import KubernetesLayer
+        from backend.layers.ray_job import RayJobLayer
+        from backend.planner import Stack
+
+        return Stack(self.name, [KubernetesLayer(), RayJobLayer()])
+
+    def defaults(self, config: RunConfig) -> Defaults:
+        return gpu_cluster_defaults(config)
+
+    def where(self, config: RunConfig) -> str:
+        return config.context or ""  # the kubeconfig's context when one is named (else its current one)
