@@ -20,6 +20,7 @@ from backend.layers.aws.storage import BUCKET, bucket_name
 from backend.layers.kubernetes import manifests
 from backend.layers.kubernetes.handlers import RAYCLUSTER
 from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT
+from backend.ledger import ResourceStatus
 from backend.model import Action, EventKind, StepEvent
 from backend.session import RunSession
 from tests.aws.conftest import World
@@ -134,6 +135,8 @@ async def test_down_keeps_a_bucket_with_data_says_so_then_delete_data_removes_it
     kept = await down(session)
     assert kept.ok, kept.failures()  # the sweep does not count it as a leftover
     assert s3().head_bucket(Bucket=name)
+    kept_entry = session.record.resources[BUCKET]  # the record says it is still there, and why
+    assert kept_entry.status is ResourceStatus.READY and kept_entry.outputs["kept"].startswith("1 object, 4.1 kB")
     assert any(m.startswith(f"kept: {name} holds data (1 object, 4.1 kB") for m in step_messages(kept, BUCKET))
     sweep = " ".join(step_messages(kept, "sweep"))
     assert f"kept on purpose: S3 bucket {name}" in sweep, sweep
@@ -148,6 +151,7 @@ async def test_down_keeps_a_bucket_with_data_says_so_then_delete_data_removes_it
         s3().head_bucket(Bucket=name)
     assert missing.value.response["Error"]["Code"] == "404"
     assert kept_event(gone) is None
+    assert session.record.resources[BUCKET].status is ResourceStatus.DELETED
 
 
 async def test_an_empty_bucket_goes_with_down(world: World, kube_file: Path) -> None:

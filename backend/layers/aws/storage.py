@@ -27,6 +27,7 @@ from backend.errors import OperationError
 from backend.layers.aws.api import RUN_TAG, AwsApi, refuse_foreign, tags
 from backend.layers.aws.base import LAYER, AwsHandler
 from backend.layers.base import Context
+from backend.ledger import ResourceStatus
 from backend.model import Action, Leftover, Observed, Resource
 from backend.runner import Progress
 
@@ -122,6 +123,7 @@ class BucketHandler(AwsHandler):
                 "abort_incomplete_uploads_days": ABORT_INCOMPLETE_UPLOADS_DAYS}
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        # By name, also for a run whose record lost it (the name is the account's, the cluster's and the run's).
         name = await name_for(api, ctx)
         owner = await _owner_tags(api, name)
         if owner is None or owner.get(RUN_TAG) != ctx.record.run_id:
@@ -209,6 +211,7 @@ class BucketHandler(AwsHandler):
         name = have.id
         objects = await _objects(api, name)
         if objects and not ctx.delete_data:
+            ctx.ledger.update(have.address, status=ResourceStatus.READY, outputs={"kept": describe_holding(objects)})
             yield Progress(f"kept: {name} holds data ({describe_holding(objects)}); "
                            f"`rtui down {ctx.record.run_id} --delete-data --yes` deletes it", 1.0)
             return
