@@ -3,10 +3,14 @@
 On the aws target the Ray head and workers write the run's checkpoints and model to S3. EKS Pod
 Identity hands credentials to the pods of one service account (the aws layer's association names
 it, with a role scoped to the run's prefix): rtui makes that account in the run's namespace and the
-RayCluster's pods run as it. Its token is not mounted: Pod Identity injects its own credentials
-(EKS User Guide, "Understand how EKS Pod Identity works": the agent serves them to the pods through
-AWS_CONTAINER_CREDENTIALS_FULL_URI and a projected token of its own), and Ray needs no access to the
-Kubernetes API.
+RayCluster's pods run as it.
+
+Its Kubernetes token stays mounted (the default): with idle scaling on (issue 26) KubeRay's autoscaler
+sidecar in the head pod talks to the API server as the head pod's service account: KubeRay binds its
+autoscaler Role to the account the head pod names (ray-operator utils.GetHeadGroupServiceAccountName,
+used by reconcileAutoscalerRoleBinding), and expects a named account to exist. Pod Identity adds a
+projected token volume of its own for the AWS credentials (EKS User Guide, "Understand how EKS Pod
+Identity works"), independent of this one.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ SERVICE_ACCOUNT = "k8s.serviceaccount.ray"
 
 
 def service_account(namespace: str, name: str, run_id: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": name, "namespace": namespace, "labels": manifests.labels(run_id)}}
 
 
