@@ -56,3 +56,18 @@ async def test_another_runs_account_is_not_this_runs(kube_cluster: KubeCluster, 
     await api.apply(service_account(session.config.namespace, "rtui-ray", "r20260101-000000-0000"))
     assert await handler.observe(api, session.ctx) is None
     session.close()
+
+
+async def test_the_operators_account_of_this_run_is_not_the_ray_pods(kube_cluster: KubeCluster,
+                                                                     tmp_path: Path) -> None:
+    """The KubeRay operator's account carries the run's labels when it is scoped to the run's namespace
+    (addons.kuberay_operator): teardown of the Ray pods' account must never take it."""
+    session = session_for(tmp_path)
+    handler = ServiceAccountHandler()
+    api = handler.api(session.ctx)
+    await api.apply(manifests.namespace(session.config, session.run_id))
+    await api.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
+        "name": "kuberay-operator", "namespace": session.config.namespace,
+        "labels": manifests.labels(session.run_id)}})
+    assert await handler.observe(api, session.ctx) is None
+    session.close()

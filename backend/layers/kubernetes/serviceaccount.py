@@ -28,11 +28,16 @@ if TYPE_CHECKING:
     from backend.layers.kubernetes.access import KubeApi
 
 SERVICE_ACCOUNT = "k8s.serviceaccount.ray"
+# Which of the run's accounts in the namespace is the Ray pods' (the KubeRay operator's carries the
+# run's labels too, when it is scoped to the run's namespace).
+PURPOSE_LABEL = "rtui.dev/purpose"
+PURPOSE = "ray-pods"
 
 
 def service_account(namespace: str, name: str, run_id: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": name, "namespace": namespace, "labels": manifests.labels(run_id)}}
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {**manifests.labels(run_id), PURPOSE_LABEL: PURPOSE}}}
 
 
 class ServiceAccountHandler(KubeHandler):
@@ -41,9 +46,10 @@ class ServiceAccountHandler(KubeHandler):
     expected_s = 1.0
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        # Any account of the namespace labelled with this run (the name is the stack's to choose).
+        # The account of the namespace labelled as this run's Ray pods' (its name is the stack's to choose).
         live = next((a for a in await api.list("v1", "ServiceAccount", ctx.config.namespace)
-                     if ours(a, ctx.record.run_id)), None)
+                     if ours(a, ctx.record.run_id)
+                     and (a["metadata"].get("labels") or {}).get(PURPOSE_LABEL) == PURPOSE), None)
         if live is None:
             return None
         name = str(live["metadata"]["name"])
