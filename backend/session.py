@@ -380,7 +380,8 @@ class RunSession:
         storage = effective_storage_path(self.config.storage_path, self.record.facts.storage_path)
         if not storage:
             return self.target.data_store(self.store.root, self.run_id)
-        return data_store_for(storage, self.run_id, local_default=None, profile=self.config.profile)
+        return data_store_for(storage, self.run_id, local_default=None, profile=self.config.profile,
+                              own_bucket=not self.config.storage_path)
 
     async def gpu_fleet(self) -> dict[str, Any] | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:
