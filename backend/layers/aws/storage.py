@@ -167,11 +167,17 @@ class BucketHandler(AwsHandler):
         # with 200 OK (S3 API reference, CreateBucket: BucketAlreadyOwnedByYou is for the other regions),
         # so a 200 does not say the bucket is new, nor ours.
         owner = await _owner_tags(api, name)
-        recorded = ctx.ledger.get(want.address)
-        ours_untagged = owner == {} and recorded is not None and recorded.id == name  # made, then a crash
+        # Made, then a crash before its tags: HeadBucket answered (so it is this account's: another
+        # account's bucket answers 403), it has no tags at all, and this run has called CreateBucket for
+        # it before (counted in the record just before the call, below, after looking and finding none;
+        # the ledger's entry starts afresh with each attempt, so it cannot say).
+        ours_untagged = owner == {} and ctx.record.facts.create_attempts.get(want.address, 0) > 0
         if owner is not None and owner.get(RUN_TAG) != ctx.record.run_id and not ours_untagged:
             refuse_foreign("S3 bucket", name, owner, ctx.record.run_id)
         if owner is None:
+            attempts = ctx.record.facts.create_attempts
+            attempts[want.address] = attempts.get(want.address, 0) + 1
+            ctx.save()  # before the call: a crash after it is healed above
             made = await api.call("s3", "create_bucket", Bucket=name,
                                   ok=("BucketAlreadyOwnedByYou", "BucketAlreadyExists"), **where)
             if made is None:  # made by someone else since we looked
