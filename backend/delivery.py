@@ -117,6 +117,12 @@ class LocalDirStore:
 S3_STANDARD_PER_GIB_MONTH = 0.023
 
 
+def effective_storage_path(storage_path: str | None, made: str | None) -> str | None:
+    """``--storage-path``, else the storage a layer of the run made for it (``RunFacts.storage_path``),
+    else None."""
+    return storage_path or made or None
+
+
 def run_storage_uri(storage_path: str, run_id: str) -> str:
     """Where one run's checkpoints and models go under the user's ``--storage-path``: its own prefix."""
     return f"{storage_path.rstrip('/')}/{run_id}"
@@ -129,10 +135,13 @@ class S3Store:
     A model directory there is complete when its ``rtui_model.json`` exists and every file it lists is
     there: the training program uploads the marker last (``training.export.upload_dir``)."""
 
-    def __init__(self, uri: str, profile: str | None = None) -> None:
+    def __init__(self, uri: str, profile: str | None = None, *, bucket_goes_with_data: bool = False) -> None:
         self.uri = uri.rstrip("/")
         self.bucket, self.prefix = split_s3(self.uri)
         self.profile = profile
+        # The run's own bucket (aws, no --storage-path) is deleted with its data: gone, it holds nothing.
+        # A user's bucket that is missing is an error to show (a typo, another account).
+        self.bucket_goes_with_data = bucket_goes_with_data
         self._s3: Any = None
 
     def _client(self) -> Any:
@@ -164,10 +173,18 @@ class S3Store:
         base = f"{self.prefix}/" if self.prefix else ""
 
         def listing() -> dict[str, tuple[int, float]]:  # pages: one call a thousand keys
+            # lazy: botocore only for s3:// storage
+            from botocore.exceptions import ClientError
+
             found = {}
-            for page in self._client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
-                for obj in page.get("Contents", []):
-                    found[obj["Key"][len(base):]] = (int(obj["Size"]), obj["LastModified"].timestamp())
+            try:
+                for page in self._client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+                    for obj in page.get("Contents", []):
+                        found[obj["Key"][len(base):]] = (int(obj["Size"]), obj["LastModified"].timestamp())
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "NoSuchBucket" or not self.bucket_goes_with_data:
+                    raise
+                return {}  # the run's own bucket went with `down --delete-data`: it holds nothing
             return found
 
         return dict(self._call("listing", listing))
@@ -254,12 +271,13 @@ class S3Store:
 
 
 def data_store_for(storage_path: str | None, run_id: str, *, local_default: Path | None,
-                   profile: str | None = None) -> DataStore | None:
-    """The store of one run: its prefix under ``--storage-path`` when given, else ``local_default``."""
+                   profile: str | None = None, own_bucket: bool = False) -> DataStore | None:
+    """The store of one run: its prefix under ``--storage-path`` when given, else ``local_default``.
+    ``own_bucket``: the path is in a bucket the run made (and deletes with its data)."""
     if storage_path:
         uri = run_storage_uri(storage_path, run_id)
         if uri.startswith("s3://"):
-            return S3Store(uri, profile)
+            return S3Store(uri, profile, bucket_goes_with_data=own_bucket)
         if "://" not in uri:
             return LocalDirStore(Path(uri).expanduser())
         return None  # gs://, abfs://, hdfs://: written by the job, not fetched by rtui yet

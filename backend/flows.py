@@ -336,6 +336,7 @@ async def down(session: RunSession, *, delete_data: bool = False) -> AsyncIterat
     """Tear down everything discovery finds of this run, in reverse dependency order; then the run's
     data (checkpoints, models): kept and listed with its size, deleted only when ``delete_data``."""
     with session.changing():
+        session.ctx.delete_data = delete_data  # a store the run made for its data goes with it then
         async for event in session.teardown():
             yield event
         async for event in data_after_down(session, delete_data):

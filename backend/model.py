@@ -209,6 +209,7 @@ class Leftover:
     state: str = ""
     cost_per_hour: float = 0.0
     price_source: str = ""  # where cost_per_hour comes from ("estimate, us-east-1 prices", ...)
+    kept: bool = False  # the run's data, kept on purpose (until `down --delete-data`): not a leftover
 
     def describe(self) -> str:
         cost = f", ${self.cost_per_hour:.3f}/h" if self.cost_per_hour else ""

@@ -215,7 +215,10 @@ async def _delete(handler: Handler, ctx: Context, have: Observed) -> AsyncIterat
         ctx.ledger.update(have.address, status=ResourceStatus.DELETING, id=have.id)
     async for update in handler.delete(ctx, have):
         yield update
-    ctx.ledger.update(have.address, status=ResourceStatus.DELETED)
+    # A handler that keeps what it was asked to delete (the run's data, until --delete-data) marks it
+    # READY again: the record then says it is still there.
+    if (entry := ctx.ledger.get(have.address)) is None or entry.status is ResourceStatus.DELETING:
+        ctx.ledger.update(have.address, status=ResourceStatus.DELETED)
 
 
 def teardown_steps(stack: Stack, ctx: Context, observed: Sequence[Observed]) -> list[Step]:

@@ -181,6 +181,10 @@ class RunFacts(BaseModel):
     reservation: ReservationFact | None = None
     failed_azs: list[str] = Field(default_factory=list)
     az_moves: list[AzMove] = Field(default_factory=list)
+    data_bucket: str | None = None  # the run's own S3 bucket (no --storage-path), named once the plan settled it
+    # Where a layer put the run's data when the user named no --storage-path (the aws layer's bucket,
+    # ``s3://<bucket>/runs``): read by the job and `rtui model/status/down`.
+    storage_path: str | None = None
     # An installed target's own facts (targets outside this package: their keys are theirs to name).
     target_facts: dict[str, JsonValue] = Field(default_factory=dict)
 

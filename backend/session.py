@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import targets
 from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
-from backend.delivery import DataStore, data_store_for, model_summary
+from backend.delivery import DataStore, data_store_for, effective_storage_path, model_summary
 from backend.errors import OperationError, UserError
 from backend.layers.base import Context, GpuFleetReporter, NodeHistory
 from backend.model import StepEvent
@@ -276,18 +276,21 @@ class RunSession:
 
         async def look() -> AsyncIterator[Progress]:
             yield Progress("asking AWS for anything still tagged with this run")
-            left = [item for layer in layers for item in await layer.sweep(self.ctx)]
-            self.record.facts.sweep = left
+            found = [item for layer in layers for item in await layer.sweep(self.ctx)]
+            self.record.facts.sweep = found
             self.store.save(self.record)
+            kept = [item for item in found if item.kept]  # the run's data: kept on purpose, not a leftover
+            left = [item for item in found if not item.kept]
+            kept_note = "; kept on purpose: " + "; ".join(item.describe() for item in kept) if kept else ""
             if left:
                 cost = sum(item.cost_per_hour for item in left)
                 sources = "; ".join(dict.fromkeys(i.price_source for i in left if i.cost_per_hour and i.price_source))
                 raise OperationError(f"{len(left)} resources of this run are still there (${cost:.3f}/h"
                                      + (f", {sources}" if sources else "") + "): "
                                      + "; ".join(item.describe() for item in left[:8])
-                                     + (f"; +{len(left) - 8} more" if len(left) > 8 else ""),
-                                     remedy="run `rtui down` again; what it cannot delete is named above")
-            yield Progress("nothing left: no resource of this run is tagged in AWS", 1.0)
+                                     + (f"; +{len(left) - 8} more" if len(left) > 8 else "")
+                                     + kept_note, remedy="run `rtui down` again; what it cannot delete is named above")
+            yield Progress("nothing left: no resource of this run is tagged in AWS" + kept_note, 1.0)
 
         status = self.record.status
         async for event in self._run([Step("sweep", "Orphan sweep", look, expected_s=5.0)],
@@ -375,9 +378,11 @@ class RunSession:
         """Where this run's checkpoints and model live: its own prefix under ``--storage-path`` when
         one is given, else the target's own place (local: a 0700 dir under the state dir, kept after
         `down`); None where the target keeps nothing rtui can reach."""
-        if not self.config.storage_path:
+        storage = effective_storage_path(self.config.storage_path, self.record.facts.storage_path)
+        if not storage:
             return self.target.data_store(self.store.root, self.run_id, self.config)
-        return data_store_for(self.config.storage_path, self.run_id, local_default=None, profile=self.config.profile)
+        return data_store_for(storage, self.run_id, local_default=None, profile=self.config.profile,
+                              own_bucket=not self.config.storage_path)
 
     async def node_hours(self, now: float | None = None) -> dict[str, float]:
         """Node-hours so far of each priced resource that may have run below its planned size, from

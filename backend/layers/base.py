@@ -96,6 +96,8 @@ class Context:
     store: RunStore
     cluster: ClusterAccess | None = None
     clients: Clients = field(default_factory=Clients)
+    # `down --delete-data`: the run's data goes too (a store the run made for it, e.g. its bucket, with it).
+    delete_data: bool = False
 
     @property
     def ledger(self) -> Ledger:

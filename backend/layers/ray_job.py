@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import ClassVar
 
 import targets
-from backend.delivery import check_storage_writable
+from backend.config import RunConfig
+from backend.delivery import check_storage_writable, effective_storage_path
 from backend.errors import OperationError, UserError
 from backend.hub import Revision, resolve_revision
 from backend.jobspec import build_job_spec, passed_env_values
@@ -63,7 +64,7 @@ class JobHandler(Handler):
         jobs = await _jobs(ctx)
         # The commit the plan resolved and showed, never the branch's newer head.
         revision = str(want.spec.get("model_revision") or "").split(" ", 1)[0] or None
-        spec = build_job_spec(ctx.config, revision, run_id=ctx.record.run_id)
+        spec = build_job_spec(_with_storage(ctx), revision, run_id=ctx.record.run_id)
         submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
         runtime_env = {**spec.runtime_env, "env_vars": {
             **spec.runtime_env.get("env_vars", {}), **_job_env(ctx),
@@ -125,7 +126,7 @@ class RayJobLayer(Layer):
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
         revision = self._revision(ctx)
-        spec = build_job_spec(ctx.config, revision.sha if revision else None, run_id=ctx.record.run_id)
+        spec = build_job_spec(_with_storage(ctx), revision.sha if revision else None, run_id=ctx.record.run_id)
         pinned = {"model_revision": f"{revision.sha} ({revision.asked})"} if revision else {}
         return [Resource(address=JOB, layer=self.name, kind="ray-job", cost_per_hour=0.0,
                          spec={**spec.summary(), **pinned, "spec_hash": spec.spec_hash},
@@ -177,6 +178,13 @@ async def _jobs(ctx: Context) -> RayJobs:
         raise OperationError("no Ray cluster of this run is up to take the job",
                              remedy="apply the whole plan (`rtui up --yes`)")
     return jobs
+
+
+def _with_storage(ctx: Context) -> RunConfig:
+    """The config the job is built from: ``--storage-path``, else the storage a layer below made for the
+    run (the aws layer's bucket, ``RunFacts.storage_path``)."""
+    storage = effective_storage_path(ctx.config.storage_path, ctx.record.facts.storage_path)
+    return ctx.config if storage == ctx.config.storage_path else ctx.config.model_copy(update={"storage_path": storage})
 
 
 def _job_env(ctx: Context) -> dict[str, str]:

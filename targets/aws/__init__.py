@@ -38,6 +38,7 @@ class AwsTarget(Target):
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.aws.access_scope import AccessScopeLayer
         from backend.layers.aws.base import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
+        from backend.layers.aws.iam import DATA_IDENTITY
         from backend.layers.aws.layer import AwsLayer
         from backend.layers.kubernetes.layer import Below, KubernetesLayer
         from backend.layers.ray_job import RayJobLayer
@@ -45,7 +46,9 @@ class AwsTarget(Target):
         below = Below(api_ready=KUBECONFIG, system_nodes=SYSTEM_NODES, gpu_nodes=GPU_NODES,
                       launch_template=LAUNCH_TEMPLATE,
                       network_policy="enforced by the VPC CNI's network policy agent (the aws layer installs the "
-                                     "vpc-cni add-on with enableNetworkPolicy on)")
+                                     "vpc-cni add-on with enableNetworkPolicy on)",
+                      # The run's data in S3: the Ray pods' account, its role by pod identity (issue 25).
+                      ray_service_account=DATA_IDENTITY.service_account, ray_identity=DATA_IDENTITY.address)
         # The access entry is narrowed (--access-scope namespace) after the kubernetes layer's installs.
         return Stack(self.name, [AwsLayer(), KubernetesLayer(below), AccessScopeLayer(), RayJobLayer()])
 

@@ -315,6 +315,14 @@ def _error(start_response: Any, service: str, code: str, message: str, status: i
             f"<RequestID>{uuid.uuid4()}</RequestID></Response>"
         ).encode()
         content_type = "text/xml"
+    elif service == "s3":
+        # S3 speaks rest-xml: an <Error> element at the top (S3 API Reference, "Error responses": "REST
+        # error responses"), never JSON, which botocore's S3 parser reads as a bare "400 Bad Request".
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            f"<Error><Code>{code}</Code><Message>{message}</Message><RequestId>{uuid.uuid4()}</RequestId></Error>"
+        ).encode()
+        content_type = "application/xml"
     elif service in QUERY_SERVICES:
         kind = "Receiver" if status >= 500 else "Sender"
         body = (
@@ -383,8 +391,10 @@ class FaultInjector:
         if code:
             return _error(start_response, service, code, f"scripted failure {code}", 400)
         if throttle:
-            code = "RequestLimitExceeded" if service == "ec2" else "ThrottlingException"
-            return _error(start_response, service, code, "Rate exceeded", 503 if service == "ec2" else 400)
+            # S3 throttles with 503 SlowDown, "Please reduce your request rate." (S3 API Reference,
+            # "Error responses", list of error codes).
+            code = {"ec2": "RequestLimitExceeded", "s3": "SlowDown"}.get(service, "ThrottlingException")
+            return _error(start_response, service, code, "Rate exceeded", 503 if service in ("ec2", "s3") else 400)
         if fault:
             if unavailable:
                 return _error(start_response, service, "ServiceUnavailable", "Service unavailable", 503)

@@ -42,7 +42,15 @@ from moto.iam.aws_managed_policies import aws_managed_policies_data
 from moto.iam.exceptions import MalformedPolicyDocument
 from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 
-from tests.aws import moto_activities, moto_asg, moto_provision_ec2, moto_reservations, moto_security, moto_strict
+from tests.aws import (
+    moto_activities,
+    moto_asg,
+    moto_provision_ec2,
+    moto_reservations,
+    moto_s3,
+    moto_security,
+    moto_strict,
+)
 from tests.aws import moto_provision_api as api
 from tests.aws.moto_ext import SCRIPT
 
@@ -545,6 +553,7 @@ def install_provisioning() -> Callable[[], None]:
     undo_ec2 = moto_provision_ec2.install(patch)
     moto_strict.install(patch)  # issue 20's rules, on top of the wrappers above
     moto_security.install(patch)  # issue 23's rules
+    moto_s3.install(patch)  # issue 25's: S3 bucket names
 
     def uninstall() -> None:
         undo_ec2()

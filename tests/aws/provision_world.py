@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
+from botocore.exceptions import ClientError
 
 from backend import flows
 from backend.config import resolve_config
@@ -106,7 +107,8 @@ def iam() -> Any:
 
 
 def tagged(run_id: str) -> Counter[str]:
-    """How many of each EC2 kind carry this run's tag (what `down` must leave at zero)."""
+    """How many of each EC2 kind (and IAM role, EKS object, S3 bucket) carry this run's tag (what `down`
+    must leave at zero)."""
     client = ec2()
     run = [{"Name": f"tag:{RUN_TAG}", "Values": [run_id]}]
     counts: Counter[str] = Counter()
@@ -132,6 +134,13 @@ def tagged(run_id: str) -> Counter[str]:
         counts["nodegroup"] += len(eks().list_nodegroups(clusterName=name)["nodegroups"])
         counts["addon"] += len(eks().list_addons(clusterName=name)["addons"])
         counts["access-entry"] += len(eks().list_access_entries(clusterName=name)["accessEntries"])
+    s3 = boto3.client("s3", region_name=REGION)
+    for bucket in s3.list_buckets()["Buckets"]:
+        try:
+            tag_set = s3.get_bucket_tagging(Bucket=bucket["Name"])["TagSet"]
+        except ClientError:  # NoSuchTagSet
+            continue
+        counts["s3-bucket"] += {"Key": RUN_TAG, "Value": run_id} in tag_set
     return +counts
 
 

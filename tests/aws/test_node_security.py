@@ -72,7 +72,8 @@ async def test_roles_hold_only_what_each_needs_and_the_cni_gets_its_permissions_
         f"rtui-{CLUSTER}-cluster": ["AmazonEKSClusterPolicy"],
         f"rtui-{CLUSTER}-nodes": ["AmazonEC2ContainerRegistryPullOnly", "AmazonEKSWorkerNodePolicy"],
         f"rtui-{CLUSTER}-pod-cni": ["AmazonEKS_CNI_Policy"],
-        f"rtui-{CLUSTER}-pod-cluster-autoscaler": []}  # its own policy, inline (test_node_autoscaler)
+        f"rtui-{CLUSTER}-pod-cluster-autoscaler": [],  # its own policy, inline (test_node_autoscaler)
+        f"rtui-{CLUSTER}-pod-ray-data": []}  # the run's S3 prefix, inline (test_run_bucket)
     account = boto3.client("sts", region_name=REGION).get_caller_identity()["Account"]
     cluster_arn = eks().describe_cluster(name=CLUSTER)["cluster"]["arn"]
     [pod] = roles[f"rtui-{CLUSTER}-pod-cni"]["trust"]
@@ -84,9 +85,10 @@ async def test_roles_hold_only_what_each_needs_and_the_cni_gets_its_permissions_
     [node] = roles[f"rtui-{CLUSTER}-nodes"]["trust"]
     assert node["Principal"] == {"Service": "ec2.amazonaws.com"} and "Condition" not in node
     associations = eks().list_pod_identity_associations(clusterName=CLUSTER)["associations"]
-    # aws-node's, and cluster-autoscaler's (idle GPU nodes go: test_node_autoscaler).
+    # aws-node's, cluster-autoscaler's (idle GPU nodes go: test_node_autoscaler) and the Ray pods' (the
+    # run's S3 data: test_run_bucket).
     assert sorted((a["namespace"], a["serviceAccount"]) for a in associations) == [
-        ("kube-system", "aws-node"), ("kube-system", "cluster-autoscaler")]
+        ("kube-system", "aws-node"), ("kube-system", "cluster-autoscaler"), ("rtui", "rtui-ray")]
     cni = next(a for a in associations if a["serviceAccount"] == "aws-node")
     association = eks().describe_pod_identity_association(
         clusterName=CLUSTER, associationId=cni["associationId"])["association"]

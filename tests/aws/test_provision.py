@@ -17,8 +17,8 @@ from tests.clock import FastClock
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 EXPECTED = {"vpc": 1, "subnet": 4, "internet-gateway": 1, "nat-gateway": 1, "elastic-ip": 1, "route-table": 2,
-            "security-group": 1, "launch-template": 2, "placement-group": 1, "iam-role": 4, "eks-cluster": 1,
-            "nodegroup": 2, "addon": 4, "access-entry": 1}
+            "security-group": 1, "launch-template": 2, "placement-group": 1, "iam-role": 5, "eks-cluster": 1,
+            "nodegroup": 2, "addon": 4, "access-entry": 1, "s3-bucket": 1}
 
 
 async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world: World, kube_file: Path) -> None:
@@ -75,9 +75,9 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
     roles = {r["RoleName"]: r for r in iam().list_roles(PathPrefix="/rtui/")["Roles"]}
     attached = {p["PolicyName"] for p in iam().list_attached_role_policies(RoleName="rtui-rtui-ray-nodes")[
         "AttachedPolicies"]}
-    # The CNI's and cluster-autoscaler's permissions are their own roles' (pod identity: test_node_security,
-    # test_node_autoscaler), not every pod's.
-    assert attached == {"AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly"} and len(roles) == 4
+    # The CNI's, cluster-autoscaler's and the Ray pods' S3 permissions are their own roles' (pod identity:
+    # test_node_security, test_node_autoscaler, test_run_bucket), not every pod's.
+    assert attached == {"AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly"} and len(roles) == 5
     assert kube_file.exists() and oct(kube_file.stat().st_mode & 0o777) == "0o600"
     assert "k8s-aws-v1" not in kube_file.read_text()  # an exec plugin, never a token
 

@@ -21,6 +21,7 @@ from backend.config import RunConfig
 from backend.layers.aws import node_autoscaler
 from backend.layers.aws.api import IAM_PATH, RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from backend.layers.aws.base import CLUSTER_ROLE, LAYER, NODE_ROLE, AwsHandler, Names
+from backend.layers.aws.storage import RAY_SERVICE_ACCOUNT, data_policy
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -44,14 +45,19 @@ class PodIdentity:
     service_account: str
     policies: tuple[str, ...]
     why: str = ""
-    # A policy of its own, inline in the role (cluster, run id, partition → document): for what no
-    # AWS managed policy scopes to one run.
-    inline: Callable[[str, str, str], dict[str, Any]] | None = None
-    # Whether a run plans it (default: always).
-    wanted: Callable[[RunConfig], bool] | None = None
+    # A policy of its own, inline in the role (cluster, run id, partition, the run's S3 data URI or None
+    # → document): for what no AWS managed policy scopes to one run.
+    inline: Callable[[str, str, str, str | None], dict[str, Any]] | None = None
+    # Whether a run plans it (config, the run's S3 data URI or None; default: always).
+    wanted: Callable[[RunConfig, str | None], bool] | None = None
+    # Its service account lives in the run's namespace (``--namespace``), not in ``namespace``.
+    in_run_namespace: bool = False
 
-    def planned(self, config: RunConfig) -> bool:
-        return self.wanted is None or self.wanted(config)
+    def planned(self, config: RunConfig, data_uri: str | None = None) -> bool:
+        return self.wanted is None or self.wanted(config, data_uri)
+
+    def namespace_in(self, run_namespace: str) -> str:
+        return run_namespace if self.in_run_namespace else self.namespace
 
     @property
     def role_address(self) -> str:
@@ -73,22 +79,38 @@ CNI_IDENTITY = PodIdentity("cni", "kube-system", "aws-node", ("AmazonEKS_CNI_Pol
 AUTOSCALER_IDENTITY = PodIdentity(
     "cluster-autoscaler", node_autoscaler.NAMESPACE, node_autoscaler.NAME, (),
     why="cluster-autoscaler's scaling of this run's GPU Auto Scaling group, for its service account only",
-    inline=lambda cluster, run, part: node_autoscaler.autoscaler_policy(cluster, run, partition=part),
-    wanted=lambda config: config.idle_timeout_s() is not None)
-POD_IDENTITIES: tuple[PodIdentity, ...] = (CNI_IDENTITY, AUTOSCALER_IDENTITY)
+    inline=lambda cluster, run, part, _data: node_autoscaler.autoscaler_policy(cluster, run, partition=part),
+    wanted=lambda config, _data: config.idle_timeout_s() is not None)
+# The Ray pods (head and workers) write the run's checkpoints and model to S3 (issue 25): their service
+# account gets a role that may touch only the run's own prefix of the bucket (``storage.data_policy``).
+# Planned whenever the run's data goes to S3: the run's own bucket, or the user's ``--storage-path``.
+DATA_IDENTITY = PodIdentity(
+    "ray-data", "", RAY_SERVICE_ACCOUNT, (),
+    why="the Ray pods' reads and writes of the run's own S3 prefix, for their service account only",
+    inline=lambda cluster, run, part, data: data_policy_for(data or "", part),
+    wanted=lambda config, data: bool(data and data.startswith("s3://")), in_run_namespace=True)
+POD_IDENTITIES: tuple[PodIdentity, ...] = (CNI_IDENTITY, AUTOSCALER_IDENTITY, DATA_IDENTITY)
 INLINE_POLICY = "rtui-scoped"  # the name of a pod identity role's inline policy
 
 
-def planned_identities(config: RunConfig) -> tuple[PodIdentity, ...]:
-    return tuple(p for p in POD_IDENTITIES if p.planned(config))
+def planned_identities(config: RunConfig, data_uri: str | None = None) -> tuple[PodIdentity, ...]:
+    """The pod identities a run plans; ``data_uri`` is the run's own S3 prefix (``s3://B/P/<run id>``)."""
+    return tuple(p for p in POD_IDENTITIES if p.planned(config, data_uri))
 
 
-def inline_policies(address: str, cluster: str, run_id: str, region: str) -> dict[str, str]:
+def inline_policies(address: str, cluster: str, run_id: str, region: str,
+                    data_uri: str | None = None) -> dict[str, str]:
     """The role's inline policies as the plan compares them: name → the document, canonical JSON."""
     identity = pod_identity(address)
     if identity is None or identity.inline is None:
         return {}
-    return {INLINE_POLICY: _canonical(identity.inline(cluster, run_id, partition(region).name))}
+    return {INLINE_POLICY: _canonical(identity.inline(cluster, run_id, partition(region).name, data_uri))}
+
+
+def data_policy_for(data_uri: str, partition_name: str) -> dict[str, Any]:
+    """``storage.data_policy`` for an ``s3://bucket/prefix`` URI."""
+    bucket, _, prefix = data_uri.removeprefix("s3://").partition("/")
+    return data_policy(bucket, prefix, partition_name)
 
 
 def _canonical(document: Any) -> str:
@@ -125,7 +147,7 @@ def role_name(ctx: Context, address: str) -> str:
     return f"rtui-{ctx.config.cluster_name}-pod-{address.removeprefix(POD_ROLE_PREFIX)}"[:64]
 
 
-def trust_statement(address: str, region: str, account: str, cluster: str) -> dict[str, Any]:
+def trust_statement(address: str, region: str, account: str, cluster: str, run_namespace: str) -> dict[str, Any]:
     """Who may assume the role, and under which conditions (what ``trust_policy`` writes, what observe reads).
 
     - The cluster role: EKS, for this account's cluster of this name only (EKS User Guide, "Cross-service
@@ -144,7 +166,8 @@ def trust_statement(address: str, region: str, account: str, cluster: str) -> di
         return {"Effect": "Allow", "Principal": {"Service": service}, "Action": ["sts:AssumeRole", "sts:TagSession"],
                 "Condition": {"StringEquals": {"aws:SourceAccount": account,
                                                "aws:RequestTag/eks-cluster-arn": cluster_arn,
-                                               "aws:RequestTag/kubernetes-namespace": identity.namespace,
+                                               "aws:RequestTag/kubernetes-namespace":
+                                                   identity.namespace_in(run_namespace),
                                                "aws:RequestTag/kubernetes-service-account":
                                                    identity.service_account}}}
     if address == CLUSTER_ROLE:
@@ -272,7 +295,7 @@ class RoleHandler(AwsHandler):
 
     async def _statement(self, api: AwsApi, ctx: Context, address: str) -> dict[str, Any]:
         account = str((await api.identity())["Account"])
-        return trust_statement(address, ctx.config.region, account, ctx.config.cluster_name)
+        return trust_statement(address, ctx.config.region, account, ctx.config.cluster_name, ctx.config.namespace)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)

@@ -21,6 +21,7 @@ from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, builtin_regi
 from backend.aws.public_ip import public_cidr
 from backend.aws.report import reserved_nodes
 from backend.config import RunConfig
+from backend.delivery import S3_STANDARD_PER_GIB_MONTH, effective_storage_path, run_storage_uri
 from backend.errors import OperationError, UserError
 from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
@@ -71,6 +72,7 @@ from backend.layers.aws.iam import (
     AUTOSCALER_IDENTITY,
     CLUSTER_POLICIES,
     CNI_IDENTITY,
+    DATA_IDENTITY,
     NODE_POLICIES,
     POD_IDENTITY_PREFIX,
     RoleHandler,
@@ -84,6 +86,7 @@ from backend.layers.aws.node_autoscaler import cluster_autoscaler_image, gpu_asg
 from backend.layers.aws.node_hours import gpu_node_hours
 from backend.layers.aws.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
+from backend.layers.aws.storage import BUCKET, BucketHandler, name_for, storage_uri
 from backend.layers.aws.sweep import sweep
 from backend.layers.aws_preflight import preflight_request
 from backend.layers.base import Context, Handler, Layer
@@ -100,7 +103,7 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
 AMI_GPU = "AL2023_x86_64_NVIDIA"
 AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
-ORDER = (VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
+ORDER = (BUCKET, VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
          EKS_CLUSTER, ACCESS_ENTRY, KUBECONFIG, "aws.addon", "aws.pod-identity", PLACEMENT_GROUP,
          "aws.launch-template", SYSTEM_NODES, GPU_NODES, GPU_ASG_TAGS, CLUSTER_AUTOSCALER)
 
@@ -127,7 +130,7 @@ class AwsLayer(Layer):
         network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
         routes.RouteTableHandler(), routes.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
         AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
-        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler(), ClusterAutoscalerHandler())}
+        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler(), ClusterAutoscalerHandler(), BucketHandler())}
 
     def __init__(self) -> None:
         self.topology: Topology | None = None
@@ -153,8 +156,19 @@ class AwsLayer(Layer):
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
         # The prices are asked while the preflight runs: the plan waits for neither twice.
-        self.topology, _, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx),
-                                                   self._api_cidrs(ctx))
+        self.topology, _, _, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx),
+                                                      self._api_cidrs(ctx), self._data_bucket(ctx))
+
+    async def _data_bucket(self, ctx: Context) -> None:
+        """Without --storage-path the run's data goes to its own bucket: its name (from the account) and
+        the storage path the job and `rtui model/status/down` use, kept in the run record."""
+        if ctx.config.storage_path:
+            return
+        name = await name_for(aws_api(ctx), ctx)
+        facts = ctx.record.facts
+        if facts.data_bucket != name or facts.storage_path != storage_uri(name):
+            facts.data_bucket, facts.storage_path = name, storage_uri(name)
+            ctx.save()
 
     async def _api_cidrs(self, ctx: Context) -> list[str]:
         """Who may reach the EKS API endpoint: ``--api-cidrs``, else the caller's public address, learned
@@ -411,19 +425,27 @@ class AwsLayer(Layer):
                                                 "azs": sorted(topo.subnet_azs)}, NAT, *private)
         routes = () if adopted else (PRIVATE_RT,)
         res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
+        own_bucket = not config.storage_path and ctx.record.facts.data_bucket
+        if own_bucket:
+            res(BUCKET, BucketHandler.kind, BucketHandler.spec(ctx.record.facts.data_bucket or ""),
+                note=f"${S3_STANDARD_PER_GIB_MONTH}/GB-month of what it holds")
+        # The run's own prefix in S3 (its bucket's, or the user's --storage-path): the Ray pods' role reaches
+        # that prefix only.
+        storage = effective_storage_path(config.storage_path, ctx.record.facts.storage_path)
+        data_uri = run_storage_uri(storage, ctx.record.run_id) if storage and storage.startswith("s3://") else None
         def role(address: str, policies: Sequence[str]) -> None:
             # The trust's actions and condition keys (the account is filled in when the role is made).
-            shape = trust_shape(trust_statement(address, config.region, "", config.cluster_name))
+            shape = trust_shape(trust_statement(address, config.region, "", config.cluster_name, config.namespace))
             spec: dict[str, Any] = {"service": service_principal(address, config.region),
                                     "policies": sorted(policies), "trust": shape}
-            inline = inline_policies(address, config.cluster_name, ctx.record.run_id, config.region)
+            inline = inline_policies(address, config.cluster_name, ctx.record.run_id, config.region, data_uri)
             if inline:
                 spec["inline"] = inline
             res(address, "aws-iam-role", spec)
 
         role(CLUSTER_ROLE, CLUSTER_POLICIES)
         role(NODE_ROLE, NODE_POLICIES)
-        identities = planned_identities(config)
+        identities = planned_identities(config, data_uri)
         for identity in identities:
             role(identity.role_address, identity.policies)
         cluster_private = [subnet_address("private", az) for az in topo.network_azs]
@@ -443,8 +465,10 @@ class AwsLayer(Layer):
             res(addon_address(addon), "aws-eks-addon",
                 {"name": addon, **({"configuration": configuration} if configuration else {})}, *deps)
         for identity in identities:
+            # The data role's pods write to the bucket: it exists before they can start.
+            data_deps = (BUCKET,) if identity is DATA_IDENTITY and own_bucket else ()
             res(identity.address, "aws-pod-identity", PodIdentityHandler.spec(ctx, identity), EKS_CLUSTER,
-                identity.role_address, addon_address(POD_IDENTITY_AGENT))
+                identity.role_address, addon_address(POD_IDENTITY_AGENT), *data_deps)
         efa = config.wants_efa()
         named = topo.gpu_reservation
         block = named is not None and named.kind == "capacity-block"
@@ -618,6 +642,8 @@ def _first_reasons(report: PreflightReport, region_name: str) -> list[CheckResul
 
 def _needs(later: str, earlier: str) -> bool:
     """Whether ``later`` must go before ``earlier`` is deleted (they share the VPC; IAM stands apart)."""
+    if BUCKET in (earlier, later):  # the bucket shares nothing with the rest: it goes when the job is gone
+        return False
     if earlier.startswith("aws.iam-role."):
         return later in (EKS_CLUSTER, SYSTEM_NODES, GPU_NODES) or later.startswith(POD_IDENTITY_PREFIX)
     if later.startswith("aws.iam-role."):

@@ -34,7 +34,8 @@ class PodIdentityHandler(AwsHandler):
     def step_title(self, address: str, action: Action) -> str:
         identity = next((p for p in POD_IDENTITIES if p.address == address), None)
         if identity is not None and action is Action.CREATE:
-            return f"Give {identity.namespace}/{identity.service_account} its IAM role (Pod Identity)"
+            where = "the run's namespace" if identity.in_run_namespace else identity.namespace
+            return f"Give {where}/{identity.service_account} its IAM role (Pod Identity)"
         return super().step_title(address, action)
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
@@ -46,7 +47,7 @@ class PodIdentityHandler(AwsHandler):
                   or {}).get("associations") or []
         out = []
         for identity in POD_IDENTITIES:
-            found = next((a for a in listed if a.get("namespace") == identity.namespace
+            found = next((a for a in listed if a.get("namespace") == identity.namespace_in(ctx.config.namespace)
                           and a.get("serviceAccount") == identity.service_account), None)
             if found is None:
                 continue
@@ -55,17 +56,19 @@ class PodIdentityHandler(AwsHandler):
                 "association") or {}
             out.append(Observed(address=identity.address, layer=LAYER, kind=self.kind,
                                 id=f"{name}/{found['associationId']}", depends_on=(EKS_CLUSTER,),
-                                state=self._state(identity, str(association.get("roleArn", "")).rsplit("/", 1)[-1]),
+                                state=self._state(identity, ctx.config.namespace,
+                                                  str(association.get("roleArn", "")).rsplit("/", 1)[-1]),
                                 reason="exists"))
         return out
 
     @staticmethod
-    def _state(identity: PodIdentity, role: str) -> dict[str, object]:
-        return {"namespace": identity.namespace, "service_account": identity.service_account, "role": role}
+    def _state(identity: PodIdentity, run_namespace: str, role: str) -> dict[str, object]:
+        return {"namespace": identity.namespace_in(run_namespace), "service_account": identity.service_account,
+                "role": role}
 
     @staticmethod
     def spec(ctx: Context, identity: PodIdentity) -> dict[str, object]:
-        return {**PodIdentityHandler._state(identity, role_name(ctx, identity.role_address)),
+        return {**PodIdentityHandler._state(identity, ctx.config.namespace, role_name(ctx, identity.role_address)),
                 "policies": list(identity.policies)}
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
@@ -76,21 +79,22 @@ class PodIdentityHandler(AwsHandler):
         api = self.api(ctx)
         identity = _identity(want.address)
         name = ctx.config.cluster_name
+        namespace = identity.namespace_in(ctx.config.namespace)
         made = await api.call("eks", "create_pod_identity_association", clusterName=name,
-                              namespace=identity.namespace, serviceAccount=identity.service_account,
+                              namespace=namespace, serviceAccount=identity.service_account,
                               roleArn=await role_arn(api, ctx, identity.role_address),
                               tags=tags(ctx.record.run_id, name),
                               clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                               ok=("ResourceInUseException",), new_role=True)
         if made is None:  # made before (a lost reply): find it
             listed = (await api.call("eks", "list_pod_identity_associations", clusterName=name,
-                                     namespace=identity.namespace, serviceAccount=identity.service_account)
+                                     namespace=namespace, serviceAccount=identity.service_account)
                       or {}).get("associations") or []
             association_id = listed[0]["associationId"]
         else:
             association_id = made["association"]["associationId"]
         self.made(ctx, want, f"{name}/{association_id}")
-        yield Progress(f"{identity.namespace}/{identity.service_account} → {role_name(ctx, identity.role_address)} "
+        yield Progress(f"{namespace}/{identity.service_account} → {role_name(ctx, identity.role_address)} "
                        f"({', '.join([*identity.policies, *(['its scoped policy'] if identity.inline else [])])})",
                        1.0)
 

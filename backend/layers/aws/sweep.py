@@ -17,6 +17,7 @@ from typing import Any
 
 from backend.aws.pricing import RegionPrices
 from backend.layers.aws.api import CLUSTER_TAG, IAM_PATH, RUN_TAG, AwsApi, run_filter
+from backend.layers.aws.storage import kept_bucket
 from backend.layers.base import Context
 from backend.model import Leftover
 
@@ -49,7 +50,8 @@ async def sweep(api: AwsApi, ctx: Context, prices: PriceLookup) -> list[Leftover
     run = ctx.record.run_id
     bills: dict[int, Bill] = {}
     finders: list[Callable[[], Awaitable[list[Leftover]]]] = [
-        lambda: _eks(api, ctx, bills), lambda: _ec2(api, ctx, bills), lambda: _roles(api, run)]
+        lambda: _eks(api, ctx, bills), lambda: _ec2(api, ctx, bills), lambda: _roles(api, run),
+        lambda: kept_bucket(api, ctx)]  # the run's bucket: kept on purpose while it holds data
     found = [item for group in await asyncio.gather(*(f() for f in finders)) for item in group]
     billed = [item for item in found if id(item) in bills]
     if billed:

@@ -57,6 +57,7 @@ from backend.layers.kubernetes.security import (
     policy_enforcer,
     ray_token,
 )
+from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT, ServiceAccountHandler
 from backend.model import CheckResult, CheckStatus, Observed, Resource
 from training.passed_env import JOB_ENV_FILE
 
@@ -76,6 +77,10 @@ class Below:
     launch_template: str | None = None  # the GPU nodes' template: its spec's ``efa_interfaces`` per node
     # What enforces NetworkPolicy on the cluster made below (its CNI, as that layer installs it).
     network_policy: str | None = None
+    # The Ray pods' service account and the address below that gives it AWS credentials (the aws layer's
+    # pod identity association for the run's data): made, and the pods run as it, when that is planned.
+    ray_service_account: str | None = None
+    ray_identity: str | None = None
 
     @property
     def makes_cluster(self) -> bool:
@@ -92,7 +97,7 @@ class KubernetesLayer(Layer):
     name = LAYER
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
         NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), JobEnvHandler(), NetworkPolicyHandler(),
-        NvidiaPluginHandler(), storage.DataClaimHandler(), identity.PodAccountHandler(),
+        NvidiaPluginHandler(), storage.DataClaimHandler(), ServiceAccountHandler(),
         EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
 
     def __init__(self, below: Below | None = None) -> None:
@@ -175,9 +180,14 @@ class KubernetesLayer(Layer):
         if volume:
             out.append(res(storage.DATA_CLAIM, "k8s-pvc",
                            storage.claim_spec(config, ctx.record.run_id, self._storage), NAMESPACE))
-        account = [identity.POD_ACCOUNT] if config.service_account else []
-        if account:
-            out.append(res(identity.POD_ACCOUNT, "k8s-serviceaccount", identity.account_spec(config), NAMESPACE))
+        # The Ray pods' service account: the user's (kube, --service-account), else the one the cluster
+        # below gives AWS credentials to (aws: the run's data role by Pod Identity, whose association
+        # must come first: its agent injects credentials when a pod is created).
+        identity_below = [a for a in (self.below.ray_identity,) if a in made_below]
+        account_name = config.service_account or (self.below.ray_service_account if identity_below else None)
+        account = [SERVICE_ACCOUNT] if account_name else []
+        if account_name:
+            out.append(res(SERVICE_ACCOUNT, "k8s-serviceaccount", {"name": account_name}, NAMESPACE))
         # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
         out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu))
         plugins = [NVIDIA_PLUGIN]
@@ -197,15 +207,15 @@ class KubernetesLayer(Layer):
                 "idle_timeout_s": config.idle_timeout_s()}
         if volume:  # mounting a volume or not is a new RayCluster
             spec["volume"] = manifests.data_claim_name(config)
-        if account:  # so is another service account
-            spec["service_account"] = config.service_account
+        if account_name:  # so is another service account
+            spec["service_account"] = account_name
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below
                      if r.address == self.below.launch_template]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
         deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []),
-                *volume, *account, *system]
+                *volume, *account, *identity_below, *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
@@ -219,7 +229,7 @@ class KubernetesLayer(Layer):
             return []
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
                                        if isinstance(h, KubeHandler)))
-        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, storage.DATA_CLAIM, identity.POD_ACCOUNT,
+        order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, storage.DATA_CLAIM, SERVICE_ACCOUNT,
                  NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
         return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
 
@@ -464,7 +474,7 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     if config.storage_size:
         objects.append(manifests.data_claim(config, run_id))
     if config.service_account:
-        objects.append(manifests.service_account(config, run_id))
+        objects.append(manifests.service_account(config.namespace, config.service_account, run_id))
     objects += addons.nvidia_device_plugin(config, run_id)
     if config.wants_efa():
         objects += addons.efa_device_plugin(config, run_id)

@@ -248,20 +248,28 @@ def with_data_volume(config: RunConfig, cluster: Manifest) -> Manifest:
     return cluster
 
 
-def service_account(config: RunConfig, run_id: str) -> Manifest:
-    """The ServiceAccount the Ray pods run as (``--service-account``), in the run's namespace. It carries
-    no credential itself: the cluster's mechanism attaches one to its name (an EKS Pod Identity
-    association for namespace/name; its agent's webhook injects the credentials into the pods)."""
+# Which of the run's ServiceAccounts in the namespace is the Ray pods' (the KubeRay operator's carries
+# the run's labels too, when it is scoped to the run's namespace).
+PURPOSE_LABEL = "rtui.dev/purpose"
+RAY_PODS = "ray-pods"
+
+
+def service_account(namespace: str, name: str, run_id: str) -> Manifest:
+    """The ServiceAccount the Ray pods run as, in the run's namespace. It carries no credential itself:
+    the cluster's mechanism attaches one to its name (an EKS Pod Identity association for
+    namespace/name; its agent's webhook injects the credentials into the pods)."""
     return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": config.service_account, "namespace": config.namespace, "labels": labels(run_id)}}
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {**labels(run_id), PURPOSE_LABEL: RAY_PODS}}}
 
 
-def with_service_account(config: RunConfig, cluster: Manifest) -> Manifest:
-    """Every Ray pod runs as ``--service-account``. With KubeRay's autoscaler on, KubeRay binds the
-    autoscaler's Role to the head pod's service account, which the user (here rtui) must create."""
-    spec = cluster["spec"]
-    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
-        group["template"]["spec"]["serviceAccountName"] = config.service_account
+def with_service_account(name: str | None, cluster: Manifest) -> Manifest:
+    """Every Ray pod runs as ``name`` (None: the namespace's default account). With KubeRay's autoscaler
+    on, KubeRay binds the autoscaler's Role to the head pod's service account, which must exist."""
+    if name:
+        spec = cluster["spec"]
+        for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+            group["template"]["spec"]["serviceAccountName"] = name
     return cluster
 
 
@@ -371,11 +379,13 @@ def idle_scaling(config: RunConfig, spec: Manifest) -> Manifest:
 
 
 def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = None,
-               efa_interfaces: int = 1) -> Manifest:
+               efa_interfaces: int = 1, service_account: str | None = None) -> Manifest:
     """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers, each asking
-    for its node's ``efa_interfaces``; idle workers go when ``--idle-minutes`` says so."""
+    for its node's ``efa_interfaces``; idle workers go when ``--idle-minutes`` says so. With
+    ``service_account`` every Ray pod runs as it (its AWS role for the run's data, on aws)."""
     image = pinned_image(config.image, image_digest)
-    cluster = with_job_env_mount(config, with_token_auth(config, {
+    account = service_account or config.service_account or None
+    cluster = with_service_account(account, with_job_env_mount(config, with_token_auth(config, {
         "apiVersion": RAYCLUSTER_API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": config.cluster_name, "namespace": config.namespace, "labels": labels(run_id)},
@@ -384,9 +394,7 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
             "headGroupSpec": _head_group(config, run_id, image),
             "workerGroupSpecs": [_worker_group(config, run_id, image, efa_interfaces)],
         }),
-    }))
-    if config.service_account:
-        cluster = with_service_account(config, cluster)
+    })))
     return with_data_volume(config, cluster) if config.storage_size else cluster
 
 

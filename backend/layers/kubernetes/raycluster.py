@@ -36,8 +36,8 @@ from backend.layers.kubernetes.handlers import (
     ref,
     wait_established,
 )
-from backend.layers.kubernetes.identity import POD_ACCOUNT
 from backend.layers.kubernetes.security import JOB_ENV, NETWORK_POLICY, RAY_TOKEN
+from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT
 from backend.layers.kubernetes.storage import DATA_CLAIM
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Action, Observed, Resource
@@ -181,7 +181,8 @@ class RayClusterHandler(KubeHandler):
 
     def manifest(self, ctx: Context, want: Resource) -> Manifest:
         obj = manifests.raycluster(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"),
-                                   efa_interfaces=int(want.spec.get("efa_interfaces") or 1))
+                                   efa_interfaces=int(want.spec.get("efa_interfaces") or 1),
+                                   service_account=want.spec.get("service_account"))
         obj["metadata"]["annotations"] = {SPEC_ANNOTATION: json.dumps(want.spec, sort_keys=True)}
         return obj
 
@@ -198,7 +199,7 @@ class RayClusterHandler(KubeHandler):
         # Teardown order: everything the pods used outlives them (job, RayCluster; then the rest).
         return Observed(address=RAYCLUSTER, layer=LAYER, kind=self.kind, id=object_id(live), state=state,
                         depends_on=(NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, DATA_CLAIM,
-                                    POD_ACCOUNT, OPERATOR, NVIDIA_PLUGIN, EFA_PLUGIN, PREPULL),
+                                    SERVICE_ACCOUNT, OPERATOR, NVIDIA_PLUGIN, EFA_PLUGIN, PREPULL),
                         healthy=ready,
                         reason="head ready" if ready else "head not ready")
 
