@@ -29,10 +29,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from backend.layers.aws.api import RUN_TAG, AwsApi, partition
+from backend.layers.aws.api import AwsApi, partition
 from backend.layers.aws.autoscaler import CLUSTER_AUTOSCALER
 from backend.layers.aws.base import ACCESS_ENTRY, EKS_CLUSTER, AwsHandler, aws_api
-from backend.layers.aws.cluster import NAMESPACE_POLICY_NAME, admin_policy, caller_principal, describe_cluster
+from backend.layers.aws.cluster import (
+    NAMESPACE_POLICY_NAME,
+    admin_policy,
+    caller_access_entry,
+    caller_principal,
+)
 from backend.layers.base import Context, Handler, Layer
 from backend.layers.kubernetes import manifests
 from backend.layers.kubernetes.clients import ClusterNotReady, cluster_api
@@ -116,19 +121,12 @@ class AccessScopeHandler(AwsHandler):
         # whatever its flags): other runs pay no calls for it.
         if ctx.config.access_scope != "namespace" and ACCESS_SCOPE not in ctx.record.resources:
             return []
+        found = await caller_access_entry(api, ctx)
+        if found is None:
+            return []
         name = ctx.config.cluster_name
-        cluster = await describe_cluster(api, name)
-        if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
-            return []
-        principal = await caller_principal(api)
-        entry = await api.call("eks", "describe_access_entry", clusterName=name, principalArn=principal,
-                               ok=_NOT_FOUND)
-        if entry is None:
-            return []
-        groups = list(entry["accessEntry"].get("kubernetesGroups") or [])
-        listed = await api.call("eks", "list_associated_access_policies", clusterName=name,
-                                principalArn=principal, ok=_NOT_FOUND) or {}
-        policies = listed.get("associatedAccessPolicies") or []
+        principal, entry, policies = found
+        groups = list(entry.get("kubernetesGroups") or [])
         region = ctx.config.region
         narrow = [p for p in policies if p.get("policyArn") == namespace_policy(region)]
         admin = any(p.get("policyArn") == admin_policy(region) and (p.get("accessScope") or {}).get("type") == "cluster"

@@ -279,6 +279,22 @@ class AddonHandler(AwsHandler):
             yield p
 
 
+async def caller_access_entry(api: AwsApi, ctx: Context) -> tuple[str, dict[str, Any], list[dict[str, Any]]] | None:
+    """The caller's access entry on this run's EKS cluster and its associated access policies, as
+    (principal, entry, policies); None when the cluster is not this run's or the entry is not there."""
+    name = ctx.config.cluster_name
+    cluster = await describe_cluster(api, name)
+    if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
+        return None
+    principal = await caller_principal(api)
+    entry = await api.call("eks", "describe_access_entry", clusterName=name, principalArn=principal, ok=_NOT_FOUND)
+    if entry is None:
+        return None
+    listed = await api.call("eks", "list_associated_access_policies", clusterName=name, principalArn=principal,
+                            ok=_NOT_FOUND) or {}
+    return principal, dict(entry["accessEntry"]), list(listed.get("associatedAccessPolicies") or [])
+
+
 class AccessEntryHandler(AwsHandler):
     kind = "aws-access-entry"
     title = "Make the caller cluster admin (access entry)"
@@ -286,18 +302,12 @@ class AccessEntryHandler(AwsHandler):
     expected_s = 3.0
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        found = await caller_access_entry(api, ctx)
+        if found is None:
+            return []
         name = ctx.config.cluster_name
-        cluster = await describe_cluster(api, name)
-        if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
-            return []
-        principal = await caller_principal(api)
-        entry = await api.call("eks", "describe_access_entry", clusterName=name, principalArn=principal,
-                               ok=_NOT_FOUND)
-        if entry is None:
-            return []
-        policies = await api.call("eks", "list_associated_access_policies", clusterName=name,
-                                  principalArn=principal, ok=_NOT_FOUND) or {}
-        associated = {p.get("policyArn") for p in policies.get("associatedAccessPolicies") or []}
+        principal, _, policies = found
+        associated = {p.get("policyArn") for p in policies}
         admin = admin_policy(ctx.config.region) in associated
         # Narrowed on purpose (--access-scope namespace): the access-scope layer's resource says so.
         narrowed = f":cluster-access-policy/{NAMESPACE_POLICY_NAME}" in " ".join(str(a) for a in associated)
