@@ -181,6 +181,9 @@ class RunFacts(BaseModel):
     reservation: ReservationFact | None = None
     failed_azs: list[str] = Field(default_factory=list)
     az_moves: list[AzMove] = Field(default_factory=list)
+    # What `down` measured of the data it kept where rtui cannot look for free (a kube volume: a pod
+    # reads it): DataUsage.to_dict(); cleared by `down --delete-data`.
+    kept_data: dict[str, JsonValue] | None = None
     # An installed target's own facts (targets outside this package: their keys are theirs to name).
     target_facts: dict[str, JsonValue] = Field(default_factory=dict)
 

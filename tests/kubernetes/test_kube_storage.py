@@ -213,6 +213,23 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     assert world.cluster.get("Namespace", "rtui") is not None
     assert world.cluster.objects("RayCluster", "rtui") == []
 
+    # The sweep of another kube run's `rtui status` lists it as kept on purpose (as `down` measured it:
+    # no pod for it), with the command that deletes it.
+    _in_process(world, monkeypatch)
+    from backend.config import RunConfig
+    from backend.store import RunStore
+
+    other = RunStore().create(RunConfig(target="kube", cluster_name="other", kubeconfig=str(world.cluster.kubeconfig)))
+    status = world.rtui("status", other.run_id, "--json")
+    [kept_json] = json.loads(status.stdout.splitlines()[-1])["kept_data"]
+    assert kept_json["run_id"] == run_id and kept_json["kept_on_purpose"] is True and kept_json["models"] == 1
+    assert kept_json["where"] == f"pvc://rtui/{claim_name}/{run_id} (a 50Gi volume)"
+    assert kept_json["bytes"] > len(weights) and kept_json["monthly_cost"] is not None
+    text = world.rtui("status", other.run_id).stdout
+    lines = [ln for ln in text.splitlines() if ln.startswith("kept")]
+    assert len(lines) == 1 and "(a 50Gi volume)" in lines[0] and "/month" in lines[0], text
+    assert f"down {run_id} --delete-data --yes" in lines[0], text
+
     # A new run in that namespace is refused, saying whose data is there and how to remove it.
     again = world.rtui("up", "--yes", "--storage-size", "50Gi", check=False)
     refused = [ln for ln in (again.stdout + again.stderr).splitlines() if "kept" in ln]
@@ -220,8 +237,6 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     assert f"rtui down {run_id} --delete-data --yes" in again.stdout + again.stderr
 
     # The TUI's teardown modal asks for the usage on its event loop's thread: no nested asyncio.run.
-    from backend.config import RunConfig
-
     async def on_a_loop() -> str:
         store = volume_store.VolumeStore(RunConfig(target="kube", storage_size="50Gi", kubeconfig=str(
             world.cluster.kubeconfig)), run_id)
@@ -232,7 +247,6 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     to = tmp_path / "model"
     from tui import cli
 
-    _in_process(world, monkeypatch)
     pods_before, execs_before = len(_reader_pods(world)), len(world.cluster.requests(path_contains="/exec"))
     started = time.perf_counter()
     assert cli.main(["model", run_id, "--to", str(to)]) == 0
@@ -249,10 +263,17 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     mib = sum(len(b) for b in (weights, extra)) / 2**20
     print(f"\nrtui model --to: {mib:.1f} MiB in {took:.2f}s on the emulator ({took / mib * 1000:.0f} ms/MiB)")
 
+    kept_record = json.loads(world.rtui("status", run_id, "--json").stdout.splitlines()[-1])["resources"]
+    assert {a: r["status"] for a, r in kept_record.items() if r["kind"] in ("k8s-pvc", "k8s-namespace")} == {
+        "k8s.pvc.data": "ready", "k8s.namespace": "ready"}, kept_record
     gone = world.rtui("down", run_id, "--delete-data", "--yes")
     assert "deleted" in gone.stdout + gone.stderr, gone.stdout + gone.stderr
     assert world.cluster.get("PersistentVolumeClaim", claim_name, "rtui") is None
     assert world.cluster.get("Namespace", "rtui") is None
+    after = json.loads(world.rtui("status", run_id, "--json").stdout.splitlines()[-1])
+    assert not [a for a, r in after["resources"].items() if r["status"] == "ready"], after["resources"]
+    assert json.loads(world.rtui("status", other.run_id, "--json").stdout.splitlines()[-1])["kept_data"] == []
+    assert [ln for ln in world.rtui("status", other.run_id).stdout.splitlines() if ln.startswith("kept")] == []
 
 
 def test_a_stopped_copy_resumes_with_the_files_it_lacks(
