@@ -410,7 +410,7 @@ class KeptData:
 
     run_id: str
     usage: DataUsage
-    target: str = "local"
+    target: str | None = None  # the target of the run that recorded it; None: a data dir on this machine
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "kept_on_purpose": True, **self.usage.to_dict()}

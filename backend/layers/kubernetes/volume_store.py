@@ -26,7 +26,7 @@ import secrets
 import sys
 import tarfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -260,7 +260,7 @@ class VolumeStore:
             nonlocal status
             out = bytearray()
 
-            def stdout() -> Iterator[bytes]:
+            def stdout() -> Generator[bytes, None, None]:
                 nonlocal status
                 for channel, data in api.exec_frames(self.config.namespace, pod, "read", command):
                     if channel == 1 and data:
@@ -271,10 +271,13 @@ class VolumeStore:
                         status = json.loads(data)
 
             frames = stdout()
-            if sink is not None:
-                sink(frames)
-            for data in frames:  # what the sink left, to the end of the stream and its status
-                out.extend(data)
+            try:
+                if sink is not None:
+                    sink(frames)
+                for data in frames:  # what the sink left, to the end of the stream and its status
+                    out.extend(data)
+            finally:
+                frames.close()  # a sink that failed: the stream is closed now, not when collected
             return bytes(out)
 
         result = await asyncio.to_thread(run)
