@@ -20,7 +20,7 @@ from backend.errors import NoCapacity, OperationError, RtuiError, UserError
 from backend.follow import JobFollower, JobUpdate
 from backend.layers.base import HeadLogSource
 from backend.model import Action, CheckStatus, EventKind, StepEvent
-from backend.planner import PlanResult
+from backend.planner import PlanResult, forget_missing
 from backend.rayjobs import JobStatus
 from backend.runner import Progress, Runner, Step
 from backend.session import RunSession, target_of
@@ -340,7 +340,25 @@ async def down(session: RunSession, *, delete_data: bool = False) -> AsyncIterat
         async for event in session.teardown():
             yield event
         async for event in data_after_down(session, delete_data):
+            await _record_data(session, event)
             yield event
+
+
+async def _record_data(session: RunSession, event: StepEvent) -> None:
+    """The run's record follows its data: what `down` kept where rtui cannot look for free (a kube
+    volume: a pod reads it) is remembered as measured, for `rtui status` of other runs; once deleted,
+    it is forgotten, and so are the resources kept for it (kube: the namespace and the claim)."""
+    data = event.data or {}
+    if "kept" in data:
+        local = isinstance(session.data_store(), LocalDirStore)  # a local dir is measured again when listed
+        session.record.facts.kept_data = None if local else dict(data["kept"])
+    elif "deleted" in data:
+        session.record.facts.kept_data = None
+        if any(entry.live for _, entry in session.ctx.ledger.items()):
+            forget_missing(session.ctx, await session.discover())
+    else:
+        return
+    session.store.save(session.record)
 
 
 async def data_after_down(session: RunSession, delete_data: bool) -> AsyncIterator[StepEvent]:
@@ -393,23 +411,33 @@ class KeptData:
 
     run_id: str
     usage: DataUsage
+    target: str | None = None  # the target of the run that recorded it; None: a data dir on this machine
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "kept_on_purpose": True, **self.usage.to_dict()}
 
 
 def kept_data(store: RunStore) -> list[KeptData]:
-    """Data dirs of local runs that are down (or whose record is gone): not leftovers, kept on purpose."""
-    root = store.root / "data"
-    if not root.is_dir():
-        return []
-    live = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
+    """Data dirs of local runs that are down (or whose record is gone), and the data runs that are down
+    keep elsewhere (a kube volume: as `down` measured it): not leftovers, kept on purpose."""
+    records = store.list()[0]
+    live = {r.run_id for r in records if r.status is not RunStatus.DOWN}
     out = []
-    for path in sorted(root.iterdir()):
+    root = store.root / "data"
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
         if path.is_dir() and path.name not in live:
             usage = LocalDirStore(path).usage()
             if usage.bytes:
                 out.append(KeptData(path.name, usage))
+    listed = {k.run_id for k in out}
+    for record in records:
+        fact = record.facts.kept_data
+        if record.status is RunStatus.DOWN and fact and record.run_id not in listed:
+            cost = fact.get("monthly_cost")
+            out.append(KeptData(record.run_id, DataUsage(
+                str(fact.get("where") or ""), int(str(fact.get("bytes") or 0)), int(str(fact.get("models") or 0)),
+                int(str(fact.get("checkpoints") or 0)),
+                float(cost) if isinstance(cost, (int, float)) else None), record.target))
     return out
 
 

@@ -185,6 +185,9 @@ class RunFacts(BaseModel):
     # Where a layer put the run's data when the user named no --storage-path (the aws layer's bucket,
     # ``s3://<bucket>/runs``): read by the job and `rtui model/status/down`.
     storage_path: str | None = None
+    # What `down` measured of the data it kept where rtui cannot look for free (a kube volume: a pod
+    # reads it): DataUsage.to_dict(); cleared by `down --delete-data`.
+    kept_data: dict[str, JsonValue] | None = None
     # An installed target's own facts (targets outside this package: their keys are theirs to name).
     target_facts: dict[str, JsonValue] = Field(default_factory=dict)
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -84,11 +86,18 @@ class ConfirmTeardown(ModalScreen[bool]):
 
     DELETE_DATA = "delete data"
 
-    def __init__(self, cluster_name: str, what: str, details: list[str] | None = None) -> None:
+    MEASURING = "Kept unless you say so: the run's data (measuring…)"
+
+    def __init__(self, cluster_name: str, what: str, details: list[str] | None = None,
+                 data_line: Callable[[], str | None] | None = None) -> None:
+        """``data_line`` says what data is kept (None: nothing); it may take seconds (a pod reads a kube
+        volume, S3 lists a prefix), so it runs in a thread while the modal shows "measuring…"."""
         super().__init__()
         self.cluster_name = cluster_name
         self.what = what
         self.details = details or []
+        self.data_line = data_line
+        self.data_text: str | None = self.MEASURING if data_line is not None else None
         self.delete_data = False  # typed "<cluster name> delete data": the run's checkpoints and model go too
 
     def compose(self) -> ComposeResult:
@@ -96,11 +105,33 @@ class ConfirmTeardown(ModalScreen[bool]):
             yield Label(f"Tear down {self.what}?", classes="heading")
             for line in self.details:
                 yield Label(line, classes="detail", markup=False)
+            if self.data_line is not None:
+                yield Label(self.MEASURING, id="confirm-data", classes="detail", markup=False)
             yield Label(f"Type the cluster name [b]{self.cluster_name}[/b] and press enter. Escape cancels.")
             yield Label(f"Checkpoints and models are kept; [b]{self.cluster_name} {self.DELETE_DATA}[/b] "
                         "deletes them too.", classes="detail")
             yield Input(placeholder=self.cluster_name, id="confirm-input")
             yield Label("", id="confirm-error")
+
+    def on_mount(self) -> None:
+        if self.data_line is not None:
+            self._measure(self.data_line)
+
+    @work(thread=True, exclusive=True, group="measure-data", exit_on_error=False)
+    def _measure(self, data_line: Callable[[], str | None]) -> None:
+        try:
+            line = data_line()
+        except Exception as exc:  # noqa: BLE001 - the modal still tears down; it says what it could not see
+            line = f"Kept unless you say so: the run's data (not measured: {str(exc).splitlines()[0][:120]})"
+        self.app.call_from_thread(self._show_data, line)
+
+    def _show_data(self, line: str | None) -> None:
+        self.data_text = line
+        label = self.query("#confirm-data")
+        if line is None:
+            label.remove()
+        else:
+            label.first(Label).update(line)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         typed = " ".join(event.value.split())

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
+
+from textual.widgets import Input
 
 from backend.delivery import local_data_dir
 from tests.pilot_wait import wait_for
@@ -56,9 +59,48 @@ async def test_d_keeps_the_data_unless_delete_data_is_typed_after_the_cluster_na
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the teardown modal")
         modal = app.screen
         assert isinstance(modal, ConfirmTeardown)
-        assert any("Kept unless you say so" in line and "1 model" in line for line in modal.details), modal.details
+        await wait_for(pilot, lambda: "1 model" in (modal.data_text or ""), 10, "the data measured")
+        assert "Kept unless you say so" in str(modal.query_one("#confirm-data").render())
         await pilot.press(*f"{session.config.cluster_name} delete dat", "enter")
         await wait_for(pilot, lambda: "not the cluster name" in str(modal.query_one("#confirm-error").render()), 5,
                        "the refusal")
         await pilot.press("a", "enter")
         await wait_for(pilot, lambda: not data.exists(), 30, "the run's data deleted by the teardown")
+
+
+async def test_the_teardown_modal_measures_the_data_off_the_event_loop(isolated_env: Path, exported: Path,
+                                                                        monkeypatch: Any) -> None:
+    """A store that takes its time (a kube volume read by a pod, S3 listed): the modal shows "measuring…",
+    keys still work meanwhile, and the line comes when the measure does."""
+    import threading
+
+    from backend.delivery import DataUsage
+    from screens.confirm import ConfirmTeardown
+
+    session = dashboard_session(priced=False)
+    release, asked = threading.Event(), threading.Event()
+
+    class SlowStore:
+        uri = "pvc://rtui/rtui-ray-data/r1"
+
+        def usage(self) -> DataUsage:
+            asked.set()
+            assert release.wait(20), "never released"
+            return DataUsage(f"{self.uri} (a 50Gi volume)", 3 * 10**9, 1, 2, monthly_cost=0.9)
+
+    monkeypatch.setattr(session, "data_store", lambda: SlowStore())
+    app = DashboardApp(session, resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("D")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the teardown modal")
+        modal = app.screen
+        assert isinstance(modal, ConfirmTeardown)
+        await wait_for(pilot, asked.is_set, 5, "the measure started")
+        assert "measuring…" in str(modal.query_one("#confirm-data").render())
+        await pilot.press(*"rtui")  # the event loop is free: typing goes on while the store is read
+        assert modal.query_one("#confirm-input", Input).value == "rtui"
+        release.set()
+        await wait_for(pilot, lambda: "1 model, 2 checkpoints" in (modal.data_text or ""), 10, "the data measured")
+        assert "$0.90/month" in str(modal.query_one("#confirm-data").render())
+        await pilot.press("escape")

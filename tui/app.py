@@ -234,7 +234,8 @@ class RtuiApp(App[None]):
 
         session = self.session
         modal = ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
-                                details=teardown_summary(session, now=self.clock()))
+                                details=teardown_summary(session, now=self.clock()),
+                                data_line=lambda: kept_data_line(session))
 
         def confirmed(yes: bool | None) -> None:
             if yes:
@@ -405,9 +406,14 @@ def teardown_summary(session: RunSession, *, now: float | None = None) -> list[s
     cost = cost_meter(session.record, now=now)
     if cost and cost.get("per_hour"):
         lines.append(f"These cost ${cost['per_hour']:.2f}/hour now ({accrued_text(cost)}).")
-    lines = lines or ["Nothing is recorded as made; discovery looks again before deleting."]
+    return lines or ["Nothing is recorded as made; discovery looks again before deleting."]
+
+
+def kept_data_line(session: RunSession) -> str | None:
+    """What teardown keeps of the run's data, None for nothing. Blocking, seconds at times (a kube
+    volume is read by a pod, S3 listed): the modal calls it in a thread, never on the event loop."""
     store = session.data_store()
     usage = store.usage() if store is not None else None
     if usage is not None and not usage.empty:
-        lines.append(f"Kept unless you say so: {usage.describe()}")
-    return lines
+        return f"Kept unless you say so: {usage.describe()}"
+    return None

@@ -125,7 +125,9 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
         data = None
     # Data dirs on this machine (the local target's): a default config's store says whether there are any.
     keeps_data = targets.get(shown_target).data_store(store.root, "", RunConfig()) is not None
-    kept = [k for k in flows.kept_data(store) if keeps_data and (session is None or k.run_id != session.run_id)]
+    # Kept elsewhere (a kube volume): listed with the target's runs.
+    kept = [k for k in flows.kept_data(store) if (keeps_data if k.target is None else k.target == shown_target)
+            and (session is None or k.run_id != session.run_id)]
     if ns.json:
         _json_line(out, {**(data or {}), "orphans": [vars(o) for o in orphans],
                          "kept_data": [k.to_dict() for k in kept]})

@@ -446,7 +446,8 @@ class FakeControlPlane:
     def _run_to_end(self, pod: Obj, nodes: list[Obj]) -> None:
         """The kubelet of a pod that runs one command and ends (restartPolicy Never): scheduled like any
         pod (its claim must be bound), then its command runs here in the directory standing for the
-        volume mounted at its workingDir, and its stdout becomes its log. The mount must be read-only
+        volume mounted at its workingDir, and its stdout becomes its log; a ``sleep`` stays Running
+        with that directory as what ``exec`` sees (``RtuiKube._serve_exec``). The mount must be read-only
         (the pod only reads), else the fake refuses to run it."""
         meta, spec = pod["metadata"], pod["spec"]
         ns, name = meta["namespace"], meta["name"]
@@ -460,6 +461,12 @@ class FakeControlPlane:
         claim = volume["persistentVolumeClaim"]["claimName"]
         assert mount.get("readOnly") and volume["persistentVolumeClaim"].get("readOnly"), "mounted read-write"
         where = self.volumes.setdefault((ns, claim), Path(tempfile.mkdtemp(prefix=f"vol-{claim}-")))
+        if container["command"][0] == "sleep":  # it waits to be exec'd into: Running until deleted
+            self.cluster.kube.exec_dirs[(ns, name)] = where
+            self.cluster.set_status("Pod", name, ns, {"phase": "Running", "containerStatuses": [{
+                "name": container["name"], "ready": True, "restartCount": 0,
+                "state": {"running": {"startedAt": "now"}}}]})
+            return
         self.cluster.set_status("Pod", name, ns, {"phase": "Running"})
         command = [sys.executable if c == "python" else c for c in container["command"]]
         done = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=60)

@@ -14,9 +14,11 @@ import copy
 import datetime as dt
 import json
 import re
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -223,6 +225,8 @@ class RtuiKube(KubernetesEmulator):
     establish_after_s: float = attrs.field(default=0.2, init=False)
     # Whether the cluster's CNI enforces NetworkPolicies (``pod_network``); without, they do nothing.
     enforce_policies: bool = attrs.field(default=False, init=False)
+    # The filesystem a running pod's exec sees: its working directory here (the fake kubelet sets it).
+    exec_dirs: dict[tuple[str, str], Path] = attrs.field(factory=dict, init=False)
 
     # ---- entry point ---------------------------------------------------------------------------
 
@@ -265,6 +269,10 @@ class RtuiKube(KubernetesEmulator):
             return None
         plural, name, sub = segs[0], (segs[1] if len(segs) > 1 else None), "/".join(segs[2:]) or None
         verb = VERBS.get(raw.method, raw.method.lower()) if name or raw.method != "GET" else "list"
+        if sub == "exec":
+            # A WebSocket GET of pods/exec is authorized as ``create`` like SPDY's POST (KEP-4006,
+            # AuthorizePodWebsocketUpgradeCreatePermission, on by default since 1.30).
+            verb = "create"
         if raw.query.get("watch") in ("true", "1"):
             verb = "watch"
         # Authorization is a filter before any handler (server/config.go's handler chain): 403 comes first.
@@ -275,6 +283,8 @@ class RtuiKube(KubernetesEmulator):
         key = (group, version, plural)
         if plural == "pods" and sub == "log" and name and namespace:
             return await self._serve_log(raw, namespace, name)
+        if plural == "pods" and sub == "exec" and name and namespace:
+            return await self._serve_exec(raw, namespace, name)
         data = await raw.read()
         body: Obj = (json.loads(data) if data.lstrip()[:1] in (b"{", b"[") else yaml.safe_load(data)) if data else {}
         if raw.method == "GET":
@@ -619,6 +629,93 @@ class RtuiKube(KubernetesEmulator):
                 break
         await response.write_eof()
         return response
+
+    # ---- pods/exec over WebSocket (what ``kubectl exec``/``kubectl cp`` and the python client use) -----
+
+    async def _serve_exec(self, raw: aiohttp.web.BaseRequest, namespace: str, pod: str) -> aiohttp.web.StreamResponse:
+        """``GET|POST .../pods/NAME/exec?command=..&stdout=true&stderr=true`` upgraded to a WebSocket.
+
+        As the API server and the kubelet answer (kubernetes pkg/registry/core/pod/strategy.go
+        ``streamLocation``; kubelet server.go ``getExec``; staging client-go tools/remotecommand and
+        apiserver pkg/util/wsstream):
+        - the checks before the upgrade: no such pod 404; no command 400 "you must specify at least 1
+          command"; no stdout/stderr/stdin 400; a pod not scheduled 400 "pod NAME does not have a host
+          assigned"; a completed pod 400 "cannot exec into a container in a completed pod; current phase
+          is Succeeded"; a container the pod lacks 400 "container X is not valid for pod NAME"; a
+          container that is not running: the kubelet's 404, "container not found ("X")";
+        - the subprotocols ``v4.channel.k8s.io`` (and ``v5``, the same frames server to client) from
+          the client's list; a client offering none is refused (400);
+        - every frame binary, its first byte the channel: an empty frame opens each channel, then 1 is
+          stdout, 2 stderr, and 3 carries one JSON ``Status``: ``{"metadata":{},"status":"Success"}``, or
+          on a non-zero exit ``Failure`` with reason ``NonZeroExitCode`` and the code as the message of a
+          cause of type ``ExitCode`` (kubelet cri/streaming/remotecommand/exec.go ``ServeExec``); then
+          the server closes the socket.
+        The "container" is this machine: the command runs in the directory the test gave the pod
+        (``exec_dirs``), ``python`` being this interpreter."""
+        found = self._get(("", "v1", "pods"), namespace, pod)
+        query = raw.query
+        command = query.getall("command", [])
+        if not command:
+            raise ApiError(400, "BadRequest", "you must specify at least 1 command")
+        if not any(query.get(s) in ("true", "1") for s in ("stdout", "stderr", "stdin")):
+            raise ApiError(400, "BadRequest", "you must specify at least one of stdin, stdout, stderr")
+        spec, status = found.get("spec") or {}, found.get("status") or {}
+        if not spec.get("nodeName"):
+            raise ApiError(400, "BadRequest", f"pod {pod} does not have a host assigned")
+        if status.get("phase") in ("Succeeded", "Failed"):
+            raise ApiError(400, "BadRequest", "cannot exec into a container in a completed pod; current phase is "
+                                              f"{status['phase']}")
+        names = [c["name"] for c in spec.get("containers") or []]
+        container = query.get("container") or (names[0] if len(names) == 1 else "")
+        if container not in names:
+            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {pod}" if container else
+                           f"a container name must be specified for pod {pod}, choose one of: {names}")
+        running = [s for s in status.get("containerStatuses") or []
+                   if s.get("name") == container and "running" in (s.get("state") or {})]
+        if not running:
+            raise ApiError(404, "NotFound", f'container not found ("{container}")')
+        if raw.headers.get("Upgrade", "").lower() != "websocket":
+            raise ApiError(400, "BadRequest", "Upgrade request required")
+        offered = [p.strip() for p in raw.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+        protocol = next((p for p in offered if p in ("v5.channel.k8s.io", "v4.channel.k8s.io")), None)
+        if protocol is None:
+            raise ApiError(400, "BadRequest", "websocket: the client did not offer a supported subprotocol")
+        cwd = self.exec_dirs.get((namespace, pod))
+        if cwd is None:
+            raise ApiError(500, "InternalError", f"exec into {namespace}/{pod} is not emulated (no directory)")
+        ws = aiohttp.web.WebSocketResponse(protocols=(protocol,), max_msg_size=0)
+        await ws.prepare(raw)
+        for channel in (1, 2, 3):
+            await ws.send_bytes(bytes([channel]))
+        argv = [sys.executable if c == "python" else c for c in command]
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE)
+        except OSError as exc:  # runc: the executable is not in the container
+            await ws.send_bytes(b"\x03" + json.dumps({
+                "metadata": {}, "status": "Failure", "reason": "InternalError",
+                "message": f"Internal error occurred: error executing command in container: {exc}"}).encode())
+            await ws.close()
+            return ws
+
+        async def pump(stream: asyncio.StreamReader | None, channel: int) -> None:
+            assert stream is not None
+            while chunk := await stream.read(32 * 1024):
+                await ws.send_bytes(bytes([channel]) + chunk)
+
+        await asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
+        code = await proc.wait()
+        if code == 0:
+            result: Obj = {"metadata": {}, "status": "Success"}
+        else:
+            result = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+                      "message": f"command terminated with non-zero exit code: error executing command {command}, "
+                                 f"exit code {code}",
+                      "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+        await ws.send_bytes(b"\x03" + json.dumps(result).encode())
+        await ws.close()
+        return ws
 
     # ---- the API server's service proxy (DESIGN.md §4) ------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import threading
 import time
@@ -339,3 +340,87 @@ async def test_log_of_a_missing_pod_is_empty(kube_cluster: KubeCluster) -> None:
     kube_cluster.add_namespace("rtui")
     api = KubeApi.from_kubeconfig()
     assert [line async for line in api.read_pod_log("rtui", "gone", follow=True)] == []
+
+
+# ---- pods/exec: the emulator refuses what the API server and the kubelet refuse --------------------
+
+def _exec_pod(cluster: KubeCluster, tmp_path: Path, *, node: str | None = "n0", phase: str = "Running",
+              running: bool = True) -> None:
+    """A pod whose exec sees ``tmp_path`` (the fake kubelet's ``exec_dirs``)."""
+    cluster.add_namespace("team")
+    cluster.add_pod("team", "p", node=node)
+    state = {"running": {"startedAt": "now"}} if running else {"waiting": {"reason": "ContainerCreating"}}
+    cluster.set_status("Pod", "p", "team", {"phase": phase, "containerStatuses": [
+        {"name": "main", "ready": running, "restartCount": 0, "state": state}]})
+    cluster.kube.exec_dirs[("team", "p")] = tmp_path
+
+
+def _exec(command: list[str], container: str = "main") -> tuple[bytes, bytes, dict[str, Any]]:
+    api = KubeApi.from_kubeconfig()
+    out, err, status = bytearray(), bytearray(), {}
+    try:
+        for channel, data in api.exec_frames("team", "p", container, command):
+            if channel == 1:
+                out.extend(data)
+            elif channel == 2:
+                err.extend(data)
+            elif channel == 3 and data:
+                import json
+
+                status = json.loads(data)
+    finally:
+        api.close()
+    return bytes(out), bytes(err), status
+
+
+def test_exec_streams_binary_stdout_and_the_success_status(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    blob = bytes(range(256)) * 1000
+    (tmp_path / "blob").write_bytes(blob)
+    _exec_pod(kube_cluster, tmp_path)
+    out, err, status = _exec(["cat", "blob"])
+    assert out == blob and err == b""
+    assert status == {"metadata": {}, "status": "Success"}
+    deadline = time.monotonic() + 5
+    while not kube_cluster.requests(path_contains="/exec"):  # recorded once its handler returns
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    [served] = kube_cluster.requests(path_contains="/exec")
+    assert served.status == 101 and served.query["stdout"] == "true" and served.query["command"] == "cat"
+
+
+def test_exec_of_a_failing_command_ends_with_a_failure_status_and_its_exit_code(
+        kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    _exec_pod(kube_cluster, tmp_path)
+    out, err, status = _exec(["cat", "missing"])
+    assert out == b"" and b"missing" in err
+    assert status["status"] == "Failure" and status["reason"] == "NonZeroExitCode"
+    assert status["details"]["causes"] == [{"reason": "ExitCode", "message": "1"}]
+    assert status["message"].startswith("command terminated with non-zero exit code")
+
+
+@pytest.mark.parametrize(("pod", "says"), [
+    ({"node": None, "phase": "Pending", "running": False}, "pod p does not have a host assigned"),
+    ({"phase": "Succeeded", "running": False},
+     "cannot exec into a container in a completed pod; current phase is Succeeded"),
+    ({"phase": "Pending", "running": False}, 'container not found ("main")'),
+])
+def test_exec_into_a_pod_that_is_not_running_is_refused(
+        kube_cluster: KubeCluster, tmp_path: Path, pod: dict[str, Any], says: str) -> None:
+    _exec_pod(kube_cluster, tmp_path, **pod)
+    with pytest.raises(OperationError, match=re.escape(says)):
+        _exec(["true"])
+
+
+def test_exec_into_a_container_the_pod_lacks_is_refused(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    _exec_pod(kube_cluster, tmp_path)
+    with pytest.raises(OperationError, match="container other is not valid for pod p"):
+        _exec(["true"], container="other")
+
+
+def test_exec_forbidden_by_rbac_is_a_403_naming_the_permission(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    from backend.layers.kubernetes.access import Forbidden
+
+    _exec_pod(kube_cluster, tmp_path)
+    kube_cluster.forbid("create", "pods/exec", "team")
+    with pytest.raises(Forbidden, match="cannot create pods/exec in namespace team"):
+        _exec(["true"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -177,29 +178,57 @@ def _write_model(root: Path, files: dict[str, bytes]) -> None:
         "eval": {"before": {"loss": 6.9, "tokens": 64}, "after": {"loss": 0.1, "tokens": 64}}}))
 
 
-def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
-        world: KubeWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(volume_store, "CHUNK_BYTES", 50_000)  # several reader pods for one file
+def _kept_run(world: KubeWorld, tmp_path: Path, files: dict[str, bytes]) -> tuple[str, str, Path]:
+    """`up --storage-size`, a model (and a checkpoint) on its volume, then `down`: (run id, claim, volume dir)."""
     gpu_cluster(world.cluster)
     storage_class(world.cluster, "efs", "efs.csi.aws.com")
     world.rtui("up", "--yes", "--storage-size", "50Gi")
     [pvc] = world.cluster.objects("PersistentVolumeClaim", "rtui")
-    run_id = pvc["metadata"]["labels"]["rtui.dev/run"]
+    run_id, claim_name = pvc["metadata"]["labels"]["rtui.dev/run"], pvc["metadata"]["name"]
     volume = tmp_path / "volume"
-    world.control.volumes[("rtui", pvc["metadata"]["name"])] = volume
-    weights = bytes(range(256)) * 700 + b"\0" * 20_000  # equal chunks: numbered lines keep them apart
-    _write_model(volume / run_id / "rtui-train" / "model", {"config.json": b"{}", "model.safetensors": weights})
+    world.control.volumes[("rtui", claim_name)] = volume
+    _write_model(volume / run_id / "rtui-train" / "model", files)
     (volume / run_id / "rtui-train" / "checkpoint_000001").mkdir()
     (volume / run_id / "rtui-train" / "checkpoint_000001" / "rtui_checkpoint.json").write_text("{}")
+    return run_id, claim_name, volume
+
+
+def _reader_pods(world: KubeWorld) -> list[str]:
+    return [s.path for s in world.cluster.requests("PATCH") if "-read-" in s.path]
+
+
+def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
+        world: KubeWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = os.urandom(6 * 2**20) + b"\0" * 2**20 + bytes(range(256)) * 4096  # ~8 MiB, every byte value
+    extra = os.urandom(300_000)
+    run_id, claim_name, _ = _kept_run(world, tmp_path, {"config.json": b"{}", "model.safetensors": weights,
+                                                         "tokenizer.json": extra})
 
     down = world.rtui("down", "--yes")
     text = down.stdout + down.stderr
     kept = [ln for ln in text.splitlines() if "kept on purpose" in ln]
-    assert kept and f"pvc://rtui/{pvc['metadata']['name']}/{run_id} (a 50Gi volume): 1 model, 1 checkpoint" \
+    assert kept and f"pvc://rtui/{claim_name}/{run_id} (a 50Gi volume): 1 model, 1 checkpoint" \
         in kept[0] and "under $0.01/month" in kept[0], text
-    assert world.cluster.get("PersistentVolumeClaim", pvc["metadata"]["name"], "rtui") is not None
+    assert world.cluster.get("PersistentVolumeClaim", claim_name, "rtui") is not None
     assert world.cluster.get("Namespace", "rtui") is not None
     assert world.cluster.objects("RayCluster", "rtui") == []
+
+    # The sweep of another kube run's `rtui status` lists it as kept on purpose (as `down` measured it:
+    # no pod for it), with the command that deletes it.
+    _in_process(world, monkeypatch)
+    from backend.config import RunConfig
+    from backend.store import RunStore
+
+    other = RunStore().create(RunConfig(target="kube", cluster_name="other", kubeconfig=str(world.cluster.kubeconfig)))
+    status = world.rtui("status", other.run_id, "--json")
+    [kept_json] = json.loads(status.stdout.splitlines()[-1])["kept_data"]
+    assert kept_json["run_id"] == run_id and kept_json["kept_on_purpose"] is True and kept_json["models"] == 1
+    assert kept_json["where"] == f"pvc://rtui/{claim_name}/{run_id} (a 50Gi volume)"
+    assert kept_json["bytes"] > len(weights) and kept_json["monthly_cost"] is not None
+    text = world.rtui("status", other.run_id).stdout
+    lines = [ln for ln in text.splitlines() if ln.startswith("kept")]
+    assert len(lines) == 1 and "(a 50Gi volume)" in lines[0] and "/month" in lines[0], text
+    assert f"down {run_id} --delete-data --yes" in lines[0], text
 
     # A new run in that namespace is refused, saying whose data is there and how to remove it.
     again = world.rtui("up", "--yes", "--storage-size", "50Gi", check=False)
@@ -208,8 +237,6 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     assert f"rtui down {run_id} --delete-data --yes" in again.stdout + again.stderr
 
     # The TUI's teardown modal asks for the usage on its event loop's thread: no nested asyncio.run.
-    from backend.config import RunConfig
-
     async def on_a_loop() -> str:
         store = volume_store.VolumeStore(RunConfig(target="kube", storage_size="50Gi", kubeconfig=str(
             world.cluster.kubeconfig)), run_id)
@@ -220,19 +247,77 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     to = tmp_path / "model"
     from tui import cli
 
-    _in_process(world, monkeypatch)  # in this process: CHUNK_BYTES as patched
+    pods_before, execs_before = len(_reader_pods(world)), len(world.cluster.requests(path_contains="/exec"))
+    started = time.perf_counter()
     assert cli.main(["model", run_id, "--to", str(to)]) == 0
+    took = time.perf_counter() - started
     assert (to / "model.safetensors").read_bytes() == weights
+    assert (to / "tokenizer.json").read_bytes() == extra
     assert (to / "config.json").read_bytes() == b"{}"
-    readers = [s for s in world.cluster.requests("POST") if "/pods" in s.path] + \
-        [s for s in world.cluster.requests("PATCH") if "-read-" in s.path]
-    assert len(readers) >= 3 + len(weights) // 50_000, readers  # listings, and the big file in several pods
+    # One pod finds the model, one copies all of it: a listing and one tar stream in it.
+    assert len(_reader_pods(world)) - pods_before == 2, _reader_pods(world)
+    execs = world.cluster.requests(path_contains="/exec")[execs_before:]
+    tars = [s for s in execs if s.query.get("command") == "tar"]
+    assert len(tars) == 1 and tars[0].status == 101 and tars[0].method == "GET", execs
     assert [p for p in world.cluster.objects("Pod", "rtui") if "-read-" in p["metadata"]["name"]] == []
+    mib = sum(len(b) for b in (weights, extra)) / 2**20
+    print(f"\nrtui model --to: {mib:.1f} MiB in {took:.2f}s on the emulator ({took / mib * 1000:.0f} ms/MiB)")
 
+    kept_record = json.loads(world.rtui("status", run_id, "--json").stdout.splitlines()[-1])["resources"]
+    assert {a: r["status"] for a, r in kept_record.items() if r["kind"] in ("k8s-pvc", "k8s-namespace")} == {
+        "k8s.pvc.data": "ready", "k8s.namespace": "ready"}, kept_record
     gone = world.rtui("down", run_id, "--delete-data", "--yes")
     assert "deleted" in gone.stdout + gone.stderr, gone.stdout + gone.stderr
-    assert world.cluster.get("PersistentVolumeClaim", pvc["metadata"]["name"], "rtui") is None
+    assert world.cluster.get("PersistentVolumeClaim", claim_name, "rtui") is None
     assert world.cluster.get("Namespace", "rtui") is None
+    after = json.loads(world.rtui("status", run_id, "--json").stdout.splitlines()[-1])
+    assert not [a for a, r in after["resources"].items() if r["status"] == "ready"], after["resources"]
+    assert json.loads(world.rtui("status", other.run_id, "--json").stdout.splitlines()[-1])["kept_data"] == []
+    assert [ln for ln in world.rtui("status", other.run_id).stdout.splitlines() if ln.startswith("kept")] == []
+
+
+def test_a_stopped_copy_resumes_with_the_files_it_lacks(
+        world: KubeWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = {"config.json": b"{}", "model-00001.safetensors": os.urandom(500_000),
+             "model-00002.safetensors": os.urandom(400_000)}
+    run_id, _, _ = _kept_run(world, tmp_path, files)
+    to = tmp_path / "model"
+    to.mkdir()
+    (to / "model-00001.safetensors").write_bytes(files["model-00001.safetensors"])  # copied before it stopped
+    (to / "model-00002.safetensors").write_bytes(files["model-00002.safetensors"][:1000])  # cut short
+    _in_process(world, monkeypatch)
+    from backend.config import RunConfig
+
+    store = volume_store.VolumeStore(RunConfig(target="kube", storage_size="50Gi", kubeconfig=str(
+        world.cluster.kubeconfig)), run_id)
+    model = store.latest_model()
+    assert model is not None
+    assert sorted(store.fetch(model, to)) == ["config.json", "model-00002.safetensors"]
+    for name, data in files.items():
+        assert (to / name).read_bytes() == data
+    [tar] = [s for s in world.cluster.requests(path_contains="/exec") if s.query.get("command") == "tar"]
+    assert list(os.listdir(to)) and not [n for n in os.listdir(to) if n.endswith(".part")]
+    assert store.fetch(model, to) == []  # all there: nothing asked of the volume's pod but its listing
+
+
+def test_where_exec_is_forbidden_the_copy_says_so_once_and_reads_pod_logs(
+        world: KubeWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(volume_store, "CHUNK_BYTES", 50_000)  # several reader pods for one file
+    weights = bytes(range(256)) * 700 + b"\0" * 20_000  # equal chunks: numbered lines keep them apart
+    run_id, _, _ = _kept_run(world, tmp_path, {"config.json": b"{}", "model.safetensors": weights})
+    world.cluster.forbid("create", "pods/exec", "rtui")
+    _in_process(world, monkeypatch)
+    from tui import cli
+
+    to = tmp_path / "model"
+    capsys.readouterr()
+    assert cli.main(["model", run_id, "--to", str(to)]) == 0
+    assert (to / "model.safetensors").read_bytes() == weights
+    err = capsys.readouterr().err
+    notes = [ln for ln in err.splitlines() if "pods/exec" in ln]
+    assert len(notes) == 1 and "pod logs" in notes[0], err
+    assert len(_reader_pods(world)) >= 2 + len(weights) // 50_000
 
 
 @pytest.mark.parametrize(("args", "says"), [

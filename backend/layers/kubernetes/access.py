@@ -15,7 +15,7 @@ import os
 import socket
 import ssl
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -391,6 +391,64 @@ class KubeApi:
                 return
             await failures.pause()
 
+    def exec_frames(self, namespace: str, pod: str, container: str,
+                    command: Sequence[str]) -> Iterator[tuple[int, bytes]]:
+        """Run ``command`` in a running container (``pods/exec``, RBAC ``create``) and yield its output as
+        it comes: ``(channel, bytes)``, 1 stdout, 2 stderr, 3 the final ``Status`` JSON. Blocking: call it
+        in a thread.
+
+        The WebSocket is the kubernetes client's (``kubernetes.stream.stream(binary=True,
+        _preload_content=False)``: its auth, TLS and proxy settings), but its frames are read here, one at
+        a time: the client's own reader keeps every stdout byte in a second buffer (``capture_all``, not
+        settable through ``stream``) and appends to a channel's bytes frame by frame, which for gigabytes
+        is memory and quadratic time."""
+        # lazy: the exec transport (websocket-client) only where a volume is read
+        from kubernetes.client import CoreV1Api
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.stream import stream
+        from websocket import ABNF, WebSocketConnectionClosedException, WebSocketTimeoutException
+
+        what = _What("create", "pods/exec", namespace, pod)
+        try:
+            client = stream(CoreV1Api(self._client).connect_get_namespaced_pod_exec, pod, namespace,
+                            command=[*command], container=container, stdin=False, stdout=True, stderr=True,
+                            tty=False, binary=True, _preload_content=False)
+        except ApiException as err:  # the client wraps the handshake's failure, status 0
+            cause = err.__context__
+            status = getattr(cause, "status_code", None)
+            if status is None:
+                raise Unreachable(f"cannot open an exec stream to {namespace}/{pod} on {self.server}: "
+                                  f"{_one_line(cause or err)}",
+                                  remedy=f"check the network and the context {self._context!r}") from None
+            body = getattr(cause, "resp_body", None) or b""
+            if int(status) == 404:  # the pod gone, or the kubelet's "container not found": not a missing kind
+                try:
+                    message = str(json.loads(body).get("message") or "")
+                except ValueError:
+                    message = body.decode("utf-8", "replace")
+                raise OperationError(f"cannot exec into {namespace}/{pod}: {_one_line(message) or 'not found'}",
+                                     remedy=f"see `kubectl -n {namespace} describe pod {pod}`") from None
+            raise self._error(int(status), body, what) from None
+        ws = client.sock
+        ws.settimeout(self.stream_idle_s)
+        try:
+            while True:
+                try:
+                    opcode, frame = ws.recv_data_frame(True)
+                except WebSocketConnectionClosedException:
+                    return
+                except (WebSocketTimeoutException, TimeoutError, OSError) as err:
+                    why = _one_line(err) or f"no data for {self.stream_idle_s:g}s"
+                    raise OperationError(f"the exec stream from {namespace}/{pod} stalled or broke ({why})",
+                                         remedy="run it again: what was copied is kept") from None
+                if opcode == ABNF.OPCODE_CLOSE:
+                    return
+                if opcode in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) and frame.data:
+                    data = frame.data if isinstance(frame.data, bytes) else frame.data.encode()
+                    yield data[0], data[1:]
+        finally:
+            client.close()
+
     async def _stream(self, path: str, query: Query, what: _What) -> AsyncIterator[str]:
         """Lines of a streamed response: a thread reads, a bounded queue hands batches to the loop."""
         loop = asyncio.get_running_loop()
@@ -501,7 +559,7 @@ class KubeApi:
                              f"{self._context!r} (expired or invalid)",
                              remedy="run `aws sso login` / refresh the kubeconfig (`aws eks update-kubeconfig`)")
         if status == 403:
-            return UserError(f"forbidden: cannot {what.verb} {what.resource}{where}",
+            return Forbidden(f"forbidden: cannot {what.verb} {what.resource}{where}",
                              remedy=f"ask the cluster's admin for that permission ({_one_line(message)})")
         if status == 404:
             if details.get("name"):  # a known kind, a missing object (the server names it)
@@ -523,6 +581,10 @@ class _What:
     resource: str
     namespace: str | None
     name: str | None = None
+
+
+class Forbidden(UserError):
+    """A 403: RBAC does not allow the request (one line, with the verb and resource)."""
 
 
 class KindNotServed(UserError):

@@ -1,20 +1,16 @@
 """A kube run's data on its volume (``--storage-size``), read from here through the API server.
 
-rtui cannot reach the volume itself: a short-lived pod of the run mounts the claim **read-only**,
-prints what rtui asks on its stdout, and rtui reads that through the API server (``pods/log``).
+rtui cannot reach the volume itself. It reads it the way ``kubectl cp`` does: one short-lived pod of
+the run mounts the claim **read-only** and sleeps, and rtui ``exec``s into it through the API server
+(``pods/exec``, a WebSocket, v4.channel.k8s.io frames): a small python program lists the run's
+directory, and ``tar cf -`` of the model's files streams them back, one pod and one stream for the
+whole copy. A copy that stops keeps the files already complete and goes on from the next one (a file
+of the right size is kept, as for S3).
 
-Why the pod's log and not ``exec`` with ``tar`` (what ``kubectl cp`` does): exec needs a WebSocket
-(or SPDY) stream the kubernetes client speaks only with ``kubernetes.stream``, which hands stdout
-back decoded as text, and the Kubernetes emulator of the tests (kmock 0.8) serves no exec at all.
-The log is a plain GET every cluster answers, and its reader pod needs only ``pods`` create/get/
-delete and ``pods/log`` get, which rtui already uses. Its limit: the kubelet rotates a container's
-log at ``containerLogMaxSize`` (10Mi by default) and ``pods/log`` returns the current file only, so
-one pod prints at most ``CHUNK_BYTES`` of a file (base64 in numbered lines well under that) and a
-big file is read by several pods in turn; a fetch that stops keeps the files already copied and
-goes on from the next one (a file of the right size is kept, as for S3).
-
-Every line is numbered: the log reader drops a line repeated at one timestamp (a resumed stream
-would repeat it), and two equal chunks of a file are not a repeat.
+Some clusters forbid ``pods/exec`` by RBAC. Then rtui says so in one line and falls back to reading
+the pod's log (``pods/log``, which rtui already needs): reader pods print numbered base64 lines, at
+most ``CHUNK_BYTES`` a pod as the kubelet rotates a container's log at ``containerLogMaxSize`` (10Mi
+by default) and ``pods/log`` returns the current file only: slow, but it needs no new permission.
 """
 
 from __future__ import annotations
@@ -22,11 +18,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
+import io
 import json
 import os
 import secrets
+import sys
+import tarfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -50,6 +50,8 @@ READER_ROLE = "data-reader"
 CHUNK_BYTES = 6 * 2**20
 LINE_BYTES = 6000  # 8,000 base64 characters a line: far from the 16 KiB where runtimes split lines
 READER_TIMEOUT_S = 300.0
+# How long the exec'd reader pod lives at most (it is deleted when done; this bounds a crashed rtui's pod).
+EXEC_POD_S = 3600
 LISTING_FRESH_S = 10.0
 # What a month of stored data costs where the driver's price is known and billed on bytes stored:
 # EFS Standard, us-east-1, $0.30 per GB-month (Amazon EFS pricing; other regions differ a little).
@@ -100,6 +102,8 @@ class VolumeStore:
         self.claim = manifests.data_claim_name(config)
         self.uri = f"pvc://{config.namespace}/{self.claim}/{run_id}"
         self._listed: tuple[float, list[Obj]] | None = None  # the last listing: one pod serves a status
+        self._exec_allowed = True  # until the cluster answers 403 to pods/exec
+        self.notice: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
 
     # ---- the API, in a loop of its own (the store's methods are called in a worker thread) ----------
     def _with_api(self, fn: Callable[[KubeApi], Awaitable[T]]) -> T:
@@ -128,7 +132,7 @@ class VolumeStore:
         live = await api.get("v1", "PersistentVolumeClaim", self.claim, self.config.namespace)
         return live if ours(live, self.run_id) else None
 
-    def _reader_pod(self, name: str, args: list[str]) -> Obj:
+    def _reader_pod(self, name: str, args: list[str], command: list[str] | None = None) -> Obj:
         off_gpu_nodes = {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": manifests.GPU_NODE_LABEL, "operator": "NotIn", "values": ["true"]}]}]}
         tiny = {"cpu": "100m", "memory": "256Mi"}
@@ -138,9 +142,10 @@ class VolumeStore:
                          "labels": {**manifests.labels(self.run_id), ROLE_LABEL: READER_ROLE}},
             "spec": {
                 "restartPolicy": "Never",
+                **({"activeDeadlineSeconds": EXEC_POD_S} if command else {}),
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": off_gpu_nodes}},
                 "containers": [{"name": "read", "image": self.config.image, "workingDir": manifests.DATA_MOUNT,
-                                "command": ["python", "-c", READER, *args],
+                                "command": command or ["python", "-c", READER, *args],
                                 "resources": {"requests": dict(tiny), "limits": dict(tiny)},
                                 "volumeMounts": [{"name": manifests.DATA_VOLUME, "mountPath": manifests.DATA_MOUNT,
                                                   "readOnly": True}]}],
@@ -182,7 +187,7 @@ class VolumeStore:
                                  remedy="run it again; `kubectl describe pvc` shows whether the volume is there")
         return payloads[:-1]
 
-    async def _listing(self, api: KubeApi) -> list[Obj]:
+    async def _listing(self, api: KubeApi, pod: str | None = None) -> list[Obj]:
         """What the run's directory holds; a listing of the last few seconds serves again (`status` asks
         for the model and the usage one after the other: one reader pod, not two)."""
         now = time.monotonic()
@@ -190,9 +195,98 @@ class VolumeStore:
             return self._listed[1]
         if await self._live_claim(api) is None:
             return []
-        listing = [json.loads(p) for p in await self._read(api, ["list", self.run_id])]
+        if pod is not None:
+            text = (await self._exec(api, pod, ["python", "-c", READER, "list", self.run_id])).decode()
+            lines = [ln.partition(" ")[2] for ln in text.splitlines()]
+            if not lines or lines[-1] != "END":
+                raise OperationError(f"listing the run's volume {self.uri} came back cut short",
+                                     remedy="run it again")
+            payloads = lines[:-1]
+        elif self._exec_allowed:
+            async with self._exec_pod(api) as name:
+                if name is not None:
+                    return await self._listing(api, name)
+            payloads = await self._read(api, ["list", self.run_id])
+        else:
+            payloads = await self._read(api, ["list", self.run_id])
+        listing = [json.loads(p) for p in payloads]
         self._listed = (now, listing)
         return listing
+
+    # ---- exec: one pod, the way `kubectl cp` reads -------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _exec_pod(self, api: KubeApi) -> AsyncIterator[str | None]:
+        """A reader pod that sleeps until deleted, Running; None (after one line on stderr) where the
+        cluster forbids ``pods/exec``: the caller reads through pod logs instead."""
+        from backend.layers.kubernetes.access import Forbidden  # lazy: as KubeApi, only when a volume is read
+
+        name = f"{self.claim}-read-{secrets.token_hex(3)}"
+        ns = self.config.namespace
+        await api.apply(self._reader_pod(name, [], ["sleep", str(EXEC_POD_S)]))
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + READER_TIMEOUT_S
+            while True:
+                pod = await api.get("v1", "Pod", name, ns) or {}
+                phase = (pod.get("status") or {}).get("phase")
+                running = [c for c in (pod.get("status") or {}).get("containerStatuses") or []
+                           if "running" in (c.get("state") or {})]
+                if phase == "Running" and running:
+                    break
+                if phase in ("Succeeded", "Failed") or loop.time() > deadline:
+                    raise OperationError(f"the pod {ns}/{name} reading the run's volume did not start in "
+                                         f"{READER_TIMEOUT_S:.0f}s (phase {phase or 'Pending'})",
+                                         remedy=f"see `kubectl -n {ns} describe pod {name}`, then run it again")
+                await asyncio.sleep(0.2)
+            try:
+                await self._exec(api, name, ["true"])
+            except Forbidden as err:
+                self._exec_allowed = False
+                self.notice(f"note: {err.message}; reading the volume through pod logs instead (slow: "
+                            f"{CHUNK_BYTES // 2**20} MiB a pod)")
+                yield None
+                return
+            yield name
+        finally:
+            await api.delete("v1", "Pod", name, ns)
+
+    async def _exec(self, api: KubeApi, pod: str, command: list[str],
+                    sink: Callable[[Iterator[bytes]], None] | None = None) -> bytes:
+        """Run ``command`` in the reader pod; its stdout goes to ``sink`` as it comes (in this thread's
+        executor), else is returned whole. A non-zero exit is an error with the command's stderr."""
+        stderr, status = bytearray(), {}
+
+        def run() -> bytes:
+            nonlocal status
+            out = bytearray()
+
+            def stdout() -> Generator[bytes, None, None]:
+                nonlocal status
+                for channel, data in api.exec_frames(self.config.namespace, pod, "read", command):
+                    if channel == 1 and data:
+                        yield data
+                    elif channel == 2:
+                        stderr.extend(data[: max(0, 4096 - len(stderr))])
+                    elif channel == 3 and data:
+                        status = json.loads(data)
+
+            frames = stdout()
+            try:
+                if sink is not None:
+                    sink(frames)
+                for data in frames:  # what the sink left, to the end of the stream and its status
+                    out.extend(data)
+            finally:
+                frames.close()  # a sink that failed: the stream is closed now, not when collected
+            return bytes(out)
+
+        result = await asyncio.to_thread(run)
+        if status.get("status") != "Success":
+            why = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [str(status.get("message") or
+                                                                                      "the stream ended early")]
+            raise OperationError(f"reading the run's volume {self.uri} failed: {why[0][:300]}",
+                                 remedy="run it again; `kubectl describe pvc` shows whether the volume is there")
+        return result
 
     # ---- DataStore -------------------------------------------------------------------------------
     def _models(self, listing: list[Obj]) -> list[ExportInfo]:
@@ -243,54 +337,128 @@ class VolumeStore:
                          monthly_cost=size / 2**30 * per_gib if per_gib is not None else None)
 
     def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
-        """Copy the model's files through reader pods, ``CHUNK_BYTES`` a pod; a file already there with
-        the right size is kept (an interrupted fetch goes on from the next file)."""
+        """Copy the model's files through one reader pod: ``tar cf -`` of the files not here yet, streamed
+        over ``exec``; a file already there with the right size is kept (an interrupted fetch goes on
+        from the files it had not finished)."""
         prepare_target(to)
         directory = model.uri[len(self.uri):].strip("/")
         inside = f"{directory}/" if directory else ""
 
-        async def copy(api: KubeApi) -> list[str]:
-            self._listed = None  # the sizes to copy: as they are now
-            sizes = {e["f"]: int(e["s"]) for e in await self._listing(api)}
+        def sizes_of(listing: list[Obj]) -> dict[str, int]:
+            sizes = {str(e["f"]): int(e["s"]) for e in listing}
             missing = [n for n in model.files if f"{inside}{n}" not in sizes]
             if missing:
                 raise OperationError(f"the model at {model.uri} lacks {missing[0]} now",
                                      remedy="see `rtui status`: the run may have written a newer model")
-            total, done, copied = sum(sizes[f"{inside}{n}"] for n in model.files), 0, []
-            for name in model.files:
-                size = sizes[f"{inside}{name}"]
-                dst = to / name
-                if not (dst.is_file() and dst.stat().st_size == size):
-                    part = to / f".{name}.part"
-                    part.parent.mkdir(parents=True, exist_ok=True)
-                    try:
-                        with part.open("wb") as fh:
-                            for offset in range(0, max(size, 1), CHUNK_BYTES):
-                                for line in await self._read(api, ["read", self.run_id, f"{inside}{name}",
-                                                                   str(offset), str(CHUNK_BYTES), str(LINE_BYTES)]):
-                                    fh.write(base64.b64decode(line))
-                                if progress is not None:
-                                    progress(done + min(offset + CHUNK_BYTES, size), total)
-                    except OSError as exc:
-                        part.unlink(missing_ok=True)
-                        raise OperationError(f"writing {name} to {to} failed: {exc.strerror or exc}",
-                                             remedy="free some space there (or pick another --to) and run it "
-                                                    "again; files already copied are kept") from None
-                    except OperationError:
-                        part.unlink(missing_ok=True)
-                        raise
-                    if part.stat().st_size != size:
-                        part.unlink(missing_ok=True)
-                        raise OperationError(f"{name} came back with another size than on the volume",
-                                             remedy="run it again (the run may still be writing it)")
-                    os.replace(part, dst)
-                    copied.append(name)
-                done += size
-                if progress is not None:
-                    progress(done, total)
-            return copied
+            return sizes
+
+        async def copy(api: KubeApi) -> list[str]:
+            self._listed = None  # the sizes to copy: as they are now
+            if self._exec_allowed:
+                async with self._exec_pod(api) as pod:
+                    if pod is not None:
+                        sizes = sizes_of(await self._listing(api, pod))
+                        return await self._copy_by_tar(api, pod, model, to, inside, sizes, progress)
+            sizes = sizes_of(await self._listing(api))
+            return await self._copy_by_logs(api, model, to, inside, sizes, progress)
 
         return self._with_api(copy)
+
+    async def _copy_by_tar(self, api: KubeApi, pod: str, model: ExportInfo, to: Path, inside: str,
+                           sizes: dict[str, int], progress: Callable[[int, int], None] | None) -> list[str]:
+        """``tar cf - -C <run dir>/<model dir> -- FILES`` in the reader pod, unpacked here as it streams:
+        each file to ``.NAME.part``, renamed once complete at its listed size."""
+        total = sum(sizes[f"{inside}{n}"] for n in model.files)
+        wanted = {n for n in model.files
+                  if not ((to / n).is_file() and (to / n).stat().st_size == sizes[f"{inside}{n}"])}
+        done = total - sum(sizes[f"{inside}{n}"] for n in wanted)
+        if progress is not None:
+            progress(done, total)
+        if not wanted:
+            return []
+        copied: list[str] = []
+
+        def untar(frames: Iterator[bytes]) -> None:
+            nonlocal done
+            stream = _FrameReader(frames)
+            try:
+                with tarfile.open(fileobj=stream, mode="r|") as tar:
+                    for member in tar:
+                        if member.name not in wanted or not member.isfile():
+                            continue  # only what was asked: never a path of the archive's choosing
+                        size = sizes[f"{inside}{member.name}"]
+                        if member.size != size:
+                            raise OperationError(f"{member.name} came back with another size than on the volume",
+                                                 remedy="run it again (the run may still be writing it)")
+                        source = tar.extractfile(member)
+                        assert source is not None  # a regular file
+                        dst, part = to / member.name, to / f".{member.name}.part"
+                        part.parent.mkdir(parents=True, exist_ok=True)
+                        try:
+                            with part.open("wb") as fh:
+                                while chunk := source.read(2**20):
+                                    fh.write(chunk)
+                                    done += len(chunk)
+                                    if progress is not None:
+                                        progress(done, total)
+                        except OSError as exc:
+                            part.unlink(missing_ok=True)
+                            raise OperationError(f"writing {member.name} to {to} failed: {exc.strerror or exc}",
+                                                 remedy="free some space there (or pick another --to) and run it "
+                                                        "again; files already copied are kept") from None
+                        except BaseException:
+                            part.unlink(missing_ok=True)
+                            raise
+                        os.replace(part, dst)
+                        copied.append(member.name)
+            except tarfile.TarError as exc:
+                raise OperationError(f"the copy from {model.uri} stopped: {exc}",
+                                     remedy="run it again: the files already copied are kept") from None
+
+        base = f"{self.run_id}/{inside}".rstrip("/")
+        await self._exec(api, pod, ["tar", "cf", "-", "-C", base, "--", *sorted(wanted)], sink=untar)
+        left = sorted(wanted - set(copied))
+        if left:
+            raise OperationError(f"the copy from {model.uri} ended without {left[0]}",
+                                 remedy="run it again: the files already copied are kept")
+        return copied
+
+    async def _copy_by_logs(self, api: KubeApi, model: ExportInfo, to: Path, inside: str, sizes: dict[str, int],
+                            progress: Callable[[int, int], None] | None) -> list[str]:
+        """The fallback where ``pods/exec`` is forbidden: ``CHUNK_BYTES`` a reader pod, through its log."""
+        total, done, copied = sum(sizes[f"{inside}{n}"] for n in model.files), 0, []
+        for name in model.files:
+            size = sizes[f"{inside}{name}"]
+            dst = to / name
+            if not (dst.is_file() and dst.stat().st_size == size):
+                part = to / f".{name}.part"
+                part.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    with part.open("wb") as fh:
+                        for offset in range(0, max(size, 1), CHUNK_BYTES):
+                            for line in await self._read(api, ["read", self.run_id, f"{inside}{name}",
+                                                               str(offset), str(CHUNK_BYTES), str(LINE_BYTES)]):
+                                fh.write(base64.b64decode(line))
+                            if progress is not None:
+                                progress(done + min(offset + CHUNK_BYTES, size), total)
+                except OSError as exc:
+                    part.unlink(missing_ok=True)
+                    raise OperationError(f"writing {name} to {to} failed: {exc.strerror or exc}",
+                                         remedy="free some space there (or pick another --to) and run it "
+                                                "again; files already copied are kept") from None
+                except OperationError:
+                    part.unlink(missing_ok=True)
+                    raise
+                if part.stat().st_size != size:
+                    part.unlink(missing_ok=True)
+                    raise OperationError(f"{name} came back with another size than on the volume",
+                                         remedy="run it again (the run may still be writing it)")
+                os.replace(part, dst)
+                copied.append(name)
+            done += size
+            if progress is not None:
+                progress(done, total)
+        return copied
 
     def delete(self) -> None:
         """The claim (its volume goes with it where the class's reclaim policy is Delete, the default for
@@ -305,3 +473,24 @@ class VolumeStore:
                 await api.delete("v1", "Namespace", ns)
 
         self._with_api(remove)
+
+
+class _FrameReader(io.RawIOBase):
+    """The exec stream's stdout frames as a file ``tarfile`` reads in stream mode."""
+
+    def __init__(self, frames: Iterator[bytes]) -> None:
+        self._frames, self._left = frames, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            chunk = next(self._frames, None)
+            if chunk is None:
+                return 0
+            self._left = memoryview(chunk)
+        n = min(len(buffer), len(self._left))
+        buffer[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
