@@ -52,11 +52,11 @@ from tests.kubernetes.fake_registry import FakeRegistry  # noqa: E402
 # The run's Secrets and NetworkPolicy (issue 23) come with the namespace, before the pods that need them.
 SEED_ORDER = [
     "aws.vpc", "aws.subnet", "aws.internet-gateway", "aws.nat-gateway", "aws.route-table",
-    "aws.security-group.nodes", "aws.iam-role", "aws.eks-cluster", "aws.addon", "aws.pod-identity",
+    "aws.security-group.nodes", "aws.iam-role", "aws.s3-bucket", "aws.eks-cluster", "aws.addon", "aws.pod-identity",
     "aws.access-entry.admin", "aws.kubeconfig", "aws.launch-template.system", "aws.nodegroup.system",
     "aws.placement-group.gpu", "aws.launch-template.gpu",
     "aws.nodegroup.gpu", "k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator",
-    "k8s.namespace", "k8s.secret.ray-token", "k8s.secret.job-env", "k8s.networkpolicy.ray", "k8s.raycluster",
+    "k8s.namespace", "k8s.serviceaccount", "k8s.secret.ray-token", "k8s.secret.job-env", "k8s.networkpolicy.ray", "k8s.raycluster",
     "k8s.gpu-workers"]
 
 

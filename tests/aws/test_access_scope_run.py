@@ -14,34 +14,16 @@ from backend.layers.aws.access_scope import ACCESS_SCOPE, AccessScopeHandler
 from backend.layers.kubernetes.clients import cluster_api
 from backend.ledger import ResourceStatus
 from backend.model import Action
-from tests.aws.conftest import World
+from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import down, eks, session_for, tagged, up
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import crd_dir
-from tests.kubernetes.fake_control import FakeControlPlane
 from tests.kubernetes.fake_ray import FakeRayHead
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 CLUSTER_ADMIN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 ADMIN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSAdminPolicy"
-
-
-def join_nodes(cluster: KubeCluster) -> Any:
-    """Nodes join the emulated cluster when their nodegroup turns active (as bench/aws_up.py)."""
-    def joined(_cluster: str, nodegroup: str, info: dict[str, Any]) -> None:
-        gpu = "gpu" in nodegroup
-        for i in range(int(info.get("desired_size") or info.get("size") or 1)):
-            node = cluster.add_node(f"{nodegroup}-{i}", gpus=4 if gpu else 0, efa=1 if gpu else 0,
-                                    labels={"node.kubernetes.io/instance-type": "g6.12xlarge" if gpu else "m7i.xlarge",
-                                            **({} if gpu else {"role": "system"})},
-                                    taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
-                                    if gpu else None)
-            if gpu:  # the device plugins make it advertise them
-                allocatable = {**node["status"]["allocatable"], "nvidia.com/gpu": None, "vpc.amazonaws.com/efa": None}
-                cluster.set_status("Node", f"{nodegroup}-{i}", None, {**node["status"], "allocatable": allocatable})
-
-    return joined
 
 
 def secret(namespace: str) -> dict[str, Any]:
@@ -62,11 +44,12 @@ def ray_head() -> Any:
 
 
 @pytest.fixture
-def narrowed_world(world: World, eks_authz: KubeCluster, ray_head: FakeRayHead, tmp_path: Path) -> Any:
-    world.script.on_nodegroup_active = join_nodes(eks_authz)
-    with FakeControlPlane(eks_authz, jobs_url=ray_head.url) as control:
-        yield crd_dir(tmp_path)
-    assert not control.errors, control.errors[:3]
+def narrowed_world(eks_kube: EksKube, eks_authz: KubeCluster, ray_head: FakeRayHead, tmp_path: Path) -> Any:
+    """The aws world's own control plane (``eks_kube``: nodes join as their nodegroups turn active)
+    leads the head's dashboard to the Ray head double."""
+    eks_kube.control.jobs_url = ray_head.url
+    yield crd_dir(tmp_path)
+    assert not eks_kube.control.errors, eks_kube.control.errors[:3]
 
 
 async def test_namespace_scope_narrows_after_the_installs_and_down_restores_first(
