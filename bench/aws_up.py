@@ -56,8 +56,8 @@ SEED_ORDER = [
     "aws.access-entry.admin", "aws.kubeconfig", "aws.launch-template.system", "aws.nodegroup.system",
     "aws.placement-group.gpu", "aws.launch-template.gpu",
     "aws.nodegroup.gpu", "k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator",
-    "k8s.namespace", "k8s.serviceaccount", "k8s.secret.ray-token", "k8s.secret.job-env", "k8s.networkpolicy.ray", "k8s.raycluster",
-    "k8s.gpu-workers"]
+    "k8s.namespace", "k8s.serviceaccount", "k8s.secret.ray-token", "k8s.secret.job-env", "k8s.networkpolicy.ray",
+    "k8s.raycluster", "k8s.gpu-workers"]
 
 
 def sequential(steps: list[Step]) -> list[Step]:

@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
+from backend.errors import RtuiError
 from backend.model import Plan
 from backend.store import RunStore
 from tui.plan_diff import money
@@ -121,7 +122,7 @@ class ConfirmTeardown(ModalScreen[bool]):
     def _measure(self, data_line: Callable[[], str | None]) -> None:
         try:
             line = data_line()
-        except Exception as exc:  # noqa: BLE001 - the modal still tears down; it says what it could not see
+        except RtuiError as exc:  # the modal still tears down and says what it could not see; a bug goes up
             line = f"Kept unless you say so: the run's data (not measured: {str(exc).splitlines()[0][:120]})"
         self.app.call_from_thread(self._show_data, line)
 
