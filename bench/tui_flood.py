@@ -125,18 +125,24 @@ async def flood(rate: int = 100_000, seconds: float = 10.0, idle_s: float = 5.0,
                 lags.append(time.perf_counter() - start - PROBE_S)
 
         produced = 0
-        rss_start = rss_peak = rss_mib()
-        prober = asyncio.create_task(probe())
-        start = time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds:
-            due = min(int(rate * elapsed), int(rate * seconds))
+
+        def produce(due: int) -> None:
+            nonlocal produced
             if due > produced:
                 lines = [line_at(i, metric_every) for i in range(produced, due)]
                 spool.append("".join(line + "\n" for line in lines))
                 screen.post_message(RunScreen.LinesArrived(lines))
                 produced = due
+
+        rss_start = rss_peak = rss_mib()
+        prober = asyncio.create_task(probe())
+        start = time.perf_counter()
+        total = int(rate * seconds)
+        while (elapsed := time.perf_counter() - start) < seconds:
+            produce(min(int(rate * elapsed), total))
             rss_peak = max(rss_peak, rss_mib())
             await asyncio.sleep(TICK_S)
+        produce(total)  # a late last tick (a loaded machine) still delivers the whole flood, at once
         await pilot.pause(0.5)  # the last drain
         running = False
         await prober
