@@ -11,11 +11,12 @@ local directory (``fetch``) and delete everything (``delete``, only on ``--delet
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -238,18 +239,8 @@ class S3Store:
             size = sizes[name]
             dst = to / name
             if not (dst.is_file() and dst.stat().st_size == size):
-                part = to / f".{name}.part"
-                try:
+                with partial_file(to, name) as part:
                     self._call("downloading", self._client().download_file, self.bucket, key, str(part))
-                except OperationError:
-                    part.unlink(missing_ok=True)
-                    raise
-                except OSError as exc:
-                    part.unlink(missing_ok=True)
-                    raise OperationError(f"writing {name} to {to} failed: {exc.strerror or exc}",
-                                         remedy="free some space there (or pick another --to) and run it again; "
-                                                "files already copied are kept") from None
-                os.replace(part, dst)
                 copied.append(name)
             done += size
             if progress is not None:
@@ -296,20 +287,34 @@ def copy_model_dir(source: Path, model: ExportInfo, to: Path,
         src, dst = source / name, to / name
         size = src.stat().st_size
         if not (dst.is_file() and dst.stat().st_size == size):
-            part = to / f".{name}.part"
-            try:
+            with partial_file(to, name, doing="copying") as part:
                 shutil.copyfile(src, part)
-            except OSError as exc:
-                part.unlink(missing_ok=True)
-                raise OperationError(f"copying {name} to {to} failed: {exc.strerror or exc}",
-                                     remedy="free some space there (or pick another --to) and run it again; "
-                                            "files already copied are kept") from None
-            os.replace(part, dst)
             copied.append(name)
         done += size
         if progress is not None:
             progress(done, total)
     return copied
+
+
+@contextlib.contextmanager
+def partial_file(to: Path, name: str, *, doing: str = "writing") -> Iterator[Path]:
+    """Where one file of a copy into ``to`` is written: ``.<name>.part``, put in place as ``name`` only
+    when the block ends cleanly and removed when it fails, so an interrupted copy never leaves a
+    file that looks whole (the next copy keeps what is complete and starts this one again). A disk
+    error becomes one line."""
+    part = to / f".{name}.part"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield part
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise OperationError(f"{doing} {name} to {to} failed: {exc.strerror or exc}",
+                             remedy="free some space there (or pick another --to) and run it again; "
+                                    "files already copied are kept") from None
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    os.replace(part, to / name)
 
 
 def prepare_target(to: Path) -> None:

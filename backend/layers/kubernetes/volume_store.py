@@ -21,7 +21,6 @@ import concurrent.futures
 import contextlib
 import io
 import json
-import os
 import secrets
 import sys
 import tarfile
@@ -31,7 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from backend.delivery import DataUsage, prepare_target
+from backend.delivery import DataUsage, partial_file, prepare_target
 from backend.errors import OperationError
 from backend.layers.kubernetes import manifests
 from backend.layers.kubernetes.handlers import ours
@@ -392,24 +391,12 @@ class VolumeStore:
                                                  remedy="run it again (the run may still be writing it)")
                         source = tar.extractfile(member)
                         assert source is not None  # a regular file
-                        dst, part = to / member.name, to / f".{member.name}.part"
-                        part.parent.mkdir(parents=True, exist_ok=True)
-                        try:
-                            with part.open("wb") as fh:
-                                while chunk := source.read(2**20):
-                                    fh.write(chunk)
-                                    done += len(chunk)
-                                    if progress is not None:
-                                        progress(done, total)
-                        except OSError as exc:
-                            part.unlink(missing_ok=True)
-                            raise OperationError(f"writing {member.name} to {to} failed: {exc.strerror or exc}",
-                                                 remedy="free some space there (or pick another --to) and run it "
-                                                        "again; files already copied are kept") from None
-                        except BaseException:
-                            part.unlink(missing_ok=True)
-                            raise
-                        os.replace(part, dst)
+                        with partial_file(to, member.name) as part, part.open("wb") as fh:
+                            while chunk := source.read(2**20):
+                                fh.write(chunk)
+                                done += len(chunk)
+                                if progress is not None:
+                                    progress(done, total)
                         copied.append(member.name)
             except tarfile.TarError as exc:
                 raise OperationError(f"the copy from {model.uri} stopped: {exc}",
@@ -431,9 +418,7 @@ class VolumeStore:
             size = sizes[f"{inside}{name}"]
             dst = to / name
             if not (dst.is_file() and dst.stat().st_size == size):
-                part = to / f".{name}.part"
-                part.parent.mkdir(parents=True, exist_ok=True)
-                try:
+                with partial_file(to, name) as part:
                     with part.open("wb") as fh:
                         for offset in range(0, max(size, 1), CHUNK_BYTES):
                             for line in await self._read(api, ["read", self.run_id, f"{inside}{name}",
@@ -441,19 +426,9 @@ class VolumeStore:
                                 fh.write(base64.b64decode(line))
                             if progress is not None:
                                 progress(done + min(offset + CHUNK_BYTES, size), total)
-                except OSError as exc:
-                    part.unlink(missing_ok=True)
-                    raise OperationError(f"writing {name} to {to} failed: {exc.strerror or exc}",
-                                         remedy="free some space there (or pick another --to) and run it "
-                                                "again; files already copied are kept") from None
-                except OperationError:
-                    part.unlink(missing_ok=True)
-                    raise
-                if part.stat().st_size != size:
-                    part.unlink(missing_ok=True)
-                    raise OperationError(f"{name} came back with another size than on the volume",
-                                         remedy="run it again (the run may still be writing it)")
-                os.replace(part, dst)
+                    if part.stat().st_size != size:
+                        raise OperationError(f"{name} came back with another size than on the volume",
+                                             remedy="run it again (the run may still be writing it)")
                 copied.append(name)
             done += size
             if progress is not None:
