@@ -57,9 +57,14 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`), tests that start a real Ray cluster or drive tmux share one
-    group: one worker runs them one after another, as a serial run does, while the rest spread."""
+    group: one worker runs them one after another, as a serial run does, while the rest spread.
+
+    First, before xdist's own hook reads the ``xdist_group`` marks into the node ids: run after
+    it, the marks came too late and the group was never formed (a Ray bench and a Ray test ran
+    side by side on two workers, and each saw the other's cluster as an orphan)."""
     for item in items:
         if item.get_closest_marker("ray") or item.get_closest_marker("tmux"):
             item.add_marker(pytest.mark.xdist_group("ray"))

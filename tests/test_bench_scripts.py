@@ -40,6 +40,9 @@ SMOKE: dict[str, tuple[list[str], str, tuple[pytest.MarkDecorator, ...]]] = {
 
 
 # Scripts whose smoke run is a test of their own, with more to check than the output's last line.
+# Under pytest-timeout's 600 s, so a stuck bench is stopped here, with time to stop its cluster.
+BENCH_TIMEOUT_S = 420
+
 SMOKED_ELSEWHERE = {"gpu_step.py": REPO / "tests" / "training" / "test_gpu_step.py"}
 
 
@@ -71,7 +74,16 @@ def test_every_bench_script_imports(tmp_path: Path) -> None:
 @pytest.mark.parametrize("script", [pytest.param(name, marks=marks) for name, (_, _, marks) in SMOKE.items()])
 def test_bench_script_runs_at_tiny_sizes(script: str, tmp_path: Path) -> None:
     args, expected, _ = SMOKE[script]
-    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
-                          timeout=600, cwd=REPO, env=bench_env(tmp_path), stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    assert expected in proc.stdout, proc.stdout[-2000:]
+    proc = subprocess.Popen([sys.executable, str(BENCH / script), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=bench_env(tmp_path),
+                            stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=BENCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # SIGTERM, not subprocess.run's SIGKILL: a bench that started a Ray head stops it on the way
+        # out, and no cluster outlives the test to be seen by the next ones as an orphan.
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"{script} ran past {BENCH_TIMEOUT_S}s:\n{out[-2000:]}\n{err[-3000:]}")
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{out[-2000:]}\n{err[-3000:]}"
+    assert expected in out, out[-2000:]

@@ -120,6 +120,18 @@ def ray_start(*args: str) -> list[str]:
     return [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", *args]
 
 
+def head_argv(cluster: lc.ClusterDir, ports: Mapping[str, int], *, cpus: int) -> list[str]:
+    """How rtui starts a local head: every port its own (a default one, such as the job agent's 52365,
+    is taken by whichever cluster on the host came first), loopback only, no usage stats."""
+    return ray_start(
+        "--head", f"--node-name={lc.node_name(cluster.cluster_name, None)}", f"--temp-dir={cluster.ray_dir}",
+        "--node-ip-address=127.0.0.1", f"--port={ports['gcs']}", f"--num-cpus={cpus}",
+        "--num-gpus=0", f"--object-store-memory={OBJECT_STORE_BYTES}",
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={ports['dashboard']}",
+        f"--ray-client-server-port={ports['client']}", "--min-worker-port=0", "--max-worker-port=0",
+        "--disable-usage-stats", *_port_flags(ports))
+
+
 class HeadHandler(Handler):
     kind = "ray-head"
     title = "Start the Ray head"
@@ -146,13 +158,7 @@ class HeadHandler(Handler):
             fh.write(secrets.token_hex(32))
         log = cluster.path / "rtui-head.log"
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={**facts, "head_log": str(log)})
-        argv = ray_start(
-            "--head", f"--node-name={lc.node_name(ctx.config.cluster_name, None)}", f"--temp-dir={cluster.ray_dir}",
-            "--node-ip-address=127.0.0.1", f"--port={ports['gcs']}", f"--num-cpus={want.spec['cpus']}",
-            "--num-gpus=0", f"--object-store-memory={OBJECT_STORE_BYTES}",
-            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={ports['dashboard']}",
-            f"--ray-client-server-port={ports['client']}", "--min-worker-port=0", "--max-worker-port=0",
-            "--disable-usage-stats", *_port_flags(ports))
+        argv = head_argv(cluster, ports, cpus=int(want.spec["cpus"]))
         yield Progress(f"starting ray head on 127.0.0.1:{ports['gcs']}", 0.05)
         ref = start_detached(argv, log_path=log, env=ray_env(cluster, loopback=bool(want.spec["loopback"])),
                              cwd=cluster.path)
