@@ -393,6 +393,7 @@ class Orphan:
     cluster_name: str
     target: str
     where: str
+    running: bool = True  # False: only its marks are left (a local dir whose processes are gone)
 
 
 def find_orphans(store: RunStore, target: str, cluster_name: str | None = None) -> list[Orphan]:
@@ -401,7 +402,7 @@ def find_orphans(store: RunStore, target: str, cluster_name: str | None = None) 
     if not found:
         return []
     known = {r.run_id for r in store.list()[0] if r.status is not RunStatus.DOWN}
-    return [Orphan(c.run_id, c.cluster_name, target, c.where) for c in found
+    return [Orphan(c.run_id, c.cluster_name, target, c.where, c.running) for c in found
             if c.run_id not in known and not _recorded_elsewhere(store, c.run_id, c.state_dir)]
 
 

@@ -65,6 +65,7 @@ class FoundCluster:
     cluster_name: str
     where: str
     state_dir: str | None = None  # the rtui state dir that made it, when it says
+    running: bool = True  # False: its marks are there but its processes are gone (nothing to stop)
 
 
 class Target(ABC):

@@ -17,7 +17,7 @@ from backend.errors import OperationError
 from backend.layers import local_cluster as lc
 from backend.ledger import ResourceStatus
 from backend.store import RunStatus, RunStore
-from tests.conftest import run_rtui
+from tests.conftest import json_lines, run_rtui
 
 
 @pytest.fixture
@@ -164,4 +164,35 @@ def test_down_by_name_leaves_a_cluster_of_another_state_dir_and_says_whose(tmp_p
         assert f"RTUI_STATE_DIR={other} rtui down r20260101-000000-othr --yes" in proc.stderr
         assert made.path.exists()
     finally:
+        lc.remove_cluster_dir(made.path)
+
+
+def test_an_orphan_dir_whose_processes_are_gone_is_not_called_running(tmp_path: Path) -> None:
+    """A cluster killed with its state dir (a crash, a reboot's leftovers) leaves only its marked dir:
+    status says so instead of "is running", and `down` by run id removes it."""
+    made = lc.make_cluster_dir("r20260101-000000-gone", "gone", {"state_dir": str(tmp_path / "lost")})
+    try:
+        status = run_rtui("status", timeout=60)
+        line = next(x for x in status.stdout.splitlines() if "r20260101-000000-gone" in x)
+        assert "was left behind, its processes gone," in line and "is running" not in line, line
+        assert "remove it:" in line and "down r20260101-000000-gone --yes" in line
+        orphans = json_lines(run_rtui("status", "--json", timeout=60).stdout)[0]["orphans"]
+        assert [o["running"] for o in orphans if o["run_id"] == made.run_id] == [False]
+        down = run_rtui("down", made.run_id, "--yes", timeout=60)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert not made.path.exists()
+    finally:
+        if made.path.exists():
+            lc.remove_cluster_dir(made.path)
+
+
+def test_an_orphan_with_a_live_process_is_running(tmp_path: Path) -> None:
+    made = lc.make_cluster_dir("r20260101-000000-live", "live", {"state_dir": str(tmp_path / "lost")})
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(made.path / "r")])
+    try:
+        orphans = json_lines(run_rtui("status", "--json", timeout=60).stdout)[0]["orphans"]
+        assert [o["running"] for o in orphans if o["run_id"] == made.run_id] == [True]
+    finally:
+        holder.kill()
+        holder.wait()
         lc.remove_cluster_dir(made.path)

@@ -135,8 +135,10 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
     if data is not None:
         out.write(format_status(data))
     for o in orphans:
-        out.write(f"orphan   {o.target} cluster {o.cluster_name} of run {o.run_id} is running without a record "
-                  f"({o.where}) — tear it down: {rtui_command()} down {o.run_id} --yes\n")
+        state = "is running" if o.running else "was left behind, its processes gone,"
+        out.write(f"orphan   {o.target} cluster {o.cluster_name} of run {o.run_id} {state} without a record "
+                  f"({o.where}) — {'tear it down' if o.running else 'remove it'}: "
+                  f"{rtui_command()} down {o.run_id} --yes\n")
     for k in kept:
         out.write(f"kept     on purpose: run {k.run_id}'s data, {k.usage.describe()} — delete it: "
                   f"{rtui_command()} down {k.run_id} --delete-data --yes\n")

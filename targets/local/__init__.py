@@ -69,13 +69,14 @@ class LocalTarget(Target):
 
     def live_clusters(self, cluster_name: str | None = None) -> list[FoundCluster]:
         # lazy: psutil (~30 ms) only when live clusters are looked for
-        from backend.layers.local_cluster import find_clusters
+        from backend.layers.local_cluster import cluster_family, find_clusters
 
         found = []
         for c in find_clusters(cluster_name=cluster_name):
             state_dir = c.facts.get("state_dir")
             found.append(FoundCluster(c.run_id, c.cluster_name, str(c.path),
-                                      state_dir if isinstance(state_dir, str) else None))
+                                      state_dir if isinstance(state_dir, str) else None,
+                                      running=bool(cluster_family(c.path))))
         return found
 
     def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
