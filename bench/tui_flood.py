@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -76,15 +77,22 @@ async def idle_cpu(seconds: float) -> float:
 
 async def flood(rate: int = 100_000, seconds: float = 10.0, idle_s: float = 5.0, *,
                 priced: bool = True, size: tuple[int, int] = (120, 40),
-                metric_every: int = 10_000) -> FloodResult:
-    """Run the flood in this process (its state dir must be private: see ``main``)."""
-    from backend.config import resolve_config
-    from backend.model import Action, Change, Plan
-    from backend.session import RunSession
-    from backend.store import JobRecord, JobState, RunStatus
-    from screens.run import RunScreen
-    from tui.app import RtuiApp
-    from tui.logtail import LogTail
+                metric_every: int = 10_000, load_like_rtui: bool = False) -> FloodResult:
+    """Run the flood in this process (its state dir must be private: see ``main``).
+
+    ``load_like_rtui``: the modules load as the ``rtui`` command loads them (``tui.heap.loading``:
+    the collector paused, then what is loaded frozen). ``main`` asks for it, being a process of its
+    own like rtui; a test inside pytest's process leaves that process's collector alone."""
+    from tui.heap import loading
+
+    with loading() if load_like_rtui else contextlib.nullcontext():
+        from backend.config import resolve_config
+        from backend.model import Action, Change, Plan
+        from backend.session import RunSession
+        from backend.store import JobRecord, JobState, RunStatus
+        from screens.run import RunScreen
+        from tui.app import RtuiApp
+        from tui.logtail import LogTail
 
     session = RunSession.for_config(resolve_config({"local_cpus": "2"}, environ={}))
     session.record.jobs.append(JobRecord(submission_id="rtui-flood-1", submitted_at=time.time(), spec_hash="h",
@@ -169,6 +177,8 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measurement")
     parser.add_argument("--metric-every", type=int, default=10_000,
                         help="one line in N is a metric record (each is a graph point)")
+    parser.add_argument("--collector-as-is", action="store_true",
+                        help="load the app without tui.heap's paused-then-frozen collector (the baseline)")
     parser.add_argument("--size", default="120x40", help="terminal size, COLUMNSxROWS (below 100 columns no graph)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rtui-flood-") as tmp:
@@ -178,7 +188,7 @@ def main() -> None:
         os.environ["RTUI_CONFIG_DIR"] = str(Path(tmp) / "config")
         width, height = (int(n) for n in args.size.split("x"))
         result = asyncio.run(flood(args.rate, args.seconds, args.idle, size=(width, height),
-                                   metric_every=args.metric_every))
+                                   metric_every=args.metric_every, load_like_rtui=not args.collector_as_is))
     print(json.dumps({**asdict(result), "lost_in_spool": result.lost}, indent=2))
 
 

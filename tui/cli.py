@@ -30,6 +30,7 @@ from backend.errors import RtuiError, UserError
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore, new_run_id
 from backend.trust import remember
+from tui.heap import loading
 from tui.invocation import resolved_from
 
 LATEST = "__latest__"
@@ -440,8 +441,9 @@ def _wizard(ns: argparse.Namespace) -> int:
         # a terminal the app draws into a pipe or file and waits for keys that never come.
         raise UserError("the wizard needs a terminal (stdin or stdout is not one)",
                         remedy="run `rtui` in a terminal; scripts use `rtui plan`, `rtui up --yes`, `rtui status`")
-    # lazy: Textual only for the wizard: `rtui token` runs on every kubectl call
-    from tui.app import RtuiApp
+    with loading():  # tui.heap: the app's modules load with the collector paused, then are frozen
+        # lazy: Textual only for the wizard: `rtui token` runs on every kubectl call
+        from tui.app import RtuiApp
 
     app = RtuiApp(session, resume=ns.resume is not None, read_only=ns.read_only, choose_from=choose_from,
                   confirm_config=confirm)
