@@ -80,19 +80,21 @@ async def flood(rate: int = 100_000, seconds: float = 10.0, idle_s: float = 5.0,
                 metric_every: int = 10_000, load_like_rtui: bool = False) -> FloodResult:
     """Run the flood in this process (its state dir must be private: see ``main``).
 
-    ``load_like_rtui``: the modules load as the ``rtui`` command loads them (``tui.heap.loading``:
-    the collector paused, then what is loaded frozen). ``main`` asks for it, being a process of its
-    own like rtui; a test inside pytest's process leaves that process's collector alone."""
+    ``load_like_rtui``: the modules load as the wizard loads them: the CLI and the app inside
+    ``tui.heap.loading`` (the collector paused, then what is loaded frozen), the run screen later,
+    when first shown. ``main`` asks for it, being a process of its own like rtui; a test inside
+    pytest's process leaves that process's collector alone."""
     from tui.heap import loading
 
     with loading() if load_like_rtui else contextlib.nullcontext():
-        from backend.config import resolve_config
-        from backend.model import Action, Change, Plan
-        from backend.session import RunSession
-        from backend.store import JobRecord, JobState, RunStatus
-        from screens.run import RunScreen
+        import tui.cli  # noqa: F401 - loaded before the app, as `rtui` does
         from tui.app import RtuiApp
-        from tui.logtail import LogTail
+    from backend.config import resolve_config
+    from backend.model import Action, Change, Plan
+    from backend.session import RunSession
+    from backend.store import JobRecord, JobState, RunStatus
+    from screens.run import RunScreen
+    from tui.logtail import LogTail
 
     session = RunSession.for_config(resolve_config({"local_cpus": "2"}, environ={}))
     session.record.jobs.append(JobRecord(submission_id="rtui-flood-1", submitted_at=time.time(), spec_hash="h",

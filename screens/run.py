@@ -24,6 +24,7 @@ from backend.layers.base import HeadLogSource
 from backend.session import cost_meter
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
+from tui import heap
 from tui.logtail import LogTail
 from tui.render import gpu_line
 from tui.screen import RtuiScreen
@@ -142,6 +143,8 @@ class RunScreen(RtuiScreen):
         if self.has_head:
             self.follow_head()
             self.watch_gpu()
+        # The run screen's modules loaded after the wizard's (tui.heap): out of every full collection too.
+        self.call_after_refresh(heap.settle)
 
     @property
     def has_head(self) -> bool:

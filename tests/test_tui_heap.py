@@ -58,3 +58,21 @@ def test_the_wizard_loads_the_app_inside_loading(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(RtuiApp, "run", lambda self, *a, **k: seen.append("run"))
     assert tui.cli._wizard(tui.cli.build_parser().parse_args([])) == 0
     assert seen == ["load", "loaded", "run"]
+
+
+def test_settle_freezes_only_where_loading_ran() -> None:
+    code = ("import gc, json\n"
+            "from tui import heap\n"
+            "heap.settle()\n"
+            "before = gc.get_freeze_count()\n"
+            "with heap.loading():\n"
+            "    pass\n"
+            "import screens.run\n"
+            "after_load = gc.get_freeze_count()\n"
+            "heap.settle()\n"
+            "print(json.dumps([before, after_load, gc.get_freeze_count()]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          check=True)
+    before, after_load, settled = json.loads(proc.stdout)
+    assert before == 0  # a host process (pytest's) that never called loading() keeps its collector
+    assert settled > after_load + 5_000  # the run screen's modules, loaded after, frozen by settle

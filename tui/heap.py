@@ -8,8 +8,10 @@ one every second or so, and each held the event loop for 60-80 ms, which was the
 to the permanent generation, which no collection walks: the p99 went to 16-18 ms. (Pausing the
 collector while the modules load is worth 0-8 ms of the first frame, within that bench's noise.)
 
-Only the process's owner calls this, the wizard (``tui.cli``), never a library import: a test
-process importing ``tui`` keeps its collector as it was.
+Only the process's owner calls ``loading``: the wizard (``tui.cli``), never a library import, so a
+test process importing ``tui`` keeps its collector as it was. What loads later (the run screen and
+its modules, when first shown) is frozen by ``settle`` once the dashboard is up, again only in a
+process whose owner called ``loading``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+_owned = False  # loading() ran: this process is rtui's own (the wizard's), not a host's such as pytest's
+
 
 @contextmanager
 def loading() -> Iterator[None]:
     """No collection while the block imports; then what it loaded (and everything before) is frozen."""
+    global _owned
+    _owned = True
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -30,3 +36,9 @@ def loading() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
+
+
+def settle() -> None:
+    """Freeze what is alive now (modules loaded since, a long-lived screen), where ``loading`` ran."""
+    if _owned:
+        gc.freeze()
