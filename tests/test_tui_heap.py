@@ -14,6 +14,12 @@ import tui.cli
 from tests.conftest import REPO
 
 
+def run_python(code: str) -> str:
+    """``code`` in a Python process of its own, as rtui is (the collector's state is per process)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          check=True).stdout
+
+
 def test_what_loading_loaded_is_frozen_and_the_collector_runs_again() -> None:
     """In a process of its own, as rtui is: a full collection after the load walks only what came after."""
     code = ("import gc, json\n"
@@ -22,9 +28,8 @@ def test_what_loading_loaded_is_frozen_and_the_collector_runs_again() -> None:
             "    paused = not gc.isenabled()\n"
             "    import tui.app, screens.run\n"
             "print(json.dumps([paused, gc.isenabled(), gc.get_freeze_count(), len(gc.get_objects())]))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
-                          check=True)
-    paused, enabled_after, frozen, tracked = json.loads(proc.stdout)
+    out = run_python(code)
+    paused, enabled_after, frozen, tracked = json.loads(out)
     assert paused and enabled_after
     assert frozen > 20_000, frozen  # the wizard's modules: Textual, pydantic, the backend, the screens
     assert tracked < frozen / 10, (tracked, frozen)
@@ -37,9 +42,8 @@ def test_loading_leaves_a_paused_collector_paused() -> None:
             "with loading():\n"
             "    import json\n"
             "print(gc.isenabled())\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
-                          check=True)
-    assert proc.stdout.strip() == "False"
+    out = run_python(code)
+    assert out.strip() == "False"
 
 
 def test_the_wizard_loads_the_app_inside_loading(monkeypatch: pytest.MonkeyPatch, isolated_env: object) -> None:
@@ -71,8 +75,7 @@ def test_settle_freezes_only_where_loading_ran() -> None:
             "after_load = gc.get_freeze_count()\n"
             "heap.settle()\n"
             "print(json.dumps([before, after_load, gc.get_freeze_count()]))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
-                          check=True)
-    before, after_load, settled = json.loads(proc.stdout)
+    out = run_python(code)
+    before, after_load, settled = json.loads(out)
     assert before == 0  # a host process (pytest's) that never called loading() keeps its collector
     assert settled > after_load + 5_000  # the run screen's modules, loaded after, frozen by settle
