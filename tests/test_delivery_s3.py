@@ -13,11 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +26,7 @@ from backend.errors import OperationError
 from backend.jobspec import build_job_spec
 from backend.store import RunStatus, RunStore
 from tests.conftest import json_lines, run_rtui
+from tests.moto_process import moto_server_process
 from training.export import MODEL_MARKER, upload_dir
 
 BUCKET = "rtui-models"
@@ -40,26 +36,8 @@ EVAL = {"before": {"loss": 6.9, "perplexity": 992.3, "tokens": 64, "step": 0, "p
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=2).read()
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-    try:
+    with moto_server_process() as endpoint:
         yield endpoint
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 @pytest.fixture

@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_rtui
+from tests.moto_process import moto_server_process
 
 PREFIX = "runs"
 
@@ -30,8 +27,6 @@ PREFIX = "runs"
 @pytest.fixture
 def strict_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, dict[str, str]]]:
     """Bucket ``models``; users ``writer`` (may write runs/*) and ``reader`` (may only read); auth on."""
-    import boto3
-
     # Only the user's access key signs: a session token left in the environment (tests/aws's
     # session-wide moto fixture sets AWS_SESSION_TOKEN until the session ends) makes moto, as STS,
     # refuse a long-term AKIA key with InvalidClientTokenId: the full suite's failure in CI.
@@ -40,23 +35,14 @@ def strict_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, dict[str, s
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/rtui-test-aws-config")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/rtui-test-aws-credentials")
 
-    # A server of its own in its own process: moto's backends and its auth switch are process-wide,
-    # so one in this process would share the users and the switch with every other moto test here.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=2).read()
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    with moto_server_process() as endpoint:
+        yield from _users_on(endpoint)
+
+
+def _users_on(endpoint: str) -> Iterator[dict[str, dict[str, str]]]:
+    """The bucket and the two users, then moto's authentication on (and yields their keys)."""
+    import boto3
+
     admin = {"endpoint_url": endpoint, "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
              "region_name": "us-east-1"}
     boto3.client("s3", **admin).create_bucket(Bucket="models")
@@ -79,11 +65,7 @@ def strict_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, dict[str, s
         urllib.request.urlopen(request, timeout=10).read()
 
     auth("0")
-    try:
-        yield keys
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    yield keys
 
 
 def test_a_bucket_prefix_the_principal_may_not_write_fails_preflight(strict_s3: dict[str, dict[str, str]]) -> None:
