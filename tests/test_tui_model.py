@@ -6,9 +6,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from textual.pilot import Pilot
 from textual.widgets import Input
 
 from backend.delivery import local_data_dir
+from screens.confirm import ConfirmTeardown
 from tests.pilot_wait import wait_for
 from tests.test_cli_model import EVAL, exported
 from tests.test_tui_dashboard import DashboardApp, dashboard_session, feed, metric_lines, settle, stats_text
@@ -45,20 +47,25 @@ async def test_finish_panel_shows_eval_and_model_and_m_copies_it(isolated_env: P
         assert sorted(p.name for p in target.iterdir()) == sorted(info.files)
 
 
+async def open_teardown(pilot: Pilot[None], app: DashboardApp) -> ConfirmTeardown:
+    """D on the settled dashboard, then the teardown modal once it is up."""
+    await settle(pilot)
+    await pilot.press("D")
+    await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the teardown modal")
+    modal = app.screen
+    assert isinstance(modal, ConfirmTeardown)
+    return modal
+
+
 async def test_d_keeps_the_data_unless_delete_data_is_typed_after_the_cluster_name(
         isolated_env: Path, exported: Path) -> None:
-    from screens.confirm import ConfirmTeardown
 
     session = dashboard_session(priced=False)
     data = local_data_dir(session.store.root, session.run_id)
     shutil.copytree(exported, data / "rtui-1" / "model")
     app = DashboardApp(session, resume=True)
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
-        await pilot.press("D")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the teardown modal")
-        modal = app.screen
-        assert isinstance(modal, ConfirmTeardown)
+        modal = await open_teardown(pilot, app)
         await wait_for(pilot, lambda: "1 model" in (modal.data_text or ""), 10, "the data measured")
         assert "Kept unless you say so" in str(modal.query_one("#confirm-data").render())
         await pilot.press(*f"{session.config.cluster_name} delete dat", "enter")
@@ -75,7 +82,6 @@ async def test_the_teardown_modal_measures_the_data_off_the_event_loop(isolated_
     import threading
 
     from backend.delivery import DataUsage
-    from screens.confirm import ConfirmTeardown
 
     session = dashboard_session(priced=False)
     release, asked = threading.Event(), threading.Event()
@@ -91,11 +97,7 @@ async def test_the_teardown_modal_measures_the_data_off_the_event_loop(isolated_
     monkeypatch.setattr(session, "data_store", lambda: SlowStore())
     app = DashboardApp(session, resume=True)
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
-        await pilot.press("D")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the teardown modal")
-        modal = app.screen
-        assert isinstance(modal, ConfirmTeardown)
+        modal = await open_teardown(pilot, app)
         await wait_for(pilot, asked.is_set, 5, "the measure started")
         assert "measuring…" in str(modal.query_one("#confirm-data").render())
         await pilot.press(*"rtui")  # the event loop is free: typing goes on while the store is read
