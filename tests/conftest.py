@@ -61,10 +61,13 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`), tests that start a real Ray cluster or drive tmux share one
     group: one worker runs them one after another, as a serial run does, while the rest spread.
+    So do the tests marked ``host_clusters``: a local cluster is found host-wide (its marked dir
+    under /tmp), so a test that makes one, or that counts on seeing no other rtui's (no orphans, "no
+    runs yet", `down` by the default name), must not run beside another that has one up.
 
     First, before xdist's own hook reads the ``xdist_group`` marks into the node ids: run after
     it, the marks came too late and the group was never formed (a Ray bench and a Ray test ran
     side by side on two workers, and each saw the other's cluster as an orphan)."""
     for item in items:
-        if item.get_closest_marker("ray") or item.get_closest_marker("tmux"):
+        if any(item.get_closest_marker(name) for name in ("ray", "tmux", "host_clusters")):
             item.add_marker(pytest.mark.xdist_group("ray"))

@@ -33,7 +33,8 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: s
         (["plan", "--local-worker-nodes", "-1"], "--local-worker-nodes"),
         (["plan", "--config", "/nonexistent/rtui.toml"], "does not exist"),
         (["up"], "needs --yes"),
-        (["down", "--yes"], "no runs yet"),
+        # By the default cluster name, `down` would stop another test's orphaned cluster.
+        pytest.param(["down", "--yes"], "no runs yet", marks=pytest.mark.host_clusters),
         (["status", "r-nope"], "no run r-nope"),
         (["--resume"], "no runs to resume"),
         (["frobnicate"], "invalid choice"),

@@ -107,6 +107,7 @@ def test_bad_to_is_one_line_exit_2(exported: Path, tmp_path: Path) -> None:
     assert_one_line(run_rtui("model", "nosuchrun"), 2, "no run")
 
 
+@pytest.mark.host_clusters  # no orphans: counts on no other test's cluster being up
 def test_down_keeps_the_data_and_lists_it_then_delete_data_removes_it(exported: Path) -> None:
     run_id, data = finished_run(exported)
     down = run_rtui("down", run_id, "--yes")

@@ -66,6 +66,7 @@ def test_a_record_from_a_newer_rtui_is_left_alone(isolated_env: Path) -> None:
     assert path.read_bytes() == before and not store.corrupt_dir.exists()
 
 
+@pytest.mark.host_clusters  # "no runs yet": counts on no other test's cluster being up
 def test_a_directory_named_like_a_record(isolated_env: Path) -> None:
     store = RunStore()
     store.ensure_writable()

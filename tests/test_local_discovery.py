@@ -19,6 +19,8 @@ from backend.ledger import ResourceStatus
 from backend.store import RunStatus, RunStore
 from tests.conftest import json_lines, run_rtui
 
+pytestmark = pytest.mark.host_clusters  # makes marked cluster dirs under /tmp
+
 
 @pytest.fixture
 def cluster() -> Iterator[lc.ClusterDir]:

@@ -19,7 +19,8 @@ from tests.conftest import run_rtui
 
 NOBODY = 65534
 
-pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="starting a process as another uid needs root")
+pytestmark = [pytest.mark.skipif(os.getuid() != 0, reason="starting a process as another uid needs root"),
+              pytest.mark.host_clusters]
 
 
 def _spoof(argv_tail: list[str]) -> subprocess.Popen[bytes]:
