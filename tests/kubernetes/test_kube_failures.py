@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,18 @@ def assert_no_secret(world: KubeWorld, *secrets: str) -> None:
         text = path.read_bytes().decode(errors="replace")
         for secret in secrets:
             assert secret not in text, path
+
+
+def test_a_kuberay_operator_that_cannot_pull_its_image_fails_at_once_naming_it(world: KubeWorld) -> None:
+    """The operator's wait reads its pod's state, as the Ray pods' and cluster-autoscaler's do: an image
+    the registry does not hold ends the step with Kubernetes' reason, not after the add-on timeout."""
+    gpu_cluster(world.cluster)
+    pinned = f"{world.registry.image('kuberay/operator')}:v1.7.0@{world.registry.tags['kuberay/operator:v1.7.0']}"
+    world.control.bad_images.add(pinned)
+    started = time.monotonic()
+    up = world.rtui("up", "--yes", timeout=120, check=False)
+    assert up.returncode == 1 and "Traceback" not in up.stdout + up.stderr
+    failed = [ln for ln in up.stdout.splitlines() if " ✗ " in ln and "KubeRay" in ln]
+    assert failed and f"cannot pull image {pinned}" in failed[0], up.stdout[-3000:]
+    assert time.monotonic() - started < 90
+    assert not world.head.jobs

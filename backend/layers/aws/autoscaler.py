@@ -19,11 +19,10 @@ from backend.layers.aws import node_autoscaler as na
 from backend.layers.aws.api import AwsApi
 from backend.layers.aws.base import LAYER, AwsHandler
 from backend.layers.base import Context
-from backend.layers.kubernetes import manifests, pods
+from backend.layers.kubernetes import manifests
 from backend.layers.kubernetes.addons import deployment_available
 from backend.layers.kubernetes.clients import ClusterNotReady, cluster_api
-from backend.layers.kubernetes.handlers import apply_all, delete_ours, ours
-from backend.layers.kubernetes.raycluster import pod_report
+from backend.layers.kubernetes.handlers import apply_all, delete_ours, deployment_check, ours
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Observed, Resource
 from backend.runner import Progress
@@ -101,28 +100,9 @@ async def wait_available(kube: KubeApi) -> AsyncIterator[Progress]:
         live = await kube.get("apps/v1", "Deployment", na.NAME, na.NAMESPACE)
         if live is None:
             return Check(False, "waiting for the Deployment to appear")
-        done, why = deployment_available(live)
-        if done:
-            return Check(True, why, 1.0)
-        selector = ",".join(f"{k}={v}" for k, v in live["spec"]["selector"]["matchLabels"].items())
-        mine = [p for p in await kube.list("v1", "Pod", na.NAMESPACE, selector)
-                if _selected(p, live["spec"]["selector"]["matchLabels"])]
-        problem = await pod_report(kube, na.NAMESPACE, mine)
-        if problem is not None:
-            why = problem.message
-        elif not mine:
-            why = f"{why}; no pod yet"
-        elif all(pods.pod_running(p) for p in mine):
-            why = f"{why}; its pod is running, not ready yet"
-        return Check(False, why, 0.5, fatal=problem.message if problem is not None and problem.fatal else None)
+        return await deployment_check(kube, live)
 
     remedy = f"see `kubectl -n {na.NAMESPACE} describe pod -l app.kubernetes.io/name={na.NAME}`"
     async for p in wait_for(available, what="cluster-autoscaler did not become available",
                             timeout_s=AVAILABLE_TIMEOUT_S, remedy=remedy):
         yield p
-
-
-def _selected(pod: dict[str, Any], match: dict[str, str]) -> bool:
-    """Whether ``pod`` carries the selector's labels (checked here too: a list may ignore the selector)."""
-    labels = pod.get("metadata", {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in match.items())

@@ -7,6 +7,7 @@ without them (an operator or a device plugin someone else installed) is ever cha
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -60,6 +61,41 @@ def object_id(obj: Manifest) -> str:
     meta = obj["metadata"]
     return f"{obj['kind']}/{meta['namespace']}/{meta['name']}" if meta.get("namespace") else \
         f"{obj['kind']}/{meta['name']}"
+
+
+async def pod_report(api: KubeApi, namespace: str, pod_list: list[Manifest]) -> pods.PodProblem | None:
+    """The first problem a pod has, from the pods' status and their events, its message naming the pod."""
+    for pod in pod_list:
+        if pods.pod_running(pod):
+            continue
+        name = pod["metadata"]["name"]
+        problem = pods.pod_problem(pod, await api.events(namespace, name))
+        if problem is not None:
+            return dataclasses.replace(problem, message=f"pod {name}: {problem.message}")
+    return None
+
+
+async def deployment_check(api: KubeApi, live: Manifest) -> Check:
+    """Whether a Deployment is Available, else why not: Kubernetes' own reason from its pods when one
+    cannot run (not schedulable, image not pullable, crashing; ``pods.pod_problem``), fatal where
+    waiting will not fix it."""
+    done, why = addons.deployment_available(live)
+    if done:
+        return Check(True, why, 1.0)
+    match = live["spec"]["selector"].get("matchLabels") or {}
+    namespace = live["metadata"]["namespace"]
+    selector = ",".join(f"{k}={v}" for k, v in match.items())
+    # Checked here too: a list may ignore the selector.
+    mine = [p for p in await api.list("v1", "Pod", namespace, selector)
+            if all((p.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in match.items())]
+    problem = await pod_report(api, namespace, mine)
+    if problem is not None:
+        why = problem.message
+    elif not mine:
+        why = f"{why}; no pod yet"
+    elif all(pods.pod_running(p) for p in mine):
+        why = f"{why}; its pod is running, not ready yet"
+    return Check(False, why, 0.5, fatal=problem.message if problem is not None and problem.fatal else None)
 
 
 async def get_if_served(api: KubeApi, api_version: str, kind: str, name: str,
@@ -439,8 +475,7 @@ class OperatorHandler(AddonHandler):
             yield p
 
     async def readiness(self, api: KubeApi, live: Manifest) -> Check:
-        done, why = addons.deployment_available(live)
-        return Check(done, why, 1.0 if done else 0.5)
+        return await deployment_check(api, live)
 
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:

@@ -7,7 +7,6 @@ every worker, saying why a pod is not running yet as soon as Kubernetes knows.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +32,7 @@ from backend.layers.kubernetes.handlers import (
     gpu_nodes,
     object_id,
     ours,
+    pod_report,
     ref,
     wait_established,
 )
@@ -76,18 +76,6 @@ def same_image(want: dict[str, Any], have: dict[str, Any]) -> bool:
 def ray_pods_selector(config_name: str, node_type: str | None = None) -> str:
     selector = f"{CLUSTER_LABEL}={config_name}"
     return selector + (f",{NODE_TYPE_LABEL}={node_type}" if node_type else "")
-
-
-async def pod_report(api: KubeApi, namespace: str, pod_list: list[Manifest]) -> pods.PodProblem | None:
-    """The first problem a pod has, from the pods' status and their events, its message naming the pod."""
-    for pod in pod_list:
-        if pods.pod_running(pod):
-            continue
-        name = pod["metadata"]["name"]
-        problem = pods.pod_problem(pod, await api.events(namespace, name))
-        if problem is not None:
-            return dataclasses.replace(problem, message=f"pod {name}: {problem.message}")
-    return None
 
 
 class Unscheduled:
