@@ -46,6 +46,8 @@ def storage_bytes(size: str) -> int:
 
 
 SHARED_STORAGE_SCHEMES = ("s3://", "gs://", "abfs://", "abfss://", "hdfs://")
+# S3's bucket naming rules (S3 User Guide, "General purpose bucket naming rules"), in short.
+S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 _INSTANCE_TYPE = (r"[a-z][a-z0-9-]*\.[a-z0-9]+", "an EC2 instance type such as g6.12xlarge")
@@ -199,6 +201,8 @@ class RunConfig(BaseModel):
         description="Recompute activations in backward to save memory")
     compile: bool = Field(default=False, description="torch.compile each decoder layer")
     checkpoint_every: int = Field(default=0, ge=0, description="Checkpoint every N steps and at the end (0 = never)")
+    export_every: int = Field(default=0, ge=0,
+        description="Also write the Hugging Face model every N steps (the one at the end is always written)")
     storage_path: str | None = Field(default=None,
         description="Checkpoints and results: a dir or s3:// (local default: temp)")
     resume_from: str | None = Field(default=None, description="Resume from a checkpoint dir, run dir or 'latest'")
@@ -269,6 +273,27 @@ class RunConfig(BaseModel):
                              "letter or digit")
         if v == "default":
             raise ValueError("not 'default': every pod of the namespace runs as it; name one for the Ray pods")
+        return v
+
+    @field_validator("storage_path")
+    @classmethod
+    def _storage_uri(cls, v: str | None) -> str | None:
+        """A directory, or a URI of a filesystem the job writes to (``SHARED_STORAGE_SCHEMES``)."""
+        if not v:
+            return v
+        scheme, sep, rest = v.partition("://")
+        if sep:
+            if f"{scheme}://" not in SHARED_STORAGE_SCHEMES:
+                raise ValueError(f"a directory or a URI of {', '.join(SHARED_STORAGE_SCHEMES)}; "
+                                 f"{scheme}:// is none of them")
+            bucket = rest.split("/", 1)[0]
+            if not bucket:
+                raise ValueError(f"no bucket named (expected {scheme}://BUCKET/PREFIX)")
+            if scheme == "s3" and not S3_BUCKET.fullmatch(bucket):
+                raise ValueError(f"{bucket!r} is not an S3 bucket name (3-63 characters: lowercase letters, digits, "
+                                 "'.' and '-', starting and ending with a letter or digit)")
+        elif re.match(r"[A-Za-z0-9]+:/", v) and v.split(":", 1)[0].lower() + "://" in SHARED_STORAGE_SCHEMES:
+            raise ValueError(f"a URI has two slashes after its scheme: {v.split(':', 1)[0].lower()}://…")
         return v
 
     @field_validator("storage_size")

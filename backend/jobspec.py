@@ -91,6 +91,8 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_
         args.append("--compile")
     if config.checkpoint_every:
         args += ["--checkpoint-every", str(config.checkpoint_every)]
+    if config.export_every:
+        args += ["--export-every", str(config.export_every)]
     if config.storage_path:
         args += ["--storage-path",
                  run_storage_uri(config.storage_path, run_id) if run_id else config.storage_path]

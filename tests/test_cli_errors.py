@@ -32,6 +32,11 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: s
         (["plan", "--gpu-node-count", "-2"], "--gpu-node-count='-2'"),
         (["plan", "--local-worker-nodes", "-1"], "--local-worker-nodes"),
         (["plan", "--config", "/nonexistent/rtui.toml"], "does not exist"),
+        (["plan", "--storage-path", "ftp://host/dir"], "ftp:// is none of them"),
+        (["plan", "--storage-path", "s3:/bucket/runs"], "a URI has two slashes after its scheme: s3://"),
+        (["plan", "--storage-path", "s3://"], "no bucket named (expected s3://BUCKET/PREFIX)"),
+        (["plan", "--storage-path", "s3://My_Bucket/runs"], "'My_Bucket' is not an S3 bucket name"),
+        (["plan", "--export-every", "-1"], "--export-every='-1'"),
         (["up"], "needs --yes"),
         # By the default cluster name, `down` would stop another test's orphaned cluster.
         pytest.param(["down", "--yes"], "no runs yet", marks=pytest.mark.host_clusters),

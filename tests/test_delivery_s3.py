@@ -85,11 +85,11 @@ def kube_run(storage: str) -> str:
 
 
 def test_the_job_writes_under_the_runs_own_prefix() -> None:
-    config = RunConfig(target="kube", storage_path="s3://b/p/")
+    config = RunConfig(target="kube", storage_path="s3://bkt/p/")
     spec = build_job_spec(config, run_id="r-1")
-    assert "--storage-path s3://b/p/r-1" in spec.entrypoint
-    assert run_storage_uri("s3://b/p/", "r-1") == "s3://b/p/r-1"
-    assert isinstance(data_store_for("s3://b/p", "r-1", local_default=None), S3Store)
+    assert "--storage-path s3://bkt/p/r-1" in spec.entrypoint
+    assert run_storage_uri("s3://bkt/p/", "r-1") == "s3://bkt/p/r-1"
+    assert isinstance(data_store_for("s3://bkt/p", "r-1", local_default=None), S3Store)
     assert data_store_for(None, "r-1", local_default=None) is None
 
 

@@ -91,14 +91,16 @@ def test_training_knobs_reach_the_entrypoint(tmp_path: Path) -> None:
     tok.mkdir()
     cfg = resolve_config({"data": "train.jsonl", "tokenizer": str(tok), "shard": "hybrid",
                           "tokens_per_step": "16384", "checkpoint_every": "5", "activation_checkpointing": "true",
-                          "resume_from": "latest"}, environ={}, cwd=tmp_path).config
+                          "resume_from": "latest", "export_every": "3"}, environ={}, cwd=tmp_path).config
     assert cfg.data == str(data)  # made absolute: the job does not run in this directory
     entry = build_job_spec(cfg).entrypoint
     for part in (f"--data {data}", f"--tokenizer {tok}", "--shard hybrid", "--tokens-per-step 16384",
-                 "--batch-size auto", "--checkpoint-every 5", "--activation-checkpointing", "--resume-from latest"):
+                 "--batch-size auto", "--checkpoint-every 5", "--activation-checkpointing", "--resume-from latest",
+                 "--export-every 3"):
         assert part in entry, part
     parsed = train.parse_args(entry.split()[3:])
     assert parsed.shard == "hybrid" and parsed.tokens_per_step == 16384 and parsed.checkpoint_every == 5
+    assert parsed.export_every == 3
 
 
 def test_data_file_errors_are_one_line(tmp_path: Path) -> None:

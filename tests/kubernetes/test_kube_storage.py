@@ -323,7 +323,7 @@ def test_where_exec_is_forbidden_the_copy_says_so_once_and_reads_pod_logs(
 @pytest.mark.parametrize(("args", "says"), [
     (["--storage-size", "50GB"], "a size such as 50Gi"),
     (["--storage-size", "100Mi"], "at least 1Gi"),
-    (["--storage-size", "50Gi", "--storage-path", "s3://b/p"], "pass one of them"),
+    (["--storage-size", "50Gi", "--storage-path", "s3://bkt/p"], "pass one of them"),
     (["--storage-size", "50Gi", "--target", "local"], "the local target has none"),
 ])
 def test_bad_storage_size_is_one_line_exit_2(args: list[str], says: str, tmp_path: Path,
