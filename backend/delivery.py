@@ -368,6 +368,9 @@ def check_storage_writable(uri: str, *, profile: str | None = None, run_id: str 
     permission. A local directory is checked with the user it will be written as."""
     if uri.startswith("s3://"):
         return _check_s3(uri, profile=profile, run_id=run_id)
+    if "://" in uri:  # gs://, abfs://, hdfs://: the job writes there with the cluster's own credentials
+        return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.INFO,
+                           detail=f"--storage-path {uri}: not checked (rtui checks s3:// and directories)")
     return _check_dir(Path(uri))
 
 

@@ -95,3 +95,13 @@ def test_a_path_below_a_file_fails_preflight(tmp_path: Path) -> None:
     proc = run_rtui("check", "--storage-path", str(tmp_path / "afile" / "runs"), "--json")
     [storage] = [c for c in json.loads(proc.stdout)["checks"] if c["id"] == "storage.writable"]
     assert proc.returncode == 3 and storage["status"] == "fail" and "missing write permission" in storage["detail"]
+
+
+def test_a_uri_rtui_cannot_check_says_so_instead_of_passing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gs:// (or abfs://, hdfs://) is written by the job with the cluster's credentials: the check says it
+    was not made, where it used to test a local directory named "gs:" and pass."""
+    monkeypatch.chdir(tmp_path)
+    proc = run_rtui("check", "--storage-path", "gs://models/runs", "--json")
+    [storage] = [c for c in json.loads(proc.stdout)["checks"] if c["id"] == "storage.writable"]
+    assert storage["status"] == "info" and "not checked" in storage["detail"], storage
+    assert not (tmp_path / "gs:").exists()
