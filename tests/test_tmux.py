@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import time
@@ -39,7 +40,9 @@ class Terminal:
 
 @pytest.fixture
 def terminal() -> Iterator[Terminal]:
-    term = Terminal(f"rtui-test-{os.getpid()}")
+    # A server of each test's own: the tmux tests share one xdist worker (one pid), and a server the
+    # last test killed may still be going away when the next one connects to the same socket.
+    term = Terminal(f"rtui-test-{os.getpid()}-{secrets.token_hex(3)}")
     term.run("new-session", "-d", "-s", "parked", "sleep 600")  # keeps the private server up
     yield term
     term.run("kill-server")
