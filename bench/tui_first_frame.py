@@ -9,7 +9,10 @@ alternate; the medians and their ratio are printed (the issue's goal: <= 1.5).
 With ``--floor``, a third program is timed too: the hello-world app started only after what rtui
 does before its App exists (the command line parsed, the configuration resolved and validated, the
 run's session made: pydantic and the backend's models). Its ratio is the floor no TUI change can
-go below; rtui's ratio minus it is what the App and its first screen cost.
+go below; rtui's ratio minus it is what the App and its first screen cost. A fourth program, the
+hello-world app after only ``import backend.config`` (pydantic and the RunConfig model), shows how
+much of that floor is pydantic's: what any first frame that validates the configuration with
+pydantic before it draws pays.
 
 Both run as a user starts them the second time: Python writes bytecode (a PYTHONDONTWRITEBYTECODE
 in this environment is dropped for the children) and one unmeasured run of each comes first, so
@@ -51,6 +54,10 @@ Hello().run()
 BEFORE_APP = """
 import tui.cli
 tui.cli.wizard_session(tui.cli.build_parser().parse_args([]))
+"""
+# Only the configuration's model (pydantic, RunConfig), then the same hello-world app.
+BEFORE_CONFIG = """
+import backend.config
 """
 
 
@@ -102,6 +109,8 @@ def main() -> None:
         hello.write_text(HELLO)
         floor = Path(tmp) / "floor.py"
         floor.write_text(BEFORE_APP + HELLO)
+        config_floor = Path(tmp) / "config_floor.py"
+        config_floor.write_text(BEFORE_CONFIG + HELLO)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env |= {"TERM": "xterm-256color", "RTUI_STATE_DIR": f"{tmp}/state", "RTUI_CONFIG_DIR": f"{tmp}/cfg",
                 "COLUMNS": "80", "LINES": "24"}
@@ -111,6 +120,7 @@ def main() -> None:
         if args.floor:  # the repository on the path, as rtui's own entry point has it
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
             programs["floor"] = ([sys.executable, str(floor)], b"Hello, first frame")
+            programs["config"] = ([sys.executable, str(config_floor)], b"Hello, first frame")
         times: dict[str, list[float]] = {name: [] for name in programs}
         for argv, marker in programs.values():  # warm-up, not counted
             first_frame(argv, marker, env)
@@ -124,6 +134,9 @@ def main() -> None:
         floor_s = statistics.median(times["floor"])
         print(f"hello-world app after rtui's pre-App work (command line, config, session): {floor_s * 1000:.0f} ms: "
               f"ratio {floor_s / hello_s:.2f} (the floor below the TUI)")
+        config_s = statistics.median(times["config"])
+        print(f"hello-world app after only the config model (pydantic, RunConfig): {config_s * 1000:.0f} ms: "
+              f"ratio {config_s / hello_s:.2f} (what validating with pydantic before the first frame costs)")
 
 
 if __name__ == "__main__":
