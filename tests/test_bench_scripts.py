@@ -29,7 +29,7 @@ SMOKE: dict[str, tuple[list[str], str, tuple[pytest.MarkDecorator, ...]]] = {
     "kube_up.py": (["--minute", "0.002", "--reps", "1"], "rtui plan median", ()),
     "aws_up.py": (["--minute", "0.002", "--reps", "1"], "rtui plan median", ()),
     "tui_flood.py": (["--rate", "2000", "--seconds", "0.5", "--idle", "0.2"], '"lost_in_spool"', ()),
-    "tui_first_frame.py": (["--reps", "1", "--floor"], "(the floor below the TUI)", ()),
+    "tui_first_frame.py": (["--reps", "1", "--floor"], "before the first frame costs)", ()),
     "first_frame.py": (["--runs", "1"], "ratio rtui / hello", (pytest.mark.tmux,)),
     "local_throughput.py": (["--steps", "3"], "ratio FSDP2 / plain", (pytest.mark.ray,)),
     "train_vs_plain.py": (["--steps", "3", "--per-worker-batch", "2"], '"plain_tokens_per_s"', (pytest.mark.ray,)),
