@@ -7,8 +7,9 @@ with throwaway credentials; for both, the emulated Kubernetes API in ``tests/kub
 new EKS cluster's endpoint, or a kubeconfig context named ``sandbox``) whose controllers play
 KubeRay, the device plugins and the kubelets, and a Ray head whose job prints real NCCL lines of
 a two-node EFA run (from ``../shared/nccl_logs`` when that folder is there) and a metric line
-per step. Durations are AWS's typical ones scaled down: ``SANDBOX_MINUTE`` seconds stand for a
-minute (default 1: the EKS control plane takes 10 s).
+per step. KubeRay's CRDs are the v1.7.0 files in ``../shared/schemas/kuberay``, else stand-ins
+that accept any spec: the sandbox needs no network. Durations are AWS's typical ones scaled
+down: ``SANDBOX_MINUTE`` seconds stand for a minute (default 1: the EKS control plane takes 10 s).
 
 Nothing in rtui knows it is a sandbox: it sees endpoints and a kubeconfig. The cluster is named
 ``sandbox`` (``RTUI_CLUSTER_NAME``: the subtitle and the teardown prompt say so), and so is the
@@ -31,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_NCCL = ROOT.parent / "shared" / "nccl_logs" / "02_efa_nccl2.29.2_ofi1.18.0_g7e_slurm_2node.log"
-SHARED_CRDS = ROOT.parent / "shared" / "schemas" / "kuberay"
+# The project's shared data, when this checkout sits beside it (SANDBOX_SHARED: another folder to look in).
+SHARED = Path(os.environ.get("SANDBOX_SHARED") or ROOT.parent / "shared")
+SHARED_NCCL = SHARED / "nccl_logs" / "02_efa_nccl2.29.2_ofi1.18.0_g7e_slurm_2node.log"
+SHARED_CRDS = SHARED / "schemas" / "kuberay"
 NAME = "sandbox"
 STEPS = 60
 
@@ -89,6 +92,7 @@ def kube_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str], 
     that is already there (kube), else nodes join as EKS nodegroups turn active (aws)."""
     from tests.fake_hub import FakeHub
     from tests.kubernetes.conftest import KubeCluster
+    from tests.kubernetes.crds import crd_dir, standin_crd_dir
     from tests.kubernetes.fake_control import FakeControlPlane, Timings
     from tests.kubernetes.fake_registry import FakeRegistry
     from tests.kubernetes.kube_world import gpu_cluster
@@ -106,11 +110,15 @@ def kube_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str], 
     stack.enter_context(FakeControlPlane(cluster, timings=timings, jobs_url=head.url))
     env.update({"RTUI_IMAGE": registry.image(), "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,
                 "RTUI_CLUSTER_NAME": NAME, "RTUI_STEPS": str(STEPS)})
-    if (SHARED_CRDS / "ray.io_rayclusters.yaml").is_file():  # else rtui fetches them from the KubeRay release
-        from tests.kubernetes.crds import crd_dir
-
-        # The RayService stand-in is vouched for in the sandbox's own config dir, as a user vouches.
-        env["RTUI_KUBERAY_CRDS"] = str(crd_dir(tmp, config=Path(env["RTUI_CONFIG_DIR"])))
+    # KubeRay's CRDs: the shared v1.7.0 files when this checkout sits beside them, else stand-ins (the
+    # sandbox needs no network, so rtui never downloads them here). Stand-ins are vouched for in the
+    # sandbox's own config dir, as a user vouches for CRDs of their own.
+    config = Path(env["RTUI_CONFIG_DIR"])
+    if (SHARED_CRDS / "ray.io_rayclusters.yaml").is_file():
+        crds = crd_dir(tmp, config=config, shared=SHARED_CRDS)
+    else:
+        crds = standin_crd_dir(tmp, config=config)
+    env["RTUI_KUBERAY_CRDS"] = str(crds)
     return cluster
 
 

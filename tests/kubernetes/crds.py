@@ -17,23 +17,32 @@ if TYPE_CHECKING:
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay"
 
-# RayService's CRD is not among the shared schemas: a minimal valid one stands in for it.
-RAYSERVICE_CRD = """\
+
+def standin_crd(kind: str, *, status: bool = False) -> str:
+    """A minimal valid ray.io CRD for ``kind``: served as v1, any spec accepted (``status``: with a status
+    subresource, as KubeRay's RayCluster and RayJob have)."""
+    plural = kind.lower() + "s"
+    subresources = "\n    subresources: {status: {}}" if status else ""
+    return f"""\
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: rayservices.ray.io
+  name: {plural}.ray.io
 spec:
   group: ray.io
-  names: {kind: RayService, listKind: RayServiceList, plural: rayservices, singular: rayservice}
+  names: {{kind: {kind}, listKind: {kind}List, plural: {plural}, singular: {kind.lower()}}}
   scope: Namespaced
   versions:
   - name: v1
     served: true
     storage: true
     schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+      openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}{subresources}
 """
+
+
+# RayService's CRD is not among the shared schemas: a minimal valid one stands in for it.
+RAYSERVICE_CRD = standin_crd("RayService")
 
 
 STANDIN_SHA256 = hashlib.sha256(RAYSERVICE_CRD.encode()).hexdigest()
@@ -48,19 +57,32 @@ def vouch_for(path: Path, config: Path | None = None) -> None:
         out.write(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
 
 
-def crd_dir(tmp_path: Path, *, vouch: bool = True, config: Path | None = None) -> Path:
+def crd_dir(tmp_path: Path, *, vouch: bool = True, config: Path | None = None, shared: Path = SHARED) -> Path:
     """A folder rtui can load the operator's CRDs from (``--kuberay-crds``): the shared v1.7.0 files,
     which match the sha256 rtui ships, and the RayService stand-in, vouched for in the config dir
-    (``config``, by default the test's)."""
-    if not (SHARED / "ray.io_rayclusters.yaml").is_file():
-        pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
+    (``config``, by default the test's). ``shared``: where the v1.7.0 files are."""
+    if not (shared / "ray.io_rayclusters.yaml").is_file():
+        pytest.skip(f"KubeRay's CRDs are not at {shared}")
     folder = tmp_path / "crds"
     folder.mkdir()
     for name in ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"):
-        (folder / name).symlink_to(SHARED / name)
+        (folder / name).symlink_to(shared / name)
     (folder / "ray.io_rayservices.yaml").write_text(RAYSERVICE_CRD)
     if vouch:
         vouch_for(folder / "ray.io_rayservices.yaml", config)
+    return folder
+
+
+def standin_crd_dir(tmp_path: Path, *, config: Path) -> Path:
+    """A folder of stand-ins for all three of KubeRay's CRDs, vouched for in the rtui config dir ``config``:
+    what the sandbox installs where the shared v1.7.0 files are not beside the checkout (it never
+    downloads them: it runs without a network). They accept any spec; the real schemas are the tests'."""
+    folder = tmp_path / "crds"
+    folder.mkdir()
+    for kind, status in (("RayCluster", True), ("RayJob", True), ("RayService", False)):
+        path = folder / f"ray.io_{kind.lower()}s.yaml"
+        path.write_text(standin_crd(kind, status=status))
+        vouch_for(path, config)
     return folder
 
 
