@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 class AwsTarget(Target):
     name = "aws"
-    label = "AWS — new EKS cluster with EFA GPU nodes, in an AZ preflight checks"
+    label = "AWS — a new EKS cluster with EFA GPU nodes, in an AZ the checks pick"
     costs_money = True
     has_kubernetes = True
     has_feasibility = True
