@@ -237,3 +237,16 @@ def test_tied_embeddings_are_gathered_and_saved_once_and_tied_again_on_load(tmp_
     assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
     logits, trained = _loaded_logits(directory)
     assert torch.allclose(logits, trained, atol=1e-5)
+
+
+def test_the_log_never_names_the_incomplete_directory(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The job's log says where the model is, once: the hub's own "saved to .<name>.incomplete-…!" line
+    (at INFO, which the job's log showed) named the staging directory the export renames away."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="huggingface_hub")
+    info = export_one_rank(str(tmp_path), step=1, evaluation=None)
+    assert info is not None and INCOMPLETE not in info.uri
+    staged = [r.getMessage() for r in caplog.records if INCOMPLETE in r.getMessage()]
+    assert not staged, staged

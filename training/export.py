@@ -25,10 +25,13 @@ model (``find_models`` looks for the marker in a directory without that suffix).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -122,6 +125,18 @@ def _dir_files(directory: str) -> tuple[list[str], int]:
     return names, sum(os.path.getsize(os.path.join(directory, n)) for n in names)
 
 
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Any:
+    """The logger ``logger_name`` says warnings and errors only, for the block."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dtype: Any,
                  tokenizer: str | None = None, tokenizer_revision: str | None = None,
                  check: tuple[Any, Any] | None = None,
@@ -159,7 +174,10 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
         config.save_pretrained(tmp)
         generation = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(config)
         generation.save_pretrained(tmp)
-        save_torch_state_dict(state, tmp, max_shard_size=max_shard_size, safe_serialization=True)
+        # The hub says "saved to <the staging dir>!" at INFO; the job says where the model ends up, once.
+        # (Its logger is named by its module's file path, so it hangs off the root logger.)
+        with _quiet(sys.modules[save_torch_state_dict.__module__].__file__ or ""):
+            save_torch_state_dict(state, tmp, max_shard_size=max_shard_size, safe_serialization=True)
         del state
         if tokenizer:
             from transformers import AutoTokenizer
