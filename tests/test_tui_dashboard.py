@@ -217,6 +217,26 @@ class StatsHarness(App[None]):
         yield ThroughputGraph()
 
 
+async def test_a_finished_runs_model_path_is_never_cut_at_80_columns() -> None:
+    """The walkthrough at 80x24 showed "model: /tmp/…/rtui-1796465435/model  (M" and no more."""
+    import dataclasses
+
+    uri = "/home/someone/.local/state/rtui/data/r20261205-101002-a62d/rtui-1796465435/model"
+    app = StatsHarness()
+    async with app.run_test(size=(80, 24)) as pilot:
+        stats = app.query_one(RunStats)
+        series = series_of(metric_lines(1, 10))
+        series.feed(format_record(SUMMARY_TAG, {"tokens_per_s_mean": 4012.5, "final_loss": 5.45}))
+        finished = ThroughputSnapshot.build(series, total_steps=10)
+        stats.snapshot = dataclasses.replace(finished, model_uri=uri, eval_text="eval loss 6.94 → 0.07")
+        await pilot.pause()
+        lines = str(stats.render()).splitlines()
+        assert all(len(line) <= stats.content_size.width for line in lines), lines
+        assert stats.content_size.height == len(lines), (stats.content_size.height, lines)
+        shown = "".join(lines)
+        assert uri in shown and shown.endswith("(M copies it here)"), lines
+
+
 async def test_stats_show_step_mfu_eta_and_cost_only_when_known() -> None:
     app = StatsHarness()
     async with app.run_test(size=(120, 30)) as pilot:

@@ -6,6 +6,7 @@ render from the snapshot they hold and never look at the series themselves.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -173,12 +174,23 @@ class RunStats(Widget):
         if s.finished:
             mean = f"{s.summary_tokens_per_s:,.0f}" if s.summary_tokens_per_s is not None else "?"
             loss = f"{s.summary_loss:.4f}" if s.summary_loss is not None else "?"
-            text.append(f"\nfinished: mean {mean} tokens/s, final loss {loss}", style="green")
+            lines = [(f"finished: mean {mean} tokens/s, final loss {loss}", "green")]
             if s.eval_text:
-                text.append(f"\n{s.eval_text}", style="green")
+                lines.append((s.eval_text, "green"))
             if s.model_uri:
-                text.append(f"\nmodel: {s.model_uri}  (M copies it here)", style="bold")
+                model, hint = f"model: {s.model_uri}", "(M copies it here)"
+                whole = f"{model}  {hint}"
+                lines += [(whole, "bold")] if not width or len(whole) <= width else [(model, "bold"), (hint, "bold")]
+            for line, style in lines:
+                for piece in _fold(line, width):
+                    text.append(f"\n{piece}", style=style)
         return text
+
+
+def _fold(line: str, width: int) -> list[str]:
+    """``line`` in lines of at most ``width`` (0: any), broken between words; a longer word, such as a
+    path, is broken in pieces, never cut."""
+    return textwrap.wrap(line, width, break_on_hyphens=False) if width and len(line) > width else [line]
 
 
 class ThroughputGraph(Widget):
