@@ -109,8 +109,8 @@ class ConfirmTeardown(ModalScreen[bool]):
             if self.data_line is not None:
                 yield Label(self.MEASURING, id="confirm-data", classes="detail", markup=False)
             yield Label(f"Type the cluster name [b]{self.cluster_name}[/b] and press enter. Escape cancels.")
-            yield Label(f"Checkpoints and models are kept; [b]{self.cluster_name} {self.DELETE_DATA}[/b] "
-                        "deletes them too.", classes="detail")
+            yield Label(f"Checkpoints and models are kept; to delete them too, type "
+                        f"[b]{self.cluster_name} {self.DELETE_DATA}[/b] instead.", classes="detail")
             yield Input(placeholder=self.cluster_name, id="confirm-input")
             yield Label("", id="confirm-error")
 
