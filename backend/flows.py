@@ -369,12 +369,15 @@ async def data_after_down(session: RunSession, delete_data: bool) -> AsyncIterat
     if usage.bytes == 0 and usage.empty:
         await asyncio.to_thread(store.delete)  # nothing in it: removed with the rest
         return
+    # The step's title first (the teardown pane's heading), then what became of the data.
     if not delete_data:
+        yield StepEvent(step=DATA_STEP, kind=EventKind.STARTED, message="Keep the run's checkpoints and models")
         yield StepEvent(step=DATA_STEP, kind=EventKind.DONE, message=f"kept on purpose: {usage.describe()}",
                         remedy=f"delete it with `rtui down {session.run_id} --delete-data --yes`",
                         data={"kept": usage.to_dict()})
         return
-    yield StepEvent(step=DATA_STEP, kind=EventKind.STARTED, message=f"deleting {usage.describe()}")
+    yield StepEvent(step=DATA_STEP, kind=EventKind.STARTED, message="Delete the run's checkpoints and models")
+    yield StepEvent(step=DATA_STEP, kind=EventKind.PROGRESS, message=f"deleting {usage.describe()}")
     try:
         await asyncio.to_thread(store.delete)
     except (OSError, OperationError) as exc:

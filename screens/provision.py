@@ -75,6 +75,7 @@ class ProvisionScreen(RtuiScreen):
         self.running = True
         self.ok = False
         self.no_capacity: NoCapacity | None = None
+        self.kept_data = False  # teardown: the run's data was kept on purpose (its step says where)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -111,6 +112,7 @@ class ProvisionScreen(RtuiScreen):
         event = message.event
         if isinstance(event.error, NoCapacity):
             self.no_capacity = event.error
+        self.kept_data = self.kept_data or "kept" in event.data
         panes = self.query(f"#{StepPane.dom_id(event.step)}")
         if panes:
             pane = panes.first(StepPane)
@@ -129,6 +131,7 @@ class ProvisionScreen(RtuiScreen):
         outcome = self.query_one("#outcome", Static)
         if message.mode == "teardown" and message.ok:
             outcome.update(f"Run {run_id} is down: everything it created is gone"
+                           + (" but its data, kept on purpose" if self.kept_data else "")
                            + (" and the orphan sweep found nothing left" if self.query("#step-sweep") else "")
                            + ". Escape starts a new run; q quits.")
         elif self.no_capacity is not None:

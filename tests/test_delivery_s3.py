@@ -157,7 +157,8 @@ def test_down_keeps_then_delete_data_removes_only_this_runs_prefix(s3: Any) -> N
     async def events(delete: bool) -> list[Any]:
         return [e async for e in data_after_down(Session(), delete)]  # type: ignore[arg-type]
 
-    [kept] = asyncio.run(events(False))
+    started, kept = asyncio.run(events(False))
+    assert started.message == "Keep the run's checkpoints and models"  # the teardown pane's heading
     assert kept.message.startswith(f"kept on purpose: {storage}/mine: 0 models, 1,050 checkpoints")
     assert kept.message.endswith("2.1 kB, under $0.01/month") and "--delete-data" in (kept.remedy or "")
     *_, done = asyncio.run(events(True))

@@ -76,6 +76,27 @@ async def test_d_keeps_the_data_unless_delete_data_is_typed_after_the_cluster_na
         await wait_for(pilot, lambda: not data.exists(), 30, "the run's data deleted by the teardown")
 
 
+async def test_a_teardown_that_keeps_the_data_says_so_under_its_own_heading(
+        isolated_env: Path, exported: Path) -> None:
+    """The walkthrough's teardown pane had "kept on purpose: <path>:" for a heading, cut, and the outcome
+    said everything was gone while the data stayed."""
+    from screens.provision import ProvisionScreen
+    from tui.widgets import StepPane
+
+    session = dashboard_session(priced=False)
+    shutil.copytree(exported, local_data_dir(session.store.root, session.run_id) / "rtui-1" / "model")
+    app = DashboardApp(session, resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_teardown(pilot, app)
+        await pilot.press(*session.config.cluster_name, "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProvisionScreen) and not app.screen.running, 30,
+                       "the teardown done")
+        pane = app.screen.query_one(f"#{StepPane.dom_id('data')}", StepPane)
+        assert pane.title_text == "Keep the run's checkpoints and models"
+        outcome = str(app.screen.query_one("#outcome").render())
+        assert "everything it created is gone but its data, kept on purpose" in outcome, outcome
+
+
 async def test_the_teardown_modal_measures_the_data_off_the_event_loop(isolated_env: Path, exported: Path,
                                                                         monkeypatch: Any) -> None:
     """A store that takes its time (a kube volume read by a pod, S3 listed): the modal shows "measuring…",
