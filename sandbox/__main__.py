@@ -46,7 +46,8 @@ def nccl_lines() -> list[str]:
         return [line for line in SHARED_NCCL.read_text().splitlines() if line and not line.startswith("#")]
     from tests.kubernetes.fake_ray import NCCL_EFA_LINES
 
-    return list(NCCL_EFA_LINES)
+    # These carry a Ray worker's prefix already; job_script adds the sandbox's own.
+    return [line.split(") ", 1)[1] if line.startswith("(") else line for line in NCCL_EFA_LINES]
 
 
 def job_script(steps: int) -> list[str]:

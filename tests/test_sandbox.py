@@ -98,6 +98,20 @@ def test_sandbox_kube_by_keys(terminal: Terminal, tmp_path: Path) -> None:  # no
     finish(terminal, report)
 
 
+@pytest.mark.parametrize("beside_shared", [True, False])
+def test_each_job_line_has_one_worker_prefix(beside_shared: bool, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Away from shared/, the built-in NCCL lines showed "(RayTrainWorker …) (RayTrainWorker …) gpu-0…"."""
+    import sandbox.__main__ as sandbox
+
+    if not beside_shared:
+        monkeypatch.setattr(sandbox, "SHARED_NCCL", tmp_path / "none.log")
+    elif not sandbox.SHARED_NCCL.is_file():
+        pytest.skip(f"no {sandbox.SHARED_NCCL}")
+    lines = sandbox.job_script(3)
+    assert lines and all(line.count("(RayTrainWorker") == 1 for line in lines), lines[:3]
+
+
 def test_the_product_does_not_know_the_sandbox() -> None:
     """Endpoints and a kubeconfig only: no product package mentions the sandbox."""
     for package in ("backend", "tui", "screens", "training"):
