@@ -214,7 +214,7 @@ class FeasibilityPanel(Vertical):
         """The marks' meanings; "~" only once a row shows an estimate (the Pricing API did not answer)."""
         regions = [r for _, r in self.matrix.snapshot.regions if r is not None]
         label = next((r.price_source for r in regions if estimated(r)), None)
-        self.border_subtitle = "★ recommended  ● chosen  Enter uses an AZ" + (f"  ~ {label}" if label else "")
+        self.border_subtitle = "★ recommended  ● chosen  ⏎ picks an AZ" + (f"  ~ {label}" if label else "")
 
     def listed(self, regions: list[str]) -> None:
         self.matrix.snapshot = MatrixSnapshot(tuple((name, None) for name in regions), chosen=self.chosen)
