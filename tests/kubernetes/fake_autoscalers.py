@@ -143,12 +143,13 @@ class NodeAutoscaler:
                 self._empty_since.pop(name, None)
                 continue
             if now - self._empty_since.setdefault(name, now) >= self.unneeded_s:
+                # Noted before the node goes: a test that sees the node gone also sees it noted.
+                self.removed.append(name)
                 for pod in pods:
                     if pod["spec"].get("nodeName") == name:
                         self.cluster.delete("Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
                 self.cluster.delete("Node", name)
                 self._empty_since.pop(name, None)
-                self.removed.append(name)
 
 
 class Autoscalers:
