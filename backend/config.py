@@ -9,9 +9,11 @@ dir) > built-in default. ``resolve_config`` records the source of every field so
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import os
 import re
+import shlex
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,8 +23,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 import targets
 from backend.errors import UserError
+from backend.hub import DEFAULT_DATASET, HF_DATASETS, default_dataset_uri, parse_dataset_uri
 from backend.paths import config_dir
-from backend.trust import GUARDED_FIELDS, JOB_SECRETS, TRUST_COMMAND, credential_names, digest, is_trusted
+from backend.trust import (
+    FREE_FIELDS,
+    JOB_SECRETS,
+    credential_names,
+    digest,
+    held_reason,
+    is_trusted,
+    is_users_own,
+)
 
 ENV_PREFIX = "RTUI_"
 CONFIG_FILENAME = "rtui.toml"
@@ -177,9 +188,12 @@ class RunConfig(BaseModel):
     num_workers: int = Field(default=0, ge=0, le=4096, description="Ray Train workers (0 = every GPU; locally 0 = 2)")
     precision: Precision = Field(default="auto",
         description="FSDP parameter precision (auto = bf16 on GPUs, fp32 on CPU)")
-    data: str = Field(default="cycle",
-        description="Training data: cycle (a token pattern a model learns in a few dozen "
-                      "steps), random (uniform ids: the loss stays at ln(vocab)), or a JSONL/Parquet path or s3:// URI")
+    data: str = Field(default="auto",
+        description="Training data: auto (on GPU clusters the Hub chat dataset "
+                      f"{DEFAULT_DATASET.repo}, {DEFAULT_DATASET.licence}, pinned to its commit when planning; "
+                      "locally cycle), cycle (a token pattern a model learns in a few dozen steps), random (uniform "
+                      "ids: the loss stays at ln(vocab)), a JSONL/Parquet path or s3:// URI, or "
+                      "hf://datasets/OWNER/NAME[@REVISION][/PATH]")
     text_field: str = Field(default="text", description="Text column of the data files")
     tokenizer: str | None = Field(default=None,
         description="Tokenizer dir or hub id for data files (default: the model id)")
@@ -206,6 +220,21 @@ class RunConfig(BaseModel):
     storage_path: str | None = Field(default=None,
         description="Checkpoints and results: a dir or s3:// (local default: temp)")
     resume_from: str | None = Field(default=None, description="Resume from a checkpoint dir, run dir or 'latest'")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant", description="Learning rate after warmup: constant, or cosine/linear decay to 10% of "
+                                        "it at the last step")
+    warmup_steps: int = Field(default=0, ge=0, description="Steps of linear warmup from 0 to the learning rate")
+    # 0.0: a short fine-tune from pretrained weights is not regularised toward zero by default (decay
+    # pulls toward 0, not toward the pretrained weights); transformers' TrainingArguments default too.
+    weight_decay: float = Field(default=0.0, ge=0, lt=1,
+        description="AdamW weight decay, on weight matrices only (never norms, biases or embeddings)")
+    max_grad_norm: float = Field(default=1.0, ge=0, description="Clip the global gradient norm to this (0 = off)")
+    seed: int = Field(default=0, ge=0, description="Seed of the model's initialisation and the data order")
+    eval_tokens: int = Field(default=2048, ge=0,
+        description="Held-out tokens evaluated before the first step and after the last (0 = no evaluation)")
+    keep_checkpoints: int = Field(default=2, ge=1, description="Checkpoints kept per run (the oldest are deleted)")
+    max_failures: int = Field(default=0, ge=0,
+        description="Restart the workers up to N times when one dies, from the run's newest complete checkpoint")
     require_transport: Transport = Field(
         default="auto", description="Fail the job early unless NCCL uses this network (auto = efa on aws and kube, any "
                            "locally; any also lets the pods run without EFA)")
@@ -327,8 +356,19 @@ class RunConfig(BaseModel):
     def job_env_names(self) -> tuple[str, ...]:
         return tuple(n for n in self.job_env.split(",") if n)
 
+    def effective_data(self) -> str:
+        """What the job reads: --data, or by default a real instruction dataset on GPU clusters (a
+        default run delivers a model tuned on conversations, not on a token pattern) and the
+        synthetic cycle locally (no network)."""
+        if self.data != "auto":
+            return self.data
+        return default_dataset_uri() if targets.get(self.target).on_gpus else "cycle"
+
     def data_is_file(self) -> bool:
-        return self.data not in ("random", "cycle")
+        return self.effective_data() not in ("random", "cycle")
+
+    def data_is_hub(self) -> bool:
+        return self.effective_data().startswith(HF_DATASETS)
 
     def target_defaults(self) -> targets.Defaults:
         """What the fields left on auto resolve to on this run's target (each target says why)."""
@@ -453,8 +493,9 @@ class ResolvedConfig(BaseModel):
     config: RunConfig
     sources: dict[str, str]
     config_file: str | None = None
-    # ./rtui.toml's guarded fields the user has not confirmed in this content (see backend.trust),
-    # with the file's values, and the hash a confirmation records.
+    # The held fields a checkout's file (./rtui.toml, or --config outside the user's config dir) sets
+    # and the user has not confirmed in this content (see backend.trust), with the file's values, and
+    # the hash a confirmation records.
     unconfirmed: dict[str, Any] = Field(default_factory=dict)
     config_sha256: str | None = None
 
@@ -560,11 +601,24 @@ def resolve_config(
 ) -> ResolvedConfig:
     """Merge every source into one validated RunConfig with per-field provenance.
 
-    ``untrusted`` says what becomes of the guarded fields of a ./rtui.toml the user has not
-    confirmed (backend.trust): ``refuse`` (a UserError naming them and how to confirm), ``withhold``
-    (left out, listed in ``unconfirmed`` for the wizard to ask) or ``show`` (kept and marked, for
-    ``config show`` and ``config trust``).
+    ``untrusted`` says what becomes of the held fields of a checkout's file (./rtui.toml, or
+    ``--config FILE`` outside the user's config dir) the user has not confirmed (backend.trust):
+    ``refuse`` (a UserError naming them and how to confirm), ``withhold`` (left out, listed in
+    ``unconfirmed`` for the wizard to ask) or ``show`` (kept and marked, for ``config show`` and
+    ``config trust``).
     """
+    try:
+        return _resolve(flags, config_file, environ, cwd, untrusted, hold_whole_file=False)
+    except UserError:
+        if untrusted != "withhold":
+            raise
+        # The file's free knobs may fit only its held fields (require_transport = "efa" needs its
+        # target = "kube"): until the user confirms, the whole file waits, and the yes takes it all.
+        return _resolve(flags, config_file, environ, cwd, untrusted, hold_whole_file=True)
+
+
+def _resolve(flags: Mapping[str, Any] | None, config_file: str | None, environ: Mapping[str, str] | None,
+             cwd: Path | None, untrusted: Untrusted, *, hold_whole_file: bool) -> ResolvedConfig:
     environ = os.environ if environ is None else environ
     cwd = Path.cwd() if cwd is None else cwd
     raw: dict[str, Any] = {}
@@ -595,17 +649,18 @@ def resolve_config(
             sources[field] = "flag"
     for field in FIELD_NAMES:
         sources.setdefault(field, "default")
-    unconfirmed = _unconfirmed(path, sha256, config_file is not None, cwd, raw, sources)
+    unconfirmed = _unconfirmed(path, sha256, raw, sources, hold_whole_file)
     if unconfirmed and untrusted == "refuse":
         raise UserError(f"{path} sets {', '.join(unconfirmed)}, which you have not confirmed",
-                        remedy=f"review them with `rtui config show`, then run `{TRUST_COMMAND}` in this directory "
-                               "(or pass them as flags)")
+                        remedy=f"review them with `{trust_command(config_file, 'show')}`, then run "
+                               f"`{trust_command(config_file)}` (or pass them as flags)")
     for field in unconfirmed:
         if untrusted == "withhold":
             del raw[field]
             sources[field] = "default"
         else:
-            sources[field] += f" (not confirmed: `{TRUST_COMMAND}`)"
+            sources[field] += (f" (held, not confirmed: {held_reason(field)}; review, then "
+                               f"`{trust_command(config_file)}`)")
     # Empty strings from env/flags mean "unset" for optional fields.
     for field in ("availability_zone", "profile", "tokenizer", "storage_path", "resume_from"):
         if raw.get(field) == "":
@@ -614,7 +669,9 @@ def resolve_config(
         config = RunConfig.model_validate(raw, strict=False)
     except ValidationError as exc:
         raise _describe_error(exc, sources, raw) from None
-    if config.data_is_file() and not config.data.startswith("s3://"):
+    if config.data_is_hub():
+        parse_dataset_uri(config.effective_data())  # its form, said now (an offline target refuses it at plan)
+    elif config.data_is_file() and not config.data.startswith("s3://"):
         data_path = (cwd / config.data).resolve()
         try:
             found = data_path.exists()
@@ -642,24 +699,32 @@ def resolve_config(
                           unconfirmed=unconfirmed, config_sha256=sha256)
 
 
-def _unconfirmed(path: Path | None, sha256: str | None, explicit: bool, cwd: Path, raw: Mapping[str, Any],
-                 sources: dict[str, str]) -> dict[str, Any]:
-    """{guarded field: value} a ./rtui.toml decides and the user has not confirmed in this content.
+def trust_command(config_file: str | None, action: Literal["trust", "show"] = "trust") -> str:
+    """The command that confirms (or shows) the file read: ./rtui.toml in this directory, or the one named."""
+    command = f"rtui config {action}"
+    return f"{command} --config {shlex.quote(config_file)}" if config_file else command
 
-    ``--config FILE`` and the user's own config dir file are the user's choice; a guarded field a
-    flag or variable sets is not read from the file. A confirmed file's guarded fields say so."""
-    if path is None or sha256 is None or explicit or path != cwd / CONFIG_FILENAME:
+
+def _unconfirmed(path: Path | None, sha256: str | None, raw: Mapping[str, Any], sources: dict[str, str],
+                 hold_whole_file: bool = False) -> dict[str, Any]:
+    """{held field: value} a checkout's file decides and the user has not confirmed in this content.
+
+    Every file is held (./rtui.toml and ``--config FILE`` alike) except one inside the user's own
+    config dir; a held field a flag or variable sets is not read from the file. A confirmed file's
+    held fields say so. ``hold_whole_file``: its free fields wait too, when held fields are in it."""
+    if path is None or sha256 is None or is_users_own(path, config_dir()):
         return {}
-    if path.resolve().parent == config_dir().resolve():  # run from the config dir: the user's own file
-        return {}
-    guarded = [f for f in GUARDED_FIELDS if sources.get(f, "").startswith("file:")]
-    if not guarded:
+    from_file = [f for f in FIELD_NAMES if sources.get(f, "").startswith("file:")]
+    held = [f for f in from_file if f not in FREE_FIELDS]
+    if held and hold_whole_file and not is_trusted(path, sha256):
+        held = from_file
+    if not held:
         return {}
     if is_trusted(path, sha256):
-        for field in guarded:
+        for field in held:
             sources[field] += " (confirmed)"
         return {}
-    return {f: raw[f] for f in guarded}
+    return {f: raw[f] for f in held}
 
 
 def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
@@ -686,7 +751,29 @@ def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
             raise UserError(f"{what} on {config.target}: {where} each node's own disk, so no node holds a whole "
                             "checkpoint and a resume finds none",
                             remedy="pass --storage-path s3://BUCKET/PREFIX (shared storage every node can write)")
+    _check_model_family(config, cwd)
+    if config.data_is_file() and not config.data_is_hub():  # a Hub dataset is pinned and named by the plan
+        from backend.datacheck import check_data  # lazy: pyarrow/transformers only for data files
+
+        check_data(config.data, text_field=config.text_field, tokenizer=config.tokenizer or config.model_id,
+                   seq_len=config.seq_len, cwd=cwd)
     return config
+
+
+def _check_model_family(config: RunConfig, cwd: Path) -> None:
+    """A local model directory the job would refuse (no decoder layer list to shard), said at plan time.
+    A hub id is checked by the job, which reads its config.json first (``training.step.load_pretrained``)."""
+    from training.families import refusal  # lazy: stdlib only, but training/ stays out of the config's import
+
+    path = cwd / config.model_id / "config.json" if config.model_id else None
+    try:
+        raw = json.loads(path.read_text()) if path is not None and path.is_file() else None
+    except (OSError, ValueError):
+        return  # unreadable here: the job says what is wrong with it
+    why = refusal(raw) if isinstance(raw, dict) else None
+    if why:
+        raise UserError(f"--model-id {shown(config.model_id)}: {why}",
+                        remedy="pick a decoder-only causal LM such as Qwen2/3, Llama, Mistral or Gemma")
 
 
 # RTUI_* variables that are not config fields (so they are not reported as typos).

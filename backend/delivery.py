@@ -11,18 +11,18 @@ local directory (``fetch``) and delete everything (``delete``, only on ``--delet
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from backend.errors import OperationError, UserError
+from backend.errors import OperationError
 from backend.model import CheckResult, CheckStatus
+from backend.safepath import already_there, checked_target, partial_file
 from training.export import INCOMPLETE, MODEL_MARKER, ExportInfo, find_models, read_marker, split_s3
 
 LOAD_HINT = "from transformers import AutoModelForCausalLM; model = AutoModelForCausalLM.from_pretrained('{path}')"
@@ -228,19 +228,19 @@ class S3Store:
                          monthly_cost=size / 2**30 * S3_STANDARD_PER_GIB_MONTH)
 
     def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
-        """Download the listed files (resumable as ``copy_model_dir``: a file of the same size is kept)."""
-        prepare_target(to)
+        """Download the listed files (resumable as ``copy_model_dir``: a file of the same size is kept).
+        The marker's names are checked as a whole first (``safepath``): an S3 key may hold anything."""
+        paths = checked_target(to, model.files, source=model.uri)
         _, directory = split_s3(model.uri)
-        keys = {name: f"{directory}/{name}" if directory else name for name in model.files}
+        keys = {name: f"{directory}/{name}" if directory else name for name in paths}
         sizes = {name: int(self._call("reading", self._client().head_object, Bucket=self.bucket,
                                       Key=key)["ContentLength"]) for name, key in keys.items()}
         total, done, copied = sum(sizes.values()), 0, []
         for name, key in keys.items():
             size = sizes[name]
-            dst = to / name
-            if not (dst.is_file() and dst.stat().st_size == size):
+            if not already_there(paths[name], size):
                 with partial_file(to, name) as part:
-                    self._call("downloading", self._client().download_file, self.bucket, key, str(part))
+                    self._call("downloading", self._client().download_fileobj, self.bucket, key, part)
                 copied.append(name)
             done += size
             if progress is not None:
@@ -278,56 +278,23 @@ def data_store_for(storage_path: str | None, run_id: str, *, local_default: Path
 def copy_model_dir(source: Path, model: ExportInfo, to: Path,
                    progress: Callable[[int, int], None] | None = None) -> list[str]:
     """Copy the listed files into ``to`` (made if missing); a file already there with the same size
-    is kept (a fetch that was interrupted goes on where it stopped). Returns the names copied."""
-    prepare_target(to)
-    total = sum((source / n).stat().st_size for n in model.files)
+    is kept (a fetch that was interrupted goes on where it stopped). Returns the names copied. The
+    marker was written by the job (the repository's code): its names are checked as for S3."""
+    paths = checked_target(to, model.files, source=str(source))
+    total = sum((source / n).stat().st_size for n in paths)
     done = 0
     copied = []
-    for name in model.files:
-        src, dst = source / name, to / name
+    for name in paths:
+        src = source / name
         size = src.stat().st_size
-        if not (dst.is_file() and dst.stat().st_size == size):
-            with partial_file(to, name, doing="copying") as part:
-                shutil.copyfile(src, part)
+        if not already_there(paths[name], size):
+            with partial_file(to, name, doing="copying") as part, src.open("rb") as fh:
+                shutil.copyfileobj(fh, part)
             copied.append(name)
         done += size
         if progress is not None:
             progress(done, total)
     return copied
-
-
-@contextlib.contextmanager
-def partial_file(to: Path, name: str, *, doing: str = "writing") -> Iterator[Path]:
-    """Where one file of a copy into ``to`` is written: ``.<name>.part``, put in place as ``name`` only
-    when the block ends cleanly and removed when it fails, so an interrupted copy never leaves a
-    file that looks whole (the next copy keeps what is complete and starts this one again). A disk
-    error becomes one line."""
-    part = to / f".{name}.part"
-    part.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        yield part
-    except OSError as exc:
-        part.unlink(missing_ok=True)
-        raise OperationError(f"{doing} {name} to {to} failed: {exc.strerror or exc}",
-                             remedy="free some space there (or pick another --to) and run it again; "
-                                    "files already copied are kept") from None
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
-    os.replace(part, to / name)
-
-
-def prepare_target(to: Path) -> None:
-    """``--to`` must be a directory we can write (made if missing), and not another model's files."""
-    if to.exists() and not to.is_dir():
-        raise UserError(f"--to {to} is a file, not a directory", remedy="give a directory (it is made if missing)")
-    try:
-        to.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"--to {to}: cannot make the directory ({exc.strerror or exc})",
-                        remedy="pick a directory you can write") from None
-    if not os.access(to, os.W_OK | os.X_OK):
-        raise UserError(f"--to {to} is not writable by you", remedy="pick a directory you can write")
 
 
 def local_data_dir(state_root: Path, run_id: str) -> Path:

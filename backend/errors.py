@@ -35,6 +35,13 @@ class OperationError(RtuiError):
     exit_code = 1
 
 
+class ApiUnreachable(OperationError):
+    """A cluster's API gave no answer at all (refused, unresolved, or silent past the deadline): not a "no".
+
+    A layer below that holds the cluster (``Layer.holds_above``) lets teardown go on without it: deleting
+    the cluster deletes what the layers above made inside it."""
+
+
 class TransientError(OperationError):
     """A failure worth retrying (throttling, a port race, a server still starting)."""
 

@@ -48,13 +48,21 @@ class JobSpec:
         return out
 
 
+# RunConfig fields the program takes under the same name, and the program's default for each.
+_KNOB_DEFAULTS = {"lr_schedule": "constant", "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": 0,
+                  "eval_tokens": 2048, "keep_checkpoints": 2}
+
+
 def training_package_dir() -> Path:
     return Path(training.__file__).resolve().parent
 
 
-def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_id: str | None = None) -> JobSpec:
+def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_id: str | None = None,
+                   data: str | None = None) -> JobSpec:
     """The job of this config; ``model_revision``: the hub commit the plan resolved (backend.hub);
-    ``run_id``: the run whose own prefix under ``--storage-path`` the job writes to."""
+    ``run_id``: the run whose own prefix under ``--storage-path`` the job writes to; ``data``: the Hub
+    dataset pinned to the commit the plan resolved (``hf://datasets/ID@SHA/PATH``), else what the
+    config says."""
     workers = config.effective_workers()
     args = [
         "python", "-m", "training.train",
@@ -67,7 +75,7 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_
         "--num-workers", str(workers),
         "--precision", config.effective_precision(),
         "--shard", config.shard,
-        "--data", config.data,
+        "--data", data or config.effective_data(),
     ]
     on_gpus = targets.get(config.target).on_gpus
     if config.shard == "hybrid" and (config.shard_size or on_gpus):
@@ -100,6 +108,13 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_
         args += ["--storage-path", own]
     if config.resume_from:
         args += ["--resume-from", config.resume_from]
+    if config.max_failures:
+        args += ["--max-failures", str(config.max_failures)]
+    # The training knobs pass only when set: a config that leaves them keeps the spec hash it had.
+    for field, default in _KNOB_DEFAULTS.items():
+        value = getattr(config, field)
+        if value != default:
+            args += ["--" + field.replace("_", "-"), str(value)]
     env_vars = {
         # Ray Train patches print() and doubles every worker line otherwise (DESIGN.md §3).
         "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
@@ -131,36 +146,83 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_
                    passed_env=config.job_env_names(), step_plan=describe_step_plan(config))
 
 
-# Shapes of the hub models rtui proposes (their config.json): n_params, layers, hidden, intermediate, vocab.
-KNOWN_MODEL_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
-    "Qwen/Qwen2.5-0.5B": (494_032_768, 24, 896, 4864, 151936),
-    "Qwen/Qwen2.5-1.5B": (1_543_714_304, 28, 1536, 8960, 151936),
-    "Qwen/Qwen2.5-3B": (3_085_938_688, 36, 2048, 11008, 151936),
-    "Qwen/Qwen2.5-7B": (7_615_616_512, 28, 3584, 18944, 152064),
+# config.json values of the hub models rtui proposes (huggingface.co/<id>/blob/main/config.json), so
+# their plan needs no download.
+_QWEN25 = {"model_type": "qwen2", "vocab_size": 151936, "tie_word_embeddings": True}
+KNOWN_MODEL_CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen2.5-0.5B": {**_QWEN25, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                          "num_attention_heads": 14, "num_key_value_heads": 2},
+    "Qwen/Qwen2.5-1.5B": {**_QWEN25, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                          "num_attention_heads": 12, "num_key_value_heads": 2},
+    "Qwen/Qwen2.5-3B": {**_QWEN25, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                        "num_attention_heads": 16, "num_key_value_heads": 2},
+    "Qwen/Qwen2.5-7B": {**_QWEN25, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                        "tie_word_embeddings": False},
 }
+# Families whose MLP is two matrices with biases and whose norms are LayerNorms with a bias (GELU MLP),
+# read in transformers 5.x models/<type>/modeling_*.py; the rest of training.families' list is SwiGLU.
+_GELU_MLP = frozenset({"gpt_neox", "phi", "starcoder2"})
+_QKV_BIAS = frozenset({"qwen2", "qwen2_moe"})  # biases on q, k, v (not o) whatever the config says
+_FOUR_NORMS = frozenset({"gemma2", "gemma3_text"})  # norms before and after attention and MLP
+_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})  # their config classes default to tied
 
 
-def _qwen2_params(layers: int, hidden: int, intermediate: int, vocab: int, heads: int, kv_heads: int,
-                  tied: bool) -> int:
-    kv = hidden // heads * kv_heads
-    attention = hidden * hidden * 2 + hidden * kv * 2 + hidden + 2 * kv  # q, o, k, v and the q/k/v biases
-    layer = attention + 3 * hidden * intermediate + 2 * hidden  # SwiGLU MLP and two RMSNorms
-    return layers * layer + vocab * hidden * (1 if tied else 2) + hidden
+def count_params(c: Mapping[str, Any]) -> tuple[int, int]:
+    """(all parameters, one decoder layer's) from a decoder-only config.json's fields, for the families
+    ``training.families`` accepts: attention with its own head_dim and GQA, the biases each family
+    has, SwiGLU or GELU MLP (and experts), the norms, tied or untied embeddings. KeyError/ValueError
+    when a field is missing."""
+    model_type = str(c.get("model_type") or "")
+    h, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
+    heads = int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or h // heads)
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attention = 2 * h * q + 2 * h * kv  # q and o, k and v
+    gelu = model_type in _GELU_MLP
+    if model_type in _QKV_BIAS:
+        attention += q + 2 * kv
+    elif c.get("attention_bias") or gelu:
+        attention += q + 2 * kv + h
+    if model_type.startswith("qwen3"):
+        attention += 2 * head_dim  # q_norm and k_norm
+    inter = int(c["intermediate_size"])
+    experts = int(c.get("num_local_experts") or c.get("num_experts") or 0)
+    if experts:
+        expert = int(c.get("moe_intermediate_size") or inter)
+        mlp = experts * 3 * h * expert + h * experts  # the experts and the router
+        shared = int(c.get("shared_expert_intermediate_size") or 0)
+        mlp += 3 * h * shared + h if shared else 0
+    elif gelu:
+        mlp = 2 * h * inter + inter + h
+    else:
+        mlp = 3 * h * inter + (2 * inter + h if c.get("mlp_bias") else 0)
+    norm = 2 * h if gelu else h  # LayerNorm weight and bias, or RMSNorm weight
+    layer = attention + mlp + norm * (4 if model_type in _FOUR_NORMS else 2)
+    tied = bool(c.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT))
+    return layers * layer + vocab * h * (1 if tied else 2) + norm, layer
+
+
+def _shape(c: Mapping[str, Any]) -> Any:
+    from training.stepplan import ModelShape  # lazy: see model_shape
+
+    n, layer = count_params(c)
+    return ModelShape(n, int(c["num_hidden_layers"]), int(c["hidden_size"]), int(c["intermediate_size"]),
+                      int(c["vocab_size"]), per_layer=layer)
 
 
 def model_shape(config: RunConfig) -> Any:
     """The ModelShape the step plan needs, when it can be known here (None: on the cluster only)."""
-    # lazy: the step planner only when a plan is described; not on the first frame
-    from training.stepplan import ModelShape
-
     model_id = config.effective_model_id()
     if model_id is None:  # the tiny local model (training.loop.build_model)
-        h, layers, vocab = config.local_hidden_size, config.local_layers, config.local_vocab_size
-        heads = config.local_heads
-        return ModelShape(_qwen2_params(layers, h, 4 * h, vocab, heads, max(1, heads // 2), False), layers, h, 4 * h,
-                          vocab)
-    if model_id in KNOWN_MODEL_SHAPES:
-        return ModelShape(*KNOWN_MODEL_SHAPES[model_id])
+        h, heads = config.local_hidden_size, config.local_heads
+        return _shape({"model_type": "qwen2", "hidden_size": h, "intermediate_size": 4 * h,
+                       "num_hidden_layers": config.local_layers, "num_attention_heads": heads,
+                       "num_key_value_heads": max(1, heads // 2), "vocab_size": config.local_vocab_size,
+                       "tie_word_embeddings": False})
+    if model_id in KNOWN_MODEL_CONFIGS:
+        return _shape(KNOWN_MODEL_CONFIGS[model_id])
     path = Path(model_id) / "config.json"
     try:
         c = json.loads(path.read_text()) if path.is_file() else None
@@ -169,13 +231,14 @@ def model_shape(config: RunConfig) -> Any:
     if not isinstance(c, dict):
         return None
     try:
-        heads = int(c["num_attention_heads"])
-        args = (int(c["num_hidden_layers"]), int(c["hidden_size"]), int(c["intermediate_size"]), int(c["vocab_size"]))
-        n = _qwen2_params(*args, heads, int(c.get("num_key_value_heads") or heads),
-                          bool(c.get("tie_word_embeddings", False)))
-    except (KeyError, TypeError, ValueError):
+        return _shape(c)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    return ModelShape(n, *args)
+
+
+# GPU memory a rank may use, by instance family (docs/perf-model.md: "the L4's ~22 GiB free" of 24 GB;
+# g6 = NVIDIA L4 per the AWS G6 instance specifications). Other types: the job's own check decides.
+GPU_FREE_GIB = {"g6.": ("L4", 22.0)}
 
 
 def describe_step_plan(config: RunConfig) -> str:
@@ -198,6 +261,14 @@ def describe_step_plan(config: RunConfig) -> str:
     reduces_every_micro_step = config.effective_precision() == "bf16" and config.reduce_dtype == "bf16"
     if plan.grad_accum > 1 and reduces_every_micro_step:
         line += "; bf16 reduce with accumulation: gradients reduced every micro-step (fp32 sums)"
+    if config.data_is_hub():
+        line += "; data: a Hub dataset, read by the job at the commit this plan pins (see data)"
+    elif config.data_is_file():
+        from backend.datacheck import check_data  # lazy: pyarrow/transformers only for data files
+
+        facts = check_data(config.data, text_field=config.text_field, tokenizer=config.tokenizer or config.model_id,
+                           seq_len=config.seq_len, cwd=Path.cwd())
+        line += "; data: " + facts.describe(config.seq_len, plan.tokens_per_step)
     shape = model_shape(config)
     if shape is None:
         return line + "; memory per rank: estimated on the cluster"
@@ -208,7 +279,26 @@ def describe_step_plan(config: RunConfig) -> str:
                                compute_bytes=2 if precision == "bf16" else 4, grad_accum=plan.grad_accum,
                                reshard_after_forward=reshard, activation_checkpointing=config.activation_checkpointing,
                                grad_accum_bytes=0 if reduces_every_micro_step else 4)
-    return line + f"; est. {estimate.total / GIB:.1f} GiB per {'GPU' if gpu else 'worker'}"
+    line += f"; est. {estimate.total / GIB:.1f} GiB per {'GPU' if gpu else 'worker'}"
+    return line + _fit(config, estimate.total / GIB) if gpu else line
+
+
+def _fit(config: RunConfig, estimate_gib: float) -> str:
+    """Whether the estimate fits the GPUs of the node type, when the target names one rtui knows."""
+    from training.stepplan import MEMORY_HEADROOM  # lazy: see describe_step_plan
+
+    if "gpu_node_type" not in targets.get(config.target).own_fields:
+        return ""
+    known = next((v for k, v in GPU_FREE_GIB.items() if config.gpu_node_type.startswith(k)), None)
+    if known is None:
+        return ""
+    name, free = known
+    budget = free * MEMORY_HEADROOM
+    if estimate_gib <= budget:
+        return f": fits an {name} ({budget:.1f} GiB usable of ~{free:g} free)"
+    return (f": WARNING does not fit an {name} ({budget:.1f} GiB usable of ~{free:g} free); the job stops at its "
+            "memory check: lower --batch-size or --seq-len, add --activation-checkpointing, or use more GPUs "
+            "(--gpu-node-count)")
 
 
 def passed_env_values(spec: JobSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,13 +1,13 @@
 """Stop a local cluster left idle (issue 26, item 4): ``python -m backend.local_idle <cluster dir> <seconds>``.
 
 A local cluster has no autoscaler to lend, so the head's start leaves this small watcher beside
-it, detached like Ray's own processes and holding the cluster's dir on its command line (so it is
-ours, and ``rtui down`` stops it with the rest). Every few seconds it asks the head's Jobs API
+it, detached like Ray's own processes and recorded in the marker as one of the cluster's roots (so
+``rtui down`` stops it with the rest). Every few seconds it asks the head's Jobs API
 whether a job is pending or running, and the run's lock whether an rtui is attached. After
 ``seconds`` with neither, it takes the run's lock (no rtui attaches meanwhile), stops the cluster's
-Ray processes by pid (only ours: ``local_cluster.cluster_family``), and says so in the marker and
-in the run's record (``facts["stopped_while_idle"]``). The dir stays, with the results the jobs
-wrote in it; the ledger keeps it as the head's resource, so ``rtui down`` removes it and a new
+Ray processes by pid (only those rtui started: ``local_cluster.cluster_family``), and says so in
+the marker and in the run's record (``facts["stopped_while_idle"]``). The dir stays, with the
+results the jobs wrote in it; the ledger keeps it as the head's resource, so ``rtui down`` removes it and a new
 ``rtui up`` replaces the stopped head.
 """
 
@@ -47,9 +47,7 @@ def stop(cluster: lc.ClusterDir, idle_s: float, store_root: Path | None) -> bool
     hold = store.lock(cluster.run_id) if store is not None else contextlib.nullcontext()
     try:
         with hold:
-            procs = lc.node_procs(cluster)
-            roots = [p for p in (procs.head, *procs.workers.values()) if p is not None]
-            family = lc.cluster_family(cluster.path, roots)  # never this process (it holds the dir too)
+            family = lc.cluster_family(cluster)  # never this process (a recorded root too)
             at = time.time()
             cluster.facts["stopped_while_idle"] = {"at": at, "idle_s": idle_s}
             lc.write_marker(cluster)

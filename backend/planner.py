@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import Field
 
-from backend.errors import UserError
-from backend.layers.base import Context, Handler, Layer
+from backend.errors import ApiUnreachable, UserError
+from backend.layers.base import Context, Handler, Layer, Unanswered
 from backend.ledger import ResourceStatus
 from backend.model import Action, Change, Observed, Plan, Resource
 from backend.runner import Progress, Step
@@ -39,13 +39,32 @@ class Stack:
         return self.layer(layer).handler(kind)
 
 
-async def discover(stack: Stack, ctx: Context) -> list[Observed]:
+async def discover(stack: Stack, ctx: Context, *, unanswered: list[Unanswered] | None = None) -> list[Observed]:
     """Every layer's live resources of this run, bottom layer first (layers looked at concurrently).
 
     A layer runs on the layers below it (its ``desired`` is made from theirs), so what it has live
     depends on what the nearest layer below has live: that is written into each ``depends_on`` here,
-    the one place, and teardown reads nothing but ``depends_on``."""
-    found: list[list[Observed]] = await all_or_none(*(layer.discover(ctx) for layer in stack.layers))
+    the one place, and teardown reads nothing but ``depends_on``.
+
+    With ``unanswered`` (teardown), a layer whose API does not answer while a layer below holds what it
+    made (``Layer.holds_above``) is taken as having nothing to delete of its own, and noted there."""
+    async def look(index: int, layer: Layer) -> list[Observed]:
+        holder = next((below for below in reversed(stack.layers[:index]) if below.holds_above), None)
+        try:
+            return await layer.discover(ctx)
+        except ApiUnreachable as exc:
+            # What explains it: the layer holding the cluster, which may be this one (aws's cluster-autoscaler).
+            explainer = holder or (layer if layer.holds_above else None)
+            if unanswered is None and explainer is not None:
+                raise await explainer.explain_unanswered(ctx, exc) from None
+            ctx.note_unanswered(f"the {layer.name} layer", exc, holder.holds_above if holder else None)
+            return []
+
+    ctx.unanswered = unanswered
+    try:
+        found: list[list[Observed]] = await all_or_none(*(look(i, layer) for i, layer in enumerate(stack.layers)))
+    finally:
+        ctx.unanswered = None
     out: list[Observed] = []
     below: tuple[str, ...] = ()
     for per_layer in found:

@@ -1,8 +1,9 @@
 """Processes we start and must be able to find and stop again, even after a crash.
 
 A process is identified by (pid, create_time) so a recycled pid is never mistaken
-for ours. Detached processes run in their own session (``start_new_session``), so
-everything they spawn shares that session id (``layers.local_cluster`` finds them).
+for ours. A detached process leads a session of its own (``start_new_session``: its session
+id is its pid), so everything it spawns shares that id, even once re-parented to init
+(``layers.local_cluster`` finds them from the pid and start time it records).
 """
 
 from __future__ import annotations
@@ -27,11 +28,18 @@ class ProcRef:
     pid: int
     create_time: float
 
+    def matches(self, proc: psutil.Process) -> bool:
+        """Whether ``proc`` is this very process, not another that got its pid later."""
+        try:
+            return bool(proc.pid == self.pid and abs(proc.create_time() - self.create_time) <= 0.5)
+        except psutil.Error:
+            return False
+
     def process(self) -> psutil.Process | None:
         """The live process, or None if it is gone, a zombie, or the pid was reused."""
         try:
             proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) > 0.5:
+            if not self.matches(proc):
                 return None
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None

@@ -19,8 +19,8 @@ import targets
 from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, data_store_for, effective_storage_path, model_summary
-from backend.errors import OperationError, UserError
-from backend.layers.base import Context, GpuFleetReporter, NodeHistory
+from backend.errors import ApiUnreachable, OperationError, UserError
+from backend.layers.base import Context, GpuFleetReporter, NodeHistory, Unanswered
 from backend.model import StepEvent
 from backend.planner import (
     PlanResult,
@@ -259,14 +259,26 @@ class RunSession:
     async def teardown(self) -> AsyncIterator[StepEvent]:
         self.record.status = RunStatus.TEARING_DOWN
         self.store.save(self.record)
-        observed = await self.discover()
-        async for event in self._run(teardown_steps(self.stack, self.ctx, observed), self.record.teardown_steps,
-                                     done=RunStatus.DOWN):
+        unanswered: list[Unanswered] = []
+        observed = await discover(self.stack, self.ctx, unanswered=unanswered)
+        steps = teardown_steps(self.stack, self.ctx, observed)
+        if unanswered:  # said first, as a step of its own: what is not asked, and why that is safe
+            steps = [self._unanswered_step(unanswered), *steps]
+        async for event in self._run(steps, self.record.teardown_steps, done=RunStatus.DOWN):
             yield event
         if self.record.status is RunStatus.DOWN:
-            forget_missing(self.ctx, await self.discover())
+            forget_missing(self.ctx, await discover(self.stack, self.ctx, unanswered=[]))
         async for event in self._sweep():
             yield event
+
+    @staticmethod
+    def _unanswered_step(unanswered: list[Unanswered]) -> Step:
+        async def say() -> AsyncIterator[Progress]:
+            for item in unanswered:
+                yield Progress(item.line())
+            yield Progress(unanswered[-1].line(), 1.0)
+
+        return Step("unanswered", "Cluster API does not answer", say, expected_s=0.1)
 
     async def _sweep(self) -> AsyncIterator[StepEvent]:
         """The orphan sweep as a last step: anything of this run still live fails teardown, with its cost."""
@@ -344,6 +356,15 @@ class RunSession:
         return telemetry
 
     async def status_report(self) -> StatusReport:
+        """The run now. A cluster whose API does not answer is said as the layer holding it explains it
+        (aws: the endpoint admits only the CIDRs `up` learned), as `plan` and `up` say it."""
+        try:
+            return await self._status_report()
+        except ApiUnreachable as exc:
+            holder = next((layer for layer in self.stack.layers if layer.holds_above), None)
+            raise (await holder.explain_unanswered(self.ctx, exc) if holder is not None else exc) from None
+
+    async def _status_report(self) -> StatusReport:
         jobs = await self.jobs() if self.record.status is not RunStatus.DOWN else None
         alive = jobs is not None and await self.cluster_alive()
         job = self.record.current_job
@@ -358,7 +379,9 @@ class RunSession:
                         self.store.save(self.record)
         telemetry = self.telemetry()
         latest = telemetry.series.latest
-        resources = {address: {"kind": r.kind, "id": r.id, "status": r.status.value}
+        # A resource's ``notice`` output: one line the user must see while it lives (an unenforced NetworkPolicy).
+        resources = {address: {"kind": r.kind, "id": r.id, "status": r.status.value,
+                               **({"notice": str(r.outputs["notice"])} if r.live and r.outputs.get("notice") else {})}
                      for address, r in self.record.resources.items()}
         last_metric = None if latest is None else {**latest.to_dict(), "world_size": telemetry.series.world_size}
         gpu = await self.gpu_fleet() if alive else None

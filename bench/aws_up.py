@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.config import RunConfig  # noqa: E402
+from backend.hub import default_dataset_uri  # noqa: E402
 from backend.layers.kubernetes.handlers import kuberay_crds  # noqa: E402
 from backend.planner import apply_steps, select_until  # noqa: E402
 from backend.runner import Runner, Step  # noqa: E402
@@ -50,20 +51,27 @@ from tests.kubernetes.fake_control import FakeControlPlane, Timings  # noqa: E40
 from tests.kubernetes.fake_registry import FakeRegistry  # noqa: E402
 
 # The run's Secrets and NetworkPolicy (issue 23) come with the namespace, before the pods that need them.
+# Since: the S3 gateway endpoint and the control plane's log group (issue 34), cluster-autoscaler and its
+# tags (issue 26), the netpol probe after the head (issue 33).
 SEED_ORDER = [
-    "aws.vpc", "aws.subnet", "aws.internet-gateway", "aws.nat-gateway", "aws.route-table",
-    "aws.security-group.nodes", "aws.iam-role", "aws.s3-bucket", "aws.eks-cluster", "aws.addon", "aws.pod-identity",
-    "aws.access-entry.admin", "aws.kubeconfig", "aws.launch-template.system", "aws.nodegroup.system",
-    "aws.placement-group.gpu", "aws.launch-template.gpu",
-    "aws.nodegroup.gpu", "k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator",
-    "k8s.namespace", "k8s.serviceaccount", "k8s.secret.ray-token", "k8s.secret.job-env", "k8s.networkpolicy.ray",
-    "k8s.raycluster", "k8s.gpu-workers"]
+    "aws.vpc", "aws.subnet", "aws.internet-gateway", "aws.nat-gateway", "aws.route-table", "aws.vpc-endpoint",
+    "aws.security-group.nodes", "aws.iam-role", "aws.s3-bucket", "aws.log-group", "aws.eks-cluster", "aws.addon",
+    "aws.pod-identity", "aws.access-entry.admin", "aws.kubeconfig", "aws.launch-template.system",
+    "aws.nodegroup.system", "aws.placement-group.gpu", "aws.launch-template.gpu",
+    "aws.nodegroup.gpu", "aws.asg-tags", "aws.cluster-autoscaler", "k8s.device-plugin.nvidia",
+    "k8s.device-plugin.efa", "k8s.kuberay-operator", "k8s.namespace", "k8s.serviceaccount", "k8s.secret.ray-token",
+    "k8s.secret.job-env", "k8s.networkpolicy.ray", "k8s.raycluster", "k8s.gpu-workers", "k8s.probe"]
 
 
 def sequential(steps: list[Step]) -> list[Step]:
     """The seed's order: every step waits for the one before; the pre-pull is not part of it."""
     def rank(step: Step) -> int:
-        return next(i for i, prefix in enumerate(SEED_ORDER) if step.id == prefix or step.id.startswith(prefix + "."))
+        found = next((i for i, prefix in enumerate(SEED_ORDER)
+                      if step.id == prefix or step.id.startswith(prefix + ".")), None)
+        if found is None:
+            raise SystemExit(f"bench/aws_up.py: the plan has a step the seed's order does not place: {step.id} "
+                             "(add it to SEED_ORDER)")
+        return found
 
     chain = sorted((s for s in steps if s.id != "k8s.image-prepull"), key=rank)
     for before, step in zip([None, *chain], chain, strict=False):
@@ -125,7 +133,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
         with FakeRegistry() as registry, FakeControlPlane(cluster, timings=timings):
             config = RunConfig(target="aws", region="us-east-1", image=registry.image(),
                                addon_registry=registry.host, kuberay_crds=str(crds), cluster_name=f"bench-{order}",
-                               model_revision="0" * 40,  # a commit: no Hub asked
+                               model_revision="0" * 40, data=default_dataset_uri("0" * 40),  # commits: no Hub asked
                                operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)
             store = RunStore(work / "state")
             record = store.new(config)

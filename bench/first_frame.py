@@ -57,10 +57,13 @@ def main() -> None:
     args = parser.parse_args()
     bindir = Path(sys.executable).parent
     tmux("new-session", "-d", "-s", "parked", "sleep 600", check=True)
+    socket = tmux("display-message", "-p", "#{socket_path}").strip()
     try:
         measure(bindir, args.runs)
     finally:
         tmux("kill-server")
+        if socket:  # tmux 3.3 leaves its socket file (/tmp/tmux-<uid>/<name>) behind when killed
+            Path(socket).unlink(missing_ok=True)
 
 
 def measure(bindir: Path, runs: int) -> None:

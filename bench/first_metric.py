@@ -22,19 +22,21 @@ RTUI = str(Path(sys.executable).parent / "rtui")
 
 
 def one(root: str) -> float:
-    env = {**os.environ, "PYTHONPATH": root, "RTUI_STATE_DIR": tempfile.mkdtemp(prefix="rtui-bench-")}
-    started = time.monotonic()
-    proc = subprocess.Popen([RTUI, "up", "--yes", "--json", "--steps", "3"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, cwd=tempfile.gettempdir())
-    first = None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        event = json.loads(line)
-        if first is None and event["step"] == "train" and event["kind"] == "progress" \
-                and event["message"].startswith("step"):
-            first = time.monotonic() - started
-    proc.wait()
-    subprocess.run([RTUI, "down", "--yes"], env=env, capture_output=True, cwd=tempfile.gettempdir(), check=False)
+    # A fresh state dir for each run, removed with everything in it once the run is down.
+    with tempfile.TemporaryDirectory(prefix="rtui-bench-") as tmp:
+        env = {**os.environ, "PYTHONPATH": root, "RTUI_STATE_DIR": f"{tmp}/state"}
+        started = time.monotonic()
+        proc = subprocess.Popen([RTUI, "up", "--yes", "--json", "--steps", "3"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, cwd=tmp)
+        first = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = json.loads(line)
+            if first is None and event["step"] == "train" and event["kind"] == "progress" \
+                    and event["message"].startswith("step"):
+                first = time.monotonic() - started
+        proc.wait()
+        subprocess.run([RTUI, "down", "--yes"], env=env, capture_output=True, cwd=tmp, check=False)
     if first is None:
         raise SystemExit(f"{root}: no training step seen (exit {proc.returncode})")
     return first

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.config import RunConfig  # noqa: E402
+from backend.hub import default_dataset_uri  # noqa: E402
 from backend.layers.kubernetes.handlers import kuberay_crds  # noqa: E402
 from backend.planner import apply_steps, select_until  # noqa: E402
 from backend.runner import Runner, Step  # noqa: E402
@@ -39,8 +40,9 @@ from tests.kubernetes.fake_control import FakeControlPlane, Timings  # noqa: E40
 from tests.kubernetes.fake_registry import FakeRegistry  # noqa: E402
 
 # The Ray token's Secret (issue 23) comes with the namespace: the RayCluster's pods cannot start without it.
+# The workers' own service account (issue 33) too: their pods are refused without it.
 SEED_ORDER = ["k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator", "k8s.namespace",
-              "k8s.secret.ray-token", "k8s.raycluster", "k8s.gpu-workers"]
+              "k8s.secret.ray-token", "k8s.serviceaccount.ray-workers", "k8s.raycluster", "k8s.gpu-workers"]
 
 
 def sequential(steps: list[Step]) -> list[Step]:
@@ -74,7 +76,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> float:
             gpu_cluster(cluster, 2)
             config = RunConfig(target="kube", kubeconfig=str(cluster.kubeconfig), image=registry.image(),
                                addon_registry=registry.host, kuberay_crds=str(crds),
-                               model_revision="0" * 40,  # a commit: no Hub asked
+                               model_revision="0" * 40, data=default_dataset_uri("0" * 40),  # commits: no Hub asked
                                operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)
             store = RunStore(work / f"state-{order}")
             record = store.new(config)

@@ -108,7 +108,7 @@ def kube_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str], 
     registry = stack.enter_context(FakeRegistry())  # the Ray image and the add-ons', as a mirror serves them
     hub = stack.enter_context(FakeHub())  # the model's revision is pinned to a commit at plan time
     timings = Timings(addon_s=minute, pull_s=2 * minute, start_s=minute / 2, stop_s=minute / 4)
-    stack.enter_context(FakeControlPlane(cluster, timings=timings, jobs_url=head.url))
+    stack.enter_context(FakeControlPlane(cluster, timings=timings, jobs_url=head.url, volume_root=tmp))
     env.update({"RTUI_IMAGE": registry.image(), "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,
                 "RTUI_CLUSTER_NAME": NAME, "RTUI_STEPS": str(STEPS)})
     # KubeRay's CRDs: the shared v1.7.0 files when this checkout sits beside them, else stand-ins (the

@@ -9,7 +9,7 @@ from typing import Any
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Label, OptionList
 from textual.widgets.option_list import Option
@@ -17,6 +17,7 @@ from textual.widgets.option_list import Option
 from backend.errors import RtuiError
 from backend.model import Plan
 from backend.store import RunStore
+from backend.trust import held_reason
 from tui.plan_diff import money
 
 
@@ -57,7 +58,13 @@ class ConfirmApply(ModalScreen[bool]):
 
 
 class ConfirmConfigFile(ModalScreen[bool]):
-    """A ./rtui.toml sets what runs or what is read, in a content the user has not confirmed yet."""
+    """A checkout's config file sets held fields (backend.trust) in a content the user has not confirmed yet."""
+
+    # A file may hold a dozen of them: the list scrolls so the question stays on an 80x24 terminal.
+    DEFAULT_CSS = """
+    ConfirmConfigFile #confirm-fields { height: auto; max-height: 12; }
+    ConfirmConfigFile .reason { color: $text-muted; }
+    """
 
     BINDINGS = [
         Binding("y", "answer(True)", "Use them", id="confirm-config",
@@ -73,10 +80,13 @@ class ConfirmConfigFile(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm"):
-            yield Label(f"{self.path} chooses what runs or what is read:", classes="heading", markup=False)
-            for field, value in self.values.items():
-                yield Label(f"  {field} = {json.dumps(value)}", classes="detail", markup=False)
-            yield Label("Use these values? [b]y[/b] uses them (until the file changes) · [b]n[/b] / escape quits")
+            yield Label(f"{self.path} sets what only you should decide:", classes="heading", markup=False)
+            with VerticalScroll(id="confirm-fields"):
+                for field, value in self.values.items():
+                    yield Label(f"  {field} = {json.dumps(value)}", classes="detail", markup=False)
+                    yield Label(f"    {held_reason(field)}", classes="reason", markup=False)
+            yield Label("Use these values? [b]y[/b] uses them (until the file changes) · [b]n[/b] / escape quits",
+                        id="confirm-question")
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)

@@ -25,7 +25,7 @@ class TestClock:
     async def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += seconds
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # models time: none passes, but the loop runs the other tasks
 
 
 class FastClock:
@@ -41,4 +41,4 @@ class FastClock:
 
     async def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
-        await asyncio.sleep(seconds / self.speedup)
+        await asyncio.sleep(seconds / self.speedup)  # models time: the clock's seconds, sped up

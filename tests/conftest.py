@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated state dir per test, and helpers to run the real `rtui` binary."""
+"""Shared fixtures: an isolated state dir per test, and helpers to run the real `rtui` binary; the
+session fails if it left an rtui- or Ray-made entry in /tmp (tests/tmp_watch.py)."""
 
 from __future__ import annotations
 
@@ -12,36 +13,45 @@ from typing import Any
 
 import pytest
 
+from tests.tmp_watch import (
+    TMP,
+    made_by_another_session,
+    new_run_token,
+    reap_clusters_under,
+    short_tmp_dir,
+    watched_entries,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 RTUI = str(Path(sys.executable).parent / "rtui")
 
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """No test reads the user's config or writes the user's state."""
+    """No test reads the user's config or writes the user's state or cache (the EKS CA cache, the
+    kubeconfig TLS files: a test's land under its tmp_path, not in ~/.cache/rtui)."""
     for key in list(os.environ):
         if key.startswith("RTUI_"):
             monkeypatch.delenv(key)
     state = tmp_path / "state"
     monkeypatch.setenv("RTUI_STATE_DIR", str(state))
     monkeypatch.setenv("RTUI_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("RTUI_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     yield state
-    _reap_clusters(state)
+    # A failed test must not leave a Ray cluster running for the rest of the suite, nor its marked dir
+    # in /tmp: its own (this state dir) and those of the rtui processes it ran with a state dir of
+    # their own under tmp_path (a bench script's). Teardown runs whether the test passed or not.
+    reap_clusters_under(tmp_path)
 
 
-def _reap_clusters(state: Path) -> None:
-    """A failed test must not leave a Ray cluster running for the rest of the suite.
-
-    Only clusters whose marker names this test's state dir: never another session's.
-    """
-    from backend.layers.local_cluster import cluster_family, find_clusters, remove_cluster_dir
-    from backend.procs import terminate
-
-    for cluster in find_clusters():
-        if cluster.facts.get("state_dir") == str(state):
-            terminate(cluster_family(cluster.path))
-            remove_cluster_dir(cluster.path)
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A dir of the test's own right under /tmp, for a path that must stay short (Ray's temp dir, whose
+    unix sockets may not pass 107 bytes; pytest's tmp_path under xdist comes close). Removed after the
+    test, whatever became of it."""
+    with short_tmp_dir() as path:
+        yield path
 
 
 def run_rtui(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
@@ -71,3 +81,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if any(item.get_closest_marker(name) for name in ("ray", "tmux", "host_clusters")):
             item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+_TMP_AT_START = pytest.StashKey[set[str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Snapshot the watched entries of /tmp, in the controller only under xdist (workers have
+    ``workerinput``): the check is the whole run's, made once after every worker has finished."""
+    if not hasattr(config, "workerinput"):
+        new_run_token()
+        config.stash[_TMP_AT_START] = watched_entries()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own sessionfinish has stopped the workers
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if /tmp gained an rtui- or Ray-made entry since it started (issue 37): every file a
+    test makes belongs under its tmp_path, and a local cluster must be gone when its test ends.
+
+    A local cluster of this run still up (its test was killed past its teardown) is stopped and removed
+    here, and still reported. Entries that were there before the run are not its doing."""
+    config = session.config
+    if hasattr(config, "workerinput") or _TMP_AT_START not in config.stash:
+        return
+    factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+    basetemp = factory.getbasetemp()
+    reaped = [str(p.relative_to(TMP)) for p in reap_clusters_under(basetemp)]
+    before: set[str] = config.stash[_TMP_AT_START]
+    new = sorted(name for name in watched_entries() - before if not made_by_another_session(TMP / name, basetemp))
+    leftovers = sorted({*new, *reaped})
+    if not leftovers:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write("\n")  # after the progress line, which -q leaves open
+        reporter.write_sep("=", f"new in {TMP} since the run started ({len(leftovers)}): the run fails", red=True)
+        for name in leftovers:
+            still_up = "  (a local cluster still up: stopped and removed now)" if name in reaped else ""
+            reporter.write_line(f"  {TMP / name}{still_up}")
+        reporter.write_line("  Make them under the test's tmp_path (or tests.tmp_watch.short_tmp_dir), "
+                            "and remove them if the test made them elsewhere.")
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -9,10 +9,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from tests.eventually import eventually
 
 
 @contextmanager
@@ -25,15 +26,16 @@ def moto_server_process(start_timeout_s: float = 60.0) -> Iterator[str]:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
+        def answering() -> bool:
             try:
                 urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=2).read()
-                break
             except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
+                if server.poll() is not None:  # it died: say why now, not at the deadline
                     raise
-                time.sleep(0.1)
+                return False
+            return True
+
+        eventually(f"the moto server at {endpoint} to answer", answering, start_timeout_s, interval=0.1)
         yield endpoint
     finally:
         server.terminate()

@@ -3,20 +3,19 @@ on a loaded 2-core CI box a screen that takes 6 s instead of 1 s is slow, not wr
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from textual.pilot import Pilot
+
+from tests.eventually import eventually_async
 
 FLOOR_S = 20.0
 
 
 async def wait_for(pilot: Pilot[None], predicate: Callable[[], object], timeout: float,
                    what: str | Callable[[], str], poll: float = 0.1) -> None:
-    deadline = time.monotonic() + max(timeout, FLOOR_S)
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what if isinstance(what, str) else what()}"
-        await pilot.pause(poll)
+    """``eventually_async`` with the floor, yielding to the app through ``pilot.pause`` between polls."""
+    await eventually_async(what, predicate, max(timeout, FLOOR_S), interval=poll, pause=pilot.pause)
 
 
 def screen_text(pilot: Pilot[None]) -> list[str]:

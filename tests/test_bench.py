@@ -173,7 +173,7 @@ class FakeJobs(RayJobs):
         for chunk in self.chunks:
             yield chunk
         if self.hang:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # models time: lives until stopped
 
     async def status(self, submission_id: str) -> JobStatus:
         return JobStatus(submission_id, JobState(self.final), "boom" if self.final == "FAILED" else "")

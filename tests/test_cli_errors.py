@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -82,7 +81,7 @@ def test_second_up_while_one_runs_changes_nothing(isolated_env: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys,time; from backend.store import RunStore\nwith RunStore().lock(sys.argv[1]):\n"
-         " print('held', flush=True); time.sleep(60)", rec.run_id],
+         " print('held', flush=True); time.sleep(60)", rec.run_id],  # models time: lives until stopped
         stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -146,9 +145,7 @@ def test_config_naming_a_directory_says_so(tmp_path: Path) -> None:
 
 def test_config_naming_a_fifo_says_so_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe.toml")  # nobody ever writes to it: opening it to read would block
-    started = time.monotonic()
-    proc = run_rtui("plan", "--config", "pipe.toml", timeout=30)
-    assert time.monotonic() - started < 20
+    proc = run_rtui("plan", "--config", "pipe.toml", timeout=60)  # blocked, it would time out here
     assert_one_line(proc, 2, "config file 'pipe.toml' is a FIFO")
 
 
@@ -245,7 +242,5 @@ def test_wizard_options_with_a_command_are_refused(args: list[str], needle: str,
 @pytest.mark.parametrize("args", [[], ["--target", "aws"]])
 def test_the_wizard_without_a_terminal_says_so_instead_of_waiting(args: list[str]) -> None:
     # run_rtui: stdin is /dev/null and stdout a pipe, as in a script or `rtui > out.txt`.
-    started = time.monotonic()
-    proc = run_rtui(*args, timeout=30)
-    assert time.monotonic() - started < 20
+    proc = run_rtui(*args, timeout=60)  # waiting for a terminal, it would time out here
     assert_one_line(proc, 2, "the wizard needs a terminal")

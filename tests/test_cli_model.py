@@ -1,7 +1,7 @@
 """`rtui model`, `rtui status --json`'s model and `rtui down` keeping the data, through the real binary.
 
 The run's data dir holds a model the training program's own export wrote (one gloo rank, no Ray); the
-Ray end to end of the same path is tests/test_local_model_e2e.py.
+Ray end to end of the same path is tests/test_local_finished_run.py.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_model_copies_the_directory_and_says_how_to_load_it(exported: Path, tmp_
     target = tmp_path / "fetched"
     out = run_rtui("model", run_id, "--to", str(target), check=True).stdout
     assert f"copied to {target}" in out and f"from_pretrained('{target}')" in out
-    assert sorted(os.listdir(target)) == sorted(model["files"])
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()) == sorted(model["files"])
     loaded = AutoModelForCausalLM.from_pretrained(target)
     check = load_file(str(target / CHECK_FILE))
     with torch.no_grad():

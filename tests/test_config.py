@@ -32,13 +32,14 @@ def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None
 def test_xdg_config_file_used_when_cwd_has_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg_dir = tmp_path / "xdg"
     cfg_dir.mkdir()
-    (cfg_dir / "rtui.toml").write_text("gpu_node_count = 3\n")
+    (cfg_dir / "rtui.toml").write_text("steps = 3\n")
     monkeypatch.setenv("RTUI_CONFIG_DIR", str(cfg_dir))
     work = tmp_path / "work"
     work.mkdir()
-    assert resolve_config({}, environ={}, cwd=work).config.gpu_node_count == 3
-    (work / "rtui.toml").write_text("gpu_node_count = 5\n")
-    assert resolve_config({}, environ={}, cwd=work).config.gpu_node_count == 5
+    assert resolve_config({}, environ={}, cwd=work).config.steps == 3
+    # steps: a field a checkout's file sets without confirmation (tests/test_config_allowlist.py)
+    (work / "rtui.toml").write_text("steps = 5\n")
+    assert resolve_config({}, environ={}, cwd=work).config.steps == 5
 
 
 @pytest.mark.parametrize(

@@ -54,16 +54,29 @@ def test_hostile_cwd_file_asks_for_confirmation_and_ships_nothing(tmp_path: Path
 
 
 def test_config_show_marks_unconfirmed_fields(tmp_path: Path) -> None:
+    from backend.trust import HELD_FIELDS
+
     (tmp_path / "rtui.toml").write_text('target = "kube"\nimage = "evil.example.com/ray:latest"\nsteps = 7\n')
     proc = run_rtui("config", "show", "--json", timeout=60)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["unconfirmed"] == ["image"]
+    assert data["unconfirmed"] == ["image", "target"]
+    assert data["held"] == {"image": HELD_FIELDS["image"], "target": HELD_FIELDS["target"]}
     assert "not confirmed" in data["sources"]["image"]
     assert data["sources"]["steps"] == f"file:{tmp_path / 'rtui.toml'}"
     human = run_rtui("config", "show", timeout=60).stdout
     image_line = next(line for line in human.splitlines() if line.startswith("image"))
     assert "not confirmed" in image_line and "rtui config trust" in image_line
+    assert HELD_FIELDS["image"] in image_line  # why it is held, beside the value
+    assert "2 fields of" in human and "held until you confirm" in human
+
+
+def test_config_show_lists_a_held_field_the_target_does_not_read(tmp_path: Path) -> None:
+    """vpc_id means nothing to the local target, but the file's content is confirmed whole: show it."""
+    (tmp_path / "rtui.toml").write_text('vpc_id = "vpc-0abc12345def67890"\n')
+    human = run_rtui("config", "show", timeout=60).stdout
+    line = next(line for line in human.splitlines() if line.startswith("vpc_id"))
+    assert "not confirmed" in line and "vpc-0abc12345def67890" in line
 
 
 def test_trust_once_then_the_same_content_is_taken_and_a_change_asks_again(tmp_path: Path) -> None:
@@ -100,7 +113,7 @@ def test_flags_env_and_the_users_own_config_dir_stay_trusted(tmp_path: Path, mon
     work.mkdir()
     cfg = resolve_config({}, environ={}, cwd=work).config
     assert (cfg.image, cfg.hf_token) == ("mine.example.com/ray:1", "env:HF_TOKEN")
-    # A guarded field set by a flag wins over the file, so the file's value needs no confirmation.
+    # A held field set by a flag wins over the file, so the file's value needs no confirmation.
     (work / "rtui.toml").write_text('image = "other.example.com/ray:2"\nsteps = 3\n')
     cfg = resolve_config({"image": "flag.example.com/ray:3"}, environ={}, cwd=work).config
     assert (cfg.image, cfg.steps) == ("flag.example.com/ray:3", 3)
@@ -147,6 +160,7 @@ def test_wizard_refuses_a_job_env_naming_credentials_before_any_screen(tmp_path:
 
 
 async def test_wizard_asks_once_and_a_no_runs_nothing(tmp_path: Path) -> None:
+    from backend.trust import HELD_FIELDS
     from screens.confirm import ConfirmConfigFile
     from tests.pilot_wait import wait_for
 
@@ -159,6 +173,8 @@ async def test_wizard_asks_once_and_a_no_runs_nothing(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmConfigFile), 5, "the config modal")
         text = " ".join(str(label.render()) for label in app.screen.query("Label"))
         assert "evil.example.com/ray:latest" in text and "~/.aws/credentials" in text and "job_env" in text
+        for field in ("image", "hf_token", "job_env"):  # each held field says why it waits for a yes
+            assert HELD_FIELDS[field] in text
         await pilot.press("n")
         await wait_for(pilot, lambda: app.return_code is not None, 5, "the app to quit")
     assert app.return_code == 2
@@ -181,3 +197,44 @@ async def test_wizard_yes_takes_the_values_and_remembers_the_content(tmp_path: P
         assert "confirmed" in app.session.sources["image"]
     again = _wizard_app(tmp_path)  # the same content is not asked about again
     assert again.confirm_config is None and again.session.config.image == "evil.example.com/ray:latest"
+
+
+async def test_wizard_modal_keeps_its_question_on_screen_with_many_held_fields(tmp_path: Path) -> None:
+    """A file may hold a dozen held fields: the list scrolls, the y/n line stays on an 80x24 terminal."""
+    from screens.confirm import ConfirmConfigFile
+    from tests.pilot_wait import wait_for
+
+    (tmp_path / "rtui.toml").write_text(
+        'target = "kube"\ncluster_name = "someone-elses"\nnamespace = "kube-system"\ncontext = "production"\n'
+        'kubeconfig = "./evil-kubeconfig"\nimage = "evil.example.com/ray:latest"\noperator_scope = "cluster"\n'
+        'kuberay_crds = "https://evil.example.com/crds/"\nallow_unpinned = true\nmodel_id = "attacker/model"\n'
+        'storage_path = "s3://attacker-bucket/loot"\nresume_from = "s3://attacker-bucket/ckpt"\n'
+        'job_env = "MY_SETTING"\nsteps = 7\n')
+    app = _wizard_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmConfigFile), 5, "the config modal")
+        question = app.screen.query_one("#confirm-question")
+        assert question.region.height and question.region.bottom <= 24
+        fields = " ".join(str(label.render()) for label in app.screen.query("Label"))
+        assert "resume_from" in fields and "operator_scope" in fields
+
+
+async def test_wizard_starts_when_the_files_knobs_need_its_held_target(tmp_path: Path) -> None:
+    """require_transport = "efa" is a free knob, but only valid with the file's (held) target = "kube":
+    withheld, the session would be local + efa, which the local target refuses. Until the yes the
+    whole file waits; the yes takes it all."""
+    from backend.trust import HELD_FIELDS
+    from screens.confirm import ConfirmConfigFile
+    from tests.pilot_wait import wait_for
+
+    (tmp_path / "rtui.toml").write_text('target = "kube"\nrequire_transport = "efa"\nsteps = 7\n')
+    app = _wizard_app(tmp_path)
+    assert (app.session.config.target, app.session.config.require_transport) == ("local", "auto")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmConfigFile), 5, "the config modal")
+        text = " ".join(str(label.render()) for label in app.screen.query("Label"))
+        assert HELD_FIELDS["target"] in text and "require_transport" in text
+        await pilot.press("y")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "the target screen")
+        config = app.session.config
+        assert (config.target, config.require_transport, config.steps) == ("kube", "efa", 7)

@@ -69,8 +69,12 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "model"
 
 
+def _tree(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+
+
 def _upload(exported: Path, uri: str) -> list[str]:
-    files = sorted(os.listdir(exported))
+    files = _tree(exported)  # rtui's check data sits in a subdirectory (training.export.RTUI_DIR)
     upload_dir(str(exported), uri, files)
     return files
 
@@ -109,7 +113,7 @@ def test_model_fetches_the_newest_complete_one_and_status_prices_what_is_kept(
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json_lines(out.stdout)[0]
     assert summary["uri"] == f"{mine}/rtui-1700000000/model" and summary["copied_to"] == str(fetched)
-    assert sorted(os.listdir(fetched)) == files
+    assert _tree(fetched) == files
     for name in files:
         assert (fetched / name).read_bytes() == (exported / name).read_bytes()
 
@@ -174,3 +178,101 @@ def test_a_listing_the_credentials_may_not_make_is_one_line(s3: Any, monkeypatch
     assert err.value.message == f"listing s3://no-such-bucket-{os.getpid()}/runs/r failed: NoSuchBucket"
     assert "s3:ListBucket" in (err.value.remedy or "")
     assert json.dumps(err.value.message).count("\\n") == 0
+
+
+# ---- `rtui model` writes nothing outside --to (issue 33, item 2) -----------------------------------
+# An S3 key is any UTF-8 string up to 1,024 bytes (Amazon S3 user guide, "Naming Amazon S3 objects"):
+# `..` segments, a leading `/` after the prefix, backslashes and control characters are all valid keys,
+# and moto's server stores and lists them as S3 does. So a marker may list such a name and the
+# completeness check (every listed name is a key) still passes.
+
+def _hostile_model(s3: Any, exported: Path, prefix: str, extra: list[str], body: bytes = b"pwned") -> None:
+    """A complete model under ``s3://BUCKET/prefix`` whose marker also lists ``extra``, each a key there."""
+    _upload(exported, f"s3://{BUCKET}/{prefix}")
+    marker = json.loads((exported / MODEL_MARKER).read_text())
+    marker["files"] = [*marker["files"], *extra]
+    for name in extra:
+        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=body)
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{MODEL_MARKER}", Body=json.dumps(marker).encode())
+
+
+def _everything_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("bad", ["../x", "/ABS/x", "a\\b", "a/../../x", "a\0b", "a/./b", "a//b", "a\x1bb"])
+def test_a_marker_naming_a_file_outside_to_is_refused_before_any_byte(
+        s3: Any, exported: Path, tmp_path: Path, bad: str) -> None:
+    from backend.safepath import UnsafeName
+
+    home = tmp_path / "home"  # the sentinel: `to` is inside it, nothing else may appear there
+    (home / "ABS").mkdir(parents=True)
+    bad = bad.replace("/ABS", str(home / "ABS"))  # an absolute name, pointing into the sentinel
+    to = home / "models" / "to"
+    uri = run_storage_uri(f"s3://{BUCKET}/hostile", "r-3")
+    _hostile_model(s3, exported, "hostile/r-3/job/model", [bad])
+    store = S3Store(uri)
+    model = store.latest_model()
+    assert model is not None and bad in model.files  # offered: every listed name is a key there
+    before = _everything_under(home)
+    with pytest.raises(UnsafeName) as err:
+        store.fetch(model, to)
+    assert str(err.value).count("\n") == 0 and json.dumps(bad) in err.value.message, err.value.message
+    assert "nothing was written" in err.value.message
+    assert _everything_under(home) == before  # not `to`, not a .part, not the file
+
+
+def test_rtui_model_refuses_a_marker_that_climbs_out_of_to_in_one_line(
+        s3: Any, exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "gone-kubeconfig"))
+    storage = f"s3://{BUCKET}/cli"
+    run_id = kube_run(storage)
+    home = tmp_path / "home"
+    (home / "me").mkdir(parents=True)
+    _hostile_model(s3, exported, f"cli/{run_id}/rtui-1700000000/model", ["../../../.bashrc"])
+    out = run_rtui("model", run_id, "--to", str(home / "me" / "models" / "x"))
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text
+    assert "Traceback" not in text and '"../../../.bashrc"' in text, text
+    assert not (home / ".bashrc").exists() and _everything_under(home) == {"me"}
+
+
+def test_a_symlinked_directory_inside_to_is_never_written_through(
+        s3: Any, exported: Path, tmp_path: Path) -> None:
+    from backend.safepath import UnsafeName
+
+    outside, to = tmp_path / "outside", tmp_path / "to"
+    outside.mkdir()
+    to.mkdir()
+    (to / "sub").symlink_to(outside, target_is_directory=True)  # left there, or planted by anyone
+    uri = run_storage_uri(f"s3://{BUCKET}/links", "r-4")
+    _hostile_model(s3, exported, "links/r-4/job/model", ["sub/config.json"])
+    store = S3Store(uri)
+    model = store.latest_model()
+    assert model is not None
+    with pytest.raises(UnsafeName) as err:
+        store.fetch(model, to)
+    assert '"sub/config.json"' in err.value.message and "symlink" in err.value.message
+    assert list(outside.iterdir()) == []
+    assert sorted(os.listdir(to)) == ["sub"]  # nothing else written before the refusal
+
+
+def test_an_existing_symlink_in_place_of_a_model_file_is_refused(
+        s3: Any, exported: Path, tmp_path: Path) -> None:
+    from backend.safepath import UnsafeName
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"mine")
+    to = tmp_path / "to"
+    to.mkdir()
+    (to / "config.json").symlink_to(victim)
+    uri = run_storage_uri(f"s3://{BUCKET}/links", "r-5")
+    _upload(exported, f"{uri}/job/model")
+    store = S3Store(uri)
+    model = store.latest_model()
+    assert model is not None and "config.json" in model.files
+    with pytest.raises(UnsafeName) as err:
+        store.fetch(model, to)
+    assert '"config.json"' in err.value.message and "symlink" in err.value.message
+    assert victim.read_bytes() == b"mine" and (to / "config.json").is_symlink()
+    assert sorted(os.listdir(to)) == ["config.json"]

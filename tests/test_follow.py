@@ -42,7 +42,7 @@ class FakeJobs(RayJobs):
         return "".join(self.chunks)
 
     async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
-        await asyncio.sleep(self.pause_s)  # a job that prints nothing for a while
+        await asyncio.sleep(self.pause_s)  # models time: a job that prints nothing for a while
         text = "".join(self.chunks)[skip_chars:]
         for i in range(0, len(text), 7):  # chunks that split lines, as Ray's tail does
             yield text[i:i + 7]

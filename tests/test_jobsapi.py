@@ -27,6 +27,7 @@ from backend.jobsapi import JobsApi
 from backend.rayjobs import RayJobs
 from backend.store import JobState
 from tests.clock import TestClock
+from tests.eventually import eventually_async
 
 KUBE_PREFIX = "/api/v1/namespaces/ns/services/x-head-svc:dashboard/proxy"
 ALREADY = ("Traceback (most recent call last):\n  File \"job_head.py\", line 406, in submit_job\n"
@@ -162,7 +163,7 @@ class FakeRay:
                 chunks += 1
             if terminal:
                 return ws  # aiohttp closes it normally (1000), as Ray's handler does
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # models time: the agent's tail polls the log file for new lines
 
 
 @pytest.fixture
@@ -310,13 +311,13 @@ async def test_a_dead_port_is_transient_and_quick() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     jobs = RayJobs(f"http://127.0.0.1:{port}")
-    started = time.monotonic()
-    with pytest.raises(TransientError, match="not answering"):
+    # Quick: the refusal itself ends it, not a read deadline (the reason says which; no stopwatch asserted).
+    with pytest.raises(TransientError, match="not answering") as info:
         await jobs.status("j1")
+    assert "timed out" not in str(info.value), info.value
     assert not await jobs.answers()
     with pytest.raises(TransientError):
         [c async for c in jobs.api.tail("j1")]
-    assert time.monotonic() - started < 2.0
 
 
 def numbered(n: int) -> str:
@@ -330,10 +331,10 @@ async def test_follow_survives_dropped_tails_without_a_duplicate_or_a_gap(fake: 
     fake.tail_drops_after = [5, 12]  # two connections die mid-stream, the third runs to the end
 
     async def finish() -> None:
-        deadline = time.monotonic() + 20
-        while fake.tail_drops_after or sum(p.endswith("/logs/tail") for _, p, _ in fake.requests) < 3:
-            assert time.monotonic() < deadline, "the client never opened its third tail"
-            await asyncio.sleep(0.01)  # the third tail, the one that drops no more, is open
+        await eventually_async(  # the third tail, the one that drops no more, is open
+            "the client to open its third tail",
+            lambda: not fake.tail_drops_after and sum(p.endswith("/logs/tail") for _, p, _ in fake.requests) >= 3,
+            timeout=20)
         # The last tail closes normally without the end: Ray's head does that when it loses its
         # agent. The job's end time, after that close, tells; the end reaches only the full log.
         job.log, job.tail_misses = log, 500

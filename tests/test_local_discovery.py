@@ -1,11 +1,10 @@
-"""Local discovery without Ray: a dir is ours only with our marker; a process only if it holds that exact dir."""
+"""Local discovery without Ray: a dir is ours only with our marker; a process only if rtui started it there."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +15,10 @@ from backend.config import RunConfig
 from backend.errors import OperationError
 from backend.layers import local_cluster as lc
 from backend.ledger import ResourceStatus
+from backend.procs import ProcRef
 from backend.store import RunStatus, RunStore
 from tests.conftest import json_lines, run_rtui
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.host_clusters  # makes marked cluster dirs under /tmp
 
@@ -68,19 +69,21 @@ def _argv_shown(pid: int) -> bool:
         return False
 
 
-def test_only_processes_holding_that_exact_dir_are_ours(cluster: lc.ClusterDir) -> None:
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+def test_only_processes_rtui_started_for_that_exact_dir_are_ours(cluster: lc.ClusterDir) -> None:
+    """Issue 33: naming the dir no longer makes a process ours (tests/test_local_ownership.py); a root
+    recorded in its marker does, and never in a sibling's."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]  # models time: lives until stopped
     ours = subprocess.Popen([*sleeper, f"--temp-dir={cluster.ray_dir}"], start_new_session=True)
+    named = subprocess.Popen([*sleeper, f"--temp-dir={cluster.ray_dir}"], start_new_session=True)
     sibling = subprocess.Popen([*sleeper, f"--temp-dir={cluster.path}2/r"], start_new_session=True)
     try:
-        deadline = time.monotonic() + 20
-        while not all(_argv_shown(proc.pid) for proc in (ours, sibling)):  # both exec'd, their argv readable
-            assert time.monotonic() < deadline, "the two processes never started"
-            time.sleep(0.02)
+        eventually("the processes exec'd, their argv readable",
+                   lambda: all(_argv_shown(proc.pid) for proc in (ours, named, sibling)), timeout=20)
+        lc.record_root(cluster, "idle-watcher", ProcRef(ours.pid, psutil.Process(ours.pid).create_time()))
         found = {p.pid for p in lc.cluster_family(cluster.path)}
-        assert ours.pid in found and sibling.pid not in found
+        assert ours.pid in found and named.pid not in found and sibling.pid not in found
     finally:
-        for proc in (ours, sibling):
+        for proc in (ours, named, sibling):
             proc.kill()
             proc.wait()
 
@@ -109,7 +112,7 @@ def test_a_second_up_on_the_same_cluster_gets_one_line_naming_the_run(isolated_e
         [sys.executable, "-c",
          "import sys, time; from backend.store import RunStore\n"
          "with RunStore().cluster_lock('local', 'rtui-ray', 'r20260101-000000-aaaa'):\n"
-         "    print('held', flush=True); time.sleep(60)\n"],
+         "    print('held', flush=True); time.sleep(60)\n"],  # models time: lives until stopped
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -140,6 +143,10 @@ def test_ray_gets_a_minimal_environment_pinned_to_its_cluster(cluster: lc.Cluste
     assert (env["AUTOSCALER_METRIC_PORT"], env["DASHBOARD_METRIC_PORT"]) == ("-1", "-1")
     assert env["RAY_enable_metrics_collection"] == "0"
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    # The dashboard's modules get longer than Ray's 30 s to start on a busy machine; a user's value stays.
+    assert float(env["RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"]) > 30
+    mine = ray_env(cluster, environ={**user, "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "45"})
+    assert mine["RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"] == "45"
 
 
 def test_only_the_variables_the_user_names_reach_the_job() -> None:
@@ -190,7 +197,10 @@ def test_an_orphan_dir_whose_processes_are_gone_is_not_called_running(tmp_path: 
 
 def test_an_orphan_with_a_live_process_is_running(tmp_path: Path) -> None:
     made = lc.make_cluster_dir("r20260101-000000-live", "live", {"state_dir": str(tmp_path / "lost")})
+    # models time: lives until stopped
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(made.path / "r")])
+    # A process is the cluster's only if rtui started it (recorded in the marker), never for naming the dir.
+    lc.record_root(made, lc.node_name("live", None), ProcRef(holder.pid, psutil.Process(holder.pid).create_time()))
     try:
         orphans = json_lines(run_rtui("status", "--json", timeout=60).stdout)[0]["orphans"]
         assert [o["running"] for o in orphans if o["run_id"] == made.run_id] == [True]

@@ -1,11 +1,15 @@
-"""A local cluster left idle stops by itself (issue 26, item 4): real Ray, through the real `rtui` binary."""
+"""A local cluster left idle stops by itself (issue 26, item 4): real Ray, through the real `rtui` binary.
+
+Issue 33 item 3: the idle stop and `rtui down` take only the processes rtui started. A terminal of the
+user's that tails the head's log (its shell leading its own session) was killed by both before.
+"""
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,37 +17,51 @@ from backend.delivery import local_data_dir
 from backend.layers.local_cluster import MARKER, find_clusters, node_procs
 from backend.session import RunSession
 from backend.store import RunStore
-from tests.conftest import json_lines, run_rtui
+from tests.conftest import RTUI, json_lines, run_rtui
+from tests.eventually import eventually
 from tests.test_local_e2e import cluster_dir, heads, our_processes
+from tests.test_local_ownership import Terminal
 
 pytestmark = pytest.mark.ray
 
 
-def _wait(what: str, cond: Callable[[], object], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+def _new_head_log(state: Path) -> Path | None:
+    """The head's log of this test's cluster (its marker names this test's state dir), once it exists."""
+    return next((c.path / "rtui-head.log" for c in find_clusters()
+                 if c.facts.get("state_dir") == str(state) and (c.path / "rtui-head.log").exists()), None)
 
 
-def test_a_cluster_left_idle_stops_keeps_its_dir_and_says_why() -> None:
-    proc = run_rtui("up", "--yes", "--json", "--idle-minutes", "0.1", "--steps", "3", timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    events = json_lines(proc.stdout)
+def test_a_cluster_left_idle_stops_keeps_its_dir_and_says_why(isolated_env: Path, tmp_path: Path) -> None:
+    out = tmp_path / "up.jsonl"
+    with out.open("w") as sink:
+        up = subprocess.Popen([RTUI, "up", "--yes", "--json", "--idle-minutes", "0.1", "--steps", "3"],
+                              stdout=sink, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    # The user tails the head's log in a terminal of their own while the run goes on.
+    log = eventually("the head's log", lambda: _new_head_log(RunStore().root), timeout=120)
+    assert log is not None
+    terminal = Terminal(log)
+    try:
+        _, err = up.communicate(timeout=400)
+        assert up.returncode == 0, out.read_text()[-3000:] + err[-3000:]
+        _idle_stop_then_down(json_lines(out.read_text()), terminal)
+    finally:
+        terminal.close()
+
+
+def _idle_stop_then_down(events: list[dict[str, Any]], terminal: Terminal) -> None:
     run_id = events[0]["data"]["run_id"]
     assert events[-1]["data"]["job_status"] == "SUCCEEDED"
     head = next(e for e in events if e["step"] == "local.ray-head" and e["kind"] == "progress" and e["fraction"] == 1)
     assert "stops after 6s without a job or an rtui" in head["message"]
     path = cluster_dir(run_id)
-    finished = time.monotonic()
 
     # No rtui attached (up exited) and no job: 6 s on, Ray's processes and the watcher are gone.
-    _wait("the idle cluster to stop", lambda: not our_processes(run_id), timeout=90)
-    took = time.monotonic() - finished
-    print(f"\nidle local cluster stopped {took:.1f}s after `up` exited (idle time 6 s)")
-    assert took >= 5.0, took  # not before its time
+    eventually("the idle cluster to stop", lambda: not our_processes(run_id), timeout=90, interval=0.2)
+    # Not before its time, read from the product's own clocks (a slow test would shorten its own): the
+    # watcher last saw `up` attached at most one poll (1.5 s) before up's last event, then waited 6 s.
+    stopped_at = json.loads((path / MARKER).read_text())["stopped_while_idle"]["at"]
+    assert stopped_at - events[-1]["ts"] >= 6 - 1.5, (stopped_at, events[-1]["ts"])
+    assert terminal.alive(), "the idle stop killed the user's terminal"
     assert not heads(run_id)
     # The dir stays, marked; what the job wrote stays in the run's data dir (issue 25); the record says
     # why; the ledger still has it.
@@ -72,3 +90,4 @@ def test_a_cluster_left_idle_stops_keeps_its_dir_and_says_why() -> None:
     down = run_rtui("down", run_id, "--yes", timeout=120)
     assert down.returncode == 0, down.stderr[-2000:]
     assert not Path(path).exists()
+    assert terminal.alive(), "`rtui down` killed the user's terminal"

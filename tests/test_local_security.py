@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import importlib
 import ipaddress
+import json
 import os
+import pkgutil
+import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import psutil
 import pytest
 
 from backend.layers.local_cluster import ClusterDir, cluster_family, find_clusters
 from backend.store import JobState, RunRecord, RunStore
-from tests.conftest import json_lines
+from tests.conftest import RTUI, json_lines, run_rtui
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.ray
 
@@ -139,3 +150,111 @@ def test_two_local_runs_at_once_closed_private_and_alone(tmp_path: Path) -> None
             if proc.poll() is None:
                 proc.kill()
             subprocess.run([rtui, "down", "--yes"], env=env, capture_output=True, timeout=120)
+
+
+def job_status(cluster: ClusterDir, submission_id: str) -> str:
+    """The job's status from the cluster's Jobs API (GET /api/jobs/<id>), asked with the token."""
+    token = (cluster.path / "auth_token").read_text().strip()
+    request = urllib.request.Request(f"{cluster.dashboard_url}/api/jobs/{submission_id}",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return str(json.load(response)["status"])
+
+
+@contextlib.contextmanager
+def a_running_job(state: Path, *args: str) -> Iterator[tuple[ClusterDir, str]]:
+    """`rtui up` of a long job, held while it trains (the job RUNNING, its metric lines followed):
+    the cluster and the job's submission id. Torn down after."""
+    up = subprocess.Popen([RTUI, "up", "--yes", "--json", "--steps", "5000", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    events: list[dict[str, Any]] = []
+
+    def read_events() -> None:
+        assert up.stdout is not None
+        for line in up.stdout:
+            events.append(json.loads(line))
+
+    threading.Thread(target=read_events, daemon=True).start()
+    try:
+        eventually("a training step in `rtui up`'s events (the job running, its metric lines followed)",
+                   lambda: any(e["step"] == "train" and e["kind"] == "progress"
+                               and str(e["message"]).startswith("step") for e in events), timeout=400)
+        run_id = str(events[0]["data"]["run_id"])
+        (cluster,) = find_clusters(run_id=run_id)
+        job = RunStore(state).load(run_id).current_job
+        assert job is not None and job_status(cluster, job.submission_id) == "RUNNING"
+        yield cluster, job.submission_id
+        # Still running after the look: what was seen was the job's, not its teardown.
+        assert job_status(cluster, job.submission_id) == "RUNNING"
+    finally:
+        up.kill()
+        up.wait()
+        run_rtui("down", "--yes", timeout=120)
+
+
+def ray_rpc_methods() -> list[str]:
+    """Every gRPC method Ray's protos declare, as ``/package.Service/Method``. The raylet's object
+    manager serves one whose stubs only the C++ side has (src/ray/protobuf/object_manager.proto)."""
+    import ray.core.generated
+
+    methods = [f"/ray.rpc.ObjectManagerService/{name}" for name in ("Pull", "FreeObjects", "Push")]
+    for module in pkgutil.iter_modules(ray.core.generated.__path__):
+        if module.name.endswith("_pb2"):
+            descriptor = importlib.import_module(f"ray.core.generated.{module.name}").DESCRIPTOR
+            methods += [f"/{service.full_name}/{method.name}" for service in descriptor.services_by_name.values()
+                        for method in service.methods]
+    return methods
+
+
+def token_guard(ip: str, port: int, methods: list[str]) -> str:
+    """How a listener refuses a caller without Ray's token: "grpc" (a Ray RPC it serves answers
+    UNAUTHENTICATED: Ray's C++ servers and its Python interceptor,
+    ray/_private/authentication/grpc_authentication_server_interceptor.py), "http" (401/403 from
+    Ray's HTTP servers), or "" when it does not refuse one (it answered, or speaks neither, as
+    torch's TCPStore)."""
+    host = f"[{ip}]" if ":" in ip else ip
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        for method in methods:  # a server answers UNIMPLEMENTED for a method it does not serve
+            try:
+                channel.unary_unary(method)(b"", timeout=3)
+                return ""  # served without a token
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code is grpc.StatusCode.UNAUTHENTICATED:
+                    return "grpc"
+                if code is not grpc.StatusCode.UNIMPLEMENTED:
+                    break  # not gRPC, or a method that ran without a token: try HTTP
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/api/jobs/", timeout=5):
+            return ""
+    except urllib.error.HTTPError as exc:
+        return "http" if exc.code in (401, 403) else ""
+    except (OSError, http.client.HTTPException):
+        return ""
+
+
+def host_address() -> str:
+    """This host's first address off loopback: where a listener on every interface is reached from outside."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family is socket.AF_INET and not is_loopback(a.address):
+                return str(a.address)
+    pytest.skip("this host has no address off loopback")
+
+
+def test_with_worker_nodes_every_listener_off_loopback_needs_the_token(isolated_env: Path) -> None:
+    """A cluster with extra worker nodes binds the host's address (Ray will not start a worker node
+    on 127.0.0.1, ``ray_env``), and Ray 2.58 binds its gRPC servers and agents to every interface:
+    there, each listener off loopback must refuse a caller without the token, found by asking it
+    (``token_guard``), never by its port or process name. torch's store would answer anyone."""
+    outside = host_address()
+    methods = ray_rpc_methods()
+    with a_running_job(isolated_env, "--local-worker-nodes", "1", "--local-cpus", "1") as (cluster, _):
+        sockets = listening(cluster.path)
+        off_loopback = [s for s in sockets if not is_loopback(s[0])]
+        guards = {s: token_guard(outside if ipaddress.ip_address(s[0]).is_unspecified else s[0], s[1], methods)
+                  for s in off_loopback}
+        print(f"{len(off_loopback)} of {len(sockets)} listening off loopback:", guards)
+        assert any(name == "ray::RayTrainWorker" for _, _, name in sockets), "the training workers were not seen"
+        open_doors = [s for s, guard in guards.items() if not guard]
+        assert not open_doors, f"listening off loopback without asking for the token: {open_doors}"

@@ -30,7 +30,9 @@ pytestmark = [pytest.mark.tmux, pytest.mark.timeout(240),
 def start(terminal: Terminal, target: str, tmp_path: Path, *, shared: Path | None = None) -> Path:  # noqa: F811
     """``shared``: where the sandbox looks for the project's shared data (default: beside the checkout)."""
     report = tmp_path / "report.json"
-    env = f"SANDBOX_MINUTE=0.2 SANDBOX_REPORT={report} TERM=xterm-256color"
+    # TMPDIR: the sandbox's own dir (rtui-sandbox-*) under tmp_path, as it is not removed when the test
+    # ends before the sandbox does (its tmux server is killed).
+    env = f"SANDBOX_MINUTE=0.2 SANDBOX_REPORT={report} TERM=xterm-256color TMPDIR={tmp_path}"
     if shared is not None:
         env += f" SANDBOX_SHARED={shared}"
     terminal.run("new-session", "-d", "-s", "sb", "-x", "80", "-y", "24",
@@ -62,7 +64,7 @@ def test_sandbox_aws_by_keys(terminal: Terminal, tmp_path: Path) -> None:  # noq
     terminal.wait_for("sb", "Recommended placement", timeout=60)
     keys(terminal, "Enter")
     screen = terminal.wait_for("sb", "Cost: $", timeout=60)  # the plan, priced
-    assert "aws.vpc" in screen and "/hour" in screen, screen
+    assert "aws — AWS infrastructure" in screen and "/hour" in screen, screen
     keys(terminal, "a")
     screen = terminal.wait_for("sb", "Apply now?", timeout=30)
     assert re.search(r"\$\d+\.\d\d/hour while up", screen), screen

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RTUI
+from tests.eventually import eventually
+from tests.tmp_watch import run_token
 
 pytestmark = [pytest.mark.tmux,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
@@ -28,24 +28,30 @@ class Terminal:
                               check=False).stdout
 
     def wait_for(self, session: str, needle: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.run("capture-pane", "-p", "-J", "-t", session)  # -J: wrapped lines joined
-            if needle in screen:
-                return screen
-            time.sleep(0.1)
-        raise AssertionError(f"{needle!r} never appeared; screen was:\n{screen}")
+        screens = [""]
+
+        def shown() -> str | None:
+            screens[0] = self.run("capture-pane", "-p", "-J", "-t", session)  # -J: wrapped lines joined
+            return screens[0] if needle in screens[0] else None
+
+        try:
+            return eventually(f"{needle!r} on the screen", shown, timeout=timeout, interval=0.1)
+        except AssertionError:
+            raise AssertionError(f"{needle!r} never appeared; screen was:\n{screens[0]}") from None
 
 
 @pytest.fixture
 def terminal() -> Iterator[Terminal]:
-    # A server of each test's own: the tmux tests share one xdist worker (one pid), and a server the
-    # last test killed may still be going away when the next one connects to the same socket.
-    term = Terminal(f"rtui-test-{os.getpid()}-{secrets.token_hex(3)}")
+    # A server of each test's own: a server the last test killed may still be going away when the next
+    # one connects to the same socket. Named with the run's token, which tells the /tmp check it is ours.
+    term = Terminal(f"rtui-test-{run_token()}-{secrets.token_hex(3)}")
     term.run("new-session", "-d", "-s", "parked", "sleep 600")  # keeps the private server up
+    socket = term.run("display-message", "-p", "#{socket_path}").strip()
     yield term
     term.run("kill-server")
+    # tmux 3.3 leaves its socket file (/tmp/tmux-<uid>/<name>) behind when its server is killed.
+    if socket:
+        Path(socket).unlink(missing_ok=True)
 
 
 def test_first_screen_renders_and_q_exits_zero(terminal: Terminal, tmp_path: Path) -> None:
@@ -57,10 +63,7 @@ def test_first_screen_renders_and_q_exits_zero(terminal: Terminal, tmp_path: Pat
     assert "Local — a real Ray cluster on this machine" in screen
     terminal.wait_for("app", "Ray and PyTorch installed")  # the live preflight arrived
     terminal.run("send-keys", "-t", "app", "q")
-    deadline = time.monotonic() + 15
-    while not exit_file.exists() or not exit_file.read_text().strip():
-        assert time.monotonic() < deadline, "rtui did not exit on q"
-        time.sleep(0.1)
+    eventually("rtui to exit on q", lambda: exit_file.exists() and exit_file.read_text().strip(), timeout=30)
     assert exit_file.read_text().strip() == "0"
     assert not (tmp_path / "state").exists(), "quitting from the first screen leaves nothing behind"
 
@@ -69,10 +72,7 @@ def test_bad_flag_in_a_terminal_is_one_line(terminal: Terminal, tmp_path: Path) 
     out = tmp_path / "out"
     terminal.run("new-session", "-d", "-s", "bad", "-x", "110", "-y", "10",
                  f"{RTUI} --target gcp 2> {out}; echo EXIT=$? >> {out}; sleep 30")
-    deadline = time.monotonic() + 15
-    while "EXIT=" not in (out.read_text() if out.exists() else ""):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    eventually("rtui's exit status", lambda: "EXIT=" in (out.read_text() if out.exists() else ""), timeout=30)
     lines = out.read_text().strip().splitlines()
     assert lines == ["rtui: invalid --target='gcp' (from flag): expected one of local, aws, kube", "EXIT=2"]
 

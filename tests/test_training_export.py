@@ -126,7 +126,7 @@ def test_export_from_two_fsdp_ranks_loads_and_gives_the_trained_logits(tmp_path:
     [info] = find_models(str(root))
     directory = Path(info.uri)
     assert directory == root / "model" and directory.stat().st_mode & 0o777 == 0o700
-    names = set(os.listdir(directory))
+    names = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()}
     assert {"config.json", "generation_config.json", "model.safetensors.index.json", MODEL_MARKER} <= names
     assert sum(n.endswith(".safetensors") and n.startswith("model-") for n in names) > 1
     assert set(info.files) == names
@@ -192,21 +192,6 @@ def test_a_full_volume_is_one_line_and_leaves_nothing(tmp_path: Path, monkeypatc
     assert os.listdir(tmp_path / "export") == []
 
 
-def test_the_held_out_split_of_text_is_disjoint_stable_and_about_5_percent() -> None:
-    """Packed text rows go to training or to evaluation by their content alone (training.evaluate)."""
-    import numpy as np
-
-    from training.evaluate import HELD_OUT_EVERY, is_held_out, keep_for_training, keep_held_out
-
-    rows = [{"input_ids": np.random.default_rng(i).integers(0, 50_000, 128)} for i in range(4000)]
-    held = [r for r in rows if keep_held_out(r)]
-    train = [r for r in rows if keep_for_training(r)]
-    assert len(held) + len(train) == len(rows)
-    assert abs(len(held) / len(rows) - 1 / HELD_OUT_EVERY) < 0.015, len(held)
-    # The same sequence is held out whatever its dtype or container (a rerun, another rank, another epoch).
-    assert all(is_held_out(r["input_ids"].astype(np.int32).tolist()) for r in held[:50])
-
-
 def test_tied_embeddings_are_gathered_and_saved_once_and_tied_again_on_load(tmp_path: Path) -> None:
     """Qwen2.5 ties lm_head to the embedding: the export skips the second name (gathering it would hold
     the embedding twice) and from_pretrained ties it back."""
@@ -250,3 +235,27 @@ def test_the_log_never_names_the_incomplete_directory(tmp_path: Path, caplog: py
     assert info is not None and INCOMPLETE not in info.uri
     staged = [r.getMessage() for r in caplog.records if INCOMPLETE in r.getMessage()]
     assert not staged, staged
+
+
+def test_the_model_dir_holds_only_what_vllm_and_transformers_load(tmp_path: Path) -> None:
+    """vLLM's default loader globs ``*.safetensors`` in the model directory itself (not below it) and,
+    without an index, loads every file it found (vllm/model_executor/model_loader/default_loader.py,
+    ``_prepare_weights``), then refuses a tensor name the model does not have. The check data rtui
+    keeps beside the weights must not be one of those files: every top-level ``*.safetensors`` holds
+    the model's own tensors only, and the check data lives in a subdirectory no loader reads."""
+    import glob
+
+    from safetensors import safe_open
+
+    info = export_one_rank(str(tmp_path), step=1, evaluation=None)
+    assert info is not None
+    directory = Path(info.uri)
+    names: set[str] = set()
+    for path in glob.glob(os.path.join(directory, "*.safetensors")):
+        with safe_open(path, "pt") as f:
+            names |= set(f.keys())
+    assert names and all(n.startswith(("model.", "lm_head.")) for n in names), sorted(names)
+    assert (directory / CHECK_FILE).is_file() and os.path.dirname(CHECK_FILE)
+    assert CHECK_FILE in info.files
+    on_disk = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()}
+    assert on_disk == set(info.files)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.moto_s3_server import moto_s3
 from tests.test_cli_model import EVAL
 from tests.test_training_export import export_one_rank
 from training.export import CHECK_FILE, MODEL_MARKER, ExportInfo
@@ -16,21 +17,8 @@ from training.export import CHECK_FILE, MODEL_MARKER, ExportInfo
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:  # boto3's clients are untyped
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    client = boto3.client("s3")
-    client.create_bucket(Bucket="models")
-    try:
+    with moto_s3(monkeypatch, "models") as client:
         yield client
-    finally:
-        server.stop()
 
 
 def _export_to(root: str, **kwargs: object) -> ExportInfo | None:
@@ -50,6 +38,7 @@ def test_export_to_s3_uploads_a_directory_from_pretrained_loads(s3: Any, tmp_pat
     local = tmp_path / "dl"
     local.mkdir()
     for name in names:
+        (local / name).parent.mkdir(exist_ok=True)
         s3.download_file("models", f"runs/r1/model/{name}", str(local / name))
     check = load_file(str(local / CHECK_FILE))
     with torch.no_grad():

@@ -43,7 +43,7 @@ async def test_read_only_hides_apply_and_plan_writes_nothing(isolated_env: Path)
         await wait_for(pilot, lambda: getattr(app.screen, "plan", None) is not None, 10, "plan")
         assert app.screen.check_action("apply", ()) is False
         await pilot.press("a")
-        await pilot.pause(0.2)
+        await pilot.pause()  # the key and whatever it posted are processed: the moment has passed
         assert type(app.screen).__name__ == "PlanScreen"
         await pilot.press("q")
     assert app.return_code == 0
@@ -123,7 +123,7 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
         cluster_dir = Path(str(record.resources["local.ray-head"].id))
         assert cluster_family(cluster_dir)
         await pilot.press("D")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the teardown modal")
         await pilot.press(*"rtui-ray", "enter")
         await wait_for(pilot, lambda: "down" in str(app.sub_title), 60, "teardown")
         assert RunStore().load(record.run_id).status is RunStatus.DOWN
@@ -150,7 +150,7 @@ async def test_quit_while_steps_run_asks_first(isolated_env: Path) -> None:
 
     async def slow_apply(plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:
         yield StepEvent(step="local.ray-head", kind=EventKind.STARTED, message="Start the Ray head")
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # models time: a step still running when the user quits
 
     session.apply = slow_apply
     app = RtuiApp(session)
@@ -163,7 +163,7 @@ async def test_quit_while_steps_run_asks_first(isolated_env: Path) -> None:
         await wait_for(pilot, lambda: isinstance(app.screen, ProvisionScreen), 5, "the steps again")
         assert isinstance(app.screen, ProvisionScreen) and app.screen.running
         await pilot.press("q", "y")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: app.return_code is not None, 5, "the app to exit")
     assert app.return_code == 0
 
 

@@ -46,11 +46,13 @@ async def test_teardown_key_is_hidden_without_resources_and_in_read_only(isolate
         await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
         assert app.check_action("teardown", ()) is False
         await pilot.press("D")
-        await pilot.pause(0.1)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the key handled and the app idle: no modal came (waits on idle, not a fixed time)
         assert not isinstance(app.screen, ConfirmTeardown)
     read_only = RtuiApp(with_resources(fixed_session()), read_only=True)
     async with read_only.run_test(size=(100, 30)) as pilot:
-        await pilot.pause(0.2)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the app idle: mounted and checked (waits on idle, not a fixed time)
         assert read_only.check_action("teardown", ()) is False
         titles = [c.title for c in read_only.get_system_commands(read_only.screen)]
         assert "Tear down" not in titles
@@ -69,7 +71,8 @@ async def test_teardown_from_the_first_screen_lists_what_goes_and_its_cost(isola
         assert "aws: aws.nodegroup.gpu, aws.vpc" in text  # grouped by the layer each resource records
         assert "$9.20/hour now ($9.20 so far)" in text
         await pilot.press("escape")
-        await pilot.pause(0.1)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the key handled and the app idle: the modal is gone (waits on idle, not a fixed time)
         assert not isinstance(app.screen, ConfirmTeardown)
 
 

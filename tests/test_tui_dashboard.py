@@ -7,7 +7,6 @@ to the run's spool (as the follower would) and a frozen clock.
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from tests.test_tui import FIXED_RUN_ID, fixed_session
 from training.logparse.verdict import Verdict
 from training.protocol import METRIC_TAG, SUMMARY_TAG, format_record
 from tui.app import RtuiApp
+from tui.logtail import LogTail
 from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot, downsample, format_duration
 from tui.transport_badge import TransportBadge, TransportSnapshot
 
@@ -336,10 +336,16 @@ async def feed(pilot: Pilot[None], lines: list[str]) -> None:
     """What the follower does: append to the spool, then post the lines."""
     screen = pilot.app.screen
     assert isinstance(screen, RunScreen)
+    tail = screen.query_one("#tail", LogTail)
+    drained = tail.total + len(lines)
     screen.session.spool().append("".join(line + "\n" for line in lines))
     screen.post_message(RunScreen.LinesArrived(lines))
-    await pilot.pause(0.4)  # one refresh tick
+    # The tail drained them and a refresh tick showed them (the screen marks itself stale on new
+    # lines, and the tick clears it), then the layout that follows settled, the tail at its end.
+    await wait_for(pilot, lambda: tail.total >= drained and not screen._stale, 10, "the lines drained and shown")
     await pilot.wait_for_scheduled_animations()
+    await wait_for(pilot, lambda: not tail.following or tail.log_view.is_vertical_scroll_end, 5,
+                   "the following tail at its end")
 
 
 async def settle(pilot: Pilot[None]) -> None:
@@ -383,15 +389,15 @@ async def test_dashboard_at_80x24_folds_the_graph_and_keeps_the_rest(isolated_en
         assert screen.query_one("#tail").region.height >= 8
 
 
-def test_refresh_cost_per_update(isolated_env: Path) -> None:
-    """Building both snapshots from a full series stays far below the 250 ms refresh period."""
+def test_a_refresh_builds_both_snapshots_from_a_full_series(isolated_env: Path) -> None:
+    """Each refresh builds both snapshots from the whole series. How long that takes against the 250 ms
+    refresh period is a benchmark's figure, not asserted here (a loaded machine would fail it)."""
     telemetry = Telemetry()
     telemetry.feed_lines([*EFA_LINES, *metric_lines(1, 4096)])
-    start = time.perf_counter()
-    for _ in range(20):
-        ThroughputSnapshot.build(telemetry.series, total_steps=5000, cost_per_hour=1.0, elapsed_s=60)
-        TransportSnapshot.from_verdict(telemetry.transport)
-    assert (time.perf_counter() - start) / 20 < 0.05
+    snap = ThroughputSnapshot.build(telemetry.series, total_steps=5000, cost_per_hour=1.0, elapsed_s=60)
+    assert len(snap.steps) == len(snap.tokens_per_s) == len(telemetry.series.points) > 0
+    assert snap.step == 4096 and snap.eta_s == pytest.approx((5000 - 4096) * 2.0)
+    assert TransportSnapshot.from_verdict(telemetry.transport) is not None
 
 
 # --- SVG snapshots -------------------------------------------------------------------------------
@@ -402,7 +408,7 @@ def _snapshot(snap_compare: SnapCompare, lines: list[str], size: tuple[int, int]
         await feed(pilot, lines)
         if expand:
             await pilot.press("t")
-        await pilot.pause(0.3)
+        await pilot.wait_for_scheduled_animations()
 
     return bool(snap_compare(DashboardApp(dashboard_session(), resume=True), run_before=drive, terminal_size=size))
 

@@ -43,7 +43,7 @@ class StepsRunningApp(RtuiApp):
 
         async def slow_apply(plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:
             yield StepEvent(step="local.ray-head", kind=EventKind.STARTED, message="Start the Ray head", ts=0.0)
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # models time: a step that outlasts the test (it is never awaited to its end)
 
         session.apply = slow_apply
         self.push_screen(ProvisionScreen(plan, clock=lambda: 0.0))
@@ -53,7 +53,8 @@ async def ask_on_provision(pilot: Pilot[None]) -> None:
     await wait_for(pilot, lambda: pilot.app.screen.query("StepPane"), 5, "panes")
     await pilot.press("q")
     await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmDetach), 5, "the detach question")
-    await pilot.pause(0.2)
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()  # the modal laid out and the app idle (waits on idle, not a fixed time)
 
 
 async def ask_on_run(pilot: Pilot[None]) -> None:
@@ -63,7 +64,8 @@ async def ask_on_run(pilot: Pilot[None]) -> None:
     await wait_for(pilot, lambda: getattr(pilot.app.screen, "job_status", "") == "RUNNING", 5, "RUNNING")
     await pilot.press("q")
     await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmDetach), 5, "the detach question")
-    await pilot.pause(0.2)
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()  # the modal laid out and the app idle (waits on idle, not a fixed time)
 
 
 def check_whole(pilot: Pilot[None], size: tuple[int, int]) -> None:

@@ -40,7 +40,8 @@ async def check_help(pilot: Pilot[None], primary: str) -> None:
     assert {r.name for r in rows} == named and primary in named
     await pilot.press("question_mark")
     await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), 5, "the help")
-    await pilot.pause(0.2)
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()  # the help laid out and the app idle (waits on idle, not a fixed time)
     help_box = app.screen.query_one("#help")
     assert help_box.region.right <= SIZE[0] and help_box.region.bottom <= SIZE[1], help_box.region
     table = app.screen.query_one("#help-table", Static)

@@ -133,6 +133,7 @@ def test_kube_contexts_lists_servers_and_the_current_one(world: KubeWorld) -> No
     assert [(c.name, c.server) for c in contexts] == [(CONTEXT, world.cluster.url), (SECOND, world.cluster.url)]
 
 
+@pytest.mark.slow
 async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: KubeWorld,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     gpu_nodes(world.cluster)
@@ -308,7 +309,8 @@ async def test_an_unreachable_api_server_is_one_line_in_the_checks_within_the_de
             if server == "never answers":
                 assert "(read timeout=1.0)" in shown, shown
             await pilot.press("enter")
-            await pilot.pause(0.2)
+            await pilot.wait_for_scheduled_animations()
+            await pilot.pause()  # the key handled and the app idle: still on the first screen
             assert isinstance(app.screen, TargetScreen)  # nothing to go on with
             await pilot.press("q")
     finally:

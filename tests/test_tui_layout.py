@@ -94,7 +94,8 @@ async def test_the_why_lines_share_one_indentation(isolated_env: Path) -> None:
         screen = await dashboard(pilot)
         await feed(pilot, [*SOCKET_FALLBACK_LINES, *metric_lines(1, 3)])
         await pilot.press("t")
-        await pilot.pause(0.3)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the toggle handled and laid out: the app idle, not a fixed time
         badge = screen.query_one(TransportBadge)
         lines = [strip.text.rstrip() for strip in badge.render_lines(badge.region.reset_offset)]
         lines = lines[next(i for i, x in enumerate(lines) if x.lstrip().startswith("why:")):]  # after the badge
@@ -154,6 +155,6 @@ def test_graph_view_80x24_snapshot(snap_compare: SnapCompare, isolated_env: Path
         await dashboard(pilot)
         await feed(pilot, [*SOCKET_FALLBACK_LINES, *metric_lines(1, 24, tokens=1900.0, step_time=4.1)])
         await pilot.press("g")
-        await pilot.pause(0.3)
+        await pilot.wait_for_scheduled_animations()
 
     assert snap_compare(DashboardApp(dashboard_session(), resume=True), run_before=graph, terminal_size=(80, 24))

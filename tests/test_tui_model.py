@@ -45,7 +45,8 @@ async def test_finish_panel_shows_eval_and_model_and_m_copies_it(isolated_env: P
         await pilot.press("M")
         target = Path.cwd() / f"rtui-model-{session.run_id}"
         await wait_for(pilot, lambda: (target / MODEL_MARKER).is_file(), 20, "the model copied by M")
-        assert sorted(p.name for p in target.iterdir()) == sorted(info.files)
+        copied = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
+        assert copied == sorted(info.files)
 
 
 async def open_teardown(pilot: Pilot[None], app: DashboardApp) -> ConfirmTeardown:

@@ -167,7 +167,8 @@ async def test_apply_on_aws_shows_the_hourly_cost_and_needs_a_second_key(isolate
         shown = str(app.screen.query_one("#apply-summary").render())
         assert shown == "Apply: creates 2 resources, updates 1, replaces 1, deletes 1, $9.76/hour while up"
         await pilot.press("enter", "a", "space")  # none of these is the answer
-        await pilot.pause(0.1)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the keys handled and the app idle: the modal still asks (waits on idle, not a fixed time)
         assert isinstance(app.screen, ConfirmApply) and app.applied == []
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen), 5, "back to the plan")
@@ -203,7 +204,8 @@ def _snapshot(snap_compare: SnapCompare, size: tuple[int, int], *keys: str) -> b
     async def drive(pilot: Pilot[None]) -> None:
         await planned(pilot)
         await pilot.press(*keys)
-        await pilot.pause(0.2)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the keys handled and laid out: the app idle, not a fixed time
 
     return bool(snap_compare(PlanApp(aws_session(), every_kind()), run_before=drive, terminal_size=size))
 
@@ -237,11 +239,13 @@ async def test_apply_is_not_offered_until_the_plan_is_made(isolated_env: Path) -
     session.plan = slow_plan
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen), 5, "the plan screen")
-        await pilot.pause(0.1)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the app idle: the footer is drawn (waits on idle, not a fixed time)
         footer = {key for key, b in app.screen.active_bindings.items() if b.binding.show}
         assert "a" not in footer, footer
         await pilot.press("a")
-        await pilot.pause(0.1)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the key handled and the app idle: nothing applied (waits on idle, not a fixed time)
         assert app.applied == []
         release.set()
         screen = await planned(pilot)

@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 from training.data import is_synthetic
 from training.stepplan import StepPlanError, plan_step
 
-LrSchedule = Literal["constant", "cosine"]
+LrSchedule = Literal["constant", "cosine", "linear"]
 OptimizerImpl = Literal["auto", "fused", "foreach", "plain"]
 Precision = Literal["bf16", "fp32"]
 ReduceDtype = Literal["fp32", "bf16"]
@@ -74,6 +74,9 @@ class TrainConfig:
     data_cpus: float = 0.5
     tokenize_actors: int = 1
     storage_path: str | None = None
+    # A private dir every worker shares (the local target's), where they meet through torch's FileStore
+    # instead of a TCPStore that listens on every interface (training.rendezvous). None: TCP, across nodes.
+    rendezvous_dir: str | None = None
     run_name: str | None = None
     checkpoint_every: int = 0
     keep_checkpoints: int = 2

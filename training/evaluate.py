@@ -2,41 +2,26 @@
 
 The held-out data is never trained on:
 
-* text files: the packed sequences are split by a hash of their token ids
-  (``is_held_out``): one in ``HELD_OUT_EVERY`` goes to evaluation, the rest to training, the same
-  way in every epoch and on every rank, with no pass over the data to materialise the split.
+* data files: split by document, from a stable hash of each raw record before it is tokenised or
+  packed (``training.sft.in_split``): one document in ``HELD_OUT_EVERY`` goes to evaluation, the
+  rest to training, the same way in every epoch, on every rank and whatever order Ray Data reads the
+  blocks in (a hash of the packed sequences was not: packing boundaries move with the block order).
 * synthetic data: a separate generator stream (``eval_stream``) that no rank trains on. For
   ``cycle`` this is fresh samples of the same pattern (the point of that data is that it can be
   learnt), for ``random`` fresh noise (the loss cannot fall below ln(vocab)).
 
-The loss is the mean next-token cross-entropy over every predicted token of every rank (summed,
-then all-reduced); perplexity is its exponential.
+The loss is the mean next-token cross-entropy over the tokens training learns from, of every rank
+(summed, then all-reduced): every predicted token for raw text and synthetic data, the assistant's
+(completion's) tokens for chat data, as the labels say; perplexity is its exponential.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-HELD_OUT_EVERY = 20  # 5 % of the packed sequences of a text dataset
 EVAL_STREAM = 7_777_777  # the synthetic held-out generator's rank offset: no training rank uses it
-
-
-def is_held_out(ids: Any) -> bool:
-    """Deterministic and content-based: the same sequence is held out wherever and whenever it appears."""
-    import numpy as np
-
-    return zlib.crc32(np.ascontiguousarray(ids, dtype=np.int64).tobytes()) % HELD_OUT_EVERY == 0
-
-
-def keep_held_out(row: dict[str, Any]) -> bool:
-    return is_held_out(row["input_ids"])
-
-
-def keep_for_training(row: dict[str, Any]) -> bool:
-    return not is_held_out(row["input_ids"])
 
 
 def eval_stream(rank: int) -> int:
@@ -63,20 +48,24 @@ def take_batches(source: Callable[[], Any] | Iterable[Any], n: int) -> list[Any]
 
 
 def evaluate(model: Any, batches: list[Any], device: Any) -> dict[str, float | int]:
-    """Loss and perplexity over every rank's ``batches`` (every rank must call it, with as many batches)."""
+    """Loss and perplexity over every rank's ``batches`` (every rank must call it, with as many batches):
+    id tensors (every token predicted) or ``{"input_ids", "labels"}`` batches."""
     import torch
     import torch.distributed as dist
+
+    from training.step import IGNORE_INDEX, ids_and_labels
 
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (loss sum, predicted tokens)
     try:
         with torch.no_grad():
-            for ids in batches:
-                ids = ids.to(device)
-                predicted = ids.shape[0] * (ids.shape[1] - 1)
-                loss = model(input_ids=ids, labels=ids).loss  # the mean over the predicted tokens
-                total[0] += loss.double() * predicted
+            for batch in batches:
+                ids, labels = ids_and_labels(batch, device)
+                predicted = (labels[:, 1:] != IGNORE_INDEX).sum()
+                # The sum of the token losses (transformers divides by num_items_in_batch).
+                loss = model(input_ids=ids, labels=labels, num_items_in_batch=1).loss
+                total[0] += loss.double()
                 total[1] += predicted
     finally:
         model.train(was_training)

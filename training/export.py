@@ -8,8 +8,8 @@ pieces guarantee, read in their sources (torch 2.13, huggingface_hub 1.x, transf
   each DTensor is all-gathered on its device (``full_tensor``), then moved to host memory on rank 0
   only (``ranks_only=(0,)``); every other rank drops it. ``gather_full_state_dict`` does the same
   walk with DTensor's public ``full_tensor`` and two differences that matter for the memory bound:
-  it casts each tensor to the saved dtype as it arrives (rank 0 holds one copy of the model in
-  the dtype it is saved in, never the fp32 master copy as well), and it skips the tied
+  each rank casts its shard to the saved dtype before the gather (the gather moves, and rank 0
+  holds, one copy of the model in the dtype it is saved in, never the fp32 master copy), and it skips the tied
   ``lm_head.weight`` (``get_model_state_dict`` lists it beside ``model.embed_tokens.weight`` and
   gathers the same embedding twice: 0.93 GB more for Qwen2.5-1.5B). The device holds one full
   tensor at a time beside its shards.
@@ -38,7 +38,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MODEL_MARKER = "rtui_model.json"
-CHECK_FILE = "rtui_check.safetensors"  # the fixed input and the logits the trained model gave for it
+# rtui's own files live in a subdirectory: vLLM's default loader globs ``*.safetensors`` in the model
+# directory itself and loads every one it finds (default_loader.py ``_prepare_weights``), transformers
+# reads its files by name; neither looks below. The marker stays on top: it is the commit mark every
+# store looks for (a .json no loader reads), written last and renamed into place with the directory.
+RTUI_DIR = "rtui"
+CHECK_FILE = f"{RTUI_DIR}/check.safetensors"  # the fixed input and the logits the trained model gave for it
 INCOMPLETE = ".incomplete-"
 FINAL_NAME = "model"
 MAX_SHARD_SIZE = "5GB"
@@ -106,12 +111,13 @@ def gather_full_state_dict(model: Any, dtype: Any = None, skip: tuple[str, ...] 
     for name, value in model.state_dict().items():
         if name in skip:
             continue
+        if dtype is not None and value.is_floating_point() and value.dtype != dtype:
+            # Each rank casts its own shard first: the all-gather then moves and holds the saved dtype
+            # (half the bytes of the fp32 master weights for a bf16 save), on the wire and on rank 0.
+            value = value.detach().to(dtype)
         full = value.full_tensor() if isinstance(value, DTensor) else value
         if keep:
-            tensor = full.detach()
-            if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
-                tensor = tensor.to(dtype)  # on the device: half the bytes cross PCIe for a bf16 save
-            state[name] = tensor.to("cpu")
+            state[name] = full.detach().to("cpu")
         del full  # the device's full copy of this tensor goes before the next is gathered
     return state
 
@@ -121,7 +127,9 @@ def _nbytes(state: dict[str, Any]) -> int:
 
 
 def _dir_files(directory: str) -> tuple[list[str], int]:
-    names = sorted(n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n)))
+    """Every file under ``directory`` as a ``/``-separated relative name (rtui's subdirectory included)."""
+    names = sorted(os.path.relpath(os.path.join(root, n), directory).replace(os.sep, "/")
+                   for root, _dirs, files in os.walk(directory) for n in files)
     return names, sum(os.path.getsize(os.path.join(directory, n)) for n in names)
 
 
@@ -144,8 +152,9 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
                  before_publish: Any = None) -> ExportInfo | None:
     """Gather the model (every rank) and write it as ``root/<name>`` (rank 0); rank 0 gets the info.
 
-    ``check`` is (input_ids, logits) from ``reference_logits``, stored beside the weights so anyone can
-    verify the directory reproduces the trained model. ``before_publish`` (tests) runs on the finished
+    ``check`` is (input_ids, logits) from ``reference_logits``, stored in rtui's subdirectory (not
+    beside the weights, where vLLM would load it) so anyone can verify the directory reproduces the
+    trained model. ``before_publish`` (tests) runs on the finished
     temporary directory just before it is renamed into place.
     """
     started = time.monotonic()
@@ -184,6 +193,7 @@ def export_model(model: Any, root: str, *, rank: int, step: int, final: bool, dt
 
             AutoTokenizer.from_pretrained(tokenizer, revision=tokenizer_revision).save_pretrained(tmp)
         if check is not None:
+            os.makedirs(os.path.join(tmp, RTUI_DIR), mode=0o700, exist_ok=True)
             save_file({"input_ids": check[0].contiguous(), "logits": check[1].contiguous()},
                       os.path.join(tmp, CHECK_FILE))
     except OSError as exc:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from training.protocol import FABRIC_TAG, format_record
-from training.raytrain import quiet_ray_train
+from training.raytrain import RENDEZVOUS_DIR_ENV, quiet_ray_train
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from training.rendezvous import torch_config
+
     quiet_ray_train()
     use_gpu = args.device == "cuda"
     capped = not use_gpu and args.max_bytes < GPU_DEFAULT_MAX_BYTES
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     storage = args.storage_path or os.path.join(tempfile.gettempdir(), "rtui-fabric-results")
     trainer = TorchTrainer(
         sweep_per_worker, train_loop_config=asdict(sweep),
+        torch_config=torch_config(os.environ.get(RENDEZVOUS_DIR_ENV)),  # the target's choice, as in training.train
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu,
                                      resources_per_worker=None if use_gpu else {"CPU": 1}),
         run_config=RunConfig(name=f"rtui-fabric-{int(time.time())}", storage_path=storage),

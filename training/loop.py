@@ -31,7 +31,7 @@ from training.metrics import (
     print_summary,
 )
 from training.passed_env import load_passed_env
-from training.sharding import build_mesh, build_optimizer, shard_groups_span_nodes
+from training.sharding import build_mesh, build_optimizer, param_groups, shard_groups_span_nodes
 from training.step import for_training, load_pretrained, norm_value, prepare_model, train_step
 from training.stepplan import FitCheck, ModelShape, StepPlan, plan_step
 
@@ -66,14 +66,15 @@ def enforce_transport(cfg: TrainConfig, nccl_dir: Any) -> None:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup, then constant or cosine decay to 10 % — a pure function of the step, so a
-    resumed run needs no scheduler state."""
+    """Linear warmup, then constant, or cosine or linear decay to 10 % at the last step — a pure
+    function of the step, so a resumed run needs no scheduler state."""
     base, warmup, total = cfg.lr, cfg.warmup_steps, cfg.steps
     if warmup and step <= warmup:
         return base * step / warmup
-    if cfg.lr_schedule == "cosine" and total > warmup:
+    if cfg.lr_schedule != "constant" and total > warmup:
         progress = min(1.0, (step - warmup) / (total - warmup))
-        return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        falling = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1 - progress
+        return base * (0.1 + 0.9 * falling)
     return base
 
 
@@ -99,7 +100,8 @@ def prepare_for_training(model: Any, cfg: TrainConfig, device: Any, mesh: Any, r
     model = prepare_model(model, device=device, mesh=mesh, precision=cfg.precision, reduce_dtype=cfg.reduce_dtype,
                           reshard_after_forward=reshard, activation_checkpointing=cfg.activation_checkpointing,
                           compile_layers=cfg.compile)
-    optimizer = build_optimizer(model.parameters(), cfg.lr, cfg.optimizer, device.type, cfg.weight_decay)
+    optimizer = build_optimizer(param_groups(model, cfg.weight_decay), cfg.lr, cfg.optimizer, device.type,
+                                cfg.weight_decay)
     reset_peak_memory(device)  # the unsharded model sat on the device for a moment: not the run's peak
     return model, optimizer
 
@@ -142,6 +144,7 @@ def run_worker(cfg: TrainConfig) -> None:
     import ray.train.torch
     import torch
     import torch.distributed as dist
+    from ray.train import CheckpointUploadMode
 
     nccl_dir = _guard_transport(cfg)  # NCCL creates communicators lazily: this is early enough
     ctx = ray.train.get_context()
@@ -176,9 +179,16 @@ def run_worker(cfg: TrainConfig) -> None:
         data = ShardBatches(ray.train.get_dataset_shard("train"), plan.micro_batch, device)
 
     start_step, tokens_seen = 0, 0
-    resume = ray.train.get_checkpoint() or cfg.resume_path  # Ray's own restore (worker failure) wins
+    # After a worker died (--max-failures) Ray Train restarts the group: this run's newest complete
+    # checkpoint wins over --resume-from. Rank 0 chooses (a scan of the store), every rank loads it.
+    storage = ray.train.get_context().get_storage()
+    run_dir = ckpt.storage_uri(storage.storage_filesystem, storage.experiment_fs_path)
+    choice: list[str | None] = [ckpt.restart_point(run_dir, cfg.resume_path) if rank == 0 else None]
+    dist.broadcast_object_list(choice, src=0)
+    resume = choice[0]
     if resume:
         restored = ckpt.load(resume, model, optimizer, rank)
+        print(f"rtui-train: rank {rank} read {restored.bytes_read / 2**20:.1f} MiB of the checkpoint", flush=True)
         start_step, tokens_seen = restored.meta.step, restored.meta.tokens_seen
         if restored.rank_state is not None and restored.meta.world_size == world:
             data.load_state(restored.rank_state["data"])
@@ -186,7 +196,7 @@ def run_worker(cfg: TrainConfig) -> None:
         elif rank == 0:
             print("rtui-train: warning: checkpoint from a different world size; data order restarts", flush=True)
         if rank == 0:
-            print(f"rtui-train: resumed from {getattr(resume, 'path', resume)} at step {start_step}", flush=True)
+            print(f"rtui-train: resumed from {resume} at step {start_step}", flush=True)
 
     eval_batches = held_out_batches(cfg, model, plan, rank, world, device)
     before = evaluate_and_print(model, eval_batches, device, rank, step=start_step, phase="before")
@@ -239,10 +249,16 @@ def run_worker(cfg: TrainConfig) -> None:
             rank_state = {"data": data.state(), "torch_rng": torch.get_rng_state()}
             local = ckpt.save_local(model, optimizer, rank, rank_state, meta)
             try:
+                # The upload runs on the rank's upload thread while the next steps train; Ray waits for
+                # it when this function returns. Each rank's done file, then rank 0's marker, end it.
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local),
-                                 checkpoint_dir_name=ckpt.checkpoint_dir_name(step))
-            finally:
-                ckpt.discard_local(local)
+                                 checkpoint_dir_name=ckpt.checkpoint_dir_name(step),
+                                 checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                                 checkpoint_upload_fn=ckpt.Uploader(storage, rank, meta, local),
+                                 delete_local_checkpoint_after_upload=False)
+            except BaseException:
+                ckpt.discard_local(local)  # no upload was queued
+                raise
             last_report = time.monotonic()
         elif report_now or step == cfg.steps:
             ray.train.report(metrics)
@@ -277,7 +293,7 @@ def held_out_batches(cfg: TrainConfig, model: Any, plan: StepPlan, rank: int, wo
     import torch
 
     iterator = shard.iter_torch_batches(batch_size=batch, dtypes=torch.long, drop_last=True)
-    batches = [b["input_ids"].cpu() for b in take_batches(iterator, n)]
+    batches = [{key: b[key].cpu() for key in ("input_ids", "labels")} for b in take_batches(iterator, n)]
     batches = equal_batch_count(batches, device)
     if not batches and rank == 0:
         print("rtui-train: warning: the held-out split holds no full micro-batch on some rank; no evaluation",

@@ -14,6 +14,10 @@ import os
 # checkpoint, if any). An operator who sets the variable keeps their choice.
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
+# Set by a target whose workers all share one filesystem (the local one): a private dir where they form
+# torch's process group through a file instead of a TCP store open to the network (training.rendezvous).
+RENDEZVOUS_DIR_ENV = "RTUI_RENDEZVOUS_DIR"
+
 
 def quiet_ray_train() -> None:
     """Call before the trainer starts: Ray Train propagates this from the driver's environment

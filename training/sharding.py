@@ -41,6 +41,24 @@ def shard_groups_span_nodes(node_of_rank: list[str], shard_size: int) -> list[in
     return bad
 
 
+class UnsupportedModel(ValueError):
+    """The model has no decoder layer list FSDP2 can shard one block at a time; one line."""
+
+
+def decoder_layers(model: Any) -> Any:
+    """The decoder blocks of a transformers causal LM: ``<base model>.layers`` (``model.model.layers``
+    for Qwen2/3, Llama, Mistral, Gemma; ``gpt_neox.layers``), found through ``base_model`` (the
+    submodule named by the class's ``base_model_prefix``) rather than by family."""
+    import torch
+
+    base = getattr(model, "base_model", None)
+    layers = getattr(base, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0:
+        return layers
+    raise UnsupportedModel(f"{type(model).__name__} has no decoder layer list (base_model.layers) to shard: "
+                           "rtui fine-tunes decoder-only causal LMs such as Qwen2/3, Llama, Mistral or Gemma")
+
+
 def enable_activation_checkpointing(model: Any) -> None:
     """Recompute each decoder layer's activations in backward (non-reentrant, which composes with
     FSDP2's hooks) instead of storing them: ~1/3 more compute for far less activation memory."""
@@ -72,7 +90,7 @@ def shard_model(model: Any, precision: str, reshard_after_forward: bool = True, 
     reduce = torch.bfloat16 if reduce_dtype == "bf16" else torch.float32
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
           if precision == "bf16" else MixedPrecisionPolicy())
-    for layer in model.model.layers:
+    for layer in decoder_layers(model):
         if compile_layers:
             # Per-layer compile before sharding: the layers are identical, so one graph is reused,
             # and FSDP's collectives stay outside the compiled region (no graph breaks inside it).
@@ -82,8 +100,29 @@ def shard_model(model: Any, precision: str, reshard_after_forward: bool = True, 
     return model
 
 
+def param_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW's two groups: weight decay on the weight matrices, none on norms, biases and embeddings.
+
+    Decay pulls a weight toward 0: for an RMSNorm gain (1 at init) that scales the layer's output
+    down, for a bias or an embedding row (updated only when its token occurs) it erases what little
+    each step teaches. A matrix is a parameter of two or more dimensions that no ``nn.Embedding`` owns
+    (a tied lm_head is the embedding: one parameter, not decayed).
+    """
+    import torch
+
+    embeddings = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    decay: list[Any] = []
+    no_decay: list[Any] = []
+    for p in model.parameters():  # each parameter once, tied ones included
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 and id(p) not in embeddings else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 def build_optimizer(params: Any, lr: float, impl: str, device_type: str, weight_decay: float) -> Any:
-    """AdamW with the fused kernel where it exists (one kernel for all params), foreach otherwise."""
+    """AdamW with the fused kernel where it exists (one kernel for all params), foreach otherwise.
+    ``params``: parameters or groups (``param_groups``); a group's own weight_decay wins."""
     import torch
 
     if impl == "auto":

@@ -30,10 +30,9 @@ from training.config import (
     TrainConfig,
     TrainConfigError,
 )
-from training.evaluate import keep_for_training, keep_held_out
 from training.loop import TransportMismatch, build_model, train_loop_per_worker
 from training.passed_env import load_passed_env
-from training.raytrain import quiet_ray_train
+from training.raytrain import RENDEZVOUS_DIR_ENV, quiet_ray_train
 
 __all__ = ["TransportMismatch", "build_model", "main", "parse_args", "train_loop_per_worker"]
 
@@ -65,9 +64,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip the per-rank memory estimate (params+grads+optimizer+activations vs free memory)")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--lr-schedule", choices=get_args(LrSchedule), default=d.lr_schedule,
-                   help="after warmup: constant, or cosine decay to 10%% of --lr at --steps")
+                   help="after warmup: constant, or cosine or linear decay to 10%% of --lr at --steps")
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                   help="AdamW weight decay on weight matrices (never norms, biases or embeddings)")
     p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm,
                    help="clip the global gradient norm; 0: off")
     p.add_argument("--optimizer", choices=get_args(OptimizerImpl), default=d.optimizer,
@@ -110,21 +110,26 @@ def _parser() -> argparse.ArgumentParser:
                    help="Ray Data actors tokenising and packing text")
     p.add_argument("--storage-path", default=os.environ.get("RTUI_STORAGE_PATH"),
                    help="where Ray Train keeps results and checkpoints: a local dir or s3:// URI")
+    p.add_argument("--rendezvous-dir", default=os.environ.get(RENDEZVOUS_DIR_ENV),
+                   help="a private dir all workers share, where they form torch's process group through a file "
+                        "(no socket); unset: over TCP, as a multi-node cluster needs")
     p.add_argument("--run-name", default=d.run_name, help="Ray Train run name (default rtui-<unix time>)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help="save a checkpoint every N steps and at the end; 0: no checkpoints")
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
                    help="checkpoints kept per run (oldest deleted)")
     p.add_argument("--resume-from", default=d.resume_from,
-                   help="latest (newest complete checkpoint under --storage-path, or a fresh start when there "
-                        "is none), or a checkpoint dir / run dir, local or s3://")
+                   help="latest (the complete checkpoint written last under --storage-path: --run-name's newest "
+                        "when it has one; a fresh start when there is none), or a checkpoint dir / run dir, "
+                        "local or s3://")
     p.add_argument("--eval-tokens", type=int, default=d.eval_tokens,
                    help="held-out tokens (never trained on) evaluated before the first step and after the last; "
                         "0: none")
     p.add_argument("--export-every", type=int, default=d.export_every,
                    help="also write the Hugging Face model directory every N steps (it is always written at the end)")
     p.add_argument("--max-failures", type=int, default=d.max_failures,
-                   help="worker-group restarts Ray Train may do; each restarts from the latest checkpoint")
+                   help="worker-group restarts Ray Train may do when a worker dies; each resumes from the "
+                        "run's newest complete checkpoint (or --resume-from's, or the start)")
     p.add_argument("--require-transport", default=d.require_transport, choices=get_args(RequiredTransport),
                    help="stop after the first collective unless NCCL uses this network")
     return p
@@ -148,12 +153,12 @@ def _cluster_cpus() -> float:
     return float(cluster_resources().get("CPU", 0.0))
 
 
-def _text_dataset(cfg: TrainConfig) -> tuple[TrainConfig, Any]:
+def _text_dataset(cfg: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
     """The Ray Data pipeline, after checking what can be checked before any worker starts; the
     config comes back with the tiny model's vocabulary raised to the tokenizer's when it is larger."""
     from transformers import AutoTokenizer
 
-    from training.data import build_text_dataset
+    from training.data import build_text_dataset, detect_data_mode
 
     tokenizer = cfg.tokenizer_source
     assert tokenizer is not None  # TrainConfig refuses data files without one
@@ -168,9 +173,14 @@ def _text_dataset(cfg: TrainConfig) -> tuple[TrainConfig, Any]:
         raise RuntimeError(
             f"Ray Data needs {data_cpus:g} CPUs beside the {train_cpus} the training workers hold, but the "
             f"cluster has {cpus:g}: start Ray with more CPUs (ray start --num-cpus) or lower --data-cpus")
-    return cfg, build_text_dataset(cfg.data, tokenizer=tokenizer, text_field=cfg.text_field, seq_len=cfg.seq_len,
-                                   data_cpus=cfg.data_cpus, tokenize_actors=cfg.tokenize_actors,
-                                   tokenizer_revision=cfg.tokenizer_revision)
+    mode = detect_data_mode(cfg.data, cfg.text_field)
+    print(f"rtui-train: data {cfg.data}: {mode} records", flush=True)
+    # Two pipelines over the same files; each record goes to exactly one of them (training.sft.in_split).
+    return cfg, {split: build_text_dataset(cfg.data, tokenizer=tokenizer, text_field=cfg.text_field,
+                                           seq_len=cfg.seq_len, data_cpus=cfg.data_cpus,
+                                           tokenize_actors=cfg.tokenize_actors,
+                                           tokenizer_revision=cfg.tokenizer_revision, split=split, mode=mode)
+                 for split in (("train", "eval") if cfg.eval_tokens else ("train",))}
 
 
 def export_root(storage: str, run_name: str) -> str:
@@ -202,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray.train.torch import TorchTrainer
 
     from training.checkpoint import resolve_resume
+    from training.rendezvous import torch_config
 
     quiet_ray_train()
     cfg = cfg.replace(nccl_dir=os.path.join(tempfile.gettempdir(), f"rtui-nccl-{os.getpid()}-{int(time.time())}"))
@@ -210,22 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     cfg = cfg.replace(run_name=run_name, export_root=export_root(storage, run_name))
     started_ray = not ray.is_initialized()
     try:
-        cfg = cfg.replace(resume_path=resolve_resume(cfg.resume_from, storage))
+        cfg = cfg.replace(resume_path=resolve_resume(cfg.resume_from, storage, run_name))
         if cfg.resume_from:
             print(f"rtui-train: --resume-from {cfg.resume_from}: "
                   f"{cfg.resume_path or 'no checkpoint yet, starting fresh'}", flush=True)
         _init_ray(cfg)
         datasets: dict[str, Any] = {}
         if not cfg.synthetic_data:
-            cfg, text = _text_dataset(cfg)
-            datasets["train"] = text.filter(fn=keep_for_training)  # the held-out split is never trained on
-            if cfg.eval_tokens:
-                datasets["eval"] = text.filter(fn=keep_held_out)
+            cfg, datasets = _text_dataset(cfg)  # the held-out documents are never trained on
         print(f"rtui-train: {cfg.num_workers} workers on {cfg.device}, {cfg.steps} steps, seq {cfg.seq_len}, "
               f"batch {cfg.batch_size or 'auto'}, {cfg.precision}, shard {cfg.shard}, data {cfg.data}, lr {cfg.lr:g}",
               flush=True)
         trainer = TorchTrainer(
             train_loop_per_worker, train_loop_config=cfg.as_dict(), datasets=datasets,
+            torch_config=torch_config(cfg.rendezvous_dir),
             scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                          resources_per_worker=None if cfg.use_gpu else {"CPU": 1}),
             run_config=RunConfig(name=run_name, storage_path=storage,

@@ -58,7 +58,7 @@ class RtuiApp(App[None]):
                  choose_from: list[str] | None = None, clock: Callable[[], float] = time.time,
                  confirm_config: ResolvedConfig | None = None) -> None:
         super().__init__()
-        # ./rtui.toml sets guarded fields not confirmed yet: the session runs without them until a yes.
+        # A checkout's config file sets held fields not confirmed yet: the session runs without them until a yes.
         self.confirm_config = confirm_config
         self.session = session
         # What "now" is for what the app itself shows (the teardown modal's cost so far); tests freeze it.

@@ -25,11 +25,12 @@ from backend.config import (
     RunConfig,
     flag_name,
     shown,
+    trust_command,
 )
 from backend.errors import RtuiError, UserError
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore, new_run_id
-from backend.trust import remember
+from backend.trust import held_reason, remember
 from tui.heap import loading
 from tui.invocation import resolved_from
 
@@ -223,8 +224,8 @@ def build_parser() -> Parser:
     p = add("config", "show the effective configuration, or confirm ./rtui.toml")
     p.add_argument("action", choices=["show", "trust"],
                    help="show: every field, its value and where it came from; trust: confirm the fields of "
-                        "./rtui.toml that choose what runs or what is read (image, kuberay_crds, hf_token, job_env, "
-                        "kubeconfig, storage_path), in its present content")
+                        "./rtui.toml (or --config FILE) held until you do (all but the training and display knobs; "
+                        "`config show` marks them and says why), in its present content")
     p.add_argument("--json", action="store_true")
     _add_bench(sub, common)
     parser.commands = frozenset(sub.choices or ())
@@ -339,37 +340,50 @@ def _token(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
-    """The values a run on this target uses (auto resolved), where each came from; only the target's fields."""
+    """The values a run on this target uses (auto resolved), where each came from; only the target's fields,
+    and every field a checkout's file sets that is held until the user confirms it (with why)."""
     resolved = resolved_from(ns, untrusted="show")
     config = resolved.config
     values = config.model_dump(mode="json")
     auto = config.auto_values()
+    held = {field: held_reason(field) for field in resolved.unconfirmed}
     if ns.json:
         # "config" stays the raw values (what a rtui.toml would hold); "effective" is what a run uses;
-        # "fields" are the ones the target reads.
+        # "fields" are the ones the target reads; "held" the file's fields waiting for a confirmation.
         json.dump({"config": values, "effective": {**values, **auto}, "auto": sorted(auto),
                    "fields": list(config.fields_of_target()), "sources": resolved.sources,
-                   "config_file": resolved.config_file, "unconfirmed": sorted(resolved.unconfirmed)}, out)
+                   "config_file": resolved.config_file, "unconfirmed": sorted(resolved.unconfirmed),
+                   "held": held}, out)
         out.write("\n")
         return 0
     rows = config.effective_rows(resolved.sources)
+    shown_fields = {field for field, _, _ in rows}
+    # The file's content is confirmed whole: a held field this target ignores is listed too.
+    rows += [(field, getattr(config, field), resolved.sources[field]) for field in held if field not in shown_fields]
     width = max(len(field) for field, _, _ in rows)
     for field, value, source in rows:
         out.write(f"{field:<{width}}  {json.dumps(value):<48}  {source}\n")
     out.write(f"(the fields the {config.target} target uses; `--target` shows another's)\n")
+    if held:
+        many = len(held) > 1
+        command = trust_command(getattr(ns, "config_file", None))
+        out.write(f"{len(held)} field{'s' if many else ''} of {resolved.config_file} {'are' if many else 'is'} held "
+                  f"until you confirm its content: review {'them' if many else 'it'}, then run `{command}` (or pass "
+                  "the values as flags)\n")
     return 0
 
 
 def _config_trust(ns: argparse.Namespace, out: TextIO) -> int:
-    """Confirm ./rtui.toml's guarded fields in the content read now (checked like any config first)."""
+    """Confirm the held fields of ./rtui.toml (or --config FILE) in the content read now (checked like any
+    config first)."""
     resolved = resolved_from(ns, untrusted="show")
     if not resolved.unconfirmed or resolved.config_file is None or resolved.config_sha256 is None:
-        out.write("nothing to confirm: no ./rtui.toml here sets a field that chooses what runs or what is read, "
-                  "or it is confirmed already\n")
+        out.write("nothing to confirm: the config file read here sets no held field, is your own config dir's, "
+                  "or is confirmed already\n")
         return 0
     remember(Path(resolved.config_file), resolved.config_sha256)
     for field, value in resolved.unconfirmed.items():
-        out.write(f"{field} = {json.dumps(value)}\n")
+        out.write(f"{field} = {json.dumps(value)}  ({held_reason(field)})\n")
     out.write(f"confirmed {resolved.config_file} (sha256 {resolved.config_sha256[:16]}…); any change to it asks "
               "again\n")
     return 0
@@ -431,7 +445,10 @@ def wizard_session(ns: argparse.Namespace) -> tuple[RunSession, list[str], Resol
     confirm = resolved_from(ns, untrusted="show")
     if not confirm.unconfirmed:
         return RunSession.for_config(confirm), [], None
-    return RunSession.for_config(resolved_from(ns, untrusted="withhold")), [], confirm
+    withheld = resolved_from(ns, untrusted="withhold")
+    # The modal asks about all that waits: the whole file when its free knobs need its held fields.
+    confirm = confirm.model_copy(update={"unconfirmed": withheld.unconfirmed})
+    return RunSession.for_config(withheld), [], confirm
 
 
 def _wizard(ns: argparse.Namespace) -> int:

@@ -96,6 +96,13 @@ class TailLog(Log):
     # In place of Log's thread worker (typed as returning a Worker, which an inline call has no need of).
     _update_size: Any = _measure_inline
 
+    def on_resize(self) -> None:
+        """A following view keeps its newest line in view when it gets shorter or taller: Log scrolls
+        to the end only on a write, and a row taken by a line above left it that row short (a change of
+        width is LogTail's, which re-wraps). A paused view stays where the reader is."""
+        if self.auto_scroll:
+            self.scroll_end(animate=False, immediate=True)
+
 
 class FilterInput(Input):
     """The `/` filter: Enter keeps it and goes back to the log, Escape clears it."""

@@ -144,6 +144,7 @@ def format_status(data: dict[str, Any]) -> str:
     if model:
         lines.append(f"model    {model['uri']} ({len(model['files'])} files, {model['bytes']:,} bytes) — "
                      f"copy it: rtui model {data['run_id']} --to DIR")
+    lines.extend(f"notice   {res['notice']}" for res in data.get("resources", {}).values() if res.get("notice"))
     for address, res in data.get("resources", {}).items():
         lines.append(f"  {res['status']:<9} {address:<22} {res.get('id') or ''}")
     for phase, steps in (("", data["steps"]), ("teardown ", data.get("teardown_steps") or {})):

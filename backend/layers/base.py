@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from backend.clients import Clients
 from backend.config import RunConfig
+from backend.errors import ApiUnreachable, UserError
 from backend.ledger import Ledger
 from backend.model import Action, CheckResult, Leftover, Observed, Resource
 from backend.runner import Progress
@@ -69,12 +70,28 @@ class JobSecretCarrier(Protocol):
         ...
 
 
+def _no_private_channel(ctx: Context) -> UserError:
+    return UserError(f"--job-env: the {ctx.config.target} target has no private way to hand values to the job "
+                     "(Ray's Jobs API shows a job's runtime_env to anyone who lists jobs)",
+                     remedy="drop --job-env, or give the target's ClusterAccess a carry_job_secrets "
+                            "(backend/layers/base.py, JobSecretCarrier)")
+
+
+def refuse_job_env_without_carrier(ctx: Context) -> None:
+    """At plan time: ``--job-env`` on a cluster with no ``JobSecretCarrier`` (a plugin target's) is an
+    error, never a fallback to ``runtime_env``, which the Jobs API shows to anyone who lists jobs."""
+    if ctx.config.job_env_names() and not isinstance(ctx.cluster, JobSecretCarrier):
+        raise _no_private_channel(ctx)
+
+
 def job_secret_env(ctx: Context, submission_id: str, values: Mapping[str, str]) -> dict[str, str]:
-    """The ``env_vars`` that give a job the user's ``--job-env`` values, through the cluster's own
-    carrier when it has one (locally: a 0600 file in the cluster's 0700 dir)."""
-    if values and isinstance(ctx.cluster, JobSecretCarrier):
-        return ctx.cluster.carry_job_secrets(ctx, submission_id, values)
-    return dict(values)
+    """The ``env_vars`` that give a job the user's ``--job-env`` values through the cluster's own
+    carrier (locally: a 0600 file in the cluster's 0700 dir): where they are, never the values."""
+    if not values:
+        return {}
+    if not isinstance(ctx.cluster, JobSecretCarrier):
+        raise _no_private_channel(ctx)
+    return ctx.cluster.carry_job_secrets(ctx, submission_id, values)
 
 
 @runtime_checkable
@@ -84,6 +101,18 @@ class HeadLogSource(Protocol):
     def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
         """The head's log lines, each ``<RFC 3339 time> <text>``, from ``since_time`` on."""
         ...
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """What teardown goes on without: its API gave no answer, and ``holder`` deletes what rtui made there."""
+
+    what: str
+    why: str
+    holder: str
+
+    def line(self) -> str:
+        return f"{self.what}: the API does not answer ({self.why}); what rtui made there goes with {self.holder}"
 
 
 @dataclass
@@ -98,6 +127,15 @@ class Context:
     clients: Clients = field(default_factory=Clients)
     # `down --delete-data`: the run's data goes too (a store the run made for it, e.g. its bucket, with it).
     delete_data: bool = False
+    # Teardown's discovery: where what lives inside a cluster that does not answer is noted (and taken as
+    # nothing to delete) when a layer holds that cluster (``Layer.holds_above``); None elsewhere.
+    unanswered: list[Unanswered] | None = None
+
+    def note_unanswered(self, what: str, exc: ApiUnreachable, holder: str | None) -> None:
+        """Note ``what`` as unanswered, or raise ``exc`` when nothing would delete it (not in teardown)."""
+        if self.unanswered is None or holder is None:
+            raise exc
+        self.unanswered.append(Unanswered(what, exc.message, holder))
 
     @property
     def ledger(self) -> Ledger:
@@ -158,6 +196,9 @@ class Handler(abc.ABC):
 class Layer(abc.ABC):
     name: ClassVar[str]
     sweeps: ClassVar[bool] = False  # whether ``sweep`` looks for anything (teardown then shows its step)
+    # What of this layer holds everything the layers above make (aws: "the EKS cluster"), so that their
+    # teardown may go on without them when their API does not answer; None: nothing does.
+    holds_above: ClassVar[str | None] = None
 
     @property
     @abc.abstractmethod
@@ -179,6 +220,10 @@ class Layer(abc.ABC):
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         """Checks that can fail before anything is created."""
         return []
+
+    async def explain_unanswered(self, ctx: Context, exc: ApiUnreachable) -> ApiUnreachable:
+        """``exc`` (a layer above found the cluster this layer holds silent) with what this layer knows of why."""
+        return exc
 
     def price_source(self, ctx: Context) -> str:
         """Where the costs of this layer's last ``desired`` come from ("" when it prices nothing)."""

@@ -2,8 +2,11 @@
 
 Each local cluster lives in ``/tmp/rtui-<run id>-<4 hex>``, made 0700 by us, with a marker
 file naming the run and the cluster. A directory is ours only if it carries that marker and
-belongs to our user; a process is ours only if its command line holds that exact directory.
-So ``rtui down`` finds a cluster whose record (or whole state dir) is gone, and never
+belongs to our user. A process is the cluster's only if rtui started it: the marker records
+each root rtui started (pid and start time), and the cluster's processes are those roots, their
+descendants and the members of the sessions the roots lead (see ``cluster_family``). A process
+that merely names the dir (``tail -f <dir>/rtui-head.log``) is never the cluster's, nor is its
+session. So ``rtui down`` finds a cluster whose record (or whole state dir) is gone, and never
 touches a path or a process that merely looks similar.
 """
 
@@ -22,13 +25,22 @@ from typing import Any
 import psutil
 
 from backend.errors import OperationError
-from backend.procs import owned
+from backend.procs import ProcRef, owned
 
 # Short on purpose: Ray puts unix sockets under <dir>/r/session_<date>_<pid>/sockets/, and a
 # socket path may not exceed 107 bytes.
 ROOT = Path("/tmp")
 PREFIX = "rtui-"
 MARKER = "rtui-cluster.json"
+
+
+@dataclass(frozen=True)
+class Root:
+    """A process rtui started for a cluster (``procs.start_detached``), under the name of its role:
+    a node's name (``<cluster>-head``, ``<cluster>-worker-0``) or ``idle-watcher``."""
+
+    role: str
+    ref: ProcRef
 
 
 @dataclass
@@ -38,6 +50,7 @@ class ClusterDir:
     cluster_name: str
     created_at: float
     facts: dict[str, Any] = field(default_factory=dict)
+    roots: list[Root] = field(default_factory=list)
 
     @property
     def ray_dir(self) -> Path:
@@ -66,7 +79,8 @@ def make_cluster_dir(run_id: str, cluster_name: str, facts: dict[str, Any]) -> C
 
 def write_marker(cluster: ClusterDir) -> None:
     data = {"run_id": cluster.run_id, "cluster_name": cluster.cluster_name, "target": "local",
-            "created_at": cluster.created_at, **cluster.facts}
+            "created_at": cluster.created_at, **cluster.facts,
+            "roots": [{"role": r.role, "pid": r.ref.pid, "create_time": r.ref.create_time} for r in cluster.roots]}
     tmp = cluster.path / f".{MARKER}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -83,11 +97,22 @@ def read_marker(path: Path) -> ClusterDir | None:
         data = json.loads((path / MARKER).read_text())
         run_id, name = data.pop("run_id"), data.pop("cluster_name")
         created = float(data.pop("created_at", st.st_mtime))
+        roots = [Root(str(r["role"]), ProcRef(int(r["pid"]), float(r["create_time"]))) for r in data.pop("roots", [])]
         if not isinstance(run_id, str) or not isinstance(name, str) or not path.name.startswith(f"{PREFIX}{run_id}-"):
             return None
-        return ClusterDir(path, run_id, name, created, data)
+        return ClusterDir(path, run_id, name, created, data, roots)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def record_root(cluster: ClusterDir, role: str, ref: ProcRef) -> None:
+    """Note in the marker a process rtui just started for the cluster: from now on it, its descendants
+    and its session are the cluster's. Merged into the marker as it is on disk (another rtui or the
+    idle watcher may have written it since ``cluster`` was read)."""
+    on_disk = read_marker(cluster.path) or cluster
+    on_disk.roots = [*on_disk.roots, Root(role, ref)]
+    write_marker(on_disk)
+    cluster.roots = list(on_disk.roots)
 
 
 def find_clusters(*, run_id: str | None = None, cluster_name: str | None = None) -> list[ClusterDir]:
@@ -129,7 +154,7 @@ def remove_cluster_dir(path: Path) -> None:
 
 @dataclass
 class NodeProcs:
-    """The ``ray start`` processes that hold a cluster dir, by node name."""
+    """The ``ray start`` processes rtui started for a cluster, by node."""
 
     head: psutil.Process | None = None
     workers: dict[int, psutil.Process] = field(default_factory=dict)
@@ -139,80 +164,115 @@ def node_name(cluster_name: str, worker: int | None) -> str:
     return f"{cluster_name}-head" if worker is None else f"{cluster_name}-worker-{worker}"
 
 
-def holds(cmdline: list[str], path: Path) -> bool:
-    """Whether a command line names exactly ``path`` (or something inside it), never a sibling."""
-    p = str(path)
-    return any(arg == p or arg.endswith("=" + p) or p + "/" in arg for arg in cmdline)
-
-
 def node_procs(cluster: ClusterDir) -> NodeProcs:
+    """The cluster's ``ray start`` processes (our uid, its ray dir, one of its node names) that rtui started."""
     out = NodeProcs()
     head_name = node_name(cluster.cluster_name, None)
-    worker_prefix = f"--node-name={cluster.cluster_name}-worker-"
+    worker_prefix = f"{cluster.cluster_name}-worker-"
     for proc in psutil.process_iter(["cmdline", "uids"]):
         cmdline = proc.info.get("cmdline") or []
         if not _mine(proc) or "start" not in cmdline or f"--temp-dir={cluster.ray_dir}" not in cmdline:
             continue
-        if not _alive(proc):
+        name = next((arg.removeprefix("--node-name=") for arg in cmdline if arg.startswith("--node-name=")), "")
+        if not _started_by_rtui(cluster, name, proc) or not _alive(proc):
             continue
-        if "--head" in cmdline and f"--node-name={head_name}" in cmdline:
+        if "--head" in cmdline and name == head_name:
             out.head = proc
-            continue
-        for arg in cmdline:
-            if arg.startswith(worker_prefix) and arg[len(worker_prefix):].isdigit():
-                out.workers[int(arg[len(worker_prefix):])] = proc
+        elif name.startswith(worker_prefix) and name[len(worker_prefix):].isdigit():
+            out.workers[int(name[len(worker_prefix):])] = proc
     return out
 
 
-def cluster_family(path: Path, roots: list[psutil.Process] | None = None) -> list[psutil.Process]:
-    """Every live process of a cluster: holding its dir, started by a root, or in their sessions.
+def _started_by_rtui(cluster: ClusterDir, role: str, proc: psutil.Process) -> bool:
+    """Whether ``proc`` is the recorded root of ``role``; for a role with no recorded root, whether it
+    leads a session of its own.
 
-    Ray renames some processes (``ray::DashboardAgent``), so their command line no longer
-    names the dir; they still share the session of the ``ray start`` that does.
-    """
-    found: dict[int, psutil.Process] = {}
-    table: list[tuple[psutil.Process, int | None]] = []
-    for proc in psutil.process_iter(["cmdline", "uids"]):
-        if not _mine(proc):  # another user's process is never ours, whatever its command line says
-            continue
+    No recorded root means a dir made before roots were recorded, or an rtui that died between
+    starting the node and writing the marker. rtui starts every node in a new session
+    (``start_detached``), so such a node is a ``ray start`` of that exact ray dir and node name
+    that leads its session; a ``ray start`` typed in a terminal does not (the shell leads that
+    session), and anything else that merely names the dir is no ``ray start`` of this node."""
+    refs = [r.ref for r in cluster.roots if r.role == role]
+    if refs:
+        return any(ref.matches(proc) for ref in refs)
+    try:
+        return bool(os.getsid(proc.pid) == proc.pid)
+    except OSError:
+        return False
+
+
+def cluster_family(cluster: ClusterDir | Path) -> list[psutil.Process]:
+    """Every live process of a cluster: its roots (its nodes' ``ray start`` and the recorded ones),
+    their descendants, and the members of the sessions those roots lead.
+
+    The sessions are needed because ``ray start`` daemonises: Ray starts its raylet, GCS and
+    agents without a session of their own (``ray._private.services.start_ray_process``), and
+    renames some (``ray::DashboardAgent``); when a ``ray start`` dies first they are re-parented
+    to init and no longer its descendants, but keep its session id. Only a session a root leads
+    counts (rtui made it with ``start_new_session``), never the session of a process that merely
+    names the dir. A dir without our marker has no processes of ours."""
+    if isinstance(cluster, Path):
+        marked = read_marker(cluster)
+        if marked is None:
+            return []
+        cluster = marked
+    nodes = node_procs(cluster)
+    roots = [p for p in (nodes.head, *nodes.workers.values()) if p is not None]
+    sessions: dict[int, float] = {}  # a session a root leads -> when that root started
+    for root in roots:
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(root.pid) == root.pid:
+                sessions[root.pid] = root.create_time()
+    for recorded in cluster.roots:
         try:
-            sid: int | None = os.getsid(proc.pid)
-        except OSError:
-            sid = None
-        table.append((proc, sid))
-        if holds(proc.info.get("cmdline") or [], path):
-            found[proc.pid] = proc
-    for root in roots or []:
+            proc = psutil.Process(recorded.ref.pid)
+        except psutil.NoSuchProcess:
+            # Gone, but the kernel never hands out a pid again while a session (or process group)
+            # of that id still has a member (POSIX: process ID reuse; Linux frees a pid only when
+            # no task uses it as pid, pgid or sid): a session of that id is still the root's.
+            sessions[recorded.ref.pid] = recorded.ref.create_time
+            continue
+        except psutil.Error:
+            continue
+        if recorded.ref.matches(proc):  # else its pid was reused: that process and its session are not ours
+            roots.append(proc)
+            sessions[recorded.ref.pid] = recorded.ref.create_time
+    found: dict[int, psutil.Process] = {}
+    for root in roots:
         found[root.pid] = root
         with contextlib.suppress(psutil.Error):
             for child in root.children(recursive=True):
                 found[child.pid] = child
-    sessions = set()
-    for proc in found.values():
-        with contextlib.suppress(OSError):
-            sessions.add(os.getsid(proc.pid))
-    sessions.discard(os.getsid(0))  # never our own (the user's terminal) session
-    for proc, sid in table:
-        if sid is not None and sid in sessions:
-            found.setdefault(proc.pid, proc)
-    found.pop(os.getpid(), None)
+    sessions.pop(os.getsid(0), None)  # never our own (the user's terminal) session
+    if sessions:
+        for proc in psutil.process_iter(["uids", "create_time"]):
+            if not _mine(proc):  # another user's process is never ours
+                continue
+            with contextlib.suppress(OSError):
+                started = sessions.get(os.getsid(proc.pid))
+                # A member started before the root cannot be one it made (a guard on the clock's word).
+                if started is not None and (proc.info.get("create_time") or 0.0) >= started - 0.5:
+                    found.setdefault(proc.pid, proc)
+    found.pop(os.getpid(), None)  # the idle watcher is a root too, and stops the rest
     return [p for p in found.values() if _alive(p) and owned(p)]
 
 
 def session_family(root: psutil.Process) -> list[psutil.Process]:
-    """One node: its ``ray start`` and everything in that process's session (not the rest of the cluster)."""
+    """One node: its ``ray start``, its descendants and the session it leads (not the rest of the cluster)."""
+    found = {root.pid: root}
+    with contextlib.suppress(psutil.Error):
+        for child in root.children(recursive=True):
+            found[child.pid] = child
     try:
-        sid = os.getsid(root.pid)
+        leads = os.getsid(root.pid) == root.pid and root.pid != os.getsid(0)
     except OSError:
-        return []
-    if sid == os.getsid(0):
-        return [root]
-    out = [root]
-    for proc in psutil.process_iter():
-        with contextlib.suppress(OSError):
-            if proc.pid != root.pid and os.getsid(proc.pid) == sid:
-                out.append(proc)
-    return [p for p in out if _alive(p) and owned(p)]
+        leads = False
+    if leads:
+        for proc in psutil.process_iter(["uids"]):
+            with contextlib.suppress(OSError):
+                if _mine(proc) and os.getsid(proc.pid) == root.pid:
+                    found.setdefault(proc.pid, proc)
+    return [p for p in found.values() if _alive(p) and owned(p)]
 
 
 def _mine(proc: psutil.Process) -> bool:

@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import psutil
+
 from backend.delivery import local_data_dir
 from backend.errors import OperationError, TransientError, UserError
 from backend.layers import local_cluster as lc
@@ -29,6 +31,7 @@ from backend.procs import check_port_free, free_ports, start_detached, terminate
 from backend.rayjobs import RayJobs
 from backend.runner import Progress
 from training.passed_env import JOB_ENV_FILE
+from training.raytrain import RENDEZVOUS_DIR_ENV
 
 HEAD = "local.ray-head"
 OBJECT_STORE_BYTES = 512 * 1024 * 1024
@@ -66,6 +69,8 @@ _ENV_PREFIXES = ("LC_", "RAY_", "OMP_", "MKL_", "OPENBLAS_", "GLOO_", "TORCH_")
 _ENV_OURS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 TOKEN_FILE = "auth_token"
 NO_PORT = "-1"  # outside 0-65535: bind() refuses it, so a server given it is never started
+DASHBOARD_MODULE_READY_ENV = "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"  # Ray's default: 30 s
+DASHBOARD_MODULE_READY_S = "180"
 
 
 def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
@@ -87,7 +92,7 @@ def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
         "RAY_ADDRESS": str(cluster.facts["gcs_address"]),
         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(cluster.path / TOKEN_FILE),
         # No Prometheus endpoint: Ray's metrics servers know no token and would answer anyone on the
-        # host (issue 23; tests/test_local_probe.py). rtui reads its metrics from the job's log.
+        # host (issue 23; tests/test_local_finished_run.py). rtui reads its metrics from the job's log.
         # The node agent's exporter is not started when metrics collection is off (the raylet
         # then starts the agent with --disable-metrics-collection).
         "RAY_enable_metrics_collection": "0",
@@ -98,6 +103,11 @@ def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
         "AUTOSCALER_METRIC_PORT": NO_PORT,
         "DASHBOARD_METRIC_PORT": NO_PORT,
     })
+    # The dashboard starts each of its modules in a process and gives up on `ray start --head` when one
+    # is not ready in 30 s (ray/dashboard/subprocesses/handle.py). A busy laptop (a build, a browser, a
+    # CPU-bound process beside it) took longer: "Module MetricsHead failed to start. Timeout after 30.0
+    # seconds". A bound, not a pace: a quiet machine is ready in a few seconds. A user's own value stays.
+    env.setdefault(DASHBOARD_MODULE_READY_ENV, DASHBOARD_MODULE_READY_S)
     return env
 
 
@@ -162,6 +172,7 @@ class HeadHandler(Handler):
         yield Progress(f"starting ray head on 127.0.0.1:{ports['gcs']}", 0.05)
         ref = start_detached(argv, log_path=log, env=ray_env(cluster, loopback=bool(want.spec["loopback"])),
                              cwd=cluster.path)
+        lc.record_root(cluster, lc.node_name(cluster.cluster_name, None), ref)  # only what rtui started is stopped
         jobs = jobs_for(cluster)
         assert jobs is not None
         started = time.monotonic()
@@ -222,6 +233,7 @@ class WorkerHandler(Handler):
         log = cluster.path / f"rtui-worker-{index}.log"
         yield Progress(f"starting worker node {index}", 0.1)
         ref = start_detached(argv, log_path=log, env=ray_env(cluster, loopback=False), cwd=cluster.path)
+        lc.record_root(cluster, lc.node_name(cluster.cluster_name, index), ref)
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={"log": str(log), "pid": ref.pid})
         await asyncio.sleep(2.0)
         if not ref.alive():
@@ -336,10 +348,7 @@ class LocalRay(Layer):
         """The values in a 0600 file of the cluster's 0700 dir (beside the auth token, removed with it at
         teardown); the job's entrypoint reads it (training.passed_env). Only the file's path is in
         ``runtime_env``, which Ray's Jobs API and runtime-env agent log show."""
-        cluster = _live_cluster(ctx)
-        if cluster is None:
-            raise OperationError("no Ray cluster of this run is up to take the job",
-                                 remedy="apply the whole plan (`rtui up --yes`)")
+        cluster = _cluster_for_job(ctx)
         folder = cluster.path / "job-env"
         folder.mkdir(mode=0o700, exist_ok=True)
         path = folder / f"{submission_id}.json"
@@ -354,19 +363,48 @@ class LocalRay(Layer):
         data = local_data_dir(ctx.store.root, ctx.record.run_id)
         data.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         data.mkdir(mode=0o700, exist_ok=True)
-        return {"RTUI_STORAGE_PATH": str(data)}
+        return {"RTUI_STORAGE_PATH": str(data), **_closed_rendezvous(ctx)}
+
+
+def _cluster_for_job(ctx: Context) -> lc.ClusterDir:
+    """The run's live local cluster, which a job is about to be given to: an OperationError when it is not up."""
+    cluster = _live_cluster(ctx)
+    if cluster is None:
+        raise OperationError("no Ray cluster of this run is up to take the job",
+                             remedy="apply the whole plan (`rtui up --yes`)")
+    return cluster
+
+
+def _closed_rendezvous(ctx: Context) -> dict[str, str]:
+    """Every worker of a local job is on this machine: they form torch's process group through a file
+    in the cluster's 0700 dir (training.rendezvous), where Ray Train's TCPStore would listen on every
+    interface without a token (issue 33). gloo's own connections stay on loopback too: unpinned, it
+    binds whatever address the host's name resolves to, often the host's network address."""
+    cluster = _cluster_for_job(ctx)
+    rendezvous = cluster.path / "rendezvous"
+    rendezvous.mkdir(mode=0o700, exist_ok=True)
+    return {RENDEZVOUS_DIR_ENV: str(rendezvous), "GLOO_SOCKET_IFNAME": _loopback_interface()}
+
+
+def _loopback_interface() -> str:
+    """The interface holding 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == "127.0.0.1" for a in addresses):
+            return str(name)  # psutil leaves the mapping unannotated
+    raise OperationError("this machine has no interface with 127.0.0.1 for the local job's workers")
 
 
 def _start_idle_watcher(cluster: lc.ClusterDir, idle_s: int) -> None:
     """backend.local_idle beside the head: it stops the cluster after ``idle_s`` without a job or an
-    rtui attached (issue 26). Detached like the Ray processes; the dir on its command line makes it ours."""
+    rtui attached (issue 26). Detached like the Ray processes, and recorded as a root of the cluster's."""
     root = str(Path(__file__).resolve().parents[2])  # where `backend` is, for the new interpreter
     path = os.environ.get("PYTHONPATH")
     # Ray's minimal environment (never the user's credentials: tests/test_local_security.py), plus
     # where to import rtui from.
     env = {**ray_env(cluster), "PYTHONPATH": os.pathsep.join([root, *([path] if path else [])])}
-    start_detached([sys.executable, "-m", "backend.local_idle", str(cluster.path), str(idle_s)],
-                   log_path=cluster.path / "rtui-idle.log", env=env, cwd=cluster.path)
+    ref = start_detached([sys.executable, "-m", "backend.local_idle", str(cluster.path), str(idle_s)],
+                         log_path=cluster.path / "rtui-idle.log", env=env, cwd=cluster.path)
+    lc.record_root(cluster, "idle-watcher", ref)
 
 
 def _live_cluster(ctx: Context) -> lc.ClusterDir | None:
@@ -391,13 +429,11 @@ async def _terminate(procs: list[Any]) -> None:
 
 
 async def _stop_and_remove(path: Path) -> int:
-    """Stop every process that holds the dir (and their sessions), then remove the marked dir."""
+    """Stop every process rtui started for the cluster (``lc.cluster_family``), then remove the marked dir."""
     cluster = lc.read_marker(path)
     if cluster is None:
         return 0
-    procs = lc.node_procs(cluster)
-    roots = [p for p in (procs.head, *procs.workers.values()) if p is not None]
-    family = await asyncio.to_thread(lc.cluster_family, path, roots)
+    family = await asyncio.to_thread(lc.cluster_family, cluster)
     await _terminate(family)
     await asyncio.to_thread(lc.remove_cluster_dir, path)
     return len(family)

@@ -17,9 +17,9 @@ import targets
 from backend.config import RunConfig
 from backend.delivery import check_storage_writable, effective_storage_path
 from backend.errors import OperationError, UserError
-from backend.hub import Revision, resolve_revision
+from backend.hub import DatasetRevision, Revision, resolve_dataset, resolve_revision
 from backend.jobspec import build_job_spec, passed_env_values
-from backend.layers.base import Context, Handler, Layer, job_secret_env
+from backend.layers.base import Context, Handler, Layer, job_secret_env, refuse_job_env_without_carrier
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.rayjobs import RayJobs, submit_when_ready
 from backend.runner import Progress
@@ -64,7 +64,8 @@ class JobHandler(Handler):
         jobs = await _jobs(ctx)
         # The commit the plan resolved and showed, never the branch's newer head.
         revision = str(want.spec.get("model_revision") or "").split(" ", 1)[0] or None
-        spec = build_job_spec(_with_storage(ctx), revision, run_id=ctx.record.run_id)
+        data = str(want.spec.get("data") or "").split(" ", 1)[0] or None  # the dataset commit, likewise
+        spec = build_job_spec(_with_storage(ctx), revision, run_id=ctx.record.run_id, data=data)
         submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
         runtime_env = {**spec.runtime_env, "env_vars": {
             **spec.runtime_env.get("env_vars", {}), **_job_env(ctx),
@@ -108,10 +109,22 @@ class RayJobLayer(Layer):
 
     def __init__(self) -> None:
         self._revisions: dict[tuple[str, str], Revision] = {}
+        self._datasets: dict[str, DatasetRevision] = {}
 
     async def prepare(self, ctx: Context) -> None:
-        """The hub commit the job loads, asked at plan time (none for a local model directory)."""
+        """The hub commit the job loads, asked at plan time (none for a local model directory); and
+        ``--job-env`` refused where the cluster cannot carry its values privately."""
         config = ctx.config
+        refuse_job_env_without_carrier(ctx)
+        await self._pin_model(config)
+        data = config.effective_data()
+        if config.data_is_hub() and targets.get(config.target).offline:
+            raise UserError(f"--data {data}: the {config.target} target works offline, without the Hub",
+                            remedy="give a local JSONL/Parquet file, `cycle` or `random`")
+        if config.data_is_hub() and data not in self._datasets:  # a Hub dataset is pinned like the model
+            self._datasets[data] = await asyncio.to_thread(resolve_dataset, data, token=_hub_token(config.hf_token))
+
+    async def _pin_model(self, config: RunConfig) -> None:
         model_id = config.effective_model_id()
         known = (model_id, config.model_revision) in self._revisions
         if targets.get(config.target).offline or model_id is None or known:
@@ -126,8 +139,12 @@ class RayJobLayer(Layer):
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
         revision = self._revision(ctx)
-        spec = build_job_spec(_with_storage(ctx), revision.sha if revision else None, run_id=ctx.record.run_id)
+        dataset = self._datasets.get(ctx.config.effective_data())
+        spec = build_job_spec(_with_storage(ctx), revision.sha if revision else None, run_id=ctx.record.run_id,
+                              data=dataset.ref.uri(dataset.sha) if dataset else None)
         pinned = {"model_revision": f"{revision.sha} ({revision.asked})"} if revision else {}
+        if dataset:  # the plan names the dataset, its commit and its licence
+            pinned["data"] = dataset.describe()
         return [Resource(address=JOB, layer=self.name, kind="ray-job", cost_per_hour=0.0,
                          spec={**spec.summary(), **pinned, "spec_hash": spec.spec_hash},
                          depends_on=tuple(r.address for r in below))]

@@ -38,7 +38,7 @@ class AwsTarget(Target):
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.aws.access_scope import AccessScopeLayer
         from backend.layers.aws.base import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
-        from backend.layers.aws.iam import DATA_IDENTITY
+        from backend.layers.aws.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
         from backend.layers.aws.layer import AwsLayer
         from backend.layers.kubernetes.layer import Below, KubernetesLayer
         from backend.layers.ray_job import RayJobLayer
@@ -48,7 +48,9 @@ class AwsTarget(Target):
                       network_policy="enforced by the VPC CNI's network policy agent (the aws layer installs the "
                                      "vpc-cni add-on with enableNetworkPolicy on)",
                       # The run's data in S3: the Ray pods' account, its role by pod identity (issue 25).
-                      ray_service_account=DATA_IDENTITY.service_account, ray_identity=DATA_IDENTITY.address)
+                      ray_service_account=DATA_IDENTITY.service_account, ray_identity=DATA_IDENTITY.address,
+                      ray_worker_service_account=DATA_WORKERS_IDENTITY.service_account,
+                      ray_worker_identity=DATA_WORKERS_IDENTITY.address)
         # The access entry is narrowed (--access-scope namespace) after the kubernetes layer's installs.
         return Stack(self.name, [AwsLayer(), KubernetesLayer(below), AccessScopeLayer(), RayJobLayer()])
 

@@ -69,7 +69,7 @@ class KubeTarget(Target):
         # lazy: the kubernetes layer loads only when a run's data is read; listing targets does without
         from backend.layers.kubernetes.volume_store import VolumeStore
 
-        return VolumeStore(config, run_id)
+        return VolumeStore(config, run_id, state_root)  # its record names the image its pods pinned
 
     def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
         """With --storage-size: the run's own directory on its volume (``manifests.DATA_MOUNT``)."""

@@ -54,9 +54,9 @@ class LocalTarget(Target):
         if config.effective_require_transport() != "any":
             raise UserError(f"--require-transport={config.require_transport} needs NCCL on GPUs",
                             remedy="the local target trains on CPU with gloo; use --target aws or kube")
-        if config.data_is_file() and not config.tokenizer:
-            raise UserError("--data with a file needs --tokenizer on the local target",
-                            remedy="pass a local tokenizer dir (the local target works offline)")
+        if config.data_is_file() and not (config.tokenizer or config.model_id):  # the model dir's own by default
+            raise UserError("--data with a file needs --tokenizer on the local target (or --model-id DIR with its "
+                            "tokenizer)", remedy="pass a local tokenizer dir (the local target works offline)")
         if config.model_id:
             model_dir = (cwd / Path(config.model_id).expanduser()).resolve()
             if not (model_dir / "config.json").is_file():

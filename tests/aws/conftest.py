@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import logging
 import os
 import urllib.request
@@ -13,11 +14,13 @@ from typing import Any
 
 import boto3
 import pytest
+from moto.eks.models import eks_backends
 
-from tests.aws import eks_nodes, netguard
+from tests.aws import eks_nodes, iam_strict, netguard
 from tests.aws.checkip import CHECKIP
 from tests.aws.moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
 from tests.aws.moto_provision import install_provisioning
+from tests.fake_hub import FakeHub
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_control import FakeControlPlane
 from tests.kubernetes.fake_registry import FakeRegistry
@@ -78,13 +81,17 @@ def no_real_network(image_registry: FakeRegistry, tmp_path: Path, monkeypatch: p
 
 
 @pytest.fixture(autouse=True)
-def _nothing_but_aws(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Hub does not answer here, and a test may point at a registry that does not: the
-    aws tests plan on with tags where a digest cannot be had (as --allow-unpinned does) and
-    a given model commit (a full sha is used without asking the Hub). Set after tests/conftest.py's
-    isolated_env, which clears every RTUI_* variable; pinning is tested in tests/kubernetes."""
+def _nothing_but_aws(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The real Hub is not reached from here, and a test may point at a registry that does not answer:
+    the aws tests plan on with tags where a digest cannot be had (as --allow-unpinned does) and a given
+    model commit (a full sha is used without asking the Hub); the default dataset's commit comes from the
+    Hub double (tests/fake_hub.py). Set after tests/conftest.py's isolated_env, which clears every RTUI_*
+    variable; pinning is tested in tests/kubernetes and tests/test_hub_dataset.py."""
     monkeypatch.setenv("RTUI_ALLOW_UNPINNED", "true")
     monkeypatch.setenv("RTUI_MODEL_REVISION", "0" * 40)
+    with FakeHub() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -147,7 +154,10 @@ def world(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[World
     # The caller's public address, never asked of the internet (set here: tests/conftest.py clears RTUI_*).
     monkeypatch.setenv("RTUI_CHECKIP_URL", CHECKIP.url)
     request = urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")
-    urllib.request.urlopen(request, timeout=10).close()
+    # A bound, not a pace: moto rebuilds every backend the previous test made (each region's), in this
+    # process, beside what that test left behind (calls to a hung region, retried once released); a
+    # loaded CI machine once took over 10 s.
+    urllib.request.urlopen(request, timeout=120).close()
     # A generous account by default; tests tighten what they are about.
     SCRIPT.default_quotas.update({G: 192, P: 0, STANDARD: 640})
     yield World(moto_endpoint, SCRIPT)
@@ -188,6 +198,25 @@ def eks_authz(world: World, kube_file: Path) -> KubeCluster:
     return cluster
 
 
+def endpoint_admits_caller(script: Script) -> bool:
+    """Whether the EKS clusters' public endpoint lets the caller in: with ``publicAccessCidrs`` set, only
+    clients whose public address is in one of them reach it; the others get no answer at all (EKS User
+    Guide, "Cluster API server endpoint": access is limited to the CIDR blocks listed; the endpoint
+    does not refuse, it is unreachable). The caller's public address is the one CHECKIP answers."""
+    address = CHECKIP.answer
+    with script.lock:
+        regions = {region for service, region, _ in script.calls if service == "eks"}
+    for region in regions:
+        for cluster in list(eks_backends[iam_strict.ACCOUNT][region].clusters.values()):
+            vpc = cluster.resources_vpc_config or {}
+            if vpc.get("endpointPublicAccess") is False:
+                return False  # private only: nothing from the internet
+            cidrs = vpc.get("publicAccessCidrs") or ["0.0.0.0/0"]
+            if address is None or not any(ipaddress.ip_address(address) in ipaddress.ip_network(c) for c in cidrs):
+                return False
+    return True
+
+
 @pytest.fixture
 def eks_kube(world: World, image_registry: FakeRegistry) -> Iterator[EksKube]:
     """The Kubernetes API every new EKS cluster answers at (emulated, taking only EKS tokens), with
@@ -196,6 +225,7 @@ def eks_kube(world: World, image_registry: FakeRegistry) -> Iterator[EksKube]:
     cluster = KubeCluster()
     cluster.start()
     cluster.require_token(lambda token: token.startswith("k8s-aws-v1."))
+    cluster.reachable_when(lambda: endpoint_admits_caller(world.script))
     world.script.cluster_endpoint = cluster.url
     world.kube = cluster
     world.script.cluster_ca = base64.b64encode(cluster.ca_pem).decode()

@@ -14,6 +14,13 @@ permissions", access-policy-permissions.html; EKS API reference, ``AccessScope``
 - beside the policies, Kubernetes RBAC authorizes the entry's ``kubernetesGroups`` (a ``Group`` subject
   of a RoleBinding or ClusterRoleBinding): either allowing is enough.
 
+A pod's service account token is authorized by Kubernetes RBAC alone (EKS access entries are for IAM
+principals): the API server authenticates it as the user ``system:serviceaccount:<namespace>:<name>``
+in the groups ``system:serviceaccounts``, ``system:serviceaccounts:<namespace>`` and
+``system:authenticated``, and only while that ServiceAccount exists (Kubernetes docs, "Authenticating",
+service account tokens; "Using RBAC Authorization", referring to subjects). The double signs its own
+tokens (``service_account_token``) with a key of its own instead of the cluster's OIDC issuer's.
+
 Simplifications, each kinder only where no test depends on it: the caller is the one access entry of the
 cluster (rtui makes exactly one; the token's signer is not decoded), and AmazonEKSAdminPolicy is modelled
 by API group (every resource of those groups but namespaces) rather than its resource list row by row.
@@ -21,7 +28,13 @@ by API group (every resource of those groups but namespaces) rather than its res
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
+import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from moto.eks.models import eks_backends
@@ -58,11 +71,73 @@ def _rule_allows(rule: dict[str, Any], want: Access) -> bool:
             and has(rule.get("verbs"), want.verb) and (not names or want.name in names))
 
 
-def _rbac_allows(kube: RtuiKube, groups: set[str], want: Access) -> bool:
+@dataclass(frozen=True)
+class Subject:
+    """Who the API server authenticated: a user name and its groups (``user.Info``)."""
+
+    user: str
+    groups: frozenset[str]
+
+
+_SIGNING_KEY = secrets.token_bytes(32)
+SA_PREFIX = "system:serviceaccount:"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def service_account_token(namespace: str, name: str) -> str:
+    """A token of the ServiceAccount ``namespace/name``, as the kubelet mounts one into its pods (a JWT
+    whose ``sub`` names the account), signed by the double."""
+    head = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    claims = _b64(json.dumps({"sub": f"{SA_PREFIX}{namespace}:{name}", "aud": ["https://kubernetes.default.svc"],
+                              "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": name}}}).encode())
+    signature = _b64(hmac.new(_SIGNING_KEY, f"{head}.{claims}".encode(), hashlib.sha256).digest())
+    return f"{head}.{claims}.{signature}"
+
+
+def service_account_of(token: str) -> tuple[str, str] | None:
+    """(namespace, name) of a token ``service_account_token`` signed, else None."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    want = _b64(hmac.new(_SIGNING_KEY, f"{parts[0]}.{parts[1]}".encode(), hashlib.sha256).digest())
+    if not hmac.compare_digest(want, parts[2]):
+        return None
+    claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    namespace, name = str(claims["sub"]).removeprefix(SA_PREFIX).split(":", 1)
+    return namespace, name
+
+
+def _service_account_subject(kube: RtuiKube, token: str) -> Subject | None:
+    """The user a service account token authenticates as, while its ServiceAccount exists."""
+    account = service_account_of(token)
+    if account is None or kube.find(("", "v1", "serviceaccounts"), *account) is None:
+        return None
+    namespace, name = account
+    return Subject(f"{SA_PREFIX}{namespace}:{name}", frozenset(
+        {"system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"}))
+
+
+def _names(subject: Subject, entry: dict[str, Any]) -> bool:
+    """Whether a binding's subject entry names this user: by group, by user name, or (a
+    ServiceAccount entry) by the account's namespace and name."""
+    kind, name = entry.get("kind"), entry.get("name")
+    if kind == "Group":
+        return name in subject.groups
+    if kind == "User":
+        return name == subject.user
+    if kind == "ServiceAccount":
+        return subject.user == f"{SA_PREFIX}{entry.get('namespace')}:{name}"
+    return False
+
+
+def _rbac_allows(kube: RtuiKube, subject: Subject, want: Access) -> bool:
     """Kubernetes RBAC (its rbac authorizer): a ClusterRoleBinding grants its ClusterRole everywhere, a
     RoleBinding grants its Role or ClusterRole in its own namespace only."""
     def bound(binding: dict[str, Any]) -> bool:
-        return any(s.get("kind") == "Group" and s.get("name") in groups for s in binding.get("subjects") or [])
+        return any(_names(subject, s) for s in binding.get("subjects") or [])
 
     def rules(ref: dict[str, Any], namespace: str | None) -> list[dict[str, Any]]:
         kind = ref.get("kind")
@@ -84,6 +159,11 @@ def _rbac_allows(kube: RtuiKube, groups: set[str], want: Access) -> bool:
 def eks_authorizer(kube: RtuiKube) -> Callable[[Access], str | None]:
     """The emulator's authorizer for the clusters of the double (every account and region of it)."""
     def authorize(want: Access) -> str | None:
+        if service_account_of(want.token) is not None:  # a pod's own identity: RBAC only
+            subject = _service_account_subject(kube, want.token)
+            if subject is not None and _rbac_allows(kube, subject, want):
+                return None
+            return subject.user if subject else "system:anonymous"
         entries = [entry for backends in eks_backends.values() for backend in backends.values()
                    for cluster in backend.clusters.values() for entry in _access(cluster).values()]
         if not entries:
@@ -92,7 +172,8 @@ def eks_authorizer(kube: RtuiKube) -> Callable[[Access], str | None]:
         for policy in entry["rtui_policies"].values():
             if _policy_allows(policy["policyArn"].rsplit("/", 1)[-1], policy["accessScope"], want):
                 return None
-        if _rbac_allows(kube, set(entry.get("kubernetesGroups") or []), want):
+        caller = Subject(str(entry["principalArn"]), frozenset(entry.get("kubernetesGroups") or []))
+        if _rbac_allows(kube, caller, want):
             return None
         return str(entry["principalArn"])
 

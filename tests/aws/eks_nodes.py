@@ -33,7 +33,9 @@ def register(cluster: KubeCluster, eks_cluster: str, nodegroup: str, info: dict[
               for t in info.get("taints") or []]
     for i in range(int(info.get("desired_size") or 0)):
         name = f"ip-10-0-{zlib.crc32(f'{eks_cluster}/{nodegroup}'.encode()) % 250}-{i}.ec2.internal"
-        labels = {"kubernetes.io/hostname": name, NODEGROUP_LABEL: nodegroup,
+        # kubernetes.io/os and /arch: set by every kubelet on its node (x86_64 AMIs here).
+        labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                  NODEGROUP_LABEL: nodegroup,
                   "node.kubernetes.io/instance-type": info["instance_type"], **dict(info.get("labels") or {})}
         if info.get("zone"):
             labels["topology.kubernetes.io/zone"] = info["zone"]

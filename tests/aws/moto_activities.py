@@ -11,8 +11,17 @@ the past six weeks.
 
 Here a nodegroup's group records a launch per instance when the nodegroup turns ACTIVE (from its
 creation to then), a launch or a termination per instance ``SetDesiredCapacity`` adds or takes
-away, and a termination per instance left when the nodegroup is deleted. Failed launches (no
-capacity) are recorded by ``moto_provision._fail_capacity``.
+away, and a termination per instance left when the nodegroup is deleted.
+
+A launch that finds no capacity is recorded as AWS records it, **while the nodegroup is still
+CREATING**: the group tries to launch as soon as EKS makes it, and each failed try is a ``Failed``
+activity ("Launching a new EC2 instance.  Status Reason: ... InsufficientInstanceCapacity ...";
+Amazon EC2 Auto Scaling User Guide, "Troubleshoot Amazon EC2 Auto Scaling: EC2 instance launch
+failures", and "Verify a scaling activity"). EKS reports the nodegroup's health issue
+``AsgInstanceLaunchFailures`` ("Your Auto Scaling group is experiencing failures while attempting to
+launch instances": EKS API reference, Issue; EKS User Guide, "Troubleshoot problems with Amazon EKS
+managed node groups") and keeps it CREATING while the group retries; CREATE_FAILED comes last
+(``Timings.capacity_verdict`` after ``nodegroup_create``). ``failed_launch`` writes that activity.
 """
 
 from __future__ import annotations
@@ -62,6 +71,18 @@ def terminated(account: str, region: str, asg: str, instance_ids: list[str], *, 
             "Cause": f"At {now.isoformat()}Z an instance was taken out of service in response to {cause}, "
                      f"shrinking the capacity from {before - n} to {before - n - 1}.",
             "StartTime": now, "EndTime": now, "StatusCode": "Successful", "Progress": 100, "Details": "{}"})
+
+
+def failed_launch(account: str, region: str, asg: str, message: str) -> None:
+    """One Failed launch activity, now: the group tried and EC2 said ``message``."""
+    now = utcnow()
+    _log(account, region, asg).insert(0, {
+        "ActivityId": str(uuid.uuid4()), "AutoScalingGroupName": asg,
+        "Description": f"Launching a new EC2 instance.  Status Reason: {message}",
+        "Cause": f"At {now.isoformat()}Z an instance was started in response to a difference between desired "
+                 "and actual capacity, increasing the capacity from 0 to 1.",
+        "StartTime": now, "EndTime": now, "StatusCode": "Failed", "StatusMessage": message, "Progress": 100,
+        "Details": "{}"})
 
 
 def activities(account: str, region: str, asg: str) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ from moto.servicequotas.models import ServiceQuotasBackend
 from moto.servicequotas.responses import ServiceQuotasResponse
 from werkzeug.serving import make_server
 
-from tests.aws import moto_pricing
+from tests.aws import iam_strict, moto_pricing
 
 QUOTA_NAMES = {
     "L-DB2E81BA": "Running On-Demand G and VT instances",
@@ -53,6 +53,9 @@ class Timings:
     cluster_delete: float = 0.0
     nodegroup_create: float = 0.0
     nodegroup_delete: float = 0.0
+    # A nodegroup whose Auto Scaling group finds no capacity: its failed launch activity is written at
+    # once, EKS turns it CREATE_FAILED only this much after ``nodegroup_create`` (moto_activities).
+    capacity_verdict: float = 0.0
     addon_create: float = 0.0
     addon_delete: float = 0.0
     nat_create: float = 0.0
@@ -357,7 +360,12 @@ class FaultInjector:
         if not service:
             return self.app(environ, start_response)  # moto's own API (reset) and the like
         length = int(environ.get("CONTENT_LENGTH") or 0)
-        body = environ["wsgi.input"].read(length) if length else b""
+        if length:
+            body = environ["wsgi.input"].read(length)
+        elif environ.get("wsgi.input_terminated"):  # chunked (pyarrow's uploads): read to the end
+            body = environ["wsgi.input"].read()
+        else:
+            body = b""
         environ["wsgi.input"] = io.BytesIO(body)
         action = _action(environ, body)
         script = self.script
@@ -384,7 +392,7 @@ class FaultInjector:
                 script.faulted += 1
                 unavailable = script.rng.random() < 0.5
         if script.latency_s:
-            time.sleep(script.latency_s)
+            time.sleep(script.latency_s)  # models time: the network and AWS's answer latency
         if region in script.hang_regions:
             script.release.wait(timeout=60)
         code = script.errors.get((service, action)) or script.errors.get((service, "*"))
@@ -399,6 +407,10 @@ class FaultInjector:
             if unavailable:
                 return _error(start_response, service, "ServiceUnavailable", "Service unavailable", 503)
             return _error(start_response, service, "InternalError", "Internal error", 500)
+        if service == "s3":
+            allowed, why = iam_strict.authorise(environ, body)  # a pod's credentials: judged as IAM does
+            if not allowed:
+                return iam_strict.access_denied(start_response, why)
         if service == "pricing":
             return _pricing(start_response, body, region)
         if service == "ec2":

@@ -4,8 +4,9 @@
   ``resourcesVpcConfig`` defaults AWS reports, endpoint/CA overrides from ``SCRIPT``.
 - Lifecycles in real seconds (``SCRIPT.timings``): clusters, nodegroups and add-ons go
   CREATING -> ACTIVE and DELETING -> gone, evaluated lazily whenever EKS, EC2 or autoscaling is
-  called (no threads). Nodegroups whose instance type is in ``SCRIPT.ice_zones`` for their AZ end
-  CREATE_FAILED with EKS's health issue and a failed scaling activity, unless their instances land
+  called (no threads). Nodegroups whose instance type is in ``SCRIPT.ice_zones`` for their AZ get a
+  failed scaling activity at once (while CREATING) and end CREATE_FAILED with EKS's health issue
+  ``timings.capacity_verdict`` later (moto_activities), unless their instances land
   in capacity reservations as EC2 would place them (``moto_reservations``: open ODCRs, targeted
   ODCRs and Capacity Blocks named by the launch template).
 - When a nodegroup turns ACTIVE it leaves ENIs (CNI, and EFA when its launch template asks),
@@ -27,7 +28,6 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import unquote
 
-from moto.autoscaling.models import autoscaling_backends
 from moto.autoscaling.responses import AutoScalingResponse
 from moto.core.responses import ActionResult
 from moto.core.utils import utcnow
@@ -45,6 +45,8 @@ from moto.iam.models import AWSManagedPolicy, IAMBackend, iam_backends
 from tests.aws import (
     moto_activities,
     moto_asg,
+    moto_enis,
+    moto_leftovers,
     moto_provision_ec2,
     moto_reservations,
     moto_s3,
@@ -112,15 +114,14 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
     t = SCRIPT.timings
     age = now - _since(ng)
     hooks: list[Callable[[], None]] = []
-    if ng.status == "CREATING" and age >= t.nodegroup_create:
-        info = nodegroup_info(backend, ng)
-        zones = SCRIPT.ice_zones.get(info["instance_type"], set())
-        invalid = _invalid_interfaces(info)
-        reserved, refused = (0, None) if invalid else moto_reservations.draw(backend.region_name, ng, info)
+    if ng.status == "CREATING":
+        # Its Auto Scaling group tries to launch at once; EKS says how that went only later.
+        info, invalid, refused, short = vars(ng).get("rtui_launch") or _launch(backend, ng)
+        if age < t.nodegroup_create + (t.capacity_verdict if short else 0.0):
+            return hooks
         if invalid or refused:
             _fail_launch(ng, info, str(invalid or refused))
-        elif (reserved < info["desired_size"] and info["zones"]
-              and all(zone in zones for zone in info["zones"])):
+        elif short:
             _fail_capacity(backend, ng, info)
         else:
             ng.status = "ACTIVE"
@@ -144,6 +145,21 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
             gone = SCRIPT.on_nodegroup_deleted
             hooks.append(lambda: gone(cluster.name, ng.nodegroup_name, last))
     return hooks
+
+
+def _launch(backend: EKSBackend, ng: Nodegroup) -> tuple[dict[str, Any], str | None, str | None, bool]:
+    """The group's first launch: its info, why EC2 refuses it, and whether capacity ran short (then the
+    failed activity is written now, while the nodegroup is CREATING: moto_activities)."""
+    info = nodegroup_info(backend, ng)
+    zones = SCRIPT.ice_zones.get(info["instance_type"], set())
+    invalid = _invalid_interfaces(info)
+    reserved, refused = (0, None) if invalid else moto_reservations.draw(backend.region_name, ng, info)
+    short = (not invalid and not refused and reserved < info["desired_size"] and bool(info["zones"])
+             and all(zone in zones for zone in info["zones"]))
+    if short:
+        moto_activities.failed_launch(backend.account_id, backend.region_name, info["asg"], _ice_message(info))
+    vars(ng)["rtui_launch"] = (info, invalid, refused, short)
+    return info, invalid, refused, short
 
 
 def _launch_template(backend: EKSBackend, ng: Nodegroup) -> dict[str, Any]:
@@ -211,34 +227,19 @@ def _fail_launch(ng: Nodegroup, info: dict[str, Any], why: str) -> None:
                              "resourceIds": [info["asg"]]}]}
 
 
+def _ice_message(info: dict[str, Any]) -> str:
+    return ("Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have "
+            f"sufficient {info['instance_type']} capacity in the Availability Zone you requested ({info['zone']}). "
+            "Our system will be working on provisioning additional capacity. You can currently get capacity by "
+            "not specifying an Availability Zone in your request or choosing a different Availability Zone. "
+            "Launching EC2 instance failed.")
+
+
 def _fail_capacity(backend: EKSBackend, ng: Nodegroup, info: dict[str, Any]) -> None:
-    zone, itype, asg = info["zone"], info["instance_type"], info["asg"]
-    message = (
-        "Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have "
-        f"sufficient {itype} capacity in the Availability Zone you requested ({zone}). Our system will "
-        "be working on provisioning additional capacity. You can currently get capacity by not "
-        "specifying an Availability Zone in your request or choosing a different Availability Zone. "
-        "Launching EC2 instance failed."
-    )
+    """EKS's verdict on a group that found no capacity (its failed activity was written at launch)."""
     ng.status = "CREATE_FAILED"
-    ng.health = {"issues": [{"code": "AsgInstanceLaunchFailures", "message": message, "resourceIds": [asg]}]}
-    scaling = autoscaling_backends[backend.account_id][backend.region_name]
-    activities: dict[str, list[dict[str, Any]]] = scaling.__dict__.setdefault("rtui_activities", {})
-    activities.setdefault(asg, []).insert(
-        0,
-        {
-            "ActivityId": str(uuid.uuid4()),
-            "AutoScalingGroupName": asg,
-            "Description": f"Launching a new EC2 instance.  Status Reason: {message}",
-            "Cause": f"At {utcnow().isoformat()} an instance was started in response to a difference "
-            "between desired and actual capacity.",
-            "StartTime": utcnow(),
-            "EndTime": utcnow(),
-            "StatusCode": "Failed",
-            "StatusMessage": message,
-            "Progress": 100,
-        },
-    )
+    ng.health = {"issues": [{"code": "AsgInstanceLaunchFailures", "message": _ice_message(info),
+                             "resourceIds": [info["asg"]]}]}
 
 
 def _attach(eni: Any, instance_id: str, account: str, device_index: int) -> None:
@@ -554,6 +555,8 @@ def install_provisioning() -> Callable[[], None]:
     moto_strict.install(patch)  # issue 20's rules, on top of the wrappers above
     moto_security.install(patch)  # issue 23's rules
     moto_s3.install(patch)  # issue 25's: S3 bucket names
+    moto_leftovers.install(patch)  # issue 34's: the control-plane log group, VPC endpoints
+    moto_enis.install(patch)  # issue 34's: other services' (requester-managed) interfaces
 
     def uninstall() -> None:
         undo_ec2()

@@ -26,6 +26,9 @@ configuration is 404 ``NoSuchLifecycleConfiguration``, ``GetBucketTagging`` with
 ``CreateBucket`` with ``LocationConstraint: us-east-1`` is ``InvalidLocationConstraint`` and one in
 another region without it ``IllegalLocationConstraintException``.
 
+Bucket policies' explicit Deny (moto evaluated it only for objects, and wrongly) is evaluated with the
+request's transport in ``tests/aws/moto_s3_policy.py`` (issue 33), installed from here.
+
 Known and not copied (moto is stricter, not kinder, and rtui sets both itself): since 2023 S3 gives
 every new bucket SSE-S3 encryption and all four Block Public Access settings by default (S3 User
 Guide, "Setting default server-side encryption behavior", and the April 2023 Block Public Access
@@ -41,6 +44,8 @@ from typing import Any
 
 from moto.s3.exceptions import BucketNotEmpty, InvalidBucketName
 from moto.s3.models import S3Backend
+
+from tests.aws import moto_s3_policy
 
 Patch = Callable[[Any, str, Any], None]
 
@@ -81,5 +86,6 @@ def _strict_delete_bucket(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install(patch: Patch) -> None:
+    moto_s3_policy.install(patch)  # bucket policies' explicit Deny, with the request's transport
     patch(S3Backend, "create_bucket", _strict_create_bucket(S3Backend.create_bucket))
     patch(S3Backend, "delete_bucket", _strict_delete_bucket(S3Backend.delete_bucket))

@@ -124,6 +124,12 @@ def tagged(run_id: str) -> Counter[str]:
     counts["placement-group"] = len([g for g in client.describe_placement_groups(Filters=run)["PlacementGroups"]
                                      if g.get("State") not in ("deleted", "deleting")])
     counts["network-interface"] = len(client.describe_network_interfaces(Filters=run)["NetworkInterfaces"])
+    counts["vpc-endpoint"] = len([e for e in client.describe_vpc_endpoints(Filters=run)["VpcEndpoints"]
+                                  if e["State"].lower() not in ("deleted", "deleting")])
+    logs = boto3.client("logs", region_name=REGION)
+    for group in logs.describe_log_groups(logGroupNamePrefix="/aws/eks/")["logGroups"]:
+        group_tags = logs.list_tags_for_resource(resourceArn=group["logGroupArn"])["tags"]
+        counts["log-group"] += group_tags.get(RUN_TAG) == run_id
     roles = iam().list_roles(PathPrefix="/rtui/")["Roles"]
     counts["iam-role"] = sum(1 for r in roles if {"Key": RUN_TAG, "Value": run_id}
                              in iam().list_role_tags(RoleName=r["RoleName"])["Tags"])
@@ -148,6 +154,8 @@ def given_vpc(azs: tuple[str, ...]) -> tuple[str, list[str]]:
     """A VPC someone else made: a public subnet with a NAT gateway, private subnets in ``azs`` routed to it."""
     client = ec2()
     vpc = client.create_vpc(CidrBlock="10.7.0.0/16")["Vpc"]["VpcId"]
+    # CreateVpc leaves DNS hostnames off; a VPC made for EKS has them on (EKS needs them: test_given_vpc).
+    client.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
     public = client.create_subnet(VpcId=vpc, CidrBlock="10.7.100.0/24", AvailabilityZone="us-east-1a")["Subnet"]
     eip = client.allocate_address(Domain="vpc")["AllocationId"]
     nat = client.create_nat_gateway(SubnetId=public["SubnetId"], AllocationId=eip)["NatGateway"]["NatGatewayId"]

@@ -52,6 +52,7 @@ def narrowed_world(eks_kube: EksKube, eks_authz: KubeCluster, ray_head: FakeRayH
     assert not eks_kube.control.errors, eks_kube.control.errors[:3]
 
 
+@pytest.mark.slow
 async def test_namespace_scope_narrows_after_the_installs_and_down_restores_first(
         world: World, eks_authz: KubeCluster, narrowed_world: Path) -> None:
     session = session_for(access_scope="namespace", kuberay_crds=str(narrowed_world))
@@ -111,6 +112,7 @@ async def test_namespace_scope_narrows_after_the_installs_and_down_restores_firs
                                                                    "aws.cluster-autoscaler"))
 
 
+@pytest.mark.slow
 async def test_a_down_that_crashed_between_restoring_and_cleaning_up_is_finished_by_the_next(
         world: World, eks_authz: KubeCluster, narrowed_world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     session = session_for(access_scope="namespace", kuberay_crds=str(narrowed_world))
@@ -143,6 +145,7 @@ async def test_the_default_scope_plans_no_narrowing(world: World, kube_file: Pat
     assert not [n for n in plan.notes if n.startswith("access scope:")]
 
 
+@pytest.mark.slow
 async def test_the_namespaced_rest_of_the_cluster_is_made_by_the_narrowed_caller(
         world: World, eks_authz: KubeCluster, narrowed_world: Path, ray_head: FakeRayHead) -> None:
     session = session_for(access_scope="namespace", kuberay_crds=str(narrowed_world))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.errors import ApiUnreachable
 from tests.aws.checkip import CHECKIP
 from tests.aws.conftest import World
 from tests.aws.provision_world import down, eks, session_for, up
@@ -35,6 +36,7 @@ def test_a_bad_cidr_is_one_line_and_exit_2(world: World, cidrs: str, needle: str
     assert needle in _one_line(proc.stderr)
 
 
+@pytest.mark.slow
 def test_the_default_is_the_callers_public_address_and_world_open_is_flagged(world: World) -> None:
     proc = run_rtui("plan", *AWS, "--json")
     assert proc.returncode == 0, proc.stderr
@@ -54,14 +56,18 @@ def test_no_public_address_to_be_learned_is_one_line(world: World) -> None:
     assert "could not learn your public address" in line and "--api-cidrs" in line
 
 
+@pytest.mark.slow
 async def test_up_limits_the_endpoint_to_the_callers_address(world: World, kube_file: Path) -> None:
-    session = session_for()
+    session = session_for(kube_timeout_s="5")
     made = await up(session, until="aws.eks-cluster")
     assert made.ok, made.failures()
     vpc = eks().describe_cluster(name="rtui-ray")["cluster"]["resourcesVpcConfig"]
     assert vpc["publicAccessCidrs"] == ["52.94.76.10/32"]
     CHECKIP.answer = "52.94.76.99"  # the caller moved: the run keeps the address it learned
-    again = await session.plan()
-    assert [c.address for c in again.changes if c.layer == "aws" and c.action.value != "noop"
-            and c.address == "aws.eks-cluster"] == []
-    assert (await down(session)).ok
+    # ... so the endpoint no longer answers (EKS drops what its CIDRs exclude): the plan says why, in one
+    # line, with the way back in, instead of a bare timeout naming the context.
+    with pytest.raises(ApiUnreachable) as silent:
+        await session.plan()
+    assert "admits only 52.94.76.10/32 and your address is now 52.94.76.99" in silent.value.message
+    assert "--api-cidrs 52.94.76.99/32" in str(silent.value.remedy)
+    assert (await down(session)).ok  # and `down` still takes everything (tests/aws/test_moved_caller.py)

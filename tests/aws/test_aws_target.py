@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from backend.config import resolve_config
 from backend.model import CheckStatus
 from backend.session import RunSession
@@ -12,6 +14,7 @@ from tests.aws.conftest import World, image_env
 from tests.conftest import run_rtui
 
 
+@pytest.mark.slow
 async def test_aws_target_preflight_returns_the_matrix_as_checks(world: World) -> None:
     session = RunSession.for_config(resolve_config({"target": "aws", "region": "us-east-1"}, environ=image_env()))
     results = await session.preflight()
@@ -22,6 +25,7 @@ async def test_aws_target_preflight_returns_the_matrix_as_checks(world: World) -
     assert world.actions() and all(a.startswith(("Describe", "Get", "List")) for a in world.actions() if a)
 
 
+@pytest.mark.slow
 def test_rtui_check_binary_feasible_and_infeasible(world: World) -> None:
     env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     ok = run_rtui("check", "--target", "aws", "--region", "us-east-1", "--json", env=env)
@@ -35,6 +39,7 @@ def test_rtui_check_binary_feasible_and_infeasible(world: World) -> None:
     assert json.loads(short.stdout)["recommendation"] is None
 
 
+@pytest.mark.slow
 def test_quota_increase_only_on_explicit_request(world: World) -> None:
     env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     args = ["check", "--target", "aws", "--region", "us-east-1"]

@@ -18,6 +18,7 @@ from tests.aws.provision_world import REGION, down, eks, session_for, tagged, up
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 
+@pytest.mark.slow
 async def test_the_meter_bills_the_gpu_nodes_that_exist_and_says_what_full_size_costs(world: World,
                                                                                      kube_file: Path) -> None:
     session = session_for()
@@ -47,6 +48,7 @@ async def test_the_meter_bills_the_gpu_nodes_that_exist_and_says_what_full_size_
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_with_idle_minutes_0_the_plan_promises_no_idle_cost(world: World) -> None:
     plan = await session_for(idle_minutes="0").plan()
     assert not [n for n in plan.notes if n.startswith("idle after")]
@@ -63,6 +65,7 @@ def _autoscaling() -> Any:
     return boto3.client("autoscaling", region_name=REGION)
 
 
+@pytest.mark.slow
 async def test_the_gpu_groups_activities_record_each_launch_and_termination_as_aws_does(
         world: World, kube_file: Path) -> None:
     session = session_for()
@@ -86,6 +89,7 @@ async def test_the_gpu_groups_activities_record_each_launch_and_termination_as_a
     assert (await down(session)).ok
 
 
+@pytest.mark.slow
 async def test_so_far_counts_the_gpu_nodes_only_while_they_ran(world: World, kube_file: Path) -> None:
     session = session_for()
     assert (await up(session)).ok
@@ -124,6 +128,7 @@ async def test_so_far_counts_the_gpu_nodes_only_while_they_ran(world: World, kub
     assert (await down(session)).ok
 
 
+@pytest.mark.slow
 async def test_without_the_groups_history_so_far_is_an_upper_bound(world: World, kube_file: Path) -> None:
     session = session_for()
     assert (await up(session)).ok

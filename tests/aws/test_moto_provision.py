@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +12,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tests.aws.conftest import World
+from tests.eventually import eventually
 
 REGION = "us-east-1"
 TAGS = [{"Key": "rtui:run", "Value": "r1"}, {"Key": "rtui:cluster", "Value": "c1"}]
@@ -95,12 +96,17 @@ def answer(call: Callable[[], object]) -> object:
 
 
 def wait_for(fn: Any, want: Any, timeout: float = 3.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got == want or time.monotonic() > deadline:
-            return got
-        time.sleep(0.05)
+    """What ``fn()`` gives once it gives ``want`` (polled by ``eventually``), or its last answer after
+    ``timeout`` s, for the caller's assert to show."""
+    got: list[Any] = []
+
+    def reached() -> bool:
+        got[:] = [fn()]
+        return bool(got[0] == want)
+
+    with contextlib.suppress(AssertionError):
+        eventually(f"{want!r}", reached, timeout)
+    return got[0]
 
 
 def test_placement_groups(world: World) -> None:
@@ -146,6 +152,7 @@ def test_cluster_keeps_access_config_and_vpc_config(world: World) -> None:
     assert got["tags"] == {"rtui:run": "r1"} and got["status"] == "ACTIVE"
 
 
+@pytest.mark.slow
 def test_cluster_endpoint_and_ca_override(world: World) -> None:
     ec2, eks = client("ec2"), client("eks")
     net = network(ec2)

@@ -38,6 +38,7 @@ def test_the_double_refuses_configuration_values_eks_refuses(world: World, value
     assert json.loads(addon["configurationValues"]) == {"enableNetworkPolicy": "true"}
 
 
+@pytest.mark.slow
 async def test_the_vpc_cni_enforces_the_network_policy_on_aws(world: World, kube_file: Path) -> None:
     session = session_for()
     plan = await session.plan()

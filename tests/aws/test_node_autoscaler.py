@@ -121,6 +121,7 @@ def autoscaling() -> Any:
     return boto3.client("autoscaling", region_name=REGION)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fast_backoff")
 async def test_up_lets_the_gpu_group_shrink_to_zero_and_tags_its_asg_for_a_scale_up(world: World,
                                                                                   kube_file: Path) -> None:
@@ -156,6 +157,7 @@ async def test_up_lets_the_gpu_group_shrink_to_zero_and_tags_its_asg_for_a_scale
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fast_backoff")
 async def test_idle_minutes_0_keeps_the_fixed_size_and_no_template_tags(world: World, kube_file: Path) -> None:
     session = session_for(idle_minutes="0")
@@ -169,6 +171,7 @@ async def test_idle_minutes_0_keeps_the_fixed_size_and_no_template_tags(world: W
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fast_backoff")
 async def test_a_size_cluster_autoscaler_chose_is_not_drift(world: World, kube_file: Path) -> None:
     session = session_for()
@@ -199,6 +202,7 @@ def _kube(world: World, tmp_path: Path) -> Any:
     return k8s.ApiClient(config)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fast_backoff")
 async def test_up_installs_cluster_autoscaler_for_this_clusters_groups_and_down_removes_it(
         world: World, kube_file: Path, tmp_path: Path) -> None:
@@ -238,6 +242,7 @@ def _failed_step(outcome: Any, address: str) -> str:
     return str(line)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fast_backoff")
 async def test_up_is_done_only_once_cluster_autoscaler_runs_on_the_system_node(
         world: World, eks_kube: EksKube, kube_file: Path) -> None:
@@ -253,6 +258,7 @@ async def test_up_is_done_only_once_cluster_autoscaler_runs_on_the_system_node(
     assert (await down(session)).ok
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fast_backoff")
 async def test_up_fails_in_one_line_naming_why_cluster_autoscalers_pod_cannot_be_scheduled(
         world: World, eks_kube: EksKube, kube_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -279,6 +285,7 @@ async def test_up_fails_in_one_line_naming_why_cluster_autoscalers_pod_cannot_be
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fast_backoff")
 async def test_up_fails_at_once_when_cluster_autoscalers_image_cannot_be_pulled(
         world: World, eks_kube: EksKube, kube_file: Path) -> None:
@@ -291,3 +298,192 @@ async def test_up_fails_at_once_when_cluster_autoscalers_image_cannot_be_pulled(
     line = _failed_step(outcome, "aws.cluster-autoscaler")
     assert f"cannot pull image {image}" in line and "not found" in line, line
     assert (await down(session)).ok
+
+
+# --- RBAC as the upstream chart grants it, and a version for every offered Kubernetes (issue 34, item 3) ---
+
+_R = ("watch", "list", "get")
+# The upstream chart's ClusterRole for ``cloudProvider: aws``, ``rbac.clusterScoped: true``, no PSP
+# (kubernetes/autoscaler, cluster-autoscaler/charts/cluster-autoscaler/templates/clusterrole.yaml,
+# chart 9.59.0 / appVersion 1.35.0, commit 55c37cd5eb55): (apiGroups, resources, verbs, resourceNames).
+# Its ``volumeattachments`` row is the one kubernetes/autoscaler#8678 is about: CA 1.34 lists them to
+# count a node's attached CSI volumes, and without the grant it stops adding nodes.
+CHART_CLUSTER_ROLE: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = [
+    (("",), ("events", "endpoints"), ("create", "patch"), ()),
+    (("",), ("pods/eviction",), ("create",), ()),
+    (("",), ("pods/status",), ("update",), ()),
+    (("",), ("endpoints",), ("get", "update"), ("cluster-autoscaler",)),
+    (("",), ("nodes",), ("watch", "list", "get", "update"), ()),
+    (("",), ("podtemplates",), ("get", "list", "watch", "create", "update", "patch"), ()),
+    (("resource.k8s.io",), ("resourceslices", "deviceclasses", "resourceclaims"), _R, ()),
+    (("",), ("namespaces", "pods", "services", "replicationcontrollers", "persistentvolumeclaims",
+             "persistentvolumes"), _R, ()),
+    (("batch",), ("jobs", "cronjobs"), _R, ()),
+    (("batch", "extensions"), ("jobs",), ("get", "list", "patch", "watch"), ()),
+    (("extensions",), ("replicasets", "daemonsets"), _R, ()),
+    (("policy",), ("poddisruptionbudgets",), ("watch", "list"), ()),
+    (("apps",), ("daemonsets", "deployments", "replicasets", "statefulsets"), _R, ()),
+    (("storage.k8s.io",), ("storageclasses", "csinodes", "csidrivers", "csistoragecapacities",
+                           "volumeattachments"), _R, ()),
+    (("",), ("configmaps",), ("list", "watch", "get"), ()),
+    (("coordination.k8s.io",), ("leases",), ("create",), ()),
+    (("coordination.k8s.io",), ("leases",), ("get", "update"), ("cluster-autoscaler",)),
+    (("autoscaling.x-k8s.io",), ("provisioningrequests", "provisioningrequests/status"),
+     ("get", "list", "watch", "update", "patch"), ()),
+    (("autoscaling.x-k8s.io",), ("capacitybuffers", "capacityquotas"), ("get", "list", "watch"), ()),
+    (("autoscaling.x-k8s.io",), ("capacityquotas/status", "capacitybuffers/status"), ("update", "patch"), ()),
+]
+# The chart's Role (templates/role.yaml, same commit), with the priority expander off and leader
+# election on a Lease (the defaults): only its own status ConfigMap in its namespace.
+CHART_ROLE: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = [
+    (("",), ("configmaps",), ("create",), ()),
+    (("",), ("configmaps",), ("delete", "get", "update"), ("cluster-autoscaler-status",)),
+]
+# The Kubernetes versions EKS creates clusters at as of this writing (EKS User Guide, "Understand the
+# Kubernetes version lifecycle on EKS": 1.35 released 2026-01-28; 1.31's extended support ends
+# 2026-11-26), and the latest cluster-autoscaler patch of each minor (kubernetes/autoscaler tags
+# cluster-autoscaler-1.32.7, -1.33.6, -1.34.5, -1.35.2; CA's minor follows Kubernetes').
+OFFERED = {"1.32": "v1.32.7", "1.33": "v1.33.6", "1.34": "v1.34.5", "1.35": "v1.35.2"}
+
+
+def _grants(rules: Any) -> set[tuple[str, str, str, str]]:
+    """Each (apiGroup, resource, verb, resourceName or '') a rule list allows: rules compare as what they grant."""
+    out = set()
+    for rule in rules:
+        groups, resources, verbs, names = (rule if isinstance(rule, tuple) else (
+            rule["apiGroups"], rule["resources"], rule["verbs"], rule.get("resourceNames") or ()))
+        out |= {(g, r, v, n) for g in groups for r in resources for v in verbs for n in (names or ("",))}
+    return out
+
+
+def test_the_cluster_role_and_role_grant_what_the_upstream_chart_grants() -> None:
+    objects = {o["kind"]: o for o in na.cluster_autoscaler_manifests(aws(), "rtui-ray", {"rtui.dev/run": RUN})}
+    cluster_role, role = _grants(objects["ClusterRole"]["rules"]), _grants(objects["Role"]["rules"])
+    assert ("storage.k8s.io", "volumeattachments", "list", "") in cluster_role
+    assert cluster_role == _grants(CHART_CLUSTER_ROLE), (cluster_role ^ _grants(CHART_CLUSTER_ROLE))
+    assert role == _grants(CHART_ROLE), (role ^ _grants(CHART_ROLE))
+
+
+def test_every_offered_kubernetes_version_has_its_own_cluster_autoscaler() -> None:
+    assert tuple(OFFERED) == na.OFFERED_KUBERNETES_VERSIONS
+    for minor, tag in OFFERED.items():
+        assert na.cluster_autoscaler_image(minor) == f"registry.k8s.io/autoscaling/cluster-autoscaler:{tag}"
+        assert na.cluster_autoscaler_image(f"{minor}.0") == na.cluster_autoscaler_image(minor)
+
+
+@pytest.mark.slow
+async def test_the_plan_of_every_offered_version_installs_cluster_autoscaler_of_its_minor(world: World) -> None:
+    for minor in OFFERED:
+        plan = await session_for(kubernetes_version=minor).plan()
+        step = plan.change("aws.cluster-autoscaler")
+        assert step is not None and step.after is not None, minor
+        image = str(step.after["image"])
+        assert image.rsplit(":", 1)[1].startswith(f"v{minor}."), (minor, image)
+        gpu = plan.change("aws.nodegroup.gpu")
+        assert gpu is not None and gpu.after is not None and gpu.after["min_size"] == 0, minor
+        assert [n for n in plan.notes if n.startswith("idle after")], minor
+
+
+async def test_a_version_rtui_offers_no_cluster_autoscaler_for_is_refused_in_one_line(world: World) -> None:
+    from backend.errors import UserError
+
+    # EKS still creates 1.31 clusters in extended support until 2026-11-26, but without a pinned
+    # cluster-autoscaler the GPU nodes would never leave: the plan must not promise the idle price.
+    with pytest.raises(UserError) as caught:
+        await session_for(kubernetes_version="1.31").plan()
+    assert "1.31" in caught.value.message and "\n" not in caught.value.message
+    assert caught.value.remedy is not None and "--kubernetes-version 1.35" in caught.value.remedy
+
+
+# --- its own service account under RBAC: the calls cluster-autoscaler makes, allowed by what rtui applied ---
+
+# Built-in resources kube-apiserver 1.34 serves that the emulator does not list by default (the
+# scheduler framework's informers CA starts: kubernetes/autoscaler, cluster-autoscaler/utils/kubernetes/
+# listers.go and the vendored scheduler's volume plugins; VolumeAttachment for CSI volume limits).
+_SERVED_FOR_CA = {
+    ("", "v1", "replicationcontrollers"): ("ReplicationController", True, True),
+    ("", "v1", "persistentvolumes"): ("PersistentVolume", False, True),
+    ("apps", "v1", "replicasets"): ("ReplicaSet", True, True),
+    ("apps", "v1", "statefulsets"): ("StatefulSet", True, True),
+    ("batch", "v1", "jobs"): ("Job", True, True),
+    ("policy", "v1", "poddisruptionbudgets"): ("PodDisruptionBudget", True, True),
+    ("storage.k8s.io", "v1", "csinodes"): ("CSINode", False, False),
+    ("storage.k8s.io", "v1", "csidrivers"): ("CSIDriver", False, False),
+    ("storage.k8s.io", "v1", "csistoragecapacities"): ("CSIStorageCapacity", True, False),
+    ("storage.k8s.io", "v1", "volumeattachments"): ("VolumeAttachment", False, True),
+}
+# What cluster-autoscaler lists and watches to simulate scheduling on a template node before it adds
+# one (its informers), as (group, version, plural).
+_CA_READS = [("", "v1", p) for p in ("nodes", "pods", "services", "namespaces", "replicationcontrollers",
+                                     "persistentvolumeclaims", "persistentvolumes")] + [
+    ("apps", "v1", p) for p in ("daemonsets", "replicasets", "statefulsets")] + [
+    ("batch", "v1", "jobs"), ("policy", "v1", "poddisruptionbudgets")] + [
+    ("storage.k8s.io", "v1", p) for p in ("storageclasses", "csinodes", "csidrivers", "csistoragecapacities",
+                                          "volumeattachments")]
+
+
+def _path(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
+    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    where = f"/namespaces/{namespace}" if namespace else ""
+    return f"{base}{where}/{plural}" + (f"/{name}" if name else "")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fast_backoff")
+async def test_cluster_autoscaler_scales_from_zero_with_only_the_rights_rtui_gave_its_service_account(
+        world: World, eks_kube: EksKube, eks_authz: Any, kube_file: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from tests.aws.eks_authz import eks_authorizer, service_account_of, service_account_token
+    from tests.kubernetes import kmock_ext
+
+    for key, kind in _SERVED_FOR_CA.items():
+        monkeypatch.setitem(kmock_ext.KINDS, key, kind)
+    # The API server takes EKS tokens and the service account tokens it issued.
+    eks_kube.cluster.require_token(lambda t: t.startswith("k8s-aws-v1.") or service_account_of(t) is not None)
+    session = session_for()
+    assert (await up(session)).ok
+    token = service_account_token("kube-system", "cluster-autoscaler")
+    api = _kube(world, tmp_path)
+
+    def call(method: str, path: str, body: Any = None) -> int:
+        try:
+            answer = api.call_api(method, f"{api.configuration.host}{path}", body=body, header_params={
+                "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            answer.read()
+            return int(answer.status)
+        except ApiException as err:
+            return int(err.status)
+
+    # The GPU group at zero (cluster-autoscaler took the idle nodes), and a worker pod waits for one.
+    autoscaling().set_desired_capacity(AutoScalingGroupName=_gpu_asg(), DesiredCapacity=0)
+    reads = [("GET", _path(*key), None) for key in _CA_READS]
+    writes = [  # its status ConfigMap, its leader-election Lease, an event on the pod it scales up for
+        ("GET", _path("", "v1", "configmaps", "kube-system"), None),
+        ("POST", _path("coordination.k8s.io", "v1", "leases", "kube-system"),
+         {"metadata": {"name": "cluster-autoscaler"}, "spec": {}}),
+        ("POST", _path("", "v1", "configmaps", "kube-system"),
+         {"metadata": {"name": "cluster-autoscaler-status"}, "data": {"status": "scaling up"}}),
+        ("POST", _path("", "v1", "events", "kube-system"),
+         {"metadata": {"name": "ca-scale-up"}, "reason": "TriggeredScaleUp",
+          "involvedObject": {"kind": "Pod", "namespace": "rtui", "name": "worker"}}),
+    ]
+    refused: dict[str, int] = {}
+    for method, path, body in [*reads, *writes]:
+        status = call(method, path, body)
+        if status not in (200, 201):
+            refused[f"{method} {path}"] = status
+    # Its informers watch what they list (authorized as ``watch``, a stream the test does not open).
+    authorize = eks_authorizer(eks_kube.cluster.kube)
+    refused.update({f"watch {plural}": 403 for group, _, plural in _CA_READS
+                    if authorize(kmock_ext.Access(token, "watch", plural, group, None, None)) is not None})
+    assert refused == {}, refused
+    # Nothing beyond: it may not read Secrets, nor write the run's RayCluster's pods.
+    assert call("GET", _path("", "v1", "secrets", "kube-system")) == 403
+    assert call("POST", _path("", "v1", "pods", "kube-system"), {"metadata": {"name": "x"}}) == 403
+    # With what it saw it raises the group back (its AWS side: its Pod Identity role, tested above).
+    autoscaling().set_desired_capacity(AutoScalingGroupName=_gpu_asg(), DesiredCapacity=2)
+    assert eks().describe_nodegroup(**GPU_GROUP)["nodegroup"]["scalingConfig"]["desiredSize"] == 2
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}

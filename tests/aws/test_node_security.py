@@ -33,6 +33,7 @@ def node_metadata() -> dict[str, dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 async def test_every_node_requires_imdsv2_with_hop_limit_1(world: World, kube_file: Path) -> None:
     session = session_for()
     made = await up(session)  # up() also checks the Ray job's reachability across the nodes' groups
@@ -59,6 +60,7 @@ def roles_of(run_id: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 async def test_roles_hold_only_what_each_needs_and_the_cni_gets_its_permissions_by_pod_identity(
         world: World, kube_file: Path) -> None:
     session = session_for()
@@ -73,7 +75,8 @@ async def test_roles_hold_only_what_each_needs_and_the_cni_gets_its_permissions_
         f"rtui-{CLUSTER}-nodes": ["AmazonEC2ContainerRegistryPullOnly", "AmazonEKSWorkerNodePolicy"],
         f"rtui-{CLUSTER}-pod-cni": ["AmazonEKS_CNI_Policy"],
         f"rtui-{CLUSTER}-pod-cluster-autoscaler": [],  # its own policy, inline (test_node_autoscaler)
-        f"rtui-{CLUSTER}-pod-ray-data": []}  # the run's S3 prefix, inline (test_run_bucket)
+        f"rtui-{CLUSTER}-pod-ray-data": [],  # the run's S3 prefix, inline (test_run_bucket)
+        f"rtui-{CLUSTER}-pod-ray-data-workers": []}  # the same, for the workers' own account (issue 33)
     account = boto3.client("sts", region_name=REGION).get_caller_identity()["Account"]
     cluster_arn = eks().describe_cluster(name=CLUSTER)["cluster"]["arn"]
     [pod] = roles[f"rtui-{CLUSTER}-pod-cni"]["trust"]
@@ -88,7 +91,8 @@ async def test_roles_hold_only_what_each_needs_and_the_cni_gets_its_permissions_
     # aws-node's, cluster-autoscaler's (idle GPU nodes go: test_node_autoscaler) and the Ray pods' (the
     # run's S3 data: test_run_bucket).
     assert sorted((a["namespace"], a["serviceAccount"]) for a in associations) == [
-        ("kube-system", "aws-node"), ("kube-system", "cluster-autoscaler"), ("rtui", "rtui-ray")]
+        ("kube-system", "aws-node"), ("kube-system", "cluster-autoscaler"), ("rtui", "rtui-ray"),
+        ("rtui", "rtui-ray-worker")]
     cni = next(a for a in associations if a["serviceAccount"] == "aws-node")
     association = eks().describe_pod_identity_association(
         clusterName=CLUSTER, associationId=cni["associationId"])["association"]
@@ -101,6 +105,7 @@ async def test_roles_hold_only_what_each_needs_and_the_cni_gets_its_permissions_
     assert roles_of(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_the_cluster_role_is_trusted_for_this_account_and_cluster_only(world: World, kube_file: Path) -> None:
     session = session_for()
     made = await up(session, until="aws.eks-cluster")
@@ -114,6 +119,7 @@ async def test_the_cluster_role_is_trusted_for_this_account_and_cluster_only(wor
     assert (await down(session)).ok
 
 
+@pytest.mark.slow
 async def test_the_control_plane_logs_audit_and_authenticator_and_the_plan_prices_them(
         world: World, kube_file: Path) -> None:
     session = session_for()
@@ -127,6 +133,7 @@ async def test_the_control_plane_logs_audit_and_authenticator_and_the_plan_price
     assert (await down(session)).ok
 
 
+@pytest.mark.slow
 async def test_up_and_down_write_a_symlinked_kubeconfig_through_the_link(world: World, kube_file: Path) -> None:
     real = kube_file.parent.parent / "dotfiles" / "kubeconfig"
     kube_file.parent.mkdir(parents=True, exist_ok=True)

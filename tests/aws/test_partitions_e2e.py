@@ -37,6 +37,7 @@ def _offer(world: World, region: str) -> None:
             world.offer(region, zone, instance_type)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("region", "partition", "suffix", "signing"), PARTITIONS)
 def test_plan_and_up_in_another_partition_say_only_its_arns_and_hosts(
         world: World, kube_file: Path, region: str, partition: str, suffix: str, signing: set[str]) -> None:

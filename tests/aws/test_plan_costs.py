@@ -66,6 +66,7 @@ def test_the_plan_prices_every_part_at_the_regions_pricing_api_quote(world: Worl
     assert asked == {"us-east-1"}
 
 
+@pytest.mark.slow
 def test_without_the_pricing_api_the_plan_is_a_labelled_us_east_1_estimate(world: World, kube_file: Path) -> None:
     assert world.script.pricing_denied
     plan = _plan_json("--region", "us-east-1")
@@ -108,6 +109,7 @@ def _check(region: str) -> tuple[str, dict[str, Any]]:
     return text.stdout, json.loads(doc.stdout)
 
 
+@pytest.mark.slow
 def test_check_recommendation_and_plan_quote_the_pricing_apis_figure(world: World, kube_file: Path) -> None:
     _quote_london(world)
     assert f"{LONDON_TOTAL:.2f}" != f"{TABLE_TOTAL:.2f}"  # the table would show another figure
@@ -123,6 +125,7 @@ def test_check_recommendation_and_plan_quote_the_pricing_apis_figure(world: Worl
     assert plan["cost_per_hour"] == pytest.approx(region["price_per_hour"], abs=1e-3)
 
 
+@pytest.mark.slow
 def test_where_the_pricing_api_cannot_answer_every_figure_is_a_labelled_estimate(world: World,
                                                                                  kube_file: Path) -> None:
     assert world.script.pricing_denied

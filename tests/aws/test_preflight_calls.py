@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable
+
+import pytest
 
 from backend.aws import PreflightRequest, run_preflight
 from backend.aws.calls import Workers
 from backend.aws.session import AwsSession
 from tests.aws.conftest import World
+from tests.eventually import eventually
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return bool(predicate())
+    """True once ``predicate()`` holds (``eventually``'s error, naming the line, if it never does)."""
+    eventually(f"the condition at line {predicate.__code__.co_firstlineno}", predicate, timeout)
+    return True
 
 
 def new_threads(before: set[threading.Thread]) -> set[threading.Thread]:
@@ -47,6 +46,7 @@ def test_workers_start_one_thread_per_waiting_job_and_reuse_idle_ones() -> None:
     workers.close()
 
 
+@pytest.mark.slow
 def test_idle_workers_end_after_the_idle_timeout_and_on_close() -> None:
     before = set(threading.enumerate())
     workers = Workers(idle_exit_s=0.05)
@@ -80,6 +80,7 @@ async def test_a_shared_session_reuses_its_worker_threads(world: World) -> None:
     aws.close()
 
 
+@pytest.mark.slow
 async def test_a_denied_pricing_api_costs_one_call_per_scan(world: World) -> None:
     report = await run_preflight(PreflightRequest(all_regions=True))
     pricing = [c for c in world.script.calls if c[0] == "pricing"]
@@ -87,6 +88,7 @@ async def test_a_denied_pricing_api_costs_one_call_per_scan(world: World) -> Non
     assert {r.price_source for r in report.regions if r.enabled} == {"estimate, us-east-1 prices"}
 
 
+@pytest.mark.slow
 async def test_a_working_pricing_api_is_asked_for_every_region_and_type(world: World) -> None:
     world.script.pricing_denied = False
     world.script.prices.update({("us-east-1", "g6.12xlarge"): 4.6016, ("us-east-1", "m7i.xlarge"): 0.2016})

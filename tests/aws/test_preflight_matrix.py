@@ -71,6 +71,7 @@ async def test_eks_rejected_zone_id_holds_gpu_nodes_only(world: World) -> None:
     assert zone(region, "us-east-1a").eks_supported
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("limit", "ok", "headroom", "shortfall"),
     [(0, False, -4, 100), (48, False, 44, 52), (96, False, 92, 4), (192, True, 188, 0)],
@@ -120,6 +121,7 @@ async def test_reservation_rescues_a_short_quota(world: World) -> None:
     assert report.recommendation.reservation == cr["CapacityReservationId"]
 
 
+@pytest.mark.slow
 async def test_a_named_reservation_counts_only_when_it_holds_every_gpu_node(world: World) -> None:
     """A Capacity Block or a targeted ODCR takes only the instances the launch template names it for,
     and that template is the GPU nodegroup's: a block of one cannot share the plan's two nodes with
@@ -190,6 +192,7 @@ async def test_disabled_region_is_reported_not_scanned(world: World) -> None:
     assert not any(region == "ap-east-1" for _, region, _ in world.script.calls)
 
 
+@pytest.mark.slow
 async def test_all_regions_stays_in_the_partition_and_creates_nothing(world: World) -> None:
     report = await run_preflight(PreflightRequest(all_regions=True))
     names = {r.region for r in report.regions}

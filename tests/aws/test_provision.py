@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import boto3
@@ -13,14 +14,16 @@ from backend.session import cost_meter
 from tests.aws.conftest import World
 from tests.aws.provision_world import RUN_TAG, down, ec2, eks, given_vpc, iam, session_for, tagged, up
 from tests.clock import FastClock
+from tests.eventually import eventually_async
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 EXPECTED = {"vpc": 1, "subnet": 4, "internet-gateway": 1, "nat-gateway": 1, "elastic-ip": 1, "route-table": 2,
-            "security-group": 1, "launch-template": 2, "placement-group": 1, "iam-role": 5, "eks-cluster": 1,
+            "security-group": 1, "launch-template": 2, "placement-group": 1, "iam-role": 6, "eks-cluster": 1,
             "nodegroup": 2, "addon": 4, "access-entry": 1, "s3-bucket": 1}
 
 
+@pytest.mark.slow
 async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world: World, kube_file: Path) -> None:
     session = session_for()
     done = await up(session)
@@ -77,7 +80,7 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
         "AttachedPolicies"]}
     # The CNI's, cluster-autoscaler's and the Ray pods' S3 permissions are their own roles' (pod identity:
     # test_node_security, test_node_autoscaler, test_run_bucket), not every pod's.
-    assert attached == {"AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly"} and len(roles) == 5
+    assert attached == {"AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly"} and len(roles) == 6
     assert kube_file.exists() and oct(kube_file.stat().st_mode & 0o777) == "0o600"
     assert "k8s-aws-v1" not in kube_file.read_text()  # an exec plugin, never a token
 
@@ -92,6 +95,7 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
     assert cluster["arn"] not in kube_file.read_text()
 
 
+@pytest.mark.slow
 async def test_plan_diff_updates_replacements_and_costs(world: World, kube_file: Path) -> None:
     fresh = await session_for().plan()
     aws = [c for c in fresh.changes if c.layer == "aws"]
@@ -128,6 +132,7 @@ async def test_plan_diff_updates_replacements_and_costs(world: World, kube_file:
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_a_whole_up_and_down_through_throttling_and_5xx_on_every_call(world: World, kube_file: Path) -> None:
     """The flow, once: how one call is retried is tested in test_api_retries.py, without moto."""
     import random
@@ -156,6 +161,7 @@ async def test_a_whole_up_and_down_through_throttling_and_5xx_on_every_call(worl
     assert world.script.throttled > 5 and world.script.faulted > 5, (world.script.throttled, world.script.faulted)
 
 
+@pytest.mark.slow
 async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(world: World, kube_file: Path) -> None:
     plan_session = session_for(gpu_node_count=1)
     await plan_session.plan()
@@ -188,6 +194,7 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
     assert tagged(stuck.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_half_made_resources_are_waited_on_not_made_again(world: World, kube_file: Path) -> None:
 
     # The double reads the create time when it is asked: the control plane stays CREATING however long
@@ -200,11 +207,7 @@ async def test_half_made_resources_are_waited_on_not_made_again(world: World, ku
     import asyncio
 
     task = asyncio.ensure_future(events)
-    await asyncio.sleep(0.5)
-    for _ in range(100):
-        if eks().list_clusters()["clusters"]:
-            break
-        await asyncio.sleep(0.05)
+    await eventually_async("the control plane to be asked for", lambda: eks().list_clusters()["clusters"], timeout=10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -230,6 +233,7 @@ async def test_a_cluster_of_our_name_made_by_someone_else_is_refused(world: Worl
     assert "someone else" in failed[0].detail and "--cluster-name" in (failed[0].remedy or "")
 
 
+@pytest.mark.slow
 async def test_a_missing_iam_permission_names_the_action(world: World, kube_file: Path) -> None:
     world.script.errors[("iam", "CreateRole")] = "AccessDenied"
     session = session_for()
@@ -243,6 +247,7 @@ async def test_a_missing_iam_permission_names_the_action(world: World, kube_file
 
 
 
+@pytest.mark.slow
 async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World, kube_file: Path) -> None:
     session = session_for()
     assert (await up(session)).ok
@@ -263,6 +268,7 @@ async def test_what_teardown_cannot_delete_is_listed_with_its_cost(world: World,
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_the_sweep_prices_leftovers_at_the_pricing_apis_quote(world: World, kube_file: Path) -> None:
     world.script.pricing_denied = False
     world.script.prices.update({("us-east-1", "g6.12xlarge"): 4.6016, ("us-east-1", "m7i.xlarge"): 0.2016})
@@ -282,6 +288,7 @@ async def test_the_sweep_prices_leftovers_at_the_pricing_apis_quote(world: World
     assert (await down(session)).ok
 
 
+@pytest.mark.slow
 async def test_a_given_vpc_is_adopted_checked_and_never_deleted(world: World, kube_file: Path) -> None:
     client = ec2()
     vpc, private = given_vpc(("us-east-1a", "us-east-1b"))
@@ -300,6 +307,7 @@ async def test_a_given_vpc_is_adopted_checked_and_never_deleted(world: World, ku
     assert len(client.describe_subnets(SubnetIds=private)["Subnets"]) == 2
 
 
+@pytest.mark.slow
 async def test_the_security_group_eks_leaves_behind_goes_before_the_vpc(world: World, kube_file: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from backend.layers.aws import network
@@ -316,6 +324,7 @@ async def test_the_security_group_eks_leaves_behind_goes_before_the_vpc(world: W
     assert [g["GroupId"] for g in left["SecurityGroups"]] == [], group
 
 
+@pytest.mark.slow
 async def test_the_sweep_reports_what_is_left_in_the_vpc_tagged_or_not(world: World, kube_file: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from backend.layers.aws import network
@@ -337,12 +346,16 @@ async def test_the_sweep_reports_what_is_left_in_the_vpc_tagged_or_not(world: Wo
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, kube_file: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
 
     path = "/aws-reserved/sso.amazonaws.com/us-east-1/"
     role = iam().create_role(RoleName="AWSReservedSSO_AdministratorAccess_0123456789abcdef", Path=path,
                              AssumeRolePolicyDocument="{}")["Role"]
+    # What the SSO permission set grants it (S3 calls of an assumed role are judged as IAM does them).
+    iam().put_role_policy(RoleName=role["RoleName"], PolicyName="AdministratorAccess", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
     creds = boto3.client("sts", region_name="us-east-1").assume_role(
         RoleArn=role["Arn"], RoleSessionName="someone@example.com")["Credentials"]
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", creds["AccessKeyId"])
@@ -359,6 +372,7 @@ async def test_the_access_entry_names_the_sso_role_with_its_path(world: World, k
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_a_new_role_that_iam_has_not_settled_is_retried_and_shown(world: World, kube_file: Path) -> None:
     world.script.timings.iam_propagation = 2.0  # EKS refuses the new roles this long
     session = session_for()
@@ -370,6 +384,7 @@ async def test_a_new_role_that_iam_has_not_settled_is_retried_and_shown(world: W
     assert (await down(session)).ok
 
 
+@pytest.mark.slow
 async def test_every_ec2_create_carries_a_client_token(world: World, kube_file: Path) -> None:
     import botocore.session
 
@@ -391,6 +406,7 @@ async def test_every_ec2_create_carries_a_client_token(world: World, kube_file: 
     assert (await down(session)).ok
 
 
+@pytest.mark.slow
 async def test_a_create_whose_reply_was_lost_is_not_made_twice(world: World, kube_file: Path) -> None:
     world.script.lost_replies.update({"CreateRouteTable": 1, "CreateNatGateway": 1, "CreateLaunchTemplate": 1})
     session = session_for()
@@ -404,6 +420,7 @@ async def test_a_create_whose_reply_was_lost_is_not_made_twice(world: World, kub
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_a_degraded_add_on_fails_its_step_with_its_health_issues(world: World, kube_file: Path) -> None:
     world.script.degraded_addons["coredns"] = [{
         "code": "InsufficientNumberOfReplicas",
@@ -419,6 +436,7 @@ async def test_a_degraded_add_on_fails_its_step_with_its_health_issues(world: Wo
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_no_nat_gateway_available_for_the_private_route_is_one_line(world: World, kube_file: Path) -> None:
     from backend.errors import OperationError
     from backend.layers.aws.routes import RouteTableHandler

@@ -25,6 +25,7 @@ def _asg_instances(nodegroup: str) -> list[str]:
     return [i["InstanceId"] for g in found for i in g["Instances"]]
 
 
+@pytest.mark.slow
 async def test_partial_capacity_bills_then_fails_over_deleting_the_old_nodes_before_their_placement_group(
         world: World, kube_file: Path) -> None:
     plan_session = session_for()
@@ -56,6 +57,7 @@ async def test_partial_capacity_bills_then_fails_over_deleting_the_old_nodes_bef
     assert tagged(stuck.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_tokens_fit_each_api_for_short_and_long_cluster_names(world: World, kube_file: Path) -> None:
     for name in ("a", "c" * 40):
         session = session_for(cluster_name=name)

@@ -38,6 +38,7 @@ def test_plan_shows_every_change_its_cost_and_the_quota_it_uses(world: World, ku
             "control-plane audit, authenticator logs (estimate, us-east-1 prices).") in text
 
 
+@pytest.mark.slow
 def test_up_status_down_through_the_binary(world: World, kube_file: Path) -> None:
     # `rtui` is not on this PATH: the next steps `up` prints must still work pasted here (issue 21, item 6).
     no_rtui = {"PATH": "/usr/bin:/bin"}
@@ -114,6 +115,7 @@ def test_a_given_vpc_without_a_private_subnet_in_the_gpu_az_is_refused(world: Wo
     assert "us-east-1a" in line and "private subnet" in line
 
 
+@pytest.mark.slow
 def test_down_finds_a_run_whose_record_is_lost_by_its_tags(world: World, kube_file: Path, tmp_path: Path) -> None:
     up = run_rtui("up", "--yes", *AWS, "--until", "aws")
     assert up.returncode == 0, up.stderr

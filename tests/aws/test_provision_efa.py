@@ -14,6 +14,7 @@ from tests.aws.provision_world import RUN_TAG, down, ec2, session_for, tagged, u
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 
+@pytest.mark.slow
 async def test_the_plan_gives_each_network_card_its_efa_and_the_workers_ask_for_them_all(
         world: World, kube_file: Path) -> None:
     world.script.default_quotas[P] = 1000
@@ -31,6 +32,7 @@ async def test_the_plan_gives_each_network_card_its_efa_and_the_workers_ask_for_
         assert limits[manifests.EFA_RESOURCE] == str(count)
 
 
+@pytest.mark.slow
 async def test_p4d_nodes_launch_with_an_efa_on_each_of_their_four_cards(world: World, kube_file: Path) -> None:
     world.script.default_quotas[P] = 1000
     session = session_for(gpu_node_type="p4d.24xlarge")

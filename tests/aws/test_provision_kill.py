@@ -53,6 +53,7 @@ def kill_at_next_point(env: dict[str, str], seen: set[tuple[str, str]]) -> tuple
             proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_killed_at_every_boundary_and_wait_then_resumed(world: World, kube_file: Path) -> None:
     timings = world.script.timings

@@ -53,6 +53,7 @@ async def _down_gives_back(session: Any, cr: dict[str, Any]) -> None:
     assert cr["AvailableInstanceCount"] == cr["TotalInstanceCount"]
 
 
+@pytest.mark.slow
 async def test_a_targeted_odcr_is_named_by_the_launch_template(world: World, kube_file: Path) -> None:
     cr = world.reserve("us-east-1", ZONE, count=2, match="targeted")
     session, group, data = await _up_in_reservation(world, cr)
@@ -66,6 +67,7 @@ async def test_a_targeted_odcr_is_named_by_the_launch_template(world: World, kub
     await _down_gives_back(session, cr)
 
 
+@pytest.mark.slow
 async def test_a_capacity_block_takes_a_capacity_block_nodegroup(world: World, kube_file: Path) -> None:
     cr = world.reserve("us-east-1", ZONE, count=2, kind="capacity-block")
     session, group, data = await _up_in_reservation(world, cr)
@@ -79,6 +81,7 @@ async def test_a_capacity_block_takes_a_capacity_block_nodegroup(world: World, k
     await _down_gives_back(session, cr)
 
 
+@pytest.mark.slow
 async def test_an_open_odcr_is_used_without_naming_it(world: World, kube_file: Path) -> None:
     cr = world.reserve("us-east-1", ZONE, count=2)
     session, group, data = await _up_in_reservation(world, cr)
@@ -87,6 +90,7 @@ async def test_an_open_odcr_is_used_without_naming_it(world: World, kube_file: P
     await _down_gives_back(session, cr)
 
 
+@pytest.mark.slow
 async def test_a_targeted_odcr_in_a_cluster_placement_group_takes_the_nodes_into_that_group(
         world: World, kube_file: Path) -> None:
     ec2().create_placement_group(GroupName="team-p-group", Strategy="cluster")
@@ -114,6 +118,7 @@ async def test_an_open_odcr_in_another_placement_group_is_not_counted(world: Wor
     assert "placement group someone-elses-group" in found.why_unusable
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ending", ["expired", "cancelled"])
 async def test_a_recorded_reservation_that_ended_is_named_no_more(world: World, kube_file: Path, ending: str) -> None:
     from tui.render import format_plan

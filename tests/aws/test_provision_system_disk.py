@@ -27,6 +27,7 @@ def _system_disk() -> int:
         "VolumeSize"])
 
 
+@pytest.mark.slow
 async def test_the_system_disk_holds_the_image_as_its_registry_sizes_it(world: World, kube_file: Path) -> None:
     # 14 GB of compressed layers: ~42 GB unpacked beside the 14 GB of blobs, + the node's 20 GB, + 25%.
     with FakeRegistry(layers={"rtui/ray:test": [6_000_000_000, 5_000_000_000, 3_000_000_000]}) as registry:
@@ -42,6 +43,7 @@ async def test_the_system_disk_holds_the_image_as_its_registry_sizes_it(world: W
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_a_small_image_keeps_the_eks_default_disk(world: World, kube_file: Path) -> None:
     with FakeRegistry(layers={"rtui/ray:test": [2_000_000_000]}) as registry:
         session = session_for(image=registry.image())

@@ -17,6 +17,7 @@ def _zone_ids() -> dict[str, str]:
     return {z["ZoneName"]: z["ZoneId"] for z in ec2().describe_availability_zones()["AvailabilityZones"]}
 
 
+@pytest.mark.slow
 async def test_a_given_az_eks_refuses_holds_the_gpu_nodes_only(world: World, kube_file: Path) -> None:
     # us-east-1e is zone ID use1-az3 in moto's account: EKS refuses it for control-plane subnets.
     world.offer("us-east-1", "us-east-1e", "g6.12xlarge")
@@ -37,6 +38,7 @@ async def test_a_given_az_eks_refuses_holds_the_gpu_nodes_only(world: World, kub
     assert tagged(session.run_id) == {}
 
 
+@pytest.mark.slow
 async def test_a_given_vpc_takes_its_azs_from_its_subnets_and_a_second_up_changes_nothing(
         world: World, kube_file: Path) -> None:
     vpc, private = given_vpc(("us-east-1a", "us-east-1c"))
@@ -59,6 +61,7 @@ async def test_a_given_vpc_takes_its_azs_from_its_subnets_and_a_second_up_change
     assert len(ec2().describe_subnets(SubnetIds=private)["Subnets"]) == 2
 
 
+@pytest.mark.slow
 async def test_a_given_vpc_with_subnets_in_one_az_is_refused_in_one_line(world: World, kube_file: Path) -> None:
     from backend.errors import UserError
 

@@ -78,6 +78,7 @@ def test_the_bucket_name_follows_s3s_rules_and_names_the_run(cluster: str) -> No
     assert other_account != name  # global names: two accounts' runs of the same id never collide
 
 
+@pytest.mark.slow
 async def test_up_makes_the_bucket_with_its_four_settings_and_tags_and_the_run_writes_there(
         world: World, kube_file: Path) -> None:
     session = session_for()
@@ -125,6 +126,7 @@ async def test_a_bucket_of_the_runs_name_made_by_someone_else_is_refused(world: 
     assert any("S3 bucket" in f and "someone else" in f for f in done.failures()), done.failures()
 
 
+@pytest.mark.slow
 async def test_down_keeps_a_bucket_with_data_says_so_then_delete_data_removes_it(
         world: World, kube_file: Path) -> None:
     session = session_for()
@@ -182,14 +184,18 @@ def test_the_pods_policy_reaches_only_the_runs_prefix() -> None:
     """Objects under the run's prefix, and the listing of that prefix only (the ``s3:prefix`` condition
     of the S3 User Guide's "Bucket policy examples"): no ``s3:*``, no other bucket, no other run."""
     doc = data_policy_for("s3://rtui-ray-abc/runs/r1", "aws")
-    objects, listing = doc["Statement"]
+    objects, listing, itself, markers = doc["Statement"]
     assert objects["Resource"] == "arn:aws:s3:::rtui-ray-abc/runs/r1/*"
     assert set(objects["Action"]) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"}
     assert listing["Action"] == "s3:ListBucket" and listing["Resource"] == "arn:aws:s3:::rtui-ray-abc"
-    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["runs/r1/*"]}}
+    assert listing["Condition"] == {"StringLikeIfExists": {"s3:prefix": ["runs/r1/*"]}}
+    assert itself["Action"] == "s3:GetObject" and itself["Resource"] == "arn:aws:s3:::rtui-ray-abc/runs/r1"
+    # pyarrow's create_dir puts an empty marker for each ancestor: that key exactly, nothing else above.
+    assert markers["Action"] == "s3:PutObject" and markers["Resource"] == ["arn:aws:s3:::rtui-ray-abc/runs/"]
     assert data_policy_for("s3://b/p/r1", "aws-cn")["Statement"][0]["Resource"] == "arn:aws-cn:s3:::b/p/r1/*"
 
 
+@pytest.mark.slow
 async def test_up_gives_the_ray_pods_a_role_for_the_runs_prefix_through_pod_identity(
         world: World, kube_file: Path) -> None:
     session = session_for()

@@ -4,8 +4,8 @@ layer first needs them and closes them, threads included, when it ends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ import pytest
 from backend.clients import Clients, ClientsClosed
 from tests.aws.conftest import World
 from tests.aws.provision_world import session_for
+from tests.eventually import eventually
 
 AWS = ["--target", "aws", "--region", "us-east-1"]
 
@@ -21,13 +22,16 @@ def threads_left(before: set[int], deadline_s: float = 20.0) -> list[str]:
     """The threads started since ``before`` that are still alive once ``deadline_s`` passed (polled:
     a closed pool's idle workers end as soon as they read their stop, a busy one when its call returns).
     The running event loop's own executor (``asyncio_N``, ``asyncio.to_thread``) ends with the loop: not a client's."""
-    until = time.monotonic() + deadline_s
-    while True:
-        new = [t.name for t in threading.enumerate()
-               if t.ident not in before and t.is_alive() and not t.name.startswith("asyncio_")]
-        if not new or time.monotonic() > until:
-            return new
-        time.sleep(0.05)  # polling the thread list: there is no event for "a thread ended"
+    left: list[str] = []
+
+    def none_left() -> bool:  # polled: there is no event for "a thread ended"
+        left[:] = [t.name for t in threading.enumerate()
+                   if t.ident not in before and t.is_alive() and not t.name.startswith("asyncio_")]
+        return not left
+
+    with contextlib.suppress(AssertionError):  # the caller's assert names the threads left
+        eventually("the client threads to end", none_left, deadline_s)
+    return left
 
 
 def test_a_plan_through_the_cli_leaves_no_client_thread_behind(

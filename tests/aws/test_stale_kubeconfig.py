@@ -10,7 +10,6 @@ cluster it finds nothing on the Kubernetes side. ``rtui down`` takes out what rt
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from tests.aws.conftest import World
 from tests.conftest import run_rtui
+from tests.eventually import eventually
 from tests.kubernetes.conftest import KubeCluster
 
 AWS = ["--target", "aws", "--region", "us-east-1"]
@@ -71,6 +71,7 @@ def with_stale_entry(text: str, server: str) -> str:
     return text.replace("contexts:\n", STALE.format(server=server, arn=ARN) + "contexts:\n", 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stale_server", ["elsewhere", "dead"])
 def test_a_stale_kubeconfig_entry_for_the_arn_is_never_trusted(
         world: World, kube_file: Path, elsewhere: KubeCluster, stale_server: str) -> None:
@@ -108,10 +109,8 @@ def test_down_takes_out_our_entry_when_the_cluster_went_first(world: World, kube
     assert ARN in kube_file.read_text()
     eks = boto3.client("eks", region_name="us-east-1")
     eks.delete_cluster(name="rtui-ray")  # by hand, in the console, say
-    for _ in range(100):
-        if "rtui-ray" not in eks.list_clusters()["clusters"]:
-            break
-        time.sleep(0.1)
+    eventually("the cluster deleted by hand to be gone", lambda: "rtui-ray" not in eks.list_clusters()["clusters"],
+               timeout=10)
     down = run_rtui("down", "--yes", *AWS)
     assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
     assert kube_file.read_bytes() == before

@@ -140,7 +140,8 @@ async def test_a_short_quota_is_requested_only_after_confirmation(world: World) 
         assert "limit 48 → 96 vCPUs" in str(app.screen.query_one("#quota-text", Static).render())
         await pilot.press("n")
         await wait_for(pilot, lambda: isinstance(app.screen, TargetScreen), 5, "back")
-        await pilot.pause(0.3)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # idle; the one request after 'y' below shows 'n' made none
         assert world.script.quota_requests == []
         await pilot.press("i")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmQuotaIncrease), 5, "the confirmation")
@@ -159,7 +160,8 @@ async def test_read_only_offers_no_quota_request(world: World) -> None:
         await wait_for(pilot, lambda: checked(app), 30, "the matrix")
         assert app.screen.check_action("request_quota", ()) is False
         await pilot.press("i")
-        await pilot.pause(0.2)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the key handled and the app idle: nothing asked (waits on idle, not a fixed time)
         assert isinstance(app.screen, TargetScreen) and world.script.quota_requests == []
 
 
@@ -205,7 +207,8 @@ async def test_the_matrix_heading_is_inside_its_box_and_the_config_fits_or_scrol
         app = RtuiApp(aws_session())
         async with app.run_test(size=size) as pilot:
             await wait_for(pilot, lambda: checked(app), 30, "the matrix")  # noqa: B023 - awaited here
-            await pilot.pause(0.2)
+            await pilot.wait_for_scheduled_animations()
+            await pilot.pause()  # the app idle: laid out (waits on idle, not a fixed time)
             panel = app.screen.query_one(FeasibilityPanel)
             heading = panel.query_one("#matrix-heading")
             assert panel.styles.border_top[0] and "Feasibility" in str(panel.border_title), size
@@ -248,7 +251,8 @@ async def test_no_credentials_is_said_once_and_enter_is_not_offered(world: World
     app = RtuiApp(aws_session())
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: checked(app), 30, "the checks")
-        await pilot.pause(0.1)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the app idle: the checks drawn (waits on idle, not a fixed time)
         screen = checked(app)
         assert screen is not None
         box = "\n".join(str(matrix(app).get_option_at_index(i).prompt) for i in range(matrix(app).option_count))
@@ -260,5 +264,6 @@ async def test_no_credentials_is_said_once_and_enter_is_not_offered(world: World
         assert "rejected" not in box and "aws configure" in box  # what to do next, in the same place
         assert screen.check_action("next", ()) is False
         await pilot.press("enter")  # still refused with its reason, though the footer does not offer it
-        await pilot.pause(0.1)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()  # the key handled and the app idle: still refused (waits on idle, not a fixed time)
         assert isinstance(app.screen, TargetScreen)

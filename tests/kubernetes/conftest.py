@@ -14,7 +14,6 @@ import ipaddress
 import ssl
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.eventually import eventually
 from tests.kubernetes.kmock_ext import (
     CUSTOM_KINDS,
     KINDS,
@@ -144,6 +144,10 @@ class KubeCluster:
         """Every request but /version must carry ``Bearer <t>`` with ``check(t)`` true, else 401."""
         self._on_loop(lambda: setattr(self.kube, "token_check", check))
 
+    def reachable_when(self, check: Callable[[], bool] | None) -> None:
+        """While ``check()`` is False no request gets any answer (the client times out)."""
+        self._on_loop(lambda: setattr(self.kube, "reachable", check))
+
     def authorize_with(self, authorizer: Callable[[Access], str | None] | None) -> None:
         """Each request also asks ``authorizer`` (a denial's user name, or None to allow): 403 when it denies."""
         self._on_loop(lambda: setattr(self.kube, "authorizer", authorizer))
@@ -185,6 +189,13 @@ class KubeCluster:
     def set_status(self, kind: str, name: str, namespace: str | None, status: Obj) -> Obj:
         return self._call(self.kube._update(KIND_KEYS[kind], namespace, name, {"status": status}, "status"))
 
+    def advance_clock(self, seconds: float) -> None:
+        """Stop the server's clock (the creationTimestamps it stamps) if it runs, then move it on by
+        ``seconds``: in place of a real wait, and 0 to make the next objects of one second."""
+        def move() -> None:
+            self.kube.frozen_at = (self.kube.frozen_at or dt.datetime.now(dt.UTC)) + dt.timedelta(seconds=seconds)
+        self._on_loop(move)
+
     def establish_after(self, seconds: float) -> None:
         """How long a new CRD takes to become Established (and its kinds served)."""
         self._on_loop(lambda: setattr(self.kube, "establish_after_s", seconds))
@@ -192,27 +203,30 @@ class KubeCluster:
     def install_crd(self, crd: Obj, timeout: float = 10.0) -> Obj:
         """Create a CRD as someone else would, and wait until the server serves its kind."""
         self.create(crd)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            live = self.get("CustomResourceDefinition", crd["metadata"]["name"])
-            if live is not None and crd_condition(live, "Established"):
-                return live
-            time.sleep(0.02)
-        raise AssertionError(f"CRD {crd['metadata']['name']} not Established within {timeout}s")
+        name = crd["metadata"]["name"]
+
+        def established() -> Obj | None:
+            live = self.get("CustomResourceDefinition", name)
+            return live if live is not None and crd_condition(live, "Established") else None
+
+        return eventually(f"CRD {name} to be Established", established, timeout)
 
     def add_namespace(self, name: str) -> Obj:
         return self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     def add_node(self, name: str, gpus: int = 4, efa: int = 1, labels: dict[str, str] | None = None,
-                 taints: list[Obj] | None = None, ready: bool = True, gpu_label: bool = True) -> Obj:
+                 taints: list[Obj] | None = None, ready: bool = True, gpu_label: bool = True,
+                 arch: str = "amd64") -> Obj:
         """A node; a GPU node carries ``nvidia.com/gpu.present=true`` unless ``gpu_label`` is False
-        (only GPU Feature Discovery or the GPU Operator set it: EKS, GKE and many clusters lack it)."""
+        (only GPU Feature Discovery or the GPU Operator set it: EKS, GKE and many clusters lack it). Every
+        node has the os and arch labels the kubelet sets on itself (kubernetes.io/docs/reference/labels-
+        annotations-taints/: kubernetes.io/os, kubernetes.io/arch, from Go's runtime.GOOS/GOARCH)."""
         capacity = {"cpu": "48", "memory": "192Gi", "pods": "110"}
         if gpus:
             capacity["nvidia.com/gpu"] = str(gpus)
         if efa:
             capacity["vpc.amazonaws.com/efa"] = str(efa)
-        node_labels = {"kubernetes.io/hostname": name,
+        node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": arch,
                        **({"nvidia.com/gpu.present": "true"} if gpus and gpu_label else {}), **(labels or {})}
         return self.create({"apiVersion": "v1", "kind": "Node",
                             "metadata": {"name": name, "labels": node_labels},

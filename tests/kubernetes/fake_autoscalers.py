@@ -177,4 +177,4 @@ class Autoscalers:
                 except Exception as exc:  # noqa: BLE001 - kept for the test; a 404 is an object just gone
                     if "not found" not in str(exc):
                         self.errors.append(exc)
-            time.sleep(self.tick_s)
+            time.sleep(self.tick_s)  # models time: the autoscalers' resync pace

@@ -5,7 +5,10 @@ Deployment controllers (``fake_deployments``: Available only once its pods are s
 pulled), the device plugins (GPU nodes advertise ``nvidia.com/gpu`` and
 ``vpc.amazonaws.com/efa`` once a plugin's DaemonSet is ready), the scheduler (a worker that fits
 no node stays Pending with Kubernetes' own FailedScheduling message) and the kubelet (an image is
-pulled once per node, then cached; a bad image backs off). Durations are parameters, so a
+pulled once per node, then cached; a bad image backs off; an image with no manifest for the node's
+architecture fails as containerd fails it). A pod that admission refuses is reported as its controller
+reports it: KubeRay's FailedToCreateHeadPod/FailedToCreateWorkerPod events and ReplicaFailure condition
+on the RayCluster, the DaemonSet controller's FailedCreate event. Durations are parameters, so a
 benchmark can run the seed's timings scaled down.
 """
 
@@ -14,7 +17,9 @@ from __future__ import annotations
 import base64
 import copy
 import itertools
+import os
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,10 +32,14 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity as _parse_quantity
 
+from tests.eventually import eventually
 from tests.kubernetes import fake_deployments
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_ray import FakeRayHead
 from tests.kubernetes.fake_registry import FakeRegistry
+from tests.kubernetes.kmock_ext import ApiError, now_rfc3339
+from tests.kubernetes.kuberay_double import operator_env, operator_secret
+from tests.kubernetes.pod_network import Source, admitted
 
 Obj = dict[str, Any]
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
@@ -56,19 +65,32 @@ class FakeControlPlane:
     jobs_url: str = ""  # where the head service's dashboard port leads once the head is ready
     bad_images: set[str] = field(default_factory=set)
     registry: FakeRegistry | None = None  # set: an image under its host pulls only if it holds the tag
+    # The KubeRay release it plays: the auth env and Secret as that release makes them (kuberay_double).
+    kuberay_version: str = "1.7.0"
+    # The architectures an image's index lists, by the image as pods name it or a part of its name (a
+    # repository such as "kuberay/operator"); one not listed: amd64 only (the default image, an AWS DLC,
+    # is built for x86_64 alone).
+    platforms: dict[str, frozenset[str]] = field(default_factory=dict)
     # Extended resources that pods the test does not show hold on a node: {node: {resource: count}}.
     held: dict[str, dict[str, int]] = field(default_factory=dict)
     tick_s: float = 0.01
     # The directory standing for each claim's volume: {(namespace, claim): dir}; a reader pod's command runs there.
     volumes: dict[tuple[str, str], Path] = field(default_factory=dict)
+    # Where a claim's directory is made when the test named none: the working directory, which is the
+    # test's tmp_path (tests/conftest.py's isolated_env), so no volume outlives its test in /tmp.
+    volume_root: Path = field(default_factory=Path.cwd)
     _first_seen: dict[str, float] = field(default_factory=dict)
     _pulled: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, image) -> when it is cached
     _events: set[str] = field(default_factory=set)
     _pod_ips: dict[tuple[str, str], str] = field(default_factory=dict)  # the kubelet's podIP, one per pod
     _advertised: set[tuple[str, str]] = field(default_factory=set)  # (node, resource) a plugin DS of the test's made
+    _node_arch: dict[str, str] = field(default_factory=dict)  # node -> its kubernetes.io/arch, each tick
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     errors: list[BaseException] = field(default_factory=list)
+    # Passes over the cluster finished so far (``settled``): how a test knows the controllers have
+    # looked at what it just made, before it checks that they did nothing with it.
+    passes: int = 0
 
     def __enter__(self) -> FakeControlPlane:
         self._thread = threading.Thread(target=self._loop, name="fake-control", daemon=True)
@@ -89,7 +111,15 @@ class FakeControlPlane:
                 # sees the same 404 and moves on.
                 if "not found" not in str(exc):
                     self.errors.append(exc)
-            time.sleep(self.tick_s)
+            self.passes += 1
+            time.sleep(self.tick_s)  # models time: the controllers' resync pace
+
+    def settled(self, timeout: float = 10.0) -> None:
+        """Return once a whole pass began and ended after this call: every object made before it has
+        been seen by the controllers, so "they did nothing with it" can be checked (a positive signal that
+        the moment passed, not a guess of how long a pass takes)."""
+        start = self.passes
+        eventually("the fake control plane to finish a whole pass", lambda: self.passes >= start + 2, timeout)
 
     def _age(self, key: str) -> float:
         now = time.monotonic()
@@ -98,6 +128,8 @@ class FakeControlPlane:
     # ---- one pass over the cluster ------------------------------------------------------------------
     def tick(self) -> None:
         nodes = self.cluster.objects("Node")
+        self._node_arch = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get("kubernetes.io/arch", "")
+                           for n in nodes}
         daemonsets = self.cluster.objects("DaemonSet")
         for ds in daemonsets:
             self._daemonset(ds, nodes)
@@ -124,6 +156,7 @@ class FakeControlPlane:
             *(ds["spec"]["template"]["spec"].get("tolerations") or []), *DAEMONSET_TOLERATIONS]}
         targets = [n for n in nodes if placement_misfit(template, n) is None]
         key = f"ds/{meta['namespace']}/{meta['name']}"
+        scheduled = len(targets)
         if "k8s-device-plugin" in image or "efa-k8s-device-plugin" in image:
             ready = self._age(key) >= self.timings.addon_s
             if ready:
@@ -131,32 +164,46 @@ class FakeControlPlane:
         else:  # the image pre-pull: ready where the image is cached
             # Every node pulls at once: a list, not all()'s short circuit, starts each node's clock.
             ready = all([self._cached(n["metadata"]["name"], image) for n in targets])
-            self._daemonset_pods(ds, targets, image)
+            # A pod admission refused is not there: its node counts as desired, never as scheduled.
+            scheduled = self._daemonset_pods(ds, targets, image)
+            ready = ready and scheduled == len(targets)
         count = len(targets) if ready else 0
-        if (ds.get("status") or {}).get("numberReady") != count or "desiredNumberScheduled" not in (ds.get("status")
-                                                                                                    or {}):
+        status = ds.get("status") or {}
+        if status.get("numberReady") != count or status.get("desiredNumberScheduled") != len(targets) \
+                or status.get("currentNumberScheduled") != scheduled:
             self.cluster.set_status("DaemonSet", meta["name"], meta["namespace"], {
-                "desiredNumberScheduled": len(targets), "currentNumberScheduled": len(targets),
+                "desiredNumberScheduled": len(targets), "currentNumberScheduled": scheduled,
                 "numberReady": count, "numberAvailable": count, "updatedNumberScheduled": len(targets),
                 "observedGeneration": ds["metadata"].get("generation", 1)})
 
-    def _daemonset_pods(self, ds: Obj, targets: list[Obj], image: str) -> None:
-        """One pod per node, so a pull that fails shows where Kubernetes shows it: on the pod."""
+    def _daemonset_pods(self, ds: Obj, targets: list[Obj], image: str) -> int:
+        """One pod per node, so a pull that fails shows where Kubernetes shows it: on the pod. Returns how
+        many of the pods exist (admission may refuse them)."""
         meta = ds["metadata"]
         ns, container = meta["namespace"], ds["spec"]["template"]["spec"]["containers"][0]["name"]
         existing = {p["metadata"]["name"]: p for p in self.cluster.objects("Pod", ns)}
+        made = 0
         for node in targets:
             name = f"{meta['name']}-{node['metadata']['name']}"
             if name not in existing:
-                self.cluster.create({
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": name, "namespace": ns,
-                                 "labels": dict(ds["spec"]["template"].get("metadata", {}).get("labels", {})),
-                                 "ownerReferences": [{"kind": "DaemonSet", "name": meta["name"]}]},
-                    "spec": {**ds["spec"]["template"]["spec"], "nodeName": node["metadata"]["name"]},
-                    "status": {"phase": "Pending"}})
-            if image in self.bad_images:
-                self._event(ns, name, "Failed", f'Failed to pull image "{image}": not found', "Warning")
+                try:
+                    self.cluster.create({
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": name, "namespace": ns,
+                                     "labels": dict(ds["spec"]["template"].get("metadata", {}).get("labels", {})),
+                                     "ownerReferences": [{"kind": "DaemonSet", "name": meta["name"]}]},
+                        "spec": {**ds["spec"]["template"]["spec"], "nodeName": node["metadata"]["name"]},
+                        "status": {"phase": "Pending"}})
+                except ApiError as refused:
+                    # The DaemonSet controller's record of a refused create (pkg/controller/controller_utils.go,
+                    # FailedCreatePodReason: "Error creating: <the API's message>"), on the DaemonSet.
+                    self._event(ns, meta["name"], "FailedCreate", f"Error creating: {refused.message}", "Warning",
+                                involved="DaemonSet")
+                    continue
+            made += 1
+            failure = self._pull_failure(node["metadata"]["name"], image)
+            if failure:
+                self._event(ns, name, "Failed", f'Failed to pull image "{image}": {failure}', "Warning")
                 waiting = {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}
                 status: Obj = {"phase": "Pending", "containerStatuses": [{
                     "name": container, "image": image, "ready": False, "restartCount": 0,
@@ -169,6 +216,7 @@ class FakeControlPlane:
                 continue
             if (existing.get(name) or {}).get("status") != status:
                 self.cluster.set_status("Pod", name, ns, status)
+        return made
 
     def _collect_garbage(self) -> None:
         """Pods of a DaemonSet that is gone go too (the garbage collector's ownerReferences)."""
@@ -204,8 +252,20 @@ class FakeControlPlane:
                                         {**node["status"], "allocatable": {**allocatable,
                                                                            resource: capacity[resource]}})
 
-    def _cached(self, node: str, image: str) -> bool:
+    def _pull_failure(self, node: str, image: str) -> str | None:
+        """Why the kubelet cannot pull ``image`` on ``node``: a missing image, or no manifest for the node's
+        architecture in the image's index (containerd's error as the kubelet reports it: "no match for
+        platform in manifest: not found", containerd core/images/image.go / platforms matching)."""
         if image in self.bad_images:
+            return "not found"
+        arch = self._node_arch.get(node) or "amd64"
+        listed = self.platforms.get(image) or next((p for key, p in self.platforms.items() if key in image), None)
+        if arch not in (listed or frozenset({"amd64"})):
+            return f'failed to pull and unpack image "{image}": no match for platform in manifest: not found'
+        return None
+
+    def _cached(self, node: str, image: str) -> bool:
+        if self._pull_failure(node, image):
             return False
         now = time.monotonic()
         ready_at = self._pulled.setdefault((node, image), now + self.timings.pull_s)
@@ -217,13 +277,15 @@ class FakeControlPlane:
         ns, name = meta["namespace"], meta["name"]
         existing = {p["metadata"]["name"] for p in self.cluster.objects("Pod", ns)}
         auth = self._auth(rc)
-        head = with_token_env(spec["headGroupSpec"]["template"], auth)
+        head = with_token_env(spec["headGroupSpec"]["template"], auth, self.kuberay_version)
         autoscaling = spec.get("enableInTreeAutoscaling") is True
         if autoscaling:
             head = with_autoscaler_sidecar(head)
-        self._make_pod(ns, f"{name}-head-0", name, "head", "headgroup", head, existing)
+        if not self._make_pod(ns, f"{name}-head-0", name, "head", "headgroup", head, existing):
+            return  # reconcilePods returns on a head it could not create: no worker is tried
         for group in spec.get("workerGroupSpecs", []):
-            self._worker_group(ns, name, {**group, "template": with_token_env(group["template"], auth)},
+            self._worker_group(ns, name, {**group, "template": with_token_env(group["template"], auth,
+                                                                                self.kuberay_version)},
                                autoscaling, existing)
         if self.cluster.get("Service", f"{name}-head-svc", ns) is None:
             self.cluster.create({"apiVersion": "v1", "kind": "Service",
@@ -238,13 +300,12 @@ class FakeControlPlane:
         KubeRay v1.7.0 (ray-operator/controllers/ray/raycluster_controller.go ``reconcileAuthSecret``):
         with ``authOptions.mode: token`` and no ``secretName`` it creates a Secret named after the
         cluster holding a random ``auth_token``; with a ``secretName`` it creates nothing and uses that
-        Secret as it is (a missing one leaves the pods unable to start)."""
-        options = rc["spec"].get("authOptions") or {}
-        if options.get("mode") != "token":
-            return None
+        Secret as it is (a missing one leaves the pods unable to start). v1.5.x knows no ``secretName``:
+        always its own Secret; before v1.5.1 no auth (``kuberay_double.operator_secret``)."""
         meta = rc["metadata"]
-        if options.get("secretName"):
-            return str(options["secretName"])
+        secret = operator_secret(self.kuberay_version, rc["spec"].get("authOptions"), meta["name"])
+        if secret is None or secret != meta["name"]:
+            return secret
         if self.cluster.get("Secret", meta["name"], meta["namespace"]) is None:
             self.cluster.create({"apiVersion": "v1", "kind": "Secret",
                                  "metadata": {"name": meta["name"], "namespace": meta["namespace"],
@@ -297,16 +358,40 @@ class FakeControlPlane:
                 self.cluster.delete("Pod", pod_name, ns)
 
     def _make_pod(self, ns: str, pod_name: str, cluster: str, node_type: str, group: str, template: Obj,
-                  existing: set[str]) -> None:
+                  existing: set[str]) -> bool:
+        """Create the pod unless it exists; False when the API server refused it."""
         if pod_name in existing:
+            return True
+        try:
+            self.cluster.create({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": ns,
+                             "labels": {**template.get("metadata", {}).get("labels", {}), "ray.io/cluster": cluster,
+                                        "ray.io/node-type": node_type, "ray.io/group": group},
+                             "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                "spec": template["spec"], "status": {"phase": "Pending"}})
+        except ApiError as refused:
+            self._replica_failure(ns, cluster, node_type, pod_name, refused.message)
+            return False
+        return True
+
+    def _replica_failure(self, ns: str, cluster: str, node_type: str, pod_name: str, error: str) -> None:
+        """KubeRay v1.7.0 when the API server refuses a pod (raycluster_controller.go createHeadPod /
+        createWorkerPod): a Warning event on the RayCluster, ``FailedToCreateHeadPod`` ("Failed to create
+        head Pod <ns>/<name>, <err>") or ``FailedToCreateWorkerPod``, and in calculateStatus the condition
+        ReplicaFailure=True, reason ``FailedCreateHeadPod``/``FailedCreateWorkerPod`` (utils.ErrFailedCreate*),
+        message the joined error (errors.Join: the reason, a newline, the API's message)."""
+        role = "Head" if node_type == "head" else "Worker"
+        self._event(ns, cluster, f"FailedToCreate{role}Pod", f"Failed to create {node_type} Pod {ns}/{pod_name}, "
+                                                              f"{error}", "Warning", involved="RayCluster")
+        live = self.cluster.get("RayCluster", cluster, ns)
+        if live is None:
             return
-        self.cluster.create({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": ns,
-                         "labels": {**template.get("metadata", {}).get("labels", {}), "ray.io/cluster": cluster,
-                                    "ray.io/node-type": node_type, "ray.io/group": group},
-                         "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-            "spec": template["spec"], "status": {"phase": "Pending"}})
+        conditions = [c for c in (live.get("status") or {}).get("conditions") or [] if c["type"] != "ReplicaFailure"]
+        failure = {"type": "ReplicaFailure", "status": "True", "reason": f"FailedCreate{role}Pod",
+                   "message": f"FailedCreate{role}Pod\n{error}", "lastTransitionTime": now_rfc3339()}
+        self.cluster.set_status("RayCluster", cluster, ns, {**(live.get("status") or {}),
+                                                            "conditions": [*conditions, failure]})
 
     # ---- the PV controller and the CSI provisioners -------------------------------------------------
     def _claim(self, claim: Obj) -> None:
@@ -397,6 +482,9 @@ class FakeControlPlane:
         if meta.get("labels", {}).get("rtui.dev/role") == "data-reader":
             self._run_to_end(pod, nodes)
             return
+        if meta.get("labels", {}).get("rtui.dev/role") == "netpol-probe":
+            self._run_probe(pod)
+            return
         if cluster is None:
             return
         if (ns, cluster) not in live_clusters:
@@ -409,8 +497,9 @@ class FakeControlPlane:
         if node is None:
             return
         image = pod["spec"]["containers"][0]["image"]
-        if image in self.bad_images:
-            self._event(ns, name, "Failed", f'Failed to pull image "{image}": not found', "Warning")
+        failure = self._pull_failure(node, image)
+        if failure:
+            self._event(ns, name, "Failed", f'Failed to pull image "{image}": {failure}', "Warning")
             self.cluster.set_status("Pod", name, ns, {"phase": "Pending", "containerStatuses": [{
                 "name": pod["spec"]["containers"][0]["name"], "image": image, "ready": False, "restartCount": 0,
                 "state": {"waiting": {"reason": "ImagePullBackOff",
@@ -460,7 +549,9 @@ class FakeControlPlane:
         volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
         claim = volume["persistentVolumeClaim"]["claimName"]
         assert mount.get("readOnly") and volume["persistentVolumeClaim"].get("readOnly"), "mounted read-write"
-        where = self.volumes.setdefault((ns, claim), Path(tempfile.mkdtemp(prefix=f"vol-{claim}-")))
+        if (ns, claim) not in self.volumes:
+            self.volumes[(ns, claim)] = Path(tempfile.mkdtemp(prefix=f"vol-{claim}-", dir=self.volume_root))
+        where = self.volumes[(ns, claim)]
         if container["command"][0] == "sleep":  # it waits to be exec'd into: Running until deleted
             self.cluster.kube.exec_dirs[(ns, name)] = where
             self.cluster.set_status("Pod", name, ns, {"phase": "Running", "containerStatuses": [{
@@ -470,6 +561,48 @@ class FakeControlPlane:
         self.cluster.set_status("Pod", name, ns, {"phase": "Running"})
         command = [sys.executable if c == "python" else c for c in container["command"]]
         done = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=60)
+        self.cluster.feed_log(ns, name, (done.stdout + done.stderr).splitlines())
+        self.cluster.set_status("Pod", name, ns, {
+            "phase": "Succeeded" if done.returncode == 0 else "Failed",
+            "containerStatuses": [{"name": container["name"], "ready": False, "restartCount": 0,
+                                   "state": {"terminated": {"exitCode": done.returncode}}}]})
+
+    def _run_probe(self, pod: Obj) -> None:
+        """The kubelet and the pod network of rtui's NetworkPolicy probe: its own command runs here, with
+        its target (``python -c SCRIPT <ip> <port> <wait>``) swapped for a loopback port that accepts
+        when the emulator's pod network (``pod_network.admitted``, only while it enforces policies)
+        lets a connection from this pod reach the pod at ``<ip>``, and a closed one when it does not
+        (a CNI that rejects; one that drops makes the probe time out, which reads the same). The API
+        server's Service, which no policy of the run's namespace stands in front of, always accepts."""
+        meta, spec = pod["metadata"], pod["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Running"):
+            return
+        container = spec["containers"][0]
+        command = list(container["command"])
+        ip, port = command[-3], int(command[-2])
+        target = next((p for p in self.cluster.objects("Pod", ns) if (p.get("status") or {}).get("podIP") == ip),
+                      None)
+        self._pod_ips.setdefault((ns, name), f"10.244.{len(self._pod_ips) // 250}.{len(self._pod_ips) % 250 + 2}")
+        namespace = self.cluster.get("Namespace", ns) or {"metadata": {}}
+        source = Source(ip=self._pod_ips[(ns, name)], namespace=ns, labels=dict(meta.get("labels") or {}), pod=name,
+                        namespace_labels={"kubernetes.io/metadata.name": ns,
+                                          **(namespace["metadata"].get("labels") or {})})
+        policies = self.cluster.objects("NetworkPolicy")
+        reached = target is not None and (not self.cluster.kube.enforce_policies
+                                          or admitted(policies, target, source, port))
+        self.cluster.set_status("Pod", name, ns, {"phase": "Running", "podIP": self._pod_ips[(ns, name)]})
+        with socket.socket() as open_port, socket.socket() as api_server, socket.socket() as closed:
+            for s in (open_port, api_server, closed):
+                s.bind(("127.0.0.1", 0))
+            open_port.listen()
+            api_server.listen()
+            # ``closed`` is bound and never listens: a connection to it is refused.
+            command[-3:-1] = ["127.0.0.1", str((open_port if reached else closed).getsockname()[1])]
+            env = {**os.environ, "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                   "KUBERNETES_SERVICE_PORT": str(api_server.getsockname()[1])}
+            done = subprocess.run([sys.executable if c == "python" else c for c in command], env=env,
+                                  capture_output=True, text=True, timeout=60)
         self.cluster.feed_log(ns, name, (done.stdout + done.stderr).splitlines())
         self.cluster.set_status("Pod", name, ns, {
             "phase": "Succeeded" if done.returncode == 0 else "Failed",
@@ -569,21 +702,18 @@ def secret_value(secret: Obj, key: str) -> str | None:
     return base64.b64decode(data).decode() if data is not None else None
 
 
-def with_token_env(template: Obj, secret_name: str | None) -> Obj:
-    """The pod template with the env KubeRay v1.7.0 adds to the Ray container under token auth
+def with_token_env(template: Obj, secret_name: str | None, version: str = "1.7.0") -> Obj:
+    """The pod template with the env KubeRay ``version`` adds to the Ray container under token auth
     (ray-operator/controllers/ray/common/pod.go ``SetContainerTokenAuthEnvVars``): RAY_AUTH_MODE=token
-    and RAY_AUTH_TOKEN from the Secret's ``auth_token`` key, each only where the container has none."""
+    and RAY_AUTH_TOKEN from the Secret's ``auth_token`` key; from v1.6.0 each only where the container
+    has none, v1.5.x appends both whatever is there (``kuberay_double.operator_env``)."""
     if secret_name is None:
         return template
     out = copy.deepcopy(template)
     container = out["spec"]["containers"][0]
-    env = container.setdefault("env", [])
-    names = {v["name"] for v in env}
-    if "RAY_AUTH_MODE" not in names:
-        env.append({"name": "RAY_AUTH_MODE", "value": "token"})
-    if "RAY_AUTH_TOKEN" not in names:
-        env.append({"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name,
-                                                                           "key": "auth_token"}}})
+    # operator_env decides by the Secret alone here: the one _auth resolved for this release.
+    container["env"] = operator_env(version, container.get("env") or [], secret_name,
+                                    {"mode": "token", "secretName": secret_name})
     return out
 
 

@@ -183,15 +183,15 @@ class FakeRayHead:
         return aiohttp.web.json_response({"job_id": sid, "submission_id": sid})
 
     async def _run(self, job: FakeJob) -> None:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # models time: the job's driver starting before it is RUNNING
         await self._set(job, status="RUNNING")
         while self.workers_ready is not None and job.status == "RUNNING" and not self.workers_ready():
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # models time: the driver waiting for its workers, as Ray Train does
         for line in self.script:
             if job.status != "RUNNING":
                 return
             await self._set(job, log=job.log + line + "\n")
-            await asyncio.sleep(self.line_every_s)
+            await asyncio.sleep(self.line_every_s)  # models time: the job's pace of printing
         end = int(time.time() * 1000)
         if self.fail:
             await self._set(job, status="FAILED", message="Job entrypoint command failed with exit code 1",
@@ -286,7 +286,7 @@ class BigLogRayHead(FakeRayHead):
         self.printed: dict[str, int] = {}  # lines of the script each job has printed so far
 
     async def _run(self, job: FakeJob) -> None:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # models time: the job's driver starting before it is RUNNING
         await self._set(job, status="RUNNING")
         for start in range(0, len(self.script), self.write_lines):
             if job.status != "RUNNING":
@@ -294,7 +294,7 @@ class BigLogRayHead(FakeRayHead):
             async with self._changed:
                 self.printed[job.submission_id] = min(start + self.write_lines, len(self.script))
                 self._changed.notify_all()
-            await asyncio.sleep(self.line_every_s)
+            await asyncio.sleep(self.line_every_s)  # models time: the job's pace of printing
         outcome = ("FAILED", "Job entrypoint command failed with exit code 1") if self.fail else (
             "SUCCEEDED", "Job finished successfully.")
         await self._set(job, status=outcome[0], message=outcome[1], end_time=int(time.time() * 1000))

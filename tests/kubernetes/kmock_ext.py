@@ -28,6 +28,15 @@ import yaml
 from kmock._internal import references
 from kmock._internal.k8s import KubernetesEmulator
 
+from tests.kubernetes import kubelet_portforward, pod_security
+from tests.kubernetes.kube_lifecycle import held, refuse_in_terminating
+from tests.kubernetes.kuberay_double import (
+    missing_required,
+    openapi_group_version,
+    openapi_root,
+    prune,
+    served_schema,
+)
 from tests.kubernetes.pod_network import Source, admitted
 
 Obj = dict[str, Any]
@@ -72,6 +81,7 @@ PLURAL_OF = {(f"{g}/{v}" if g else v, kind): plural
 # kube-apiserver's answer for a path no handler serves (a group with no Established CRD among
 # them): the NotFound handler's Status, with no details at all.
 NOT_SERVED = "the server could not find the requested resource"
+REVIEWS = {"selfsubjectaccessreviews": "SelfSubjectAccessReview", "selfsubjectrulesreviews": "SelfSubjectRulesReview"}
 VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 PROXY_RE = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/:]+):([^/]+)/proxy(/.*)?$")
 RESOURCE_RE = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))(?P<rest>(?:/[^/]+)*)/?$")
@@ -88,6 +98,20 @@ class ApiError(Exception):
         if self.details:  # metav1.Status.Details is omitempty: a Status without details has no key
             body["details"] = self.details
         return aiohttp.web.json_response(body, status=self.code)
+
+
+def too_many_requests(retry_after_s: int = 1) -> aiohttp.web.Response:
+    """What kube-apiserver's API Priority and Fairness filter (and max-in-flight before it) answers a request it
+    rejects: 429 with ``Retry-After`` (a constant 1 s upstream, kubernetes/kubernetes#117734) and a plain-text
+    body, not a Status (apiserver/pkg/server/filters/maxinflight.go ``tooManyRequests``: ``http.Error``;
+    kubernetes.io/docs/concepts/cluster-administration/flow-control/). Nothing of the request was done."""
+    return aiohttp.web.Response(status=429, text="Too many requests, please try again later.\n",
+                                headers={"Retry-After": str(retry_after_s)})
+
+
+def unavailable() -> aiohttp.web.Response:
+    """A 503 as an API server behind a load balancer gives while it restarts or loses etcd (a Status)."""
+    return ApiError(503, "ServiceUnavailable", "the server is currently unable to handle the request").response()
 
 
 def not_served() -> ApiError:
@@ -128,8 +152,13 @@ def _peer_port(raw: aiohttp.web.BaseRequest) -> int:
     return int(peer[1]) if peer else 0
 
 
-def now_rfc3339(nano: bool = False) -> str:
-    t = dt.datetime.now(dt.UTC)
+def _negated(rfc3339: str) -> float:
+    """A timestamp as a key that sorts the newest first (RFC 3339 UTC, whole seconds)."""
+    return -dt.datetime.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp() if rfc3339 else 0.0
+
+
+def now_rfc3339(nano: bool = False, at: dt.datetime | None = None) -> str:
+    t = at or dt.datetime.now(dt.UTC)
     return t.strftime("%Y-%m-%dT%H:%M:%S") + (f".{t.microsecond:06d}000Z" if nano else "Z")
 
 
@@ -215,6 +244,8 @@ class RtuiKube(KubernetesEmulator):
     # Who may do what beside ``forbidden``: the denial's message, or None to allow (e.g. EKS's
     # access policies, tests/aws/eks_authz.py). None: everyone authenticated may do everything.
     authorizer: Callable[[Access], str | None] | None = attrs.field(default=None, init=False)
+    # SelfSubjectRulesReview's status for (token, namespace) (``kube_rbac``); None: every rule ("*").
+    rules_reviewer: Callable[[str, str], Obj] | None = attrs.field(default=None, init=False)
     proxies: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
     _rv: int = attrs.field(default=1, init=False)
     _logs: dict[tuple[str, str], list[tuple[str, str]]] = attrs.field(factory=dict, init=False)
@@ -225,17 +256,32 @@ class RtuiKube(KubernetesEmulator):
     establish_after_s: float = attrs.field(default=0.2, init=False)
     # Whether the cluster's CNI enforces NetworkPolicies (``pod_network``); without, they do nothing.
     enforce_policies: bool = attrs.field(default=False, init=False)
+    # Where the service proxy's connections to pods come from (``pod_network.konnectivity_agent``…); None:
+    # the API server's own address, as on a cluster whose API server sits on a routed pod network.
+    proxy_source: Source | None = attrs.field(default=None, init=False)
     # The filesystem a running pod's exec sees: its working directory here (the fake kubelet sets it).
     exec_dirs: dict[tuple[str, str], Path] = attrs.field(factory=dict, init=False)
+    # Whether the client may reach the endpoint at all (an EKS endpoint's publicAccessCidrs): when it
+    # answers False the request is never answered, as a dropped packet is not (tests/aws/conftest.py).
+    reachable: Callable[[], bool] | None = attrs.field(default=None, init=False)
+    # An answer given before routing (``too_many_requests``, ``unavailable``) for (method, path), or None:
+    # API Priority and Fairness rejects a request before any handler sees it.
+    fault: Callable[[str, str], aiohttp.web.Response | None] | None = attrs.field(default=None, init=False)
+    # The time this server stamps as an object's creationTimestamp (whole seconds, as the real one
+    # writes it), or None: the wall clock. A test stops and moves it (KubeCluster.advance_clock) instead
+    # of sleeping past a second boundary.
+    frozen_at: dt.datetime | None = attrs.field(default=None, init=False)
 
     # ---- entry point ---------------------------------------------------------------------------
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         peer = _peer_port(raw)  # before the answer: a stream's transport may be gone after it
+        if self.reachable is not None and not self.reachable():
+            return await self._never_answer(raw)
         await raw.read()
         message = ""
         try:
-            response = await self._route(raw)
+            response = (self.fault and self.fault(raw.method, raw.path)) or await self._route(raw)
         except ApiError as err:
             response, message = err.response(), err.message
         if response is None:  # discovery and watches: kmock's own
@@ -245,6 +291,16 @@ class RtuiKube(KubernetesEmulator):
                                   raw.headers.get("Authorization", "").removeprefix("Bearer "), message,
                                   peer))
         return response
+
+    @staticmethod
+    async def _never_answer(raw: aiohttp.web.BaseRequest, limit_s: float = 120.0) -> aiohttp.web.StreamResponse:
+        """Hold the request without a byte until the client gives up (or ``limit_s``), as a client outside
+        an endpoint's allowed CIDRs sees it: no refusal, no answer, only its own timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        while loop.time() < deadline and raw.transport is not None and not raw.transport.is_closing():
+            await asyncio.sleep(0.05)  # models time: the emulator's own pace while it ignores the client
+        return aiohttp.web.Response(status=504)
 
     async def _route(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse | None:
         if self.token_check is not None and raw.path != "/version":
@@ -257,6 +313,8 @@ class RtuiKube(KubernetesEmulator):
             return await self._proxy(raw, *m.groups())
         if raw.path in ("/api", "/apis", "/api/v1") or raw.path.startswith("/apis/") and raw.path.count("/") == 3:
             return self._discovery(raw.path)
+        if raw.path == "/openapi/v3" or raw.path.startswith("/openapi/v3/apis/"):
+            return self._openapi_v3(raw.path)
         m = RESOURCE_RE.match(raw.path)
         if m is None:
             return None
@@ -269,12 +327,14 @@ class RtuiKube(KubernetesEmulator):
             return None
         plural, name, sub = segs[0], (segs[1] if len(segs) > 1 else None), "/".join(segs[2:]) or None
         verb = VERBS.get(raw.method, raw.method.lower()) if name or raw.method != "GET" else "list"
-        if sub == "exec":
-            # A WebSocket GET of pods/exec is authorized as ``create`` like SPDY's POST (KEP-4006,
-            # AuthorizePodWebsocketUpgradeCreatePermission, on by default since 1.30).
+        if sub in ("exec", "portforward"):
+            # A WebSocket GET of pods/exec or pods/portforward is authorized as ``create`` like SPDY's
+            # POST (KEP-4006, AuthorizePodWebsocketUpgradeCreatePermission, on by default since 1.30).
             verb = "create"
         if raw.query.get("watch") in ("true", "1"):
             verb = "watch"
+        if group == "authorization.k8s.io" and plural in REVIEWS and raw.method == "POST":
+            return await self._review(raw, plural, token)
         # Authorization is a filter before any handler (server/config.go's handler chain): 403 comes first.
         self._authorize(verb, plural if not sub else f"{plural}/{sub}", group, namespace, token, name)
         self._kind((group, version, plural))  # a resource nothing serves: the NotFound handler's 404
@@ -285,6 +345,8 @@ class RtuiKube(KubernetesEmulator):
             return await self._serve_log(raw, namespace, name)
         if plural == "pods" and sub == "exec" and name and namespace:
             return await self._serve_exec(raw, namespace, name)
+        if plural == "pods" and sub == "portforward" and name and namespace:
+            return await kubelet_portforward.serve(self, raw, namespace, name)
         data = await raw.read()
         body: Obj = (json.loads(data) if data.lstrip()[:1] in (b"{", b"[") else yaml.safe_load(data)) if data else {}
         if raw.method == "GET":
@@ -312,12 +374,51 @@ class RtuiKube(KubernetesEmulator):
         # /api/v1/namespaces/<name> is also the request's namespace), so a grant in a namespace reaches it.
         if resource == "namespaces" and name and namespace is None:
             namespace = name
+        why = self._denial(verb, resource, group, namespace, token, name)
+        if why is not None:
+            # errors.NewForbidden: the qualified resource, the authorizer's words, details naming it.
+            where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+            qualified = f"{resource}.{group}" if group else resource
+            subject = f'{qualified} "{name}"' if name else qualified
+            details = {"kind": resource, **({"group": group} if group else {}), **({"name": name} if name else {})}
+            raise ApiError(403, "Forbidden", f'{subject} is forbidden: User "{why}" cannot {verb} resource '
+                                             f'"{resource}" in API group "{group}"{where}', details)
+
+    def _denial(self, verb: str, resource: str, group: str, namespace: str | None, token: str,
+                name: str | None) -> str | None:
+        """None when the request is allowed, else the user name the refusal names."""
         denied = (verb, resource, namespace) in self.forbidden or (verb, resource, None) in self.forbidden
         why = self.authorizer(Access(token, verb, resource, group, namespace, name)) if self.authorizer else None
-        if denied or why is not None:
-            where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
-            raise ApiError(403, "Forbidden", f'{resource} is forbidden: User "{why or "test"}" cannot {verb} '
-                                             f'resource "{resource}" in API group "{group}"{where}')
+        return (why or "test") if denied or why is not None else None
+
+    async def _review(self, raw: aiohttp.web.BaseRequest, plural: str, token: str) -> aiohttp.web.Response:
+        """SelfSubjectAccessReview / SelfSubjectRulesReview (authorization.k8s.io/v1), which every
+        authenticated user may create (``system:basic-user``): the first is answered by the same decision
+        a real request gets (pkg/registry/authorization/selfsubjectaccessreview/rest.go), the second by
+        the rules reviewer (selfsubjectrulesreview/rest.go; ``kube_rbac``). Both return the object with
+        its status, 201 Created."""
+        data = await raw.read()
+        body: Obj = json.loads(data) if data else {}
+        spec = body.get("spec") or {}
+        kind = REVIEWS[plural]
+        if plural == "selfsubjectrulesreviews":
+            namespace = str(spec.get("namespace") or "")
+            if not namespace:
+                raise ApiError(400, "BadRequest", "no namespace on request")
+            status: Obj = self.rules_reviewer(token, namespace) if self.rules_reviewer else {
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
+                "nonResourceRules": [], "incomplete": False}
+        else:
+            attrs_ = spec.get("resourceAttributes") or {}
+            resource = str(attrs_.get("resource") or "") + (f"/{attrs_['subresource']}"
+                                                            if attrs_.get("subresource") else "")
+            why = self._denial(str(attrs_.get("verb") or ""), resource, str(attrs_.get("group") or ""),
+                               attrs_.get("namespace") or None, token, attrs_.get("name") or None)
+            # The RBAC authorizer gives no reason for a denial: it has no opinion, and nothing else allows.
+            status = {"allowed": why is None, **({"reason": "allowed by RBAC"} if why is None else {})}
+        return aiohttp.web.json_response({"apiVersion": "authorization.k8s.io/v1", "kind": kind,
+                                          "metadata": {"creationTimestamp": None}, "spec": spec,
+                                          "status": status}, status=201)
 
     # ---- custom resources: served only once their CRD is Established --------------------------------
 
@@ -343,6 +444,39 @@ class RtuiKube(KubernetesEmulator):
             return names.get("kind", ""), spec.get("scope") == "Namespaced", \
                 "status" in (served[0].get("subresources") or {})
         raise not_served()
+
+    def _pruned(self, key: tuple[str, str, str], obj: Obj) -> Obj:
+        """A custom resource as stored: without the fields its CRD's schema lacks (kuberay_double.prune),
+        and refused, 422 Invalid, when it lacks a field the schema requires, as the API server's
+        structural-schema validation does (apiextensions-apiserver: "<Kind>.<group> "<name>" is invalid:
+        spec.headGroupSpec.template: Required value"; KubeRay's RayCluster CRD requires that one)."""
+        group, version, plural = key
+        for crd in self.items(CRD_KEY) if key not in KINDS else []:
+            spec = crd.get("spec") or {}
+            if spec.get("group") == group and (spec.get("names") or {}).get("plural") == plural:
+                schema = served_schema(crd, version)
+                missing = missing_required(obj, schema)
+                if missing:
+                    kind, name = (spec.get("names") or {}).get("kind", ""), (obj.get("metadata") or {}).get("name")
+                    raise ApiError(422, "Invalid", f'{kind}.{group} "{name}" is invalid: '
+                                   + ", ".join(f"{m}: Required value" for m in missing),
+                                   {"name": name, "group": group, "kind": kind,
+                                    "causes": [{"reason": "FieldValueRequired", "message": "Required value",
+                                                "field": m} for m in missing]})
+                pruned: Obj = prune(obj, schema, root=True)
+                return pruned
+        return obj
+
+    def _openapi_v3(self, path: str) -> aiohttp.web.Response:
+        """The published OpenAPI v3 of the Established CRDs (kuberay_double's docstring says what it holds)."""
+        crds = [c for c in self.items(CRD_KEY) if crd_condition(c, "Established")]
+        if path == "/openapi/v3":
+            return aiohttp.web.json_response(openapi_root(crds))
+        group, _, version = path.removeprefix("/openapi/v3/apis/").rpartition("/")
+        doc = openapi_group_version(crds, group, version)
+        if doc is None:
+            raise not_served()
+        return aiohttp.web.json_response(doc)
 
     def _established(self) -> dict[tuple[str, str, str], tuple[str, bool, bool]]:
         """What discovery lists of the CRDs: only Established ones (discovery_controller.go, same package)."""
@@ -434,6 +568,7 @@ class RtuiKube(KubernetesEmulator):
         name = meta.get("name") or (meta.get("generateName", "") + uuid.uuid4().hex[:5])
         namespace = namespace or meta.get("namespace") or ("default" if self._kind(key)[1] else None)
         self._require_namespace(key, namespace)
+        refuse_in_terminating(self, key, namespace, name)
         async with self._lock:
             if self.find(key, namespace, name) is not None:
                 raise ApiError(409, "AlreadyExists", f'{key[2]} "{name}" already exists', {"name": name})
@@ -443,7 +578,7 @@ class RtuiKube(KubernetesEmulator):
             group, version, _ = key
             obj["apiVersion"], obj["kind"] = (f"{group}/{version}" if group else version), self._kind(key)[0]
             obj["metadata"].update(name=name, uid=str(uuid.uuid4()), resourceVersion=self._next_rv(),
-                                   creationTimestamp=now_rfc3339(), generation=1)
+                                   creationTimestamp=now_rfc3339(at=self.frozen_at), generation=1)
             if namespace and self._kind(key)[1]:
                 obj["metadata"]["namespace"] = namespace  # kmock's watches need it (DESIGN.md §5)
             if manager:
@@ -453,10 +588,12 @@ class RtuiKube(KubernetesEmulator):
                 # Set by the API server on every namespace since 1.21 (what namespaceSelectors match by name).
                 obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             fold_string_data(key, obj)
+            obj = self._pruned(key, obj)
             if key == PVC_KEY:
                 self._admit_claim(obj)
             if key == ("", "v1", "pods"):
                 self._admit_service_account(obj, namespace, name)
+                self._admit_pod_security(obj, namespace, name)
             self._objects[self._objkey(key, namespace, name)] = obj
             await self._publish(key, "ADDED", obj)
         if key == CRD_KEY and not crd_condition(obj, "Established"):
@@ -471,21 +608,33 @@ class RtuiKube(KubernetesEmulator):
             raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: error looking up service account '
                                              f'{namespace}/{account}: serviceaccount "{account}" not found')
 
+    def _admit_pod_security(self, pod: Obj, namespace: str | None, name: str) -> None:
+        """PodSecurity admission: a pod breaking its namespace's ``enforce`` level is refused, 403 Forbidden,
+        every broken control named (k8s.io/pod-security-admission, admission.go; levels as
+        https://kubernetes.io/docs/concepts/security/pod-security-standards/). Controllers' pods too: the
+        test playing KubeRay or a DaemonSet creates through here, as they create through the API server."""
+        level, version = pod_security.enforced(self.find(("", "v1", "namespaces"), None, namespace or ""))
+        found = pod_security.violations(level, pod.get("metadata") or {}, pod.get("spec") or {})
+        if found:
+            raise ApiError(403, "Forbidden", pod_security.refusal(name, level, version, found))
+
     def _admit_claim(self, claim: Obj) -> None:
         """The DefaultStorageClass admission plugin: a claim that names no class (the field absent, not
         ``""``) gets the cluster's default StorageClass, the newest one when several are marked default;
         with no default it stays without a class, and only a PV of no class can ever bind it, so a
         dynamically provisioned claim stays Pending. (kubernetes.io/docs/concepts/storage/persistent-volumes/
         "Class" and /storage-classes/ "Default StorageClass"; plugin/pkg/admission/storage/storageclass/
-        setdefault/admission.go.)"""
+        setdefault/admission.go.) Two defaults made in the same second (creationTimestamp has whole
+        seconds) go by name, ascending: pkg/volume/util/storageclass.go GetDefaultClass sorts newest
+        first, then by class name -- not by which was made last."""
         spec = claim.setdefault("spec", {})
         if spec.get("storageClassName") is not None:
             return
         defaults = [c for c in self.items(STORAGE_CLASS_KEY)
                     if ((c.get("metadata") or {}).get("annotations") or {}).get(DEFAULT_CLASS_ANNOTATION) == "true"]
         if defaults:
-            newest = max(defaults, key=lambda c: (c["metadata"].get("creationTimestamp", ""),
-                                                  int(c["metadata"].get("resourceVersion", "0"))))
+            newest = min(defaults, key=lambda c: (_negated(c["metadata"].get("creationTimestamp", "")),
+                                                  c["metadata"]["name"]))
             spec["storageClassName"] = newest["metadata"]["name"]
         claim["status"] = {"phase": "Pending"}
 
@@ -509,6 +658,7 @@ class RtuiKube(KubernetesEmulator):
                 fold_string_data(key, new)
             for k in ("apiVersion", "kind"):
                 new[k] = old[k]
+            new = self._pruned(key, new)
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
             new["metadata"]["managedFields"] = old["metadata"].get("managedFields", [])
             if new == old:
@@ -536,8 +686,13 @@ class RtuiKube(KubernetesEmulator):
             return await self._create(key, namespace, body, manager), True
         return await self._update(key, namespace, name, body, None, manager=manager), False
 
-    async def _delete(self, key: tuple[str, str, str], namespace: str | None, name: str) -> Obj:
+    async def _delete(self, key: tuple[str, str, str], namespace: str | None, name: str, *,
+                      now: bool = False) -> Obj:
+        """Removed at once with ``now``; else a pod in its grace period or a namespace with content left
+        stays, Terminating (``kube_lifecycle``), and that is what the DELETE answers."""
         obj = self._get(key, namespace, name)
+        if not now and (kept := await held(self, key, namespace, obj)) is not None:
+            return kept
         async with self._lock:
             self._objects[self._objkey(key, namespace, name)].delete()
             await self._publish(key, "DELETED", obj)
@@ -748,10 +903,11 @@ class RtuiKube(KubernetesEmulator):
         target = self.proxies.get((namespace, service, port))
         if target is None:
             raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{service}"')
-        # The proxy dials the pod from the API server's own address: a policy that does not admit it
-        # drops the SYN, and the API server answers what its proxy handler does on a dial timeout.
-        if self.enforce_policies and self.reach(Source(ip=(self.apiserver_ips() or ["0.0.0.0"])[0]),
-                                                namespace, service, port) is None:
+        # The proxy dials the pod from wherever the API server's traffic enters the pod network (its own
+        # address, a tunnel address, a Konnectivity agent: ``proxy_source``): a policy that does not admit
+        # that source drops the SYN, and the API server answers what its proxy handler does on a dial timeout.
+        source = self.proxy_source or Source(ip=(self.apiserver_ips() or ["0.0.0.0"])[0])
+        if self.enforce_policies and self.reach(source, namespace, service, port) is None:
             raise ApiError(503, "ServiceUnavailable",
                            f"error trying to reach service: dial tcp {service}.{namespace}:{port}: i/o timeout")
         url = target.rstrip("/") + (rest or "/")

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.eventually import eventually
 from tests.fake_hub import FakeHub
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import crd_dir
@@ -115,10 +115,5 @@ def failure(out: str) -> str:
 
 
 def wait_until(what: str, cond: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    """The kube tests' name for ``tests.eventually.eventually`` (the one polling implementation)."""
+    return eventually(what, cond, timeout)

@@ -112,3 +112,30 @@ def admitted(policies: list[Obj], dst_pod: Obj, src: Source, port: int, protocol
                     and _port_matches(rule.get("ports") or [], dst_pod, port, protocol):
                 return True
     return False
+
+
+# ---- where the API server's service proxy enters the pod network ------------------------------------
+# The service proxy (``/api/v1/namespaces/NS/services/SVC:PORT/proxy``) dials the pod from the API
+# server's network path, which is the address in Endpoints ``default/kubernetes`` only where the
+# control plane sits on a routed pod network (EKS's VPC CNI). Elsewhere:
+KONNECTIVITY_LABELS = {"k8s-app": "konnectivity-agent"}
+
+
+def konnectivity_agent(ip: str = "10.244.3.7", node: str = "system-0") -> Source:
+    """GKE and AKS send the API server's traffic to the cluster through the apiserver-network-proxy:
+    the API server's egress selector ``cluster`` hands each dial to the Konnectivity server, which
+    has an agent pod in the cluster make it (kubernetes.io/docs/tasks/extend-kubernetes/setup-konnectivity;
+    its agent is a DaemonSet ``konnectivity-agent`` in kube-system labelled ``k8s-app: konnectivity-agent``,
+    pod network, not host network). The pod sees the agent pod's address, from another namespace."""
+    return Source(ip=ip, namespace="kube-system", labels=dict(KONNECTIVITY_LABELS), pod="konnectivity-agent-x1",
+                  namespace_labels={"kubernetes.io/metadata.name": "kube-system"})
+
+
+def calico_tunnel(ip: str = "10.244.7.1") -> Source:
+    """Calico with IPIP (or VXLAN; Canal likewise with flannel's VXLAN) gives every node a tunnel device
+    with an address from the pod IP pool (``tunl0``; the node annotation
+    ``projectcalico.org/IPv4IPIPTunnelAddr``) so that the host can originate traffic to workloads on
+    other nodes (projectcalico/calicoctl#721): a control-plane node's connection to a pod elsewhere
+    leaves with that address as its source (projectcalico/calico#3665 shows policy judging it). It is
+    no pod, and not the API server's Endpoints address."""
+    return Source(ip=ip)

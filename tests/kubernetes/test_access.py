@@ -6,7 +6,6 @@ import asyncio
 import re
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,16 @@ import pytest
 
 from backend.errors import OperationError, UserError
 from backend.layers.kubernetes.access import KubeApi, split_timestamp
+from tests.eventually import eventually, eventually_async
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import install_shared_crds
 
 RAYCLUSTER: dict[str, Any] = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
               "metadata": {"name": "rtui-ray", "namespace": "rtui", "labels": {"app.kubernetes.io/managed-by": "rtui"}},
-              "spec": {"rayVersion": "2.58.0", "headGroupSpec": {"rayStartParams": {"num-gpus": "0"}}}}
+              "spec": {"rayVersion": "2.58.0", "headGroupSpec": {
+                  "rayStartParams": {"num-gpus": "0"},
+                  # The CRD requires it: the API server refuses a RayCluster without (422 Invalid).
+                  "template": {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.58.0"}]}}}}}
 
 
 async def test_apply_creates_then_merges_without_a_change(kube_cluster: KubeCluster) -> None:
@@ -215,13 +218,10 @@ async def test_an_unreachable_server_fails_within_the_deadline(kube_cluster: Kub
     kube_cluster.url = f"http://127.0.0.1:{port}"
     config = kube_cluster.write_kubeconfig(tmp_path / "dead")
     api = KubeApi.from_kubeconfig(str(config), timeout_s=1.5)
-    started = time.monotonic()
+    # The error names the deadline it met (no elapsed-time figure asserted: that is a benchmark's).
     with pytest.raises(OperationError, match=f"cannot reach the Kubernetes API server at http://127.0.0.1:{port} "
                                              r"within 1.5s") as err:
         await api.list("v1", "Node")
-    elapsed = time.monotonic() - started
-    print(f"{kind}: failed after {elapsed:.3f}s (deadline 1.5s)")
-    assert elapsed < 1.5 + 0.5
     assert err.value.exit_code == 1
 
 
@@ -237,11 +237,7 @@ async def test_pod_log_follow_gets_fed_lines_and_survives_dropped_streams(kube_c
             received.append(line)
 
     async def until(count: int) -> None:
-        for _ in range(200):
-            if len(received) >= count:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"got {received}")
+        await eventually_async(f"{count} lines (got {received})", lambda: len(received) >= count, timeout=4)
 
     task = asyncio.create_task(follow())
     await until(2)
@@ -380,10 +376,8 @@ def test_exec_streams_binary_stdout_and_the_success_status(kube_cluster: KubeClu
     out, err, status = _exec(["cat", "blob"])
     assert out == blob and err == b""
     assert status == {"metadata": {}, "status": "Success"}
-    deadline = time.monotonic() + 5
-    while not kube_cluster.requests(path_contains="/exec"):  # recorded once its handler returns
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    eventually("the exec request to be recorded (once its handler returns)",
+               lambda: kube_cluster.requests(path_contains="/exec"), timeout=5)
     [served] = kube_cluster.requests(path_contains="/exec")
     assert served.status == 101 and served.query["stdout"] == "true" and served.query["command"] == "cat"
 

@@ -3,10 +3,10 @@ can be scheduled and pulled (tests/kubernetes/fake_deployments.py cites the refe
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
+from tests.eventually import eventually as wait_on
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_control import FakeControlPlane
 from tests.kubernetes.fake_registry import FakeRegistry
@@ -25,13 +25,8 @@ def deployment(name: str, image: str = "registry.k8s.io/pause:3.10", **pod: Any)
 
 
 def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError("not within the deadline")
+    """``tests.eventually.eventually``, naming the condition by its line in this file."""
+    return wait_on(f"the condition at line {check.__code__.co_firstlineno}", check, timeout)
 
 
 def available(cluster: KubeCluster, name: str) -> Obj:
@@ -70,10 +65,10 @@ def test_a_node_selector_no_node_matches_and_an_unpullable_image_leave_it_unavai
         kube_cluster.create(deployment("nowhere", nodeSelector={"role": "system"}))
         kube_cluster.create(deployment("missing", image=f"{registry.host}/autoscaling/cluster-autoscaler:v9"))
         kube_cluster.create(deployment("there", image=f"{registry.host}/kuberay/operator:v1.7.0"))
-        with FakeControlPlane(kube_cluster, registry=registry):
+        with FakeControlPlane(kube_cluster, registry=registry) as control:
             eventually(lambda: available(kube_cluster, "there").get("status") == "True")
             eventually(lambda: available(kube_cluster, "nowhere") and available(kube_cluster, "missing"))
-            time.sleep(0.2)
+            control.settled()  # another whole pass: still not Available
             assert available(kube_cluster, "nowhere")["status"] == "False"
             assert available(kube_cluster, "missing")["status"] == "False"
             (pod,) = pods_of(kube_cluster, "missing")

@@ -108,10 +108,11 @@ def test_fresh_cluster_plan_up_noop_status_logs_down(world: KubeWorld) -> None:
     logs = world.rtui("logs").stdout
     assert "Using network AWS Libfabric" in logs and "RTUI_METRIC" in logs
 
-    # The Jobs API was reached only through the API server's service proxy, which takes no request
-    # without the kubeconfig's token (the fixture answers 401 to any other).
-    proxied = world.cluster.requests(path_contains="/services/rtui-ray-head-svc:dashboard/proxy/api/jobs")
-    assert proxied and all(r.status < 400 for r in proxied), [(r.path, r.status) for r in proxied if r.status >= 400]
+    # The Jobs API was reached only through the API server's port-forward to the head (portforward.py),
+    # which takes no request without the kubeconfig's token (the fixture answers 401 to any other).
+    forwarded = world.cluster.requests(path_contains="/pods/rtui-ray-head-0/portforward")
+    assert forwarded and all(r.status < 400 for r in forwarded), \
+        [(r.path, r.status) for r in forwarded if r.status >= 400]
 
     world.rtui("down", "--yes", timeout=180)
     assert world.labelled() == []

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -89,7 +88,7 @@ def test_existing_operator_and_device_plugins_are_adopted_untouched_and_kept(wor
     # rtui installed no operator or plugin of its own beside them.
     assert sorted(world.labelled()) == ["DaemonSet/rtui-ray-image-prepull", "Namespace/rtui",
                                         "NetworkPolicy/rtui-ray-ray", "RayCluster/rtui-ray", "Secret/rtui-ray-job-env",
-                                        "Secret/rtui-ray-ray-token"]
+                                        "Secret/rtui-ray-ray-token", "ServiceAccount/rtui-ray-ray-worker"]
     assert world.cluster.get("Namespace", "rtui-kuberay") is None
 
     world.rtui("down", "--yes", timeout=120)
@@ -213,10 +212,11 @@ def test_a_kuberay_operator_that_cannot_pull_its_image_fails_at_once_naming_it(w
     gpu_cluster(world.cluster)
     pinned = f"{world.registry.image('kuberay/operator')}:v1.7.0@{world.registry.tags['kuberay/operator:v1.7.0']}"
     world.control.bad_images.add(pinned)
-    started = time.monotonic()
     up = world.rtui("up", "--yes", timeout=120, check=False)
     assert up.returncode == 1 and "Traceback" not in up.stdout + up.stderr
     failed = [ln for ln in up.stdout.splitlines() if " ✗ " in ln and "KubeRay" in ln]
     assert failed and f"cannot pull image {pinned}" in failed[0], up.stdout[-3000:]
-    assert time.monotonic() - started < 90
+    # At once: the wait read the pod's state, it did not run out its timeout (waiting.py's "not done
+    # after Ns" would say so) -- a behaviour, not an elapsed-time figure.
+    assert "not done after" not in failed[0], failed[0]
     assert not world.head.jobs

@@ -32,6 +32,7 @@ from typing import TypedDict
 import pytest
 
 from backend.layers.kubernetes.access import KubeApi
+from tests.eventually import eventually_async
 from tests.kubernetes.conftest import SERVER_NAME, KubeCluster
 from tests.kubernetes.fake_ray import FakeRayHead
 from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, world  # noqa: F401 - a fixture
@@ -70,11 +71,8 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def wait_for(what: str, cond: Callable[[], object], timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.02)
+    """``eventually_async`` with this file's default deadline (the one polling implementation)."""
+    await eventually_async(what, cond, timeout)
 
 
 class KubeconfigRoute(TypedDict, total=False):
@@ -175,7 +173,7 @@ def test_up_and_down_through_a_connect_proxy(world: KubeWorld, proxies: Proxies)
     world.rtui("down", "--yes", timeout=180)
     assert world.labelled() == []
     served = world.cluster.requests()
-    assert any("/services/rtui-ray-head-svc:dashboard/proxy/api/jobs" in s.path for s in served)
+    assert any("/pods/rtui-ray-head-0/portforward" in s.path for s in served)  # the Jobs API's way (portforward.py)
     direct = [(s.method, s.path) for s in served if s.peer_port not in proxies.http.local_ports()]
     assert direct == [], direct[:5]
 
@@ -248,8 +246,6 @@ async def test_a_job_log_follow_notices_a_silent_drop_and_resumes_after_the_last
 
 def test_rtui_logs_follow_of_the_head_resumes_after_a_silent_drop(world: KubeWorld, proxies: Proxies) -> None:  # noqa: F811
     """The same through the CLI: `rtui logs --source head -f` behind a proxy that forgets the stream."""
-    import time
-
     from tests.kubernetes.kube_world import wait_until
     from tests.kubernetes.test_kube_failures_access import _reader
 
@@ -269,7 +265,11 @@ def test_rtui_logs_follow_of_the_head_resumes_after_a_silent_drop(world: KubeWor
         world.cluster.feed_log(ns, pod, later)
         fed += later
         wait_until("the lines logged after the drop", lambda: len(out) >= len(fed), timeout=20)
-        time.sleep(0.3)  # a late duplicate would show now
+        # A late duplicate would come before a line logged after these: wait for one (the positive
+        # signal that the stream has moved past), then compare.
+        world.cluster.feed_log(ns, pod, ["sentinel"])
+        fed.append("sentinel")
+        wait_until("the line logged after the last one", lambda: "sentinel" in out, timeout=20)
         assert proc.poll() is None, proc.communicate()
     finally:
         proc.terminate()

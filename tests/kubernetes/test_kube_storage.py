@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from backend.layers.kubernetes import raycluster, volume_store
+from tests.eventually import eventually
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_control import FakeControlPlane
 from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world
@@ -54,7 +55,7 @@ def test_a_claim_without_class_stays_pending_without_a_default_storage_class(kub
     with FakeControlPlane(kube_cluster) as control:
         made = claim(kube_cluster, "data")
         assert "storageClassName" not in made["spec"]
-        time.sleep(0.3)
+        control.settled()  # the PV controller has looked at the claim: it stays Pending
         live = kube_cluster.read("PersistentVolumeClaim", "data", "team")
         assert live["status"]["phase"] == "Pending"
         why = [e["message"] for e in kube_cluster.objects("Event", "team")
@@ -71,24 +72,32 @@ def test_a_claim_without_class_stays_pending_without_a_default_storage_class(kub
 
 
 def test_the_default_storage_class_is_set_at_admission_and_binds(kube_cluster: KubeCluster) -> None:
-    storage_class(kube_cluster, "old-default", "efs.csi.aws.com")
-    time.sleep(1.1)  # creationTimestamp has seconds: the newer default must be newer
+    # The older default's name sorts first, so only its age can make the newer one win: in the same
+    # second the API server picks by name (pkg/volume/util/storageclass.go GetDefaultClass).
+    storage_class(kube_cluster, "an-old-default", "efs.csi.aws.com")
+    kube_cluster.advance_clock(1)  # creationTimestamp has whole seconds: the newer default must be newer
     storage_class(kube_cluster, "efs", "efs.csi.aws.com")
     storage_class(kube_cluster, "not-default", "efs.csi.aws.com", default=False)
     with FakeControlPlane(kube_cluster):
         made = claim(kube_cluster, "data")
         assert made["spec"]["storageClassName"] == "efs"  # the newest default
-        deadline = time.monotonic() + 5
-        while kube_cluster.read("PersistentVolumeClaim", "data", "team")["status"]["phase"] != "Bound":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        eventually("the claim to be Bound",
+                   lambda: kube_cluster.read("PersistentVolumeClaim", "data", "team")["status"]["phase"] == "Bound",
+                   timeout=5)
+
+
+def test_two_defaults_of_the_same_second_go_by_name(kube_cluster: KubeCluster) -> None:
+    kube_cluster.advance_clock(0)  # the server's clock stands: both defaults are of one second
+    storage_class(kube_cluster, "efs", "efs.csi.aws.com")
+    storage_class(kube_cluster, "zz-default", "efs.csi.aws.com")  # made last, but its name sorts last
+    assert claim(kube_cluster, "data")["spec"]["storageClassName"] == "efs"
 
 
 def test_a_block_device_class_refuses_read_write_many(kube_cluster: KubeCluster) -> None:
     storage_class(kube_cluster, "gp3", "ebs.csi.aws.com")
-    with FakeControlPlane(kube_cluster):
+    with FakeControlPlane(kube_cluster) as control:
         claim(kube_cluster, "data")
-        time.sleep(0.3)
+        control.settled()  # the provisioner has looked at the claim: it refused it
         assert kube_cluster.read("PersistentVolumeClaim", "data", "team")["status"]["phase"] == "Pending"
         why = [e["reason"] for e in kube_cluster.objects("Event", "team") if e["involvedObject"]["name"] == "data"]
         assert why == ["ProvisioningFailed"]

@@ -121,23 +121,23 @@ def test_the_seed_worker() -> None:
     assert group["rayStartParams"]["num-gpus"] == "4"
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 0, 2)  # idle workers go
     spec = group["template"]["spec"]
-    # The GPU request places it (any node advertising GPUs), not the seed's GPU Feature Discovery label.
-    assert "nodeSelector" not in spec and "affinity" not in spec
+    # The GPU request places it (any node advertising GPUs), not the seed's GPU Feature Discovery label;
+    # only the platform its image is pinned for (issue 35: a mixed cluster's arm64 nodes cannot pull it).
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    assert "affinity" not in spec
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert env(c) == {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi", "NCCL_SOCKET_IFNAME": "eth0",
-                      "NCCL_DEBUG": "INFO", "RAY_AUTH_MODE": "token",
-                      "RAY_AUTH_TOKEN": "<secret rtui-ray-ray-token/auth_token>"}
+                      "NCCL_DEBUG": "INFO"}
     assert "FI_EFA_USE_DEVICE_RDMA" not in env(c)  # g6 has no GPUDirect RDMA
 
 
 def test_ray_runs_in_token_mode_with_the_runs_secret() -> None:
-    """KubeRay 1.7's ``authOptions`` (schema: ../shared/schemas/kuberay) naming the run's Secret, and the
-    env KubeRay would add, in every Ray container (an operator without authOptions drops the field)."""
+    """KubeRay 1.7's ``authOptions`` (schema: ../shared/schemas/kuberay) naming the run's Secret; the env
+    is the operator's to add (SetContainerTokenAuthEnvVars), never set a second time by rtui (issue 35)."""
     rc = m.raycluster(kube(), RUN)
     assert rc["spec"]["authOptions"] == {"mode": "token", "secretName": "rtui-ray-ray-token"}
     for c in (container(head(rc)), container(worker(rc))):
-        assert env(c)["RAY_AUTH_MODE"] == "token"
-        assert env(c)["RAY_AUTH_TOKEN"] == "<secret rtui-ray-ray-token/auth_token>"
+        assert not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"} & set(env(c))
     secret = m.ray_token_secret(kube(), RUN, "t0ken")
     assert secret["metadata"]["name"] == "rtui-ray-ray-token" and secret["stringData"] == {"auth_token": "t0ken"}
     assert schema_errors(rc) == []
@@ -150,7 +150,9 @@ def test_the_in_tree_autoscaler_removes_idle_gpu_workers_after_idle_minutes() ->
     assert schema_errors(rc) == []
     spec = rc["spec"]
     assert spec["enableInTreeAutoscaling"] is True
-    assert spec["autoscalerOptions"] == {"version": "v2", "upscalingMode": "Default", "idleTimeoutSeconds": 600}
+    assert spec["autoscalerOptions"] == {"version": "v2", "upscalingMode": "Default", "idleTimeoutSeconds": 600,
+                                         # the sidecar KubeRay adds to the head, hardened as the Ray containers
+                                         "securityContext": m.container_security()}
     group = worker(rc)
     # Starts at full size (KubeRay clamps replicas into [min, max]); all may go; at most one per GPU node.
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 0, 2)
@@ -169,6 +171,9 @@ def test_idle_minutes_0_keeps_todays_fixed_size_cluster_exactly() -> None:
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
     # The autoscaling cluster differs in those fields only: the pods are the seed's either way.
     scaled = m.raycluster(kube(idle_minutes=10), RUN)
+    # But for the head's token, which only the autoscaler sidecar needs (issue 33).
+    assert head(fixed)["template"]["spec"].pop("automountServiceAccountToken") is False
+    assert head(scaled)["template"]["spec"].pop("automountServiceAccountToken") is True
     assert scaled["spec"]["headGroupSpec"] == fixed["spec"]["headGroupSpec"]
     assert worker(scaled)["template"] == group["template"]
 
@@ -190,7 +195,8 @@ def test_the_seed_head() -> None:
     # On the system node: never on a GPU node, and no toleration of their taint.
     (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert term["matchExpressions"] == [{"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}]
-    assert "tolerations" not in spec and "nodeSelector" not in spec
+    assert "tolerations" not in spec
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
 
 
 @pytest.mark.parametrize("group", [head, worker])
@@ -218,7 +224,8 @@ def test_every_object_and_pod_template_is_labelled_ours_and_this_runs() -> None:
     rc = objects[1]
     templates = [head(rc)["template"], worker(rc)["template"]]
     for meta in [o["metadata"] for o in objects] + [t["metadata"] for t in templates]:
-        assert meta["labels"] == want
+        # The namespace also carries Pod Security's labels (issue 33; test_pod_security.py).
+        assert {k: v for k, v in meta["labels"].items() if not k.startswith("pod-security.")} == want
     assert objects[0]["metadata"]["name"] == "ml"
     assert rc["metadata"] == {"name": "train", "namespace": "ml", "labels": want}
     assert rc["spec"]["rayVersion"] == config.ray_version

@@ -6,12 +6,12 @@ import io
 import os
 import subprocess
 import sys
-import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from training import transport_guard
 from training.transport_guard import (
     DEBUG_FILE_PATTERN,
     capture_nccl_debug,
@@ -83,12 +83,38 @@ def test_single_node_passes_whatever_is_required(tmp_path: Path) -> None:
         in echo.getvalue()
 
 
-def test_multi_node_without_network_evidence_fails_after_waiting(tmp_path: Path) -> None:
+class GuardClock:
+    """The guard's ``time`` (monotonic, sleep) on a clock that moves only when slept on: how long it
+    waited is read back exactly, and ``on_sleep`` plays what happens meanwhile (a rank flushing late)."""
+
+    def __init__(self, on_sleep: Callable[[float], None] | None = None) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+        self.on_sleep = on_sleep
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        if self.on_sleep is not None:
+            self.on_sleep(self.now)
+
+
+def guard_clock(monkeypatch: pytest.MonkeyPatch, on_sleep: Callable[[float], None] | None = None) -> GuardClock:
+    clock = GuardClock(on_sleep)
+    monkeypatch.setattr(transport_guard, "time", clock)
+    return clock
+
+
+def test_multi_node_without_network_evidence_fails_after_waiting(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     rank_file(tmp_path, "a", 10, "P2P/IPC/read", n_nodes=2, provider=None)
-    start = time.monotonic()
+    clock = guard_clock(monkeypatch)
     with pytest.raises(SystemExit, match="no network evidence was seen"):
         enforce_transport("efa", tmp_path, wait_s=0.3, poll_s=0.05)
-    assert time.monotonic() - start >= 0.3
+    assert sum(clock.slept) >= 0.3, clock.slept  # it re-read the logs for its whole wait first
 
 
 def test_no_nccl_output_at_all(tmp_path: Path) -> None:
@@ -96,14 +122,16 @@ def test_no_nccl_output_at_all(tmp_path: Path) -> None:
         enforce_transport("socket", tmp_path / "nothing-here", wait_s=0)
 
 
-def test_waits_for_a_late_rank_to_flush(tmp_path: Path) -> None:
+def test_waits_for_a_late_rank_to_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rank_file(tmp_path, "a", 10, "P2P/IPC/read")
-    timer = threading.Timer(0.2, rank_file, args=(tmp_path, "a", 11, "NET/Libfabric/0"))
-    timer.start()
-    try:
-        assert enforce_transport("efa", tmp_path, wait_s=5, poll_s=0.05).transport == "efa"
-    finally:
-        timer.cancel()
+
+    def flush_late(now: float) -> None:  # the other rank's log appears 0.2 s into the wait
+        if now >= 0.2 and not (tmp_path / "nccl.a.11.log").exists():
+            rank_file(tmp_path, "a", 11, "NET/Libfabric/0")
+
+    clock = guard_clock(monkeypatch, flush_late)
+    assert enforce_transport("efa", tmp_path, wait_s=5, poll_s=0.05).transport == "efa"
+    assert 0.2 <= sum(clock.slept) < 5, clock.slept  # it waited for the late rank, not to its deadline
 
 
 def test_lines_and_echo(tmp_path: Path) -> None:
@@ -142,15 +170,16 @@ def test_an_announcement_alone_is_never_acted_on(tmp_path: Path) -> None:
     assert enforce_transport("any", tmp_path, wait_s=0).transport == "efa"
 
 
-def test_a_plugin_failure_and_its_fallback_are_acted_on_at_once(tmp_path: Path) -> None:
+def test_a_plugin_failure_and_its_fallback_are_acted_on_at_once(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "nccl.a.10.log").write_text(
         "a:10:11 [0] nccl_net_ofi_create_plugin:1067 NCCL WARN NET/OFI aws-ofi-nccl initialization failed\n"
         "a:10:11 [0] NCCL INFO NET/IB : No device found.\n"
         "a:10:11 [0] NCCL INFO Using network Socket\n")
-    start = time.monotonic()
+    clock = guard_clock(monkeypatch)
     with pytest.raises(SystemExit, match="NCCL uses TCP sockets \\(socket\\), after a network plugin failure"):
         enforce_transport("efa", tmp_path, wait_s=5, poll_s=0.05)
-    assert time.monotonic() - start < 2  # decisive: no waiting for channels
+    assert clock.slept == []  # decisive: no waiting for channels
     assert enforce_transport("socket", tmp_path, wait_s=0).basis == "failure"
 
 

@@ -91,7 +91,7 @@ def test_the_model_revision_reaches_the_program_and_from_pretrained(monkeypatch:
         seen.update(kwargs, model_id=model_id)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(transformers.Qwen2ForCausalLM, "from_pretrained", fake_from_pretrained)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
     with pytest.raises(RuntimeError, match="stop here"):
         step.load_pretrained("Qwen/Qwen2.5-1.5B", revision=sha)
     assert seen["revision"] == sha and seen["model_id"] == "Qwen/Qwen2.5-1.5B"

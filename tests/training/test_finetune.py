@@ -5,15 +5,14 @@ by the training program's real ``--model-id DIR`` path and trained with the prod
 from __future__ import annotations
 
 import functools
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
+from tests import gloo
 from tests.training.fixtures_model import LAYERS, save_tiny_qwen2
 from training import checkpoint as ckpt
 from training import loop, train
@@ -32,18 +31,8 @@ def bf16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", autouse=True)
 def world_of_one() -> Iterator[None]:
-    """A gloo process group of one rank on loopback, as bench/gpu_step.py makes on a GPU."""
-    if dist.is_initialized():
+    with gloo.world_of_one():
         yield
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def config(model_dir: Path, *extra: str) -> TrainConfig:
@@ -152,6 +141,7 @@ def test_loss_falls_and_resume_continues_the_same_curve(bf16_dir: Path, tmp_path
     first = run_steps(model, optimizer, cfg, data, 4)
     meta = ckpt.CheckpointMeta(step=4, world_size=1, tokens_seen=4 * 64, data="cycle")
     saved = ckpt.save_local(model, optimizer, 0, {"data": data.state(), "torch_rng": torch.get_rng_state()}, meta)
+    ckpt.mark_complete(saved, meta)  # as rank 0 does once every rank's part is in (the marker comes last)
     try:
         model, optimizer = build(cfg)  # a new process would load the checkpoint into a fresh model
         data = SyntheticTokens("cycle", 256, 2, 32, cfg.seed, 0)

@@ -20,22 +20,23 @@ pytestmark = pytest.mark.ray
 STEPS = 6
 
 
-def up_and_down(model_dir: Path) -> list[dict[str, Any]]:
+def up(model_dir: Path, run_ids: list[str]) -> list[dict[str, Any]]:
+    """``rtui up`` with the model directory: the job's metric records; its run id goes to ``run_ids``
+    first (the caller takes the run down, whatever failed). A second ``up`` is a second job on the same
+    run's cluster (one cluster start for both)."""
     proc = run_rtui("up", "--yes", "--json", "--model-id", str(model_dir), "--steps", str(STEPS), "--seq-len", "32",
                     "--batch-size", "2", "--learning-rate", "0.001", timeout=400)
     events = json_lines(proc.stdout)
     run_id = events[0]["data"]["run_id"] if events else None
-    try:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert events[-1]["data"]["job_status"] == "SUCCEEDED"
-        assert isinstance(run_id, str)
-        spool = Path(RunStore().load(run_id).spool_path)
-        return [rec for line in spool.read_text().splitlines()
-                if METRIC_TAG in line and (parsed := parse_record(line)) and (rec := parsed[1])]
-    finally:
-        if run_id:
-            down = run_rtui("down", run_id, "--yes", timeout=120)
-            assert down.returncode == 0, down.stdout + down.stderr
+    if isinstance(run_id, str):
+        run_ids.append(run_id)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert events[-1]["data"]["job_status"] == "SUCCEEDED"
+    assert isinstance(run_id, str)
+    job = RunStore().load(run_id).jobs[-1]
+    spool = Path(RunStore().load(run_id).job_spool_path(job))
+    return [rec for line in spool.read_text().splitlines()
+            if METRIC_TAG in line and (parsed := parse_record(line)) and (rec := parsed[1])]
 
 
 def test_local_up_trains_the_model_directory_and_bf16_matches_fp32(tmp_path: Path) -> None:
@@ -44,7 +45,16 @@ def test_local_up_trains_the_model_directory_and_bf16_matches_fp32(tmp_path: Pat
     from transformers import Qwen2ForCausalLM
 
     params = sum(p.numel() for p in Qwen2ForCausalLM.from_pretrained(bf16).parameters())
-    from_bf16, from_fp32 = up_and_down(bf16), up_and_down(fp32)
+    run_ids: list[str] = []
+    try:
+        from_bf16, from_fp32 = up(bf16, run_ids), up(fp32, run_ids)
+    finally:
+        for run_id in dict.fromkeys(run_ids):
+            down = run_rtui("down", run_id, "--yes", timeout=120)
+            assert down.returncode == 0, down.stdout + down.stderr
+    assert len(set(run_ids)) == 1  # the second job ran on the first one's cluster ...
+    jobs = RunStore().load(run_ids[0]).jobs
+    assert len(jobs) == 2 and jobs[0].spec_hash != jobs[1].spec_hash  # ... as a job of its own model dir
     assert [r["step"] for r in from_bf16] == list(range(1, STEPS + 1))
     assert {r["params"] for r in from_bf16} == {params}  # the directory's model, not the tiny default
     losses_bf16, losses_fp32 = [r["loss"] for r in from_bf16], [r["loss"] for r in from_fp32]

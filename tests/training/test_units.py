@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+from torch.distributed.checkpoint.metadata import Metadata
 
 from tests.training.fixtures_data import build_tokenizer
 from training import checkpoint as ckpt
@@ -245,12 +248,13 @@ def test_data_format_from_names(tmp_path: Path) -> None:
 # -- finding checkpoints ----------------------------------------------------------------------------
 
 def _fake_checkpoint(run: Path, step: int, world: int = 2, complete: bool = True) -> Path:
+    """Files shaped like a real checkpoint's (resolving one reads its metadata and rank states the safe way)."""
     d = run / ckpt.checkpoint_dir_name(step)
     d.mkdir(parents=True)
     (d / ckpt.MARKER).write_text(json.dumps({"step": step, "world_size": world}))
-    (d / ckpt.DCP_METADATA).write_bytes(b"x")
+    (d / ckpt.DCP_METADATA).write_bytes(pickle.dumps(Metadata(state_dict_metadata={}, storage_data={})))
     for r in range(world if complete else world - 1):
-        (d / ckpt.rank_state_file(r)).write_bytes(b"x")
+        torch.save({"data": {"epoch": 0, "taken": 0}, "torch_rng": torch.get_rng_state()}, d / ckpt.rank_state_file(r))
     return d
 
 

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jmespath
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -204,15 +205,15 @@ class AwsApi:
     async def pages(self, service: str, operation: str, key: str, **kwargs: Any) -> list[Any]:
         """Every item of a paginated Describe/List call (one page at a time, each retried)."""
         items: list[Any] = []
-        token_in, token_out = _token_names(service, operation)
-        token: str | None = None
+        paging = _paging(service, operation)
+        params: dict[str, Any] = dict(kwargs)
         while True:
-            params: dict[str, Any] = {**kwargs, **({token_in: token} if token else {})}
             page = await self.call(service, operation, **params)
             items.extend(page.get(key) or [])
-            token = page.get(token_out)
-            if not token:
+            more = paging.next_params(page)
+            if not more:
                 return items
+            params = {**kwargs, **more}
 
     def close(self) -> None:
         self.session.close()
@@ -222,12 +223,36 @@ def _camel(operation: str) -> str:
     return "".join(part.capitalize() for part in operation.split("_"))
 
 
-def _token_names(service: str, operation: str) -> tuple[str, str]:
-    if service in ("eks",):
-        return "nextToken", "nextToken"
-    if service == "iam":
-        return "Marker", "Marker"
-    return "NextToken", "NextToken"
+@dataclass(frozen=True)
+class _Paging:
+    """How one operation pages, from botocore's own paginator model (``paginators-1.json``): each service
+    has its tokens (EC2 ``NextToken``, EKS ``nextToken``, IAM ``Marker``, S3 ``ContinuationToken`` or
+    ``KeyMarker`` with ``VersionIdMarker``/``UploadIdMarker``), some with a ``more_results`` flag."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]  # JMESPath expressions over the answer
+    more_results: str | None
+
+    def next_params(self, page: dict[str, Any]) -> dict[str, Any]:
+        """The parameters that ask for the next page; empty when this one was the last."""
+        if self.more_results and not jmespath.search(self.more_results, page):
+            return {}
+        values = [jmespath.search(expr, page) for expr in self.outputs]
+        return {name: value for name, value in zip(self.inputs, values, strict=True) if value}
+
+
+def _as_tuple(value: Any) -> tuple[str, ...]:
+    return tuple(value) if isinstance(value, list) else (str(value),)
+
+
+@functools.cache
+def _paging(service: str, operation: str) -> _Paging:
+    try:
+        config = create_loader().load_service_model(service, "paginators-1")["pagination"][_camel(operation)]
+    except KeyError:  # botocore models no paginator for it (EC2 DescribePlacementGroups): the service's token
+        token = {"eks": "nextToken", "iam": "Marker"}.get(service, "NextToken")
+        return _Paging((token,), (token,), None)
+    return _Paging(_as_tuple(config["input_token"]), _as_tuple(config["output_token"]), config.get("more_results"))
 
 
 def tags(run_id: str, cluster: str, **extra: str) -> dict[str, str]:

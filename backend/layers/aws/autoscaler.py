@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from backend.errors import ApiUnreachable
 from backend.layers.aws import node_autoscaler as na
 from backend.layers.aws.api import AwsApi
 from backend.layers.aws.base import LAYER, AwsHandler
@@ -50,9 +51,12 @@ class ClusterAutoscalerHandler(AwsHandler):
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         try:
             kube = await cluster_api(ctx)
+            live = await kube.get("apps/v1", "Deployment", na.NAME, na.NAMESPACE)
         except ClusterNotReady:
             return []
-        live = await kube.get("apps/v1", "Deployment", na.NAME, na.NAMESPACE)
+        except ApiUnreachable as exc:  # it lives in the EKS cluster, which its deletion takes with it
+            ctx.note_unanswered("cluster-autoscaler", exc, "the EKS cluster")
+            return []
         if live is None or not ours(live, ctx.record.run_id):
             return []
 

@@ -21,7 +21,7 @@ from backend.config import RunConfig
 from backend.layers.aws import node_autoscaler
 from backend.layers.aws.api import IAM_PATH, RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from backend.layers.aws.base import CLUSTER_ROLE, LAYER, NODE_ROLE, AwsHandler, Names
-from backend.layers.aws.storage import RAY_SERVICE_ACCOUNT, data_policy
+from backend.layers.aws.storage import RAY_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT, data_policy
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -89,7 +89,14 @@ DATA_IDENTITY = PodIdentity(
     why="the Ray pods' reads and writes of the run's own S3 prefix, for their service account only",
     inline=lambda cluster, run, part, data: data_policy_for(data or "", part),
     wanted=lambda config, data: bool(data and data.startswith("s3://")), in_run_namespace=True)
-POD_IDENTITIES: tuple[PodIdentity, ...] = (CNI_IDENTITY, AUTOSCALER_IDENTITY, DATA_IDENTITY)
+# The workers run as an account of their own (issue 33: never the head's, which KubeRay binds its
+# autoscaler Role to), so they get the same data role through an association of their own.
+DATA_WORKERS_IDENTITY = PodIdentity(
+    "ray-data-workers", "", RAY_WORKER_SERVICE_ACCOUNT, (),
+    why="the Ray workers' reads and writes of the run's own S3 prefix, for their own token-less service account",
+    inline=lambda cluster, run, part, data: data_policy_for(data or "", part),
+    wanted=lambda config, data: bool(data and data.startswith("s3://")), in_run_namespace=True)
+POD_IDENTITIES: tuple[PodIdentity, ...] = (CNI_IDENTITY, AUTOSCALER_IDENTITY, DATA_IDENTITY, DATA_WORKERS_IDENTITY)
 INLINE_POLICY = "rtui-scoped"  # the name of a pod identity role's inline policy
 
 

@@ -9,6 +9,7 @@ our own nodes use the quota preflight would count) never moves them by itself.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from backend.aws.public_ip import public_cidr
 from backend.aws.report import reserved_nodes
 from backend.config import RunConfig
 from backend.delivery import S3_STANDARD_PER_GIB_MONTH, effective_storage_path, run_storage_uri
-from backend.errors import OperationError, UserError
+from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.aws import network, routes
 from backend.layers.aws.api import RUN_TAG
 from backend.layers.aws.autoscaler import CLUSTER_AUTOSCALER, ClusterAutoscalerHandler
@@ -68,6 +69,8 @@ from backend.layers.aws.cluster import (
     KubeconfigHandler,
     describe_cluster,
 )
+from backend.layers.aws.endpoints import S3_ENDPOINT, S3EndpointHandler, missing_endpoint_note
+from backend.layers.aws.given_vpc import GivenVpcRefused, check_given_vpc, egress_note
 from backend.layers.aws.iam import (
     AUTOSCALER_IDENTITY,
     CLUSTER_POLICIES,
@@ -82,7 +85,13 @@ from backend.layers.aws.iam import (
     trust_shape,
     trust_statement,
 )
-from backend.layers.aws.node_autoscaler import cluster_autoscaler_image, gpu_asg_tags, gpu_scaling_config
+from backend.layers.aws.logs import LOG_GROUP, LogGroupHandler, log_group_name
+from backend.layers.aws.node_autoscaler import (
+    check_offered_version,
+    cluster_autoscaler_image,
+    gpu_asg_tags,
+    gpu_scaling_config,
+)
 from backend.layers.aws.node_hours import gpu_node_hours
 from backend.layers.aws.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from backend.layers.aws.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
@@ -103,9 +112,9 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
 AMI_GPU = "AL2023_x86_64_NVIDIA"
 AMI_CPU = "AL2023_x86_64_STANDARD"
 # The order things are made in; teardown goes the other way (each waits for what depends on it).
-ORDER = (BUCKET, VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, NODE_SG, CLUSTER_ROLE, NODE_ROLE, "aws.iam-role",
-         EKS_CLUSTER, ACCESS_ENTRY, KUBECONFIG, "aws.addon", "aws.pod-identity", PLACEMENT_GROUP,
-         "aws.launch-template", SYSTEM_NODES, GPU_NODES, GPU_ASG_TAGS, CLUSTER_AUTOSCALER)
+ORDER = (BUCKET, VPC, "aws.subnet", IGW, NAT, PUBLIC_RT, PRIVATE_RT, S3_ENDPOINT, NODE_SG, CLUSTER_ROLE, NODE_ROLE,
+         "aws.iam-role", LOG_GROUP, EKS_CLUSTER, ACCESS_ENTRY, KUBECONFIG, "aws.addon", "aws.pod-identity",
+         PLACEMENT_GROUP, "aws.launch-template", SYSTEM_NODES, GPU_NODES, GPU_ASG_TAGS, CLUSTER_AUTOSCALER)
 
 
 @dataclass
@@ -126,11 +135,13 @@ def _rank(address: str) -> int:
 class AwsLayer(Layer):
     name = LAYER
     sweeps = True
+    holds_above = "the EKS cluster"  # deleting it deletes every Kubernetes object and Ray pod in it
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
         network.VpcHandler(), network.SubnetHandler(), network.InternetGatewayHandler(), network.NatGatewayHandler(),
         routes.RouteTableHandler(), routes.SecurityGroupHandler(), RoleHandler(), EksClusterHandler(),
         AddonHandler(), AccessEntryHandler(), KubeconfigHandler(), PlacementGroupHandler(), LaunchTemplateHandler(),
-        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler(), ClusterAutoscalerHandler(), BucketHandler())}
+        NodegroupHandler(), PodIdentityHandler(), AsgTagsHandler(), ClusterAutoscalerHandler(), BucketHandler(),
+        LogGroupHandler(), S3EndpointHandler())}
 
     def __init__(self) -> None:
         self.topology: Topology | None = None
@@ -142,6 +153,7 @@ class AwsLayer(Layer):
         self._planned_nat = False
         self._notes: list[str] = []  # what the last settling of the AZs decided differently, one line each
         self._idle_note = ""  # what the last ``desired`` bills while the GPU nodes are scaled to zero
+        self._s3_note = ""  # with --vpc-id: the user's private subnets route S3 through their NAT
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
@@ -156,8 +168,9 @@ class AwsLayer(Layer):
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
         # The prices are asked while the preflight runs: the plan waits for neither twice.
-        self.topology, _, _, _ = await asyncio.gather(self._topology(ctx), self._region_prices(ctx),
-                                                      self._api_cidrs(ctx), self._data_bucket(ctx))
+        self.topology, _, _, _, self._s3_note = await asyncio.gather(
+            self._topology(ctx), self._region_prices(ctx), self._api_cidrs(ctx), self._data_bucket(ctx),
+            missing_endpoint_note(aws_api(ctx), ctx))
 
     async def _data_bucket(self, ctx: Context) -> None:
         """Without --storage-path the run's data goes to its own bucket: its name (from the account) and
@@ -169,6 +182,23 @@ class AwsLayer(Layer):
         if facts.data_bucket != name or facts.storage_path != storage_uri(name):
             facts.data_bucket, facts.storage_path = name, storage_uri(name)
             ctx.save()
+
+    async def explain_unanswered(self, ctx: Context, exc: ApiUnreachable) -> ApiUnreachable:
+        """The EKS endpoint admits only ``publicAccessCidrs``: a caller whose address moved since `up` (a
+        laptop on another network) gets no answer at all. Said as that, with how to get back in."""
+        admitted = self.api_cidr_list(ctx)
+        try:
+            now = await asyncio.to_thread(public_cidr)
+        except OperationError:
+            return exc
+        address = ipaddress.ip_address(now.split("/")[0])
+        if not admitted or any(address in ipaddress.ip_network(c) for c in admitted):
+            return exc
+        return ApiUnreachable(
+            f"the EKS API endpoint admits only {', '.join(admitted)} and your address is now {now.split('/')[0]}: "
+            f"it does not answer you ({exc.message})",
+            remedy=f"`rtui up --api-cidrs {now}` admits your new address (the endpoint is updated in place); "
+                   "`rtui down` works from anywhere")
 
     async def _api_cidrs(self, ctx: Context) -> list[str]:
         """Who may reach the EKS API endpoint: ``--api-cidrs``, else the caller's public address, learned
@@ -210,7 +240,7 @@ class AwsLayer(Layer):
         return prices.source
 
     def plan_notes(self, ctx: Context) -> list[str]:
-        return [*self._notes, *([self._idle_note] if self._idle_note else [])]
+        return [*self._notes, *(note for note in (self._idle_note, self._s3_note) if note)]
 
     async def _reservation_ended(self, ctx: Context, reservation_id: str, zone: ZoneReport | None) -> str | None:
         """How the recorded reservation ended ("expired on 2026-12-01", "cancelled", "no longer exists");
@@ -296,6 +326,10 @@ class AwsLayer(Layer):
             raise UserError(f"no private subnet of {config.vpc_id} is in the GPU AZ {gpu_az}",
                             remedy=f"choose one of {', '.join(sorted(given))} or add a subnet in {gpu_az} "
                                    "to --private-subnet-ids")
+        if given is not None:  # what EKS needs of the VPC itself: DNS, and a private way out of each subnet
+            vpc = config.vpc_id or ""
+            self._notes.append(egress_note(vpc, await check_given_vpc(aws_api(ctx), vpc,
+                                                                      config.private_subnet_id_list())))
         network_azs = list(facts.network_azs)
         if not network_azs:
             network_azs = _control_plane_azs(
@@ -389,6 +423,7 @@ class AwsLayer(Layer):
         config, topo = ctx.config, self.topology
         if topo is None:
             raise UserError("the aws layer was asked for a plan before its AZs were settled")
+        check_offered_version(config.kubernetes_version)  # idle GPU nodes need its cluster-autoscaler
         names = Names(config.cluster_name)
         out: list[Resource] = []
 
@@ -423,6 +458,8 @@ class AwsLayer(Layer):
                                                "azs": sorted(topo.network_azs)}, IGW, *public)
             res(PRIVATE_RT, "aws-route-table", {"role": "private", "via": "nat-gateway",
                                                 "azs": sorted(topo.subnet_azs)}, NAT, *private)
+            res(S3_ENDPOINT, S3EndpointHandler.kind, S3EndpointHandler.spec(config.region), VPC, PRIVATE_RT,
+                note=f"free: S3 traffic of the private subnets skips the NAT's ${prices.nat_per_gb:.3f}/GB")
         routes = () if adopted else (PRIVATE_RT,)
         res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
         own_bucket = not config.storage_path and ctx.record.facts.data_bucket
@@ -452,6 +489,10 @@ class AwsLayer(Layer):
         cidrs = self.api_cidr_list(ctx)
         access = ("OPEN TO THE WHOLE INTERNET (0.0.0.0/0): anyone can reach the API endpoint, which still asks "
                   "for credentials" if "0.0.0.0/0" in cidrs else f"only from {', '.join(sorted(cidrs))}")
+        # Made before the cluster (EKS writes into it, and would make it untagged otherwise), deleted after it;
+        # the cluster does not depend on it, so a group made anew never makes the cluster again.
+        res(LOG_GROUP, LogGroupHandler.kind, {"name": log_group_name(config.cluster_name)},
+            note=f"${CLOUDWATCH_LOGS_GB_MONTH:.2f}/GB-month of the control-plane logs it keeps")
         res(EKS_CLUSTER, "aws-eks-cluster", {"version": config.kubernetes_version, "azs": topo.network_azs,
                                              "auth": "API", "endpoint_private": True,
                                              "public_cidrs": sorted(cidrs), "api_access": access,
@@ -542,6 +583,10 @@ class AwsLayer(Layer):
         # Always afresh: a preflight is what AWS says now (quota filed, capacity freed); plan re-prepares too.
         try:
             await self.prepare(ctx)
+        except GivenVpcRefused as exc:
+            return [*self.preflight_checks,
+                    CheckResult(id="aws.vpc", title=f"VPC {ctx.config.vpc_id}", status=CheckStatus.FAIL,
+                                detail=exc.message, remedy=exc.remedy)]
         except UserError as exc:
             return [*self.preflight_checks,
                     CheckResult(id="aws.azs", title="AZs", status=CheckStatus.FAIL, detail=exc.message,
@@ -591,15 +636,7 @@ class AwsLayer(Layer):
             problems.append(f"no private subnet in the GPU AZ {topo.gpu_az}")
         if len(azs) < 2:
             problems.append("EKS needs private subnets in two AZs")
-        tables = await api.pages("ec2", "describe_route_tables", "RouteTables",
-                                 Filters=[{"Name": "vpc-id", "Values": [config.vpc_id or ""]}])
-        for s in subnets:
-            table = next((t for t in tables if any(a.get("SubnetId") == s["SubnetId"]
-                                                   for a in t.get("Associations") or [])),
-                         next((t for t in tables if any(a.get("Main") for a in t.get("Associations") or [])), None))
-            routes = (table or {}).get("Routes") or []
-            if not any(r.get("DestinationCidrBlock") == "0.0.0.0/0" and r.get("NatGatewayId") for r in routes):
-                problems.append(f"{s['SubnetId']} has no route to a NAT gateway")
+        # DNS and each subnet's way out were checked by prepare (given_vpc), which refuses in one line.
         return [CheckResult(id="aws.vpc", title=f"VPC {config.vpc_id}",
                             status=CheckStatus.FAIL if problems else CheckStatus.OK,
                             detail=problems[0] if problems else f"{len(subnets)} private subnets in {sorted(azs)}",
@@ -644,6 +681,8 @@ def _needs(later: str, earlier: str) -> bool:
     """Whether ``later`` must go before ``earlier`` is deleted (they share the VPC; IAM stands apart)."""
     if BUCKET in (earlier, later):  # the bucket shares nothing with the rest: it goes when the job is gone
         return False
+    if LOG_GROUP in (earlier, later):  # it shares only the cluster's name: it goes once the cluster is gone
+        return earlier == LOG_GROUP and later == EKS_CLUSTER
     if earlier.startswith("aws.iam-role."):
         return later in (EKS_CLUSTER, SYSTEM_NODES, GPU_NODES) or later.startswith(POD_IDENTITY_PREFIX)
     if later.startswith("aws.iam-role."):

@@ -66,31 +66,63 @@ async def security_group_id(api: AwsApi, ctx: Context) -> str:
 
 
 async def until_free(api: AwsApi, what: str, attempt: Any, *, subnet: str | None = None,
-                     group: str | None = None) -> AsyncIterator[Progress]:
+                     group: str | None = None, vpc: str | None = None) -> AsyncIterator[Progress]:
     """Call ``attempt`` until AWS stops answering DependencyViolation, deleting the network interfaces
-    left detached in the subnet (or on the group) meanwhile and waiting for the attached ones."""
-    blocked = ""
+    left detached in the subnet (or on the group) meanwhile and naming, at each look, those that still
+    hold it: an instance's, or another service's (requester-managed), which only that service removes."""
+    service_held = False
 
     async def look() -> Phase:
-        nonlocal blocked
+        nonlocal service_held
         if await attempt() is not None:
             return Phase(True, f"{what} deleted")
-        filters = [{"Name": "subnet-id", "Values": [subnet]}] if subnet else \
-            [{"Name": "group-id", "Values": [group or ""]}]
-        enis = await api.pages("ec2", "describe_network_interfaces", "NetworkInterfaces", Filters=filters)
+        name, value = ("subnet-id", subnet) if subnet else ("vpc-id", vpc) if vpc else ("group-id", group or "")
+        enis = await api.pages("ec2", "describe_network_interfaces", "NetworkInterfaces",
+                               Filters=[{"Name": name, "Values": [value]}])
+        # EC2 refuses to delete another service's interface (EC2 User Guide, "Requester-managed network
+        # interfaces"); in a VPC the subnets went first, so nothing there is ours to delete.
         for eni in enis:
-            if eni.get("Status") == "available":
+            if eni.get("Status") == "available" and not eni.get("RequesterManaged") and not vpc:
                 await api.call("ec2", "delete_network_interface", NetworkInterfaceId=eni["NetworkInterfaceId"],
                                ok=("InvalidNetworkInterfaceID.NotFound",))
-        attached = [e for e in enis if e.get("Status") != "available"]
-        blocked = (f"{len(attached)} network interfaces still attached "
-                   f"({', '.join(sorted({e.get('InterfaceType', 'interface') for e in attached}))})"
-                   if attached else f"{len(enis)} detached network interfaces deleted")
+        holding = [e for e in enis if e.get("Status") != "available" or e.get("RequesterManaged") or vpc]
+        service_held = any(e.get("RequesterManaged") for e in holding)
+        shown = [eni_holder(e) for e in holding[:4]] + ([f"{len(holding) - 4} more"] if len(holding) > 4 else [])
+        blocked = (f"held by {', '.join(shown)}" if holding
+                   else f"{len(enis)} detached network interfaces deleted" if enis else "waiting for AWS")
         return Phase(False, f"{what} in use: {blocked}")
 
-    async for p in wait_until(look, what=f"deleting {what}", expected_s=60.0, timeout_s=DEPENDENCY_TIMEOUT_S,
-                              remedy="see the interfaces with `aws ec2 describe-network-interfaces`", clock=api.clock):
-        yield p
+    try:
+        async for p in wait_until(look, what=f"deleting {what}", expected_s=60.0, timeout_s=DEPENDENCY_TIMEOUT_S,
+                                  remedy="see the interfaces with `aws ec2 describe-network-interfaces`",
+                                  clock=api.clock):
+            yield p
+    except OperationError as exc:
+        if not (service_held and exc.message.startswith(f"deleting {what}: still")):
+            raise
+        raise OperationError(exc.message, remedy="remove what uses them (a Lambda function's VPC settings, a load "
+                             "balancer, a VPC endpoint), or wait until AWS does; then `rtui down` again") from None
+
+
+# Who made a requester-managed interface, by its InterfaceType, else by its Description's start.
+_SERVICES = {"lambda": "Lambda", "network_load_balancer": "ELB", "gateway_load_balancer": "ELB",
+             "gateway_load_balancer_endpoint": "VPC endpoint", "vpc_endpoint": "VPC endpoint",
+             "nat_gateway": "NAT gateway", "transit_gateway": "transit gateway", "api_gateway_managed": "API Gateway"}
+_DESCRIBED = (("AWS Lambda", "Lambda"), ("ELB ", "ELB"), ("Amazon EKS", "EKS"), ("VPC Endpoint", "VPC endpoint"),
+              ("Interface for NAT Gateway", "NAT gateway"), ("RDS", "RDS"), ("EFS", "EFS"))
+
+
+def eni_holder(eni: dict[str, Any]) -> str:
+    """One interface that keeps a subnet, group or VPC in use, said as who holds it."""
+    eid, kind = str(eni.get("NetworkInterfaceId")), str(eni.get("InterfaceType") or "interface")
+    description = str(eni.get("Description") or "")
+    if eni.get("RequesterManaged"):
+        who = _SERVICES.get(kind) or next((s for start, s in _DESCRIBED if description.startswith(start)),
+                                          f"requester {eni.get('RequesterId') or 'unknown'}")
+        said = f" '{description}'" if description else ""
+        return f"{eid} ({who}{said}, requester-managed: AWS removes it when its service lets go)"
+    instance = (eni.get("Attachment") or {}).get("InstanceId")
+    return f"{eid} ({kind}, " + (f"attached to {instance})" if instance else f"{eni.get('Status') or 'in use'})")
 
 
 EKS_CLUSTER_TAG = "aws:eks:cluster-name"
@@ -174,7 +206,7 @@ class VpcHandler(AwsHandler):
         async def attempt() -> bool | None:
             return await delete_or_blocked(api, "delete_vpc", VpcId=have.id)
 
-        async for p in until_free(api, have.id, attempt, group="none"):
+        async for p in until_free(api, have.id, attempt, vpc=have.id):
             yield p
 
 

@@ -22,13 +22,18 @@ from __future__ import annotations
 from typing import Any
 
 from backend.config import RunConfig
+from backend.errors import UserError
 from backend.layers.kubernetes.manifests import EFA_RESOURCE, GPU_NODE_LABEL, GPU_RESOURCE
 
 TAG_PREFIX = "k8s.io/cluster-autoscaler"
 RUN_TAG = "rtui:run"
-# cluster-autoscaler's minor follows the cluster's (its README's version table); pinned by patch.
+# cluster-autoscaler's minor follows the cluster's (its README's version table); pinned by patch, the
+# latest of each minor (kubernetes/autoscaler tags cluster-autoscaler-1.32.7 … -1.35.2). These are the
+# Kubernetes versions rtui offers on aws: those EKS creates clusters at (EKS User Guide, "Understand
+# the Kubernetes version lifecycle on EKS") that have one, since without it idle GPU nodes never leave.
 CLUSTER_AUTOSCALER_IMAGE = "registry.k8s.io/autoscaling/cluster-autoscaler"
-CLUSTER_AUTOSCALER_VERSIONS = {"1.34": "v1.34.5"}
+CLUSTER_AUTOSCALER_VERSIONS = {"1.32": "v1.32.7", "1.33": "v1.33.6", "1.34": "v1.34.5", "1.35": "v1.35.2"}
+OFFERED_KUBERNETES_VERSIONS = tuple(CLUSTER_AUTOSCALER_VERSIONS)
 # What bills while the GPU nodes are scaled to zero, as the plan says it.
 IDLE_NOTE = "while idle (GPU nodes scaled to zero) the system node, EKS and the NAT keep billing (about $0.35/h)"
 
@@ -62,9 +67,18 @@ def gpu_asg_tags(config: RunConfig, cluster_name: str, run_id: str, efa_interfac
 
 
 def cluster_autoscaler_image(kubernetes_version: str) -> str | None:
-    """The pinned image for the cluster's minor, or None where none is pinned (the plan says so)."""
+    """The pinned image for the cluster's minor, or None where none is pinned (``offered_version`` refuses it)."""
     version = CLUSTER_AUTOSCALER_VERSIONS.get(".".join(kubernetes_version.split(".")[:2]))
     return f"{CLUSTER_AUTOSCALER_IMAGE}:{version}" if version else None
+
+
+def check_offered_version(kubernetes_version: str) -> None:
+    """Refuses a Kubernetes version rtui pins no cluster-autoscaler for: a cluster at it would plan a GPU
+    group that may shrink to zero and an idle price that nothing delivers (nothing takes the nodes)."""
+    if cluster_autoscaler_image(kubernetes_version) is None:
+        raise UserError(f"Kubernetes {kubernetes_version} is not offered on aws: rtui pins cluster-autoscaler "
+                        f"(which takes idle GPU nodes away) for {', '.join(OFFERED_KUBERNETES_VERSIONS)} only",
+                        remedy=f"pass --kubernetes-version {OFFERED_KUBERNETES_VERSIONS[-1]} (or another of those)")
 
 
 def autoscaler_policy(cluster_name: str, run_id: str, *, partition: str = "aws") -> dict[str, Any]:
@@ -111,25 +125,36 @@ def _rules(*rules: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tupl
 
 
 _READ = ("watch", "list", "get")
-# The chart's ClusterRole and Role (charts/cluster-autoscaler/templates/clusterrole.yaml, role.yaml),
-# for the AWS cloud provider: what it reads to simulate scheduling, what it writes to drain a node.
+# The chart's ClusterRole and Role, rule for rule, as it renders them for ``cloudProvider: aws`` with a
+# cluster-scoped RBAC, no PodSecurityPolicy, the priority expander off and leader election on a Lease
+# (kubernetes/autoscaler, cluster-autoscaler/charts/cluster-autoscaler/templates/clusterrole.yaml and
+# role.yaml, chart 9.59.0): what it reads to simulate scheduling (a node's attached CSI volumes too:
+# without volumeattachments CA 1.34 stops adding nodes, kubernetes/autoscaler#8678), what it writes to
+# drain a node, and the optional APIs (DRA, ProvisioningRequest, CapacityBuffer) it watches when served.
 _CLUSTER_RULES = _rules(
     (("",), ("events", "endpoints"), ("create", "patch"), ()),
     (("",), ("pods/eviction",), ("create",), ()),
     (("",), ("pods/status",), ("update",), ()),
     (("",), ("endpoints",), ("get", "update"), (NAME,)),
     (("",), ("nodes",), ("watch", "list", "get", "update"), ()),
+    (("",), ("podtemplates",), ("get", "list", "watch", "create", "update", "patch"), ()),
+    (("resource.k8s.io",), ("resourceslices", "deviceclasses", "resourceclaims"), _READ, ()),
     (("",), ("namespaces", "pods", "services", "replicationcontrollers", "persistentvolumeclaims",
              "persistentvolumes"), _READ, ()),
     (("batch",), ("jobs", "cronjobs"), _READ, ()),
     (("batch", "extensions"), ("jobs",), ("get", "list", "patch", "watch"), ()),
     (("extensions",), ("replicasets", "daemonsets"), _READ, ()),
     (("policy",), ("poddisruptionbudgets",), ("watch", "list"), ()),
-    (("apps",), ("daemonsets", "replicasets", "statefulsets"), _READ, ()),
-    (("storage.k8s.io",), ("storageclasses", "csinodes", "csidrivers", "csistoragecapacities"), _READ, ()),
-    (("",), ("configmaps",), ("list", "watch"), ()),
+    (("apps",), ("daemonsets", "deployments", "replicasets", "statefulsets"), _READ, ()),
+    (("storage.k8s.io",), ("storageclasses", "csinodes", "csidrivers", "csistoragecapacities",
+                           "volumeattachments"), _READ, ()),
+    (("",), ("configmaps",), ("list", "watch", "get"), ()),
     (("coordination.k8s.io",), ("leases",), ("create",), ()),
     (("coordination.k8s.io",), ("leases",), ("get", "update"), (NAME,)),
+    (("autoscaling.x-k8s.io",), ("provisioningrequests", "provisioningrequests/status"),
+     ("get", "list", "watch", "update", "patch"), ()),
+    (("autoscaling.x-k8s.io",), ("capacitybuffers", "capacityquotas"), ("get", "list", "watch"), ()),
+    (("autoscaling.x-k8s.io",), ("capacityquotas/status", "capacitybuffers/status"), ("update", "patch"), ()),
 )
 _NAMESPACE_RULES = _rules(
     (("",), ("configmaps",), ("create",), ()),

@@ -272,6 +272,25 @@ async def failure_report(api: AwsApi, nodegroup: dict[str, Any]) -> tuple[str, b
     return text, ICE in text
 
 
+async def launch_shortfall(api: AwsApi, nodegroup: dict[str, Any]) -> str | None:
+    """Why the nodegroup's Auto Scaling group could not launch for lack of capacity, while EKS still says
+    CREATING (None: no such try). The group tries at once and records each failed try as a scaling
+    activity; EKS keeps retrying and says CREATE_FAILED only minutes later (Auto Scaling User Guide,
+    "Troubleshoot ... EC2 instance launch failures"; EKS API reference, Issue AsgInstanceLaunchFailures)."""
+    created = nodegroup.get("createdAt")
+    for group in [g["name"] for g in (nodegroup.get("resources") or {}).get("autoScalingGroups") or []
+                  if g.get("name")][:1]:
+        activities = (await api.call("autoscaling", "describe_scaling_activities", AutoScalingGroupName=group,
+                                     MaxRecords=5, ok=("ValidationError",)) or {}).get("Activities") or []
+        for activity in activities:
+            said = str(activity.get("StatusMessage") or "")
+            started = activity.get("StartTime")
+            recent = created is None or started is None or started >= created  # not a group of the same name before
+            if activity.get("StatusCode") == "Failed" and ICE in said and recent:
+                return f"last scaling activity of {group}: {said}"
+    return None
+
+
 class NodegroupHandler(AwsHandler):
     kind = "aws-nodegroup"
     title = "Create a managed nodegroup"
@@ -399,8 +418,9 @@ class NodegroupHandler(AwsHandler):
             group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
                                     ok=_NOT_FOUND) or {}).get("nodegroup")
             status = group["status"] if group else "GONE"
-            if status in ("CREATE_FAILED", "DEGRADED", "GONE", "DELETE_FAILED"):
-                why, capacity = await failure_report(api, group or {})
+            short = await launch_shortfall(api, group) if group and status == "CREATING" else None
+            if short or status in ("CREATE_FAILED", "DEGRADED", "GONE", "DELETE_FAILED"):
+                why, capacity = (short, True) if short else await failure_report(api, group or {})
                 if capacity:
                     azs = await subnet_azs(api, (group or {}).get("subnets") or [])
                     raise CapacityError(f"nodegroup {name}: {ICE} in {', '.join(azs)} ({why})",

@@ -2,7 +2,9 @@
 user names no ``--storage-path``.
 
 The bucket is private and tidy from the moment it exists: Block Public Access with all four
-settings on, default encryption SSE-S3 (AES256), versioning never enabled (a checkpoint rewritten
+settings on, default encryption SSE-S3 (AES256), a bucket policy that denies every request made
+without TLS (S3 takes plain HTTP unless a policy refuses it: "Security best practices for Amazon
+S3", the ``aws:SecureTransport`` condition), versioning never enabled (a checkpoint rewritten
 is not kept twice), a lifecycle rule that aborts multipart uploads left incomplete for a day (a
 worker killed mid-upload leaves parts that bill like objects), and the run's tags. Its name is a
 pure function of the account, region, cluster and run (S3 names are global to a partition), so
@@ -19,12 +21,13 @@ sweep reports it as kept on purpose), and deletes it when empty or when ``--dele
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from backend.delivery import S3_STANDARD_PER_GIB_MONTH, human_bytes
 from backend.errors import OperationError
-from backend.layers.aws.api import RUN_TAG, AwsApi, refuse_foreign, tags
+from backend.layers.aws.api import RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from backend.layers.aws.base import LAYER, AwsHandler
 from backend.layers.base import Context
 from backend.ledger import ResourceStatus
@@ -39,9 +42,11 @@ LIFECYCLE_RULE = "rtui-abort-incomplete-multipart-uploads"
 # Ray's pods take their AWS credentials from this service account (kubernetes layer), and it from
 # the pod identity association (iam.DATA_IDENTITY).
 RAY_SERVICE_ACCOUNT = "rtui-ray"
+RAY_WORKER_SERVICE_ACCOUNT = "rtui-ray-worker"  # the workers' own: no Kubernetes token, the same S3 rights
 # What a pod of the run may do with its data: objects under the prefix, and listing only the prefix.
 OBJECT_ACTIONS = ("s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
 _GONE = ("NoSuchBucket",)
+TLS_ONLY_SID = "DenyRequestsWithoutTls"
 _BLOCK_ALL = {"BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True,
               "RestrictPublicBuckets": True}
 
@@ -63,17 +68,56 @@ def storage_uri(bucket: str) -> str:
 
 def data_policy(bucket: str, prefix: str, partition_name: str) -> dict[str, Any]:
     """The Ray pods' inline policy: objects under ``prefix/`` of ``bucket`` and the listing of that
-    prefix, nothing else (no ``s3:*``, no ``*`` resource). The prefix condition is the one the S3 User
-    Guide's "Bucket policy examples" use to limit ListBucket to a folder (``s3:prefix``)."""
+    prefix, nothing else (no ``s3:*``, no ``*`` resource).
+
+    The listing's condition is ``StringLikeIfExists`` on ``s3:prefix``, not ``StringLike``: S3
+    authorises HeadBucket (which pyarrow's ``create_dir``, and so Ray Train's storage setup, sends
+    first) and the 404 of a missing key as ``s3:ListBucket`` *without* an ``s3:prefix`` key, and IAM
+    finds a plain condition on an absent key false ("the values do not match"; only ``…IfExists``
+    and ``Null`` differ: IAM User Guide, "Condition operators"). So a listing that names a prefix must
+    stay in the run's; a request that names none (HeadBucket, a listing of the whole bucket) is
+    allowed: on the run's own bucket that is this run's data only; on the user's ``--storage-path``
+    bucket the pods can see the names (never the content) of its other keys.
+
+    pyarrow's recursive ``create_dir`` (Arrow 26) also puts an empty "directory marker" object for
+    every ancestor of the path, existing or not (``runs/``, then ``runs/<run id>/``, …): the pods may
+    put exactly those keys above the prefix, nothing else there. And pyarrow's ``get_file_info`` of
+    the prefix itself (``--resume-from latest`` looks there first) is a HeadObject of the key without
+    its slash before it lists under it: the pods may read that one key too."""
     base = prefix.strip("/")
     objects = f"{base}/*" if base else "*"
     arn = f"arn:{partition_name}:s3:::{bucket}"
     listing: dict[str, Any] = {"Sid": "ListRunData", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn}
+    statements: list[dict[str, Any]] = [
+        {"Sid": "RunData", "Effect": "Allow", "Action": list(OBJECT_ACTIONS), "Resource": f"{arn}/{objects}"}, listing]
     if base:
-        listing["Condition"] = {"StringLike": {"s3:prefix": [f"{base}/*"]}}
-    return {"Version": "2012-10-17", "Statement": [
-        {"Sid": "RunData", "Effect": "Allow", "Action": list(OBJECT_ACTIONS), "Resource": f"{arn}/{objects}"},
-        listing]}
+        listing["Condition"] = {"StringLikeIfExists": {"s3:prefix": [f"{base}/*"]}}
+        statements.append({"Sid": "RunPrefixItself", "Effect": "Allow", "Action": "s3:GetObject",
+                           "Resource": f"{arn}/{base}"})
+        parts = base.split("/")
+        markers = [f"{arn}/{'/'.join(parts[:i])}/" for i in range(1, len(parts))]
+        if markers:
+            statements.append({"Sid": "DirectoryMarkers", "Effect": "Allow", "Action": "s3:PutObject",
+                               "Resource": markers})
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def tls_only_statement(bucket: str, partition_name: str) -> dict[str, Any]:
+    """The bucket policy statement refusing every request that did not come over TLS, on the bucket and
+    its objects, whoever asks: S3 sets ``aws:SecureTransport`` to false for a plain HTTP request (S3
+    User Guide, "Security best practices for Amazon S3"; IAM User Guide, global condition keys). A
+    Deny only: it grants nothing, so Block Public Access takes it, and `down` (over HTTPS) is not refused."""
+    arn = f"arn:{partition_name}:s3:::{bucket}"
+    return {"Sid": TLS_ONLY_SID, "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+            "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+
+
+def _statements(policy: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The statements of a GetBucketPolicy answer (none when the bucket has no policy)."""
+    if not policy or not policy.get("Policy"):
+        return []
+    found = json.loads(str(policy["Policy"])).get("Statement") or []
+    return [found] if isinstance(found, dict) else list(found)
 
 
 async def name_for(api: AwsApi, ctx: Context) -> str:
@@ -120,7 +164,7 @@ class BucketHandler(AwsHandler):
     @staticmethod
     def spec(name: str) -> dict[str, Any]:
         return {"name": name, "block_public_access": True, "encryption": "AES256", "versioning": "off",
-                "abort_incomplete_uploads_days": ABORT_INCOMPLETE_UPLOADS_DAYS}
+                "abort_incomplete_uploads_days": ABORT_INCOMPLETE_UPLOADS_DAYS, "tls_only": True}
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         # By name, also for a run whose record lost it (the name is the account's, the cluster's and the run's).
@@ -129,10 +173,10 @@ class BucketHandler(AwsHandler):
         if owner is None or owner.get(RUN_TAG) != ctx.record.run_id:
             return []  # none, or someone else's: create refuses it
         return [Observed(address=BUCKET, layer=LAYER, kind=self.kind, id=name, reason="exists",
-                         state=await self._settings(api, name))]
+                         state=await self._settings(api, name, ctx.config.region))]
 
-    async def _settings(self, api: AwsApi, name: str) -> dict[str, Any]:
-        """What the bucket has of the four settings, in the spec's terms."""
+    async def _settings(self, api: AwsApi, name: str, region: str) -> dict[str, Any]:
+        """What the bucket has of the spec's settings, in the spec's terms."""
         block = await api.call("s3", "get_public_access_block", Bucket=name,
                                ok=("NoSuchPublicAccessBlockConfiguration",))
         blocked = all((block or {}).get("PublicAccessBlockConfiguration", {}).get(k) for k in _BLOCK_ALL)
@@ -147,8 +191,11 @@ class BucketHandler(AwsHandler):
         days = next((r.get("AbortIncompleteMultipartUpload", {}).get("DaysAfterInitiation")
                      for r in (lifecycle or {}).get("Rules") or []
                      if r.get("ID") == LIFECYCLE_RULE and r.get("Status") == "Enabled"), None)
+        policy = await api.call("s3", "get_bucket_policy", Bucket=name, ok=("NoSuchBucketPolicy",))
+        tls_only = tls_only_statement(name, partition(region).name) in _statements(policy)
         return {"name": name, "block_public_access": blocked, "encryption": algorithm,
-                "versioning": "on" if status == "Enabled" else "off", "abort_incomplete_uploads_days": days}
+                "versioning": "on" if status == "Enabled" else "off", "abort_incomplete_uploads_days": days,
+                "tls_only": tls_only}
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         if have.healthy and have.state.get("name") != want.spec.get("name"):
@@ -185,14 +232,15 @@ class BucketHandler(AwsHandler):
         self.made(ctx, want, name)
         await api.call("s3", "put_bucket_tagging", Bucket=name, Tagging={"TagSet": [
             {"Key": k, "Value": v} for k, v in tags(ctx.record.run_id, ctx.config.cluster_name).items()]})
-        async for p in self._configure(api, name, None):
+        async for p in self._configure(api, name, region, None):
             yield p
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
-        async for p in self._configure(self.api(ctx), have.id, have.state):
+        async for p in self._configure(self.api(ctx), have.id, ctx.config.region, have.state):
             yield p
 
-    async def _configure(self, api: AwsApi, name: str, have: dict[str, Any] | None) -> AsyncIterator[Progress]:
+    async def _configure(self, api: AwsApi, name: str, region: str,
+                         have: dict[str, Any] | None) -> AsyncIterator[Progress]:
         """Each setting the bucket lacks (all of them on a new bucket), then one line saying what it has."""
         have = have or {}
         if have.get("block_public_access") is not True:
@@ -209,8 +257,14 @@ class BucketHandler(AwsHandler):
                 "Rules": [{"ID": LIFECYCLE_RULE, "Status": "Enabled", "Filter": {"Prefix": ""},
                            "AbortIncompleteMultipartUpload": {
                                "DaysAfterInitiation": ABORT_INCOMPLETE_UPLOADS_DAYS}}]})
-        yield Progress(f"{name}: public access blocked, encrypted (SSE-S3), unversioned, incomplete uploads "
-                       f"aborted after {ABORT_INCOMPLETE_UPLOADS_DAYS} day", 1.0)
+        if have.get("tls_only") is not True:
+            # Ours added (or put back as it should be); any statement someone else put there stays.
+            current = await api.call("s3", "get_bucket_policy", Bucket=name, ok=("NoSuchBucketPolicy",))
+            others = [st for st in _statements(current) if st.get("Sid") != TLS_ONLY_SID]
+            await api.call("s3", "put_bucket_policy", Bucket=name, Policy=json.dumps({
+                "Version": "2012-10-17", "Statement": [tls_only_statement(name, partition(region).name), *others]}))
+        yield Progress(f"{name}: public access blocked, HTTPS only, encrypted (SSE-S3), unversioned, incomplete "
+                       f"uploads aborted after {ABORT_INCOMPLETE_UPLOADS_DAYS} day", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)

@@ -17,6 +17,9 @@ from typing import Any
 
 from backend.aws.pricing import RegionPrices
 from backend.layers.aws.api import CLUSTER_TAG, IAM_PATH, RUN_TAG, AwsApi, run_filter
+from backend.layers.aws.cluster import CLOUDWATCH_LOGS_GB_MONTH
+from backend.layers.aws.endpoints import live_endpoints
+from backend.layers.aws.logs import find_group, log_group_name, owned_by_run
 from backend.layers.aws.storage import kept_bucket
 from backend.layers.base import Context
 from backend.model import Leftover
@@ -51,6 +54,7 @@ async def sweep(api: AwsApi, ctx: Context, prices: PriceLookup) -> list[Leftover
     bills: dict[int, Bill] = {}
     finders: list[Callable[[], Awaitable[list[Leftover]]]] = [
         lambda: _eks(api, ctx, bills), lambda: _ec2(api, ctx, bills), lambda: _roles(api, run),
+        lambda: _log_group(api, ctx),
         lambda: kept_bucket(api, ctx)]  # the run's bucket: kept on purpose while it holds data
     found = [item for group in await asyncio.gather(*(f() for f in finders)) for item in group]
     billed = [item for item in found if id(item) in bills]
@@ -115,6 +119,8 @@ async def _ec2(api: AwsApi, ctx: Context, bills: dict[int, Bill]) -> list[Leftov
     out += [_billed(bills, Leftover("Elastic IP", a["AllocationId"], a.get("PublicIp", "")), _public_ip)
             for a in addresses]
     out += [Leftover("route table", t["RouteTableId"]) for t in tables]
+    out += [Leftover("VPC endpoint", e["VpcEndpointId"], f"{e.get('ServiceName', '')}, {e.get('State', '')}")
+            for e in await live_endpoints(api, run_filter(run))]
     out += [Leftover("security group", g["GroupId"]) for g in groups]
     out += [Leftover("launch template", t["LaunchTemplateId"]) for t in templates]
     out += [Leftover("placement group", g["GroupName"]) for g in placement if g.get("State") != "deleted"]
@@ -160,6 +166,18 @@ async def _in_vpcs(api: AwsApi, vpc_ids: list[str], bills: dict[int, Bill]) -> l
     out += [_billed(bills, Leftover("instance", i["InstanceId"], f"{i['InstanceType']}, {i['State']['Name']}"),
                     _instances_of(i["InstanceType"])) for r in reservations for i in r.get("Instances") or []]
     return out
+
+
+async def _log_group(api: AwsApi, ctx: Context) -> list[Leftover]:
+    """The control plane's log group, when it is this run's: EKS keeps it after the cluster, and its
+    stored logs bill by the GB-month (no hourly figure)."""
+    name = log_group_name(ctx.config.cluster_name)
+    found = await find_group(api, name)
+    if found is None or not owned_by_run(ctx, found[1]):
+        return []
+    stored_mb = float(found[2].get("storedBytes") or 0) / 1e6
+    return [Leftover("CloudWatch log group", name,
+                     f"{stored_mb:.1f} MB stored, ${CLOUDWATCH_LOGS_GB_MONTH:.2f}/GB-month in us-east-1")]
 
 
 async def _instances(api: AwsApi, ctx: Context, bills: dict[int, Bill]) -> list[Leftover]:

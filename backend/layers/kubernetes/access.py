@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import urllib3
 import yaml
@@ -28,9 +28,11 @@ from kubernetes.client.rest import should_bypass_proxies
 from kubernetes.config import kube_config
 from kubernetes.config.config_exception import ConfigException
 
-from backend.errors import OperationError, UserError
+from backend.errors import ApiUnreachable, OperationError, UserError
+from backend.layers.kubernetes.portforward import PortForward
+from backend.paths import private_cache_dir
 from backend.rayjobs import RayJobs
-from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
+from backend.retry import REAL_CLOCK, Backoff, Clock, Retry, Retrying, report_retry
 
 Obj = dict[str, Any]
 Objs = list[Obj]  # aliases: inside KubeApi, ``list`` names the method
@@ -51,6 +53,16 @@ LOG_FAILURES = 3  # in a row
 # dozen): on asyncio's default executor (cpu_count + 4 threads, 6 on a 2-CPU machine) they would
 # queue, and a server that never answers would take two or three request deadlines to report.
 _REQUEST_THREADS = 16
+# Answers worth sending a request again for: 429 from API Priority and Fairness (nothing was done; its
+# Retry-After says when), and the 5xx of an API server restarting or behind a balancer losing it.
+_TRANSIENT = frozenset({429, 500, 502, 503, 504})
+# After a 5xx the change may have been made: only requests that may be repeated (a read, a delete by name,
+# a server-side apply of the same object) are sent again; a 429 was refused before any handler, so any is.
+_REPEATABLE = frozenset({"GET", "DELETE", "PUT"})
+API_RETRY = Backoff(first_s=0.5, factor=2.0, cap_s=8.0, jitter="spread")
+API_ATTEMPTS = 6  # the first try and five more (client-go's rest client allows 10 by default)
+RETRY_AFTER_CAP_S = 10.0  # a server asking for longer gets it at most this long each time
+API_RETRY_DEADLINE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,14 @@ def split_timestamp(line: str) -> tuple[str | None, str]:
     return None, line
 
 
+def tls_files_dir() -> str:
+    """Where the client writes a kubeconfig's certificate and key data (its TLS stack loads them by path):
+    a 0700 dir of rtui's cache, not the system temp dir. The client removes them at exit (an atexit hook,
+    kube_config._create_temp_file_with_content); an rtui killed before that leaves them here, private,
+    rather than a private key in /tmp."""
+    return str(private_cache_dir("kube-tls", what="kubeconfig TLS files"))
+
+
 class KubeApi:
     """A cluster's API server as one kubeconfig context sees it."""
 
@@ -128,7 +148,10 @@ class KubeApi:
         self.stream_idle_s = stream_idle_s
         self.clock = clock  # what a log's reconnects sleep on
         self._token_provider: TokenProvider | None = None
+        self._reload_credentials: Callable[[], Configuration] | None = None  # an exec plugin's user: run it again
+        self._credentials_lock = threading.Lock()
         self._threads = ThreadPoolExecutor(_REQUEST_THREADS, thread_name_prefix="kube-api")
+        self._forwards: dict[tuple[str, str, int], PortForward] = {}
 
     # ---- construction -------------------------------------------------------------------------
 
@@ -152,7 +175,8 @@ class KubeApi:
         configuration = Configuration()
         try:
             kube_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=source, context=chosen, client_configuration=configuration, persist_config=False)
+                config_file=source, context=chosen, client_configuration=configuration, persist_config=False,
+                temp_file_path=tls_files_dir())
         except _CONFIG_ERRORS as err:
             raise UserError(f"cannot use context {chosen!r} of {source}: {_one_line(err)}",
                             remedy="fix the kubeconfig or refresh it (`aws eks update-kubeconfig`)") from err
@@ -163,6 +187,14 @@ class KubeApi:
                   stream_idle_s=stream_idle_s)
         if token_provider is not None:
             api.set_token_provider(token_provider)
+        elif _user_entry(files, str((entry.get("context") or {}).get("user"))).get("exec"):
+            def reload() -> Configuration:
+                fresh = Configuration()
+                kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=source, context=chosen, client_configuration=fresh, persist_config=False,
+                    temp_file_path=tls_files_dir())
+                return fresh
+            api._reload_credentials = reload
         return api
 
     @classmethod
@@ -255,12 +287,25 @@ class KubeApi:
                        ssl=self.ssl_context(), proxy=self.proxy, server_hostname=self.tls_server_name,
                        stream_idle_s=self.stream_idle_s)
 
+    def port_forward(self, namespace: str, pod: str, port: int) -> PortForward:
+        """A loopback listener forwarding to ``port`` of ``pod`` through ``pods/portforward`` (portforward.py),
+        routed like every request to this server; one per pod and port, closed with this API."""
+        key = (namespace, pod, port)
+        if key not in self._forwards:
+            self._forwards[key] = PortForward(self.server, namespace, pod, port, headers=self.headers,
+                                              ssl=self.ssl_context(), proxy=self.proxy,
+                                              server_hostname=self.tls_server_name).start()
+        return self._forwards[key]
+
     def fresh_connections(self) -> None:
         """Close the pooled idle connections: after one was dropped silently, the others (same route,
         same load balancer) likely were too, and a request on one would wait out its whole deadline."""
         self._client.rest_client.pool_manager.clear()
 
     def close(self) -> None:
+        for forward in self._forwards.values():
+            forward.close()
+        self._forwards.clear()
         self._threads.shutdown(wait=False, cancel_futures=True)
         self._client.close()  # type: ignore[no-untyped-call]
 
@@ -322,8 +367,31 @@ class KubeApi:
         events = await self.list("v1", "Event", namespace, field_selector=f"involvedObject.name={involved_name}")
         return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
+    async def can_i(self, verb: str, resource: str, group: str = "", namespace: str | None = None) -> bool:
+        """What a SelfSubjectAccessReview (authorization.k8s.io/v1) says of one request these credentials
+        would make: asked, not tried, so nothing is refused or written on the way (``kubectl auth can-i``)."""
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"verb": verb, "resource": resource, "group": group,
+                                                  **({"namespace": namespace} if namespace else {})}}}
+        answer = await self._json("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                                  _What("create", "selfsubjectaccessreviews.authorization.k8s.io", None), body=review)
+        return bool((answer.get("status") or {}).get("allowed"))
+
+    async def serves(self, group_version: str) -> bool:
+        """Whether the server serves ``group/version`` (its discovery document; any authenticated user may
+        read it): ``ray.io/v1`` is served once someone's KubeRay CRDs are Established."""
+        try:
+            await self._json("GET", f"/apis/{group_version}", _What("get", group_version, None))
+        except KindNotServed:
+            return False
+        return True
+
     async def version(self) -> Obj:
         return await self._json("GET", "/version", _What("get", "version", None))
+
+    async def get_path(self, path: str, what: str) -> Obj:
+        """A GET outside the object API (``/openapi/v3/apis/ray.io/v1``); a 404 raises KindNotServed."""
+        return await self._json("GET", path, _What("get", what, None))
 
     # ---- pod logs ------------------------------------------------------------------------------
 
@@ -397,39 +465,51 @@ class KubeApi:
         it comes: ``(channel, bytes)``, 1 stdout, 2 stderr, 3 the final ``Status`` JSON. Blocking: call it
         in a thread.
 
-        The WebSocket is the kubernetes client's (``kubernetes.stream.stream(binary=True,
-        _preload_content=False)``: its auth, TLS and proxy settings), but its frames are read here, one at
-        a time: the client's own reader keeps every stdout byte in a second buffer (``capture_all``, not
-        settable through ``stream``) and appends to a channel's bytes frame by frame, which for gigabytes
-        is memory and quadratic time."""
+        The WebSocket is opened here on a socket dialled the way every request to this server goes
+        (``_dial``: the kubeconfig's proxy, SOCKS5 included, its TLS and tls-server-name). The client's own
+        ``kubernetes.stream`` hands websocket-client only a proxy's host and port, which websocket-client
+        then speaks HTTP CONNECT to (its ``proxy_type`` defaults to ``http``) and bypasses for the
+        environment's NO_PROXY: a SOCKS5 ``proxy-url`` worked for REST and broke exec. Its frames are read
+        here, one at a time: the client's reader keeps every stdout byte in a second buffer
+        (``capture_all``) and appends to a channel's bytes frame by frame, which for gigabytes is memory
+        and quadratic time."""
         # lazy: the exec transport (websocket-client) only where a volume is read
-        from kubernetes.client import CoreV1Api
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.stream import stream
-        from websocket import ABNF, WebSocketConnectionClosedException, WebSocketTimeoutException
+        from kubernetes.stream.ws_client import V4_CHANNEL_PROTOCOL, V5_CHANNEL_PROTOCOL, get_websocket_url
+        from websocket import (
+            ABNF,
+            WebSocket,
+            WebSocketBadStatusException,
+            WebSocketConnectionClosedException,
+            WebSocketException,
+            WebSocketTimeoutException,
+        )
 
         what = _What("create", "pods/exec", namespace, pod)
+        query = [*(("command", word) for word in command), ("container", container), ("stderr", "true"),
+                 ("stdin", "false"), ("stdout", "true"), ("tty", "false")]
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(pod, safe='')}/exec"
+        _, url, headers, _, _ = self._client.param_serialize("GET", path, query_params=query, header_params={},
+                                                             auth_settings=["BearerToken"])
+        header = [f"sec-websocket-protocol: {V5_CHANNEL_PROTOCOL},{V4_CHANNEL_PROTOCOL}",
+                  *(f"authorization: {v}" for k, v in headers.items() if k.lower() == "authorization")]
+        ws = WebSocket(skip_utf8_validation=True)
         try:
-            client = stream(CoreV1Api(self._client).connect_get_namespaced_pod_exec, pod, namespace,
-                            command=[*command], container=container, stdin=False, stdout=True, stderr=True,
-                            tty=False, binary=True, _preload_content=False)
-        except ApiException as err:  # the client wraps the handshake's failure, status 0
-            cause = err.__context__
-            status = getattr(cause, "status_code", None)
-            if status is None:
-                raise Unreachable(f"cannot open an exec stream to {namespace}/{pod} on {self.server}: "
-                                  f"{_one_line(cause or err)}",
-                                  remedy=f"check the network and the context {self._context!r}") from None
-            body = getattr(cause, "resp_body", None) or b""
-            if int(status) == 404:  # the pod gone, or the kubelet's "container not found": not a missing kind
+            ws.connect(get_websocket_url(url), socket=self._dial(url), header=header,  # type: ignore[no-untyped-call]
+                       timeout=self.timeout_s)
+        except WebSocketBadStatusException as err:
+            body = err.resp_body if isinstance(err.resp_body, bytes) else str(err.resp_body or "").encode()
+            if int(err.status_code) == 404:  # the pod gone, or the kubelet's "container not found": not a kind
                 try:
                     message = str(json.loads(body).get("message") or "")
                 except ValueError:
                     message = body.decode("utf-8", "replace")
                 raise OperationError(f"cannot exec into {namespace}/{pod}: {_one_line(message) or 'not found'}",
                                      remedy=f"see `kubectl -n {namespace} describe pod {pod}`") from None
-            raise self._error(int(status), body, what) from None
-        ws = client.sock
+            raise self._error(int(err.status_code), body, what) from None
+        except (OSError, WebSocketException) as err:
+            raise Unreachable(f"cannot open an exec stream to {namespace}/{pod} on {self.server}: "
+                              f"{_one_line(err)}", remedy=f"check the network and the context {self._context!r}"
+                              ) from None
         ws.settimeout(self.stream_idle_s)
         try:
             while True:
@@ -447,7 +527,43 @@ class KubeApi:
                     data = frame.data if isinstance(frame.data, bytes) else frame.data.encode()
                     yield data[0], data[1:]
         finally:
-            client.close()
+            ws.close()
+
+    def _dial(self, url: str) -> socket.socket:
+        """A connection to the server of ``url`` as the REST client makes it: through ``self.proxy`` (HTTP
+        CONNECT or SOCKS, the name resolved at a SOCKS proxy as kubectl does), TLS with this server's CA,
+        client certificate and tls-server-name; within the request deadline."""
+        target = urlsplit(url)
+        host, port = target.hostname or "", target.port or (443 if target.scheme == "https" else 80)
+        proxy = self.proxy
+        if proxy is None:
+            sock = socket.create_connection((host, port), timeout=self.timeout_s)
+        else:
+            # lazy: python-socks only behind a proxy; it speaks CONNECT and SOCKS alike
+            from python_socks import ProxyError, ProxyType
+            from python_socks.sync import Proxy
+
+            via = urlsplit(proxy)
+            kinds = {"http": ProxyType.HTTP, "socks5": ProxyType.SOCKS5, "socks5h": ProxyType.SOCKS5,
+                     "socks4": ProxyType.SOCKS4, "socks4a": ProxyType.SOCKS4}
+            if via.scheme not in kinds or not via.hostname:
+                raise UserError(f"cannot open an exec stream through the proxy {via.scheme}://{via.hostname}",
+                                remedy="use an http:// or socks5:// proxy-url for this cluster")
+            try:
+                sock = Proxy(kinds[via.scheme], via.hostname, via.port or 1080, unquote(via.username or "") or None,
+                             unquote(via.password or "") or None, rdns=True).connect(host, port,
+                                                                                     timeout=self.timeout_s)
+            except ProxyError as err:  # the proxy answered, refusing: as unreachable as a refused connection
+                raise ConnectionError(f"the proxy {via.hostname}:{via.port} could not reach {host}:{port}: "
+                                      f"{_one_line(err)}") from err
+        context = self.ssl_context()
+        if context is None:
+            return sock
+        try:
+            return context.wrap_socket(sock, server_hostname=self.tls_server_name or host)
+        except BaseException:
+            sock.close()
+            raise
 
     async def _stream(self, path: str, query: Query, what: _What) -> AsyncIterator[str]:
         """Lines of a streamed response: a thread reads, a bounded queue hands batches to the loop."""
@@ -512,15 +628,59 @@ class KubeApi:
             result: Obj = json.loads(data) if data else {}
             return result
 
-        return await self._in_thread(call)
+        repeatable = method in _REPEATABLE or content_type == "application/apply-patch+yaml"
+        tries = Retrying(API_RETRY, attempts=API_ATTEMPTS, deadline_s=API_RETRY_DEADLINE_S, clock=self.clock,
+                         report=None)
+        while True:
+            try:
+                return await self._in_thread(call)
+            except _Transient as err:
+                if (err.status != 429 and not repeatable) or not tries.failed():
+                    raise
+                delay = min(RETRY_AFTER_CAP_S, max(tries.next_delay_s, err.retry_after_s))
+                attempt = tries.failures + 1
+                report_retry(Retry(f"{err.message}: trying again in {delay:.1f}s (attempt {attempt})",
+                                   f"HTTP {err.status}", delay, attempt))
+                await self.clock.sleep(delay)
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
 
+    def _renew_exec_credentials(self, sent: Mapping[str, str]) -> bool:
+        """After a 401, run the kubeconfig's exec plugin again as client-go does (``plugin/pkg/client/auth/exec/
+        exec.go``: a credential without ``expirationTimestamp`` is used until the server answers 401, then
+        ``maybeRefreshCreds`` runs the plugin unless another request already rotated it). The client's
+        loader refreshes only on an expiry, so it would send the refused token for ever. True: send again."""
+        if self._reload_credentials is None:
+            return False
+        used = next((v for k, v in sent.items() if k.lower() == "authorization"), None)
+        with self._credentials_lock:
+            if self._config.get_api_key_with_prefix("BearerToken") != used:
+                return True  # rotated meanwhile by another request's 401
+            try:
+                fresh = self._reload_credentials()
+            except _CONFIG_ERRORS:
+                return False  # the plugin failed: the 401 is the answer
+            token = fresh.api_key.get("BearerToken")
+            if not token or token == used:
+                return False
+            hook = fresh.refresh_api_key_hook
+
+            def refresh(configuration: Configuration) -> None:
+                # Only the token: the loader's own hook would also reset the proxy and CA file it loaded.
+                if hook is not None:
+                    hook(fresh)
+                configuration.api_key["BearerToken"] = fresh.api_key["BearerToken"]
+
+            self._config.refresh_api_key_hook = refresh  # type: ignore[assignment]  # declared as None
+            self._config.api_key["BearerToken"] = token
+        return True
+
     def _call(self, method: str, path: str, what: _What, *, query: Query | None = None,
               body: Any = None, content_type: str = "application/json",
-              timeout: float | tuple[float, float | None]) -> urllib3.BaseHTTPResponse:
-        """A blocking request; a non-2xx answer or no answer becomes our error (streamed bodies stay open)."""
+              timeout: float | tuple[float, float | None], renewed: bool = False) -> urllib3.BaseHTTPResponse:
+        """A blocking request; a non-2xx answer or no answer becomes our error (streamed bodies stay open).
+        A 401 to an exec plugin's credential runs the plugin again and sends the request once more."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
         method, url, headers, body, post = self._client.param_serialize(
             method, path, query_params=query or None, header_params=headers, body=body, auth_settings=["BearerToken"])
@@ -544,7 +704,14 @@ class KubeApi:
             return raw
         payload = raw.read()
         raw.release_conn()
-        raise self._error(raw.status, payload, what)
+        if raw.status == 401 and not renewed and self._renew_exec_credentials(headers):
+            # The authenticator refused it before any handler ran: nothing was done, any method may go again.
+            return self._call(method, path, what, query=query, body=body, content_type=content_type,
+                              timeout=timeout, renewed=True)
+        error = self._error(raw.status, payload, what)
+        if raw.status in _TRANSIENT:
+            raise _Transient(error, raw.status, _retry_after(raw.headers.get("Retry-After")))
+        raise error
 
     def _error(self, status: int, payload: bytes, what: _What) -> Exception:
         try:
@@ -558,6 +725,12 @@ class KubeApi:
             return UserError(f"the Kubernetes API server at {self.server} refused the credentials of context "
                              f"{self._context!r} (expired or invalid)",
                              remedy="run `aws sso login` / refresh the kubeconfig (`aws eks update-kubeconfig`)")
+        if status == 403 and any(c.get("reason") == "NamespaceTerminating" for c in details.get("causes") or []):
+            # NamespaceLifecycle admission, not RBAC: the namespace is going and takes nothing new meanwhile.
+            return OperationError(f"namespace {what.namespace} is still being deleted: nothing can be created in it "
+                                  "until it is gone",
+                                  remedy=f"wait until `kubectl get namespace {what.namespace}` finds nothing, then "
+                                         "run it again")
         if status == 403:
             return Forbidden(f"forbidden: cannot {what.verb} {what.resource}{where}",
                              remedy=f"ask the cluster's admin for that permission ({_one_line(message)})")
@@ -591,12 +764,29 @@ class KindNotServed(UserError):
     """A 404 without details: the server serves no such resource (a CRD missing or not Established)."""
 
 
-class Unreachable(OperationError):
-    """No answer from the API server (refused, unresolved, or silent past the deadline): not a "no"."""
+class Unreachable(ApiUnreachable):
+    """No answer from the Kubernetes API server (refused, unresolved, or silent past the deadline)."""
 
 
 class _StreamSilent(Exception):
     """Nothing came on a stream for ``stream_idle_s``: a quiet source, or a connection dropped silently."""
+
+
+class _Transient(OperationError):
+    """A 429 or 5xx: the same one-line error, with what ``_json`` needs to try again."""
+
+    def __init__(self, error: Exception, status: int, retry_after_s: float) -> None:
+        super().__init__(getattr(error, "message", str(error)), remedy=getattr(error, "remedy", None))
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds from a Retry-After header (kube-apiserver sends whole seconds); 0 when absent or a date."""
+    try:
+        return max(0.0, float(value or 0))
+    except ValueError:
+        return 0.0
 
 
 class _ObjectGone(Exception):
@@ -617,18 +807,28 @@ def _abort(response: urllib3.BaseHTTPResponse) -> None:
     threading.Thread(target=response.close, name="log-close", daemon=True).start()
 
 
-def _cluster_entry(files: list[str], name: str) -> Obj:
-    """The kubeconfig's cluster entry of that name, the first file naming it winning (as kubectl merges)."""
+def _kubeconfig_entry(files: list[str], section: str, name: str) -> Obj:
+    """The kubeconfig's ``section`` ("clusters", "users") entry of that name, the first file naming it
+    winning (as kubectl merges)."""
+    key = section.removesuffix("s")  # the entry's body: "cluster", "user"
     for file in files:
         try:
             with open(file) as f:
                 doc = yaml.safe_load(f)
         except (OSError, yaml.YAMLError):
             continue
-        for item in (doc.get("clusters") or []) if isinstance(doc, dict) else []:
+        for item in (doc.get(section) or []) if isinstance(doc, dict) else []:
             if isinstance(item, dict) and str(item.get("name")) == name:
-                return dict(item.get("cluster") or {})
+                return dict(item.get(key) or {})
     return {}
+
+
+def _cluster_entry(files: list[str], name: str) -> Obj:
+    return _kubeconfig_entry(files, "clusters", name)
+
+
+def _user_entry(files: list[str], name: str) -> Obj:
+    return _kubeconfig_entry(files, "users", name)
 
 
 def _route_like_kubectl(configuration: Configuration, cluster: Obj) -> None:

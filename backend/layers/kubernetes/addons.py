@@ -45,6 +45,7 @@ NVIDIA_PLUGIN_NAME = "rtui-nvidia-device-plugin"
 EFA_PLUGIN_NAME = "rtui-efa-device-plugin"
 KUBERAY_NAMESPACE = "rtui-kuberay"
 KUBERAY_NAME = "kuberay-operator"
+_COMPONENT_LABEL, _OPERATOR_COMPONENT = "app.kubernetes.io/component", "kuberay-operator"  # KubeRay's manifests
 # Cluster-scoped: prefixed so a user's own Helm release "kuberay-operator" keeps its ClusterRole.
 KUBERAY_CLUSTER_ROLE = "rtui-kuberay-operator"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -599,14 +600,13 @@ def watched_namespaces(deployment: dict[str, Any]) -> list[str] | None:
 
 
 def find_kuberay_operator(deployments: list[dict[str, Any]], crds: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The Deployment of a KubeRay operator already in the cluster (image ``kuberay/operator`` on any
-    registry, any namespace), or None when rtui should install one.
+    """The Deployment of a KubeRay operator already in the cluster (``is_kuberay_operator``, any namespace),
+    or None when rtui should install one.
 
     Raises UserError when one runs but the RayCluster CRD is missing or does not serve ``ray.io/v1``:
     installing a second operator beside it would have two controllers reconcile every RayCluster.
     """
-    found = _pick([d for d in deployments if any(
-        image_repository(c.get("image", ""))[-2:] == ("kuberay", "operator") for c in _containers(d))])
+    found = _pick([d for d in deployments if is_kuberay_operator(d)])
     if found is None:
         return None
     where = f"{found['metadata'].get('namespace', '')}/{found['metadata'].get('name', '')}"
@@ -618,6 +618,42 @@ def find_kuberay_operator(deployments: list[dict[str, Any]], crds: list[dict[str
         raise UserError(f"the KubeRay operator {where} is too old: its RayCluster CRD does not serve ray.io/v1",
                         remedy="upgrade KubeRay to 1.0 or later")
     return found
+
+
+def kuberay_operators(deployments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every Deployment that runs a KubeRay operator (``is_kuberay_operator``), not being deleted."""
+    return [d for d in deployments if not d.get("metadata", {}).get("deletionTimestamp") and is_kuberay_operator(d)]
+
+
+def is_kuberay_operator(deployment: dict[str, Any]) -> bool:
+    """Whether a Deployment runs KubeRay's operator, known by what KubeRay's own manifests put on it: the image
+    ``kuberay/operator`` on any registry, else (a mirrored or renamed image) the component label both its Helm
+    chart (v1.7.0 ``helm-chart/kuberay-operator/templates/deployment.yaml``) and its kustomize manifest
+    (``ray-operator/config/manager/manager.yaml``) set, or their container ``kuberay-operator`` running
+    ``/manager``. The container's name alone is not enough: any chart may name a container so."""
+    meta_labels = deployment.get("metadata", {}).get("labels") or {}
+    pod_labels = deployment.get("spec", {}).get("template", {}).get("metadata", {}).get("labels") or {}
+    if _OPERATOR_COMPONENT in (meta_labels.get(_COMPONENT_LABEL), pod_labels.get(_COMPONENT_LABEL)):
+        return True
+    return any(image_repository(c.get("image", ""))[-2:] == ("kuberay", "operator")
+               or (c.get("name") == KUBERAY_NAME and (c.get("command") or [""])[0] == "/manager")
+               for c in _containers(deployment))
+
+
+def pods_requesting(resource: str, pods: list[dict[str, Any]]) -> list[str]:
+    """``team-b/infer`` for each pod not made by rtui, not finished, that requests ``resource`` (a device a
+    plugin advertises): the kubelet admits it only while that plugin runs on its node."""
+    out = []
+    for pod in pods:
+        if _ours(pod) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        spec = pod.get("spec") or {}
+        resources = [c.get("resources") or {} for c in [*(spec.get("containers") or []),
+                                                        *(spec.get("initContainers") or [])]]
+        wants = [{**(r.get("limits") or {}), **(r.get("requests") or {})} for r in resources]
+        if any(str(w.get(resource, "0")) not in ("0", "") for w in wants):
+            out.append(f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}")
+    return out
 
 
 # ----- readiness -----

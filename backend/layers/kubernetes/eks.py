@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -24,7 +25,7 @@ import yaml
 
 from backend.layers.aws.api import partition
 from backend.layers.kubernetes import kubeconfig_text
-from backend.paths import cache_dir
+from backend.paths import private_cache_dir
 
 TOKEN_PREFIX = "k8s-aws-v1."
 RUN_TAG = "rtui:run"  # the aws layer's tag naming the run that made a resource (DESIGN.md §1)
@@ -159,14 +160,36 @@ def kubeconfig_path(flag: str | None) -> Path:
 
 
 def ca_file(ca_data_b64: str) -> str:
-    """A cluster's CA (base64 PEM, as EKS and kubeconfigs give it) in a file the HTTP client can load
-    (a public certificate, in rtui's cache, named by its hash)."""
+    """A cluster's CA (base64 PEM, as DescribeCluster and kubeconfigs give it) in a file the HTTP client
+    can load: in rtui's cache, named by its hash, 0600 in a 0700 dir of ours.
+
+    The name alone is never trusted: the client verifies the API server against this file and then
+    sends it the EKS token, so a file found there (planted, a link, another CA) is read and, unless it
+    holds exactly the CA EKS reported just now, replaced."""
     ca = base64.b64decode(ca_data_b64)
-    target = cache_dir() / "eks" / f"{hashlib.sha256(ca).hexdigest()[:16]}.pem"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(ca)
+    folder = private_cache_dir("eks", what="EKS CA cache")
+    target = folder / f"{hashlib.sha256(ca).hexdigest()[:16]}.pem"
+    if not _holds_exactly(target, ca):
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder)  # made 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(ca)
+            os.replace(tmp, target)  # replaces a link itself, never the file it points to
+        except BaseException:
+            os.unlink(tmp)
+            raise
     return str(target)
+
+
+def _holds_exactly(path: Path, content: bytes) -> bool:
+    """A regular file of ours, 0600, with exactly ``content`` (a link or anything else: no)."""
+    try:
+        found = path.lstat()
+        if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid() or stat.S_IMODE(found.st_mode) != 0o600:
+            return False
+        return path.read_bytes() == content
+    except OSError:
+        return False
 
 
 def remove_kubeconfig_entry(path: str | os.PathLike[str], name: str) -> bool:

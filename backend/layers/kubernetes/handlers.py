@@ -191,10 +191,31 @@ class KubeHandler(Handler):
         return kube_api(ctx)
 
 
+def namespace_conditions(namespace: Manifest) -> str:
+    """What the namespace controller says keeps a Terminating namespace (its True conditions: content or
+    finalizers remaining, a deletion failure), in one line."""
+    conditions = [c for c in (namespace.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+    return "; ".join(str(c.get("message") or c.get("reason")) for c in conditions) or "no condition reported yet"
+
+
+async def wait_namespace_gone(api: KubeApi, name: str) -> AsyncIterator[Progress]:
+    """Until the namespace is gone, saying what keeps it while it is Terminating."""
+
+    async def gone() -> Check:
+        live = await api.get("v1", "Namespace", name)
+        return Check(live is None, "namespace gone" if live is None else
+                     f"namespace {name} is still being deleted: {namespace_conditions(live)}")
+
+    async for p in wait_for(gone, what=f"deleting namespace {name}", timeout_s=ADDON_TIMEOUT_S,
+                            remedy=f"see `kubectl get namespace {name} -o yaml` (status.conditions)"):
+        yield p
+
+
 class NamespaceHandler(KubeHandler):
     kind = "k8s-namespace"
     title = "Create the namespace"
     expected_s = 1.0
+    updatable = True  # its labels: Pod Security's level, on a namespace an older rtui made (issue 33)
 
     def kept_on_down(self, have: Observed, observed: Sequence[Observed]) -> bool:
         """Kept while it holds the run's volume: deleting a namespace deletes its claims."""
@@ -204,12 +225,18 @@ class NamespaceHandler(KubeHandler):
         live = await api.get("v1", "Namespace", ctx.config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None  # someone else's: preflight refuses it
+        enforce = (live["metadata"].get("labels") or {}).get(f"{manifests.POD_SECURITY_LABEL}enforce")
         return Observed(address=NAMESPACE, layer=LAYER, kind=self.kind, id=ctx.config.namespace,
-                        state={"name": ctx.config.namespace}, reason="exists")
+                        state={"name": ctx.config.namespace, "pod_security": enforce}, reason="exists")
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         live = await api.get("v1", "Namespace", ctx.config.namespace)
+        if live is not None and live["metadata"].get("deletionTimestamp"):
+            # Still going (a `down` just now): nothing can be created in it until it is gone.
+            async for p in wait_namespace_gone(api, ctx.config.namespace):
+                yield p
+            live = None
         if live is not None and not ours(live, ctx.record.run_id):
             raise UserError(f"namespace {ctx.config.namespace} exists and is not this run's",
                             remedy="choose another with --namespace")
@@ -217,16 +244,15 @@ class NamespaceHandler(KubeHandler):
         ctx.ledger.update(want.address, id=ctx.config.namespace)
         yield Progress(f"namespace {ctx.config.namespace}", 1.0)
 
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        async for p in self.create(ctx, want):
+            yield p
+
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         async for p in delete_ours(api, ctx, [manifests.namespace(ctx.config, ctx.record.run_id)]):
             yield p
-
-        async def gone() -> Check:
-            live = await api.get("v1", "Namespace", have.id)
-            return Check(live is None, "namespace gone" if live is None else "namespace terminating")
-
-        async for p in wait_for(gone, what=f"deleting namespace {have.id}", timeout_s=ADDON_TIMEOUT_S):
+        async for p in wait_namespace_gone(api, have.id):
             yield p
 
 
@@ -313,11 +339,14 @@ class AddonHandler(KubeHandler):
             return Action.UPDATE, f"image {have.state.get('image')} -> {want.spec.get('image')}"
         return Action.NOOP, have.reason or "in place"
 
+    async def users(self, api: KubeApi, objects: list[Manifest]) -> list[str]:
+        """What still uses rtui's add-on: a RayCluster (any run's, anyone's), by default."""
+        return await ray_objects_left(api, ("RayCluster",))
+
     async def delete_shared(self, ctx: Context, objects: list[Manifest]) -> AsyncIterator[Progress]:
-        """Delete rtui's add-on unless a RayCluster (any run's, anyone's) still uses it: then the
-        last run out removes it."""
+        """Delete rtui's add-on unless something still uses it (``users``): then the last one out removes it."""
         api = self.api(ctx)
-        users = await ray_objects_left(api, ("RayCluster",))
+        users = await self.users(api, objects)
         if users:
             more = f" (+{len(users) - 1} more)" if len(users) > 1 else ""
             yield Progress(f"kept: {users[0]}{more} still uses it", 1.0)
@@ -406,6 +435,13 @@ class DevicePluginHandler(AddonHandler):
         async for p in self.delete_shared(ctx, self.objects(ctx)):
             yield p
 
+    async def users(self, api: KubeApi, objects: list[Manifest]) -> list[str]:
+        """Also any pod not rtui's that requests the device: without the plugin its node stops advertising
+        it, and the kubelet refuses such a pod there (UnexpectedAdmissionError) when it restarts."""
+        resource = manifests.GPU_RESOURCE if self.which == "nvidia" else manifests.EFA_RESOURCE
+        return [*await super().users(api, objects),
+                *(f"pod {p}" for p in addons.pods_requesting(resource, await api.list("v1", "Pod")))]
+
 
 class NvidiaPluginHandler(DevicePluginHandler):
     kind = "k8s-device-plugin-nvidia"
@@ -441,8 +477,12 @@ class OperatorHandler(AddonHandler):
         return addons.kuberay_operator(ctx.config, ctx.record.run_id, crds, digest)
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        found = addons.find_kuberay_operator(await api.list("apps/v1", "Deployment"),
-                                             await api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition"))
+        deployments = await api.list("apps/v1", "Deployment")
+        crds = await api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+        # rtui's own operator when it runs (what its runs use and the last one removes), even beside
+        # another team's installed later (which is theirs, adopted, and never rtui's to remove).
+        found = addons.find_kuberay_operator([d for d in deployments if ours(d)], crds) \
+            or addons.find_kuberay_operator(deployments, crds)
         if found is None:
             return None
         return self.observed(found, ctx, *addons.deployment_available(found))
@@ -478,6 +518,15 @@ class OperatorHandler(AddonHandler):
         return await deployment_check(api, live)
 
 
+    async def users(self, api: KubeApi, objects: list[Manifest]) -> list[str]:
+        """The RayClusters in the namespaces the operator watches (all of them when cluster-wide): one
+        elsewhere is no user of a namespaced operator, and must not keep it (nor refuse later runs)."""
+        workload = next(o for o in objects if o["kind"] == "Deployment")
+        live = await get_if_served(api, *ref(workload))
+        watched = addons.watched_namespaces(live) if live is not None else None
+        clusters = await ray_objects_left(api, ("RayCluster",))
+        return [c for c in clusters if watched is None or c.split(" ", 1)[1].split("/", 1)[0] in watched]
+
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         objects = [o for o in self.objects(ctx, []) if o["kind"] != "CustomResourceDefinition"]
@@ -488,6 +537,13 @@ class OperatorHandler(AddonHandler):
         crds = [c for c in await api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")
                 if ours(c) and (c.get("spec") or {}).get("group") == "ray.io"]
         if not crds:
+            return
+        # Nor while another operator runs (another team's, installed on top of rtui's CRDs): its informers
+        # list these kinds, and fail once they are gone.
+        others = [d for d in addons.kuberay_operators(await api.list("apps/v1", "Deployment")) if not ours(d)]
+        if others:
+            where = f"{others[0]['metadata'].get('namespace')}/{others[0]['metadata'].get('name')}"
+            yield Progress(f"kept the KubeRay CRDs: the operator {where} (not rtui's) uses them")
             return
         left = await ray_objects_left(api)
         if left:

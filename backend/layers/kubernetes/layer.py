@@ -16,7 +16,7 @@ import targets
 from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
 from backend.layers.base import Context, Handler, Layer
-from backend.layers.kubernetes import addons, identity, idle, manifests, pods, storage
+from backend.layers.kubernetes import addons, admission, capacity, identity, idle, manifests, pods, rights, storage
 from backend.layers.kubernetes.clients import ClusterNotReady, cluster_api, kube_api
 from backend.layers.kubernetes.handlers import (
     EFA_PLUGIN,
@@ -36,9 +36,12 @@ from backend.layers.kubernetes.handlers import (
     OperatorHandler,
     get_if_served,
     list_if_served,
+    namespace_conditions,
     ours,
     read_hf_token,
 )
+from backend.layers.kubernetes.kuberay_version import refuse_unfit_kuberay
+from backend.layers.kubernetes.probe import GCS_PORT, PROBE, NetworkPolicyProbeHandler, verdict_name
 from backend.layers.kubernetes.raycluster import (
     PrepullHandler,
     RayClusterHandler,
@@ -54,10 +57,16 @@ from backend.layers.kubernetes.security import (
     NetworkPolicyHandler,
     RayTokenHandler,
     network_policy,
+    network_policy_name,
     policy_enforcer,
     ray_token,
 )
-from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT, ServiceAccountHandler
+from backend.layers.kubernetes.serviceaccount import (
+    SERVICE_ACCOUNT,
+    WORKER_ACCOUNT,
+    ServiceAccountHandler,
+    WorkerAccountHandler,
+)
 from backend.model import CheckResult, CheckStatus, Observed, Resource
 from training.passed_env import JOB_ENV_FILE
 
@@ -81,6 +90,9 @@ class Below:
     # pod identity association for the run's data): made, and the pods run as it, when that is planned.
     ray_service_account: str | None = None
     ray_identity: str | None = None
+    # The same for the workers' own account (no Kubernetes token: issue 33), when they need credentials too.
+    ray_worker_service_account: str | None = None
+    ray_worker_identity: str | None = None
 
     @property
     def makes_cluster(self) -> bool:
@@ -97,18 +109,34 @@ class KubernetesLayer(Layer):
     name = LAYER
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
         NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), JobEnvHandler(), NetworkPolicyHandler(),
-        NvidiaPluginHandler(), storage.DataClaimHandler(), ServiceAccountHandler(),
-        EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler())}
+        NvidiaPluginHandler(), storage.DataClaimHandler(), ServiceAccountHandler(), WorkerAccountHandler(),
+        EfaPluginHandler(), OperatorHandler(), PrepullHandler(), RayClusterHandler(), WorkersHandler(),
+        NetworkPolicyProbeHandler())}
 
     def __init__(self, below: Below | None = None) -> None:
         self.below = below or Below()
         self._images: dict[str, Resolved] = {}  # image by tag -> its digest, asked at plan time
         self._enforcement = "not checked"
         self._storage: storage.StorageFacts | None = None  # the default StorageClass, asked at plan time
+        self._rights: rights.Rights | None = None  # cluster-wide or namespace-only, asked at plan time
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
         return self._handlers
+
+    async def decide_rights(self, ctx: Context) -> rights.Rights:
+        """Cluster-wide, or namespace-only (``rights.py``), as the API server answers for these credentials."""
+        if self.below.makes_cluster:  # a cluster made below: its maker is its admin
+            return rights.Rights(ctx.config.namespace)
+        try:
+            found = await rights.decide(kube_api(ctx), ctx.config.namespace)
+        except ClusterNotReady:
+            return rights.Rights(ctx.config.namespace, asked=False)
+        self._rights = found
+        return found
+
+    def _namespace_only(self) -> bool:
+        return self._rights is not None and not self._rights.cluster_wide
 
     async def prepare(self, ctx: Context) -> None:
         """Every image the plan pulls, resolved to the digest its registry names now (all at once).
@@ -117,7 +145,9 @@ class KubernetesLayer(Layer):
         what runs on the cluster must be what the plan showed, also for a pod rescheduled a day later.
         """
         config = ctx.config
-        wanted = [config.image, *addons.addon_images(config).values()]
+        namespace_only = not (await self.decide_rights(ctx)).cluster_wide
+        # Namespace-only: no add-on of rtui's is planned, so none of their images is asked for.
+        wanted = [config.image, *([] if namespace_only else addons.addon_images(config).values())]
         # A digest found is kept for the process (the TUI plans again); one not found is asked again.
         asked = [i for i in dict.fromkeys(wanted) if i not in self._images or self._images[i].digest is None]
         found = await asyncio.gather(*(asyncio.to_thread(resolve_digest, i) for i in asked))
@@ -131,7 +161,8 @@ class KubernetesLayer(Layer):
                             remedy="let this machine reach the registry, pin it yourself as IMAGE@sha256:…, or pass "
                                    "--allow-unpinned to pull by tag (the plan flags it)")
         self._enforcement = (await self._policy_check(ctx)).detail or ""
-        if wants_volume(ctx):
+        await refuse_unfit_kuberay(ctx)  # a KubeRay someone else runs that cannot carry rtui's token auth
+        if wants_volume(ctx) and not namespace_only:  # StorageClasses are cluster-scoped
             try:
                 self._storage = await storage.storage_facts(await cluster_api(ctx))
             except RtuiError:
@@ -162,7 +193,8 @@ class KubernetesLayer(Layer):
             return Resource(address=address, layer=LAYER, kind=kind, spec=spec,
                             depends_on=tuple(dict.fromkeys([*deps, *api_ready])), cost_per_hour=cost)
 
-        out = [res(NAMESPACE, "k8s-namespace", {"name": config.namespace})]
+        out = [res(NAMESPACE, "k8s-namespace", {"name": config.namespace,
+                                                 "pod_security": manifests.POD_SECURITY["enforce"]})]
         if config.hf_token:
             out.append(res(HF_SECRET, "k8s-secret", {"source": config.hf_token}, NAMESPACE))
         # Made when applied, kept only in the cluster: the spec says where, never what.
@@ -170,10 +202,15 @@ class KubernetesLayer(Layer):
         # Names only: the values are read from rtui's environment when applied.
         out.append(res(JOB_ENV, "k8s-job-env", {"names": sorted(config.job_env_names())}, NAMESPACE))
         # Before the pods start: no moment where the pod network reaches them unfiltered.
+        namespace_only = self._namespace_only()
+        apiserver = (f"any address on port {manifests.DASHBOARD_PORT} (the API server's addresses are outside "
+                     "the namespace; Ray's token refuses a caller without it)" if namespace_only else
+                     "the API server's addresses (Endpoints default/kubernetes, read when applied) on port "
+                     f"{manifests.DASHBOARD_PORT}")
         out.append(res(NETWORK_POLICY, "k8s-networkpolicy",
-                       {"admits": "the Ray pods of this cluster; the API server's addresses (Endpoints "
-                                  f"default/kubernetes, read when applied) on port {manifests.DASHBOARD_PORT}",
-                        "enforced": self._enforcement},
+                       {"admits": f"the Ray pods of this cluster; {apiserver}",
+                        # A hint until the probe below has tried the policy (the DaemonSets the cluster runs).
+                        "enforced": f"guessed: {self._enforcement}"},
                        NAMESPACE))
         # The run's volume: before the Ray pods that mount it.
         volume = [storage.DATA_CLAIM] if wants_volume(ctx) else []
@@ -188,16 +225,30 @@ class KubernetesLayer(Layer):
         account = [SERVICE_ACCOUNT] if account_name else []
         if account_name:
             out.append(res(SERVICE_ACCOUNT, "k8s-serviceaccount", {"name": account_name}, NAMESPACE))
-        # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
-        out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu))
-        plugins = [NVIDIA_PLUGIN]
-        if config.wants_efa():
-            out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa", self._pinned_spec(addon["efa"]), *gpu))
-            plugins.append(EFA_PLUGIN)
-        # Scoped to the run's namespace, the operator's Role lives there: the namespace comes first.
-        scoped = [NAMESPACE] if config.operator_scope == "namespace" else []
-        out.append(res(OPERATOR, "kuberay-operator", {**self._pinned_spec(addon["operator"]),
-                                                      "scope": config.operator_scope}, *scoped, *system))
+        # The workers never hold a token (issue 33): an account of their own, with its own AWS identity from
+        # below when the pods get one there; only the user's one --service-account (kube) is shared.
+        worker_identity = [a for a in (self.below.ray_worker_identity,) if a in made_below]
+        worker_account = (config.service_account or (self.below.ray_worker_service_account if worker_identity else None)
+                          or manifests.worker_service_account_name(config))
+        workers = [] if config.service_account else [WORKER_ACCOUNT]
+        if workers:
+            out.append(res(WORKER_ACCOUNT, "k8s-serviceaccount-workers", {"name": worker_account}, NAMESPACE,
+                           *worker_identity))
+        # Namespace-only rights (rights.py): the cluster's own plugins and KubeRay, nothing cluster-wide.
+        plugins: list[str] = []
+        operator: list[str] = []
+        if not namespace_only:
+            # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
+            out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu))
+            plugins.append(NVIDIA_PLUGIN)
+            if config.wants_efa():
+                out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa", self._pinned_spec(addon["efa"]), *gpu))
+                plugins.append(EFA_PLUGIN)
+            # Scoped to the run's namespace, the operator's Role lives there: the namespace comes first.
+            scoped = [NAMESPACE] if config.operator_scope == "namespace" else []
+            out.append(res(OPERATOR, "kuberay-operator", {**self._pinned_spec(addon["operator"]),
+                                                          "scope": config.operator_scope}, *scoped, *system))
+            operator.append(OPERATOR)
         out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
         spec = {**self._pinned_spec(config.image), "gpu_nodes": config.gpu_node_count,
                 "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
@@ -209,29 +260,62 @@ class KubernetesLayer(Layer):
             spec["volume"] = manifests.data_claim_name(config)
         if account_name:  # so is another service account
             spec["service_account"] = account_name
+        # And the pods' hardening (issue 33): a cluster made before it is made again with it.
+        spec["worker_service_account"] = worker_account
+        spec["pod_security"] = manifests.POD_SECURITY["enforce"]
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below
                      if r.address == self.below.launch_template]
         if config.wants_efa() and efa_below and efa_below[0] > 1:
             spec["efa_interfaces"] = efa_below[0]
-        deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, OPERATOR, *([HF_SECRET] if config.hf_token else []),
-                *volume, *account, *identity_below, *system]
+        deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, *operator, *([HF_SECRET] if config.hf_token else []),
+                *volume, *account, *workers, *identity_below, *worker_identity, *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
         out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
                                                     "gpus_per_node": config.gpus_per_node},
                        RAYCLUSTER, *plugins, *gpu))
+        # Once the head runs: a pod the policy does not admit tries its GCS port (probe.py), with the image
+        # the head runs, so the verdict comes from the cluster's network, not from the DaemonSets' names.
+        out.append(res(PROBE, "k8s-netpol-probe",
+                       {"tries": "the Ray head's GCS port from a pod the policy does not admit",
+                        "image": pinned}, NETWORK_POLICY, RAYCLUSTER))
         return out
+
+    def plan_notes(self, ctx: Context) -> list[str]:
+        """Namespace-only rights: which mode and why, what is used instead, what was not seen."""
+        if self._rights is None or self._rights.cluster_wide:
+            return []
+        return [self._rights.line(),
+                "KubeRay is the cluster's own (ray.io/v1 served): no CRD, operator or device plugin is planned",
+                self._rights.unseen()]
 
     async def discover(self, ctx: Context) -> list[Observed]:
         try:
             api = await cluster_api(ctx)
         except ClusterNotReady:
             return []
+        namespace_only = not (await self.decide_rights(ctx)).cluster_wide
+        # Namespace-only: the add-ons are the cluster's, not visible (cluster-wide lists), never rtui's.
+        cluster_scoped = (NvidiaPluginHandler, EfaPluginHandler, OperatorHandler)
         found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
-                                       if isinstance(h, KubeHandler)))
+                                       if isinstance(h, KubeHandler)
+                                       and not (namespace_only and isinstance(h, cluster_scoped))))
+        if namespace_only and not any(o is not None and o.address == NAMESPACE for o in found):
+            found.append(await self._adopted_namespace(api, ctx))
         order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, storage.DATA_CLAIM, SERVICE_ACCOUNT,
-                 NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS]
+                 WORKER_ACCOUNT, NVIDIA_PLUGIN, EFA_PLUGIN, OPERATOR, PREPULL, RAYCLUSTER, WORKERS, PROBE]
         return sorted((o for o in found if o is not None), key=lambda o: order.index(o.address))
+
+    @staticmethod
+    async def _adopted_namespace(api: KubeApi, ctx: Context) -> Observed | None:
+        """The user's namespace, named with --namespace and not made by rtui: used as it is, never deleted
+        (namespace-only rights cannot make one; what rtui makes in it carries its labels and goes with down)."""
+        live = await api.get("v1", "Namespace", ctx.config.namespace)
+        if live is None or ours(live):
+            return None
+        return Observed(address=NAMESPACE, layer=LAYER, kind="k8s-namespace", id=ctx.config.namespace,
+                        state={"name": ctx.config.namespace}, adopted=True,
+                        reason="exists, not made by rtui: adopted, never deleted")
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         config = ctx.config
@@ -240,6 +324,9 @@ class KubernetesLayer(Layer):
             return self._token_check(config)
         try:
             api = kube_api(ctx)
+            mode = await self.decide_rights(ctx)
+            if not mode.cluster_wide:
+                return await self._namespace_preflight(api, ctx, mode)
             nodes = await api.list("v1", "Node")
         except UserError as exc:  # the kubeconfig or its credentials: the user has something to change
             # An OperationError (no answer by the deadline, TLS) goes up as it is: the check could
@@ -248,18 +335,21 @@ class KubernetesLayer(Layer):
                                 detail=exc.message, remedy=exc.remedy)]
         results = [CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.OK,
                                detail=f"context {api.context} at {api.server}, {len(nodes)} nodes")]
-        gpu = [n for n in nodes if pods.is_gpu_node(n)]
+        # Also the GPU nodes no device plugin serves yet (rtui's comes with the plan): labels and instance type.
+        gpu = [n for n in nodes if capacity.has_nvidia_gpus(n, config.gpu_node_type)]
         node_autoscaler = await idle.find_node_autoscaler(api)
         if not gpu and (node_autoscaler.found or await self._scaled_to_zero(api, ctx)):
             results.append(CheckResult(
                 id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.WARN,
                 detail=f"no GPU node now (0/{config.gpu_node_count}): "
-                       + ("the node autoscaler adds them when the workers ask" if node_autoscaler.found else
+                       + ("the GPU pool scales from zero: the node autoscaler adds nodes when the workers ask"
+                          if node_autoscaler.found else
                           "this run's workers were scaled down while idle; they come back only if a node "
                           "autoscaler adds GPU nodes"),
                 remedy=None if node_autoscaler.found else "add GPU nodes if the workers stay Pending"))
         else:
-            results.append(self._gpu_node_check(config, nodes, gpu))
+            results.append(self._gpu_node_check(config, nodes, gpu, await self._bound_pods(api),
+                                                run_id=ctx.record.run_id, autoscaler=node_autoscaler.found))
         results.append(CheckResult(id="kube.node-autoscaler", title="Node autoscaler",
                                    status=CheckStatus.OK if node_autoscaler.found or not config.idle_timeout_s()
                                    else CheckStatus.WARN, detail=node_autoscaler.line(),
@@ -271,13 +361,50 @@ class KubernetesLayer(Layer):
             results.append(storage.check(config, await storage.storage_facts(api)))
         if config.service_account:
             results.append(identity.check(config))
+        results += [c for c in [await admission.pod_security_check(api, config)] if c is not None]
+        return results + self._token_check(config)
+
+    async def _namespace_preflight(self, api: KubeApi, ctx: Context, mode: rights.Rights) -> list[CheckResult]:
+        """Namespace-only rights: the cluster's KubeRay or nothing, the namespace's own checks, and one
+        line for every cluster-scope check that cannot be made."""
+        config = ctx.config
+        results = [
+            CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.OK,
+                        detail=f"context {api.context} at {api.server}"),
+            CheckResult(id="kube.rights", title="Rights", status=CheckStatus.INFO, detail=mode.line()),
+            CheckResult(id="kube.cluster-scope", title="Cluster-wide checks", status=CheckStatus.WARN,
+                        detail=mode.unseen())]
+        if await api.serves("ray.io/v1"):
+            results.append(CheckResult(
+                id="kube.kuberay", title="KubeRay", status=CheckStatus.OK,
+                detail="the cluster's: ray.io/v1 is served (its operator is not visible with namespace rights)"))
+        else:
+            results.append(CheckResult(
+                id="kube.kuberay", title="KubeRay", status=CheckStatus.FAIL,
+                detail="the cluster serves no ray.io/v1 (no KubeRay), and namespace rights cannot install it",
+                remedy="ask the cluster's admin to install KubeRay for your namespace, or use credentials that "
+                       "may install CRDs"))
+        results.extend(await self._foreign_objects(api, ctx))
+        if wants_volume(ctx):
+            results.append(CheckResult(
+                id="kube.storage", title="Storage", status=CheckStatus.WARN,
+                detail="the default StorageClass is not visible with namespace rights: the claim is made as "
+                       "planned; a class that cannot give ReadWriteMany leaves it Pending"))
+        if config.service_account:
+            results.append(identity.check(config))
+        results += [c for c in [await admission.pod_security_check(api, config)] if c is not None]
         return results + self._token_check(config)
 
     async def _policy_check(self, ctx: Context) -> CheckResult:
-        """Whether the cluster enforces the NetworkPolicy rtui creates (best effort: a known CNI agent)."""
+        """Whether the cluster enforces the NetworkPolicy rtui creates, guessed from a known CNI agent: only a
+        hint before the probe (``probe.py``) tries the policy once the Ray head runs."""
         if self.below.network_policy:  # the layer below installs the CNI that enforces it
             return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.OK,
                                detail=self.below.network_policy)
+        if self._namespace_only():
+            return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.INFO,
+                               detail="not known with namespace rights (the CNI's DaemonSets are not visible); "
+                                      "a probe pod tries the policy once the Ray head runs")
         try:
             enforcer = policy_enforcer(await kube_api(ctx).list("apps/v1", "DaemonSet"))
         except ClusterNotReady:
@@ -288,8 +415,10 @@ class KubernetesLayer(Layer):
             return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.WARN,
                                detail=f"not known: could not list the cluster's DaemonSets ({exc.message})")
         if enforcer:
+            # A name is a hint, not proof (a CNI may run with its policy support off): the probe decides.
             return CheckResult(id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.OK,
-                               detail=f"enforced by {enforcer}")
+                               detail=f"enforced by {enforcer}, guessed from its DaemonSet; a probe pod confirms "
+                                      "it once the Ray head runs")
         return CheckResult(
             id="kube.network-policy", title="NetworkPolicy enforcement", status=CheckStatus.WARN,
             detail="no agent that enforces NetworkPolicies found (calico, cilium, antrea, kube-router, weave, "
@@ -303,13 +432,37 @@ class KubernetesLayer(Layer):
         return live is not None and ours(live, ctx.record.run_id) and idle.scales_to_zero(live)
 
     @staticmethod
-    def _gpu_node_check(config: RunConfig, nodes: list[dict[str, Any]], gpu: list[dict[str, Any]]) -> CheckResult:
+    async def _bound_pods(api: KubeApi) -> list[dict[str, Any]] | None:
+        """Every pod in the cluster (what the scheduler counts against each node), None when not listable."""
+        try:
+            return await api.list("v1", "Pod")
+        except UserError:
+            return None
+
+    @staticmethod
+    def _gpu_node_check(config: RunConfig, nodes: list[dict[str, Any]], gpu: list[dict[str, Any]],
+                        bound: list[dict[str, Any]] | None = None, *, run_id: str = "",
+                        autoscaler: str | None = None) -> CheckResult:
         if not gpu:
             return CheckResult(
                 id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.FAIL,
-                detail="no node has GPUs (no nvidia.com/gpu.present label, no nvidia.com/gpu allocatable)",
+                detail="no node has GPUs (no nvidia.com/gpu.present label, no nvidia.com/gpu allocatable, no "
+                       "label or instance type of NVIDIA GPUs)",
                 remedy="add a GPU node group, or use another --context")
         requests = manifests.worker_resources(config)
+        if bound is not None:
+            # What is free now, not what the node has: another team's pods hold GPUs, CPU and memory.
+            rooms = capacity.rooms(gpu, bound, requests, run_id)
+            fit = sum(r.workers for r in rooms)
+            held = [f"node {r.node}: {r.why}" for r in rooms if r.why]
+            if fit < config.gpu_node_count and held:
+                more = f" (+{len(held) - 1} more)" if len(held) > 1 else ""
+                return CheckResult(
+                    id="kube.gpu-nodes", title="GPU nodes",
+                    status=CheckStatus.WARN if autoscaler else CheckStatus.FAIL,
+                    detail=f"only {fit} of {config.gpu_node_count} workers fit now: {held[0]}{more}"
+                           + ("; the node autoscaler may add nodes" if autoscaler else ""),
+                    remedy="wait until those pods finish, or ask for fewer workers (--gpu-node-count)")
         # CPU and memory come with the node, not with a device plugin: short now, short for good.
         short = [f"node {pods.node_name(n)}: {why}" for n in gpu for why in pods.cpu_memory_shortfalls(n, requests)]
         roomy = sum(not pods.cpu_memory_shortfalls(n, requests) for n in gpu)
@@ -321,9 +474,9 @@ class KubernetesLayer(Layer):
                        f"{config.gpu_node_count} needed",
                 remedy="use GPU nodes with more CPU and memory, or fewer --gpus-per-node (a worker asks "
                        f"{manifests.CPU_PER_GPU} CPU and {manifests.MEMORY_GIB_PER_GPU}Gi per GPU)")
-        problems = pods.allocatable_problems(nodes, gpus_per_node=config.gpus_per_node,
+        problems = pods.allocatable_problems(gpu, gpus_per_node=config.gpus_per_node,
                                              node_count=config.gpu_node_count, require_efa=config.wants_efa(),
-                                             requests=requests)
+                                             requests=requests, is_gpu=lambda _: True)
         return CheckResult(
             id="kube.gpu-nodes", title="GPU nodes", status=CheckStatus.WARN if problems else CheckStatus.OK,
             detail=(problems[0] if problems else f"{len(gpu)} GPU nodes")
@@ -347,7 +500,17 @@ class KubernetesLayer(Layer):
         config, run_id = ctx.config, ctx.record.run_id
         out = []
         namespace = await api.get("v1", "Namespace", config.namespace)
-        if namespace is not None and not ours(namespace, run_id):
+        if namespace is not None and namespace["metadata"].get("deletionTimestamp"):
+            # Going (a `down` just now): whoever made it, `up` waits until it is gone and makes it anew.
+            out.append(CheckResult(id="kube.namespace", title=f"Namespace {config.namespace}", status=CheckStatus.WARN,
+                                   detail=f"still being deleted: {namespace_conditions(namespace)}; up waits "
+                                          "until it is gone"))
+            namespace = None
+        if namespace is not None and not ours(namespace) and self._namespace_only():
+            out.append(CheckResult(id="kube.namespace", title=f"Namespace {config.namespace}", status=CheckStatus.OK,
+                                   detail="exists, not made by rtui: used as it is and never deleted; what rtui "
+                                          "makes in it carries its labels and goes with `rtui down`"))
+        elif namespace is not None and not ours(namespace, run_id):
             owner = "another rtui run" if ours(namespace) else "someone else"
             other = (namespace["metadata"].get("labels") or {}).get(manifests.RUN_LABEL, "")
             kept = [c for c in await api.list("v1", "PersistentVolumeClaim", config.namespace)
@@ -399,6 +562,7 @@ class KubernetesLayer(Layer):
         """The head's Jobs API through the API server, once this run's head pod is ready."""
         # lazy: the kubernetes client (~1 s) only when the cluster is reached; making the stack does without
         from backend.layers.kubernetes.access import Unreachable
+        from backend.layers.kubernetes.portforward import head_jobs
 
         try:
             api = await cluster_api(ctx)
@@ -412,13 +576,16 @@ class KubernetesLayer(Layer):
             raise  # not "no Jobs API yet": the cluster cannot be asked at all (status says so, exit 1)
         except RtuiError:
             return None
-        if not any(pods.pod_ready(p) for p in heads):
+        ready = [p for p in heads if pods.pod_ready(p)]
+        if not ready:
             return None
         # A cluster of this run without its token (a Secret deleted by hand) is asked without one:
         # Ray refuses, and the refusal says so.
         auth = {manifests.RAY_TOKEN_HEADER: f"Bearer {token}"} if token else {}
-        return api.ray_jobs(ctx.config.namespace, manifests.head_service_name(ctx.config),
-                            manifests.DASHBOARD_PORT_NAME, ray_auth=auth)
+        # A port-forward to the head, which no NetworkPolicy filters; the service proxy without the right.
+        return await head_jobs(api, ctx.config, ready[0]["metadata"]["name"], manifests.DASHBOARD_PORT,
+                               manifests.head_service_name(ctx.config), manifests.DASHBOARD_PORT_NAME, auth,
+                               network_policy_name(ctx.config))
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         return {}
@@ -436,6 +603,9 @@ class KubernetesLayer(Layer):
                                           ctx.config.namespace)
             if cluster is None or not ours(cluster, ctx.record.run_id):
                 return None
+            mode = rights.known(api)
+            if mode is not None and not mode.cluster_wide:
+                return None  # the GPU nodes are not visible with namespace rights: no line rather than a wrong one
             fleet = await idle.gpu_fleet(api, ctx.config, cluster)
         except RtuiError:
             return None
@@ -475,6 +645,9 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
         objects.append(manifests.data_claim(config, run_id))
     if config.service_account:
         objects.append(manifests.service_account(config.namespace, config.service_account, run_id))
+    else:
+        objects.append(manifests.service_account(config.namespace, manifests.worker_service_account_name(config),
+                                                 run_id, manifests.RAY_WORKERS))
     objects += addons.nvidia_device_plugin(config, run_id)
     if config.wants_efa():
         objects += addons.efa_device_plugin(config, run_id)
@@ -488,4 +661,7 @@ def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifes
     objects.append(manifests.raycluster(config, run_id))
     notes.append("every image is pinned by digest at plan time (refused when its registry does not answer, "
                  "unless --allow-unpinned)")
+    notes.append("once the Ray head runs, a probe pod (the Ray image, on the head's node) tries the head's port "
+                 f"{GCS_PORT} to confirm the NetworkPolicy is enforced, and is deleted; its verdict is kept in the "
+                 f"ConfigMap {verdict_name(config)}")
     return objects, notes

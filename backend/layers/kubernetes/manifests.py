@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -154,24 +155,15 @@ def ray_token_secret(config: RunConfig, run_id: str, token: str) -> Manifest:
     return secret(config, run_id, ray_token_secret_name(config), RAY_TOKEN_KEY, token)
 
 
-def _ray_token_env(config: RunConfig) -> list[Manifest]:
-    """What KubeRay 1.7's ``SetContainerTokenAuthEnvVars`` adds, set here too: an operator that does
-    not know ``authOptions`` (older than 1.5, adopted as it runs) drops the field, and its Ray would
-    then start without auth; with these the Ray containers start in token mode whatever the operator."""
-    return [{"name": "RAY_AUTH_MODE", "value": "token"},
-            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": ray_token_secret_name(config),
-                                                                      "key": RAY_TOKEN_KEY}}}]
-
-
 def with_token_auth(config: RunConfig, cluster: Manifest) -> Manifest:
     """The RayCluster with Ray's token auth on: ``authOptions`` naming our Secret (KubeRay then creates
-    none of its own) and the env in every Ray container, so the dashboard, the Jobs API and the GCS
-    take no request without the token."""
-    spec = cluster["spec"]
-    spec["authOptions"] = {"mode": "token", "secretName": ray_token_secret_name(config)}
-    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
-        container = group["template"]["spec"]["containers"][0]
-        container["env"] = [*container.get("env", []), *_ray_token_env(config)]
+    none of its own), so the dashboard, the Jobs API and the GCS take no request without the token.
+
+    No ``RAY_AUTH_*`` env of rtui's: KubeRay 1.6+ adds ``RAY_AUTH_MODE`` and ``RAY_AUTH_TOKEN`` (from this
+    Secret) to the Ray container, its ``wait-gcs-ready`` init container and the autoscaler sidecar
+    (common/pod.go SetContainerTokenAuthEnvVars); set here too it would be set twice, and an operator
+    that appends its own (1.5.x) would win. Older KubeRay is refused at plan time (kuberay_version.py)."""
+    cluster["spec"]["authOptions"] = {"mode": "token", "secretName": ray_token_secret_name(config)}
     return cluster
 
 
@@ -248,34 +240,134 @@ def with_data_volume(config: RunConfig, cluster: Manifest) -> Manifest:
     return cluster
 
 
-# Which of the run's ServiceAccounts in the namespace is the Ray pods' (the KubeRay operator's carries
-# the run's labels too, when it is scoped to the run's namespace).
+# Which of the run's ServiceAccounts in the namespace is which (the KubeRay operator's carries the run's
+# labels too, when it is scoped to the run's namespace).
 PURPOSE_LABEL = "rtui.dev/purpose"
 RAY_PODS = "ray-pods"
+RAY_WORKERS = "ray-workers"
 
 
-def service_account(namespace: str, name: str, run_id: str) -> Manifest:
-    """The ServiceAccount the Ray pods run as, in the run's namespace. It carries no credential itself:
-    the cluster's mechanism attaches one to its name (an EKS Pod Identity association for
-    namespace/name; its agent's webhook injects the credentials into the pods)."""
+def worker_service_account_name(config: RunConfig) -> str:
+    """The workers' own account, when the run has no storage identity for them to share."""
+    return f"{config.cluster_name}-ray-worker"
+
+
+def service_account(namespace: str, name: str, run_id: str, purpose: str = RAY_PODS) -> Manifest:
+    """A ServiceAccount of the run's Ray pods, in the run's namespace, with no API token mounted by default.
+
+    It carries no credential itself: the cluster's mechanism attaches one to its name (an EKS Pod Identity
+    association for namespace/name; its agent's webhook injects the credentials into the pods through a
+    projected volume of its own, whatever ``automountServiceAccountToken`` says). Only the head, and only
+    for KubeRay's autoscaler sidecar, asks for a token, on its pod spec (which takes precedence).
+    """
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": name, "namespace": namespace,
-                         "labels": {**labels(run_id), PURPOSE_LABEL: RAY_PODS}}}
+                         "labels": {**labels(run_id), PURPOSE_LABEL: purpose}},
+            "automountServiceAccountToken": False}
 
 
-def with_service_account(name: str | None, cluster: Manifest) -> Manifest:
-    """Every Ray pod runs as ``name`` (None: the namespace's default account). With KubeRay's autoscaler
-    on, KubeRay binds the autoscaler's Role to the head pod's service account, which must exist."""
+def with_service_account(name: str | None, cluster: Manifest, worker: str) -> Manifest:
+    """The head runs as ``name`` (None: KubeRay's choice, an account named after the cluster with the
+    autoscaler on, else the namespace's default), the workers as ``worker``, never holding a token.
+
+    With idle scaling KubeRay binds its autoscaler Role (pods patch, rayclusters patch) to the head's
+    account (ray-operator common/rbac.go BuildRoleBinding, utils.GetHeadGroupServiceAccountName), and its
+    sidecar in the head reads that account's token: the head mounts one then, and only then. KubeRay
+    leaves the workers' ``serviceAccountName`` as the template says (common/pod.go DefaultWorkerPodTemplate).
+    """
+    spec = cluster["spec"]
+    head = spec["headGroupSpec"]["template"]["spec"]
     if name:
-        spec = cluster["spec"]
-        for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
-            group["template"]["spec"]["serviceAccountName"] = name
+        head["serviceAccountName"] = name
+    head["automountServiceAccountToken"] = bool(spec.get("enableInTreeAutoscaling"))
+    for group in spec["workerGroupSpecs"]:
+        group["template"]["spec"]["serviceAccountName"] = worker
+        group["template"]["spec"]["automountServiceAccountToken"] = False
+    return cluster
+
+
+# ---- Pod Security (https://kubernetes.io/docs/concepts/security/pod-security-standards/) --------------
+# The run's namespace refuses what Baseline forbids and warns and audits what Restricted would. Pinned to
+# a version, as the docs advise, so a cluster upgrade never changes what is refused under a running job;
+# a version newer than the cluster's is evaluated as its latest.
+POD_SECURITY_LABEL = "pod-security.kubernetes.io/"
+POD_SECURITY_VERSION = "v1.33"
+POD_SECURITY = {"enforce": "baseline", "warn": "restricted", "audit": "restricted"}
+
+
+def pod_security_labels() -> dict[str, str]:
+    out = {}
+    for mode, level in POD_SECURITY.items():
+        out[f"{POD_SECURITY_LABEL}{mode}"] = level
+        out[f"{POD_SECURITY_LABEL}{mode}-version"] = POD_SECURITY_VERSION
+    return out
+
+
+# The user an image runs as, where rtui knows it: (uid, gid). Ray's own images run as ``ray``, uid 1000,
+# gid 100 (ray-project/ray docker/base-deps/Dockerfile: RAY_UID/RAY_GID, ``USER $RAY_UID``). The AWS DLC Ray
+# images have no USER (aws/deep-learning-containers docker/ray/Dockerfile.cuda): root, so not listed.
+NON_ROOT_IMAGES = {"rayproject/ray": (1000, 100), "docker.io/rayproject/ray": (1000, 100),
+                   "rayproject/ray-ml": (1000, 100), "docker.io/rayproject/ray-ml": (1000, 100)}
+# A pod that only sleeps (the pre-pull) needs no user of the image: it runs as nobody, whatever the image.
+NOBODY = (65534, 65534)
+
+
+def image_user(image: str) -> tuple[int, int] | None:
+    """The non-root (uid, gid) ``image`` runs as, or None: root, or an image rtui does not know."""
+    name = image.split("@", 1)[0]
+    repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    return NON_ROOT_IMAGES.get(repository)
+
+
+def container_security(user: tuple[int, int] | None = None) -> Manifest:
+    """Every container rtui runs in the run's namespace: Restricted's settings, and running as ``user``
+    when there is one (Restricted's runAsNonRoot, which an image built to run as root, like the default
+    AWS Deep Learning Container, does not allow). No capability is added: EFA's memory registration relies
+    on the node's memlock limit (unlimited for containerd on the EKS AMIs), as IPC_LOCK is not among the
+    capabilities Baseline admits."""
+    out: Manifest = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                     "seccompProfile": {"type": "RuntimeDefault"}}
+    if user is not None:
+        out.update(runAsNonRoot=True, runAsUser=user[0], runAsGroup=user[1])
+    return out
+
+
+# Where rtui's pods may run: Linux nodes of the architecture rtui pins images for. rtui resolves an image's
+# digest and size for linux/amd64 (registry.py), the default image is built for x86_64 alone, and a node of
+# another architecture fails the pull ("no match for platform in manifest"). Every kubelet labels its node
+# with both (kubernetes.io/docs/reference/labels-annotations-taints/#kubernetes-io-arch).
+IMAGE_ARCH = "amd64"
+
+
+def node_platform() -> dict[str, str]:
+    return {"kubernetes.io/os": "linux", "kubernetes.io/arch": IMAGE_ARCH}
+
+
+def pod_security() -> Manifest:
+    """A pod's own securityContext: the runtime's default seccomp profile for every container."""
+    return {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def with_pod_security(cluster: Manifest, image: str) -> Manifest:
+    """Every Ray container hardened, as the image's own non-root user where it has one (then the pods pass
+    Restricted), and KubeRay's autoscaler sidecar too (the same image; its securityContext is
+    ``autoscalerOptions.securityContext``, none otherwise); KubeRay's ``wait-gcs-ready`` init container
+    copies the Ray container's (common/pod.go DefaultWorkerPodTemplate)."""
+    spec, user = cluster["spec"], image_user(image)
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        pod["securityContext"] = pod_security()
+        for container in pod["containers"]:
+            container["securityContext"] = container_security(user)
+    if spec.get("enableInTreeAutoscaling"):
+        spec["autoscalerOptions"] = {**spec.get("autoscalerOptions", {}), "securityContext": container_security(user)}
     return cluster
 
 
 def namespace(config: RunConfig, run_id: str) -> Manifest:
+    """The run's namespace, which rtui creates (it never adopts one): ours, and Pod Security's labels."""
     return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": config.namespace, "labels": labels(run_id)}}
+            "metadata": {"name": config.namespace, "labels": {**labels(run_id), **pod_security_labels()}}}
 
 
 def _ray_tmp_volume() -> tuple[Manifest, Manifest]:
@@ -298,6 +390,7 @@ def _head_group(config: RunConfig, run_id: str, image: str) -> Manifest:
         "template": {
             "metadata": {"labels": labels(run_id)},
             "spec": {
+                "nodeSelector": node_platform(),
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": off_gpu_nodes}},
                 "containers": [{
                     "name": "ray-head",
@@ -334,7 +427,9 @@ def _worker_group(config: RunConfig, run_id: str, image: str, efa_interfaces: in
                 # advertises them, and the toleration lets it onto a tainted GPU node. The seed's
                 # nvidia.com/gpu.present=true is set only by GPU Feature Discovery or the GPU
                 # Operator: EKS nodes with NVIDIA's static plugin, GKE nodes and many others lack it,
-                # and a selector on it left the workers Pending there (issue 19).
+                # and a selector on it left the workers Pending there (issue 19). Only the platform, which
+                # every kubelet labels.
+                "nodeSelector": node_platform(),
                 "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [{
                     "name": "ray-worker",
@@ -382,10 +477,12 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
                efa_interfaces: int = 1, service_account: str | None = None) -> Manifest:
     """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers, each asking
     for its node's ``efa_interfaces``; idle workers go when ``--idle-minutes`` says so. With
-    ``service_account`` every Ray pod runs as it (its AWS role for the run's data, on aws)."""
+    ``service_account`` every Ray pod runs as it (its AWS role for the run's data, on aws: the one name
+    the credentials are keyed on), the workers without its token; else the workers run as their own.
+    Every Ray container passes Pod Security's Baseline, and Restricted too when the image runs as non-root."""
     image = pinned_image(config.image, image_digest)
     account = service_account or config.service_account or None
-    cluster = with_service_account(account, with_job_env_mount(config, with_token_auth(config, {
+    cluster = with_service_account(account, with_pod_security(with_job_env_mount(config, with_token_auth(config, {
         "apiVersion": RAYCLUSTER_API_VERSION,
         "kind": "RayCluster",
         "metadata": {"name": config.cluster_name, "namespace": config.namespace, "labels": labels(run_id)},
@@ -394,7 +491,7 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
             "headGroupSpec": _head_group(config, run_id, image),
             "workerGroupSpecs": [_worker_group(config, run_id, image, efa_interfaces)],
         }),
-    })))
+    })), image), worker=account or worker_service_account_name(config))
     return with_data_volume(config, cluster) if config.storage_size else cluster
 
 
@@ -416,17 +513,26 @@ def yaml_stream(objects: list[Manifest]) -> str:
 PREPULL_NAME_SUFFIX = "image-prepull"
 
 
-def image_prepull(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> Manifest:
-    """A DaemonSet that only pulls the Ray image, on every node a Ray pod may land on.
+def image_prepull(config: RunConfig, run_id: str, *, image_digest: str | None = None,
+                  gpu_nodes: Sequence[str] = ()) -> Manifest:
+    """A DaemonSet that only pulls the Ray image, on the nodes the GPU workers can use.
 
     The image is several GB: pulling it while the device plugins and the operator install takes
-    the longest wait off the critical path (KubeRay's pods then start from the node's cache).
-    It tolerates the GPU taint and no other, so nodes kept for someone else are left alone.
+    the longest wait off the critical path (KubeRay's pods then start from the node's cache). Only
+    GPU nodes (labelled ``GPU_NODE_LABEL``, or ``gpu_nodes``: the ones found advertising GPUs when it is
+    applied; a node selector cannot match an allocatable resource), of the workers' platform, tolerating
+    the GPU taint as the workers do: never every untainted CPU node of a shared cluster (issue 35).
+    It only sleeps, so it runs as nobody and passes Pod Security's Restricted with any image.
     """
     image = pinned_image(config.image, image_digest)
     name = f"{config.cluster_name}-{PREPULL_NAME_SUFFIX}"
     selector = {"app.kubernetes.io/name": name}
     tiny = {"cpu": "1m", "memory": "16Mi"}
+    # Terms are ORed: a labelled GPU node, or one of the GPU nodes seen by name.
+    terms: list[Manifest] = [{"matchExpressions": [{"key": GPU_NODE_LABEL, "operator": "In", "values": ["true"]}]}]
+    if gpu_nodes:
+        terms.append({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                            "values": sorted(gpu_nodes)}]})
     return {
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": name, "namespace": config.namespace, "labels": {**labels(run_id), **selector}},
@@ -435,10 +541,16 @@ def image_prepull(config: RunConfig, run_id: str, *, image_digest: str | None = 
             "template": {
                 "metadata": {"labels": {**labels(run_id), **selector}},
                 "spec": {
+                    "nodeSelector": node_platform(),
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": terms}}},
                     "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
                     "terminationGracePeriodSeconds": 1,
+                    "automountServiceAccountToken": False,
+                    "securityContext": pod_security(),
                     "containers": [{"name": "pulled", "image": image, "command": ["sleep", "infinity"],
-                                    "resources": {"requests": dict(tiny), "limits": dict(tiny)}}],
+                                    "resources": {"requests": dict(tiny), "limits": dict(tiny)},
+                                    "securityContext": container_security(NOBODY)}],
                 },
             },
         },

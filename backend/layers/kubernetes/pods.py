@@ -9,7 +9,7 @@ in one line a person can act on.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -178,14 +178,16 @@ def cpu_memory_shortfalls(node: Obj, requests: Mapping[str, str]) -> list[str]:
 def allocatable_problems(nodes: list[dict[str, Any]], *, gpus_per_node: int, efa_per_node: int = 1,
                          node_count: int, require_efa: bool,
                          tolerations: Collection[Obj] = WORKER_TOLERATIONS,
-                         requests: Mapping[str, str] | None = None) -> list[str]:
+                         requests: Mapping[str, str] | None = None,
+                         is_gpu: Callable[[Obj], bool] = is_gpu_node) -> list[str]:
     """One line per reason the GPU nodes cannot hold ``node_count`` workers; empty when they can.
 
     Missing EFA is a problem only with ``require_efa`` (the caller offers
     ``--require-transport any`` to train over TCP instead). ``requests``: a worker's requests,
-    whose cpu and memory each node's allocatable must cover too.
+    whose cpu and memory each node's allocatable must cover too. ``is_gpu``: which nodes are GPU
+    nodes (preflight also counts those a device plugin will serve: capacity.has_nvidia_gpus).
     """
-    gpu_nodes = [n for n in nodes if is_gpu_node(n)]
+    gpu_nodes = [n for n in nodes if is_gpu(n)]
     if not gpu_nodes:
         return [f"no GPU nodes: no node is labelled {GPU_NODE_LABEL}=true or advertises {GPU_RESOURCE} — "
                 f"add GPU nodes, or label them `kubectl label node NAME {GPU_NODE_LABEL}=true`"]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import OperationError, UserError
 from backend.layers.base import Context
-from backend.layers.kubernetes import idle, manifests, pods
+from backend.layers.kubernetes import admission, idle, manifests, pods, rights
 from backend.layers.kubernetes.handlers import (
     EFA_PLUGIN,
     HF_SECRET,
@@ -37,7 +37,7 @@ from backend.layers.kubernetes.handlers import (
     wait_established,
 )
 from backend.layers.kubernetes.security import JOB_ENV, NETWORK_POLICY, RAY_TOKEN
-from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT
+from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT, WORKER_ACCOUNT
 from backend.layers.kubernetes.storage import DATA_CLAIM
 from backend.layers.kubernetes.waiting import Check, wait_for
 from backend.model import Action, Observed, Resource
@@ -100,14 +100,30 @@ class Unscheduled:
         return f"{problem.message} (unschedulable for {waited:.0f}s)"
 
 
+async def _ray_pods_refused(api: KubeApi, ctx: Context) -> admission.Refusal | None:
+    """Why KubeRay could not create the run's Ray pods, when the API server refused them."""
+    live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+    if live is None:
+        return None
+    return await admission.refused(api, ctx.config.namespace, ctx.config.cluster_name, raycluster=live)
+
+
+async def refuse_if_refused(ctx: Context, refusal: admission.Refusal | None) -> None:
+    """Stop at once on a refusal: its controller retries, and every retry is refused the same way."""
+    if refusal is not None:
+        raise UserError(refusal.line(ctx.config.namespace),
+                        remedy=refusal.remedy(ctx.config.namespace, ctx.config.ray_version))
+
+
 class PrepullHandler(KubeHandler):
     kind = "k8s-image-prepull"
     title = "Pull the Ray image on the nodes"
     expected_s = 300.0
     updatable = True
 
-    def objects(self, ctx: Context, want: Resource) -> list[Manifest]:
-        return [manifests.image_prepull(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"))]
+    def objects(self, ctx: Context, want: Resource, gpu_node_names: list[str] | None = None) -> list[Manifest]:
+        return [manifests.image_prepull(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"),
+                                        gpu_nodes=gpu_node_names or ())]
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         name = f"{ctx.config.cluster_name}-{manifests.PREPULL_NAME_SUFFIX}"
@@ -128,7 +144,11 @@ class PrepullHandler(KubeHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        (daemonset,) = self.objects(ctx, want)
+        mode = rights.known(api)
+        # The GPU nodes by name too (many carry no GPU label, only allocatable GPUs); with namespace rights
+        # the nodes are not visible: the labelled ones alone.
+        names = [pods.node_name(n) for n in await gpu_nodes(api)] if mode is None or mode.cluster_wide else []
+        (daemonset,) = self.objects(ctx, want, names)
         await api.apply(daemonset)
         ctx.ledger.update(want.address, id=object_id(daemonset))
         selector = daemonset["spec"]["selector"]["matchLabels"]
@@ -138,6 +158,14 @@ class PrepullHandler(KubeHandler):
             live = await api.get(*ref(daemonset))
             status = (live or {}).get("status") or {}
             want_n, ready_n = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
+            if live is not None and status.get("currentNumberScheduled", 0) < want_n:
+                await refuse_if_refused(ctx, await admission.refused(
+                    api, ctx.config.namespace, daemonset["metadata"]["name"], what="the pre-pull's pods"))
+            # The controller saw this generation and found no node for it (no GPU node yet, say): nothing
+            # to wait for here; the workers' nodes pull the image as they start.
+            seen = live is not None and status.get("observedGeneration", 0) >= live["metadata"].get("generation", 1)
+            if seen and want_n == 0:
+                return Check(True, "no GPU node to pull onto yet: each pulls the image as its worker starts", 1.0)
             problem = await pod_report(api, ctx.config.namespace,
                                        await api.list("v1", "Pod", ctx.config.namespace, label))
             message = problem.message if problem else f"image on {ready_n}/{want_n} nodes"
@@ -187,7 +215,7 @@ class RayClusterHandler(KubeHandler):
         # Teardown order: everything the pods used outlives them (job, RayCluster; then the rest).
         return Observed(address=RAYCLUSTER, layer=LAYER, kind=self.kind, id=object_id(live), state=state,
                         depends_on=(NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, DATA_CLAIM,
-                                    SERVICE_ACCOUNT, OPERATOR, NVIDIA_PLUGIN, EFA_PLUGIN, PREPULL),
+                                    SERVICE_ACCOUNT, WORKER_ACCOUNT, OPERATOR, NVIDIA_PLUGIN, EFA_PLUGIN, PREPULL),
                         healthy=ready,
                         reason="head ready" if ready else "head not ready")
 
@@ -203,8 +231,10 @@ class RayClusterHandler(KubeHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         obj = self.manifest(ctx, want)
-        async for p in wait_established(api, [manifests.RAYCLUSTER_CRD]):
-            yield p
+        mode = rights.known(api)
+        if mode is None or mode.cluster_wide:  # CRDs are cluster-scoped: namespace-only, preflight saw ray.io/v1
+            async for p in wait_established(api, [manifests.RAYCLUSTER_CRD]):
+                yield p
         live = await api.get(*ref(obj))
         if live is not None and not ours(live, ctx.record.run_id):
             raise UserError(f"a RayCluster {ctx.config.cluster_name} in namespace {ctx.config.namespace} "
@@ -229,6 +259,7 @@ class RayClusterHandler(KubeHandler):
         async def head_ready() -> Check:
             heads = await api.list("v1", "Pod", ctx.config.namespace, selector)
             if not heads:
+                await refuse_if_refused(ctx, await _ray_pods_refused(api, ctx))
                 return Check(False, "waiting for KubeRay to create the head pod", 0.3)
             if any(pods.pod_ready(p) for p in heads):
                 return Check(True, "head ready", 1.0)
@@ -289,6 +320,33 @@ class WorkersHandler(KubeHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
+        count = ctx.config.gpu_node_count
+        mode = rights.known(api)
+        if mode is not None and not mode.cluster_wide:  # nodes are not visible: the pods' state says it all
+            yield Progress("the GPU nodes are not visible with namespace rights: waiting for the workers", 0.2)
+        else:
+            async for p in self._nodes_check(api, ctx):
+                yield p
+        selector = ray_pods_selector(ctx.config.cluster_name, "worker")
+
+        async def running() -> Check:
+            workers = await api.list("v1", "Pod", ctx.config.namespace, selector)
+            up = sum(pods.pod_running(p) for p in workers)
+            if up >= count:
+                return Check(True, f"{up}/{count} workers running", 1.0)
+            if len(workers) < count:  # pods missing: KubeRay may have been refused them
+                await refuse_if_refused(ctx, await _ray_pods_refused(api, ctx))
+            problem = await pod_report(api, ctx.config.namespace, workers)
+            return Check(False, problem.message if problem else f"{up}/{count} workers running",
+                         0.2 + 0.8 * up / count, unscheduled.fatal(problem))
+
+        unscheduled = Unscheduled()
+
+        async for p in wait_for(running, what="the GPU workers", timeout_s=PULL_TIMEOUT_S,
+                                remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):
+            yield p
+
+    async def _nodes_check(self, api: KubeApi, ctx: Context) -> AsyncIterator[Progress]:
         yield Progress("checking what the GPU nodes advertise", 0.1)
         problems = pods.allocatable_problems(await api.list("v1", "Node"), gpus_per_node=ctx.config.gpus_per_node,
                                              node_count=ctx.config.gpu_node_count,
@@ -299,24 +357,8 @@ class WorkersHandler(KubeHandler):
                     if ctx.config.wants_efa() and any(manifests.EFA_RESOURCE in p for p in problems) else "")
             raise OperationError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
                                  remedy=f"fix the node, or change --gpu-node-count / --gpus-per-node{hint}")
-        count = ctx.config.gpu_node_count
-        yield Progress(f"{len(await gpu_nodes(api))} GPU nodes advertise what {count} workers need", 0.2)
-        selector = ray_pods_selector(ctx.config.cluster_name, "worker")
-
-        async def running() -> Check:
-            workers = await api.list("v1", "Pod", ctx.config.namespace, selector)
-            up = sum(pods.pod_running(p) for p in workers)
-            if up >= count:
-                return Check(True, f"{up}/{count} workers running", 1.0)
-            problem = await pod_report(api, ctx.config.namespace, workers)
-            return Check(False, problem.message if problem else f"{up}/{count} workers running",
-                         0.2 + 0.8 * up / count, unscheduled.fatal(problem))
-
-        unscheduled = Unscheduled()
-
-        async for p in wait_for(running, what="the GPU workers", timeout_s=PULL_TIMEOUT_S,
-                                remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):
-            yield p
+        yield Progress(f"{len(await gpu_nodes(api))} GPU nodes advertise what {ctx.config.gpu_node_count} workers "
+                       "need", 0.2)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
         async for p in self.create(ctx, want):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from backend.errors import OperationError, UserError
 from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context
-from backend.layers.kubernetes import manifests
+from backend.layers.kubernetes import manifests, rights
 from backend.layers.kubernetes.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
@@ -109,7 +109,8 @@ def network_policy_name(config: RunConfig) -> str:
 
 def network_policy(config: RunConfig, run_id: str, apiserver: list[str]) -> manifests.Manifest:
     """Ingress to the Ray pods only from each other (any port: GCS, object store, workers) and from the
-    API server's addresses (``apiserver``: CIDRs) to the dashboard port, which the proxy uses. Egress
+    API server's addresses (``apiserver``: CIDRs) to the dashboard port, for its service proxy: rtui's
+    fallback when it may not port-forward (portforward.py; a port-forward passes no policy). Egress
     is left open (the job downloads its model). The kubelet's probes come from the node, which no
     policy blocks (Kubernetes docs, Network Policies: traffic to and from a pod's own node is always
     allowed)."""
@@ -125,7 +126,11 @@ def network_policy(config: RunConfig, run_id: str, apiserver: list[str]) -> mani
 
 
 async def apiserver_cidrs(api: KubeApi) -> list[str]:
-    """The API server's addresses as /32 (or /128) CIDRs, from the ``kubernetes`` Service's Endpoints."""
+    """The API server's addresses as /32 (or /128) CIDRs, from the ``kubernetes`` Service's Endpoints;
+    with namespace-only rights, which cannot read them, any address (``rights.ANYWHERE``)."""
+    mode = rights.known(api)
+    if mode is not None and not mode.cluster_wide:
+        return list(rights.ANYWHERE)
     live = await api.get("v1", "Endpoints", APISERVER_ENDPOINTS[1], APISERVER_ENDPOINTS[0])
     out = set()
     for subset in (live or {}).get("subsets") or []:

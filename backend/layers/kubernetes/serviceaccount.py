@@ -11,12 +11,17 @@ Identity hands credentials to the pods of one service account (the aws layer's a
 it, with a role scoped to the run's prefix): rtui makes that account in the run's namespace and the
 RayCluster's pods run as it.
 
-Its Kubernetes token stays mounted (the default): with idle scaling on (issue 26) KubeRay's autoscaler
-sidecar in the head pod talks to the API server as the head pod's service account: KubeRay binds its
-autoscaler Role to the account the head pod names (ray-operator utils.GetHeadGroupServiceAccountName,
-used by reconcileAutoscalerRoleBinding), and expects a named account to exist. Pod Identity adds a
-projected token volume of its own for the AWS credentials (EKS User Guide, "Understand how EKS Pod
-Identity works"), independent of this one.
+No pod mounts its Kubernetes token but the head with idle scaling on (issue 26): KubeRay's autoscaler
+sidecar talks to the API server as the head pod's service account, to which KubeRay binds its autoscaler
+Role, pods patch and rayclusters patch (ray-operator utils.GetHeadGroupServiceAccountName, used by
+reconcileAutoscalerRoleBinding; a named account must exist). The head asks for the token on its pod spec,
+which overrides the account's ``automountServiceAccountToken: false``. Pod Identity adds a projected token
+volume of its own for the AWS credentials (EKS User Guide, "Understand how EKS Pod Identity works"),
+independent of this one.
+
+The workers never mount a token (issue 33): with no storage identity they run as an account of their
+own (``WorkerAccountHandler``), bound to nothing; with one, they share it (the credentials are keyed on
+its one name) without its token, so the autoscaler's rights stay in the head.
 """
 
 from __future__ import annotations
@@ -35,31 +40,36 @@ if TYPE_CHECKING:
     from backend.layers.kubernetes.access import KubeApi
 
 SERVICE_ACCOUNT = "k8s.serviceaccount.ray"
+WORKER_ACCOUNT = "k8s.serviceaccount.ray-workers"
 
 
 class ServiceAccountHandler(KubeHandler):
     kind = "k8s-serviceaccount"
     title = "Create the Ray pods' service account (their AWS role comes through it)"
     expected_s = 1.0
+    address = SERVICE_ACCOUNT
+    purpose = manifests.RAY_PODS
+    conflict_remedy = "name another with --service-account"
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        # The account of the namespace labelled as this run's Ray pods' (its name is the stack's to choose).
+        # The account of the namespace labelled as this run's, for this purpose (its name is the stack's to choose).
         live = next((a for a in await api.list("v1", "ServiceAccount", ctx.config.namespace)
                      if ours(a, ctx.record.run_id)
-                     and (a["metadata"].get("labels") or {}).get(manifests.PURPOSE_LABEL) == manifests.RAY_PODS), None)
+                     and (a["metadata"].get("labels") or {}).get(manifests.PURPOSE_LABEL) == self.purpose), None)
         if live is None:
             return None
         name = str(live["metadata"]["name"])
-        return Observed(address=SERVICE_ACCOUNT, layer=LAYER, kind=self.kind, id=f"{ctx.config.namespace}/{name}",
+        return Observed(address=self.address, layer=LAYER, kind=self.kind, id=f"{ctx.config.namespace}/{name}",
                         state={"name": name}, depends_on=(NAMESPACE,), reason="exists")
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        obj = manifests.service_account(ctx.config.namespace, str(want.spec["name"]), ctx.record.run_id)
+        obj = manifests.service_account(ctx.config.namespace, str(want.spec["name"]), ctx.record.run_id,
+                                        self.purpose)
         api = self.api(ctx)
         live = await api.get("v1", "ServiceAccount", str(want.spec["name"]), ctx.config.namespace)
         if live is not None and not ours(live, ctx.record.run_id):
             raise UserError(f"the ServiceAccount {object_id(obj)} exists and is not this run's",
-                            remedy="name another with --service-account")
+                            remedy=self.conflict_remedy)
         await api.apply(obj)
         ctx.ledger.update(want.address, id=object_id(obj))
         yield Progress(f"service account {object_id(obj)}", 1.0)
@@ -67,5 +77,15 @@ class ServiceAccountHandler(KubeHandler):
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         name = have.id.split("/", 1)[1]
         async for p in delete_ours(self.api(ctx), ctx, [manifests.service_account(ctx.config.namespace, name,
-                                                                                  ctx.record.run_id)]):
+                                                                                  ctx.record.run_id, self.purpose)]):
             yield p
+
+
+class WorkerAccountHandler(ServiceAccountHandler):
+    """The workers' own account, when no storage identity is theirs to share: no token, no role."""
+
+    kind = "k8s-serviceaccount-workers"
+    title = "Create the Ray workers' service account (no token, no role)"
+    address = WORKER_ACCOUNT
+    purpose = manifests.RAY_WORKERS
+    conflict_remedy = "choose another --cluster-name (the workers' account is named after it)"

@@ -5,7 +5,9 @@ the run mounts the claim **read-only** and sleeps, and rtui ``exec``s into it th
 (``pods/exec``, a WebSocket, v4.channel.k8s.io frames): a small python program lists the run's
 directory, and ``tar cf -`` of the model's files streams them back, one pod and one stream for the
 whole copy. A copy that stops keeps the files already complete and goes on from the next one (a file
-of the right size is kept, as for S3).
+of the right size is kept, as for S3). What a pod prints is data, never a path to trust: every line of
+a listing must be an entry, every name is checked before the first byte is written (``safepath``), and
+the pod runs the image the run pinned by digest, not its tag.
 
 Some clusters forbid ``pods/exec`` by RBAC. Then rtui says so in one line and falls back to reading
 the pod's log (``pods/log``, which rtui already needs): reader pods print numbered base64 lines, at
@@ -30,11 +32,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from backend.delivery import DataUsage, partial_file, prepare_target
-from backend.errors import OperationError
+from backend.delivery import DataUsage
+from backend.errors import OperationError, RtuiError, UserError
 from backend.layers.kubernetes import manifests
-from backend.layers.kubernetes.handlers import ours
+from backend.layers.kubernetes.handlers import namespace_conditions, ours
 from backend.layers.kubernetes.storage import claim_capacity
+from backend.safepath import already_there, checked_target, partial_file
 from training.export import INCOMPLETE, MODEL_MARKER, ExportInfo
 
 if TYPE_CHECKING:
@@ -49,6 +52,11 @@ READER_ROLE = "data-reader"
 CHUNK_BYTES = 6 * 2**20
 LINE_BYTES = 6000  # 8,000 base64 characters a line: far from the 16 KiB where runtimes split lines
 READER_TIMEOUT_S = 300.0
+# A reader's ``sleep`` is PID 1 with no SIGTERM handler, so SIGTERM does nothing and the kubelet kills it
+# only when the grace period ends (30 s by default, "Pod Lifecycle: Termination of Pods"): one second is
+# all a reader that holds nothing needs, and its namespace can go right after.
+READER_GRACE_S = 1
+GONE_TIMEOUT_S = 120.0  # a reader pod, then the run's namespace, to be gone after their delete
 # How long the exec'd reader pod lives at most (it is deleted when done; this bounds a crashed rtui's pod).
 EXEC_POD_S = 3600
 LISTING_FRESH_S = 10.0
@@ -96,8 +104,10 @@ out("END")
 class VolumeStore:
     """The run's directory on its claim: ``pvc://<namespace>/<claim>/<run id>``."""
 
-    def __init__(self, config: RunConfig, run_id: str) -> None:
+    def __init__(self, config: RunConfig, run_id: str, state_root: Path | None = None) -> None:
         self.config, self.run_id = config, run_id
+        self.state_root = state_root  # where the run's record is (None: the state dir of the environment)
+        self._image: str | None = None  # the image reader pods run, settled at the first pod
         self.claim = manifests.data_claim_name(config)
         self.uri = f"pvc://{config.namespace}/{self.claim}/{run_id}"
         self._listed: tuple[float, list[Obj]] | None = None  # the last listing: one pod serves a status
@@ -131,19 +141,31 @@ class VolumeStore:
         live = await api.get("v1", "PersistentVolumeClaim", self.claim, self.config.namespace)
         return live if ours(live, self.run_id) else None
 
+    def _reader_image(self) -> str:
+        if self._image is None:
+            self._image = run_image(self.config, self.run_id, self.state_root)
+        return self._image
+
     def _reader_pod(self, name: str, args: list[str], command: list[str] | None = None) -> Obj:
         off_gpu_nodes = {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": manifests.GPU_NODE_LABEL, "operator": "NotIn", "values": ["true"]}]}]}
         tiny = {"cpu": "100m", "memory": "256Mi"}
+        image = self._reader_image()
         return {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": self.config.namespace,
                          "labels": {**manifests.labels(self.run_id), ROLE_LABEL: READER_ROLE}},
             "spec": {
-                "restartPolicy": "Never",
+                "restartPolicy": "Never", "terminationGracePeriodSeconds": READER_GRACE_S,
                 **({"activeDeadlineSeconds": EXEC_POD_S} if command else {}),
+                "nodeSelector": manifests.node_platform(),
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": off_gpu_nodes}},
-                "containers": [{"name": "read", "image": self.config.image, "workingDir": manifests.DATA_MOUNT,
+                # It reads a volume, never the API: no token; Pod Security as every Ray container (issue 33):
+                # as the user that wrote the files, the image's (non-root where the image is; a root image's
+                # files may be readable by root alone).
+                "automountServiceAccountToken": False, "securityContext": manifests.pod_security(),
+                "containers": [{"name": "read", "image": image, "workingDir": manifests.DATA_MOUNT,
+                                "securityContext": manifests.container_security(manifests.image_user(image)),
                                 "command": command or ["python", "-c", READER, *args],
                                 "resources": {"requests": dict(tiny), "limits": dict(tiny)},
                                 "volumeMounts": [{"name": manifests.DATA_VOLUME, "mountPath": manifests.DATA_MOUNT,
@@ -208,9 +230,24 @@ class VolumeStore:
             payloads = await self._read(api, ["list", self.run_id])
         else:
             payloads = await self._read(api, ["list", self.run_id])
-        listing = [json.loads(p) for p in payloads]
+        listing = [self._entry(p) for p in payloads]
         self._listed = (now, listing)
         return listing
+
+    def _entry(self, payload: str) -> Obj:
+        """One line of a listing as ``{"f": path, "s": size[, "text": marker]}``; anything else is what the
+        pod's container chose to print, refused in one line (its names are checked again where written)."""
+        try:
+            entry = json.loads(payload)
+        except ValueError:
+            entry = None
+        if not (isinstance(entry, dict) and isinstance(entry.get("f"), str) and type(entry.get("s")) is int
+                and entry["s"] >= 0 and isinstance(entry.get("text", ""), str)):
+            raise OperationError(f"the listing of the run's volume {self.uri} holds a line that is not an entry: "
+                                 f"{json.dumps(payload[:100])}",
+                                 remedy="the reader pod did not run rtui's program as written: check the image "
+                                        f"{self._reader_image()}")
+        return entry
 
     # ---- exec: one pod, the way `kubectl cp` reads -------------------------------------------------
     @contextlib.asynccontextmanager
@@ -248,6 +285,9 @@ class VolumeStore:
             yield name
         finally:
             await api.delete("v1", "Pod", name, ns)
+            # Gone before the command returns: a pod left Terminating would keep `down --delete-data`
+            # from deleting the namespace right after.
+            await _until_gone(api, "v1", "Pod", name, ns)
 
     async def _exec(self, api: KubeApi, pod: str, command: list[str],
                     sink: Callable[[Iterator[bytes]], None] | None = None) -> bytes:
@@ -338,8 +378,9 @@ class VolumeStore:
     def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
         """Copy the model's files through one reader pod: ``tar cf -`` of the files not here yet, streamed
         over ``exec``; a file already there with the right size is kept (an interrupted fetch goes on
-        from the files it had not finished)."""
-        prepare_target(to)
+        from the files it had not finished). The names come from the reader pod's output, which is
+        whatever its container prints: all are checked (``safepath``) before a pod is even made."""
+        paths = checked_target(to, model.files, source=model.uri)
         directory = model.uri[len(self.uri):].strip("/")
         inside = f"{directory}/" if directory else ""
 
@@ -357,19 +398,20 @@ class VolumeStore:
                 async with self._exec_pod(api) as pod:
                     if pod is not None:
                         sizes = sizes_of(await self._listing(api, pod))
-                        return await self._copy_by_tar(api, pod, model, to, inside, sizes, progress)
+                        return await self._copy_by_tar(api, pod, model, to, paths, inside, sizes, progress)
             sizes = sizes_of(await self._listing(api))
-            return await self._copy_by_logs(api, model, to, inside, sizes, progress)
+            return await self._copy_by_logs(api, model, to, paths, inside, sizes, progress)
 
         return self._with_api(copy)
 
-    async def _copy_by_tar(self, api: KubeApi, pod: str, model: ExportInfo, to: Path, inside: str,
-                           sizes: dict[str, int], progress: Callable[[int, int], None] | None) -> list[str]:
+    async def _copy_by_tar(self, api: KubeApi, pod: str, model: ExportInfo, to: Path, paths: dict[str, Path],
+                           inside: str, sizes: dict[str, int],
+                           progress: Callable[[int, int], None] | None) -> list[str]:
         """``tar cf - -C <run dir>/<model dir> -- FILES`` in the reader pod, unpacked here as it streams:
-        each file to ``.NAME.part``, renamed once complete at its listed size."""
-        total = sum(sizes[f"{inside}{n}"] for n in model.files)
-        wanted = {n for n in model.files
-                  if not ((to / n).is_file() and (to / n).stat().st_size == sizes[f"{inside}{n}"])}
+        each file to ``.NAME.part``, renamed once complete at its listed size. ``paths``: the checked
+        names (``safepath.checked_target``) and where each goes."""
+        total = sum(sizes[f"{inside}{n}"] for n in paths)
+        wanted = {n for n, path in paths.items() if not already_there(path, sizes[f"{inside}{n}"])}
         done = total - sum(sizes[f"{inside}{n}"] for n in wanted)
         if progress is not None:
             progress(done, total)
@@ -384,14 +426,14 @@ class VolumeStore:
                 with tarfile.open(fileobj=stream, mode="r|") as tar:
                     for member in tar:
                         if member.name not in wanted or not member.isfile():
-                            continue  # only what was asked: never a path of the archive's choosing
+                            continue  # only a checked name that was asked: never a path of the archive's choosing
                         size = sizes[f"{inside}{member.name}"]
                         if member.size != size:
                             raise OperationError(f"{member.name} came back with another size than on the volume",
                                                  remedy="run it again (the run may still be writing it)")
                         source = tar.extractfile(member)
                         assert source is not None  # a regular file
-                        with partial_file(to, member.name) as part, part.open("wb") as fh:
+                        with partial_file(to, member.name) as fh:
                             while chunk := source.read(2**20):
                                 fh.write(chunk)
                                 done += len(chunk)
@@ -410,23 +452,22 @@ class VolumeStore:
                                  remedy="run it again: the files already copied are kept")
         return copied
 
-    async def _copy_by_logs(self, api: KubeApi, model: ExportInfo, to: Path, inside: str, sizes: dict[str, int],
-                            progress: Callable[[int, int], None] | None) -> list[str]:
+    async def _copy_by_logs(self, api: KubeApi, model: ExportInfo, to: Path, paths: dict[str, Path],
+                            inside: str, sizes: dict[str, int],
+                           progress: Callable[[int, int], None] | None) -> list[str]:
         """The fallback where ``pods/exec`` is forbidden: ``CHUNK_BYTES`` a reader pod, through its log."""
-        total, done, copied = sum(sizes[f"{inside}{n}"] for n in model.files), 0, []
-        for name in model.files:
+        total, done, copied = sum(sizes[f"{inside}{n}"] for n in paths), 0, []
+        for name, path in paths.items():
             size = sizes[f"{inside}{name}"]
-            dst = to / name
-            if not (dst.is_file() and dst.stat().st_size == size):
-                with partial_file(to, name) as part:
-                    with part.open("wb") as fh:
-                        for offset in range(0, max(size, 1), CHUNK_BYTES):
-                            for line in await self._read(api, ["read", self.run_id, f"{inside}{name}",
-                                                               str(offset), str(CHUNK_BYTES), str(LINE_BYTES)]):
-                                fh.write(base64.b64decode(line))
-                            if progress is not None:
-                                progress(done + min(offset + CHUNK_BYTES, size), total)
-                    if part.stat().st_size != size:
+            if not already_there(path, size):
+                with partial_file(to, name) as fh:
+                    for offset in range(0, max(size, 1), CHUNK_BYTES):
+                        for line in await self._read(api, ["read", self.run_id, f"{inside}{name}",
+                                                           str(offset), str(CHUNK_BYTES), str(LINE_BYTES)]):
+                            fh.write(base64.b64decode(line))
+                        if progress is not None:
+                            progress(done + min(offset + CHUNK_BYTES, size), total)
+                    if fh.tell() != size:
                         raise OperationError(f"{name} came back with another size than on the volume",
                                              remedy="run it again (the run may still be writing it)")
                 copied.append(name)
@@ -444,10 +485,60 @@ class VolumeStore:
             if await self._live_claim(api) is not None:
                 await api.delete("v1", "PersistentVolumeClaim", self.claim, ns)
             namespace = await api.get("v1", "Namespace", ns)
-            if ours(namespace, self.run_id) and not await api.list("v1", "Pod", ns):
+            # A pod already Terminating (a reader just deleted) goes with the namespace; one still running
+            # is someone's work: the namespace stays.
+            running = [p for p in await api.list("v1", "Pod", ns) if not p["metadata"].get("deletionTimestamp")]
+            if ours(namespace, self.run_id) and not running:
                 await api.delete("v1", "Namespace", ns)
+                left = await _until_gone(api, "v1", "Namespace", ns)
+                if left is not None:
+                    self.notice(f"note: namespace {ns} is still being deleted: {namespace_conditions(left)}")
 
         self._with_api(remove)
+
+
+async def _until_gone(api: KubeApi, api_version: str, kind: str, name: str, namespace: str | None = None,
+                      timeout_s: float = GONE_TIMEOUT_S) -> Obj | None:
+    """Wait until the object is gone; what is left of it when ``timeout_s`` passes, else None."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (live := await api.get(api_version, kind, name, namespace)) is not None and loop.time() < deadline:
+        await asyncio.sleep(0.2)
+    return live
+
+
+def run_image(config: RunConfig, run_id: str, state_root: Path | None) -> str:
+    """The image a reader pod of the run pulls: the digest the run's plan pinned (the RayCluster's, kept
+    in the run's record after `down`), never the tag, which may name other bits by now. A record
+    without one (a run stopped before its plan was applied) pins the tag now, as the plan does: by tag
+    only with --allow-unpinned."""
+    # lazy: the record and the registry client only when a reader pod is made
+    from backend.layers.kubernetes.handlers import PREPULL, RAYCLUSTER
+    from backend.layers.kubernetes.registry import resolve_digest
+    from backend.store import RunStore
+
+    try:
+        record = RunStore(state_root).load(run_id)
+    except RtuiError:
+        record = None  # not in this state dir: the registry is asked below
+    digests: list[object] = []
+    if record is not None:
+        entry = record.resources.get(RAYCLUSTER)
+        digests.append(entry.outputs.get("digest") if entry is not None else None)
+        changes = record.plan.changes if record.plan is not None else []
+        digests += [(c.after or {}).get("digest") for c in changes if c.address in (RAYCLUSTER, PREPULL)]
+    for digest in digests:
+        if isinstance(digest, str):
+            with contextlib.suppress(ValueError):  # not a digest: the next source
+                return manifests.pinned_image(config.image, digest)
+    resolved = resolve_digest(config.image)
+    if resolved.digest is not None:
+        return manifests.pinned_image(config.image, resolved.digest)
+    if config.allow_unpinned:
+        return config.image
+    raise UserError(f"cannot pin the image of the pod that reads the run's volume ({config.image}) to a digest: "
+                    f"{resolved.reason.removeprefix('unpinned: ')}",
+                    remedy="let this machine reach the registry, or pass --allow-unpinned to pull it by tag")
 
 
 class _FrameReader(io.RawIOBase):
