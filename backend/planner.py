@@ -49,14 +49,12 @@ async def discover(stack: Stack, ctx: Context, *, unanswered: list[Unanswered] |
     With ``unanswered`` (teardown), a layer whose API does not answer while a layer below holds what it
     made (``Layer.holds_above``) is taken as having nothing to delete of its own, and noted there."""
     async def look(index: int, layer: Layer) -> list[Observed]:
-        holder = next((below for below in reversed(stack.layers[:index]) if below.holds_above), None)
         try:
             return await layer.discover(ctx)
         except ApiUnreachable as exc:
-            # What explains it: the layer holding the cluster, which may be this one (aws's cluster-autoscaler).
-            explainer = holder or (layer if layer.holds_above else None)
-            if unanswered is None and explainer is not None:
-                raise await explainer.explain_unanswered(ctx, exc) from None
+            if unanswered is None:
+                raise await explained(stack, ctx, index, exc) from None
+            holder = _holder_below(stack, index)
             ctx.note_unanswered(f"the {layer.name} layer", exc, holder.holds_above if holder else None)
             return []
 
@@ -104,8 +102,29 @@ class PlanResult(Plan):
     observed: dict[str, Observed] = Field(default_factory=dict, exclude=True)
 
 
+def _holder_below(stack: Stack, index: int) -> Layer | None:
+    return next((below for below in reversed(stack.layers[:index]) if below.holds_above), None)
+
+
+async def explained(stack: Stack, ctx: Context, index: int, exc: ApiUnreachable) -> ApiUnreachable:
+    """``exc`` (layer ``index`` found its cluster's API silent) as the layer holding that cluster explains
+    it: the nearest holder below, else the layer itself when it holds one (aws's cluster-autoscaler)."""
+    layer = stack.layers[index]
+    explainer = _holder_below(stack, index) or (layer if layer.holds_above else None)
+    return exc if explainer is None else await explainer.explain_unanswered(ctx, exc)
+
+
 async def make_plan(stack: Stack, ctx: Context) -> PlanResult:
-    found, _ = await all_or_none(discover(stack, ctx), all_or_none(*(layer.prepare(ctx) for layer in stack.layers)))
+    async def prepare(index: int, layer: Layer) -> None:
+        # Preparation asks the same API as discovery, at the same time: whichever meets the silence first
+        # says it, and says it explained.
+        try:
+            await layer.prepare(ctx)
+        except ApiUnreachable as exc:
+            raise await explained(stack, ctx, index, exc) from None
+
+    found, _ = await all_or_none(discover(stack, ctx),
+                                 all_or_none(*(prepare(i, layer) for i, layer in enumerate(stack.layers))))
     wanted = desired(stack, ctx)
     observed = {o.address: o for o in found}
     plan = diff(stack, wanted, observed)

@@ -6,6 +6,7 @@ Nothing in backend/ knows this layer: it is what a new layer has to write (two h
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -13,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from backend.config import RunConfig
-from backend.errors import UserError
+from backend.errors import ApiUnreachable, UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.ledger import ResourceStatus
 from backend.model import Action, EventKind, Observed, Resource
@@ -258,3 +259,33 @@ async def test_a_steps_eta_is_its_typical_duration_on_this_machine(tmp_path: Pat
     typical_delete = again.durations()["local/bucket/delete"]  # before this teardown adds its own duration
     down = [e async for e in second.teardown() if e.kind is EventKind.STARTED and e.step == "toy.bucket"]
     assert down and down[0].data["expected_s"] == typical_delete
+
+
+class Holder(Toy):
+    """A layer that holds the cluster the layer above talks to (as aws holds the EKS cluster)."""
+
+    holds_above = "the toy cluster"
+
+    async def explain_unanswered(self, ctx: Context, exc: ApiUnreachable) -> ApiUnreachable:
+        return ApiUnreachable(f"explained: {exc.message}")
+
+
+class Silent(Upper):
+    """A layer whose cluster API gives no answer: in its preparation at once, in its discovery later."""
+
+    name = "silent"
+
+    async def prepare(self, ctx: Context) -> None:
+        raise ApiUnreachable("no answer from the cluster API")
+
+    async def discover(self, ctx: Context) -> list[Observed]:
+        await asyncio.Event().wait()  # cancelled when the preparation fails
+        return []
+
+
+async def test_an_api_silent_in_a_layers_preparation_is_explained_by_the_layer_holding_it(tmp_path: Path) -> None:
+    # Preparation and discovery run at once: which one meets the silent API first is up to timing (a
+    # loaded CI machine saw the preparation's raw timeout where discovery's explained one was expected).
+    with pytest.raises(ApiUnreachable) as silent:
+        await make_plan(Stack("toy", [Holder(), Silent()]), context(tmp_path))
+    assert silent.value.message == "explained: no answer from the cluster API"
