@@ -237,7 +237,7 @@ async def test_pod_log_follow_gets_fed_lines_and_survives_dropped_streams(kube_c
             received.append(line)
 
     async def until(count: int) -> None:
-        await eventually_async(f"{count} lines (got {received})", lambda: len(received) >= count, timeout=4)
+        await eventually_async(f"{count} lines (got {received})", lambda: len(received) >= count, timeout=30)
 
     task = asyncio.create_task(follow())
     await until(2)
@@ -377,7 +377,7 @@ def test_exec_streams_binary_stdout_and_the_success_status(kube_cluster: KubeClu
     assert out == blob and err == b""
     assert status == {"metadata": {}, "status": "Success"}
     eventually("the exec request to be recorded (once its handler returns)",
-               lambda: kube_cluster.requests(path_contains="/exec"), timeout=5)
+               lambda: kube_cluster.requests(path_contains="/exec"), timeout=30)
     [served] = kube_cluster.requests(path_contains="/exec")
     assert served.status == 101 and served.query["stdout"] == "true" and served.query["command"] == "cat"
 

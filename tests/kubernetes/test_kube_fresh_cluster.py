@@ -49,7 +49,7 @@ def test_the_emulator_answers_ray_io_like_kube_apiserver_until_the_crd_is_establ
     crd = yaml.safe_load((shared / "ray.io_rayclusters.yaml").read_text())
     kube_cluster.create(crd)
     assert _get(kube_cluster, RAY_PATH) == (404, unserved)  # created, not yet Established
-    wait_until("the CRD to be Established", lambda: _get(kube_cluster, RAY_PATH)[0] == 200, timeout=5)
+    wait_until("the CRD to be Established", lambda: _get(kube_cluster, RAY_PATH)[0] == 200, timeout=30)
     status, body = _get(kube_cluster, RAY_PATH)
     assert status == 200 and body["kind"] == "RayClusterList" and body["items"] == []
     conditions = {c["type"]: c["status"] for c in

@@ -83,7 +83,7 @@ def test_the_default_storage_class_is_set_at_admission_and_binds(kube_cluster: K
         assert made["spec"]["storageClassName"] == "efs"  # the newest default
         eventually("the claim to be Bound",
                    lambda: kube_cluster.read("PersistentVolumeClaim", "data", "team")["status"]["phase"] == "Bound",
-                   timeout=5)
+                   timeout=30)
 
 
 def test_two_defaults_of_the_same_second_go_by_name(kube_cluster: KubeCluster) -> None:
