@@ -179,9 +179,11 @@ class RunConfig(BaseModel):
                                                 "(default: main), resolved to its commit when planning; the job "
                                                 "loads that commit")
     steps: int = Field(default=100, ge=1, le=10_000_000, description="Training steps")
-    seq_len: int = Field(default=128, ge=8, le=131_072, description="Sequence length in tokens")
+    seq_len: int = Field(default=0, ge=0, le=131_072,
+        description="Sequence length in tokens (0 = 1024 on GPU clusters, 128 locally)")
     batch_size: int = Field(default=0, ge=0, le=4096,
-        description="Per-worker micro-batch (0 = 1 on GPU clusters, 32 locally)")
+        description="Per-worker micro-batch (0 = on GPU clusters the largest of 16, 8, 4, 2, 1 the GPU's memory "
+                    "fits by the plan's estimate, 32 locally)")
     learning_rate: float = Field(
         default=0, ge=0, lt=1,
             description="AdamW learning rate (0 = 1e-5 on GPU clusters, 1e-3 for the local tiny model)")
@@ -335,6 +337,13 @@ class RunConfig(BaseModel):
             raise ValueError("at least 1Gi: a checkpoint of the smallest hub model is larger")
         return v
 
+    @field_validator("seq_len")
+    @classmethod
+    def _seq_len(cls, v: int) -> int:
+        if 0 < v < 8:
+            raise ValueError("at least 8 tokens, or 0 for the target's default")
+        return v
+
     @field_validator("hf_token")
     @classmethod
     def _token_source(cls, v: str) -> str:
@@ -375,7 +384,17 @@ class RunConfig(BaseModel):
         return targets.get(self.target).defaults(self)
 
     def effective_batch_size(self) -> int:
-        return self.batch_size or self.target_defaults().batch_size
+        if self.batch_size:
+            return self.batch_size
+        default = self.target_defaults().batch_size
+        if default:
+            return default
+        from backend.jobspec import fitting_micro_batch  # lazy: the step planner only when a batch is asked
+
+        return fitting_micro_batch(self)
+
+    def effective_seq_len(self) -> int:
+        return self.seq_len or self.target_defaults().seq_len
 
     def effective_precision(self) -> str:
         return self.precision if self.precision != "auto" else self.target_defaults().precision
@@ -411,6 +430,7 @@ class RunConfig(BaseModel):
     def auto_values(self) -> dict[str, Any]:
         """{field: what it resolves to on this target} for each field left on auto (0 or "auto")."""
         effective: dict[str, Any] = {
+            "seq_len": self.effective_seq_len(),
             "batch_size": self.effective_batch_size(),
             "num_workers": self.effective_workers(),
             "precision": self.effective_precision(),
@@ -687,7 +707,7 @@ def _resolve(flags: Mapping[str, Any] | None, config_file: str | None, environ: 
         from training.stepplan import StepPlanError, plan_step
 
         try:
-            plan_step(tokens_per_step=config.tokens_per_step, seq_len=config.seq_len,
+            plan_step(tokens_per_step=config.tokens_per_step, seq_len=config.effective_seq_len(),
                       world=config.effective_workers(), micro_batch=config.batch_size or None)
         except StepPlanError as exc:
             raise UserError(str(exc)) from None
@@ -756,7 +776,7 @@ def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
         from backend.datacheck import check_data  # lazy: pyarrow/transformers only for data files
 
         check_data(config.data, text_field=config.text_field, tokenizer=config.tokenizer or config.model_id,
-                   seq_len=config.seq_len, cwd=cwd)
+                   seq_len=config.effective_seq_len(), cwd=cwd)
     return config
 
 

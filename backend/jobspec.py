@@ -67,7 +67,7 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_
     args = [
         "python", "-m", "training.train",
         "--steps", str(config.steps),
-        "--seq-len", str(config.seq_len),
+        "--seq-len", str(config.effective_seq_len()),
         # With a token budget and no explicit micro-batch, the program picks the largest that fits.
         "--batch-size", "auto" if config.tokens_per_step and not config.batch_size
         else str(config.effective_batch_size()),
@@ -239,17 +239,128 @@ def model_shape(config: RunConfig) -> Any:
 # GPU memory a rank may use, by instance family (docs/perf-model.md: "the L4's ~22 GiB free" of 24 GB;
 # g6 = NVIDIA L4 per the AWS G6 instance specifications). Other types: the job's own check decides.
 GPU_FREE_GIB = {"g6.": ("L4", 22.0)}
+# --batch-size left on auto on a GPU cluster (without --tokens-per-step): the largest of these that fits.
+AUTO_MICRO_BATCHES = (16, 8, 4, 2, 1)
+# Ways out named when a model does not fit: shorter sequences, and GPU nodes up to this many.
+FITTING_SEQ_LENS = (2048, 1024, 512, 256, 128)
+MAX_NODES_SUGGESTED = 16
+
+
+def known_gpu(config: RunConfig) -> tuple[str, float] | None:
+    """(name, GiB free) of the node type's GPU, when the target names a type rtui knows."""
+    if "gpu_node_type" not in targets.get(config.target).own_fields:
+        return None
+    return next((v for k, v in GPU_FREE_GIB.items() if config.gpu_node_type.startswith(k)), None)
+
+
+def gpu_budget_gib(config: RunConfig) -> float | None:
+    """GiB of one GPU the step's estimate may use (the rest is headroom), or None when not known here."""
+    from training.stepplan import MEMORY_HEADROOM  # lazy: see describe_step_plan
+
+    known = known_gpu(config)
+    return None if known is None else known[1] * MEMORY_HEADROOM
+
+
+def _step(config: RunConfig) -> Any:
+    """The StepPlan of ``config``; with --tokens-per-step and the batch on auto, its micro-batch 1 (the
+    smallest the job may choose)."""
+    from training.stepplan import plan_step  # lazy: see describe_step_plan
+
+    micro = config.batch_size or (1 if config.tokens_per_step else config.effective_batch_size())
+    return plan_step(tokens_per_step=config.tokens_per_step, seq_len=config.effective_seq_len(),
+                     world=config.effective_workers(), micro_batch=micro)
+
+
+def _estimate(config: RunConfig, shape: Any, plan: Any) -> Any:
+    """The plan's MemoryEstimate per rank of one step of ``plan`` (docs/perf-model.md)."""
+    from training.stepplan import estimate_memory  # lazy: see describe_step_plan
+
+    gpu = targets.get(config.target).on_gpus
+    reshard = config.reshard_after_forward == "yes" or (config.reshard_after_forward == "auto" and gpu)
+    reduces_every_micro_step = config.effective_precision() == "bf16" and config.reduce_dtype == "bf16"
+    return estimate_memory(shape, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+                           shard_size=config.effective_shard_size(),
+                           compute_bytes=2 if config.effective_precision() == "bf16" else 4,
+                           grad_accum=plan.grad_accum, reshard_after_forward=reshard,
+                           activation_checkpointing=config.activation_checkpointing,
+                           grad_accum_bytes=0 if reduces_every_micro_step else 4)
+
+
+def step_memory_gib(config: RunConfig) -> float:
+    """GiB per rank the plan's estimate gives one step of ``config`` (ValueError: model not known here)."""
+    from training.stepplan import GIB  # lazy: see describe_step_plan
+
+    shape = model_shape(config)
+    if shape is None:
+        raise ValueError(f"the shape of {config.effective_model_id()} is not known here")
+    return float(_estimate(config, shape, _step(config)).total / GIB)
+
+
+def fitting_micro_batch(config: RunConfig) -> int:
+    """--batch-size auto on a GPU cluster: the largest of AUTO_MICRO_BATCHES whose estimate fits the node
+    type's GPU; 1 where the GPU or the model's shape is not known here (the job's own check decides)."""
+    budget = gpu_budget_gib(config)
+    if budget is None or model_shape(config) is None:
+        return 1
+    return next((b for b in AUTO_MICRO_BATCHES
+                 if step_memory_gib(config.model_copy(update={"batch_size": b})) <= budget), 1)
+
+
+def memory_refusal(config: RunConfig) -> UserError | None:
+    """Why the step cannot fit the node type's GPU by the plan's estimate, with sizes that would (None:
+    it fits, or the GPU or model is not known here). Said at plan time: the job would stop at its own
+    memory check after the cluster was paid for."""
+    budget = gpu_budget_gib(config)
+    known = known_gpu(config)
+    if budget is None or known is None or model_shape(config) is None:
+        return None
+    from training.stepplan import StepPlanError  # lazy: see describe_step_plan
+
+    def fits(**update: Any) -> bool:
+        try:
+            return step_memory_gib(config.model_copy(update=update)) <= budget
+        except StepPlanError:  # e.g. --tokens-per-step no longer divides: not a way out
+            return False
+
+    try:
+        need = step_memory_gib(config)
+    except StepPlanError:
+        return None  # resolve_config said it already
+    if need <= budget:
+        return None
+    seq, batch = config.effective_seq_len(), config.batch_size or (1 if config.tokens_per_step else 0)
+    ways = []
+    if batch > 1 and fits(batch_size=1):
+        ways.append("--batch-size 1")
+    shorter = next((s for s in FITTING_SEQ_LENS if s < seq and fits(seq_len=s)), None)
+    if shorter:
+        ways.append(f"--seq-len {shorter}")
+    if not config.activation_checkpointing and fits(activation_checkpointing=True):
+        ways.append("--activation-checkpointing")
+    more = next((n for n in range(config.gpu_node_count + 1, MAX_NODES_SUGGESTED + 1) if fits(gpu_node_count=n)),
+                None)
+    if more and config.shard == "full":
+        ways.append(f"--gpu-node-count {more} (its shards spread over more GPUs)")
+    elif config.shard == "hybrid" and fits(shard="full"):
+        ways.append("--shard full")
+    ways.append("a smaller --model-id")
+    name, free = known
+    size = f"micro-batch {batch or config.effective_batch_size()} × seq {seq}"
+    return UserError(f"{config.effective_model_id()} does not fit an {name}: ~{need:.1f} GiB per GPU at {size} "
+                     f"on {config.effective_workers()} GPUs, {budget:.1f} GiB usable of ~{free:g} free",
+                     remedy="pass " + ", or ".join(ways))
 
 
 def describe_step_plan(config: RunConfig) -> str:
     """One line for the plan: micro-batch × seq × ranks × accumulation, shard groups, expected memory per rank."""
     # lazy: the step planner only when a plan is described; not on the first frame
-    from training.stepplan import GIB, StepPlanError, estimate_memory, plan_step
+    from training.stepplan import GIB, StepPlanError, plan_step
 
     world = config.effective_workers()
+    seq = config.effective_seq_len()
     micro = config.batch_size or (None if config.tokens_per_step else config.effective_batch_size())
     try:
-        plan = plan_step(tokens_per_step=config.tokens_per_step, seq_len=config.seq_len, world=world, micro_batch=micro)
+        plan = plan_step(tokens_per_step=config.tokens_per_step, seq_len=seq, world=world, micro_batch=micro)
     except StepPlanError as exc:  # resolve_config refused these already; say it rather than fail
         return str(exc)
     shard = config.effective_shard_size()
@@ -267,33 +378,23 @@ def describe_step_plan(config: RunConfig) -> str:
         from backend.datacheck import check_data  # lazy: pyarrow/transformers only for data files
 
         facts = check_data(config.data, text_field=config.text_field, tokenizer=config.tokenizer or config.model_id,
-                           seq_len=config.seq_len, cwd=Path.cwd())
-        line += "; data: " + facts.describe(config.seq_len, plan.tokens_per_step)
+                           seq_len=seq, cwd=Path.cwd())
+        line += "; data: " + facts.describe(seq, plan.tokens_per_step)
     shape = model_shape(config)
     if shape is None:
         return line + "; memory per rank: estimated on the cluster"
     gpu = targets.get(config.target).on_gpus
-    precision = config.effective_precision()
-    reshard = config.reshard_after_forward == "yes" or (config.reshard_after_forward == "auto" and gpu)
-    estimate = estimate_memory(shape, micro_batch=plan.micro_batch, seq_len=plan.seq_len, shard_size=shard,
-                               compute_bytes=2 if precision == "bf16" else 4, grad_accum=plan.grad_accum,
-                               reshard_after_forward=reshard, activation_checkpointing=config.activation_checkpointing,
-                               grad_accum_bytes=0 if reduces_every_micro_step else 4)
+    estimate = _estimate(config, shape, plan)
     line += f"; est. {estimate.total / GIB:.1f} GiB per {'GPU' if gpu else 'worker'}"
     return line + _fit(config, estimate.total / GIB) if gpu else line
 
 
 def _fit(config: RunConfig, estimate_gib: float) -> str:
     """Whether the estimate fits the GPUs of the node type, when the target names one rtui knows."""
-    from training.stepplan import MEMORY_HEADROOM  # lazy: see describe_step_plan
-
-    if "gpu_node_type" not in targets.get(config.target).own_fields:
-        return ""
-    known = next((v for k, v in GPU_FREE_GIB.items() if config.gpu_node_type.startswith(k)), None)
-    if known is None:
+    known, budget = known_gpu(config), gpu_budget_gib(config)
+    if known is None or budget is None:
         return ""
     name, free = known
-    budget = free * MEMORY_HEADROOM
     if estimate_gib <= budget:
         return f": fits an {name} ({budget:.1f} GiB usable of ~{free:g} free)"
     return (f": WARNING does not fit an {name} ({budget:.1f} GiB usable of ~{free:g} free); the job stops at its "

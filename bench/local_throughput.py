@@ -97,7 +97,7 @@ def main() -> None:
          "--batch-size", str(global_batch), "--threads", str(cores), "--precision", "fp32",
          "--hidden", str(config.local_hidden_size), "--layers", str(config.local_layers),
          "--heads", str(config.local_heads), "--vocab", str(config.local_vocab_size),
-         "--seq-len", str(config.seq_len)],
+         "--seq-len", str(config.effective_seq_len())],
         capture_output=True, text=True, check=True, cwd=REPO)
     plain_tps = json.loads(plain.stdout.strip().splitlines()[-1])["tokens_per_s_mean"]
     print(f"Ray Train FSDP2, {workers} workers x batch {per_worker_batch}: {ray_tps:,.0f} tokens/s (steady mean)")

@@ -145,7 +145,8 @@ class TargetScreen(RtuiScreen):
     def on_mount(self) -> None:
         cfg = self.session.config
         rows = [("cluster", cfg.cluster_name), ("workers", str(cfg.effective_workers())),
-                ("steps", str(cfg.steps)), ("seq len × batch", f"{cfg.seq_len} × {cfg.effective_batch_size()}"),
+                ("steps", str(cfg.steps)),
+                ("seq len × batch", f"{cfg.effective_seq_len()} × {cfg.effective_batch_size()}"),
                 ("precision", cfg.effective_precision()),
                 ("model", cfg.effective_model_id()
                  or f"tiny Qwen2 ({cfg.local_layers} layers, hidden {cfg.local_hidden_size})")]

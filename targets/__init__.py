@@ -48,13 +48,20 @@ ENTRY_POINT_GROUP = "rtui.targets"
 class Defaults:
     """What a config field left on auto (0, "auto", unset) resolves to on a target."""
 
-    batch_size: int
+    batch_size: int  # 0: the largest micro-batch the GPU's memory fits (backend.jobspec.fitting_micro_batch)
     precision: str
     learning_rate: float
     model_id: str | None  # None: the tiny random model (CPU targets)
     workers: int
     shard_size: int  # ranks per FSDP shard group with --shard hybrid
     require_transport: str
+    seq_len: int = 128
+
+
+# A GPU cluster's sequence length left on auto: room for a multi-turn conversation through a chat
+# template (the default dataset's, and most instruction data: the plan's data line counts the sampled
+# records that are longer, and cut); 128, the old default, cut most of them.
+GPU_SEQ_LEN = 1024
 
 
 @dataclass(frozen=True)

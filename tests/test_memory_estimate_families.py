@@ -62,7 +62,7 @@ def _perf_model_estimate(micro: int, seq: int, shard: int) -> float:
 def test_the_7b_estimate_on_eight_l4s_follows_the_perf_model_and_says_whether_it_fits() -> None:
     config = RunConfig(target="aws", model_id="Qwen/Qwen2.5-7B", model_revision="0" * 40, data="cycle")
     line = describe_step_plan(config)
-    micro, seq = config.effective_batch_size(), config.seq_len
+    micro, seq = config.effective_batch_size(), config.effective_seq_len()
     expected = _perf_model_estimate(micro, seq, shard=8)
     shown = float(line.split("est. ")[1].split(" GiB")[0])
     assert abs(shown - expected) < 0.1, (shown, expected, line)

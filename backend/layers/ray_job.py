@@ -18,7 +18,7 @@ from backend.config import RunConfig
 from backend.delivery import check_storage_writable, effective_storage_path
 from backend.errors import OperationError, UserError
 from backend.hub import DatasetRevision, Revision, resolve_dataset, resolve_revision
-from backend.jobspec import build_job_spec, passed_env_values
+from backend.jobspec import build_job_spec, memory_refusal, passed_env_values
 from backend.layers.base import Context, Handler, Layer, job_secret_env, refuse_job_env_without_carrier
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.rayjobs import RayJobs, submit_when_ready
@@ -113,9 +113,13 @@ class RayJobLayer(Layer):
 
     async def prepare(self, ctx: Context) -> None:
         """The hub commit the job loads, asked at plan time (none for a local model directory); and
-        ``--job-env`` refused where the cluster cannot carry its values privately."""
+        refused here, before the cluster is paid for: ``--job-env`` where the cluster cannot carry its
+        values privately, a step the GPUs' memory cannot hold by the plan's estimate."""
         config = ctx.config
         refuse_job_env_without_carrier(ctx)
+        refusal = memory_refusal(config)
+        if refusal is not None:
+            raise refusal
         await self._pin_model(config)
         data = config.effective_data()
         if config.data_is_hub() and targets.get(config.target).offline:

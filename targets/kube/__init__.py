@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from backend.config import DEFAULT_MODEL_ID
 from backend.errors import UserError
 from backend.planner import Stack
-from targets import Defaults, Target
+from targets import GPU_SEQ_LEN, Defaults, Target
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,13 +29,14 @@ CLUSTER_FIELDS = frozenset({
 
 
 def gpu_cluster_defaults(config: RunConfig) -> Defaults:
-    """A GPU cluster's auto values: the hub model fine-tuned in bf16, one rank per GPU, EFA between nodes.
+    """A GPU cluster's auto values: the hub model fine-tuned in bf16, one rank per GPU, EFA between nodes,
+    conversations of up to GPU_SEQ_LEN tokens, as many per micro-batch as the GPU's memory fits.
 
     1e-5 fine-tunes a pretrained model. A kube cluster is used for what the seed does, EFA between GPU
     nodes; one without EFA (another cloud, a lab) says so with --require-transport any."""
-    return Defaults(batch_size=1, precision="bf16", learning_rate=1e-5, model_id=DEFAULT_MODEL_ID,
+    return Defaults(batch_size=0, precision="bf16", learning_rate=1e-5, model_id=DEFAULT_MODEL_ID,
                     workers=config.gpu_node_count * config.gpus_per_node, shard_size=config.gpus_per_node,
-                    require_transport="efa")
+                    require_transport="efa", seq_len=GPU_SEQ_LEN)
 
 
 class KubeTarget(Target):

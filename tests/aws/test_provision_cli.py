@@ -38,6 +38,15 @@ def test_plan_shows_every_change_its_cost_and_the_quota_it_uses(world: World, ku
             "control-plane audit, authenticator logs (estimate, us-east-1 prices).") in text
 
 
+def test_a_model_the_gpus_cannot_hold_is_refused_by_the_plan_with_sizes_that_would(world: World) -> None:
+    # Issue 36: the job would stop at its own memory check, after the cluster was made and billed.
+    proc = run_rtui("plan", *AWS, "--model-id", "Qwen/Qwen2.5-7B")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    line = one_line(proc)
+    assert "Qwen/Qwen2.5-7B does not fit an L4" in line, line
+    assert "--seq-len" in line and "--gpu-node-count" in line, line
+
+
 @pytest.mark.slow
 def test_up_status_down_through_the_binary(world: World, kube_file: Path) -> None:
     # `rtui` is not on this PATH: the next steps `up` prints must still work pasted here (issue 21, item 6).
