@@ -389,7 +389,7 @@ class RunConfig(BaseModel):
         default = self.target_defaults().batch_size
         if default:
             return default
-        from backend.jobspec import fitting_micro_batch  # lazy: the step planner only when a batch is asked
+        from backend.stepfit import fitting_micro_batch  # lazy: the step planner only when a batch is asked
 
         return fitting_micro_batch(self)
 

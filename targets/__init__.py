@@ -48,7 +48,7 @@ ENTRY_POINT_GROUP = "rtui.targets"
 class Defaults:
     """What a config field left on auto (0, "auto", unset) resolves to on a target."""
 
-    batch_size: int  # 0: the largest micro-batch the GPU's memory fits (backend.jobspec.fitting_micro_batch)
+    batch_size: int  # 0: the largest micro-batch the GPU's memory fits (backend.stepfit.fitting_micro_batch)
     precision: str
     learning_rate: float
     model_id: str | None  # None: the tiny random model (CPU targets)

@@ -95,7 +95,9 @@ def test_auto_values_depend_on_target() -> None:
     local = resolve_config({}, environ={}).config
     aws = resolve_config({"target": "aws"}, environ={}).config
     assert (local.effective_workers(), local.effective_batch_size(), local.effective_precision()) == (2, 32, "fp32")
-    assert (aws.effective_workers(), aws.effective_batch_size(), aws.effective_precision()) == (8, 1, "bf16")
+    assert (aws.effective_workers(), aws.effective_precision()) == (8, "bf16")
+    # GPU clusters: the largest micro-batch the L4's memory fits (tests/training/test_gpu_defaults.py), at 1024
+    assert aws.effective_batch_size() > 1 and (local.effective_seq_len(), aws.effective_seq_len()) == (128, 1024)
 
 
 def test_config_show_json_reports_sources(tmp_path: Path) -> None:
@@ -119,12 +121,13 @@ def _show_rows(*args: str) -> dict[str, list[str]]:
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
-        ("local", {"batch_size": "32", "num_workers": "2", "precision": '"fp32"', "require_transport": '"any"'}),
-        ("aws", {"batch_size": "1", "num_workers": "8", "precision": '"bf16"', "require_transport": '"efa"'}),
+        ("local", {"seq_len": "128", "num_workers": "2", "precision": '"fp32"', "require_transport": '"any"'}),
+        ("aws", {"seq_len": "1024", "num_workers": "8", "precision": '"bf16"', "require_transport": '"efa"'}),
     ],
 )
 def test_config_show_prints_what_auto_resolves_to_on_the_target(target: str, expected: dict[str, str]) -> None:
     rows = _show_rows("--target", target)
+    expected = {**expected, "batch_size": str(RunConfig(target=target).effective_batch_size())}
     for field, value in expected.items():
         assert rows[field] == [value, "auto", "on", target, "(default)"], (field, rows[field])
 
@@ -144,7 +147,7 @@ def test_config_show_json_carries_raw_and_effective_values() -> None:
     assert data["config"]["num_workers"] == 0 and data["effective"]["num_workers"] == 12
     assert data["config"]["precision"] == "auto" and data["effective"]["precision"] == "bf16"
     assert data["config"]["batch_size"] == data["effective"]["batch_size"] == 2
-    assert data["auto"] == ["learning_rate", "num_workers", "precision", "require_transport"]
+    assert data["auto"] == ["learning_rate", "num_workers", "precision", "require_transport", "seq_len"]
     assert data["effective"].keys() == data["config"].keys()
 
 

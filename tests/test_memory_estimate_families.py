@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 from backend.config import RunConfig
-from backend.jobspec import describe_step_plan, model_shape
+from backend.jobspec import describe_step_plan
+from backend.stepfit import model_shape
 
 GIB = 2**30
 

@@ -18,11 +18,12 @@ from backend.config import RunConfig
 from backend.delivery import check_storage_writable, effective_storage_path
 from backend.errors import OperationError, UserError
 from backend.hub import DatasetRevision, Revision, resolve_dataset, resolve_revision
-from backend.jobspec import build_job_spec, memory_refusal, passed_env_values
+from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context, Handler, Layer, job_secret_env, refuse_job_env_without_carrier
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.rayjobs import RayJobs, submit_when_ready
 from backend.runner import Progress
+from backend.stepfit import memory_refusal
 from backend.store import JobRecord, JobState
 
 JOB = "ray.job.train"

@@ -15,16 +15,10 @@ import pytest
 
 from backend.config import RunConfig
 from backend.errors import UserError
-from backend.jobspec import (
-    AUTO_MICRO_BATCHES,
-    build_job_spec,
-    gpu_budget_gib,
-    memory_refusal,
-    model_shape,
-    step_memory_gib,
-)
+from backend.jobspec import build_job_spec
 from backend.layers.base import Context
 from backend.layers.ray_job import RayJobLayer
+from backend.stepfit import AUTO_MICRO_BATCHES, gpu_budget_gib, memory_refusal, model_shape, step_memory_gib
 from backend.store import RunStore
 from targets import GPU_SEQ_LEN
 
