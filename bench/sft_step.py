@@ -1,8 +1,10 @@
 """The SFT step on CPU: loss tokens per second and the share of padding (issue 36, item 1).
 
 Chat records are padded one per row to --seq-len (training.sft: no packing, so no document attends
-to another); this measures what that costs. Without --data/--tokenizer it writes its own chat file
-(user turns and answers of random lengths) and a word-level tokenizer with a ChatML-like template.
+to another), and each micro-batch is cut after its longest example; this measures what the padding
+costs, both ways, on the same batches (the whole rows are the baseline). Without --data/--tokenizer
+it writes its own chat file (user turns and answers of random lengths) and a word-level tokenizer
+with a ChatML-like template.
 The step is the training program's own (training.data.TokenizeAndPack, training.step.train_step)
 on the tiny Qwen2, unsharded, in this process. Prints one JSON object.
 """
@@ -64,7 +66,7 @@ def main() -> None:
     import torch
 
     from training import train
-    from training.data import TokenizeAndPack, detect_data_mode, peek_records
+    from training.data import TokenizeAndPack, detect_data_mode, peek_records, trim_batch
     from training.loop import build_model
     from training.step import train_step
 
@@ -84,35 +86,49 @@ def main() -> None:
         cfg = train.parse_args(["--tokenizer", str(tok), "--data", str(data), "--device", "cpu", "--num-workers", "1",
                                 "--precision", "fp32", "--seq-len", str(args.seq_len), "--batch-size",
                                 str(args.batch_size), "--tiny-vocab-size", str(max(vocab, 64)), "--lr", "1e-3"])
-        torch.manual_seed(0)
-        model = build_model(cfg)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
-        gen = torch.Generator().manual_seed(0)
-        seen: list[int] = []
+        def measure(cut: bool) -> dict[str, Any]:
+            """The steps on the same picks, each batch whole (padded to --seq-len) or cut after its longest
+            example as the job cuts it (training.data.trim_batch)."""
+            torch.manual_seed(0)
+            model = build_model(cfg)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
+            gen = torch.Generator().manual_seed(0)
+            seen: list[int] = []
+            computed: list[int] = []
 
-        def next_batch() -> dict[str, Any]:
-            pick = torch.randint(0, len(ids), (args.batch_size,), generator=gen)
-            seen.append(int((labels[pick][:, 1:] != -100).sum()))
-            return {"input_ids": ids[pick], "labels": labels[pick]}
+            def next_batch() -> dict[str, Any]:
+                pick = torch.randint(0, len(ids), (args.batch_size,), generator=gen)
+                batch = {"input_ids": ids[pick], "labels": labels[pick]}
+                if cut:
+                    batch = trim_batch({k: v.numpy() for k, v in batch.items()})
+                seen.append(int((batch["labels"][:, 1:] != -100).sum()))
+                computed.append(batch["input_ids"].numel())
+                return batch
 
-        train_step(model, optimizer, next_batch, device=torch.device("cpu"), grad_accum=1, max_grad_norm=1.0,
-                   reshard_after_forward=True, sync_every_micro_step=False).finish()  # warm-up
-        seen.clear()
-        t0 = time.perf_counter()
-        losses = []
-        for _ in range(args.steps):
-            out = train_step(model, optimizer, next_batch, device=torch.device("cpu"), grad_accum=1,
-                             max_grad_norm=1.0, reshard_after_forward=True, sync_every_micro_step=False)
-            losses.append(float(out.loss_sum))
-            out.finish()
-        seconds = time.perf_counter() - t0
+            train_step(model, optimizer, next_batch, device=torch.device("cpu"), grad_accum=1, max_grad_norm=1.0,
+                       reshard_after_forward=True, sync_every_micro_step=False).finish()  # warm-up
+            seen.clear()
+            computed.clear()
+            t0 = time.perf_counter()
+            losses = []
+            for _ in range(args.steps):
+                out = train_step(model, optimizer, next_batch, device=torch.device("cpu"), grad_accum=1,
+                                 max_grad_norm=1.0, reshard_after_forward=True, sync_every_micro_step=False)
+                losses.append(float(out.loss_sum))
+                out.finish()
+            seconds = time.perf_counter() - t0
+            return {"step_s_mean": round(seconds / args.steps, 4),
+                    "computed_tokens_per_s": round(sum(computed) / seconds, 1),
+                    "loss_tokens_per_s": round(sum(seen) / seconds, 1),
+                    "computed_not_loss_share": round(1 - sum(seen) / max(1, sum(computed)), 4),
+                    "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
+
+        whole, cut = measure(cut=False), measure(cut=True)
     print(json.dumps({
         "mode": mode, "rows": len(ids), "seq_len": args.seq_len, "encode_s": round(encode_s, 3),
         "padding_share": round(1 - real / ids.numel(), 4), "loss_token_share": round(loss_tokens / ids.numel(), 4),
-        "steps": args.steps, "step_s_mean": round(seconds / args.steps, 4),
-        "tokens_per_s": round(args.steps * args.batch_size * args.seq_len / seconds, 1),
-        "loss_tokens_per_s": round(sum(seen) / seconds, 1), "loss_first": round(losses[0], 4),
-        "loss_last": round(losses[-1], 4),
+        "steps": args.steps, "padded_to_seq_len": whole, "cut_per_batch": cut,
+        "loss_tokens_per_s_cut_over_padded": round(cut["loss_tokens_per_s"] / whole["loss_tokens_per_s"], 3),
     }, indent=1))
 
 

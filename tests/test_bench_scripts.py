@@ -39,7 +39,7 @@ SMOKE: dict[str, tuple[list[str], str, tuple[pytest.MarkDecorator, ...]]] = {
     "first_metric.py": (["--reps", "1", str(REPO)], "median", (pytest.mark.ray,)),
     "auth_cost.py": (["--reps", "1"], "median dashboard", (pytest.mark.ray,)),
     "export_measure.py": (["--world", "1"], '"peak_rss_growth_mib"', (SLOW,)),
-    "sft_step.py": (["--steps", "2", "--records", "40"], '"padding_share"', (SLOW,)),
+    "sft_step.py": (["--steps", "2", "--records", "40"], '"loss_tokens_per_s_cut_over_padded"', (SLOW,)),
     "resume_bytes.py": (["--world", "2", "--s3"], '"per_rank_read_bytes"', (SLOW,)),
     "checkpoint_stall.py": (["--rounds", "2", "--hidden", "32", "--layers", "1", "--vocab", "256"],
                             '"complete": true', (SLOW,)),

@@ -10,7 +10,7 @@ from typing import Any
 
 from training import checkpoint as ckpt
 from training.config import TrainConfig
-from training.data import ShardBatches, SyntheticTokens
+from training.data import ShardBatches, SyntheticTokens, trimming_collate
 from training.devices import (
     detect_peak,
     memory_budget_bytes,
@@ -290,9 +290,8 @@ def held_out_batches(cfg: TrainConfig, model: Any, plan: StepPlan, rank: int, wo
         stream = SyntheticTokens(cfg.data, model.config.vocab_size, batch, plan.seq_len, cfg.seed, eval_stream(rank))
         return take_batches(stream.next_batch, n)
     shard = ray.train.get_dataset_shard("eval")
-    import torch
-
-    iterator = shard.iter_torch_batches(batch_size=batch, dtypes=torch.long, drop_last=True)
+    # Cut after each batch's longest example, as training's are: the same loss for less padding.
+    iterator = shard.iter_torch_batches(batch_size=batch, collate_fn=trimming_collate(), device="cpu", drop_last=True)
     batches = [{key: b[key].cpu() for key in ("input_ids", "labels")} for b in take_batches(iterator, n)]
     batches = equal_batch_count(batches, device)
     if not batches and rank == 0:

@@ -19,8 +19,9 @@ grows (no prefix of the next rendering) is refused rather than mislabelled.
 
 No packing across documents: each example is padded on the right to ``seq_len`` with labels -100.
 Under causal attention a real token never attends to the padding after it, so no attention mask
-and no position-id reset is needed, and no example sees another (the padding costs compute:
-``bench/sft_step.py`` measures its share).
+and no position-id reset is needed, and no example sees another. Each micro-batch is cut after its
+longest example (``trimmed_width``), so padding costs compute only up to that row's length
+(``bench/sft_step.py`` measures both).
 
 The held-out split is decided here, per raw record, from a stable hash of its content
 (``document_key``): before tokenising or packing, hence the same whatever Ray Data's block order.
@@ -161,6 +162,25 @@ def encode_record(tokenizer: Any, record: Mapping[str, Any], mode: DataMode) -> 
         ids += part
         labels += part if is_trained else [IGNORE] * len(part)
     return Example(ids, labels)
+
+
+# Widths a trimmed batch is rounded up to: few distinct shapes (torch.compile's graphs, the allocator's cache).
+TRIM_MULTIPLE = 64
+
+
+def trimmed_width(labels: Any, multiple: int = TRIM_MULTIPLE) -> int:
+    """The columns of a right-padded batch (numpy [rows, seq_len]) that one training step needs: up to the
+    last labelled token of any row, rounded up to ``multiple``, at most the full width.
+
+    Under causal attention the columns after it change no earlier position's logits, and their labels
+    are ignored, so the step's loss and every gradient are those of the full batch; a batch of short
+    conversations padded to --seq-len otherwise computes mostly padding. Raw text is labelled to its
+    last column and keeps its width."""
+    import numpy as np
+
+    labelled = np.flatnonzero((np.asarray(labels) != IGNORE).any(axis=0))
+    last = int(labelled[-1]) + 1 if labelled.size else 1
+    return int(min(labels.shape[1], -(-last // multiple) * multiple))
 
 
 def pad_id(tokenizer: Any) -> int:

@@ -13,14 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from tests import gloo
 from tests.training.fixtures_chat import build_chat_tokenizer, conversation, load, write_chat_jsonl
 from training import loop, train
-from training.data import TokenizeAndPack, detect_data_mode, peek_records
-from training.sft import IGNORE, DataFormatError, detect_format, encode_record, in_split
+from training.data import TokenizeAndPack, detect_data_mode, peek_records, trim_batch
+from training.sft import IGNORE, DataFormatError, detect_format, encode_record, in_split, trimmed_width
 from training.sharding import build_mesh
 from training.step import train_step
 
@@ -160,3 +161,46 @@ def test_the_loss_is_the_mean_over_every_loss_token_of_the_step(tok_dir: Path) -
     for got, p in zip(seen, reference.parameters(), strict=True):
         torch.testing.assert_close(got, p.grad.to_local(), rtol=1e-4, atol=1e-7)
 
+
+
+# -- padding cut per micro-batch -------------------------------------------------------------------
+
+def test_a_batch_is_cut_after_its_longest_example_rounded_up() -> None:
+    labels = np.full((3, 256), IGNORE)
+    labels[0, 10:40] = 1  # the longest example's last labelled token is column 69
+    labels[1, 60:70] = 1
+    labels[2, 5:9] = 1
+    assert trimmed_width(labels) == 128 and trimmed_width(labels, multiple=8) == 72
+    assert trimmed_width(np.ones((2, 100), dtype=np.int64)) == 100  # raw text: labelled to the end, kept whole
+    assert trimmed_width(np.full((2, 256), IGNORE)) == 64  # nothing to learn: the smallest width
+    batch = trim_batch({"input_ids": np.arange(3 * 256).reshape(3, 256), "labels": labels})
+    assert batch["input_ids"].shape == batch["labels"].shape == (3, 128)
+    assert batch["input_ids"].dtype == torch.long and int(batch["input_ids"][1, 5]) == 261
+
+
+def test_the_cut_batch_gives_the_full_batchs_loss_and_gradients(tok_dir: Path) -> None:
+    """What the cut removes is padding after every row's last labelled token: under causal attention
+    no earlier position sees it and its labels are ignored, so the step is the same one."""
+    cfg = _config(tok_dir, "--max-grad-norm", "0", "--seq-len", "160")
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 64, (2, 160), generator=gen)
+    labels = torch.full((2, 160), IGNORE)
+    labels[0, 20:50], labels[1, 3:9] = ids[0, 20:50], ids[1, 3:9]
+    ids[0, 50:], ids[1, 9:] = 0, 0  # right padding
+    cut = trim_batch({"input_ids": ids.numpy(), "labels": labels.numpy()})
+    assert cut["input_ids"].shape[1] == 64 < 160
+
+    def step(batch: dict[str, torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
+        model, optimizer = _build(cfg)
+        grads: list[torch.Tensor] = []
+        optimizer.register_step_pre_hook(lambda *_: grads.extend(p.grad.to_local().clone()
+                                                                 for p in model.parameters()))
+        out = train_step(model, optimizer, lambda: batch, device=CPU, grad_accum=1, max_grad_norm=0,
+                         reshard_after_forward=True, sync_every_micro_step=False)
+        out.finish()
+        return float(out.loss_sum), grads
+
+    (full_loss, full_grads), (cut_loss, cut_grads) = step({"input_ids": ids, "labels": labels}), step(cut)
+    assert cut_loss == pytest.approx(full_loss, rel=1e-5)
+    for got, want in zip(cut_grads, full_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
