@@ -172,12 +172,20 @@ def step_memory_gib(config: RunConfig) -> float:
 
 def fitting_micro_batch(config: RunConfig) -> int:
     """--batch-size auto on a GPU cluster: the largest of AUTO_MICRO_BATCHES whose estimate fits the node
-    type's GPU; 1 where the GPU or the model's shape is not known here (the job's own check decides)."""
+    type's GPU (and, with --tokens-per-step, divides each rank's sequences); 1 where the GPU or the model's
+    shape is not known here (the job's own check decides)."""
     budget = gpu_budget_gib(config)
     if budget is None or model_shape(config) is None:
         return 1
-    return next((b for b in AUTO_MICRO_BATCHES
-                 if step_memory_gib(config.model_copy(update={"batch_size": b})) <= budget), 1)
+    from training.stepplan import StepPlanError  # lazy: the step planner loads when a step is sized
+
+    def fits(batch: int) -> bool:
+        try:
+            return step_memory_gib(config.model_copy(update={"batch_size": batch})) <= budget
+        except StepPlanError:  # with --tokens-per-step, a batch that does not divide each rank's sequences
+            return False
+
+    return next((b for b in AUTO_MICRO_BATCHES if fits(b)), 1)
 
 
 def memory_refusal(config: RunConfig) -> UserError | None:

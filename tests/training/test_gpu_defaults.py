@@ -21,6 +21,7 @@ from backend.layers.ray_job import RayJobLayer
 from backend.stepfit import AUTO_MICRO_BATCHES, gpu_budget_gib, memory_refusal, model_shape, step_memory_gib
 from backend.store import RunStore
 from targets import GPU_SEQ_LEN
+from tests.conftest import run_rtui
 
 
 def _entry(config: RunConfig) -> list[str]:
@@ -95,3 +96,15 @@ async def test_the_plan_refuses_it_before_asking_the_hub(tmp_path: Path) -> None
     ctx = Context(config, store.create(config), store)
     with pytest.raises(UserError, match="does not fit"):
         await RayJobLayer().prepare(ctx)  # no Hub in this test: the refusal comes first
+
+
+def test_with_tokens_per_step_the_auto_batch_divides_the_sequences_each_rank_takes() -> None:
+    # 24,576 tokens = 3 sequences of 1024 per rank on 8 GPUs: only 1 and 3 divide it (16, 8, 4, 2 do not).
+    config = RunConfig(target="aws", tokens_per_step=24576)
+    assert config.effective_batch_size() == 1
+    assert memory_refusal(config) is None
+
+
+def test_config_show_with_tokens_per_step_is_not_a_traceback() -> None:
+    proc = run_rtui("config", "show", "--target", "aws", "--tokens-per-step", "24576")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
