@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 import boto3
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -26,6 +27,7 @@ from botocore.exceptions import (
     TokenRetrievalError,
     UnauthorizedSSOTokenError,
 )
+from botocore.loaders import Loader, create_loader
 
 from backend.aws.calls import Workers
 from backend.config import clip
@@ -59,6 +61,30 @@ THROTTLING_CODES = frozenset(
 )
 
 
+# botocore's service models, parsed once per process: each boto3 session otherwise parses the EC2
+# model anew (~0.1 s of CPU, more than a preflight's own calls). Keyed by AWS_DATA_PATH (or a
+# profile's data_path), the one setting that changes what the loader finds.
+_LOADERS: dict[str | None, Loader] = {}
+_LOADERS_LOCK = threading.Lock()
+
+
+def _boto3_session(profile: str | None) -> boto3.session.Session:
+    """A boto3 session of its own (profile, credentials, clients) on the process's shared loader."""
+    core = botocore.session.Session(profile=profile)
+    data_path = core.get_config_variable("data_path")  # reads the profile: ProfileNotFound here
+    with _LOADERS_LOCK:
+        loader = _LOADERS.get(data_path)
+        shared = loader is not None
+        if loader is None:
+            loader = _LOADERS[data_path] = create_loader(data_path)
+        core.register_component("data_loader", loader)
+        paths = list(loader.search_paths)
+        session = boto3.session.Session(botocore_session=core)
+        if shared:  # boto3 appends its data dir to the loader it is given: once is enough
+            loader.search_paths[:] = paths
+    return session
+
+
 class AwsSession:
     """One boto3 session and one client per (service, region), created once and shared,
     and the worker threads its blocking calls run on (``workers``).
@@ -71,7 +97,7 @@ class AwsSession:
                  retries: dict[str, Any] | None = None, user_agent_extra: str = "rtui-preflight") -> None:
         self.profile = profile
         try:
-            self._session = boto3.session.Session(profile_name=profile)
+            self._session = _boto3_session(profile)
         except ProfileNotFound as exc:
             raise UserError(
                 f"AWS profile {profile!r} not found", remedy="check ~/.aws/config or drop --profile"
