@@ -148,9 +148,9 @@ class S3Store:
     def _client(self) -> Any:
         if self._s3 is None:
             # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
-            import boto3
+            from backend.aws.session import boto3_session
 
-            aws = boto3.Session(profile_name=self.profile)
+            aws = boto3_session(self.profile)
             self._s3 = aws.client("s3", region_name=aws.region_name or "us-east-1")
         return self._s3
 
@@ -356,15 +356,16 @@ def _check_dir(path: Path) -> CheckResult:
 
 def _check_s3(uri: str, *, profile: str | None, run_id: str) -> CheckResult:
     # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
-    import boto3
     from botocore.exceptions import BotoCoreError, ClientError
+
+    from backend.aws.session import boto3_session
 
     bucket, prefix = split_s3(uri)
     key = f"{prefix}/.rtui-write-check-{run_id}" if prefix else f".rtui-write-check-{run_id}"
     resource = f"arn:aws:s3:::{bucket}/{key}"
-    aws = boto3.Session(profile_name=profile)
+    aws = boto3_session(profile)
     if aws.region_name is None:  # STS's regional endpoint needs one; any will do for a bucket check
-        aws = boto3.Session(profile_name=profile, region_name="us-east-1")
+        aws = boto3_session(profile, "us-east-1")
     principal = "the AWS credentials in use"
     try:
         principal = str(aws.client("sts").get_caller_identity()["Arn"])

@@ -68,8 +68,9 @@ _LOADERS: dict[str | None, Loader] = {}
 _LOADERS_LOCK = threading.Lock()
 
 
-def _boto3_session(profile: str | None) -> boto3.session.Session:
-    """A boto3 session of its own (profile, credentials, clients) on the process's shared loader."""
+def boto3_session(profile: str | None = None, region: str | None = None) -> boto3.session.Session:
+    """``boto3.Session(profile_name=profile, region_name=region)``, its own profile, credentials and
+    clients, on the process's shared loader: what every boto3 session of rtui is made with."""
     core = botocore.session.Session(profile=profile)
     data_path = core.get_config_variable("data_path")  # reads the profile: ProfileNotFound here
     with _LOADERS_LOCK:
@@ -79,7 +80,7 @@ def _boto3_session(profile: str | None) -> boto3.session.Session:
             loader = _LOADERS[data_path] = create_loader(data_path)
         core.register_component("data_loader", loader)
         paths = list(loader.search_paths)
-        session = boto3.session.Session(botocore_session=core)
+        session = boto3.session.Session(botocore_session=core, region_name=region)
         if shared:  # boto3 appends its data dir to the loader it is given: once is enough
             loader.search_paths[:] = paths
     return session
@@ -97,7 +98,7 @@ class AwsSession:
                  retries: dict[str, Any] | None = None, user_agent_extra: str = "rtui-preflight") -> None:
         self.profile = profile
         try:
-            self._session = _boto3_session(profile)
+            self._session = boto3_session(profile)
         except ProfileNotFound as exc:
             raise UserError(
                 f"AWS profile {profile!r} not found", remedy="check ~/.aws/config or drop --profile"

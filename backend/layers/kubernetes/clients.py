@@ -92,8 +92,7 @@ def _describe_eks(ctx: Context) -> Obj | None:
 
 def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
     # lazy: boto3 and the aws layer only on the aws target (a kube run never loads them)
-    import boto3
-
+    from backend.aws.session import boto3_session
     from backend.layers.kubernetes import eks
     from backend.layers.kubernetes.access import KubeApi
 
@@ -114,7 +113,7 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
 
     def make() -> KubeApi:
         provider = eks.EksTokenProvider(config.cluster_name, config.region,
-                                        boto3.Session(profile_name=config.profile, region_name=config.region))
+                                        boto3_session(config.profile, config.region))
         return KubeApi.for_server(str(endpoint), ca_file, context=arn, token_provider=provider,
                                   timeout_s=config.kube_timeout_s, stream_idle_s=config.kube_stream_idle_s)
 

@@ -23,6 +23,7 @@ from typing import Any
 import boto3
 import yaml
 
+from backend.aws.session import boto3_session
 from backend.layers.aws.api import partition
 from backend.layers.kubernetes import kubeconfig_text
 from backend.paths import private_cache_dir
@@ -76,7 +77,7 @@ class EksTokenProvider:
 
 def token_command_output(cluster: str, region: str, profile: str | None = None) -> str:
     """What ``rtui token`` prints: an ExecCredential kubectl reads from an exec plugin."""
-    session = boto3.Session(profile_name=profile, region_name=region)
+    session = boto3_session(profile, region)
     token, expires_at = eks_token(cluster, region, session)
     # Tell kubectl a minute early, as `aws eks get-token` does, so it never sends a dying token.
     expiry = (expires_at - REFRESH_MARGIN).strftime("%Y-%m-%dT%H:%M:%SZ")
