@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +18,22 @@ if TYPE_CHECKING:
     from tests.kubernetes.conftest import KubeCluster
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay"
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A fresh copy of a YAML file's one document, parsed once per process (by libyaml where PyYAML has
+    it). KubeRay's CRD files are 0.9 and 1.4 MB: PyYAML's pure-Python loader took ~1 s of CPU for each
+    parse, and many tests install them (py-spy: over a third of a kube test module's samples)."""
+    stat = path.stat()
+    doc: dict[str, Any] = json.loads(_parsed(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+    return doc
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path: str, mtime_ns: int, size: int) -> str:
+    del mtime_ns, size  # the cache key: a file rewritten in place is read again
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return json.dumps(yaml.load(Path(path).read_text(), Loader=loader))  # a CRD is JSON by definition
 
 
 def standin_crd(kind: str, *, status: bool = False) -> str:
@@ -90,5 +108,5 @@ def install_shared_crds(cluster: KubeCluster, *files: str) -> list[dict[str, Any
     """Install KubeRay's CRDs from the shared files as someone else would (no rtui labels), Established."""
     if not (SHARED / "ray.io_rayclusters.yaml").is_file():
         pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
-    return [cluster.install_crd(yaml.safe_load((SHARED / name).read_text()))
+    return [cluster.install_crd(load_yaml(SHARED / name))
             for name in files or ("ray.io_rayclusters.yaml",)]

@@ -433,7 +433,7 @@ class RtuiKube(KubernetesEmulator):
         if key in KINDS:
             return KINDS[key]
         group, version, plural = key
-        for crd in self.items(CRD_KEY):
+        for crd in self._stored(CRD_KEY):
             spec = crd.get("spec") or {}
             names = spec.get("names") or {}
             if spec.get("group") != group or names.get("plural") != plural:
@@ -451,7 +451,7 @@ class RtuiKube(KubernetesEmulator):
         structural-schema validation does (apiextensions-apiserver: "<Kind>.<group> "<name>" is invalid:
         spec.headGroupSpec.template: Required value"; KubeRay's RayCluster CRD requires that one)."""
         group, version, plural = key
-        for crd in self.items(CRD_KEY) if key not in KINDS else []:
+        for crd in self._stored(CRD_KEY) if key not in KINDS else []:
             spec = crd.get("spec") or {}
             if spec.get("group") == group and (spec.get("names") or {}).get("plural") == plural:
                 schema = served_schema(crd, version)
@@ -481,7 +481,7 @@ class RtuiKube(KubernetesEmulator):
     def _established(self) -> dict[tuple[str, str, str], tuple[str, bool, bool]]:
         """What discovery lists of the CRDs: only Established ones (discovery_controller.go, same package)."""
         out = {}
-        for crd in self.items(CRD_KEY):
+        for crd in self._stored(CRD_KEY):
             if not crd_condition(crd, "Established"):
                 continue
             spec = crd["spec"]
@@ -527,8 +527,14 @@ class RtuiKube(KubernetesEmulator):
         return found
 
     def items(self, key: tuple[str, str, str], namespace: str | None = None) -> list[Obj]:
+        return [copy.deepcopy(o) for o in self._stored(key, namespace)]
+
+    def _stored(self, key: tuple[str, str, str], namespace: str | None = None) -> list[Obj]:
+        """The stored objects themselves, for the server's own reads only: never changed, never handed
+        out. Routing a ray.io request reads every CRD, and KubeRay's are megabytes: deep-copying them for
+        each request was most of a kube test's CPU (py-spy)."""
         res = references.resource(*key)
-        return [copy.deepcopy(o.raw) for (r, ns, _), o in self._objects.items()
+        return [o.raw for (r, ns, _), o in self._objects.items()
                 if r == res and not o.deleted and (namespace is None or ns == namespace)]
 
     def _get(self, key: tuple[str, str, str], namespace: str | None, name: str) -> Obj:

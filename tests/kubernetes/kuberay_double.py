@@ -35,9 +35,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import yaml
-
-from tests.kubernetes.crds import SHARED
+from tests.kubernetes.crds import SHARED, load_yaml
 
 Obj = dict[str, Any]
 
@@ -74,7 +72,7 @@ def _drop(schema: Obj, path: str) -> None:
 
 def raycluster_crd(version: str) -> Obj:
     """The RayCluster CRD of KubeRay ``version`` (one of ``VERSIONS``), as its release ships it (no rtui labels)."""
-    crd: Obj = yaml.safe_load((SHARED / "ray.io_rayclusters.yaml").read_text())
+    crd: Obj = load_yaml(SHARED / "ray.io_rayclusters.yaml")
     for served in crd["spec"]["versions"]:
         for path in _LACKS[version]:
             _drop(served["schema"]["openAPIV3Schema"], path)

@@ -13,11 +13,11 @@ import signal
 from pathlib import Path
 
 import pytest
-import yaml
 
 from backend.layers.kubernetes import raycluster
 from backend.layers.kubernetes.pods import PodProblem
 from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.crds import load_yaml
 from tests.kubernetes.kube_world import RUN_LABEL, KubeWorld, events, failure, gpu_cluster, wait_until, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
@@ -40,7 +40,7 @@ def _existing_addons(cluster: KubeCluster, crds: Path) -> None:
     """A cluster that already runs KubeRay 1.6.0 (Helm) and both device plugins (GPU Operator, EKS chart)."""
     cluster.add_namespace("kuberay-system")
     cluster.add_namespace("gpu-operator")
-    crd = yaml.safe_load((crds / "ray.io_rayclusters.yaml").read_text())
+    crd = load_yaml(crds / "ray.io_rayclusters.yaml")
     cluster.install_crd(crd)  # installed long ago: Established
     labels = {"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/managed-by": "Helm"}
     cluster.create({"apiVersion": "apps/v1", "kind": "Deployment",

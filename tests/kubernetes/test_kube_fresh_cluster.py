@@ -14,9 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tests.kubernetes.conftest import KubeCluster
+from tests.kubernetes.crds import load_yaml
 from tests.kubernetes.kmock_ext import NOT_SERVED
 from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
 
@@ -46,7 +45,7 @@ def test_the_emulator_answers_ray_io_like_kube_apiserver_until_the_crd_is_establ
 
     kube_cluster.establish_after(0.5)
     shared = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay"
-    crd = yaml.safe_load((shared / "ray.io_rayclusters.yaml").read_text())
+    crd = load_yaml(shared / "ray.io_rayclusters.yaml")
     kube_cluster.create(crd)
     assert _get(kube_cluster, RAY_PATH) == (404, unserved)  # created, not yet Established
     wait_until("the CRD to be Established", lambda: _get(kube_cluster, RAY_PATH)[0] == 200, timeout=30)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
+from tests.kubernetes.crds import load_yaml
 from tests.kubernetes.kube_world import RUN_LABEL, KubeWorld, events, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
@@ -24,7 +23,7 @@ PLUGINS = (("DaemonSet", "rtui-nvidia-device-plugin", "kube-system"), ("DaemonSe
 def _their_crds(world: KubeWorld) -> None:
     """KubeRay's CRDs left by a Helm release (Helm never deletes CRDs), no operator running."""
     for path in sorted(Path(world.env["RTUI_KUBERAY_CRDS"]).glob("ray.io_*.yaml")):
-        crd = yaml.safe_load(path.read_text())
+        crd = load_yaml(path)
         crd["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "Helm"}
         world.cluster.install_crd(crd)
 
