@@ -317,8 +317,12 @@ class RunSession:
         keys = {step.id: step.timing_key for step in steps}
 
         def on_state(step_id: str, state: StepState) -> None:
+            before = into.get(step_id)
             into[step_id] = state
-            self.store.save(self.record)
+            # A new progress message alone is saved, not forced to disk: a long wait says one every
+            # half second, and the next status change (or the run's end) forces what it said.
+            message_only = before is not None and before.model_copy(update={"message": state.message}) == state
+            self.store.save(self.record, durable=not message_only)
             if state.status is StepStatus.DONE and keys.get(step_id) and state.duration_s is not None:
                 self.store.record_duration(keys[step_id], state.duration_s)  # the next run's ETA
 

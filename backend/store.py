@@ -134,8 +134,12 @@ class RunStore:
         finally:
             os.close(fd)
 
-    def save(self, record: RunRecord) -> None:
-        """Atomic replace: a crash leaves either the old or the new record, never half."""
+    def save(self, record: RunRecord, *, durable: bool = True) -> None:
+        """Atomic replace: a crash leaves either the old or the new record, never half.
+
+        ``durable=False`` skips the fsync: still atomic for a process that dies (the replace is), but
+        the OS may lose it in a power cut, leaving the last durable record. For what a later save
+        will repeat anyway (a step's progress message), not for what the run's safety rests on."""
         self.ensure_writable()
         self._sweep_temp_files()  # at write time: listing and reading change nothing
         record.updated_at = time.time()
@@ -147,7 +151,8 @@ class RunStore:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
-                os.fsync(fh.fileno())
+                if durable:
+                    os.fsync(fh.fileno())
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -289,3 +289,43 @@ async def test_an_api_silent_in_a_layers_preparation_is_explained_by_the_layer_h
     with pytest.raises(ApiUnreachable) as silent:
         await make_plan(Stack("toy", [Holder(), Silent()]), context(tmp_path))
     assert silent.value.message == "explained: no answer from the cluster API"
+
+
+async def test_a_steps_progress_messages_reach_the_record_without_forcing_it_to_disk_each_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long wait reports progress every half second ("waiting for the dashboard (3s)"): each message is
+    saved to the record (``rtui status`` in another terminal reads it), but only a change of a step's
+    status, a resource in the ledger or the run's own status is worth an fsync. Each forced write cost
+    tens of ms on a virtual disk (py-spy: fsync was most of RunStore.save's samples in the aws tests)."""
+    import os
+
+    from backend.session import RunSession
+
+    async def chatty_create(self: Bucket, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        WORLD[want.address] = ("bucket", ctx.record.run_id, dict(want.spec))
+        ctx.ledger.update(want.address, status=ResourceStatus.CREATING, id=want.address)
+        for second in range(40):
+            yield Progress(f"waiting for the bucket ({second}s)", second / 40)
+        yield Progress("created", 1.0)
+
+    monkeypatch.setattr(Bucket, "create", chatty_create)
+    forced: list[int] = []
+    real_fsync = os.fsync
+    def counted_fsync(fd: int) -> None:
+        forced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted_fsync)
+    store = RunStore(tmp_path / "state")
+    record = store.create(RunConfig(cluster_name="toy"))
+    session = RunSession(store, record, RunConfig(steps=3))
+    session.__dict__["stack"] = STACK
+    plan = await session.plan()
+    forced.clear()
+    events = [e async for e in session.apply(plan)]
+    assert sum(e.kind is EventKind.PROGRESS for e in events) > 40
+    # apply's start, each of two steps running and done, the ledger's writes, the run's end: not 40 more.
+    assert len(forced) < 15, len(forced)  # 53 before
+    on_disk = RunStore(tmp_path / "state").load(record.run_id)
+    assert on_disk.steps["toy.bucket"].message == "created"
+    assert on_disk.status is session.record.status
