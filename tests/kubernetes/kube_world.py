@@ -28,6 +28,11 @@ from tests.kubernetes.fake_registry import FakeRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_LABEL = "rtui.dev/run"
+# The emulated API server answers from a thread of the test process. Beside a CPU-bound process a whole
+# batch of `down`'s deletes got no answer within rtui's default 10 s and then all answered at once
+# (stress run of the suite): the rtui a test starts waits as a user on a slow link would, with
+# `--kube-timeout-s` through its environment. Tests of the deadline itself set their own.
+KUBE_TIMEOUT_ENV = {"RTUI_KUBE_TIMEOUT_S": "30"}
 OURS = ["Namespace", "Secret", "ServiceAccount", "DaemonSet", "Deployment", "ClusterRole", "ClusterRoleBinding",
         "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster", "NetworkPolicy"]
 
@@ -90,6 +95,7 @@ def make_world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]
                "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
                "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,
                "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig),
+               **KUBE_TIMEOUT_ENV,
                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         try:
             yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state", hub)

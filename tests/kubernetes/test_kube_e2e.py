@@ -25,6 +25,7 @@ from tests.kubernetes.crds import crd_dir
 from tests.kubernetes.fake_control import FakeControlPlane
 from tests.kubernetes.fake_ray import FakeRayHead
 from tests.kubernetes.fake_registry import FakeRegistry
+from tests.kubernetes.kube_world import KUBE_TIMEOUT_ENV
 
 RTUI = str(Path(sys.executable).parent / "rtui")
 RUN_LABEL = "rtui.dev/run"
@@ -72,7 +73,8 @@ def world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
         env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / "state"), "RTUI_TARGET": "kube",
                "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
                "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,
-               "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig)}
+               "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig),
+               **KUBE_TIMEOUT_ENV}
         try:
             yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state")
         finally:

@@ -173,6 +173,7 @@ def test_api_server_that_never_answers_fails_at_the_deadline(world: KubeWorld, s
     config["clusters"][0]["cluster"]["server"] = silent_server
     (tmp_path / "hung").write_text(yaml.safe_dump(config))
     world.env["KUBECONFIG"] = str(tmp_path / "hung")
+    world.env.pop("RTUI_KUBE_TIMEOUT_S")  # the default deadline is what this test is about
     # `up` asks one thing first (preflight); `plan` a dozen at once (discovery), each with the same
     # deadline. Run side by side (own state dirs) so the test waits one deadline, not two.
     runs = {}
