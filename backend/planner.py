@@ -8,13 +8,12 @@ order. The ledger entry of a resource is written before its handler touches the 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import Field
 
+from backend.aio import all_or_none
 from backend.errors import ApiUnreachable, UserError
 from backend.layers.base import Context, Handler, Layer, Unanswered
 from backend.ledger import ResourceStatus
@@ -70,23 +69,6 @@ async def discover(stack: Stack, ctx: Context, *, unanswered: list[Unanswered] |
                    if below else o for o in per_layer)
         below = tuple(o.address for o in per_layer) or below
     return out
-
-
-async def all_or_none(*calls: Awaitable[Any]) -> list[Any]:
-    """``asyncio.gather``, except that the first failure cancels the others and waits for them.
-
-    Plain gather leaves its other awaitables running behind the error; when the CLI's loop ends
-    they are cancelled there, and Python prints "_GatheringFuture exception was never retrieved"
-    and a traceback under rtui's one-line message.
-    """
-    tasks = [asyncio.ensure_future(c) for c in calls]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def desired(stack: Stack, ctx: Context) -> list[Resource]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from backend.aio import all_or_none
 from backend.aws import run_preflight
 from backend.aws.catalog import quota_code_for
 from backend.aws.pricing import PlanShape, PriceBook, RegionPrices, builtin_region_prices, price_plan
@@ -168,7 +169,7 @@ class AwsLayer(Layer):
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
         # The prices are asked while the preflight runs: the plan waits for neither twice.
-        self.topology, _, _, _, self._s3_note = await asyncio.gather(
+        self.topology, _, _, _, self._s3_note = await all_or_none(
             self._topology(ctx), self._region_prices(ctx), self._api_cidrs(ctx), self._data_bucket(ctx),
             missing_endpoint_note(aws_api(ctx), ctx))
 
@@ -563,8 +564,8 @@ class AwsLayer(Layer):
     # --- discovery ---------------------------------------------------------------------------
     async def discover(self, ctx: Context) -> list[Observed]:
         api = aws_api(ctx)
-        found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
-                                       if isinstance(h, AwsHandler)))
+        found = await all_or_none(*(h.observe(api, ctx) for h in self._handlers.values()
+                                    if isinstance(h, AwsHandler)))
         observed = [o for per_kind in found for o in per_kind]
         return self._with_teardown_order(sorted(observed, key=lambda o: _rank(o.address)))
 

@@ -10,11 +10,11 @@ API, or the built-in table labelled an estimate), asked only when something bill
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from backend.aio import all_or_none
 from backend.aws.pricing import RegionPrices
 from backend.layers.aws.api import CLUSTER_TAG, IAM_PATH, RUN_TAG, AwsApi, run_filter
 from backend.layers.aws.cluster import CLOUDWATCH_LOGS_GB_MONTH
@@ -56,7 +56,7 @@ async def sweep(api: AwsApi, ctx: Context, prices: PriceLookup) -> list[Leftover
         lambda: _eks(api, ctx, bills), lambda: _ec2(api, ctx, bills), lambda: _roles(api, run),
         lambda: _log_group(api, ctx),
         lambda: kept_bucket(api, ctx)]  # the run's bucket: kept on purpose while it holds data
-    found = [item for group in await asyncio.gather(*(f() for f in finders)) for item in group]
+    found = [item for group in await all_or_none(*(f() for f in finders)) for item in group]
     billed = [item for item in found if id(item) in bills]
     if billed:
         types = tuple(sorted({item.state.split(",")[0] for item in billed if item.kind in ("instance", "nodegroup")}
@@ -108,7 +108,7 @@ async def _ec2(api: AwsApi, ctx: Context, bills: dict[int, Bill]) -> list[Leftov
              ("describe_addresses", "Addresses"), ("describe_route_tables", "RouteTables"),
              ("describe_security_groups", "SecurityGroups"), ("describe_launch_templates", "LaunchTemplates"),
              ("describe_placement_groups", "PlacementGroups"), ("describe_network_interfaces", "NetworkInterfaces")]
-    found = await asyncio.gather(*(tagged(operation, key) for operation, key in kinds))
+    found = await all_or_none(*(tagged(operation, key) for operation, key in kinds))
     vpcs, subnets, gateways, nats, addresses, tables, groups, templates, placement, enis = found
     instances = await _instances(api, ctx, bills)
     out = [Leftover("VPC", v["VpcId"]) for v in vpcs]
@@ -143,7 +143,7 @@ async def _in_vpcs(api: AwsApi, vpc_ids: list[str], bills: dict[int, Bill]) -> l
     """Whatever is still in the run's VPC, tagged by us or not (EKS's own security group, what a
     controller or a user made there): each of them keeps the VPC from being deleted."""
     in_vpc = [{"Name": "vpc-id", "Values": vpc_ids}]
-    groups, subnets, tables, enis, gateways, nats, reservations = await asyncio.gather(
+    groups, subnets, tables, enis, gateways, nats, reservations = await all_or_none(
         api.pages("ec2", "describe_security_groups", "SecurityGroups", Filters=in_vpc),
         api.pages("ec2", "describe_subnets", "Subnets", Filters=in_vpc),
         api.pages("ec2", "describe_route_tables", "RouteTables", Filters=in_vpc),

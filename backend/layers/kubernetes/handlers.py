@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from backend.aio import all_or_none
 from backend.errors import UserError
 from backend.layers.base import Context, Handler
 from backend.layers.kubernetes import addons, idle, manifests, pods
@@ -129,7 +130,7 @@ RAY_KINDS = ("RayCluster", "RayJob", "RayService", "RayCronJob")
 async def ray_objects_left(api: KubeApi, kinds: tuple[str, ...] = RAY_KINDS) -> list[str]:
     """``RayJob team-b/nightly``, ... for each object of these ray.io kinds in any namespace that is
     not being deleted (a kind the server does not serve has none)."""
-    found = await asyncio.gather(*(list_if_served(api, "ray.io/v1", kind) for kind in kinds))
+    found = await all_or_none(*(list_if_served(api, "ray.io/v1", kind) for kind in kinds))
     return [f"{kind} {o['metadata'].get('namespace')}/{o['metadata']['name']}"
             for kind, objects in zip(kinds, found, strict=True) for o in objects
             if not o["metadata"].get("deletionTimestamp")]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import targets
+from backend.aio import all_or_none
 from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
 from backend.layers.base import Context, Handler, Layer
@@ -150,7 +151,7 @@ class KubernetesLayer(Layer):
         wanted = [config.image, *([] if namespace_only else addons.addon_images(config).values())]
         # A digest found is kept for the process (the TUI plans again); one not found is asked again.
         asked = [i for i in dict.fromkeys(wanted) if i not in self._images or self._images[i].digest is None]
-        found = await asyncio.gather(*(asyncio.to_thread(resolve_digest, i) for i in asked))
+        found = await all_or_none(*(asyncio.to_thread(resolve_digest, i) for i in asked))
         self._images.update(zip(asked, found, strict=True))
         unpinned = [self._images[i] for i in wanted if self._images[i].digest is None]
         if unpinned and not config.allow_unpinned:
@@ -297,9 +298,9 @@ class KubernetesLayer(Layer):
         namespace_only = not (await self.decide_rights(ctx)).cluster_wide
         # Namespace-only: the add-ons are the cluster's, not visible (cluster-wide lists), never rtui's.
         cluster_scoped = (NvidiaPluginHandler, EfaPluginHandler, OperatorHandler)
-        found = await asyncio.gather(*(h.observe(api, ctx) for h in self._handlers.values()
-                                       if isinstance(h, KubeHandler)
-                                       and not (namespace_only and isinstance(h, cluster_scoped))))
+        found = await all_or_none(*(h.observe(api, ctx) for h in self._handlers.values()
+                                    if isinstance(h, KubeHandler)
+                                    and not (namespace_only and isinstance(h, cluster_scoped))))
         if namespace_only and not any(o is not None and o.address == NAMESPACE for o in found):
             found.append(await self._adopted_namespace(api, ctx))
         order = [NAMESPACE, HF_SECRET, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, storage.DATA_CLAIM, SERVICE_ACCOUNT,
