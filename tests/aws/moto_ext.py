@@ -81,6 +81,8 @@ class Script:
     region_prices: dict[str, dict[str, float]] = field(default_factory=dict)
     pricing_denied: bool = True
     latency_s: float = 0.0
+    # (service, action) -> seconds more that one action's answer takes (models time, as ``latency_s``).
+    action_latency_s: dict[tuple[str, str], float] = field(default_factory=dict)
     throttle_rate: float = 0.0
     # Never throttle an attempt beyond this one, so scripted throttling cannot outlast retries.
     throttle_max_attempt: int = 3
@@ -399,6 +401,8 @@ class FaultInjector:
                 unavailable = script.rng.random() < 0.5
         if script.latency_s:
             time.sleep(script.latency_s)  # models time: the network and AWS's answer latency
+        if (service, action) in script.action_latency_s:
+            time.sleep(script.action_latency_s[(service, action)])  # models time: that action's own answer
         if region in script.hang_regions:
             script.release.wait(timeout=60)
         code = script.errors.get((service, action)) or script.errors.get((service, "*"))

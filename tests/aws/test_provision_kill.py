@@ -60,6 +60,9 @@ def test_killed_at_every_boundary_and_wait_then_resumed(world: World, kube_file:
     # Long enough that a resumed `up` (a fresh interpreter: ~1 s idle, several under a loaded CI box) still
     # finds the cluster and the nodegroups creating, so their waits are killed in too.
     timings.cluster_create, timings.nodegroup_create, timings.addon_create, timings.nat_create = 9.0, 6.0, 1.2, 1.5
+    # The VPC waits on nothing: made within the test's reaction to the line before its own, it was never
+    # killed at in one clean-clone run. A second for CreateVpc's answer keeps its step open that long.
+    world.script.action_latency_s[("ec2", "CreateVpc")] = 1.0
     env = {**os.environ}
     seen: set[tuple[str, str]] = set()
     started = time.monotonic()
