@@ -52,7 +52,7 @@ def test_a_failed_part_of_the_aws_preparation_stops_the_others(monkeypatch: pyte
             raise UserError("no AWS credentials found (from the preflight)") from None
 
     async def prices_failing_at_once(self: AwsLayer, ctx: Any) -> Any:
-        await asyncio.sleep(0)
+        # Started after the preflight (the gather starts its parts in order), it fails on its first step.
         raise UserError("no AWS credentials found (from the prices)")
 
     async def nothing(*args: Any) -> None:
