@@ -6,6 +6,7 @@ and for the live parts a fake Jobs API (``tests.test_follow``) or a fake head-lo
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -133,14 +134,34 @@ async def test_a_batch_beyond_the_window_costs_only_the_window(isolated_env: Pat
 
 class SteppedJobs(FakeJobs):
     """A job whose state is the one the test set last: it moves on only once the screen showed the one
-    before, so no state can come and go between two looks however slow the machine."""
+    before, so no state can come and go between two looks however slow the machine.
+
+    Its log stream ends only once the job has, as ``RayJobs.follow``'s does (it reconnects until the job
+    ends): ended while the job ran, the follower stopped, and on a loaded machine (over a second between
+    two of the test's looks) the screen kept showing RUNNING."""
 
     def __init__(self) -> None:
         super().__init__([METRICS], ["PENDING"], pause_s=1.0)
-        self.state = JobState.PENDING
+        self._state = JobState.PENDING
+        self._ended = asyncio.Event()
+
+    @property
+    def state(self) -> JobState:
+        return self._state
+
+    @state.setter
+    def state(self, value: JobState) -> None:
+        self._state = value
+        if value.terminal:
+            self._ended.set()
 
     async def status(self, submission_id: str) -> JobStatus:
         return JobStatus(submission_id, self.state, self.message)
+
+    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
+        async for chunk in super().follow(submission_id, skip_chars=skip_chars):
+            yield chunk
+        await self._ended.wait()
 
 
 async def test_job_status_changes_show_as_they_happen(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
