@@ -66,7 +66,7 @@ def test_a_chat_file_trains_as_a_ray_job_on_the_answers(ray_address: str, tmp_pa
     data = write_chat_jsonl(tmp_path / "chat.jsonl", n=600)
     run = _ok(train(ray_address, "--data", str(data), "--tokenizer", str(tok), "--seq-len", "24", "--batch-size",
                     "16", "--lr", "3e-3", "--steps", "150", "--eval-tokens", "400", "--storage-path",
-                    str(tmp_path / "store")))
+                    str(tmp_path / "store"), timeout=480))  # a bound: ~100 s quiet, past 240 beside a CPU hog
     assert "messages records" in run.stdout
     evals = {r[1]["phase"]: r[1] for line in run.stdout.splitlines() if "RTUI_EVAL" in line
              and (r := parse_record(line, ("RTUI_EVAL",))) is not None}
