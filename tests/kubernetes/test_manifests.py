@@ -18,6 +18,7 @@ from backend.config import RunConfig
 from backend.layers.kubernetes import manifests as m
 from backend.layers.kubernetes.layer import every_object
 from tests.conftest import run_rtui
+from tests.kubernetes.crds import load_yaml
 
 CRD = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay" / "ray.io_rayclusters.yaml"
 RUN = "r20260101-120000-abcd"
@@ -46,7 +47,7 @@ def _closed(schema: Any) -> Any:
 def _validator() -> jsonschema.Draft7Validator:
     if not CRD.is_file():
         pytest.skip(f"KubeRay's RayCluster CRD is not at {CRD} (the shared schemas are missing)")
-    crd = yaml.load(CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    crd = load_yaml(CRD)
     assert crd["spec"]["group"] + "/v1" == m.RAYCLUSTER_API_VERSION
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = _closed(version["schema"]["openAPIV3Schema"])
