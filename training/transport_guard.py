@@ -19,7 +19,7 @@ from typing import TextIO
 
 from training.logparse.lines import iter_stream_marked
 from training.logparse.nccl import NcclAnalyzer
-from training.logparse.verdict import TRANSPORTS, Verdict
+from training.logparse.verdict import TRANSPORTS, Verdict, provider_transport
 
 # Requiring "unknown" makes no sense, and "gloo" is not NCCL's to report.
 REQUIREMENTS = ("any", *(t for t in TRANSPORTS if t not in ("unknown", "gloo")))
@@ -117,6 +117,9 @@ def check_transport(required: str, verdict: Verdict) -> str | None:
         return (f"required {required}, but NCCL only announced '{verdict.network or 'a network'}' "
                 f"({verdict.transport}) and no channel has connected over it yet; the strict check acts "
                 "on channels or a plugin failure, never on an announcement alone")
+    if verdict.provider and provider_transport(verdict.provider) != "efa":
+        return (f"required {required}, but NCCL's network plugin runs on libfabric provider "
+                f"'{verdict.provider}', which is not EFA ({verdict.reason})")
     if verdict.nccl_version is None and not verdict.evidence:
         return (f"required {required}, but no NCCL output was captured: is the backend NCCL, and "
                 "were NCCL_DEBUG=INFO and NCCL_DEBUG_FILE set before the process group started?")

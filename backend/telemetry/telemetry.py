@@ -36,6 +36,15 @@ class Telemetry:
         self._spool_splitter = LineSplitter()
         self._spool_offset = 0
 
+    @property
+    def job_nodes(self) -> int | None:
+        return self.nccl.job_nodes
+
+    @job_nodes.setter
+    def job_nodes(self, nodes: int | None) -> None:
+        """The run's node count, learnt after this object was made (a screen learns its session late)."""
+        self.nccl.set_job_nodes(nodes)
+
     # -- feeding -------------------------------------------------------------------------
     def feed(self, line: str) -> None:
         self.feed_lines((line,))
@@ -44,8 +53,9 @@ class Telemetry:
         """Hand each line to the analyser it concerns and count it; returns how many lines.
 
         A line holding ``NCCL`` goes to the NCCL analyser, any other line holding ``RTUI_``
-        or ``THROUGHPUT`` to the metric series, and the rest (nearly all of a log) is only
-        counted. Live bytes and spool replay arrive here too, as decoded lines: 1M lines
+        or ``THROUGHPUT`` to the metric series, a row of nccl-tests' rank table or a libfabric
+        log line to the NCCL analyser too (``nccl.FOREIGN_MARKERS``), and the rest (nearly all
+        of a log) is only counted. Live bytes and spool replay arrive here too, as decoded lines: 1M lines
         cost about 0.3 s, which DESIGN.md §6 calls fast enough (tests/telemetry/bench_parser.py).
         """
         count = 0
@@ -55,6 +65,8 @@ class Telemetry:
                 self.nccl.feed(line)
             elif "RTUI_" in line or "THROUGHPUT" in line:
                 self.series.feed(line)
+            elif "Rank" in line or "libfabric:" in line:  # nccl-tests' rank table, libfabric's own lines
+                self.nccl.feed(line)
         self.lines += count
         return count
 

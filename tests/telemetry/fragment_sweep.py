@@ -28,12 +28,14 @@ BASIS_SHORT = {"channels": "ch", "announced": "ann", "failure": "fail", None: "-
 # of the whole file (read by hand; the lines that would decide have not appeared yet):
 # e.g. 22's first 50 lines load the OFI plugin but never say which network NCCL chose,
 # 23's first 10 announce Libfabric before any line shows the job is on one node, and with no
-# provider line, so they cannot tell EFA from another libfabric provider (issue 27).
+# provider line, so they cannot tell EFA from another libfabric provider (issue 27); 37's first 10
+# show one laptop announcing Socket, which a single node does too, and not yet the second (issue 39).
+# (21's first 10 hold nccl-tests' rank table, both ranks in one process on one host: one node.)
 READER = {
     "01": {10: "unknown", 20: "unknown"}, "02": {10: "unknown", 20: "unknown"}, "03": {10: "unknown"},
-    "15": {10: "unknown", 20: "unknown"}, "21": {10: "unknown"}, "22": {10: "unknown", 20: "unknown", 50: "unknown"},
-    "23": {10: "unknown"}, "31": {10: "unknown"}, "35": {10: "unknown"}, "38": {10: "unknown", 20: "unknown"},
-    "40": {10: "unknown"}, "42": {10: "unknown"}, "44": {10: "unknown"},
+    "15": {10: "unknown", 20: "unknown"}, "22": {10: "unknown", 20: "unknown", 50: "unknown"},
+    "23": {10: "unknown"}, "31": {10: "unknown"}, "35": {10: "unknown"}, "37": {10: "unknown"},
+    "38": {10: "unknown", 20: "unknown"}, "40": {10: "unknown"}, "42": {10: "unknown"}, "44": {10: "unknown"},
 }
 
 

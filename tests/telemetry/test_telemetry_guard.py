@@ -69,7 +69,7 @@ def test_socket_fallback_exits_with_evidence(tmp_path: Path) -> None:
 
 def test_libfabric_tcp_provider_is_not_efa(tmp_path: Path) -> None:
     rank_file(tmp_path, "a", 10, "NET/Libfabric/0", provider="tcp;ofi_rxm")
-    with pytest.raises(SystemExit, match="TCP sockets"):
+    with pytest.raises(SystemExit, match="libfabric provider 'tcp;ofi_rxm', which is not EFA"):
         enforce_transport("efa", [tmp_path / "nccl.a.10.log"], wait_s=0)
 
 
@@ -177,10 +177,13 @@ def test_a_plugin_failure_and_its_fallback_are_acted_on_at_once(tmp_path: Path,
         "a:10:11 [0] NCCL INFO NET/IB : No device found.\n"
         "a:10:11 [0] NCCL INFO Using network Socket\n")
     clock = guard_clock(monkeypatch)
+    # The training loop passes the job's node count (job_nodes()): two nodes, so Socket crosses them.
     with pytest.raises(SystemExit, match="NCCL uses TCP sockets \\(socket\\), after a network plugin failure"):
-        enforce_transport("efa", tmp_path, wait_s=5, poll_s=0.05)
+        enforce_transport("efa", tmp_path, wait_s=5, poll_s=0.05, nodes=2)
     assert clock.slept == []  # decisive: no waiting for channels
-    assert enforce_transport("socket", tmp_path, wait_s=0).basis == "failure"
+    assert enforce_transport("socket", tmp_path, wait_s=0, nodes=2).basis == "failure"
+    # Without it, a Socket announced on one host is no proof of TCP traffic (issue 39).
+    assert enforce_transport("any", tmp_path, wait_s=0).transport == "unknown"
 
 
 def test_echo_ends_with_what_the_check_decided_on(tmp_path: Path) -> None:

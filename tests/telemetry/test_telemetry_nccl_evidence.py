@@ -78,8 +78,6 @@ def check(verdict: Verdict, transport: str, basis: str | None) -> None:
     ("NET/Socket/0", None, "socket"),
     ("NET/AWS Libfabric/0/GDRDMA", "efa", "efa_gdr"),
     ("NET/Libfabric/1", "efa", "efa"),
-    ("NET/Libfabric/0", "tcp;ofi_rxm", "socket"),
-    ("NET/Libfabric/0", "verbs;ofi_rxm", "ib"),
 ])
 def test_channels_decide_in_every_era(era: Era, via: str, provider: str | None, expected: str) -> None:
     lines = [*two_nodes(era, "Socket"), era.channel("a", 1, 1, 0, via)]
@@ -93,17 +91,36 @@ def test_channels_decide_in_every_era(era: Era, via: str, provider: str | None, 
 
 
 @pytest.mark.parametrize("era", ERAS, ids=lambda e: e.name)
-def test_libfabric_channels_without_a_provider_line_are_not_guessed_efa(era: Era) -> None:
-    # The plugin is "AWS Libfabric"/"Libfabric" on every provider (efa, cxi, tcp, verbs).
-    lines = [*two_nodes(era, "Socket"), era.channel("a", 1, 1, 0, "NET/AWS Libfabric/0")]
+@pytest.mark.parametrize(("provider", "kind"),
+                         [("tcp;ofi_rxm", "TCP"), ("verbs;ofi_rxm", "verbs"), ("cxi", "Slingshot")])
+def test_channels_over_another_libfabric_provider_name_it(era: Era, provider: str, kind: str) -> None:
+    # Not EFA, and not NCCL's own Socket or IB transport either: unknown, with the provider named.
+    lines = [at("a", 1, f"NET/OFI Selected provider is {provider}, fabric is x (found 1 nics)"),
+             *two_nodes(era, "Socket"), era.channel("a", 1, 1, 0, "NET/Libfabric/0")]
     verdict = classify_lines(lines)
     check(verdict, "unknown", None)
-    assert "Selected provider is" in verdict.reason and "cxi" in verdict.reason
-    # ... and a path the plugin takes only on EFA settles it.
+    assert f"'{provider}'" in verdict.reason and kind in verdict.reason and "not EFA" in verdict.reason
+    assert verdict.provider == provider and verdict.decided_by[0] == lines[0]
+
+
+@pytest.mark.parametrize("era", ERAS, ids=lambda e: e.name)
+def test_libfabric_channels_without_a_provider_line_weigh_the_other_clues(era: Era) -> None:
+    # Traffic through the plugin is EFA evidence (issue 39) and the verdict says what it inferred it from.
+    lines = [*two_nodes(era, "Socket"), era.channel("a", 1, 1, 0, "NET/AWS Libfabric/0")]
+    verdict = classify_lines(lines)
+    check(verdict, "efa", "channels")
+    assert "no provider line" in verdict.reason and "traffic through the plugin" in verdict.reason
+    assert any("EFA inferred from traffic through the plugin" in w for w in verdict.warnings)
+    # A path the plugin takes only on EFA is named with it, and the line is in the evidence.
     efa_path = at("a", 1, "NET/OFI [0] getCudaPath dev 0 busId 0000:00:16.0 path /sys/devices/pci0000:00/")
     verdict = classify_lines([efa_path, *lines])
     check(verdict, "efa", "channels")
-    assert any("getCudaPath" in w for w in verdict.warnings)
+    assert "only on the efa provider" in verdict.reason and efa_path in verdict.decided_by
+    # Another fabric named in its own words outweighs them all.
+    slingshot = at("a", 1, "NET/AWS Libfabric : GPU Direct RDMA Enabled for HCA 0 'cxi0'")
+    verdict = classify_lines([efa_path, *lines, slingshot])
+    check(verdict, "unknown", None)
+    assert "not EFA" in verdict.reason and "cxi0" in verdict.reason
 
 
 @pytest.mark.parametrize("era", ERAS, ids=lambda e: e.name)
@@ -125,7 +142,7 @@ def test_announced_network_across_nodes(era: Era, network: str, expected: str) -
 @pytest.mark.parametrize("era", NEW_ERAS, ids=lambda e: e.name)
 @pytest.mark.parametrize(("network", "provider", "expected"), [
     ("AWS Libfabric", "efa", "efa"), ("Libfabric", None, "unknown"),
-    ("AWS Libfabric", "tcp;ofi_rxm", "socket"), ("Libfabric", "verbs;ofi_rxm", "ib"),
+    ("AWS Libfabric", "tcp;ofi_rxm", "unknown"), ("Libfabric", "verbs;ofi_rxm", "unknown"),
     ("IBext_v8", None, "ib"), ("gIB", None, "ib"), ("SomethingNew", None, "unknown"),
 ])
 def test_announced_plugin_networks(era: Era, network: str, provider: str | None, expected: str) -> None:
@@ -133,6 +150,54 @@ def test_announced_plugin_networks(era: Era, network: str, provider: str | None,
     check(verdict, expected, "announced" if expected != "unknown" else None)
     if network == "Libfabric" and provider is None:  # the provider line is what is missing
         assert "Selected provider is" in verdict.reason
+    if provider and provider != "efa":
+        assert f"'{provider}'" in verdict.reason and "not EFA" in verdict.reason
+
+
+@pytest.mark.parametrize(("clue", "words"), [
+    (at("a", 1, "NET/OFI Configuring AWS-specific options"), "AWS platform setup"),
+    (at("a", 1, "NET/OFI Setting provider_filter to efa"), "AWS platform setup"),
+    (at("a", 1, "NET/OFI Running on p4d.24xlarge platform, Setting NCCL_TOPO_FILE environment variable to x"),
+     "AWS platform setup"),
+    (at("a", 1, "NET/OFI Forcing AWS OFI ndev 2"), "only on the efa provider"),
+    (at("a", 1, "NET/Libfabric : GPU Direct RDMA Enabled for HCA 0 'rdmap16s27'"), "EFA device"),
+    (at("a", 1, "NET/AWS Libfabric : GPU Direct RDMA Disabled for HCA 0 'efa_0'"), "EFA device"),
+    ("libfabric:462:1673041636:efa:core:rxr_info_to_rxr():506<warn> FI_HMEM capability requires RDMA",
+     "efa provider named in its own lines"),
+])
+def test_a_strong_clue_makes_an_announced_plugin_efa(clue: str, words: str) -> None:
+    announced = two_nodes(ERAS[-1], "Libfabric")
+    check(classify_lines(announced), "unknown", None)
+    verdict = classify_lines([clue, *announced])
+    check(verdict, "efa", "announced")
+    assert words in verdict.reason and clue in verdict.decided_by
+
+
+def test_weak_clues_need_company() -> None:
+    announced = two_nodes(ERAS[-1], "Libfabric")
+    family = at("a", 1, "NET/OFI NCCL_OFI_TUNER is not available for platform : g6e.48xlarge, "
+                        "Fall back to NCCL's tuner")
+    av = at("a", 1, "NET/OFI Couldn't open AV. RC: -12, ERROR: Cannot allocate memory", level="WARN")
+    check(classify_lines([family]), "unknown", None)  # an instance family and no plugin in use
+    verdict = classify_lines([family, *announced])  # ... with the plugin chosen: weak + weak
+    check(verdict, "efa", "announced")
+    assert "instance family" in verdict.reason
+    check(classify_lines([av, family]), "unknown", None)
+
+
+def test_plugin_setup_alone_is_efa_until_it_fails() -> None:
+    # aws-ofi-nccl's AWS build forces the efa provider (platform-aws.cpp): once it starts, EFA it is,
+    # unless it fails and NCCL falls back.
+    setup = [at("algo-1", 9, "NET/OFI Initializing aws-ofi-nccl 1.11.0-aws"),
+             at("algo-1", 9, "NET/OFI Configuring AWS-specific options"),
+             at("algo-1", 9, "NET/OFI Setting provider_filter to efa")]
+    verdict = classify_lines(setup)
+    check(verdict, "efa", "announced")
+    failed = [*setup, at("algo-1", 9, "NET/OFI OFI fi_getinfo() call failed: No data available", level="WARN")]
+    check(classify_lines(failed), "unknown", None)
+    fell = [*failed, at("algo-1", 9, "Using network Socket"),
+            at("algo-1", 9, "comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0")]
+    check(classify_lines(fell), "socket", "failure")
 
 
 def test_minimal_two_line_fragments() -> None:
@@ -177,8 +242,12 @@ def test_nccl_2_4_early_bootstrap_socket_line_is_not_the_choice() -> None:
     no_plugin = at("a", 1, "NET/Plugin : No plugin found (libnccl-net.so).")
     ib = at("a", 1, "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:192.168.11.1<0>")
     check(classify_lines([boot, no_plugin, ib]), "ib", "announced")
-    # IB absent: NCCL keeps the socket net and prints nothing more than the missing device.
-    check(classify_lines([boot, no_plugin, at("a", 1, "NET/IB : No device found.")]), "socket", "announced")
+    # IB absent: NCCL keeps the socket net and prints nothing more than the missing device; the net
+    # is announced on one host only, and a single node announces it too (issue 39): no socket yet.
+    socket = [boot, no_plugin, at("a", 1, "NET/IB : No device found.")]
+    check(classify_lines(socket), "unknown", None)
+    assert classify_lines(socket).network == "Socket (no IB device)" or classify_lines(socket).network == "Socket"
+    check(classify_lines([*socket, at("b", 2, "NET/Socket : Using [0]ib0:192.168.11.2<0>")]), "socket", "announced")
     # A plugin that loads prints no NET/Plugin line; the OFI plugin names its provider.
     ofi = [boot, at("a", 1, "NET/OFI Selected Provider is efa")]
     verdict = classify_lines(ofi)
@@ -188,7 +257,8 @@ def test_nccl_2_4_early_bootstrap_socket_line_is_not_the_choice() -> None:
 
 def test_a_provider_selection_withdrawn_by_a_failure() -> None:
     chosen = at("a", 1, "NET/OFI Selected Provider is verbs;ofi_rxm (found 58 nics)")
-    check(classify_lines([chosen]), "ib", "announced")
+    check(classify_lines([chosen]), "unknown", None)
+    assert "'verbs;ofi_rxm'" in classify_lines([chosen]).reason
     failed = [chosen, at("a", 1, "NET/OFI Invalid type of PCI bus returned 0")]
     check(classify_lines(failed), "unknown", None)
     # An explicit announcement is not withdrawn by a later error: NCCL did choose it.
@@ -262,6 +332,11 @@ FAILURES = [
 @pytest.mark.parametrize("failure", FAILURES)
 def test_plugin_failure_then_socket_is_a_fallback(failure: str) -> None:
     lines = [failure, at("a", 1, "NET/IB : No device found."), at("a", 1, "Using network Socket")]
+    # One host's fallback, the node count not shown: Socket is what every such machine announces.
+    one = classify_lines(lines)
+    check(one, "unknown", None)
+    assert "a network plugin failed, then NCCL announced its Socket network" in one.reason
+    lines.append(at("a", 1, "comm 0x1 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0"))
     verdict = classify_lines(lines)
     check(verdict, "socket", "failure")
     assert verdict.decided_by[0] == failure and "failed to initialise" in verdict.reason
@@ -303,7 +378,6 @@ def test_lookalikes_never_decide() -> None:
         at("a", 1, "Using non-device net plugin version 0"),
         at("a", 1, "Bootstrap : Using ib0:10.0.0.1<0>"),
         at("a", 1, "NCCL_SOCKET_IFNAME set by environment to ib0"),
-        at("a", 1, "NET/OFI NCCL_OFI_TUNER is not available for platform : p5.48xlarge, Fall back to NCCL's tuner"),
         at("a", 1, "TUNER/Plugin: Failed to find ncclTunerPlugin_v2 symbol, using internal tuner instead."),
         "a:1:9 [0] graph/search.cc:765 NCCL WARN Could not find a path for pattern 4, falling back to simple order",
         at("a", 1, "NVLS comm 0x1 headRank 0 nHeads 1 buffSize 4194304, falling back to simple order"),
@@ -318,6 +392,10 @@ def test_lookalikes_never_decide() -> None:
     with_error = classify_lines(noise)
     check(with_error, "unknown", None)
     assert not any("failed to initialise" in w for w in with_error.warnings)
+    # The initialised plugin (NCCL 2.27+ assigns it to the comm) on an EC2 instance family that has EFA:
+    # two weak clues, which together are EFA (issue 39).
+    family = at("a", 1, "NET/OFI NCCL_OFI_TUNER is not available for platform : p5.48xlarge, Fall back to NCCL's tuner")
+    check(classify_lines([*noise[:-1], family]), "efa", "announced")
 
 
 def test_ib0_interface_is_not_infiniband() -> None:
@@ -341,7 +419,8 @@ def test_colour_codes_in_the_message_do_not_hide_the_network() -> None:
     for reset in ("\x1b[32m", " [32m"):
         line = (f"(RayWorkerVllm pid=5) [pod-name]:5:9 [7] NCCL INFO Using network Socket{reset} "
                 "[repeated 6x across cluster]")
-        verdict = classify_lines([line + ("\x1b[0m" if "\x1b" in reset else " [0m")])
+        two = line.replace("[pod-name]", "[pod-2]").replace("pid=5", "pid=6")
+        verdict = classify_lines([line + ("\x1b[0m" if "\x1b" in reset else " [0m"), two])
         check(verdict, "socket", "announced")
         assert verdict.network == "Socket"
 
@@ -355,7 +434,7 @@ def test_soft_roce_is_ib_with_a_warning() -> None:
 
 # -- contradictions -------------------------------------------------------------------------------
 def test_mixed_announcements_take_the_slowest_and_warn() -> None:
-    lines = [*two_nodes(ERAS[3], "IB"), at("c", 3, "Using network Socket")]
+    lines = [*two_nodes(ERAS[3], "IB"), at("c", 3, "Using network Socket")]  # nNodes 2: Socket crosses nodes
     verdict = classify_lines(lines)
     check(verdict, "socket", "announced")
     assert verdict.hosts == {"a": "ib", "b": "ib", "c": "socket"}

@@ -35,14 +35,21 @@ def two_node(net_channel: str, *, provider: str | None = None, extra: tuple[str,
         (two_node("NET/IB/0/GDRDMA"), "ib"),
         (two_node("NET/IBext_v8/0/GDRDMA"), "ib"),
         (two_node("NET/IB/0(1)/GDRDMA"), "ib"),
-        # libfabric look-alikes: the OFI plugin carrying TCP or verbs is not EFA
-        (two_node("NET/Libfabric/0", provider="tcp;ofi_rxm"), "socket"),
-        (two_node("NET/AWS Libfabric/0", provider="sockets"), "socket"),
-        (two_node("NET/Libfabric/0", provider="verbs;ofi_rxm"), "ib"),
-        # OFI traffic but the provider line never made it into the log: the plugin has that name on
-        # every provider (efa, cxi, tcp, verbs), so the verdict does not guess EFA
-        (two_node("NET/Libfabric/0"), "unknown"),
-        (two_node("NET/AWS Libfabric/0/GDRDMA"), "unknown"),
+        # libfabric look-alikes: the OFI plugin carrying TCP, verbs or Slingshot is not EFA, and it is
+        # not NCCL's own Socket or IB transport either (the verdict names the provider instead)
+        (two_node("NET/Libfabric/0", provider="tcp;ofi_rxm"), "unknown"),
+        (two_node("NET/AWS Libfabric/0", provider="sockets"), "unknown"),
+        (two_node("NET/Libfabric/0", provider="verbs;ofi_rxm"), "unknown"),
+        (two_node("NET/Libfabric/0/GDRDMA", provider="cxi"), "unknown"),
+        # OFI traffic but the provider line never made it into the log (issue 39): traffic through the
+        # plugin is EFA evidence, and nothing names another fabric
+        (two_node("NET/Libfabric/0"), "efa"),
+        (two_node("NET/AWS Libfabric/0/GDRDMA"), "efa_gdr"),
+        # ... unless a line names another fabric in its own words (Slingshot's NICs, ofi_rxm)
+        (two_node("NET/AWS Libfabric/0/GDRDMA", extra=(
+            at("a", 1, 0, "NET/AWS Libfabric : GPU Direct RDMA Enabled for HCA 0 'cxi0'"),)), "unknown"),
+        (two_node("NET/AWS Libfabric/0", extra=(
+            "libfabric:9:1700000000:ofi_rxm:ep_ctrl:rxm_conn_connect():449<warn> connect failed",)), "unknown"),
     ],
 )
 def test_channel_transport(lines: list[str], expected: str) -> None:
@@ -194,8 +201,8 @@ def test_verdict_is_cached_until_something_changes() -> None:
 
 
 @pytest.mark.parametrize(("provider", "expected"), [
-    ("efa", "efa"), ("efa-direct", "efa"), ("tcp;ofi_rxm", "socket"), ("tcp", "socket"),
-    ("verbs;ofi_rxm", "ib"), ("verbs", "ib"), ("shm", "unknown"), (None, "unknown")])
+    ("efa", "efa"), ("efa-direct", "efa"), ("tcp;ofi_rxm", "unknown"), ("tcp", "unknown"),
+    ("verbs;ofi_rxm", "unknown"), ("verbs", "unknown"), ("cxi", "unknown"), ("shm", "unknown"), (None, "unknown")])
 def test_provider_transport(provider: str | None, expected: str) -> None:
     assert provider_transport(provider) == expected
 

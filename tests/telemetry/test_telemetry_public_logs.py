@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from backend.telemetry.classify import classify_command
+from tests.telemetry.tel_support import HELD_OUT_MISSES
 from training.logparse import classify_lines, iter_file_lines
 from training.transport_guard import check_transport, enforce_transport, job_nodes, read_verdict
 from tui.transport_badge import TransportSnapshot
@@ -37,7 +38,13 @@ def entry(prefix: str) -> dict[str, Any]:
     return next(e for e in ENTRIES if e["file"].startswith(prefix))
 
 
-@pytest.mark.parametrize("item", ENTRIES, ids=[e["file"].split("_")[0] for e in ENTRIES])
+def _case(item: dict[str, Any]) -> Any:
+    miss = HELD_OUT_MISSES.get(item["file"])
+    marks = [pytest.mark.xfail(strict=True, reason="held-out miss: " + miss)] if miss else []
+    return pytest.param(item, marks=marks, id=item["file"].removesuffix(".log"))
+
+
+@pytest.mark.parametrize("item", [_case(e) for e in ENTRIES])
 def test_public_log_is_read_as_its_manifest_says(item: dict[str, Any]) -> None:
     path = LOGS / item["file"]
     assert hashlib.sha256(path.read_bytes()).hexdigest() == item["sha256"], "the excerpt changed"
@@ -48,6 +55,15 @@ def test_public_log_is_read_as_its_manifest_says(item: dict[str, Any]) -> None:
     assert (record["nodes_basis"] is None) == (record["nodes"] is None)
     if got == "unknown":
         assert record["basis"] is None
+
+
+def test_the_held_out_batch_is_marked_and_its_misses_are_its_own() -> None:
+    # Logs added after issue 39's rules carry their batch; only they may be listed as misses.
+    held_out = [e for e in ENTRIES if e.get("added_after_rules")]
+    assert len(held_out) >= 12 and all(e["batch"] == "issue39-heldout" for e in held_out)
+    assert set(HELD_OUT_MISSES) <= {e["file"] for e in held_out}
+    families = {e["family"] for e in held_out}
+    assert {"efa-without-provider-line", "single-node", "socket-multi-node", "ib", "libfabric-not-efa"} <= families
 
 
 def test_public_logs_are_not_in_the_held_out_set() -> None:
@@ -85,9 +101,20 @@ def test_libfabric_without_provider_line_names_the_missing_evidence() -> None:
 
 
 def test_cxi_provider_is_not_efa() -> None:
+    # Slingshot's cxi is none of the badge's transports (issue 39 follows the shared labels): unknown,
+    # with the provider named.
     record = classify_json(LOGS / entry("determined169")["file"])
-    assert record["transport"] == "ib" and record["provider"] == "cxi"
-    assert "cxi" in record["reason"] and "not EFA" in record["reason"]
+    assert record["transport"] == "unknown" and record["provider"] == "cxi"
+    assert "'cxi' (HPE Slingshot)" in record["reason"] and "not EFA" in record["reason"]
+
+
+def test_plugin_setup_on_an_ec2_platform_is_efa_evidence() -> None:
+    # aws-ofi-nccl's AWS build forces the efa provider (platform-aws.cpp); no line names it yet.
+    record = classify_json(LOGS / entry("awsofi715")["file"])
+    assert record["transport"] == "efa" and record["basis"] == "announced"
+    assert "AWS platform setup" in record["reason"]
+    assert any("Setting provider_filter to efa" in line or "Configuring AWS-specific options" in line
+               for line in record["decided_by"])
 
 
 def test_the_job_node_count_decides_single_node() -> None:
@@ -168,9 +195,9 @@ def test_graph_without_net_endpoints_is_one_node_and_with_them_is_not() -> None:
 
 def test_processes_on_one_host_fewer_than_the_ranks_are_no_proof() -> None:
     ring = at("h", 1, "Channel 00/02 :    0   1   2   3   4   5   6   7")
-    lines = [ring, at("h", 1, "Using network Socket"), at("h", 2, "Trees [0] 2/-1/-1->1->0")]
+    lines = [ring, at("h", 1, "Using network IB"), at("h", 2, "Trees [0] 2/-1/-1->1->0")]
     verdict = classify_lines(lines)
-    assert verdict.transport == "socket" and verdict.nodes is None
+    assert verdict.transport == "ib" and verdict.nodes is None
 
 
 def test_live_telemetry_takes_the_node_count_the_job_states() -> None:
@@ -191,9 +218,9 @@ def test_processes_count_only_against_a_stated_communicator_size() -> None:
     # Four ranks' Trees lines on one host, but nothing states how many ranks the communicator has:
     # the other node's ranks may simply not be in the fragment.
     trees = [at("h", 10 + r, f"Trees [0] {r + 1}/-1/-1->{r}->{r - 1}") for r in range(4)]
-    verdict = classify_lines([at("h", 10, "Using network Socket"), *trees])
-    assert verdict.transport == "socket" and verdict.nodes is None
-    stated = [*trees, at("h", 10, "Channel 00/02 :    0   1   2   3"), at("h", 10, "Using network Socket")]
+    verdict = classify_lines([at("h", 10, "Using network IB"), *trees])
+    assert verdict.transport == "ib" and verdict.nodes is None
+    stated = [*trees, at("h", 10, "Channel 00/02 :    0   1   2   3"), at("h", 10, "Using network IB")]
     assert classify_lines(stated).transport == "intra_node"
 
 

@@ -4,8 +4,10 @@ This half records what each line says, per process (host, pid): the channels it 
 (``via NET/<net>`` or P2P/SHM), the network it announced (``Using network X``, ``Assigned NET
 plugin X``; without those, the nets it initialised, ranked the way NCCL tries them: plugin,
 then ``NET/IB : Using [..]``, then ``NET/Socket : Using [..]``), the libfabric provider the OFI
-plugin selected, a plugin or provider failure, the node and rank counts, and whether NCCL's
-ring/tree graphs end at NET endpoints. ``nccl_verdict`` ranks those facts into a verdict on demand.
+plugin selected and every other clue to its fabric (``nccl_evidence``), a plugin or provider
+failure, the node and rank counts (comm lines, hosts, nccl-tests' rank table), and whether
+NCCL's ring/tree graphs end at NET endpoints. ``nccl_verdict`` ranks those facts into a verdict
+on demand.
 
 State is kept per process, never per line, so memory stays bounded however long the log
 is. Stdlib only: the training program's strict check imports this.
@@ -17,7 +19,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from training.logparse.nccl_verdict import MAX_RANK, Proc, VerdictRules, net_kind
+from training.logparse import nccl_evidence
+from training.logparse.nccl_evidence import RankRow
+from training.logparse.nccl_verdict import MAX_RANK, OFI_PLUGIN_NETWORK, Proc, VerdictRules, net_kind
 from training.logparse.normalize import LogLine, normalize, strip_ansi
 from training.logparse.verdict import Verdict, provider_transport
 
@@ -36,6 +40,8 @@ MAX_PREFIX_CACHE = 4096
 _HANDLERS = {
     "Channel": "_channel_line", "Ring": "_channel_line", "Trees": "_trees",
     "NET/OFI": "_ofi", "OFI": "_ofi",
+    # NCCL src/graph/topo.cc: "NET/%s : GPU Direct RDMA %s for HCA %d '%s'" names the plugin's NIC.
+    "NET/Libfabric": "_clue", "NET/AWS": "_clue",
     "NET/Plugin": "_net_plugin", "NET/Plugin:": "_net_plugin", "Plugin": "_net_plugin", "Loaded": "_net_plugin",
     "Initialized": "_net_plugin", "Failed": "_net_plugin", "Successfully": "_net_plugin", "External": "_net_plugin",
     "P2P": "_net_plugin",
@@ -65,8 +71,11 @@ _P2P_PLUGIN = re.compile(r"\bP2P plugin (\S+)")
 # nodes from its topology when every rank of the communicator is on this machine
 # (ncclTopoTrimSystem in src/graph/topo.cc), so a graph without NET endpoints is one node.
 _GRAPH = re.compile(r"^ +\d+ : ((?:(?:GPU|NET|NVS|CPU|NIC)/\S+ ?)+)$")
-# aws-ofi-nccl prints this only on its EFA path (ofi_pciPath -> IS_EFA_PROVIDER -> getCudaPath).
-_EFA_ONLY = ("getCudaPath",)
+# The plugin is starting on this process (aws-ofi-nccl: "Initializing aws-ofi-nccl %s" in
+# src/nccl_ofi_net.cpp, "Using aws-ofi-nccl %s" in 1.x, "Using Libfabric version %u.%u"): NCCL tries
+# a plugin before its own nets, so unless it fails this is the network.
+_OFI_STARTING = ("Initializing aws-ofi-nccl", "Using aws-ofi-nccl", "Using Libfabric version",
+                 "Configuring AWS-specific options", "Using aws-ofi-rccl")
 _COMM_RANKS = re.compile(r"\brank (\d+) nRanks (\d+)(?: nNodes (\d+))?(?: localRanks (\d+))?")
 _COMM_RANKS_OLD = re.compile(r"\brank (\d+) nranks (\d+)\b")
 _NET_FORCED = re.compile(r"\bNCCL_NET set by environment to (\S+)")
@@ -110,7 +119,10 @@ class NcclAnalyzer(VerdictRules):
         self._job_nodes = job_nodes if job_nodes and job_nodes > 0 else None
         self._graph_net = False  # a searched graph ended at NET endpoints: the comm spans nodes
         self._graph_local = False  # a searched graph had GPUs only
-        self._efa_only_seen = False
+        self._clues: dict[str, str] = {}  # nccl_evidence rule name -> the first line it matched
+        self._table: dict[int, RankRow] = {}  # nccl-tests' rank table: rank -> its row
+        self._table_hosts: set[str] = set()
+        self._table_open = False  # rows came and nothing else yet: the table may go on past the fragment
         self._ring_size = 0  # ranks in the longest ring order seen: the communicator's size
         self._host_ranks: dict[str, set[int]] = {}  # host -> the ranks its own lines (Trees) are of
         self._forced_net: str | None = None  # NCCL_NET: NCCL takes only the net of that name
@@ -157,12 +169,17 @@ class NcclAnalyzer(VerdictRules):
         # "[repeated Nx]" marker and pasted codes without their escape byte get in the way.
         if "[repeated" in line or "ESC[" in line or ("[0m" in line and "\x1b" not in line):
             line = strip_ansi(line)
+        if self._table_open and "Rank" not in line:
+            self._table_open = False  # the line after the table: it is complete
+            self._changed()
         start = line.find("NCCL INFO ")
         if start >= 0:
             self.nccl_lines += 1
             self._dispatch(line, start + 10)
         elif "NCCL" in line:
             self._other(line)
+        elif any(marker in line for marker in FOREIGN_MARKERS):
+            self._foreign(line[:_MAX_TEXT])
 
     def _dispatch(self, line: str, start: int) -> None:
         end = line.find(" ", start)
@@ -323,7 +340,7 @@ class NcclAnalyzer(VerdictRules):
         proc.network_line = _shown(line)  # the latest says it most plainly ("Using network X")
         if proc.network != network:
             proc.network = network
-            if tentative != "provider":  # the provider line is kept as such
+            if tentative not in ("provider", "plugin"):  # those lines are kept as what they are
                 self._keep("network", shown_as or network, line)
         proc.network_at = self.nccl_lines
         proc.tentative = tentative
@@ -361,16 +378,16 @@ class NcclAnalyzer(VerdictRules):
     # -- plugins, providers and their failures -------------------------------------------------
     def _ofi(self, line: str) -> None:
         self._ofi_seen = True
+        self._clue(line)
         if "rovider" in line:
             m = _PROVIDER.search(line)
             if m:
                 self._on_provider(line, m.group(1))
                 return
-        if not self._efa_only_seen and any(marker in line for marker in _EFA_ONLY):
-            self._efa_only_seen = True
-            self._keep("provider", "efa-only", line)
-            self._changed()
-            return
+        if any(marker in line for marker in _OFI_STARTING):
+            proc = self._proc_of(line)
+            if proc.network is None or proc.tentative:  # _announce keeps a surer one
+                self._announce(line, OFI_PLUGIN_NETWORK, tentative="plugin")
         if "aws-ofi-nccl" in line:
             m = _OFI_VERSION.search(line)
             if m:
@@ -385,6 +402,38 @@ class NcclAnalyzer(VerdictRules):
         if any(hint in line for hint in _OFI_FAILURE_HINTS) and (
                 _OFI_FAILED.search(line) or ("NCCL WARN" in line and "fail" in line.lower())):
             self._fail(line, "the OFI plugin (aws-ofi-nccl) failed to initialise")
+
+    def _clue(self, line: str) -> None:
+        """Keep the first line of each kind of clue to the OFI plugin's fabric (``nccl_evidence``)."""
+        for rule in nccl_evidence.clues(line):
+            if rule.name not in self._clues:
+                self._clues[rule.name] = _shown(line)
+                self._keep("clue", rule.name, line)
+                self._changed()
+
+    def _foreign(self, line: str) -> None:
+        """A line NCCL did not print that still says something: a row of nccl-tests' rank table,
+        or libfabric's own log line naming its provider."""
+        row = nccl_evidence.rank_row(line)
+        if row is not None:
+            self._rank_row(row, line)
+        elif "libfabric:" in line:
+            self._clue(line)
+
+    def _rank_row(self, row: RankRow, line: str) -> None:
+        old = self._table.get(row.rank)
+        if old == row or row.rank >= MAX_RANK_HOSTS:
+            return
+        if old is not None:  # a second table (another test in the same log): the newest counts
+            self._table.clear()
+            self._table_hosts.clear()
+        self._table[row.rank] = row
+        self._table_open = True
+        if row.host not in self._table_hosts:
+            self._table_hosts.add(row.host)
+            self._keep("nodes", "table " + str(len(self._table_hosts)), line)
+        self._saw_rank(row.rank)
+        self._changed()
 
     def _net_plugin(self, line: str) -> None:
         proc = self._proc_of(line)
@@ -404,9 +453,14 @@ class NcclAnalyzer(VerdictRules):
             return
         m = _INIT_PLUGIN.search(line)
         if m:
-            if self._plugin is None and net_kind(m.group(1)) == "ofi":
-                self._plugin = m.group(1)
-                self._changed()
+            if net_kind(m.group(1)) == "ofi":
+                if self._plugin is None:
+                    self._plugin = m.group(1)
+                    self._changed()
+                # NCCL 2.27+ src/plugin/net.cc (ncclNetPluginInit): the plugin initialised and found
+                # devices, so it is the one assigned to the comm ("Assigned NET plugin %s to comm").
+                if proc.network is None or proc.tentative:
+                    self._announce(line, OFI_PLUGIN_NETWORK, tentative="plugin")
             return
         if _PLUGIN_FAILED.search(line):
             self._fail(line, "the network plugin failed to initialise")
@@ -437,6 +491,7 @@ class NcclAnalyzer(VerdictRules):
         proc.failed_at = self.nccl_lines
         self._failed_lines += 1
         self._withdraw(proc, "provider")
+        self._withdraw(proc, "plugin")
         if not self._first_failure_at:
             self._first_failure_at = self.nccl_lines
         message = f"{what}: {_msg(line)}"
@@ -560,8 +615,12 @@ class NcclAnalyzer(VerdictRules):
 
 
 # How sure an announcement is, by NCCL's order of trying nets: an explicit line (tentative ""), the
-# plugin's provider, an initialised IB device, an initialised Socket, the bootstrap interface.
-_RANKS = {"": 5, "provider": 4, "device:IB": 3, "device:Socket": 2, "bootstrap": 1}
+# plugin's provider, the plugin starting, an initialised IB device, an initialised Socket, the
+# bootstrap interface.
+_RANKS = {"": 6, "provider": 5, "plugin": 4, "device:IB": 3, "device:Socket": 2, "bootstrap": 1}
+# Lines without NCCL's name that the analyser still reads (``_foreign``): nccl-tests' rank table
+# and libfabric's own log lines. Callers that route lines by content route these too.
+FOREIGN_MARKERS = ("Rank", "libfabric:")
 
 
 def _rank(tentative: str, network: str) -> int:

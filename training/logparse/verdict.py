@@ -22,17 +22,13 @@ LABELS = {
 }
 
 def provider_transport(provider: str | None) -> str:
-    """What a libfabric provider string means for us: ``tcp;ofi_rxm`` is not EFA."""
+    """What the OFI plugin's libfabric provider means for the verdict: ``efa`` (``efa``, ``efa-direct``)
+    or ``unknown``. Another provider (HPE Slingshot's ``cxi``, ``tcp;ofi_rxm``, ``verbs;ofi_rxm``) is none
+    of the transports the badge names (not NCCL's Socket or IB transport either): the verdict's
+    reason and its ``provider`` field name it instead."""
     if not provider:
         return "unknown"
-    core = provider.lower().split(";", 1)[0]
-    if core.startswith("efa"):
-        return "efa"
-    if core in ("tcp", "sockets", "udp", "net"):
-        return "socket"
-    if core in ("verbs", "psm3", "psm2", "opx", "cxi"):
-        return "ib"  # an RDMA fabric that is not EFA: verbs (IB/RoCE), Omni-Path, HPE Slingshot (cxi)
-    return "unknown"
+    return "efa" if provider.lower().split(";", 1)[0].startswith("efa") else "unknown"
 
 
 @dataclass(frozen=True)
