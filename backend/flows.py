@@ -162,7 +162,7 @@ async def _train_progress(session: RunSession) -> AsyncIterator[Progress]:
     if jobs is None:
         raise OperationError("the cluster of this run is not running", remedy=f"see `rtui status {session.run_id}`")
     follower = JobFollower(session, jobs)
-    telemetry = Telemetry()
+    telemetry = Telemetry(job_nodes=session.job_nodes())  # one machine: intra-node, whatever NCCL announces
     if follower.spool.exists():  # parsed once: continue where any earlier session stopped
         telemetry.replay_file(follower.spool.path)
     total = session.config.steps

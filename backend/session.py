@@ -347,13 +347,17 @@ class RunSession:
         """The log spool of ``job``, by default the current one (each job has its own)."""
         return LogSpool(self.record.job_spool_path(job))
 
+    def job_nodes(self) -> int | None:
+        """The machines this run's training job runs on, as its target reads the config (None: unknown)."""
+        return self.target.job_nodes(self.config)
+
     def telemetry(self, job: JobRecord | None = None) -> Telemetry:
         """Verdict and metric series of a job (the current one by default) rebuilt from its spool;
-        keep it current with ``feed_from()``."""
+        keep it current with ``feed_from()``. The verdict knows the job's node count (``job_nodes``)."""
         # lazy: the log parser (~75 ms) only when telemetry is read; `rtui --help` and the first frame do without
         from backend.telemetry import Telemetry
 
-        telemetry = Telemetry()
+        telemetry = Telemetry(job_nodes=self.job_nodes())
         spool = self.spool(job)
         if spool.exists():
             telemetry.replay_file(spool.path)

@@ -132,6 +132,9 @@ class RunScreen(RtuiScreen):
         yield Footer()
 
     def on_mount(self) -> None:
+        # The job's own node count (its target reads the config): on one machine the badge says
+        # intra-node, never a TCP alarm from the Socket net NCCL announces everywhere (issue 39).
+        self.telemetry.job_nodes = self.session.job_nodes()
         job = self.session.record.current_job
         if job is not None:
             self.job_status = job.status.value

@@ -144,6 +144,12 @@ class Target(ABC):
         """The AWS profile that writes --storage-path (None: the usual credential chain)."""
         return None
 
+    def job_nodes(self, config: RunConfig) -> int | None:
+        """How many machines the training job's workers run on, when the config settles it (None: it
+        does not). The NCCL badge and `rtui status` take it as the job's own node count: a job on one
+        machine uses no network, whatever network NCCL announces (issue 39)."""
+        return None
+
 
 def _load(spec: str) -> Target:
     module, _, attribute = spec.partition(":")

@@ -31,6 +31,9 @@ from tui.logtail import LogTail
 from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot, downsample, format_duration
 from tui.transport_badge import TransportBadge, TransportSnapshot
 
+# Local runs fed 2-node GPU lines: see tests.conftest.job_of_unknown_size.
+pytestmark = pytest.mark.usefixtures("job_of_unknown_size")
+
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the job's submission; the frozen clock reads T0 + 30 min
 
 
@@ -57,7 +60,11 @@ OFI_FAILED = [nccl("ip-10-0-1-11", 1, "NET/OFI Initializing aws-ofi-nccl 1.7.4-a
               "initialization failed",
               nccl("ip-10-0-1-11", 1, "NET/OFI No eligible providers were found")]
 SOCKET_FALLBACK_LINES = [*OFI_FAILED, *two_node_channels("NET/Socket/0")]
-SOCKET_ANNOUNCED_AFTER_FAILURE = [*OFI_FAILED, nccl("ip-10-0-1-11", 1, "Using network Socket")]
+# Socket announced after the failure, on a job shown to span 2 nodes (announced on one node, it would be no
+# proof of TCP traffic: issue 39).
+SOCKET_ANNOUNCED_AFTER_FAILURE = [*OFI_FAILED, nccl("ip-10-0-1-11", 1, "Using network Socket"),
+                                  nccl("ip-10-0-1-11", 1, "comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 "
+                                                          "MNNVL 0")]
 EFA_ANNOUNCED = [nccl("ip-10-0-1-11", 1, "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"),
                  nccl("ip-10-0-1-11", 1, "Using network AWS Libfabric"),
                  nccl("ip-10-0-1-11", 1, "comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0")]

@@ -28,6 +28,9 @@ from tests.test_tui import FIXED_RUN_ID, fixed_session
 from tests.test_tui_dashboard import DashboardApp, dashboard_session, settle
 from tui.app import RtuiApp
 
+# Local runs fed 2-node GPU lines: see tests.conftest.job_of_unknown_size.
+pytestmark = pytest.mark.usefixtures("job_of_unknown_size")
+
 SIZES = pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
 RESUME = f"rtui --resume {FIXED_RUN_ID}"
 

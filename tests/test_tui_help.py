@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import Static
 
@@ -15,6 +16,9 @@ from tests.test_tui import fixed_session
 from tests.test_tui_dashboard import DashboardApp, dashboard_session, settle
 from tui.app import RtuiApp
 from tui.help import HelpScreen, key_rows
+
+# Local runs fed 2-node GPU lines: see tests.conftest.job_of_unknown_size.
+pytestmark = pytest.mark.usefixtures("job_of_unknown_size")
 
 SIZE = (80, 24)
 _FRAME = re.compile(r"[█▀▄▌▐▊▎▏│╭╮╰╯─]")

@@ -33,6 +33,9 @@ from tui.logtail import LogTail
 from tui.throughput import ThroughputGraph
 from tui.transport_badge import TransportBadge
 
+# Local runs fed 2-node GPU lines: see tests.conftest.job_of_unknown_size.
+pytestmark = pytest.mark.usefixtures("job_of_unknown_size")
+
 SIZES = pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
 LONG = ("(RayTrainWorker pid=1000, ip=10.0.1.11) ip-10-0-1-11:1:8 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] "
         "[receive] via NET/Libfabric/0 end-of-line-marker")

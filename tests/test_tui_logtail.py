@@ -24,6 +24,9 @@ from tests.test_follow import METRICS, FakeCluster, FakeJobs
 from tests.test_tui_dashboard import DashboardApp, dashboard_session, feed, metric_lines, settle
 from tui.logtail import LogTail
 
+# Local runs fed 2-node GPU lines: see tests.conftest.job_of_unknown_size.
+pytestmark = pytest.mark.usefixtures("job_of_unknown_size")
+
 WORDS = ["alpha starting", "Beta warming up", "gamma ALPHA again", "delta done"]
 
 

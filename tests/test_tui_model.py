@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
@@ -18,6 +19,9 @@ from training.export import MODEL_MARKER, ExportInfo
 from training.metrics import eval_record, model_record
 from training.protocol import SUMMARY_TAG, format_record
 from tui.throughput import RunStats
+
+# Local runs fed 2-node GPU lines: see tests.conftest.job_of_unknown_size.
+pytestmark = pytest.mark.usefixtures("job_of_unknown_size")
 
 __all__ = ["exported"]  # the module's fixture: one model directory the training program's export wrote
 

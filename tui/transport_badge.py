@@ -16,7 +16,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from backend.textutil import display_lines
-from training.logparse.verdict import Verdict
+from training.logparse.verdict import Verdict, provider_transport
 
 # transport -> (badge words, style); styles differ between every pair a person must tell apart.
 _BADGES: dict[str, tuple[str, str]] = {
@@ -29,6 +29,9 @@ _BADGES: dict[str, tuple[str, str]] = {
     "unknown": ("UNKNOWN", "dim"),
 }
 _WAITING = ("NCCL: waiting for its first lines", "dim")
+# The OFI plugin on a libfabric provider that is not EFA (Slingshot's cxi, tcp, verbs): none of the
+# transports above, so the badge names the provider (shared/nccl_logs' label rules, issue 39).
+_OTHER_FABRIC_STYLE = "bold black on yellow"
 
 
 @dataclass(frozen=True)
@@ -42,22 +45,37 @@ class TransportSnapshot:
     warnings: tuple[str, ...] = ()
     nodes: int | None = None
     ranks: int | None = None
+    provider: str | None = None  # the libfabric provider the OFI plugin selected, when a line names it
 
     @classmethod
     def from_verdict(cls, verdict: Verdict) -> TransportSnapshot:
         lines = verdict.decided_by or verdict.evidence
         evidence = display_lines([lines[0]])[0] if lines else None  # a log line: no escapes reach the screen
         return cls(transport=verdict.transport, basis=verdict.basis, reason=verdict.reason,
-                   evidence=evidence, warnings=verdict.warnings, nodes=verdict.nodes, ranks=verdict.ranks)
+                   evidence=evidence, warnings=verdict.warnings, nodes=verdict.nodes, ranks=verdict.ranks,
+                   provider=verdict.provider)
 
     @property
     def waiting(self) -> bool:
         return self.transport == "unknown" and self.evidence is None
 
     @property
+    def other_fabric(self) -> bool:
+        """Unknown because the OFI plugin runs on a libfabric provider that is not EFA."""
+        return self.transport == "unknown" and bool(self.provider) and provider_transport(self.provider) != "efa"
+
+    @property
     def words(self) -> str:
         """The verdict in words, with no help from colour."""
-        return (_WAITING if self.waiting else _BADGES.get(self.transport, _BADGES["unknown"]))[0]
+        return self.look()[0]
+
+    def look(self) -> tuple[str, str]:
+        """(badge words, style)."""
+        if self.waiting:
+            return _WAITING
+        if self.other_fabric:
+            return f"NOT EFA (libfabric {self.provider})", _OTHER_FABRIC_STYLE
+        return _BADGES.get(self.transport, _BADGES["unknown"])
 
 
 ENTRY_INDENT, HANG_INDENT = "  ", "    "
@@ -90,7 +108,7 @@ class TransportBadge(Widget):
         """The badge line; expanded, the why lines under it, each wrapped with its continuation
         hanging under its text (``ENTRY_INDENT``, then ``HANG_INDENT``)."""
         snap = self.snapshot
-        words, style = _WAITING if snap.waiting else _BADGES.get(snap.transport, _BADGES["unknown"])
+        words, style = snap.look()
         text = Text()
         text.append(f" {words} ", style=style)
         if snap.basis:

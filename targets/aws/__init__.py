@@ -15,7 +15,7 @@ from backend.clients import Clients
 from backend.planner import Stack
 from targets import Defaults, Target
 from targets.aws.check import feasibility
-from targets.kube import CLUSTER_FIELDS, gpu_cluster_defaults
+from targets.kube import CLUSTER_FIELDS, gpu_cluster_defaults, gpu_cluster_job_nodes
 
 if TYPE_CHECKING:
     from backend.config import RunConfig
@@ -56,6 +56,9 @@ class AwsTarget(Target):
 
     def defaults(self, config: RunConfig) -> Defaults:
         return gpu_cluster_defaults(config)
+
+    def job_nodes(self, config: RunConfig) -> int | None:
+        return gpu_cluster_job_nodes(config)
 
     def where(self, config: RunConfig) -> str:
         return config.availability_zone or config.region  # the AZ once chosen, else the region

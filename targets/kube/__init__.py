@@ -39,6 +39,13 @@ def gpu_cluster_defaults(config: RunConfig) -> Defaults:
                     require_transport="efa", seq_len=GPU_SEQ_LEN)
 
 
+def gpu_cluster_job_nodes(config: RunConfig) -> int:
+    """The GPU nodes the job's workers take: one GPU per Ray Train worker, ``gpus_per_node`` of them per
+    GPU node (each Ray worker pod asks for a whole node's GPUs), and Ray Train's default placement
+    (PACK) fills a node before the next, so ``--num-workers 4`` on 4-GPU nodes is one machine."""
+    return max(1, min(config.gpu_node_count, -(-config.effective_workers() // config.gpus_per_node)))
+
+
 class KubeTarget(Target):
     name = "kube"
     label = "Kubernetes — an existing cluster from kubeconfig"
@@ -56,6 +63,9 @@ class KubeTarget(Target):
 
     def defaults(self, config: RunConfig) -> Defaults:
         return gpu_cluster_defaults(config)
+
+    def job_nodes(self, config: RunConfig) -> int | None:
+        return gpu_cluster_job_nodes(config)
 
     def check(self, config: RunConfig, cwd: Path) -> RunConfig:
         if config.storage_size and config.storage_path:

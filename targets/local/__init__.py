@@ -67,6 +67,10 @@ class LocalTarget(Target):
             config = config.model_copy(update={"model_id": str(model_dir)})
         return config
 
+    def job_nodes(self, config: RunConfig) -> int | None:
+        """One: the head and any extra worker nodes (--local-worker-nodes) are processes of this machine."""
+        return 1
+
     def live_clusters(self, cluster_name: str | None = None) -> list[FoundCluster]:
         # lazy: psutil (~30 ms) only when live clusters are looked for
         from backend.layers.local_cluster import cluster_family, find_clusters
