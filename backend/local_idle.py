@@ -51,7 +51,7 @@ def stop(cluster: lc.ClusterDir, idle_s: float, store_root: Path | None) -> bool
             at = time.time()
             cluster.facts["stopped_while_idle"] = {"at": at, "idle_s": idle_s}
             lc.write_marker(cluster)
-            terminate(family)
+            terminate(family, grace_s=lc.STOP_GRACE_S)
             if store is not None:
                 with contextlib.suppress(RtuiError, OSError):
                     record = store.load(cluster.run_id)

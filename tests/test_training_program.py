@@ -44,6 +44,10 @@ def test_job_spec_per_target() -> None:
     explicit = build_job_spec(resolve_config({"learning_rate": "0.02"}, environ={}).config)
     assert "--lr 0.02" in explicit.entrypoint
     assert aws.runtime_env["env_vars"]["RAY_TRAIN_ENABLE_PRINT_PATCH"] == "0"
+    # A CPU run's controller looks at its workers every 0.5 s, not Ray's 2 s: a seconds-long job
+    # ends seconds sooner. GPU jobs keep Ray's own pace.
+    assert local.runtime_env["env_vars"]["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"
+    assert "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S" not in aws.runtime_env["env_vars"]
     # Same config, same hash: a second `up` is a no-op; a changed knob is a new job.
     assert local.spec_hash == build_job_spec(resolve_config({"steps": "3"}, environ={}).config).spec_hash
     assert local.spec_hash != build_job_spec(resolve_config({"steps": "4"}, environ={}).config).spec_hash

@@ -422,7 +422,7 @@ async def _answers(cluster: lc.ClusterDir) -> bool:
 async def _terminate(procs: list[Any]) -> None:
     if not procs:
         return
-    survivors = await asyncio.to_thread(terminate, procs)
+    survivors = await asyncio.to_thread(terminate, procs, grace_s=lc.STOP_GRACE_S)
     if survivors:
         raise OperationError(f"{len(survivors)} Ray processes would not stop (pids "
                              f"{', '.join(str(p.pid) for p in survivors[:5])})")

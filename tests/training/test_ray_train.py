@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from backend.jobspec import CPU_HEALTH_CHECK_INTERVAL_S
 from backend.telemetry import Telemetry
 from tests.conftest import REPO
 from tests.tmp_watch import short_tmp_dir
@@ -26,8 +27,10 @@ from training.protocol import METRIC_TAG, SUMMARY_TAG, parse_record
 
 pytestmark = pytest.mark.ray
 
+# As rtui's CPU job has it (backend.jobspec), the controller's quicker look at its workers included.
 WORKER_ENV = {"PYTHONPATH": str(REPO), "RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "OMP_NUM_THREADS": "1",
-              "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+              "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+              "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": CPU_HEALTH_CHECK_INTERVAL_S}
 TINY = ["--num-workers", "2", "--device", "cpu", "--precision", "fp32", "--tiny-hidden-size", "64",
         "--tiny-layers", "2", "--tiny-heads", "4", "--tiny-vocab-size", "1024"]
 
