@@ -197,8 +197,9 @@ def test_an_orphan_dir_whose_processes_are_gone_is_not_called_running(tmp_path: 
 
 def test_an_orphan_with_a_live_process_is_running(tmp_path: Path) -> None:
     made = lc.make_cluster_dir("r20260101-000000-live", "live", {"state_dir": str(tmp_path / "lost")})
-    # models time: lives until stopped
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(made.path / "r")])
+    # Lives until killed: it blocks reading its stdin, which the test never writes.
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", str(made.path / "r")],
+                              stdin=subprocess.PIPE)
     # A process is the cluster's only if rtui started it (recorded in the marker), never for naming the dir.
     lc.record_root(made, lc.node_name("live", None), ProcRef(holder.pid, psutil.Process(holder.pid).create_time()))
     try:

@@ -193,14 +193,14 @@ def test_lock_is_exclusive_across_processes_and_released_on_kill(tmp_path: Path)
     root = tmp_path / "s"
     store = RunStore(root)
     rec = make(store)
-    # The holder keeps the lock until the test kills it: its sleep is another process's life, not a wait of the test.
+    # The holder keeps the lock until the test kills it: it blocks reading its stdin, which the test never
+    # writes (no cap on its life that a slow machine could reach).
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys,time; from pathlib import Path; from backend.store import RunStore;"
-         # models time: lives until stopped
-         "s=RunStore(Path(sys.argv[1]));\nwith s.lock(sys.argv[2]):\n print('held', flush=True); time.sleep(60)",
+         "import sys; from pathlib import Path; from backend.store import RunStore;"
+         "s=RunStore(Path(sys.argv[1]));\nwith s.lock(sys.argv[2]):\n print('held', flush=True); sys.stdin.read()",
          str(root), rec.run_id],
-        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     with pytest.raises(RunLockedError, match=f"pid {holder.pid}"), store.lock(rec.run_id):
         pass
