@@ -183,6 +183,12 @@ class Handler(abc.ABC):
         verb = {Action.DELETE: "Delete", Action.REPLACE: "Replace", Action.UPDATE: "Update"}.get(action)
         return f"{verb} {address}" if verb else self.title
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[dict[str, Any]]:
+        """The Kubernetes objects that applying ``want`` sends, made from the plan's resource (a value read
+        only when applied, such as a secret's, stands as where it comes from). ``create`` applies these and
+        `rtui manifest` prints them for every resource of the plan, so the two cannot drift (issue 38)."""
+        return []
+
     @abc.abstractmethod
     def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]: ...
 
@@ -207,6 +213,11 @@ class Layer(abc.ABC):
 
     async def prepare(self, ctx: Context) -> None:
         """Fetch the facts ``desired`` needs from the world (an image's digest), once per plan."""
+        return None
+
+    def settle_offline(self, ctx: Context) -> None:
+        """What ``prepare`` asks the world for, settled from the config alone, so that `rtui manifest` plans
+        without reaching a cloud or a cluster. Only facts no Kubernetes object is made from may be guessed."""
         return None
 
     @abc.abstractmethod

@@ -144,3 +144,19 @@ def test_the_hugging_face_token_reaches_a_secret_and_nothing_else(world: KubeWor
     del world.env["MY_HF"]
     failed = world.rtui("up", "--yes", "--hf-token", "env:MY_HF", check=False)
     assert failed.returncode == 2 and "MY_HF" in failed.stderr and failed.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [(), ("--hf-token", "env:MY_HF", "--idle-minutes", "0")],
+                         ids=["defaults", "token-fixed-size"])
+def test_rtui_manifest_prints_exactly_the_objects_up_applies(world: KubeWorld, args: tuple[str, ...]) -> None:
+    """Issue 38: `rtui manifest` renders the plan's objects, so it is what `up` sends, kind for kind and
+    field for field (less what only the moment of applying knows: a secret's value, a digest, addresses)."""
+    from tests.kubernetes.applied import applied, differences, printed
+
+    gpu_cluster(world.cluster)
+    world.env["MY_HF"] = "hf_TestTokenValue1234567890"
+    world.rtui("up", "--yes", *args, "--until", "kubernetes", timeout=180)
+    run_id = world.cluster.read("Namespace", "rtui")["metadata"]["labels"][RUN_LABEL]
+    manifest = world.rtui("manifest", *args, "--run-id", run_id).stdout
+    found = differences(printed(manifest), applied(world.cluster, run_id))
+    assert not found, "\n".join(found)

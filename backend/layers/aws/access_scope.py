@@ -145,6 +145,9 @@ class AccessScopeHandler(AwsHandler):
                          reason=f"narrowed to {', '.join(namespaces) or 'no namespace'}" if not missing
                          else "half narrowed: " + "; ".join(missing))]
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[dict[str, Any]]:
+        return rbac_objects(ctx.config.cluster_name, ctx.config.namespace, ctx.record.run_id)
+
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
 
         api = self.api(ctx)
@@ -152,7 +155,7 @@ class AccessScopeHandler(AwsHandler):
         principal = await caller_principal(api)
         self.made(ctx, want, f"{name}|{principal}")
         # While still cluster admin: the grants the namespaced policy lacks, then the group that gets them.
-        async for p in apply_all(await cluster_api(ctx), rbac_objects(name, namespace, ctx.record.run_id)):
+        async for p in apply_all(await cluster_api(ctx), self.kube_objects(ctx, want)):
             yield p
         entry = (await api.call("eks", "describe_access_entry", clusterName=name, principalArn=principal))
         groups = list(entry["accessEntry"].get("kubernetesGroups") or [])

@@ -73,9 +73,12 @@ class ClusterAutoscalerHandler(AwsHandler):
         deployment = next(o for o in _objects(ctx) if o["kind"] == "Deployment")
         return {"image": image, "command": deployment["spec"]["template"]["spec"]["containers"][0]["command"]}
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[dict[str, Any]]:
+        return _objects(ctx)
+
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         kube = await cluster_api(ctx)
-        async for p in apply_all(kube, _objects(ctx)):
+        async for p in apply_all(kube, self.kube_objects(ctx, want)):
             yield p
         self.made(ctx, want, f"{na.NAMESPACE}/{na.NAME}")
         async for p in wait_available(kube):

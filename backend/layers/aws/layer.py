@@ -166,6 +166,20 @@ class AwsLayer(Layer):
             return None
         return await gpu_node_hours(ctx, since=since, now=now)
 
+    def settle_offline(self, ctx: Context) -> None:
+        """`rtui manifest`: the AZs and the bucket's name come from AWS; no Kubernetes object is made from
+        either, so the region's first two AZs and a name standing for the bucket do. That the run has its own
+        bucket (no --storage-path) is what matters: the Ray pods then get a service account for it."""
+        config = ctx.config
+        if self.topology is None:
+            azs = [config.availability_zone or f"{config.region}a"]
+            azs.append(next(z for z in (f"{config.region}a", f"{config.region}b") if z not in azs))
+            self.topology = Topology(network_azs=azs, gpu_az=azs[0], az_index={z: i for i, z in enumerate(azs)})
+        facts = ctx.record.facts
+        if not config.storage_path and not facts.data_bucket:
+            facts.data_bucket = f"{config.cluster_name}-data"
+            facts.storage_path = storage_uri(facts.data_bucket)
+
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
         # The prices are asked while the preflight runs: the plan waits for neither twice.

@@ -230,6 +230,9 @@ class NamespaceHandler(KubeHandler):
         return Observed(address=NAMESPACE, layer=LAYER, kind=self.kind, id=ctx.config.namespace,
                         state={"name": ctx.config.namespace, "pod_security": enforce}, reason="exists")
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
+        return [manifests.namespace(ctx.config, ctx.record.run_id)]
+
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         live = await api.get("v1", "Namespace", ctx.config.namespace)
@@ -241,7 +244,8 @@ class NamespaceHandler(KubeHandler):
         if live is not None and not ours(live, ctx.record.run_id):
             raise UserError(f"namespace {ctx.config.namespace} exists and is not this run's",
                             remedy="choose another with --namespace")
-        await api.apply(manifests.namespace(ctx.config, ctx.record.run_id))
+        async for p in apply_all(api, self.kube_objects(ctx, want)):
+            yield p
         ctx.ledger.update(want.address, id=ctx.config.namespace)
         yield Progress(f"namespace {ctx.config.namespace}", 1.0)
 
@@ -290,9 +294,13 @@ class HfTokenHandler(KubeHandler):
         return Observed(address=HF_SECRET, layer=LAYER, kind=self.kind, id=f"{ctx.config.namespace}/{name}",
                         state={"source": ctx.config.hf_token}, depends_on=(NAMESPACE,), reason="exists")
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
+        return [manifests.hf_token_secret(ctx.config, ctx.record.run_id, f"<read from {want.spec['source']} when "
+                                                                         "applied>")]
+
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        token = read_hf_token(ctx.config.hf_token)
-        secret = manifests.hf_token_secret(ctx.config, ctx.record.run_id, token)
+        (secret,) = self.kube_objects(ctx, want)
+        secret["stringData"] = {manifests.HF_TOKEN_KEY: read_hf_token(str(want.spec["source"]))}
         await self.api(ctx).apply(secret)
         ctx.ledger.update(want.address, id=object_id(secret))
         yield Progress("token stored in the cluster", 1.0)
@@ -422,8 +430,11 @@ class DevicePluginHandler(AddonHandler):
                         reason=f"GPU nodes already advertise {resource} ({', '.join(advertising[:3])}"
                                f"{', ...' if len(advertising) > 3 else ''}): a plugin runs, adopted")
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
+        return self.objects(ctx, want.spec.get("digest"))
+
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        async for p in self.install(ctx, want, self.objects(ctx, want.spec.get("digest"))):
+        async for p in self.install(ctx, want, self.kube_objects(ctx, want)):
             yield p
 
     async def readiness(self, api: KubeApi, live: Manifest) -> Check:
@@ -487,6 +498,10 @@ class OperatorHandler(AddonHandler):
         if found is None:
             return None
         return self.observed(found, ctx, *addons.deployment_available(found))
+
+    def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
+        """Without the CRDs: read from their source when applied (`rtui manifest` says where from)."""
+        return self.objects(ctx, [], want.spec.get("digest"))
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         yield Progress(f"reading the KubeRay {ctx.config.kuberay_version} CRDs")

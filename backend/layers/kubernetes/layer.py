@@ -57,7 +57,6 @@ from backend.layers.kubernetes.security import (
     JobEnvHandler,
     NetworkPolicyHandler,
     RayTokenHandler,
-    network_policy,
     network_policy_name,
     policy_enforcer,
     ray_token,
@@ -629,40 +628,33 @@ class KubernetesLayer(Layer):
 
 
 def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifest], list[str]]:
-    """What ``rtui manifest`` prints: every object a run would apply, in the order it applies them,
-    and notes for what it cannot show (the CRDs come from their source; a token is read at apply time)."""
-    objects = [manifests.namespace(config, run_id)]
-    notes = []
-    if config.hf_token:
-        objects.append(manifests.hf_token_secret(config, run_id, f"<read from {config.hf_token} when applied>"))
-    objects.append(manifests.ray_token_secret(config, run_id, "<random, made when applied>"))
-    if config.job_env_names():
-        objects.append(manifests.job_env_secret(config, run_id, {n: "<read from rtui's environment when applied>"
-                                                                 for n in config.job_env_names()}))
-    else:
-        objects.append(manifests.job_env_secret(config, run_id, {}))
-    objects.append(network_policy(config, run_id, []))
-    if config.storage_size:
-        objects.append(manifests.data_claim(config, run_id))
-    if config.service_account:
-        objects.append(manifests.service_account(config.namespace, config.service_account, run_id))
-    else:
-        objects.append(manifests.service_account(config.namespace, manifests.worker_service_account_name(config),
-                                                 run_id, manifests.RAY_WORKERS))
-    objects += addons.nvidia_device_plugin(config, run_id)
-    if config.wants_efa():
-        objects += addons.efa_device_plugin(config, run_id)
-    objects += addons.kuberay_operator(config, run_id, [])
-    notes.append(f"the KubeRay {config.kuberay_version} CRDs (RayCluster, RayJob, RayService) come first, from "
-                 f"{config.kuberay_crds or 'the KubeRay release'}")
-    notes.append("device plugins and the operator are skipped where the cluster already runs them")
-    notes.append("the NetworkPolicy also admits the API server's addresses (Endpoints default/kubernetes) on port "
-                 f"{manifests.DASHBOARD_PORT}, read when applied")
-    objects.append(manifests.image_prepull(config, run_id))
-    objects.append(manifests.raycluster(config, run_id))
-    notes.append("every image is pinned by digest at plan time (refused when its registry does not answer, "
-                 "unless --allow-unpinned)")
-    notes.append("once the Ray head runs, a probe pod (the Ray image, on the head's node) tries the head's port "
-                 f"{GCS_PORT} to confirm the NetworkPolicy is enforced, and is deleted; its verdict is kept in the "
-                 f"ConfigMap {verdict_name(config)}")
+    """What ``rtui manifest`` prints: the Kubernetes objects of every resource of the run's plan, in the
+    order it applies them, each from its handler's ``kube_objects``, the objects ``up`` applies for it
+    (issue 38: a separate list here drifted from them); notes for what it cannot show (the CRDs come from
+    their source; a token, the API server's addresses and the GPU nodes' names are read when applied)."""
+    # lazy: the planner imports the layers' base, which this module is one of
+    from backend.layers.base import Context
+    from backend.planner import desired
+    from backend.store import RunStore
+
+    store = RunStore()
+    record = store.new(config)
+    record.run_id = run_id
+    stack = targets.get(config.target).stack(config)
+    ctx = Context(config=config, record=record, store=store,
+                  cluster=next((a for a in (layer.access() for layer in stack.layers) if a is not None), None))
+    for layer in stack.layers:
+        layer.settle_offline(ctx)
+    objects = [obj for want in desired(stack, ctx)
+               for obj in stack.handler(want.layer, want.kind).kube_objects(ctx, want)]
+    notes = [f"the KubeRay {config.kuberay_version} CRDs (RayCluster, RayJob, RayService) come first, from "
+             f"{config.kuberay_crds or 'the KubeRay release'}",
+             "device plugins and the operator are skipped where the cluster already runs them",
+             "the NetworkPolicy also admits the API server's addresses (Endpoints default/kubernetes) on port "
+             f"{manifests.DASHBOARD_PORT}, read when applied",
+             "every image is pinned by digest at plan time (refused when its registry does not answer, "
+             "unless --allow-unpinned)",
+             "once the Ray head runs, a probe pod (the Ray image, on the head's node) tries the head's port "
+             f"{GCS_PORT} to confirm the NetworkPolicy is enforced, and is deleted; its verdict is kept in the "
+             f"ConfigMap {verdict_name(config)}"]
     return objects, notes

@@ -125,6 +125,10 @@ class PrepullHandler(KubeHandler):
         return [manifests.image_prepull(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"),
                                         gpu_nodes=gpu_node_names or ())]
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
+        """Only the labelled GPU nodes: the ones seen by name are added when applied."""
+        return self.objects(ctx, want)
+
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         name = f"{ctx.config.cluster_name}-{manifests.PREPULL_NAME_SUFFIX}"
         live = await api.get("apps/v1", "DaemonSet", name, ctx.config.namespace)
@@ -201,6 +205,9 @@ class RayClusterHandler(KubeHandler):
                                    service_account=want.spec.get("service_account"))
         obj["metadata"]["annotations"] = {SPEC_ANNOTATION: json.dumps(want.spec, sort_keys=True)}
         return obj
+
+    def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
+        return [self.manifest(ctx, want)]
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)

@@ -71,11 +71,14 @@ class RayTokenHandler(KubeHandler):
         # Never a new token under a running cluster: its pods read it once, at start.
         return (Action.NOOP, have.reason) if have.healthy else (Action.REPLACE, have.reason)
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
+        return [manifests.ray_token_secret(ctx.config, ctx.record.run_id, "<random, made when applied>")]
+
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         if await ray_token(api, ctx.config, ctx.record.run_id) is None:
-            token = secrets.token_urlsafe(TOKEN_BYTES)
-            secret = manifests.ray_token_secret(ctx.config, ctx.record.run_id, token)
+            (secret,) = self.kube_objects(ctx, want)
+            secret["stringData"] = {manifests.RAY_TOKEN_KEY: secrets.token_urlsafe(TOKEN_BYTES)}
             await api.apply(secret)
         ctx.ledger.update(want.address, id=f"Secret/{ctx.config.namespace}/"
                                            f"{manifests.ray_token_secret_name(ctx.config)}")
@@ -185,6 +188,10 @@ class NetworkPolicyHandler(KubeHandler):
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
+        """Without the API server's addresses: read when applied (`rtui manifest` says so)."""
+        return [network_policy(ctx.config, ctx.record.run_id, [])]
+
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         cidrs = await apiserver_cidrs(api)
@@ -245,6 +252,10 @@ class JobEnvHandler(KubeHandler):
         if have.state.get("names") != want.spec.get("names"):
             return Action.UPDATE, f"variables now: {', '.join(want.spec.get('names') or []) or 'none'}"
         return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
+
+    def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
+        return [manifests.job_env_secret(ctx.config, ctx.record.run_id, {
+            str(n): "<read from rtui's environment when applied>" for n in want.spec.get("names") or []})]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         values = _job_env_values(ctx.config)

@@ -62,9 +62,12 @@ class ServiceAccountHandler(KubeHandler):
         return Observed(address=self.address, layer=LAYER, kind=self.kind, id=f"{ctx.config.namespace}/{name}",
                         state={"name": name}, depends_on=(NAMESPACE,), reason="exists")
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
+        return [manifests.service_account(ctx.config.namespace, str(want.spec["name"]), ctx.record.run_id,
+                                          self.purpose)]
+
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        obj = manifests.service_account(ctx.config.namespace, str(want.spec["name"]), ctx.record.run_id,
-                                        self.purpose)
+        (obj,) = self.kube_objects(ctx, want)
         api = self.api(ctx)
         live = await api.get("v1", "ServiceAccount", str(want.spec["name"]), ctx.config.namespace)
         if live is not None and not ours(live, ctx.record.run_id):

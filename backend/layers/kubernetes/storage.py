@@ -163,6 +163,10 @@ class DataClaimHandler(KubeHandler):
                                 "where the StorageClass allows expansion)"
         return Action.NOOP, have.reason
 
+    def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
+        return [manifests.data_claim(ctx.config, ctx.record.run_id,
+                                     str(want.spec.get("access_mode") or manifests.READ_WRITE_MANY))]
+
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         facts = await storage_facts(api)
