@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from backend.delivery import local_data_dir
-from backend.layers.local_cluster import MARKER, find_clusters, node_procs
+from backend.layers.local_cluster import IDLE_WATCHER, MARKER, find_clusters, idle_watch_s, node_procs
 from backend.session import RunSession
 from backend.store import RunStore
 from tests.conftest import RTUI, json_lines, run_rtui
@@ -91,3 +91,40 @@ def _idle_stop_then_down(events: list[dict[str, Any]], terminal: Terminal) -> No
     assert down.returncode == 0, down.stderr[-2000:]
     assert not Path(path).exists()
     assert terminal.alive(), "`rtui down` killed the user's terminal"
+
+
+def test_a_new_idle_timeout_on_a_live_cluster_restarts_only_its_watcher(isolated_env: Path) -> None:
+    """`--idle-minutes` on a run whose cluster is up (issue 38: the plan said no change while the watcher
+    kept the old value): the plan updates the head in place, `up` starts the watcher anew with the new
+    timeout and leaves the head and its job alone; `--idle-minutes 0` stops the watcher."""
+    first = run_rtui("up", "--yes", "--json", "--idle-minutes", "5", "--steps", "2", timeout=300)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    run_id = json_lines(first.stdout)[0]["data"]["run_id"]
+    (cluster,) = find_clusters(run_id=run_id)
+    head = node_procs(cluster).head
+    assert head is not None and idle_watch_s(cluster) == 300
+    try:
+        same = json_lines(run_rtui("plan", "--json", "--idle-minutes", "5", "--steps", "2", check=True).stdout)[0]
+        assert same["noop"] is True, same["changes"]
+        plan = json_lines(run_rtui("plan", "--json", "--idle-minutes", "7", "--steps", "2", check=True).stdout)[0]
+        changes = {c["address"]: c for c in plan["changes"] if c["action"] != "noop"}
+        assert list(changes) == ["local.ray-head"], plan["changes"]
+        assert changes["local.ray-head"]["action"] == "update", changes
+        assert "after 420s" in changes["local.ray-head"]["reason"], changes
+
+        again = run_rtui("up", "--yes", "--json", "--idle-minutes", "7", "--steps", "2", timeout=300)
+        assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+        assert not [e for e in json_lines(again.stdout) if e["step"] == "ray.job.train"], "the job was made again"
+        (after,) = find_clusters(run_id=run_id)
+        assert node_procs(after).head == head, "the head was restarted"
+        assert idle_watch_s(after) == 420
+        assert len([r for r in after.roots if r.role == IDLE_WATCHER and r.ref.alive()]) == 1
+        assert json_lines(run_rtui("plan", "--json", "--idle-minutes", "7", "--steps", "2",
+                                   check=True).stdout)[0]["noop"] is True
+
+        off = run_rtui("up", "--yes", "--json", "--idle-minutes", "0", "--steps", "2", timeout=300)
+        assert off.returncode == 0, off.stdout[-2000:] + off.stderr[-2000:]
+        (last,) = find_clusters(run_id=run_id)
+        assert idle_watch_s(last) == 0 and node_procs(last).head == head
+    finally:
+        assert run_rtui("down", run_id, "--yes", timeout=120).returncode == 0

@@ -46,6 +46,13 @@ _PORT_FLAGS = {
 }
 
 
+IDLE_KEY = "idle_stop_s"
+
+
+def _idle_words(idle_s: object) -> str:
+    return f"after {idle_s}s without a job or an rtui" if idle_s else "none"
+
+
 def worker_address(index: int) -> str:
     return f"local.ray-worker.{index}"
 
@@ -187,7 +194,7 @@ class HeadHandler(Handler):
             try:
                 info = await jobs.version(timeout_s=1.0)
                 await asyncio.to_thread(lc.tighten, cluster.path)
-                idle_s = ctx.config.idle_timeout_s()
+                idle_s = int(want.spec[IDLE_KEY])
                 if idle_s:
                     _start_idle_watcher(cluster, idle_s)
                 yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})"
@@ -200,6 +207,28 @@ class HeadHandler(Handler):
                                      remedy=f"see {log}")
             yield Progress(f"waiting for the dashboard ({elapsed:.0f}s)", min(0.9, 0.1 + elapsed / 30))
             await asyncio.sleep(0.5)
+
+    def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
+        """A running head whose only change is the idle stop's timeout is updated in place: its watcher
+        is started anew, the cluster and its job stay (a new head for that would end the job)."""
+        action, why = super().compare(want, have)
+        changed = [k for k, v in want.spec.items() if have.state.get(k) != v]
+        if action is Action.REPLACE and have.healthy and changed == [IDLE_KEY]:
+            was, now = _idle_words(have.state.get(IDLE_KEY)), _idle_words(want.spec[IDLE_KEY])
+            return Action.UPDATE, f"idle stop: {was} → {now}"
+        return action, why
+
+    async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
+        cluster = lc.read_marker(Path(have.id))
+        if cluster is None:
+            raise OperationError(f"{have.id} is no longer a cluster dir of rtui's", remedy="run `rtui up --yes` again")
+        old = [proc for root in cluster.roots if root.role == lc.IDLE_WATCHER
+               if (proc := root.ref.process()) is not None]
+        await _terminate(old)
+        idle_s = int(want.spec[IDLE_KEY])
+        if idle_s:
+            _start_idle_watcher(cluster, idle_s)
+        yield Progress(f"idle stop: {_idle_words(idle_s)}", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         yield Progress("stopping Ray processes")
@@ -264,7 +293,9 @@ class LocalRay(Layer):
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
         spec: dict[str, Any] = {"cpus": head_cpus(ctx), "object_store_mib": OBJECT_STORE_BYTES // 2**20,
                                 # Worker nodes need the head on the host's address (see ray_env).
-                                "loopback": not ctx.config.local_worker_nodes}
+                                "loopback": not ctx.config.local_worker_nodes,
+                                # The idle stop's timeout, 0 for none: its watcher changes in place.
+                                IDLE_KEY: ctx.config.idle_timeout_s() or 0}
         if ctx.config.local_dashboard_port:
             spec["dashboard_port"] = ctx.config.local_dashboard_port
         out = [Resource(address=HEAD, layer=self.name, kind="ray-head", spec=spec, cost_per_hour=0.0)]
@@ -282,7 +313,7 @@ class LocalRay(Layer):
             address = HEAD if n == 0 else f"local.stale-cluster.{cluster.path.name}"
             ports = cluster.facts.get("ports", {})
             state = {**cluster.facts.get("shape", {}), "dashboard_port": ports.get("dashboard"),
-                     "dir": str(cluster.path)}
+                     "dir": str(cluster.path), IDLE_KEY: await asyncio.to_thread(lc.idle_watch_s, cluster)}
             stopped = "stopped while idle: a new head replaces it" if cluster.facts.get("stopped_while_idle") else ""
             observed.append(Observed(
                 address=address, layer=self.name, kind="ray-head", id=str(cluster.path), state=state,
@@ -404,7 +435,7 @@ def _start_idle_watcher(cluster: lc.ClusterDir, idle_s: int) -> None:
     env = {**ray_env(cluster), "PYTHONPATH": os.pathsep.join([root, *([path] if path else [])])}
     ref = start_detached([sys.executable, "-m", "backend.local_idle", str(cluster.path), str(idle_s)],
                          log_path=cluster.path / "rtui-idle.log", env=env, cwd=cluster.path)
-    lc.record_root(cluster, "idle-watcher", ref)
+    lc.record_root(cluster, lc.IDLE_WATCHER, ref)
 
 
 def _live_cluster(ctx: Context) -> lc.ClusterDir | None:
