@@ -126,7 +126,7 @@ def test_two_local_runs_at_once_closed_private_and_alone(tmp_path: Path) -> None
                                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     try:
         outs = [p.communicate(timeout=500) for _, p in runs]
-        assert [p.returncode for _, p in runs] == [0, 0], [o[1][-2000:] for o in outs]
+        assert [p.returncode for _, p in runs] == [0, 0], [(o[0][-3000:], o[1][-2000:]) for o in outs]
         ids = [json_lines(out)[0]["data"]["run_id"] for out, _ in outs]
         clusters = [find_clusters(run_id=r)[0] for r in ids]
         ports = [set(c.facts["ports"].values()) for c in clusters]
