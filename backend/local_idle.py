@@ -22,7 +22,7 @@ from pathlib import Path
 from backend.errors import RtuiError
 from backend.layers import local_cluster as lc
 from backend.layers.local_ray import jobs_for
-from backend.procs import terminate
+from backend.procs import stop_group
 from backend.record import StoppedWhileIdle
 from backend.store import RunLockedError, RunStore
 
@@ -47,11 +47,11 @@ def stop(cluster: lc.ClusterDir, idle_s: float, store_root: Path | None) -> bool
     hold = store.lock(cluster.run_id) if store is not None else contextlib.nullcontext()
     try:
         with hold:
-            family = lc.cluster_family(cluster)  # never this process (a recorded root too)
             at = time.time()
             cluster.facts["stopped_while_idle"] = {"at": at, "idle_s": idle_s}
             lc.write_marker(cluster)
-            terminate(family, grace_s=lc.STOP_GRACE_S)
+            # Never this process (a recorded root too); looked up again while the cluster stops.
+            stop_group(lambda: lc.cluster_family(cluster), grace_s=lc.STOP_GRACE_S)
             if store is not None:
                 with contextlib.suppress(RtuiError, OSError):
                     record = store.load(cluster.run_id)

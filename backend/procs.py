@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +63,26 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+STOP_ROUNDS = 5
+
+
+def stop_group(find: Callable[[], Sequence[psutil.Process]], *, grace_s: float) -> tuple[int, list[psutil.Process]]:
+    """Stop a group of processes that may start more while it stops (a raylet still starting a worker
+    when its SIGTERM lands): ``terminate`` what ``find`` sees, then look again, until it sees none.
+
+    Returns how many processes were stopped and those that would not stop (should be none)."""
+    stopped: set[int] = set()
+    for _ in range(STOP_ROUNDS):
+        procs = list(find())
+        if not procs:
+            return len(stopped), []
+        stopped.update(p.pid for p in procs)
+        survivors = terminate(procs, grace_s=grace_s)
+        if survivors:
+            return len(stopped), survivors
+    return len(stopped), list(find())
 
 
 def check_port_free(port: int, host: str = "127.0.0.1", what: str = "port") -> None:

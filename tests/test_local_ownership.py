@@ -18,6 +18,7 @@ only SIGINT blocked), so they stay in the session of the ``ray start`` that rtui
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -44,7 +45,7 @@ needs_root = pytest.mark.skipif(os.getuid() != 0, reason="starting a process as 
 FAKE_RAY_START = """\
 import os, subprocess, sys, time
 sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]  # models time: lives until stopped
-child = subprocess.Popen(sleeper)
+child = subprocess.Popen([sys.executable, "-c", os.environ.get("FAKE_CHILD", sleeper[2])])
 if os.fork() == 0:
     if os.fork() == 0:
         print("daemon", os.getpid(), flush=True)
@@ -66,13 +67,14 @@ def _alive(pid: int) -> bool:
 class FakeCluster:
     """A marked cluster dir with a fake `ray start` head started the way rtui starts one."""
 
-    def __init__(self, state_dir: Path, name: str, *, record: bool) -> None:
+    def __init__(self, state_dir: Path, name: str, *, record: bool, child: str | None = None) -> None:
         self.name = name
         self.dir = lc.make_cluster_dir("r20261205-own0001", name, {"state_dir": str(state_dir)})
         log = self.dir.path / "rtui-head.log"
         argv = [sys.executable, "-c", FAKE_RAY_START, "start", "--block", "--head",
                 f"--node-name={lc.node_name(name, None)}", f"--temp-dir={self.dir.ray_dir}"]
-        self.head = start_detached(argv, log_path=log, env=dict(os.environ), cwd=self.dir.path)
+        env = {**os.environ, **({"FAKE_CHILD": child} if child else {})}
+        self.head = start_detached(argv, log_path=log, env=env, cwd=self.dir.path)
         if record:
             lc.record_root(self.dir, lc.node_name(name, None), self.head)
         try:  # a bound, not a pace: a loaded machine may take long to start three Pythons
@@ -177,6 +179,62 @@ def test_a_terminal_tailing_the_head_log_survives_down_and_the_idle_stop(
     # stop/down return only after the processes they signalled are gone: the moment has passed.
     assert not any(_alive(pid) for pid in fake.pids), "the cluster's processes outlived the stop"
     assert term.alive(), f"`{how}` killed the user's terminal or its tail"
+
+
+# A child that, when stopped, starts one more process in the cluster's session before it exits: a
+# raylet still starting a worker when its SIGTERM lands. It says when its handler is in place.
+SPAWNS_WHEN_STOPPED = """\
+import os, signal, subprocess, sys, time
+def stopped(*_):
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # models time
+    print("late", late.pid, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+print("ready", os.getpid(), flush=True)
+time.sleep(300)  # models time: lives until stopped
+"""
+
+
+def _words(log: Path) -> dict[str, int]:
+    return {k: int(v) for k, v in (line.split() for line in log.read_text().splitlines() if line.count(" ") == 1)}
+
+
+@pytest.mark.parametrize("how", ["down", "idle"])
+def test_a_process_started_while_the_cluster_stops_is_stopped_too(
+        isolated_env: Path, fakes: list[FakeCluster], how: str) -> None:
+    """One look at a cluster's processes before the signals misses those it starts while it stops;
+    `down` and the idle stop look again until none is left (CI, issue 37: `down` exited 0 with the
+    head's processes still running)."""
+    fake = FakeCluster(isolated_env, f"own-late-{how}", record=True, child=SPAWNS_WHEN_STOPPED)
+    fakes.append(fake)
+    log = fake.dir.path / "rtui-head.log"
+    eventually("the child's SIGTERM handler in place", lambda: _words(log).get("ready") == fake.child, timeout=120)
+    late: int | None = None
+    try:
+        if how == "idle":
+            cluster = lc.read_marker(fake.dir.path)
+            assert cluster is not None and local_idle.stop(cluster, 6.0, None)
+            late = _words(log).get("late")
+        else:
+            down = run_rtui("down", "--yes", "--cluster-name", fake.name, timeout=120)
+            assert down.returncode == 0, down.stderr
+            assert not fake.dir.path.exists()
+        # The log went with the dir on `down`: the late process is then found by its session.
+        sid_members = [p.pid for p in psutil.process_iter() if _in_session(p, fake.head.pid)]
+        assert late is None or late not in sid_members
+        assert not sid_members, f"left running after `{how}`: {sid_members}"
+        assert not any(_alive(pid) for pid in fake.pids)
+    finally:
+        for pid in [p.pid for p in psutil.process_iter() if _in_session(p, fake.head.pid)]:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+
+
+def _in_session(proc: psutil.Process, sid: int) -> bool:
+    try:
+        return os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE
+    except (OSError, psutil.Error):
+        return False
 
 
 def test_a_recycled_pid_in_the_marker_is_never_taken(

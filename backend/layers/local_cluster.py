@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,13 +264,19 @@ def cluster_family(cluster: ClusterDir | Path) -> list[psutil.Process]:
         if recorded.ref.matches(proc):  # else its pid was reused: that process and its session are not ours
             roots.append(proc)
             sessions[recorded.ref.pid] = recorded.ref.create_time
+    return _family(roots, sessions)
+
+
+def _family(roots: list[psutil.Process], sessions: dict[int, float]) -> list[psutil.Process]:
+    """The live roots, their descendants, and our processes in ``sessions`` (session id -> when its
+    leader started), never this process or its session."""
     found: dict[int, psutil.Process] = {}
     for root in roots:
         found[root.pid] = root
         with contextlib.suppress(psutil.Error):
             for child in root.children(recursive=True):
                 found[child.pid] = child
-    sessions.pop(os.getsid(0), None)  # never our own (the user's terminal) session
+    sessions = {sid: started for sid, started in sessions.items() if sid != os.getsid(0)}  # never the user's terminal
     if sessions:
         for proc in psutil.process_iter(["uids", "create_time"]):
             if not _mine(proc):  # another user's process is never ours
@@ -285,20 +292,18 @@ def cluster_family(cluster: ClusterDir | Path) -> list[psutil.Process]:
 
 def session_family(root: psutil.Process) -> list[psutil.Process]:
     """One node: its ``ray start``, its descendants and the session it leads (not the rest of the cluster)."""
-    found = {root.pid: root}
-    with contextlib.suppress(psutil.Error):
-        for child in root.children(recursive=True):
-            found[child.pid] = child
+    return node_family(root)()
+
+
+def node_family(root: psutil.Process) -> Callable[[], list[psutil.Process]]:
+    """``session_family`` to look up again while the node stops: whether the root leads its session is
+    asked once, while it lives; the session outlives it (its id is not handed out again while the
+    session has a member)."""
     try:
-        leads = os.getsid(root.pid) == root.pid and root.pid != os.getsid(0)
-    except OSError:
-        leads = False
-    if leads:
-        for proc in psutil.process_iter(["uids"]):
-            with contextlib.suppress(OSError):
-                if _mine(proc) and os.getsid(proc.pid) == root.pid:
-                    found.setdefault(proc.pid, proc)
-    return [p for p in found.values() if _alive(p) and owned(p)]
+        sessions = {root.pid: root.create_time()} if os.getsid(root.pid) == root.pid else {}
+    except (OSError, psutil.Error):
+        sessions = {}
+    return lambda: _family([root], sessions)
 
 
 def _mine(proc: psutil.Process) -> bool:

@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,7 +27,7 @@ from backend.errors import OperationError, TransientError, UserError
 from backend.layers import local_cluster as lc
 from backend.layers.base import Context, Handler, Layer
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
-from backend.procs import check_port_free, free_ports, start_detached, terminate
+from backend.procs import check_port_free, free_ports, start_detached, stop_group
 from backend.rayjobs import RayJobs
 from backend.runner import Progress
 from training.passed_env import JOB_ENV_FILE
@@ -224,7 +224,7 @@ class HeadHandler(Handler):
             raise OperationError(f"{have.id} is no longer a cluster dir of rtui's", remedy="run `rtui up --yes` again")
         old = [proc for root in cluster.roots if root.role == lc.IDLE_WATCHER
                if (proc := root.ref.process()) is not None]
-        await _terminate(old)
+        await _terminate(lambda: [p for p in old if p.is_running()])
         idle_s = int(want.spec[IDLE_KEY])
         if idle_s:
             _start_idle_watcher(cluster, idle_s)
@@ -277,9 +277,8 @@ class WorkerHandler(Handler):
         if proc is None:
             yield Progress("not running", 1.0)
             return
-        procs = await asyncio.to_thread(lc.session_family, proc)
-        await _terminate(procs)
-        yield Progress(f"stopped worker node {index} ({len(procs)} processes)", 1.0)
+        count = await _terminate(lc.node_family(proc))
+        yield Progress(f"stopped worker node {index} ({count} processes)", 1.0)
 
 
 class LocalRay(Layer):
@@ -450,13 +449,13 @@ async def _answers(cluster: lc.ClusterDir) -> bool:
     return jobs is not None and await jobs.answers()
 
 
-async def _terminate(procs: list[Any]) -> None:
-    if not procs:
-        return
-    survivors = await asyncio.to_thread(terminate, procs, grace_s=lc.STOP_GRACE_S)
+async def _terminate(find: Callable[[], Sequence[psutil.Process]]) -> int:
+    """Stop what ``find`` sees until it sees nothing (``stop_group``); how many were stopped."""
+    count, survivors = await asyncio.to_thread(stop_group, find, grace_s=lc.STOP_GRACE_S)
     if survivors:
         raise OperationError(f"{len(survivors)} Ray processes would not stop (pids "
                              f"{', '.join(str(p.pid) for p in survivors[:5])})")
+    return count
 
 
 async def _stop_and_remove(path: Path) -> int:
@@ -464,10 +463,9 @@ async def _stop_and_remove(path: Path) -> int:
     cluster = lc.read_marker(path)
     if cluster is None:
         return 0
-    family = await asyncio.to_thread(lc.cluster_family, cluster)
-    await _terminate(family)
+    count = await _terminate(lambda: lc.cluster_family(cluster))
     await asyncio.to_thread(lc.remove_cluster_dir, path)
-    return len(family)
+    return count
 
 
 def _tail(path: Path, limit: int = 8192) -> str:
