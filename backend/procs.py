@@ -3,7 +3,7 @@
 A process is identified by (pid, create_time) so a recycled pid is never mistaken
 for ours. A detached process leads a session of its own (``start_new_session``: its session
 id is its pid), so everything it spawns shares that id, even once re-parented to init
-(``layers.local_cluster`` finds them from the pid and start time it records).
+(``targets.local.cluster`` finds them from the pid and start time it records).
 """
 
 from __future__ import annotations

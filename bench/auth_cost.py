@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.config import RunConfig  # noqa: E402
 from backend.errors import OperationError, TransientError  # noqa: E402
-from backend.layers import local_cluster as lc  # noqa: E402
-from backend.layers.local_ray import PORT_NAMES, TOKEN_FILE, head_argv, jobs_for, ray_env  # noqa: E402
 from backend.procs import free_ports, start_detached, terminate  # noqa: E402
 from backend.rayjobs import RayJobs, submit_when_ready  # noqa: E402
 from backend.retry import Backoff, Retrying  # noqa: E402
 from backend.store import RunStore  # noqa: E402
+from targets.local import cluster as lc  # noqa: E402
+from targets.local.layer import PORT_NAMES, TOKEN_FILE, head_argv, jobs_for, ray_env  # noqa: E402
 
 JOB = "python -c \"import ray; ray.init(); print(ray.cluster_resources()['CPU'])\""
 # Each wait has a deadline: a head that never answers ends the bench with its log, not a hang.

@@ -25,8 +25,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from backend.layers.local_cluster import cluster_family, find_clusters  # noqa: E402
 from backend.store import RunStore  # noqa: E402
+from targets.local.cluster import cluster_family, find_clusters  # noqa: E402
 from training.protocol import SUMMARY_TAG, parse_record  # noqa: E402
 
 

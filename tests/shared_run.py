@@ -9,8 +9,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.layers.local_cluster import ClusterDir
 from backend.store import RunRecord, RunStore
+from targets.local.cluster import ClusterDir
 from tests.conftest import run_rtui
 
 

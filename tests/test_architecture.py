@@ -58,7 +58,7 @@ def test_the_tui_process_stays_light() -> None:
     """Reaching the first frame must not pay for torch, transformers or ray.train."""
     loaded = imported_after(["tui.cli", "tui.app", "tui.commands", "screens.target", "screens.plan",
                              "screens.provision", "screens.run", "backend.session", "backend.flows",
-                             "backend.layers.local_ray", "backend.layers.ray_job"])
+                             "targets.local.layer", "backend.layers.ray_job"])
     heavy = {m for m in loaded if m.split(".")[0] in {"torch", "transformers", "ray"}}
     assert not heavy, sorted(heavy)[:10]
 
@@ -308,7 +308,7 @@ def test_no_module_level_client_cache_in_backend() -> None:
 # never compare a value against them. Spelled here, not imported: the test must not trust the product.
 TARGET_NAMES = frozenset({"local", "kube", "aws"})
 # Generic code (issue 24): what serves every target. The layers of one target (backend/layers/aws,
-# kubernetes, local_ray, local_cluster) and the targets/ packages are where a target's own code lives.
+# kubernetes) and the targets/ packages are where a target's own code lives.
 # backend/aws is the aws target's read-only AWS code (its "aws" is also the partition's name).
 GENERIC = ("backend/*.py", "backend/telemetry/*.py", "backend/layers/base.py",
            "backend/layers/ray_job.py", "tui/*.py", "screens/*.py")

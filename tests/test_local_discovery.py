@@ -13,10 +13,10 @@ import pytest
 
 from backend.config import RunConfig
 from backend.errors import OperationError
-from backend.layers import local_cluster as lc
 from backend.ledger import ResourceStatus
 from backend.procs import ProcRef
 from backend.store import RunStatus, RunStore
+from targets.local import cluster as lc
 from tests.conftest import json_lines, run_rtui
 from tests.eventually import eventually
 
@@ -128,7 +128,7 @@ def test_a_second_up_on_the_same_cluster_gets_one_line_naming_the_run(isolated_e
 
 
 def test_ray_gets_a_minimal_environment_pinned_to_its_cluster(cluster: lc.ClusterDir) -> None:
-    from backend.layers.local_ray import ray_env
+    from targets.local.layer import ray_env
 
     cluster.facts.update({"ports": {}, "gcs_address": "127.0.0.1:9"})
     user = {"PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "AWS_SECRET_ACCESS_KEY": "s3cr3t",

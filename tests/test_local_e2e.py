@@ -14,8 +14,8 @@ from typing import Any
 import psutil
 import pytest
 
-from backend.layers.local_cluster import cluster_family, find_clusters, node_procs
 from backend.store import RunStore
+from targets.local.cluster import cluster_family, find_clusters, node_procs
 from tests.conftest import RTUI, json_lines, run_rtui
 from training.protocol import METRIC_TAG, parse_record
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from backend.delivery import local_data_dir
-from backend.layers.local_cluster import find_clusters
 from backend.store import JobState
+from targets.local.cluster import find_clusters
 from tests.conftest import json_lines, run_rtui
 from tests.shared_run import SharedRun, own_env
 from tests.test_local_security import is_loopback, listening

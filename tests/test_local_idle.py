@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from backend.delivery import local_data_dir
-from backend.layers.local_cluster import IDLE_WATCHER, MARKER, find_clusters, idle_watch_s, node_procs
 from backend.session import RunSession
 from backend.store import RunStore
+from targets.local.cluster import IDLE_WATCHER, MARKER, find_clusters, idle_watch_s, node_procs
 from tests.conftest import RTUI, json_lines, run_rtui
 from tests.eventually import eventually
 from tests.test_local_e2e import cluster_dir, heads, our_processes

@@ -28,9 +28,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backend import local_idle
-from backend.layers import local_cluster as lc
 from backend.procs import ProcRef, start_detached, terminate
+from targets.local import cluster as lc
+from targets.local import idle as local_idle
 from tests.conftest import run_rtui
 from tests.eventually import eventually
 

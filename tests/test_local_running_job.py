@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backend.layers.local_cluster import cluster_family, find_clusters
 from backend.store import RunStore
 from screens.run import RunScreen
+from targets.local.cluster import cluster_family, find_clusters
 from tests.conftest import json_lines, run_rtui
 from tests.eventually import eventually, eventually_async
 from tests.shared_run import SharedRun, own_env

@@ -23,8 +23,8 @@ import grpc
 import psutil
 import pytest
 
-from backend.layers.local_cluster import ClusterDir, cluster_family, find_clusters
 from backend.store import JobState, RunRecord, RunStore
+from targets.local.cluster import ClusterDir, cluster_family, find_clusters
 from tests.conftest import RTUI, json_lines, run_rtui
 from tests.eventually import eventually
 

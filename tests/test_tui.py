@@ -11,12 +11,12 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 
 from backend.config import resolve_config
-from backend.layers.local_cluster import cluster_family
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmTeardown
 from screens.plan import PlanScreen
 from screens.run import RunScreen
+from targets.local.cluster import cluster_family
 from tests.pilot_wait import wait_for
 from tests.snap import SnapCompare
 from tui.app import RtuiApp

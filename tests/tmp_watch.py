@@ -2,7 +2,7 @@
 
 Every file a test makes belongs under its ``tmp_path``. Two things cannot follow that rule and are
 watched here instead: a local cluster, whose marked dir rtui always makes under /tmp
-(``backend.layers.local_cluster.ROOT``), and Ray's temp dir, which holds unix sockets (a path of at
+(``targets.local.cluster.ROOT``), and Ray's temp dir, which holds unix sockets (a path of at
 most 107 bytes, ``sun_path`` in unix(7)) that pytest's tmp paths under xdist come close to. The
 session snapshots the rtui- and Ray-made entries of /tmp when it starts and fails if any is new when
 it ends (tests/conftest.py); only new entries count, since other sessions share the host.
@@ -29,7 +29,7 @@ TMP = Path("/tmp")
 # tempfile.gettempdir() (Checkpoint.as_directory's checkpoint_tmp_<id>), and the sockets of the tmux
 # servers the tests and bench/first_frame.py start (tmux -L rtui-…). Not ray.air's _ray_lockfiles: a
 # lock dir any Ray Train run on the host shares, the local target's jobs included (their environment
-# keeps no TMPDIR: backend/layers/local_ray.ray_env), so it is the product's, not a test's leftover.
+# keeps no TMPDIR: targets/local/layer.ray_env), so it is the product's, not a test's leftover.
 WATCHED = ("rtui*", "vol-*", "ray", "ray/session_2*", "checkpoint_tmp_*", "tmux-*/rtui-*")
 
 
@@ -58,7 +58,7 @@ def made_by_another_session(path: Path, basetemp: Path) -> bool:
     """An entry another run's tests named with their own token, or a local cluster dir whose marker
     names a state dir outside this session's tmp paths: another rtui's on this host (a user's, or a
     suite running beside this one), never this run's to report."""
-    from backend.layers.local_cluster import read_marker
+    from targets.local.cluster import read_marker
 
     tokened = _TOKENED.search(str(path))
     if tokened:
@@ -74,8 +74,8 @@ def reap_clusters_under(base: Path) -> list[Path]:
     tmp_path, or the session's base temp), whatever became of the test or its ``rtui down``.
 
     Only clusters of this test or session: never another rtui's (its marker names another state dir)."""
-    from backend.layers.local_cluster import cluster_family, find_clusters, remove_cluster_dir
     from backend.procs import terminate
+    from targets.local.cluster import cluster_family, find_clusters, remove_cluster_dir
 
     reaped = []
     for cluster in find_clusters():

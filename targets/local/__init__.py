@@ -1,6 +1,6 @@
 """The local target: a real Ray cluster of our own child processes on this machine (DESIGN.md §3).
 
-Layers: ``backend.layers.local_ray`` (head and worker processes), then the ray-job layer.
+Layers: ``targets.local.layer`` (head and worker processes), then the ray-job layer.
 It trains a tiny random Qwen2 on CPUs with gloo, offline, for free.
 """
 
@@ -34,8 +34,8 @@ class LocalTarget(Target):
 
     def stack(self, config: RunConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
-        from backend.layers.local_ray import LocalRay
         from backend.layers.ray_job import RayJobLayer
+        from targets.local.layer import LocalRay
 
         return Stack(self.name, [LocalRay(), RayJobLayer()])
 
@@ -73,7 +73,7 @@ class LocalTarget(Target):
 
     def live_clusters(self, cluster_name: str | None = None) -> list[FoundCluster]:
         # lazy: psutil (~30 ms) only when live clusters are looked for
-        from backend.layers.local_cluster import cluster_family, find_clusters
+        from targets.local.cluster import cluster_family, find_clusters
 
         found = []
         for c in find_clusters(cluster_name=cluster_name):

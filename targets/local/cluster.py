@@ -125,12 +125,12 @@ def record_root(cluster: ClusterDir, role: str, ref: ProcRef) -> None:
     cluster.roots = list(on_disk.roots)
 
 
-IDLE_WATCHER = "idle-watcher"  # the role of backend.local_idle's process among a cluster's roots
+IDLE_WATCHER = "idle-watcher"  # the role of targets.local.idle's process among a cluster's roots
 
 
 def idle_watch_s(cluster: ClusterDir) -> int:
     """The idle timeout (s) the cluster's live idle watcher keeps, read from its own command line (the
-    last argument of ``python -m backend.local_idle DIR IDLE_S``); 0 when none runs."""
+    last argument of ``python -m targets.local.idle DIR IDLE_S``); 0 when none runs."""
     for root in reversed(cluster.roots):
         proc = root.ref.process() if root.role == IDLE_WATCHER else None
         if proc is None:

@@ -1,4 +1,4 @@
-"""Stop a local cluster left idle (issue 26, item 4): ``python -m backend.local_idle <cluster dir> <seconds>``.
+"""Stop a local cluster left idle (issue 26, item 4): ``python -m targets.local.idle <cluster dir> <seconds>``.
 
 A local cluster has no autoscaler to lend, so the head's start leaves this small watcher beside
 it, detached like Ray's own processes and recorded in the marker as one of the cluster's roots (so
@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 from backend.errors import RtuiError
-from backend.layers import local_cluster as lc
-from backend.layers.local_ray import jobs_for
 from backend.procs import stop_group
 from backend.record import StoppedWhileIdle
 from backend.store import RunLockedError, RunStore
+from targets.local import cluster as lc
+from targets.local.layer import jobs_for
 
 POLL_MAX_S = 5.0
 
@@ -83,7 +83,7 @@ async def watch(path: Path, idle_s: float) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m backend.local_idle <cluster dir> <idle seconds>", file=sys.stderr)
+        print("usage: python -m targets.local.idle <cluster dir> <idle seconds>", file=sys.stderr)
         return 2
     outcome = asyncio.run(watch(Path(argv[0]), float(argv[1])))
     print(f"rtui idle watcher: {outcome}")

@@ -24,12 +24,12 @@ import psutil
 
 from backend.delivery import local_data_dir
 from backend.errors import OperationError, TransientError, UserError
-from backend.layers import local_cluster as lc
 from backend.layers.base import Context, Handler, Layer
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.procs import check_port_free, free_ports, start_detached, stop_group
 from backend.rayjobs import RayJobs
 from backend.runner import Progress
+from targets.local import cluster as lc
 from training.passed_env import JOB_ENV_FILE
 from training.raytrain import RENDEZVOUS_DIR_ENV
 
@@ -425,14 +425,14 @@ def _loopback_interface() -> str:
 
 
 def _start_idle_watcher(cluster: lc.ClusterDir, idle_s: int) -> None:
-    """backend.local_idle beside the head: it stops the cluster after ``idle_s`` without a job or an
+    """targets.local.idle beside the head: it stops the cluster after ``idle_s`` without a job or an
     rtui attached (issue 26). Detached like the Ray processes, and recorded as a root of the cluster's."""
     root = str(Path(__file__).resolve().parents[2])  # where `backend` is, for the new interpreter
     path = os.environ.get("PYTHONPATH")
     # Ray's minimal environment (never the user's credentials: tests/test_local_security.py), plus
     # where to import rtui from.
     env = {**ray_env(cluster), "PYTHONPATH": os.pathsep.join([root, *([path] if path else [])])}
-    ref = start_detached([sys.executable, "-m", "backend.local_idle", str(cluster.path), str(idle_s)],
+    ref = start_detached([sys.executable, "-m", "targets.local.idle", str(cluster.path), str(idle_s)],
                          log_path=cluster.path / "rtui-idle.log", env=env, cwd=cluster.path)
     lc.record_root(cluster, lc.IDLE_WATCHER, ref)
 
