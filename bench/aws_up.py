@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.config import RunConfig  # noqa: E402
 from backend.hub import default_dataset_uri  # noqa: E402
-from backend.layers.kubernetes.handlers import kuberay_crds  # noqa: E402
 from backend.planner import apply_steps, select_until  # noqa: E402
 from backend.runner import Runner, Step  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.store import RunStore  # noqa: E402
+from targets.kube.k8s.handlers import kuberay_crds  # noqa: E402
 from tests.aws.checkip import CHECKIP  # noqa: E402
 from tests.aws.moto_ext import SCRIPT, ScriptedMotoServer, install  # noqa: E402
 from tests.aws.moto_provision import install_provisioning  # noqa: E402
@@ -154,7 +154,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
             elapsed = time.perf_counter() - started
             if runner.failed:
                 raise SystemExit(f"{order}: a step failed")
-            from backend.layers.aws.base import aws_api
+            from targets.aws.infra.base import aws_api
 
             counted = aws_api(session.ctx).counts
             calls = collections.Counter({f"up:{k}": v for k, v in counted.items()})

@@ -41,12 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.config import resolve_config  # noqa: E402
 from backend.follow import JobFollower  # noqa: E402
-from backend.layers.kubernetes.access import KubeApi  # noqa: E402
 from backend.rayjobs import RayJobs  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.spool import LogSpool  # noqa: E402
 from backend.store import JobRecord, RunStore  # noqa: E402
 from backend.telemetry import Telemetry  # noqa: E402
+from targets.kube.k8s.access import KubeApi  # noqa: E402
 
 NS, SVC, POD = "default", "rtui-ray-head-svc", "rtui-ray-head-abcde"
 CHUNK_LINES = 10  # Ray's tail message

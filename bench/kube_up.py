@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.config import RunConfig  # noqa: E402
 from backend.hub import default_dataset_uri  # noqa: E402
-from backend.layers.kubernetes.handlers import kuberay_crds  # noqa: E402
 from backend.planner import apply_steps, select_until  # noqa: E402
 from backend.runner import Runner, Step  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.store import RunStore  # noqa: E402
+from targets.kube.k8s.handlers import kuberay_crds  # noqa: E402
 from tests.kubernetes.conftest import KubeCluster  # noqa: E402
 from tests.kubernetes.crds import crd_dir  # noqa: E402
 from tests.kubernetes.fake_control import FakeControlPlane, Timings  # noqa: E402

@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from backend.aws.report import QuotaStatus
+from targets.aws.cloud.report import QuotaStatus
 
 
 class ConfirmQuotaIncrease(ModalScreen[bool]):

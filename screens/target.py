@@ -31,7 +31,7 @@ from tui.screen import RtuiScreen
 from tui.target_panel import PanelUpdated, TargetPanel, panel_for
 
 if TYPE_CHECKING:
-    from backend.aws.report import QuotaStatus
+    from targets.aws.cloud.report import QuotaStatus
 
 
 def selectable_targets(target: str) -> set[str]:

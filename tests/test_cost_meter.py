@@ -1,5 +1,5 @@
 """The cost meter's "so far" (issue 26): a nodegroup that may scale to zero is counted from what AWS
-recorded of its instances (``backend.layers.aws.node_hours``), else as an upper bound."""
+recorded of its instances (``targets.aws.infra.node_hours``), else as an upper bound."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from backend.layers.aws.node_hours import RETENTION_S, node_hours
 from backend.ledger import ResourceStatus
 from backend.model import Action, Change, Plan
 from backend.session import RunSession, cost_meter
+from targets.aws.infra.node_hours import RETENTION_S, node_hours
 from tests.test_tui import fixed_session
 from tui.render import accrued_text
 

@@ -18,7 +18,6 @@ from textual.pilot import Pilot
 from textual.widgets import OptionList, Static
 
 from backend.config import resolve_config
-from backend.layers.kubernetes.access import kube_contexts
 from backend.ledger import ResourceRecord
 from backend.model import Action, CheckResult, CheckStatus
 from backend.session import RunSession
@@ -28,6 +27,7 @@ from screens.plan import PlanScreen
 from screens.provision import ProvisionScreen
 from screens.run import RunScreen
 from screens.target import TargetScreen
+from targets.kube.k8s.access import kube_contexts
 from tests.fake_hub import FakeHub
 from tests.kubernetes.conftest import CONTEXT, KubeCluster
 from tests.kubernetes.crds import crd_dir

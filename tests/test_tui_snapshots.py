@@ -25,7 +25,16 @@ from textual.pilot import Pilot
 from textual.screen import Screen
 
 from backend.config import resolve_config
-from backend.layers.aws.base import (
+from backend.layers.base import Handler
+from backend.layers.ray_job import JOB, JobHandler
+from backend.ledger import BILLING, ResourceRecord, ResourceStatus
+from backend.model import Action, Change, EventKind, Plan, StepEvent
+from backend.runner import Progress, Step
+from backend.session import RunSession
+from backend.store import RunStatus, RunStore
+from screens.confirm import ConfirmTeardown
+from screens.provision import ProvisionScreen
+from targets.aws.infra.base import (
     ACCESS_ENTRY,
     CLUSTER_ROLE,
     EKS_CLUSTER,
@@ -44,21 +53,12 @@ from backend.layers.aws.base import (
     addon_address,
     subnet_address,
 )
-from backend.layers.aws.cluster import EksClusterHandler
-from backend.layers.aws.iam import RoleHandler
-from backend.layers.aws.network import VpcHandler
-from backend.layers.aws.nodes import CapacityError, NodegroupHandler
-from backend.layers.base import Handler
-from backend.layers.kubernetes.handlers import NAMESPACE, OPERATOR, PREPULL, RAYCLUSTER, WORKERS
-from backend.layers.kubernetes.raycluster import RayClusterHandler, WorkersHandler
-from backend.layers.ray_job import JOB, JobHandler
-from backend.ledger import BILLING, ResourceRecord, ResourceStatus
-from backend.model import Action, Change, EventKind, Plan, StepEvent
-from backend.runner import Progress, Step
-from backend.session import RunSession
-from backend.store import RunStatus, RunStore
-from screens.confirm import ConfirmTeardown
-from screens.provision import ProvisionScreen
+from targets.aws.infra.cluster import EksClusterHandler
+from targets.aws.infra.iam import RoleHandler
+from targets.aws.infra.network import VpcHandler
+from targets.aws.infra.nodes import CapacityError, NodegroupHandler
+from targets.kube.k8s.handlers import NAMESPACE, OPERATOR, PREPULL, RAYCLUSTER, WORKERS
+from targets.kube.k8s.raycluster import RayClusterHandler, WorkersHandler
 from tests.pilot_wait import wait_for
 from tests.snap import SnapCompare
 from tests.test_tui import FIXED_RUN_ID

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from backend.errors import OperationError
-from backend.layers.aws.api import MAX_POLL_S, Phase, wait_until
-from backend.layers.kubernetes.waiting import Check, wait_for
+from targets.aws.infra.api import MAX_POLL_S, Phase, wait_until
+from targets.kube.k8s.waiting import Check, wait_for
 from tests.clock import TestClock
 
 

@@ -11,7 +11,7 @@ from rich.text import Text
 from backend.model import CheckResult, CheckStatus
 
 if TYPE_CHECKING:
-    from backend.layers.kubernetes.access import KubeContext
+    from targets.kube.k8s.access import KubeContext
 
 _CHECK_MARK = {CheckStatus.OK: ("✓", "green"), CheckStatus.WARN: ("!", "yellow"), CheckStatus.FAIL: ("✗", "red"),
                CheckStatus.INFO: ("i", "blue")}

@@ -333,7 +333,7 @@ def _main(argv: list[str]) -> int:
 
 def _token(ns: argparse.Namespace, out: TextIO) -> int:
     # lazy: boto3 only for `rtui token` (kubectl's exec plugin)
-    from backend.layers.kubernetes.eks import token_command_output
+    from targets.kube.k8s.eks import token_command_output
 
     out.write(token_command_output(ns.cluster_name, ns.region, ns.profile) + "\n")
     return 0
@@ -413,8 +413,8 @@ def _manifest(ns: argparse.Namespace, out: TextIO) -> int:
         kube = " or ".join(f"--target {t}" for t in targets.names() if targets.get(t).has_kubernetes)
         raise UserError(f"the {config.target} target has no Kubernetes objects", remedy=f"use {kube}")
     # lazy: the Kubernetes layer only for `rtui manifest`
-    from backend.layers.kubernetes.layer import every_object
-    from backend.layers.kubernetes.manifests import yaml_stream
+    from targets.kube.k8s.layer import every_object
+    from targets.kube.k8s.manifests import yaml_stream
 
     objects, notes = every_object(config, new_run_id() if ns.run_id is None else ns.run_id)
     out.write("".join(f"# {note}\n" for note in notes))

@@ -36,7 +36,7 @@ def _hub_token(source: str) -> str | None:
     if not source:
         return None
     # lazy: the Kubernetes handlers (~80 ms) only for a private model's token; not on the local first frame
-    from backend.layers.kubernetes.handlers import read_hf_token
+    from targets.kube.k8s.handlers import read_hf_token
 
     try:
         return read_hf_token(source)

@@ -1,9 +1,9 @@
 """The aws target: a new EKS cluster with EFA GPU nodes in one AZ (DESIGN.md §3).
 
-Layers: ``backend.layers.aws`` (network, IAM, EKS, nodegroups), then the kubernetes layer (shared
+Layers: ``targets.aws.infra`` (network, IAM, EKS, nodegroups), then the kubernetes layer (shared
 with the kube target: this target hands it the addresses of what the aws layer makes), the caller's
-access narrowed to the namespace when asked (``backend.layers.aws.access_scope``) and the ray-job layer.
-Read-only AWS (preflight matrix, pricing, quotas) is ``backend.aws``. The first
+access narrowed to the namespace when asked (``targets.aws.infra.access_scope``) and the ray-job layer.
+Read-only AWS (preflight matrix, pricing, quotas) is ``targets.aws.cloud``. The first
 screen's panel, the region/AZ feasibility matrix, is ``targets.aws.panel``.
 """
 
@@ -36,12 +36,12 @@ class AwsTarget(Target):
 
     def stack(self, config: RunConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
-        from backend.layers.aws.access_scope import AccessScopeLayer
-        from backend.layers.aws.base import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
-        from backend.layers.aws.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
-        from backend.layers.aws.layer import AwsLayer
-        from backend.layers.kubernetes.layer import Below, KubernetesLayer
         from backend.layers.ray_job import RayJobLayer
+        from targets.aws.infra.access_scope import AccessScopeLayer
+        from targets.aws.infra.base import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
+        from targets.aws.infra.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
+        from targets.aws.infra.layer import AwsLayer
+        from targets.kube.k8s.layer import Below, KubernetesLayer
 
         below = Below(api_ready=KUBECONFIG, system_nodes=SYSTEM_NODES, gpu_nodes=GPU_NODES,
                       launch_template=LAUNCH_TEMPLATE,
@@ -65,8 +65,8 @@ class AwsTarget(Target):
 
     async def tagged_runs(self, config: RunConfig) -> list[str]:
         # lazy: boto3 (~400 ms) only on the aws target; listing the targets does without
-        from backend.layers.aws.api import AwsApi
-        from backend.layers.aws.sweep import runs_of_cluster
+        from targets.aws.infra.api import AwsApi
+        from targets.aws.infra.sweep import runs_of_cluster
 
         async with Clients() as clients:  # no session yet: the run found opens its own
             api = clients.get(("aws", config.region, config.profile), lambda: AwsApi(config.region, config.profile))
@@ -75,7 +75,7 @@ class AwsTarget(Target):
     def fail_over(self, session: RunSession, error: NoCapacity) -> str | None:
         """The GPU nodes move to the next feasible AZ (``AwsLayer.fail_over`` keeps why in the record)."""
         # lazy: boto3 (~400 ms) only on the aws target; listing the targets does without
-        from backend.layers.aws.layer import AwsLayer
+        from targets.aws.infra.layer import AwsLayer
 
         layer = next((x for x in session.stack.layers if isinstance(x, AwsLayer)), None)
         if layer is None or layer.topology is None:

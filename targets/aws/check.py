@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def feasibility(config: RunConfig, *, regions: list[str] | None, all_regions: bool, request_quota: bool,
                 yes: bool, as_json: bool, out: TextIO) -> int:
     # lazy: boto3 (~400 ms) only when the aws feasibility is asked for (`rtui check --target aws`)
-    from backend.aws import PreflightRequest, check_command
+    from targets.aws.cloud import PreflightRequest, check_command
 
     request = PreflightRequest(
         regions=regions, all_regions=all_regions,
@@ -29,6 +29,6 @@ def feasibility(config: RunConfig, *, regions: list[str] | None, all_regions: bo
         raise UserError("--request-quota-increase files a request with AWS and needs --yes",
                         remedy="run `rtui check --target aws` first to see what is short")
     # lazy: boto3, as above, and only with --request-quota-increase
-    from backend.aws.check_command import increase_quota_command
+    from targets.aws.cloud.check_command import increase_quota_command
 
     return increase_quota_command(request, as_json=as_json, stdout=out, stderr=sys.stderr)

@@ -16,7 +16,7 @@ from textual.reactive import reactive
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from backend.aws.report import PreflightReport, RegionReport, ZoneReport
+from targets.aws.cloud.report import PreflightReport, RegionReport, ZoneReport
 
 _VERDICT = {"feasible": ("✓", "green"), "warning": ("!", "yellow"), "blocked": ("✗", "red")}
 # mark, flag, zone, zone id, GPU offered, EFA, quota headroom, reservation, EKS zone, $/h

@@ -19,9 +19,9 @@ from targets.aws.matrix import FeasibilityPanel
 from tui.target_panel import PanelUpdated, TargetPanel
 
 if TYPE_CHECKING:
-    from backend.aws import PreflightReport, QuotaIncreaseRequest
-    from backend.aws.report import QuotaStatus, RegionReport
-    from backend.layers.aws.layer import AwsLayer
+    from targets.aws.cloud import PreflightReport, QuotaIncreaseRequest
+    from targets.aws.cloud.report import QuotaStatus, RegionReport
+    from targets.aws.infra.layer import AwsLayer
 
 # Checks whose failure leaves the matrix empty: the matrix box says them, with their remedy.
 MATRIX_FAILURES = frozenset({"aws.preflight", "aws.azs"})
@@ -59,7 +59,7 @@ class MatrixPanel(TargetPanel):
 
     def layer(self) -> AwsLayer | None:
         # lazy: boto3 (~400 ms) after the first frame: the matrix paints before the preflight needs the aws layer
-        from backend.layers.aws.layer import AwsLayer
+        from targets.aws.infra.layer import AwsLayer
 
         return next((x for x in self.screen.session.stack.layers if isinstance(x, AwsLayer)), None)
 
@@ -74,7 +74,7 @@ class MatrixPanel(TargetPanel):
 
     def before_checks(self) -> None:
         # lazy: boto3 (~400 ms) after the first frame: the matrix paints before the preflight needs the aws layer
-        from backend.layers.aws.layer import MatrixWatch
+        from targets.aws.infra.layer import MatrixWatch
 
         layer = self.layer()
         if layer is None:
@@ -112,7 +112,7 @@ class MatrixPanel(TargetPanel):
         if self.report is None:
             return []
         # lazy: boto3 (~400 ms) after the first frame: the matrix paints before the preflight needs the aws layer
-        from backend.aws.quota_requests import short_quotas
+        from targets.aws.cloud.quota_requests import short_quotas
 
         region = self.feasibility().highlighted_region
         short = short_quotas(self.report.regions)
@@ -152,8 +152,8 @@ class MatrixPanel(TargetPanel):
 
     async def _file(self, region: str) -> None:
         # lazy: boto3 (~400 ms) after the first frame: the matrix paints before the preflight needs the aws layer
-        from backend.aws.quota_requests import request_missing_quota
-        from backend.layers.aws_preflight import preflight_request
+        from targets.aws.cloud.quota_requests import request_missing_quota
+        from targets.aws.infra.preflight_request import preflight_request
 
         request = preflight_request(self.screen.session.ctx).model_copy(update={"regions": [region]})
         filed = await request_missing_quota(request)  # a failure: RtuiScreen says it in one notification

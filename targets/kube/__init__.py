@@ -1,6 +1,6 @@
 """The kube target: an existing cluster from a kubeconfig (DESIGN.md §3).
 
-Layers: ``backend.layers.kubernetes`` (plugins, KubeRay, the RayCluster; shared with the aws
+Layers: ``targets.kube.k8s`` (plugins, KubeRay, the RayCluster; shared with the aws
 target, which hands it the addresses of the cluster it made) and the ray-job layer. Nothing
 outside the namespace and the objects rtui labelled is ever deleted. The first screen's panel,
 the kubeconfig's contexts, is ``targets.kube.panel``.
@@ -56,8 +56,8 @@ class KubeTarget(Target):
 
     def stack(self, config: RunConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
-        from backend.layers.kubernetes.layer import KubernetesLayer
         from backend.layers.ray_job import RayJobLayer
+        from targets.kube.k8s.layer import KubernetesLayer
 
         return Stack(self.name, [KubernetesLayer(), RayJobLayer()])
 
@@ -78,14 +78,14 @@ class KubeTarget(Target):
         if not config.storage_size:
             return None
         # lazy: the kubernetes layer loads only when a run's data is read; listing targets does without
-        from backend.layers.kubernetes.volume_store import VolumeStore
+        from targets.kube.k8s.volume_store import VolumeStore
 
         return VolumeStore(config, run_id, state_root)  # its record names the image its pods pinned
 
     def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
         """With --storage-size: the run's own directory on its volume (``manifests.DATA_MOUNT``)."""
         # lazy: the kubernetes layer loads only when a run's stack is made; listing targets does without
-        from backend.layers.kubernetes.manifests import job_storage_path
+        from targets.kube.k8s.manifests import job_storage_path
 
         return job_storage_path(run_id) if config.storage_size else None
 

@@ -21,7 +21,7 @@ from tui.checks import render_context
 from tui.target_panel import PanelUpdated, TargetPanel
 
 if TYPE_CHECKING:
-    from backend.layers.kubernetes.access import KubeContext
+    from targets.kube.k8s.access import KubeContext
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ContextPanel(TargetPanel):
 
     async def load_contexts(self) -> None:
         # lazy: the kubernetes client (~1 s) after the first frame: the picker paints, then fills
-        from backend.layers.kubernetes.access import kube_contexts
+        from targets.kube.k8s.access import kube_contexts
 
         try:
             contexts, current = await asyncio.to_thread(kube_contexts, self.screen.session.config.kubeconfig)

@@ -12,10 +12,10 @@ from botocore.exceptions import ClientError
 
 from backend import flows
 from backend.config import resolve_config
-from backend.layers.aws.layer import AwsLayer
 from backend.ledger import ResourceStatus
 from backend.model import EventKind, StepEvent
 from backend.session import RunSession
+from targets.aws.infra.layer import AwsLayer
 from tests.aws.conftest import image_env
 from tests.aws.moto_ext import SCRIPT
 from tests.aws.reachability import assert_reachable

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from backend.errors import UserError
-from backend.layers.aws.access_scope import ACCESS_SCOPE, AccessScopeHandler
-from backend.layers.kubernetes.clients import cluster_api
 from backend.ledger import ResourceStatus
 from backend.model import Action
+from targets.aws.infra.access_scope import ACCESS_SCOPE, AccessScopeHandler
+from targets.kube.k8s.clients import cluster_api
 from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import down, eks, session_for, tagged, up
 from tests.kubernetes.conftest import KubeCluster

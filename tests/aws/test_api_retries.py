@@ -19,8 +19,8 @@ from botocore.exceptions import (
 from botocore.stub import Stubber
 
 from backend.errors import OperationError
-from backend.layers.aws.api import CALL_ATTEMPTS, IAM_SETTLE_S, AwsApi, retry_cause, transient
 from backend.retry import Retry, set_step_retry_sink
+from targets.aws.infra.api import CALL_ATTEMPTS, IAM_SETTLE_S, AwsApi, retry_cause, transient
 from tests.clock import TestClock
 
 ROLE_ARN = "arn:aws:iam::123456789012:role/rtui/rtui-rtui-ray-cluster"

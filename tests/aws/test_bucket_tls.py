@@ -20,8 +20,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from backend import flows
-from backend.layers.aws.storage import BUCKET, TLS_ONLY_SID
 from backend.model import Action
+from targets.aws.infra.storage import BUCKET, TLS_ONLY_SID
 from tests.aws.conftest import World
 from tests.aws.moto_s3_policy import plain_http_listener
 from tests.aws.provision_world import REGION, collect, session_for, up

@@ -173,7 +173,7 @@ def test_the_double_reports_routes_as_ec2_does(world: World) -> None:
      "NAT instance i-0a1b2c3d"),
 ])
 def test_every_default_route_that_leads_out_privately_is_a_way_out(route: dict[str, str], via: str) -> None:
-    from backend.layers.aws.given_vpc import default_egress
+    from targets.aws.infra.given_vpc import default_egress
 
     found, why = default_egress([{"DestinationCidrBlock": "10.8.0.0/16", "GatewayId": "local", "State": "active"},
                                  {"DestinationCidrBlock": "0.0.0.0/0", "State": "active", **route}])
@@ -181,7 +181,7 @@ def test_every_default_route_that_leads_out_privately_is_a_way_out(route: dict[s
 
 
 def test_an_internet_gateway_or_a_blackhole_is_no_private_way_out() -> None:
-    from backend.layers.aws.given_vpc import default_egress
+    from targets.aws.infra.given_vpc import default_egress
 
     public, why = default_egress([{"DestinationCidrBlock": "0.0.0.0/0", "GatewayId": "igw-0a1b", "State": "active"}])
     assert public is None and "public" in why

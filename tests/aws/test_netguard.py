@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.layers.kubernetes.registry import image_size
+from targets.kube.k8s.registry import image_size
 from tests.aws import netguard
 
 

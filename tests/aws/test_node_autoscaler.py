@@ -13,8 +13,8 @@ import pytest
 from kubernetes.client import ApiClient
 
 from backend.config import RunConfig
-from backend.layers.aws import node_autoscaler as na
 from backend.model import Action
+from targets.aws.infra import node_autoscaler as na
 from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import REGION, down, eks, iam, session_for, tagged, up
 
@@ -262,7 +262,7 @@ async def test_up_is_done_only_once_cluster_autoscaler_runs_on_the_system_node(
 @pytest.mark.usefixtures("fast_backoff")
 async def test_up_fails_in_one_line_naming_why_cluster_autoscalers_pod_cannot_be_scheduled(
         world: World, eks_kube: EksKube, kube_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend.layers.aws import autoscaler
+    from targets.aws.infra import autoscaler
 
     monkeypatch.setattr(autoscaler, "AVAILABLE_TIMEOUT_S", 1.5, raising=False)
     # The system nodes carry a taint the pod does not tolerate (an account's node policy, say):

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import boto3
 import pytest
 
-from backend.layers.kubernetes.eks import TOKEN_PREFIX, eks_token
+from targets.kube.k8s.eks import TOKEN_PREFIX, eks_token
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,9 +32,9 @@ def test_the_eks_token_is_signed_for_the_partitions_sts(region: str, host: str,
     ("cn-north-1", "arn:aws-cn:iam::aws:policy/AmazonEKS_CNI_Policy", "ec2.amazonaws.com.cn"),
     ("us-gov-west-1", "arn:aws-us-gov:iam::aws:policy/AmazonEKS_CNI_Policy", "ec2.amazonaws.com")])
 def test_policy_arns_and_service_principals_come_from_the_partition(region: str, arn: str, principal: str) -> None:
-    from backend.layers.aws.base import CLUSTER_ROLE, NODE_ROLE
-    from backend.layers.aws.cluster import admin_policy
-    from backend.layers.aws.iam import managed_policy_arn, service_principal
+    from targets.aws.infra.base import CLUSTER_ROLE, NODE_ROLE
+    from targets.aws.infra.cluster import admin_policy
+    from targets.aws.infra.iam import managed_policy_arn, service_principal
 
     assert managed_policy_arn("AmazonEKS_CNI_Policy", region) == arn
     assert service_principal(NODE_ROLE, region) == principal
@@ -44,7 +44,9 @@ def test_policy_arns_and_service_principals_come_from_the_partition(region: str,
 
 
 def test_no_partition_or_dns_suffix_is_written_into_the_aws_layer() -> None:
-    sources = [*sorted((ROOT / "backend" / "layers" / "aws").glob("*.py")), ROOT / "backend/layers/kubernetes/eks.py"]
+    layer = sorted((ROOT / "targets" / "aws" / "infra").glob("*.py"))
+    assert len(layer) > 10, "the aws layer's modules moved: point this test at them"
+    sources = [*layer, ROOT / "targets/kube/k8s/eks.py"]
     written = re.compile(r"arn:aws:|\w\.amazonaws\.com")
     found = [f"{p.name}: {m.group(0)}" for p in sources for m in written.finditer(p.read_text())]
     assert found == []

@@ -18,8 +18,8 @@ import pytest
 from botocore.exceptions import ClientError
 from torch.distributed.checkpoint.metadata import Metadata
 
-from backend.layers.aws.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
-from backend.layers.kubernetes.handlers import RAYCLUSTER
+from targets.aws.infra.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
+from targets.kube.k8s.handlers import RAYCLUSTER
 from tests.aws.conftest import World
 from tests.aws.iam_strict import Decision, condition_holds, evaluate
 from tests.aws.provision_world import REGION, eks, iam, session_for, up

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backend.aws import PreflightRequest, check_command, request_quota_increase
+from targets.aws.cloud import PreflightRequest, check_command, request_quota_increase
 from tests.aws.conftest import G, World
 
 ZONE_KEYS = {
@@ -118,7 +118,7 @@ def test_quota_increase_request_only_when_called(world: World) -> None:
 
 def test_backend_aws_imports_no_ui() -> None:
     code = (
-        "import sys, backend.aws; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "import sys, targets.aws.cloud; bad = [m for m in sys.modules if m.split('.')[0] in "
         "('textual', 'tui', 'screens')]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

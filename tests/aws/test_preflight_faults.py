@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from backend.aws import PreflightReport, PreflightRequest, run_preflight
 from backend.errors import OperationError, UserError
+from targets.aws.cloud import PreflightReport, PreflightRequest, run_preflight
 from tests.aws.conftest import World
 
 REGIONS = ["us-east-1", "eu-west-2", "us-west-1"]

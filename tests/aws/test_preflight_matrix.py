@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from backend.aws import PreflightRequest, run_preflight
-from backend.aws.report import RegionReport, ZoneReport
+from targets.aws.cloud import PreflightRequest, run_preflight
+from targets.aws.cloud.report import RegionReport, ZoneReport
 from tests.aws.conftest import STANDARD, G, World
 
 

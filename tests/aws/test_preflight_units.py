@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from backend.aws.catalog import InstanceFacts, gpudirect_rdma_possible, quota_code_for
-from backend.aws.pricing import PlanShape, builtin_region_prices, price_plan
-from backend.aws.quota import headroom, vcpus_in_use
-from backend.aws.report import RegionReport, Reservation, ZoneReport
-from backend.aws.verdict import ZoneInputs, assess_zone, recommend
+from targets.aws.cloud.catalog import InstanceFacts, gpudirect_rdma_possible, quota_code_for
+from targets.aws.cloud.pricing import PlanShape, builtin_region_prices, price_plan
+from targets.aws.cloud.quota import headroom, vcpus_in_use
+from targets.aws.cloud.report import RegionReport, Reservation, ZoneReport
+from targets.aws.cloud.verdict import ZoneInputs, assess_zone, recommend
 
 GPU = InstanceFacts(
     instance_type="g6.12xlarge",

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from backend.errors import UserError
-from backend.layers.aws import layer as aws_layer
-from backend.layers.aws.layer import AwsLayer
+from targets.aws.infra import layer as aws_layer
+from targets.aws.infra.layer import AwsLayer
 
 
 def run_collecting_loop_errors(main: Any) -> tuple[BaseException | None, list[str]]:

@@ -8,9 +8,9 @@ from pathlib import Path
 import boto3
 import pytest
 
-from backend.layers.aws.api import AwsApi
 from backend.model import Action, EventKind
 from backend.session import cost_meter
+from targets.aws.infra.api import AwsApi
 from tests.aws.conftest import World
 from tests.aws.provision_world import RUN_TAG, down, ec2, eks, given_vpc, iam, session_for, tagged, up
 from tests.clock import FastClock
@@ -310,7 +310,7 @@ async def test_a_given_vpc_is_adopted_checked_and_never_deleted(world: World, ku
 @pytest.mark.slow
 async def test_the_security_group_eks_leaves_behind_goes_before_the_vpc(world: World, kube_file: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend.layers.aws import network
+    from targets.aws.infra import network
 
     monkeypatch.setattr(network, "DEPENDENCY_TIMEOUT_S", 5.0)
     world.script.leave_cluster_sg = True  # EKS sometimes leaves eks-cluster-sg-* when the cluster goes
@@ -327,7 +327,7 @@ async def test_the_security_group_eks_leaves_behind_goes_before_the_vpc(world: W
 @pytest.mark.slow
 async def test_the_sweep_reports_what_is_left_in_the_vpc_tagged_or_not(world: World, kube_file: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend.layers.aws import network
+    from targets.aws.infra import network
 
     monkeypatch.setattr(network, "DEPENDENCY_TIMEOUT_S", 3.0)
     session = session_for()
@@ -439,7 +439,7 @@ async def test_a_degraded_add_on_fails_its_step_with_its_health_issues(world: Wo
 @pytest.mark.slow
 async def test_no_nat_gateway_available_for_the_private_route_is_one_line(world: World, kube_file: Path) -> None:
     from backend.errors import OperationError
-    from backend.layers.aws.routes import RouteTableHandler
+    from targets.aws.infra.routes import RouteTableHandler
 
     session = session_for()
     assert (await up(session)).ok

@@ -107,7 +107,7 @@ async def test_a_targeted_odcr_in_a_cluster_placement_group_takes_the_nodes_into
 
 
 async def test_an_open_odcr_in_another_placement_group_is_not_counted(world: World) -> None:
-    from backend.aws import PreflightRequest, run_preflight
+    from targets.aws.cloud import PreflightRequest, run_preflight
 
     other = world.reserve("us-east-1", ZONE, count=2, placement_group="someone-elses-group")
     (region,) = (await run_preflight(PreflightRequest())).regions

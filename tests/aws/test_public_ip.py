@@ -1,4 +1,4 @@
-"""The caller's public address (backend/aws/public_ip.py) is asked again after a passing failure: a 5xx,
+"""The caller's public address (targets/aws/cloud/public_ip.py) is asked again after a passing failure: a 5xx,
 a timeout or a dropped connection from checkip.amazonaws.com, which a laptop on a poor network meets,
 does not refuse the plan. A 4xx is not asked again. No network: a server of the test's own on loopback."""
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from backend.aws import public_ip
 from backend.errors import OperationError
+from targets.aws.cloud import public_ip
 
 
 class Answers:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from backend import flows
-from backend.layers.aws import network
 from backend.model import EventKind, StepEvent
+from targets.aws.infra import network
 from tests.aws import moto_enis
 from tests.aws.conftest import World
 from tests.aws.provision_world import REGION, RUN_TAG, ec2, session_for, tagged, up

@@ -15,14 +15,14 @@ import pytest
 from botocore.exceptions import ClientError
 
 from backend import flows
-from backend.layers.aws.iam import DATA_IDENTITY, data_policy_for
-from backend.layers.aws.storage import BUCKET, bucket_name
-from backend.layers.kubernetes import manifests
-from backend.layers.kubernetes.handlers import RAYCLUSTER
-from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT
 from backend.ledger import ResourceStatus
 from backend.model import Action, EventKind, StepEvent
 from backend.session import RunSession
+from targets.aws.infra.iam import DATA_IDENTITY, data_policy_for
+from targets.aws.infra.storage import BUCKET, bucket_name
+from targets.kube.k8s import manifests
+from targets.kube.k8s.handlers import RAYCLUSTER
+from targets.kube.k8s.serviceaccount import SERVICE_ACCOUNT
 from tests.aws.conftest import World
 from tests.aws.moto_s3 import valid_bucket_name
 from tests.aws.provision_world import REGION, RUN_TAG, Outcome, collect, eks, iam, session_for, tagged, up

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import boto3
 import pytest
 
-from backend.layers.aws.api import AwsApi
+from targets.aws.infra.api import AwsApi
 from tests.aws.conftest import World
 from tests.aws.provision_world import REGION
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.layers.aws.nodes import CapacityError
 from screens.plan import PlanScreen
 from screens.provision import ProvisionScreen
+from targets.aws.infra.nodes import CapacityError
 from tests.aws.conftest import World
 from tests.aws.provision_world import gpu_az, session_for
 from tests.pilot_wait import wait_for

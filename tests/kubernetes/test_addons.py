@@ -17,9 +17,9 @@ from kubernetes.client import ApiClient
 
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
-from backend.layers.kubernetes import addons as a
-from backend.layers.kubernetes.manifests import labels
-from backend.layers.kubernetes.pods import unschedulable_reason
+from targets.kube.k8s import addons as a
+from targets.kube.k8s.manifests import labels
+from targets.kube.k8s.pods import unschedulable_reason
 from tests.kubernetes.crds import RAYSERVICE_CRD, SHARED, STANDIN_SHA256
 from tests.kubernetes.crds import crd_dir as _crd_dir
 

@@ -13,7 +13,7 @@ import boto3
 import pytest
 import yaml
 
-from backend.layers.kubernetes import eks
+from targets.kube.k8s import eks
 
 ARN = "arn:aws:eks:us-west-2:123456789012:cluster/rtui-demo"
 

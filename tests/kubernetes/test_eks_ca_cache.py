@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from backend.errors import UserError
-from backend.layers.kubernetes import eks
+from targets.kube.k8s import eks
 
 EKS_CA = b"-----BEGIN CERTIFICATE-----\nTUlJQyBla3MgY2x1c3RlciBDQQ==\n-----END CERTIFICATE-----\n"
 PLANTED = b"-----BEGIN CERTIFICATE-----\nTUlJQyBhdHRhY2tlciBDQQ==\n-----END CERTIFICATE-----\n"

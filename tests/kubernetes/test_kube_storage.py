@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from backend.layers.kubernetes import raycluster, volume_store
+from targets.kube.k8s import raycluster, volume_store
 from tests.eventually import eventually
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_control import FakeControlPlane

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backend.layers.kubernetes import eks
+from targets.kube.k8s import eks
 
 ARN = "arn:aws:eks:us-west-2:111122223333:cluster/rtui-demo"
 KUBECTL_STYLE = """\

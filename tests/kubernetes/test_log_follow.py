@@ -16,11 +16,11 @@ import pytest
 
 from backend.config import resolve_config
 from backend.follow import JobFollower
-from backend.layers.kubernetes.access import KubeApi
 from backend.rayjobs import RayJobs
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStore
 from backend.telemetry import Telemetry
+from targets.kube.k8s.access import KubeApi
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_ray import BigLogRayHead, TrainingLog
 

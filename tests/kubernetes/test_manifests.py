@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backend.config import RunConfig
-from backend.layers.kubernetes import manifests as m
-from backend.layers.kubernetes.layer import every_object
+from targets.kube.k8s import manifests as m
+from targets.kube.k8s.layer import every_object
 from tests.conftest import run_rtui
 from tests.kubernetes.crds import load_yaml
 

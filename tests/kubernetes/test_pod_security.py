@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from backend.config import RunConfig
-from backend.layers.kubernetes import manifests as m
-from backend.layers.kubernetes.layer import every_object
-from backend.layers.kubernetes.volume_store import VolumeStore
+from targets.kube.k8s import manifests as m
+from targets.kube.k8s.layer import every_object
+from targets.kube.k8s.volume_store import VolumeStore
 from tests.kubernetes import pod_security as pss
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.test_manifests import schema_errors
@@ -145,7 +145,7 @@ async def test_the_emulator_refuses_a_pod_that_breaks_its_namespaces_enforce_lev
     from tests.kubernetes.test_ray_service_account import session_for
 
     session = session_for(tmp_path)
-    from backend.layers.kubernetes.serviceaccount import ServiceAccountHandler
+    from targets.kube.k8s.serviceaccount import ServiceAccountHandler
 
     api = ServiceAccountHandler().api(session.ctx)
     await api.apply(m.namespace(session.config, session.run_id))
@@ -170,8 +170,8 @@ async def test_a_namespace_this_run_made_before_pod_security_gets_its_labels_on_
     """A run made by an rtui without these labels: its namespace is ours, so the plan updates it in place
     (a Namespace's labels change without touching its pods; PodSecurity only warns about running pods
     that break the new level: https://kubernetes.io/docs/concepts/security/pod-security-admission/)."""
-    from backend.layers.kubernetes.handlers import NAMESPACE, NamespaceHandler
     from backend.model import Action, Resource
+    from targets.kube.k8s.handlers import NAMESPACE, NamespaceHandler
     from tests.kubernetes.test_ray_service_account import session_for
 
     session = session_for(tmp_path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.layers.kubernetes.pods import (
+from targets.kube.k8s.pods import (
     PodProblem,
     allocatable_problems,
     pod_problem,

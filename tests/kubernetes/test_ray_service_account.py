@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from backend.config import resolve_config
-from backend.layers.kubernetes import manifests
-from backend.layers.kubernetes.manifests import service_account
-from backend.layers.kubernetes.serviceaccount import SERVICE_ACCOUNT, ServiceAccountHandler
 from backend.ledger import ResourceStatus
 from backend.model import Resource
 from backend.session import RunSession
 from backend.store import RunStore
+from targets.kube.k8s import manifests
+from targets.kube.k8s.manifests import service_account
+from targets.kube.k8s.serviceaccount import SERVICE_ACCOUNT, ServiceAccountHandler
 from tests.kubernetes.conftest import KubeCluster
 
 

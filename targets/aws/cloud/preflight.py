@@ -1,0 +1,435 @@
+"""The AWS preflight feasibility matrix: which regions and AZs can run the plan, and why not.
+
+Read-only by construction: only Describe/Get calls. Regions are scanned concurrently; inside
+a region the independent calls run at once too, so a region costs about one round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+from backend.config import clip, shown
+from backend.errors import OperationError, UserError
+from targets.aws.cloud.calls import CallPool
+from targets.aws.cloud.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
+from targets.aws.cloud.pricing import PlanShape, PriceBook, RegionPrices, price_plan
+from targets.aws.cloud.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
+from targets.aws.cloud.report import PreflightReport, PreflightRequest, QuotaStatus, RegionReport, Reservation
+from targets.aws.cloud.session import AwsSession, describe_aws_error, error_code
+from targets.aws.cloud.verdict import ZoneInputs, assess_zone, recommend
+
+T = TypeVar("T")
+ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")
+
+
+class _Scan:
+    """The state one preflight run shares between its region scans."""
+
+    def __init__(self, request: PreflightRequest, aws: AwsSession, prices: PriceBook | None = None) -> None:
+        self.request = request
+        self.aws = aws
+        self.pool = CallPool(aws.workers, request.max_concurrency)
+        self.prices = prices or PriceBook(aws)
+        self._price_gate = asyncio.Lock()
+        self.gpu: InstanceFacts
+        self.system: InstanceFacts
+
+    async def region_prices(self, region: str) -> RegionPrices:
+        """Everything a plan in ``region`` bills, from the session's PriceBook (the plan and the sweep
+        price from the same answer)."""
+        types = (self.request.gpu_node_type, self.request.system_node_type)
+        if not self.prices.api_answered:
+            # Until the Pricing API has answered once the PriceBook lets one caller ask it at a
+            # time; wait here rather than in a worker, where the wait would hold a pool slot.
+            async with self._price_gate:
+                if not self.prices.api_answered:
+                    return await self.pool.run(self.prices.region, region, types)
+        return await self.pool.run(self.prices.region, region, types)
+
+    async def call(self, service: str, region: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(client, *args)`` in a worker thread. The client is made there too: creating
+        one costs ~10 ms of CPU, which would otherwise stall the loop once per region."""
+        return await self.pool.run(lambda: fn(self.aws.client(service, region), *args, **kwargs))
+
+
+async def run_preflight(
+    request: PreflightRequest,
+    *,
+    on_region: Callable[[RegionReport], None] | None = None,
+    on_listed: Callable[[list[str]], None] | None = None,
+    session: AwsSession | None = None,
+    prices: PriceBook | None = None,
+) -> PreflightReport:
+    """Build the matrix. Raises ``UserError`` for bad input and ``OperationError`` for AWS failures
+    that stop the whole check (credentials, permissions, an endpoint that does not answer);
+    per-region trouble lands in the report. ``on_listed`` gets the regions about to be checked,
+    ``on_region`` each region as it completes (progress). ``prices``: a session's PriceBook, so a
+    plan asks the Pricing API once per region and type however often it re-plans."""
+    started = time.perf_counter()
+    aws = session or AwsSession(request.profile)
+    try:
+        return await asyncio.wait_for(
+            _matrix(_Scan(request, aws, prices), on_region, on_listed, started), request.deadline_s
+        )
+    except TimeoutError:
+        raise OperationError(
+            f"the AWS check did not finish within {request.deadline_s:g} s "
+            f"(AWS at {aws.endpoint('ec2', request.default_region)})",
+            remedy="check the network, the proxy or AWS_ENDPOINT_URL, or check fewer regions",
+        ) from None
+    finally:
+        if session is None:
+            aws.close()  # nobody else can reuse its worker threads
+
+
+async def _matrix(
+    scan: _Scan,
+    on_region: Callable[[RegionReport], None] | None,
+    on_listed: Callable[[list[str]], None] | None,
+    started: float,
+) -> PreflightReport:
+    request, aws = scan.request, scan.aws
+    home = request.default_region
+    types = sorted({request.gpu_node_type, request.system_node_type})
+    regions_task = asyncio.ensure_future(
+        scan.call("ec2", home, lambda c: c.describe_regions(AllRegions=True))
+    )
+    types_task = asyncio.ensure_future(
+        scan.call("ec2", home, lambda c: c.describe_instance_types(InstanceTypes=types))
+    )
+    try:
+        # Outside any region's limit, and botocore retries a read timeout: without a deadline
+        # a dead endpoint held the check silent for attempts × read timeout (141 s measured).
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for, cancelled, leaves the gather's
+        # CancelledError unretrieved, printed as a traceback under the CLI's one-line error.
+        async with asyncio.timeout(request.listing_timeout_s):
+            regions_resp, types_resp = await asyncio.gather(regions_task, types_task)
+    except TimeoutError:
+        raise OperationError(
+            f"no answer from AWS at {aws.endpoint('ec2', home)} within {request.listing_timeout_s:g} s "
+            f"while listing regions and instance types in {home}",
+            remedy="check the network, the proxy or AWS_ENDPOINT_URL",
+        ) from None
+    except Exception as exc:
+        for task in (regions_task, types_task):
+            task.cancel()
+        if error_code(exc) in ("InvalidInstanceType", "InvalidParameterValue") and "nstance" in str(exc):
+            raise UserError(
+                f"instance type does not exist in {home}: {clip(_aws_message(exc), 200)}",
+                remedy="check the GPU and system node types",
+            ) from exc
+        raise describe_aws_error(
+            exc, action=f"listing regions and instance types in {home}", profile=request.profile
+        ) from exc
+
+    facts = {t["InstanceType"]: InstanceFacts.from_api(t) for t in types_resp.get("InstanceTypes", [])}
+    for name in types:
+        if name not in facts:
+            raise UserError(f"instance type {shown(name)} does not exist", remedy="check the node types")
+    scan.gpu, scan.system = facts[request.gpu_node_type], facts[request.system_node_type]
+    if scan.gpu.gpus == 0:
+        raise UserError(
+            f"{clip(request.gpu_node_type)} has no GPUs", remedy="choose a GPU instance type (g6, g5, p4d, p5)"
+        )
+    if request.require_efa and not scan.gpu.efa_supported:
+        raise UserError(
+            f"{clip(request.gpu_node_type)} does not support EFA, which this plan requires",
+            remedy="choose an EFA-capable type such as g6.12xlarge or train over TCP with --require-transport any",
+        )
+
+    opt_in = {r["RegionName"]: r.get("OptInStatus", "opt-in-not-required") for r in regions_resp["Regions"]}
+    partition = aws.partition_of(home)
+    targets = _target_regions(request, opt_in, partition, aws)
+    if on_listed is not None:
+        on_listed(targets)
+
+    async def one(region: str) -> RegionReport:
+        report = await _scan_region_bounded(scan, region, opt_in[region])
+        if on_region is not None:
+            on_region(report)
+        return report
+
+    reports = await asyncio.gather(*(one(r) for r in targets))
+    return PreflightReport(
+        gpu_node_type=request.gpu_node_type,
+        gpu_node_count=request.gpu_node_count,
+        system_node_type=request.system_node_type,
+        system_node_count=request.system_node_count,
+        gpu_instance=scan.gpu,
+        system_instance=scan.system,
+        regions=list(reports),
+        recommendation=recommend(list(reports)),
+        elapsed_s=round(time.perf_counter() - started, 3),
+    )
+
+
+def _target_regions(
+    request: PreflightRequest, opt_in: dict[str, str], partition: str | None, aws: AwsSession
+) -> list[str]:
+    if request.all_regions:
+        # describe_regions may list other partitions' regions (moto does); they need other credentials.
+        return sorted(r for r in opt_in if partition is None or aws.partition_of(r) == partition)
+    wanted = list(dict.fromkeys(request.regions or [request.default_region]))
+    unknown = [r for r in wanted if r not in opt_in]
+    if unknown:
+        raise UserError(f"unknown region {clip(', '.join(unknown))}", remedy="use a region name such as us-east-1")
+    return wanted
+
+
+async def _scan_region_bounded(scan: _Scan, region: str, opt_in_status: str) -> RegionReport:
+    started = time.perf_counter()
+    if opt_in_status not in ENABLED_OPT_IN:
+        return RegionReport(
+            region=region,
+            enabled=False,
+            opt_in_status=opt_in_status,
+            reasons=[f"{region} is not enabled for this account ({opt_in_status})"],
+        )
+    try:
+        report = await asyncio.wait_for(_scan_region(scan, region), scan.request.region_timeout_s)
+    except TimeoutError:
+        report = RegionReport(
+            region=region,
+            enabled=True,
+            reachable=False,
+            error=f"no answer within {scan.request.region_timeout_s:g} s",
+            reasons=[f"{region} did not answer within {scan.request.region_timeout_s:g} s (unreachable)"],
+        )
+    except Exception as exc:
+        line = str(describe_aws_error(exc, action=f"checking {region}", profile=scan.request.profile))
+        report = RegionReport(region=region, enabled=True, error=line, reasons=[line])
+    report.opt_in_status = opt_in_status
+    report.elapsed_s = round(time.perf_counter() - started, 3)
+    return report
+
+
+async def _optional(coro: Any) -> tuple[Any, BaseException | None]:
+    """Await a call whose failure degrades the verdict (a warning) instead of failing the region."""
+    try:
+        return await coro, None
+    except Exception as exc:
+        return None, exc
+
+
+async def _scan_region(scan: _Scan, region: str) -> RegionReport:
+    req = scan.request
+    types = sorted({req.gpu_node_type, req.system_node_type})
+    codes = sorted(
+        {c for c in (scan.gpu.quota_code, scan.system.quota_code if req.system_node_count else None) if c}
+    )
+
+    # A quota read can take a second round trip (no applied value: ask for the AWS default),
+    # so quota reads go out first, in every region, before any region's other calls: the
+    # second trips then overlap the rest instead of trailing the whole scan.
+    quota_reads = [
+        asyncio.ensure_future(_optional(scan.call("service-quotas", region, read_quota_limit, code)))
+        for code in codes
+    ]
+    try:
+        await asyncio.sleep(0)
+        zones_call = scan.call(
+            "ec2", region, _zones, Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
+        )
+        offers_call = scan.call("ec2", region, _offerings, types)
+        results: list[Any] = await asyncio.gather(
+            zones_call,
+            offers_call,
+            _optional(scan.call("ec2", region, running_instances)),
+            _optional(scan.call("ec2", region, _reservations, req.gpu_node_type, req.gpu_node_count)),
+            *quota_reads,
+            scan.region_prices(region),
+        )
+    finally:
+        for task in quota_reads:
+            task.cancel()  # a no-op once done; else the region was abandoned (timeout)
+    zones_resp, offered, (instances, inst_err), (reservations, res_err) = results[:4]
+    limits = dict(zip(codes, results[4 : 4 + len(codes)], strict=True))
+    prices: RegionPrices = results[-1]
+
+    vcpus_by_type = {scan.gpu.instance_type: scan.gpu.vcpus, scan.system.instance_type: scan.system.vcpus}
+    if instances:
+        missing = sorted({i["InstanceType"] for i in instances if i["vcpus"] is None} - set(vcpus_by_type))
+        if missing:
+            vcpus_by_type.update(await scan.call("ec2", region, _vcpus_of, missing))
+    used = vcpus_in_use(instances or [], vcpus_by_type)
+
+    def quota_for(code: str | None, needed: int) -> QuotaStatus:
+        if code is None:
+            return headroom(None, needed=needed, limit=None, used=None)
+        (limit_source, err) = limits[code]
+        problem = err or inst_err
+        if problem is not None:
+            return headroom(code, needed=needed, limit=None, used=None, error=_short_error(problem))
+        return headroom(
+            code, needed=needed, limit=limit_source[0], used=used.get(code, 0), source=limit_source[1]
+        )
+
+    gpu_needed = req.gpu_node_count * scan.gpu.vcpus
+    system_needed = req.system_node_count * scan.system.vcpus
+    same_code = scan.gpu.quota_code is not None and scan.gpu.quota_code == scan.system.quota_code
+    quota = quota_for(scan.gpu.quota_code, gpu_needed + (system_needed if same_code else 0))
+    system_quota = (
+        None if same_code or not req.system_node_count else quota_for(scan.system.quota_code, system_needed)
+    )
+
+    zones = [
+        (z["ZoneName"], z["ZoneId"])
+        for z in zones_resp["AvailabilityZones"]
+        if z.get("State", "available") == "available"
+    ]
+    eks_ids = {zid for _, zid in zones if zid not in EKS_REJECTED_ZONE_IDS}
+    system_anywhere = any(req.system_node_type in offered.get(name, ()) for name, _ in zones)
+    by_zone: dict[str, list[Reservation]] = {}
+    for r in reservations or []:
+        by_zone.setdefault(r.zone, []).append(r)
+
+    zone_reports = [
+        assess_zone(
+            ZoneInputs(
+                region=region,
+                zone=name,
+                zone_id=zid,
+                offered=frozenset(offered.get(name, ())),
+                other_eks_zone_ids=frozenset(eks_ids - {zid}),
+                system_offered_in_region=system_anywhere,
+                reservations=tuple(by_zone.get(name, [])),
+            ),
+            gpu=scan.gpu,
+            gpu_count=req.gpu_node_count,
+            system=scan.system,
+            system_count=req.system_node_count,
+            require_efa=req.require_efa,
+            quota=quota,
+            system_quota=system_quota,
+        )
+        for name, zid in sorted(zones)
+    ]
+    cost = price_plan(prices, PlanShape(
+        gpu_node_type=req.gpu_node_type, gpu_node_count=req.gpu_node_count, gpu_disk_gb=req.gpu_disk_gb,
+        system_node_type=req.system_node_type, system_node_count=req.system_node_count,
+        system_disk_gb=req.system_disk_gb))
+    reasons = []
+    if not any(z.gpu_offered for z in zone_reports):
+        reasons.append(f"{req.gpu_node_type} is not offered in {region}")
+    if res_err is not None:
+        for z in zone_reports:
+            z.warnings.append(f"could not list capacity reservations: {_short_error(res_err)}")
+    return RegionReport(
+        region=region,
+        enabled=True,
+        price_per_hour=cost.total,
+        price_source=cost.source,
+        price_breakdown=cost.breakdown(),
+        quota=quota,
+        system_quota=system_quota,
+        zones=zone_reports,
+        feasible=any(z.feasible for z in zone_reports),
+        reasons=reasons,
+    )
+
+
+def _zones(ec2: Any, **kwargs: Any) -> dict[str, Any]:
+    return dict(ec2.describe_availability_zones(**kwargs))
+
+
+def _offerings(ec2: Any, types: list[str]) -> dict[str, set[str]]:
+    """Instance types offered per AZ name, for the given types."""
+    offered: dict[str, set[str]] = {}
+    paginator = ec2.get_paginator("describe_instance_type_offerings")
+    pages = paginator.paginate(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": types}]
+    )
+    for page in pages:
+        for offer in page.get("InstanceTypeOfferings", []):
+            offered.setdefault(offer["Location"], set()).add(offer["InstanceType"])
+    return offered
+
+
+def _reservations(ec2: Any, instance_type: str, count: int) -> list[Reservation]:
+    """The reservations of the GPU type, each marked usable when the launch would draw on it.
+
+    What EC2 does (EC2 API reference, ``CapacityReservationSpecification``; EC2 User Guide, "On-Demand
+    Capacity Reservations" and "Launch instances using Capacity Blocks"): an active reservation takes
+    instances of its type, AZ, platform and tenancy. An *open* one takes them unnamed, as many as it has
+    free, the rest runs On-Demand. A *targeted* ODCR or a Capacity Block takes only instances whose
+    launch template names it: the GPU launch template names one, so it serves the plan only when it
+    holds every GPU node (a launch beyond its free slots fails, and a Capacity Block nodegroup cannot
+    spill to On-Demand). Per-AZ matching is the caller's (reports are grouped by the reservation's AZ).
+
+    Placement ("Use Capacity Reservations with cluster placement groups", EC2 User Guide): a reservation
+    made in a cluster placement group holds its capacity in that group, so only instances launched into
+    it draw on it. The launch template puts the GPU nodes into a named reservation's own group (or none),
+    but into rtui's own cluster group otherwise: an *open* ODCR made in some placement group takes none
+    of them and is not counted."""
+    found: list[Reservation] = []
+    paginator = ec2.get_paginator("describe_capacity_reservations")
+    filters = [
+        {"Name": "instance-type", "Values": [instance_type]},
+        {"Name": "state", "Values": ["active", "scheduled", "pending", "payment-pending"]},
+    ]
+    for page in paginator.paginate(Filters=filters):
+        for cr in page.get("CapacityReservations", []):
+            if cr.get("InstanceType") != instance_type:
+                continue  # filters are advisory for us: trust only what matches
+            kind: Literal["odcr", "capacity-block"] = (
+                "capacity-block" if cr.get("ReservationType") == "capacity-block" else "odcr"
+            )
+            end = cr.get("EndDate")
+            reservation = Reservation(
+                id=cr["CapacityReservationId"],
+                kind=kind,
+                instance_type=cr["InstanceType"],
+                platform=cr.get("InstancePlatform", ""),
+                zone=cr.get("AvailabilityZone", ""),
+                zone_id=cr.get("AvailabilityZoneId"),
+                tenancy=cr.get("Tenancy", "default"),
+                available=int(cr.get("AvailableInstanceCount", 0)),
+                total=int(cr.get("TotalInstanceCount", 0)),
+                state=cr.get("State", ""),
+                end_date=end.isoformat() if hasattr(end, "isoformat") else end,
+                match_criteria=cr.get("InstanceMatchCriteria", "open"),
+            )
+            reservation.placement_group = _group_name(cr.get("PlacementGroupArn"))
+            reservation.why_unusable = _why_unusable(reservation, count)
+            reservation.usable = not reservation.why_unusable
+            found.append(reservation)
+    return found
+
+
+def _group_name(arn: object) -> str | None:
+    return str(arn).rsplit("/", 1)[-1] if arn else None
+
+
+def _why_unusable(reservation: Reservation, count: int) -> str:
+    """Why the plan's GPU nodes would not land in ``reservation`` ("" when they would)."""
+    if reservation.state != "active":
+        return f"{reservation.state}, not active"
+    if reservation.platform != "Linux/UNIX" or reservation.tenancy != "default":
+        return f"for {reservation.platform} ({reservation.tenancy} tenancy), not Linux/UNIX (default tenancy)"
+    if reservation.targeted and reservation.available < count:
+        return f"{reservation.available} free, and a named reservation must hold all {count} GPU nodes"
+    if reservation.available < 1:
+        return "no free slot"
+    if not reservation.targeted and reservation.placement_group:
+        return (f"made in placement group {reservation.placement_group}: it takes only instances launched "
+                "into that group, and the GPU nodes go into rtui's own")
+    return ""
+
+
+def _vcpus_of(ec2: Any, types: list[str]) -> dict[str, int]:
+    response = ec2.describe_instance_types(InstanceTypes=types)
+    return {t["InstanceType"]: int(t["VCpuInfo"]["DefaultVCpus"]) for t in response.get("InstanceTypes", [])}
+
+
+def _aws_message(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Message", exc))
+    return str(exc)
+
+
+def _short_error(exc: BaseException) -> str:
+    return f"{error_code(exc)}: {_aws_message(exc)}"[:200]

@@ -1,0 +1,83 @@
+"""How long the GPU nodes really ran, from what AWS itself records: the Auto Scaling group's activities.
+
+cluster-autoscaler takes idle GPU nodes away and brings them back (issue 26), so "the nodegroup
+since it was made, at full size" overstates what a run cost. The group's scaling activities
+(``autoscaling:DescribeScalingActivities``, Auto Scaling API reference) hold one activity per
+instance launched ("Launching a new EC2 instance: i-…") and one per instance terminated
+("Terminating EC2 instance: i-…"; the User Guide's "Verify a scaling activity for an Auto Scaling
+group" shows both), each with its ``StartTime``, ``EndTime`` and ``StatusCode``. An instance runs
+from its launch's start to its termination's end, or to now while no termination has ended.
+
+Limits, said rather than guessed: AWS keeps activities for six weeks ("all activities for the past
+six weeks are described"), so an older group's history may lack launches; a termination whose launch
+is not listed means the history is incomplete. In both cases there is no figure (None), and the
+caller says its full-size figure is an upper bound. A launch counts from its activity's start, a
+little before EC2 starts billing the instance: the figure errs high by seconds per launch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from backend.errors import RtuiError
+from targets.aws.infra.base import Names, aws_api
+
+if TYPE_CHECKING:
+    from backend.layers.base import Context
+
+RETENTION_S = 6 * 7 * 24 * 3600  # "the past six weeks"
+_LAUNCH = re.compile(r"^Launching a new EC2 instance: (i-[0-9a-f]+)")
+_TERMINATE = re.compile(r"^Terminating EC2 instance: (i-[0-9a-f]+)")
+_NOT_RUN = ("Failed", "Cancelled")  # a launch that failed started no instance
+
+
+def _epoch(value: object) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def node_hours(activities: Iterable[Mapping[str, Any]], *, since: float, now: float) -> float | None:
+    """Instance-hours of the group between ``since`` (when the run made it) and ``now``, or None when
+    the activities cannot tell (the history may have aged out, or a termination has no launch)."""
+    if now - since > RETENTION_S:
+        return None
+    launched: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    for activity in activities:
+        description, status = str(activity.get("Description") or ""), activity.get("StatusCode")
+        start, end = _epoch(activity.get("StartTime")), _epoch(activity.get("EndTime"))
+        if (found := _LAUNCH.match(description)) and status not in _NOT_RUN and start is not None:
+            launched[found[1]] = min(start, launched.get(found[1], start))
+        elif found := _TERMINATE.match(description):
+            # Billing stops once the instance is terminated: the activity's end; until then, now.
+            ended[found[1]] = end if status == "Successful" and end is not None else now
+    if set(ended) - set(launched):
+        return None
+    seconds = sum(max(0.0, min(ended.get(i, now), now) - max(start, since)) for i, start in launched.items())
+    return seconds / 3600
+
+
+async def gpu_node_hours(ctx: Context, *, since: float, now: float) -> float | None:
+    """The run's GPU node-hours from its nodegroup's Auto Scaling group's activities; None when the
+    group or its history cannot be read (no group yet, the call refused): the caller says so."""
+
+    api = aws_api(ctx)
+    cluster = ctx.config.cluster_name
+    try:
+        group = (await api.call("eks", "describe_nodegroup", clusterName=cluster,
+                                nodegroupName=Names(cluster).gpu_nodegroup,
+                                ok=("ResourceNotFoundException",)) or {}).get("nodegroup") or {}
+        names = [g["name"] for g in (group.get("resources") or {}).get("autoScalingGroups") or [] if g.get("name")]
+        if not names:
+            return None
+        activities = [a for name in names for a in await api.pages(
+            "autoscaling", "describe_scaling_activities", "Activities", AutoScalingGroupName=name)]
+    except RtuiError:
+        return None
+    return node_hours(activities, since=since, now=now)
