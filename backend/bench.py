@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import targets
-from backend import flows
+from backend import flows, targets
 from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.jobspec import JobSpec, build_job_spec, passed_env_values

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-import targets
+from backend import targets
 from backend.errors import UserError
 from backend.hub import DEFAULT_DATASET, HF_DATASETS, default_dataset_uri, parse_dataset_uri
 from backend.paths import config_dir

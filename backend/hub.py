@@ -22,6 +22,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 from backend.errors import OperationError, UserError
 
@@ -167,3 +168,22 @@ def _ask_hub(kind: str, repo: str, asked: str, *, token: str | None, timeout_s: 
     if not isinstance(sha, str) or not _COMMIT.fullmatch(sha):
         raise OperationError(f"{endpoint} gave no commit for {model_id}@{asked}", remedy=pin)
     return {str(k): v for k, v in info.items()}
+
+
+def read_hf_token(config_value: str) -> str:
+    """The token from ``env:NAME`` or a file: read when applied, kept nowhere but the Secret."""
+    if config_value.startswith("env:"):
+        name = config_value[4:]
+        value = os.environ.get(name, "").strip()
+        if not value:
+            raise UserError(f"--hf-token names {name}, which is not set in rtui's environment",
+                            remedy=f"export {name}=… first, or drop --hf-token")
+        return value
+    try:
+        value = Path(config_value).expanduser().read_text().strip()
+    except OSError as exc:
+        raise UserError(f"cannot read the Hugging Face token file {config_value} ({exc.strerror})",
+                        remedy="name a readable file, or use --hf-token env:HF_TOKEN") from None
+    if not value:
+        raise UserError(f"the Hugging Face token file {config_value} is empty", remedy="put the token in it")
+    return value

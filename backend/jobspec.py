@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import targets
 import training
+from backend import targets
 from backend.config import RunConfig
 from backend.delivery import run_storage_uri
 from backend.errors import UserError

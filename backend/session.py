@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-import targets
+from backend import targets
 from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, data_store_for, effective_storage_path, model_summary
@@ -40,8 +40,8 @@ from backend.store import JobRecord, RunRecord, RunStatus, RunStore, StepState, 
 if TYPE_CHECKING:
     from backend.model import CheckResult, Observed
     from backend.rayjobs import RayJobs
+    from backend.targets import Target
     from backend.telemetry import Telemetry
-    from targets import Target
 
 def target_of(name: str) -> Target:
     """The target called ``name``, or one clear line naming those this rtui knows."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import targets
+from backend import targets
 from backend.errors import UserError
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import Worker
 
-import targets
+from backend import targets
 from backend.errors import RtuiError
 from backend.model import CheckResult, CheckStatus
 from tui.checks import render_checks, render_config

@@ -43,8 +43,7 @@ def test_backend_never_imports_the_ui() -> None:
 
 def test_targets_keep_textual_in_their_panels() -> None:
     """A target's package serves the CLI too: only its first-screen panel (and the aws matrix it shows) is Textual."""
-    textual_part = (".panel", ".matrix")
-    loaded = top_level(imported_after([m for m in modules_of("targets") if not m.endswith(textual_part)]))
+    loaded = top_level(imported_after([m for m in modules_of("targets") if not m.endswith(UI_PARTS)]))
     assert not loaded & {"textual", "tui", "screens"}, loaded & {"textual", "tui", "screens"}
 
 
@@ -202,6 +201,64 @@ def test_the_import_graph_has_no_cycle() -> None:
                   for imp in imports_of_ours() if imp.module in group and not imp.type_checking
                   for target in imp.targets if target in group and target != imp.module]
     assert not cycles, "import cycles:\n" + "\n".join(lines)
+
+
+# Issue 38: imports point one way. Each package may import those after it in its row, never one before it
+# or beside it: a target's package builds on backend (the aws target on the kube target's kubernetes layer),
+# and backend names the built-in targets only as data (backend.targets.BUILTIN, imported by importlib).
+# TYPE_CHECKING imports count too: a type named across the line is a dependency all the same.
+LOWER: dict[str, tuple[str, ...]] = {
+    "backend": ("training",),
+    "targets.local": ("backend", "training"),
+    "targets.kube": ("backend", "training"),
+    "targets.aws": ("targets.kube", "backend", "training"),
+}
+
+
+def _package_of(module: str) -> str:
+    for package in sorted(LOWER, key=len, reverse=True):
+        if module == package or module.startswith(package + "."):
+            return package
+    return module.split(".")[0]
+
+
+# A target's part of the first screen is a Textual widget: it builds on tui's panel contract, and only
+# screens load it (test_targets_keep_textual_in_their_panels).
+UI_PARTS = (".panel", ".matrix")
+
+
+def backwards_imports(imports: list[Import]) -> list[str]:
+    """``path:line imports module`` for each import from a package in LOWER of one it may not import."""
+    found = []
+    for imp in imports:
+        home = _package_of(imp.module)
+        if home not in LOWER:
+            continue
+        allowed = (home, *LOWER[home], *(("tui",) if imp.module.endswith(UI_PARTS) else ()))
+        for target in imp.targets:
+            if _package_of(target) not in allowed and target.split(".")[0] in GRAPH_PACKAGES:
+                found.append(f"{imp.path.relative_to(REPO)}:{imp.line} imports {target}")
+    return found
+
+
+def test_imports_point_one_way() -> None:
+    found = backwards_imports(imports_of_ours())
+    assert not found, f"{len(found)} imports against the direction (issue 38):\n" + "\n".join(found)
+
+
+def test_the_direction_check_sees_a_backwards_import() -> None:
+    cases = {("backend.session", "targets.aws.infra.api"): True,
+             ("targets.kube.k8s.clients", "targets.aws.infra"): True,
+             ("targets.local.layer", "targets.kube.k8s.pods"): True,
+             ("backend.config", "tui.app"): True,
+             ("targets.kube.layer", "tui.checks"): True,
+             ("targets.aws.infra.layer", "targets.kube.k8s.manifests"): False,
+             ("tui.cli", "targets.kube"): False,
+             ("targets.kube.k8s.layer", "backend.targets"): False,
+             ("targets.kube.panel", "tui.checks"): False}
+    for (module, target), backwards in cases.items():
+        found = backwards_imports([Import(module, REPO / "x.py", 1, 1, (target,), True, True)])
+        assert bool(found) is backwards, (module, target)
 
 
 def test_the_cycle_finder_finds_cycles() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
-import targets
+from backend import targets
 from backend.config import (
     ECHO_LIMIT,
     FIELD_NAMES,
@@ -333,7 +333,7 @@ def _main(argv: list[str]) -> int:
 
 def _token(ns: argparse.Namespace, out: TextIO) -> int:
     # lazy: boto3 only for `rtui token` (kubectl's exec plugin)
-    from targets.kube.k8s.eks import token_command_output
+    from targets.aws.eks import token_command_output
 
     out.write(token_command_output(ns.cluster_name, ns.region, ns.profile) + "\n")
     return 0

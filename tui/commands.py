@@ -11,9 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-import targets
 from backend import bench as benches
-from backend import flows
+from backend import flows, targets
 from backend.config import RunConfig
 from backend.delivery import LOAD_HINT, human_bytes, model_summary
 from backend.errors import UserError

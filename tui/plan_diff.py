@@ -14,7 +14,7 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.widgets import Static
 
-import targets
+from backend import targets
 from backend.model import Action, Change, Plan
 
 ACTION_STYLE = {Action.CREATE: "green", Action.UPDATE: "yellow", Action.REPLACE: "magenta", Action.DELETE: "red",

@@ -21,8 +21,8 @@ from textual.widget import Widget
 
 if TYPE_CHECKING:
     from backend.model import CheckResult
+    from backend.targets import Target
     from screens.target import TargetScreen
-    from targets import Target
 
 
 class TargetPanel:

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-import targets
+from backend import targets
 from backend.config import RunConfig
 from backend.delivery import check_storage_writable, effective_storage_path
 from backend.errors import OperationError, UserError
-from backend.hub import DatasetRevision, Revision, resolve_dataset, resolve_revision
+from backend.hub import DatasetRevision, Revision, read_hf_token, resolve_dataset, resolve_revision
 from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context, Handler, Layer, job_secret_env, refuse_job_env_without_carrier
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
@@ -35,9 +35,6 @@ def _hub_token(source: str) -> str | None:
     the kubernetes layer's preflight says what is wrong with it)."""
     if not source:
         return None
-    # lazy: the Kubernetes handlers (~80 ms) only for a private model's token; not on the local first frame
-    from targets.kube.k8s.handlers import read_hf_token
-
     try:
         return read_hf_token(source)
     except UserError:

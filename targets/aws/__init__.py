@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING, TextIO
 
 from backend.clients import Clients
 from backend.planner import Stack
-from targets import Defaults, Target
+from backend.targets import Defaults, Target
 from targets.aws.check import feasibility
 from targets.kube import CLUSTER_FIELDS, gpu_cluster_defaults, gpu_cluster_job_nodes
 
 if TYPE_CHECKING:
     from backend.config import RunConfig
     from backend.errors import NoCapacity
+    from backend.layers.base import Context
     from backend.session import RunSession
+    from targets.kube.k8s.access import KubeApi
 
 
 class AwsTarget(Target):
@@ -91,3 +93,17 @@ class AwsTarget(Target):
 
     def storage_profile(self, config: RunConfig) -> str | None:
         return config.profile
+
+    # Its ClusterAccess (targets.kube.k8s.clients): the kubernetes layer reaches the EKS cluster as EKS
+    # describes it, never through a kubeconfig entry.
+    def kube_api(self, ctx: Context) -> KubeApi:
+        # lazy: boto3 and the kubernetes client only when the cluster is reached
+        from targets.aws.eks_api import eks_api
+
+        return eks_api(ctx)
+
+    async def cluster_api(self, ctx: Context) -> KubeApi:
+        # lazy: boto3 and the kubernetes client only when the cluster is reached
+        from targets.aws.eks_api import refresh_eks_api
+
+        return await refresh_eks_api(ctx)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from backend.config import DEFAULT_MODEL_ID
 from backend.errors import UserError
 from backend.planner import Stack
-from targets import GPU_SEQ_LEN, Defaults, Target
+from backend.targets import GPU_SEQ_LEN, Defaults, Target
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -13,7 +13,7 @@ from backend.config import shown
 from backend.delivery import LocalDirStore, local_data_dir
 from backend.errors import UserError
 from backend.planner import Stack
-from targets import Defaults, FoundCluster, Target
+from backend.targets import Defaults, FoundCluster, Target
 
 if TYPE_CHECKING:
     from backend.config import RunConfig

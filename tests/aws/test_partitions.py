@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import boto3
 import pytest
 
-from targets.kube.k8s.eks import TOKEN_PREFIX, eks_token
+from targets.aws.eks import TOKEN_PREFIX, eks_token
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def test_policy_arns_and_service_principals_come_from_the_partition(region: str,
 def test_no_partition_or_dns_suffix_is_written_into_the_aws_layer() -> None:
     layer = sorted((ROOT / "targets" / "aws" / "infra").glob("*.py"))
     assert len(layer) > 10, "the aws layer's modules moved: point this test at them"
-    sources = [*layer, ROOT / "targets/kube/k8s/eks.py"]
+    sources = [*layer, ROOT / "targets/aws/eks.py"]
     written = re.compile(r"arn:aws:|\w\.amazonaws\.com")
     found = [f"{p.name}: {m.group(0)}" for p in sources for m in written.finditer(p.read_text())]
     assert found == []

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
+from backend.aws_calls import Workers
+from backend.aws_session import AwsSession
 from targets.aws.cloud import PreflightRequest, run_preflight
-from targets.aws.cloud.calls import Workers
-from targets.aws.cloud.session import AwsSession
 from tests.aws.conftest import World
 from tests.eventually import eventually
 

@@ -13,7 +13,7 @@ import boto3
 import pytest
 import yaml
 
-from targets.kube.k8s import eks
+from targets.aws import eks
 
 ARN = "arn:aws:eks:us-west-2:123456789012:cluster/rtui-demo"
 

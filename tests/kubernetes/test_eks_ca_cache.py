@@ -1,7 +1,7 @@
 """The EKS cluster CA rtui hands its HTTP client is the one EKS reports, never a file found under the
 expected name (issue 33, item 6).
 
-``clients._remember_eks`` reads the CA from DescribeCluster (``cluster.certificateAuthority.data``,
+``targets.aws.eks_api._remember_eks`` reads the CA from DescribeCluster (``cluster.certificateAuthority.data``,
 base64 PEM: EKS API reference, DescribeCluster / Certificate) and gives the Kubernetes client a file
 holding it (``ssl_ca_cert``: the client verifies the API server against that file and no other, then
 sends the EKS bearer token). The cache named the file by a hash of the CA and, when a file of that
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from backend.errors import UserError
-from targets.kube.k8s import eks
+from targets.aws import eks
 
 EKS_CA = b"-----BEGIN CERTIFICATE-----\nTUlJQyBla3MgY2x1c3RlciBDQQ==\n-----END CERTIFICATE-----\n"
 PLANTED = b"-----BEGIN CERTIFICATE-----\nTUlJQyBhdHRhY2tlciBDQQ==\n-----END CERTIFICATE-----\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from targets.kube.k8s import eks
+from targets.aws import eks
 
 ARN = "arn:aws:eks:us-west-2:111122223333:cluster/rtui-demo"
 KUBECTL_STYLE = """\

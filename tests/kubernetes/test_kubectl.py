@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from targets.kube.k8s import eks
+from targets.aws import eks
 from targets.kube.k8s.access import KubeApi
 from tests.kubernetes.conftest import KubeCluster
 
@@ -85,7 +85,7 @@ async def test_the_entry_rtui_writes_works_for_kubectl_and_for_rtui(kube_cluster
     fake_rtui.parent.mkdir()
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r});"
             f"open({str(argv_log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n');"
-            "from targets.kube.k8s.eks import token_command_output as t;"
+            "from targets.aws.eks import token_command_output as t;"
             "a = sys.argv[1:]; print(t(a[a.index('--cluster-name') + 1], a[a.index('--region') + 1]))")
     fake_rtui.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"{code}\" \"$@\"\n")
     fake_rtui.chmod(0o755)

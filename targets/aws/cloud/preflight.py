@@ -11,14 +11,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from backend.aws_calls import CallPool
+from backend.aws_session import AwsSession, describe_aws_error, error_code
 from backend.config import clip, shown
 from backend.errors import OperationError, UserError
-from targets.aws.cloud.calls import CallPool
 from targets.aws.cloud.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
 from targets.aws.cloud.pricing import PlanShape, PriceBook, RegionPrices, price_plan
 from targets.aws.cloud.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
 from targets.aws.cloud.report import PreflightReport, PreflightRequest, QuotaStatus, RegionReport, Reservation
-from targets.aws.cloud.session import AwsSession, describe_aws_error, error_code
 from targets.aws.cloud.verdict import ZoneInputs, assess_zone, recommend
 
 T = TypeVar("T")

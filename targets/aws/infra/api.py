@@ -29,11 +29,8 @@ from botocore.exceptions import (
 )
 from botocore.loaders import create_loader
 
-from backend.errors import OperationError, RtuiError, UserError
-from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
-from backend.runner import Progress
-from targets.aws.cloud.calls import CallPool
-from targets.aws.cloud.session import (
+from backend.aws_calls import CallPool
+from backend.aws_session import (
     THROTTLING_CODES,
     AwsSession,
     describe_aws_error,
@@ -42,6 +39,9 @@ from targets.aws.cloud.session import (
     login_hint,
     no_credentials_error,
 )
+from backend.errors import OperationError, RtuiError, UserError
+from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
+from backend.runner import Progress
 
 RUN_TAG = "rtui:run"
 CLUSTER_TAG = "rtui:cluster"

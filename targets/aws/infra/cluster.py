@@ -2,7 +2,7 @@
 
 The cluster authenticates by access entries (``authenticationMode: API``); the caller becomes
 cluster admin through an entry of its own, made explicitly so the plan shows it. The kubeconfig
-entry holds an exec plugin, never a token (``targets.kube.k8s.eks``).
+entry holds an exec plugin, never a token (``targets.aws.eks``).
 """
 
 from __future__ import annotations
@@ -339,7 +339,7 @@ class AccessEntryHandler(AwsHandler):
 
 def kubeconfig_path(ctx: Context) -> Path:
     # lazy: the kubeconfig writer only when applied; this module is on the aws target's first frame
-    from targets.kube.k8s.eks import kubeconfig_path as path_for
+    from targets.aws.eks import kubeconfig_path as path_for
 
     return path_for(ctx.config.kubeconfig)
 
@@ -392,7 +392,7 @@ class KubeconfigHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         # lazy: the kubeconfig writer only when applied; this module is on the aws target's first frame
-        from targets.kube.k8s.eks import write_kubeconfig_entry
+        from targets.aws.eks import write_kubeconfig_entry
 
         cluster = await describe_cluster(self.api(ctx), ctx.config.cluster_name)
         if cluster is None or not cluster.get("endpoint"):
@@ -412,7 +412,7 @@ class KubeconfigHandler(AwsHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         # lazy: the kubeconfig writer only when applied; this module is on the aws target's first frame
-        from targets.kube.k8s.eks import remove_kubeconfig_entry
+        from targets.aws.eks import remove_kubeconfig_entry
 
         path, name = have.id.split("|", 1)
         remove_kubeconfig_entry(path, name)

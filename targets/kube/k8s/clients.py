@@ -1,13 +1,16 @@
-"""The Kubernetes API of a run's cluster: from the kubeconfig (kube target) or from EKS (aws target).
+"""The Kubernetes API of a run's cluster, as the run's target reaches it.
 
 Below the layer and its handlers, which both reach the cluster through ``kube_api`` (the handlers
-cannot import the layer that imports them). The APIs are the session's (``ctx.clients``).
+cannot import the layer that imports them). The APIs are the session's (``ctx.clients``). A target
+whose stack has this layer says how its cluster is reached (``ClusterAccess``): the kube target
+through the kubeconfig (``kubeconfig_api``), the aws target through EKS (``targets.aws.eks``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from backend import targets
 from backend.errors import OperationError
 from backend.layers.base import Context
 
@@ -18,105 +21,39 @@ Obj = dict[str, Any]
 
 
 class ClusterNotReady(OperationError):
-    """The aws target's EKS cluster is not there (yet): nothing of this layer can exist in it."""
+    """The run's cluster is not there (yet; the aws target's EKS cluster): nothing of this layer can exist in it."""
+
+
+@runtime_checkable
+class ClusterAccess(Protocol):
+    """How a target reaches its cluster's API (a target without it: through the kubeconfig)."""
+
+    def kube_api(self, ctx: Context) -> KubeApi:
+        """The API, made once per session (it refreshes its own token; the session closes it)."""
+
+    async def cluster_api(self, ctx: Context) -> KubeApi:
+        """The API after checking the cluster is there to reach (ClusterNotReady when it is not)."""
 
 
 def kube_api(ctx: Context) -> KubeApi:
-    """The cluster's API for this config, made once per session (it refreshes its own token; the
-    session closes it)."""
+    """The cluster's API for this config, made once per session."""
+    access = targets.get(ctx.config.target)
+    return access.kube_api(ctx) if isinstance(access, ClusterAccess) else kubeconfig_api(ctx)
+
+
+async def cluster_api(ctx: Context) -> KubeApi:
+    """The cluster's API, checked first where the target can check it (an EKS cluster may have gone since)."""
+    access = targets.get(ctx.config.target)
+    return await access.cluster_api(ctx) if isinstance(access, ClusterAccess) else kubeconfig_api(ctx)
+
+
+def kubeconfig_api(ctx: Context) -> KubeApi:
+    """The API of the kubeconfig's cluster (``--kubeconfig``, ``--context``)."""
     # lazy: the kubernetes client (~1 s) only when a cluster is reached; making the stack does without
     from targets.kube.k8s.access import KubeApi
 
-    if ctx.config.target == "aws":
-        return _eks_api(ctx)
     config = ctx.config
     key = ("kube", config.kubeconfig, config.context, config.kube_timeout_s, config.kube_stream_idle_s)
     return ctx.clients.get(key, lambda: KubeApi.from_kubeconfig(config.kubeconfig, config.context,
                                                                 timeout_s=config.kube_timeout_s,
                                                                 stream_idle_s=config.kube_stream_idle_s))
-
-
-def _eks_api(ctx: Context) -> KubeApi:
-    """The EKS cluster of an aws run, as DescribeCluster showed it last (``refresh_eks_api``).
-
-    Its endpoint and CA come from EKS, never from a kubeconfig entry: an entry named by the same ARN
-    may be a leftover of a deleted cluster, or point at another one altogether. rtui signs its own
-    EKS token (no exec plugin runs). The first use in a session asks EKS itself.
-    """
-    # lazy: the kubernetes client (~1 s) only when a cluster is reached; making the stack does without
-    from targets.kube.k8s.access import KubeApi
-
-    known = ctx.clients.aliased(_eks_key(ctx))
-    if isinstance(known, KubeApi):
-        return known
-    return _remember_eks(ctx, _describe_eks(ctx))
-
-
-async def refresh_eks_api(ctx: Context) -> KubeApi:
-    """Ask EKS again for the run's cluster: its API, or ClusterNotReady when there is none to use."""
-    # lazy: boto3 and the aws layer only on the aws target (a kube run never loads them)
-    from targets.aws.infra.base import aws_api
-    from targets.aws.infra.cluster import describe_cluster
-
-    cluster = await describe_cluster(aws_api(ctx), ctx.config.cluster_name)
-    return _remember_eks(ctx, cluster)
-
-
-async def cluster_api(ctx: Context) -> KubeApi:
-    """The cluster's API, the aws target's checked with EKS first (a cluster may have gone since)."""
-    return await refresh_eks_api(ctx) if ctx.config.target == "aws" else kube_api(ctx)
-
-
-def _eks_key(ctx: Context) -> tuple[str, str, str, str | None]:
-    return "eks", ctx.config.cluster_name, ctx.config.region, ctx.config.profile
-
-
-def _describe_eks(ctx: Context) -> Obj | None:
-    """The EKS cluster of this name (None: there is none), through the aws layer's client, blocking:
-    only the first use in a session (``refresh_eks_api`` asks on the loop's terms)."""
-    # lazy: boto3 and the aws layer only on the aws target (a kube run never loads them)
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from targets.aws.infra.base import aws_api
-
-    api = aws_api(ctx)
-    try:
-        return dict(api.client("eks").describe_cluster(name=ctx.config.cluster_name)["cluster"])
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-            return None
-        raise api.error(err, "eks:DescribeCluster") from None
-    except BotoCoreError as err:
-        raise api.error(err, "eks:DescribeCluster") from None
-
-
-def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
-    # lazy: boto3 and the aws layer only on the aws target (a kube run never loads them)
-    from targets.aws.cloud.session import boto3_session
-    from targets.kube.k8s import eks
-    from targets.kube.k8s.access import KubeApi
-
-    config, key = ctx.config, _eks_key(ctx)
-    endpoint = (cluster or {}).get("endpoint")
-    ca_data = ((cluster or {}).get("certificateAuthority") or {}).get("data")
-    if cluster is None or (cluster.get("tags") or {}).get(eks.RUN_TAG) != ctx.record.run_id \
-            or cluster.get("status") not in ("ACTIVE", "UPDATING") or not endpoint or not ca_data:
-        ctx.clients.forget(key)
-        state = "not there" if cluster is None else "not this run's" \
-            if (cluster.get("tags") or {}).get(eks.RUN_TAG) != ctx.record.run_id else str(cluster.get("status"))
-        raise ClusterNotReady(f"the EKS cluster {config.cluster_name} is {state.lower()}",
-                              remedy="`rtui up` makes it")
-    ca_file = eks.ca_file(str(ca_data))
-    arn = str(cluster["arn"])
-    api_key = ("eks-api", arn, str(endpoint), ca_file, config.kube_timeout_s,
-               config.kube_stream_idle_s)
-
-    def make() -> KubeApi:
-        provider = eks.EksTokenProvider(config.cluster_name, config.region,
-                                        boto3_session(config.profile, config.region))
-        return KubeApi.for_server(str(endpoint), ca_file, context=arn, token_provider=provider,
-                                  timeout_s=config.kube_timeout_s, stream_idle_s=config.kube_stream_idle_s)
-
-    api = ctx.clients.get(api_key, make)
-    ctx.clients.alias(key, api_key)
-    return api

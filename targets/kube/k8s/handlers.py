@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import os
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from backend.aio import all_or_none
 from backend.errors import UserError
+from backend.hub import read_hf_token
 from backend.layers.base import Context, Handler
 from backend.model import Action, Observed, Resource
 from backend.paths import cache_dir
@@ -259,25 +258,6 @@ class NamespaceHandler(KubeHandler):
             yield p
         async for p in wait_namespace_gone(api, have.id):
             yield p
-
-
-def read_hf_token(config_value: str) -> str:
-    """The token from ``env:NAME`` or a file: read when applied, kept nowhere but the Secret."""
-    if config_value.startswith("env:"):
-        name = config_value[4:]
-        value = os.environ.get(name, "").strip()
-        if not value:
-            raise UserError(f"--hf-token names {name}, which is not set in rtui's environment",
-                            remedy=f"export {name}=… first, or drop --hf-token")
-        return value
-    try:
-        value = Path(config_value).expanduser().read_text().strip()
-    except OSError as exc:
-        raise UserError(f"cannot read the Hugging Face token file {config_value} ({exc.strerror})",
-                        remedy="name a readable file, or use --hf-token env:HF_TOKEN") from None
-    if not value:
-        raise UserError(f"the Hugging Face token file {config_value} is empty", remedy="put the token in it")
-    return value
 
 
 class HfTokenHandler(KubeHandler):

@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import targets
+from backend import targets
 from backend.aio import all_or_none
 from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
+from backend.hub import read_hf_token
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, Observed, Resource
 from targets.kube.k8s import addons, admission, capacity, identity, idle, manifests, pods, rights, storage
@@ -40,7 +41,6 @@ from targets.kube.k8s.handlers import (
     list_if_served,
     namespace_conditions,
     ours,
-    read_hf_token,
 )
 from targets.kube.k8s.kuberay_version import refuse_unfit_kuberay
 from targets.kube.k8s.probe import GCS_PORT, PROBE, NetworkPolicyProbeHandler, verdict_name

@@ -1,4 +1,4 @@
-"""boto3 session and clients for the aws target, and AWS errors turned into one clear line.
+"""boto3 session and clients (the aws target's, and any s3:// storage's), and AWS errors turned into one clear line.
 
 Credentials come from the usual chain (explicit profile, ``AWS_PROFILE``, environment, SSO,
 instance roles); ``AWS_ENDPOINT_URL`` and its per-service variants are honoured by botocore
@@ -29,9 +29,9 @@ from botocore.exceptions import (
 )
 from botocore.loaders import Loader, create_loader
 
+from backend.aws_calls import Workers
 from backend.config import clip
 from backend.errors import OperationError, RtuiError, UserError
-from targets.aws.cloud.calls import Workers
 
 # Standard mode retries throttling and transient errors with jittered backoff; six retries
 # (botocore's max_attempts counts retries: seven attempts in all) ride out the bursts a

@@ -1,0 +1,188 @@
+"""Targets: where a run goes. This module is the contract (``Target``) and the registry; a target's
+code is one package under ``targets/`` (issue 24), its layers included (issue 38).
+
+A ``Target`` owns what differs between places a run can go: its stack of layers, its config
+defaults and checks, how runs of it are found without a record (orphans), what it does when the
+provider has no capacity, the App's subtitle, the first screen's panel, and whether it costs money.
+Generic code (``backend/*.py``, ``tui/``, ``screens/``) asks the run's target and never compares
+its name (``tests/test_architecture.py`` checks it).
+
+Imports point one way: a target's package imports ``backend`` (and the aws target the kube target's
+kubernetes layer); nothing in ``backend`` imports a target. The registry names the built-in ones
+as data and imports each only when asked for (``importlib``), so the first frame pays for none.
+
+Registry: the built-in targets are the ``BUILTIN`` lines below. A target from another package is
+found by its entry point in the ``rtui.targets`` group (``name = "module:attribute"``, the
+attribute a ``Target`` subclass or instance): installing that package is all it takes. The package
+``targets`` re-exports these names, so ``targets.Target`` is the same class.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, ClassVar, TextIO
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from backend.config import RunConfig
+    from backend.delivery import DataStore
+    from backend.errors import NoCapacity
+    from backend.planner import Stack
+    from backend.session import RunSession
+
+# name -> "module:attribute" of its Target; one line per built-in target.
+BUILTIN: dict[str, str] = {
+    "local": "targets.local:LocalTarget",
+    "aws": "targets.aws:AwsTarget",
+    "kube": "targets.kube:KubeTarget",
+}
+DEFAULT = "local"
+ENTRY_POINT_GROUP = "rtui.targets"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a config field left on auto (0, "auto", unset) resolves to on a target."""
+
+    batch_size: int  # 0: the largest micro-batch the GPU's memory fits (backend.stepfit.fitting_micro_batch)
+    precision: str
+    learning_rate: float
+    model_id: str | None  # None: the tiny random model (CPU targets)
+    workers: int
+    shard_size: int  # ranks per FSDP shard group with --shard hybrid
+    require_transport: str
+    seq_len: int = 128
+
+
+# A GPU cluster's sequence length left on auto: room for a multi-turn conversation through a chat
+# template (the default dataset's, and most instruction data: the plan's data line counts the sampled
+# records that are longer, and cut); 128, the old default, cut most of them.
+GPU_SEQ_LEN = 1024
+
+
+@dataclass(frozen=True)
+class FoundCluster:
+    """A live cluster of a target found from the world (markers, tags), whatever the records say."""
+
+    run_id: str
+    cluster_name: str
+    where: str
+    state_dir: str | None = None  # the rtui state dir that made it, when it says
+    running: bool = True  # False: its marks are there but its processes are gone (nothing to stop)
+
+
+class Target(ABC):
+    """One place a run can go. Subclass it, override what differs, register it (module docstring).
+
+    The class attributes are what generic code asks instead of a target's name."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]  # its line on the first screen
+    costs_money: ClassVar[bool] = False  # whether applying a plan may bill someone (asks twice in the TUI)
+    on_gpus: ClassVar[bool] = True  # trains on GPUs with NCCL (else on CPUs with gloo)
+    offline: ClassVar[bool] = False  # never asks the model hub (no revision is resolved at plan time)
+    shared_disk: ClassVar[bool] = False  # every node writes the same disk (no shared storage for checkpoints)
+    bench_variants: ClassVar[tuple[str, ...]] = ("efa", "tcp")  # what `rtui bench` measures here
+    bench_ab_steps: ClassVar[int] = 20
+    has_kubernetes: ClassVar[bool] = False  # its stack has Kubernetes objects (`rtui manifest`)
+    has_feasibility: ClassVar[bool] = False  # `rtui check` shows a feasibility matrix (``feasibility``)
+    # The config fields it reads that not every target reads (a field no target claims is every target's):
+    # `rtui config show` lists a target's common fields and its own.
+    own_fields: ClassVar[frozenset[str]] = frozenset()
+    # "module:Class" of its first-screen panel (a Textual widget, imported by the screen only), or None.
+    panel: ClassVar[str | None] = None
+    # What the plan's cost line says when nothing is priced.
+    unpriced: ClassVar[str] = "nothing priced"
+
+    @abstractmethod
+    def stack(self, config: RunConfig) -> Stack:
+        """Its layers, bottom up (DESIGN.md §1). Import them here: they stay off the first frame."""
+
+    @abstractmethod
+    def defaults(self, config: RunConfig) -> Defaults:
+        """What the fields left on auto resolve to for ``config``."""
+
+    def check(self, config: RunConfig, cwd: Path) -> RunConfig:
+        """Refuse (UserError) what this target cannot run; return the config, paths made absolute."""
+        return config
+
+    def where(self, config: RunConfig) -> str:
+        """Which cluster, in a few words, for the App's subtitle (after the target's name); "" for none."""
+        return ""
+
+    def live_clusters(self, cluster_name: str | None = None) -> list[FoundCluster]:
+        """Its clusters live on this machine found without records (cheap: no network)."""
+        return []
+
+    async def tagged_runs(self, config: RunConfig) -> list[str]:
+        """Run ids the provider holds resources of for ``config.cluster_name`` (may ask the network)."""
+        return []
+
+    def fail_over(self, session: RunSession, error: NoCapacity) -> str | None:
+        """Move what the provider had no capacity for; what moved, in one line, or None when it cannot."""
+        return None
+
+    def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
+        """Where a run's checkpoints and model live, when rtui manages them on this target."""
+        return None
+
+    def feasibility(self, config: RunConfig, *, regions: list[str] | None, all_regions: bool,
+                    request_quota: bool, yes: bool, as_json: bool, out: TextIO) -> int | None:
+        """`rtui check` on this target when it has its own (an exit code), else None for the generic one."""
+        return None
+
+    def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
+        """Where the job writes checkpoints and the model when the target gives the run its own storage
+        and no --storage-path names any (kube: the run's volume, mounted in every Ray pod), else None."""
+        return None
+
+    def storage_profile(self, config: RunConfig) -> str | None:
+        """The AWS profile that writes --storage-path (None: the usual credential chain)."""
+        return None
+
+    def job_nodes(self, config: RunConfig) -> int | None:
+        """How many machines the training job's workers run on, when the config settles it (None: it
+        does not). The NCCL badge and `rtui status` take it as the job's own node count: a job on one
+        machine uses no network, whatever network NCCL announces (issue 39)."""
+        return None
+
+
+def _load(spec: str) -> Target:
+    module, _, attribute = spec.partition(":")
+    found = getattr(importlib.import_module(module), attribute)
+    target = found() if isinstance(found, type) else found
+    if not isinstance(target, Target):
+        raise TypeError(f"{spec} is not a backend.targets.Target")
+    return target
+
+
+@cache
+def _plugins() -> dict[str, str]:
+    """{name: "module:attribute"} of the installed packages' targets (read once, when first needed)."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
+
+
+def names() -> list[str]:
+    """Every target this rtui knows: the built-in ones, then the installed ones."""
+    return [*BUILTIN, *sorted(_plugins())]
+
+
+def known(name: str) -> bool:
+    return name in BUILTIN or name in _plugins()
+
+
+@cache
+def get(name: str) -> Target:
+    """The target called ``name``; KeyError when no built-in or installed target has that name."""
+    spec = BUILTIN.get(name) or _plugins().get(name)
+    if spec is None:
+        raise KeyError(name)
+    target = _load(spec)
+    if target.name != name:
+        raise TypeError(f"{spec} is the {target.name} target, registered as {name}")
+    return target
