@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -51,11 +52,52 @@ class ProcRef:
         return self.process() is not None
 
 
+# The lowest port rtui picks for a server: above the well-known ports and most services' defaults.
+LISTEN_LOW = 10000
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out itself (outgoing connections, a bind to port 0): Linux's
+    net.ipv4.ip_local_port_range (ip(7)); elsewhere the IANA dynamic range, macOS's default."""
+    try:
+        low, high = (int(word) for word in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def _listen_candidates() -> range:
+    """Where rtui picks a server's port: below the ephemeral range, so no connection this machine makes
+    takes it between the pick and the server's bind (a connected socket holds its local port against
+    every bind, SO_REUSEADDR or not); an empty range when the kernel's covers nearly everything."""
+    low, _ = ephemeral_range()
+    return range(LISTEN_LOW, low) if low - LISTEN_LOW >= 1000 else range(0)
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Distinct ports free right now. Held open together so none is handed out twice."""
+    """Distinct ports free right now, for servers that bind them later (Ray's, seconds after).
+
+    Picked at random outside the kernel's ephemeral range (``_listen_candidates``), each checked by
+    binding it; all are held open together until the last is found, so none is handed out twice. Where
+    there is no such range left, the kernel picks (port 0), as before."""
+    candidates = _listen_candidates()
+    pick = random.SystemRandom()
     socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        for _ in range(count * 50 if candidates else 0):
+            if len(socks) == count:
+                break
+            port = pick.choice(candidates)
+            if any(s.getsockname()[1] == port for s in socks):
+                continue
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < count:  # no range to pick from, or nearly all of it taken
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)

@@ -187,7 +187,7 @@ class HeadHandler(Handler):
             elapsed = time.monotonic() - started
             if not ref.alive():
                 tail = _tail(log)
-                retry = "address already in use" in tail.lower() or "failed to bind" in tail.lower()
+                retry = _bind_failed(tail) or await asyncio.to_thread(_a_ray_log_says_bind_failed, cluster)
                 await _stop_and_remove(cluster.path)
                 err = TransientError if retry else OperationError
                 raise err(f"ray head exited while starting: {_last_error_line(tail)}", remedy=f"see {log}")
@@ -466,6 +466,22 @@ async def _stop_and_remove(path: Path) -> int:
     count = await _terminate(lambda: lc.cluster_family(cluster))
     await asyncio.to_thread(lc.remove_cluster_dir, path)
     return count
+
+
+def _bind_failed(text: str) -> bool:
+    return "address already in use" in text.lower() or "failed to bind" in text.lower()
+
+
+def _a_ray_log_says_bind_failed(cluster: lc.ClusterDir) -> bool:
+    """Whether one of the head's processes (the GCS, the raylet, an agent: each writes its own log, and
+    `ray start` says only that it exited) could not bind its port: another process took it first, and a
+    start with other ports will do."""
+    logs = cluster.ray_dir / "session_latest" / "logs"
+    try:
+        files = [p for p in logs.iterdir() if p.suffix in (".err", ".out", ".log") and p.is_file()]
+    except OSError:
+        return False
+    return any(_bind_failed(_tail(p, 4096)) for p in files)
 
 
 def _tail(path: Path, limit: int = 8192) -> str:
