@@ -3,16 +3,16 @@
 What every target has is drawn here: the targets, the configuration, the checks. The run's target
 adds its own panel (``tui.target_panel``; the kube context picker in ``targets.kube.panel``, the aws
 feasibility matrix in ``targets.aws.panel``), whose module loads with this screen, not before.
-A panel picks another context or AZ by posting ``ContextChosen`` or ``ZoneChosen``: the App makes
-a session for it (and this screen anew, whose checks then run against it).
+The panel's keys are its own (``TargetPanel.bindings``, added to this screen's when it is made); it
+picks another context or AZ by posting ``Reconfigure``: the App makes a session for it (and this
+screen anew, whose checks then run against it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -27,11 +27,7 @@ from backend import targets
 from backend.errors import RtuiError
 from backend.model import CheckResult, CheckStatus
 from tui.checks import render_checks, render_config
-from tui.screen import RtuiScreen
-from tui.target_panel import PanelUpdated, TargetPanel, panel_for
-
-if TYPE_CHECKING:
-    from targets.aws.cloud.report import QuotaStatus
+from tui.target_panel import PanelHost, PanelUpdated, TargetPanel, panel_for
 
 
 def selectable_targets(target: str) -> set[str]:
@@ -48,7 +44,7 @@ def unselectable_reason(target: str) -> str | None:
     return f"greyed: this is {article} {target} run; use `rtui --target {'|'.join(others)}`"
 
 
-class TargetScreen(RtuiScreen):
+class TargetScreen(PanelHost):
     HELP_TITLE = "the target and its checks"
     # At 24 rows the matrix and the context picker give up rows so the configuration and the checks
     # keep a panel each; a panel whose text is longer scrolls inside itself.
@@ -69,42 +65,14 @@ class TargetScreen(RtuiScreen):
         """The user wants the plan for this target."""
 
     @dataclass
-    class ContextChosen(Message):
-        """The user picked another kubeconfig context: the App makes a session for it."""
-
-        name: str
-
-    @dataclass
     class ChecksFinished(Message):
         results: list[CheckResult]
-
-    @dataclass
-    class ZoneChosen(Message):
-        """The user picked another feasible AZ: the App makes a session with that availability zone."""
-
-        region: str
-        zone: str
-
-    @dataclass
-    class QuotaIncreaseAsked(Message):
-        """The user wants AWS asked for the quota the plan is short of: the App confirms first."""
-
-        requests: list[tuple[str, QuotaStatus]]
-        file: Callable[[], None]  # files them (the panel's worker), once the user said yes
 
     BINDINGS = [
         # A priority binding: the focused list's own Enter would shadow it, and hide it from the footer.
         Binding("enter", "next", "Review plan", id="next", priority=True,
                 tooltip="Compute the plan for this target (on another AZ or context: use that one first)"),
         Binding("r", "recheck", "Re-check", id="recheck", tooltip="Run the preflight checks again"),
-        Binding("c", "pick_context", "Context", id="context",
-                tooltip="Choose the kubeconfig context (Enter on another one re-checks against it)"),
-        Binding("z", "pick_zone", "AZ", id="zone",
-                tooltip="Choose the availability zone (Enter on another feasible one uses it)"),
-        Binding("a", "all_regions", "All regions", id="all_regions",
-                tooltip="Check every enabled region, not only the configured one (again: only that one)"),
-        Binding("i", "request_quota", "Quota increase", id="quota_increase",
-                tooltip="Ask AWS for the vCPU quota this plan is short of (asks to confirm first)"),
     ]
 
     checks: list[CheckResult] | None = None
@@ -115,6 +83,10 @@ class TargetScreen(RtuiScreen):
         return panel_for(self.session.target, self)
 
     def compose(self) -> ComposeResult:
+        # The panel's own keys join the screen's (a fresh list per key: the class's map is shared).
+        keys = self._bindings.key_to_bindings
+        for binding in self.panel.bindings:
+            keys[binding.key] = [*keys.get(binding.key, []), binding]
         yield Header()
         with Vertical(id="target-body"):
             yield Static("Where should this run go?", classes="heading")
@@ -194,8 +166,8 @@ class TargetScreen(RtuiScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "next":  # offered only where Enter acts: no plan to review past a failed check
             return not any(c.status is CheckStatus.FAIL for c in self.checks or []) or self._enter_picks()
-        if action in PANEL_ACTIONS:
-            return action in self.panel.offers and self.panel.enabled(action)
+        if action == "panel":
+            return self.panel.enabled(str(parameters[0]))
         return True
 
     def _enter_picks(self) -> bool:
@@ -215,17 +187,9 @@ class TargetScreen(RtuiScreen):
         self.refresh_bindings()
         self.run_checks()
 
-    def action_pick_context(self) -> None:
-        self.panel.act("pick_context")
-
-    def action_pick_zone(self) -> None:
-        self.panel.act("pick_zone")
-
-    def action_all_regions(self) -> None:
-        self.panel.act("all_regions")
-
-    def action_request_quota(self) -> None:
-        self.panel.act("request_quota")
+    def action_panel(self, name: str) -> None:
+        """A key of the panel's own (``TargetPanel.bindings``)."""
+        self.panel.act(name)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         if event.option_list.id in self.panel.pickers:
@@ -258,7 +222,3 @@ class TargetScreen(RtuiScreen):
             self.notify(f"{failed[0].title}: {failed[0].remedy or failed[0].detail}", severity="error")
             return
         self.post_message(self.Chosen())
-
-
-# The screen's bindings that a target's panel serves (``TargetPanel.offers``): hidden where it serves none.
-PANEL_ACTIONS = frozenset({"pick_context", "pick_zone", "all_regions", "request_quota"})

@@ -30,6 +30,7 @@ from screens.target import TargetScreen
 from tui.help import HelpScreen, key_rows
 from tui.invocation import rtui_command
 from tui.render import accrued_text
+from tui.target_panel import ConfirmAsked, Reconfigure
 
 if TYPE_CHECKING:
     from backend.config import ResolvedConfig
@@ -111,20 +112,10 @@ class RtuiApp(App[None]):
     def on_target_screen_chosen(self, _message: TargetScreen.Chosen) -> None:
         self._go(PlanScreen())
 
-    def on_target_screen_context_chosen(self, message: TargetScreen.ContextChosen) -> None:
-        """Another kubeconfig context: the same run, configured for it, checked afresh on a new TargetScreen."""
-        if message.name == self.session.config.context:
-            return
-        self._reconfigure({"context": message.name}, f"context {self.session.config.context or '(current)'}",
-                          "or start rtui with --context")
-
-    def on_target_screen_zone_chosen(self, message: TargetScreen.ZoneChosen) -> None:
-        """Another feasible AZ: the same run with that availability zone (and its region), checked afresh."""
-        config = self.session.config
-        if (message.region, message.zone) == (config.region, config.availability_zone):
-            return
-        self._reconfigure({"region": message.region, "availability_zone": message.zone},
-                          f"{config.availability_zone or config.region}", "or start rtui with --availability-zone")
+    def on_reconfigure(self, message: Reconfigure) -> None:
+        """The first screen's panel changed a setting (another context, another AZ): the same run, configured
+        so, checked afresh on a new TargetScreen."""
+        self._reconfigure(message.update, message.where, message.otherwise)
 
     def _reconfigure(self, update: dict[str, Any], where: str, otherwise: str) -> None:
         """A new session for the same run with ``update`` applied to its config, and a new TargetScreen."""
@@ -141,20 +132,17 @@ class RtuiApp(App[None]):
 
         self._go(TargetScreen())
 
-    def on_target_screen_quota_increase_asked(self, message: TargetScreen.QuotaIncreaseAsked) -> None:
-        """Filing a quota request is a support case with AWS: only after a yes in the modal."""
+    def on_confirm_asked(self, message: ConfirmAsked) -> None:
+        """A change a panel makes only after a yes in its modal (filing a quota request is a support case)."""
         if self.read_only:
             return
-        # lazy: the quota modal only on the aws target
-        from screens.quota import ConfirmQuotaIncrease
-
-        target = self.screen
+        asking = self.screen
 
         def answered(yes: bool | None) -> None:
-            if yes and isinstance(target, TargetScreen):
-                message.file()  # the screen's panel files them (one region's quotas at a time)
+            if yes and self.screen is asking:
+                message.then()
 
-        self.push_screen(ConfirmQuotaIncrease(message.requests), answered)
+        self.push_screen(message.modal, answered)
 
     def on_plan_screen_back_requested(self, _message: PlanScreen.BackRequested) -> None:
         self._go(TargetScreen())

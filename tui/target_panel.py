@@ -6,7 +6,11 @@ the rest: the aws feasibility matrix (``targets.aws.panel``), the kube context p
 (``targets.kube.panel``). The local target has none beyond this base: its configuration summary.
 
 A panel's workers post a ``PanelUpdated`` (or a subclass) with what to change; the screen applies it
-in its handler (workers never touch widgets, DESIGN.md §7).
+in its handler (workers never touch widgets, DESIGN.md §7). The panel's keys are its own (``bindings``:
+each action ``panel('<name>')``, which the screen hands to ``act``). What the App must do for it is one
+of two messages, neither naming a target's concepts: ``Reconfigure`` (the same run with some settings
+changed, checked afresh: another AZ, another context) and ``ConfirmAsked`` (a modal first, then the
+panel's own callback: a quota request).
 """
 
 from __future__ import annotations
@@ -14,28 +18,31 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from textual.binding import Binding
 from textual.message import Message
+from textual.screen import ModalScreen
 from textual.widget import Widget
+
+from tui.screen import RtuiScreen
 
 if TYPE_CHECKING:
     from backend.model import CheckResult
     from backend.targets import Target
-    from screens.target import TargetScreen
 
 
 class TargetPanel:
     """The first screen's part of one target; this base adds nothing (the local target's)."""
 
-    # The screen's actions this panel serves (pick_context, pick_zone, all_regions, request_quota).
-    offers: ClassVar[frozenset[str]] = frozenset()
+    # Its keys: each binding's action is ``panel('<name>')``; the screen calls ``enabled`` and ``act`` with the name.
+    bindings: ClassVar[tuple[Binding, ...]] = ()
     # The option lists whose Enter picks something of the panel (another context, another AZ).
     pickers: ClassVar[frozenset[str]] = frozenset()
     # Whether the targets list gives up its margins, so the checks fit beside the panel at 80×24.
     compact: ClassVar[bool] = False
 
-    def __init__(self, screen: TargetScreen) -> None:
+    def __init__(self, screen: PanelHost) -> None:
         self.screen = screen
 
     def above(self) -> Iterable[Widget]:
@@ -72,7 +79,7 @@ class TargetPanel:
         """The checks run again."""
 
     def enabled(self, action: str) -> bool:
-        """Whether one of ``offers`` can act now."""
+        """Whether the key of ``bindings`` for this action can act now (else the footer hides it)."""
         return True
 
     def enter_picks(self, list_id: str, option_id: str) -> bool:
@@ -84,10 +91,18 @@ class TargetPanel:
         return False
 
     def act(self, action: str) -> None:
-        """One of ``offers``, run."""
+        """The action of one of ``bindings``, run."""
 
 
-def panel_for(target: Target, screen: TargetScreen) -> TargetPanel:
+class PanelHost(RtuiScreen):
+    """The screen a panel is on (``screens.target.TargetScreen``), as the panel may use it."""
+
+    def action_recheck(self) -> None:
+        """Run the checks again."""
+        raise NotImplementedError
+
+
+def panel_for(target: Target, screen: PanelHost) -> TargetPanel:
     """The target's panel on ``screen``: its module is imported now (the first screen's, never before)."""
     if target.panel is None:
         return TargetPanel(screen)
@@ -103,3 +118,23 @@ class PanelUpdated(Message):
     """A panel's worker has news: the screen's handler runs ``apply`` (which changes the widgets)."""
 
     apply: Callable[[], None]
+
+
+@dataclass
+class Reconfigure(Message):
+    """The same run with ``update`` applied to its config, checked afresh on a new first screen (another AZ,
+    another context). ``where`` names what it had (for the refusal when the run already has resources
+    there) and ``otherwise`` the other way to get there."""
+
+    update: dict[str, Any]
+    where: str
+    otherwise: str
+
+
+@dataclass
+class ConfirmAsked(Message):
+    """A change that must be confirmed first: the App shows ``modal`` and calls ``then`` on a yes, while the
+    screen that asked is still on top (never in read-only mode)."""
+
+    modal: ModalScreen[bool]
+    then: Callable[[], None]

@@ -2,8 +2,9 @@
 
 It fills in as the preflight returns, one region at a time (the aws layer's ``MatrixWatch``
 posts each region): the AZ in use is highlighted, choosing another posts
-``TargetScreen.ZoneChosen`` and the App makes a session with that availability zone. A short
-quota offers the increase request; the App asks for confirmation, then this panel files it.
+``Reconfigure`` and the App makes a session with that availability zone. A short quota offers the
+increase request; the App asks for confirmation (``ConfirmAsked``, this target's modal), then this
+panel files it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from textual.binding import Binding
 from textual.widget import Widget
 
 from backend.model import CheckResult, CheckStatus
 from targets.aws.matrix import FeasibilityPanel
-from tui.target_panel import PanelUpdated, TargetPanel
+from targets.aws.quota_modal import ConfirmQuotaIncrease
+from tui.target_panel import ConfirmAsked, PanelUpdated, Reconfigure, TargetPanel
 
 if TYPE_CHECKING:
     from targets.aws.cloud import PreflightReport, QuotaIncreaseRequest
@@ -43,7 +46,14 @@ class QuotaRequested(PanelUpdated):
 
 
 class MatrixPanel(TargetPanel):
-    offers = frozenset({"pick_zone", "all_regions", "request_quota"})
+    bindings = (
+        Binding("z", "panel('pick_zone')", "AZ", id="zone",
+                tooltip="Choose the availability zone (Enter on another feasible one uses it)"),
+        Binding("a", "panel('all_regions')", "All regions", id="all_regions",
+                tooltip="Check every enabled region, not only the configured one (again: only that one)"),
+        Binding("i", "panel('request_quota')", "Quota increase", id="quota_increase",
+                tooltip="Ask AWS for the vCPU quota this plan is short of (asks to confirm first)"),
+    )
     pickers = frozenset({"matrix"})
     compact = True
     report: PreflightReport | None = None  # the finished matrix
@@ -130,7 +140,12 @@ class MatrixPanel(TargetPanel):
         if self.feasibility().is_in_use(option_id):
             return False
         region, zone = option_id.split("/", 1)
-        self.screen.post_message(self.screen.ZoneChosen(region, zone))
+        cfg = self.screen.session.config
+        if (region, zone) == (cfg.region, cfg.availability_zone):
+            return False
+        self.screen.post_message(Reconfigure({"region": region, "availability_zone": zone},
+                                             cfg.availability_zone or cfg.region,
+                                             "or start rtui with --availability-zone"))
         return True
 
     def act(self, action: str) -> None:
@@ -143,8 +158,8 @@ class MatrixPanel(TargetPanel):
             requests = self.short_quotas()
             if requests:  # of one region: the App files them once the user confirms
                 region = requests[0][0]
-                self.screen.post_message(self.screen.QuotaIncreaseAsked(
-                    requests, file=lambda: self.file_quota_increase(region)))
+                self.screen.post_message(ConfirmAsked(ConfirmQuotaIncrease(requests),
+                                                      then=lambda: self.file_quota_increase(region)))
 
     def file_quota_increase(self, region: str) -> None:
         """After the App's confirmation: the same request `rtui check --request-quota-increase --yes` files."""

@@ -1,6 +1,6 @@
 """The kube target's part of the first screen: the kubeconfig's contexts, beside the configuration.
 
-Choosing another context posts ``TargetScreen.ContextChosen`` and the App makes a session for
+Choosing another context posts ``Reconfigure`` and the App makes a session for
 that context (and the screen anew, whose checks then run against the other cluster).
 """
 
@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from backend.errors import RtuiError
 from tui.checks import render_context
-from tui.target_panel import PanelUpdated, TargetPanel
+from tui.target_panel import PanelUpdated, Reconfigure, TargetPanel
 
 if TYPE_CHECKING:
     from targets.kube.k8s.access import KubeContext
@@ -30,7 +31,8 @@ class ContextsLoaded(PanelUpdated):
 
 
 class ContextPanel(TargetPanel):
-    offers = frozenset({"pick_context"})
+    bindings = (Binding("c", "panel('pick_context')", "Context", id="context",
+                        tooltip="Choose the kubeconfig context (Enter on another one re-checks against it)"),)
     pickers = frozenset({"contexts"})
     compact = True
     kubeconfig_current: str | None = None  # the kubeconfig's current-context, once read
@@ -91,7 +93,8 @@ class ContextPanel(TargetPanel):
     def choose(self, list_id: str, option_id: str) -> bool:
         if option_id == self.in_use():
             return False
-        self.screen.post_message(self.screen.ContextChosen(option_id))
+        had = self.screen.session.config.context or "(current)"
+        self.screen.post_message(Reconfigure({"context": option_id}, f"context {had}", "or start rtui with --context"))
         return True
 
     def act(self, action: str) -> None:

@@ -9,14 +9,15 @@ from textual.widgets import Static
 
 from backend.config import resolve_config
 from backend.session import RunSession
-from screens.quota import ConfirmQuotaIncrease
 from screens.target import TargetScreen
 from targets.aws.matrix import AzMatrix, FeasibilityPanel
 from targets.aws.panel import MatrixPanel
+from targets.aws.quota_modal import ConfirmQuotaIncrease
 from tests.aws.conftest import G, World, image_env
 from tests.pilot_wait import wait_for
 from tests.snap import SnapCompare
 from tui.app import RtuiApp
+from tui.target_panel import Reconfigure
 
 FIXED_RUN_ID = "r20260101-000000-a2a2"
 
@@ -78,7 +79,7 @@ async def test_the_matrix_fills_live_shows_why_an_az_is_blocked_and_preselects_t
         assert "Region us-east-1" not in str(screen.query_one("#checks", Static).render())
         assert "Recommended placement" in str(screen.query_one("#checks", Static).render())
         # No quota is short: nothing to request.
-        assert screen.check_action("request_quota", ()) is False
+        assert screen.check_action("panel", ("request_quota",)) is False
         await pilot.press("q")
 
 
@@ -99,10 +100,10 @@ async def test_the_matrix_shows_the_pricing_apis_figure_where_it_answers(world: 
 
 
 async def test_choosing_another_az_makes_a_session_with_it(world: World) -> None:
-    chosen: list[TargetScreen.ZoneChosen] = []
+    chosen: list[Reconfigure] = []
 
     def hook(message: Message) -> None:
-        if isinstance(message, TargetScreen.ZoneChosen):
+        if isinstance(message, Reconfigure):
             chosen.append(message)
 
     app = RtuiApp(aws_session())
@@ -110,8 +111,8 @@ async def test_choosing_another_az_makes_a_session_with_it(world: World) -> None
         await wait_for(pilot, lambda: checked(app), 30, "the matrix")
         first, session = app.screen, app.session
         await pilot.press("down", "enter")
-        await wait_for(pilot, lambda: chosen, 5, "ZoneChosen")
-        assert (chosen[0].region, chosen[0].zone) == ("us-east-1", "us-east-1b")
+        await wait_for(pilot, lambda: chosen, 5, "Reconfigure")
+        assert chosen[0].update == {"region": "us-east-1", "availability_zone": "us-east-1b"}
         await wait_for(pilot, lambda: checked(app) not in (None, first), 30, "the new target screen")
         assert app.session is not session and app.session.config.availability_zone == "us-east-1b"
         assert app.session.run_id == FIXED_RUN_ID and app.session.record.config.availability_zone == "us-east-1b"
@@ -134,7 +135,7 @@ async def test_a_short_quota_is_requested_only_after_confirmation(world: World) 
         option = matrix(app).get_option("us-east-1/us-east-1a")
         assert option.disabled and "quota" in str(option.prompt) and "short by 48" in str(
             matrix(app).get_option_at_index(0).prompt)
-        assert screen.check_action("request_quota", ()) is True
+        assert screen.check_action("panel", ("request_quota",)) is True
         await pilot.press("i")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmQuotaIncrease), 5, "the confirmation")
         assert "limit 48 → 96 vCPUs" in str(app.screen.query_one("#quota-text", Static).render())
@@ -158,7 +159,7 @@ async def test_read_only_offers_no_quota_request(world: World) -> None:
     app = RtuiApp(aws_session(), read_only=True)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: checked(app), 30, "the matrix")
-        assert app.screen.check_action("request_quota", ()) is False
+        assert app.screen.check_action("panel", ("request_quota",)) is False
         await pilot.press("i")
         await pilot.wait_for_scheduled_animations()
         await pilot.pause()  # the key handled and the app idle: nothing asked (waits on idle, not a fixed time)
