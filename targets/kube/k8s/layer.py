@@ -562,7 +562,7 @@ class KubernetesLayer(Layer):
         """The head's Jobs API through the API server, once this run's head pod is ready."""
         # lazy: the kubernetes client (~1 s) only when the cluster is reached; making the stack does without
         from targets.kube.k8s.access import Unreachable
-        from targets.kube.k8s.portforward import head_jobs
+        from targets.kube.k8s.head_route import head_jobs
 
         try:
             api = await cluster_api(ctx)
