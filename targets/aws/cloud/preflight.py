@@ -71,9 +71,11 @@ async def run_preflight(
     started = time.perf_counter()
     aws = session or AwsSession(request.profile)
     try:
-        return await asyncio.wait_for(
-            _matrix(_Scan(request, aws, prices), on_region, on_listed, started), request.deadline_s
-        )
+        # asyncio.timeout, not wait_for: wait_for runs the scan in a task of its own, and one cancelled
+        # by the caller just as it failed ended with the failure nobody read (a traceback under the CLI's
+        # one line; tests/aws/test_preflight_cancel.py). Here the scan runs in the caller's task.
+        async with asyncio.timeout(request.deadline_s):
+            return await _matrix(_Scan(request, aws, prices), on_region, on_listed, started)
     except TimeoutError:
         raise OperationError(
             f"the AWS check did not finish within {request.deadline_s:g} s "
@@ -189,7 +191,8 @@ async def _scan_region_bounded(scan: _Scan, region: str, opt_in_status: str) -> 
             reasons=[f"{region} is not enabled for this account ({opt_in_status})"],
         )
     try:
-        report = await asyncio.wait_for(_scan_region(scan, region), scan.request.region_timeout_s)
+        async with asyncio.timeout(scan.request.region_timeout_s):  # not wait_for: see run_preflight
+            report = await _scan_region(scan, region)
     except TimeoutError:
         report = RegionReport(
             region=region,

@@ -51,7 +51,8 @@ async def request_missing_quota(
             call = pool.run(request_quota_increase, region, quota.code, float(quota.request_value),
                             profile=request.profile, session=aws)
             try:
-                filed.append(await asyncio.wait_for(call, REQUEST_TIMEOUT_S))
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):  # not wait_for: see preflight.run_preflight
+                    filed.append(await call)
             except TimeoutError:
                 raise OperationError(
                     f"no answer from AWS at {aws.endpoint('service-quotas', region)} within "
