@@ -98,11 +98,11 @@ async def follow_steps(session: RunSession) -> AsyncIterator[StepEvent]:
     per_step = session.store.durations().get(key)
     expected = per_step * session.config.steps if per_step else 60.0
     fleet = await session.gpu_fleet()
-    if fleet is not None and fleet["workers"] < fleet["full"]:
+    if fleet is not None and fleet.short:
         expected += SCALE_UP_S  # the job's first step waits for the nodes and workers to come back
 
     async def progress() -> AsyncIterator[Progress]:
-        if fleet is not None and fleet["workers"] < fleet["full"]:
+        if fleet is not None and fleet.short:
             async for p in _scale_up_progress(session):
                 yield p
         async for p in _train_progress(session):
@@ -129,10 +129,10 @@ async def _scale_up_progress(session: RunSession) -> AsyncIterator[Progress]:
     shown = ""
     while time.monotonic() < deadline:
         fleet = await session.gpu_fleet()
-        if fleet is None or fleet["workers"] >= fleet["full"] or await _job_over(session):
+        if fleet is None or not fleet.short or await _job_over(session):
             return  # up, or a job that ended first (it asks for nothing more): following it says the rest
-        line = (f"scaling up from idle: GPU nodes {fleet['nodes']}/{fleet['full']}, "
-                f"workers {fleet['workers']}/{fleet['full']} (the job's placement group asked for them)")
+        line = (f"scaling up from idle: GPU nodes {fleet.nodes}/{fleet.full}, "
+                f"workers {fleet.workers}/{fleet.full} (the job's placement group asked for them)")
         if line != shown:
             shown = line
             yield Progress(line, 0.0)

@@ -7,7 +7,7 @@ store can persist it and the TUI can render it without knowing which target made
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -217,3 +217,47 @@ class Leftover:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class GpuFleet:
+    """The GPU side of a run's cluster now, against its full size (issue 26: its workers and nodes
+    come and go with demand), as its cluster layer sees it (``layers.base.GpuFleetReporter``)."""
+
+    workers: int  # GPU workers running
+    nodes: int  # GPU nodes in the cluster (the workers may land on any)
+    full: int  # the run's GPU node count: one worker per node at full size
+    autoscaling: bool  # the cluster lets idle workers go
+    idle_timeout_s: float | None = None  # how long an idle worker stays
+    priced: str | None = None  # the address of the priced resource that holds the GPU nodes, when one does
+    idle_since: float | None = None  # the last job's end, once it ended
+    scaled_down_at: float | None = None  # when the idle timeout let the workers go after it
+
+    @property
+    def short(self) -> bool:
+        """Fewer workers than at full size: a job waits for the rest to come back."""
+        return self.workers < self.full
+
+    def line(self) -> str:
+        scaled = " (scaled down while idle; the next job brings them back)" if self.autoscaling and self.short else ""
+        return f"GPU workers {self.workers}/{self.full}, GPU nodes {self.nodes}/{self.full}{scaled}"
+
+    def after_job(self, ended_at: float) -> GpuFleet:
+        """This fleet with when it went idle: the job's end, and the workers' scale-down after it."""
+        idle = self.idle_timeout_s
+        return replace(self, idle_since=ended_at,
+                       scaled_down_at=ended_at + idle if idle and self.short else None)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuFleet:
+        """Back from ``to_dict`` (what `rtui status` prints is rendered from its JSON)."""
+        return cls(**{k: v for k, v in data.items() if k != "line"})
+
+    def to_dict(self) -> dict[str, Any]:
+        """``rtui status --json``'s ``gpu``."""
+        out: dict[str, Any] = {"workers": self.workers, "nodes": self.nodes, "full": self.full,
+                               "autoscaling": self.autoscaling, "line": self.line(),
+                               "idle_timeout_s": self.idle_timeout_s, "priced": self.priced}
+        if self.idle_since is not None:
+            out.update(idle_since=self.idle_since, scaled_down_at=self.scaled_down_at)
+        return out

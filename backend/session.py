@@ -21,7 +21,7 @@ from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, data_store_for, effective_storage_path, model_summary
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, GpuFleetReporter, NodeHistory, Unanswered
-from backend.model import StepEvent
+from backend.model import GpuFleet, StepEvent
 from backend.planner import (
     PlanResult,
     Stack,
@@ -69,7 +69,7 @@ class StatusReport:
     cost: dict[str, Any] | None = None
     model: dict[str, Any] | None = None  # backend.delivery.model_summary: the run's model, where it is
     data: dict[str, Any] | None = None  # backend.delivery.DataUsage: what the run's data store holds
-    gpu: dict[str, Any] | None = None  # GPU workers and nodes now, against the full size (issue 26)
+    gpu: GpuFleet | None = None  # GPU workers and nodes now, against the full size (issue 26)
 
     def to_dict(self) -> dict[str, Any]:
         r = self.record
@@ -89,7 +89,7 @@ class StatusReport:
             "steps": _steps_dict(r.steps), "teardown_steps": _steps_dict(r.teardown_steps),
             "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
             "spool_path": r.job_spool_path(), "cost": self.cost, "model": self.model, "data": self.data,
-            "gpu": self.gpu,
+            "gpu": None if self.gpu is None else self.gpu.to_dict(),
         }
 
 
@@ -435,7 +435,7 @@ class RunSession:
                         break
         return out
 
-    async def gpu_fleet(self) -> dict[str, Any] | None:
+    async def gpu_fleet(self) -> GpuFleet | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:
         the last job's end, and when the idle timeout let the workers go after it."""
         cluster = self.ctx.cluster
@@ -445,12 +445,10 @@ class RunSession:
         job = self.record.current_job
         if fleet is None or job is None or job.ended_at is None or not job.status.terminal:
             return fleet
-        idle_s = fleet.get("idle_timeout_s")
-        return {**fleet, "idle_since": job.ended_at,
-                "scaled_down_at": job.ended_at + idle_s if idle_s and fleet["workers"] < fleet["full"] else None}
+        return fleet.after_job(job.ended_at)
 
 
-def cost_meter(record: RunRecord, now: float | None = None, gpu: dict[str, Any] | None = None,
+def cost_meter(record: RunRecord, now: float | None = None, gpu: GpuFleet | None = None,
                node_hours: Mapping[str, float] | None = None) -> dict[str, Any] | None:
     """What the run costs now and has cost so far: each live priced resource from when it was made,
     at the plan's price, unless it is known to bill nothing (``ResourceRecord.bills``); after teardown,
@@ -485,9 +483,9 @@ def cost_meter(record: RunRecord, now: float | None = None, gpu: dict[str, Any] 
     if not items and not left:
         return None
     full = round(sum(i["per_hour"] for i in items.values()), 4)
-    priced = (gpu or {}).get("priced")
-    if gpu and priced in items and gpu.get("full"):
-        share = min(1.0, gpu["nodes"] / gpu["full"])
+    priced = gpu.priced if gpu is not None else None
+    if gpu is not None and priced in items and gpu.full:
+        share = min(1.0, gpu.nodes / gpu.full)
         items[priced] = {**items[priced], "per_hour_full": items[priced]["per_hour"],
                          "per_hour": round(items[priced]["per_hour"] * share, 4)}
     return {"per_hour": round(sum(i["per_hour"] for i in items.values()), 4), "per_hour_full": full,

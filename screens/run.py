@@ -8,7 +8,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -21,6 +20,7 @@ from textual.widgets import Footer, Header, Input, Label, Sparkline, Static, Tab
 from backend import flows
 from backend.follow import JobUpdate
 from backend.layers.base import HeadLogSource
+from backend.model import GpuFleet
 from backend.session import cost_meter
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
@@ -87,7 +87,7 @@ class RunScreen(RtuiScreen):
     class GpuFleetChanged(Message):
         """GPU workers and nodes now (issue 26), with the cost per hour that follows from them."""
 
-        fleet: dict[str, Any]
+        fleet: GpuFleet
         cost_per_hour: float | None
 
     @dataclass
@@ -101,7 +101,7 @@ class RunScreen(RtuiScreen):
         self.clock = clock
         self._stale = True  # telemetry moved on since the widgets' last snapshots
         self._refreshed_at = 0.0
-        self.gpu_fleet: dict[str, Any] | None = None  # kube and aws: the GPU side now
+        self.gpu_fleet: GpuFleet | None = None  # kube and aws: the GPU side now
         self._gpu_cost: float | None = None
         self._status_message = ""
 

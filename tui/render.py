@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from backend.model import Action, EventKind, Plan, StepEvent
+from backend.model import Action, EventKind, GpuFleet, Plan, StepEvent
 
 _EVENT_MARK = {
     EventKind.STARTED: "…", EventKind.PROGRESS: "·", EventKind.RETRYING: "↻", EventKind.DONE: "✓",
@@ -85,16 +85,16 @@ def stopped_while_idle_line(stopped: dict[str, Any]) -> str:
     return f"stopped while idle at {at} ({stopped['idle_s']:.0f}s without a job or an rtui; `rtui up` starts it again)"
 
 
-def gpu_line(gpu: dict[str, Any]) -> str:
+def gpu_line(gpu: GpuFleet) -> str:
     """GPU nodes and workers now against the full size, and when they went idle (issue 26):
     "GPU nodes 0/2, workers 0/2 — idle since 14:02, scaled to zero at 14:12"."""
-    line = f"GPU nodes {gpu['nodes']}/{gpu['full']}, workers {gpu['workers']}/{gpu['full']}"
+    line = f"GPU nodes {gpu.nodes}/{gpu.full}, workers {gpu.workers}/{gpu.full}"
     when = []
-    if gpu.get("idle_since"):
-        when.append(f"idle since {time.strftime('%H:%M', time.localtime(gpu['idle_since']))}")
-    if gpu.get("scaled_down_at"):
-        verb = "scaled to zero" if gpu["workers"] == 0 else "scaled down"
-        when.append(f"{verb} at {time.strftime('%H:%M', time.localtime(gpu['scaled_down_at']))}")
+    if gpu.idle_since:
+        when.append(f"idle since {time.strftime('%H:%M', time.localtime(gpu.idle_since))}")
+    if gpu.scaled_down_at:
+        verb = "scaled to zero" if gpu.workers == 0 else "scaled down"
+        when.append(f"{verb} at {time.strftime('%H:%M', time.localtime(gpu.scaled_down_at))}")
     return line + (f" — {', '.join(when)}" if when else "")
 
 
@@ -113,7 +113,7 @@ def format_status(data: dict[str, Any]) -> str:
     ]
     gpu = data.get("gpu")
     if gpu:
-        lines.append(f"gpu      {gpu_line(gpu)}")
+        lines.append(f"gpu      {gpu_line(GpuFleet.from_dict(gpu))}")
     cost = data.get("cost")
     if cost and cost.get("resources"):
         full = cost.get("per_hour_full")

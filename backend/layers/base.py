@@ -16,7 +16,7 @@ from backend.clients import Clients
 from backend.config import RunConfig
 from backend.errors import ApiUnreachable, UserError
 from backend.ledger import Ledger
-from backend.model import Action, CheckResult, Leftover, Observed, Resource
+from backend.model import Action, CheckResult, GpuFleet, Leftover, Observed, Resource
 from backend.runner import Progress
 from backend.store import RunRecord, RunStore
 
@@ -44,7 +44,7 @@ class ClusterAccess(Protocol):
 class GpuFleetReporter(Protocol):
     """A cluster whose GPU workers and nodes come and go with demand (issue 26)."""
 
-    async def gpu_fleet(self, ctx: Context) -> dict[str, Any] | None:
+    async def gpu_fleet(self, ctx: Context) -> GpuFleet | None:
         """GPU workers running and GPU nodes now against the full size, with the address of the
         priced GPU nodes resource when there is one; None when it cannot be seen."""
         ...

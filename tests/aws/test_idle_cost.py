@@ -4,6 +4,7 @@ the GPU nodes scaled to zero, for the seed's 2x g6.12xlarge made against the aws
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from backend.model import GpuFleet
 from backend.session import cost_meter
 from tests.aws.conftest import World
 from tests.aws.provision_world import REGION, down, eks, session_for, tagged, up
@@ -29,7 +31,7 @@ async def test_the_meter_bills_the_gpu_nodes_that_exist_and_says_what_full_size_
     gpu_full = full["resources"]["aws.nodegroup.gpu"]["per_hour"]
     assert gpu_full == pytest.approx(2 * 4.6016, rel=0.05)  # two g6.12xlarge (their EBS disks may add a little)
 
-    fleet = {"workers": 0, "nodes": 0, "full": 2, "priced": "aws.nodegroup.gpu"}
+    fleet = GpuFleet(workers=0, nodes=0, full=2, autoscaling=True, priced="aws.nodegroup.gpu")
     idle = cost_meter(session.record, gpu=fleet)
     assert idle is not None
     assert idle["resources"]["aws.nodegroup.gpu"]["per_hour"] == 0.0
@@ -41,7 +43,7 @@ async def test_the_meter_bills_the_gpu_nodes_that_exist_and_says_what_full_size_
     (note,) = [n for n in planned.notes if n.startswith("idle after")]
     assert "the system node, EKS and the NAT gateway keep billing" in note
     assert f"${idle['per_hour']:.2f}/h instead of ${full['per_hour']:.2f}/h" in note, (note, idle, full)
-    half = cost_meter(session.record, gpu={**fleet, "nodes": 1})
+    half = cost_meter(session.record, gpu=replace(fleet, nodes=1))
     assert half is not None and half["resources"]["aws.nodegroup.gpu"]["per_hour"] == pytest.approx(gpu_full / 2)
     print(f"\nidle cost per hour, 2x g6.12xlarge: before ${full['per_hour']:.4f}, after ${idle['per_hour']:.4f}")
     assert (await down(session)).ok

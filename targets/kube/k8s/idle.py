@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import RtuiError
+from backend.model import GpuFleet
 from targets.kube.k8s import manifests, pods
 
 if TYPE_CHECKING:
@@ -57,24 +58,6 @@ async def find_node_autoscaler(api: KubeApi) -> NodeAutoscaler:
         return NodeAutoscaler(None, looked=False)
     found = next((a for a in map(_autoscaler_of, deployments) if a), None)
     return NodeAutoscaler(found, looked=True)
-
-
-@dataclass(frozen=True)
-class GpuFleet:
-    """The GPU side of a run's cluster now, against its full size."""
-
-    workers: int  # GPU worker pods running
-    nodes: int  # GPU nodes in the cluster (any of them: the workers may land on any)
-    full: int  # the run's --gpu-node-count: one worker per node at full size
-    autoscaling: bool  # the RayCluster lets idle workers go
-
-    def line(self) -> str:
-        scaled = " (scaled down while idle; the next job brings them back)" if self.autoscaling and \
-            self.workers < self.full else ""
-        return f"GPU workers {self.workers}/{self.full}, GPU nodes {self.nodes}/{self.full}{scaled}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"workers": self.workers, "nodes": self.nodes, "full": self.full, "autoscaling": self.autoscaling}
 
 
 async def gpu_fleet(api: KubeApi, config: RunConfig, raycluster: Obj | None) -> GpuFleet:

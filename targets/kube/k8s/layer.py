@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend import targets
@@ -18,7 +18,7 @@ from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
 from backend.hub import read_hf_token
 from backend.layers.base import Context, Handler, Layer
-from backend.model import CheckResult, CheckStatus, Observed, Resource
+from backend.model import CheckResult, CheckStatus, GpuFleet, Observed, Resource
 from targets.kube.k8s import addons, admission, capacity, identity, idle, manifests, pods, rights, storage
 from targets.kube.k8s.clients import ClusterNotReady, cluster_api, kube_api
 from targets.kube.k8s.handlers import (
@@ -595,7 +595,7 @@ class KubernetesLayer(Layer):
         the same environment), mounted in every Ray container: the job gets the file's path only."""
         return {JOB_ENV_FILE: manifests.job_env_file()}
 
-    async def gpu_fleet(self, ctx: Context) -> dict[str, Any] | None:
+    async def gpu_fleet(self, ctx: Context) -> GpuFleet | None:
         """GPU workers and nodes now (issue 26); the aws target prices its GPU nodegroup."""
         try:
             api = await cluster_api(ctx)
@@ -609,8 +609,8 @@ class KubernetesLayer(Layer):
             fleet = await idle.gpu_fleet(api, ctx.config, cluster)
         except RtuiError:
             return None
-        return {**fleet.to_dict(), "line": fleet.line(), "idle_timeout_s": ctx.config.idle_timeout_s(),
-                "priced": self.below.gpu_nodes if self.below.gpu_nodes in ctx.record.resources else None}
+        return replace(fleet, idle_timeout_s=ctx.config.idle_timeout_s(),
+                       priced=self.below.gpu_nodes if self.below.gpu_nodes in ctx.record.resources else None)
 
     async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
         api = await cluster_api(ctx)
