@@ -99,7 +99,7 @@ async def follow_steps(session: RunSession) -> AsyncIterator[StepEvent]:
     expected = per_step * session.config.steps if per_step else 60.0
     fleet = await session.gpu_fleet()
     if fleet is not None and fleet.short:
-        expected += SCALE_UP_S  # the job's first step waits for the nodes and workers to come back
+        expected += session.target.scale_up_s  # the job's first step waits for the nodes and workers to come back
 
     async def progress() -> AsyncIterator[Progress]:
         if fleet is not None and fleet.short:
@@ -114,11 +114,6 @@ async def follow_steps(session: RunSession) -> AsyncIterator[StepEvent]:
         yield event
 
 
-# A cluster scaled to zero while idle (issue 26): AWS's typical durations for a GPU node to come
-# back, as the ETA of the job's first step counts them: the Auto Scaling group launches the instance
-# (~60 s), it boots and joins EKS (~90 s), the device plugins start on it (~30 s), the Ray image
-# (several GB) is pulled onto the fresh disk (~240 s), the Ray worker starts and joins (~20 s).
-SCALE_UP_S = 60.0 + 90.0 + 30.0 + 240.0 + 20.0
 SCALE_UP_POLL_S = 2.0
 SCALE_UP_TIMEOUT_S = 1800.0
 

@@ -98,6 +98,11 @@ class Target(ABC):
     panel: ClassVar[str | None] = None
     # What the plan's cost line says when nothing is priced.
     unpriced: ClassVar[str] = "nothing priced"
+    # What the steps screen says when the provider had no capacity and ``fail_over`` can move the
+    # machines (its `m` key does); None: it cannot, and the screen offers a retry only.
+    fail_over_words: ClassVar[str | None] = None
+    # How long a job's first step waits for GPU nodes that went away while idle (issue 26), in seconds.
+    scale_up_s: ClassVar[float] = 0.0
 
     @abstractmethod
     def stack(self, config: RunConfig) -> Stack:

@@ -32,7 +32,7 @@ class ProvisionScreen(RtuiScreen):
         Binding("escape", "back", "Back", id="back", tooltip="Back (only once steps have stopped)"),
         Binding("r", "retry", "Retry", id="retry", tooltip="Re-plan and apply again after a failure"),
         Binding("m", "fail_over", "Move GPU AZ", id="failover",
-                tooltip="AWS has no capacity for the GPU nodes here: move them to the next feasible AZ and re-plan"),
+                tooltip="The provider has no capacity for the machines here: move them where it has, and re-plan"),
     ]
 
     @dataclass
@@ -59,7 +59,7 @@ class ProvisionScreen(RtuiScreen):
 
     @dataclass
     class FailoverRequested(Message):
-        """The GPU nodes found no capacity: the App moves them to the next feasible AZ."""
+        """The provider had no capacity: the App asks the target to move the machines (``Target.fail_over``)."""
 
         failed: NoCapacity
 
@@ -134,9 +134,8 @@ class ProvisionScreen(RtuiScreen):
                            + (" but its data, kept on purpose" if self.kept_data else "")
                            + (" and the orphan sweep found nothing left" if self.query("#step-sweep") else "")
                            + ". Escape starts a new run; q quits.")
-        elif self.no_capacity is not None:
-            outcome.update("AWS has no capacity for the GPU nodes in their AZ. m moves them to the next feasible "
-                           "AZ and re-plans (`rtui up --az-failover` does the same); r retries here.")
+        elif self.no_capacity is not None and self.session.target.fail_over_words:
+            outcome.update(f"{self.session.target.fail_over_words}; r retries here.")
         elif not message.ok:
             outcome.update("Something failed (see the red step). r retries, escape goes back; nothing was torn down.")
         outcome.display = bool(outcome.content)
@@ -150,7 +149,8 @@ class ProvisionScreen(RtuiScreen):
         if action == "back":
             return None if self.running else True
         if action == "fail_over":
-            return self.no_capacity is not None and not self.running and not self.wizard.read_only
+            return (self.no_capacity is not None and bool(self.session.target.fail_over_words)
+                    and not self.running and not self.wizard.read_only)
         return True
 
     @property

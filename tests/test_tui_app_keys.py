@@ -152,3 +152,20 @@ async def test_no_key_is_offered_while_steps_run_that_would_be_refused(isolated_
             assert isinstance(screen, Running) and screen.running
             assert screen.check_action("retry", ()) is False, mode
             assert app.check_action("teardown", ()) is teardown_offered, mode
+
+
+async def test_no_capacity_on_a_target_that_cannot_move_offers_only_a_retry(isolated_env: Path) -> None:
+    """The steps screen's `m` and its words come from the run's target (``Target.fail_over_words``): the
+    local target moves nothing, so a NoCapacity there offers r only and names no provider (issue 38)."""
+    from backend.errors import NoCapacity
+    from screens.provision import ProvisionScreen
+
+    app = RtuiApp(fixed_session())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "the target screen")
+        screen = ProvisionScreen(mode="apply")
+        screen.running, screen.ok = False, False
+        screen.no_capacity = NoCapacity("no capacity for the machines", az="here")
+        assert app.session.target.fail_over_words is None
+        assert screen.check_action("fail_over", ()) is False
+        assert screen.check_action("retry", ()) is True

@@ -15,7 +15,7 @@ from backend.clients import Clients
 from backend.planner import Stack
 from backend.targets import Defaults, Target
 from targets.aws.check import feasibility
-from targets.kube import CLUSTER_FIELDS, gpu_cluster_defaults, gpu_cluster_job_nodes
+from targets.kube import CLUSTER_FIELDS, GPU_SCALE_UP_S, gpu_cluster_defaults, gpu_cluster_job_nodes
 
 if TYPE_CHECKING:
     from backend.config import RunConfig
@@ -35,6 +35,9 @@ class AwsTarget(Target):
                                    "private_subnet_ids", "api_cidrs", "access_scope", "system_node_type",
                                    "system_node_count"}
     panel = "targets.aws.panel:MatrixPanel"
+    scale_up_s = GPU_SCALE_UP_S
+    fail_over_words = ("AWS has no capacity for the GPU nodes in their AZ. m moves them to the next feasible AZ and "
+                       "re-plans (`rtui up --az-failover` does the same)")
 
     def stack(self, config: RunConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without

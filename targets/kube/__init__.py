@@ -46,6 +46,13 @@ def gpu_cluster_job_nodes(config: RunConfig) -> int:
     return max(1, min(config.gpu_node_count, -(-config.effective_workers() // config.gpus_per_node)))
 
 
+# A GPU node of a cluster scaled to zero while idle (issue 26) coming back, as the ETA of the job's first
+# step counts it (AWS's typical durations; other providers' are alike): the node group launches the
+# instance (~60 s), it boots and joins the cluster (~90 s), the device plugins start on it (~30 s), the
+# Ray image (several GB) is pulled onto the fresh disk (~240 s), the Ray worker starts and joins (~20 s).
+GPU_SCALE_UP_S = 60.0 + 90.0 + 30.0 + 240.0 + 20.0
+
+
 class KubeTarget(Target):
     name = "kube"
     label = "Kubernetes — an existing cluster from kubeconfig"
@@ -53,6 +60,7 @@ class KubeTarget(Target):
     own_fields = CLUSTER_FIELDS | {"kubeconfig", "context", "storage_size",
                                    "service_account"}
     panel = "targets.kube.panel:ContextPanel"
+    scale_up_s = GPU_SCALE_UP_S
 
     def stack(self, config: RunConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from backend.flows import SCALE_UP_S
+from targets.kube import GPU_SCALE_UP_S
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_autoscalers import Autoscalers, NodeAutoscaler, RayAutoscaler
 from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
@@ -78,7 +78,7 @@ def test_idle_workers_and_their_nodes_go_and_a_new_job_brings_them_back(world: K
         assert any(a.startswith("scaling up from idle: GPU nodes 0/2, workers 0/2") for a in arriving), arriving
         assert len(set(arriving)) >= 2, arriving  # nodes and workers arriving, one line each
         started = next(e for e in train if e["kind"] == "started")
-        assert started["data"]["expected_s"] >= SCALE_UP_S
+        assert started["data"]["expected_s"] >= GPU_SCALE_UP_S
         assert "RTUI_METRIC" in world.rtui("logs").stdout
 
     # Never in the way of a job: nothing was removed while a job of this head was pending or running.
