@@ -17,11 +17,11 @@ import shlex
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from backend import targets
+from backend import registry
 from backend.errors import UserError
 from backend.hub import DEFAULT_DATASET, HF_DATASETS, default_dataset_uri, parse_dataset_uri
 from backend.paths import config_dir
@@ -84,6 +84,29 @@ _PATTERNS: dict[str, tuple[str, str]] = {
 }
 
 
+class TargetFacts(Protocol):
+    """What the config asks of a run's target: ``backend.targets.Target`` has all of it. Found by name
+    through ``backend.registry``, so the config imports no target and not the contract either."""
+
+    @property
+    def on_gpus(self) -> bool: ...
+
+    @property
+    def shared_disk(self) -> bool: ...
+
+    @property
+    def own_fields(self) -> frozenset[str]: ...
+
+    def defaults(self, config: RunConfig) -> registry.Defaults: ...
+
+    def check(self, config: RunConfig, cwd: Path) -> RunConfig: ...
+
+
+def target_facts(name: str) -> TargetFacts:
+    """The target called ``name``, as the config asks it (KeyError: no target has that name)."""
+    return cast(TargetFacts, registry.load(name))
+
+
 class RunConfig(BaseModel):
     """The whole desired state of a run. Immutable once resolved."""
 
@@ -91,8 +114,8 @@ class RunConfig(BaseModel):
     # non-finite number would otherwise be reported as out of range, or not at all.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
-    # A registered target's name (targets.BUILTIN, or an installed package's): checked by _known_target.
-    target: str = Field(default=targets.DEFAULT,
+    # A registered target's name (registry.BUILTIN, or an installed package's): checked by _known_target.
+    target: str = Field(default=registry.DEFAULT,
         description="Where to run: this machine, a new EKS cluster, or a kubeconfig one")
     cluster_name: str = Field(default="rtui-ray",
         description="Name of the cluster (and of the RayCluster); identifies the run")
@@ -267,8 +290,8 @@ class RunConfig(BaseModel):
     @field_validator("target")
     @classmethod
     def _known_target(cls, v: str) -> str:
-        if not targets.known(v):
-            raise ValueError(f"expected one of {', '.join(targets.names())}")
+        if not registry.known(v):
+            raise ValueError(f"expected one of {', '.join(registry.names())}")
         return v
 
     @field_validator("job_env")
@@ -371,7 +394,7 @@ class RunConfig(BaseModel):
         synthetic cycle locally (no network)."""
         if self.data != "auto":
             return self.data
-        return default_dataset_uri() if targets.get(self.target).on_gpus else "cycle"
+        return default_dataset_uri() if self.target_facts().on_gpus else "cycle"
 
     def data_is_file(self) -> bool:
         return self.effective_data() not in ("random", "cycle")
@@ -379,19 +402,21 @@ class RunConfig(BaseModel):
     def data_is_hub(self) -> bool:
         return self.effective_data().startswith(HF_DATASETS)
 
-    def target_defaults(self) -> targets.Defaults:
+    def target_facts(self) -> TargetFacts:
+        """This run's target, as the config asks it (``backend.targets.Target`` is all of it)."""
+        return target_facts(self.target)
+
+    def target_defaults(self) -> registry.Defaults:
         """What the fields left on auto resolve to on this run's target (each target says why)."""
-        return targets.get(self.target).defaults(self)
+        return self.target_facts().defaults(self)
 
     def effective_batch_size(self) -> int:
         if self.batch_size:
             return self.batch_size
-        default = self.target_defaults().batch_size
-        if default:
-            return default
-        from backend.stepfit import fitting_micro_batch  # lazy: the step planner only when a batch is asked
-
-        return fitting_micro_batch(self)
+        defaults = self.target_defaults()
+        if not defaults.batch_size and defaults.fit_batch is not None:
+            return defaults.fit_batch(self)
+        return defaults.batch_size or 1  # 0 with nothing to fit it: one sequence per step
 
     def effective_seq_len(self) -> int:
         return self.seq_len or self.target_defaults().seq_len
@@ -441,8 +466,8 @@ class RunConfig(BaseModel):
 
     def fields_of_target(self) -> tuple[str, ...]:
         """The fields this run's target reads, in declaration order (the others are never used by it)."""
-        specific = frozenset().union(*(targets.get(name).own_fields for name in targets.names()))
-        own = targets.get(self.target).own_fields
+        specific = frozenset().union(*(target_facts(name).own_fields for name in registry.names()))
+        own = self.target_facts().own_fields
         return tuple(f for f in FIELD_NAMES if f not in specific or f in own)
 
     def effective_rows(self, sources: Mapping[str, str]) -> list[tuple[str, Any, str]]:
@@ -701,7 +726,7 @@ def _resolve(flags: Mapping[str, Any] | None, config_file: str | None, environ: 
             raise UserError(f"--data {shown(config.data)}: no such file or directory",
                             remedy="give a JSONL/Parquet file or folder, an s3:// URI, `random` or `cycle`")
         config = config.model_copy(update={"data": str(data_path)})
-    config = targets.get(config.target).check(config, cwd)
+    config = config.target_facts().check(config, cwd)
     if config.tokens_per_step:
         # lazy: the step planner only for --tokens-per-step; not on the first frame
         from training.stepplan import StepPlanError, plan_step
@@ -757,13 +782,13 @@ def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
     if config.shard == "hybrid" and workers % config.effective_shard_size():
         raise UserError(f"--shard hybrid: shard groups of {config.effective_shard_size()} GPUs do not divide the "
                         f"{workers} workers", remedy="set --shard-size to a divisor of the workers (the GPUs per node)")
-    if config.storage_size and "storage_size" not in targets.get(config.target).own_fields:
+    if config.storage_size and "storage_size" not in config.target_facts().own_fields:
         raise UserError(f"--storage-size is a volume in a kube cluster; the {config.target} target has none",
                         remedy="drop --storage-size (--storage-path names where the data goes)")
-    if config.service_account and "service_account" not in targets.get(config.target).own_fields:
+    if config.service_account and "service_account" not in config.target_facts().own_fields:
         raise UserError(f"--service-account is for the kube target; the {config.target} target gives its pods "
                         "their credentials itself", remedy="drop --service-account")
-    if not targets.get(config.target).shared_disk and (config.checkpoint_every or config.resume_from):
+    if not config.target_facts().shared_disk and (config.checkpoint_every or config.resume_from):
         storage = config.storage_path or ""
         if not storage.startswith(SHARED_STORAGE_SCHEMES) and not config.storage_size:
             what = "--checkpoint-every" if config.checkpoint_every else "--resume-from"

@@ -79,7 +79,7 @@ async def up(session: RunSession, *, until: str | None = None, follow: bool = Tr
 
 def fail_over(session: RunSession, error: NoCapacity) -> str | None:
     """Move what the provider had no capacity for, as the run's target does it; what moved, or None."""
-    return session.target.fail_over(session, error)
+    return session.target.fail_over(session.stack, session.ctx, error)
 
 
 async def apply_plan(session: RunSession, plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backend import targets
 from backend.errors import UserError
 
 if TYPE_CHECKING:
@@ -122,7 +121,7 @@ MAX_NODES_SUGGESTED = 16
 
 def known_gpu(config: RunConfig) -> tuple[str, float] | None:
     """(name, GiB free) of the node type's GPU, when the target names a type rtui knows."""
-    if "gpu_node_type" not in targets.get(config.target).own_fields:
+    if "gpu_node_type" not in config.target_facts().own_fields:
         return None
     return next((v for k, v in GPU_FREE_GIB.items() if config.gpu_node_type.startswith(k)), None)
 
@@ -149,7 +148,7 @@ def estimate_for(config: RunConfig, shape: Any, plan: Any) -> Any:
     """The plan's MemoryEstimate per rank of one step of ``plan`` (docs/perf-model.md)."""
     from training.stepplan import estimate_memory  # lazy: the step planner loads when a step is sized
 
-    gpu = targets.get(config.target).on_gpus
+    gpu = config.target_facts().on_gpus
     reshard = config.reshard_after_forward == "yes" or (config.reshard_after_forward == "auto" and gpu)
     reduces_every_micro_step = config.effective_precision() == "bf16" and config.reduce_dtype == "bf16"
     return estimate_memory(shape, micro_batch=plan.micro_batch, seq_len=plan.seq_len,

@@ -8,23 +8,19 @@ Generic code (``backend/*.py``, ``tui/``, ``screens/``) asks the run's target an
 its name (``tests/test_architecture.py`` checks it).
 
 Imports point one way: a target's package imports ``backend`` (and the aws target the kube target's
-kubernetes layer); nothing in ``backend`` imports a target. The registry names the built-in ones
-as data and imports each only when asked for (``importlib``), so the first frame pays for none.
-
-Registry: the built-in targets are the ``BUILTIN`` lines below. A target from another package is
-found by its entry point in the ``rtui.targets`` group (``name = "module:attribute"``, the
-attribute a ``Target`` subclass or instance): installing that package is all it takes. The package
+kubernetes layer); nothing in ``backend`` imports a target. The registry (``backend.registry``, below
+the config) names the built-in ones as data and imports each only when asked for. The package
 ``targets`` re-exports these names, so ``targets.Target`` is the same class.
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, ClassVar, TextIO
+
+from backend.registry import BUILTIN, DEFAULT, ENTRY_POINT_GROUP, Defaults, known, load, names, spec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,32 +28,8 @@ if TYPE_CHECKING:
     from backend.config import RunConfig
     from backend.delivery import DataStore
     from backend.errors import NoCapacity
+    from backend.layers.base import Context
     from backend.planner import Stack
-    from backend.session import RunSession
-
-# name -> "module:attribute" of its Target; one line per built-in target.
-BUILTIN: dict[str, str] = {
-    "local": "targets.local:LocalTarget",
-    "aws": "targets.aws:AwsTarget",
-    "kube": "targets.kube:KubeTarget",
-}
-DEFAULT = "local"
-ENTRY_POINT_GROUP = "rtui.targets"
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """What a config field left on auto (0, "auto", unset) resolves to on a target."""
-
-    batch_size: int  # 0: the largest micro-batch the GPU's memory fits (backend.stepfit.fitting_micro_batch)
-    precision: str
-    learning_rate: float
-    model_id: str | None  # None: the tiny random model (CPU targets)
-    workers: int
-    shard_size: int  # ranks per FSDP shard group with --shard hybrid
-    require_transport: str
-    seq_len: int = 128
-
 
 # A GPU cluster's sequence length left on auto: room for a multi-turn conversation through a chat
 # template (the default dataset's, and most instruction data: the plan's data line counts the sampled
@@ -128,8 +100,9 @@ class Target(ABC):
         """Run ids the provider holds resources of for ``config.cluster_name`` (may ask the network)."""
         return []
 
-    def fail_over(self, session: RunSession, error: NoCapacity) -> str | None:
-        """Move what the provider had no capacity for; what moved, in one line, or None when it cannot."""
+    def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity) -> str | None:
+        """Move what the provider had no capacity for (in the run's ``stack``, its record in ``ctx``); what
+        moved, in one line, or None when it cannot."""
         return None
 
     def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
@@ -157,37 +130,16 @@ class Target(ABC):
         return None
 
 
-def _load(spec: str) -> Target:
-    module, _, attribute = spec.partition(":")
-    found = getattr(importlib.import_module(module), attribute)
-    target = found() if isinstance(found, type) else found
-    if not isinstance(target, Target):
-        raise TypeError(f"{spec} is not a backend.targets.Target")
-    return target
-
-
-@cache
-def _plugins() -> dict[str, str]:
-    """{name: "module:attribute"} of the installed packages' targets (read once, when first needed)."""
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
-
-
-def names() -> list[str]:
-    """Every target this rtui knows: the built-in ones, then the installed ones."""
-    return [*BUILTIN, *sorted(_plugins())]
-
-
-def known(name: str) -> bool:
-    return name in BUILTIN or name in _plugins()
-
-
 @cache
 def get(name: str) -> Target:
     """The target called ``name``; KeyError when no built-in or installed target has that name."""
-    spec = BUILTIN.get(name) or _plugins().get(name)
-    if spec is None:
-        raise KeyError(name)
-    target = _load(spec)
+    target = load(name)
+    if not isinstance(target, Target):
+        raise TypeError(f"{spec(name)} is not a backend.targets.Target")
     if target.name != name:
-        raise TypeError(f"{spec} is the {target.name} target, registered as {name}")
+        raise TypeError(f"{spec(name)} is the {target.name} target, registered as {name}")
     return target
+
+
+__all__ = ["BUILTIN", "DEFAULT", "ENTRY_POINT_GROUP", "GPU_SEQ_LEN", "Defaults", "FoundCluster", "Target", "get",
+           "known", "names"]

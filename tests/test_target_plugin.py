@@ -170,9 +170,9 @@ class ZonedToyTarget(ToyTarget):
     def stack(self, config: RunConfig) -> Stack:
         return Stack(self.name, [ZonedMarkerLayer()])
 
-    def fail_over(self, session: RunSession, error: NoCapacity) -> str | None:
-        session.record.facts.target_facts["zone"] = "zone-b"
-        session.store.save(session.record)
+    def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity) -> str | None:
+        ctx.record.facts.target_facts["zone"] = "zone-b"
+        ctx.store.save(ctx.record)
         return f"{error.code} in {error.az}: the marker moves to zone-b"
 
 

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from backend.config import RunConfig
     from backend.errors import NoCapacity
     from backend.layers.base import Context
-    from backend.session import RunSession
     from targets.kube.k8s.access import KubeApi
 
 
@@ -77,16 +76,16 @@ class AwsTarget(Target):
             api = clients.get(("aws", config.region, config.profile), lambda: AwsApi(config.region, config.profile))
             return list(await runs_of_cluster(api, config.cluster_name))
 
-    def fail_over(self, session: RunSession, error: NoCapacity) -> str | None:
+    def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity) -> str | None:
         """The GPU nodes move to the next feasible AZ (``AwsLayer.fail_over`` keeps why in the record)."""
         # lazy: boto3 (~400 ms) only on the aws target; listing the targets does without
         from targets.aws.infra.layer import AwsLayer
 
-        layer = next((x for x in session.stack.layers if isinstance(x, AwsLayer)), None)
+        layer = next((x for x in stack.layers if isinstance(x, AwsLayer)), None)
         if layer is None or layer.topology is None:
             return None
         old = error.az or layer.topology.gpu_az
-        new = layer.fail_over(session.ctx, old, error.message)
+        new = layer.fail_over(ctx, old, error.message)
         return None if new is None else f"{error.code} in {old}: moving the GPU nodes to {new}"
 
     def feasibility(self, config: RunConfig, *, regions: list[str] | None, all_regions: bool,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from backend.config import DEFAULT_MODEL_ID
 from backend.errors import UserError
 from backend.planner import Stack
+from backend.stepfit import fitting_micro_batch
 from backend.targets import GPU_SEQ_LEN, Defaults, Target
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def gpu_cluster_defaults(config: RunConfig) -> Defaults:
     nodes; one without EFA (another cloud, a lab) says so with --require-transport any."""
     return Defaults(batch_size=0, precision="bf16", learning_rate=1e-5, model_id=DEFAULT_MODEL_ID,
                     workers=config.gpu_node_count * config.gpus_per_node, shard_size=config.gpus_per_node,
-                    require_transport="efa", seq_len=GPU_SEQ_LEN)
+                    require_transport="efa", seq_len=GPU_SEQ_LEN, fit_batch=fitting_micro_batch)
 
 
 def gpu_cluster_job_nodes(config: RunConfig) -> int:
