@@ -39,6 +39,8 @@ NOBODY = 65534
 pytestmark = pytest.mark.host_clusters  # makes marked cluster dirs under /tmp
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="starting a process as another uid needs root")
 
+# Each line is one write(2) to the O_APPEND log: the daemon and the head write at the same moment, and
+# print() wrote each word apart ("daemonchild  9291" on a loaded machine).
 # Stands in for `ray start --block` as rtui runs it: a child beside it (as Ray starts its raylet and
 # GCS: same session), and a daemon that leaves it (double fork: re-parented to init or a subreaper,
 # still in the session), the way `ray start` without --block leaves its processes behind.
@@ -48,11 +50,11 @@ sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]  # models time:
 child = subprocess.Popen([sys.executable, "-c", os.environ.get("FAKE_CHILD", sleeper[2])])
 if os.fork() == 0:
     if os.fork() == 0:
-        print("daemon", os.getpid(), flush=True)
+        os.write(1, f"daemon {os.getpid()}\\n".encode())
         os.execv(sys.executable, sleeper)
     os._exit(0)
 os.wait()
-print("child", child.pid, flush=True)
+os.write(1, f"child {child.pid}\\n".encode())
 time.sleep(300)  # models time: lives until stopped
 """
 
@@ -187,10 +189,10 @@ SPAWNS_WHEN_STOPPED = """\
 import os, signal, subprocess, sys, time
 def stopped(*_):
     late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # models time
-    print("late", late.pid, flush=True)
+    os.write(1, f"late {late.pid}\\n".encode())
     sys.exit(0)
 signal.signal(signal.SIGTERM, stopped)
-print("ready", os.getpid(), flush=True)
+os.write(1, f"ready {os.getpid()}\\n".encode())
 time.sleep(300)  # models time: lives until stopped
 """
 
