@@ -50,7 +50,7 @@ async def _run(cancel_after: int, unretrieved: list[str]) -> None:
         check = asyncio.ensure_future(preflight.run_preflight(PreflightRequest(), session=_Aws(),  # type: ignore[arg-type]
                                                               prices=object()))  # type: ignore[arg-type]
         for _ in range(cancel_after):
-            await asyncio.sleep(0)  # one event-loop turn, not a wait: models time in turns, to cancel at turn k
+            await asyncio.sleep(0)  # models time in event-loop turns (not a wait): the cancel lands at turn k
         check.cancel()  # as all_or_none does when the plan's other half failed first
         await asyncio.gather(check, return_exceptions=True)
     gc.collect()
