@@ -68,8 +68,9 @@ class ClusterDir:
 # does (`ray start --block`, the GCS, the raylet, the runtime-env agent and the autoscaler's monitor were
 # all still there 6 s after it, Ray 2.58), so a shorter grace would make `down` quicker: 1 s took it from
 # 5.1 s to 3.0 s. But with 1 s, a clean-clone run beside a CPU-bound process had `rtui down` exit 0 and
-# leave the head's processes running (tests/test_local_security.py, two clusters at once); until that is
-# understood, the grace stays the one every earlier run passed with.
+# leave the head's processes running (tests/test_local_security.py, two clusters at once): processes the
+# cluster started after they were listed, which `down` now looks for again (``procs.stop_group``). The
+# grace stays the one every earlier run passed with until a run beside a CPU-bound process says 1 s holds.
 STOP_GRACE_S = 3.0
 
 
