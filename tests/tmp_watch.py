@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 # Ray's default temp root on Linux is /tmp itself, not tempfile.gettempdir()
@@ -74,14 +75,14 @@ def reap_clusters_under(base: Path) -> list[Path]:
     tmp_path, or the session's base temp), whatever became of the test or its ``rtui down``.
 
     Only clusters of this test or session: never another rtui's (its marker names another state dir)."""
-    from backend.procs import terminate
-    from targets.local.cluster import cluster_family, find_clusters, remove_cluster_dir
+    from backend.procs import stop_group
+    from targets.local.cluster import STOP_GRACE_S, cluster_family, find_clusters, remove_cluster_dir
 
     reaped = []
     for cluster in find_clusters():
         state = cluster.facts.get("state_dir")
         if state and Path(str(state)).is_relative_to(base):
-            terminate(cluster_family(cluster.path))
+            stop_group(partial(cluster_family, cluster.path), grace_s=STOP_GRACE_S)  # as `rtui down` stops it
             remove_cluster_dir(cluster.path)
             reaped.append(cluster.path)
     return reaped
