@@ -24,12 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from backend.hub import DEFAULT_DATASET
+from tests.serving import serve_in_thread
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
 
@@ -202,7 +202,6 @@ class FakeHub:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def add_dataset(self, name: str, files: dict[str, bytes], *, branch: str = "main", licence: str = "") -> str:
         """A commit of ``files`` (the whole tree at it) on ``branch``; its sha."""
@@ -217,7 +216,7 @@ class FakeHub:
         self.models[model][ref] = to
 
     def __enter__(self) -> FakeHub:
-        self._thread.start()
+        serve_in_thread(self._server, name="fake-hub")
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -47,6 +47,8 @@ from moto.s3.models import FakeBucket
 from moto.s3.responses import S3Response
 from werkzeug.serving import make_server
 
+from tests.serving import serve_in_thread
+
 Patch = Callable[[Any, str, Any], None]
 
 # A WSGI environ key, not a header (headers arrive as HTTP_*): a client cannot claim a transport.
@@ -174,8 +176,7 @@ def plain_http_listener() -> Iterator[str]:
     """A second listener on the same moto backends whose requests count as plain HTTP: its endpoint."""
     server = make_server("127.0.0.1", 0, _PlainHttp(DomainDispatcherApplication(create_backend_app)), threaded=True,
                          request_handler=MotoRequestHandler)
-    thread = threading.Thread(target=server.serve_forever, name="moto-plain-http", daemon=True)
-    thread.start()
+    thread = serve_in_thread(server, name="moto-plain-http")
     try:
         yield f"http://127.0.0.1:{server.server_port}"
     finally:

@@ -4,7 +4,6 @@ does not refuse the plan. A 4xx is not asked again. No network: a server of the 
 
 from __future__ import annotations
 
-import threading
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +13,7 @@ import pytest
 
 from backend.errors import OperationError
 from targets.aws.cloud import public_ip
+from tests.serving import serve_in_thread
 
 
 class Answers:
@@ -53,7 +53,7 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
     def start(*statuses: int) -> Answers:
         answers = Answers(*statuses)
-        threading.Thread(target=answers.server.serve_forever, daemon=True).start()
+        serve_in_thread(answers.server)
         servers.append(answers)
         monkeypatch.setenv("RTUI_CHECKIP_URL", answers.url)
         return answers

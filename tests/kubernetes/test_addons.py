@@ -7,7 +7,6 @@ import functools
 import hashlib
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from targets.kube.k8s.manifests import labels
 from targets.kube.k8s.pods import unschedulable_reason
 from tests.kubernetes.crds import RAYSERVICE_CRD, SHARED, STANDIN_SHA256
 from tests.kubernetes.crds import crd_dir as _crd_dir
+from tests.serving import serve_in_thread
 
 RUN = "r20260101-120000-abcd"
 CONFIG = RunConfig(target="aws")
@@ -48,8 +48,7 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 def _serving(folder: Path) -> Iterator[str]:
     """A loopback HTTP server holding ``folder``: the URL path without the network."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
