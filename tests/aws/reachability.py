@@ -17,10 +17,13 @@ through their EFA interfaces.
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import boto3
+import boto3.session
 
 REGION = "us-east-1"
 RAY_PORTS = [("tcp", 6379), ("tcp", 8265), ("tcp", 10001), ("tcp", 15000), ("tcp", 19999)]
@@ -67,9 +70,22 @@ def interfaces(ec2: Any, vpc_id: str) -> list[Interface]:
             for e in enis if (e.get("Attachment") or {}).get("InstanceId")]
 
 
+def _client(service: str) -> Any:
+    """A client made once per service and identity: making one costs ~50 ms of CPU, and ``problems`` runs
+    after every ``up`` of the aws tests."""
+    return _made(service, *(os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                         "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL")))
+
+
+@cache
+def _made(service: str, key: str | None, secret: str | None, token: str | None, endpoint: str | None) -> Any:
+    return boto3.session.Session(aws_access_key_id=key, aws_secret_access_key=secret,
+                                 aws_session_token=token).client(service, region_name=REGION, endpoint_url=endpoint)
+
+
 def problems(cluster: str = "rtui-ray") -> list[str]:
     """What the Ray job could not reach, in words (empty when everything is reachable)."""
-    eks, ec2 = boto3.client("eks", region_name=REGION), boto3.client("ec2", region_name=REGION)
+    eks, ec2 = _client("eks"), _client("ec2")
     vpc_id = eks.describe_cluster(name=cluster)["cluster"]["resourcesVpcConfig"]["vpcId"]
     groups = {g["GroupId"]: g for g in ec2.describe_security_groups(
         Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["SecurityGroups"]}
