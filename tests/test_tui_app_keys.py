@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual import work
@@ -20,6 +21,7 @@ from screens.confirm import ConfirmTeardown, PickRun
 from tests.pilot_wait import wait_for
 from tests.test_tui import fixed_session
 from tui.app import RtuiApp
+from tui.config_view import ConfigScreen
 from tui.invocation import rtui_command
 
 
@@ -113,19 +115,50 @@ def test_the_detach_command_works_from_where_the_user_is(tmp_path: Path, monkeyp
     assert rtui_command() == "rtui"
 
 
+async def show_config(pilot: Any) -> ConfigScreen:
+    app = pilot.app
+    await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
+    command = next(c for c in app.get_system_commands(app.screen) if c.title == "Show config")
+    command.callback()
+    await wait_for(pilot, lambda: isinstance(app.screen, ConfigScreen), 5, "the config shown")
+    screen = app.screen
+    assert isinstance(screen, ConfigScreen)
+    return screen
+
+
 async def test_show_config_is_what_the_job_runs_with(isolated_env: Path) -> None:
     """The palette's Show config: effective values with their source, only the run target's fields (item 3)."""
     app = RtuiApp(fixed_session())
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "target screen")
-        command = next(c for c in app.get_system_commands(app.screen) if c.title == "Show config")
-        command.callback()
-        await wait_for(pilot, lambda: app._notifications, 5, "the config shown")
-        text = "\n".join(n.message for n in app._notifications)
-    assert "learning_rate = 0.001  [auto on local" in text, text
-    assert "batch_size = 32  [auto on local" in text and "precision = fp32  [auto on local" in text
-    assert "learning_rate = 0.0 " not in text and "precision = auto" not in text
+        screen = await show_config(pilot)
+        text = screen.text()
+        assert not app._notifications  # a screen of its own, not a toast that hides itself
+    assert "learning_rate  0.001  auto on local" in text, text
+    assert "batch_size  32  auto on local" in text and "precision  fp32  auto on local" in text
+    assert "learning_rate  0.0 " not in text and "precision  auto" not in text
     assert "region" not in text and "gpu_node_type" not in text and "kubernetes_version" not in text
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_show_config_fits_the_terminal_and_escape_closes_it(isolated_env: Path, size: tuple[int, int]) -> None:
+    """Issue 40 item 4: it opened as a 20 s toast that escape did not close, its title and first ~15 fields
+    above an 80×24 screen. Now its heading is on screen, the fields scroll under it, escape closes it."""
+    app = RtuiApp(fixed_session())
+    async with app.run_test(size=size) as pilot:
+        screen = await show_config(pilot)
+        await pilot.pause()
+        heading = screen.query_one("#config-heading")
+        assert 0 <= heading.region.y < size[1] and heading.region.height >= 1, heading.region
+        assert "Config of run" in str(heading.render())
+        body = screen.query_one("#config-fields")
+        assert body.region.bottom <= size[1] and body.region.y > heading.region.y
+        first = screen.rows[0][0]
+        assert first in screen.text().splitlines()[0]  # the first field is the first line shown
+        await pilot.press("end")
+        await pilot.pause()
+        assert body.scroll_y == body.max_scroll_y
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfigScreen), 5, "escape closes it")
 
 
 async def test_no_key_is_offered_while_steps_run_that_would_be_refused(isolated_env: Path) -> None:

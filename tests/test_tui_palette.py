@@ -46,6 +46,8 @@ def assert_palette_is_the_footer(app: RtuiApp) -> None:
     titles = [c.title for c in commands]
     assert set(titles) >= PALETTE_ONLY
     assert titles.count("Quit") == 1  # ours (asks before detaching), not Textual's too
+    # Ours (every key of the screen, `?`), not also Textual's "Keys" panel: one help (issue 40 item 8).
+    assert titles.count("Help") == 1 and "Keys" not in titles, titles
 
 
 async def test_the_target_screen_palette_is_its_footer(isolated_env: Path) -> None:

@@ -27,6 +27,7 @@ from backend.trust import remember
 from screens.confirm import ConfirmApply, ConfirmConfigFile, ConfirmDetach, ConfirmTeardown, PickRun
 from screens.plan import PlanScreen
 from screens.target import TargetScreen
+from tui.config_view import ConfigScreen
 from tui.help import HelpScreen, key_rows
 from tui.invocation import rtui_command
 from tui.render import accrued_text
@@ -303,16 +304,16 @@ class RtuiApp(App[None]):
                                     partial(self.run_action, binding.action, node))
         yield SystemCommand("Show config", "The run's effective configuration, field by field", self._show_config)
         yield SystemCommand("Resume command", "How to come back to this run from a shell", self._show_resume)
-        # Textual's own Quit would exit at once, without the detach question (ours is the q binding's).
-        yield from (c for c in super().get_system_commands(screen) if c.callback != self.action_quit)
+        # Textual's own Quit would exit at once, without the detach question (ours is the q binding's); its
+        # "Keys" panel is a second help beside ours (`?`, every key of the screen).
+        theirs = {self.action_quit, self.action_show_help_panel, self.action_hide_help_panel}
+        yield from (c for c in super().get_system_commands(screen) if c.callback not in theirs)
 
     def _show_config(self) -> None:
         """What the job runs with: the target's fields, auto values resolved, each with its source."""
         config = self.session.config
-        rows = config.effective_rows(self.session.sources)
-        text = "\n".join(f"{field} = {value}  [{source}]" for field, value, source in rows
-                         if value not in (None, ""))
-        self.notify(text, title=f"Config of run {self.session.run_id} ({config.target})", timeout=20, markup=False)
+        self.push_screen(ConfigScreen(f"Config of run {self.session.run_id} ({config.target})",
+                                      config.effective_rows(self.session.sources)))
 
     def _show_resume(self) -> None:
         self.notify(f"{rtui_command()} --resume {self.session.run_id}", title="Resume this run", timeout=15)
