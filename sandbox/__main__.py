@@ -156,6 +156,25 @@ def aws_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str]) -
     env.pop("AWS_PROFILE", None)
 
 
+def left_up(state: Path) -> str | None:
+    """The newest run in the sandbox's state not torn down (rtui quit, detached from it), if any."""
+    live = [run["run_id"] for path in sorted((state / "runs").glob("*.json"))
+            if (run := json.loads(path.read_text())).get("status") != "down"]
+    return live[-1] if live else None
+
+
+def ask_resume(run: str) -> bool:
+    """Say what ending the sandbox does to ``run``; True when the user asks to resume it here."""
+    print(f"\nRun {run} is still up in this sandbox, but the command above works only while this sandbox runs:\n"
+          "ending it stops the AWS and Kubernetes doubles and deletes the run with everything it made.\n"
+          "Enter resumes it here · q then Enter ends the sandbox: ", end="", flush=True)
+    answer = sys.stdin.readline()
+    if answer and answer.strip().lower() not in ("q", "n", "quit"):
+        return True
+    print(f"Sandbox ended: run {run} and everything it made in the doubles are deleted.", flush=True)
+    return False
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 1 or argv[0] not in ("aws", "kube"):
         print("usage: python -m sandbox aws|kube [rtui flags…]", file=sys.stderr)
@@ -176,6 +195,11 @@ def main(argv: list[str]) -> int:
             kubeconfig = cluster.write_kubeconfig(tmp / "kubeconfig", context=NAME)
             env["KUBECONFIG"] = str(kubeconfig)
         done = subprocess.run([rtui, *flags], env=env, check=False)
+        # rtui, detached, printed how to come back; that holds only while the doubles it ran on do.
+        while done.returncode == 0 and (run := left_up(tmp / "state")) is not None:
+            if not ask_resume(run):
+                break
+            done = subprocess.run([rtui, "--resume", run], env=env, check=False)
         # The doubles stop with the sandbox: connections rtui left open may complain as they close.
         logging.disable(logging.CRITICAL)
         threading.excepthook = lambda _args: None

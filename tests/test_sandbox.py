@@ -97,6 +97,13 @@ def test_sandbox_kube_by_keys(terminal: Terminal, tmp_path: Path) -> None:  # no
     keys(terminal, "a")
     terminal.wait_for("sb", " EFA ", timeout=120)
     terminal.wait_for("sb", "SUCCEEDED", timeout=120)
+    # Issue 40 item 1: quitting said "Resume: rtui --resume …" and the sandbox then deleted the run with
+    # everything else, so the command answered "no run". The sandbox now says so, and resumes it itself.
+    keys(terminal, "q")
+    screen = terminal.wait_for("sb", "Enter resumes it here", timeout=30)
+    assert "only while this sandbox runs" in screen, screen
+    keys(terminal, "Enter")
+    terminal.wait_for("sb", "SUCCEEDED", timeout=60)  # the run's dashboard again, by rtui --resume
     finish(terminal, report)
 
 
@@ -121,3 +128,28 @@ def test_the_product_does_not_know_the_sandbox() -> None:
             # (Kubernetes's own FailedCreatePodSandBox is a pod event reason, not ours.)
             assert not re.search(r"\bsandbox\b", path.read_text(), re.IGNORECASE), path
     assert os.path.isfile(REPO / "sandbox" / "__main__.py")
+
+
+@pytest.mark.parametrize("answer", ["q\n", ""])
+def test_ending_the_sandbox_with_a_run_up_says_the_run_goes_with_it(answer: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40 item 1: after rtui detached ("Resume: rtui --resume …"), the sandbox said nothing and
+    deleted the run. Now it names the run, says the command works only inside it, and ends on `q` (or
+    end of input) saying what is deleted; a run torn down is not asked about."""
+    import io
+
+    import sandbox.__main__ as sandbox
+
+    runs = tmp_path / "state" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "r1.json").write_text(json.dumps({"run_id": "r1", "status": "down"}))
+    assert sandbox.left_up(tmp_path / "state") is None
+    (runs / "r2.json").write_text(json.dumps({"run_id": "r2", "status": "up"}))
+    assert sandbox.left_up(tmp_path / "state") == "r2"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(answer))
+    assert sandbox.ask_resume("r2") is False
+    out = capsys.readouterr().out
+    assert "only while this sandbox runs" in out and "Sandbox ended: run r2 and everything it made" in out, out
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n"))
+    assert sandbox.ask_resume("r2") is True
