@@ -120,7 +120,7 @@ def test_down_keeps_the_data_and_lists_it_then_delete_data_removes_it(exported: 
     swept = json_lines(run_rtui("status", other.run_id, "--json", check=True).stdout)[0]
     assert swept["orphans"] == [] and [k["run_id"] for k in swept["kept_data"]] == [run_id]
     assert swept["kept_data"][0]["kept_on_purpose"] is True and swept["kept_data"][0]["models"] == 1
-    assert "kept     on purpose: run " + run_id in run_rtui("status", other.run_id, check=True).stdout
+    assert "kept      on purpose: run " + run_id in run_rtui("status", other.run_id, check=True).stdout
     again = run_rtui("down", run_id, "--yes", "--delete-data", "--json")
     assert again.returncode == 0, again.stdout + again.stderr
     deleted = [e for e in json_lines(again.stdout) if e["step"] == "data" and e["kind"] == "done"]

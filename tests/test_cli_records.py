@@ -101,7 +101,7 @@ def test_logs_and_status_show_the_latest_job_and_earlier_ones_stay_readable(isol
     assert status["job"]["submission_id"] == f"rtui-{run_id}-2" and status["job"]["number"] == 2
     assert status["last_metric"]["step"] == 5 and status["summary"]["steps"] == 5
     text = run_rtui("status", run_id, check=True).stdout
-    assert f"rtui-{run_id}-2: SUCCEEDED (job 2;" in text and "training step 5 " in text
+    assert f"rtui-{run_id}-2: SUCCEEDED (job 2;" in text and "training  step 5 " in text
     assert "(world 2)" in text and "world None" not in text
 
 

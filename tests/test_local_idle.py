@@ -75,7 +75,7 @@ def _idle_stop_then_down(events: list[dict[str, Any]], terminal: Terminal) -> No
     assert all(node_procs(c).head is None for c in find_clusters(run_id=run_id))
 
     status = run_rtui("status", run_id, check=True).stdout
-    assert "cluster  not running — stopped while idle at " in status, status
+    assert "cluster   not running — stopped while idle at " in status, status
     # `rtui --resume` says it in the app's subtitle.
     from tui.app import RtuiApp
 

@@ -54,3 +54,28 @@ def test_event_lines() -> None:
     assert format_event(ev, 1.25) == "    1.2s ✗ head               port taken — use another"
     prog = StepEvent(step="train", kind=EventKind.PROGRESS, message="step 3", fraction=0.5)
     assert format_event(prog, 0).endswith("step 3 (50%)")
+
+
+def test_status_labels_line_up_and_say_what_the_transport_rests_on() -> None:
+    """Issue 40 item 8: `rtui status` printed "transport gloo (no NCCL) (backend)" and "training step …" a
+    column right of the others ("run      r…"), and "kept     on purpose"."""
+    from tui.render import format_status, status_row
+
+    data = {
+        "run_id": "r1", "target": "local", "cluster_name": "rtui-ray", "created_at": 0.0, "status": "up",
+        "attached": False, "cluster": {"alive": True, "dashboard_url": "http://127.0.0.1:1"},
+        "cost": {"resources": ["a"], "per_hour": 1.0, "per_hour_full": 1.0, "accrued": 0.5},
+        "job": {"submission_id": "j1", "status": "SUCCEEDED", "message": "done"},
+        "transport": {"label": "gloo (no NCCL)", "basis": "backend"},
+        "last_metric": {"step": 3, "loss": 6.2, "tokens_per_s": 40000.0, "world_size": 2},
+        "summary": {"eval_loss_before": 6.9, "eval_loss_after": 6.0, "eval_tokens": 100},
+        "model": {"uri": "/m", "files": ["a"], "bytes": 10},
+        "steps": {}, "resources": {},
+    }
+    lines = format_status(data).splitlines() + [status_row("kept", "run r0's data"),
+                                                status_row("orphan", "local cluster x")]
+    assert len(lines) >= 11
+    columns = {line.index(line.split()[1], len(line.split()[0])) for line in lines}
+    assert len(columns) == 1, "\n".join(lines)
+    transport = next(line for line in lines if line.startswith("transport"))
+    assert "(backend)" not in transport and "from the job's backend" in transport, transport

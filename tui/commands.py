@@ -23,7 +23,7 @@ from backend.store import RunStatus, RunStore
 from backend.textutil import strip_ansi
 from training.fabric import format_table, human_size
 from tui.invocation import resolved_from, rtui_command
-from tui.render import eval_line, format_event, format_plan, format_status
+from tui.render import eval_line, format_event, format_plan, format_status, status_row
 
 
 def _json_line(out: TextIO, payload: dict[str, Any]) -> None:
@@ -135,12 +135,12 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
         out.write(format_status(data))
     for o in orphans:
         state = "is running" if o.running else "was left behind, its processes gone,"
-        out.write(f"orphan   {o.target} cluster {o.cluster_name} of run {o.run_id} {state} without a record "
-                  f"({o.where}) — {'tear it down' if o.running else 'remove it'}: "
-                  f"{rtui_command()} down {o.run_id} --yes\n")
+        out.write(status_row("orphan", f"{o.target} cluster {o.cluster_name} of run {o.run_id} {state} without a "
+                                       f"record ({o.where}) — {'tear it down' if o.running else 'remove it'}: "
+                                       f"{rtui_command()} down {o.run_id} --yes") + "\n")
     for k in kept:
-        out.write(f"kept     on purpose: run {k.run_id}'s data, {k.usage.describe()} — delete it: "
-                  f"{rtui_command()} down {k.run_id} --delete-data --yes\n")
+        out.write(status_row("kept", f"on purpose: run {k.run_id}'s data, {k.usage.describe()} — delete it: "
+                                     f"{rtui_command()} down {k.run_id} --delete-data --yes") + "\n")
     return 0
 
 

@@ -98,53 +98,71 @@ def gpu_line(gpu: GpuFleet) -> str:
     return line + (f" — {', '.join(when)}" if when else "")
 
 
+# `rtui status`: a label, then its value, every value in one column (the longest label is "transport").
+STATUS_LABEL_WIDTH = 10
+
+# What a transport verdict rests on (telemetry's and the NCCL verdict's ``basis``), in words.
+BASIS_WORDS = {"channels": "seen on its channels", "failure": "after a network plugin failure",
+               "announced": "announced, no channel connected yet", "backend": "from the job's backend"}
+
+
+def status_row(label: str, text: str) -> str:
+    return f"{label:<{STATUS_LABEL_WIDTH}}{text}"
+
+
 def format_status(data: dict[str, Any]) -> str:
     created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data["created_at"]))
     cluster = data["cluster"]
     lines = [
-        f"run      {data['run_id']}  ({data['target']}, cluster {data['cluster_name']}, created {created})",
-        f"status   {data['status']}" + ("  [an rtui is attached]" if data["attached"] else
-                                          "  [interrupted: no rtui attached; `rtui --resume` continues]"
-                                          if data["status"] in ("applying", "tearing_down") else ""),
-        f"cluster  {'up' if cluster['alive'] else 'not running'}"
-        + (f" — dashboard {cluster['dashboard_url']}" if cluster["alive"] and cluster["dashboard_url"] else "")
-        + (f" — {stopped_while_idle_line(cluster['stopped_while_idle'])}" if cluster.get("stopped_while_idle")
-           else ""),
+        status_row("run", f"{data['run_id']}  ({data['target']}, cluster {data['cluster_name']}, created {created})"),
+        status_row("status", f"{data['status']}" + (
+            "  [an rtui is attached]" if data["attached"] else
+            "  [interrupted: no rtui attached; `rtui --resume` continues]"
+            if data["status"] in ("applying", "tearing_down") else "")),
+        status_row("cluster", f"{'up' if cluster['alive'] else 'not running'}"
+                   + (f" — dashboard {cluster['dashboard_url']}" if cluster["alive"] and cluster["dashboard_url"]
+                      else "")
+                   + (f" — {stopped_while_idle_line(cluster['stopped_while_idle'])}"
+                      if cluster.get("stopped_while_idle") else "")),
     ]
     gpu = data.get("gpu")
     if gpu:
-        lines.append(f"gpu      {gpu_line(GpuFleet.from_dict(gpu))}")
+        lines.append(status_row("gpu", gpu_line(GpuFleet.from_dict(gpu))))
     cost = data.get("cost")
     if cost and cost.get("resources"):
         full = cost.get("per_hour_full")
         at_full = f" (${full:.2f}/hour at full size)" if full is not None and full != cost["per_hour"] else ""
-        lines.append(f"cost     ${cost['per_hour']:.2f}/hour now{at_full}, {accrued_text(cost)} "
-                     f"({len(cost['resources'])} priced resources)")
+        lines.append(status_row("cost", f"${cost['per_hour']:.2f}/hour now{at_full}, {accrued_text(cost)} "
+                                        f"({len(cost['resources'])} priced resources)"))
     if cost and cost.get("left_behind"):
-        lines.append(f"LEFT     {len(cost['left_behind'])} resources still exist after teardown "
-                     f"(${cost['left_behind_per_hour']:.3f}/hour): run `rtui down` again")
+        lines.append(status_row("LEFT", f"{len(cost['left_behind'])} resources still exist after teardown "
+                                        f"(${cost['left_behind_per_hour']:.3f}/hour): run `rtui down` again"))
     job = data.get("job")
     if job:
         earlier = f" (job {job['number']}; earlier: `rtui logs --job N`)" if job.get("number", 1) > 1 else ""
-        lines.append(f"job      {job['submission_id']}: {job['status']}{earlier}"
-                     + (f" — {job['message'].splitlines()[0][:120]}" if job.get("message") else ""))
+        lines.append(status_row("job", f"{job['submission_id']}: {job['status']}{earlier}"
+                                + (f" — {job['message'].splitlines()[0][:120]}" if job.get("message") else "")))
     transport = data.get("transport") or {}
     if transport.get("label"):
-        lines.append(f"transport {transport['label']}" + (f" ({transport['basis']})" if transport.get("basis") else "")
+        basis = transport.get("basis")
+        lines.append(status_row("transport", transport["label"]
+                                + (f" — {BASIS_WORDS.get(basis, f'basis: {basis}')}" if basis else ""))
                      + "".join(f"\n  warning: {w}" for w in transport.get("warnings", [])[:3]))
     metric = data.get("last_metric")
     if metric:
         world = metric.get("world_size")
-        lines.append(f"training step {metric.get('step')} loss {metric.get('loss')} "
-                     f"{metric.get('tokens_per_s') or 0:,.0f} tokens/s" + (f" (world {world})" if world else ""))
+        lines.append(status_row("training", f"step {metric.get('step')} loss {metric.get('loss')} "
+                                            f"{metric.get('tokens_per_s') or 0:,.0f} tokens/s"
+                                + (f" (world {world})" if world else "")))
     summary = data.get("summary") or {}
     if summary.get("eval_loss_before") is not None:
-        lines.append(f"eval     {eval_line(summary)}")
+        lines.append(status_row("eval", eval_line(summary)))
     model = data.get("model")
     if model:
-        lines.append(f"model    {model['uri']} ({len(model['files'])} files, {model['bytes']:,} bytes) — "
-                     f"copy it: rtui model {data['run_id']} --to DIR")
-    lines.extend(f"notice   {res['notice']}" for res in data.get("resources", {}).values() if res.get("notice"))
+        lines.append(status_row("model", f"{model['uri']} ({len(model['files'])} files, {model['bytes']:,} bytes) — "
+                                         f"copy it: rtui model {data['run_id']} --to DIR"))
+    lines.extend(status_row("notice", res["notice"]) for res in data.get("resources", {}).values()
+                 if res.get("notice"))
     for address, res in data.get("resources", {}).items():
         lines.append(f"  {res['status']:<9} {address:<22} {res.get('id') or ''}")
     for phase, steps in (("", data["steps"]), ("teardown ", data.get("teardown_steps") or {})):

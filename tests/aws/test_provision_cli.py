@@ -59,7 +59,7 @@ def test_up_status_down_through_the_binary(world: World, kube_file: Path) -> Non
     status = json.loads(run_rtui("status", "--json").stdout)
     assert status["cost"]["per_hour"] == pytest.approx(9.6096)  # the system disk is 100 GB (a 14 GB image)
     assert status["cost"]["accrued"] >= 0 and "aws.nodegroup.gpu" in status["cost"]["resources"]
-    assert "cost     $9.61/hour now" in run_rtui("status").stdout
+    assert "cost      $9.61/hour now" in run_rtui("status").stdout
 
     arn = boto3.client("eks", region_name="us-east-1").describe_cluster(name="rtui-ray")["cluster"]["arn"]
     view = subprocess.run([kubectl(), "config", "view", "--minify", "--context", arn, "-o", "json"],

@@ -84,7 +84,7 @@ def test_a_cluster_that_enforces_network_policies_refuses_the_probe(world: KubeW
     assert said["message"].startswith("NetworkPolicy enforced (confirmed"), said
     assert ledger_entry(world, PROBE)["verdict"] == "enforced"
     status = world.rtui("status").stdout
-    assert "notice   NetworkPolicy enforced (confirmed" in status, status
+    assert "notice    NetworkPolicy enforced (confirmed" in status, status
     assert probe_pods(world) == []
     world.rtui("down", "--yes", timeout=180)
     assert world.labelled() == []
