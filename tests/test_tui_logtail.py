@@ -287,3 +287,36 @@ async def test_a_two_second_flood_keeps_the_ui_responsive_and_the_spool_whole(is
     assert result.rss_growth_mib < 150, result
     # A full window means the flood passed it: the eviction and the ring's accounting were exercised.
     assert result.window_lines == 10_000 and result.shown_total + result.dropped_from_ring == result.produced
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["local", "with-a-head-pod"])
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_resuming_a_finished_run_shows_its_last_lines_while_following(isolated_env: Path, size: tuple[int, int],
+                                                                            head: bool) -> None:
+    """Issue 40 item 2: `--resume` of a finished run said "122 lines · … · following" while its last lines
+    ("rtui-train: done") were below the fold until `f` was pressed twice."""
+    from backend.store import RunStore
+    from training.protocol import SUMMARY_TAG, format_record
+
+    session = dashboard_session()
+    record = session.record
+    record.jobs[-1].status = JobState.SUCCEEDED
+    RunStore(session.store.root).save(record)
+    lines = [f"(RayTrainWorker pid=1000) rtui-train: setting up {i} with a line long enough to wrap at eighty "
+             "columns and more" for i in range(60)]
+    lines += metric_lines(1, 40) + [f"(RayTrainWorker pid=1000) {format_record(SUMMARY_TAG, {'steps': 40})}",
+                                    "(RayTrainWorker pid=1000) model written", "rtui-train: done"]
+    session.spool().append("".join(line + "\n" for line in lines))
+    if head:
+        session.ctx.cluster = FakeHead([f"head line {i}" for i in range(50)])
+    app = DashboardApp(session, resume=True)
+    async with app.run_test(size=size) as pilot:
+        screen = await dashboard(pilot)
+        tail = job_tail(screen)
+        await wait_for(pilot, lambda: tail.total >= len(lines) and not screen._stale, 10, "the spool replayed")
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()
+        assert tail.following and "following" in tail.status_text
+        log = tail.log_view
+        assert log.is_vertical_scroll_end, (log.scroll_y, log.max_scroll_y, tail.status_text)
+        assert tail.lines[-1] == "rtui-train: done"
