@@ -126,8 +126,7 @@ async def _scale_up_progress(session: RunSession) -> AsyncIterator[Progress]:
         fleet = await session.gpu_fleet()
         if fleet is None or not fleet.short or await _job_over(session):
             return  # up, or a job that ended first (it asks for nothing more): following it says the rest
-        line = (f"scaling up from idle: GPU nodes {fleet.nodes}/{fleet.full}, "
-                f"workers {fleet.workers}/{fleet.full} (the job's placement group asked for them)")
+        line = f"scaling up from idle: {fleet.sizes()} (the job's placement group asked for them)"
         if line != shown:
             shown = line
             yield Progress(line, 0.0)

@@ -238,9 +238,14 @@ class GpuFleet:
         """Fewer workers than at full size: a job waits for the rest to come back."""
         return self.workers < self.full
 
+    def sizes(self) -> str:
+        """The nodes and the Ray worker pods on them, now against full size. "Ray worker pods", not
+        "workers": the config's and the badge's workers are training ranks (GPUs), several a pod."""
+        return f"GPU nodes {self.nodes}/{self.full}, Ray worker pods {self.workers}/{self.full}"
+
     def line(self) -> str:
         scaled = " (scaled down while idle; the next job brings them back)" if self.autoscaling and self.short else ""
-        return f"GPU workers {self.workers}/{self.full}, GPU nodes {self.nodes}/{self.full}{scaled}"
+        return self.sizes() + scaled
 
     def after_job(self, ended_at: float) -> GpuFleet:
         """This fleet with when it went idle: the job's end, and the workers' scale-down after it."""

@@ -170,7 +170,8 @@ class RunScreen(RtuiScreen):
         if message:
             text.append(f"  {message.splitlines()[0][:100]}", style="dim")
         if self.gpu_fleet is not None:
-            text.append(f"\n{gpu_line(self.gpu_fleet)}", style="dim")
+            ranks = self.session.config.effective_workers()
+            text.append(f"\n{gpu_line(self.gpu_fleet, ranks=ranks)}", style="dim")
             if self._gpu_cost is not None:
                 text.append(f"  ${self._gpu_cost:.2f}/hour now", style="dim")
         self.query_one("#job-status", Static).update(text)

@@ -195,7 +195,10 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
         # The GPU side now (issue 26): the workers and their nodes, at full size while the job is fresh.
         await wait_for(pilot, lambda: run.gpu_fleet is not None, 15, "the GPU workers and nodes")
         shown = str(run.query_one("#job-status", Static).render())
-        assert "GPU nodes 2/2, workers 2/2" in shown, shown
+        # Issue 40 item 5: "workers 2/2" beside a config of 8 workers and a badge of 8 ranks read as a
+        # contradiction: these are the Ray worker pods, and the training ranks are said beside them.
+        ranks = app.session.config.effective_workers()
+        assert f"GPU nodes 2/2, Ray worker pods 2/2 · {ranks} training ranks" in shown, shown
         record = app.session.record
         assert RunStore().load(record.run_id).config.context == SECOND
 

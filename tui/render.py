@@ -85,10 +85,11 @@ def stopped_while_idle_line(stopped: dict[str, Any]) -> str:
     return f"stopped while idle at {at} ({stopped['idle_s']:.0f}s without a job or an rtui; `rtui up` starts it again)"
 
 
-def gpu_line(gpu: GpuFleet) -> str:
-    """GPU nodes and workers now against the full size, and when they went idle (issue 26):
-    "GPU nodes 0/2, workers 0/2 — idle since 14:02, scaled to zero at 14:12"."""
-    line = f"GPU nodes {gpu.nodes}/{gpu.full}, workers {gpu.workers}/{gpu.full}"
+def gpu_line(gpu: GpuFleet, *, ranks: int | None = None) -> str:
+    """GPU nodes and Ray worker pods now against the full size, the job's training ranks when given,
+    and when they went idle (issue 26): "GPU nodes 0/2, Ray worker pods 0/2 — idle since 14:02, scaled
+    to zero at 14:12"."""
+    line = gpu.sizes() + (f" · {ranks} training ranks" if ranks else "")
     when = []
     if gpu.idle_since:
         when.append(f"idle since {time.strftime('%H:%M', time.localtime(gpu.idle_since))}")

@@ -59,7 +59,7 @@ def test_idle_workers_and_their_nodes_go_and_a_new_job_brings_them_back(world: K
         assert (gpu["workers"], gpu["nodes"], gpu["full"], gpu["autoscaling"]) == (0, 0, 2, True), gpu
         assert gpu["scaled_down_at"] == gpu["idle_since"] + 3
         text = world.rtui("status").stdout
-        assert "GPU nodes 0/2, workers 0/2 — idle since " in text and ", scaled to zero at " in text, text
+        assert "GPU nodes 0/2, Ray worker pods 0/2 — idle since " in text and ", scaled to zero at " in text, text
         # The preflight of the next `up` says what is there: no GPU node now, and a node autoscaler or not.
         checks = {c["id"]: c for c in json.loads(world.rtui("check", "--json", *IDLE).stdout)["checks"]}
         assert checks["kube.gpu-nodes"]["status"] == "warn" and "0/2" in checks["kube.gpu-nodes"]["detail"]
@@ -75,7 +75,7 @@ def test_idle_workers_and_their_nodes_go_and_a_new_job_brings_them_back(world: K
         # It said it was scaling up, with the nodes arriving, and its ETA counted them.
         train = [e for e in events(again.stdout) if e["step"] == "train"]
         arriving = [e["message"] for e in train if e["message"].startswith("scaling up from idle: GPU nodes")]
-        assert any(a.startswith("scaling up from idle: GPU nodes 0/2, workers 0/2") for a in arriving), arriving
+        assert any(a.startswith("scaling up from idle: GPU nodes 0/2, Ray worker pods 0/2") for a in arriving), arriving
         assert len(set(arriving)) >= 2, arriving  # nodes and workers arriving, one line each
         started = next(e for e in train if e["kind"] == "started")
         assert started["data"]["expected_s"] >= GPU_SCALE_UP_S
