@@ -194,20 +194,18 @@ class RunScreen(RtuiScreen):
 
     def refresh_dashboard(self) -> None:
         """Hand the badge, stats, sparkline and graph fresh snapshots (equal ones repaint nothing)."""
-        plan = self.session.record.plan  # what the applied plan said the run costs per hour
-        if self._gpu_cost is not None:
-            cost: float | None = self._gpu_cost
-        else:
-            cost = plan.cost_per_hour if plan is not None and plan.prices() else None
+        # The run's cost meter, as the teardown modal and `rtui status` read it: each priced resource
+        # since it was made, the GPU nodes at their size now.
+        meter = cost_meter(self.session.record, now=self.clock(), gpu=self.gpu_fleet) or {}
+        cost = meter.get("per_hour")
         now = time.monotonic()
         # A priced run's cost keeps running without new lines, slowly enough to redraw it seldom.
         if not (self._stale or (cost and now - self._refreshed_at >= COST_REFRESH_S)):
             return
         self._stale, self._refreshed_at = False, now
-        job = self.session.record.current_job
-        elapsed = self.clock() - job.submitted_at if job is not None else None
-        throughput = ThroughputSnapshot.build(self.telemetry.series, total_steps=self.session.config.steps,
-                                              cost_per_hour=cost, elapsed_s=elapsed)
+        throughput = ThroughputSnapshot.build(
+            self.telemetry.series, total_steps=self.session.config.steps, cost_per_hour=cost,
+            cost_so_far=meter.get("accrued"), cost_exact=meter.get("accrued_exact", True))
         self.query_one(TransportBadge).snapshot = TransportSnapshot.from_verdict(self.telemetry.transport)
         stats = self.query_one(RunStats)
         model_appeared = throughput.model_uri is not None and stats.snapshot.model_uri is None

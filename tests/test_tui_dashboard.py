@@ -16,6 +16,7 @@ from textual.screen import Screen
 from textual.widgets import Sparkline
 from textual_plot import PlotWidget
 
+from backend.ledger import ResourceStatus
 from backend.model import Action, Change, Plan
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStatus
@@ -205,11 +206,11 @@ def series_of(lines: list[str]) -> MetricSeries:
 
 def test_throughput_snapshot_eta_cost_and_equality() -> None:
     series = series_of(metric_lines(1, 10, step_time=2.0))
-    snap = ThroughputSnapshot.build(series, total_steps=100, cost_per_hour=4.6016, elapsed_s=1800)
+    snap = ThroughputSnapshot.build(series, total_steps=100, cost_per_hour=4.6016, cost_so_far=2.3008)
     assert snap.step == 10 and snap.eta_s == pytest.approx(180.0)
     assert snap.cost_so_far == pytest.approx(2.3008)
-    assert snap == ThroughputSnapshot.build(series, total_steps=100, cost_per_hour=4.6016, elapsed_s=1800)
-    free = ThroughputSnapshot.build(series, total_steps=100, cost_per_hour=0.0, elapsed_s=1800)
+    assert snap == ThroughputSnapshot.build(series, total_steps=100, cost_per_hour=4.6016, cost_so_far=2.3008)
+    free = ThroughputSnapshot.build(series, total_steps=100, cost_per_hour=0.0, cost_so_far=0.0)
     assert free.cost_so_far is None and free.cost_per_hour is None
     gappy = series_of([format_record(METRIC_TAG, {"step": 1, "loss": 1.0, "step_time_s": 1.0})])
     snap = ThroughputSnapshot.build(gappy, total_steps=2)
@@ -250,16 +251,16 @@ async def test_stats_show_step_mfu_eta_and_cost_only_when_known() -> None:
         stats = app.query_one(RunStats)
         assert stats_text(stats) == "waiting for the first step…"
         series = series_of(metric_lines(1, 10))
-        stats.snapshot = ThroughputSnapshot.build(series, total_steps=100, cost_per_hour=None, elapsed_s=600)
+        stats.snapshot = ThroughputSnapshot.build(series, total_steps=100, cost_per_hour=None)
         text = stats_text(stats)
         assert text.startswith("step 10/100  loss 5.5000  4,000 tok/s  2,000 ms/step  ETA 3m00s")
         assert "$" not in text and "MFU" not in text
         series.peak_flops_per_gpu, series.model_params, series.n_gpus = 1e12, 1e6, 2
         series.feed(metric_lines(11, 11)[0])
         series.feed(format_record(SUMMARY_TAG, {"tokens_per_s_mean": 4012.5, "final_loss": 5.45}))
-        stats.snapshot = ThroughputSnapshot.build(series, total_steps=11, cost_per_hour=4.6016, elapsed_s=1800)
+        stats.snapshot = ThroughputSnapshot.build(series, total_steps=11, cost_per_hour=4.6016, cost_so_far=2.3008)
         text = stats_text(stats)
-        assert "MFU 1.2%" in text and "$2.30 ($4.60/h)" in text and "ETA" not in text
+        assert "MFU 1.2%" in text and "$2.30 so far ($4.60/h)" in text and "ETA" not in text
         assert "finished: mean 4,012 tokens/s, final loss 5.4500" in text
         graph = app.query_one(ThroughputGraph)
         graph.snapshot = stats.snapshot
@@ -290,7 +291,7 @@ async def test_graph_draws_a_bounded_number_of_points() -> None:
         assert 16 <= len(plot._datasets[0].x) <= 2 * 60
         drawn = plot._datasets[0]
         graph.snapshot = ThroughputSnapshot.build(series_of(metric_lines(1, 4096)),
-                                                  total_steps=5000, cost_per_hour=1.0, elapsed_s=60)
+                                                  total_steps=5000, cost_per_hour=1.0, cost_so_far=1 / 60)
         await pilot.pause()
         assert plot._datasets[0] is drawn, "only the cost changed: the curve is not redrawn"
 
@@ -318,8 +319,9 @@ def test_a_plan_is_priced_in_one_place() -> None:
 
 
 # --- the dashboard: RunScreen fed fake lines, frozen clock ------------------------------------------
-def dashboard_session(*, priced: bool = True) -> RunSession:
-    """A saved run with a job, as `rtui --resume` finds it (its cluster is gone: nothing follows live)."""
+def dashboard_session(*, priced: bool = True, made_at: float = T0) -> RunSession:
+    """A saved run with a job, as `rtui --resume` finds it (its cluster is gone: nothing follows live).
+    Priced: two resources, made at ``made_at`` (the job's submission unless given)."""
     session = fixed_session(steps="40")
     session.record.jobs.append(JobRecord(submission_id="rtui-x-1", submitted_at=T0, spec_hash="h",
                                          status=JobState.RUNNING))
@@ -328,8 +330,28 @@ def dashboard_session(*, priced: bool = True) -> RunSession:
         session.record.plan = Plan(target="local", changes=[
             Change(address="eks.nodegroup", layer="eks", kind="nodegroup", action=Action.CREATE, cost_per_hour=9.2032),
             Change(address="eks.cluster", layer="eks", kind="cluster", action=Action.CREATE, cost_per_hour=0.10)])
+        for address, kind in (("eks.nodegroup", "nodegroup"), ("eks.cluster", "cluster")):
+            session.ctx.ledger.set(address, kind, ResourceStatus.READY, layer="eks", id=address)
+            session.record.resources[address].created_at = made_at
     session.store.save(session.record)
     return RunSession.resume(FIXED_RUN_ID)
+
+
+async def test_the_run_screen_and_the_teardown_modal_say_the_same_cost_so_far(isolated_env: Path) -> None:
+    """Issue 40 item 5: the run screen said "$0.15" (the plan's price since the job's submission) while the
+    teardown modal said "at most $0.19 so far" (each resource since it was made). Both read the cost meter."""
+    from tui.app import teardown_summary
+
+    session = dashboard_session(made_at=T0 - 1800)  # the cluster came up half an hour before the job
+    app = DashboardApp(session, resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 5, "run screen")
+        await settle(pilot)
+        await feed(pilot, metric_lines(1, 3))
+        stats = stats_text(app.screen.query_one(RunStats))
+        modal = " ".join(teardown_summary(app.session, now=T0 + 1800))
+    assert "$9.30 so far" in modal, modal
+    assert "$9.30 so far ($9.30/h)" in stats, stats
 
 
 class DashboardApp(RtuiApp):
@@ -370,7 +392,7 @@ async def test_dashboard_shows_efa_then_switches_to_socket_fallback(isolated_env
         await feed(pilot, [*EFA_LINES, *metric_lines(1, 12)])
         assert badge_text(badge).startswith(" EFA  channels · 2 nodes, 2 ranks")
         stats = stats_text(app.screen.query_one(RunStats))
-        assert "step 12/40" in stats and "ETA 56s" in stats and "$4.65 ($9.30/h)" in stats
+        assert "step 12/40" in stats and "ETA 56s" in stats and "$4.65 so far ($9.30/h)" in stats
         assert len(app.screen.query_one(Sparkline).data or []) == 12
         assert app.screen.query_one(ThroughputGraph).display
 
@@ -401,7 +423,7 @@ def test_a_refresh_builds_both_snapshots_from_a_full_series(isolated_env: Path) 
     refresh period is a benchmark's figure, not asserted here (a loaded machine would fail it)."""
     telemetry = Telemetry()
     telemetry.feed_lines([*EFA_LINES, *metric_lines(1, 4096)])
-    snap = ThroughputSnapshot.build(telemetry.series, total_steps=5000, cost_per_hour=1.0, elapsed_s=60)
+    snap = ThroughputSnapshot.build(telemetry.series, total_steps=5000, cost_per_hour=1.0, cost_so_far=1 / 60)
     assert len(snap.steps) == len(snap.tokens_per_s) == len(telemetry.series.points) > 0
     assert snap.step == 4096 and snap.eta_s == pytest.approx((5000 - 4096) * 2.0)
     assert TransportSnapshot.from_verdict(telemetry.transport) is not None

@@ -43,6 +43,7 @@ class ThroughputSnapshot:
     eta_s: float | None = None
     cost_per_hour: float | None = None
     cost_so_far: float | None = None
+    cost_exact: bool = True  # False: an upper bound (the cost meter's "at most")
     summary_tokens_per_s: float | None = None
     summary_loss: float | None = None
     finished: bool = False
@@ -51,7 +52,9 @@ class ThroughputSnapshot:
 
     @classmethod
     def build(cls, series: MetricSeries, *, total_steps: int | None, cost_per_hour: float | None = None,
-              elapsed_s: float | None = None) -> ThroughputSnapshot:
+              cost_so_far: float | None = None, cost_exact: bool = True) -> ThroughputSnapshot:
+        """The cost is the run's cost meter's (``backend.session.cost_meter``), what the teardown modal and
+        `rtui status` say too."""
         points = list(series.points)
         steps = tuple(float(p.step) if p.step is not None else float(i) for i, p in enumerate(points))
         tokens = tuple(p.tokens_per_s if p.tokens_per_s is not None else _GAP for p in points)
@@ -68,8 +71,7 @@ class ThroughputSnapshot:
             steps=steps, tokens_per_s=tokens, losses=losses, step=step, total_steps=total_steps,
             loss=latest.loss if latest else None, tokens_per_s_now=latest.tokens_per_s if latest else None,
             step_time_s=latest.step_time_s if latest else None, mfu=latest.mfu if latest else None, eta_s=eta,
-            cost_per_hour=cost,
-            cost_so_far=cost * elapsed_s / 3600 if cost is not None and elapsed_s is not None else None,
+            cost_per_hour=cost, cost_so_far=cost_so_far if cost is not None else None, cost_exact=cost_exact,
             summary_tokens_per_s=_float(summary.get("tokens_per_s_mean")),
             summary_loss=_float(summary.get("final_loss")), finished=series.summary is not None,
             eval_text=eval_line(summary) if summary.get("eval_loss_before") is not None else None,
@@ -154,7 +156,8 @@ class RunStats(Widget):
             if s.eta_s is not None and not s.finished:
                 items.append((f"ETA {format_duration(s.eta_s)}", ""))
         if s.cost_so_far is not None and s.cost_per_hour is not None:
-            items.append((f"${s.cost_so_far:,.2f} (${s.cost_per_hour:,.2f}/h)", "yellow"))
+            bound = "" if s.cost_exact else "at most "
+            items.append((f"{bound}${s.cost_so_far:,.2f} so far (${s.cost_per_hour:,.2f}/h)", "yellow"))
         return items
 
     def _lines(self, width: int) -> Text:
