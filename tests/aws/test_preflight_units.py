@@ -139,3 +139,21 @@ def test_one_function_prices_a_plan_from_its_region_prices() -> None:
     adopted = price_plan(prices, PlanShape("g6.12xlarge", 2, 200, "m7i.xlarge", 1, 100, nat_gateway=False))
     assert "nat_gateway" not in adopted.parts and adopted.nat_per_gb is None
     assert price_plan(prices, PlanShape("x9.huge", 2, 200, "m7i.xlarge", 1, 100)).total is None
+
+
+def test_the_recommendation_says_cheapest_only_when_it_is() -> None:
+    """Issue 40 item 6: "the cheapest feasible zone" was said when every AZ showed the same price."""
+    def region(name: str, price: float | None, zones: int = 1) -> RegionReport:
+        return RegionReport(region=name, enabled=True, price_per_hour=price, feasible=True,
+                            zones=[_zone().model_copy(update={"zone": f"{name}{'abc'[i]}"}) for i in range(zones)])
+
+    rec = recommend([region("us-east-2", 9.0), region("eu-west-2", 12.0)])
+    assert rec is not None and rec.why == "cheapest feasible zone"
+    same = recommend([region("us-east-1", 9.0, zones=3)])  # one region: its zones cost the same
+    assert same is not None and "cheapest" not in same.why and "same price" in same.why, same
+    tie = recommend([region("us-east-2", 9.0), region("us-west-2", 9.0)])
+    assert tie is not None and "cheapest" not in tie.why and "same price" in tie.why, tie
+    unpriced = recommend([region("us-east-2", None), region("us-west-2", None)])
+    assert unpriced is not None and "cheapest" not in unpriced.why and "no price" in unpriced.why, unpriced
+    alone = recommend([region("us-east-2", 9.0)])
+    assert alone is not None and alone.why == "the only feasible zone"

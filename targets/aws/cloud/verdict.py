@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from backend.model import CheckResult, CheckStatus
 from targets.aws.cloud.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
@@ -206,6 +207,20 @@ def _assess_quota(
         add(check_id, title, CheckStatus.FAIL, f"quota short by {quota.shortfall} vCPUs ({numbers})", remedy)
 
 
+def _why_this_zone(best: tuple[Any, ...], candidates: list[tuple[Any, ...]]) -> str:
+    """Why ``best`` (no reservation) came first: "cheapest" only when another zone costs more."""
+    others = [c for c in candidates if c is not best]
+    if not others:
+        return "the only feasible zone"
+    price = best[0][1]
+    if any(price < other[0][1] for other in others):
+        return "cheapest feasible zone"
+    same = "no price is known to choose by" if math.isinf(price) else "the feasible zones have the same price"
+    if not best[0][2] and any(other[0][2] for other in others):  # the rest carry warnings
+        return f"a feasible zone without warnings ({same})"
+    return f"first feasible zone by name ({same})"
+
+
 def recommend(regions: list[RegionReport]) -> Recommendation | None:
     """The cheapest feasible AZ, preferring one with a usable matching reservation."""
     candidates = []
@@ -221,8 +236,9 @@ def recommend(regions: list[RegionReport]) -> Recommendation | None:
             candidates.append((key, region, zone, reservation))
     if not candidates:
         return None
-    _, region, zone, reservation = min(candidates, key=lambda c: c[0])
-    why = "holds a matching capacity reservation" if reservation else "cheapest feasible zone"
+    best = min(candidates, key=lambda c: c[0])
+    _, region, zone, reservation = best
+    why = "holds a matching capacity reservation" if reservation else _why_this_zone(best, candidates)
     if zone.warnings:
         why += f"; note: {zone.warnings[0]}"
     return Recommendation(
