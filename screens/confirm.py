@@ -100,13 +100,16 @@ class ConfirmTeardown(ModalScreen[bool]):
     MEASURING = "Kept unless you say so: the run's data (measuring…)"
 
     def __init__(self, cluster_name: str, what: str, details: list[str] | None = None,
-                 data_line: Callable[[], str | None] | None = None) -> None:
+                 data_line: Callable[[], str | None] | None = None, *, keeps_data: bool = True) -> None:
         """``data_line`` says what data is kept (None: nothing); it may take seconds (a pod reads a kube
-        volume, S3 lists a prefix), so it runs in a thread while the modal shows "measuring…"."""
+        volume, S3 lists a prefix), so it runs in a thread while the modal shows "measuring…".
+        ``keeps_data``: the run has a place for checkpoints and models (a kube run without storage has
+        none): only then is deleting them offered."""
         super().__init__()
         self.cluster_name = cluster_name
         self.what = what
         self.details = details or []
+        self.keeps_data = keeps_data
         self.data_line = data_line
         self.data_text: str | None = self.MEASURING if data_line is not None else None
         self.delete_data = False  # typed "<cluster name> delete data": the run's checkpoints and model go too
@@ -119,8 +122,9 @@ class ConfirmTeardown(ModalScreen[bool]):
             if self.data_line is not None:
                 yield Label(self.MEASURING, id="confirm-data", classes="detail", markup=False)
             yield Label(f"Type the cluster name [b]{self.cluster_name}[/b] and press enter. Escape cancels.")
-            yield Label(f"Checkpoints and models are kept; to delete them too, type "
-                        f"[b]{self.cluster_name} {self.DELETE_DATA}[/b] instead.", classes="detail")
+            if self.keeps_data:
+                yield Label(f"Checkpoints and models are kept; to delete them too, type "
+                            f"[b]{self.cluster_name} {self.DELETE_DATA}[/b] instead.", classes="detail")
             yield Input(placeholder=self.cluster_name, id="confirm-input")
             yield Label("", id="confirm-error")
 
@@ -146,7 +150,11 @@ class ConfirmTeardown(ModalScreen[bool]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         typed = " ".join(event.value.split())
-        if typed in (self.cluster_name, f"{self.cluster_name} {self.DELETE_DATA}"):
+        with_data = f"{self.cluster_name} {self.DELETE_DATA}"
+        if typed == with_data and not self.keeps_data:
+            self.query_one("#confirm-error", Label).update(
+                "This run keeps no checkpoints or models: type the cluster name alone.")
+        elif typed in (self.cluster_name, with_data):
             self.delete_data = typed != self.cluster_name
             self.dismiss(True)
         else:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
+from textual.widgets import Label
 
 from backend.config import resolve_config
 from backend.session import RunSession
@@ -210,3 +211,41 @@ async def test_every_transition_goes_through_app_messages(isolated_env: Path) ->
         await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "back to the target")
         assert len(app.screen_stack) <= 2
         await pilot.press("q")
+
+
+class NoDataHarness(App[None]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer: bool | None = None
+
+    def compose(self) -> ComposeResult:
+        return iter(())
+
+    def on_mount(self) -> None:
+        def done(value: bool | None) -> None:
+            self.answer = value
+
+        self.push_screen(ConfirmTeardown("rtui-ray", "run r1", data_line=None, keeps_data=False), done)
+
+
+async def test_a_run_that_keeps_no_data_is_not_offered_to_delete_it() -> None:
+    """Issue 40 item 6: a kube run without storage was offered "to delete checkpoints and models too"."""
+    app = NoDataHarness()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the modal")
+        shown = " ".join(str(label.render()) for label in app.screen.query(Label))
+        assert "Checkpoints and models" not in shown and "delete data" not in shown, shown
+        await pilot.press(*"rtui-ray delete data", "enter")
+        await wait_for(pilot, lambda: "keeps no checkpoints" in str(app.screen.query_one("#confirm-error").render()),
+                       5, "the refusal")
+        assert app.answer is None
+
+
+async def test_teardown_of_a_kube_run_without_storage_does_not_offer_its_data(isolated_env: Path) -> None:
+    from tui.app import RtuiApp
+
+    session = RunSession.for_config(resolve_config({"target": "kube"}))
+    assert session.data_store() is None
+    app = RtuiApp(session)
+    modal = app.teardown_modal()
+    assert modal.data_line is None and not modal.keeps_data

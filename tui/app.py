@@ -221,10 +221,7 @@ class RtuiApp(App[None]):
         if self.read_only or not self.has_resources():
             return
 
-        session = self.session
-        modal = ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
-                                details=teardown_summary(session, now=self.clock()),
-                                data_line=lambda: kept_data_line(session))
+        modal = self.teardown_modal()
 
         def confirmed(yes: bool | None) -> None:
             if yes:
@@ -232,6 +229,15 @@ class RtuiApp(App[None]):
                 self.call_after_refresh(self._teardown, modal.delete_data)
 
         self.push_screen(modal, confirmed)
+
+    def teardown_modal(self) -> ConfirmTeardown:
+        """What `D` asks: what the run made and costs, and its kept data (only where it keeps any)."""
+        session = self.session
+        keeps_data = session.data_store() is not None
+        return ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
+                               details=teardown_summary(session, now=self.clock()),
+                               data_line=(lambda: kept_data_line(session)) if keeps_data else None,
+                               keeps_data=keeps_data)
 
     def _teardown(self, delete_data: bool = False) -> None:
         if not self.acquire():
