@@ -84,6 +84,12 @@ class RunScreen(RtuiScreen):
         lines: list[str]
 
     @dataclass
+    class HeadLogEnded(Message):
+        """The head pod's log stream ended: ``error`` when it could not be read."""
+
+        error: str | None = None
+
+    @dataclass
     class GpuFleetChanged(Message):
         """GPU workers and nodes now (issue 26), with the cost per hour that follows from them."""
 
@@ -128,7 +134,7 @@ class RunScreen(RtuiScreen):
                     yield LogTail(id="tail")
                 if self.has_head:  # on local the head is a process here: no tab to grey out
                     with TabPane("Head pod", id=HEAD_TAB):
-                        yield LogTail(id="head-tail")
+                        yield LogTail(id="head-tail", empty_note="nothing from the head pod yet")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -250,13 +256,19 @@ class RunScreen(RtuiScreen):
                     self.post_message(self.HeadLinesArrived(batch[:]))
                     batch.clear()
                 if done:
-                    reader.result()
+                    error = reader.exception()
+                    self.post_message(self.HeadLogEnded(" ".join(str(error).split()) if error else None))
                     return
         finally:
             reader.cancel()
 
     def on_run_screen_head_lines_arrived(self, message: HeadLinesArrived) -> None:
         self.query_one("#head-tail", LogTail).push(message.lines)
+
+    def on_run_screen_head_log_ended(self, message: HeadLogEnded) -> None:
+        tail = self.query_one("#head-tail", LogTail)
+        tail.note = (f"the head pod's log could not be read: {message.error[:160]}" if message.error
+                     else "the head pod's log ended")
 
     def _post_update(self, update: JobUpdate) -> None:
         if update.lines:

@@ -15,6 +15,7 @@ from textual.pilot import Pilot
 from textual.widgets import TabbedContent
 
 from backend import follow
+from backend.errors import OperationError
 from backend.layers.base import Context, HeadLogSource
 from backend.rayjobs import JobStatus
 from backend.store import JobState
@@ -320,3 +321,32 @@ async def test_resuming_a_finished_run_shows_its_last_lines_while_following(isol
         log = tail.log_view
         assert log.is_vertical_scroll_end, (log.scroll_y, log.max_scroll_y, tail.status_text)
         assert tail.lines[-1] == "rtui-train: done"
+
+
+class SilentHead(FakeHead):
+    """A head pod that logs nothing (``lines`` empty), or whose log cannot be read (``error``)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__([])
+        self.error = error
+
+    async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
+        self.asked.append(since_time)
+        if self.error is not None:
+            raise self.error
+        await asyncio.Event().wait()  # follows a log that stays empty
+        yield ""
+
+
+@pytest.mark.parametrize("error", [None, OperationError("the API server refused the log request (403)")],
+                         ids=["empty", "unreadable"])
+async def test_an_empty_head_pod_tab_says_why(isolated_env: Path, error: Exception | None) -> None:
+    """Issue 40 item 6: the Head pod tab showed "0 lines" for a whole job without saying why."""
+    session = dashboard_session()
+    session.ctx.cluster = SilentHead(error)
+    app = DashboardApp(session, resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await dashboard(pilot)
+        head_tail = screen.query_one("#head-tail", LogTail)
+        want = "could not be read: the API server refused" if error else "nothing from the head pod yet"
+        await wait_for(pilot, lambda: want in head_tail.status_text, 5, lambda: head_tail.status_text)

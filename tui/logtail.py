@@ -133,8 +133,14 @@ class LogTail(Vertical):
     show_metrics: reactive[bool] = reactive(False)
     filter_text: reactive[str] = reactive("")
 
-    def __init__(self, *, ring_size: int = 20_000, max_lines: int = 10_000, id: str | None = None) -> None:
+    note: reactive[str] = reactive("")
+    """Said in the status line: what became of the stream (it ended, it could not be read)."""
+
+    def __init__(self, *, ring_size: int = 20_000, max_lines: int = 10_000, id: str | None = None,
+                 empty_note: str = "") -> None:
+        """``empty_note``: said while no line has come, so an empty view is never unexplained."""
         super().__init__(id=id)
+        self.empty_note = empty_note
         self._pending: deque[str] = deque(maxlen=ring_size)  # arrived, not drained yet
         self._window: deque[str] = deque(maxlen=max_lines)  # what the view is derived from
         self._max_lines = max_lines
@@ -158,7 +164,8 @@ class LogTail(Vertical):
     def on_mount(self) -> None:
         self.watch(self.log_view, "scroll_y", self._scrolled, init=False)
         self.set_interval(1 / DRAIN_HZ, self.drain)
-        self._update_status()
+        # Once mounted (it is not yet, in its own on_mount): a view no line ever reaches still says so.
+        self.call_after_refresh(self._update_status)
 
     # --- what is shown ---------------------------------------------------------------------
     def shows(self, line: str) -> bool:
@@ -239,6 +246,10 @@ class LogTail(Vertical):
             parts.append(f"filter: {self.filter_text} ({self._matching} of {len(self._window)} lines)")
         else:
             parts.append(f"{self.total} lines")
+        if self.note:
+            parts.append(self.note)
+        elif not self.total and self.empty_note:
+            parts.append(self.empty_note)
         if not self.show_metrics:
             parts.append("metric lines hidden (m)")
         parts.append("following" if self.following else f"paused · +{self.unseen} new lines (End to follow)")
@@ -291,6 +302,9 @@ class LogTail(Vertical):
         if self.following:
             self._write([])
         self.following = True
+
+    def watch_note(self) -> None:
+        self._update_status()
 
     def watch_show_metrics(self) -> None:
         if self.is_mounted:
