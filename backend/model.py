@@ -67,6 +67,9 @@ class Resource(BaseModel):
     cost_note: str = ""  # what the hourly cost is made of, or what bills beside it (per GB)
     # vCPUs of each quota it uses: {"L-DB2E81BA": {"vcpus": 96, "headroom": 192}} (aws)
     quota: dict[str, dict[str, float | None]] = Field(default_factory=dict)
+    # What it changes beyond the run's own objects, for everyone on the cluster ("KubeRay's CRDs, seen by
+    # every namespace"); empty for what only the run uses. Applying such a change is confirmed twice.
+    cluster_wide: str = ""
 
 
 class Observed(BaseModel):
@@ -101,6 +104,7 @@ class Change(BaseModel):
     cost_note: str = ""
     quota: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     reason: str = ""
+    cluster_wide: str = ""  # Resource.cluster_wide
 
     @property
     def symbol(self) -> str:
@@ -154,6 +158,10 @@ class Plan(BaseModel):
     def as_plan(self) -> Plan:
         """Just the plan (a subclass's extra fields, such as what discovery saw, left out): what a record keeps."""
         return Plan.model_validate(self.model_dump(include=set(Plan.model_fields)))
+
+    def cluster_wide(self) -> list[Change]:
+        """The changes applying this plan makes to objects everyone on the cluster shares."""
+        return [c for c in self.changes if c.cluster_wide and c.action is not Action.NOOP]
 
     def counts(self) -> dict[str, int]:
         out = {a.value: 0 for a in Action}

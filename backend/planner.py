@@ -135,7 +135,8 @@ def diff(stack: Stack, wanted: Sequence[Resource], observed: dict[str, Observed]
         changes[want.address] = Change(
             address=want.address, layer=want.layer, kind=want.kind, action=action, depends_on=want.depends_on,
             before=dict(have.state) if have is not None else None, after=dict(want.spec),
-            cost_per_hour=want.cost_per_hour, cost_note=want.cost_note, quota=dict(want.quota), reason=reason)
+            cost_per_hour=want.cost_per_hour, cost_note=want.cost_note, quota=dict(want.quota), reason=reason,
+            cluster_wide=want.cluster_wide)
     wanted_addresses = {w.address for w in wanted}
     for have in observed.values():
         if have.address not in wanted_addresses and not have.adopted:

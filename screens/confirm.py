@@ -35,11 +35,12 @@ def apply_summary(plan: Plan) -> str:
 
 
 class ConfirmApply(ModalScreen[bool]):
-    """Applying a plan that costs money by the hour: the cost, then a second explicit key."""
+    """Applying a plan that costs money by the hour, or changes objects everyone on the cluster shares:
+    what it costs and what it changes for others, then a second explicit key."""
 
     BINDINGS = [
         Binding("y", "answer(True)", "Apply", id="confirm-apply",
-                tooltip="Create the resources now; they cost money until `rtui down`"),
+                tooltip="Apply the plan now; what is priced costs money until `rtui down`"),
         Binding("n,escape", "answer(False)", "Cancel", id="cancel-apply", tooltip="Back to the plan; nothing changes"),
     ]
 
@@ -50,7 +51,14 @@ class ConfirmApply(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm"):
             yield Label(apply_summary(self.plan), id="apply-summary", classes="heading")
-            yield Label("They keep costing money until you tear them down (`D`, or `rtui down`).")
+            shared = self.plan.cluster_wide()
+            if shared:
+                yield Label("It changes what everyone on the cluster shares:", id="apply-shared")
+                for change in shared:
+                    yield Label(f"{change.symbol} {change.address}: {change.cluster_wide}", classes="detail",
+                                markup=False)
+            if self.plan.cost_per_hour:
+                yield Label("They keep costing money until you tear them down (`D`, or `rtui down`).")
             yield Label("Apply now? [b]y[/b] applies · [b]n[/b] / escape goes back to the plan")
 
     def action_answer(self, value: bool) -> None:

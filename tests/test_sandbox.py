@@ -95,6 +95,10 @@ def test_sandbox_kube_by_keys(terminal: Terminal, tmp_path: Path) -> None:  # no
     # The plan's summary, not the screen's title: the title shows while it is still planning.
     terminal.wait_for("sb", " to create, ", timeout=60)
     keys(terminal, "a")
+    # The operator and the device plugins change the cluster for everyone on it: asked twice, named.
+    screen = terminal.wait_for("sb", "Apply now?", timeout=30)
+    assert "everyone on the cluster" in screen, screen
+    keys(terminal, "y")
     terminal.wait_for("sb", " EFA ", timeout=120)
     terminal.wait_for("sb", "SUCCEEDED", timeout=120)
     # Issue 40 item 1: quitting said "Resume: rtui --resume …" and the sandbox then deleted the run with

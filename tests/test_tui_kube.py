@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import yaml
 from textual.pilot import Pilot
-from textual.widgets import OptionList, Static
+from textual.widgets import Label, OptionList, Static
 
 from backend.config import resolve_config
 from backend.ledger import ResourceRecord
 from backend.model import Action, CheckResult, CheckStatus
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
-from screens.confirm import ConfirmTeardown
+from screens.confirm import ConfirmApply, ConfirmTeardown
 from screens.plan import PlanScreen
 from screens.provision import ProvisionScreen
 from screens.run import RunScreen
@@ -181,6 +181,10 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
         assert "kubernetes" in shown and "k8s.raycluster" in shown and "ray.job.train" in shown
 
         await pilot.press("a")
+        # It installs the operator and device plugins on a cluster others share: asked twice (issue 40 item 7).
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmApply), 10, "the apply confirmation")
+        assert "k8s.kuberay-operator" in " ".join(str(label.render()) for label in app.screen.query(Label))
+        await pilot.press("y")
         # The panes as the provision screen mounts them: on a fast fake cluster the screen can come and go
         # between two polls, so it is not looked for on screen.
         await wait_for(pilot, lambda: provisioned, 20, lambda: f"the provision screen (on {type(app.screen).__name__}; "

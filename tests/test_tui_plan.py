@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from textual.pilot import Pilot
 from textual.screen import Screen
+from textual.widgets import Label
 
 from backend.model import Action, Change
 from backend.planner import PlanResult
@@ -191,6 +192,34 @@ async def test_a_free_local_plan_applies_on_the_first_key(isolated_env: Path) ->
         await pilot.press("a")
         await wait_for(pilot, lambda: app.applied, 5, "the apply")
         assert not isinstance(app.screen, ConfirmApply)
+
+
+async def test_a_free_plan_that_changes_a_shared_cluster_asks_twice_naming_what(isolated_env: Path) -> None:
+    """Issue 40 item 7: kube applied on one key although it installs CRDs, an operator and device plugins on a
+    cluster its user shares with others. Confirmation goes by consequence: cluster-wide objects ask twice."""
+    plan = PlanResult(target="kube", changes=[
+        Change(address="k8s.namespace", layer="kubernetes", kind="k8s-namespace", action=Action.CREATE),
+        Change(address="k8s.kuberay-operator", layer="kubernetes", kind="kuberay-operator", action=Action.CREATE,
+               cluster_wide="KubeRay's CRDs, for every namespace"),
+        Change(address="k8s.device-plugin.nvidia", layer="kubernetes", kind="k8s-device-plugin-nvidia",
+               action=Action.NOOP, cluster_wide="a DaemonSet on every GPU node"),
+    ])
+    app = PlanApp(fixed_session(target="kube"), plan)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await planned(pilot)
+        await pilot.press("a")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmApply), 5, "the apply confirmation")
+        shown = " ".join(str(label.render()) for label in app.screen.query(Label))
+        assert "k8s.kuberay-operator" in shown and "KubeRay's CRDs, for every namespace" in shown, shown
+        assert "k8s.device-plugin.nvidia" not in shown, "a change that is a no-op changes nothing"
+        assert "costing money" not in shown, shown
+        await pilot.press("n")
+        await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen), 5, "back to the plan")
+        assert app.applied == []
+        await pilot.press("a")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmApply), 5, "the apply confirmation")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.applied, 5, "the apply")
 
 
 def test_apply_summary_wording() -> None:

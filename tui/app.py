@@ -153,10 +153,11 @@ class RtuiApp(App[None]):
             return
         plan = message.plan
         costs_money = self.session.target.costs_money or plan.cost_per_hour > 0
-        if plan.is_noop or not costs_money:
+        if plan.is_noop or not (costs_money or plan.cluster_wide()):
             self._apply(plan)
             return
-        # What costs money by the hour is asked for twice: `a` on the plan, then `y` here.
+        # What costs money by the hour, or changes what everyone on the cluster shares, is asked for
+        # twice: `a` on the plan, then `y` here.
 
         def confirmed(yes: bool | None) -> None:
             if yes:

@@ -189,9 +189,11 @@ class KubernetesLayer(Layer):
         system = tuple(a for a in (self.below.system_nodes,) if a in made_below)
         gpu = tuple(a for a in (self.below.gpu_nodes,) if a in made_below)
 
-        def res(address: str, kind: str, spec: dict[str, Any], *deps: str, cost: float = 0.0) -> Resource:
+        def res(address: str, kind: str, spec: dict[str, Any], *deps: str, cost: float = 0.0,
+                cluster_wide: str = "") -> Resource:
             return Resource(address=address, layer=LAYER, kind=kind, spec=spec,
-                            depends_on=tuple(dict.fromkeys([*deps, *api_ready])), cost_per_hour=cost)
+                            depends_on=tuple(dict.fromkeys([*deps, *api_ready])), cost_per_hour=cost,
+                            cluster_wide=cluster_wide)
 
         out = [res(NAMESPACE, "k8s-namespace", {"name": config.namespace,
                                                  "pod_security": manifests.POD_SECURITY["enforce"]})]
@@ -239,15 +241,20 @@ class KubernetesLayer(Layer):
         operator: list[str] = []
         if not namespace_only:
             # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
-            out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu))
+            out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu,
+                           cluster_wide=f"a DaemonSet in {addons.SYSTEM_NAMESPACE} on every GPU node"))
             plugins.append(NVIDIA_PLUGIN)
             if config.wants_efa():
-                out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa", self._pinned_spec(addon["efa"]), *gpu))
+                out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa", self._pinned_spec(addon["efa"]), *gpu,
+                               cluster_wide=f"a DaemonSet in {addons.SYSTEM_NAMESPACE} on every EFA node"))
                 plugins.append(EFA_PLUGIN)
             # Scoped to the run's namespace, the operator's Role lives there: the namespace comes first.
             scoped = [NAMESPACE] if config.operator_scope == "namespace" else []
+            reach = ("its Role in the run's namespace" if scoped else
+                     "a ClusterRole over every namespace (--operator-scope cluster)")
             out.append(res(OPERATOR, "kuberay-operator", {**self._pinned_spec(addon["operator"]),
-                                                          "scope": config.operator_scope}, *scoped, *system))
+                                                          "scope": config.operator_scope}, *scoped, *system,
+                           cluster_wide=f"KubeRay's CRDs, seen by every namespace; the operator with {reach}"))
             operator.append(OPERATOR)
         out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
         spec = {**self._pinned_spec(config.image), "gpu_nodes": config.gpu_node_count,
