@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, Label, OptionList
+from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from backend.errors import RtuiError
@@ -19,6 +19,7 @@ from backend.model import Plan
 from backend.store import RunStore
 from backend.trust import held_reason
 from tui.plan_diff import money
+from tui.widgets import RtuiFooter
 
 
 def apply_summary(plan: Plan) -> str:
@@ -200,7 +201,7 @@ class ConfirmDetach(ModalScreen[bool]):
             # On a line of its own, so it is never split where the box wraps.
             yield Label(resume, id="resume-command", markup=False)
             yield Label("Detach and quit? [b]y[/b] / [b]n[/b]")
-        yield Footer()
+        yield RtuiFooter()
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)

@@ -9,12 +9,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from backend.model import Action
 from backend.planner import PlanResult
 from tui.plan_diff import PlanDiff, PlanSummary, render_plan
 from tui.screen import RtuiScreen
+from tui.widgets import RtuiFooter
 
 __all__ = ["PlanScreen", "render_plan"]
 
@@ -51,7 +52,7 @@ class PlanScreen(RtuiScreen):
             yield Static("Review the plan", classes="heading")
             yield PlanDiff(id="plan")
         yield PlanSummary(id="plan-summary")
-        yield Footer()
+        yield RtuiFooter()
 
     def on_mount(self) -> None:
         self.compute()

@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 from textual.worker import Worker
 
 from backend import flows
@@ -21,7 +21,7 @@ from backend.model import EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.runner import Step
 from tui.screen import RtuiScreen
-from tui.widgets import StepPane
+from tui.widgets import RtuiFooter, StepPane
 
 Mode = Literal["apply", "teardown"]
 
@@ -85,7 +85,7 @@ class ProvisionScreen(RtuiScreen):
                 yield StepPane(step.id, step.title, step.expected_s, clock=self.clock)
         # Below the steps, not among them: what to do next stays in view however many steps scroll.
         yield Static("", id="outcome")
-        yield Footer()
+        yield RtuiFooter()
 
     def on_mount(self) -> None:
         self.run_steps()

@@ -15,7 +15,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
-from textual.widgets import Footer, Header, Input, Label, Sparkline, Static, TabbedContent, TabPane
+from textual.widgets import Header, Input, Label, Sparkline, Static, TabbedContent, TabPane
 
 from backend import flows
 from backend.follow import JobUpdate
@@ -30,6 +30,7 @@ from tui.render import gpu_line
 from tui.screen import RtuiScreen
 from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot
 from tui.transport_badge import TransportBadge, TransportSnapshot
+from tui.widgets import RtuiFooter
 
 REPLAY_LINES = 5_000
 REFRESH_S = 0.25  # the dashboard's widgets get new snapshots at most this often
@@ -135,7 +136,7 @@ class RunScreen(RtuiScreen):
                 if self.has_head:  # on local the head is a process here: no tab to grey out
                     with TabPane("Head pod", id=HEAD_TAB):
                         yield LogTail(id="head-tail", empty_note="nothing from the head pod yet")
-        yield Footer()
+        yield RtuiFooter()
 
     def on_mount(self) -> None:
         # The job's own node count (its target reads the config): on one machine the badge says

@@ -19,7 +19,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Header, OptionList, Static
+from textual.widgets import Header, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import Worker
 
@@ -28,6 +28,7 @@ from backend.errors import RtuiError
 from backend.model import CheckResult, CheckStatus
 from tui.checks import render_checks, render_config
 from tui.target_panel import PanelHost, PanelUpdated, TargetPanel, panel_for
+from tui.widgets import RtuiFooter
 
 
 def selectable_targets(target: str) -> set[str]:
@@ -108,7 +109,7 @@ class TargetScreen(PanelHost):
                     yield self._config_box()
                 with VerticalScroll(id="checks-box", classes="panel"):
                     yield Static("checking…", id="checks")
-        yield Footer()
+        yield RtuiFooter()
 
     @staticmethod
     def _config_box() -> VerticalScroll:

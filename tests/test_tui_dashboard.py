@@ -460,3 +460,23 @@ def test_dashboard_efa_80x24_snapshot(snap_compare: SnapCompare) -> None:
 
 def test_dashboard_socket_fallback_80x24_snapshot(snap_compare: SnapCompare) -> None:
     assert _snapshot(snap_compare, SOCKET_RUN, (80, 24))
+
+
+async def test_every_footer_key_fits_at_80_columns(isolated_env: Path) -> None:
+    """Issue 40 item 8: at 80 columns the run screen's footer ended "q Qui▏" and `? Help` was gone."""
+    from textual.widgets._footer import FooterKey
+
+    app = DashboardApp(dashboard_session(), resume=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 5, "run screen")
+        await settle(pilot)
+        # A finished job with a model: the footer's longest (M fetches the model).
+        await feed(pilot, [format_record(SUMMARY_TAG, {"steps": 40, "model": {"uri": "/m"}})])
+        await wait_for(pilot, lambda: app.screen.check_action("fetch_model", ()), 5, "M offered")
+        await pilot.pause()
+        keys = sorted((k.region.x, k.region.right, k.description) for k in app.screen.query(FooterKey)
+                      if k.display)
+        names = [name for _, _, name in keys]
+        assert {"Fetch model", "Quit", "Help"} <= set(names), names
+        assert all(right <= 80 for _, right, _ in keys), keys
+        assert all(a[1] <= b[0] for a, b in zip(keys, keys[1:], strict=False)), keys  # none hides another

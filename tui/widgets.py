@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.visual import VisualType
-from textual.widgets import Label, ProgressBar, Static
+from textual.widgets import Footer, Label, ProgressBar, Static
 
 from backend.model import EventKind, StepEvent
 
@@ -142,3 +142,16 @@ class StepPane(Vertical):
             self.recent.clear()
             self.message = event.message + (f"\n→ {event.remedy}" if event.remedy else "")
         self._tick()
+
+
+class RtuiFooter(Footer):
+    """Textual's footer, tightened below ``NARROW`` columns so every key stays on the line: compact (no
+    padding around each key) and without the palette's ``^p`` hint (the help, `?`, names ctrl+p). At 80
+    columns the run screen's footer otherwise ended "q Qui▏" and `? Help` was off the screen."""
+
+    NARROW = 100
+
+    def on_resize(self) -> None:
+        narrow = self.size.width < self.NARROW
+        self.compact = narrow
+        self.show_command_palette = not narrow
