@@ -80,7 +80,7 @@ def _idle_stop_then_down(events: list[dict[str, Any]], terminal: Terminal) -> No
     from tui.app import RtuiApp
 
     app = RtuiApp(RunSession.open(run_id, RunStore()), resume=True)
-    assert app.sub_title.endswith("· stopped while idle"), app.sub_title
+    assert "· stopped while idle · run " in app.sub_title, app.sub_title
 
     # The next plan says why the head is replaced.
     plan = json_lines(run_rtui("plan", "--json", "--idle-minutes", "0.1", "--steps", "3", check=True).stdout)[0]

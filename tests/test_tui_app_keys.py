@@ -202,3 +202,19 @@ async def test_no_capacity_on_a_target_that_cannot_move_offers_only_a_retry(isol
         assert app.session.target.fail_over_words is None
         assert screen.check_action("fail_over", ()) is False
         assert screen.check_action("retry", ()) is True
+
+
+async def test_a_torn_down_run_says_so_in_the_header_at_80_columns(isolated_env: Path) -> None:
+    """Issue 40 item 8: at 80 columns the title lost its "· down" marker (cut off after the run's id)."""
+    from textual.widgets._header import HeaderTitle
+
+    session = fixed_session(target="aws", region="us-east-1")
+    session.record.status = RunStatus.DOWN
+    session.store.save(session.record)
+    app = RtuiApp(session)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        title = app.screen.query_one(HeaderTitle)
+        text = str(title.render())
+        shown = text[:title.region.width] if len(text) <= title.region.width else text[:title.region.width - 1]
+        assert "· down" in shown, (shown, text)

@@ -79,7 +79,8 @@ class RtuiApp(App[None]):
             down = " · stopped while idle"
         where = s.target.where(s.config)  # which cluster: a kube context, an aws AZ (or region)
         where = f" @ {where}" if where else ""
-        self.sub_title = f"{s.config.target}{where} · {s.config.cluster_name} · run {s.run_id}{down}"
+        # The run's state before its long id: at 80 columns the title's end is cut off.
+        self.sub_title = f"{s.config.target}{where} · {s.config.cluster_name}{down} · run {s.run_id}"
 
     # --- routing -----------------------------------------------------------------------
     def get_default_screen(self) -> Screen[Any]:
