@@ -76,6 +76,10 @@ class ProvisionScreen(RtuiScreen):
         self.ok = False
         self.no_capacity: NoCapacity | None = None
         self.kept_data = False  # teardown: the run's data was kept on purpose (its step says where)
+        # The view keeps the first running step in view, until the reader scrolls up to look back (the
+        # bottom, End, resumes it): with dozens of steps the running ones were below the finished ones.
+        self.follow_running = True
+        self._own_scroll = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -88,7 +92,29 @@ class ProvisionScreen(RtuiScreen):
         yield RtuiFooter()
 
     def on_mount(self) -> None:
+        self.watch(self.query_one("#steps", VerticalScroll), "scroll_y", self._scrolled, init=False)
         self.run_steps()
+
+    def _scrolled(self, old: float, new: float) -> None:
+        if self._own_scroll:
+            return
+        box = self.query_one("#steps", VerticalScroll)
+        if new < old:
+            self.follow_running = False
+        elif box.is_vertical_scroll_end:
+            self.follow_running = True
+
+    def _show_running(self) -> None:
+        """Bring the first running step to the top of the view (those after it follow below)."""
+        running = [p for p in self.query(StepPane) if p.status == "running"]
+        if not (self.follow_running and running):
+            return
+        self._own_scroll = True
+        try:
+            self.query_one("#steps", VerticalScroll).scroll_to_widget(running[0], animate=False, top=True,
+                                                                      immediate=True)
+        finally:
+            self._own_scroll = False
 
     @work(exclusive=True, group="steps", exit_on_error=False)
     async def run_steps(self) -> None:
@@ -122,6 +148,8 @@ class ProvisionScreen(RtuiScreen):
                             float(expected) if isinstance(expected, int | float) else 1.0, clock=self.clock)
             await self.query_one("#steps").mount(pane)
         pane.apply_event(event)
+        if event.kind is EventKind.STARTED:
+            self.call_after_refresh(self._show_running)
 
     def on_provision_screen_finished(self, message: Finished) -> None:
         self.running = False
