@@ -50,15 +50,27 @@ def nccl_lines() -> list[str]:
     return [line.split(") ", 1)[1] if line.startswith("(") else line for line in NCCL_EFA_LINES]
 
 
-def job_script(steps: int) -> list[str]:
-    """What the sandbox's job prints: NCCL's setup, then one metric line a step (the loss falls)."""
-    from training.protocol import METRIC_TAG, format_record
+def job_script(entrypoint: str, *, step_s: float) -> list[str]:
+    """What the sandbox's job prints: NCCL's setup, then one metric line a step (the loss falls), for the
+    job rtui submitted: its steps and its step's tokens from the program's own arguments and step plan
+    (``training.config.parse_args``, ``training.stepplan.plan_step``), at the pace the lines are printed."""
+    import shlex
 
+    from training.config import parse_args
+    from training.protocol import METRIC_TAG, format_record
+    from training.stepplan import plan_step
+
+    argv = shlex.split(entrypoint)
+    cfg = parse_args(argv[argv.index("training.train") + 1:] if "training.train" in argv else [])
+    # An auto micro-batch (--batch-size auto) is what fits the GPU's memory: the sandbox has none, one it is.
+    plan = plan_step(tokens_per_step=cfg.tokens_per_step, seq_len=cfg.seq_len, world=cfg.num_workers,
+                     micro_batch=cfg.batch_size or 1)
     prefix = "(RayTrainWorker pid=210, ip=10.0.1.5)"
     lines = [f"{prefix} {line}" for line in nccl_lines()]
-    for step in range(1, steps + 1):
-        record = {"step": step, "loss": round(0.2 + 6.7 * 0.93 ** step, 4), "tokens_per_s": 15_800.0 + 40 * (step % 7),
-                  "step_time_s": 1.93, "world_size": 8}
+    for step in range(1, cfg.steps + 1):
+        record = {"step": step, "loss": round(0.2 + 6.7 * 0.93 ** step, 4), "step_time_s": step_s,
+                  "tokens_per_step": plan.tokens_per_step, "tokens_per_s": plan.tokens_per_step / step_s,
+                  "world_size": cfg.num_workers}
         lines.append(f"{prefix} {format_record(METRIC_TAG, record)}")
     return lines
 
@@ -76,16 +88,14 @@ class PacedHead:
 
                 await asyncio.sleep(step_s)
                 await self._set(job, status="RUNNING")
-                for line in self.script:
+                for line in job_script(job.entrypoint, step_s=step_s):
                     if job.status != "RUNNING":
                         return
                     await self._set(job, log=job.log + line + "\n")
                     await asyncio.sleep(step_s if "RTUI_METRIC" in line else 0.002)
                 await self._set(job, status="SUCCEEDED", message="Job finished successfully.")
 
-        head = Head(steps=0)
-        head.script = job_script(STEPS)
-        return head.start()
+        return Head(steps=0).start()
 
 
 def kube_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str], *, nodes: bool) -> Any:

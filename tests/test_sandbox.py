@@ -121,7 +121,7 @@ def test_each_job_line_has_one_worker_prefix(beside_shared: bool, tmp_path: Path
         monkeypatch.setattr(sandbox, "SHARED_NCCL", tmp_path / "none.log")
     elif not sandbox.SHARED_NCCL.is_file():
         pytest.skip(f"no {sandbox.SHARED_NCCL}")
-    lines = sandbox.job_script(3)
+    lines = sandbox.job_script("python -m training.train --steps 3", step_s=0.1)
     assert lines and all(line.count("(RayTrainWorker") == 1 for line in lines), lines[:3]
 
 
@@ -157,3 +157,20 @@ def test_ending_the_sandbox_with_a_run_up_says_the_run_goes_with_it(answer: str,
     assert "only while this sandbox runs" in out and "Sandbox ended: run r2 and everything it made" in out, out
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n"))
     assert sandbox.ask_resume("r2") is True
+
+
+def test_the_sandbox_jobs_metrics_follow_its_plan() -> None:
+    """Issue 40 item 5: the sandbox showed "16,000 tok/s 1,930 ms/step" for a plan of 1,024 tokens a step
+    (≈530 tok/s at that pace) and finished 11 s after an "ETA 1m11s". Its metric lines now come from the
+    submitted job's own step plan (training.train's arguments) at the pace the sandbox prints them."""
+    import sandbox.__main__ as sandbox
+    from training.protocol import METRIC_TAG, parse_record
+
+    entrypoint = ("python -m training.train --steps 5 --seq-len 128 --batch-size 4 --num-workers 8 --device cuda "
+                  "--precision bf16")
+    lines = sandbox.job_script(entrypoint, step_s=0.5)
+    metrics = [r[1] for line in lines if (r := parse_record(line, (METRIC_TAG,))) is not None]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
+    assert {m["tokens_per_s"] for m in metrics} == {128 * 4 * 8 / 0.5}
+    assert {m["step_time_s"] for m in metrics} == {0.5} and {m["world_size"] for m in metrics} == {8}
+    assert {m["tokens_per_step"] for m in metrics} == {128 * 4 * 8}

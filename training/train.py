@@ -10,139 +10,25 @@ hybrid), ``metrics``, ``checkpoint`` (DCP through Ray Train), ``loop`` (the per-
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Any
 
-from training.config import (
-    Device,
-    LrSchedule,
-    OptimizerImpl,
-    Precision,
-    ReduceDtype,
-    RequiredTransport,
-    Reshard,
-    ShardMode,
-    TrainConfig,
-    TrainConfigError,
-)
+from training.config import TrainConfig
+from training.config import parse_args as config_args
 from training.loop import TransportMismatch, build_model, train_loop_per_worker
 from training.passed_env import load_passed_env
-from training.raytrain import RENDEZVOUS_DIR_ENV, quiet_ray_train
+from training.raytrain import quiet_ray_train
 
 __all__ = ["TransportMismatch", "build_model", "main", "parse_args", "train_loop_per_worker"]
 
-DEFAULT = TrainConfig()
-
-
-def _batch_size(text: str) -> int | None:
-    if text == "auto":
-        return None
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1, or auto")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    d = DEFAULT
-    p = argparse.ArgumentParser(prog="training.train", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps in total (a resumed run stops here too)")
-    p.add_argument("--seq-len", type=int, default=d.seq_len)
-    p.add_argument("--batch-size", type=_batch_size, default=d.batch_size,
-                   help="micro-batch per worker (sequences per forward/backward); auto: the largest that "
-                        "divides the per-rank share of --tokens-per-step and passes the memory check")
-    p.add_argument("--tokens-per-step", type=int, default=d.tokens_per_step,
-                   help="tokens per optimizer step over all workers; sets gradient accumulation = N / "
-                        "(batch × seq-len × workers). 0: one micro-batch per step")
-    p.add_argument("--no-memory-check", dest="memory_check", action="store_false",
-                   help="skip the per-rank memory estimate (params+grads+optimizer+activations vs free memory)")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--lr-schedule", choices=get_args(LrSchedule), default=d.lr_schedule,
-                   help="after warmup: constant, or cosine or linear decay to 10%% of --lr at --steps")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay,
-                   help="AdamW weight decay on weight matrices (never norms, biases or embeddings)")
-    p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm,
-                   help="clip the global gradient norm; 0: off")
-    p.add_argument("--optimizer", choices=get_args(OptimizerImpl), default=d.optimizer,
-                   help="AdamW implementation (auto: fused on CUDA, foreach on CPU)")
-    p.add_argument("--num-workers", type=int, default=d.num_workers)
-    p.add_argument("--precision", choices=get_args(Precision), default=d.precision)
-    p.add_argument("--reduce-dtype", choices=get_args(ReduceDtype), default=d.reduce_dtype,
-                   help="gradient reduce-scatter/all-reduce dtype under --precision bf16 (bf16 halves the bytes)")
-    p.add_argument("--device", choices=get_args(Device), default=d.device)
-    p.add_argument("--model-id", default=d.model_id,
-                   help="Hugging Face model id or local model directory, loaded with fp32 master weights in "
-                        "training mode (default: a tiny random Qwen2 from the --tiny-* fields)")
-    p.add_argument("--model-revision", default=d.model_revision,
-                   help="the hub revision (a commit sha) of --model-id to load (default: the hub's main)")
-    p.add_argument("--tiny-hidden-size", type=int, default=d.tiny_hidden_size)
-    p.add_argument("--tiny-layers", type=int, default=d.tiny_layers)
-    p.add_argument("--tiny-heads", type=int, default=d.tiny_heads)
-    p.add_argument("--tiny-vocab-size", type=int, default=d.tiny_vocab_size)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--shard", choices=get_args(ShardMode), default=d.shard,
-                   help="full: FSDP over all workers; hybrid: shard within a group of --shard-size workers "
-                        "(one node), replicate across groups, so only gradients cross nodes")
-    p.add_argument("--shard-size", type=int, default=d.shard_size,
-                   help="workers per shard group for --shard hybrid (0: the workers on one node)")
-    p.add_argument("--reshard-after-forward", choices=get_args(Reshard), default=d.reshard_after_forward,
-                   help="free gathered layers after forward (auto: yes on GPUs to save memory, no on CPU)")
-    p.add_argument("--activation-checkpointing", action="store_true",
-                   help="recompute each decoder layer in backward instead of storing its activations")
-    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (one graph for all: "
-                                                             "training runs without the KV cache)")
-    p.add_argument("--data", default=d.data,
-                   help="random (uniform ids, the reference), cycle (a learnable synthetic pattern), or a "
-                        "path / s3:// URI of JSONL or Parquet text files")
-    p.add_argument("--text-field", default=d.text_field, help="the text column of --data files")
-    p.add_argument("--tokenizer", default=d.tokenizer,
-                   help="tokenizer for --data files: hub id or local dir (default: --model-id)")
-    p.add_argument("--data-cpus", type=float, default=d.data_cpus,
-                   help="CPUs each Ray Data read/tokenise task asks for")
-    p.add_argument("--tokenize-actors", type=int, default=d.tokenize_actors,
-                   help="Ray Data actors tokenising and packing text")
-    p.add_argument("--storage-path", default=os.environ.get("RTUI_STORAGE_PATH"),
-                   help="where Ray Train keeps results and checkpoints: a local dir or s3:// URI")
-    p.add_argument("--rendezvous-dir", default=os.environ.get(RENDEZVOUS_DIR_ENV),
-                   help="a private dir all workers share, where they form torch's process group through a file "
-                        "(no socket); unset: over TCP, as a multi-node cluster needs")
-    p.add_argument("--run-name", default=d.run_name, help="Ray Train run name (default rtui-<unix time>)")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
-                   help="save a checkpoint every N steps and at the end; 0: no checkpoints")
-    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
-                   help="checkpoints kept per run (oldest deleted)")
-    p.add_argument("--resume-from", default=d.resume_from,
-                   help="latest (the complete checkpoint written last under --storage-path: --run-name's newest "
-                        "when it has one; a fresh start when there is none), or a checkpoint dir / run dir, "
-                        "local or s3://")
-    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens,
-                   help="held-out tokens (never trained on) evaluated before the first step and after the last; "
-                        "0: none")
-    p.add_argument("--export-every", type=int, default=d.export_every,
-                   help="also write the Hugging Face model directory every N steps (it is always written at the end)")
-    p.add_argument("--max-failures", type=int, default=d.max_failures,
-                   help="worker-group restarts Ray Train may do when a worker dies; each resumes from the "
-                        "run's newest complete checkpoint (or --resume-from's, or the start)")
-    p.add_argument("--require-transport", default=d.require_transport, choices=get_args(RequiredTransport),
-                   help="stop after the first collective unless NCCL uses this network")
-    return p
-
-
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """The validated config; a bad value exits with status 2 and one line saying what to fix."""
-    p = _parser()
-    args = p.parse_args(argv)
-    try:
-        return TrainConfig(**vars(args))
-    except TrainConfigError as exc:
-        p.error(str(exc))
+    return config_args(argv, description=__doc__)
+
 
 
 def _cluster_cpus() -> float:
