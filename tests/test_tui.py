@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +52,12 @@ async def test_read_only_hides_apply_and_plan_writes_nothing(isolated_env: Path)
 
 
 class ConfirmHarness(App[None]):
-    def __init__(self) -> None:
+    """An app that opens on a teardown modal (``modal``: made on mount; a plain one by default)."""
+
+    def __init__(self, modal: Callable[[], ConfirmTeardown] | None = None) -> None:
         super().__init__()
         self.answer: bool | None = None
+        self.modal = modal or (lambda: ConfirmTeardown("rtui-ray", "run r1"))
 
     def compose(self) -> ComposeResult:
         return iter(())
@@ -63,7 +66,7 @@ class ConfirmHarness(App[None]):
         def done(value: bool | None) -> None:
             self.answer = value
 
-        self.push_screen(ConfirmTeardown("rtui-ray", "run r1"), done)
+        self.push_screen(self.modal(), done)
 
 
 async def test_teardown_needs_the_exact_cluster_name() -> None:
@@ -213,24 +216,9 @@ async def test_every_transition_goes_through_app_messages(isolated_env: Path) ->
         await pilot.press("q")
 
 
-class NoDataHarness(App[None]):
-    def __init__(self) -> None:
-        super().__init__()
-        self.answer: bool | None = None
-
-    def compose(self) -> ComposeResult:
-        return iter(())
-
-    def on_mount(self) -> None:
-        def done(value: bool | None) -> None:
-            self.answer = value
-
-        self.push_screen(ConfirmTeardown("rtui-ray", "run r1", data_line=None, keeps_data=False), done)
-
-
 async def test_a_run_that_keeps_no_data_is_not_offered_to_delete_it() -> None:
     """Issue 40 item 6: a kube run without storage was offered "to delete checkpoints and models too"."""
-    app = NoDataHarness()
+    app = ConfirmHarness(lambda: ConfirmTeardown("rtui-ray", "run r1", data_line=None, keeps_data=False))
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the modal")
         shown = " ".join(str(label.render()) for label in app.screen.query(Label))

@@ -158,6 +158,17 @@ def test_hanging_indent_for_a_value_with_no_spaces() -> None:
     assert all(line.startswith(" " * 15 + "x") for line in lines[3:])
 
 
+async def refuse_then_apply(pilot: Pilot[None], app: PlanApp, no: str) -> None:
+    """On the apply confirmation: ``no`` goes back to the plan with nothing applied; `a` then `y` applies."""
+    await pilot.press(no)
+    await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen), 5, "back to the plan")
+    assert app.applied == []
+    await pilot.press("a")
+    await wait_for(pilot, lambda: isinstance(app.screen, ConfirmApply), 5, "the apply confirmation")
+    await pilot.press("y")
+    await wait_for(pilot, lambda: app.applied, 5, "the apply")
+
+
 async def test_apply_on_aws_shows_the_hourly_cost_and_needs_a_second_key(isolated_env: Path) -> None:
     plan = every_kind()
     app = PlanApp(aws_session(), plan)
@@ -171,13 +182,7 @@ async def test_apply_on_aws_shows_the_hourly_cost_and_needs_a_second_key(isolate
         await pilot.wait_for_scheduled_animations()
         await pilot.pause()  # the keys handled and the app idle: the modal still asks (waits on idle, not a fixed time)
         assert isinstance(app.screen, ConfirmApply) and app.applied == []
-        await pilot.press("escape")
-        await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen), 5, "back to the plan")
-        assert app.applied == []
-        await pilot.press("a")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmApply), 5, "the apply confirmation")
-        await pilot.press("y")
-        await wait_for(pilot, lambda: app.applied, 5, "the apply")
+        await refuse_then_apply(pilot, app, "escape")
         assert app.applied == [plan] and isinstance(app.screen, PlanScreen)
 
 
@@ -213,13 +218,7 @@ async def test_a_free_plan_that_changes_a_shared_cluster_asks_twice_naming_what(
         assert "k8s.kuberay-operator" in shown and "KubeRay's CRDs, for every namespace" in shown, shown
         assert "k8s.device-plugin.nvidia" not in shown, "a change that is a no-op changes nothing"
         assert "costing money" not in shown, shown
-        await pilot.press("n")
-        await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen), 5, "back to the plan")
-        assert app.applied == []
-        await pilot.press("a")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmApply), 5, "the apply confirmation")
-        await pilot.press("y")
-        await wait_for(pilot, lambda: app.applied, 5, "the apply")
+        await refuse_then_apply(pilot, app, "n")
 
 
 def test_apply_summary_wording() -> None:
