@@ -7,19 +7,23 @@ STAMP_DEV := $(VENV)/.installed-dev
 
 .PHONY: run test test-fast lint clean sandbox-aws sandbox-kube
 
+# Errors only: pip's warnings are the build backend's notes to packagers (setuptools' "Editable
+# installation" banner), nothing a user acts on; a failing install still prints why.
+PIP_QUIET := --quiet --quiet
+
 $(BIN)/python:
 	@echo "Creating $(VENV) with $(PYTHON)…"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP_RUN): pyproject.toml | $(BIN)/python
-	@echo "Installing rtui with Ray, PyTorch (CPU) and transformers into $(VENV): about a minute the first time…"
-	$(BIN)/python -m pip install --quiet -e '.[local]'
+	@echo "Installing rtui with Ray, PyTorch (CPU) and transformers into $(VENV): a few minutes the first time…"
+	$(BIN)/python -m pip install $(PIP_QUIET) -e '.[local]'
 	touch $@
 
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
-	@echo "Installing rtui with its test tools into $(VENV): about a minute the first time…"
-	$(BIN)/python -m pip install --quiet -e '.[local,dev]'
+	@echo "Installing rtui with its test tools into $(VENV): a few minutes the first time…"
+	$(BIN)/python -m pip install $(PIP_QUIET) -e '.[local,dev]'
 	touch $@ $(STAMP_RUN)
 
 run: $(STAMP_RUN)
