@@ -161,3 +161,23 @@ def test_graph_view_80x24_snapshot(snap_compare: SnapCompare, isolated_env: Path
         await pilot.wait_for_scheduled_animations()
 
     assert snap_compare(DashboardApp(dashboard_session(), resume=True), run_before=graph, terminal_size=(80, 24))
+
+
+@SIZES
+async def test_the_why_text_takes_the_whole_width_and_leaves_the_body_room(isolated_env: Path,
+                                                                            size: tuple[int, int]) -> None:
+    """Issue 40 item 8: at 80 columns `t` wrapped the why at ~45 columns (beside the sparkline) and squeezed
+    the graph to one axis line. The why now takes the row's whole width; the sparkline comes back with `t`."""
+    app = DashboardApp(dashboard_session(), resume=True)
+    async with app.run_test(size=size) as pilot:
+        screen = await dashboard(pilot)
+        await feed(pilot, [*SOCKET_FALLBACK_LINES, *metric_lines(1, 3)])
+        await pilot.press("t")
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()
+        badge, body = screen.query_one(TransportBadge), screen.query_one("#run-body")
+        assert badge.region.width >= size[0] - 4, badge.region
+        assert body.region.height >= 6, body.region
+        await pilot.press("t")
+        await pilot.pause()
+        assert screen.query_one("#spark").display

@@ -139,6 +139,8 @@ class TransportBadge(Widget):
 
     def watch_expanded(self, expanded: bool) -> None:
         self.set_class(expanded, "-expanded")
+        if self.parent is not None:  # the row it sits in gives it the whole width (rtui.tcss: -why)
+            self.parent.set_class(expanded, "-why")
 
     def toggle(self) -> None:
         self.expanded = not self.expanded
