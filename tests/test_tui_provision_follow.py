@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from textual.containers import VerticalScroll
+from textual.widgets import Label
 
 from backend.model import Action, Change, EventKind, StepEvent
 from backend.planner import PlanResult
@@ -68,6 +69,11 @@ async def test_the_running_steps_stay_in_view(isolated_env: Path, size: tuple[in
         box = screen.query_one("#steps", VerticalScroll)
         first = panes[STEPS[DONE]]
         await wait_for(pilot, lambda: visible(first, box), 5, lambda: f"{first.region} in {box.region}")
+        # Each running pane's time and ETA whole ("Install the EFA device plugin 0.0s ·" was cut).
+        for pane in (panes[s] for s in STEPS[DONE:DONE + RUNNING]):
+            label = pane.query_one("#step-elapsed", Label)
+            await wait_for(pilot, lambda label=label: "left" in str(label.render())
+                           and label.region.width >= len(str(label.render())), 5, lambda label=label: label.region)
         # The reader scrolls up to a finished step: a step starting then does not pull the view away.
         await pilot.press("home")
         await pilot.pause()
