@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,12 @@ class ManyStepsApp(RtuiApp):
         self.push_screen(ProvisionScreen(plan, outline=outline, clock=lambda: 3.0))
 
 
+def whole(label: Label) -> bool:
+    """The label shows a running step's ETA, and all of its text."""
+    text = str(label.render())
+    return "left" in text and label.region.width >= len(text)
+
+
 def visible(pane: StepPane, box: VerticalScroll) -> bool:
     return box.region.y <= pane.region.y and pane.region.bottom <= box.region.bottom
 
@@ -72,8 +79,7 @@ async def test_the_running_steps_stay_in_view(isolated_env: Path, size: tuple[in
         # Each running pane's time and ETA whole ("Install the EFA device plugin 0.0s ·" was cut).
         for pane in (panes[s] for s in STEPS[DONE:DONE + RUNNING]):
             label = pane.query_one("#step-elapsed", Label)
-            await wait_for(pilot, lambda label=label: "left" in str(label.render())
-                           and label.region.width >= len(str(label.render())), 5, lambda label=label: label.region)
+            await wait_for(pilot, partial(whole, label), 5, partial(str, label.region))
         # The reader scrolls up to a finished step: a step starting then does not pull the view away.
         await pilot.press("home")
         await pilot.pause()
