@@ -102,6 +102,10 @@ class Script:
     rng: random.Random = field(default_factory=lambda: random.Random(5))
     lock: threading.Lock = field(default_factory=threading.Lock)
     release: threading.Event = field(default_factory=threading.Event)
+    # The EKS clusters and nodegroups (by name) that stay CREATING past their timings until the test lets
+    # them go: a state a test must meet whatever the machine's speed (AWS's take minutes; a loaded box
+    # may outrun the seconds scripted here).
+    held: set[str] = field(default_factory=set)
     extra_offerings: list[dict[str, Any]] = field(default_factory=list)
     # Provisioning (tests/aws/moto_provision.py).
     timings: Timings = field(default_factory=Timings)

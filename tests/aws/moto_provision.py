@@ -91,7 +91,7 @@ def tick(account: str, region: str) -> None:
         now, t = time.monotonic(), SCRIPT.timings
         for cluster in list(backend.clusters.values()):
             age = now - _since(cluster)
-            if cluster.status == "CREATING" and age >= t.cluster_create:
+            if cluster.status == "CREATING" and age >= t.cluster_create and cluster.name not in SCRIPT.held:
                 cluster.status = "ACTIVE"
             for ng in list(cluster.nodegroups.values()):
                 hooks += _tick_nodegroup(backend, cluster, ng, now)
@@ -117,7 +117,7 @@ def _tick_nodegroup(backend: EKSBackend, cluster: Cluster, ng: Nodegroup, now: f
     if ng.status == "CREATING":
         # Its Auto Scaling group tries to launch at once; EKS says how that went only later.
         info, invalid, refused, short = vars(ng).get("rtui_launch") or _launch(backend, ng)
-        if age < t.nodegroup_create + (t.capacity_verdict if short else 0.0):
+        if age < t.nodegroup_create + (t.capacity_verdict if short else 0.0) or ng.nodegroup_name in SCRIPT.held:
             return hooks
         if invalid or refused:
             _fail_launch(ng, info, str(invalid or refused))
