@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def all_or_none(*calls: Awaitable[Any]) -> list[Any]:
@@ -23,3 +25,29 @@ async def all_or_none(*calls: Awaitable[Any]) -> list[Any]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def until(source: AsyncIterator[T], stop: asyncio.Event) -> AsyncIterator[T]:
+    """``source``'s items until it ends or ``stop`` is set, whichever comes first; then ``source`` is closed.
+
+    An item that was still on its way when ``stop`` came is dropped with the source: a caller that stops
+    early must know what it was given (it counts what it received) and take the rest from elsewhere."""
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            item = asyncio.ensure_future(anext(source))
+            await asyncio.wait({item, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not item.done():
+                item.cancel()
+                await asyncio.gather(item, return_exceptions=True)
+                return
+            try:
+                value = item.result()
+            except StopAsyncIteration:
+                return
+            yield value
+    finally:
+        stopped.cancel()
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()

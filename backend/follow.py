@@ -20,7 +20,12 @@ from backend.rayjobs import JobStatus, RayJobs
 if TYPE_CHECKING:
     from backend.session import RunSession
 
-STATUS_EVERY_S = 2.0
+STATUS_EVERY_S = 1.0  # also how soon after its end a job's follow lets go of Ray's slow-closing tail
+# Letting go of the tail costs a download of the whole log again (Ray's log endpoint has no range):
+# worth the seconds it saves only while the log is short. Most runs' logs are well under this (a
+# 1,000-step run prints ~0.5 MB); a long one waits for Ray to close its tail, as does a tail still
+# delivering (a follow behind a fast printer: what it holds says nothing of the log's length).
+LET_GO_MAX_BYTES = 2 * 2**20
 
 
 @dataclass(frozen=True)
@@ -81,10 +86,19 @@ class JobFollower:
         self._on_status(first)
         yield JobUpdate(status=first)
         already = self.spool.char_count()
+        # Ray closes an ended job's tail seconds late (RayJobs.follow): once the job has ended, the
+        # tail has gone quiet and the log is short, the rest is read whole from the full log instead.
+        # A job that had ended before we came is read that way at once: its tail would replay it all.
+        ended = asyncio.Event()
+        if first.terminal:
+            ended.set()
+        arrived = False  # log text came since the previous status poll
 
         async def stream() -> None:
+            nonlocal arrived
             try:
-                async for chunk in self.jobs.follow(sid, skip_chars=already):
+                async for chunk in self.jobs.follow(sid, skip_chars=already, ended=ended):
+                    arrived = True
                     lines = self._split(chunk)
                     if lines:
                         queue.put_nowait(JobUpdate(lines=lines))
@@ -95,12 +109,16 @@ class JobFollower:
                 queue.put_nowait(None)
 
         async def poll() -> None:
-            while True:
+            nonlocal arrived
+            while not ended.is_set():
+                arrived = False
                 await asyncio.sleep(STATUS_EVERY_S)
                 with contextlib.suppress(OperationError):
                     status = await self.jobs.status(sid)
                     if self._on_status(status):
                         queue.put_nowait(JobUpdate(status=status))
+                    if status.terminal and not arrived and self.spool.size() <= LET_GO_MAX_BYTES:
+                        ended.set()
 
         streamer = asyncio.create_task(stream())
         poller = asyncio.create_task(poll())

@@ -7,6 +7,7 @@ not have Ray installed.
 
 from __future__ import annotations
 
+import asyncio
 import ssl as ssl_lib
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from backend.aio import until
 from backend.errors import OperationError, TransientError
 from backend.jobsapi import WS_HEARTBEAT_S, HeaderProvider, JobsApi, SubmitRefused, TokenRefused
 from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
@@ -130,7 +132,8 @@ class RayJobs:
     async def logs(self, submission_id: str) -> str:
         return await self.api.logs(submission_id)
 
-    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
+    async def follow(self, submission_id: str, *, skip_chars: int = 0,
+                     ended: asyncio.Event | None = None) -> AsyncIterator[str]:
         """Yield new log text until the job ends; reconnects, never yields a character twice.
 
         Ray's tail replays the log from its beginning, so ``skip_chars`` (what we already hold
@@ -142,19 +145,26 @@ class RayJobs:
         normally when its own connection to that agent dies (job_head.py ``tail_job_logs``), so a
         normal close before the job's end time, or a dropped tail, falls back to the full log —
         streamed, taking only what comes after what we hold (``JobsApi.logs_from``).
+
+        That agent sleeps ``LOG_TAIL_SLEEP_S`` (1 s) at every end of the file and asks the job's status
+        between reads, so its tail closes seconds after the job ended (3.4 s after the end time on a
+        local head here). A caller that learns the job ended sets ``ended``: the tail is let go and
+        the rest comes from the full log, which is whole once the job is terminal (the supervisor sets
+        that status after the driver, the log's only writer, exited).
         """
         held = skip_chars  # characters from the log's start that the caller has
         reconnects = Retrying(RECONNECT, clock=self.clock)  # no limit: until the job ends
+        stop = ended or asyncio.Event()
         while True:
             seen, clean, dropped = 0, False, ""
             try:
-                async for chunk in self.api.tail(submission_id):
+                async for chunk in until(self.api.tail(submission_id), stop):
                     start = max(0, held - seen)
                     seen += len(chunk)
                     if start < len(chunk):
                         yield chunk[start:]
                         held = seen
-                clean = True
+                clean = not stop.is_set()  # let go of: the full log has the rest
             except TransientError as exc:
                 # Dropped (a silent peer is noticed by the heartbeat): the pooled connections beside it
                 # likely went the same way; decide from the job's status below, on fresh ones.

@@ -169,7 +169,8 @@ class FakeJobs(RayJobs):
                                "metadata": metadata})
         return submission_id
 
-    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
+    async def follow(self, submission_id: str, *, skip_chars: int = 0,
+                     ended: asyncio.Event | None = None) -> AsyncIterator[str]:
         for chunk in self.chunks:
             yield chunk
         if self.hang:

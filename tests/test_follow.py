@@ -41,7 +41,8 @@ class FakeJobs(RayJobs):
     async def logs(self, submission_id: str) -> str:
         return "".join(self.chunks)
 
-    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
+    async def follow(self, submission_id: str, *, skip_chars: int = 0,
+                     ended: asyncio.Event | None = None) -> AsyncIterator[str]:
         await asyncio.sleep(self.pause_s)  # models time: a job that prints nothing for a while
         text = "".join(self.chunks)[skip_chars:]
         for i in range(0, len(text), 7):  # chunks that split lines, as Ray's tail does
@@ -171,7 +172,8 @@ class TwoJobs(FakeJobs):
     async def logs(self, submission_id: str) -> str:
         return self.by_id[submission_id]
 
-    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
+    async def follow(self, submission_id: str, *, skip_chars: int = 0,
+                     ended: asyncio.Event | None = None) -> AsyncIterator[str]:
         text = self.by_id[submission_id][skip_chars:]
         for i in range(0, len(text), 7):
             yield text[i:i + 7]

@@ -162,7 +162,8 @@ class SteppedJobs(FakeJobs):
     async def status(self, submission_id: str) -> JobStatus:
         return JobStatus(submission_id, self.state, self.message)
 
-    async def follow(self, submission_id: str, *, skip_chars: int = 0) -> AsyncIterator[str]:
+    async def follow(self, submission_id: str, *, skip_chars: int = 0,
+                     ended: asyncio.Event | None = None) -> AsyncIterator[str]:
         async for chunk in super().follow(submission_id, skip_chars=skip_chars):
             yield chunk
         await self._ended.wait()

@@ -24,6 +24,7 @@ client computes is what the job gets. ``PUT`` of an existing URI overwrites it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import threading
@@ -44,6 +45,12 @@ NCCL_EFA_LINES = [
     "via NET/AWS Libfabric/0",
 ]
 
+
+# Ray 2.58 dashboard/modules/job/job_manager.py ``tail_job_logs``: at every end of the log file the
+# agent sleeps LOG_TAIL_SLEEP_S (1 s), asking the job's status between reads, and returns only after a
+# read past a terminal status found nothing more, so an ended job's tail stays open at least that long
+# (3.4 s after the job's end time on a local 2-core head, measured).
+TAIL_CLOSES_AFTER_S = 1.0
 
 # Ray 2.58 dashboard/http_server_head.py ``run``: what the token middleware lets through without a token.
 RAY_PUBLIC_PATHS = frozenset({"/", "/favicon.ico", "/api/authentication_mode", "/api/authenticate", "/api/healthz",
@@ -81,15 +88,18 @@ class FakeRayHead:
     # with the token its pod's environment names (as ``ray start`` reads RAY_AUTH_TOKEN).
     running: dict[str, FakeRayHead] = {}
 
-    def __init__(self, *, steps: int = 5, line_every_s: float = 0.01, fail: bool = False) -> None:
+    def __init__(self, *, steps: int = 5, line_every_s: float = 0.01, fail: bool = False,
+                 tail_closes_after_s: float = TAIL_CLOSES_AFTER_S) -> None:
         self.auth_token: str | None = None  # None: RAY_AUTH_MODE is not "token" (Ray's default)
         self.refused: list[tuple[str, int]] = []  # (path, status) of every request the middleware refused
         self.jobs: dict[str, FakeJob] = {}
         self.packages: dict[str, bytes] = {}
         self.headers_seen: list[dict[str, str]] = []
+        self.paths_seen: list[str] = []  # of every request, in order
         self.script: Sequence[str] = [*NCCL_EFA_LINES, *(metric_line(s) for s in range(1, steps + 1))]
         self.line_every_s = line_every_s
         self.fail = fail
+        self.tail_closes_after_s = tail_closes_after_s
         # Ray Train's driver runs at once but trains only once its placement group is placed: a test
         # that scales the workers sets this to "are the GPU workers up" (None: they always are).
         self.workers_ready: Callable[[], bool] | None = None
@@ -164,6 +174,7 @@ class FakeRayHead:
     # ---- routes -----------------------------------------------------------------------------------
     def _seen(self, request: aiohttp.web.Request) -> None:
         self.headers_seen.append(dict(request.headers))
+        self.paths_seen.append(request.path)
 
     async def _version(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         self._seen(request)
@@ -204,6 +215,11 @@ class FakeRayHead:
             for key, value in changes.items():
                 setattr(job, key, value)
             self._changed.notify_all()
+
+    async def _tail_closing(self) -> None:
+        """Models time: Ray's agent closing an ended job's tail (cut short when the head stops)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), self.tail_closes_after_s)
 
     def _job(self, request: aiohttp.web.Request) -> FakeJob:
         job = self.jobs.get(request.match_info["sid"])
@@ -250,6 +266,7 @@ class FakeRayHead:
                 sent = len(job.log)
             if job.status not in ("PENDING", "RUNNING"):
                 break
+        await self._tail_closing()
         await ws.close()
         return ws
 
@@ -332,6 +349,7 @@ class BigLogRayHead(FakeRayHead):
                 await ws.send_str("".join(lines))
             if ended:
                 break
+        await self._tail_closing()
         await ws.close()
         return ws
 
