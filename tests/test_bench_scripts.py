@@ -36,7 +36,7 @@ SMOKE: dict[str, tuple[list[str], str, tuple[pytest.MarkDecorator, ...]]] = {
     "first_frame.py": (["--runs", "1"], "ratio rtui / hello", (pytest.mark.tmux,)),
     "local_throughput.py": (["--steps", "3"], "ratio FSDP2 / plain", (pytest.mark.ray,)),
     "train_vs_plain.py": (["--steps", "3", "--per-worker-batch", "2"], '"plain_tokens_per_s"', (pytest.mark.ray,)),
-    "first_metric.py": (["--reps", "1", str(REPO)], "median", (pytest.mark.ray,)),
+    "first_metric.py": (["--reps", "1", "--floor", str(REPO)], "rtui / Ray Train floor", (pytest.mark.ray,)),
     "auth_cost.py": (["--reps", "1"], "median dashboard", (pytest.mark.ray,)),
     "export_measure.py": (["--world", "1"], '"peak_rss_growth_mib"', (SLOW,)),
     "sft_step.py": (["--steps", "2", "--records", "40"], '"loss_tokens_per_s_cut_over_padded"', (SLOW,)),

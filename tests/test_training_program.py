@@ -17,6 +17,7 @@ from backend.jobspec import build_job_spec
 from tests.conftest import REPO
 from training import loop, train
 from training.config import TrainConfig
+from training.transport_guard import TransportMismatch
 
 
 def test_require_transport_is_refused_on_cpu() -> None:
@@ -24,6 +25,15 @@ def test_require_transport_is_refused_on_cpu() -> None:
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
     assert "--require-transport needs --device cuda" in proc.stderr
+
+
+def test_the_driver_imports_what_only_a_rank_runs_when_a_rank_runs_it() -> None:
+    """The job's driver names the worker function; importing its program loads neither torch nor the
+    loop (FSDP, DTensor, the model code), which cost the driver 0.7 s of its start (issue 40)."""
+    probe = ("import sys, training.train\n"
+             "print(sorted(m for m in ('torch', 'transformers', 'training.loop') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert proc.stdout.strip() == "[]"
 
 
 def test_bad_tiny_shape_is_refused() -> None:
@@ -64,7 +74,7 @@ def _fake_rank_log(directory: Path, host: str, channel: str) -> None:
 def test_guard_fails_the_run_with_evidence_on_tcp_fallback(tmp_path: Path) -> None:
     _fake_rank_log(tmp_path, "gpu-a", "NET/Socket/0")
     cfg = TrainConfig(device="cuda", require_transport="efa")
-    with pytest.raises(loop.TransportMismatch) as info, redirect_stdout(io.StringIO()):
+    with pytest.raises(TransportMismatch) as info, redirect_stdout(io.StringIO()):
         loop.enforce_transport(cfg, tmp_path)
     assert "socket" in str(info.value) and "NET/Socket" in str(info.value)
 
@@ -82,7 +92,7 @@ def test_guard_passes_on_efa(tmp_path: Path) -> None:
 
 
 def test_tiny_model_is_qwen2_from_config_without_download() -> None:
-    model = train.build_model(TrainConfig(tiny_vocab_size=128, tiny_hidden_size=32, tiny_layers=2, tiny_heads=4,
+    model = loop.build_model(TrainConfig(tiny_vocab_size=128, tiny_hidden_size=32, tiny_layers=2, tiny_heads=4,
                                           seq_len=16))
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 128

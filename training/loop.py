@@ -34,12 +34,9 @@ from training.passed_env import load_passed_env
 from training.sharding import build_mesh, build_optimizer, param_groups, shard_groups_span_nodes
 from training.step import for_training, load_pretrained, norm_value, prepare_model, train_step
 from training.stepplan import FitCheck, ModelShape, StepPlan, plan_step
+from training.transport_guard import TransportMismatch
 
 REPORT_EVERY_S = 5.0  # ray.train.report is slow (the controller polls every ~2 s): report rarely
-
-
-class TransportMismatch(RuntimeError):
-    """NCCL is not on the network the run requires; the message carries the evidence."""
 
 
 def _guard_transport(cfg: TrainConfig) -> Any:

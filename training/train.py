@@ -19,11 +19,12 @@ from typing import Any
 
 from training.config import TrainConfig
 from training.config import parse_args as config_args
-from training.loop import TransportMismatch, build_model, train_loop_per_worker
 from training.passed_env import load_passed_env
 from training.raytrain import quiet_ray_train
+from training.transport_guard import TransportMismatch
+from training.worker import train_loop_per_worker
 
-__all__ = ["TransportMismatch", "build_model", "main", "parse_args", "train_loop_per_worker"]
+__all__ = ["main", "parse_args"]
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """The validated config; a bad value exits with status 2 and one line saying what to fix."""

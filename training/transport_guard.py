@@ -30,6 +30,10 @@ _NEEDED_SUBSYS = ("INIT", "NET", "ENV")
 PathLike = str | os.PathLike[str]
 
 
+class TransportMismatch(RuntimeError):
+    """NCCL is not on the network the run requires; the message carries the evidence."""
+
+
 def capture_nccl_debug(log_dir: PathLike, env: MutableMapping[str, str] | None = None) -> Path:
     """Make NCCL log at INFO level into one file per process under ``log_dir``."""
     env = os.environ if env is None else env
