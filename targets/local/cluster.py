@@ -66,12 +66,12 @@ class ClusterDir:
 
 # How long a local cluster's processes get to exit on SIGTERM before SIGKILL. Most of a Ray node never
 # does (`ray start --block`, the GCS, the raylet, the runtime-env agent and the autoscaler's monitor were
-# all still there 6 s after it, Ray 2.58), so a shorter grace would make `down` quicker: 1 s took it from
-# 5.1 s to 3.0 s. But with 1 s, a clean-clone run beside a CPU-bound process had `rtui down` exit 0 and
-# leave the head's processes running (tests/test_local_security.py, two clusters at once): processes the
-# cluster started after they were listed, which `down` now looks for again (``procs.stop_group``). The
-# grace stays the one every earlier run passed with until a run beside a CPU-bound process says 1 s holds.
-STOP_GRACE_S = 3.0
+# all still there 6 s after it, Ray 2.58): a grace only makes `down` wait for them (4.8 s with 3 s).
+# An earlier try of 1 s left a head's processes running beside a CPU-bound process: ones the cluster
+# started after they were listed, which `down` now looks for again (``procs.stop_group``). With that,
+# 1 s held beside a CPU-bound process (tests/test_local_security.py's two clusters at once, and
+# test_local_ownership.py, test_local_e2e.py's kills).
+STOP_GRACE_S = 1.0
 
 
 def make_cluster_dir(run_id: str, cluster_name: str, facts: dict[str, Any]) -> ClusterDir:
