@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,6 +27,9 @@ STATUS_EVERY_S = 1.0  # also how soon after its end a job's follow lets go of Ra
 # 1,000-step run prints ~0.5 MB); a long one waits for Ray to close its tail, as does a tail still
 # delivering (a follow behind a fast printer: what it holds says nothing of the log's length).
 LET_GO_MAX_BYTES = 2 * 2**20
+# A tail with nothing for this long has caught up with the log; one still working off a backlog sends
+# its next piece sooner (Ray's agent reads the file in a loop and sleeps only at its end).
+QUIET_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -92,13 +96,13 @@ class JobFollower:
         ended = asyncio.Event()
         if first.terminal:
             ended.set()
-        arrived = False  # log text came since the previous status poll
+        last_text = time.monotonic()  # when log text last came
 
         async def stream() -> None:
-            nonlocal arrived
+            nonlocal last_text
             try:
                 async for chunk in self.jobs.follow(sid, skip_chars=already, ended=ended):
-                    arrived = True
+                    last_text = time.monotonic()
                     lines = self._split(chunk)
                     if lines:
                         queue.put_nowait(JobUpdate(lines=lines))
@@ -109,15 +113,14 @@ class JobFollower:
                 queue.put_nowait(None)
 
         async def poll() -> None:
-            nonlocal arrived
             while not ended.is_set():
-                arrived = False
                 await asyncio.sleep(STATUS_EVERY_S)
                 with contextlib.suppress(OperationError):
                     status = await self.jobs.status(sid)
                     if self._on_status(status):
                         queue.put_nowait(JobUpdate(status=status))
-                    if status.terminal and not arrived and self.spool.size() <= LET_GO_MAX_BYTES:
+                    quiet = time.monotonic() - last_text >= QUIET_S
+                    if status.terminal and quiet and self.spool.size() <= LET_GO_MAX_BYTES:
                         ended.set()
 
         streamer = asyncio.create_task(stream())
