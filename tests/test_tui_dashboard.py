@@ -273,6 +273,19 @@ async def test_stats_show_step_mfu_eta_and_cost_only_when_known() -> None:
         assert "loss by step" in str(graph.query_one("#graph-title").render())
 
 
+async def test_no_eta_once_the_last_step_is_done_summary_or_not() -> None:
+    """The walkthrough's finished screen said "ETA 0s": after the last step there is nothing to estimate,
+    while the job evaluates and writes its model, nor on a run that ended without its summary."""
+    app = StatsHarness()
+    async with app.run_test(size=(120, 30)):
+        stats = app.query_one(RunStats)
+        stats.snapshot = ThroughputSnapshot.build(series_of(metric_lines(1, 10)), total_steps=11)
+        assert "ETA 2s" in stats_text(stats)
+        stats.snapshot = ThroughputSnapshot.build(series_of(metric_lines(1, 11)), total_steps=11)
+        text = stats_text(stats)
+        assert text.startswith("step 11/11") and "ETA" not in text, text
+
+
 def test_downsample_keeps_the_shape_and_skips_gaps() -> None:
     xs = tuple(float(i) for i in range(10))
     assert downsample(xs, xs, 20) == (list(xs), list(xs))

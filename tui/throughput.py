@@ -63,8 +63,10 @@ class ThroughputSnapshot:
         step = latest.step if latest else None
         recent = [p.step_time_s for p in points[-ETA_WINDOW:] if p.step_time_s]
         eta = None
-        if step is not None and total_steps and recent:
-            eta = max(0, total_steps - step) * sum(recent) / len(recent)
+        if step is not None and total_steps and recent and step < total_steps:
+            # No step left is no estimate: "ETA 0s" stood on screen while the job evaluated and wrote
+            # its model, and on a run that ended without its summary line.
+            eta = (total_steps - step) * sum(recent) / len(recent)
         cost = cost_per_hour if cost_per_hour else None  # a free (local) run shows no cost at all
         summary = series.summary or {}
         return cls(
