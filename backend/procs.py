@@ -157,6 +157,9 @@ def start_detached(
     return ProcRef(pid=proc.pid, create_time=ps.create_time())
 
 
+KILLED_GONE_S = 7.0  # how long a SIGKILLed process may take to be gone
+
+
 def _alive(proc: psutil.Process) -> bool:
     try:
         return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
@@ -181,14 +184,22 @@ def terminate(procs: Sequence[psutil.Process], *, grace_s: float = 3.0) -> list[
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(list(procs), timeout=grace_s)
+    alive = _wait_gone(procs, grace_s)
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    deadline = time.monotonic() + 2
-    survivors = [p for p in alive if _alive(p)]
-    while survivors and time.monotonic() < deadline:
-        time.sleep(0.1)
-        survivors = [p for p in survivors if _alive(p)]
-    return survivors
+    return _wait_gone(alive, KILLED_GONE_S)
+
+
+def _wait_gone(procs: Sequence[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of ``procs`` still running after at most ``timeout_s``.
+
+    Not ``psutil.wait_procs``: it takes a process that is not our child for alive until somebody reaps it
+    (``wait_pid`` polls ``pid_exists``), and a Ray worker that exited stays a zombie while its raylet,
+    which ignores SIGTERM, is alive: every stop waited out the whole grace."""
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in procs if _alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _alive(p)]
+    return alive

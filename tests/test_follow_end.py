@@ -14,12 +14,10 @@ from pathlib import Path
 import pytest
 
 from backend import follow
-from backend.config import resolve_config
 from backend.follow import JobFollower, JobUpdate
 from backend.rayjobs import RayJobs
-from backend.session import RunSession
-from backend.store import JobRecord, JobState, RunStore
-from tests.kubernetes.fake_ray import FakeRayHead
+from backend.store import JobState
+from tests.kubernetes.fake_ray import FakeRayHead, session_following
 
 HANG_S = 600.0  # longer than any test may take: a follow that waits for the tail fails on the deadline
 
@@ -33,14 +31,6 @@ def head() -> Iterator[FakeRayHead]:
         fake.stop()
 
 
-def session_for(tmp_path: Path, sid: str) -> RunSession:
-    config = resolve_config({}, environ={}).config
-    store = RunStore(tmp_path / "state")
-    record = store.create(config)
-    record.jobs.append(JobRecord(submission_id=sid, submitted_at=0.0, spec_hash="h"))
-    return RunSession(store, record, config)
-
-
 async def follow_to_the_end(follower: JobFollower) -> list[JobUpdate]:
     async def run() -> list[JobUpdate]:
         return [u async for u in follower.updates()]
@@ -51,7 +41,7 @@ async def test_a_short_log_is_whole_once_the_job_ended_without_waiting_for_the_t
         head: FakeRayHead, tmp_path: Path) -> None:
     async with RayJobs(head.url, stream_idle_s=HANG_S) as jobs:  # no heartbeat drop ends it either
         await jobs.submit(entrypoint="python train.py", submission_id="j1", runtime_env={}, metadata={})
-        follower = JobFollower(session_for(tmp_path, "j1"), jobs)
+        follower = JobFollower(session_following(tmp_path, "j1"), jobs)
         updates = await follow_to_the_end(follower)
     log = head.jobs["j1"].log
     assert follower.spool.path.read_text() == log  # every line once, the last ones from the full log
@@ -66,7 +56,7 @@ async def test_a_job_that_had_ended_is_read_whole_without_opening_a_tail_that_st
         job = head.jobs["j1"]
         while job.status != "SUCCEEDED":  # the fake job runs in ~0.1 s on the head's own loop
             await asyncio.sleep(0.02)  # polls a condition
-        follower = JobFollower(session_for(tmp_path, "j1"), jobs)
+        follower = JobFollower(session_following(tmp_path, "j1"), jobs)
         await follow_to_the_end(follower)
     assert follower.spool.path.read_text() == job.log
 
@@ -79,7 +69,7 @@ async def test_a_long_log_waits_for_the_tail_rather_than_download_it_again(
     try:
         async with RayJobs(fake.url) as jobs:
             await jobs.submit(entrypoint="python train.py", submission_id="j1", runtime_env={}, metadata={})
-            follower = JobFollower(session_for(tmp_path, "j1"), jobs)
+            follower = JobFollower(session_following(tmp_path, "j1"), jobs)
             await follow_to_the_end(follower)
         assert follower.spool.path.read_text() == fake.jobs["j1"].log
         assert "/api/jobs/j1/logs/tail" in fake.paths_seen

@@ -31,11 +31,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self, overload
 
 import aiohttp
 import aiohttp.web
 from aiohttp.typedefs import Handler
+
+from backend.config import resolve_config
+from backend.session import RunSession
+from backend.store import JobRecord, RunStore
 
 NCCL_EFA_LINES = [
     "(RayTrainWorker pid=210, ip=10.0.1.5) gpu-0:210:240 [0] NCCL INFO NET/OFI Selected provider is efa",
@@ -385,3 +390,13 @@ class TrainingLog(Sequence[str]):
             return "(RayTrainWorker pid=210, ip=10.0.1.5) RTUI_METRIC " + json.dumps(
                 record, separators=(",", ":"), sort_keys=True)
         return f"(RayTrainWorker pid=210, ip=10.0.1.5) step {i // self.metric_every} batch {i:08d}" + "." * (i % 21)
+
+
+def session_following(tmp_path: Path, sid: str) -> RunSession:
+    """A run of the default config whose current job is ``sid``, its state under ``tmp_path``: what a
+    follower of a job on this head needs."""
+    config = resolve_config({}, environ={}).config
+    store = RunStore(tmp_path / "state")
+    record = store.create(config)
+    record.jobs.append(JobRecord(submission_id=sid, submitted_at=0.0, spec_hash="h"))
+    return RunSession(store, record, config)

@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import resolve_config
 from backend.follow import JobFollower
 from backend.rayjobs import RayJobs
-from backend.session import RunSession
-from backend.store import JobRecord, JobState, RunStore
+from backend.store import JobState
 from backend.telemetry import Telemetry
 from targets.kube.k8s.access import KubeApi
 from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.fake_ray import BigLogRayHead, TrainingLog
+from tests.kubernetes.fake_ray import BigLogRayHead, TrainingLog, session_following
 
 NS, SVC = "default", "rtui-ray-head-svc"
 LINES = 200_000
@@ -38,14 +36,6 @@ def head(kube_cluster: KubeCluster) -> Iterator[BigLogRayHead]:
         fake.stop()
 
 
-def session_for(tmp_path: Path, sid: str) -> RunSession:
-    config = resolve_config({}, environ={}).config
-    store = RunStore(tmp_path / "state")
-    record = store.create(config)
-    record.jobs.append(JobRecord(submission_id=sid, submitted_at=0.0, spec_hash="h"))
-    return RunSession(store, record, config)
-
-
 def digest(lines: Iterator[str]) -> str:
     sha = hashlib.sha256()
     for line in lines:
@@ -59,7 +49,7 @@ async def test_a_long_log_through_the_proxy_is_spooled_whole_in_flat_memory(
     url = api.proxy_url(NS, SVC, "dashboard")
     async with RayJobs(url, header_provider=api.headers, ssl=api.ssl_context()) as jobs:
         await jobs.submit(entrypoint="python train.py", submission_id="j1", runtime_env={}, metadata={})
-        session = session_for(tmp_path, "j1")
+        session = session_following(tmp_path, "j1")
         follower = JobFollower(session, jobs)
         telemetry = Telemetry()
         lines = 0
