@@ -112,16 +112,19 @@ def stop_group(find: Callable[[], Sequence[psutil.Process]], *, grace_s: float) 
     when its SIGTERM lands): ``terminate`` what ``find`` sees, then look again, until it sees none.
 
     Returns how many processes were stopped and those that would not stop (should be none)."""
+    def running() -> list[psutil.Process]:  # a zombie has stopped: it only waits for its parent to reap it
+        return [p for p in find() if _alive(p)]
+
     stopped: set[int] = set()
     for _ in range(STOP_ROUNDS):
-        procs = list(find())
+        procs = running()
         if not procs:
             return len(stopped), []
         stopped.update(p.pid for p in procs)
         survivors = terminate(procs, grace_s=grace_s)
         if survivors:
             return len(stopped), survivors
-    return len(stopped), list(find())
+    return len(stopped), running()
 
 
 def check_port_free(port: int, host: str = "127.0.0.1", what: str = "port") -> None:
