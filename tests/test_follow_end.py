@@ -17,6 +17,7 @@ from backend import follow
 from backend.follow import JobFollower, JobUpdate
 from backend.rayjobs import RayJobs
 from backend.store import JobState
+from tests.eventually import eventually_async
 from tests.kubernetes.fake_ray import FakeRayHead, session_following
 
 HANG_S = 600.0  # longer than any test may take: a follow that waits for the tail fails on the deadline
@@ -54,8 +55,7 @@ async def test_a_job_that_had_ended_is_read_whole_without_opening_a_tail_that_st
     async with RayJobs(head.url, stream_idle_s=HANG_S) as jobs:  # no heartbeat drop ends it either
         await jobs.submit(entrypoint="python train.py", submission_id="j1", runtime_env={}, metadata={})
         job = head.jobs["j1"]
-        while job.status != "SUCCEEDED":  # the fake job runs in ~0.1 s on the head's own loop
-            await asyncio.sleep(0.02)  # polls a condition
+        await eventually_async("the fake job to succeed", lambda: job.status == "SUCCEEDED")
         follower = JobFollower(session_following(tmp_path, "j1"), jobs)
         await follow_to_the_end(follower)
     assert follower.spool.path.read_text() == job.log
