@@ -33,13 +33,12 @@ async def until(source: AsyncIterator[T], stop: asyncio.Event) -> AsyncIterator[
     An item that was still on its way when ``stop`` came is dropped with the source: a caller that stops
     early must know what it was given (it counts what it received) and take the rest from elsewhere."""
     stopped = asyncio.ensure_future(stop.wait())
+    item: asyncio.Future[T] | None = None
     try:
         while True:
             item = asyncio.ensure_future(anext(source))
             await asyncio.wait({item, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if not item.done():
-                item.cancel()
-                await asyncio.gather(item, return_exceptions=True)
                 return
             try:
                 value = item.result()
@@ -47,7 +46,11 @@ async def until(source: AsyncIterator[T], stop: asyncio.Event) -> AsyncIterator[
                 return
             yield value
     finally:
+        # Stopped, or cancelled from outside: the pending read goes first, or the source cannot be closed.
         stopped.cancel()
+        if item is not None and not item.done():
+            item.cancel()
+            await asyncio.gather(item, return_exceptions=True)
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
             await aclose()
