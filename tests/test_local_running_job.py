@@ -119,6 +119,9 @@ async def test_sigkill_mid_job_then_status_resume_and_down(job: RunningJob, monk
                                live_past_the_catch_up, timeout=90, interval=0.25, pause=pilot.pause)
         assert isinstance(app.screen, RunScreen)
         await pilot.press("q")
+    # Textual cancels the app's workers on exit without waiting for them: the follow lets go of the
+    # run's lock as it unwinds (closing its log tail first), on this loop. The real binary exits.
+    await eventually_async("the wizard's follow to let go of the run", lambda: not RunStore().is_locked(run_id))
     resumed = metric_steps(spool)
     assert resumed == sorted(set(resumed)) and resumed[: len(after)] == after
 
