@@ -89,6 +89,10 @@ def _worker(rank: int, world: int, port: int, root: str, precision: str, steps: 
                          dtype=torch.bfloat16 if precision == "bf16" else torch.float32, check=check,
                          evaluation={"before": before, "after": after}, max_shard_size=shard_size,
                          before_publish=fail if interrupt else None)
+        # Rank 0 writes the files after the gather while rank 1 is done: the ranks leave the group
+        # together, so no rank tears gloo down (and exits) while its peer still holds the group.
+        dist.barrier()
+        del model, optimizer
     finally:
         dist.destroy_process_group()
 
