@@ -92,6 +92,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if any(item.get_closest_marker(name) for name in ("ray", "tmux", "host_clusters")):
             item.add_marker(pytest.mark.xdist_group("ray"))
+        if is_on_doubles(item):
+            item.add_marker(pytest.mark.doubles)
+
+
+# The fixtures that start a server double (moto's server, the Kubernetes emulator, the S3 stand-in).
+SERVER_FIXTURES = frozenset({"moto_endpoint", "kube_cluster", "s3_endpoint"})
+
+
+def is_on_doubles(item: pytest.Item) -> bool:
+    """The aws and kube targets' own suites, and any test that starts a server double: the ``doubles``
+    mark, left out of `make test-fast` (they are most of the suite's time outside Ray)."""
+    parts = Path(str(item.path)).relative_to(REPO).parts
+    return parts[:2] in (("tests", "aws"), ("tests", "kubernetes")) or bool(
+        SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
 _TMP_AT_START = pytest.StashKey[set[str]]()

@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -47,6 +49,7 @@ def test_targets_keep_textual_in_their_panels() -> None:
     assert not loaded & {"textual", "tui", "screens"}, loaded & {"textual", "tui", "screens"}
 
 
+@pytest.mark.slow
 def test_training_knows_nothing_of_the_rest() -> None:
     light = [m for m in modules_of("training") if m != "training.train"] + ["training.train"]
     loaded = top_level(imported_after(light))

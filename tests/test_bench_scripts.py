@@ -20,7 +20,7 @@ from tests.conftest import REPO
 
 BENCH = REPO / "bench"
 
-# Over ~5 s each on 2 busy cores (`--durations`): out of `make test-fast`, still in `make test`.
+# Over ~3 s each on 2 busy cores (`--durations`): out of `make test-fast`, still in `make test`.
 SLOW = pytest.mark.slow
 
 # script -> (tiny arguments, text its output must hold, marks)
@@ -28,10 +28,10 @@ SMOKE: dict[str, tuple[list[str], str, tuple[pytest.MarkDecorator, ...]]] = {
     "plain_loop.py": (["--steps", "3", "--seq-len", "16", "--batch-size", "2", "--precision", "fp32"],
                       '"tokens_per_s_mean"', (SLOW,)),
     "jobs_follow.py": (["--lines", "2000"], '"lines": 2000', ()),
-    "kube_logs.py": (["--lines", "2000"], '"lines": 2000', ()),
+    "kube_logs.py": (["--lines", "2000"], '"lines": 2000', (SLOW,)),
     "kube_up.py": (["--minute", "0.002", "--reps", "1"], "rtui plan median", (SLOW,)),
     "aws_up.py": (["--minute", "0.002", "--reps", "1"], "rtui plan median", (SLOW,)),
-    "tui_flood.py": (["--rate", "2000", "--seconds", "0.5", "--idle", "0.2"], '"lost_in_spool"', ()),
+    "tui_flood.py": (["--rate", "2000", "--seconds", "0.5", "--idle", "0.2"], '"lost_in_spool"', (SLOW,)),
     "tui_first_frame.py": (["--reps", "1", "--floor"], "before the first frame costs)", (SLOW,)),
     "first_frame.py": (["--runs", "1"], "ratio rtui / hello", (pytest.mark.tmux,)),
     "local_throughput.py": (["--steps", "3"], "ratio FSDP2 / plain", (pytest.mark.ray,)),

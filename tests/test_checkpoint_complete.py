@@ -63,6 +63,7 @@ def _stamp(directory: Path, step: int, ts: float, world: int = 1) -> None:
     (directory / ckpt.MARKER).write_text(ckpt.CheckpointMeta(step=step, world_size=world, ts=ts).to_json())
 
 
+@pytest.mark.slow
 def test_a_checkpoint_missing_one_ranks_shard_is_never_picked(one_rank: Path, tmp_path: Path) -> None:
     run = tmp_path / "store" / "rtui-100"
     _two_rank(one_rank, run / ckpt.checkpoint_dir_name(5), 5, ts=100.0)
@@ -141,6 +142,7 @@ def test_a_failing_save_leaves_no_temp_dir(model_dir: Path, tmp_path: Path, monk
     assert os.listdir(temp) == []
 
 
+@pytest.mark.slow
 def test_a_remote_checkpoint_is_read_item_by_item_not_downloaded_whole(
         bucket: Any, one_rank: Path, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray's ``Checkpoint.as_directory()`` copies the whole remote dir (``pyarrow.fs.copy_files``) on

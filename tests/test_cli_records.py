@@ -76,6 +76,7 @@ def test_a_directory_named_like_a_record(isolated_env: Path) -> None:
     assert_one_line(run_rtui("status"), 2, "no runs yet")
 
 
+@pytest.mark.slow
 def test_logs_and_status_show_the_latest_job_and_earlier_ones_stay_readable(isolated_env: Path) -> None:
     """Two jobs on one run, each with its own spool: `logs` is the latest, `--job 1` the first."""
     from tests.test_follow import metric_lines
@@ -105,6 +106,7 @@ def test_logs_and_status_show_the_latest_job_and_earlier_ones_stay_readable(isol
     assert "(world 2)" in text and "world None" not in text
 
 
+@pytest.mark.slow
 def test_status_honours_target(isolated_env: Path) -> None:
     """`rtui status --target kube` shows the latest kube run, not the latest run (issue 21, item 4)."""
     store = RunStore()

@@ -68,6 +68,7 @@ def _users_on(endpoint: str) -> Iterator[dict[str, dict[str, str]]]:
     yield keys
 
 
+@pytest.mark.slow
 def test_a_bucket_prefix_the_principal_may_not_write_fails_preflight(strict_s3: dict[str, dict[str, str]]) -> None:
     uri = f"s3://models/{PREFIX}"
     denied = run_rtui("check", "--storage-path", uri, "--json", env=strict_s3["reader"])

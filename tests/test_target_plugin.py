@@ -97,6 +97,7 @@ def install_plugin(site: Path) -> None:
     (info / "entry_points.txt").write_text(f"[rtui.targets]\ntoy = {__name__}:ToyTarget\n")
 
 
+@pytest.mark.slow
 def test_a_fourth_target_is_a_folder_and_an_entry_point(tmp_path: Path) -> None:
     site, toy_world = tmp_path / "site", tmp_path / "world"
     install_plugin(site)

@@ -122,6 +122,7 @@ def _loaded_logits(directory: Path) -> tuple[Any, Any]:
     return logits, check["logits"]
 
 
+@pytest.mark.slow
 def test_export_from_two_fsdp_ranks_loads_and_gives_the_trained_logits(tmp_path: Path) -> None:
     """fp32, world 2, shards of at most 100 kB: the index layout from_pretrained reads; eval after < before."""
     import torch
@@ -145,6 +146,7 @@ def test_export_from_two_fsdp_ranks_loads_and_gives_the_trained_logits(tmp_path:
     print(f"export: {info.export_s}s for {info.state_bytes:,} bytes of state; eval {before['loss']} → {after['loss']}")
 
 
+@pytest.mark.slow
 def test_bf16_run_of_one_rank_exports_one_bf16_file_with_the_same_logits(tmp_path: Path) -> None:
     import torch
 

@@ -20,6 +20,7 @@ from training.config import TrainConfig
 from training.transport_guard import TransportMismatch
 
 
+@pytest.mark.slow
 def test_require_transport_is_refused_on_cpu() -> None:
     proc = subprocess.run([sys.executable, "-m", "training.train", "--require-transport", "efa"],
                           capture_output=True, text=True, cwd=REPO)

@@ -126,6 +126,7 @@ async def show_config(pilot: Any) -> ConfigScreen:
     return screen
 
 
+@pytest.mark.slow
 async def test_show_config_is_what_the_job_runs_with(isolated_env: Path) -> None:
     """The palette's Show config: effective values with their source, only the run target's fields (item 3)."""
     app = RtuiApp(fixed_session())
@@ -155,8 +156,8 @@ async def test_show_config_fits_the_terminal_and_escape_closes_it(isolated_env: 
         first = screen.rows[0][0]
         assert first in screen.text().splitlines()[0]  # the first field is the first line shown
         await pilot.press("end")
-        await pilot.pause()
-        assert body.scroll_y == body.max_scroll_y
+        # `end` animates the scroll: one pause was not always enough in a loaded run of `make test-fast`.
+        await wait_for(pilot, lambda: body.scroll_y == body.max_scroll_y, 5, "end to scroll to the last field")
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, ConfigScreen), 5, "escape closes it")
 

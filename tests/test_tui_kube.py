@@ -217,6 +217,7 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
 
 
 @pytest.mark.parametrize("kubeconfig", ["missing", "broken"])
+@pytest.mark.slow
 async def test_a_bad_kubeconfig_is_one_line_in_the_checks_and_enter_is_refused(
         world: KubeWorld, tmp_path: Path, kubeconfig: str) -> None:
     path = tmp_path / "bad-kubeconfig"
@@ -239,6 +240,7 @@ async def test_a_bad_kubeconfig_is_one_line_in_the_checks_and_enter_is_refused(
     assert app.return_code == 0
 
 
+@pytest.mark.slow
 async def test_context_switch_is_refused_once_the_run_has_resources(world: KubeWorld) -> None:
     """The run's resources live in the cluster it was applied to: another context would lose them."""
     session = world.session()
@@ -288,6 +290,7 @@ def test_kube_target_screen_snapshot(snap_compare: SnapCompare, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("server", ["refuses", "never answers"])
+@pytest.mark.slow
 async def test_an_unreachable_api_server_is_one_line_in_the_checks_within_the_deadline(
         world: KubeWorld, tmp_path: Path, server: str) -> None:
     """Issue 19, item 8: the server and the context in one line, within --kube-timeout-s, no crash."""

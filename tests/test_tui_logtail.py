@@ -80,6 +80,7 @@ async def test_filter_narrows_counts_and_escape_clears(isolated_env: Path) -> No
         assert "filter" not in tail.status_text
 
 
+@pytest.mark.slow
 async def test_scrolling_up_pauses_and_counts_then_end_resumes(isolated_env: Path) -> None:
     app = DashboardApp(dashboard_session(), resume=True)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -277,6 +278,7 @@ def test_every_binding_has_an_id_and_a_tooltip() -> None:
         assert not isinstance(binding, tuple) and binding.id and binding.tooltip, binding
 
 
+@pytest.mark.slow
 async def test_a_two_second_flood_keeps_the_ui_responsive_and_the_spool_whole(isolated_env: Path) -> None:
     """bench/tui_flood.py for 2 s at up to 100k lines/s: nothing is lost from the spool, the view keeps its
     bounded window and accounts for every line, and memory stays bounded. How responsive the loop stays

@@ -65,6 +65,7 @@ async def open_teardown(pilot: Pilot[None], app: DashboardApp) -> ConfirmTeardow
     return modal
 
 
+@pytest.mark.slow
 async def test_d_keeps_the_data_unless_delete_data_is_typed_after_the_cluster_name(
         isolated_env: Path, exported: Path) -> None:
 

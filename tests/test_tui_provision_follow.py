@@ -63,6 +63,7 @@ def visible(pane: StepPane, box: VerticalScroll) -> bool:
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+@pytest.mark.slow
 async def test_the_running_steps_stay_in_view(isolated_env: Path, size: tuple[int, int]) -> None:
     app = ManyStepsApp(fixed_session(target="kube"))
     async with app.run_test(size=size) as pilot:

@@ -237,6 +237,7 @@ def test_failed_gpu_nodegroup_snapshot(snap_compare: SnapCompare, size: tuple[in
 
 
 @SIZES
+@pytest.mark.slow
 def test_teardown_modal_snapshot(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     async def teardown(pilot: Pilot[None]) -> None:
         await _failed(pilot)

@@ -97,6 +97,7 @@ def test_the_model_revision_reaches_the_program_and_from_pretrained(monkeypatch:
     assert seen["revision"] == sha and seen["model_id"] == "Qwen/Qwen2.5-1.5B"
 
 
+@pytest.mark.slow
 def test_the_tokenizer_of_the_model_loads_at_the_models_pinned_revision(monkeypatch: pytest.MonkeyPatch,
                                                                          tmp_path: Path) -> None:
     """Issue 23 item 6: the tokenizer files are code the job loads too (a tokenizer.json or a custom

@@ -108,6 +108,7 @@ def test_root_stays_gathered_between_forward_and_backward(bf16_dir: Path) -> Non
     assert root.post_forward_mesh_info is None  # the root (tied embedding / lm_head) does not
 
 
+@pytest.mark.slow
 def test_compiled_layers_do_not_hit_the_recompile_limit(bf16_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._dynamo
     from torch._dynamo.utils import counters

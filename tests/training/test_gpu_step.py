@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 
+@pytest.mark.slow
 def test_gpu_step_tiny_runs_the_production_path_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "tiny.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.training.fixtures_chat import RULE, WORDS, load, write_chat_jsonl
@@ -68,6 +69,7 @@ def _train_on_rule(tok_dir: Path, data: Path, every_token: bool, steps: int = 15
     return loss, right / 40
 
 
+@pytest.mark.slow
 def test_chat_data_trains_the_answers_and_the_model_answers_by_the_rule(tok_dir: Path, tmp_path: Path) -> None:
     """Done-when of issue 36: random user turns, answers by a fixed rule. Trained on the assistant's
     tokens, the held-out answer loss is low and new prompts are answered by the rule; trained on
