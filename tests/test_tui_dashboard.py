@@ -17,7 +17,7 @@ from textual.widgets import Sparkline
 from textual_plot import PlotWidget
 
 from backend.ledger import ResourceStatus
-from backend.model import Action, Change, Plan
+from backend.model import Action, Change, GpuFleet, Plan
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStatus
 from backend.telemetry import MetricSeries, Telemetry
@@ -493,3 +493,19 @@ async def test_every_footer_key_fits_at_80_columns(isolated_env: Path) -> None:
         assert {"Fetch model", "Quit", "Help"} <= set(names), names
         assert all(right <= 80 for _, right, _ in keys), keys
         assert all(a[1] <= b[0] for a, b in zip(keys, keys[1:], strict=False)), keys  # none hides another
+
+
+async def test_the_teardown_modal_prices_the_gpu_nodes_there_are_now(isolated_env: Path) -> None:
+    """Scaled to zero while idle, the GPU nodes bill nothing: the run screen said so, while the teardown
+    modal said the full-size price per hour (it read the cost meter without the GPU fleet)."""
+    session = dashboard_session(made_at=T0 - 1800)
+    app = DashboardApp(session, resume=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 5, "run screen")
+        run = app.screen
+        assert isinstance(run, RunScreen)
+        idle = GpuFleet(workers=0, nodes=0, full=2, autoscaling=True, priced="eks.nodegroup")
+        run.post_message(RunScreen.GpuFleetChanged(idle, 0.10))
+        await wait_for(pilot, lambda: run.gpu_fleet == idle, 5, "the idle GPU fleet on the run screen")
+        details = " ".join(app.teardown_modal().details)
+    assert "$0.10/hour now ($9.30/hour at full size)" in details, details

@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.screen import ModalScreen, Screen
 
 from backend.errors import RtuiError, UserError
+from backend.model import GpuFleet
 from backend.planner import apply_steps
 from backend.session import RunSession, cost_meter
 from backend.store import RunStatus
@@ -237,9 +238,18 @@ class RtuiApp(App[None]):
         session = self.session
         keeps_data = session.data_store() is not None
         return ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
-                               details=teardown_summary(session, now=self.clock()),
+                               details=teardown_summary(session, now=self.clock(), gpu=self.gpu_fleet_seen()),
                                data_line=(lambda: kept_data_line(session)) if keeps_data else None,
                                keeps_data=keeps_data)
+
+    def gpu_fleet_seen(self) -> GpuFleet | None:
+        """The GPU nodes as the run screen last saw them (None before it has seen any): what they cost
+        now, scaled down while idle or not, is what the teardown modal says."""
+        for screen in reversed(self.screen_stack):
+            fleet = getattr(screen, "gpu_fleet", None)
+            if isinstance(fleet, GpuFleet):
+                return fleet
+        return None
 
     def _teardown(self, delete_data: bool = False) -> None:
         if not self.acquire():
@@ -391,18 +401,20 @@ if TYPE_CHECKING:  # what screens reach through tui.screen.WizardApp, checked he
     _app_as_screens_see_it: type[WizardApp] = RtuiApp
 
 
-def teardown_summary(session: RunSession, *, now: float | None = None) -> list[str]:
+def teardown_summary(session: RunSession, *, now: float | None = None, gpu: GpuFleet | None = None) -> list[str]:
     """What the teardown modal lists: what this run has made, by layer, and what it costs per hour
-    (and has cost up to ``now``, the wall clock unless given)."""
+    (and has cost up to ``now``, the wall clock unless given): with ``gpu``, the GPU nodes there are
+    now, beside the price at full size when they differ."""
     by_layer: dict[str, list[str]] = {}
     for address, entry in session.record.resources.items():
         if entry.live:
             by_layer.setdefault(entry.layer or "other", []).append(address)
     lines = [f"{layer}: {', '.join(names[:6])}" + (f" +{len(names) - 6} more" if len(names) > 6 else "")
              for layer, names in by_layer.items()]
-    cost = cost_meter(session.record, now=now)
-    if cost and cost.get("per_hour"):
-        lines.append(f"These cost ${cost['per_hour']:.2f}/hour now ({accrued_text(cost)}).")
+    cost = cost_meter(session.record, now=now, gpu=gpu)
+    if cost and cost.get("per_hour_full"):
+        full = "" if cost["per_hour"] == cost["per_hour_full"] else f" (${cost['per_hour_full']:.2f}/hour at full size)"
+        lines.append(f"These cost ${cost['per_hour']:.2f}/hour now{full} ({accrued_text(cost)}).")
     return lines or ["Nothing is recorded as made; discovery looks again before deleting."]
 
 
