@@ -108,7 +108,8 @@ class RunSession:
         self.config = config
         self.clients = Clients()
         self.target = target_of(config.target)  # an unknown one is refused now, with one clear line
-        self._held: set[str] = set()
+        # Each lock this session holds, with how many of its holders (the TUI, a flow, a follow) are in it.
+        self._held: dict[str, tuple[int, contextlib.ExitStack]] = {}
         # Where each config value came from (ResolvedConfig.sources); a reopened run's came from its record.
         self.sources: dict[str, str] = {}
 
@@ -216,16 +217,23 @@ class RunSession:
 
     @contextlib.contextmanager
     def _hold(self, name: str, take: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
-        # A flock is per open file: taking it again in this process would conflict with ourselves.
-        if name in self._held:
+        """The lock ``name``, taken by the first of this session's holders and let go by the last to
+        leave, in whatever order they leave: the holders are tasks (the TUI while attached, a flow, a
+        follow still unwinding) whose lives overlap without nesting. (A flock is per open file: taking
+        it again in this process would conflict with ourselves.)"""
+        count, stack = self._held.get(name, (0, None))
+        if stack is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(take())
+        self._held[name] = (count + 1, stack)
+        try:
             yield
-            return
-        with take():
-            self._held.add(name)
-            try:
-                yield
-            finally:
-                self._held.discard(name)
+        finally:
+            count, stack = self._held.pop(name)
+            if count > 1:
+                self._held[name] = (count - 1, stack)
+            else:
+                stack.close()
 
     def attached_elsewhere(self) -> bool:
         """Whether another rtui holds this run (it then owns the spool)."""
