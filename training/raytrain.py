@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 # Ray Train 2.58 starts a PreemptionWatcher actor beside every worker group with max_restarts=-1
@@ -23,3 +24,16 @@ def quiet_ray_train() -> None:
     """Call before the trainer starts: Ray Train propagates this from the driver's environment
     to its controller, where the watcher is created."""
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
+
+
+def quiet_reports() -> None:
+    """Call on each rank before it reports: Ray Train 2.58 logs every ``ray.train.report`` of every rank
+    at INFO, as the repr of the whole report (``Reporting training result N: TrainingReport(...)``,
+    from its ``_internal.execution.context``, whose logger is named by its file). Shipped to the
+    driver, that is several lines of noise per report in the job's log, which rtui's own metric
+    lines already say. Its warnings and errors still come through."""
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # another Ray layout: its lines are left as they are
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)

@@ -13,5 +13,7 @@ from typing import Any
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train's entry on every rank: ``config`` is ``TrainConfig.as_dict()``."""
     from training.loop import train_loop_per_worker as run
+    from training.raytrain import quiet_reports
 
+    quiet_reports()
     run(config)
