@@ -123,7 +123,7 @@ def stats_text(stats: RunStats) -> str:
         (IB_LINES, "ib", " IB / RoCE ", "channels"),
         (INTRA_NODE_LINES, "intra_node", " INTRA-NODE (no network used) ", None),
         (metric_lines(1, 2, backend="gloo"), "gloo", " GLOO (CPU) ", "backend"),
-        ([], "unknown", " NCCL: waiting for its first lines ", None),
+        ([], "unknown", " transport: waiting for the job's first lines ", None),
     ],
 )
 async def test_badge_says_the_transport_and_its_basis_in_words(

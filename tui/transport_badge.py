@@ -28,7 +28,8 @@ _BADGES: dict[str, tuple[str, str]] = {
     "gloo": ("GLOO (CPU)", "bold black on bright_white"),
     "unknown": ("UNKNOWN", "dim"),
 }
-_WAITING = ("NCCL: waiting for its first lines", "dim")
+# Before the first line: NCCL or gloo, the job has not said yet.
+_WAITING = ("transport: waiting for the job's first lines", "dim")
 # The OFI plugin on a libfabric provider that is not EFA (Slingshot's cxi, tcp, verbs): none of the
 # transports above, so the badge names the provider (shared/nccl_logs' label rules, issue 39).
 _OTHER_FABRIC_STYLE = "bold black on yellow"
