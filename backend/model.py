@@ -228,6 +228,49 @@ class Leftover:
 
 
 @dataclass(frozen=True)
+class CostItem:
+    """One priced resource on the cost meter (``backend.session.cost_meter``)."""
+
+    per_hour: float  # now: for the GPU nodes, those there are when the meter was given them
+    since: float  # when it was made (epoch seconds)
+    accrued: float  # dollars so far
+    node_hours: float | None = None  # from the provider's own record of its nodes, where there is one
+    accrued_at_most: bool = False  # counted at full size for its whole life: an upper bound
+    per_hour_full: float | None = None  # at full size, where ``per_hour`` counts fewer nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"per_hour": self.per_hour, "since": self.since, "accrued": self.accrued}
+        if self.node_hours is not None:
+            out["node_hours"] = self.node_hours
+        if self.accrued_at_most:
+            out["accrued_at_most"] = True
+        if self.per_hour_full is not None:
+            out["per_hour_full"] = self.per_hour_full
+        return out
+
+
+@dataclass(frozen=True)
+class CostMeter:
+    """What a run costs now and has cost so far (``backend.session.cost_meter``); ``to_dict`` is its
+    form in `rtui status --json`."""
+
+    per_hour: float  # now
+    per_hour_full: float  # with every GPU node there
+    accrued: float  # so far
+    accrued_exact: bool  # False: a resource that may have run below its size is counted at full size
+    resources: dict[str, CostItem]
+    left_behind: tuple[Leftover, ...] = ()  # what the orphan sweep still found after teardown
+    left_behind_per_hour: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"per_hour": self.per_hour, "per_hour_full": self.per_hour_full, "accrued": self.accrued,
+                "accrued_exact": self.accrued_exact,
+                "resources": {address: item.to_dict() for address, item in self.resources.items()},
+                "left_behind": [item.to_dict() for item in self.left_behind],
+                "left_behind_per_hour": self.left_behind_per_hour}
+
+
+@dataclass(frozen=True)
 class GpuFleet:
     """The GPU side of a run's cluster now, against its full size (issue 26: its workers and nodes
     come and go with demand), as its cluster layer sees it (``layers.base.GpuFleetReporter``)."""

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, data_store_for, effective_storage_path, model_summary
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, GpuFleetReporter, NodeHistory, Unanswered
-from backend.model import GpuFleet, StepEvent
+from backend.model import CostItem, CostMeter, GpuFleet, StepEvent
 from backend.planner import (
     PlanResult,
     Stack,
@@ -66,7 +66,7 @@ class StatusReport:
     summary: dict[str, Any] | None
     transport: dict[str, Any]
     resources: dict[str, dict[str, Any]]
-    cost: dict[str, Any] | None = None
+    cost: CostMeter | None = None
     model: dict[str, Any] | None = None  # backend.delivery.model_summary: the run's model, where it is
     data: dict[str, Any] | None = None  # backend.delivery.DataUsage: what the run's data store holds
     gpu: GpuFleet | None = None  # GPU workers and nodes now, against the full size (issue 26)
@@ -88,7 +88,8 @@ class StatusReport:
             },
             "steps": _steps_dict(r.steps), "teardown_steps": _steps_dict(r.teardown_steps),
             "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
-            "spool_path": r.job_spool_path(), "cost": self.cost, "model": self.model, "data": self.data,
+            "spool_path": r.job_spool_path(), "cost": None if self.cost is None else self.cost.to_dict(),
+            "model": self.model, "data": self.data,
             "gpu": None if self.gpu is None else self.gpu.to_dict(),
         }
 
@@ -457,7 +458,7 @@ class RunSession:
 
 
 def cost_meter(record: RunRecord, now: float | None = None, gpu: GpuFleet | None = None,
-               node_hours: Mapping[str, float] | None = None) -> dict[str, Any] | None:
+               node_hours: Mapping[str, float] | None = None) -> CostMeter | None:
     """What the run costs now and has cost so far: each live priced resource from when it was made,
     at the plan's price, unless it is known to bill nothing (``ResourceRecord.bills``); after teardown,
     what the orphan sweep still found. None when nothing is priced.
@@ -475,29 +476,28 @@ def cost_meter(record: RunRecord, now: float | None = None, gpu: GpuFleet | None
     prices = record.plan.prices() if record.plan is not None else {}
     scalable = record.plan.scalable() if record.plan is not None else {}
     history = node_hours or {}
-    items: dict[str, dict[str, Any]] = {}
+    items: dict[str, CostItem] = {}
     for address, entry in record.resources.items():
         price = prices.get(address, 0.0)
         if price and entry.bills:
             hours = max(0.0, now - entry.created_at) / 3600
-            item: dict[str, Any] = {"per_hour": price, "since": entry.created_at, "accrued": round(price * hours, 4)}
+            item = CostItem(per_hour=price, since=entry.created_at, accrued=round(price * hours, 4))
             if address in scalable and address in history:
-                item.update(accrued=round(price / scalable[address] * history[address], 4),
-                            node_hours=round(history[address], 4))
+                item = replace(item, accrued=round(price / scalable[address] * history[address], 4),
+                               node_hours=round(history[address], 4))
             elif address in scalable:
-                item["accrued_at_most"] = True
+                item = replace(item, accrued_at_most=True)
             items[address] = item
-    left = [item.to_dict() for item in record.facts.sweep or []]
+    left = tuple(record.facts.sweep or ())
     if not items and not left:
         return None
-    full = round(sum(i["per_hour"] for i in items.values()), 4)
+    full = round(sum(i.per_hour for i in items.values()), 4)
     priced = gpu.priced if gpu is not None else None
-    if gpu is not None and priced in items and gpu.full:
+    if gpu is not None and priced is not None and priced in items and gpu.full:
         share = min(1.0, gpu.nodes / gpu.full)
-        items[priced] = {**items[priced], "per_hour_full": items[priced]["per_hour"],
-                         "per_hour": round(items[priced]["per_hour"] * share, 4)}
-    return {"per_hour": round(sum(i["per_hour"] for i in items.values()), 4), "per_hour_full": full,
-            "accrued": round(sum(i["accrued"] for i in items.values()), 4),
-            "accrued_exact": not any(i.get("accrued_at_most") for i in items.values()), "resources": items,
-            "left_behind": left, "left_behind_per_hour": round(sum(float(i.get("cost_per_hour") or 0)
-                                                                   for i in left), 4)}
+        held = items[priced]
+        items[priced] = replace(held, per_hour=round(held.per_hour * share, 4), per_hour_full=held.per_hour)
+    return CostMeter(per_hour=round(sum(i.per_hour for i in items.values()), 4), per_hour_full=full,
+                     accrued=round(sum(i.accrued for i in items.values()), 4),
+                     accrued_exact=not any(i.accrued_at_most for i in items.values()), resources=items,
+                     left_behind=left, left_behind_per_hour=round(sum(i.cost_per_hour or 0 for i in left), 4))

@@ -190,7 +190,7 @@ class RunScreen(RtuiScreen):
             fleet = await self.session.gpu_fleet()
             if fleet is not None:
                 meter = cost_meter(self.session.record, gpu=fleet)
-                self.post_message(self.GpuFleetChanged(fleet, meter["per_hour"] if meter else None))
+                self.post_message(self.GpuFleetChanged(fleet, meter.per_hour if meter else None))
             await asyncio.sleep(GPU_REFRESH_S)
 
     def on_run_screen_gpu_fleet_changed(self, message: GpuFleetChanged) -> None:
@@ -203,8 +203,8 @@ class RunScreen(RtuiScreen):
         """Hand the badge, stats, sparkline and graph fresh snapshots (equal ones repaint nothing)."""
         # The run's cost meter, as the teardown modal and `rtui status` read it: each priced resource
         # since it was made, the GPU nodes at their size now.
-        meter = cost_meter(self.session.record, now=self.clock(), gpu=self.gpu_fleet) or {}
-        cost = meter.get("per_hour")
+        meter = cost_meter(self.session.record, now=self.clock(), gpu=self.gpu_fleet)
+        cost = meter.per_hour if meter is not None else None
         now = time.monotonic()
         # A priced run's cost keeps running without new lines, slowly enough to redraw it seldom.
         if not (self._stale or (cost and now - self._refreshed_at >= COST_REFRESH_S)):
@@ -212,7 +212,8 @@ class RunScreen(RtuiScreen):
         self._stale, self._refreshed_at = False, now
         throughput = ThroughputSnapshot.build(
             self.telemetry.series, total_steps=self.session.config.steps, cost_per_hour=cost,
-            cost_so_far=meter.get("accrued"), cost_exact=meter.get("accrued_exact", True))
+            cost_so_far=meter.accrued if meter is not None else None,
+            cost_exact=meter.accrued_exact if meter is not None else True)
         self.query_one(TransportBadge).snapshot = TransportSnapshot.from_verdict(self.telemetry.transport)
         stats = self.query_one(RunStats)
         model_appeared = throughput.model_uri is not None and stats.snapshot.model_uri is None

@@ -85,26 +85,26 @@ def test_so_far_for_the_seed_idle_nine_of_ten_hours(isolated_env: Path) -> None:
     exact = cost_meter(record, NOW, node_hours={GPU: 2.0})
     assert upper is not None and exact is not None
     full = sum(PRICES.values())
-    assert upper["accrued"] == pytest.approx(10 * full, abs=1e-3)
-    assert upper["accrued_exact"] is False and upper["resources"][GPU]["accrued_at_most"] is True
-    assert accrued_text(upper) == f"at most ${10 * full:.2f} so far"
+    assert upper.accrued == pytest.approx(10 * full, abs=1e-3)
+    assert upper.accrued_exact is False and upper.resources[GPU].accrued_at_most is True
+    assert accrued_text(upper.to_dict()) == f"at most ${10 * full:.2f} so far"
     others = sum(p for a, p in PRICES.items() if a != GPU)
-    assert exact["accrued"] == pytest.approx(PRICES[GPU] / 2 * 2 + 10 * others, abs=1e-3)
-    assert exact["accrued_exact"] is True and exact["resources"][GPU]["node_hours"] == 2.0
-    assert accrued_text(exact) == f"${exact['accrued']:.2f} so far"
+    assert exact.accrued == pytest.approx(PRICES[GPU] / 2 * 2 + 10 * others, abs=1e-3)
+    assert exact.accrued_exact is True and exact.resources[GPU].node_hours == 2.0
+    assert accrued_text(exact.to_dict()) == f"${exact.accrued:.2f} so far"
     # One more idle hour: what each meter adds.
     later_upper = cost_meter(record, NOW + H)
     later_exact = cost_meter(record, NOW + H, node_hours={GPU: 2.0})
     assert later_upper is not None and later_exact is not None
-    before, after = later_upper["accrued"] - upper["accrued"], later_exact["accrued"] - exact["accrued"]
+    before, after = later_upper.accrued - upper.accrued, later_exact.accrued - exact.accrued
     assert before == pytest.approx(full, abs=1e-3) and after == pytest.approx(others, abs=1e-3)
     print(f"\nper idle hour, seed 2x g6.12xlarge: before ${before:.4f}, after ${after:.4f}; "
-          f"10 h (1 h busy): at most ${upper['accrued']:.2f}, from activities ${exact['accrued']:.2f}")
+          f"10 h (1 h busy): at most ${upper.accrued:.2f}, from activities ${exact.accrued:.2f}")
 
 
 def test_a_fixed_size_run_is_exact_without_any_history(isolated_env: Path) -> None:
     meter = cost_meter(seed_run(3, scales=False).record, NOW)
-    assert meter is not None and meter["accrued_exact"] is True
-    assert "accrued_at_most" not in meter["resources"][GPU]
-    assert meter["accrued"] == pytest.approx(3 * sum(PRICES.values()), abs=1e-3)
+    assert meter is not None and meter.accrued_exact is True
+    assert not meter.resources[GPU].accrued_at_most
+    assert meter.accrued == pytest.approx(3 * sum(PRICES.values()), abs=1e-3)
 

@@ -31,7 +31,7 @@ from screens.target import TargetScreen
 from tui.config_view import ConfigScreen
 from tui.help import HelpScreen, key_rows
 from tui.invocation import rtui_command
-from tui.render import accrued_text
+from tui.render import accrued_words
 from tui.target_panel import ConfirmAsked, Reconfigure
 
 if TYPE_CHECKING:
@@ -412,9 +412,10 @@ def teardown_summary(session: RunSession, *, now: float | None = None, gpu: GpuF
     lines = [f"{layer}: {', '.join(names[:6])}" + (f" +{len(names) - 6} more" if len(names) > 6 else "")
              for layer, names in by_layer.items()]
     cost = cost_meter(session.record, now=now, gpu=gpu)
-    if cost and cost.get("per_hour_full"):
-        full = "" if cost["per_hour"] == cost["per_hour_full"] else f" (${cost['per_hour_full']:.2f}/hour at full size)"
-        lines.append(f"These cost ${cost['per_hour']:.2f}/hour now{full} ({accrued_text(cost)}).")
+    if cost is not None and cost.per_hour_full:
+        full = "" if cost.per_hour == cost.per_hour_full else f" (${cost.per_hour_full:.2f}/hour at full size)"
+        so_far = accrued_words(cost.accrued, cost.accrued_exact)
+        lines.append(f"These cost ${cost.per_hour:.2f}/hour now{full} ({so_far}).")
     return lines or ["Nothing is recorded as made; discovery looks again before deleting."]
 
 

@@ -175,7 +175,11 @@ def format_status(data: dict[str, Any]) -> str:
 
 
 def accrued_text(cost: dict[str, Any]) -> str:
+    """The "so far" of a cost meter in its `rtui status --json` form."""
+    return accrued_words(cost["accrued"], cost.get("accrued_exact", True))
+
+
+def accrued_words(accrued: float, exact: bool) -> str:
     """The cost meter's "so far": exact, or an upper bound when a scaled resource's history is unknown
     (``backend.session.cost_meter``: counted at full size)."""
-    bound = "" if cost.get("accrued_exact", True) else "at most "
-    return f"{bound}${cost['accrued']:.2f} so far"
+    return f"{'' if exact else 'at most '}${accrued:.2f} so far"

@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from backend.model import GpuFleet
+from backend.model import CostMeter, GpuFleet
 from backend.session import cost_meter
 from tests.aws.conftest import World
 from tests.aws.provision_world import REGION, down, eks, session_for, tagged, up
@@ -28,24 +28,24 @@ async def test_the_meter_bills_the_gpu_nodes_that_exist_and_says_what_full_size_
     assert (await up(session)).ok
     full = cost_meter(session.record)
     assert full is not None
-    gpu_full = full["resources"]["aws.nodegroup.gpu"]["per_hour"]
+    gpu_full = full.resources["aws.nodegroup.gpu"].per_hour
     assert gpu_full == pytest.approx(2 * 4.6016, rel=0.05)  # two g6.12xlarge (their EBS disks may add a little)
 
     fleet = GpuFleet(workers=0, nodes=0, full=2, autoscaling=True, priced="aws.nodegroup.gpu")
     idle = cost_meter(session.record, gpu=fleet)
     assert idle is not None
-    assert idle["resources"]["aws.nodegroup.gpu"]["per_hour"] == 0.0
-    assert idle["per_hour_full"] == full["per_hour"]
-    assert idle["per_hour"] == pytest.approx(full["per_hour"] - gpu_full, abs=1e-3)
+    assert idle.resources["aws.nodegroup.gpu"].per_hour == 0.0
+    assert idle.per_hour_full == full.per_hour
+    assert idle.per_hour == pytest.approx(full.per_hour - gpu_full, abs=1e-3)
     # What still bills while idle: the system node, EKS, the NAT (about $0.35/h).
-    assert 0.3 < idle["per_hour"] < 0.5, idle
+    assert 0.3 < idle.per_hour < 0.5, idle
     # The plan said so beforehand, in the meter's own figures.
     (note,) = [n for n in planned.notes if n.startswith("idle after")]
     assert "the system node, EKS and the NAT gateway keep billing" in note
-    assert f"${idle['per_hour']:.2f}/h instead of ${full['per_hour']:.2f}/h" in note, (note, idle, full)
+    assert f"${idle.per_hour:.2f}/h instead of ${full.per_hour:.2f}/h" in note, (note, idle, full)
     half = cost_meter(session.record, gpu=replace(fleet, nodes=1))
-    assert half is not None and half["resources"]["aws.nodegroup.gpu"]["per_hour"] == pytest.approx(gpu_full / 2)
-    print(f"\nidle cost per hour, 2x g6.12xlarge: before ${full['per_hour']:.4f}, after ${idle['per_hour']:.4f}")
+    assert half is not None and half.resources["aws.nodegroup.gpu"].per_hour == pytest.approx(gpu_full / 2)
+    print(f"\nidle cost per hour, 2x g6.12xlarge: before ${full.per_hour:.4f}, after ${idle.per_hour:.4f}")
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
 
@@ -105,28 +105,28 @@ async def test_so_far_counts_the_gpu_nodes_only_while_they_ran(world: World, kub
     assert 0 < ran <= 2 * (emptied - gpu.created_at) / 3600 + 1e-6
     assert ran >= 2 * (emptied - launched) / 3600 - 1e-6
 
-    def meters(later_h: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    def meters(later_h: float) -> tuple[CostMeter, CostMeter]:
         at = emptied + later_h * 3600
         upper, known = cost_meter(session.record, at), cost_meter(session.record, at, node_hours=hours)
         assert upper is not None and known is not None
         return upper, known
 
     upper, known = meters(0)
-    assert known["accrued_exact"] and not upper["accrued_exact"]
-    assert upper["resources"]["aws.nodegroup.gpu"]["accrued_at_most"] is True
-    per_node = known["resources"]["aws.nodegroup.gpu"]["per_hour"] / 2
-    assert known["resources"]["aws.nodegroup.gpu"]["accrued"] == pytest.approx(per_node * ran, abs=1e-3)
+    assert known.accrued_exact and not upper.accrued_exact
+    assert upper.resources["aws.nodegroup.gpu"].accrued_at_most is True
+    per_node = known.resources["aws.nodegroup.gpu"].per_hour / 2
+    assert known.resources["aws.nodegroup.gpu"].accrued == pytest.approx(per_node * ran, abs=1e-3)
     (upper_1h, known_1h) = meters(1)
-    before = upper_1h["accrued"] - upper["accrued"]  # each idle hour at full size: the meter before
-    after = known_1h["accrued"] - known["accrued"]  # each idle hour from what AWS recorded
-    assert before == pytest.approx(upper["per_hour"], abs=0.01)
+    before = upper_1h.accrued - upper.accrued  # each idle hour at full size: the meter before
+    after = known_1h.accrued - known.accrued  # each idle hour from what AWS recorded
+    assert before == pytest.approx(upper.per_hour, abs=0.01)
     assert 0.3 < after < 0.5, after  # the system node, EKS, the NAT
     print(f"\nso far per idle hour, 2x g6.12xlarge: full-size count ${before:.4f}, "
           f"from the scaling activities ${after:.4f}")
     # The status report asks AWS itself.
     report = await session.status_report()
-    assert report.cost is not None and report.cost["accrued_exact"], report.cost
-    assert report.cost["resources"]["aws.nodegroup.gpu"]["node_hours"] == pytest.approx(ran, abs=1e-3)
+    assert report.cost is not None and report.cost.accrued_exact, report.cost
+    assert report.cost.resources["aws.nodegroup.gpu"].node_hours == pytest.approx(ran, abs=1e-3)
     assert (await down(session)).ok
 
 
@@ -137,9 +137,9 @@ async def test_without_the_groups_history_so_far_is_an_upper_bound(world: World,
     world.script.errors[("autoscaling", "DescribeScalingActivities")] = "AccessDenied"
     assert await session.node_hours() == {}
     report = await session.status_report()
-    assert report.cost is not None and report.cost["accrued_exact"] is False
+    assert report.cost is not None and report.cost.accrued_exact is False
     from tui.render import accrued_text
 
-    assert accrued_text(report.cost).startswith("at most $")
+    assert accrued_text(report.cost.to_dict()).startswith("at most $")
     world.script.errors.clear()
     assert (await down(session)).ok

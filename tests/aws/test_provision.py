@@ -177,8 +177,8 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
     # The failed nodegroup stays for teardown, but AWS launched no instance: the meter does not count it.
     assert stuck.record.resources["aws.nodegroup.gpu"].live
     meter = cost_meter(stuck.record)
-    assert meter is not None and "aws.eks-cluster" in meter["resources"]
-    assert "aws.nodegroup.gpu" not in meter["resources"] and meter["per_hour"] < 1.0
+    assert meter is not None and "aws.eks-cluster" in meter.resources
+    assert "aws.nodegroup.gpu" not in meter.resources and meter.per_hour < 1.0
 
     moved = await up(stuck, az_failover=True)
     assert moved.ok, moved.failures()
@@ -189,7 +189,7 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
     assert "InsufficientInstanceCapacity" in stuck.record.facts.az_moves[0].why
     assert stuck.record.facts.gpu_az == az
     meter = cost_meter(stuck.record)
-    assert meter is not None and meter["resources"]["aws.nodegroup.gpu"]["per_hour"] > 4  # billing again
+    assert meter is not None and meter.resources["aws.nodegroup.gpu"].per_hour > 4  # billing again
     assert (await down(stuck)).ok
     assert tagged(stuck.run_id) == {}
 

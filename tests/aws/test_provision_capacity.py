@@ -41,7 +41,7 @@ async def test_partial_capacity_bills_then_fails_over_deleting_the_old_nodes_bef
     # AWS launched one of the two nodes before it ran out: it runs, so it bills.
     assert len(_asg_instances("rtui-ray-gpu")) == 1
     meter = cost_meter(stuck.record)
-    assert meter is not None and meter["resources"]["aws.nodegroup.gpu"]["per_hour"] > 4
+    assert meter is not None and meter.resources["aws.nodegroup.gpu"].per_hour > 4
 
     # The old placement group holds that instance until its nodegroup is gone: a failover that deletes
     # the group first waits forever (AWS: InvalidPlacementGroup.InUse).
