@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from backend import targets
 from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
-from backend.delivery import DataStore, data_store_for, effective_storage_path, model_summary
+from backend.delivery import DataStore, DataUsage, data_store_for, effective_storage_path, model_summary
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, GpuFleetReporter, NodeHistory, Unanswered
 from backend.model import CostItem, CostMeter, GpuFleet, StepEvent
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from backend.rayjobs import RayJobs
     from backend.targets import Target
     from backend.telemetry import Telemetry
+    from backend.telemetry.metrics import MetricPoint
+    from training.logparse.verdict import Verdict
 
 def target_of(name: str) -> Target:
     """The target called ``name``, or one clear line naming those this rtui knows."""
@@ -62,13 +64,15 @@ class StatusReport:
     job_status: str | None
     job_message: str
     attached: bool
-    last_metric: dict[str, Any] | None
+    last_metric: MetricPoint | None
+    world_size: int | None  # the job's ranks, as its lines say
+    # The job's own summary line: its keys are the training program's (training.protocol), read as JSON.
     summary: dict[str, Any] | None
-    transport: dict[str, Any]
+    transport: Verdict
     resources: dict[str, dict[str, Any]]
     cost: CostMeter | None = None
     model: dict[str, Any] | None = None  # backend.delivery.model_summary: the run's model, where it is
-    data: dict[str, Any] | None = None  # backend.delivery.DataUsage: what the run's data store holds
+    data: DataUsage | None = None  # what the run's data store holds
     gpu: GpuFleet | None = None  # GPU workers and nodes now, against the full size (issue 26)
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,9 +91,11 @@ class StatusReport:
                 "message": self.job_message or job.message, "submitted_at": job.submitted_at,
             },
             "steps": _steps_dict(r.steps), "teardown_steps": _steps_dict(r.teardown_steps),
-            "last_metric": self.last_metric, "summary": self.summary, "transport": self.transport,
+            "last_metric": None if self.last_metric is None else {**self.last_metric.to_dict(),
+                                                                   "world_size": self.world_size},
+            "summary": self.summary, "transport": self.transport.to_dict(),
             "spool_path": r.job_spool_path(), "cost": None if self.cost is None else self.cost.to_dict(),
-            "model": self.model, "data": self.data,
+            "model": self.model, "data": None if self.data is None else self.data.to_dict(),
             "gpu": None if self.gpu is None else self.gpu.to_dict(),
         }
 
@@ -400,7 +406,6 @@ class RunSession:
         resources = {address: {"kind": r.kind, "id": r.id, "status": r.status.value,
                                **({"notice": str(r.outputs["notice"])} if r.live and r.outputs.get("notice") else {})}
                      for address, r in self.record.resources.items()}
-        last_metric = None if latest is None else {**latest.to_dict(), "world_size": telemetry.series.world_size}
         gpu = await self.gpu_fleet() if alive else None
         now = time.time()
         node_hours = await self.node_hours(now) if self.record.status is not RunStatus.DOWN else None
@@ -408,11 +413,10 @@ class RunSession:
         model = await asyncio.to_thread(store.latest_model) if store is not None else None
         usage = await asyncio.to_thread(store.usage) if store is not None else None
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
-                            self.attached_elsewhere(), last_metric,
-                            telemetry.series.summary, telemetry.transport.to_dict(), resources,
+                            self.attached_elsewhere(), latest, telemetry.series.world_size,
+                            telemetry.series.summary, telemetry.transport, resources,
                             cost_meter(self.record, now, gpu=gpu, node_hours=node_hours),
-                            model_summary(model, telemetry.series.summary),
-                            usage.to_dict() if usage is not None else None, gpu)
+                            model_summary(model, telemetry.series.summary), usage, gpu)
 
     def data_store(self) -> DataStore | None:
         """Where this run's checkpoints and model live: its own prefix under ``--storage-path`` when
