@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from backend.targets import Target
     from backend.telemetry import Telemetry
     from backend.telemetry.metrics import MetricPoint
+    from training.export import ExportInfo
     from training.logparse.verdict import Verdict
 
 def target_of(name: str) -> Target:
@@ -69,9 +70,8 @@ class StatusReport:
     # The job's own summary line: its keys are the training program's (training.protocol), read as JSON.
     summary: dict[str, Any] | None
     transport: Verdict
-    resources: dict[str, dict[str, Any]]
     cost: CostMeter | None = None
-    model: dict[str, Any] | None = None  # backend.delivery.model_summary: the run's model, where it is
+    model: ExportInfo | None = None  # the run's latest model, where it is
     data: DataUsage | None = None  # what the run's data store holds
     gpu: GpuFleet | None = None  # GPU workers and nodes now, against the full size (issue 26)
 
@@ -84,7 +84,7 @@ class StatusReport:
             "cluster": {"alive": self.cluster_alive, "dashboard_url": self.dashboard_url,
                         "stopped_while_idle": None if self.cluster_alive or r.facts.stopped_while_idle is None
                         else r.facts.stopped_while_idle.model_dump(mode="json")},
-            "resources": self.resources,
+            "resources": _resources_dict(r),
             "job": None if job is None else {
                 "number": len(r.jobs), "submission_id": job.submission_id,
                 "status": self.job_status or job.status.value,
@@ -95,9 +95,18 @@ class StatusReport:
                                                                    "world_size": self.world_size},
             "summary": self.summary, "transport": self.transport.to_dict(),
             "spool_path": r.job_spool_path(), "cost": None if self.cost is None else self.cost.to_dict(),
-            "model": self.model, "data": None if self.data is None else self.data.to_dict(),
+            "model": model_summary(self.model, self.summary),
+            "data": None if self.data is None else self.data.to_dict(),
             "gpu": None if self.gpu is None else self.gpu.to_dict(),
         }
+
+
+def _resources_dict(record: RunRecord) -> dict[str, dict[str, str | None]]:
+    """Each resource's kind, id and status; with a ``notice`` output, one line the user must see while
+    it lives (an unenforced NetworkPolicy)."""
+    return {address: {"kind": r.kind, "id": r.id, "status": r.status.value,
+                      **({"notice": str(r.outputs["notice"])} if r.live and r.outputs.get("notice") else {})}
+            for address, r in record.resources.items()}
 
 
 def _steps_dict(steps: dict[str, StepState]) -> dict[str, dict[str, Any]]:
@@ -402,10 +411,6 @@ class RunSession:
                         self.store.save(self.record)
         telemetry = self.telemetry()
         latest = telemetry.series.latest
-        # A resource's ``notice`` output: one line the user must see while it lives (an unenforced NetworkPolicy).
-        resources = {address: {"kind": r.kind, "id": r.id, "status": r.status.value,
-                               **({"notice": str(r.outputs["notice"])} if r.live and r.outputs.get("notice") else {})}
-                     for address, r in self.record.resources.items()}
         gpu = await self.gpu_fleet() if alive else None
         now = time.time()
         node_hours = await self.node_hours(now) if self.record.status is not RunStatus.DOWN else None
@@ -414,9 +419,8 @@ class RunSession:
         usage = await asyncio.to_thread(store.usage) if store is not None else None
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
                             self.attached_elsewhere(), latest, telemetry.series.world_size,
-                            telemetry.series.summary, telemetry.transport, resources,
-                            cost_meter(self.record, now, gpu=gpu, node_hours=node_hours),
-                            model_summary(model, telemetry.series.summary), usage, gpu)
+                            telemetry.series.summary, telemetry.transport,
+                            cost_meter(self.record, now, gpu=gpu, node_hours=node_hours), model, usage, gpu)
 
     def data_store(self) -> DataStore | None:
         """Where this run's checkpoints and model live: its own prefix under ``--storage-path`` when
