@@ -79,3 +79,19 @@ def test_status_labels_line_up_and_say_what_the_transport_rests_on() -> None:
     assert len(columns) == 1, "\n".join(lines)
     transport = next(line for line in lines if line.startswith("transport"))
     assert "(backend)" not in transport and "from the job's backend" in transport, transport
+
+
+def test_status_and_the_teardown_modal_say_the_cost_now_in_the_same_words() -> None:
+    """`rtui status` and `D`'s modal both name the full-size price beside what bills now, when they differ."""
+    from backend.model import CostItem, CostMeter
+    from tui.render import format_status, per_hour_words
+
+    assert per_hour_words(9.3, 9.3) == "$9.30/hour now" == per_hour_words(9.3, None)
+    assert per_hour_words(0.1, 9.3) == "$0.10/hour now ($9.30/hour at full size)"
+    idle = CostMeter(per_hour=0.1, per_hour_full=9.3, accrued=2.0, accrued_exact=False,
+                     resources={"gpu": CostItem(per_hour=0.0, since=0.0, accrued=2.0, per_hour_full=9.2)})
+    data = {"run_id": "r1", "target": "aws", "cluster_name": "rtui-ray", "created_at": 0.0, "status": "up",
+            "attached": False, "cluster": {"alive": True, "dashboard_url": None}, "cost": idle.to_dict(),
+            "transport": {}, "steps": {}, "resources": {}}
+    cost = next(line for line in format_status(data).splitlines() if line.startswith("cost"))
+    assert "$0.10/hour now ($9.30/hour at full size), at most $2.00 so far (1 priced resource)" in cost, cost

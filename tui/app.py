@@ -31,7 +31,7 @@ from screens.target import TargetScreen
 from tui.config_view import ConfigScreen
 from tui.help import HelpScreen, key_rows
 from tui.invocation import rtui_command
-from tui.render import accrued_words
+from tui.render import accrued_words, per_hour_words
 from tui.target_panel import ConfirmAsked, Reconfigure
 
 if TYPE_CHECKING:
@@ -413,9 +413,8 @@ def teardown_summary(session: RunSession, *, now: float | None = None, gpu: GpuF
              for layer, names in by_layer.items()]
     cost = cost_meter(session.record, now=now, gpu=gpu)
     if cost is not None and cost.per_hour_full:
-        full = "" if cost.per_hour == cost.per_hour_full else f" (${cost.per_hour_full:.2f}/hour at full size)"
-        so_far = accrued_words(cost.accrued, cost.accrued_exact)
-        lines.append(f"These cost ${cost.per_hour:.2f}/hour now{full} ({so_far}).")
+        lines.append(f"These cost {per_hour_words(cost.per_hour, cost.per_hour_full)} "
+                     f"({accrued_words(cost.accrued, cost.accrued_exact)}).")
     return lines or ["Nothing is recorded as made; discovery looks again before deleting."]
 
 

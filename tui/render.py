@@ -131,10 +131,9 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(status_row("gpu", gpu_line(GpuFleet.from_dict(gpu))))
     cost = data.get("cost")
     if cost and cost.get("resources"):
-        full = cost.get("per_hour_full")
-        at_full = f" (${full:.2f}/hour at full size)" if full is not None and full != cost["per_hour"] else ""
-        lines.append(status_row("cost", f"${cost['per_hour']:.2f}/hour now{at_full}, {accrued_text(cost)} "
-                                        f"({len(cost['resources'])} priced resources)"))
+        now = per_hour_words(cost["per_hour"], cost.get("per_hour_full"))
+        priced = len(cost["resources"])
+        lines.append(status_row("cost", f"{now}, {accrued_text(cost)} ({priced} priced resource{'s' * (priced != 1)})"))
     if cost and cost.get("left_behind"):
         lines.append(status_row("LEFT", f"{len(cost['left_behind'])} resources still exist after teardown "
                                         f"(${cost['left_behind_per_hour']:.3f}/hour): run `rtui down` again"))
@@ -172,6 +171,13 @@ def format_status(data: dict[str, Any]) -> str:
             extra = step.get("error") or step.get("message") or ""
             lines.append(f"  {step['status']:<9} {phase + name:<22} {took:>7}  {extra[:100]}")
     return "\n".join(lines) + "\n"
+
+
+def per_hour_words(per_hour: float, per_hour_full: float | None) -> str:
+    """The cost meter's "now", with the price at full size beside it when fewer GPU nodes bill now."""
+    if per_hour_full is None or per_hour_full == per_hour:
+        return f"${per_hour:.2f}/hour now"
+    return f"${per_hour:.2f}/hour now (${per_hour_full:.2f}/hour at full size)"
 
 
 def accrued_text(cost: dict[str, Any]) -> str:
