@@ -174,6 +174,10 @@ class RunConfig(BaseModel):
         description="Deadline of each Kubernetes API request (kube "
                                                                   "and aws targets): a server that does not answer "
                                                                   "by then is reported unreachable")
+    aws_timeout_s: float = Field(default=12.0, gt=0, le=600,
+        description="How long the first AWS answers (the regions and instance types) may take before the "
+                    "endpoint is reported unreachable (aws target); a region's checks get 2.5× that and the "
+                    "whole check 5×")
     kube_stream_idle_s: float = Field(default=60.0, gt=0, le=3600,
         description="A cluster log stream silent this long is "
                                                                        "asked again from its last line (a load "
@@ -519,7 +523,7 @@ def env_name(field: str) -> str:
 
 # How this machine reaches a run's cluster rather than what the run is: taken from the environment
 # (RTUI_*) over a run's recorded config whenever a run is opened again (status, logs, down).
-SESSION_FIELDS = ("kube_timeout_s", "kube_stream_idle_s")
+SESSION_FIELDS = ("kube_timeout_s", "kube_stream_idle_s", "aws_timeout_s")
 
 
 def with_session_settings(config: RunConfig, environ: Mapping[str, str] | None = None) -> RunConfig:

@@ -27,7 +27,7 @@ from backend.paths import state_dir
 # RunConfig field is on neither list until someone decides (tests/test_config_allowlist.py fails).
 FREE_FIELDS: frozenset[str] = frozenset({
     "availability_zone",  # which AZ of the region the user chose; the plan checks it
-    "gpus_per_node", "kube_timeout_s", "kube_stream_idle_s", "idle_minutes",
+    "gpus_per_node", "kube_timeout_s", "kube_stream_idle_s", "aws_timeout_s", "idle_minutes",
     "steps", "seq_len", "batch_size", "learning_rate", "num_workers", "precision", "text_field", "shard",
     "shard_size", "reduce_dtype", "reshard_after_forward", "optimizer", "tokens_per_step",
     "activation_checkpointing", "compile", "checkpoint_every", "export_every", "require_transport",

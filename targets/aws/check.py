@@ -14,15 +14,10 @@ if TYPE_CHECKING:
 def feasibility(config: RunConfig, *, regions: list[str] | None, all_regions: bool, request_quota: bool,
                 yes: bool, as_json: bool, out: TextIO) -> int:
     # lazy: boto3 (~400 ms) only when the aws feasibility is asked for (`rtui check --target aws`)
-    from targets.aws.cloud import PreflightRequest, check_command
+    from targets.aws.cloud import check_command
+    from targets.aws.infra.preflight_request import request_for
 
-    request = PreflightRequest(
-        regions=regions, all_regions=all_regions,
-        gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
-        system_node_type=config.system_node_type, system_node_count=config.system_node_count,
-        profile=config.profile, default_region=config.region,
-        require_efa=config.wants_efa(),
-    )
+    request = request_for(config, regions=regions, all_regions=all_regions)
     if not request_quota:
         return check_command(request, as_json=as_json, stdout=out, stderr=sys.stderr)
     if not yes:

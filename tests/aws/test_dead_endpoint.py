@@ -135,6 +135,18 @@ async def test_listing_that_hangs_stops_at_its_deadline(world: World) -> None:
     assert f"no answer from AWS at {world.endpoint} within 1 s while listing regions" in str(caught.value)
 
 
+def test_the_aws_timeout_setting_sets_the_listing_deadline(world: World) -> None:
+    """A user on a slow link sets RTUI_AWS_TIMEOUT_S; a hung listing then ends at that (and the region
+    and whole-check deadlines follow it: targets/aws/infra/preflight_request.request_for)."""
+    world.script.hang_regions.add("us-east-1")
+    proc = subprocess.run([RTUI, "check", "--target", "aws", "--region", "us-east-1"], capture_output=True,
+                          text=True, env={**os.environ, "RTUI_AWS_TIMEOUT_S": "1.5"}, stdin=subprocess.DEVNULL,
+                          timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(f"rtui: no answer from AWS at {world.endpoint} within 1.5 s while listing"), \
+        proc.stderr
+
+
 async def test_the_whole_check_has_a_deadline(world: World) -> None:
     world.script.hang_regions.add("eu-west-2")
     with pytest.raises(OperationError, match=r"did not finish within 1\.5 s \(AWS at http://127\.0\.0\.1"):

@@ -2,18 +2,36 @@
 
 from __future__ import annotations
 
-from backend.layers.base import Context
+from typing import TYPE_CHECKING
+
 from targets.aws.cloud import PreflightRequest
 from targets.aws.infra.base import ROOT_VOLUME_GB, SYSTEM_DISK_UNKNOWN_GB
 
+if TYPE_CHECKING:
+    from backend.config import RunConfig
+    from backend.layers.base import Context
+
+# How the other deadlines follow ``aws_timeout_s`` (the listing's): 12 s gives a region 30 s and the
+# whole check 60 s.
+REGION_FACTOR = 2.5
+DEADLINE_FACTOR = 5.0
+
+
+def request_for(config: RunConfig, *, regions: list[str] | None = None, all_regions: bool = False,
+                system_disk_gb: int = SYSTEM_DISK_UNKNOWN_GB) -> PreflightRequest:
+    """What the matrix checks for ``config``: its node types and counts, its transport and its deadlines."""
+    timeout = config.aws_timeout_s
+    return PreflightRequest(
+        regions=regions, all_regions=all_regions,
+        gpu_disk_gb=ROOT_VOLUME_GB, system_disk_gb=system_disk_gb,
+        gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
+        system_node_type=config.system_node_type, system_node_count=config.system_node_count,
+        profile=config.profile, default_region=config.region, require_efa=config.wants_efa(),
+        listing_timeout_s=timeout, region_timeout_s=REGION_FACTOR * timeout, deadline_s=DEADLINE_FACTOR * timeout,
+    )
+
 
 def preflight_request(ctx: Context) -> PreflightRequest:
-    cfg = ctx.config
-    return PreflightRequest(
-        gpu_disk_gb=ROOT_VOLUME_GB,
-        system_disk_gb=int(ctx.record.facts.system_disk_gb or SYSTEM_DISK_UNKNOWN_GB),
-        regions=[cfg.region], gpu_node_type=cfg.gpu_node_type, gpu_node_count=cfg.gpu_node_count,
-        system_node_type=cfg.system_node_type, system_node_count=cfg.system_node_count,
-        profile=cfg.profile, default_region=cfg.region,
-        require_efa=cfg.effective_require_transport() in ("efa", "efa_gdr"),
-    )
+    """The run's own region, with the system disk its image needs (when the registry said)."""
+    return request_for(ctx.config, regions=[ctx.config.region],
+                       system_disk_gb=int(ctx.record.facts.system_disk_gb or SYSTEM_DISK_UNKNOWN_GB))
