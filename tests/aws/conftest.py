@@ -42,15 +42,17 @@ _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGIO
 DEFAULT_IMAGE_LAYERS = [6_000_000_000, 5_000_000_000, 3_000_000_000]
 DEFAULT_IMAGE_ENV = "RTUI_IMAGE"
 ADDON_REGISTRY_ENV = "RTUI_ADDON_REGISTRY"
-AWS_TIMEOUT_ENV = "RTUI_AWS_TIMEOUT_S"  # backend.config.env_name("aws_timeout_s")
+# moto and the EKS API double answer from this process, so their answers wait on this machine's load: a
+# loaded 2-core CI machine once left moto's first listing unanswered past the 12 s a user's dead endpoint
+# gets. The world sets the deadlines a user on a slow link would (tests/kubernetes does the same); the
+# deadlines themselves are tested in test_dead_endpoint.py and with explicit values where a test is about one.
+WAIT_ENV = {"RTUI_AWS_TIMEOUT_S": "60", "RTUI_KUBE_TIMEOUT_S": "30"}
 
 
 def image_env() -> dict[str, str]:
     """The environment a config resolved inside a test takes (its images from the registry double)."""
     env = {name: os.environ[name] for name in (DEFAULT_IMAGE_ENV, ADDON_REGISTRY_ENV)}
-    if AWS_TIMEOUT_ENV in os.environ:  # the world's (see ``world``)
-        env[AWS_TIMEOUT_ENV] = os.environ[AWS_TIMEOUT_ENV]
-    return env
+    return env | {name: os.environ[name] for name in WAIT_ENV if name in os.environ}  # the world's
 
 
 @pytest.fixture(scope="session")
@@ -157,10 +159,8 @@ def world(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[World
     CHECKIP.reset()
     # The caller's public address, never asked of the internet (set here: tests/conftest.py clears RTUI_*).
     monkeypatch.setenv("RTUI_CHECKIP_URL", CHECKIP.url)
-    # moto answers from this process, so its answers wait on this machine's load: a loaded 2-core CI
-    # machine once left the first listing unanswered past the 12 s a user's dead endpoint gets. Set as
-    # a user on a slow link would; the deadlines themselves are tested in test_dead_endpoint.py.
-    monkeypatch.setenv(AWS_TIMEOUT_ENV, "60")
+    for name, value in WAIT_ENV.items():
+        monkeypatch.setenv(name, value)
     request = urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")
     # A bound, not a pace: moto rebuilds every backend the previous test made (each region's), in this
     # process, beside what that test left behind (calls to a hung region, retried once released); a
