@@ -8,12 +8,10 @@ instead of a step that seems stuck. Errors become one line with what to do next.
 from __future__ import annotations
 
 import collections
-import contextvars
 import functools
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +39,7 @@ from backend.aws_session import (
 )
 from backend.errors import OperationError, RtuiError, UserError
 from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
-from backend.runner import Progress
+from backend.waiting import polling
 
 RUN_TAG = "rtui:run"
 CLUSTER_TAG = "rtui:cluster"
@@ -75,13 +73,6 @@ def iam_propagating(exc: ClientError) -> bool:
     message = str(exc.response.get("Error", {}).get("Message", ""))
     return error_code(exc) == "InvalidParameterException" and any(m in message for m in IAM_PROPAGATION_MESSAGES)
 
-# Polls start fast (a NAT gateway in a test is ready at once) and settle at a twentieth of the
-# typical duration, at most every 15 s: an EKS cluster (~10 min) is asked about 40 times.
-FIRST_POLL_S = 0.05
-MAX_POLL_S = 15.0
-POLL_FACTOR = 1.5
-# Set while a wait polls: the calls made then are counted as waits (`AwsApi.counts`).
-_polling: contextvars.ContextVar[bool] = contextvars.ContextVar("rtui_aws_polling", default=False)
 
 
 def transient(exc: BaseException) -> bool:
@@ -108,16 +99,6 @@ def missing_permission(exc: BaseException) -> tuple[str, str] | None:
     action = re.search(r"perform:? ([a-z0-9-]+:[A-Za-z0-9]+)", message)
     resource = re.search(r"on resource:? (\S+)", message)
     return (action.group(1) if action else "?", resource.group(1).rstrip(".,") if resource else "*")
-
-
-@dataclass(frozen=True)
-class Phase:
-    """One look at something AWS is making or removing: done yet, the phase AWS reports, or a failure."""
-
-    done: bool
-    phase: str
-    failed: str | None = None
-    remedy: str | None = None
 
 
 class AwsApi:
@@ -161,7 +142,7 @@ class AwsApi:
         settling = Retrying(IAM_SETTLE_BACKOFF, deadline_s=IAM_SETTLE_S, clock=self.clock)  # uses no try
         while True:
             self.counts[what] += 1
-            if _polling.get():
+            if polling.get():
                 self.counts[f"wait:{what}"] += 1
             try:
                 return await self.pool.run(fn, **kwargs)
@@ -278,40 +259,6 @@ def run_filter(run_id: str, **extra: str) -> list[dict[str, Any]]:
 
 def tag_map(tag_list: list[dict[str, str]] | None) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in tag_list or []}
-
-
-def minutes(seconds: float) -> str:
-    return f"{seconds:.0f}s" if seconds < 90 else f"{seconds / 60:.0f} min"
-
-
-async def wait_until(look: Callable[[], Awaitable[Phase]], *, what: str, expected_s: float,
-                     timeout_s: float, remedy: str | None = None,
-                     clock: Clock = REAL_CLOCK) -> AsyncIterator[Progress]:
-    """Poll ``look`` until done; yield the phase AWS reports with the time left against the typical
-    duration. A failure AWS reports ends the wait at once; the deadline ends it with the last phase."""
-    polls = Retrying(Backoff(FIRST_POLL_S, POLL_FACTOR, min(MAX_POLL_S, max(FIRST_POLL_S, expected_s / 20))),
-                     deadline_s=timeout_s, clock=clock)
-    last = ""
-    while True:
-        token = _polling.set(True)
-        try:
-            state = await look()
-        finally:
-            _polling.reset(token)
-        if state.failed:
-            raise OperationError(f"{what}: {state.failed}", remedy=state.remedy or remedy)
-        elapsed = polls.elapsed
-        if state.done:
-            yield Progress(f"{state.phase} after {minutes(elapsed)}", 1.0)
-            return
-        left = expected_s - elapsed
-        eta = f"about {minutes(left)} left" if left > 0 else f"taking longer than the usual {minutes(expected_s)}"
-        message = f"{state.phase} ({eta})"
-        if message != last:
-            last = message
-            yield Progress(message, min(0.95, elapsed / expected_s) if expected_s > 0 else None)
-        if not await polls.again():
-            raise OperationError(f"{what}: still {state.phase} after {minutes(polls.elapsed)}", remedy=remedy)
 
 
 def refuse_foreign(kind: str, name: str, owner_tags: dict[str, str], run_id: str) -> None:

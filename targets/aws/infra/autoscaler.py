@@ -19,6 +19,7 @@ from backend.errors import ApiUnreachable
 from backend.layers.base import Context
 from backend.model import Observed, Resource
 from backend.runner import Progress
+from backend.waiting import Look, wait_until
 from targets.aws.infra import node_autoscaler as na
 from targets.aws.infra.api import AwsApi
 from targets.aws.infra.base import LAYER, AwsHandler
@@ -26,7 +27,6 @@ from targets.kube.k8s import manifests
 from targets.kube.k8s.addons import deployment_available
 from targets.kube.k8s.clients import ClusterNotReady, cluster_api
 from targets.kube.k8s.handlers import apply_all, delete_ours, deployment_check, ours
-from targets.kube.k8s.waiting import Check, wait_for
 
 if TYPE_CHECKING:
     from targets.kube.k8s.access import KubeApi
@@ -103,13 +103,13 @@ async def wait_available(kube: KubeApi) -> AsyncIterator[Progress]:
     """Until cluster-autoscaler's Deployment is Available; a pod that cannot run ends the wait with
     Kubernetes' own reason (``pods.pod_problem``: not schedulable, image not pullable)."""
 
-    async def available() -> Check:
+    async def available() -> Look:
         live = await kube.get("apps/v1", "Deployment", na.NAME, na.NAMESPACE)
         if live is None:
-            return Check(False, "waiting for the Deployment to appear")
+            return Look(False, "waiting for the Deployment to appear")
         return await deployment_check(kube, live)
 
     remedy = f"see `kubectl -n {na.NAMESPACE} describe pod -l app.kubernetes.io/name={na.NAME}`"
-    async for p in wait_for(available, what="cluster-autoscaler did not become available",
+    async for p in wait_until(available, what="cluster-autoscaler did not become available",
                             timeout_s=AVAILABLE_TIMEOUT_S, remedy=remedy):
         yield p

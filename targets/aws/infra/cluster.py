@@ -18,7 +18,8 @@ from backend.errors import OperationError
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
-from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, partition, refuse_foreign, tags, wait_until
+from backend.waiting import Look, wait_until
+from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from targets.aws.infra.base import (
     ACCESS_ENTRY,
     CLUSTER_ROLE,
@@ -139,13 +140,13 @@ class EksClusterHandler(AwsHandler):
     def wait_ready(self, ctx: Context, resource_id: str) -> AsyncIterator[Progress]:
         api = self.api(ctx)
 
-        async def look() -> Phase:
+        async def look() -> Look:
             cluster = await describe_cluster(api, resource_id)
             status = cluster["status"] if cluster else "GONE"
             if status in ("FAILED", "GONE"):
-                return Phase(False, status, failed=f"EKS cluster {resource_id} is {status.lower()}",
+                return Look(False, status, fatal=f"EKS cluster {resource_id} is {status.lower()}",
                              remedy="see its events in the EKS console; `rtui down` then `rtui up` makes it anew")
-            return Phase(status == "ACTIVE", f"control plane {status.lower()}")
+            return Look(status == "ACTIVE", f"control plane {status.lower()}")
 
         return wait_until(look, what=f"EKS cluster {resource_id}", expected_s=CLUSTER_EXPECTED_S, timeout_s=1800.0,
                           clock=api.clock)
@@ -172,9 +173,9 @@ class EksClusterHandler(AwsHandler):
         vpc = ((await describe_cluster(api, have.id) or {}).get("resourcesVpcConfig") or {}).get("vpcId")
         await api.call("eks", "delete_cluster", name=have.id, ok=_NOT_FOUND)
 
-        async def look() -> Phase:
+        async def look() -> Look:
             cluster = await describe_cluster(api, have.id)
-            return Phase(cluster is None, "control plane deleted" if cluster is None else
+            return Look(cluster is None, "control plane deleted" if cluster is None else
                          f"control plane {cluster['status'].lower()}")
 
         async for p in wait_until(look, what=f"deleting EKS cluster {have.id}", expected_s=CLUSTER_DELETE_S,
@@ -248,7 +249,7 @@ class AddonHandler(AwsHandler):
         api = self.api(ctx)
         cluster, addon = resource_id.split("/", 1)
 
-        async def look() -> Phase:
+        async def look() -> Look:
             found = (await api.call("eks", "describe_addon", clusterName=cluster, addonName=addon,
                                     ok=_NOT_FOUND) or {}).get("addon")
             status = found["status"] if found else "GONE"
@@ -256,11 +257,11 @@ class AddonHandler(AwsHandler):
             if status in ("CREATE_FAILED", "DEGRADED", "GONE"):
                 issues = "; ".join(f"{i.get('code')}: {i.get('message')}" for i in
                                    ((found or {}).get("health") or {}).get("issues") or [])
-                return Phase(False, status, failed=f"add-on {addon} {status.lower()}" + (f" ({issues})" if issues
+                return Look(False, status, fatal=f"add-on {addon} {status.lower()}" + (f" ({issues})" if issues
                                                                                          else ""),
                              remedy="fix what its health issues name (`aws eks describe-addon`), then `rtui up` "
                                     "again")
-            return Phase(status == "ACTIVE", f"{addon} {status.lower()}")
+            return Look(status == "ACTIVE", f"{addon} {status.lower()}")
 
         return wait_until(look, what=f"add-on {addon}", expected_s=ADDON_EXPECTED_S, timeout_s=1200.0, clock=api.clock)
 
@@ -269,9 +270,9 @@ class AddonHandler(AwsHandler):
         cluster, addon = have.id.split("/", 1)
         await api.call("eks", "delete_addon", clusterName=cluster, addonName=addon, ok=_NOT_FOUND)
 
-        async def look() -> Phase:
+        async def look() -> Look:
             found = await api.call("eks", "describe_addon", clusterName=cluster, addonName=addon, ok=_NOT_FOUND)
-            return Phase(found is None, f"{addon} " + ("deleted" if found is None else
+            return Look(found is None, f"{addon} " + ("deleted" if found is None else
                                                        found["addon"]["status"].lower()))
 
         async for p in wait_until(look, what=f"deleting add-on {addon}", expected_s=30.0, timeout_s=900.0,

@@ -14,7 +14,8 @@ from backend.errors import OperationError
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
-from targets.aws.infra.api import AwsApi, Phase, client_token, run_filter, tag_map, tag_spec, tags, wait_until
+from backend.waiting import Look, wait_until
+from targets.aws.infra.api import AwsApi, client_token, run_filter, tag_map, tag_spec, tags
 from targets.aws.infra.base import (
     IGW,
     LAYER,
@@ -72,10 +73,10 @@ async def until_free(api: AwsApi, what: str, attempt: Any, *, subnet: str | None
     hold it: an instance's, or another service's (requester-managed), which only that service removes."""
     service_held = False
 
-    async def look() -> Phase:
+    async def look() -> Look:
         nonlocal service_held
         if await attempt() is not None:
-            return Phase(True, f"{what} deleted")
+            return Look(True, f"{what} deleted")
         name, value = ("subnet-id", subnet) if subnet else ("vpc-id", vpc) if vpc else ("group-id", group or "")
         enis = await api.pages("ec2", "describe_network_interfaces", "NetworkInterfaces",
                                Filters=[{"Name": name, "Values": [value]}])
@@ -90,7 +91,7 @@ async def until_free(api: AwsApi, what: str, attempt: Any, *, subnet: str | None
         shown = [eni_holder(e) for e in holding[:4]] + ([f"{len(holding) - 4} more"] if len(holding) > 4 else [])
         blocked = (f"held by {', '.join(shown)}" if holding
                    else f"{len(enis)} detached network interfaces deleted" if enis else "waiting for AWS")
-        return Phase(False, f"{what} in use: {blocked}")
+        return Look(False, f"{what} in use: {blocked}")
 
     try:
         async for p in wait_until(look, what=f"deleting {what}", expected_s=60.0, timeout_s=DEPENDENCY_TIMEOUT_S,
@@ -357,13 +358,13 @@ class NatGatewayHandler(AwsHandler):
     def wait_ready(self, ctx: Context, resource_id: str) -> AsyncIterator[Progress]:
         api = self.api(ctx)
 
-        async def look() -> Phase:
+        async def look() -> Look:
             nat = (await api.call("ec2", "describe_nat_gateways", NatGatewayIds=[resource_id]))["NatGateways"][0]
             if nat["State"] == "failed":
-                return Phase(False, "failed", failed=f"NAT gateway {resource_id} failed: "
+                return Look(False, "failed", fatal=f"NAT gateway {resource_id} failed: "
                              f"{nat.get('FailureCode', '')} {nat.get('FailureMessage', '')}".strip(),
                              remedy="run `rtui up` again: the plan replaces it")
-            return Phase(nat["State"] == "available", f"NAT gateway {nat['State']}")
+            return Look(nat["State"] == "available", f"NAT gateway {nat['State']}")
 
         return wait_until(look, what=f"NAT gateway {resource_id}", expected_s=NAT_EXPECTED_S, timeout_s=900.0,
                           clock=api.clock)
@@ -372,11 +373,11 @@ class NatGatewayHandler(AwsHandler):
         api = self.api(ctx)
         await api.call("ec2", "delete_nat_gateway", NatGatewayId=have.id, ok=GONE_CODES)
 
-        async def look() -> Phase:
+        async def look() -> Look:
             nats = (await api.call("ec2", "describe_nat_gateways", NatGatewayIds=[have.id],
                                    ok=("NatGatewayNotFound",)) or {}).get("NatGateways") or []
             state = nats[0]["State"] if nats else "deleted"
-            return Phase(state == "deleted", f"NAT gateway {state}")
+            return Look(state == "deleted", f"NAT gateway {state}")
 
         async for p in wait_until(look, what=f"deleting NAT gateway {have.id}", expected_s=60.0, timeout_s=900.0,
                                   clock=api.clock):

@@ -15,8 +15,9 @@ from backend.layers.base import Context
 from backend.ledger import BILLING
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
+from backend.waiting import Look, wait_until
 from targets.aws.infra import node_autoscaler as na
-from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, Phase, tag_map, tag_spec, tags, wait_until
+from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, tag_map, tag_spec, tags
 from targets.aws.infra.base import (
     GPU_ASG_TAGS,
     GPU_NODES,
@@ -85,15 +86,15 @@ class PlacementGroupHandler(AwsHandler):
             async for p in delete_nodegroup(api, cluster, name):
                 yield p
 
-        async def look() -> Phase:
+        async def look() -> Look:
             try:
                 await api.call("ec2", "delete_placement_group", GroupName=have.id,
                                ok=("InvalidPlacementGroup.Unknown",))
             except OperationError as exc:
                 if "InUse" in exc.message:
-                    return Phase(False, "instances still in the group")
+                    return Look(False, "instances still in the group")
                 raise
-            return Phase(True, f"{have.id} deleted")
+            return Look(True, f"{have.id} deleted")
 
         async for p in wait_until(look, what=f"deleting placement group {have.id}", expected_s=30.0, timeout_s=900.0,
                                   clock=api.clock):
@@ -414,7 +415,7 @@ class NodegroupHandler(AwsHandler):
         api = self.api(ctx)
         cluster, name = resource_id.split("/", 1)
 
-        async def look() -> Phase:
+        async def look() -> Look:
             group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
                                     ok=_NOT_FOUND) or {}).get("nodegroup")
             status = group["status"] if group else "GONE"
@@ -426,9 +427,9 @@ class NodegroupHandler(AwsHandler):
                     raise CapacityError(f"nodegroup {name}: {ICE} in {', '.join(azs)} ({why})",
                                         az=azs[0] if azs else "",
                                         remedy="`rtui up --az-failover` moves the GPU nodes to the next feasible AZ")
-                return Phase(False, status, failed=f"nodegroup {name} {status.lower()}: {why}",
+                return Look(False, status, fatal=f"nodegroup {name} {status.lower()}: {why}",
                              remedy="fix what AWS names, then `rtui up` again replaces the nodegroup")
-            return Phase(status == "ACTIVE", f"nodegroup {status.lower()}")
+            return Look(status == "ACTIVE", f"nodegroup {status.lower()}")
 
         return wait_until(look, what=f"nodegroup {name}", expected_s=NODEGROUP_EXPECTED_S, timeout_s=1800.0,
                           clock=api.clock)
@@ -466,11 +467,11 @@ async def delete_nodegroup(api: AwsApi, cluster: str, name: str) -> AsyncIterato
     """Delete a nodegroup and wait until EKS no longer describes it (its instances are gone)."""
     await api.call("eks", "delete_nodegroup", clusterName=cluster, nodegroupName=name, ok=_NOT_FOUND)
 
-    async def look() -> Phase:
+    async def look() -> Look:
         group = (await api.call("eks", "describe_nodegroup", clusterName=cluster, nodegroupName=name,
                                 ok=_NOT_FOUND) or {}).get("nodegroup")
         state = "deleted" if group is None else group["status"].lower()
-        return Phase(group is None, f"nodegroup {state}")
+        return Look(group is None, f"nodegroup {state}")
 
     async for p in wait_until(look, what=f"deleting nodegroup {name}", expected_s=NODEGROUP_DELETE_S,
                               timeout_s=1800.0, clock=api.clock):

@@ -19,9 +19,9 @@ from backend.layers.base import Context, Handler
 from backend.model import Action, Observed, Resource
 from backend.paths import cache_dir
 from backend.runner import Progress
+from backend.waiting import Look, wait_until
 from targets.kube.k8s import addons, idle, manifests, pods
 from targets.kube.k8s.clients import kube_api
-from targets.kube.k8s.waiting import Check, wait_for
 
 if TYPE_CHECKING:
     from targets.kube.k8s.access import KubeApi
@@ -75,13 +75,13 @@ async def pod_report(api: KubeApi, namespace: str, pod_list: list[Manifest]) -> 
     return None
 
 
-async def deployment_check(api: KubeApi, live: Manifest) -> Check:
+async def deployment_check(api: KubeApi, live: Manifest) -> Look:
     """Whether a Deployment is Available, else why not: Kubernetes' own reason from its pods when one
     cannot run (not schedulable, image not pullable, crashing; ``pods.pod_problem``), fatal where
     waiting will not fix it."""
     done, why = addons.deployment_available(live)
     if done:
-        return Check(True, why, 1.0)
+        return Look(True, why, 1.0)
     match = live["spec"]["selector"].get("matchLabels") or {}
     namespace = live["metadata"]["namespace"]
     selector = ",".join(f"{k}={v}" for k, v in match.items())
@@ -95,7 +95,7 @@ async def deployment_check(api: KubeApi, live: Manifest) -> Check:
         why = f"{why}; no pod yet"
     elif all(pods.pod_running(p) for p in mine):
         why = f"{why}; its pod is running, not ready yet"
-    return Check(False, why, 0.5, fatal=problem.message if problem is not None and problem.fatal else None)
+    return Look(False, why, 0.5, fatal=problem.message if problem is not None and problem.fatal else None)
 
 
 async def get_if_served(api: KubeApi, api_version: str, kind: str, name: str,
@@ -143,13 +143,13 @@ def crd_established(crd: Manifest | None) -> bool:
 async def wait_established(api: KubeApi, names: list[str]) -> AsyncIterator[Progress]:
     """Wait until each CRD is Established: until then the server answers its kinds with 404."""
 
-    async def established() -> Check:
+    async def established() -> Look:
         waiting = [n for n in names if not crd_established(
             await api.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", n))]
-        return Check(not waiting, f"waiting for {', '.join(waiting)} to be Established" if waiting
+        return Look(not waiting, f"waiting for {', '.join(waiting)} to be Established" if waiting
                      else "CRDs established")
 
-    async for p in wait_for(established, what="the KubeRay CRDs to be served", timeout_s=CRD_TIMEOUT_S,
+    async for p in wait_until(established, what="the KubeRay CRDs to be served", timeout_s=CRD_TIMEOUT_S,
                             remedy="see `kubectl get crd -o yaml` (conditions NamesAccepted, Established)"):
         yield p
 
@@ -201,12 +201,12 @@ def namespace_conditions(namespace: Manifest) -> str:
 async def wait_namespace_gone(api: KubeApi, name: str) -> AsyncIterator[Progress]:
     """Until the namespace is gone, saying what keeps it while it is Terminating."""
 
-    async def gone() -> Check:
+    async def gone() -> Look:
         live = await api.get("v1", "Namespace", name)
-        return Check(live is None, "namespace gone" if live is None else
+        return Look(live is None, "namespace gone" if live is None else
                      f"namespace {name} is still being deleted: {namespace_conditions(live)}")
 
-    async for p in wait_for(gone, what=f"deleting namespace {name}", timeout_s=ADDON_TIMEOUT_S,
+    async for p in wait_until(gone, what=f"deleting namespace {name}", timeout_s=ADDON_TIMEOUT_S,
                             remedy=f"see `kubectl get namespace {name} -o yaml` (status.conditions)"):
         yield p
 
@@ -343,7 +343,7 @@ class AddonHandler(KubeHandler):
         async for p in delete_ours(api, ctx, objects, any_run=True):
             yield p
 
-    async def readiness(self, api: KubeApi, live: Manifest) -> Check:
+    async def readiness(self, api: KubeApi, live: Manifest) -> Look:
         """Whether the add-on's workload (its DaemonSet or Deployment) is ready, and why not."""
         raise NotImplementedError
 
@@ -357,14 +357,14 @@ class AddonHandler(KubeHandler):
                           outputs={"image": workload["spec"]["template"]["spec"]["containers"][0]["image"],
                                    "digest": want.spec.get("digest")})
 
-        async def ready() -> Check:
+        async def ready() -> Look:
             live = await api.get(*ref(workload))
             if live is None:
-                return Check(False, f"waiting for the {workload['kind']} to appear")
+                return Look(False, f"waiting for the {workload['kind']} to appear")
             return await self.readiness(api, live)
 
         namespace = workload["metadata"]["namespace"]
-        async for p in wait_for(ready, what=self.title, timeout_s=ADDON_TIMEOUT_S,
+        async for p in wait_until(ready, what=self.title, timeout_s=ADDON_TIMEOUT_S,
                                 remedy=f"see `kubectl -n {namespace} describe {workload['kind'].lower()}`"):
             yield p
 
@@ -417,10 +417,10 @@ class DevicePluginHandler(AddonHandler):
         async for p in self.install(ctx, want, self.kube_objects(ctx, want)):
             yield p
 
-    async def readiness(self, api: KubeApi, live: Manifest) -> Check:
+    async def readiness(self, api: KubeApi, live: Manifest) -> Look:
         nodes = await gpu_nodes(api)
         done, why = addons.daemonset_ready(live, nodes)
-        return Check(done, why, 1.0 if done else 0.5, fatal=addons.daemonset_blocked(live, nodes))
+        return Look(done, why, 1.0 if done else 0.5, fatal=addons.daemonset_blocked(live, nodes))
 
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
@@ -510,7 +510,7 @@ class OperatorHandler(AddonHandler):
         async for p in self.install(ctx, want, [o for o in objects if o["kind"] != "CustomResourceDefinition"]):
             yield p
 
-    async def readiness(self, api: KubeApi, live: Manifest) -> Check:
+    async def readiness(self, api: KubeApi, live: Manifest) -> Look:
         return await deployment_check(api, live)
 
 

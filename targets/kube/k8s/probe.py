@@ -27,11 +27,11 @@ from backend.errors import RtuiError
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
+from backend.waiting import Look, wait_until
 from targets.kube.k8s import manifests, pods
 from targets.kube.k8s.handlers import LAYER, RAYCLUSTER, KubeHandler, object_id, ours, pod_report
 from targets.kube.k8s.raycluster import ray_pods_selector
 from targets.kube.k8s.security import NETWORK_POLICY
-from targets.kube.k8s.waiting import Check, wait_for
 
 if TYPE_CHECKING:
     from backend.config import RunConfig
@@ -219,17 +219,17 @@ class NetworkPolicyProbeHandler(KubeHandler):
         await api.apply(probe_pod(config, ctx.record.run_id, name, image, head["spec"].get("nodeName"), target_ip))
         phase: str | None = None
         try:
-            async def ended() -> Check:
+            async def ended() -> Look:
                 nonlocal phase
                 pod = await api.get("v1", "Pod", name, config.namespace) or {}
                 phase = (pod.get("status") or {}).get("phase")
                 if phase in ("Succeeded", "Failed"):
-                    return Check(True, f"probe pod {phase.lower()}")
+                    return Look(True, f"probe pod {phase.lower()}")
                 problem = await pod_report(api, config.namespace, [pod]) if pod else None
-                return Check(False, problem.message if problem else f"probe pod {phase or 'Pending'}",
+                return Look(False, problem.message if problem else f"probe pod {phase or 'Pending'}",
                              fatal=problem.message if problem is not None and problem.fatal else None)
 
-            async for _ in wait_for(ended, what=f"the probe pod {name}", timeout_s=PROBE_TIMEOUT_S):
+            async for _ in wait_until(ended, what=f"the probe pod {name}", timeout_s=PROBE_TIMEOUT_S):
                 pass
             lines = [line async for line in api.read_pod_log(config.namespace, name, CONTAINER, timestamps=False)]
         except RtuiError as exc:  # it could not run: the policy is neither confirmed nor refuted

@@ -16,6 +16,7 @@ from backend.errors import OperationError, UserError
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
+from backend.waiting import Look, wait_until
 from targets.kube.k8s import admission, idle, manifests, pods, rights
 from targets.kube.k8s.handlers import (
     EFA_PLUGIN,
@@ -41,7 +42,6 @@ from targets.kube.k8s.handlers import (
 from targets.kube.k8s.security import JOB_ENV, NETWORK_POLICY, RAY_TOKEN
 from targets.kube.k8s.serviceaccount import SERVICE_ACCOUNT, WORKER_ACCOUNT
 from targets.kube.k8s.storage import DATA_CLAIM
-from targets.kube.k8s.waiting import Check, wait_for
 
 if TYPE_CHECKING:
     from targets.kube.k8s.access import KubeApi
@@ -158,7 +158,7 @@ class PrepullHandler(KubeHandler):
         selector = daemonset["spec"]["selector"]["matchLabels"]
         label = ",".join(f"{k}={v}" for k, v in selector.items())
 
-        async def pulled() -> Check:
+        async def pulled() -> Look:
             live = await api.get(*ref(daemonset))
             status = (live or {}).get("status") or {}
             want_n, ready_n = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
@@ -169,16 +169,16 @@ class PrepullHandler(KubeHandler):
             # to wait for here; the workers' nodes pull the image as they start.
             seen = live is not None and status.get("observedGeneration", 0) >= live["metadata"].get("generation", 1)
             if seen and want_n == 0:
-                return Check(True, "no GPU node to pull onto yet: each pulls the image as its worker starts", 1.0)
+                return Look(True, "no GPU node to pull onto yet: each pulls the image as its worker starts", 1.0)
             problem = await pod_report(api, ctx.config.namespace,
                                        await api.list("v1", "Pod", ctx.config.namespace, label))
             message = problem.message if problem else f"image on {ready_n}/{want_n} nodes"
             done = live is not None and want_n > 0 and ready_n >= want_n
-            return Check(done, message, ready_n / want_n if want_n else None, unscheduled.fatal(problem))
+            return Look(done, message, ready_n / want_n if want_n else None, unscheduled.fatal(problem))
 
         unscheduled = Unscheduled()
 
-        async for p in wait_for(pulled, what="pulling the Ray image", timeout_s=PULL_TIMEOUT_S,
+        async for p in wait_until(pulled, what="pulling the Ray image", timeout_s=PULL_TIMEOUT_S,
                                 remedy="check the image name and the nodes' access to its registry"):
             yield p
 
@@ -263,20 +263,20 @@ class RayClusterHandler(KubeHandler):
     async def _wait_head(self, api: KubeApi, ctx: Context) -> AsyncIterator[Progress]:
         selector = ray_pods_selector(ctx.config.cluster_name, "head")
 
-        async def head_ready() -> Check:
+        async def head_ready() -> Look:
             heads = await api.list("v1", "Pod", ctx.config.namespace, selector)
             if not heads:
                 await refuse_if_refused(ctx, await _ray_pods_refused(api, ctx))
-                return Check(False, "waiting for KubeRay to create the head pod", 0.3)
+                return Look(False, "waiting for KubeRay to create the head pod", 0.3)
             if any(pods.pod_ready(p) for p in heads):
-                return Check(True, "head ready", 1.0)
+                return Look(True, "head ready", 1.0)
             problem = await pod_report(api, ctx.config.namespace, heads)
-            return Check(False, problem.message if problem else f"head pod {heads[0]['metadata']['name']} starting",
+            return Look(False, problem.message if problem else f"head pod {heads[0]['metadata']['name']} starting",
                          0.5, unscheduled.fatal(problem))
 
         unscheduled = Unscheduled()
 
-        async for p in wait_for(head_ready, what="the Ray head", timeout_s=PULL_TIMEOUT_S,
+        async for p in wait_until(head_ready, what="the Ray head", timeout_s=PULL_TIMEOUT_S,
                                 remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):
             yield p
 
@@ -287,11 +287,11 @@ class RayClusterHandler(KubeHandler):
             yield p
         selector = ray_pods_selector(ctx.config.cluster_name)
 
-        async def pods_gone() -> Check:
+        async def pods_gone() -> Look:
             left = await api.list("v1", "Pod", ctx.config.namespace, selector)
-            return Check(not left, f"{len(left)} Ray pods terminating" if left else "every Ray pod gone")
+            return Look(not left, f"{len(left)} Ray pods terminating" if left else "every Ray pod gone")
 
-        async for p in wait_for(pods_gone, what="the Ray pods going", timeout_s=600.0):
+        async for p in wait_until(pods_gone, what="the Ray pods going", timeout_s=600.0):
             yield p
 
 
@@ -336,20 +336,20 @@ class WorkersHandler(KubeHandler):
                 yield p
         selector = ray_pods_selector(ctx.config.cluster_name, "worker")
 
-        async def running() -> Check:
+        async def running() -> Look:
             workers = await api.list("v1", "Pod", ctx.config.namespace, selector)
             up = sum(pods.pod_running(p) for p in workers)
             if up >= count:
-                return Check(True, f"{up}/{count} workers running", 1.0)
+                return Look(True, f"{up}/{count} workers running", 1.0)
             if len(workers) < count:  # pods missing: KubeRay may have been refused them
                 await refuse_if_refused(ctx, await _ray_pods_refused(api, ctx))
             problem = await pod_report(api, ctx.config.namespace, workers)
-            return Check(False, problem.message if problem else f"{up}/{count} workers running",
+            return Look(False, problem.message if problem else f"{up}/{count} workers running",
                          0.2 + 0.8 * up / count, unscheduled.fatal(problem))
 
         unscheduled = Unscheduled()
 
-        async for p in wait_for(running, what="the GPU workers", timeout_s=PULL_TIMEOUT_S,
+        async for p in wait_until(running, what="the GPU workers", timeout_s=PULL_TIMEOUT_S,
                                 remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):
             yield p
 

@@ -30,9 +30,9 @@ from backend.config import RunConfig
 from backend.layers.base import Context
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.runner import Progress
+from backend.waiting import Look, wait_until
 from targets.kube.k8s import manifests
 from targets.kube.k8s.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
-from targets.kube.k8s.waiting import Check, wait_for
 
 if TYPE_CHECKING:
     from targets.kube.k8s.access import KubeApi
@@ -178,12 +178,12 @@ class DataClaimHandler(KubeHandler):
                            f"mounts it is scheduled ({facts.class_name} waits for a consumer)", 1.0)
             return
 
-        async def bound() -> Check:
+        async def bound() -> Look:
             live = await api.get(*_ref(ctx.config))
             phase = ((live or {}).get("status") or {}).get("phase") or "Pending"
-            return Check(phase == "Bound", f"claim {phase}")
+            return Look(phase == "Bound", f"claim {phase}")
 
-        async for p in wait_for(bound, what=f"the volume {object_id(claim)} to be provisioned",
+        async for p in wait_until(bound, what=f"the volume {object_id(claim)} to be provisioned",
                                 timeout_s=BIND_TIMEOUT_S,
                                 remedy=f"see `kubectl -n {ctx.config.namespace} describe pvc "
                                        f"{manifests.data_claim_name(ctx.config)}` (its events say why)"):
