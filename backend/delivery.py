@@ -50,7 +50,7 @@ class DataUsage:
                          else "under $0.01/month")
         return f"{self.where}: " + ", ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | int | float | None]:
         return {"where": self.where, "bytes": self.bytes, "models": self.models, "checkpoints": self.checkpoints,
                 "monthly_cost": self.monthly_cost}
 

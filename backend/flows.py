@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from backend.config import RunConfig
 from backend.delivery import DataUsage, LocalDirStore
@@ -411,7 +410,7 @@ class KeptData:
     usage: DataUsage
     target: str | None = None  # the target of the run that recorded it; None: a data dir on this machine
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | int | float | bool | None]:
         return {"run_id": self.run_id, "kept_on_purpose": True, **self.usage.to_dict()}
 
 

@@ -76,6 +76,7 @@ class StatusReport:
     gpu: GpuFleet | None = None  # GPU workers and nodes now, against the full size (issue 26)
 
     def to_dict(self) -> dict[str, Any]:
+        """What `rtui status --json` prints: a JSON object whose keys scripts read, built from the typed fields."""
         r = self.record
         job = r.current_job
         return {
@@ -109,7 +110,7 @@ def _resources_dict(record: RunRecord) -> dict[str, dict[str, str | None]]:
             for address, r in record.resources.items()}
 
 
-def _steps_dict(steps: dict[str, StepState]) -> dict[str, dict[str, Any]]:
+def _steps_dict(steps: dict[str, StepState]) -> dict[str, dict[str, str | int | float | None]]:
     return {k: {"status": v.status.value, "layer": v.layer, "message": v.message, "error": v.error,
                 "attempts": v.attempts, "duration_s": v.duration_s} for k, v in steps.items()}
 
