@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -94,16 +96,28 @@ async def down(session: RunSession) -> Outcome:
     return await collect(flows.down(session))
 
 
+def aws_client(service: str, region: str = REGION) -> Any:
+    """The test's own boto3 client (not rtui's), one per service, region, endpoint and caller: making one
+    costs 3-20 ms of CPU, and ``tagged`` alone made a dozen a call (IAM's once per role)."""
+    caller = tuple(os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"))
+    return _client(service, region, caller)
+
+
+@functools.cache
+def _client(service: str, region: str, caller: tuple[str | None, ...]) -> Any:
+    return boto3.client(service, region_name=region)
+
+
 def ec2() -> Any:
-    return boto3.client("ec2", region_name=REGION)
+    return aws_client("ec2")
 
 
 def eks() -> Any:
-    return boto3.client("eks", region_name=REGION)
+    return aws_client("eks")
 
 
 def iam() -> Any:
-    return boto3.client("iam", region_name=REGION)
+    return aws_client("iam")
 
 
 def tagged(run_id: str) -> Counter[str]:
@@ -126,7 +140,7 @@ def tagged(run_id: str) -> Counter[str]:
     counts["network-interface"] = len(client.describe_network_interfaces(Filters=run)["NetworkInterfaces"])
     counts["vpc-endpoint"] = len([e for e in client.describe_vpc_endpoints(Filters=run)["VpcEndpoints"]
                                   if e["State"].lower() not in ("deleted", "deleting")])
-    logs = boto3.client("logs", region_name=REGION)
+    logs = aws_client("logs")
     for group in logs.describe_log_groups(logGroupNamePrefix="/aws/eks/")["logGroups"]:
         group_tags = logs.list_tags_for_resource(resourceArn=group["logGroupArn"])["tags"]
         counts["log-group"] += group_tags.get(RUN_TAG) == run_id
@@ -140,7 +154,7 @@ def tagged(run_id: str) -> Counter[str]:
         counts["nodegroup"] += len(eks().list_nodegroups(clusterName=name)["nodegroups"])
         counts["addon"] += len(eks().list_addons(clusterName=name)["addons"])
         counts["access-entry"] += len(eks().list_access_entries(clusterName=name)["accessEntries"])
-    s3 = boto3.client("s3", region_name=REGION)
+    s3 = aws_client("s3")
     for bucket in s3.list_buckets()["Buckets"]:
         try:
             tag_set = s3.get_bucket_tagging(Bucket=bucket["Name"])["TagSet"]
