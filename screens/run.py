@@ -26,7 +26,7 @@ from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
 from tui import heap
 from tui.logtail import LogTail
-from tui.render import gpu_line
+from tui.render import gpu_line, per_hour_words
 from tui.screen import RtuiScreen
 from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot
 from tui.transport_badge import TransportBadge, TransportSnapshot
@@ -92,10 +92,11 @@ class RunScreen(RtuiScreen):
 
     @dataclass
     class GpuFleetChanged(Message):
-        """GPU workers and nodes now (issue 26), with the cost per hour that follows from them."""
+        """GPU workers and nodes now (issue 26), with the cost per hour that follows from them and the
+        cost at full size (equal when every GPU node is there)."""
 
         fleet: GpuFleet
-        cost_per_hour: float | None
+        cost_per_hour: tuple[float, float | None] | None
 
     @dataclass
     class TeardownRequested(Message):
@@ -109,7 +110,7 @@ class RunScreen(RtuiScreen):
         self._stale = True  # telemetry moved on since the widgets' last snapshots
         self._refreshed_at = 0.0
         self.gpu_fleet: GpuFleet | None = None  # kube and aws: the GPU side now
-        self._gpu_cost: float | None = None
+        self._gpu_cost: tuple[float, float | None] | None = None  # now, and at full size
         self._status_message = ""
 
     @property
@@ -180,7 +181,7 @@ class RunScreen(RtuiScreen):
             ranks = self.session.config.effective_workers()
             text.append(f"\n{gpu_line(self.gpu_fleet, ranks=ranks)}", style="dim")
             if self._gpu_cost is not None:
-                text.append(f"  ${self._gpu_cost:.2f}/hour now", style="dim")
+                text.append(f"  {per_hour_words(*self._gpu_cost)}", style="dim")
         self.query_one("#job-status", Static).update(text)
 
     @work(exclusive=True, group="gpu", exit_on_error=False)
@@ -190,7 +191,8 @@ class RunScreen(RtuiScreen):
             fleet = await self.session.gpu_fleet()
             if fleet is not None:
                 meter = cost_meter(self.session.record, gpu=fleet)
-                self.post_message(self.GpuFleetChanged(fleet, meter.per_hour if meter else None))
+                cost = (meter.per_hour, meter.per_hour_full) if meter else None
+                self.post_message(self.GpuFleetChanged(fleet, cost))
             await asyncio.sleep(GPU_REFRESH_S)
 
     def on_run_screen_gpu_fleet_changed(self, message: GpuFleetChanged) -> None:

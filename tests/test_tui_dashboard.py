@@ -505,7 +505,10 @@ async def test_the_teardown_modal_prices_the_gpu_nodes_there_are_now(isolated_en
         run = app.screen
         assert isinstance(run, RunScreen)
         idle = GpuFleet(workers=0, nodes=0, full=2, autoscaling=True, priced="eks.nodegroup")
-        run.post_message(RunScreen.GpuFleetChanged(idle, 0.10))
+        run.post_message(RunScreen.GpuFleetChanged(idle, (0.10, 9.30)))
         await wait_for(pilot, lambda: run.gpu_fleet == idle, 5, "the idle GPU fleet on the run screen")
         details = " ".join(app.teardown_modal().details)
+        # The run screen's GPU line says it in the same words (it said "$0.10/hour now" alone).
+        shown = str(run.query_one("#job-status").render())
     assert "$0.10/hour now ($9.30/hour at full size)" in details, details
+    assert "$0.10/hour now ($9.30/hour at full size)" in shown, shown
