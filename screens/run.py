@@ -96,7 +96,7 @@ class RunScreen(RtuiScreen):
         cost at full size (equal when every GPU node is there)."""
 
         fleet: GpuFleet
-        cost_per_hour: tuple[float, float | None] | None
+        cost: tuple[float, float | None] | None  # per hour: now, and at full size
 
     @dataclass
     class TeardownRequested(Message):
@@ -196,8 +196,8 @@ class RunScreen(RtuiScreen):
             await asyncio.sleep(GPU_REFRESH_S)
 
     def on_run_screen_gpu_fleet_changed(self, message: GpuFleetChanged) -> None:
-        if (message.fleet, message.cost_per_hour) != (self.gpu_fleet, self._gpu_cost):
-            self.gpu_fleet, self._gpu_cost = message.fleet, message.cost_per_hour
+        if (message.fleet, message.cost) != (self.gpu_fleet, self._gpu_cost):
+            self.gpu_fleet, self._gpu_cost = message.fleet, message.cost
             self._render_status(self._status_message)
             self._stale = True
 

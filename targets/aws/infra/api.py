@@ -74,7 +74,6 @@ def iam_propagating(exc: ClientError) -> bool:
     return error_code(exc) == "InvalidParameterException" and any(m in message for m in IAM_PROPAGATION_MESSAGES)
 
 
-
 def transient(exc: BaseException) -> bool:
     return retry_cause(exc) is not None
 
