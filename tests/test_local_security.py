@@ -105,12 +105,21 @@ def check_closed_and_private(cluster: ClusterDir, record: RunRecord, state: Path
     assert not open_to_others, open_to_others[:5]
 
     # The user's credentials reach no Ray process, and the token lands in no record or spool.
+    tmp_seen = False
     for proc in cluster_family(cluster.path):
         try:
             environ = proc.environ()
         except psutil.Error:
             continue
         assert not set(SECRETS) & set(environ), (proc.name(), set(SECRETS) & set(environ))
+        # Their temporary files (Ray Train's locks and checkpoint copies, torch's compile cache) go
+        # where `down` removes them, not into /tmp for good. (A process whose title Ray set over its
+        # environment's memory, as setproctitle does, shows a cut one: the pin rtui sets is the sign.)
+        if "RAY_ADDRESS" in environ:
+            tmp = Path(environ.get("TMPDIR", "/tmp"))
+            assert tmp.is_relative_to(cluster.path), (proc.name(), str(tmp))
+            tmp_seen = True
+    assert tmp_seen, "no process of the cluster showed its environment"
     files = [p for p in state.rglob("*") if p.is_file()]
     assert files and not any(token in p.read_text(errors="replace") for p in files)
 

@@ -27,11 +27,13 @@ TMP = Path("/tmp")
 # The names a run of the suite could leave: rtui's own (cluster dirs rtui-<run id>-*, bench and
 # sandbox dirs rtui-*), the Kubernetes double's emulated volumes (vol-<claim>-*), Ray's default temp
 # dir and the sessions it puts in it when it already exists, Ray Train's checkpoint copies under
-# tempfile.gettempdir() (Checkpoint.as_directory's checkpoint_tmp_<id>), and the sockets of the tmux
-# servers the tests and bench/first_frame.py start (tmux -L rtui-…). Not ray.air's _ray_lockfiles: a
-# lock dir any Ray Train run on the host shares, the local target's jobs included (their environment
-# keeps no TMPDIR: targets/local/layer.ray_env), so it is the product's, not a test's leftover.
-WATCHED = ("rtui*", "vol-*", "ray", "ray/session_2*", "checkpoint_tmp_*", "tmux-*/rtui-*")
+# tempfile.gettempdir() (Checkpoint.as_directory's checkpoint_tmp_<id>) and the locks ray.air takes
+# there (_ray_lockfiles/<hash>.lock: a dir any Ray Train run on the host shares, so its new locks are
+# what is watched), torch's compile cache there, and the sockets of the tmux servers the tests and
+# bench/first_frame.py start (tmux -L rtui-…). A local cluster's processes keep their temporary files
+# in its own dir (targets/local/layer.ray_env), which `down` removes.
+WATCHED = ("rtui*", "vol-*", "ray", "ray/session_2*", "checkpoint_tmp_*", "_ray_lockfiles/*", "torchinductor_*",
+           "tmux-*/rtui-*")
 
 
 # The run's token, in the names of what its tests make right under /tmp (short dirs, tmux sockets), so a

@@ -80,9 +80,18 @@ DASHBOARD_MODULE_READY_ENV = "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT
 DASHBOARD_MODULE_READY_S = "180"
 
 
+def cluster_tmp(cluster: lc.ClusterDir) -> Path:
+    """The cluster's temporary dir, made (0700) if it is not there: Python's tempfile passes over a
+    TMPDIR that does not exist and falls back to /tmp."""
+    path = cluster.path / "tmp"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
 def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
             environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A minimal environment for the cluster's processes, pinned to this cluster and its token."""
+    """A minimal environment for the cluster's processes, pinned to this cluster and its token, with
+    their temporary files in its dir."""
     source = os.environ if environ is None else environ
     env = {k: v for k, v in source.items()
            if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and k not in _ENV_OURS}
@@ -95,6 +104,11 @@ def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
         # and a worker looks for the head at the host's address. Those clusters bind the host's
         # address, behind the token like everything else.
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0" if loopback else "1",
+        # What the job and Ray write to the system's temporary dir (Ray Train's checkpoint copies and
+        # ray.air's _ray_lockfiles, torch's torchinductor_<user> cache, the training program's own) lands
+        # in the cluster's dir, which `down` removes: /tmp keeps nothing of a run. Ray reads RAY_TMPDIR
+        # first (ray/_common/utils.get_default_system_temp_dir): a user's own stays theirs.
+        "TMPDIR": str(cluster_tmp(cluster)),
         # Every Ray entry point (Ray Train's helpers too) talks to this cluster, never "the latest" one.
         "RAY_ADDRESS": str(cluster.facts["gcs_address"]),
         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(cluster.path / TOKEN_FILE),
