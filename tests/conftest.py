@@ -111,12 +111,20 @@ def is_on_doubles(item: pytest.Item) -> bool:
 _TMP_AT_START = pytest.StashKey[set[str]]()
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own, which makes the run's temporary path factory
 def pytest_configure(config: pytest.Config) -> None:
     """Snapshot the watched entries of /tmp, in the controller only under xdist (workers have
-    ``workerinput``): the check is the whole run's, made once after every worker has finished."""
+    ``workerinput``): the check is the whole run's, made once after every worker has finished.
+
+    torch makes its compile cache dir when torch._dynamo is imported (transformers' models import
+    it), in tempfile.gettempdir() unless TORCHINDUCTOR_CACHE_DIR names one
+    (torch/_inductor/runtime/cache_dir_utils.py): the run's, and the workers' (they inherit this
+    environment), is under the run's base temp, as every file a test makes."""
     if not hasattr(config, "workerinput"):
         new_run_token()
         config.stash[_TMP_AT_START] = watched_entries()
+        factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(factory.getbasetemp() / "torchinductor")
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's own sessionfinish has stopped the workers
