@@ -143,6 +143,9 @@ class RunConfig(BaseModel):
     system_node_count: int = Field(default=1, ge=1, le=10, description="Number of system nodes")
     gpu_node_type: str = Field(default="g6.12xlarge", description="Instance type of the GPU worker nodes")
     gpu_node_count: int = Field(default=2, ge=1, le=64, description="Number of GPU worker nodes")
+    spot: bool = Field(default=False,
+        description="aws: the GPU nodes on Spot capacity (priced at the GPU AZ's Spot price, about a third of "
+                    "On-Demand's often; AWS may take a node back with two minutes' notice)")
     gpus_per_node: int = Field(default=4, ge=1, le=16, description="GPUs per GPU node")
     namespace: str = Field(default="rtui", description="Kubernetes namespace")
     image: str = Field(

@@ -38,6 +38,7 @@ HOSTILE: dict[str, dict[str, Any]] = {
     "system_node_type": {"target": "aws", "system_node_type": "m7i.48xlarge"},
     "system_node_count": {"target": "aws", "system_node_count": 10},
     "gpu_node_type": {"target": "aws", "gpu_node_type": "p5.48xlarge"},
+    "spot": {"target": "aws", "spot": True},
     "gpu_node_count": {"target": "aws", "gpu_node_count": 64},
     "namespace": {"target": "kube", "namespace": "kube-system"},
     "image": {"target": "kube", "image": "evil.example.com/ray:latest"},

@@ -37,7 +37,8 @@ async def plan(ns: argparse.Namespace, out: TextIO) -> int:
         if ns.json:
             _json_line(out, {"run_id": session.run_id, "target": the_plan.target, "noop": the_plan.is_noop,
                              "cost_per_hour": the_plan.cost_per_hour, "price_source": the_plan.price_source,
-                             "usage_costs": the_plan.usage_costs, "counts": the_plan.counts(),
+                             "usage_costs": the_plan.usage_costs, "notes": the_plan.notes,
+                             "counts": the_plan.counts(),
                              "layers": the_plan.layers(),
                              "changes": [c.model_dump(mode="json") for c in the_plan.changes]})
         else:

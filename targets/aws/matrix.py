@@ -17,6 +17,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from targets.aws.cloud.report import PreflightReport, RegionReport, ZoneReport
+from targets.aws.cloud.verdict import zone_price
 
 _VERDICT = {"feasible": ("✓", "green"), "warning": ("!", "yellow"), "blocked": ("✗", "red")}
 # mark, flag, zone, zone id, GPU offered, EFA, quota headroom, reservation, EKS zone, $/h
@@ -99,13 +100,15 @@ def estimated(region: RegionReport) -> bool:
     return bool(region.price_source) and "estimate" in (region.price_source or "")
 
 
-def price_cell(region: RegionReport) -> tuple[str, str]:
-    """The plan's $/h in the region; "~" marks the built-in estimate (the panel's legend says whose prices)."""
-    if region.price_per_hour is None:
+def price_cell(region: RegionReport, zone: ZoneReport) -> tuple[str, str]:
+    """The plan's $/h in the AZ (a Spot plan's differs by AZ, else the region's); "~" marks the built-in
+    estimate (the panel's legend says whose prices)."""
+    price = zone_price(region, zone)
+    if price is None:
         return "?", "yellow"
     if estimated(region):
-        return f"~${region.price_per_hour:.2f}", "yellow"
-    return f"${region.price_per_hour:.2f}", ""
+        return f"~${price:.2f}", "yellow"
+    return f"${price:.2f}", ""
 
 
 def zone_prompt(region: RegionReport, zone: ZoneReport, *, recommended: bool, chosen: bool) -> Text:
@@ -120,7 +123,7 @@ def zone_prompt(region: RegionReport, zone: ZoneReport, *, recommended: bool, ch
     cells.add(*quota_cell(region))
     cells.add(*reservation_cell(zone))
     cells.add(*_yes(zone.eks_supported))
-    cells.add(*price_cell(region))
+    cells.add(*price_cell(region, zone))
     text = cells.line()
     notes = [(r, "red") for r in zone.reasons] if not zone.feasible else [(w, "yellow") for w in zone.warnings]
     for note, note_style in notes:

@@ -26,6 +26,7 @@ from tests.kubernetes.fake_control import FakeControlPlane
 from tests.kubernetes.fake_registry import FakeRegistry
 
 G, P, STANDARD = "L-DB2E81BA", "L-417A185B", "L-1216C47A"
+SPOT_G, SPOT_STANDARD = "L-3819A6DF", "L-34B43A08"  # Spot's own quotas (EC2 User Guide, "Spot Instance quotas")
 
 _ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -167,7 +168,7 @@ def world(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[World
     # loaded CI machine once took over 10 s.
     urllib.request.urlopen(request, timeout=120).close()
     # A generous account by default; tests tighten what they are about.
-    SCRIPT.default_quotas.update({G: 192, P: 0, STANDARD: 640})
+    SCRIPT.default_quotas.update({G: 192, P: 0, STANDARD: 640, SPOT_G: 192, SPOT_STANDARD: 640})
     yield World(moto_endpoint, SCRIPT)
     SCRIPT.reset()
     from tests.aws.provision_world import close_sessions  # it imports this module

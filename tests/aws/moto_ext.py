@@ -42,12 +42,14 @@ from moto.servicequotas.models import ServiceQuotasBackend
 from moto.servicequotas.responses import ServiceQuotasResponse
 from werkzeug.serving import make_server
 
-from tests.aws import iam_strict, moto_pricing
+from tests.aws import iam_strict, moto_pricing, moto_spot
 
 QUOTA_NAMES = {
     "L-DB2E81BA": "Running On-Demand G and VT instances",
     "L-417A185B": "Running On-Demand P instances",
     "L-1216C47A": "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances",
+    "L-3819A6DF": "All G and VT Spot Instance Requests",
+    "L-34B43A08": "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests",
 }
 
 
@@ -82,6 +84,8 @@ class Script:
     default_quotas: dict[str, float] = field(default_factory=dict)  # code -> AWS default
     reservations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # region -> API dicts
     prices: dict[tuple[str, str], float] = field(default_factory=dict)  # (region, type) -> USD/h
+    # (region, type) -> AZ -> the Spot price in effect now, USD/h (tests/aws/moto_spot.py)
+    spot_prices: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     # region -> {eks, nat_hour, nat_gb, ebs_gp3, ipv4} -> USD (tests/aws/moto_pricing.py)
     region_prices: dict[str, dict[str, float]] = field(default_factory=dict)
     pricing_denied: bool = True
@@ -226,6 +230,8 @@ def install() -> Callable[[], None]:
                                        _request_service_quota_increase, create=True))
     patches.enter_context(patch.object(EC2Response, "describe_capacity_reservations", _describe_capacity_reservations,
                                        create=True))
+    patches.enter_context(patch.object(EC2Response, "describe_spot_price_history",
+                                       lambda self: moto_spot.describe_spot_price_history(self, SCRIPT)))
     # moto's dispatcher lists its package directory (listdir, then isdir on ~180 entries) for every request
     # it routes (werkzeug_app.get_backend_for_host): listed once here, the same names. Not a behaviour of
     # AWS's, only this double's CPU (py-spy: ~8% of tests/aws/test_provision.py's moto samples).

@@ -44,6 +44,30 @@ _QUOTA_BY_CLASS = {
     **{letter: QUOTA_STANDARD for letter in ("a", "c", "d", "h", "i", "m", "r", "t", "z")},
 }
 
+# Spot capacity counts against quotas of its own, per class as above, of running Spot instances and open
+# requests together (EC2 User Guide, "Spot Instance quotas"; the codes as the Service Quotas API names
+# them). P is split now (P5 apart from P4, P3, P2) and Trn has one: neither code is mapped here.
+SPOT_QUOTA_G_VT = "L-3819A6DF"
+SPOT_QUOTA_STANDARD = "L-34B43A08"
+_SPOT_QUOTA_BY_CLASS = {
+    "g": SPOT_QUOTA_G_VT,
+    "vt": SPOT_QUOTA_G_VT,
+    "f": "L-88CF9481",
+    "x": "L-E3A00192",
+    "inf": "L-B5D1601B",
+    "dl": "L-85EED4F7",
+    **{letter: SPOT_QUOTA_STANDARD for letter in ("a", "c", "d", "h", "i", "m", "r", "t", "z")},
+}
+_SPOT_UNMAPPED_CLASSES = frozenset({"p", "trn"})
+QUOTA_NAMES.update({
+    SPOT_QUOTA_G_VT: "All G and VT Spot Instance Requests",
+    SPOT_QUOTA_STANDARD: "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests",
+    "L-88CF9481": "All F Spot Instance Requests",
+    "L-E3A00192": "All X Spot Instance Requests",
+    "L-B5D1601B": "All Inf Spot Instance Requests",
+    "L-85EED4F7": "All DL Spot Instance Requests",
+})
+
 # Families with quotas of their own that we have not mapped: better "unknown" than wrong.
 _UNMAPPED_CLASSES = frozenset({"hpc", "mac", "u"})
 _FAMILY_RE = re.compile(r"^(?P<cls>[a-z]+?)(?P<gen>\d+)(?P<suffix>[a-z-]*)$")
@@ -60,8 +84,9 @@ def _class_and_generation(instance_type: str) -> tuple[str, int] | None:
     return match["cls"], int(match["gen"])
 
 
-def quota_code_for(instance_type: str) -> str | None:
-    """The vCPU quota an instance type counts against, or None for families we do not map."""
+def quota_code_for(instance_type: str, *, spot: bool = False) -> str | None:
+    """The vCPU quota an instance type counts against, On-Demand or Spot, or None for families we do
+    not map."""
     parsed = _class_and_generation(instance_type)
     if parsed is None:
         return None
@@ -69,7 +94,10 @@ def quota_code_for(instance_type: str) -> str | None:
     if cls in _UNMAPPED_CLASSES:
         return None
     # Multi-letter classes not listed (gr6, im4gn, x2idn) count against their first letter's quota.
-    return _QUOTA_BY_CLASS.get(cls) or _QUOTA_BY_CLASS.get(cls[0])
+    if spot and cls in _SPOT_UNMAPPED_CLASSES:
+        return None
+    by_class = _SPOT_QUOTA_BY_CLASS if spot else _QUOTA_BY_CLASS
+    return by_class.get(cls) or by_class.get(cls[0])
 
 
 def gpudirect_rdma_possible(instance_type: str, efa_supported: bool) -> bool:

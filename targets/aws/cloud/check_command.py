@@ -221,16 +221,23 @@ def _render_region(region: RegionReport) -> list[str]:
         )
         if not quota.ok:
             out.append(f"    ask for {quota.request_value}: {increase_command(region.region, quota)}")
+    # A Spot plan costs what each AZ's Spot price makes it: a column of its own (the GPU nodes' price in it).
+    by_zone = any(zone.price_per_hour is not None or zone.spot_price is not None for zone in region.zones)
     if region.zones:
-        out.append(f"  {'zone':<16}{'zone id':<12}{'gpu':<5}{'sys':<5}{'efa':<5}{'eks':<5}{'res':<5}verdict")
+        priced = f"{'$/h':<9}{'spot':<8}" if by_zone else ""
+        out.append(f"  {'zone':<16}{'zone id':<12}{'gpu':<5}{'sys':<5}{'efa':<5}{'eks':<5}{'res':<5}{priced}verdict")
     for zone in region.zones:
         reserved = sum(r.available for r in zone.reservations if r.usable)
         notes = zone.reasons or zone.warnings
         verdict = zone.verdict + (": " + "; ".join(notes) if notes else "")
+        spot = ""
+        if by_zone:
+            total, each = zone.price_per_hour, zone.spot_price
+            spot = f"{'?' if total is None else f'{total:.2f}':<9}{'none' if each is None else f'{each:.4f}':<8}"
         out.append(
             f"  {zone.zone:<16}{zone.zone_id:<12}{_yn(zone.gpu_offered):<5}{_yn(zone.system_offered):<5}"
             f"{(str(zone.efa_interfaces) if zone.efa else 'no'):<5}{_yn(zone.eks_supported):<5}"
-            f"{reserved:<5}{verdict}"
+            f"{reserved:<5}{spot}{verdict}"
         )
     out.extend(f"  ! {reason}" for reason in region.reasons)
     return out

@@ -15,8 +15,8 @@ from backend.aws_calls import CallPool
 from backend.aws_session import AwsSession, describe_aws_error, error_code
 from backend.config import clip, shown
 from backend.errors import OperationError, UserError
-from targets.aws.cloud.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
-from targets.aws.cloud.pricing import PlanShape, PriceBook, RegionPrices, price_plan
+from targets.aws.cloud.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts, quota_code_for
+from targets.aws.cloud.pricing import PlanShape, PriceBook, RegionPrices, price_plan, spot_nodes_cost, spot_prices
 from targets.aws.cloud.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
 from targets.aws.cloud.report import PreflightReport, PreflightRequest, QuotaStatus, RegionReport, Reservation
 from targets.aws.cloud.verdict import ZoneInputs, assess_zone, recommend
@@ -163,7 +163,7 @@ async def _matrix(
         gpu_instance=scan.gpu,
         system_instance=scan.system,
         regions=list(reports),
-        recommendation=recommend(list(reports)),
+        recommendation=recommend(list(reports), spot=request.spot),
         elapsed_s=round(time.perf_counter() - started, 3),
     )
 
@@ -220,9 +220,8 @@ async def _optional(coro: Any) -> tuple[Any, BaseException | None]:
 async def _scan_region(scan: _Scan, region: str) -> RegionReport:
     req = scan.request
     types = sorted({req.gpu_node_type, req.system_node_type})
-    codes = sorted(
-        {c for c in (scan.gpu.quota_code, scan.system.quota_code if req.system_node_count else None) if c}
-    )
+    gpu_code = quota_code_for(req.gpu_node_type, spot=True) if req.spot else scan.gpu.quota_code
+    codes = sorted({c for c in (gpu_code, scan.system.quota_code if req.system_node_count else None) if c})
 
     # A quota read can take a second round trip (no applied value: ask for the AWS default),
     # so quota reads go out first, in every region, before any region's other calls: the
@@ -242,14 +241,15 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
             offers_call,
             _optional(scan.call("ec2", region, running_instances)),
             _optional(scan.call("ec2", region, _reservations, req.gpu_node_type, req.gpu_node_count)),
+            _optional(scan.call("ec2", region, spot_prices, req.gpu_node_type) if req.spot else _nothing()),
             *quota_reads,
             scan.region_prices(region),
         )
     finally:
         for task in quota_reads:
             task.cancel()  # a no-op once done; else the region was abandoned (timeout)
-    zones_resp, offered, (instances, inst_err), (reservations, res_err) = results[:4]
-    limits = dict(zip(codes, results[4 : 4 + len(codes)], strict=True))
+    zones_resp, offered, (instances, inst_err), (reservations, res_err), (spot, spot_err) = results[:5]
+    limits = dict(zip(codes, results[5 : 5 + len(codes)], strict=True))
     prices: RegionPrices = results[-1]
 
     vcpus_by_type = {scan.gpu.instance_type: scan.gpu.vcpus, scan.system.instance_type: scan.system.vcpus}
@@ -272,8 +272,8 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
 
     gpu_needed = req.gpu_node_count * scan.gpu.vcpus
     system_needed = req.system_node_count * scan.system.vcpus
-    same_code = scan.gpu.quota_code is not None and scan.gpu.quota_code == scan.system.quota_code
-    quota = quota_for(scan.gpu.quota_code, gpu_needed + (system_needed if same_code else 0))
+    same_code = gpu_code is not None and gpu_code == scan.system.quota_code
+    quota = quota_for(gpu_code, gpu_needed + (system_needed if same_code else 0))
     system_quota = (
         None if same_code or not req.system_node_count else quota_for(scan.system.quota_code, system_needed)
     )
@@ -320,6 +320,15 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
     if res_err is not None:
         for z in zone_reports:
             z.warnings.append(f"could not list capacity reservations: {_short_error(res_err)}")
+    gpu_part = cost.parts["gpu_nodes"].per_hour
+    for z in zone_reports:
+        z.spot_price = (spot or {}).get(z.zone)
+        if spot_err is not None:
+            z.warnings.append(f"could not read Spot prices: {_short_error(spot_err)}")
+        if req.spot and cost.total is not None and gpu_part is not None:
+            at_spot = spot_nodes_cost(prices, req.gpu_node_type, req.gpu_node_count, req.gpu_disk_gb, z.zone,
+                                      z.spot_price).per_hour
+            z.price_per_hour = None if at_spot is None else round(cost.total - gpu_part + at_spot, 4)
     return RegionReport(
         region=region,
         enabled=True,
@@ -332,6 +341,10 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
         feasible=any(z.feasible for z in zone_reports),
         reasons=reasons,
     )
+
+
+async def _nothing() -> None:
+    return None
 
 
 def _zones(ec2: Any, **kwargs: Any) -> dict[str, Any]:

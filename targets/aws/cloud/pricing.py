@@ -9,6 +9,7 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.config import Config
@@ -329,6 +330,31 @@ class PlanCost:
         return {name: p.per_hour for name, p in self.parts.items() if p.per_hour is not None}
 
 
+# The platform of EKS's Linux nodes, as the Spot price history names it (EC2 API reference,
+# DescribeSpotPriceHistory, ProductDescriptions); Windows and the paid Linux distributions cost more.
+SPOT_PRODUCT = "Linux/UNIX"
+
+
+def spot_prices(ec2: Any, instance_type: str) -> dict[str, float]:
+    """The Spot price in effect now in each AZ of the client's region (USD per instance-hour), for Linux.
+
+    Asked from now on (``StartTime``), EC2 answers with the last change before it, the price in effect,
+    beside any later ones; without it, up to 90 days of history (EC2 API reference,
+    DescribeSpotPriceHistory). No order is promised, so the newest entry per AZ is the price. An AZ
+    without one is left out."""
+    newest: dict[str, tuple[datetime, float]] = {}
+    pages = ec2.get_paginator("describe_spot_price_history").paginate(
+        InstanceTypes=[instance_type], ProductDescriptions=[SPOT_PRODUCT], StartTime=datetime.now(UTC))
+    for page in pages:
+        for item in page.get("SpotPriceHistory", []):
+            if item.get("InstanceType") != instance_type or item.get("ProductDescription") != SPOT_PRODUCT:
+                continue
+            zone, at, price = item["AvailabilityZone"], item["Timestamp"], float(item["SpotPrice"])
+            if zone not in newest or at > newest[zone][0]:
+                newest[zone] = (at, price)
+    return {zone: price for zone, (_, price) in newest.items()}
+
+
 def nodes_cost(prices: RegionPrices, instance_type: str, count: int, volume_gb: int) -> PartCost:
     """Instances and their gp3 root volumes per hour, and what that is made of."""
     price = prices.instance(instance_type)
@@ -338,6 +364,23 @@ def nodes_cost(prices: RegionPrices, instance_type: str, count: int, volume_gb: 
     note = (f"{count} × {instance_type} ${price:.4f}/h + {count} × {volume_gb} GB gp3 "
             f"(${prices.ebs_gp3_gb_month:.3f}/GB-month) ${disks:.4f}/h")
     return PartCost(round(price * count + disks, 4), note)
+
+
+def spot_nodes_cost(prices: RegionPrices, instance_type: str, count: int, volume_gb: int, zone: str,
+                    spot_price: float | None) -> PartCost:
+    """Spot instances in ``zone`` and their root volumes per hour, with the On-Demand price beside. Without
+    a Spot price there, the On-Demand one, said so: Spot never bills more than it (its price is capped at
+    On-Demand's when no maximum is set, as EKS's nodegroups leave it)."""
+    on_demand = nodes_cost(prices, instance_type, count, volume_gb)
+    if spot_price is None:
+        return PartCost(on_demand.per_hour, f"no Spot price known for {instance_type} in {zone}: at most the "
+                                            f"On-Demand price; {on_demand.note}")
+    disks = prices.ebs_per_hour(volume_gb) * count
+    od = prices.instance(instance_type)
+    beside = f" (On-Demand ${od:.4f}/h)" if od is not None else ""
+    note = (f"{count} × {instance_type} Spot in {zone} ${spot_price:.4f}/h{beside} + {count} × {volume_gb} GB gp3 "
+            f"${disks:.4f}/h")
+    return PartCost(round(spot_price * count + disks, 4), note)
 
 
 def nat_gateway_cost(prices: RegionPrices) -> PartCost:

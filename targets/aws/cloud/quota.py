@@ -45,15 +45,18 @@ def running_instances(ec2: Any) -> list[dict[str, Any]]:
                 vcpus = None
                 if cpu.get("CoreCount") and cpu.get("ThreadsPerCore"):
                     vcpus = int(cpu["CoreCount"]) * int(cpu["ThreadsPerCore"])
-                found.append({"InstanceType": inst["InstanceType"], "vcpus": vcpus})
+                found.append({"InstanceType": inst["InstanceType"], "vcpus": vcpus,
+                              "spot": inst.get("InstanceLifecycle") == "spot"})
     return found
 
 
 def vcpus_in_use(instances: Iterable[dict[str, Any]], vcpus_by_type: dict[str, int]) -> dict[str, int]:
-    """vCPUs per quota code. ``vcpus_by_type`` fills in instances that carry no CpuOptions."""
+    """vCPUs per quota code. ``vcpus_by_type`` fills in instances that carry no CpuOptions. A Spot
+    instance (``InstanceLifecycle`` "spot"; On-Demand ones carry none) counts against its class's Spot
+    quota, never the On-Demand one (EC2 User Guide, "Spot Instance quotas")."""
     used: dict[str, int] = {}
     for inst in instances:
-        code = quota_code_for(inst["InstanceType"])
+        code = quota_code_for(inst["InstanceType"], spot=bool(inst.get("spot")))
         if code is None:
             continue
         vcpus = inst["vcpus"] if inst["vcpus"] is not None else vcpus_by_type.get(inst["InstanceType"], 0)

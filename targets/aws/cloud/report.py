@@ -27,6 +27,8 @@ class PreflightRequest(BaseModel):
     system_node_type: str = "m7i.xlarge"
     system_node_count: int = Field(default=1, ge=0)
     require_efa: bool = True
+    # The GPU nodes on Spot capacity: their quota is the Spot one, and each AZ is priced at its Spot price.
+    spot: bool = False
     # The root volumes the plan gives its nodes (gp3, billed per GB-month): priced with the nodes.
     gpu_disk_gb: int = Field(default=200, ge=1)
     system_disk_gb: int = Field(default=100, ge=1)
@@ -115,6 +117,12 @@ class ZoneReport(BaseModel):
     gdr: bool
     eks_supported: bool
     reservations: list[Reservation] = Field(default_factory=list)
+    # The GPU type's Spot price here, USD per instance-hour (Linux/UNIX, in effect now); asked for Spot
+    # plans only, None where EC2 has none.
+    spot_price: float | None = None
+    # The plan's cost per hour in this AZ where it differs by AZ (a Spot plan's, at this AZ's Spot price);
+    # None: the region's price_per_hour.
+    price_per_hour: float | None = None
     feasible: bool
     reasons: list[str] = Field(default_factory=list)
     verdict: ZoneVerdict = "blocked"

@@ -221,16 +221,24 @@ def _why_this_zone(best: tuple[Any, ...], candidates: list[tuple[Any, ...]]) -> 
     return f"first feasible zone by name ({same})"
 
 
-def recommend(regions: list[RegionReport]) -> Recommendation | None:
-    """The cheapest feasible AZ, preferring one with a usable matching reservation."""
+def zone_price(region: RegionReport, zone: ZoneReport) -> float | None:
+    """The plan's $/h in this AZ: its own where prices differ by AZ (Spot), else the region's."""
+    return zone.price_per_hour if zone.price_per_hour is not None else region.price_per_hour
+
+
+def recommend(regions: list[RegionReport], *, spot: bool = False) -> Recommendation | None:
+    """The cheapest feasible AZ, preferring one with a usable matching reservation (On-Demand capacity:
+    never for ``spot``, whose nodes do not draw on one)."""
     candidates = []
     for region in regions:
         for zone in region.zones:
             if not zone.feasible:
                 continue
-            reserved, named = reserved_nodes(zone.reservations)
-            reservation = named.id if named else next((r.id for r in zone.reservations if r.usable), None)
-            price = region.price_per_hour if region.price_per_hour is not None else math.inf
+            reserved, named = (0, None) if spot else reserved_nodes(zone.reservations)
+            reservation = None if spot else (
+                named.id if named else next((r.id for r in zone.reservations if r.usable), None))
+            price = zone_price(region, zone)
+            price = price if price is not None else math.inf
             # The most GPU nodes already reserved first (a reservation is capacity held and paid for).
             key = (-reserved, price, zone.verdict != "feasible", region.region, zone.zone)
             candidates.append((key, region, zone, reservation))
@@ -245,7 +253,7 @@ def recommend(regions: list[RegionReport]) -> Recommendation | None:
         region=region.region,
         zone=zone.zone,
         zone_id=zone.zone_id,
-        price_per_hour=region.price_per_hour,
+        price_per_hour=zone_price(region, zone),
         price_source=region.price_source,
         reservation=reservation,
         why=why,

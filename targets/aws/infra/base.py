@@ -150,6 +150,8 @@ class Topology:
     # AZ -> the reservation the GPU launch template names there: a targeted ODCR or a Capacity Block
     # that holds every GPU node. Open ODCRs need no naming.
     reservations: dict[str, NamedReservation] = field(default_factory=dict)
+    # AZ -> the GPU type's Spot price in effect there (USD per instance-hour): Spot plans only.
+    spot_prices: dict[str, float] = field(default_factory=dict)
     system_disk_gb: int = 50
     system_disk_why: str = ""
 

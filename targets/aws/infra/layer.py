@@ -25,7 +25,14 @@ from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
 from backend.record import AzMove
 from targets.aws.cloud import run_preflight
 from targets.aws.cloud.catalog import quota_code_for
-from targets.aws.cloud.pricing import PlanShape, PriceBook, RegionPrices, builtin_region_prices, price_plan
+from targets.aws.cloud.pricing import (
+    PlanShape,
+    PriceBook,
+    RegionPrices,
+    builtin_region_prices,
+    price_plan,
+    spot_nodes_cost,
+)
 from targets.aws.cloud.public_ip import public_cidr
 from targets.aws.cloud.report import reserved_nodes
 from targets.aws.infra import network, routes
@@ -356,9 +363,19 @@ class AwsLayer(Layer):
         named = {z.zone: reserved_nodes(z.reservations)[1] for z in region.zones}
         reservations = {az: NamedReservation(r.id, r.kind, r.placement_group)
                         for az, r in named.items() if r is not None}
+        if config.spot:
+            # A reservation holds On-Demand capacity (a Capacity Block's too): Spot nodes never draw on it.
+            if reservations.get(gpu_az) is not None:
+                self._notes.append(f"capacity reservation {reservations[gpu_az].id} in {gpu_az} is On-Demand "
+                                   "capacity: the Spot GPU nodes do not use it (without --spot they would)")
+            reservations = {}
+            self._notes.append(
+                f"Spot GPU nodes in {gpu_az}: AWS may take one back with two minutes' notice, and the cluster "
+                f"placement group that keeps their EFA traffic close needs room for all {config.gpu_node_count} in "
+                "one part of the AZ, which makes Spot capacity scarcer; without --spot they run On-Demand")
         # The reservation this run's nodes already fill shows no free slot now: keep naming it, while it
         # lasts. One that expired or was cancelled is named no more, and the plan says what replaces it.
-        kept = facts.reservation
+        kept = None if config.spot else facts.reservation
         if kept is not None and kept.az and kept.id:
             ended = await self._reservation_ended(ctx, kept.id, zones.get(kept.az))
             if ended is None:
@@ -372,7 +389,8 @@ class AwsLayer(Layer):
             reservations=reservations, system_disk_gb=disk_gb, system_disk_why=f"{disk_why} ({image.reason})",
             network_azs=network_azs, gpu_az=gpu_az, az_index=index,
             failover_azs=[z for z in feasible if z != gpu_az and z not in facts.failed_azs],
-            gpu_quota_code=quota.code if quota else quota_code_for(config.gpu_node_type),
+            spot_prices={z.zone: z.spot_price for z in region.zones if z.spot_price is not None},
+            gpu_quota_code=quota.code if quota else quota_code_for(config.gpu_node_type, spot=config.spot),
             gpu_headroom=quota.headroom if quota else None,
             system_quota_code=system_quota.code if system_quota else quota_code_for(config.system_node_type),
             system_headroom=system_quota.headroom if system_quota else None,
@@ -544,6 +562,9 @@ class AwsLayer(Layer):
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"),
                      CNI_IDENTITY.address)
         system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
+        if config.spot:
+            gpu_cost = spot_nodes_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB,
+                                       topo.gpu_az, topo.spot_prices.get(topo.gpu_az))
         scaling = gpu_scaling_config(config)  # min 0 when idle workers go (cluster-autoscaler takes their nodes)
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
@@ -557,7 +578,7 @@ class AwsLayer(Layer):
             {"instance_type": config.gpu_node_type, "size": config.gpu_node_count,
              "min_size": scaling["minSize"], "max_size": scaling["maxSize"], "azs": [topo.gpu_az],
              "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
-             "capacity_type": "CAPACITY_BLOCK" if block else "ON_DEMAND"},
+             "capacity_type": "SPOT" if config.spot else "CAPACITY_BLOCK" if block else "ON_DEMAND"},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
             cost=gpu_cost.per_hour, note=gpu_cost.note,
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,

@@ -26,7 +26,7 @@ def request_for(config: RunConfig, *, regions: list[str] | None = None, all_regi
         gpu_disk_gb=ROOT_VOLUME_GB, system_disk_gb=system_disk_gb,
         gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
         system_node_type=config.system_node_type, system_node_count=config.system_node_count,
-        profile=config.profile, default_region=config.region, require_efa=config.wants_efa(),
+        profile=config.profile, default_region=config.region, require_efa=config.wants_efa(), spot=config.spot,
         listing_timeout_s=timeout, region_timeout_s=REGION_FACTOR * timeout, deadline_s=DEADLINE_FACTOR * timeout,
     )
 

@@ -1,0 +1,142 @@
+"""Issue 41, first part: `--spot` puts the GPU nodes on Spot capacity, priced at the GPU AZ's Spot price
+in effect now (EC2's price history, served as AWS does by tests/aws/moto_spot.py), with the On-Demand price
+beside it, and checked against the Spot vCPU quota."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from targets.aws.cloud.catalog import QUOTA_G_VT, SPOT_QUOTA_G_VT, quota_code_for
+from targets.aws.cloud.pricing import SPOT_PRODUCT, spot_prices
+from targets.aws.cloud.quota import vcpus_in_use
+from tests.aws.conftest import World
+from tests.aws.moto_spot import PRODUCTS
+from tests.aws.provision_world import down, eks, session_for, tagged, up
+from tests.aws.test_plan_costs import GPU_DISK_GB, HOURS_PER_MONTH
+from tests.conftest import run_rtui
+
+GPU = "g6.12xlarge"
+# What a test scripts for us-east-1 now: each AZ its own price, all well below On-Demand's $4.6016.
+NOW = {"us-east-1a": 1.7311, "us-east-1b": 1.2544, "us-east-1c": 1.9802, "us-east-1d": 1.5003}
+
+
+def _plan(*args: str) -> dict[str, Any]:
+    proc = run_rtui("plan", "--target", "aws", "--region", "us-east-1", *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return plan
+
+
+def _change(plan: dict[str, Any], address: str) -> dict[str, Any]:
+    return next(c for c in plan["changes"] if c["address"] == address)
+
+
+def test_the_price_in_effect_now_is_read_per_az_for_linux_only(world: World) -> None:
+    """The double answers history, older lines first, other platforms beside: only the newest Linux/UNIX
+    line of each AZ is the price."""
+    world.script.spot_prices[("us-east-1", GPU)] = NOW
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=world.endpoint)
+    everything = ec2.describe_spot_price_history(InstanceTypes=[GPU])["SpotPriceHistory"]
+    assert {line["ProductDescription"] for line in everything} == set(PRODUCTS)
+    assert len({line["Timestamp"] for line in everything}) > 1  # history, not one price
+    first: dict[str, float] = {}
+    for line in everything:
+        if line["ProductDescription"] == SPOT_PRODUCT:
+            first.setdefault(line["AvailabilityZone"], float(line["SpotPrice"]))
+    assert first and first != {z: p for z, p in NOW.items() if z in first}  # the first line per AZ is stale
+
+    offered = spot_prices(ec2, GPU)
+    assert offered and offered == {z: NOW[z] for z in offered}
+
+
+def test_a_spot_plan_prices_the_gpu_nodes_at_the_gpu_azs_spot_price(world: World, kube_file: Path) -> None:
+    world.script.spot_prices[("us-east-1", GPU)] = NOW
+    on_demand = _plan()
+    spot = _plan("--spot")
+    nodes = _change(spot, "aws.nodegroup.gpu")
+    az = nodes["after"]["azs"][0]
+    disks = 2 * GPU_DISK_GB * 0.08 / HOURS_PER_MONTH
+    assert nodes["after"]["capacity_type"] == "SPOT"
+    assert nodes["cost_per_hour"] == pytest.approx(2 * NOW[az] + disks, abs=1e-3)
+    assert f"Spot in {az} ${NOW[az]:.4f}/h (On-Demand $4.6016/h)" in nodes["cost_note"]
+    assert nodes["quota"].keys() == {SPOT_QUOTA_G_VT}
+    od_nodes = _change(on_demand, "aws.nodegroup.gpu")
+    assert od_nodes["after"]["capacity_type"] == "ON_DEMAND" and od_nodes["quota"].keys() == {QUOTA_G_VT}
+    assert spot["cost_per_hour"] < on_demand["cost_per_hour"]
+    # The trade-off is said: interruptions, and the placement group EFA wants making Spot scarcer.
+    (said,) = [n for n in spot["notes"] if n.startswith("Spot GPU nodes")]
+    assert "two minutes' notice" in said and "placement group" in said and "without --spot" in said
+    assert not [n for n in on_demand["notes"] if "Spot" in n]
+
+
+def test_an_az_without_a_spot_price_is_priced_at_most_on_demand_and_says_so(world: World, kube_file: Path) -> None:
+    world.script.spot_prices[("us-east-1", GPU)] = {}  # EC2 has no Spot price for it anywhere
+    nodes = _change(_plan("--spot"), "aws.nodegroup.gpu")
+    assert nodes["after"]["capacity_type"] == "SPOT"
+    assert nodes["cost_note"].startswith(f"no Spot price known for {GPU} in ")
+    assert nodes["cost_per_hour"] == pytest.approx(2 * 4.6016 + 2 * GPU_DISK_GB * 0.08 / HOURS_PER_MONTH, abs=1e-3)
+
+
+def test_spot_instances_count_against_the_spot_quota_never_the_on_demand_one() -> None:
+    assert quota_code_for(GPU, spot=True) == SPOT_QUOTA_G_VT and quota_code_for(GPU) == QUOTA_G_VT
+    # Families whose Spot quota AWS splits or names apart (P5 and P4-P2; Trn) are not guessed.
+    assert quota_code_for("p5.48xlarge", spot=True) is None and quota_code_for("trn1.32xlarge", spot=True) is None
+    running = [{"InstanceType": GPU, "vcpus": 48, "spot": True}, {"InstanceType": GPU, "vcpus": 48, "spot": False},
+               {"InstanceType": "g6.xlarge", "vcpus": 4, "spot": True}]
+    assert vcpus_in_use(running, {}) == {SPOT_QUOTA_G_VT: 52, QUOTA_G_VT: 48}
+
+
+async def test_up_with_spot_makes_a_spot_gpu_nodegroup_and_down_leaves_nothing(world: World, kube_file: Path) -> None:
+    world.script.spot_prices[("us-east-1", GPU)] = NOW
+    session = session_for(spot=True)
+    done = await up(session)
+    assert done.ok, done.failures()
+    group = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
+    assert group["capacityType"] == "SPOT"
+    system = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-system")["nodegroup"]
+    assert system.get("capacityType", "ON_DEMAND") == "ON_DEMAND"  # the head's node is never taken back
+    # The plan after `up` changes nothing: what EKS says of the group is what was asked.
+    plan = await session.plan()
+    assert [c.address for c in plan.changes if c.layer == "aws" and c.action != "noop"] == []
+    gone = await down(session)
+    assert gone.ok, gone.failures()
+    assert tagged(session.run_id) == {}
+
+
+def test_check_prices_each_az_at_its_spot_price_and_recommends_the_cheapest(world: World) -> None:
+    world.script.spot_prices[("us-east-1", GPU)] = NOW
+    proc = run_rtui("check", "--target", "aws", "--region", "us-east-1", "--spot", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    (region,) = report["regions"]
+    zones = {z["zone"]: z for z in region["zones"] if z["feasible"]}
+    assert {z: zones[z]["spot_price"] for z in zones} == {z: NOW.get(z) for z in zones}
+    assert set(zones) - set(NOW), "an offered AZ without a Spot price, as EC2 may have"
+    # Each AZ's total differs from the region's On-Demand one by the GPU nodes' price only; one without a
+    # Spot price costs at most the On-Demand total.
+    for name, zone in zones.items():
+        gpu = 2 * NOW.get(name, 4.6016)
+        assert zone["price_per_hour"] == pytest.approx(region["price_per_hour"] - 2 * 4.6016 + gpu, abs=1e-3)
+    cheapest = min(NOW, key=lambda z: NOW[z])
+    assert report["recommendation"]["zone"] == cheapest
+    assert report["recommendation"]["why"].startswith("cheapest feasible zone")
+    text = run_rtui("check", "--target", "aws", "--region", "us-east-1", "--spot")
+    row = next(line for line in text.stdout.splitlines() if line.strip().startswith(cheapest))
+    assert f"{NOW[cheapest]:.4f}" in row
+    # The plan puts the GPU nodes where the check recommends.
+    assert _change(_plan("--spot"), "aws.nodegroup.gpu")["after"]["azs"] == [cheapest]
+
+
+def test_a_spot_plan_is_held_to_the_spot_quota_an_on_demand_one_is_not(world: World, kube_file: Path) -> None:
+    """The trap of two near-named GPU quotas: On-Demand G has room, Spot G (0 by default) has none."""
+    world.script.spot_prices[("us-east-1", GPU)] = NOW
+    world.quota("us-east-1", SPOT_QUOTA_G_VT, 0)
+    assert run_rtui("plan", "--target", "aws", "--region", "us-east-1").returncode == 0
+    refused = run_rtui("plan", "--target", "aws", "--region", "us-east-1", "--spot")
+    assert refused.returncode == 2, refused.stdout
+    assert SPOT_QUOTA_G_VT in refused.stderr and "Spot" in refused.stderr, refused.stderr
