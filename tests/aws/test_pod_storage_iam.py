@@ -82,9 +82,13 @@ def pod_s3(world: World, creds: dict[str, str]) -> Any:
 
 @pytest.mark.slow
 async def test_ray_trains_storage_setup_and_first_checkpoint_work_with_the_pod_role(
-        world: World, kube_file: Path, tmp_path: Path) -> None:
+        world: World, kube_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ray.train import Checkpoint
     from ray.train.v2._internal.execution.storage import StorageContext
+
+    # as_directory() copies the checkpoint under a lock of ray.air's in the system's temporary dir
+    # (_ray_lockfiles, ray/_common/utils.get_default_system_temp_dir: RAY_TMPDIR, else TMPDIR): the test's.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
 
     session = session_for()
     done = await up(session)
