@@ -473,6 +473,9 @@ class AwsLayer(Layer):
             gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count, gpu_disk_gb=ROOT_VOLUME_GB,
             system_node_type=config.system_node_type, system_node_count=config.system_node_count,
             system_disk_gb=topo.system_disk_gb, nat_gateway=not adopted)).parts
+        if config.spot:  # the GPU nodes at the GPU AZ's Spot price: every figure of the plan says it
+            cost["gpu_nodes"] = spot_nodes_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB,
+                                                topo.gpu_az, topo.spot_prices.get(topo.gpu_az))
         self._idle_note = _idle_note(config, cost, nat=not adopted)
         private = [subnet_address("private", az) for az in topo.subnet_azs]
         res(VPC, "aws-vpc", {"cidr": "10.0.0.0/16"} if not adopted else {"cidr": None})
@@ -562,9 +565,6 @@ class AwsLayer(Layer):
         node_deps = (EKS_CLUSTER, NODE_ROLE, *routes, addon_address("vpc-cni"), addon_address("kube-proxy"),
                      CNI_IDENTITY.address)
         system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
-        if config.spot:
-            gpu_cost = spot_nodes_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB,
-                                       topo.gpu_az, topo.spot_prices.get(topo.gpu_az))
         scaling = gpu_scaling_config(config)  # min 0 when idle workers go (cluster-autoscaler takes their nodes)
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
