@@ -268,3 +268,26 @@ async def test_no_credentials_is_said_once_and_enter_is_not_offered(world: World
         await pilot.wait_for_scheduled_animations()
         await pilot.pause()  # the key handled and the app idle: still refused (waits on idle, not a fixed time)
         assert isinstance(app.screen, TargetScreen)
+
+
+async def test_a_spot_matrix_prices_each_az_at_its_spot_price_and_stars_the_cheapest(world: World) -> None:
+    from tests.aws.test_spot import GPU, NOW
+
+    world.script.spot_prices[("us-east-1", GPU)] = NOW
+    app = RtuiApp(aws_session(spot="true"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: checked(app), 30, "the matrix")
+        screen = checked(app)
+        assert screen is not None and isinstance(screen.panel, MatrixPanel) and screen.panel.report is not None
+        (region,) = screen.panel.report.regions
+        shown = {}
+        for zone in region.zones:
+            if zone.feasible:
+                assert zone.price_per_hour is not None
+                shown[zone.zone] = f"~${zone.price_per_hour:.2f}"
+                assert shown[zone.zone] in prompt(app, f"us-east-1/{zone.zone}")
+        assert len(set(shown.values())) > 1  # not the region's one figure on every row
+        cheapest = min(NOW, key=lambda z: NOW[z])
+        assert matrix(app).snapshot.recommended == ("us-east-1", cheapest)
+        assert "★" in prompt(app, f"us-east-1/{cheapest}")
+        await pilot.press("q")
