@@ -45,6 +45,9 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: s
         (["plan", "--target", "kube", "--kubeconfig", "/nonexistent/kubeconfig"], "no kubeconfig found"),
         (["logs", "classify"], "no files to classify"),
         (["up", "--yes", "--until", "nowhere"], "--until 'nowhere' is neither an address nor a layer"),
+        # Only the aws target makes GPU nodes to buy on Spot: elsewhere the flag is refused, not ignored.
+        (["plan", "--target", "local", "--spot"], "only the aws target makes them"),
+        (["plan", "--target", "kube", "--spot"], "only the aws target makes them"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:

@@ -77,6 +77,9 @@ class KubeTarget(Target):
         return gpu_cluster_job_nodes(config)
 
     def check(self, config: RunConfig, cwd: Path) -> RunConfig:
+        if config.spot:  # a new EKS cluster's GPU nodegroup; this target makes no machines to buy on Spot
+            raise UserError("--spot buys the GPU nodes rtui makes on Spot capacity: only the aws target makes them",
+                            remedy="leave --spot out here, or use --target aws")
         if config.storage_size and config.storage_path:
             raise UserError(f"--storage-size {config.storage_size} and --storage-path {config.storage_path} both say "
                             "where the run's data goes", remedy="pass one of them")

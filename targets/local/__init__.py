@@ -51,6 +51,9 @@ class LocalTarget(Target):
                         shard_size=workers, require_transport="any")
 
     def check(self, config: RunConfig, cwd: Path) -> RunConfig:
+        if config.spot:  # a new EKS cluster's GPU nodegroup; this target makes no machines to buy on Spot
+            raise UserError("--spot buys the GPU nodes rtui makes on Spot capacity: only the aws target makes them",
+                            remedy="leave --spot out here, or use --target aws")
         if config.effective_require_transport() != "any":
             raise UserError(f"--require-transport={config.require_transport} needs NCCL on GPUs",
                             remedy="the local target trains on CPU with gloo; use --target aws or kube")
