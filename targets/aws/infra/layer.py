@@ -370,7 +370,7 @@ class AwsLayer(Layer):
                                    "capacity: the Spot GPU nodes do not use it (without --spot they would)")
             reservations = {}
             self._notes.append(
-                f"Spot GPU nodes in {gpu_az}: AWS may take one back with two minutes' notice, and the cluster "
+                "Spot GPU nodes: AWS may take one back with two minutes' notice, and the cluster "
                 f"placement group that keeps their EFA traffic close needs room for all {config.gpu_node_count} in "
                 "one part of the AZ, which makes Spot capacity scarcer; without --spot they run On-Demand")
         # The reservation this run's nodes already fill shows no free slot now: keep naming it, while it
