@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, ClassVar, TextIO
 
+from backend.errors import UserError
 from backend.registry import BUILTIN, DEFAULT, ENTRY_POINT_GROUP, Defaults, known, load, names, spec
 
 if TYPE_CHECKING:
@@ -128,6 +129,13 @@ class Target(ABC):
         does not). The NCCL badge and `rtui status` take it as the job's own node count: a job on one
         machine uses no network, whatever network NCCL announces (issue 39)."""
         return None
+
+
+def refuse_spot(config: RunConfig) -> None:
+    """For a target that makes no GPU nodes of its own: ``--spot`` is refused, not ignored."""
+    if config.spot:
+        raise UserError("--spot buys the GPU nodes rtui makes on Spot capacity: only the aws target makes them",
+                        remedy="leave --spot out here, or use --target aws")
 
 
 @cache

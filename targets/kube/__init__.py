@@ -14,7 +14,7 @@ from backend.config import DEFAULT_MODEL_ID
 from backend.errors import UserError
 from backend.planner import Stack
 from backend.stepfit import fitting_micro_batch
-from backend.targets import GPU_SEQ_LEN, Defaults, Target
+from backend.targets import GPU_SEQ_LEN, Defaults, Target, refuse_spot
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,9 +77,7 @@ class KubeTarget(Target):
         return gpu_cluster_job_nodes(config)
 
     def check(self, config: RunConfig, cwd: Path) -> RunConfig:
-        if config.spot:  # a new EKS cluster's GPU nodegroup; this target makes no machines to buy on Spot
-            raise UserError("--spot buys the GPU nodes rtui makes on Spot capacity: only the aws target makes them",
-                            remedy="leave --spot out here, or use --target aws")
+        refuse_spot(config)
         if config.storage_size and config.storage_path:
             raise UserError(f"--storage-size {config.storage_size} and --storage-path {config.storage_path} both say "
                             "where the run's data goes", remedy="pass one of them")

@@ -13,7 +13,7 @@ from backend.config import shown
 from backend.delivery import LocalDirStore, local_data_dir
 from backend.errors import UserError
 from backend.planner import Stack
-from backend.targets import Defaults, FoundCluster, Target
+from backend.targets import Defaults, FoundCluster, Target, refuse_spot
 
 if TYPE_CHECKING:
     from backend.config import RunConfig
@@ -51,9 +51,7 @@ class LocalTarget(Target):
                         shard_size=workers, require_transport="any")
 
     def check(self, config: RunConfig, cwd: Path) -> RunConfig:
-        if config.spot:  # a new EKS cluster's GPU nodegroup; this target makes no machines to buy on Spot
-            raise UserError("--spot buys the GPU nodes rtui makes on Spot capacity: only the aws target makes them",
-                            remedy="leave --spot out here, or use --target aws")
+        refuse_spot(config)
         if config.effective_require_transport() != "any":
             raise UserError(f"--require-transport={config.require_transport} needs NCCL on GPUs",
                             remedy="the local target trains on CPU with gloo; use --target aws or kube")
