@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend.errors import RtuiError
+from backend.restarts import Restart
 
 
 class CheckStatus(StrEnum):
@@ -317,3 +318,52 @@ class GpuFleet:
         if self.idle_since is not None:
             out.update(idle_since=self.idle_since, scaled_down_at=self.scaled_down_at)
         return out
+
+
+@dataclass(frozen=True)
+class NodeLoss:
+    """A node the provider took away while a job ran, as its own records say
+    (``layers.base.NodeLosses``): a Spot interruption, a node that failed its health check."""
+
+    at: float  # when the provider recorded it (epoch seconds)
+    node: str  # the provider's name for it (an instance id, a node name)
+    cause: str  # in words, short: "Spot interruption"
+    spot: bool = False  # the node was Spot capacity
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """A job that stopped and went on from a checkpoint (``backend.restarts.Restart``), with what
+    took its node away when the target can tell (``loss``)."""
+
+    restart: Restart
+    loss: NodeLoss | None = None
+
+    @property
+    def cause(self) -> str | None:
+        return "Spot" if self.loss is not None and self.loss.spot else self.loss.cause if self.loss else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.restart.to_dict(), "cause": self.cause,
+                "lost_node": None if self.loss is None else {"node": self.loss.node, "at": self.loss.at,
+                                                             "cause": self.loss.cause}}
+
+
+# A loss is the cause of a restart when the provider recorded it between a little before the job's last
+# step (a Spot notice gives two minutes; a provider records a node gone after its health check) and the
+# job's first step since.
+LOSS_BEFORE_S = 300.0
+
+
+def attribute(restarts: list[Restart], losses: list[NodeLoss], now: float) -> list[Interruption]:
+    """Each restart with the earliest unclaimed loss in its window (``LOSS_BEFORE_S``)."""
+    left = sorted(losses, key=lambda loss: loss.at)
+    out: list[Interruption] = []
+    for restart in restarts:
+        start = (restart.at_ts if restart.at_ts is not None else now) - LOSS_BEFORE_S
+        end = restart.resumed_ts if restart.resumed_ts is not None else now
+        found = next((loss for loss in left if start <= loss.at <= end), None)
+        if found is not None:
+            left.remove(found)
+        out.append(Interruption(restart, found))
+    return out

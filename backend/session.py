@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -20,8 +20,8 @@ from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, DataUsage, data_store_for, effective_storage_path, model_summary
 from backend.errors import ApiUnreachable, OperationError, UserError
-from backend.layers.base import Context, GpuFleetReporter, NodeHistory, Unanswered
-from backend.model import CostItem, CostMeter, GpuFleet, StepEvent
+from backend.layers.base import Context, GpuFleetReporter, NodeHistory, NodeLosses, Unanswered
+from backend.model import CostItem, CostMeter, GpuFleet, Interruption, NodeLoss, StepEvent, attribute
 from backend.planner import (
     PlanResult,
     Stack,
@@ -74,6 +74,7 @@ class StatusReport:
     model: ExportInfo | None = None  # the run's latest model, where it is
     data: DataUsage | None = None  # what the run's data store holds
     gpu: GpuFleet | None = None  # GPU workers and nodes now, against the full size (issue 26)
+    interruptions: tuple[Interruption, ...] = ()  # where the job stopped and went on (issue 41)
 
     def to_dict(self) -> dict[str, Any]:
         """What `rtui status --json` prints: a JSON object whose keys scripts read, built from the typed fields."""
@@ -99,7 +100,15 @@ class StatusReport:
             "model": model_summary(self.model, self.summary),
             "data": None if self.data is None else self.data.to_dict(),
             "gpu": None if self.gpu is None else self.gpu.to_dict(),
+            "interruptions": interruptions_dict(self.interruptions),
         }
+
+
+def interruptions_dict(found: Sequence[Interruption]) -> dict[str, Any]:
+    """``rtui status --json``'s ``interruptions``: how many, the time they cost, and each."""
+    lost = [i.restart.lost_s for i in found]
+    return {"count": len(found), "lost_s": None if any(x is None for x in lost) else round(sum(filter(None, lost)), 1),
+            "items": [i.to_dict() for i in found]}
 
 
 def _resources_dict(record: RunRecord) -> dict[str, dict[str, str | None]]:
@@ -418,10 +427,27 @@ class RunSession:
         store = self.data_store()
         model = await asyncio.to_thread(store.latest_model) if store is not None else None
         usage = await asyncio.to_thread(store.usage) if store is not None else None
+        interruptions = await self.interruptions(telemetry, now)
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
                             self.attached_elsewhere(), latest, telemetry.series.world_size,
                             telemetry.series.summary, telemetry.transport,
-                            cost_meter(self.record, now, gpu=gpu, node_hours=node_hours), model, usage, gpu)
+                            cost_meter(self.record, now, gpu=gpu, node_hours=node_hours), model, usage, gpu,
+                            tuple(interruptions))
+
+    async def interruptions(self, telemetry: Telemetry, now: float | None = None) -> list[Interruption]:
+        """Where the current job stopped and went on from a checkpoint (its log says), each with the node
+        loss its target's records put in that moment (a Spot interruption), when they tell of one."""
+        restarts = telemetry.series.restarts.found
+        job = self.record.current_job
+        if not restarts or job is None:
+            return []
+        now = time.time() if now is None else now
+        losses: list[NodeLoss] = []
+        if self.record.status is not RunStatus.DOWN:
+            for layer in self.stack.layers:
+                if isinstance(layer, NodeLosses):
+                    losses += await layer.node_losses(self.ctx, since=job.submitted_at, now=now)
+        return attribute(restarts, losses, now)
 
     def data_store(self) -> DataStore | None:
         """Where this run's checkpoints and model live: its own prefix under ``--storage-path`` when

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.text import Text
@@ -20,13 +20,13 @@ from textual.widgets import Header, Input, Label, Sparkline, Static, TabbedConte
 from backend import flows
 from backend.follow import JobUpdate
 from backend.layers.base import HeadLogSource
-from backend.model import GpuFleet
+from backend.model import GpuFleet, Interruption
 from backend.session import cost_meter
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
 from tui import heap
 from tui.logtail import LogTail
-from tui.render import gpu_line, per_hour_words
+from tui.render import gpu_line, interruption_line, interruptions_words, per_hour_words
 from tui.screen import RtuiScreen
 from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot
 from tui.transport_badge import TransportBadge, TransportSnapshot
@@ -99,6 +99,12 @@ class RunScreen(RtuiScreen):
         cost: tuple[float, float | None] | None  # per hour: now, and at full size
 
     @dataclass
+    class InterruptionsFound(Message):
+        """Where the job stopped and went on from a checkpoint, with what took its node (issue 41)."""
+
+        found: list[Interruption]
+
+    @dataclass
     class TeardownRequested(Message):
         """The user pressed D: the App asks for the cluster name, then tears down."""
 
@@ -112,6 +118,7 @@ class RunScreen(RtuiScreen):
         self.gpu_fleet: GpuFleet | None = None  # kube and aws: the GPU side now
         self._gpu_cost: tuple[float, float | None] | None = None  # now, and at full size
         self._status_message = ""
+        self.interruptions: list[Interruption] = []
 
     @property
     def metric(self) -> MetricPoint | None:
@@ -182,7 +189,24 @@ class RunScreen(RtuiScreen):
             text.append(f"\n{gpu_line(self.gpu_fleet, ranks=ranks)}", style="dim")
             if self._gpu_cost is not None:
                 text.append(f"  {per_hour_words(*self._gpu_cost)}", style="dim")
+        if self.interruptions:
+            found = [i.to_dict() for i in self.interruptions]
+            lost = sum(i.restart.lost_s or 0.0 for i in self.interruptions)
+            words = interruptions_words({"count": len(found), "items": found,
+                                         "lost_s": None if any(i.restart.lost_s is None for i in self.interruptions)
+                                         else lost})
+            text.append(f"\n{interruption_line(found[-1])} · {words}", style="yellow")
         self.query_one("#job-status", Static).update(text)
+
+    @work(exclusive=True, group="interruptions", exit_on_error=False)
+    async def find_interruptions(self) -> None:
+        """The job's restarts (its log) with their causes (the target's records of its nodes)."""
+        self.post_message(self.InterruptionsFound(await self.session.interruptions(self.telemetry)))
+
+    def on_run_screen_interruptions_found(self, message: InterruptionsFound) -> None:
+        if message.found != self.interruptions:
+            self.interruptions = message.found
+            self._render_status(self._status_message)
 
     @work(exclusive=True, group="gpu", exit_on_error=False)
     async def watch_gpu(self) -> None:
@@ -193,6 +217,8 @@ class RunScreen(RtuiScreen):
                 meter = cost_meter(self.session.record, gpu=fleet)
                 cost = (meter.per_hour, meter.per_hour_full) if meter else None
                 self.post_message(self.GpuFleetChanged(fleet, cost))
+            if any(i.loss is None for i in self.interruptions):
+                self.find_interruptions()  # the provider records a lost node a little after the job sees it
             await asyncio.sleep(GPU_REFRESH_S)
 
     def on_run_screen_gpu_fleet_changed(self, message: GpuFleetChanged) -> None:
@@ -284,6 +310,12 @@ class RunScreen(RtuiScreen):
         self.query_one("#tail", LogTail).push(message.lines)
         self.telemetry.feed_from(self.session.spool().path)  # telemetry reads the spool once, in order
         self._stale = True  # the next refresh tick shows it
+        found = self.telemetry.series.restarts.found
+        if len(found) != len(self.interruptions):
+            self.find_interruptions()  # a new one: ask the target what took its node
+        elif [i.restart for i in self.interruptions] != found:  # one went on: the same causes
+            self.interruptions = [replace(i, restart=r) for i, r in zip(self.interruptions, found, strict=True)]
+            self._render_status(self._status_message)
 
     def on_run_screen_job_status_changed(self, message: JobStatusChanged) -> None:
         self.job_status = message.status

@@ -29,7 +29,8 @@ from training.logparse.verdict import Verdict
 from training.protocol import METRIC_TAG, SUMMARY_TAG, format_record
 from tui.app import RtuiApp
 from tui.logtail import LogTail
-from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot, downsample, format_duration
+from tui.render import format_duration
+from tui.throughput import RunStats, ThroughputGraph, ThroughputSnapshot, downsample
 from tui.transport_badge import TransportBadge, TransportSnapshot
 
 # Local runs fed 2-node GPU lines: see tests.conftest.job_of_unknown_size.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import socket
 import sys
 import time
@@ -31,6 +32,7 @@ from training.metrics import (
     print_summary,
 )
 from training.passed_env import load_passed_env
+from training.protocol import NODE_ENV, RESUME_TAG, format_record
 from training.sharding import build_mesh, build_optimizer, param_groups, shard_groups_span_nodes
 from training.step import for_training, load_pretrained, norm_value, prepare_model, train_step
 from training.stepplan import FitCheck, ModelShape, StepPlan, plan_step
@@ -193,7 +195,10 @@ def run_worker(cfg: TrainConfig) -> None:
         elif rank == 0:
             print("rtui-train: warning: checkpoint from a different world size; data order restarts", flush=True)
         if rank == 0:
-            print(f"rtui-train: resumed from {resume} at step {start_step}", flush=True)
+            node = os.environ.get(NODE_ENV) or socket.gethostname()
+            print(f"rtui-train: resumed from {resume} at step {start_step} on {node}", flush=True)
+            print(format_record(RESUME_TAG, {"step": start_step, "from": resume, "node": node, "ts": time.time()}),
+                  flush=True)
 
     eval_batches = held_out_batches(cfg, model, plan, rank, world, device)
     before = evaluate_and_print(model, eval_batches, device, rank, step=start_step, phase="before")

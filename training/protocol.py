@@ -8,6 +8,7 @@ survives any log pipeline (Ray job logs, pod logs, CloudWatch) intact:
     RTUI_SUMMARY {"steps": 20, "tokens_per_s_mean": 790.1, ...}
     RTUI_EVAL {"phase": "before", "step": 0, "loss": 6.93, "perplexity": 1022.7, "tokens": 2048}
     RTUI_FABRIC {"world_size": 2, "results": [{"size_bytes": 1048576, "busbw_gbps": 1.2, ...}], ...}
+    RTUI_RESUME {"step": 40, "from": "s3://.../checkpoint_000040", "node": "ip-10-0-1-5.ec2.internal", "ts": ...}
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ SUMMARY_TAG = "RTUI_SUMMARY"
 EVAL_TAG = "RTUI_EVAL"
 # The all-reduce sweep of `python -m training.fabric` (read by backend.bench, not by telemetry).
 FABRIC_TAG = "RTUI_FABRIC"
+# Rank 0 went on from a checkpoint: at the job's start (--resume-from), or after Ray Train restarted
+# the worker group (a worker or its node died); ``node`` is where rank 0 now runs (NODE_ENV, else the
+# host's name).
+RESUME_TAG = "RTUI_RESUME"
+NODE_ENV = "RTUI_NODE_NAME"
 
 # Keys every metric record carries. Later versions may add keys, never remove these.
 METRIC_KEYS = ("step", "loss", "tokens_per_s", "step_time_s", "world_size", "ts")

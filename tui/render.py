@@ -154,6 +154,10 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(status_row("training", f"step {metric.get('step')} loss {metric.get('loss')} "
                                             f"{metric.get('tokens_per_s') or 0:,.0f} tokens/s"
                                 + (f" (world {world})" if world else "")))
+    interruptions = data.get("interruptions") or {}
+    if interruptions.get("count"):
+        lines.append(status_row("restarts", interruptions_words(interruptions)))
+        lines.extend(f"  {interruption_line(item)}" for item in interruptions["items"][-5:])
     summary = data.get("summary") or {}
     if summary.get("eval_loss_before") is not None:
         lines.append(status_row("eval", eval_line(summary)))
@@ -171,6 +175,37 @@ def format_status(data: dict[str, Any]) -> str:
             extra = step.get("error") or step.get("message") or ""
             lines.append(f"  {step['status']:<9} {phase + name:<22} {took:>7}  {extra[:100]}")
     return "\n".join(lines) + "\n"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def interruption_line(item: dict[str, Any]) -> str:
+    """One interruption (``Interruption.to_dict``): "interrupted at step 40 (Spot), resumed at step 35
+    on node X after 52s"; before its first step since, where it goes on from."""
+    cause = f" ({item['cause']})" if item.get("cause") else ""
+    node = f" on {item['node']}" if item.get("node") else ""
+    if item.get("resumed_ts") is None:
+        return f"interrupted at step {item['at_step']}{cause}, going on from step {item['resumed_step']}{node}"
+    down = item.get("down_s")
+    return (f"interrupted at step {item['at_step']}{cause}, resumed at step {item['resumed_step']}{node}"
+            + (f" after {format_duration(down)}" if down is not None else ""))
+
+
+def interruptions_words(data: dict[str, Any]) -> str:
+    """``StatusReport``'s ``interruptions``: how many, and the time they cost (the waits and the steps
+    done again), or the waits so far while the job has not yet caught up."""
+    items, count = data.get("items") or [], int(data.get("count") or 0)
+    spot = sum(1 for i in items if i.get("cause") == "Spot")
+    head = f"{count} interruption{'s' * (count != 1)}" + (f" ({spot} Spot)" if spot else "")
+    if data.get("lost_s") is not None:
+        return f"{head}, {format_duration(data['lost_s'])} lost"
+    waited = sum(i.get("down_s") or 0.0 for i in items)
+    return f"{head}, {format_duration(waited)} lost so far (the job has not yet caught up)"
 
 
 def per_hour_words(per_hour: float, per_hour_full: float | None) -> str:

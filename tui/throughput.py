@@ -18,7 +18,7 @@ from textual.widgets import Label
 from textual_plot import HiResMode, PlotWidget
 
 from backend.telemetry import MetricSeries
-from tui.render import eval_line
+from tui.render import eval_line, format_duration
 
 ETA_WINDOW = 20  # recent steps whose mean step time predicts the rest
 SPARK_POINTS = 240
@@ -113,13 +113,6 @@ def _model_uri(summary: dict[str, object]) -> str | None:
 
 def _float(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 class RunStats(Widget):

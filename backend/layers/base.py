@@ -16,7 +16,7 @@ from backend.clients import Clients
 from backend.config import RunConfig
 from backend.errors import ApiUnreachable, UserError
 from backend.ledger import Ledger
-from backend.model import Action, CheckResult, GpuFleet, Leftover, Observed, Resource
+from backend.model import Action, CheckResult, GpuFleet, Leftover, NodeLoss, Observed, Resource
 from backend.runner import Progress
 from backend.store import RunRecord, RunStore
 
@@ -57,6 +57,16 @@ class NodeHistory(Protocol):
 
     async def node_hours(self, ctx: Context, address: str, *, since: float, now: float) -> float | None:
         """Node-hours of ``address`` between ``since`` and ``now``; None when its records cannot tell."""
+        ...
+
+
+@runtime_checkable
+class NodeLosses(Protocol):
+    """A layer that can say which nodes its provider took away while a job ran (issue 41: a Spot
+    interruption), from the provider's own records."""
+
+    async def node_losses(self, ctx: Context, *, since: float, now: float) -> list[NodeLoss]:
+        """Nodes lost between ``since`` and ``now``, oldest first; empty when its records cannot tell."""
         ...
 
 

@@ -12,11 +12,13 @@ import re
 from collections import deque
 from typing import Any, NamedTuple
 
+from backend.restarts import Restarts
 from backend.telemetry.mfu import estimate_mfu
-from training.protocol import METRIC_TAG, SUMMARY_TAG, parse_record
+from training.protocol import METRIC_TAG, RESUME_TAG, SUMMARY_TAG, parse_record
 
 DEFAULT_MAX_POINTS = 4096
 _RECENT_KEYS = 256
+_TAGS = (METRIC_TAG, SUMMARY_TAG, RESUME_TAG)
 _KV = re.compile(r"(\w+)=([-+0-9.eE]+|nan|inf)")
 
 
@@ -57,6 +59,7 @@ class MetricSeries:
         self.records = 0
         self.backend: str | None = None  # the job's torch.distributed backend, as its records say
         self.nodes: int | None = None  # the job's node count, when its records say it ("nodes")
+        self.restarts = Restarts()  # where the job stopped and went on from a checkpoint
         # Ray can print a worker's line twice; a step seen recently is not a new point.
         self._recent: deque[tuple[Any, ...]] = deque(maxlen=_RECENT_KEYS)
         self._recent_set: set[tuple[Any, ...]] = set()
@@ -71,12 +74,15 @@ class MetricSeries:
     def feed(self, line: str) -> bool:
         """Take one raw log line; True when it added a point or a summary."""
         if "RTUI_" in line:
-            parsed = parse_record(line)
+            parsed = parse_record(line, _TAGS)
             if parsed is None:
                 return False
             tag, record = parsed
             if tag == SUMMARY_TAG:
                 self.summary = record
+                return True
+            if tag == RESUME_TAG:
+                self.restarts.resumed(record)
                 return True
             return tag == METRIC_TAG and self.add_record(record)
         if "THROUGHPUT" in line:
@@ -128,6 +134,7 @@ class MetricSeries:
             self._recent_set.add(key)
         self.points.append(point)
         self.records += 1
+        self.restarts.point(step, ts, step_time)
         workers = record.get("world_size")
         if workers.__class__ is int and workers > 0:
             self.world_size = workers

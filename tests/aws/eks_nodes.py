@@ -26,24 +26,40 @@ NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
 
 
 def register(cluster: KubeCluster, eks_cluster: str, nodegroup: str, info: dict[str, Any]) -> None:
+    for i in range(int(info.get("desired_size") or 0)):
+        _join(cluster, f"ip-10-0-{zlib.crc32(f'{eks_cluster}/{nodegroup}'.encode()) % 250}-{i}.ec2.internal",
+              nodegroup, info)
+
+
+def replace_node(cluster: KubeCluster, nodegroup: str, info: dict[str, Any], replacement: str) -> tuple[str, str]:
+    """One of the group's nodes goes (its instance was interrupted: the kubelet stops, the node object is
+    removed as the instance terminates) and the replacement instance's kubelet registers another; the
+    names of both."""
+    gone = next(n["metadata"]["name"] for n in cluster.objects("Node")
+                if (n["metadata"].get("labels") or {}).get(NODEGROUP_LABEL) == nodegroup)
+    cluster.delete("Node", gone)
+    new = f"ip-10-0-{zlib.crc32(replacement.encode()) % 250}-{replacement[-4:]}.ec2.internal"
+    _join(cluster, new, nodegroup, info)
+    return gone, new
+
+
+def _join(cluster: KubeCluster, name: str, nodegroup: str, info: dict[str, Any]) -> None:
     cpu, memory, gpus, efa = _SHAPES.get(info["instance_type"], ("4", "16Gi", 0, 0))
     capacity = {"cpu": cpu, "memory": memory, "pods": "110"}
     extended = {"nvidia.com/gpu": str(gpus), "vpc.amazonaws.com/efa": str(efa)} if gpus else {}
     taints = [{"key": t["key"], "value": t.get("value", ""), "effect": _EFFECTS[t["effect"]]}
               for t in info.get("taints") or []]
-    for i in range(int(info.get("desired_size") or 0)):
-        name = f"ip-10-0-{zlib.crc32(f'{eks_cluster}/{nodegroup}'.encode()) % 250}-{i}.ec2.internal"
-        # kubernetes.io/os and /arch: set by every kubelet on its node (x86_64 AMIs here).
-        labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                  NODEGROUP_LABEL: nodegroup,
-                  "node.kubernetes.io/instance-type": info["instance_type"], **dict(info.get("labels") or {})}
-        if info.get("zone"):
-            labels["topology.kubernetes.io/zone"] = info["zone"]
-        if cluster.get("Node", name) is None:
-            cluster.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-                            "spec": {"taints": taints},
-                            "status": {"capacity": {**capacity, **extended}, "allocatable": dict(capacity),
-                                       "conditions": [{"type": "Ready", "status": "True"}]}})
+    # kubernetes.io/os and /arch: set by every kubelet on its node (x86_64 AMIs here).
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+              NODEGROUP_LABEL: nodegroup,
+              "node.kubernetes.io/instance-type": info["instance_type"], **dict(info.get("labels") or {})}
+    if info.get("zone"):
+        labels["topology.kubernetes.io/zone"] = info["zone"]
+    if cluster.get("Node", name) is None:
+        cluster.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+                        "spec": {"taints": taints},
+                        "status": {"capacity": {**capacity, **extended}, "allocatable": dict(capacity),
+                                   "conditions": [{"type": "Ready", "status": "True"}]}})
 
 
 def deregister(cluster: KubeCluster, _eks_cluster: str, nodegroup: str, _info: dict[str, Any]) -> None:

@@ -73,6 +73,29 @@ def terminated(account: str, region: str, asg: str, instance_ids: list[str], *, 
             "StartTime": now, "EndTime": now, "StatusCode": "Successful", "Progress": 100, "Details": "{}"})
 
 
+def interrupted(account: str, region: str, asg: str, instance: str, replacement: str) -> None:
+    """EC2 took ``instance`` away (a Spot interruption) and the group replaced it, as AWS records it:
+    its EC2 health check finds the instance terminated, the group takes it out of service ("an instance
+    was taken out of service in response to an EC2 health check indicating it has been terminated or
+    stopped"), then launches another ("an instance was launched in response to an unhealthy instance
+    needing to be replaced"). Without Capacity Rebalancing a group replaces a Spot Instance only after EC2
+    interrupted it and its health check failed (Amazon EC2 Auto Scaling User Guide, "Capacity
+    Rebalancing"); the two causes are as public post-mortems of Spot Auto Scaling groups quote them. No
+    capacity change is said: the group's desired capacity stays."""
+    now = utcnow()
+    log = _log(account, region, asg)
+    log.append({"ActivityId": str(uuid.uuid4()), "AutoScalingGroupName": asg,
+                "Description": f"Terminating EC2 instance: {instance}",
+                "Cause": f"At {now.isoformat()}Z an instance was taken out of service in response to an EC2 health "
+                         "check indicating it has been terminated or stopped.",
+                "StartTime": now, "EndTime": now, "StatusCode": "Successful", "Progress": 100, "Details": "{}"})
+    log.append({"ActivityId": str(uuid.uuid4()), "AutoScalingGroupName": asg,
+                "Description": f"Launching a new EC2 instance: {replacement}",
+                "Cause": f"At {now.isoformat()}Z an instance was launched in response to an unhealthy instance "
+                         "needing to be replaced.",
+                "StartTime": now, "EndTime": now, "StatusCode": "Successful", "Progress": 100, "Details": "{}"})
+
+
 def failed_launch(account: str, region: str, asg: str, message: str) -> None:
     """One Failed launch activity, now: the group tried and EC2 said ``message``."""
     now = utcnow()

@@ -115,3 +115,24 @@ def describe_spot_price_history(self: EC2Response, script: Any) -> ActionResult:
     if offset + max_results < len(lines):
         result["NextToken"] = str(offset + max_results)
     return ActionResult(result)
+
+
+def interrupt(cluster: Any, region: str, eks_cluster: str, nodegroup: str) -> tuple[str, str, str, str]:
+    """EC2 reclaims one Spot instance of a nodegroup: its group records the loss and launches a replacement
+    (``moto_activities.interrupted``), the lost node leaves the cluster's Kubernetes API and the
+    replacement's node joins it (``eks_nodes.replace_node``). Returns (old instance, new instance, old
+    node, new node)."""
+    import uuid
+
+    from moto.eks.models import eks_backends
+
+    from tests.aws import eks_nodes, iam_strict, moto_activities
+
+    ng = eks_backends[iam_strict.ACCOUNT][region].clusters[eks_cluster].nodegroups[nodegroup]
+    info: dict[str, Any] = vars(ng)["rtui_info"]
+    assert ng.capacity_type == "SPOT", ng.capacity_type  # only Spot capacity is reclaimed
+    old, new = info["instance_ids"][0], f"i-{uuid.uuid4().hex[:17]}"
+    moto_activities.interrupted(iam_strict.ACCOUNT, region, info["asg"], old, new)
+    info["instance_ids"] = [new, *info["instance_ids"][1:]]
+    gone, joined = eks_nodes.replace_node(cluster, nodegroup, info, new)
+    return old, new, gone, joined

@@ -41,6 +41,7 @@ from aiohttp.typedefs import Handler
 from backend.config import resolve_config
 from backend.session import RunSession
 from backend.store import JobRecord, RunStore
+from training.protocol import METRIC_TAG, RESUME_TAG, format_record
 
 NCCL_EFA_LINES = [
     "(RayTrainWorker pid=210, ip=10.0.1.5) gpu-0:210:240 [0] NCCL INFO NET/OFI Selected provider is efa",
@@ -286,6 +287,53 @@ class FakeRayHead:
         self._seen(request)
         self.packages[request.match_info["name"]] = await request.read()
         return aiohttp.web.Response(status=200)
+
+
+class RestartingRayHead(FakeRayHead):
+    """A head whose job loses a node mid-run: it prints steps 1..``stop_at``, then stops until the test
+    says the node was replaced (``go_on``), then prints what Ray Train's restart of the worker group
+    prints (training/loop.py: rank 0's resume line and ``RTUI_RESUME`` record, naming its node) and
+    steps ``checkpoint + 1``..``steps`` from that checkpoint. Each metric carries the time it was printed
+    and its step time, as the training program's do."""
+
+    def __init__(self, *, steps: int, stop_at: int, checkpoint: int, step_s: float = 0.01) -> None:
+        super().__init__(steps=0, line_every_s=step_s)
+        self.steps, self.stop_at, self.checkpoint = steps, stop_at, checkpoint
+        self.stopped = threading.Event()  # the job printed ``stop_at`` and waits for its node
+        self._node: str | None = None
+        self._go_on: asyncio.Event
+
+    def go_on(self, node: str) -> None:
+        def release() -> None:
+            self._node = node
+            self._go_on.set()
+        self._loop.call_soon_threadsafe(release)
+
+    def _metric(self, step: int) -> str:
+        return format_record(METRIC_TAG, {"step": step, "loss": 5.0 / step, "tokens_per_s": 1000.0,
+                                          "step_time_s": self.line_every_s, "world_size": 8, "ts": time.time()})
+
+    async def _print(self, job: FakeJob, line: str) -> None:
+        await self._set(job, log=job.log + line + "\n")
+        await asyncio.sleep(self.line_every_s)  # models time: a step
+
+    async def _run(self, job: FakeJob) -> None:
+        self._go_on = asyncio.Event()
+        await self._set(job, status="RUNNING")
+        for line in NCCL_EFA_LINES:
+            await self._print(job, line)
+        for step in range(1, self.stop_at + 1):
+            await self._print(job, self._metric(step))
+        self.stopped.set()
+        await self._go_on.wait()
+        where = f"s3://rtui-bucket/{job.submission_id}/checkpoint_{self.checkpoint:06d}"
+        await self._print(job, f"rtui-train: resumed from {where} at step {self.checkpoint} on {self._node}")
+        await self._print(job, format_record(RESUME_TAG, {"step": self.checkpoint, "from": where,
+                                                          "node": self._node, "ts": time.time()}))
+        for step in range(self.checkpoint + 1, self.steps + 1):
+            await self._print(job, self._metric(step))
+        await self._set(job, status="SUCCEEDED", message="Job finished successfully.",
+                        end_time=int(time.time() * 1000))
 
 
 # Ray's tail (dashboard/modules/job/utils.py file_tail_iterator) sends at most 10 lines, or a

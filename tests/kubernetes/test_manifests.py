@@ -86,6 +86,8 @@ def env(c: dict[str, Any]) -> dict[str, str]:
     def value(e: dict[str, Any]) -> str:
         if "value" in e:
             return str(e["value"])
+        if "fieldRef" in e["valueFrom"]:
+            return f"<field {e['valueFrom']['fieldRef']['fieldPath']}>"
         ref = e["valueFrom"]["secretKeyRef"]
         return f"<secret {ref['name']}/{ref['key']}>"
 
@@ -127,8 +129,9 @@ def test_the_seed_worker() -> None:
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     assert "affinity" not in spec
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    # RTUI_NODE_NAME: the node a restarted job goes on from a checkpoint on (issue 41).
     assert env(c) == {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi", "NCCL_SOCKET_IFNAME": "eth0",
-                      "NCCL_DEBUG": "INFO"}
+                      "NCCL_DEBUG": "INFO", "RTUI_NODE_NAME": "<field spec.nodeName>"}
     assert "FI_EFA_USE_DEVICE_RDMA" not in env(c)  # g6 has no GPUDirect RDMA
 
 

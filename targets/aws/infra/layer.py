@@ -21,7 +21,7 @@ from backend.config import RunConfig
 from backend.delivery import S3_STANDARD_PER_GIB_MONTH, effective_storage_path, run_storage_uri
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, Handler, Layer
-from backend.model import CheckResult, CheckStatus, Leftover, Observed, Resource
+from backend.model import CheckResult, CheckStatus, Leftover, NodeLoss, Observed, Resource
 from backend.record import AzMove
 from targets.aws.cloud import run_preflight
 from targets.aws.cloud.catalog import quota_code_for
@@ -103,7 +103,7 @@ from targets.aws.infra.node_autoscaler import (
     gpu_asg_tags,
     gpu_scaling_config,
 )
-from targets.aws.infra.node_hours import gpu_node_hours
+from targets.aws.infra.node_hours import gpu_node_hours, gpu_node_losses
 from targets.aws.infra.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from targets.aws.infra.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from targets.aws.infra.preflight_request import preflight_request
@@ -172,6 +172,10 @@ class AwsLayer(Layer):
         if address != GPU_NODES:
             return None
         return await gpu_node_hours(ctx, since=since, now=now)
+
+    async def node_losses(self, ctx: Context, *, since: float, now: float) -> list[NodeLoss]:
+        """GPU nodes the provider took away (a Spot interruption), from their group's activities."""
+        return await gpu_node_losses(ctx, since=since, now=now)
 
     def settle_offline(self, ctx: Context) -> None:
         """`rtui manifest`: the AZs and the bucket's name come from AWS; no Kubernetes object is made from

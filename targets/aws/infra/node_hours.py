@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import RtuiError
+from backend.model import NodeLoss
 from targets.aws.infra.base import Names, aws_api
 
 if TYPE_CHECKING:
@@ -63,10 +64,43 @@ def node_hours(activities: Iterable[Mapping[str, Any]], *, since: float, now: fl
     return seconds / 3600
 
 
-async def gpu_node_hours(ctx: Context, *, since: float, now: float) -> float | None:
-    """The run's GPU node-hours from its nodegroup's Auto Scaling group's activities; None when the
-    group or its history cannot be read (no group yet, the call refused): the caller says so."""
+# How an Auto Scaling group words a termination it did not choose (the activity's ``Cause``). An instance
+# EC2 took away (a Spot interruption, among others) is noticed by the group's EC2 health check: "an
+# instance was taken out of service in response to an EC2 health check indicating it has been terminated
+# or stopped", after which the group launches a replacement (the User Guide's "Capacity Rebalancing": without
+# it, the group replaces a Spot Instance only after EC2 interrupts it and its health check fails; public
+# post-mortems of Spot node groups quote this wording, with the instance's state reason
+# ``Server.SpotInstanceTermination``). With Capacity Rebalancing (on for EKS managed node groups' Spot
+# capacity), the group replaces an instance on its rebalance recommendation and names that.
+_TERMINATED_OUTSIDE = "health check indicating it has been terminated or stopped"
+_REBALANCE = "rebalance"
+_UNHEALTHY = "health check"
 
+
+def node_losses(activities: Iterable[Mapping[str, Any]], *, spot: bool, since: float, now: float) -> list[NodeLoss]:
+    """The instances the group lost between ``since`` and ``now`` without choosing to (a scale-in, a
+    deleted group, a scheduled action are choices), oldest first; on Spot capacity an instance EC2
+    terminated or stopped is a Spot interruption."""
+    out: list[NodeLoss] = []
+    for activity in activities:
+        found = _TERMINATE.match(str(activity.get("Description") or ""))
+        at = _epoch(activity.get("StartTime"))
+        if found is None or at is None or not since <= at <= now or activity.get("StatusCode") in _NOT_RUN:
+            continue
+        cause = str(activity.get("Cause") or "").lower()
+        if _REBALANCE in cause:
+            out.append(NodeLoss(at, found[1], "Spot rebalance recommendation", spot=True))
+        elif _TERMINATED_OUTSIDE in cause:
+            out.append(NodeLoss(at, found[1], "Spot interruption" if spot else "instance terminated or stopped",
+                                spot=spot))
+        elif _UNHEALTHY in cause:
+            out.append(NodeLoss(at, found[1], "failed its health check"))
+    return sorted(out, key=lambda loss: loss.at)
+
+
+async def _gpu_group(ctx: Context) -> tuple[Mapping[str, Any], list[Mapping[str, Any]]] | None:
+    """The run's GPU nodegroup and its Auto Scaling groups' activities; None when they cannot be read
+    (no group yet, the call refused): the caller says so."""
     api = aws_api(ctx)
     cluster = ctx.config.cluster_name
     try:
@@ -76,8 +110,22 @@ async def gpu_node_hours(ctx: Context, *, since: float, now: float) -> float | N
         names = [g["name"] for g in (group.get("resources") or {}).get("autoScalingGroups") or [] if g.get("name")]
         if not names:
             return None
-        activities = [a for name in names for a in await api.pages(
+        return group, [a for name in names for a in await api.pages(
             "autoscaling", "describe_scaling_activities", "Activities", AutoScalingGroupName=name)]
     except RtuiError:
         return None
-    return node_hours(activities, since=since, now=now)
+
+
+async def gpu_node_hours(ctx: Context, *, since: float, now: float) -> float | None:
+    """The run's GPU node-hours from its nodegroup's Auto Scaling group's activities (None: unknown)."""
+    found = await _gpu_group(ctx)
+    return None if found is None else node_hours(found[1], since=since, now=now)
+
+
+async def gpu_node_losses(ctx: Context, *, since: float, now: float) -> list[NodeLoss]:
+    """The GPU nodes the run lost from its nodegroup's activities (empty: none, or they cannot be read)."""
+    found = await _gpu_group(ctx)
+    if found is None:
+        return []
+    group, activities = found
+    return node_losses(activities, spot=group.get("capacityType") == "SPOT", since=since, now=now)

@@ -15,6 +15,7 @@ import yaml
 
 from backend.config import RunConfig
 from backend.errors import UserError
+from training.protocol import NODE_ENV
 
 Manifest = dict[str, Any]
 
@@ -378,6 +379,13 @@ def _env(values: dict[str, str]) -> list[Manifest]:
     return [{"name": k, "value": v} for k, v in values.items()]
 
 
+def _node_name_env() -> Manifest:
+    """The Kubernetes node the pod runs on (the downward API's ``spec.nodeName``): the training program
+    names it when it goes on from a checkpoint after a restart (a replacement node after a Spot
+    interruption), where the pod's own name would say nothing of the machine."""
+    return {"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+
+
 def _head_group(config: RunConfig, run_id: str, image: str) -> Manifest:
     volume, mount = _ray_tmp_volume()
     resources = {"cpu": HEAD_CPU, "memory": HEAD_MEMORY}
@@ -434,7 +442,7 @@ def _worker_group(config: RunConfig, run_id: str, image: str, efa_interfaces: in
                 "containers": [{
                     "name": "ray-worker",
                     "image": image,
-                    "env": [*_env(worker_env(config)), *_token_env(config)],
+                    "env": [*_env(worker_env(config)), _node_name_env(), *_token_env(config)],
                     "resources": {"requests": dict(resources), "limits": dict(resources)},
                     "volumeMounts": [mount],
                 }],
