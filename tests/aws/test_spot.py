@@ -72,6 +72,10 @@ def test_a_spot_plan_prices_the_gpu_nodes_at_the_gpu_azs_spot_price(world: World
     (said,) = [n for n in spot["notes"] if n.startswith("Spot GPU nodes")]
     assert "two minutes' notice" in said and "placement group" in said and "without --spot" in said
     assert not [n for n in on_demand["notes"] if "Spot" in n]
+    # Without restarts the first interruption ends the job: said, and not once restarts are allowed.
+    (restarts,) = [n for n in spot["notes"] if n.startswith("Spot with --max-failures 0")]
+    assert "replacement node" in restarts and "newest complete checkpoint" in restarts
+    assert not [n for n in _plan("--spot", "--max-failures", "3")["notes"] if "--max-failures" in n]
     # What an idle cluster still bills is said beside the full size at the Spot price, the plan's total.
     (idle,) = [n for n in spot["notes"] if n.startswith("idle after")]
     assert idle.endswith(f"instead of ${spot['cost_per_hour']:.2f}/h"), (idle, spot["cost_per_hour"])

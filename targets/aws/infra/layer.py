@@ -377,6 +377,11 @@ class AwsLayer(Layer):
                 "Spot GPU nodes: AWS may take one back with two minutes' notice, and the cluster "
                 f"placement group that keeps their EFA traffic close needs room for all {config.gpu_node_count} in "
                 "one part of the AZ, which makes Spot capacity scarcer; without --spot they run On-Demand")
+            if not config.max_failures:
+                self._notes.append(
+                    "Spot with --max-failures 0: the first interruption ends the job; with --max-failures N Ray "
+                    "Train restarts the workers on the replacement node and goes on from the newest complete "
+                    "checkpoint (--checkpoint-every sets how many steps are done again)")
         # The reservation this run's nodes already fill shows no free slot now: keep naming it, while it
         # lasts. One that expired or was cancelled is named no more, and the plan says what replaces it.
         kept = None if config.spot else facts.reservation
