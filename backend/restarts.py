@@ -63,12 +63,17 @@ class Restarts:
         self.found: list[Restart] = []
         self._last: tuple[int, float | None] | None = None  # (step, ts) of the newest step reported
         self._open: Restart | None = None  # resumed, not yet back past its step
+        self._seen: set[tuple[object, ...]] = set()  # the resume records read
 
     def resumed(self, record: dict[str, Any]) -> None:
         """An ``RTUI_RESUME`` record."""
         step, node = record.get("step"), record.get("node")
         if self._last is None or not isinstance(step, int) or isinstance(step, bool):
             return  # before the first step: the job's own --resume-from
+        key = (step, str(record.get("from")), record.get("ts"))
+        if key in self._seen:
+            return  # Ray prints a worker's line twice at times: one restart
+        self._seen.add(key)
         # A second restart before the first was back past its step leaves the first as it was.
         self._start(Restart(*self._last, resumed_step=step, node=node if isinstance(node, str) else None))
 

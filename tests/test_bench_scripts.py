@@ -31,6 +31,7 @@ SMOKE: dict[str, tuple[list[str], str, tuple[pytest.MarkDecorator, ...]]] = {
     "kube_logs.py": (["--lines", "2000"], '"lines": 2000', (SLOW,)),
     "kube_up.py": (["--minute", "0.002", "--reps", "1"], "rtui plan median", (SLOW,)),
     "aws_up.py": (["--minute", "0.002", "--reps", "1"], "rtui plan median", (SLOW,)),
+    "spot_cost.py": (["--job-hours", "1"], "Spot costs as much as On-Demand at", (SLOW,)),
     "tui_flood.py": (["--rate", "2000", "--seconds", "0.5", "--idle", "0.2"], '"lost_in_spool"', (SLOW,)),
     "tui_first_frame.py": (["--reps", "1", "--floor"], "before the first frame costs)", (SLOW,)),
     "first_frame.py": (["--runs", "1"], "ratio rtui / hello", (pytest.mark.tmux,)),

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
+from backend.delivery import local_data_dir
 from backend.store import RunStore
-from targets.local.cluster import cluster_family, find_clusters, node_procs
+from targets.local.cluster import cluster_family, find_clusters, node_family, node_procs
 from tests.conftest import RTUI, json_lines, run_rtui
+from tests.eventually import eventually
+from training.checkpoint import find_checkpoints
 from training.protocol import METRIC_TAG, parse_record
 
 pytestmark = pytest.mark.ray
@@ -160,15 +165,61 @@ def test_sigkill_at_each_step_boundary_then_up_again_makes_exactly_one_of_each(i
     assert not path.exists() and not heads(run_id) and not cluster_family(path)
 
 
-def test_an_extra_worker_node_joins_and_the_job_trains_across_both(isolated_env: Path) -> None:
+def _replaced(run_id: str, killed: int) -> bool:
+    """Worker node 0 runs again, a new one: its marker (read anew) names the watcher's new root."""
+    worker = next((w for c in find_clusters(run_id=run_id) if (w := node_procs(c).workers.get(0))), None)
+    return worker is not None and worker.pid != killed
+
+
+def test_an_extra_worker_node_joins_trains_across_both_and_when_it_is_lost_the_job_goes_on(
+        isolated_env: Path) -> None:
     """Worker nodes need the head on the host's address (Ray resolves 127.0.0.1 to it): the head
-    of such a cluster is started so, and the job trains on both nodes."""
-    args = ("--local-worker-nodes", "1", "--local-cpus", "1", "--steps", "2")
-    proc = run_rtui("up", "--yes", "--json", *args, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    run_id = json_lines(proc.stdout)[0]["data"]["run_id"]
+    of such a cluster is started so, and the job trains on both nodes.
+
+    Issue 41's drill: mid-job the worker node's processes are killed (a machine taken away). The
+    cluster's watcher starts it anew (as a node group replaces a lost node), Ray Train restarts the
+    workers (``--max-failures``) and the job goes on from its newest complete checkpoint to the end;
+    `rtui status` says where it stopped, why, and where it went on."""
+    args = ("--local-worker-nodes", "1", "--local-cpus", "1", "--steps", "60", "--checkpoint-every", "5",
+            "--max-failures", "2")
+    up = subprocess.Popen([RTUI, "up", "--yes", "--json", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    run_id, killed, events = None, None, []
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            events.append(event := json.loads(line))
+            run_id = run_id or event["data"].get("run_id")
+            if killed is None and event["step"] == "train" and event["message"].startswith("step") \
+                    and run_id and find_checkpoints(str(local_data_dir(RunStore().root, run_id))):
+                (cluster,) = find_clusters(run_id=run_id)
+                node = node_procs(cluster).workers[0]
+                killed = node.pid
+                for proc in node_family(node)():
+                    with contextlib.suppress(psutil.Error):
+                        proc.kill()
+                # Without a replacement the restarted workers would wait for a node forever.
+                eventually("the worker node started anew", partial(_replaced, run_id, node.pid), timeout=90,
+                           interval=0.5)
+        rc = up.wait(timeout=400)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert rc == 0, (events[-5:], up.stderr.read() if up.stderr else "")
+    assert killed is not None and run_id is not None, "the job ended before a complete checkpoint was seen"
     (cluster,) = find_clusters(run_id=run_id)
-    assert 0 in node_procs(cluster).workers and node_procs(cluster).head is not None
+    replacement = node_procs(cluster).workers.get(0)
+    assert replacement is not None and replacement.pid != killed and node_procs(cluster).head is not None
+    record = RunStore().load(run_id)
+    assert record.current_job is not None and record.current_job.status.value == "SUCCEEDED"
+    steps = metric_steps(Path(record.job_spool_path()))
+    assert steps[-1] == 60 and sorted(set(steps)) == list(range(1, 61)), steps
+    status = json.loads(run_rtui("status", run_id, "--json", check=True).stdout)["interruptions"]
+    (found,) = status["items"]
+    assert found["resumed_step"] % 5 == 0 and found["resumed_step"] <= found["at_step"], found
+    assert found["cause"] == "the worker node's processes ended; started anew", found
+    assert found["node"] in (f"{cluster.cluster_name}-head", f"{cluster.cluster_name}-worker-0"), found
+    assert status["count"] == 1 and status["lost_s"] is not None and status["lost_s"] > 0, status
     record = RunStore().load(run_id)
     assert record.current_job is not None and record.current_job.status.value == "SUCCEEDED"
     assert record.resources["local.ray-worker.0"].status.value == "ready"

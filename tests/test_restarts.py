@@ -58,6 +58,14 @@ def test_before_it_is_back_past_its_step_the_time_lost_is_not_yet_known() -> Non
     assert words == "1 interruption, 55s lost so far (the job has not yet caught up)"
 
 
+def test_a_resume_record_ray_printed_twice_is_one_restart() -> None:
+    # Seen on a real local drill (tests/test_local_e2e.py): Ray printed the worker's lines twice.
+    lines = [*(metric(s, T0 + s) for s in range(1, 7)), resume(5, "w", T0 + 30), resume(5, "w", T0 + 30),
+             *(metric(s, T0 + 30 + s) for s in range(6, 9))]
+    (restart,) = fed(lines).series.restarts.found
+    assert (restart.at_step, restart.resumed_step, restart.back_step) == (6, 5, 7)
+
+
 def test_a_resume_before_the_first_step_is_the_users_own_resume_from() -> None:
     lines = [resume(40, "n", T0), *(metric(s, T0 + s) for s in range(41, 45))]
     assert fed(lines).series.restarts.found == []

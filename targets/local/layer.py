@@ -25,12 +25,13 @@ import psutil
 from backend.delivery import local_data_dir
 from backend.errors import OperationError, TransientError, UserError
 from backend.layers.base import Context, Handler, Layer
-from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
-from backend.procs import check_port_free, free_ports, start_detached, stop_group
+from backend.model import Action, CheckResult, CheckStatus, NodeLoss, Observed, Resource
+from backend.procs import ProcRef, check_port_free, free_ports, start_detached, stop_group
 from backend.rayjobs import RayJobs
 from backend.runner import Progress
 from targets.local import cluster as lc
 from training.passed_env import JOB_ENV_FILE
+from training.protocol import NODE_ENV
 from training.raytrain import RENDEZVOUS_DIR_ENV
 
 HEAD = "local.ray-head"
@@ -191,8 +192,9 @@ class HeadHandler(Handler):
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={**facts, "head_log": str(log)})
         argv = head_argv(cluster, ports, cpus=int(want.spec["cpus"]))
         yield Progress(f"starting ray head on 127.0.0.1:{ports['gcs']}", 0.05)
-        ref = start_detached(argv, log_path=log, env=ray_env(cluster, loopback=bool(want.spec["loopback"])),
-                             cwd=cluster.path)
+        env = {**ray_env(cluster, loopback=bool(want.spec["loopback"])),
+               NODE_ENV: lc.node_name(cluster.cluster_name, None)}
+        ref = start_detached(argv, log_path=log, env=env, cwd=cluster.path)
         lc.record_root(cluster, lc.node_name(cluster.cluster_name, None), ref)  # only what rtui started is stopped
         jobs = jobs_for(cluster)
         assert jobs is not None
@@ -209,7 +211,7 @@ class HeadHandler(Handler):
                 info = await jobs.version(timeout_s=1.0)
                 await asyncio.to_thread(lc.tighten, cluster.path)
                 idle_s = int(want.spec[IDLE_KEY])
-                if idle_s:
+                if idle_s or not want.spec["loopback"]:  # worker nodes: the watcher replaces a lost one
                     _start_idle_watcher(cluster, idle_s)
                 yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})"
                                + (f"; stops after {idle_s}s without a job or an rtui" if idle_s else ""), 1.0)
@@ -240,7 +242,7 @@ class HeadHandler(Handler):
                if (proc := root.ref.process()) is not None]
         await _terminate(lambda: [p for p in old if p.is_running()])
         idle_s = int(want.spec[IDLE_KEY])
-        if idle_s:
+        if idle_s or not want.spec["loopback"]:
             _start_idle_watcher(cluster, idle_s)
         yield Progress(f"idle stop: {_idle_words(idle_s)}", 1.0)
 
@@ -267,25 +269,20 @@ class WorkerHandler(Handler):
         cluster = _live_cluster(ctx)
         if cluster is None:
             raise OperationError("no Ray head of this run is running to join")
-        ports = dict(zip(WORKER_PORT_NAMES, free_ports(len(WORKER_PORT_NAMES)), strict=True))
-        argv = ray_start(
-            f"--address={cluster.facts['gcs_address']}", f"--node-name={lc.node_name(cluster.cluster_name, index)}",
-            f"--temp-dir={cluster.ray_dir}", "--node-ip-address=127.0.0.1", f"--num-cpus={want.spec['cpus']}",
-            "--num-gpus=0", f"--object-store-memory={OBJECT_STORE_BYTES}", "--min-worker-port=0",
-            "--max-worker-port=0", "--disable-usage-stats", *_port_flags(ports))
-        log = cluster.path / f"rtui-worker-{index}.log"
         yield Progress(f"starting worker node {index}", 0.1)
-        ref = start_detached(argv, log_path=log, env=ray_env(cluster, loopback=False), cwd=cluster.path)
-        lc.record_root(cluster, lc.node_name(cluster.cluster_name, index), ref)
+        ref, log = start_worker_node(cluster, index, int(want.spec["cpus"]))
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={"log": str(log), "pid": ref.pid})
         await asyncio.sleep(2.0)
         if not ref.alive():
             raise OperationError(f"ray worker node {index} exited: {_last_error_line(_tail(log))}",
                                  remedy=f"see {log}")
+        # From here the cluster's watcher replaces it should it stop (targets.local.idle).
+        await asyncio.to_thread(want_worker_node, cluster.path, index, int(want.spec["cpus"]))
         yield Progress(f"worker node {index} joined", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         index = int(have.address.rsplit(".", 1)[1])
+        await asyncio.to_thread(want_worker_node, Path(have.id), index, None)  # not to be replaced
         cluster = lc.read_marker(Path(have.id))
         proc = lc.node_procs(cluster).workers.get(index) if cluster else None
         if proc is None:
@@ -293,6 +290,42 @@ class WorkerHandler(Handler):
             return
         count = await _terminate(lc.node_family(proc))
         yield Progress(f"stopped worker node {index} ({count} processes)", 1.0)
+
+
+# The worker nodes the run wants, {index: cpus}, in the cluster's marker: the cluster's watcher starts one
+# anew when its processes end (as a node group replaces a lost node), and says so under NODE_LOSSES.
+WORKER_NODES = "worker_nodes"
+NODE_LOSSES = "node_losses"
+
+
+def start_worker_node(cluster: lc.ClusterDir, index: int, cpus: int) -> tuple[ProcRef, Path]:
+    """``ray start`` of worker node ``index`` joining the cluster's head, recorded as one of its roots."""
+    name = lc.node_name(cluster.cluster_name, index)
+    ports = dict(zip(WORKER_PORT_NAMES, free_ports(len(WORKER_PORT_NAMES)), strict=True))
+    argv = ray_start(
+        f"--address={cluster.facts['gcs_address']}", f"--node-name={name}", f"--temp-dir={cluster.ray_dir}",
+        "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--num-gpus=0",
+        f"--object-store-memory={OBJECT_STORE_BYTES}", "--min-worker-port=0", "--max-worker-port=0",
+        "--disable-usage-stats", *_port_flags(ports))
+    log = cluster.path / f"rtui-worker-{index}.log"
+    env = {**ray_env(cluster, loopback=False), NODE_ENV: name}
+    ref = start_detached(argv, log_path=log, env=env, cwd=cluster.path)
+    lc.record_root(cluster, name, ref)
+    return ref, log
+
+
+def want_worker_node(path: Path, index: int, cpus: int | None) -> None:
+    """Note in the marker that worker node ``index`` is wanted with ``cpus`` (None: no longer)."""
+    cluster = lc.read_marker(path)
+    if cluster is None:
+        return
+    wanted = dict(cluster.facts.get(WORKER_NODES) or {})
+    if cpus is None:
+        wanted.pop(str(index), None)
+    else:
+        wanted[str(index)] = cpus
+    cluster.facts[WORKER_NODES] = wanted
+    lc.write_marker(cluster)
 
 
 class LocalRay(Layer):
@@ -316,6 +349,13 @@ class LocalRay(Layer):
             out.append(Resource(address=worker_address(i), layer=self.name, kind="ray-worker",
                                 spec={"cpus": head_cpus(ctx)}, depends_on=(HEAD,), cost_per_hour=0.0))
         return out
+
+    async def node_losses(self, ctx: Context, *, since: float, now: float) -> list[NodeLoss]:
+        """Worker nodes whose processes ended and that the cluster's watcher started anew."""
+        clusters = await asyncio.to_thread(lc.find_clusters, run_id=ctx.record.run_id)
+        return sorted((NodeLoss(float(x["at"]), str(x["node"]), str(x["cause"]))
+                       for cluster in clusters for x in cluster.facts.get(NODE_LOSSES) or []
+                       if since <= float(x["at"]) <= now), key=lambda loss: loss.at)
 
     async def discover(self, ctx: Context) -> list[Observed]:
         clusters = await asyncio.to_thread(lc.find_clusters, run_id=ctx.record.run_id)
@@ -440,7 +480,8 @@ def _loopback_interface() -> str:
 
 def _start_idle_watcher(cluster: lc.ClusterDir, idle_s: int) -> None:
     """targets.local.idle beside the head: it stops the cluster after ``idle_s`` without a job or an
-    rtui attached (issue 26). Detached like the Ray processes, and recorded as a root of the cluster's."""
+    rtui attached (issue 26; 0: never), and starts anew a worker node whose processes ended (issue 41).
+    Detached like the Ray processes, and recorded as a root of the cluster's."""
     root = str(Path(__file__).resolve().parents[2])  # where `backend` is, for the new interpreter
     path = os.environ.get("PYTHONPATH")
     # Ray's minimal environment (never the user's credentials: tests/test_local_security.py), plus
