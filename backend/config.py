@@ -146,6 +146,9 @@ class RunConfig(BaseModel):
     spot: bool = Field(default=False,
         description="aws: the GPU nodes on Spot capacity (priced at the GPU AZ's Spot price, about a third of "
                     "On-Demand's often; AWS may take a node back with two minutes' notice)")
+    spot_fallback: Literal["none", "on-demand"] = Field(default="none",
+        description="aws with --spot: when AWS has no Spot capacity for the GPU nodes (their group gave up "
+                    "launching), move them to On-Demand in the same AZ and go on (`none`: stop and say so)")
     gpus_per_node: int = Field(default=4, ge=1, le=16, description="GPUs per GPU node")
     namespace: str = Field(default="rtui", description="Kubernetes namespace")
     image: str = Field(

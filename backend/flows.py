@@ -44,13 +44,16 @@ async def up(session: RunSession, *, until: str | None = None, follow: bool = Tr
 
     The first event (step ``run``, started) carries the plan; the last (step ``run``) the outcome.
     With ``az_failover``, GPU nodes AWS has no capacity for move to the next feasible AZ, and
-    the plan is applied again (each move is kept in the run record with its reason).
+    the plan is applied again (each move is kept in the run record with its reason); with the
+    config's ``spot_fallback`` ("on-demand"), Spot GPU nodes AWS has no Spot capacity for go
+    On-Demand first.
     """
     with session.changing():
         await check_preflight(session)
         plan = await session.plan()
         yield StepEvent(step=RUN, kind=EventKind.STARTED, message=f"run {session.run_id}",
                         data={"run_id": session.run_id, "plan": plan.model_dump(mode="json"), "noop": plan.is_noop})
+        moves: set[str] = set()
         while True:
             ok, no_capacity = True, None
             async for event in session.apply(plan, until=until):
@@ -58,9 +61,12 @@ async def up(session: RunSession, *, until: str | None = None, follow: bool = Tr
                 if isinstance(event.error, NoCapacity):
                     no_capacity = event.error
                 yield event
-            moved = fail_over(session, no_capacity) if az_failover and no_capacity is not None else None
-            if moved is None:
+            on_demand = session.config.spot_fallback == "on-demand"
+            moved = None if no_capacity is None else fail_over(session, no_capacity, elsewhere=az_failover,
+                                                               on_demand=on_demand)
+            if moved is None or moved in moves:  # the same move again would fail the same way
                 break
+            moves.add(moved)
             yield StepEvent(step=RUN, kind=EventKind.PROGRESS, message=moved, data={"failover": moved})
             plan = await session.plan()
             yield StepEvent(step=RUN, kind=EventKind.PROGRESS, message="the plan after moving the GPU nodes",
@@ -76,9 +82,11 @@ async def up(session: RunSession, *, until: str | None = None, follow: bool = Tr
                               "status": session.record.status.value})
 
 
-def fail_over(session: RunSession, error: NoCapacity) -> str | None:
-    """Move what the provider had no capacity for, as the run's target does it; what moved, or None."""
-    return session.target.fail_over(session.stack, session.ctx, error)
+def fail_over(session: RunSession, error: NoCapacity, *, elsewhere: bool = True,
+              on_demand: bool = True) -> str | None:
+    """Move what the provider had no capacity for, as the run's target does it (``Target.fail_over``);
+    what moved, or None."""
+    return session.target.fail_over(session.stack, session.ctx, error, elsewhere=elsewhere, on_demand=on_demand)
 
 
 async def apply_plan(session: RunSession, plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:

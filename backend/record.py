@@ -155,6 +155,14 @@ class AzMove(BaseModel):
     at: float
 
 
+class SpotFallback(BaseModel):
+    """The GPU nodes went On-Demand after AWS had no Spot capacity for them (``--spot-fallback``)."""
+
+    az: str
+    why: str
+    at: float
+
+
 class ReservationFact(BaseModel):
     """The capacity reservation the GPU nodes use."""
 
@@ -181,6 +189,7 @@ class RunFacts(BaseModel):
     reservation: ReservationFact | None = None
     failed_azs: list[str] = Field(default_factory=list)
     az_moves: list[AzMove] = Field(default_factory=list)
+    spot_fallback: SpotFallback | None = None  # the GPU nodes run On-Demand since: --spot no longer holds
     data_bucket: str | None = None  # the run's own S3 bucket (no --storage-path), named once the plan settled it
     # Where a layer put the run's data when the user named no --storage-path (the aws layer's bucket,
     # ``s3://<bucket>/runs``): read by the job and `rtui model/status/down`.

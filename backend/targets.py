@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from backend.errors import NoCapacity
     from backend.layers.base import Context
     from backend.planner import Stack
+    from backend.record import RunFacts
 
 # A GPU cluster's sequence length left on auto: room for a multi-turn conversation through a chat
 # template (the default dataset's, and most instruction data: the plan's data line counts the sampled
@@ -101,10 +102,16 @@ class Target(ABC):
         """Run ids the provider holds resources of for ``config.cluster_name`` (may ask the network)."""
         return []
 
-    def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity) -> str | None:
-        """Move what the provider had no capacity for (in the run's ``stack``, its record in ``ctx``); what
-        moved, in one line, or None when it cannot."""
+    def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity, *, elsewhere: bool = True,
+                  on_demand: bool = True) -> str | None:
+        """Move what the provider had no capacity for (in the run's ``stack``, its record in ``ctx``): to
+        another place (``elsewhere``) or, for machines bought on a spot market, to on-demand capacity
+        (``on_demand``), as the target can; what moved, in one line, or None when it cannot."""
         return None
+
+    def fail_over_hint(self, config: RunConfig, facts: RunFacts) -> str | None:
+        """What `m` does after a capacity failure, in words (``fail_over_words``; None: nothing)."""
+        return self.fail_over_words
 
     def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
         """Where a run's checkpoints and model live, when rtui manages them on this target."""
@@ -133,9 +140,10 @@ class Target(ABC):
 
 def refuse_spot(config: RunConfig) -> None:
     """For a target that makes no GPU nodes of its own: ``--spot`` is refused, not ignored."""
-    if config.spot:
-        raise UserError("--spot buys the GPU nodes rtui makes on Spot capacity: only the aws target makes them",
-                        remedy="leave --spot out here, or use --target aws")
+    if config.spot or config.spot_fallback != "none":
+        flag = "--spot" if config.spot else "--spot-fallback"
+        raise UserError(f"{flag}: only the aws target makes GPU nodes to buy on Spot capacity",
+                        remedy=f"leave {flag} out here, or use --target aws")
 
 
 @cache

@@ -162,8 +162,8 @@ class ProvisionScreen(RtuiScreen):
                            + (" but its data, kept on purpose" if self.kept_data else "")
                            + (" and the orphan sweep found nothing left" if self.query("#step-sweep") else "")
                            + ". Escape starts a new run; q quits.")
-        elif self.no_capacity is not None and self.session.target.fail_over_words:
-            outcome.update(f"{self.session.target.fail_over_words}; r retries here.")
+        elif self.no_capacity is not None and (hint := self.fail_over_hint):
+            outcome.update(f"{hint}; r retries here.")
         elif not message.ok:
             outcome.update("Something failed (see the red step). r retries, escape goes back; nothing was torn down.")
         outcome.display = bool(outcome.content)
@@ -177,9 +177,14 @@ class ProvisionScreen(RtuiScreen):
         if action == "back":
             return None if self.running else True
         if action == "fail_over":
-            return (self.no_capacity is not None and bool(self.session.target.fail_over_words)
+            return (self.no_capacity is not None and bool(self.fail_over_hint)
                     and not self.running and not self.wizard.read_only)
         return True
+
+    @property
+    def fail_over_hint(self) -> str | None:
+        """What `m` does here, in the target's words (None: nothing)."""
+        return self.session.target.fail_over_hint(self.session.config, self.session.record.facts)
 
     @property
     def tearing_down(self) -> bool:

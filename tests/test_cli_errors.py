@@ -46,8 +46,11 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: s
         (["logs", "classify"], "no files to classify"),
         (["up", "--yes", "--until", "nowhere"], "--until 'nowhere' is neither an address nor a layer"),
         # Only the aws target makes GPU nodes to buy on Spot: elsewhere the flag is refused, not ignored.
-        (["plan", "--target", "local", "--spot"], "only the aws target makes them"),
-        (["plan", "--target", "kube", "--spot"], "only the aws target makes them"),
+        (["plan", "--target", "local", "--spot"], "--spot: only the aws target makes GPU nodes"),
+        (["plan", "--target", "kube", "--spot"], "--spot: only the aws target makes GPU nodes"),
+        (["plan", "--target", "local", "--spot-fallback", "on-demand"], "--spot-fallback: only the aws target"),
+        (["plan", "--target", "aws", "--spot-fallback", "on-demand"], "--spot-fallback on-demand: only with --spot"),
+        (["plan", "--target", "aws", "--spot", "--spot-fallback", "spot"], "--spot-fallback"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:

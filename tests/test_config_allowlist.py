@@ -39,6 +39,7 @@ HOSTILE: dict[str, dict[str, Any]] = {
     "system_node_count": {"target": "aws", "system_node_count": 10},
     "gpu_node_type": {"target": "aws", "gpu_node_type": "p5.48xlarge"},
     "spot": {"target": "aws", "spot": True},
+    "spot_fallback": {"target": "aws", "spot": True, "spot_fallback": "on-demand"},
     "gpu_node_count": {"target": "aws", "gpu_node_count": 64},
     "namespace": {"target": "kube", "namespace": "kube-system"},
     "image": {"target": "kube", "image": "evil.example.com/ray:latest"},

@@ -171,7 +171,10 @@ class ZonedToyTarget(ToyTarget):
     def stack(self, config: RunConfig) -> Stack:
         return Stack(self.name, [ZonedMarkerLayer()])
 
-    def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity) -> str | None:
+    def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity, *, elsewhere: bool = True,
+                  on_demand: bool = True) -> str | None:
+        if not elsewhere:
+            return None
         ctx.record.facts.target_facts["zone"] = "zone-b"
         ctx.store.save(ctx.record)
         return f"{error.code} in {error.az}: the marker moves to zone-b"

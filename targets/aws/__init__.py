@@ -12,15 +12,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TextIO
 
 from backend.clients import Clients
+from backend.errors import UserError
 from backend.planner import Stack
 from backend.targets import Defaults, Target
 from targets.aws.check import feasibility
 from targets.kube import CLUSTER_FIELDS, GPU_SCALE_UP_S, gpu_cluster_defaults, gpu_cluster_job_nodes
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from backend.config import RunConfig
     from backend.errors import NoCapacity
     from backend.layers.base import Context
+    from backend.record import RunFacts
     from targets.kube.k8s.access import KubeApi
 
 
@@ -32,7 +36,7 @@ class AwsTarget(Target):
     has_feasibility = True
     own_fields = CLUSTER_FIELDS | {"region", "availability_zone", "profile", "kubernetes_version", "vpc_id",
                                    "private_subnet_ids", "api_cidrs", "access_scope", "system_node_type",
-                                   "system_node_count"}
+                                   "system_node_count", "spot", "spot_fallback"}
     panel = "targets.aws.panel:MatrixPanel"
     scale_up_s = GPU_SCALE_UP_S
     fail_over_words = ("AWS has no capacity for the GPU nodes in their AZ. m moves them to the next feasible AZ and "
@@ -76,8 +80,10 @@ class AwsTarget(Target):
             api = clients.get(("aws", config.region, config.profile), lambda: AwsApi(config.region, config.profile))
             return list(await runs_of_cluster(api, config.cluster_name))
 
-    def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity) -> str | None:
-        """The GPU nodes move to the next feasible AZ (``AwsLayer.fail_over`` keeps why in the record)."""
+    def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity, *, elsewhere: bool = True,
+                  on_demand: bool = True) -> str | None:
+        """Spot GPU nodes AWS has no Spot capacity for go On-Demand in their AZ (``on_demand``); else the
+        GPU nodes move to the next feasible AZ (``elsewhere``). ``AwsLayer`` keeps why in the record."""
         # lazy: boto3 (~400 ms) only on the aws target; listing the targets does without
         from targets.aws.infra.layer import AwsLayer
 
@@ -85,8 +91,25 @@ class AwsTarget(Target):
         if layer is None or layer.topology is None:
             return None
         old = error.az or layer.topology.gpu_az
+        if on_demand and layer.buys_spot(ctx):
+            layer.fall_back_to_on_demand(ctx, old, error.message)
+            return f"{error.code} for Spot in {old}: the GPU nodes go On-Demand there (at the On-Demand price)"
+        if not elsewhere:
+            return None
         new = layer.fail_over(ctx, old, error.message)
         return None if new is None else f"{error.code} in {old}: moving the GPU nodes to {new}"
+
+    def fail_over_hint(self, config: RunConfig, facts: RunFacts) -> str | None:
+        if config.spot and facts.spot_fallback is None:
+            return ("AWS has no Spot capacity for the GPU nodes in their AZ. m moves them to On-Demand there, at the "
+                    "On-Demand price, and re-plans (`rtui up --spot-fallback on-demand` does the same)")
+        return self.fail_over_words
+
+    def check(self, config: RunConfig, cwd: Path) -> RunConfig:
+        if config.spot_fallback != "none" and not config.spot:
+            raise UserError(f"--spot-fallback {config.spot_fallback}: only with --spot (the GPU nodes are On-Demand "
+                            "without it)", remedy="add --spot, or leave --spot-fallback out")
+        return config
 
     def feasibility(self, config: RunConfig, *, regions: list[str] | None, all_regions: bool,
                     request_quota: bool, yes: bool, as_json: bool, out: TextIO) -> int | None:

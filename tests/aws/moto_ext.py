@@ -117,6 +117,7 @@ class Script:
     cluster_ca: str | None = None  # and its certificateAuthority.data (base64 PEM)
     cluster_endpoints: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (endpoint, ca)
     ice_zones: dict[str, set[str]] = field(default_factory=dict)  # instance type -> AZs without capacity
+    spot_ice_zones: dict[str, set[str]] = field(default_factory=dict)  # the same, for Spot capacity
     error5xx_rate: float = 0.0  # share of calls answered 500/503 (attempts <= throttle_max_attempt)
     faulted: int = 0  # how many were
     on_nodegroup_active: NodegroupHook | None = None  # (cluster, nodegroup, info) once, when ACTIVE

@@ -151,7 +151,8 @@ def _launch(backend: EKSBackend, ng: Nodegroup) -> tuple[dict[str, Any], str | N
     """The group's first launch: its info, why EC2 refuses it, and whether capacity ran short (then the
     failed activity is written now, while the nodegroup is CREATING: moto_activities)."""
     info = nodegroup_info(backend, ng)
-    zones = SCRIPT.ice_zones.get(info["instance_type"], set())
+    spot = info["capacity_type"] == "SPOT"  # Spot capacity runs short apart from On-Demand's
+    zones = (SCRIPT.spot_ice_zones if spot else SCRIPT.ice_zones).get(info["instance_type"], set())
     invalid = _invalid_interfaces(info)
     reserved, refused = (0, None) if invalid else moto_reservations.draw(backend.region_name, ng, info)
     short = (not invalid and not refused and reserved < info["desired_size"] and bool(info["zones"])
@@ -193,6 +194,7 @@ def nodegroup_info(backend: EKSBackend, ng: Nodegroup) -> dict[str, Any]:
         "subnets": list(ng.subnets or []),
         "asg": moto_asg.asg_name(ng),
         "launch_template": lt,
+        "capacity_type": ng.capacity_type,
     }
 
 
@@ -228,6 +230,12 @@ def _fail_launch(ng: Nodegroup, info: dict[str, Any], why: str) -> None:
 
 
 def _ice_message(info: dict[str, Any]) -> str:
+    if info.get("capacity_type") == "SPOT":
+        # EC2's answer to a Spot launch it has no capacity for (RunInstances/CreateFleet error
+        # InsufficientInstanceCapacity, "There is no Spot capacity available that matches your request.",
+        # as Spot users' logs quote it), in the group's activity wording.
+        return ("Could not launch Spot Instances. InsufficientInstanceCapacity - There is no Spot capacity available "
+                "that matches your request. Launching EC2 instance failed.")
     return ("Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have "
             f"sufficient {info['instance_type']} capacity in the Availability Zone you requested ({info['zone']}). "
             "Our system will be working on provisioning additional capacity. You can currently get capacity by "

@@ -147,3 +147,48 @@ def test_a_spot_plan_is_held_to_the_spot_quota_an_on_demand_one_is_not(world: Wo
     refused = run_rtui("plan", "--target", "aws", "--region", "us-east-1", "--spot")
     assert refused.returncode == 2, refused.stdout
     assert SPOT_QUOTA_G_VT in refused.stderr and "Spot" in refused.stderr, refused.stderr
+
+
+def _gpu_az(session: Any) -> str:
+    return str(session.stack.layer("aws").topology.gpu_az)
+
+
+@pytest.mark.slow
+async def test_without_spot_capacity_the_fallback_puts_the_gpu_nodes_on_demand_there_for_good(
+        world: World, kube_file: Path) -> None:
+    world.script.spot_prices[("us-east-1", GPU)] = NOW
+    planned = session_for(spot=True, gpu_node_count=1)
+    await planned.plan()
+    az = _gpu_az(planned)
+    world.script.spot_ice_zones[GPU] = {az}  # no Spot capacity there; On-Demand capacity there is fine
+
+    # Without the fallback `up` stops and says what would go on.
+    stuck = session_for(spot=True, gpu_node_count=1)
+    failed = await up(stuck)
+    assert not failed.ok
+    fault = next(e for e in failed.events if e.step == "aws.nodegroup.gpu" and e.kind.value == "failed")
+    assert "InsufficientInstanceCapacity for Spot" in fault.message and az in fault.message
+    assert "--spot-fallback on-demand" in (fault.remedy or "")
+    assert stuck.target.fail_over_hint(stuck.config, stuck.record.facts) is not None
+    assert "m moves them to On-Demand" in str(stuck.target.fail_over_hint(stuck.config, stuck.record.facts))
+    assert (await down(stuck)).ok
+
+    # With it, the same `up` goes on: the group is made again On-Demand in the same AZ, and stays so.
+    session = session_for(spot=True, spot_fallback="on-demand", gpu_node_count=1)
+    made = await up(session)
+    assert made.ok, made.failures()
+    (moved,) = [e.message for e in made.events if e.step == "run" and e.data.get("failover")]
+    assert moved.startswith("InsufficientInstanceCapacity for Spot in " + az) and "On-Demand" in moved, moved
+    group = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
+    assert group["capacityType"] == "ON_DEMAND" and group["status"] == "ACTIVE"
+    fallback = session.record.facts.spot_fallback
+    assert fallback is not None and fallback.az == az and "InsufficientInstanceCapacity" in fallback.why
+    again = await session.plan()
+    assert [c.address for c in again.changes if c.layer == "aws" and c.action != "noop"] == []
+    assert any(n.startswith(f"Spot GPU nodes went On-Demand in {az}") for n in again.notes), again.notes
+    gpu = again.change("aws.nodegroup.gpu")
+    assert gpu.cost_per_hour is not None and gpu.cost_per_hour > 4.6  # the On-Demand price, its disk beside
+    assert session.target.fail_over_hint(session.config, session.record.facts) != \
+        stuck.target.fail_over_hint(stuck.config, stuck.record.facts)  # `m` would now move the AZ
+    assert (await down(session)).ok
+    assert tagged(session.run_id) == {}

@@ -22,7 +22,7 @@ from backend.delivery import S3_STANDARD_PER_GIB_MONTH, effective_storage_path, 
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, Leftover, NodeLoss, Observed, Resource
-from backend.record import AzMove
+from backend.record import AzMove, SpotFallback
 from targets.aws.cloud import run_preflight
 from targets.aws.cloud.catalog import quota_code_for
 from targets.aws.cloud.pricing import (
@@ -367,7 +367,7 @@ class AwsLayer(Layer):
         named = {z.zone: reserved_nodes(z.reservations)[1] for z in region.zones}
         reservations = {az: NamedReservation(r.id, r.kind, r.placement_group)
                         for az, r in named.items() if r is not None}
-        if config.spot:
+        if self.buys_spot(ctx):
             # A reservation holds On-Demand capacity (a Capacity Block's too): Spot nodes never draw on it.
             if reservations.get(gpu_az) is not None:
                 self._notes.append(f"capacity reservation {reservations[gpu_az].id} in {gpu_az} is On-Demand "
@@ -382,9 +382,14 @@ class AwsLayer(Layer):
                     "Spot with --max-failures 0: the first interruption ends the job; with --max-failures N Ray "
                     "Train restarts the workers on the replacement node and goes on from the newest complete "
                     "checkpoint (--checkpoint-every sets how many steps are done again)")
+        elif config.spot and (fallback := facts.spot_fallback) is not None:
+            self._notes.append(
+                f"Spot GPU nodes went On-Demand in {fallback.az} at "
+                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(fallback.at))}: AWS had no Spot capacity for them "
+                "(--spot-fallback on-demand); they stay On-Demand for this run")
         # The reservation this run's nodes already fill shows no free slot now: keep naming it, while it
         # lasts. One that expired or was cancelled is named no more, and the plan says what replaces it.
-        kept = None if config.spot else facts.reservation
+        kept = None if self.buys_spot(ctx) else facts.reservation
         if kept is not None and kept.az and kept.id:
             ended = await self._reservation_ended(ctx, kept.id, zones.get(kept.az))
             if ended is None:
@@ -399,7 +404,7 @@ class AwsLayer(Layer):
             network_azs=network_azs, gpu_az=gpu_az, az_index=index,
             failover_azs=[z for z in feasible if z != gpu_az and z not in facts.failed_azs],
             spot_prices={z.zone: z.spot_price for z in region.zones if z.spot_price is not None},
-            gpu_quota_code=quota.code if quota else quota_code_for(config.gpu_node_type, spot=config.spot),
+            gpu_quota_code=quota.code if quota else quota_code_for(config.gpu_node_type, spot=self.buys_spot(ctx)),
             gpu_headroom=quota.headroom if quota else None,
             system_quota_code=system_quota.code if system_quota else quota_code_for(config.system_node_type),
             system_headroom=system_quota.headroom if system_quota else None,
@@ -443,6 +448,16 @@ class AwsLayer(Layer):
             facts.reservation = named.to_fact(topo.gpu_az) if named else None
             ctx.save()
 
+    def buys_spot(self, ctx: Context) -> bool:
+        """The GPU nodes are bought on Spot: ``--spot``, unless they went On-Demand when Spot had none."""
+        return ctx.config.spot and ctx.record.facts.spot_fallback is None
+
+    def fall_back_to_on_demand(self, ctx: Context, az: str, why: str) -> None:
+        """From now on the run's GPU nodes are On-Demand (``--spot-fallback on-demand``, or `m` in the
+        TUI); the record says when and why, and every later plan keeps them so."""
+        ctx.record.facts.spot_fallback = SpotFallback(az=az, why=why[:300], at=time.time())
+        ctx.save()
+
     def fail_over(self, ctx: Context, failed_az: str, why: str) -> str | None:
         """Move the GPU nodes to the next feasible AZ; the record says why. None when none is left."""
         topology = self.topology
@@ -482,7 +497,7 @@ class AwsLayer(Layer):
             gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count, gpu_disk_gb=ROOT_VOLUME_GB,
             system_node_type=config.system_node_type, system_node_count=config.system_node_count,
             system_disk_gb=topo.system_disk_gb, nat_gateway=not adopted)).parts
-        if config.spot:  # the GPU nodes at the GPU AZ's Spot price: every figure of the plan says it
+        if self.buys_spot(ctx):  # the GPU nodes at the GPU AZ's Spot price: every figure of the plan says it
             cost["gpu_nodes"] = spot_nodes_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB,
                                                 topo.gpu_az, topo.spot_prices.get(topo.gpu_az))
         self._idle_note = _idle_note(config, cost, nat=not adopted)
@@ -587,7 +602,7 @@ class AwsLayer(Layer):
             {"instance_type": config.gpu_node_type, "size": config.gpu_node_count,
              "min_size": scaling["minSize"], "max_size": scaling["maxSize"], "azs": [topo.gpu_az],
              "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
-             "capacity_type": "SPOT" if config.spot else "CAPACITY_BLOCK" if block else "ON_DEMAND"},
+             "capacity_type": "SPOT" if self.buys_spot(ctx) else "CAPACITY_BLOCK" if block else "ON_DEMAND"},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
             cost=gpu_cost.per_hour, note=gpu_cost.note,
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,

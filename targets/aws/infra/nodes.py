@@ -424,9 +424,12 @@ class NodegroupHandler(AwsHandler):
                 why, capacity = (short, True) if short else await failure_report(api, group or {})
                 if capacity:
                     azs = await subnet_azs(api, (group or {}).get("subnets") or [])
-                    raise CapacityError(f"nodegroup {name}: {ICE} in {', '.join(azs)} ({why})",
-                                        az=azs[0] if azs else "",
-                                        remedy="`rtui up --az-failover` moves the GPU nodes to the next feasible AZ")
+                    spot = (group or {}).get("capacityType") == "SPOT"
+                    raise CapacityError(f"nodegroup {name}: {ICE}{' for Spot' if spot else ''} in {', '.join(azs)} "
+                                        f"({why})", az=azs[0] if azs else "",
+                                        remedy=("`rtui up --spot-fallback on-demand` moves the GPU nodes to On-Demand "
+                                                "there; `rtui up --az-failover` to the next feasible AZ" if spot else
+                                                "`rtui up --az-failover` moves the GPU nodes to the next feasible AZ"))
                 return Look(False, status, fatal=f"nodegroup {name} {status.lower()}: {why}",
                              remedy="fix what AWS names, then `rtui up` again replaces the nodegroup")
             return Look(status == "ACTIVE", f"nodegroup {status.lower()}")

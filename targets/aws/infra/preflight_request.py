@@ -18,7 +18,7 @@ DEADLINE_FACTOR = 5.0
 
 
 def request_for(config: RunConfig, *, regions: list[str] | None = None, all_regions: bool = False,
-                system_disk_gb: int = SYSTEM_DISK_UNKNOWN_GB) -> PreflightRequest:
+                system_disk_gb: int = SYSTEM_DISK_UNKNOWN_GB, spot: bool | None = None) -> PreflightRequest:
     """What the matrix checks for ``config``: its node types and counts, its transport and its deadlines."""
     timeout = config.aws_timeout_s
     return PreflightRequest(
@@ -26,12 +26,15 @@ def request_for(config: RunConfig, *, regions: list[str] | None = None, all_regi
         gpu_disk_gb=ROOT_VOLUME_GB, system_disk_gb=system_disk_gb,
         gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
         system_node_type=config.system_node_type, system_node_count=config.system_node_count,
-        profile=config.profile, default_region=config.region, require_efa=config.wants_efa(), spot=config.spot,
+        profile=config.profile, default_region=config.region, require_efa=config.wants_efa(),
+        spot=config.spot if spot is None else spot,
         listing_timeout_s=timeout, region_timeout_s=REGION_FACTOR * timeout, deadline_s=DEADLINE_FACTOR * timeout,
     )
 
 
 def preflight_request(ctx: Context) -> PreflightRequest:
-    """The run's own region, with the system disk its image needs (when the registry said)."""
+    """The run's own region, with the system disk its image needs (when the registry said), Spot unless
+    its GPU nodes went On-Demand when Spot had none."""
     return request_for(ctx.config, regions=[ctx.config.region],
-                       system_disk_gb=int(ctx.record.facts.system_disk_gb or SYSTEM_DISK_UNKNOWN_GB))
+                       system_disk_gb=int(ctx.record.facts.system_disk_gb or SYSTEM_DISK_UNKNOWN_GB),
+                       spot=ctx.config.spot and ctx.record.facts.spot_fallback is None)
