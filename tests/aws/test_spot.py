@@ -187,7 +187,7 @@ async def test_without_spot_capacity_the_fallback_puts_the_gpu_nodes_on_demand_t
     assert [c.address for c in again.changes if c.layer == "aws" and c.action != "noop"] == []
     assert any(n.startswith(f"Spot GPU nodes went On-Demand in {az}") for n in again.notes), again.notes
     gpu = again.change("aws.nodegroup.gpu")
-    assert gpu.cost_per_hour is not None and gpu.cost_per_hour > 4.6  # the On-Demand price, its disk beside
+    assert gpu is not None and gpu.cost_per_hour is not None and gpu.cost_per_hour > 4.6  # On-Demand, its disk beside
     assert session.target.fail_over_hint(session.config, session.record.facts) != \
         stuck.target.fail_over_hint(stuck.config, stuck.record.facts)  # `m` would now move the AZ
     assert (await down(session)).ok
