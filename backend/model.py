@@ -238,11 +238,15 @@ class CostItem:
     node_hours: float | None = None  # from the provider's own record of its nodes, where there is one
     accrued_at_most: bool = False  # counted at full size for its whole life: an upper bound
     per_hour_full: float | None = None  # at full size, where ``per_hour`` counts fewer nodes
+    # Where ``accrued`` came from when not the plan's price: the provider's price history (Spot).
+    accrued_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"per_hour": self.per_hour, "since": self.since, "accrued": self.accrued}
         if self.node_hours is not None:
             out["node_hours"] = self.node_hours
+        if self.accrued_from is not None:
+            out["accrued_from"] = self.accrued_from
         if self.accrued_at_most:
             out["accrued_at_most"] = True
         if self.per_hour_full is not None:

@@ -20,7 +20,7 @@ from backend.clients import Clients
 from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, DataUsage, data_store_for, effective_storage_path, model_summary
 from backend.errors import ApiUnreachable, OperationError, UserError
-from backend.layers.base import Context, GpuFleetReporter, NodeHistory, NodeLosses, Unanswered
+from backend.layers.base import Context, GpuFleetReporter, NodeBilling, NodeHistory, NodeLosses, Unanswered
 from backend.model import CostItem, CostMeter, GpuFleet, Interruption, NodeLoss, StepEvent, attribute
 from backend.planner import (
     PlanResult,
@@ -423,7 +423,9 @@ class RunSession:
         latest = telemetry.series.latest
         gpu = await self.gpu_fleet() if alive else None
         now = time.time()
-        node_hours = await self.node_hours(now) if self.record.status is not RunStatus.DOWN else None
+        up = self.record.status is not RunStatus.DOWN
+        node_hours = await self.node_hours(now) if up else None
+        node_costs = await self.node_costs(now) if up else None
         store = self.data_store()
         model = await asyncio.to_thread(store.latest_model) if store is not None else None
         usage = await asyncio.to_thread(store.usage) if store is not None else None
@@ -431,7 +433,8 @@ class RunSession:
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
                             self.attached_elsewhere(), latest, telemetry.series.world_size,
                             telemetry.series.summary, telemetry.transport,
-                            cost_meter(self.record, now, gpu=gpu, node_hours=node_hours), model, usage, gpu,
+                            cost_meter(self.record, now, gpu=gpu, node_hours=node_hours, node_costs=node_costs),
+                            model, usage, gpu,
                             tuple(interruptions))
 
     async def interruptions(self, telemetry: Telemetry, now: float | None = None) -> list[Interruption]:
@@ -479,6 +482,22 @@ class RunSession:
                         break
         return out
 
+    async def node_costs(self, now: float | None = None) -> dict[str, float]:
+        """What each priced resource billed at a moving price (Spot) has cost so far, from the provider's
+        own price history (``NodeBilling``); the others are left out."""
+        now = time.time() if now is None else now
+        out: dict[str, float] = {}
+        for address, entry in self.record.resources.items():
+            if not entry.bills:
+                continue
+            for layer in self.stack.layers:
+                if isinstance(layer, NodeBilling):
+                    cost = await layer.node_cost(self.ctx, address, since=entry.created_at, now=now)
+                    if cost is not None:
+                        out[address] = cost
+                        break
+        return out
+
     async def gpu_fleet(self) -> GpuFleet | None:
         """GPU workers and nodes now, when the cluster's come and go (issue 26), with when it went idle:
         the last job's end, and when the idle timeout let the workers go after it."""
@@ -493,7 +512,8 @@ class RunSession:
 
 
 def cost_meter(record: RunRecord, now: float | None = None, gpu: GpuFleet | None = None,
-               node_hours: Mapping[str, float] | None = None) -> CostMeter | None:
+               node_hours: Mapping[str, float] | None = None,
+               node_costs: Mapping[str, float] | None = None) -> CostMeter | None:
     """What the run costs now and has cost so far: each live priced resource from when it was made,
     at the plan's price, unless it is known to bill nothing (``ResourceRecord.bills``); after teardown,
     what the orphan sweep still found. None when nothing is priced.
@@ -506,7 +526,11 @@ def cost_meter(record: RunRecord, now: float | None = None, gpu: GpuFleet | None
     comes from the provider's own record of its nodes, ``node_hours`` (``RunSession.node_hours``: on
     aws, the Auto Scaling group's activities), at the per-node price. Without that record it is
     counted at full size for its whole life, an upper bound: the item says ``accrued_at_most`` and
-    the meter ``accrued_exact: False`` ("at most $X so far")."""
+    the meter ``accrued_exact: False`` ("at most $X so far").
+
+    Nodes billed at a price that moves (Spot) cost what the provider's price history says over the
+    times they ran, ``node_costs`` (``RunSession.node_costs``), when it can tell: that replaces the
+    plan's price, which was the price in effect when the plan was made."""
     now = time.time() if now is None else now
     prices = record.plan.prices() if record.plan is not None else {}
     scalable = record.plan.scalable() if record.plan is not None else {}
@@ -522,6 +546,9 @@ def cost_meter(record: RunRecord, now: float | None = None, gpu: GpuFleet | None
                                node_hours=round(history[address], 4))
             elif address in scalable:
                 item = replace(item, accrued_at_most=True)
+            if node_costs and address in node_costs:
+                item = replace(item, accrued=round(node_costs[address], 4), accrued_at_most=False,
+                               accrued_from="the Spot price history")
             items[address] = item
     left = tuple(record.facts.sweep or ())
     if not items and not left:

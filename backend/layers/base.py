@@ -61,6 +61,17 @@ class NodeHistory(Protocol):
 
 
 @runtime_checkable
+class NodeBilling(Protocol):
+    """A layer whose nodes of one of its priced resources are billed at a price that moves (Spot), and
+    that can say what they were billed from the provider's own records (issue 41: the cost meter)."""
+
+    async def node_cost(self, ctx: Context, address: str, *, since: float, now: float) -> float | None:
+        """Dollars ``address``'s nodes cost between ``since`` and ``now`` (None: the records cannot tell,
+        or its price does not move: the plan's price times its node-hours is the figure then)."""
+        ...
+
+
+@runtime_checkable
 class NodeLosses(Protocol):
     """A layer that can say which nodes its provider took away while a job ran (issue 41: a Spot
     interruption), from the provider's own records."""

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from typing import Any
 from unittest.mock import patch
@@ -86,6 +87,8 @@ class Script:
     prices: dict[tuple[str, str], float] = field(default_factory=dict)  # (region, type) -> USD/h
     # (region, type) -> AZ -> the Spot price in effect now, USD/h (tests/aws/moto_spot.py)
     spot_prices: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    # Spot price changes after the one in effect now was set: (when, region, type, AZ, USD per hour).
+    spot_changes: list[tuple[datetime, str, str, str, float]] = field(default_factory=list)
     # region -> {eks, nat_hour, nat_gb, ebs_gp3, ipv4} -> USD (tests/aws/moto_pricing.py)
     region_prices: dict[str, dict[str, float]] = field(default_factory=dict)
     pricing_denied: bool = True

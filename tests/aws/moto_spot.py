@@ -19,6 +19,7 @@ its ``SpotPrice`` type; EC2 User Guide, "Spot Instance pricing history"):
 The price model: a test scripts the price in effect now, (region, type) -> AZ -> USD, in
 ``Script.spot_prices``; an offered type nobody scripted costs a share of its On-Demand price (the
 scripted one, else rtui's built-in table), a different share per AZ, as Spot prices differ by AZ.
+A test moves a price while a run goes on with ``Script.spot_changes`` (a line from then on).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def history(script: Any, region: str, now: datetime) -> list[dict[str, Any]]:
     for (zone, instance_type), price in sorted(current_prices(script, region, now).items()):
         for product, factor in PRODUCTS.items():
             changes = [(now - ago, price * share) for ago, share in EARLIER] + [(now - NOW_SINCE, price)]
+            changes += [(at, usd) for at, where, kind, az, usd in script.spot_changes
+                        if (where, kind, az) == (region, instance_type, zone) and at <= now]
             for at, usd in changes:
                 lines.append({"AvailabilityZone": zone, "InstanceType": instance_type, "ProductDescription": product,
                               "SpotPrice": f"{usd * factor:.6f}", "Timestamp": at})

@@ -5,12 +5,14 @@ beside it, and checked against the Spot vCPU quota."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
+from backend.session import cost_meter
 from targets.aws.cloud.catalog import QUOTA_G_VT, SPOT_QUOTA_G_VT, quota_code_for
 from targets.aws.cloud.pricing import SPOT_PRODUCT, spot_prices
 from targets.aws.cloud.quota import vcpus_in_use
@@ -192,3 +194,39 @@ async def test_without_spot_capacity_the_fallback_puts_the_gpu_nodes_on_demand_t
         stuck.target.fail_over_hint(stuck.config, stuck.record.facts)  # `m` would now move the AZ
     assert (await down(session)).ok
     assert tagged(session.run_id) == {}
+
+
+async def test_the_meter_bills_spot_nodes_at_the_price_in_effect_each_moment_they_ran(
+        world: World, kube_file: Path) -> None:
+    world.script.spot_prices[("us-east-1", GPU)] = NOW
+    session = session_for(spot=True)
+    assert (await up(session)).ok
+    az = session.record.facts.gpu_az
+    assert az is not None
+    # The price moves while the nodes run: ten times what it was, from now on.
+    moved = datetime.now(UTC).replace(microsecond=0)  # as EC2 times its lines: to the second
+    world.script.spot_changes.append((moved, "us-east-1", GPU, az, NOW[az] * 10))
+    later = moved.timestamp() + 3600  # the meter read an hour on
+    gpu = "aws.nodegroup.gpu"
+    costs, hours = await session.node_costs(later), await session.node_hours(later)
+
+    # The test's own sum: each instance from its launch (the group's activities) to then, at the price
+    # in effect each moment, with its root volume.
+    group = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
+    launches = [a["StartTime"].timestamp() for a in boto3.client("autoscaling", region_name="us-east-1")
+                .describe_scaling_activities(AutoScalingGroupName=group["resources"]["autoScalingGroups"][0]["name"])
+                ["Activities"] if a["Description"].startswith("Launching")]
+    assert len(launches) == 2
+    since = session.record.resources[gpu].created_at
+    disk = GPU_DISK_GB * 0.08 / HOURS_PER_MONTH
+    expected = sum(NOW[az] * (moved.timestamp() - max(t, since)) / 3600 + NOW[az] * 10 * (later - moved.timestamp())
+                   / 3600 + disk * (later - max(t, since)) / 3600 for t in launches)
+    assert costs[gpu] == pytest.approx(expected, rel=1e-3)
+    meter = cost_meter(session.record, later, node_hours=hours, node_costs=costs)
+    assert meter is not None
+    item = meter.resources[gpu]
+    assert item.accrued_from == "the Spot price history" and item.accrued == pytest.approx(expected, abs=1e-3)
+    # At the plan's price (the one in effect when it was made) the hour would have cost a tenth as much.
+    planned = cost_meter(session.record, later, node_hours=hours)
+    assert planned is not None and planned.resources[gpu].accrued < item.accrued / 5
+    assert (await down(session)).ok

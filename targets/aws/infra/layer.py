@@ -103,7 +103,7 @@ from targets.aws.infra.node_autoscaler import (
     gpu_asg_tags,
     gpu_scaling_config,
 )
-from targets.aws.infra.node_hours import gpu_node_hours, gpu_node_losses
+from targets.aws.infra.node_hours import gpu_node_hours, gpu_node_losses, gpu_spot_cost
 from targets.aws.infra.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from targets.aws.infra.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from targets.aws.infra.preflight_request import preflight_request
@@ -172,6 +172,15 @@ class AwsLayer(Layer):
         if address != GPU_NODES:
             return None
         return await gpu_node_hours(ctx, since=since, now=now)
+
+    async def node_cost(self, ctx: Context, address: str, *, since: float, now: float) -> float | None:
+        """Spot GPU nodes at the Spot price in effect each moment they ran (``gpu_spot_cost``); On-Demand
+        ones are left to the plan's price, which does not move."""
+        az = ctx.record.facts.gpu_az
+        if address != GPU_NODES or not self.buys_spot(ctx) or not az:
+            return None
+        disk = self.prices(ctx.config).ebs_per_hour(ROOT_VOLUME_GB)
+        return await gpu_spot_cost(ctx, since=since, now=now, az=az, disk_per_node_hour=disk)
 
     async def node_losses(self, ctx: Context, *, since: float, now: float) -> list[NodeLoss]:
         """GPU nodes the provider took away (a Spot interruption), from their group's activities."""

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import RtuiError
 from backend.model import NodeLoss
+from targets.aws.cloud.pricing import SPOT_PRODUCT
 from targets.aws.infra.base import Names, aws_api
 
 if TYPE_CHECKING:
@@ -46,6 +47,13 @@ def _epoch(value: object) -> float | None:
 def node_hours(activities: Iterable[Mapping[str, Any]], *, since: float, now: float) -> float | None:
     """Instance-hours of the group between ``since`` (when the run made it) and ``now``, or None when
     the activities cannot tell (the history may have aged out, or a termination has no launch)."""
+    found = runs(activities, since=since, now=now)
+    return None if found is None else sum(end - start for start, end in found) / 3600
+
+
+def runs(activities: Iterable[Mapping[str, Any]], *, since: float, now: float) -> list[tuple[float, float]] | None:
+    """When each instance of the group ran between ``since`` and ``now`` (start, end), or None when the
+    activities cannot tell (``node_hours``)."""
     if now - since > RETENTION_S:
         return None
     launched: dict[str, float] = {}
@@ -60,8 +68,24 @@ def node_hours(activities: Iterable[Mapping[str, Any]], *, since: float, now: fl
             ended[found[1]] = end if status == "Successful" and end is not None else now
     if set(ended) - set(launched):
         return None
-    seconds = sum(max(0.0, min(ended.get(i, now), now) - max(start, since)) for i, start in launched.items())
-    return seconds / 3600
+    spans = [(max(start, since), min(ended.get(i, now), now)) for i, start in launched.items()]
+    return [(start, end) for start, end in spans if end > start]
+
+
+def billed(spans: Iterable[tuple[float, float]], prices: list[tuple[float, float]]) -> float | None:
+    """Dollars of instances that ran ``spans`` (start, end; epoch seconds) at a price per hour that
+    changed at the times ``prices`` gives ((when, USD per hour), each in effect until the next); None
+    when a span starts before the first price known."""
+    prices = sorted(prices)
+    total = 0.0
+    for start, end in spans:
+        if not prices or start < prices[0][0]:
+            return None
+        for (at, usd), (upto, _) in zip(prices, [*prices[1:], (float("inf"), 0.0)], strict=True):
+            overlap = min(end, upto) - max(start, at)
+            if overlap > 0:
+                total += usd * overlap / 3600
+    return total
 
 
 # How an Auto Scaling group words a termination it did not choose (the activity's ``Cause``). An instance
@@ -114,6 +138,43 @@ async def _gpu_group(ctx: Context) -> tuple[Mapping[str, Any], list[Mapping[str,
             "autoscaling", "describe_scaling_activities", "Activities", AutoScalingGroupName=name)]
     except RtuiError:
         return None
+
+
+async def spot_price_history(ctx: Context, instance_type: str, az: str, *, since: float,
+                             now: float) -> list[tuple[float, float]]:
+    """The Linux Spot price of ``instance_type`` in ``az`` from ``since`` to ``now``: (when, USD per
+    hour) of each change, the first the one in effect at ``since`` (``DescribeSpotPriceHistory`` with
+    ``StartTime`` answers that one too; EC2 API reference)."""
+    found = await aws_api(ctx).pages(
+        "ec2", "describe_spot_price_history", "SpotPriceHistory", InstanceTypes=[instance_type],
+        ProductDescriptions=[SPOT_PRODUCT], AvailabilityZone=az, StartTime=datetime.fromtimestamp(since, UTC),
+        EndTime=datetime.fromtimestamp(now, UTC))
+    out = {}
+    for line in found:
+        at = _epoch(line.get("Timestamp"))
+        if at is not None and line.get("InstanceType") == instance_type and line.get("AvailabilityZone") == az:
+            out[at] = float(line["SpotPrice"])
+    in_effect = [t for t in out if t <= since]
+    # The line in effect at ``since`` counts from then: earlier lines say nothing of this run.
+    first = max(in_effect) if in_effect else None
+    return sorted(((since, usd) if at == first else (at, usd)) for at, usd in out.items()
+                  if first is None or at >= first)
+
+
+async def gpu_spot_cost(ctx: Context, *, since: float, now: float, az: str, disk_per_node_hour: float) -> float | None:
+    """What the Spot GPU nodes cost between ``since`` and ``now``: each instance from its launch to its end
+    (the group's activities) at the Spot price in effect each moment in ``az`` (its price history), and its
+    root volume at ``disk_per_node_hour``; None when either cannot be read."""
+    found = await _gpu_group(ctx)
+    spans = None if found is None else runs(found[1], since=since, now=now)
+    if not spans:
+        return None if spans is None else 0.0
+    try:
+        prices = await spot_price_history(ctx, ctx.config.gpu_node_type, az, since=min(s for s, _ in spans), now=now)
+    except RtuiError:
+        return None
+    cost = billed(spans, prices)
+    return None if cost is None else cost + disk_per_node_hour * sum(e - s for s, e in spans) / 3600
 
 
 async def gpu_node_hours(ctx: Context, *, since: float, now: float) -> float | None:
