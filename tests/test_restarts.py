@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,3 +131,30 @@ def test_a_loss_is_the_cause_of_the_restart_whose_moment_it_falls_in() -> None:
     assert found.loss == right and found.cause == "Spot"
     (unknown,) = attribute([restart], [early, late], now=T0 + 600)
     assert unknown.loss is None and unknown.cause is None
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_the_run_screen_says_where_the_job_stopped_and_went_on(isolated_env: Path,
+                                                                    size: tuple[int, int]) -> None:
+    """A restart seen in the job's log, on a run whose target cannot say what took the node: the line
+    names no cause, and stays whole in the status panel at 80 columns as at 120."""
+    from screens.run import RunScreen
+    from tests.pilot_wait import wait_for
+    from tests.test_tui_dashboard import T0 as DT0
+    from tests.test_tui_dashboard import DashboardApp, dashboard_session, feed, metric_lines, settle
+
+    app = DashboardApp(dashboard_session(), resume=True)
+    async with app.run_test(size=size) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 5, "run screen")
+        await settle(pilot)
+        await feed(pilot, [*metric_lines(1, 12), resume(10, "node-b", DT0 + 200),
+                           *(line.replace(f'"ts":{DT0 + 60 + s * 2.0}', f'"ts":{DT0 + 300 + s * 2.0}')
+                             for s, line in zip(range(11, 16), metric_lines(11, 15), strict=True))])
+        status = app.screen.query_one("#job-status")
+        await wait_for(pilot, lambda: "interrupted at step" in str(status.render()), 5, "the interruption line")
+        shown = " ".join(str(status.render()).split())
+        # Step 12 at +84 s, step 11 again at +322 s, back past 12 at +326 s (less one step of 2 s).
+        assert "interrupted at step 12, resumed at step 10 on node-b after 3m58s" in shown, shown
+        assert "1 interruption, 4m00s lost" in shown, shown
+        region = status.content_region
+        assert region.width <= size[0] and status.size.height >= 2  # the panel grew to hold it, not cut it
