@@ -42,9 +42,8 @@ from backend.runner import Runner, Step  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.store import RunStore  # noqa: E402
 from targets.kube.k8s.handlers import kuberay_crds  # noqa: E402
-from tests.aws.checkip import CHECKIP  # noqa: E402
-from tests.aws.moto_ext import SCRIPT, ScriptedMotoServer, install  # noqa: E402
-from tests.aws.moto_provision import install_provisioning  # noqa: E402
+from tests.aws.bench_world import serve_aws_double  # noqa: E402
+from tests.aws.moto_ext import SCRIPT  # noqa: E402
 from tests.kubernetes.conftest import KubeCluster  # noqa: E402
 from tests.kubernetes.crds import crd_dir  # noqa: E402
 from tests.kubernetes.fake_control import FakeControlPlane, Timings  # noqa: E402
@@ -178,16 +177,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    install()
-    install_provisioning()
-    server = ScriptedMotoServer(SCRIPT)
-    server.start()
-    CHECKIP.start()  # the caller's public address (the EKS API's default allow-list), never the internet's
-    os.environ["RTUI_CHECKIP_URL"] = CHECKIP.url
-    host, port = server.get_host_and_port()
-    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_SESSION_TOKEN": "bench",
-                       "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_CONFIG_FILE": "/nonexistent",
-                       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"})
+    server = serve_aws_double()
     times: dict[str, list[float]] = {"seed": [], "rtui": []}
     paths: list[float] = []
     calls: collections.Counter[str] = collections.Counter()

@@ -34,9 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.config import resolve_config  # noqa: E402
 from backend.hub import default_dataset_uri  # noqa: E402
 from backend.session import RunSession  # noqa: E402
-from tests.aws.checkip import CHECKIP  # noqa: E402
-from tests.aws.moto_ext import SCRIPT, ScriptedMotoServer, install  # noqa: E402
-from tests.aws.moto_provision import install_provisioning  # noqa: E402
+from tests.aws.bench_world import serve_aws_double  # noqa: E402
+from tests.aws.moto_ext import SCRIPT  # noqa: E402
 
 RATES = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5)  # interruptions per GPU node-hour
 GPU_NODES = 2
@@ -71,21 +70,13 @@ def main() -> None:
                         help="from an interruption to the job training again on a replacement node")
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    install()
-    install_provisioning()
-    server = ScriptedMotoServer(SCRIPT)
-    server.start()
-    CHECKIP.start()
-    host, port = server.get_host_and_port()
-    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_SESSION_TOKEN": "bench",
-                       "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_CONFIG_FILE": "/nonexistent",
-                       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "RTUI_CHECKIP_URL": CHECKIP.url})
+    server = serve_aws_double()
     try:
         with tempfile.TemporaryDirectory(prefix="rtui-spot-bench-") as tmp:
             os.environ["RTUI_STATE_DIR"] = str(Path(tmp) / "state")
             os.environ["RTUI_CONFIG_DIR"] = str(Path(tmp) / "config")
-            urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"),
-                                   timeout=30).close()
+            reset = urllib.request.Request(f"{os.environ['AWS_ENDPOINT_URL']}/moto-api/reset", method="POST")
+            urllib.request.urlopen(reset, timeout=30).close()
             SCRIPT.default_quotas.update({"L-DB2E81BA": 192, "L-417A185B": 0, "L-1216C47A": 640,
                                           "L-3819A6DF": 192, "L-34B43A08": 640})
             on_demand, od_gpu = asyncio.run(plan_per_hour(spot=False))
