@@ -103,7 +103,7 @@ from targets.aws.infra.node_autoscaler import (
     gpu_asg_tags,
     gpu_scaling_config,
 )
-from targets.aws.infra.node_hours import gpu_node_hours, gpu_node_losses, gpu_spot_cost
+from targets.aws.infra.node_hours import GpuGroup, gpu_group, gpu_node_hours, gpu_node_losses, gpu_spot_cost
 from targets.aws.infra.nodes import AsgTagsHandler, LaunchTemplateHandler, NodegroupHandler, PlacementGroupHandler
 from targets.aws.infra.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from targets.aws.infra.preflight_request import preflight_request
@@ -161,6 +161,7 @@ class AwsLayer(Layer):
         self._planned_nat = False
         self._notes: list[str] = []  # what the last settling of the AZs decided differently, one line each
         self._idle_note = ""  # what the last ``desired`` bills while the GPU nodes are scaled to zero
+        self._group_read: tuple[float, GpuGroup | None] | None = None  # the GPU group as read for a moment
         self._s3_note = ""  # with --vpc-id: the user's private subnets route S3 through their NAT
 
     @property
@@ -171,7 +172,7 @@ class AwsLayer(Layer):
         """The GPU nodes' hours from their Auto Scaling group's activities (``node_hours``)."""
         if address != GPU_NODES:
             return None
-        return await gpu_node_hours(ctx, since=since, now=now)
+        return gpu_node_hours(await self._gpu_group_at(ctx, now), since=since, now=now)
 
     async def node_cost(self, ctx: Context, address: str, *, since: float, now: float) -> float | None:
         """Spot GPU nodes at the Spot price in effect each moment they ran (``gpu_spot_cost``); On-Demand
@@ -180,11 +181,19 @@ class AwsLayer(Layer):
         if address != GPU_NODES or not self.buys_spot(ctx) or not az:
             return None
         disk = self.prices(ctx.config).ebs_per_hour(ROOT_VOLUME_GB)
-        return await gpu_spot_cost(ctx, since=since, now=now, az=az, disk_per_node_hour=disk)
+        return await gpu_spot_cost(ctx, await self._gpu_group_at(ctx, now), since=since, now=now, az=az,
+                                   disk_per_node_hour=disk)
 
     async def node_losses(self, ctx: Context, *, since: float, now: float) -> list[NodeLoss]:
         """GPU nodes the provider took away (a Spot interruption), from their group's activities."""
-        return await gpu_node_losses(ctx, since=since, now=now)
+        return gpu_node_losses(await self._gpu_group_at(ctx, now), since=since, now=now)
+
+    async def _gpu_group_at(self, ctx: Context, now: float) -> GpuGroup | None:
+        """The GPU group and its activities, read once for a moment ``now``: a status report asks its
+        node-hours, its Spot cost and its losses of one read."""
+        if self._group_read is None or self._group_read[0] != now:
+            self._group_read = (now, await gpu_group(ctx))
+        return self._group_read[1]
 
     def settle_offline(self, ctx: Context) -> None:
         """`rtui manifest`: the AZs and the bucket's name come from AWS; no Kubernetes object is made from

@@ -122,7 +122,10 @@ def node_losses(activities: Iterable[Mapping[str, Any]], *, spot: bool, since: f
     return sorted(out, key=lambda loss: loss.at)
 
 
-async def _gpu_group(ctx: Context) -> tuple[Mapping[str, Any], list[Mapping[str, Any]]] | None:
+GpuGroup = tuple[Mapping[str, Any], list[Mapping[str, Any]]]  # the GPU nodegroup, its groups' activities
+
+
+async def gpu_group(ctx: Context) -> GpuGroup | None:
     """The run's GPU nodegroup and its Auto Scaling groups' activities; None when they cannot be read
     (no group yet, the call refused): the caller says so."""
     api = aws_api(ctx)
@@ -161,11 +164,11 @@ async def spot_price_history(ctx: Context, instance_type: str, az: str, *, since
                   if first is None or at >= first)
 
 
-async def gpu_spot_cost(ctx: Context, *, since: float, now: float, az: str, disk_per_node_hour: float) -> float | None:
+async def gpu_spot_cost(ctx: Context, found: GpuGroup | None, *, since: float, now: float, az: str,
+                        disk_per_node_hour: float) -> float | None:
     """What the Spot GPU nodes cost between ``since`` and ``now``: each instance from its launch to its end
-    (the group's activities) at the Spot price in effect each moment in ``az`` (its price history), and its
-    root volume at ``disk_per_node_hour``; None when either cannot be read."""
-    found = await _gpu_group(ctx)
+    (the group's activities, ``found``) at the Spot price in effect each moment in ``az`` (its price
+    history), and its root volume at ``disk_per_node_hour``; None when either cannot be read."""
     spans = None if found is None else runs(found[1], since=since, now=now)
     if not spans:
         return None if spans is None else 0.0
@@ -177,15 +180,13 @@ async def gpu_spot_cost(ctx: Context, *, since: float, now: float, az: str, disk
     return None if cost is None else cost + disk_per_node_hour * sum(e - s for s, e in spans) / 3600
 
 
-async def gpu_node_hours(ctx: Context, *, since: float, now: float) -> float | None:
+def gpu_node_hours(found: GpuGroup | None, *, since: float, now: float) -> float | None:
     """The run's GPU node-hours from its nodegroup's Auto Scaling group's activities (None: unknown)."""
-    found = await _gpu_group(ctx)
     return None if found is None else node_hours(found[1], since=since, now=now)
 
 
-async def gpu_node_losses(ctx: Context, *, since: float, now: float) -> list[NodeLoss]:
+def gpu_node_losses(found: GpuGroup | None, *, since: float, now: float) -> list[NodeLoss]:
     """The GPU nodes the run lost from its nodegroup's activities (empty: none, or they cannot be read)."""
-    found = await _gpu_group(ctx)
     if found is None:
         return []
     group, activities = found
