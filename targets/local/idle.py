@@ -35,6 +35,9 @@ from targets.local import cluster as lc
 from targets.local.layer import NODE_LOSSES, WORKER_NODES, jobs_for, start_worker_node
 
 POLL_MAX_S = 5.0
+# What took a job's node, as the run screen and `rtui status` say it ("interrupted at step 6 (worker node
+# lost), resumed …"): the watcher saw the node's processes gone and started it anew.
+LOST_WORKER = "worker node lost"
 REPLACE_AGAIN_S = 60.0  # a worker node that ends again this soon after its start is not started again
 
 
@@ -92,8 +95,7 @@ def replace_lost_workers(cluster: lc.ClusterDir, replaced: dict[int, float]) -> 
         name = lc.node_name(fresh.cluster_name, index)
         noted = lc.read_marker(cluster.path) or fresh
         noted.facts[NODE_LOSSES] = [*(noted.facts.get(NODE_LOSSES) or []),
-                                    {"at": time.time(), "node": name,
-                                     "cause": "the worker node's processes ended; started anew"}]
+                                    {"at": time.time(), "node": name, "cause": LOST_WORKER}]
         lc.write_marker(noted)
         started.append(name)
     return started
