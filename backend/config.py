@@ -79,6 +79,8 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     "addon_registry": (r"([a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d{1,5})?(/[a-z0-9._-]+)*)?",
                        "a registry host with an optional port and path, such as 123456789012.dkr.ecr.us-east-1."
                        "amazonaws.com/mirror (no scheme, no tag)"),
+    "spot_types": (r"([a-z][a-z0-9-]*\.[a-z0-9]+(,[a-z][a-z0-9-]*\.[a-z0-9]+)*)?",
+                   "EC2 instance types, comma-separated, such as g6.24xlarge"),
     "api_cidrs": (r"(\d{1,3}(\.\d{1,3}){3}/\d{1,2}(,\d{1,3}(\.\d{1,3}){3}/\d{1,2})*)?",
                   "IPv4 CIDRs, comma-separated, such as 203.0.113.0/24"),
 }
@@ -146,6 +148,9 @@ class RunConfig(BaseModel):
     spot: bool = Field(default=False,
         description="aws: the GPU nodes on Spot capacity (priced at the GPU AZ's Spot price, about a third of "
                     "On-Demand's often; AWS may take a node back with two minutes' notice)")
+    spot_types: str = Field(default="",
+        description="aws with --spot: more instance types the GPU nodegroup may launch, comma-separated, each with "
+                    "the GPU type's GPUs and EFA (a wider Spot pool); priced at the dearest of them")
     spot_fallback: Literal["none", "on-demand"] = Field(default="none",
         description="aws with --spot: when AWS has no Spot capacity for the GPU nodes (their group gave up "
                     "launching), move them to On-Demand in the same AZ and go on (`none`: stop and say so)")
@@ -287,7 +292,7 @@ class RunConfig(BaseModel):
     local_vocab_size: int = Field(default=1024, ge=16, le=262_144, description="Tiny local model: vocabulary size")
 
     @field_validator("cluster_name", "namespace", "region", "gpu_node_type", "system_node_type", "job_env", "vpc_id",
-                     "private_subnet_ids", "api_cidrs", "addon_registry")
+                     "private_subnet_ids", "api_cidrs", "addon_registry", "spot_types")
     @classmethod
     def _matches_pattern(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
@@ -386,6 +391,10 @@ class RunConfig(BaseModel):
 
     def private_subnet_id_list(self) -> list[str]:
         return [s for s in self.private_subnet_ids.split(",") if s]
+
+    def spot_type_list(self) -> list[str]:
+        """The GPU nodegroup's instance types beyond ``gpu_node_type`` (``--spot-types``), in order, once each."""
+        return [t for t in dict.fromkeys(self.spot_types.split(",")) if t and t != self.gpu_node_type]
 
     def api_cidr_list(self) -> list[str]:
         """The CIDRs given (none: the plan uses the caller's public address)."""

@@ -54,6 +54,7 @@ HELD_FIELDS: dict[str, str] = {
     "gpu_node_type": "chooses the machines created and billed by the hour",
     "gpu_node_count": "chooses how many machines are created and billed by the hour",
     "spot": "chooses how the GPU machines are bought: Spot ones AWS may take back mid-run",
+    "spot_types": "chooses which machines are created and billed by the hour",
     "spot_fallback": "chooses to buy the GPU machines On-Demand, at the full price, when Spot has none",
     "namespace": "chooses the existing namespace whose objects rtui creates, changes and deletes",
     "image": "chooses the container image every Ray pod runs",

@@ -40,6 +40,7 @@ HOSTILE: dict[str, dict[str, Any]] = {
     "gpu_node_type": {"target": "aws", "gpu_node_type": "p5.48xlarge"},
     "spot": {"target": "aws", "spot": True},
     "spot_fallback": {"target": "aws", "spot": True, "spot_fallback": "on-demand"},
+    "spot_types": {"target": "aws", "spot": True, "spot_types": "g6.24xlarge"},
     "gpu_node_count": {"target": "aws", "gpu_node_count": 64},
     "namespace": {"target": "kube", "namespace": "kube-system"},
     "image": {"target": "kube", "image": "evil.example.com/ray:latest"},

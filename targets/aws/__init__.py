@@ -36,7 +36,7 @@ class AwsTarget(Target):
     has_feasibility = True
     own_fields = CLUSTER_FIELDS | {"region", "availability_zone", "profile", "kubernetes_version", "vpc_id",
                                    "private_subnet_ids", "api_cidrs", "access_scope", "system_node_type",
-                                   "system_node_count", "spot", "spot_fallback"}
+                                   "system_node_count", "spot", "spot_fallback", "spot_types"}
     panel = "targets.aws.panel:MatrixPanel"
     scale_up_s = GPU_SCALE_UP_S
     fail_over_words = ("AWS has no capacity for the GPU nodes in their AZ. m moves them to the next feasible AZ and "
@@ -109,6 +109,9 @@ class AwsTarget(Target):
         if config.spot_fallback != "none" and not config.spot:
             raise UserError(f"--spot-fallback {config.spot_fallback}: only with --spot (the GPU nodes are On-Demand "
                             "without it)", remedy="add --spot, or leave --spot-fallback out")
+        if config.spot_types and not config.spot:
+            raise UserError("--spot-types: only with --spot (On-Demand GPU nodes are all the GPU node type)",
+                            remedy="add --spot, or leave --spot-types out")
         return config
 
     def feasibility(self, config: RunConfig, *, regions: list[str] | None, all_regions: bool,

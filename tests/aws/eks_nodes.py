@@ -20,7 +20,8 @@ from tests.kubernetes.conftest import KubeCluster
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 # (vCPUs, memory, GPUs, EFA interfaces) of the instance types the tests use (EC2 instance types page).
 _SHAPES = {"m7i.xlarge": ("4", "16Gi", 0, 0), "m7i.2xlarge": ("8", "32Gi", 0, 0), "t3.medium": ("2", "4Gi", 0, 0),
-           "g6.12xlarge": ("48", "192Gi", 4, 1), "g6.48xlarge": ("192", "768Gi", 8, 1),
+           "g6.12xlarge": ("48", "192Gi", 4, 1), "g6.24xlarge": ("96", "384Gi", 4, 1),
+           "g6.48xlarge": ("192", "768Gi", 8, 1),
            "p5.48xlarge": ("192", "2048Gi", 8, 32)}
 NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
 

@@ -152,11 +152,19 @@ def _launch(backend: EKSBackend, ng: Nodegroup) -> tuple[dict[str, Any], str | N
     failed activity is written now, while the nodegroup is CREATING: moto_activities)."""
     info = nodegroup_info(backend, ng)
     spot = info["capacity_type"] == "SPOT"  # Spot capacity runs short apart from On-Demand's
-    zones = (SCRIPT.spot_ice_zones if spot else SCRIPT.ice_zones).get(info["instance_type"], set())
+    short_of = SCRIPT.spot_ice_zones if spot else SCRIPT.ice_zones
+
+    def dry(instance_type: str) -> bool:
+        return bool(info["zones"]) and all(zone in short_of.get(instance_type, set()) for zone in info["zones"])
+
+    if spot:
+        # A Spot group of several types launches from the pools that have capacity (EKS User Guide,
+        # "Managed node group capacity types": Spot groups use a capacity-optimized allocation strategy
+        # across their instance types); On-Demand ones take the types in order ("prioritized"), the first.
+        info["instance_type"] = next((t for t in info["instance_types"] if not dry(t)), info["instance_types"][0])
     invalid = _invalid_interfaces(info)
     reserved, refused = (0, None) if invalid else moto_reservations.draw(backend.region_name, ng, info)
-    short = (not invalid and not refused and reserved < info["desired_size"] and bool(info["zones"])
-             and all(zone in zones for zone in info["zones"]))
+    short = (not invalid and not refused and reserved < info["desired_size"] and dry(info["instance_type"]))
     if short:
         moto_activities.failed_launch(backend.account_id, backend.region_name, info["asg"], _ice_message(info))
     vars(ng)["rtui_launch"] = (info, invalid, refused, short)
@@ -188,6 +196,7 @@ def nodegroup_info(backend: EKSBackend, ng: Nodegroup) -> dict[str, Any]:
         "labels": dict(ng.labels or {}),
         "taints": list(ng.taints or []),
         "instance_type": types[0],
+        "instance_types": types,
         "desired_size": int(ng.scaling_config.get("desiredSize", 0)),
         "zone": zones[0] if zones else None,
         "zones": zones,

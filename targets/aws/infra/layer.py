@@ -395,6 +395,11 @@ class AwsLayer(Layer):
                 "Spot GPU nodes: AWS may take one back with two minutes' notice, and the cluster "
                 f"placement group that keeps their EFA traffic close needs room for all {config.gpu_node_count} in "
                 "one part of the AZ, which makes Spot capacity scarcer; without --spot they run On-Demand")
+            if config.spot_type_list():
+                self._notes.append(
+                    f"The Spot GPU nodes may be any of {', '.join([config.gpu_node_type, *config.spot_type_list()])}: "
+                    "a wider pool AWS is less often short of; priced at the dearest of them in the AZ, and "
+                    f"cluster-autoscaler sizes a node it adds as a {config.gpu_node_type}")
             if not config.max_failures:
                 self._notes.append(
                     "Spot with --max-failures 0: the first interruption ends the job; with --max-failures N Ray "
@@ -608,6 +613,7 @@ class AwsLayer(Layer):
                      CNI_IDENTITY.address)
         system_cost, gpu_cost = cost["system_nodes"], cost["gpu_nodes"]
         scaling = gpu_scaling_config(config)  # min 0 when idle workers go (cluster-autoscaler takes their nodes)
+        spot_types = config.spot_type_list() if self.buys_spot(ctx) else []
         res(SYSTEM_NODES, "aws-nodegroup",
             {"instance_type": config.system_node_type, "size": config.system_node_count, "azs": topo.network_azs,
              "ami_type": AMI_CPU, "labels": {"role": "system"}, "disk_gb": topo.system_disk_gb,
@@ -620,7 +626,8 @@ class AwsLayer(Layer):
             {"instance_type": config.gpu_node_type, "size": config.gpu_node_count,
              "min_size": scaling["minSize"], "max_size": scaling["maxSize"], "azs": [topo.gpu_az],
              "ami_type": AMI_GPU, "labels": {GPU_LABEL: "true"}, "taints": [GPU_TAINT], "launch_template": True,
-             "capacity_type": "SPOT" if self.buys_spot(ctx) else "CAPACITY_BLOCK" if block else "ON_DEMAND"},
+             "capacity_type": "SPOT" if self.buys_spot(ctx) else "CAPACITY_BLOCK" if block else "ON_DEMAND",
+             **({"instance_types": [config.gpu_node_type, *spot_types]} if spot_types else {})},
             *node_deps, subnet_address("private", topo.gpu_az), LAUNCH_TEMPLATE,
             cost=gpu_cost.per_hour, note=gpu_cost.note,
             quota=self._quota(topo.gpu_quota_code, topo.gpu_headroom,

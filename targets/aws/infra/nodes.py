@@ -330,6 +330,7 @@ class NodegroupHandler(AwsHandler):
             out.append(Observed(
                 address=address, layer=LAYER, kind=self.kind, id=f"{cluster['name']}/{name}",
                 state={"instance_type": (group.get("instanceTypes") or [None])[0],
+                       "instance_types": list(group.get("instanceTypes") or []),
                        "size": scaling.get("desiredSize"), "min_size": scaling.get("minSize"),
                        "max_size": scaling.get("maxSize"),
                        "capacity_type": group.get("capacityType") or "ON_DEMAND",
@@ -347,8 +348,11 @@ class NodegroupHandler(AwsHandler):
             have_v, want_v = have.state.get(key), want.spec.get(key)
             return sorted(have_v or []) == sorted(want_v or []) if key == "azs" else have_v == want_v
 
-        replaced = [k for k in ("instance_type", "azs", "capacity_type", "launch_template")
-                    if k in want.spec and not same(k)]
+        replaced: list[str] = [k for k in ("instance_type", "azs", "capacity_type", "launch_template")
+                               if k in want.spec and not same(k)]
+        if have.state.get("instance_types") and have.state["instance_types"] != instance_types(want.spec):
+            # UpdateNodegroupConfig changes sizes, labels and taints: the types are fixed when the group is made.
+            replaced.append("instance types")
         if replaced:
             return Action.REPLACE, f"changed: {', '.join(replaced)}"
         disk, needed = have.state.get("disk_gb"), want.spec.get("disk_gb")
@@ -371,7 +375,7 @@ class NodegroupHandler(AwsHandler):
         subnets = await subnet_ids(api, ctx, "private", list(want.spec["azs"]))
         request: dict[str, Any] = {
             "clusterName": cluster, "nodegroupName": name, "nodeRole": await role_arn(api, ctx, NODE_ROLE),
-            "subnets": [subnets[az] for az in want.spec["azs"]], "instanceTypes": [want.spec["instance_type"]],
+            "subnets": [subnets[az] for az in want.spec["azs"]], "instanceTypes": instance_types(want.spec),
             "amiType": want.spec["ami_type"], "labels": dict(want.spec["labels"]),
             "scalingConfig": _scaling(want),
             "tags": tags(ctx.record.run_id, cluster),
@@ -451,6 +455,11 @@ class NodegroupHandler(AwsHandler):
         cluster, name = have.id.split("/", 1)
         async for p in delete_nodegroup(self.api(ctx), cluster, name):
             yield p
+
+
+def instance_types(spec: dict[str, Any]) -> list[str]:
+    """The types the group may launch: the node type, then a Spot group's ``--spot-types``."""
+    return list(spec.get("instance_types") or [spec["instance_type"]])
 
 
 def _bounds(want: Resource) -> tuple[int, int]:
