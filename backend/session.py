@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -424,8 +424,7 @@ class RunSession:
         gpu = await self.gpu_fleet() if alive else None
         now = time.time()
         up = self.record.status is not RunStatus.DOWN
-        node_hours = await self.node_hours(now) if up else None
-        node_costs = await self.node_costs(now) if up else None
+        billed = await self.billed(now) if up else Billed()
         store = self.data_store()
         model = await asyncio.to_thread(store.latest_model) if store is not None else None
         usage = await asyncio.to_thread(store.usage) if store is not None else None
@@ -433,7 +432,7 @@ class RunSession:
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
                             self.attached_elsewhere(), latest, telemetry.series.world_size,
                             telemetry.series.summary, telemetry.transport,
-                            cost_meter(self.record, now, gpu=gpu, node_hours=node_hours, node_costs=node_costs),
+                            cost_meter(self.record, now, gpu=gpu, billed=billed),
                             model, usage, gpu,
                             tuple(interruptions))
 
@@ -461,6 +460,12 @@ class RunSession:
             return self.target.data_store(self.store.root, self.run_id, self.config)
         return data_store_for(storage, self.run_id, local_default=None, profile=self.config.profile,
                               own_bucket=not self.config.storage_path)
+
+    async def billed(self, now: float | None = None) -> Billed:
+        """What the provider's own records say the run's nodes billed up to ``now``: ``node_hours`` and
+        ``node_costs`` together, as the cost meter takes them."""
+        now = time.time() if now is None else now
+        return Billed(await self.node_hours(now), await self.node_costs(now))
 
     async def node_hours(self, now: float | None = None) -> dict[str, float]:
         """Node-hours so far of each priced resource that may have run below its planned size, from
@@ -511,9 +516,18 @@ class RunSession:
         return fleet.after_job(job.ended_at)
 
 
+@dataclass(frozen=True)
+class Billed:
+    """The provider's own record of what priced nodes billed (``RunSession.billed``): node-hours of the
+    resources that may run below their planned size, and the cost of those billed at a moving price."""
+
+    node_hours: Mapping[str, float] = field(default_factory=dict)
+    node_costs: Mapping[str, float] = field(default_factory=dict)
+
+
 def cost_meter(record: RunRecord, now: float | None = None, gpu: GpuFleet | None = None,
                node_hours: Mapping[str, float] | None = None,
-               node_costs: Mapping[str, float] | None = None) -> CostMeter | None:
+               node_costs: Mapping[str, float] | None = None, billed: Billed | None = None) -> CostMeter | None:
     """What the run costs now and has cost so far: each live priced resource from when it was made,
     at the plan's price, unless it is known to bill nothing (``ResourceRecord.bills``); after teardown,
     what the orphan sweep still found. None when nothing is priced.
@@ -530,7 +544,9 @@ def cost_meter(record: RunRecord, now: float | None = None, gpu: GpuFleet | None
 
     Nodes billed at a price that moves (Spot) cost what the provider's price history says over the
     times they ran, ``node_costs`` (``RunSession.node_costs``), when it can tell: that replaces the
-    plan's price, which was the price in effect when the plan was made."""
+    plan's price, which was the price in effect when the plan was made. ``billed`` gives both at once."""
+    if billed is not None:
+        node_hours, node_costs = billed.node_hours, billed.node_costs
     now = time.time() if now is None else now
     prices = record.plan.prices() if record.plan is not None else {}
     scalable = record.plan.scalable() if record.plan is not None else {}

@@ -18,10 +18,11 @@ from textual.message import Message
 from textual.widgets import Header, Input, Label, Sparkline, Static, TabbedContent, TabPane
 
 from backend import flows
+from backend.errors import OperationError
 from backend.follow import JobUpdate
 from backend.layers.base import HeadLogSource
-from backend.model import GpuFleet, Interruption
-from backend.session import cost_meter
+from backend.model import CostMeter, GpuFleet, Interruption
+from backend.session import Billed, cost_meter
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
 from tui import heap
@@ -92,11 +93,11 @@ class RunScreen(RtuiScreen):
 
     @dataclass
     class GpuFleetChanged(Message):
-        """GPU workers and nodes now (issue 26), with the cost per hour that follows from them and the
-        cost at full size (equal when every GPU node is there)."""
+        """GPU workers and nodes now (issue 26), with what the provider's records say the nodes billed so
+        far (their node-hours, and Spot nodes at the price history): the cost meter's inputs."""
 
         fleet: GpuFleet
-        cost: tuple[float, float | None] | None  # per hour: now, and at full size
+        billed: Billed
 
     @dataclass
     class InterruptionsFound(Message):
@@ -116,7 +117,7 @@ class RunScreen(RtuiScreen):
         self._stale = True  # telemetry moved on since the widgets' last snapshots
         self._refreshed_at = 0.0
         self.gpu_fleet: GpuFleet | None = None  # kube and aws: the GPU side now
-        self._gpu_cost: tuple[float, float | None] | None = None  # now, and at full size
+        self.billed = Billed()  # what the GPU watcher last read of the provider's records
         self._status_message = ""
         self.interruptions: list[Interruption] = []
 
@@ -187,8 +188,9 @@ class RunScreen(RtuiScreen):
         if self.gpu_fleet is not None:
             ranks = self.session.config.effective_workers()
             text.append(f"\n{gpu_line(self.gpu_fleet, ranks=ranks)}", style="dim")
-            if self._gpu_cost is not None:
-                text.append(f"  {per_hour_words(*self._gpu_cost)}", style="dim")
+            meter = self.cost_meter()
+            if meter is not None:
+                text.append(f"  {per_hour_words(meter.per_hour, meter.per_hour_full)}", style="dim")
         if self.interruptions:
             found = [i.to_dict() for i in self.interruptions]
             lost = sum(i.restart.lost_s or 0.0 for i in self.interruptions)
@@ -214,24 +216,29 @@ class RunScreen(RtuiScreen):
         while True:
             fleet = await self.session.gpu_fleet()
             if fleet is not None:
-                meter = cost_meter(self.session.record, gpu=fleet)
-                cost = (meter.per_hour, meter.per_hour_full) if meter else None
-                self.post_message(self.GpuFleetChanged(fleet, cost))
+                try:
+                    billed = await self.session.billed(self.clock())
+                except OperationError:  # the records did not answer this time: the last reading stands
+                    billed = self.billed
+                self.post_message(self.GpuFleetChanged(fleet, billed))
             if any(i.loss is None for i in self.interruptions):
                 self.find_interruptions()  # the provider records a lost node a little after the job sees it
             await asyncio.sleep(GPU_REFRESH_S)
 
     def on_run_screen_gpu_fleet_changed(self, message: GpuFleetChanged) -> None:
-        if (message.fleet, message.cost) != (self.gpu_fleet, self._gpu_cost):
-            self.gpu_fleet, self._gpu_cost = message.fleet, message.cost
+        if (message.fleet, message.billed) != (self.gpu_fleet, self.billed):
+            self.gpu_fleet, self.billed = message.fleet, message.billed
             self._render_status(self._status_message)
             self._stale = True
 
+    def cost_meter(self) -> CostMeter | None:
+        """The run's cost meter as `rtui status` and the teardown modal read it: each priced resource since
+        it was made, the GPU nodes at their size now, and what the provider's records say they billed."""
+        return cost_meter(self.session.record, now=self.clock(), gpu=self.gpu_fleet, billed=self.billed)
+
     def refresh_dashboard(self) -> None:
         """Hand the badge, stats, sparkline and graph fresh snapshots (equal ones repaint nothing)."""
-        # The run's cost meter, as the teardown modal and `rtui status` read it: each priced resource
-        # since it was made, the GPU nodes at their size now.
-        meter = cost_meter(self.session.record, now=self.clock(), gpu=self.gpu_fleet)
+        meter = self.cost_meter()
         cost = meter.per_hour if meter is not None else None
         now = time.monotonic()
         # A priced run's cost keeps running without new lines, slowly enough to redraw it seldom.

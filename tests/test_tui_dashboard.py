@@ -18,7 +18,7 @@ from textual_plot import PlotWidget
 
 from backend.ledger import ResourceStatus
 from backend.model import Action, Change, GpuFleet, Plan
-from backend.session import RunSession
+from backend.session import Billed, RunSession
 from backend.store import JobRecord, JobState, RunStatus
 from backend.telemetry import MetricSeries, Telemetry
 from screens.run import RunScreen
@@ -506,10 +506,46 @@ async def test_the_teardown_modal_prices_the_gpu_nodes_there_are_now(isolated_en
         run = app.screen
         assert isinstance(run, RunScreen)
         idle = GpuFleet(workers=0, nodes=0, full=2, autoscaling=True, priced="eks.nodegroup")
-        run.post_message(RunScreen.GpuFleetChanged(idle, (0.10, 9.30)))
+        run.post_message(RunScreen.GpuFleetChanged(idle, Billed()))
         await wait_for(pilot, lambda: run.gpu_fleet == idle, 5, "the idle GPU fleet on the run screen")
         details = " ".join(app.teardown_modal().details)
         # The run screen's GPU line says it in the same words (it said "$0.10/hour now" alone).
         shown = str(run.query_one("#job-status").render())
     assert "$0.10/hour now ($9.30/hour at full size)" in details, details
     assert "$0.10/hour now ($9.30/hour at full size)" in shown, shown
+
+
+async def test_the_run_screen_bills_the_gpu_nodes_as_the_providers_records_say_as_status_does(
+        isolated_env: Path) -> None:
+    """Issue 41: `rtui status` prices a group that may shrink by its node-hours and Spot nodes by their
+    price history; the run screen and the teardown modal counted the planned size for the whole time
+    ("at most") at the plan's price. All three read the same meter now."""
+    session = dashboard_session(made_at=T0 - 1800)
+    assert session.record.plan is not None
+    nodes, *rest = session.record.plan.changes  # cluster-autoscaler may take the GPU nodes while idle:
+    session.record.plan = session.record.plan.model_copy(update={"changes": [
+        nodes.model_copy(update={"after": {"size": 2, "min_size": 0}}), *rest]})
+    session.store.save(session.record)
+    session = RunSession.resume(FIXED_RUN_ID)
+    app = DashboardApp(session, resume=True, clock=lambda: T0 + 1800)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 5, "run screen")
+        run = app.screen
+        assert isinstance(run, RunScreen)
+        await feed(pilot, metric_lines(1, 3))
+        await wait_for(pilot, lambda: "at most $9.30 so far" in stats_text(run.query_one(RunStats)), 5,
+                       "the upper bound before the provider's records are read")
+        fleet = GpuFleet(workers=2, nodes=2, full=2, autoscaling=True, priced="eks.nodegroup")
+        # Half a node-hour in all (the group sat at zero most of the hour): $9.2032 / 2 × 0.5 + the cluster's $0.10.
+        run.post_message(RunScreen.GpuFleetChanged(fleet, Billed(node_hours={"eks.nodegroup": 0.5})))
+        await wait_for(pilot, lambda: "$2.40 so far" in stats_text(run.query_one(RunStats)), 5,
+                       "the node-hours' cost on the run screen")
+        assert "at most" not in stats_text(run.query_one(RunStats))
+        modal = " ".join(app.teardown_modal().details)
+        # Spot nodes at the price history: what it says they cost replaces the plan's price.
+        run.post_message(RunScreen.GpuFleetChanged(fleet, Billed(node_costs={"eks.nodegroup": 1.5})))
+        await wait_for(pilot, lambda: "$1.60 so far" in stats_text(run.query_one(RunStats)), 5,
+                       "the price history's cost on the run screen")
+        spot_modal = " ".join(app.teardown_modal().details)
+    assert "$2.40 so far" in modal and "at most" not in modal, modal
+    assert "$1.60 so far" in spot_modal, spot_modal

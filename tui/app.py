@@ -22,7 +22,7 @@ from textual.screen import ModalScreen, Screen
 from backend.errors import RtuiError, UserError
 from backend.model import GpuFleet
 from backend.planner import apply_steps
-from backend.session import RunSession, cost_meter
+from backend.session import Billed, RunSession, cost_meter
 from backend.store import RunStatus
 from backend.trust import remember
 from screens.confirm import ConfirmApply, ConfirmConfigFile, ConfirmDetach, ConfirmTeardown, PickRun
@@ -238,9 +238,18 @@ class RtuiApp(App[None]):
         session = self.session
         keeps_data = session.data_store() is not None
         return ConfirmTeardown(session.config.cluster_name, f"run {session.run_id}",
-                               details=teardown_summary(session, now=self.clock(), gpu=self.gpu_fleet_seen()),
+                               details=teardown_summary(session, now=self.clock(), gpu=self.gpu_fleet_seen(),
+                                                        billed=self.billed_seen()),
                                data_line=(lambda: kept_data_line(session)) if keeps_data else None,
                                keeps_data=keeps_data)
+
+    def billed_seen(self) -> Billed | None:
+        """What the run screen last read of the provider's records of the nodes (None before it has)."""
+        for screen in reversed(self.screen_stack):
+            billed = getattr(screen, "billed", None)
+            if isinstance(billed, Billed):
+                return billed
+        return None
 
     def gpu_fleet_seen(self) -> GpuFleet | None:
         """The GPU nodes as the run screen last saw them (None before it has seen any): what they cost
@@ -401,17 +410,19 @@ if TYPE_CHECKING:  # what screens reach through tui.screen.WizardApp, checked he
     _app_as_screens_see_it: type[WizardApp] = RtuiApp
 
 
-def teardown_summary(session: RunSession, *, now: float | None = None, gpu: GpuFleet | None = None) -> list[str]:
+def teardown_summary(session: RunSession, *, now: float | None = None, gpu: GpuFleet | None = None,
+                     billed: Billed | None = None) -> list[str]:
     """What the teardown modal lists: what this run has made, by layer, and what it costs per hour
     (and has cost up to ``now``, the wall clock unless given): with ``gpu``, the GPU nodes there are
-    now, beside the price at full size when they differ."""
+    now, beside the price at full size when they differ; with ``billed``, what the provider's records
+    say the nodes cost so far."""
     by_layer: dict[str, list[str]] = {}
     for address, entry in session.record.resources.items():
         if entry.live:
             by_layer.setdefault(entry.layer or "other", []).append(address)
     lines = [f"{layer}: {', '.join(names[:6])}" + (f" +{len(names) - 6} more" if len(names) > 6 else "")
              for layer, names in by_layer.items()]
-    cost = cost_meter(session.record, now=now, gpu=gpu)
+    cost = cost_meter(session.record, now=now, gpu=gpu, billed=billed)
     if cost is not None and cost.per_hour_full:
         lines.append(f"These cost {per_hour_words(cost.per_hour, cost.per_hour_full)} "
                      f"({accrued_words(cost.accrued, cost.accrued_exact)}).")
