@@ -254,7 +254,10 @@ class RunConfig(BaseModel):
     activation_checkpointing: bool = Field(default=False,
         description="Recompute activations in backward to save memory")
     compile: bool = Field(default=False, description="torch.compile each decoder layer")
-    checkpoint_every: int = Field(default=0, ge=0, description="Checkpoint every N steps and at the end (0 = never)")
+    # int | str, not int | Literal["auto"]: the CLI reads a Literal as the flag's only choices.
+    checkpoint_every: int | str = Field(default=0,
+        description="Checkpoint every N steps and at the end (0 = never), or auto: at the interval that loses "
+                    "the least time to checkpoints and redone steps at the target's expected interruption rate")
     export_every: int = Field(default=0, ge=0,
         description="Also write the Hugging Face model every N steps (the one at the end is always written)")
     storage_path: str | None = Field(default=None,
@@ -373,6 +376,24 @@ class RunConfig(BaseModel):
                              "powers of ten)")
         if v and storage_bytes(v) < 2**30:
             raise ValueError("at least 1Gi: a checkpoint of the smallest hub model is larger")
+        return v
+
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _steps_or_auto(cls, v: object) -> int | str:
+        """A whole number of steps (a flag's or variable's text too), or auto."""
+        accepted = "a number of steps (0 = never), or auto (from the target's expected interruption rate)"
+        if isinstance(v, str):
+            if v.strip() == "auto":
+                return "auto"
+            try:
+                v = int(v.strip())
+            except ValueError:
+                raise ValueError(accepted) from None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(accepted)
+        if v < 0:
+            raise ValueError(f"{accepted}; not negative")
         return v
 
     @field_validator("seq_len")

@@ -38,6 +38,24 @@ if TYPE_CHECKING:
 # records that are longer, and cut); 128, the old default, cut most of them.
 GPU_SEQ_LEN = 1024
 
+# The rate at which large GPU training is interrupted by hardware and software failures, as Meta reports
+# it for Llama 3 405B's pre-training ("The Llama 3 Herd of Models", 2024, section 3.3.4): 419 unexpected
+# interruptions in a 54-day snapshot on 16,384 H100 GPUs (one every ~3 hours for the whole job; the GPUs
+# and their HBM3 caused about half of them). Spread over the GPUs: 419 / (54 × 24 × 16384) ≈ 1.97e-5
+# interruptions per GPU-hour, so ≈ 7.9e-5 per hour for a node of 4 GPUs and ≈ 1.6e-4 for one of 8.
+LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
+INTERRUPTIONS_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
+LLAMA3_SOURCE = "Llama 3's failure rate, 419 in 54 days on 16,384 H100s"
+
+
+@dataclass(frozen=True)
+class InterruptionRate:
+    """How often one of the run's GPU nodes is expected to be interrupted (the job then restarts from its
+    newest complete checkpoint), and where that figure comes from, in a few words for the plan."""
+
+    per_node_hour: float
+    source: str
+
 
 @dataclass(frozen=True)
 class FoundCluster:
@@ -137,6 +155,19 @@ class Target(ABC):
         machine uses no network, whatever network NCCL announces (issue 39)."""
         return None
 
+    def interruption_rate(self, config: RunConfig, facts: RunFacts) -> InterruptionRate:
+        """The expected interruptions per node-hour of the run's training nodes (``--checkpoint-every
+        auto`` checkpoints by it; the job's rate is this times ``job_nodes``). By default the hardware and
+        software failure rate of large GPU training (``INTERRUPTIONS_PER_GPU_HOUR``, Llama 3) times the
+        GPUs of a node. A target on CPUs (local) counts its machine as one GPU's share: most failures in
+        that figure are of GPUs and their memory, which a CPU machine does not have, so one GPU's share
+        is generous to the host's own (CPU, memory, disk, network); it gives an optimum of hours even for
+        a checkpoint of a tenth of a second (≈ 1.7 h), so a local run of minutes checkpoints at its end
+        only. A target whose nodes can be taken back (Spot capacity) overrides it with that rate."""
+        gpus = config.gpus_per_node if self.on_gpus else 1
+        where = f"× {gpus} GPUs per node" if self.on_gpus else "one GPU's share for a CPU machine"
+        return InterruptionRate(INTERRUPTIONS_PER_GPU_HOUR * gpus, f"{LLAMA3_SOURCE}, {where}")
+
 
 def refuse_spot(config: RunConfig) -> None:
     """For a target that makes no GPU nodes of its own: ``--spot`` is refused, not ignored."""
@@ -157,5 +188,5 @@ def get(name: str) -> Target:
     return target
 
 
-__all__ = ["BUILTIN", "DEFAULT", "ENTRY_POINT_GROUP", "GPU_SEQ_LEN", "Defaults", "FoundCluster", "Target", "get",
-           "known", "names"]
+__all__ = ["BUILTIN", "DEFAULT", "ENTRY_POINT_GROUP", "GPU_SEQ_LEN", "INTERRUPTIONS_PER_GPU_HOUR", "Defaults",
+           "FoundCluster", "InterruptionRate", "Target", "get", "known", "names"]

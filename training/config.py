@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -81,7 +82,8 @@ class TrainConfig:
     # instead of a TCPStore that listens on every interface (training.rendezvous). None: TCP, across nodes.
     rendezvous_dir: str | None = None
     run_name: str | None = None
-    checkpoint_every: int = 0
+    checkpoint_every: int | Literal["auto"] = 0  # auto: from --interruptions-per-hour (training.checkpoint_interval)
+    interruptions_per_hour: float | None = None  # the job's expected interruptions, for --checkpoint-every auto
     keep_checkpoints: int = 2
     resume_from: str | None = None
     max_failures: int = 0
@@ -105,11 +107,12 @@ class TrainConfig:
                      "tiny_vocab_size", "tokenize_actors", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise TrainConfigError(f"{flag(name)} must be at least 1")
-        for name in ("tokens_per_step", "shard_size", "checkpoint_every", "warmup_steps", "max_failures", "eval_tokens",
+        for name in ("tokens_per_step", "shard_size", "warmup_steps", "max_failures", "eval_tokens",
                      "export_every",
                      "weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise TrainConfigError(f"{flag(name)} must not be negative")
+        self._check_checkpoint_every()
         if self.batch_size is not None and self.batch_size < 1:
             raise TrainConfigError("--batch-size must be at least 1, or auto")
         if not self.lr > 0:
@@ -132,6 +135,18 @@ class TrainConfig:
             raise TrainConfigError(f"--shard-size {self.shard_size} must divide --num-workers {self.num_workers}")
         if not self.synthetic_data and not self.tokenizer_source:
             raise TrainConfigError("--data with files needs --tokenizer (a hub id or local dir) or --model-id")
+
+    def _check_checkpoint_every(self) -> None:
+        every, rate = self.checkpoint_every, self.interruptions_per_hour
+        if every != "auto" and (isinstance(every, bool) or not isinstance(every, int) or every < 0):
+            raise TrainConfigError(f"--checkpoint-every must be a number of steps (0: never) or auto, not {every!r}")
+        if rate is not None and not (0 <= rate < math.inf):
+            raise TrainConfigError(f"--interruptions-per-hour must be a finite number, at least 0, not {rate}")
+        if every == "auto" and rate is None:
+            raise TrainConfigError("--checkpoint-every auto needs --interruptions-per-hour (the job's expected "
+                                   "interruptions per hour; rtui passes its target's)")
+        if every != "auto" and rate is not None:
+            raise TrainConfigError("--interruptions-per-hour applies to --checkpoint-every auto only")
 
     @property
     def synthetic_data(self) -> bool:
@@ -176,6 +191,18 @@ def _batch_size(text: str) -> int | None:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1, or auto")
+    return value
+
+
+def _checkpoint_every(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a number of steps (0: never) or auto") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be a number of steps (0: never) or auto, not negative")
     return value
 
 
@@ -245,8 +272,12 @@ def _parser(description: str | None = None) -> argparse.ArgumentParser:
                    help="a private dir all workers share, where they form torch's process group through a file "
                         "(no socket); unset: over TCP, as a multi-node cluster needs")
     p.add_argument("--run-name", default=d.run_name, help="Ray Train run name (default rtui-<unix time>)")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
-                   help="save a checkpoint every N steps and at the end; 0: no checkpoints")
+    p.add_argument("--checkpoint-every", type=_checkpoint_every, default=d.checkpoint_every,
+                   help="save a checkpoint every N steps and at the end; 0: no checkpoints; auto: at the interval "
+                        "that loses the least time to checkpoints and redone steps at --interruptions-per-hour "
+                        "(Daly's optimum, from the measured step and checkpoint times)")
+    p.add_argument("--interruptions-per-hour", type=float, default=d.interruptions_per_hour,
+                   help="the job's expected interruptions per hour (all its nodes), for --checkpoint-every auto")
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
                    help="checkpoints kept per run (oldest deleted)")
     p.add_argument("--resume-from", default=d.resume_from,

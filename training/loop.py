@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from training import checkpoint as ckpt
+from training.checkpoint_interval import AutoCheckpoints, estimated_checkpoint_s
 from training.config import TrainConfig
 from training.data import ShardBatches, SyntheticTokens, trimming_collate
 from training.devices import (
@@ -210,6 +211,11 @@ def run_worker(cfg: TrainConfig) -> None:
                      peak.reason, str(dist.get_backend()) if dist.is_initialized() else "?",
                      training_flops_per_token(n_params, c.num_hidden_layers, c.hidden_size, plan.seq_len))
     sync_every_micro_step = syncs_every_micro_step(cfg)
+    # --checkpoint-every auto: rank 0 decides from what it measures, every rank follows its vote.
+    pacer = AutoCheckpoints(
+        interruptions_per_hour=cfg.interruptions_per_hour or 0.0, start_step=start_step, last_step=cfg.steps,
+        first_checkpoint_s=estimated_checkpoint_s(n_params, max(1, world // max(1, local_world))),
+    ) if cfg.checkpoint_every == "auto" and rank == 0 else None
     summary = RunSummary(start_step)
     last_report = time.monotonic()
     for step in range(start_step + 1, cfg.steps + 1):
@@ -221,14 +227,20 @@ def run_worker(cfg: TrainConfig) -> None:
                          max_grad_norm=cfg.max_grad_norm, reshard_after_forward=reshard,
                          sync_every_micro_step=sync_every_micro_step)
         loss_sum, t = out.loss_sum, out.timings
-        # One all-reduce carries the loss and rank 0's "report now" vote, so every rank makes the
-        # same ray.train.report decision (each rank's own clock could disagree and hang the group).
+        # One all-reduce carries the loss and rank 0's "report now" and "checkpoint now" votes, so every
+        # rank makes the same ray.train.report decision (each rank's own clock could disagree and hang
+        # the group; a report with a checkpoint is collective).
         now = time.monotonic()
         vote = 1.0 if rank == 0 and now - last_report >= REPORT_EVERY_S else 0.0
-        packed = torch.stack([loss_sum, torch.tensor(vote, device=device)])
+        checkpoint_vote = 1.0 if pacer is not None and pacer.due(step) else 0.0
+        packed = torch.stack([loss_sum, torch.tensor(vote, device=device),
+                              torch.tensor(checkpoint_vote, device=device)])
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
         loss_value, report_now = float(packed[0]) / world, float(packed[1]) > 0  # the step's one sync
+        auto_checkpoint_now = float(packed[2]) > 0
         step_time = time.perf_counter() - start
+        if pacer is not None:
+            pacer.stepped(step_time)
         out.finish()
         grad_norm = norm_value(out.grad_norm)
         # What the device timeline does not account for: the loss all-reduce, waiting for the
@@ -245,7 +257,12 @@ def run_worker(cfg: TrainConfig) -> None:
             print_metric(record)
         every = cfg.checkpoint_every
         metrics = {"step": step, "loss": loss_value, "tokens_seen": tokens_seen}
-        if every and (step % every == 0 or step == cfg.steps):
+        if every == "auto":
+            checkpoint_now = auto_checkpoint_now or step == cfg.steps
+        else:
+            checkpoint_now = bool(every) and (step % every == 0 or step == cfg.steps)
+        if checkpoint_now:
+            checkpoint_start = time.perf_counter()
             meta = ckpt.CheckpointMeta(step=step, world_size=world, tokens_seen=tokens_seen, data=cfg.data,
                                        ts=time.time())
             rank_state = {"data": data.state(), "torch_rng": torch.get_rng_state()}
@@ -262,6 +279,8 @@ def run_worker(cfg: TrainConfig) -> None:
                 ckpt.discard_local(local)  # no upload was queued
                 raise
             last_report = time.monotonic()
+            if pacer is not None:  # the time training stood still for it (the upload goes on behind)
+                pacer.checkpointed(step, time.perf_counter() - checkpoint_start)
         elif report_now or step == cfg.steps:
             ray.train.report(metrics)
             last_report = now

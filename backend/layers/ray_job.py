@@ -25,6 +25,7 @@ from backend.rayjobs import RayJobs, submit_when_ready
 from backend.runner import Progress
 from backend.stepfit import memory_refusal
 from backend.store import JobRecord, JobState
+from backend.targets import InterruptionRate
 
 JOB = "ray.job.train"
 STOP_WAIT_S = 15.0
@@ -63,7 +64,8 @@ class JobHandler(Handler):
         # The commit the plan resolved and showed, never the branch's newer head.
         revision = str(want.spec.get("model_revision") or "").split(" ", 1)[0] or None
         data = str(want.spec.get("data") or "").split(" ", 1)[0] or None  # the dataset commit, likewise
-        spec = build_job_spec(_with_storage(ctx), revision, run_id=ctx.record.run_id, data=data)
+        spec = build_job_spec(_with_storage(ctx), revision, run_id=ctx.record.run_id, data=data,
+                              interruption_rate=_interruption_rate(ctx))
         submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
         runtime_env = {**spec.runtime_env, "env_vars": {
             **spec.runtime_env.get("env_vars", {}), **_job_env(ctx),
@@ -143,7 +145,8 @@ class RayJobLayer(Layer):
         revision = self._revision(ctx)
         dataset = self._datasets.get(ctx.config.effective_data())
         spec = build_job_spec(_with_storage(ctx), revision.sha if revision else None, run_id=ctx.record.run_id,
-                              data=dataset.ref.uri(dataset.sha) if dataset else None)
+                              data=dataset.ref.uri(dataset.sha) if dataset else None,
+                              interruption_rate=_interruption_rate(ctx))
         pinned = {"model_revision": f"{revision.sha} ({revision.asked})"} if revision else {}
         if dataset:  # the plan names the dataset, its commit and its licence
             pinned["data"] = dataset.describe()
@@ -189,6 +192,12 @@ class RayJobLayer(Layer):
         return [Observed(address=JOB, layer=self.name, kind="ray-job", id=latest.submission_id,
                          state={"status": latest.state.value, "spec_hash": spec_hash, "entrypoint": latest.entrypoint},
                          depends_on=(), reason=latest.state.value.lower())]
+
+
+def _interruption_rate(ctx: Context) -> InterruptionRate:
+    """The target's expected interruptions per node-hour for this run, by what its layers decided (its facts:
+    a Spot run that fell back to On-Demand is rated as On-Demand), for --checkpoint-every auto."""
+    return targets.get(ctx.config.target).interruption_rate(ctx.config, ctx.record.facts)
 
 
 async def _jobs(ctx: Context) -> RayJobs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -203,3 +204,28 @@ def test_activation_checkpointing_recomputes_the_same_losses(ray_address: str, f
     assert sorted(ac.metrics) == [1, 2, 3, 4]
     for step in (1, 2, 3, 4):
         assert math.isclose(ac.metrics[step]["loss"], run.metrics[step]["loss"], abs_tol=2e-4), step
+
+
+# --checkpoint-every auto: rank 0 turns the expected interruption rate, the measured step time and the
+# measured checkpoint time into an interval, and every rank checkpoints at the steps it votes for
+# (tests/test_checkpoint_auto.py tests the arithmetic). Here, on this module's Ray, to start no other.
+AUTO_STEPS = 4
+
+
+def _auto(address: str, store: Path, per_hour: str) -> str:
+    run = _ok(train(address, *CYCLE, "--steps", str(AUTO_STEPS), "--shard", "full", "--checkpoint-every", "auto",
+                    "--interruptions-per-hour", per_hour, "--keep-checkpoints", "100", "--eval-tokens", "0",
+                    "--storage-path", str(store), "--run-name", "auto"))
+    return run.stdout
+
+
+def test_auto_checkpoints_at_the_steps_rank_0_votes_for_and_at_the_end(ray_address: str, tmp_path: Path) -> None:
+    # A million an hour (one every 3.6 ms): the optimum is shorter than any step, so every step once the
+    # first has been timed (step 1 has no step time to decide from), and the last. The end-only case is
+    # the same vote never cast (tests/test_checkpoint_auto.py).
+    often = _auto(ray_address, tmp_path / "often", "1e6")
+    steps = [s for s, _ in ckpt.find_checkpoints(str(tmp_path / "often"))]
+    assert steps == list(range(2, AUTO_STEPS + 1)), (steps, often[-3000:])
+    said = re.findall(r"rtui-train: checkpoint every 1 steps \(auto: 1e\+06 interruptions/h, .* per checkpoint, "
+                      r".* per step\)", often)
+    assert len(said) == 1, often[-3000:]  # said once: the interval stays at 1 step
