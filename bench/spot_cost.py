@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.config import resolve_config  # noqa: E402
 from backend.hub import default_dataset_uri  # noqa: E402
 from backend.session import RunSession  # noqa: E402
+from targets.aws.cloud.spot_advisor import CHECKPOINT_MINUTES, REPLACE_MINUTES, time_stretch  # noqa: E402
 from tests.aws.bench_world import serve_aws_double  # noqa: E402
 from tests.aws.moto_ext import SCRIPT  # noqa: E402
 
@@ -56,17 +57,15 @@ async def plan_per_hour(spot: bool) -> tuple[float, float]:
 def expected_hours(job_h: float, rate: float, lost_h: float) -> float:
     """Wall hours to finish ``job_h`` of training when each interruption costs ``lost_h`` and comes at
     ``rate`` per GPU node-hour of wall time (the lost time is exposed too: a geometric series)."""
-    per_hour = rate * GPU_NODES * lost_h
-    if per_hour >= 1:
-        return float("inf")  # it never finishes: every hour loses more than an hour
-    return job_h / (1 - per_hour)
+    return job_h * time_stretch(rate, GPU_NODES, lost_h)  # inf: every hour loses more than an hour
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--job-hours", type=float, default=2.0, help="hours of training without interruption")
-    parser.add_argument("--checkpoint-minutes", type=float, default=10.0, help="time between checkpoints")
-    parser.add_argument("--replace-minutes", type=float, default=8.0,
+    parser.add_argument("--checkpoint-minutes", type=float, default=CHECKPOINT_MINUTES,
+                        help="time between checkpoints")
+    parser.add_argument("--replace-minutes", type=float, default=REPLACE_MINUTES,
                         help="from an interruption to the job training again on a replacement node")
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)

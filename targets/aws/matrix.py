@@ -23,6 +23,12 @@ _VERDICT = {"feasible": ("✓", "green"), "warning": ("!", "yellow"), "blocked":
 # mark, flag, zone, zone id, GPU offered, EFA, quota headroom, reservation, EKS zone, $/h
 _COLUMNS = ((2, "<"), (2, "<"), (16, "<"), (10, "<"), (4, "<"), (4, "<"), (8, ">"), (10, "<"), (4, "<"), (9, ">"))
 HEADER = ("", "", "AZ", "zone id", "GPU", "EFA", "quota", " reserved", "EKS", "$/h")
+# A Spot plan's rows (67 cells: 80 columns leave the list 70): the AZ's Spot placement score and the expected
+# $/h of training (verdict.expected_cost) after the plan's $/h at Spot; no reservation (Spot draws on none) and
+# no quota cell (the region's, on its line above, with what it is short by).
+_SPOT_COLUMNS = ((2, "<"), (2, "<"), (16, "<"), (10, "<"), (4, "<"), (4, "<"), (6, ">"), (5, "<"), (9, ">"),
+                 (9, ">"))
+SPOT_HEADER = ("", "", "AZ", "zone id", "GPU", "EFA", "score", " EKS", "$/h", "exp $/h")
 
 
 def zone_id(region: str, zone: str) -> str:
@@ -56,24 +62,50 @@ class MatrixSnapshot:
 @dataclass
 class _Cells:
     values: list[Text] = field(default_factory=list)
+    columns: tuple[tuple[int, str], ...] = _COLUMNS
 
     def add(self, value: str, style: str = "") -> None:
         self.values.append(Text(value, style=style))
 
     def line(self) -> Text:
         out = Text()
-        for (width, align), cell in zip(_COLUMNS, self.values, strict=True):
+        for (width, align), cell in zip(self.columns, self.values, strict=True):
             cell.truncate(width - 1 if width > 2 else width, overflow="ellipsis")
             pad = " " * (width - cell.cell_len)
             out.append_text(Text(pad) + cell if align == ">" else cell + Text(pad))
         return out
 
 
-def header_line() -> Text:
-    cells = _Cells()
-    for name in HEADER:
+def header_line(*, spot: bool = False) -> Text:
+    cells = _Cells(columns=_SPOT_COLUMNS if spot else _COLUMNS)
+    for name in SPOT_HEADER if spot else HEADER:
         cells.add(name, "bold")
     return cells.line()
+
+
+def spot_region(region: RegionReport) -> bool:
+    """Whether the region was checked for a Spot plan (what only a Spot plan's scan fills in)."""
+    return region.spot_interruptions is not None or any(
+        z.price_per_hour is not None or z.spot_price is not None or z.spot_score is not None
+        or z.expected_per_hour is not None for z in region.zones)
+
+
+def score_cell(zone: ZoneReport) -> tuple[str, str]:
+    """EC2's Spot placement score, 1-10 (how likely Spot capacity for the plan is there now)."""
+    if zone.spot_score is None:
+        return "?", "yellow"
+    style = "green" if zone.spot_score >= 7 else "yellow" if zone.spot_score >= 4 else "red"
+    return f"{zone.spot_score}/10", style
+
+
+def expected_cell(region: RegionReport, zone: ZoneReport) -> tuple[str, str]:
+    """A Spot plan's expected $/h of training in the AZ ("~" for the built-in estimate, as $/h)."""
+    value = zone.expected_per_hour
+    if value is None:
+        return "?", "yellow"
+    if value == float("inf"):
+        return "never", "red"
+    return (f"~${value:.2f}", "yellow") if estimated(region) else (f"${value:.2f}", "")
 
 
 def _yes(flag: bool) -> tuple[str, str]:
@@ -112,7 +144,8 @@ def price_cell(region: RegionReport, zone: ZoneReport) -> tuple[str, str]:
 
 
 def zone_prompt(region: RegionReport, zone: ZoneReport, *, recommended: bool, chosen: bool) -> Text:
-    cells = _Cells()
+    spot = spot_region(region)
+    cells = _Cells(columns=_SPOT_COLUMNS if spot else _COLUMNS)
     mark, style = _VERDICT[zone.verdict]
     cells.add(mark, style)
     cells.add("●" if chosen else "★" if recommended else "", "bold cyan" if chosen else "bold yellow")
@@ -120,10 +153,17 @@ def zone_prompt(region: RegionReport, zone: ZoneReport, *, recommended: bool, ch
     cells.add(zone.zone_id, "dim")
     cells.add(*_yes(zone.gpu_offered))
     cells.add(*_yes(zone.efa))
-    cells.add(*quota_cell(region))
-    cells.add(*reservation_cell(zone))
-    cells.add(*_yes(zone.eks_supported))
+    if spot:
+        cells.add(*score_cell(zone))
+        mark, style = _yes(zone.eks_supported)
+        cells.add(f" {mark}", style)
+    else:
+        cells.add(*quota_cell(region))
+        cells.add(*reservation_cell(zone))
+        cells.add(*_yes(zone.eks_supported))
     cells.add(*price_cell(region, zone))
+    if spot:
+        cells.add(*expected_cell(region, zone))
     text = cells.line()
     notes = [(r, "red") for r in zone.reasons] if not zone.feasible else [(w, "yellow") for w in zone.warnings]
     for note, note_style in notes:
@@ -143,6 +183,9 @@ def region_prompt(name: str, region: RegionReport | None) -> Text:
                     f"needs {quota.needed}", style="dim")
         if quota.ok is False:
             text.append(f"  short by {quota.shortfall}", style="bold red")
+    if region.spot_interruptions is not None:
+        rate = region.spot_interruptions
+        text.append(f"  Spot lost {'≥' if rate.at_least else ''}{rate.label}/mo", style="dim")
     if not region.zones:
         for reason in region.reasons or [region.error or "no AZs"]:
             text.append(f"\n    ↳ {reason}", style="italic red")
@@ -201,6 +244,11 @@ class FeasibilityPanel(Vertical):
         yield Static(header_line(), id="matrix-heading")
         yield AzMatrix(id="matrix")
 
+    def _heading(self) -> None:
+        """A Spot plan's columns once its first region says it is one."""
+        regions = [r for _, r in self.matrix.snapshot.regions if r is not None]
+        self.query_one("#matrix-heading", Static).update(header_line(spot=any(spot_region(r) for r in regions)))
+
     @property
     def matrix(self) -> AzMatrix:
         return self.query_one(AzMatrix)
@@ -212,6 +260,7 @@ class FeasibilityPanel(Vertical):
         self.border_title = f"Feasibility · {self.gpus} · {where}"
         self.matrix.snapshot = MatrixSnapshot(chosen=self.chosen)
         self._legend()
+        self._heading()
 
     def _legend(self) -> None:
         """The marks' meanings; "~" only once a row shows an estimate (the Pricing API did not answer)."""
@@ -225,6 +274,7 @@ class FeasibilityPanel(Vertical):
     def checked(self, report: RegionReport) -> None:
         self.matrix.snapshot = self.matrix.snapshot.with_region(report)
         self._legend()
+        self._heading()
 
     def finished(self, report: PreflightReport | None, failed: str | None) -> None:
         rec = report.recommendation if report is not None else None
@@ -232,6 +282,7 @@ class FeasibilityPanel(Vertical):
             tuple((r.region, r) for r in report.regions) if report is not None else self.matrix.snapshot.regions,
             (rec.region, rec.zone) if rec is not None else None, self.chosen, failed, finished=True)
         self._legend()
+        self._heading()
 
     @property
     def highlighted_region(self) -> str | None:

@@ -3,6 +3,9 @@
 - service-quotas: moto knows only the ``vpc`` service. We answer ``ec2`` quotas (applied and
   AWS default) from ``SCRIPT`` and record ``RequestServiceQuotaIncrease`` calls.
 - ec2: ``DescribeCapacityReservations`` is not implemented; we serve ``SCRIPT.reservations``.
+- ec2: ``GetSpotPlacementScores`` is not implemented; we serve ``SCRIPT.spot_scores`` by zone ID, and
+  the Spot Instance Advisor's public S3 object from ``SCRIPT.spot_advisor`` (tests/aws/moto_spot.py, with
+  their references).
 - pricing: moto has no Pricing API at all (the request crashes its dispatcher); the WSGI
   middleware answers ``GetProducts`` as AWS does (tests/aws/moto_pricing.py, with its references)
   from ``SCRIPT.prices`` and ``SCRIPT.region_prices``, or denies it.
@@ -89,6 +92,14 @@ class Script:
     spot_prices: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     # Spot price changes after the one in effect now was set: (when, region, type, AZ, USD per hour).
     spot_changes: list[tuple[datetime, str, str, str, float]] = field(default_factory=list)
+    # (region, AZ name) -> Spot placement score 1-10, answered by zone ID (tests/aws/moto_spot.py
+    # get_spot_placement_scores); an AZ not here scores moto_spot.default_score.
+    spot_scores: dict[tuple[str, str], int] = field(default_factory=dict)
+    # How many distinct score request configurations EC2 takes (None: no cap), and those it has taken.
+    spot_score_config_limit: int | None = None
+    spot_score_configs: set[tuple[Any, ...]] = field(default_factory=set)
+    # The Spot Instance Advisor's public object (moto_spot.serve_advisor); None: S3 answers 403 AccessDenied.
+    spot_advisor: dict[str, Any] | None = field(default_factory=moto_spot.advisor_document)
     # region -> {eks, nat_hour, nat_gb, ebs_gp3, ipv4} -> USD (tests/aws/moto_pricing.py)
     region_prices: dict[str, dict[str, float]] = field(default_factory=dict)
     pricing_denied: bool = True
@@ -236,6 +247,8 @@ def install() -> Callable[[], None]:
                                        create=True))
     patches.enter_context(patch.object(EC2Response, "describe_spot_price_history",
                                        lambda self: moto_spot.describe_spot_price_history(self, SCRIPT)))
+    patches.enter_context(patch.object(EC2Response, "get_spot_placement_scores",
+                                       lambda self: moto_spot.get_spot_placement_scores(self, SCRIPT), create=True))
     # moto's dispatcher lists its package directory (listdir, then isdir on ~180 entries) for every request
     # it routes (werkzeug_app.get_backend_for_host): listed once here, the same names. Not a behaviour of
     # AWS's, only this double's CPU (py-spy: ~8% of tests/aws/test_provision.py's moto samples).
@@ -403,6 +416,12 @@ class FaultInjector:
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         service, region = _service_region(environ)
+        if not service and moto_spot.is_advisor_request(environ):  # anonymous, as its readers ask
+            with self.script.lock:
+                self.script.calls.append(("s3", "us-east-1", "GetObject"))
+            if self.script.latency_s:
+                time.sleep(self.script.latency_s)  # models time: the network and AWS's answer latency
+            return moto_spot.serve_advisor(environ, start_response, self.script, _error)
         if not service:
             return self.app(environ, start_response)  # moto's own API (reset) and the like
         length = int(environ.get("CONTENT_LENGTH") or 0)

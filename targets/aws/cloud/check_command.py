@@ -208,6 +208,9 @@ def _render_region(region: RegionReport) -> list[str]:
         else "price unknown"
     )
     out = [head + ("feasible" if region.feasible else "not feasible") + f", {price}"]
+    if region.spot_interruptions is not None:
+        rate = region.spot_interruptions
+        out.append(f"  Spot interruptions ({rate.instance_type}, Spot Instance Advisor): {rate.text()}")
     for label, quota in (("GPU quota", region.quota), ("System quota", region.system_quota)):
         if quota is None:
             continue
@@ -224,7 +227,7 @@ def _render_region(region: RegionReport) -> list[str]:
     # A Spot plan costs what each AZ's Spot price makes it: a column of its own (the GPU nodes' price in it).
     by_zone = any(zone.price_per_hour is not None or zone.spot_price is not None for zone in region.zones)
     if region.zones:
-        priced = f"{'$/h':<9}{'spot':<8}" if by_zone else ""
+        priced = f"{'$/h':<9}{'spot':<8}{'score':<6}{'exp $/h':<9}" if by_zone else ""
         out.append(f"  {'zone':<16}{'zone id':<12}{'gpu':<5}{'sys':<5}{'efa':<5}{'eks':<5}{'res':<5}{priced}verdict")
     for zone in region.zones:
         reserved = sum(r.available for r in zone.reservations if r.usable)
@@ -234,6 +237,8 @@ def _render_region(region: RegionReport) -> list[str]:
         if by_zone:
             total, each = zone.price_per_hour, zone.spot_price
             spot = f"{'?' if total is None else f'{total:.2f}':<9}{'none' if each is None else f'{each:.4f}':<8}"
+            score, expected = zone.spot_score, zone.expected_per_hour
+            spot += f"{'?' if score is None else score:<6}{'?' if expected is None else f'{expected:.2f}':<9}"
         out.append(
             f"  {zone.zone:<16}{zone.zone_id:<12}{_yn(zone.gpu_offered):<5}{_yn(zone.system_offered):<5}"
             f"{(str(zone.efa_interfaces) if zone.efa else 'no'):<5}{_yn(zone.eks_supported):<5}"

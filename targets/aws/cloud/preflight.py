@@ -18,8 +18,16 @@ from backend.errors import OperationError, UserError
 from targets.aws.cloud.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts, quota_code_for
 from targets.aws.cloud.pricing import PlanShape, PriceBook, RegionPrices, price_plan, spot_nodes_cost, spot_prices
 from targets.aws.cloud.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
-from targets.aws.cloud.report import PreflightReport, PreflightRequest, QuotaStatus, RegionReport, Reservation
-from targets.aws.cloud.verdict import ZoneInputs, assess_zone, recommend
+from targets.aws.cloud.report import (
+    InterruptionRate,
+    PreflightReport,
+    PreflightRequest,
+    QuotaStatus,
+    RegionReport,
+    Reservation,
+)
+from targets.aws.cloud.spot_advisor import SpotAdvisor
+from targets.aws.cloud.verdict import ZoneInputs, assess_zone, expected_cost, recommend
 
 T = TypeVar("T")
 ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")
@@ -36,6 +44,12 @@ class _Scan:
         self._price_gate = asyncio.Lock()
         self.gpu: InstanceFacts
         self.system: InstanceFacts
+        # A Spot plan's GPU types: the GPU type first, then --spot-types (the nodegroup may launch any).
+        self.spot_types: list[str] = [request.gpu_node_type]
+        self.spot_facts: dict[str, InstanceFacts] = {}
+        # The Spot Instance Advisor's data, read once per preflight (a Spot plan's only), shared by regions.
+        self.advisor = SpotAdvisor(aws)
+        self.advisor_read: asyncio.Future[Any] | None = None
 
     async def region_prices(self, region: str) -> RegionPrices:
         """Everything a plan in ``region`` bills, from the session's PriceBook (the plan and the sweep
@@ -95,7 +109,8 @@ async def _matrix(
 ) -> PreflightReport:
     request, aws = scan.request, scan.aws
     home = request.default_region
-    types = sorted({request.gpu_node_type, request.system_node_type})
+    extras = [t for t in dict.fromkeys(request.spot_types) if t != request.gpu_node_type] if request.spot else []
+    types = sorted({request.gpu_node_type, request.system_node_type, *extras})
     regions_task = asyncio.ensure_future(
         scan.call("ec2", home, lambda c: c.describe_regions(AllRegions=True))
     )
@@ -142,6 +157,14 @@ async def _matrix(
             remedy="choose an EFA-capable type such as g6.12xlarge or train over TCP with --require-transport any",
         )
 
+    raw = {t["InstanceType"]: t for t in types_resp.get("InstanceTypes", [])}
+    for extra in extras:
+        _check_spot_type(request, scan.gpu, raw[request.gpu_node_type], facts[extra], raw[extra])
+    scan.spot_types = [request.gpu_node_type, *extras]
+    scan.spot_facts = {name: facts[name] for name in scan.spot_types}
+    if request.spot:  # read once, beside the regions' scans, which wait for it only at their end
+        scan.advisor_read = asyncio.ensure_future(scan.pool.run(scan.advisor.document))
+
     opt_in = {r["RegionName"]: r.get("OptInStatus", "opt-in-not-required") for r in regions_resp["Regions"]}
     partition = aws.partition_of(home)
     targets = _target_regions(request, opt_in, partition, aws)
@@ -154,7 +177,16 @@ async def _matrix(
             on_region(report)
         return report
 
-    reports = await asyncio.gather(*(one(r) for r in targets))
+    try:
+        reports = await asyncio.gather(*(one(r) for r in targets))
+    finally:
+        if scan.advisor_read is not None:
+            scan.advisor_read.cancel()  # a no-op once read; else nobody waits for it any more
+    recommendation = recommend(list(reports), spot=request.spot)
+    if recommendation is not None and request.spot and len(scan.spot_types) < SCORED_TYPES:
+        recommendation.why += (f"; Spot placement scores of fewer than {SCORED_TYPES} instance types are low "
+                               "whatever the capacity (EC2), so they are shown, not weighed: --spot-types widens "
+                               "the pool")
     return PreflightReport(
         gpu_node_type=request.gpu_node_type,
         gpu_node_count=request.gpu_node_count,
@@ -163,9 +195,46 @@ async def _matrix(
         gpu_instance=scan.gpu,
         system_instance=scan.system,
         regions=list(reports),
-        recommendation=recommend(list(reports), spot=request.spot),
+        recommendation=recommendation,
         elapsed_s=round(time.perf_counter() - started, 3),
     )
+
+
+def _gpus(data: dict[str, Any]) -> tuple[tuple[str, str, int, int], ...]:
+    """An instance type's GPUs as describe_instance_types gives them: (manufacturer, model, count, MiB each)."""
+    gpus = (data.get("GpuInfo") or {}).get("Gpus") or []
+    return tuple(sorted((str(g.get("Manufacturer", "")), str(g.get("Name", "")), int(g.get("Count", 0)),
+                         int((g.get("MemoryInfo") or {}).get("SizeInMiB", 0))) for g in gpus))
+
+
+def _gpus_text(gpus: tuple[tuple[str, str, int, int], ...]) -> str:
+    return " + ".join(f"{count}× {maker} {model} {mib / 1024:g} GiB" for maker, model, count, mib in gpus) or "none"
+
+
+def _check_spot_type(request: PreflightRequest, gpu: InstanceFacts, gpu_raw: dict[str, Any], extra: InstanceFacts,
+                     extra_raw: dict[str, Any]) -> None:
+    """Refuse a --spot-types type the GPU nodegroup cannot mix with the GPU type: the group launches any of
+    its types, so each must give the job the same GPUs (model and maker, count, memory each), the EFA the
+    plan's transport needs on as many network cards (the launch template asks for one EFA interface per card
+    of the GPU type), and count against the same Spot vCPU quota."""
+    name, remedy = clip(extra.instance_type), f"leave {clip(extra.instance_type)} out of --spot-types"
+    mine, theirs = _gpus(gpu_raw), _gpus(extra_raw)
+    if mine != theirs:
+        raise UserError(f"--spot-types {name} has {_gpus_text(theirs)}, not {clip(gpu.instance_type)}'s "
+                        f"{_gpus_text(mine)}: every type of the GPU nodegroup must have the same GPUs",
+                        remedy=f"{remedy}, or choose a type with {_gpus_text(mine)}")
+    if request.require_efa and not extra.efa_supported:
+        raise UserError(f"--spot-types {name} does not support EFA, which this plan requires",
+                        remedy=f"{remedy}, or train over TCP with --require-transport any")
+    if request.require_efa and extra.efa_per_node < gpu.efa_per_node:
+        raise UserError(f"--spot-types {name} has {extra.efa_per_node} EFA network card(s), fewer than "
+                        f"{clip(gpu.instance_type)}'s {gpu.efa_per_node}",
+                        remedy=f"{remedy}, or choose a type with as many network cards")
+    code, theirs_code = quota_code_for(gpu.instance_type, spot=True), quota_code_for(extra.instance_type, spot=True)
+    if code != theirs_code:
+        raise UserError(f"--spot-types {name} counts against Spot vCPU quota {theirs_code or 'unknown'}, not "
+                        f"{clip(gpu.instance_type)}'s {code or 'unknown'}",
+                        remedy=f"{remedy}, or choose a type of the same family class")
 
 
 def _target_regions(
@@ -219,7 +288,7 @@ async def _optional(coro: Any) -> tuple[Any, BaseException | None]:
 
 async def _scan_region(scan: _Scan, region: str) -> RegionReport:
     req = scan.request
-    types = sorted({req.gpu_node_type, req.system_node_type})
+    types = sorted({req.gpu_node_type, req.system_node_type, *scan.spot_types})
     gpu_code = quota_code_for(req.gpu_node_type, spot=True) if req.spot else scan.gpu.quota_code
     codes = sorted({c for c in (gpu_code, scan.system.quota_code if req.system_node_count else None) if c})
 
@@ -241,7 +310,9 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
             offers_call,
             _optional(scan.call("ec2", region, running_instances)),
             _optional(scan.call("ec2", region, _reservations, req.gpu_node_type, req.gpu_node_count)),
-            _optional(scan.call("ec2", region, spot_prices, req.gpu_node_type) if req.spot else _nothing()),
+            _optional(scan.call("ec2", region, _spot_prices, scan.spot_types) if req.spot else _nothing()),
+            _optional(scan.call("ec2", region, spot_scores, scan.spot_types, req.gpu_node_count, region)
+                      if req.spot else _nothing()),
             *quota_reads,
             scan.region_prices(region),
         )
@@ -249,10 +320,12 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
         for task in quota_reads:
             task.cancel()  # a no-op once done; else the region was abandoned (timeout)
     zones_resp, offered, (instances, inst_err), (reservations, res_err), (spot, spot_err) = results[:5]
-    limits = dict(zip(codes, results[5 : 5 + len(codes)], strict=True))
+    scores, scores_err = results[5]
+    limits = dict(zip(codes, results[6 : 6 + len(codes)], strict=True))
     prices: RegionPrices = results[-1]
 
-    vcpus_by_type = {scan.gpu.instance_type: scan.gpu.vcpus, scan.system.instance_type: scan.system.vcpus}
+    vcpus_by_type = {scan.gpu.instance_type: scan.gpu.vcpus, scan.system.instance_type: scan.system.vcpus,
+                     **{name: facts.vcpus for name, facts in scan.spot_facts.items()}}
     if instances:
         missing = sorted({i["InstanceType"] for i in instances if i["vcpus"] is None} - set(vcpus_by_type))
         if missing:
@@ -270,7 +343,8 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
             code, needed=needed, limit=limit_source[0], used=used.get(code, 0), source=limit_source[1]
         )
 
-    gpu_needed = req.gpu_node_count * scan.gpu.vcpus
+    # A Spot nodegroup of several types may launch the largest: the quota must hold that many vCPUs.
+    gpu_needed = req.gpu_node_count * max([scan.gpu.vcpus, *(f.vcpus for f in scan.spot_facts.values())])
     system_needed = req.system_node_count * scan.system.vcpus
     same_code = gpu_code is not None and gpu_code == scan.system.quota_code
     quota = quota_for(gpu_code, gpu_needed + (system_needed if same_code else 0))
@@ -321,20 +395,38 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
         for z in zone_reports:
             z.warnings.append(f"could not list capacity reservations: {_short_error(res_err)}")
     gpu_part = cost.parts["gpu_nodes"].per_hour
+    rate: InterruptionRate | None = None
+    rate_notes: list[str] = []
+    if req.spot and scan.advisor_read is not None:
+        await asyncio.shield(scan.advisor_read)  # shared: one region's timeout must not cancel the read
+        rate, rate_notes = scan.advisor.rates(region, scan.spot_types)
     for z in zone_reports:
-        z.spot_price = (spot or {}).get(z.zone)
+        # The nodegroup may launch any of its types offered here: the dearest Spot price is what it may bill.
+        here = [(spot or {}).get(t, {}).get(z.zone) for t in scan.spot_types if t in offered.get(z.zone, ())]
+        z.spot_price = max((p for p in here if p is not None), default=None)
         if spot_err is not None:
             z.warnings.append(f"could not read Spot prices: {_short_error(spot_err)}")
+        if req.spot:
+            z.spot_score = (scores or {}).get(z.zone_id)
+            if scores_err is not None:
+                z.warnings.append(f"could not read Spot placement scores (ec2:GetSpotPlacementScores): "
+                                  f"{_short_error(scores_err)}")
+            z.warnings.extend(rate_notes)
         if req.spot and cost.total is not None and gpu_part is not None:
             at_spot = spot_nodes_cost(prices, req.gpu_node_type, req.gpu_node_count, req.gpu_disk_gb, z.zone,
                                       z.spot_price).per_hour
             z.price_per_hour = None if at_spot is None else round(cost.total - gpu_part + at_spot, 4)
+            # A score of fewer than SCORED_TYPES types says nothing of capacity: not weighed (p = 1).
+            weighed = z.spot_score if len(scan.spot_types) >= SCORED_TYPES else None
+            z.expected_per_hour = expected_cost(z.price_per_hour, cost.total, weighed,
+                                                rate.per_hour if rate is not None else None, req.gpu_node_count)
     return RegionReport(
         region=region,
         enabled=True,
         price_per_hour=cost.total,
         price_source=cost.source,
         price_breakdown=cost.breakdown(),
+        spot_interruptions=rate,
         quota=quota,
         system_quota=system_quota,
         zones=zone_reports,
@@ -345,6 +437,44 @@ async def _scan_region(scan: _Scan, region: str) -> RegionReport:
 
 async def _nothing() -> None:
     return None
+
+
+# EC2 scores fewer than three different instance types low whatever the capacity (EC2 API reference,
+# GetSpotPlacementScores, InstanceTypes; EC2 User Guide, "Spot placement score", Limitations).
+SCORED_TYPES = 3
+
+
+def spot_scores(ec2: Any, instance_types: list[str], count: int, region: str) -> dict[str, int]:
+    """EC2's Spot placement score of each AZ of ``region`` (by zone ID) for ``count`` instances of any of
+    ``instance_types``, all in one AZ.
+
+    What EC2 says of it (EC2 User Guide, "Spot placement score" and "How Spot placement score works"; EC2 API
+    reference, GetSpotPlacementScores and SpotPlacementScore): a score from 1 (a Spot request of this size is
+    unlikely to succeed) to 10 (highly likely, not guaranteed) for the target capacity, the types and the
+    moment asked, counting the account's own recent Spot use; a recommendation, no promise of capacity nor of
+    how often it is taken back, to act on at once (so asked afresh by every check, never kept). With
+    ``SingleAvailabilityZone`` the answer lists AZs by ``AvailabilityZoneId``, which zone names map to per
+    account; only the top 10, paged (``MaxResults`` 10 to 1000, ``NextToken``; a page may hold fewer than
+    asked). ``TargetCapacity`` (1 to 2,000,000,000, here in ``units``: instances) and ``InstanceTypes``
+    (exclusive with ``InstanceRequirementsWithMetadata``) must be the request the nodegroup makes for the
+    score to apply. Fewer than three different types always score low. EC2 may refuse new request
+    configurations beyond a daily number (Limitations: ``MaxConfigLimitExceeded``); this asks one per region
+    and plan. It needs ``ec2:GetSpotPlacementScores``. Blocking."""
+    scores: dict[str, int] = {}
+    pages = ec2.get_paginator("get_spot_placement_scores").paginate(
+        InstanceTypes=list(dict.fromkeys(instance_types)), TargetCapacity=count, TargetCapacityUnitType="units",
+        SingleAvailabilityZone=True, RegionNames=[region], PaginationConfig={"PageSize": 10})
+    for page in pages:
+        for item in page.get("SpotPlacementScores", []):
+            zone_id, score = item.get("AvailabilityZoneId"), item.get("Score")
+            if zone_id and score is not None and item.get("Region", region) == region:
+                scores[str(zone_id)] = int(score)
+    return scores
+
+
+def _spot_prices(ec2: Any, instance_types: list[str]) -> dict[str, dict[str, float]]:
+    """type -> AZ -> the Spot price in effect now (``spot_prices``), for each of a Spot plan's types."""
+    return {name: spot_prices(ec2, name) for name in instance_types}
 
 
 def _zones(ec2: Any, **kwargs: Any) -> dict[str, Any]:

@@ -4,7 +4,9 @@
 enabled, price_per_hour, quota{code, limit, used, needed, headroom, ok}, zones[*]{zone, zone_id,
 gpu_offered, system_offered, efa, efa_interfaces, gdr, eks_supported, reservations, feasible,
 reasons}, feasible`` and the report carries ``recommendation: {region, zone} | null``. Extra
-fields only ever get added.
+fields only ever get added. A Spot plan's zones add ``spot_price``, ``price_per_hour``, ``spot_score``
+and ``expected_per_hour``, its regions ``spot_interruptions: {instance_type, label, share_per_month,
+per_hour, at_least} | null``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class PreflightRequest(BaseModel):
     require_efa: bool = True
     # The GPU nodes on Spot capacity: their quota is the Spot one, and each AZ is priced at its Spot price.
     spot: bool = False
+    # More types the Spot GPU nodegroup may launch (``--spot-types``), each with the GPU type's GPUs.
+    spot_types: list[str] = Field(default_factory=list)
     # The root volumes the plan gives its nodes (gp3, billed per GB-month): priced with the nodes.
     gpu_disk_gb: int = Field(default=200, ge=1)
     system_disk_gb: int = Field(default=100, ge=1)
@@ -107,6 +111,20 @@ def reserved_nodes(reservations: list[Reservation] | tuple[Reservation, ...]) ->
 ZoneVerdict = Literal["feasible", "warning", "blocked"]
 
 
+class InterruptionRate(BaseModel):
+    """The Spot Instance Advisor's bucket for one type in one region (targets/aws/cloud/spot_advisor.py)."""
+
+    instance_type: str
+    label: str  # the advisor's bucket: "<5%", "5-10%", ... ">20%" of instances taken back in a month
+    share_per_month: float  # the bucket's upper edge as a share (">20%": its lower one, see ``at_least``)
+    per_hour: float  # that share as a constant rate per instance-hour
+    at_least: bool = False  # ">20%": no upper edge; the rate is a lower bound
+
+    def text(self) -> str:
+        """"5-10%/month (0.00014/h)", "at least >20%/month (...)"."""
+        return ("at least " if self.at_least else "") + f"{self.label}/month ({self.per_hour:.5f}/node-h)"
+
+
 class ZoneReport(BaseModel):
     zone: str
     zone_id: str
@@ -123,6 +141,12 @@ class ZoneReport(BaseModel):
     # The plan's cost per hour in this AZ where it differs by AZ (a Spot plan's, at this AZ's Spot price);
     # None: the region's price_per_hour.
     price_per_hour: float | None = None
+    # EC2's Spot placement score for the plan's GPU nodes here (1-10: how likely a Spot request of that size
+    # is to be fulfilled now, a recommendation); None: not asked (On-Demand) or not known.
+    spot_score: int | None = None
+    # A Spot plan's expected cost per hour of training here (verdict.expected_cost): Spot at this AZ's price,
+    # stretched by the time interruptions cost, weighed by the score against On-Demand.
+    expected_per_hour: float | None = None
     feasible: bool
     reasons: list[str] = Field(default_factory=list)
     verdict: ZoneVerdict = "blocked"
@@ -140,6 +164,8 @@ class RegionReport(BaseModel):
     price_per_hour: float | None = None
     price_source: str | None = None
     price_breakdown: dict[str, float] = Field(default_factory=dict)
+    # A Spot plan's interruption rate here, the highest of its types (None: not a Spot plan, or not known).
+    spot_interruptions: InterruptionRate | None = None
     quota: QuotaStatus | None = None
     system_quota: QuotaStatus | None = None
     zones: list[ZoneReport] = Field(default_factory=list)

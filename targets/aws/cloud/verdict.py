@@ -19,6 +19,7 @@ from targets.aws.cloud.report import (
     ZoneVerdict,
     reserved_nodes,
 )
+from targets.aws.cloud.spot_advisor import time_stretch  # light: boto3 only inside read_advisor
 
 _Add = Callable[..., None]
 
@@ -221,6 +222,56 @@ def _why_this_zone(best: tuple[Any, ...], candidates: list[tuple[Any, ...]]) -> 
     return f"first feasible zone by name ({same})"
 
 
+def expected_cost(spot_per_hour: float | None, on_demand_per_hour: float | None, score: int | None,
+                  rate_per_hour: float | None, gpu_nodes: int) -> float | None:
+    """A Spot plan's expected cost per hour of training in one AZ: p × (Spot $/h × stretch) + (1 − p) ×
+    On-Demand $/h.
+
+    p = score / 10. EC2 says a Spot placement score tells how likely a Spot request of that size is to
+    succeed there now, 1 (unlikely) to 10 (highly likely, never guaranteed), a recommendation for the account
+    and not a promise of capacity or of interruptions (EC2 User Guide, "Spot placement score", "How Spot
+    placement score works"). Reading it as the probability that the GPU nodes get Spot capacity, and the
+    rest of the time run On-Demand (``--spot-fallback on-demand``), is our assumption. Unknown: p = 1.
+
+    stretch = 1 / (1 − λ·n·L): each of the n GPU nodes is taken at λ per node-hour (the Spot Instance
+    Advisor's bucket, spot_advisor.py) and each loss costs L (``LOST_MINUTES_PER_INTERRUPTION``: a
+    replacement node, half a checkpoint interval redone) while the whole plan bills. Unknown: λ = 0.
+    None when a price is unknown; inf when interruptions outrun the job."""
+    if spot_per_hour is None or on_demand_per_hour is None:
+        return None
+    p = 1.0 if score is None else min(max(score, 0), 10) / 10
+    stretch = time_stretch(rate_per_hour or 0.0, gpu_nodes)
+    if math.isinf(stretch):
+        return math.inf if p > 0 else round(on_demand_per_hour, 4)
+    return round(p * spot_per_hour * stretch + (1 - p) * on_demand_per_hour, 4)
+
+
+def _why_expected(best: tuple[Any, ...], candidates: list[tuple[Any, ...]], region: RegionReport,
+                  zone: ZoneReport) -> str:
+    """Why a Spot plan's ``best`` came first: "lowest expected cost" only when another zone's is higher."""
+    expected = best[0][1]
+    spot = zone_price(region, zone)
+    at = f"${expected:.2f}/h of training at Spot ${spot:.2f}/h" if spot is not None and not math.isinf(expected) \
+        else None
+    score = f"Spot placement score {zone.spot_score}" if zone.spot_score is not None \
+        else "no Spot placement score (taken as 10)"
+    others = [c for c in candidates if c is not best]
+    if at is None:
+        head = "no expected cost is known to choose by"
+    elif not others:
+        head = f"the only feasible zone: expected {at}"
+    elif any(expected < other[0][1] for other in others):
+        head = f"lowest expected cost to finish: {at}"
+    elif not best[0][2] and any(other[0][2] for other in others):
+        head = f"a feasible zone without warnings (the feasible zones' expected costs are the same: {at})"
+    else:
+        head = f"first feasible zone by name (the feasible zones' expected costs are the same: {at})"
+    rate = region.spot_interruptions
+    risk = (f"interruptions {rate.text()} for {rate.instance_type}" if rate is not None
+            else "no interruption rate known (taken as none)")
+    return f"{head}, {score}, {risk}"
+
+
 def zone_price(region: RegionReport, zone: ZoneReport) -> float | None:
     """The plan's $/h in this AZ: its own where prices differ by AZ (Spot), else the region's."""
     return zone.price_per_hour if zone.price_per_hour is not None else region.price_per_hour
@@ -228,7 +279,11 @@ def zone_price(region: RegionReport, zone: ZoneReport) -> float | None:
 
 def recommend(regions: list[RegionReport], *, spot: bool = False) -> Recommendation | None:
     """The cheapest feasible AZ, preferring one with a usable matching reservation (On-Demand capacity:
-    never for ``spot``, whose nodes do not draw on one)."""
+    never for ``spot``, whose nodes do not draw on one). A Spot plan's cheapest is by its expected cost per
+    hour of training (``ZoneReport.expected_per_hour``, see ``expected_cost``), not by the Spot price alone:
+    a cheap AZ where Spot capacity is unlikely (a low placement score) mostly runs On-Demand."""
+    if spot:
+        return _recommend_spot(regions)
     candidates = []
     for region in regions:
         for zone in region.zones:
@@ -258,3 +313,23 @@ def recommend(regions: list[RegionReport], *, spot: bool = False) -> Recommendat
         reservation=reservation,
         why=why,
     )
+
+
+def _recommend_spot(regions: list[RegionReport]) -> Recommendation | None:
+    candidates = []
+    for region in regions:
+        for zone in region.zones:
+            if not zone.feasible:
+                continue
+            expected = zone.expected_per_hour if zone.expected_per_hour is not None else math.inf
+            key = (0, expected, zone.verdict != "feasible", region.region, zone.zone)
+            candidates.append((key, region, zone))
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda c: c[0])
+    _, region, zone = best
+    why = _why_expected(best, candidates, region, zone)
+    if zone.warnings:
+        why += f"; note: {zone.warnings[0]}"
+    return Recommendation(region=region.region, zone=zone.zone, zone_id=zone.zone_id,
+                          price_per_hour=zone_price(region, zone), price_source=region.price_source, why=why)

@@ -21,15 +21,25 @@ def request_for(config: RunConfig, *, regions: list[str] | None = None, all_regi
                 system_disk_gb: int = SYSTEM_DISK_UNKNOWN_GB, spot: bool | None = None) -> PreflightRequest:
     """What the matrix checks for ``config``: its node types and counts, its transport and its deadlines."""
     timeout = config.aws_timeout_s
+    spot = config.spot if spot is None else spot
     return PreflightRequest(
         regions=regions, all_regions=all_regions,
         gpu_disk_gb=ROOT_VOLUME_GB, system_disk_gb=system_disk_gb,
         gpu_node_type=config.gpu_node_type, gpu_node_count=config.gpu_node_count,
         system_node_type=config.system_node_type, system_node_count=config.system_node_count,
         profile=config.profile, default_region=config.region, require_efa=config.wants_efa(),
-        spot=config.spot if spot is None else spot,
+        spot=spot, spot_types=_spot_types(config) if spot else [],
         listing_timeout_s=timeout, region_timeout_s=REGION_FACTOR * timeout, deadline_s=DEADLINE_FACTOR * timeout,
     )
+
+
+def _spot_types(config: RunConfig) -> list[str]:
+    """``--spot-types`` as a list (the GPU type left out), whichever shape the config holds it in."""
+    as_list = getattr(config, "spot_type_list", None)
+    if callable(as_list):
+        return list(as_list())
+    value = getattr(config, "spot_types", [])
+    return [t for t in (value.split(",") if isinstance(value, str) else value) if t and t != config.gpu_node_type]
 
 
 def preflight_request(ctx: Context) -> PreflightRequest:
