@@ -163,6 +163,14 @@ class SpotFallback(BaseModel):
     at: float
 
 
+class SpotRisk(BaseModel):
+    """How often Spot takes one GPU node back, as the plan read it (aws: the Spot Instance Advisor's bucket
+    for the GPU types in the region), for ``--checkpoint-every auto``."""
+
+    per_node_hour: float
+    source: str
+
+
 class ReservationFact(BaseModel):
     """The capacity reservation the GPU nodes use."""
 
@@ -190,6 +198,7 @@ class RunFacts(BaseModel):
     failed_azs: list[str] = Field(default_factory=list)
     az_moves: list[AzMove] = Field(default_factory=list)
     spot_fallback: SpotFallback | None = None  # the GPU nodes run On-Demand since: --spot no longer holds
+    spot_risk: SpotRisk | None = None  # Spot GPU nodes: how often one is taken back, as the last plan read it
     data_bucket: str | None = None  # the run's own S3 bucket (no --storage-path), named once the plan settled it
     # Where a layer put the run's data when the user named no --storage-path (the aws layer's bucket,
     # ``s3://<bucket>/runs``): read by the job and `rtui model/status/down`.

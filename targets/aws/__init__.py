@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TextIO
 from backend.clients import Clients
 from backend.errors import UserError
 from backend.planner import Stack
-from backend.targets import Defaults, Target
+from backend.targets import Defaults, InterruptionRate, Target
 from targets.aws.check import feasibility
 from targets.kube import CLUSTER_FIELDS, GPU_SCALE_UP_S, gpu_cluster_defaults, gpu_cluster_job_nodes
 
@@ -104,6 +104,23 @@ class AwsTarget(Target):
             return ("AWS has no Spot capacity for the GPU nodes in their AZ. m moves them to On-Demand there, at the "
                     "On-Demand price, and re-plans (`rtui up --spot-fallback on-demand` does the same)")
         return self.fail_over_words
+
+    def interruption_rate(self, config: RunConfig, facts: RunFacts) -> InterruptionRate:
+        """Spot GPU nodes: how often Spot takes one back (the Spot Instance Advisor's bucket for the GPU
+        types in the region, as the plan read it) on top of the failures every GPU node has. When the plan
+        could not read the advisor, its worst bucket (">20%" a month): AWS publishes no higher edge."""
+        base = super().interruption_rate(config, facts)
+        if not config.spot or facts.spot_fallback is not None:
+            return base
+        risk = facts.spot_risk
+        if risk is None:
+            # lazy: the advisor's module (pydantic models of the preflight) only for a Spot plan
+            from targets.aws.cloud.spot_advisor import rate_per_hour
+
+            per_hour, source = rate_per_hour(0.2), "Spot taking back >20% of nodes a month (no advisor data)"
+        else:
+            per_hour, source = risk.per_node_hour, risk.source
+        return InterruptionRate(per_hour + base.per_node_hour, f"{source}, plus {base.source}")
 
     def check(self, config: RunConfig, cwd: Path) -> RunConfig:
         if config.spot_fallback != "none" and not config.spot:

@@ -22,7 +22,7 @@ from backend.delivery import S3_STANDARD_PER_GIB_MONTH, effective_storage_path, 
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, Leftover, NodeLoss, Observed, Resource
-from backend.record import AzMove, SpotFallback
+from backend.record import AzMove, SpotFallback, SpotRisk
 from targets.aws.cloud import run_preflight
 from targets.aws.cloud.catalog import quota_code_for
 from targets.aws.cloud.pricing import (
@@ -395,6 +395,10 @@ class AwsLayer(Layer):
                 "Spot GPU nodes: AWS may take one back with two minutes' notice, and the cluster "
                 f"placement group that keeps their EFA traffic close needs room for all {config.gpu_node_count} in "
                 "one part of the AZ, which makes Spot capacity scarcer; without --spot they run On-Demand")
+            risk = region.spot_interruptions
+            facts.spot_risk = None if risk is None else SpotRisk(
+                per_node_hour=risk.per_hour,
+                source=f"the Spot Instance Advisor's {risk.text()} for {risk.instance_type} in {config.region}")
             if config.spot_type_list():
                 self._notes.append(
                     f"The Spot GPU nodes may be any of {', '.join([config.gpu_node_type, *config.spot_type_list()])}: "
