@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -267,14 +268,17 @@ class RunScreen(RtuiScreen):
         offset = spool.size()
         if spool.exists():  # the view gets the tail, telemetry the whole history once
             self.post_message(self.LinesArrived(list(deque(spool.iter_lines(), maxlen=REPLAY_LINES))))
-        async for update in flows.attach(self.session, replayed_bytes=offset):
-            if isinstance(update, flows.Attached):
-                if update.read_only:
-                    self.notify("Another rtui is attached to this run: watching its log read-only.")
-                elif not update.cluster_alive:
-                    self.post_message(self.JobStatusChanged("cluster not running", ""))
-                continue
-            self._post_update(update)
+        # Closed when the worker ends or is cancelled, not when the collector gets to it: the follow holds
+        # the run's lock, and a `down` right after the screen goes must find it free.
+        async with contextlib.aclosing(flows.attach(self.session, replayed_bytes=offset)) as updates:
+            async for update in updates:
+                if isinstance(update, flows.Attached):
+                    if update.read_only:
+                        self.notify("Another rtui is attached to this run: watching its log read-only.")
+                    elif not update.cluster_alive:
+                        self.post_message(self.JobStatusChanged("cluster not running", ""))
+                    continue
+                self._post_update(update)
 
     @work(exclusive=True, group="head-log", exit_on_error=False)
     async def follow_head(self) -> None:

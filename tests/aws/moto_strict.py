@@ -146,6 +146,10 @@ def _describe_auto_scaling_groups(original: Callable[[AutoScalingResponse], Acti
                 "MaxSize": int(ng.scaling_config.get("maxSize", size)), "DesiredCapacity": size,
                 "DefaultCooldown": 300, "AvailabilityZones": list(info.get("zones") or []),
                 "HealthCheckType": "EC2", "CreatedTime": utcnow(), "Tags": moto_asg.asg_tags(ng),
+                # EKS opts a Spot nodegroup's group in to Capacity Rebalancing (EKS User Guide, "Managed node
+                # group capacity types": it replaces a Spot node on its rebalance recommendation, then cordons
+                # and drains the old one); an On-Demand group has no use for it.
+                "CapacityRebalance": ng.capacity_type == "SPOT",
                 "Instances": [{"InstanceId": i, "InstanceType": info.get("instance_type"), "AvailabilityZone": zone,
                                "LifecycleState": "InService", "HealthStatus": "Healthy",
                                "ProtectedFromScaleIn": False} for i in _instances(ng)],

@@ -74,6 +74,7 @@ def test_a_spot_plan_prices_the_gpu_nodes_at_the_gpu_azs_spot_price(world: World
     # The trade-off is said: interruptions, and the placement group EFA wants making Spot scarcer.
     (said,) = [n for n in spot["notes"] if n.startswith("Spot GPU nodes")]
     assert "two minutes' notice" in said and "placement group" in said and "without --spot" in said
+    assert "Capacity Rebalancing" in said and "drains" in said  # who handles the notice: EKS, not rtui
     assert not [n for n in on_demand["notes"] if "Spot" in n]
     # Without restarts the first interruption ends the job: said, and not once restarts are allowed.
     (restarts,) = [n for n in spot["notes"] if n.startswith("Spot with --max-failures 0")]

@@ -392,7 +392,10 @@ class AwsLayer(Layer):
                                    "capacity: the Spot GPU nodes do not use it (without --spot they would)")
             reservations = {}
             self._notes.append(
-                "Spot GPU nodes: AWS may take one back with two minutes' notice, and the cluster "
+                "Spot GPU nodes: AWS may take one back with two minutes' notice (the managed node group "
+                "handles it: EKS turns on its Capacity Rebalancing, launches a replacement when EC2 says a node "
+                "is at risk, and cordons and drains that node once the new one is Ready or the notice "
+                "comes; no termination handler is installed), and the cluster "
                 f"placement group that keeps their EFA traffic close needs room for all {config.gpu_node_count} in "
                 "one part of the AZ, which makes Spot capacity scarcer; without --spot they run On-Demand")
             risk = region.spot_interruptions
