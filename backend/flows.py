@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,7 +216,7 @@ class Attached:
     cluster_alive: bool
 
 
-async def attach(session: RunSession, *, replayed_bytes: int = 0) -> AsyncIterator[Attached | JobUpdate]:
+async def attach(session: RunSession, *, replayed_bytes: int = 0) -> AsyncGenerator[Attached | JobUpdate, None]:
     """Follow the current job; when another rtui holds the run, watch its spool read-only instead.
 
     Yields one ``Attached`` first, then ``JobUpdate``s. ``replayed_bytes`` is how much of the
