@@ -11,52 +11,23 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from backend.jobspec import CPU_HEALTH_CHECK_INTERVAL_S
 from backend.telemetry import Telemetry
 from tests.conftest import REPO
-from tests.tmp_watch import short_tmp_dir
 from tests.training.fixtures_data import build_tokenizer, write_jsonl, write_parquet
+from tests.training.ray_cluster import WORKER_ENV
 from training import checkpoint as ckpt
 from training.protocol import METRIC_TAG, SUMMARY_TAG, parse_record
 
 pytestmark = pytest.mark.ray
 
-# As rtui's CPU job has it (backend.jobspec), the controller's quicker look at its workers included.
-WORKER_ENV = {"PYTHONPATH": str(REPO), "RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "OMP_NUM_THREADS": "1",
-              "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-              "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": CPU_HEALTH_CHECK_INTERVAL_S}
 TINY = ["--num-workers", "2", "--device", "cpu", "--precision", "fp32", "--tiny-hidden-size", "64",
         "--tiny-layers", "2", "--tiny-heads", "4", "--tiny-vocab-size", "1024"]
-
-
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    """A private Ray for this module; workers inherit the environment the raylet starts with.
-
-    Nothing of it is left in /tmp: Ray's temp dir (else /tmp/ray) and the workers' and drivers' own
-    temporary files (Ray Train's checkpoint_tmp_* and _ray_lockfiles, under tempfile.gettempdir(),
-    which reads TMPDIR) live in a short dir of the module's, removed after ray.shutdown()."""
-    import ray
-
-    # The environment is restored and the dir removed whatever happens.
-    with pytest.MonkeyPatch.context() as mp, short_tmp_dir("ray") as ray_tmp:
-        for key, value in {**WORKER_ENV, "TMPDIR": str(ray_tmp / "tmp")}.items():
-            mp.setenv(key, value)
-        (ray_tmp / "tmp").mkdir()
-        # 4 logical CPUs on 2 cores: 2 for the training workers, the rest for Ray Data's tasks.
-        ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False,
-                 _temp_dir=str(ray_tmp / "r"))
-        try:
-            yield ray.get_runtime_context().gcs_address
-        finally:
-            ray.shutdown()
 
 
 @dataclass

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.training.fixtures_chat import build_chat_tokenizer, write_chat_jsonl
-from tests.training.test_ray_train import _ok, ray_address, train
+from tests.training.test_ray_train import _ok, train
 from training.data import build_text_dataset
 from training.protocol import parse_record
 
 pytestmark = pytest.mark.ray
-__all__ = ["ray_address"]  # the module's Ray cluster, shared with test_ray_train
 
 
 @pytest.mark.parametrize("mode", ["messages", "text"])

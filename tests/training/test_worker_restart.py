@@ -22,11 +22,11 @@ import pytest
 
 from tests.conftest import REPO
 from tests.eventually import eventually
-from tests.training.test_ray_train import CYCLE, TINY, WORKER_ENV, Run, ray_address
+from tests.training.ray_cluster import WORKER_ENV
+from tests.training.test_ray_train import CYCLE, TINY, Run
 from training import checkpoint as ckpt
 
 pytestmark = pytest.mark.ray
-__all__ = ["ray_address"]  # the module's private Ray, shared with test_ray_train
 
 
 def _train_workers() -> list[psutil.Process]:
