@@ -155,8 +155,8 @@ async def test_the_recommendation_is_the_lowest_expected_cost_not_the_lowest_spo
     assert b.expected_per_hour < a.expected_per_hour
     rec = report.recommendation
     assert rec is not None and rec.zone == "us-east-1b", rec
-    assert rec.why.startswith(f"lowest expected cost to finish: ${b.expected_per_hour:.2f}/h of training at "
-                              f"Spot ${b.price_per_hour:.2f}/h"), rec.why
+    assert rec.why.startswith(f"lowest expected cost to finish: ${b.expected_per_hour:.2f}/h of training "
+                              f"(${b.price_per_hour:.2f}/h with Spot GPU nodes)"), rec.why
     assert "score 10" in rec.why
 
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import boto3
+
+from backend.config import resolve_config
+from targets.aws.cloud.pricing import spot_prices
 from tests.aws.conftest import World
 from tests.aws.eks_nodes import NODEGROUP_LABEL
 from tests.aws.provision_world import down, eks, session_for, tagged, up
@@ -14,6 +18,12 @@ from tests.conftest import run_rtui
 
 GPU, WIDER = "g6.12xlarge", "g6.24xlarge"
 NOW = {"us-east-1a": 1.7311, "us-east-1b": 1.2544, "us-east-1c": 1.9802, "us-east-1d": 1.5003}
+
+
+def _spot_price(world: World, instance_type: str, az: str) -> float | None:
+    """The Linux Spot price in effect now, as EC2 answers it (the double's price model)."""
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=world.endpoint)
+    return spot_prices(ec2, instance_type).get(az)
 
 
 def _gpu_az(session: object) -> str:
@@ -28,7 +38,11 @@ async def test_a_spot_group_of_two_types_launches_the_one_with_capacity_and_stay
     gpu = plan.change("aws.nodegroup.gpu")
     assert gpu is not None and gpu.after is not None and gpu.after["instance_types"] == [GPU, WIDER]
     assert any(n.startswith(f"The Spot GPU nodes may be any of {GPU}, {WIDER}") for n in plan.notes), plan.notes
+    # Priced at the dearest type's Spot price in the AZ, and named so (the On-Demand beside is the first type's).
     az = _gpu_az(planned)
+    dearest = max(float(p) for p in (_spot_price(world, t, az) for t in (GPU, WIDER)) if p is not None)
+    assert gpu.cost_note is not None and f"{GPU} or {WIDER} Spot in {az} ${dearest:.4f}/h, the dearest of them" \
+        in gpu.cost_note, gpu.cost_note
     world.script.spot_ice_zones[GPU] = {az}  # Spot has no g6.12xlarge there, but has g6.24xlarge
 
     session = session_for(spot=True, gpu_node_count=1, spot_types=WIDER)
@@ -61,8 +75,6 @@ def test_spot_types_need_spot_and_instance_type_names(world: World) -> None:
 
 
 def test_the_gpu_node_type_is_never_listed_twice(world: World) -> None:
-    from backend.config import resolve_config
-
     config = resolve_config({"target": "aws", "spot": "true", "spot_types": f"{WIDER},{GPU},{WIDER}"},
                             environ={}).config
     assert config.spot_type_list() == [WIDER]

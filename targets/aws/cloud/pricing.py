@@ -367,18 +367,24 @@ def nodes_cost(prices: RegionPrices, instance_type: str, count: int, volume_gb: 
 
 
 def spot_nodes_cost(prices: RegionPrices, instance_type: str, count: int, volume_gb: int, zone: str,
-                    spot_price: float | None) -> PartCost:
+                    spot_price: float | None, also: tuple[str, ...] = ()) -> PartCost:
     """Spot instances in ``zone`` and their root volumes per hour, with the On-Demand price beside. Without
     a Spot price there, the On-Demand one, said so: Spot never bills more than it (its price is capped at
-    On-Demand's when no maximum is set, as EKS's nodegroups leave it)."""
+    On-Demand's when no maximum is set, as EKS's nodegroups leave it). ``also``: the other types the nodes
+    may be (``--spot-types``); ``spot_price`` is then the dearest of them there."""
     on_demand = nodes_cost(prices, instance_type, count, volume_gb)
     if spot_price is None:
         return PartCost(on_demand.per_hour, f"no Spot price known for {instance_type} in {zone}: at most the "
                                             f"On-Demand price; {on_demand.note}")
     disks = prices.ebs_per_hour(volume_gb) * count
     od = prices.instance(instance_type)
-    beside = f" (On-Demand ${od:.4f}/h)" if od is not None else ""
-    note = (f"{count} × {instance_type} Spot in {zone} ${spot_price:.4f}/h{beside} + {count} × {volume_gb} GB gp3 "
+    if also:
+        named = f"{instance_type} or {', '.join(also)}"
+        beside = f", the dearest of them ({instance_type} On-Demand ${od:.4f}/h)" if od is not None else \
+            ", the dearest of them"
+    else:
+        named, beside = instance_type, f" (On-Demand ${od:.4f}/h)" if od is not None else ""
+    note = (f"{count} × {named} Spot in {zone} ${spot_price:.4f}/h{beside} + {count} × {volume_gb} GB gp3 "
             f"${disks:.4f}/h")
     return PartCost(round(spot_price * count + disks, 4), note)
 

@@ -251,8 +251,8 @@ def _why_expected(best: tuple[Any, ...], candidates: list[tuple[Any, ...]], regi
     """Why a Spot plan's ``best`` came first: "lowest expected cost" only when another zone's is higher."""
     expected = best[0][1]
     spot = zone_price(region, zone)
-    at = f"${expected:.2f}/h of training at Spot ${spot:.2f}/h" if spot is not None and not math.isinf(expected) \
-        else None
+    known = spot is not None and not math.isinf(expected)
+    at = f"${expected:.2f}/h of training (${spot:.2f}/h with Spot GPU nodes)" if known else None
     score = f"Spot placement score {zone.spot_score}" if zone.spot_score is not None \
         else "no Spot placement score (taken as 10)"
     others = [c for c in candidates if c is not best]

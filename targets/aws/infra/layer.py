@@ -529,7 +529,8 @@ class AwsLayer(Layer):
             system_disk_gb=topo.system_disk_gb, nat_gateway=not adopted)).parts
         if self.buys_spot(ctx):  # the GPU nodes at the GPU AZ's Spot price: every figure of the plan says it
             cost["gpu_nodes"] = spot_nodes_cost(prices, config.gpu_node_type, config.gpu_node_count, ROOT_VOLUME_GB,
-                                                topo.gpu_az, topo.spot_prices.get(topo.gpu_az))
+                                                topo.gpu_az, topo.spot_prices.get(topo.gpu_az),
+                                                also=tuple(config.spot_type_list()))
         self._idle_note = _idle_note(config, cost, nat=not adopted)
         private = [subnet_address("private", az) for az in topo.subnet_azs]
         res(VPC, "aws-vpc", {"cidr": "10.0.0.0/16"} if not adopted else {"cidr": None})
