@@ -10,6 +10,7 @@ from pathlib import Path
 import boto3
 
 from backend.config import resolve_config
+from targets.aws.cloud.catalog import SPOT_QUOTA_G_VT
 from targets.aws.cloud.pricing import spot_prices
 from tests.aws.conftest import World
 from tests.aws.eks_nodes import NODEGROUP_LABEL
@@ -38,6 +39,8 @@ async def test_a_spot_group_of_two_types_launches_the_one_with_capacity_and_stay
     gpu = plan.change("aws.nodegroup.gpu")
     assert gpu is not None and gpu.after is not None and gpu.after["instance_types"] == [GPU, WIDER]
     assert any(n.startswith(f"The Spot GPU nodes may be any of {GPU}, {WIDER}") for n in plan.notes), plan.notes
+    # The Spot quota counts the node as the largest of the types (g6.24xlarge: 96 vCPUs, against 48).
+    assert gpu.quota == {SPOT_QUOTA_G_VT: {"vcpus": 96.0, "headroom": gpu.quota[SPOT_QUOTA_G_VT]["headroom"]}}
     # Priced at the dearest type's Spot price in the AZ, and named so (the On-Demand beside is the first type's).
     az = _gpu_az(planned)
     dearest = max(float(p) for p in (_spot_price(world, t, az) for t in (GPU, WIDER)) if p is not None)

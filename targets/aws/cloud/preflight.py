@@ -193,6 +193,7 @@ async def _matrix(
         system_node_type=request.system_node_type,
         system_node_count=request.system_node_count,
         gpu_instance=scan.gpu,
+        spot_instances=list(scan.spot_facts.values()),
         system_instance=scan.system,
         regions=list(reports),
         recommendation=recommendation,

@@ -197,6 +197,7 @@ class PreflightReport(BaseModel):
     system_node_type: str
     system_node_count: int
     gpu_instance: InstanceFacts | None = None
+    spot_instances: list[InstanceFacts] = Field(default_factory=list)  # the --spot-types, as EC2 describes them
     system_instance: InstanceFacts | None = None
     regions: list[RegionReport] = Field(default_factory=list)
     recommendation: Recommendation | None = None

@@ -438,7 +438,9 @@ class AwsLayer(Layer):
             gpu_headroom=quota.headroom if quota else None,
             system_quota_code=system_quota.code if system_quota else quota_code_for(config.system_node_type),
             system_headroom=system_quota.headroom if system_quota else None,
-            vcpus={config.gpu_node_type: report.gpu_instance.vcpus if report.gpu_instance else 0,
+            # A GPU node may be any of the Spot types: its quota counts the largest.
+            vcpus={config.gpu_node_type: max([report.gpu_instance.vcpus if report.gpu_instance else 0,
+                                              *(i.vcpus for i in report.spot_instances)]),
                    config.system_node_type: report.system_instance.vcpus if report.system_instance else 0},
             efa_interfaces=max(1, report.gpu_instance.efa_per_node) if report.gpu_instance else 1)
 
