@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from tui.widgets import RtuiFooter
 REPLAY_LINES = 5_000
 REFRESH_S = 0.25  # the dashboard's widgets get new snapshots at most this often
 GPU_REFRESH_S = 5.0  # GPU nodes come and go in minutes: an API round trip every few seconds is plenty
+# The provider's records of what the nodes billed (a few API calls on aws): they move by the minute.
+BILLED_REFRESH_S = 30.0
 COST_REFRESH_S = 2.0  # with no new lines only the cost meter moves: redrawing it at 4 Hz cost ~6 % of a core
 HEAD_BATCH_S = 0.05  # head-log lines reach the screen in batches at most this often
 JOB_TAB, HEAD_TAB = "tab-job", "tab-head"
@@ -214,13 +217,14 @@ class RunScreen(RtuiScreen):
     @work(exclusive=True, group="gpu", exit_on_error=False)
     async def watch_gpu(self) -> None:
         """GPU workers and nodes as they go while idle and come back for a job (issue 26)."""
+        billed, billed_at = self.billed, -math.inf
         while True:
             fleet = await self.session.gpu_fleet()
             if fleet is not None:
-                try:
-                    billed = await self.session.billed(self.clock())
-                except OperationError:  # the records did not answer this time: the last reading stands
-                    billed = self.billed
+                if time.monotonic() - billed_at >= BILLED_REFRESH_S:
+                    # The records not answering this time: the last reading stands.
+                    with contextlib.suppress(OperationError):
+                        billed, billed_at = await self.session.billed(self.clock()), time.monotonic()
                 self.post_message(self.GpuFleetChanged(fleet, billed))
             if any(i.loss is None for i in self.interruptions):
                 self.find_interruptions()  # the provider records a lost node a little after the job sees it
