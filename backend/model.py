@@ -7,6 +7,7 @@ store can persist it and the TUI can render it without knowing which target made
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -357,6 +358,14 @@ class Interruption:
 # step (a Spot notice gives two minutes; a provider records a node gone after its health check) and the
 # job's first step since.
 LOSS_BEFORE_S = 300.0
+
+
+def interruptions_summary(found: Sequence[Interruption]) -> dict[str, Any]:
+    """``rtui status --json``'s ``interruptions``, which the run screen words too: how many, the time they
+    cost (None while one is still counting), and each."""
+    lost = [i.restart.lost_s for i in found]
+    return {"count": len(found), "lost_s": None if any(x is None for x in lost) else round(sum(filter(None, lost)), 1),
+            "items": [i.to_dict() for i in found]}
 
 
 def attribute(restarts: list[Restart], losses: list[NodeLoss], now: float) -> list[Interruption]:

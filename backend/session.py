@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,16 @@ from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, DataUsage, data_store_for, effective_storage_path, model_summary
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, GpuFleetReporter, NodeBilling, NodeHistory, NodeLosses, Unanswered
-from backend.model import CostItem, CostMeter, GpuFleet, Interruption, NodeLoss, StepEvent, attribute
+from backend.model import (
+    CostItem,
+    CostMeter,
+    GpuFleet,
+    Interruption,
+    NodeLoss,
+    StepEvent,
+    attribute,
+    interruptions_summary,
+)
 from backend.planner import (
     PlanResult,
     Stack,
@@ -100,15 +109,8 @@ class StatusReport:
             "model": model_summary(self.model, self.summary),
             "data": None if self.data is None else self.data.to_dict(),
             "gpu": None if self.gpu is None else self.gpu.to_dict(),
-            "interruptions": interruptions_dict(self.interruptions),
+            "interruptions": interruptions_summary(self.interruptions),
         }
-
-
-def interruptions_dict(found: Sequence[Interruption]) -> dict[str, Any]:
-    """``rtui status --json``'s ``interruptions``: how many, the time they cost, and each."""
-    lost = [i.restart.lost_s for i in found]
-    return {"count": len(found), "lost_s": None if any(x is None for x in lost) else round(sum(filter(None, lost)), 1),
-            "items": [i.to_dict() for i in found]}
 
 
 def _resources_dict(record: RunRecord) -> dict[str, dict[str, str | None]]:

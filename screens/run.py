@@ -23,7 +23,7 @@ from backend import flows
 from backend.errors import OperationError
 from backend.follow import JobUpdate
 from backend.layers.base import HeadLogSource
-from backend.model import CostMeter, GpuFleet, Interruption
+from backend.model import CostMeter, GpuFleet, Interruption, interruptions_summary
 from backend.session import Billed, cost_meter
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry
@@ -196,12 +196,9 @@ class RunScreen(RtuiScreen):
             if meter is not None:
                 text.append(f"  {per_hour_words(meter.per_hour, meter.per_hour_full)}", style="dim")
         if self.interruptions:
-            found = [i.to_dict() for i in self.interruptions]
-            lost = sum(i.restart.lost_s or 0.0 for i in self.interruptions)
-            words = interruptions_words({"count": len(found), "items": found,
-                                         "lost_s": None if any(i.restart.lost_s is None for i in self.interruptions)
-                                         else lost})
-            text.append(f"\n{interruption_line(found[-1])} · {words}", style="yellow")
+            summary = interruptions_summary(self.interruptions)
+            text.append(f"\n{interruption_line(summary['items'][-1])} · {interruptions_words(summary)}",
+                        style="yellow")
         self.query_one("#job-status", Static).update(text)
 
     @work(exclusive=True, group="interruptions", exit_on_error=False)
