@@ -84,6 +84,10 @@ async def test_a_spot_node_reclaimed_mid_job_is_shown_with_the_step_it_went_on_f
             assert "1 interruption (1 Spot)" in shown and " lost" in shown, shown
     finally:
         head.stop()
+    # Textual cancels the run screen's workers as the app ends and does not wait for them: its follow lets
+    # go of the run (its lock) a loop turn or two later, and `down` must find the run free.
+    await eventually_async("the run screen's follow to let go of the run",
+                           lambda: not session.store.is_locked(session.run_id))
     again = RunSession.resume(session.run_id)  # the app closed the session it was given
     assert (await down(again)).ok
     assert tagged(session.run_id) == {}
