@@ -81,3 +81,11 @@ def test_the_gpu_node_type_is_never_listed_twice(world: World) -> None:
     config = resolve_config({"target": "aws", "spot": "true", "spot_types": f"{WIDER},{GPU},{WIDER}"},
                             environ={}).config
     assert config.spot_type_list() == [WIDER]
+
+
+async def test_a_session_reads_the_spot_advisor_once_however_often_it_plans(world: World, kube_file: Path) -> None:
+    session = session_for(spot=True)
+    for _ in range(2):
+        await session.plan()
+    reads = [c for c in world.script.calls if c == ("s3", "us-east-1", "GetObject")]
+    assert len(reads) == 1

@@ -36,7 +36,8 @@ ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")
 class _Scan:
     """The state one preflight run shares between its region scans."""
 
-    def __init__(self, request: PreflightRequest, aws: AwsSession, prices: PriceBook | None = None) -> None:
+    def __init__(self, request: PreflightRequest, aws: AwsSession, prices: PriceBook | None = None,
+                 advisor: SpotAdvisor | None = None) -> None:
         self.request = request
         self.aws = aws
         self.pool = CallPool(aws.workers, request.max_concurrency)
@@ -48,7 +49,7 @@ class _Scan:
         self.spot_types: list[str] = [request.gpu_node_type]
         self.spot_facts: dict[str, InstanceFacts] = {}
         # The Spot Instance Advisor's data, read once per preflight (a Spot plan's only), shared by regions.
-        self.advisor = SpotAdvisor(aws)
+        self.advisor = advisor or SpotAdvisor(aws)
         self.advisor_read: asyncio.Future[Any] | None = None
 
     async def region_prices(self, region: str) -> RegionPrices:
@@ -76,12 +77,14 @@ async def run_preflight(
     on_listed: Callable[[list[str]], None] | None = None,
     session: AwsSession | None = None,
     prices: PriceBook | None = None,
+    advisor: SpotAdvisor | None = None,
 ) -> PreflightReport:
     """Build the matrix. Raises ``UserError`` for bad input and ``OperationError`` for AWS failures
     that stop the whole check (credentials, permissions, an endpoint that does not answer);
     per-region trouble lands in the report. ``on_listed`` gets the regions about to be checked,
     ``on_region`` each region as it completes (progress). ``prices``: a session's PriceBook, so a
-    plan asks the Pricing API once per region and type however often it re-plans."""
+    plan asks the Pricing API once per region and type however often it re-plans; ``advisor``: a
+    session's SpotAdvisor, so a Spot plan reads the Spot Instance Advisor's object once."""
     started = time.perf_counter()
     aws = session or AwsSession(request.profile)
     try:
@@ -89,7 +92,7 @@ async def run_preflight(
         # by the caller just as it failed ended with the failure nobody read (a traceback under the CLI's
         # one line; tests/aws/test_preflight_cancel.py). Here the scan runs in the caller's task.
         async with asyncio.timeout(request.deadline_s):
-            return await _matrix(_Scan(request, aws, prices), on_region, on_listed, started)
+            return await _matrix(_Scan(request, aws, prices, advisor), on_region, on_listed, started)
     except TimeoutError:
         raise OperationError(
             f"the AWS check did not finish within {request.deadline_s:g} s "

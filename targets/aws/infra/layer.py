@@ -35,6 +35,7 @@ from targets.aws.cloud.pricing import (
 )
 from targets.aws.cloud.public_ip import public_cidr
 from targets.aws.cloud.report import reserved_nodes
+from targets.aws.cloud.spot_advisor import SpotAdvisor
 from targets.aws.infra import network, routes
 from targets.aws.infra.api import RUN_TAG
 from targets.aws.infra.autoscaler import CLUSTER_AUTOSCALER, ClusterAutoscalerHandler
@@ -157,6 +158,7 @@ class AwsLayer(Layer):
         self.report: PreflightReport | None = None  # the matrix the AZs were settled from
         self.watch: MatrixWatch | None = None
         self._book: PriceBook | None = None  # the session's instance prices, shared with the preflight
+        self._advisor: SpotAdvisor | None = None  # the session's read of the Spot Instance Advisor, likewise
         self._planned_prices: RegionPrices | None = None  # what the last ``desired`` priced with
         self._planned_nat = False
         self._notes: list[str] = []  # what the last settling of the AZs decided differently, one line each
@@ -329,8 +331,10 @@ class AwsLayer(Layer):
         # gives up within its own deadline).
         sized = asyncio.ensure_future(asyncio.to_thread(image_size, config.image))
         try:
+            if self._advisor is None:
+                self._advisor = SpotAdvisor(aws_api(ctx).session)
             report = await run_preflight(request, on_region=watch.on_region, on_listed=watch.on_listed,
-                                         prices=self.price_book(ctx))
+                                         prices=self.price_book(ctx), advisor=self._advisor)
         except BaseException:
             sized.cancel()
             raise
