@@ -63,7 +63,7 @@ def test_the_interval_is_whole_steps_and_at_least_one() -> None:
     # Interruptions far more often than a step: every step, never 0.
     often = ci.choose_interval(checkpoint_s=0.01, step_s=0.5, interruptions_per_hour=1e6, job_steps=100)
     assert often.steps == 1
-    assert often.describe().startswith("checkpoint every 1 steps (auto: 1e+06 interruptions/h, 0.01 s per "
+    assert often.describe().startswith("checkpoint every step (auto: 1e+06 interruptions/h, 0.01 s per "
                                        "checkpoint, 0.5 s per step")
 
 

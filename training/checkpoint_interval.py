@@ -99,7 +99,8 @@ class CheckpointInterval:
     def describe(self) -> str:
         """"checkpoint every 120 steps (auto: 0.0009 interruptions/h, 41 s per checkpoint, 3.1 s per step)"."""
         if self.steps is not None:
-            return f"checkpoint every {self.steps} steps ({self.why()})"
+            every = "every step" if self.steps == 1 else f"every {self.steps} steps"
+            return f"checkpoint {every} ({self.why()})"
         optimum = "no interruption is expected" if math.isinf(self.interval_s) else \
             (f"the optimum interval, {seconds_text(self.interval_s)}, is longer than the job's "
              f"{seconds_text(self.job_s)}")

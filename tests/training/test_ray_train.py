@@ -197,6 +197,6 @@ def test_auto_checkpoints_at_the_steps_rank_0_votes_for_and_at_the_end(ray_addre
     often = _auto(ray_address, tmp_path / "often", "1e6")
     steps = [s for s, _ in ckpt.find_checkpoints(str(tmp_path / "often"))]
     assert steps == list(range(2, AUTO_STEPS + 1)), (steps, often[-3000:])
-    said = re.findall(r"rtui-train: checkpoint every 1 steps \(auto: 1e\+06 interruptions/h, .* per checkpoint, "
+    said = re.findall(r"rtui-train: checkpoint every step \(auto: 1e\+06 interruptions/h, .* per checkpoint, "
                       r".* per step\)", often)
-    assert len(said) == 1, often[-3000:]  # said once: the interval stays at 1 step
+    assert len(said) == 1, often[-3000:]  # said once: the interval stays at one step
