@@ -73,7 +73,12 @@ class FakeControlPlane:
     platforms: dict[str, frozenset[str]] = field(default_factory=dict)
     # Extended resources that pods the test does not show hold on a node: {node: {resource: count}}.
     held: dict[str, dict[str, int]] = field(default_factory=dict)
+    # How often the controllers look for a change to the store: a pass over every object runs only
+    # when the store published one (as an informer's watch wakes a real controller), when a test
+    # asks (``settled``), or every ``resync_s`` (a real controller's resync): what a test changes
+    # outside the store (``bad_images``, ``volumes``…) and the durations above are seen then.
     tick_s: float = 0.01
+    resync_s: float = 0.25
     # The directory standing for each claim's volume: {(namespace, claim): dir}; a reader pod's command runs there.
     volumes: dict[tuple[str, str], Path] = field(default_factory=dict)
     # Where a claim's directory is made when the test named none: the working directory, which is the
@@ -91,6 +96,7 @@ class FakeControlPlane:
     # Passes over the cluster finished so far (``settled``): how a test knows the controllers have
     # looked at what it just made, before it checks that they did nothing with it.
     passes: int = 0
+    _pass_wanted: threading.Event = field(default_factory=threading.Event)
 
     def __enter__(self) -> FakeControlPlane:
         self._thread = threading.Thread(target=self._loop, name="fake-control", daemon=True)
@@ -103,23 +109,36 @@ class FakeControlPlane:
             self._thread.join(10)
 
     def _loop(self) -> None:
+        seen, last = -1, 0.0
         while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception as exc:  # noqa: BLE001 - kept for the test to see; the loop goes on
-                # An object rtui deleted between this tick's list and its update: a real controller
-                # sees the same 404 and moves on.
-                if "not found" not in str(exc):
-                    self.errors.append(exc)
-            self.passes += 1
-            time.sleep(self.tick_s)  # models time: the controllers' resync pace
+            changes = self.cluster.kube.changes
+            timed = any(vars(self.timings).values())
+            resync = min(self.resync_s, 0.05) if timed else self.resync_s
+            if changes != seen or self._pass_wanted.is_set() or time.monotonic() - last >= resync:
+                self._pass_wanted.clear()
+                seen, last = changes, time.monotonic()  # a write during the pass makes another
+                try:
+                    self.tick()
+                except Exception as exc:  # noqa: BLE001 - kept for the test to see; the loop goes on
+                    # An object rtui deleted between this tick's list and its update: a real controller
+                    # sees the same 404 and moves on.
+                    if "not found" not in str(exc):
+                        self.errors.append(exc)
+                self.passes += 1
+            self._stop.wait(self.tick_s)  # models time: how soon the controllers see a change
 
     def settled(self, timeout: float = 10.0) -> None:
         """Return once a whole pass began and ended after this call: every object made before it has
         been seen by the controllers, so "they did nothing with it" can be checked (a positive signal that
         the moment passed, not a guess of how long a pass takes)."""
         start = self.passes
-        eventually("the fake control plane to finish a whole pass", lambda: self.passes >= start + 2, timeout)
+        self._pass_wanted.set()
+
+        def passed() -> bool:
+            self._pass_wanted.set()
+            return self.passes >= start + 2
+
+        eventually("the fake control plane to finish a whole pass", passed, timeout)
 
     def _age(self, key: str) -> float:
         now = time.monotonic()

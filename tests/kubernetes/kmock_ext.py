@@ -248,6 +248,9 @@ class RtuiKube(KubernetesEmulator):
     rules_reviewer: Callable[[str, str], Obj] | None = attrs.field(default=None, init=False)
     proxies: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
     _rv: int = attrs.field(default=1, init=False)
+    # Every write the store publishes (an add, a change, a delete): how the fake controllers know that
+    # nothing changed since their last pass (tests/kubernetes/fake_control.py).
+    changes: int = attrs.field(default=0, init=False)
     _logs: dict[tuple[str, str], list[tuple[str, str]]] = attrs.field(factory=dict, init=False)
     _log_changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
     _log_generation: int = attrs.field(default=0, init=False)
@@ -557,6 +560,7 @@ class RtuiKube(KubernetesEmulator):
         await self._publish_to(references.resource(*key), event, obj)
 
     async def _publish_to(self, resource: references.resource, event: str, obj: Obj) -> None:
+        self.changes += 1
         await self._buses[resource].put({"type": event, "object": copy.deepcopy(obj)})
 
     def _require_namespace(self, key: tuple[str, str, str], namespace: str | None) -> None:
