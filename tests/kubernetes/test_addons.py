@@ -73,6 +73,27 @@ def test_the_shared_crds_load_as_ray_io_crds_raycluster_first(crds: list[dict[st
     assert any(v["name"] == "v1" and v["served"] and v["storage"] for v in rc["spec"]["versions"])
 
 
+def test_a_crd_text_is_parsed_once_per_process_and_each_caller_gets_its_own_copy(
+        crd_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs' cache dirs holding the same verified bytes: the second load is the first one's parse
+    (libyaml takes ~0.65 s for KubeRay's 2.3 MB), and what one caller changes the next never sees."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for path in crd_dir.glob("ray.io_*.yaml"):
+        (other / path.name).write_bytes(path.read_bytes())
+    first = a.load_kuberay_crds(str(crd_dir), "1.7.0", trusted=frozenset({STANDIN_SHA256}))
+    parses: list[str] = []
+    real = a._parse_crd_text
+    monkeypatch.setattr(a, "_parse_crd_text", lambda text, where: parses.append(where) or real(text, where))
+    first[0]["spec"]["names"]["kind"] = "Changed"
+    again = a.load_kuberay_crds(str(other), "1.7.0", trusted=frozenset({STANDIN_SHA256}))
+    assert parses == []
+    assert again[0]["spec"]["names"]["kind"] == "RayCluster" and again[0] is not first[0]
+    (other / "ray.io_rayclusters.yaml").write_text((other / "ray.io_rayclusters.yaml").read_text() + "\n")
+    with pytest.raises(UserError):  # other bytes are another text: checked (and refused) anew
+        a.load_kuberay_crds(str(other), "1.7.0", trusted=frozenset({STANDIN_SHA256}))
+
+
 def test_crds_without_rayservice_are_refused_since_the_operator_would_exit() -> None:
     if not SHARED.is_dir():
         pytest.skip(f"KubeRay's CRDs are not at {SHARED}")
