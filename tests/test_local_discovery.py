@@ -147,6 +147,10 @@ def test_ray_gets_a_minimal_environment_pinned_to_its_cluster(cluster: lc.Cluste
     assert float(env["RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"]) > 30
     mine = ray_env(cluster, environ={**user, "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "45"})
     assert mine["RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"] == "45"
+    # No worker processes started ahead of a job that cannot use them (they lack its runtime env).
+    assert env["RAY_prestart_worker_first_driver"] == "0"
+    assert ray_env(cluster, environ={**user, "RAY_prestart_worker_first_driver": "1"})[
+        "RAY_prestart_worker_first_driver"] == "1"
 
 
 def test_only_the_variables_the_user_names_reach_the_job() -> None:

@@ -77,6 +77,7 @@ _ENV_PREFIXES = ("LC_", "RAY_", "OMP_", "MKL_", "OPENBLAS_", "GLOO_", "TORCH_")
 _ENV_OURS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 TOKEN_FILE = "auth_token"
 NO_PORT = "-1"  # outside 0-65535: bind() refuses it, so a server given it is never started
+PRESTART_ENV = "RAY_prestart_worker_first_driver"  # Ray's default: on (src/ray/common/ray_config_def.h)
 DASHBOARD_MODULE_READY_ENV = "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"  # Ray's default: 30 s
 DASHBOARD_MODULE_READY_S = "180"
 
@@ -130,6 +131,10 @@ def ray_env(cluster: lc.ClusterDir, *, loopback: bool = True,
     # CPU-bound process beside it) took longer: "Module MetricsHead failed to start. Timeout after 30.0
     # seconds". A bound, not a pace: a quiet machine is ready in a few seconds. A user's own value stays.
     env.setdefault(DASHBOARD_MODULE_READY_ENV, DASHBOARD_MODULE_READY_S)
+    # When a job's driver is the node's first, the raylet starts a worker per CPU for it ahead of need,
+    # with no runtime env; a job's actors all run in its runtime env (the uploaded training package), so
+    # those processes only import Ray, idle and are reaped: CPU taken from the job's own start.
+    env.setdefault(PRESTART_ENV, "0")
     return env
 
 
