@@ -84,7 +84,12 @@ def test_a_crd_text_is_parsed_once_per_process_and_each_caller_gets_its_own_copy
     first = a.load_kuberay_crds(str(crd_dir), "1.7.0", trusted=frozenset({STANDIN_SHA256}))
     parses: list[str] = []
     real = a._parse_crd_text
-    monkeypatch.setattr(a, "_parse_crd_text", lambda text, where: parses.append(where) or real(text, where))
+
+    def counted(text: str, where: str) -> dict[str, Any]:
+        parses.append(where)
+        return real(text, where)
+
+    monkeypatch.setattr(a, "_parse_crd_text", counted)
     first[0]["spec"]["names"]["kind"] = "Changed"
     again = a.load_kuberay_crds(str(other), "1.7.0", trusted=frozenset({STANDIN_SHA256}))
     assert parses == []
