@@ -7,13 +7,11 @@ traceback), 3 a check found nothing feasible. Output with --json is stable.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
@@ -25,12 +23,10 @@ from backend.config import (
     RunConfig,
     flag_name,
     shown,
-    trust_command,
 )
 from backend.errors import RtuiError, UserError
 from backend.session import RunSession
-from backend.store import RunStatus, RunStore, new_run_id
-from backend.trust import held_reason, remember
+from backend.store import RunStatus, RunStore
 from tui.heap import loading
 from tui.invocation import resolved_from
 
@@ -311,126 +307,10 @@ def _main(argv: list[str]) -> int:
     if ns.read_only:
         raise UserError(f"--read-only is for the wizard, not `rtui {ns.command}`",
                         remedy="drop --read-only; commands that change things already ask for --yes")
-    if ns.command == "config":
-        return _config_trust(ns, out) if ns.action == "trust" else _config_show(ns, out)
-    if ns.command == "check":
-        return _check(ns, out)
-    if ns.command == "manifest":
-        return _manifest(ns, out)
-    if ns.command == "logs" and getattr(ns, "word", None) == "classify":
-        return _classify(ns, out)
-    if ns.command == "token":
-        return _token(ns, out)
-    # lazy: the commands load flows (~200 ms); the wizard's first frame does without
+    # lazy: the commands load what each needs; the wizard's first frame does without them
     from tui import commands
 
-    handler = {
-        "plan": commands.plan, "up": commands.up, "status": commands.status, "logs": commands.logs,
-        "down": commands.down, "runs": commands.runs, "bench": commands.bench, "model": commands.model,
-    }[ns.command]
-    return asyncio.run(handler(ns, out))
-
-
-def _token(ns: argparse.Namespace, out: TextIO) -> int:
-    # lazy: boto3 only for `rtui token` (kubectl's exec plugin)
-    from targets.aws.eks import token_command_output
-
-    out.write(token_command_output(ns.cluster_name, ns.region, ns.profile) + "\n")
-    return 0
-
-
-def _config_show(ns: argparse.Namespace, out: TextIO) -> int:
-    """The values a run on this target uses (auto resolved), where each came from; only the target's fields,
-    and every field a checkout's file sets that is held until the user confirms it (with why)."""
-    resolved = resolved_from(ns, untrusted="show")
-    config = resolved.config
-    values = config.model_dump(mode="json")
-    auto = config.auto_values()
-    held = {field: held_reason(field) for field in resolved.unconfirmed}
-    if ns.json:
-        # "config" stays the raw values (what a rtui.toml would hold); "effective" is what a run uses;
-        # "fields" are the ones the target reads; "held" the file's fields waiting for a confirmation.
-        json.dump({"config": values, "effective": {**values, **auto}, "auto": sorted(auto),
-                   "fields": list(config.fields_of_target()), "sources": resolved.sources,
-                   "config_file": resolved.config_file, "unconfirmed": sorted(resolved.unconfirmed),
-                   "held": held}, out)
-        out.write("\n")
-        return 0
-    rows = config.effective_rows(resolved.sources)
-    shown_fields = {field for field, _, _ in rows}
-    # The file's content is confirmed whole: a held field this target ignores is listed too.
-    rows += [(field, getattr(config, field), resolved.sources[field]) for field in held if field not in shown_fields]
-    width = max(len(field) for field, _, _ in rows)
-    for field, value, source in rows:
-        out.write(f"{field:<{width}}  {json.dumps(value):<48}  {source}\n")
-    out.write(f"(the fields the {config.target} target uses; `--target` shows another's)\n")
-    if held:
-        many = len(held) > 1
-        command = trust_command(getattr(ns, "config_file", None))
-        out.write(f"{len(held)} field{'s' if many else ''} of {resolved.config_file} {'are' if many else 'is'} held "
-                  f"until you confirm its content: review {'them' if many else 'it'}, then run `{command}` (or pass "
-                  "the values as flags)\n")
-    return 0
-
-
-def _config_trust(ns: argparse.Namespace, out: TextIO) -> int:
-    """Confirm the held fields of ./rtui.toml (or --config FILE) in the content read now (checked like any
-    config first)."""
-    resolved = resolved_from(ns, untrusted="show")
-    if not resolved.unconfirmed or resolved.config_file is None or resolved.config_sha256 is None:
-        out.write("nothing to confirm: the config file read here sets no held field, is your own config dir's, "
-                  "or is confirmed already\n")
-        return 0
-    remember(Path(resolved.config_file), resolved.config_sha256)
-    for field, value in resolved.unconfirmed.items():
-        out.write(f"{field} = {json.dumps(value)}  ({held_reason(field)})\n")
-    out.write(f"confirmed {resolved.config_file} (sha256 {resolved.config_sha256[:16]}…); any change to it asks "
-              "again\n")
-    return 0
-
-
-def _check(ns: argparse.Namespace, out: TextIO) -> int:
-    config = resolved_from(ns).config
-    target = targets.get(config.target)
-    code = target.feasibility(config, regions=getattr(ns, "cfg_region", None), all_regions=ns.all_regions,
-                              request_quota=ns.request_quota_increase, yes=ns.yes, as_json=ns.json, out=out)
-    if code is not None:
-        return code
-    matrix = " or ".join(f"--target {t}" for t in targets.names() if targets.get(t).has_feasibility)
-    if ns.request_quota_increase:
-        raise UserError(f"--request-quota-increase is for {matrix}")
-    if ns.all_regions:
-        raise UserError(f"--all-regions is for {matrix}")
-    # lazy: the commands load flows (~200 ms); the wizard's first frame does without
-    from tui import commands
-
-    return asyncio.run(commands.check(ns, out))
-
-
-def _manifest(ns: argparse.Namespace, out: TextIO) -> int:
-    config = resolved_from(ns).config
-    if not targets.get(config.target).has_kubernetes:
-        kube = " or ".join(f"--target {t}" for t in targets.names() if targets.get(t).has_kubernetes)
-        raise UserError(f"the {config.target} target has no Kubernetes objects", remedy=f"use {kube}")
-    # lazy: the Kubernetes layer only for `rtui manifest`
-    from targets.kube.k8s.layer import every_object
-    from targets.kube.k8s.manifests import yaml_stream
-
-    objects, notes = every_object(config, new_run_id() if ns.run_id is None else ns.run_id)
-    out.write("".join(f"# {note}\n" for note in notes))
-    out.write(yaml_stream(objects))
-    return 0
-
-
-def _classify(ns: argparse.Namespace, out: TextIO) -> int:
-    if not ns.files:
-        raise UserError("no files to classify", remedy="use `rtui logs classify FILE... [--json]` (- for stdin)")
-    try:
-        # lazy: the log classifier only for `rtui logs classify`
-        from backend.telemetry.classify import classify_command
-    except ImportError:
-        raise UserError("log classification is not available in this version") from None
-    return classify_command(ns.files, as_json=ns.json, stdout=out, stdin=sys.stdin, stderr=sys.stderr)
+    return commands.run(ns, out)
 
 
 def wizard_session(ns: argparse.Namespace) -> tuple[RunSession, list[str], ResolvedConfig | None]:

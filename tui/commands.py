@@ -1,4 +1,5 @@
-"""The non-interactive commands: each resolves a run, calls the backend, prints the result."""
+"""Every command-line command (``rtui COMMAND``; ``tui.cli`` parses the arguments and calls ``run``): each
+resolves a run or a config, calls the backend, prints the result and returns the exit code."""
 
 from __future__ import annotations
 
@@ -7,20 +8,19 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
-from backend import bench as benches
-from backend import flows, targets
-from backend.config import RunConfig
+from backend import targets
+from backend.config import RunConfig, trust_command
 from backend.delivery import LOAD_HINT, human_bytes, model_summary
 from backend.errors import UserError
-from backend.follow import JobUpdate
 from backend.model import CheckStatus, EventKind, Plan, StepEvent
 from backend.session import RunSession
-from backend.store import RunStatus, RunStore
+from backend.store import RunStatus, RunStore, new_run_id
 from backend.textutil import strip_ansi
+from backend.trust import held_reason, remember
 from training.fabric import format_table, human_size
 from tui.invocation import resolved_from, rtui_command
 from tui.render import eval_line, format_event, format_plan, format_status, status_row
@@ -29,6 +29,121 @@ from tui.render import eval_line, format_event, format_plan, format_status, stat
 def _json_line(out: TextIO, payload: dict[str, Any]) -> None:
     out.write(json.dumps(payload, default=str) + "\n")
     out.flush()
+
+
+def run(ns: argparse.Namespace, out: TextIO) -> int:
+    """The command ``ns`` names (``rtui COMMAND``, parsed by ``tui.cli``); its exit code."""
+    if ns.command == "config":
+        return config_trust(ns, out) if ns.action == "trust" else config_show(ns, out)
+    if ns.command == "logs" and getattr(ns, "word", None) == "classify":
+        return classify(ns, out)
+    simple: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
+        "check": check, "manifest": manifest, "token": token}
+    if ns.command in simple:
+        return simple[ns.command](ns, out)
+    handler: dict[str, Callable[[argparse.Namespace, TextIO], Coroutine[Any, Any, int]]] = {
+        "plan": plan, "up": up, "status": status, "logs": logs, "down": down, "runs": runs, "bench": bench,
+        "model": model}
+    return asyncio.run(handler[ns.command](ns, out))
+
+
+def token(ns: argparse.Namespace, out: TextIO) -> int:
+    # lazy: boto3 only for `rtui token` (kubectl's exec plugin)
+    from targets.aws.eks import token_command_output
+
+    out.write(token_command_output(ns.cluster_name, ns.region, ns.profile) + "\n")
+    return 0
+
+
+def config_show(ns: argparse.Namespace, out: TextIO) -> int:
+    """The values a run on this target uses (auto resolved), where each came from; only the target's fields,
+    and every field a checkout's file sets that is held until the user confirms it (with why)."""
+    resolved = resolved_from(ns, untrusted="show")
+    config = resolved.config
+    values = config.model_dump(mode="json")
+    auto = config.auto_values()
+    held = {field: held_reason(field) for field in resolved.unconfirmed}
+    if ns.json:
+        # "config" stays the raw values (what a rtui.toml would hold); "effective" is what a run uses;
+        # "fields" are the ones the target reads; "held" the file's fields waiting for a confirmation.
+        json.dump({"config": values, "effective": {**values, **auto}, "auto": sorted(auto),
+                   "fields": list(config.fields_of_target()), "sources": resolved.sources,
+                   "config_file": resolved.config_file, "unconfirmed": sorted(resolved.unconfirmed),
+                   "held": held}, out)
+        out.write("\n")
+        return 0
+    rows = config.effective_rows(resolved.sources)
+    shown_fields = {field for field, _, _ in rows}
+    # The file's content is confirmed whole: a held field this target ignores is listed too.
+    rows += [(field, getattr(config, field), resolved.sources[field]) for field in held if field not in shown_fields]
+    width = max(len(field) for field, _, _ in rows)
+    for field, value, source in rows:
+        out.write(f"{field:<{width}}  {json.dumps(value):<48}  {source}\n")
+    out.write(f"(the fields the {config.target} target uses; `--target` shows another's)\n")
+    if held:
+        many = len(held) > 1
+        command = trust_command(getattr(ns, "config_file", None))
+        out.write(f"{len(held)} field{'s' if many else ''} of {resolved.config_file} {'are' if many else 'is'} held "
+                  f"until you confirm its content: review {'them' if many else 'it'}, then run `{command}` (or pass "
+                  "the values as flags)\n")
+    return 0
+
+
+def config_trust(ns: argparse.Namespace, out: TextIO) -> int:
+    """Confirm the held fields of ./rtui.toml (or --config FILE) in the content read now (checked like any
+    config first)."""
+    resolved = resolved_from(ns, untrusted="show")
+    if not resolved.unconfirmed or resolved.config_file is None or resolved.config_sha256 is None:
+        out.write("nothing to confirm: the config file read here sets no held field, is your own config dir's, "
+                  "or is confirmed already\n")
+        return 0
+    remember(Path(resolved.config_file), resolved.config_sha256)
+    for field, value in resolved.unconfirmed.items():
+        out.write(f"{field} = {json.dumps(value)}  ({held_reason(field)})\n")
+    out.write(f"confirmed {resolved.config_file} (sha256 {resolved.config_sha256[:16]}…); any change to it asks "
+              "again\n")
+    return 0
+
+
+def check(ns: argparse.Namespace, out: TextIO) -> int:
+    config = resolved_from(ns).config
+    target = targets.get(config.target)
+    code = target.feasibility(config, regions=getattr(ns, "cfg_region", None), all_regions=ns.all_regions,
+                              request_quota=ns.request_quota_increase, yes=ns.yes, as_json=ns.json, out=out)
+    if code is not None:
+        return code
+    matrix = " or ".join(f"--target {t}" for t in targets.names() if targets.get(t).has_feasibility)
+    if ns.request_quota_increase:
+        raise UserError(f"--request-quota-increase is for {matrix}")
+    if ns.all_regions:
+        raise UserError(f"--all-regions is for {matrix}")
+    return asyncio.run(_preflight(ns, out))
+
+
+def manifest(ns: argparse.Namespace, out: TextIO) -> int:
+    config = resolved_from(ns).config
+    if not targets.get(config.target).has_kubernetes:
+        kube = " or ".join(f"--target {t}" for t in targets.names() if targets.get(t).has_kubernetes)
+        raise UserError(f"the {config.target} target has no Kubernetes objects", remedy=f"use {kube}")
+    # lazy: the Kubernetes layer only for `rtui manifest`
+    from targets.kube.k8s.layer import every_object
+    from targets.kube.k8s.manifests import yaml_stream
+
+    objects, notes = every_object(config, new_run_id() if ns.run_id is None else ns.run_id)
+    out.write("".join(f"# {note}\n" for note in notes))
+    out.write(yaml_stream(objects))
+    return 0
+
+
+def classify(ns: argparse.Namespace, out: TextIO) -> int:
+    if not ns.files:
+        raise UserError("no files to classify", remedy="use `rtui logs classify FILE... [--json]` (- for stdin)")
+    try:
+        # lazy: the log classifier only for `rtui logs classify`
+        from backend.telemetry.classify import classify_command
+    except ImportError:
+        raise UserError("log classification is not available in this version") from None
+    return classify_command(ns.files, as_json=ns.json, stdout=out, stdin=sys.stdin, stderr=sys.stderr)
 
 
 async def plan(ns: argparse.Namespace, out: TextIO) -> int:
@@ -47,6 +162,9 @@ async def plan(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 async def up(ns: argparse.Namespace, out: TextIO) -> int:
+    # lazy: the flows load the job-following machinery (~120 ms); `rtui token`, run on every kubectl call, does without
+    from backend import flows
+
     if not ns.yes:
         raise UserError("`rtui up` changes things and needs --yes", remedy="or run `rtui` to review the plan first")
     async with RunSession.for_config(resolved_from(ns)) as session:
@@ -79,8 +197,8 @@ def _emitter(as_json: bool, out: TextIO) -> Callable[[StepEvent], None]:
     return emit
 
 
-async def check(ns: argparse.Namespace, out: TextIO) -> int:
-    """Preflight of a non-AWS target: exit 0 when nothing fails, 3 when something does."""
+async def _preflight(ns: argparse.Namespace, out: TextIO) -> int:
+    """Preflight of a target without a feasibility matrix: exit 0 when nothing fails, 3 when something does."""
     async with RunSession.for_config(resolved_from(ns)) as session:
         results = await session.preflight()
         failed = any(r.status is CheckStatus.FAIL for r in results)
@@ -96,6 +214,9 @@ async def check(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 async def status(ns: argparse.Namespace, out: TextIO) -> int:
+    # lazy: the flows load the job-following machinery (~120 ms); `rtui token`, run on every kubectl call, does without
+    from backend import flows
+
     store = RunStore()
     resolved = resolved_from(ns)
     # --target (or RTUI_TARGET) and --cluster-name narrow which run "the latest" is.
@@ -169,6 +290,10 @@ def _line_writer(out: TextIO) -> Callable[[list[str]], None]:
 
 
 async def logs(ns: argparse.Namespace, out: TextIO) -> int:
+    # lazy: the flows load the job-following machinery (~120 ms); `rtui token`, run on every kubectl call, does without
+    from backend import flows
+    from backend.follow import JobUpdate
+
     async with RunSession.open(ns.run_id, lenient=True) as session:
         write = _line_writer(out)
         if ns.source == "head":
@@ -198,6 +323,9 @@ async def logs(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 async def down(ns: argparse.Namespace, out: TextIO) -> int:
+    # lazy: the flows load the job-following machinery (~120 ms); `rtui token`, run on every kubectl call, does without
+    from backend import flows
+
     if not ns.yes:
         raise UserError("`rtui down` deletes everything the run created and needs --yes",
                         remedy="or press D in the wizard")
@@ -256,6 +384,10 @@ async def runs(ns: argparse.Namespace, out: TextIO) -> int:
 
 async def bench(ns: argparse.Namespace, out: TextIO) -> int:
     """`rtui bench fabric|ab`: bring the cluster up, run the bench jobs, print the table and the ratio."""
+    # lazy: the flows load the job-following machinery (~120 ms); `rtui token`, run on every kubectl call, does without
+    from backend import bench as benches
+    from backend import flows
+
     if not ns.yes:
         raise UserError(f"`rtui bench {ns.bench}` starts a cluster and runs jobs on it and needs --yes",
                         remedy=f"see `rtui bench {ns.bench} --help` for what it runs")
