@@ -16,8 +16,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import ipaddress
+import json
 import os
-import pickle
 import threading
 import urllib.error
 import urllib.parse
@@ -413,10 +413,10 @@ def _refuse_conversion_webhook(crd: Manifest, where: str) -> None:
                         "every ray.io object there", remedy=f"use KubeRay's own CRDs; {_OFFLINE}")
 
 
-# CRDs this process has parsed and checked, by the sha256 of their text, as pickled bytes: a megabyte of
-# YAML takes 0.25-0.4 s to parse even with libyaml (its constructor is Python), a copy from here ~15 ms.
+# CRDs this process has parsed and checked, by the sha256 of their text, as JSON: a megabyte of YAML takes
+# 0.25-0.4 s to parse even with libyaml (its constructor is Python), reading it back from JSON ~10 ms.
 # Each caller gets its own copy to change. Only this process's own parses are kept: nothing on disk.
-_PARSED: dict[str, bytes] = {}
+_PARSED: dict[str, str] = {}
 _PARSED_LOCK = threading.Lock()
 
 
@@ -425,11 +425,15 @@ def _parse_crd(text: str, where: str) -> Manifest:
     with _PARSED_LOCK:
         parsed = _PARSED.get(key)
     if parsed is not None:
-        crd: Manifest = pickle.loads(parsed)  # noqa: S301 (bytes this process pickled itself)
+        crd: Manifest = json.loads(parsed)
         return crd
     crd = _parse_crd_text(text, where)
+    try:
+        as_json = json.dumps(crd)
+    except TypeError:  # a YAML timestamp or binary value has no JSON form: such a text is parsed each time
+        return crd
     with _PARSED_LOCK:
-        _PARSED[key] = pickle.dumps(crd, protocol=pickle.HIGHEST_PROTOCOL)
+        _PARSED[key] = as_json
     return crd
 
 
