@@ -432,6 +432,8 @@ def _parse_crd(text: str, where: str) -> Manifest:
         as_json = json.dumps(crd)
     except TypeError:  # a YAML timestamp or binary value has no JSON form: such a text is parsed each time
         return crd
+    if json.loads(as_json) != crd:  # e.g. a YAML integer key, which JSON makes a string: parsed each time
+        return crd
     with _PARSED_LOCK:
         _PARSED[key] = as_json
     return crd
