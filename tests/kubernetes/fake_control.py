@@ -132,10 +132,9 @@ class FakeControlPlane:
         been seen by the controllers, so "they did nothing with it" can be checked (a positive signal that
         the moment passed, not a guess of how long a pass takes)."""
         start = self.passes
-        self._pass_wanted.set()
 
         def passed() -> bool:
-            self._pass_wanted.set()
+            self._pass_wanted.set()  # a pass now, not at the next resync
             return self.passes >= start + 2
 
         eventually("the fake control plane to finish a whole pass", passed, timeout)
