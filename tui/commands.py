@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from backend import targets
-from backend.config import RunConfig, trust_command
+from backend.config import ResolvedConfig, RunConfig, trust_command
 from backend.delivery import LOAD_HINT, human_bytes, model_summary
 from backend.errors import UserError
 from backend.model import CheckStatus, EventKind, Plan, StepEvent
@@ -106,7 +106,8 @@ def config_trust(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 def check(ns: argparse.Namespace, out: TextIO) -> int:
-    config = resolved_from(ns).config
+    resolved = resolved_from(ns)
+    config = resolved.config
     target = targets.get(config.target)
     code = target.feasibility(config, regions=getattr(ns, "cfg_region", None), all_regions=ns.all_regions,
                               request_quota=ns.request_quota_increase, yes=ns.yes, as_json=ns.json, out=out)
@@ -117,7 +118,7 @@ def check(ns: argparse.Namespace, out: TextIO) -> int:
         raise UserError(f"--request-quota-increase is for {matrix}")
     if ns.all_regions:
         raise UserError(f"--all-regions is for {matrix}")
-    return asyncio.run(_preflight(ns, out))
+    return asyncio.run(_preflight(resolved, ns.json, out))
 
 
 def manifest(ns: argparse.Namespace, out: TextIO) -> int:
@@ -197,12 +198,12 @@ def _emitter(as_json: bool, out: TextIO) -> Callable[[StepEvent], None]:
     return emit
 
 
-async def _preflight(ns: argparse.Namespace, out: TextIO) -> int:
+async def _preflight(resolved: ResolvedConfig, as_json: bool, out: TextIO) -> int:
     """Preflight of a target without a feasibility matrix: exit 0 when nothing fails, 3 when something does."""
-    async with RunSession.for_config(resolved_from(ns)) as session:
+    async with RunSession.for_config(resolved) as session:
         results = await session.preflight()
         failed = any(r.status is CheckStatus.FAIL for r in results)
-        if ns.json:
+        if as_json:
             _json_line(out, {"target": session.config.target, "checks": [r.model_dump(mode="json") for r in results],
                              "feasible": not failed})
         else:
