@@ -8,7 +8,6 @@ dir) > built-in default. ``resolve_config`` records the source of every field so
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import os
@@ -17,20 +16,29 @@ import shlex
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
 
 from backend import registry
 from backend.errors import UserError
 from backend.hub import DEFAULT_DATASET, HF_DATASETS, default_dataset_uri, parse_dataset_uri
 from backend.paths import config_dir
 from backend.trust import (
-    FREE_FIELDS,
     JOB_SECRETS,
     credential_names,
     digest,
-    held_reason,
     is_trusted,
     is_users_own,
 )
@@ -61,32 +69,30 @@ SHARED_STORAGE_SCHEMES = ("s3://", "gs://", "abfs://", "abfss://", "hdfs://")
 S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
-_INSTANCE_TYPE = (r"[a-z][a-z0-9-]*\.[a-z0-9]+", "an EC2 instance type such as g6.12xlarge")
-# field -> (full-match pattern, what is accepted: the second half of the error line)
-_PATTERNS: dict[str, tuple[str, str]] = {
+# field -> (full-match pattern, what is accepted: the second half of the error line). A target's config
+# model keeps its own fields' patterns the same way (``matches``).
+PATTERNS: dict[str, tuple[str, str]] = {
     "cluster_name": (r"[a-z]([a-z0-9-]{0,38}[a-z0-9])?",
                      "lowercase letters, digits and '-', starting with a letter, at most 40 characters"),
-    "namespace": (r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?",
-                  "a DNS label: lowercase letters, digits and '-', at most 63 characters"),
-    "region": (r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d", "an AWS region name such as us-east-1"),
-    "gpu_node_type": _INSTANCE_TYPE,
-    "system_node_type": _INSTANCE_TYPE,
     "job_env": (r"([A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*)?",
                 "names of environment variables, comma-separated, such as HF_TOKEN,WANDB_API_KEY"),
-    "vpc_id": (r"vpc-[0-9a-f]{8,17}", "a VPC id such as vpc-0abc12345def67890"),
-    "private_subnet_ids": (r"(subnet-[0-9a-f]{8,17}(,subnet-[0-9a-f]{8,17})*)?",
-                           "subnet ids, comma-separated, such as subnet-0abc1234,subnet-0def5678"),
-    "addon_registry": (r"([a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d{1,5})?(/[a-z0-9._-]+)*)?",
-                       "a registry host with an optional port and path, such as 123456789012.dkr.ecr.us-east-1."
-                       "amazonaws.com/mirror (no scheme, no tag)"),
-    "spot_types": (r"([a-z][a-z0-9-]*\.[a-z0-9]+(,[a-z][a-z0-9-]*\.[a-z0-9]+)*)?",
-                   "EC2 instance types, comma-separated, such as g6.24xlarge"),
-    "api_cidrs": (r"(\d{1,3}(\.\d{1,3}){3}/\d{1,2}(,\d{1,3}(\.\d{1,3}){3}/\d{1,2})*)?",
-                  "IPv4 CIDRs, comma-separated, such as 203.0.113.0/24"),
 }
 
 
-class TargetFacts(Protocol):
+S = TypeVar("S", str, str | None)
+
+
+def matches(patterns: Mapping[str, tuple[str, str]], value: S, info: ValidationInfo) -> S:
+    """A field validator's body: ``value`` (None passes) full-matches its field's pattern, else what is accepted."""
+    if value is None:
+        return value
+    pattern, accepted = patterns[info.field_name or ""]
+    if not re.fullmatch(pattern, value):
+        raise ValueError(accepted)
+    return value
+
+
+class TargetTraits(Protocol):
     """What the config asks of a run's target: ``backend.targets.Target`` has all of it. Found by name
     through ``backend.registry``, so the config imports no target and not the contract either."""
 
@@ -97,20 +103,53 @@ class TargetFacts(Protocol):
     def shared_disk(self) -> bool: ...
 
     @property
-    def own_fields(self) -> frozenset[str]: ...
+    def config_model(self) -> type[RunConfig]: ...
+
+    def gpu_nodes(self, config: RunConfig) -> registry.GpuNodes | None: ...
+
+    def gives_storage(self, config: RunConfig) -> bool: ...
 
     def defaults(self, config: RunConfig) -> registry.Defaults: ...
 
     def check(self, config: RunConfig, cwd: Path) -> RunConfig: ...
 
 
-def target_facts(name: str) -> TargetFacts:
+def target_traits(name: str) -> TargetTraits:
     """The target called ``name``, as the config asks it (KeyError: no target has that name)."""
-    return cast(TargetFacts, registry.load(name))
+    return cast(TargetTraits, registry.load(name))
+
+
+C = TypeVar("C", bound="RunConfig")
 
 
 class RunConfig(BaseModel):
-    """The whole desired state of a run. Immutable once resolved."""
+    """The settings every target reads: the run, its training, its data and where results go. Immutable
+    once resolved. A target's own settings are a subclass of it, the target's ``config_model`` (the aws
+    target's region, the local target's CPUs): a run's config is an instance of its target's model.
+    """
+
+    # backend.trust: what a checkout's rtui.toml may set without a confirmation (free), and why each other
+    # field waits for one (held), one line each: `rtui config show` and the wizard's modal print it.
+    free_fields: ClassVar[frozenset[str]] = frozenset({
+        "idle_minutes", "steps", "seq_len", "batch_size", "learning_rate", "num_workers", "precision", "text_field",
+        "shard", "shard_size", "reduce_dtype", "reshard_after_forward", "optimizer", "tokens_per_step",
+        "activation_checkpointing", "compile", "checkpoint_every", "export_every", "require_transport",
+        "max_failures", "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm", "seed", "eval_tokens",
+        "keep_checkpoints",
+    })
+    held_fields: ClassVar[Mapping[str, str]] = MappingProxyType({
+        "target": "chooses where the run goes: this machine, an AWS account or a kubeconfig cluster",
+        "cluster_name": "names the existing cluster and resources that up, status and down act on",
+        "profile": "chooses which AWS credentials (and so which account) rtui uses",
+        "hf_token": "chooses the file or variable read and shipped to the cluster as a Secret",
+        "model_id": "chooses the model downloaded or read from disk, and run",
+        "model_revision": "chooses the commit of the model that is downloaded and run",
+        "data": "chooses the file or bucket the job reads",
+        "tokenizer": "chooses the tokenizer downloaded or read from disk",
+        "storage_path": "chooses where checkpoints and the model are written (a bucket may be anyone's)",
+        "resume_from": "chooses the checkpoint every worker loads (a checkpoint can carry a pickle)",
+        "job_env": "chooses which of your environment variables reach the job",
+    })
 
     # allow_inf_nan=False: "nan" passes every gt/lt bound (each comparison is False), so a
     # non-finite number would otherwise be reported as out of range, or not at all.
@@ -121,88 +160,11 @@ class RunConfig(BaseModel):
         description="Where to run: this machine, a new EKS cluster, or a kubeconfig one")
     cluster_name: str = Field(default="rtui-ray",
         description="Name of the cluster (and of the RayCluster); identifies the run")
-    # --- AWS / Kubernetes ---
-    region: str = Field(default="us-east-1", description="AWS region")
-    availability_zone: str | None = Field(default=None,
-        description="AZ for the GPU nodes (chosen by preflight when unset)")
-    profile: str | None = Field(default=None, description="AWS profile (else the usual credential chain)")
-    kubernetes_version: str = Field(default="1.34", description="EKS Kubernetes version")
-    vpc_id: str | None = Field(default=None,
-        description="aws: an existing VPC to use (adopted: checked, never deleted)")
-    private_subnet_ids: str = Field(default="",
-        description="aws with --vpc-id: its private subnets, comma-separated (two "
-                                                    "AZs at least, one in the GPU AZ, each routed to a NAT gateway)")
-    api_cidrs: str = Field(default="",
-        description="aws: public CIDRs allowed to reach the EKS API endpoint, comma-separated "
-                                           "(default: your public address as AWS sees it; 0.0.0.0/0 opens it to "
-                                           "everyone, flagged in the plan)")
-    access_scope: Literal["cluster", "namespace"] = Field(
-        default="cluster", description="aws: what your EKS access entry grants once rtui's cluster-wide objects "
-                                       "are installed: admin of the whole cluster, or admin of the run's namespace "
-                                       "only (AmazonEKSAdminPolicy there; `down` restores cluster admin first)")
-    system_node_type: str = Field(default="m7i.xlarge",
-        description="Instance type of the system node (Ray head, operator)")
-    system_node_count: int = Field(default=1, ge=1, le=10, description="Number of system nodes")
-    gpu_node_type: str = Field(default="g6.12xlarge", description="Instance type of the GPU worker nodes")
-    gpu_node_count: int = Field(default=2, ge=1, le=64, description="Number of GPU worker nodes")
-    spot: bool = Field(default=False,
-        description="aws: the GPU nodes on Spot capacity (priced at the GPU AZ's Spot price, about a third of "
-                    "On-Demand's often; AWS may take a node back with two minutes' notice)")
-    spot_types: str = Field(default="",
-        description="aws with --spot: more instance types the GPU nodegroup may launch, comma-separated, each with "
-                    "the GPU type's GPUs and EFA (a wider Spot pool); priced at the dearest of them")
-    spot_fallback: Literal["none", "on-demand"] = Field(default="none",
-        description="aws with --spot: when AWS has no Spot capacity for the GPU nodes (their group gave up "
-                    "launching), move them to On-Demand in the same AZ and go on (`none`: stop and say so)")
-    gpus_per_node: int = Field(default=4, ge=1, le=16, description="GPUs per GPU node")
-    namespace: str = Field(default="rtui", description="Kubernetes namespace")
-    image: str = Field(
-        default="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
-        description="Container image of the Ray head and workers",
-    )
-    kuberay_version: str = Field(default="1.7.0", description="KubeRay operator version")
-    ray_version: str = Field(default="2.58.0", description="Ray version in the image")
-    nvidia_device_plugin_version: str = Field(default="0.18.0", description="NVIDIA device plugin version")
-    efa_device_plugin_version: str = Field(default="0.5.6", description="EFA device plugin version")
-    allow_unpinned: bool = Field(default=False,
-        description="Go on when an image's digest cannot be resolved at plan time "
-                                                    "(the plan then flags the tags it pulls)")
-    addon_registry: str = Field(default="",
-        description="A registry (HOST[/PATH]) mirroring the add-on images under their "
-                                                "upstream paths (nvidia/k8s-device-plugin, eks/aws-efa-k8s-device-"
-                                                "plugin, kuberay/operator); default: nvcr.io, public.ecr.aws, quay.io")
-    operator_scope: Literal["namespace", "cluster"] = Field(
-        default="namespace", description="What the KubeRay operator rtui installs may act on: the run's namespace only "
-                                 "(a Role there, --watch-namespace), or every namespace (a ClusterRole: secrets and "
-                                 "pods of all namespaces)")
-    kuberay_crds: str = Field(default="",
-        description="Where the KubeRay CRDs come from: a dir of ray.io_*.yaml or an https "
-                                              "URL prefix (default: the KubeRay release; set a dir when offline)")
-    kubeconfig: str | None = Field(default=None, description="kubeconfig file (kube target; default: KUBECONFIG, else "
-                                                     "~/.kube/config)")
-    context: str | None = Field(default=None, description="kubeconfig context (kube target; default: the current one)")
-    kube_timeout_s: float = Field(default=10.0, gt=0, le=600,
-        description="Deadline of each Kubernetes API request (kube "
-                                                                  "and aws targets): a server that does not answer "
-                                                                  "by then is reported unreachable")
-    aws_timeout_s: float = Field(default=12.0, gt=0, le=600,
-        description="How long the first AWS answers (the regions and instance types) may take before the "
-                    "endpoint is reported unreachable (aws target); a region's checks get 2.5× that and the "
-                    "whole check 5×")
-    kube_stream_idle_s: float = Field(default=60.0, gt=0, le=3600,
-        description="A cluster log stream silent this long is "
-                                                                       "asked again from its last line (a load "
-                                                                       "balancer may drop it without a word)")
+    # --- AWS credentials: the aws target's, and any target's s3:// storage ---
+    profile: str | None = Field(default=None, description="AWS profile (else the usual credential chain): the aws "
+                                "target's and any s3:// storage's")
     hf_token: str = Field(default="", description="Hugging Face token for the cluster's pods, as a Secret: env:NAME (a "
                                           "variable of rtui's environment) or a file path; the value is never stored")
-    storage_size: str = Field(default="", description="kube: a PersistentVolumeClaim of this size (e.g. 50Gi) in the "
-                                        "run's namespace, of the cluster's default StorageClass, mounted by the Ray "
-                                        "head and workers: checkpoints and the model go there (instead of "
-                                        "--storage-path); kept by `rtui down` unless --delete-data")
-    service_account: str = Field(default="", description="kube: the Ray pods run as this ServiceAccount, which rtui "
-                                           "makes in the run's namespace, so the cluster's own mechanism gives them "
-                                           "credentials (an EKS Pod Identity association for NAMESPACE/NAME made "
-                                           "beforehand) to write --storage-path s3://…")
     # --- idle: what goes when no job needs it (issue 26) ---
     idle_minutes: float = Field(default=10.0, ge=0, le=7 * 24 * 60,
         description="Minutes without a job after which the GPU "
@@ -281,29 +243,14 @@ class RunConfig(BaseModel):
     require_transport: Transport = Field(
         default="auto", description="Fail the job early unless NCCL uses this network (auto = efa on aws and kube, any "
                            "locally; any also lets the pods run without EFA)")
-    # --- local target ---
     job_env: str = Field(default="",
         description="Variables of rtui's environment the job gets, by name (e.g. HF_TOKEN); "
                                          "no other credential reaches the cluster")
-    local_cpus: int = Field(default=0, ge=0, le=1024, description="CPUs given to the local Ray head (0 = all cores)")
-    local_worker_nodes: int = Field(default=0, ge=0, le=8, description="Extra local Ray worker nodes")
-    local_dashboard_port: int = Field(default=0, ge=0, le=65535,
-        description="Local Ray dashboard port (0 = a free port)")
-    local_hidden_size: int = Field(default=64, ge=8, le=8192, description="Tiny local model: hidden size")
-    local_layers: int = Field(default=2, ge=1, le=64, description="Tiny local model: decoder layers")
-    local_heads: int = Field(default=4, ge=1, le=128, description="Tiny local model: attention heads")
-    local_vocab_size: int = Field(default=1024, ge=16, le=262_144, description="Tiny local model: vocabulary size")
 
-    @field_validator("cluster_name", "namespace", "region", "gpu_node_type", "system_node_type", "job_env", "vpc_id",
-                     "private_subnet_ids", "api_cidrs", "addon_registry", "spot_types")
+    @field_validator("cluster_name", "job_env")
     @classmethod
-    def _matches_pattern(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
-            return v
-        pattern, accepted = _PATTERNS[info.field_name or ""]
-        if not re.fullmatch(pattern, v):
-            raise ValueError(accepted)
-        return v
+    def _matches_pattern(cls, v: str, info: ValidationInfo) -> str:
+        return matches(PATTERNS, v, info)
 
     @field_validator("target")
     @classmethod
@@ -319,32 +266,6 @@ class RunConfig(BaseModel):
         if refused:
             raise ValueError(f"{refused[0]} is a credential of your clouds, clusters or accounts and never goes to a "
                              f"job; pass only what the job needs (such as {', '.join(sorted(JOB_SECRETS))})")
-        return v
-
-    @field_validator("api_cidrs")
-    @classmethod
-    def _real_cidrs(cls, v: str) -> str:
-        """Each an IPv4 network as written (no host bits), public: the public endpoint sees public addresses."""
-        for text in (c for c in v.split(",") if c):
-            try:
-                network = ipaddress.ip_network(text, strict=False)
-            except ValueError:
-                raise ValueError(f"{text} is not an IPv4 CIDR (such as 203.0.113.0/24)") from None
-            if str(network) != text:
-                raise ValueError(f"{text} has host bits set: did you mean {network}?")
-            if network.prefixlen and not network.is_global:
-                raise ValueError(f"{text} is a private or reserved range: the public API endpoint sees only public "
-                                 "addresses")
-        return v
-
-    @field_validator("service_account")
-    @classmethod
-    def _service_account_name(cls, v: str) -> str:
-        if v and (len(v) > 253 or not DNS_SUBDOMAIN.fullmatch(v)):
-            raise ValueError("a Kubernetes name: lowercase letters, digits, '-' and '.', starting and ending with a "
-                             "letter or digit")
-        if v == "default":
-            raise ValueError("not 'default': every pod of the namespace runs as it; name one for the Ray pods")
         return v
 
     @field_validator("storage_path")
@@ -366,16 +287,6 @@ class RunConfig(BaseModel):
                                  "'.' and '-', starting and ending with a letter or digit)")
         elif re.match(r"[A-Za-z0-9]+:/", v) and v.split(":", 1)[0].lower() + "://" in SHARED_STORAGE_SCHEMES:
             raise ValueError(f"a URI has two slashes after its scheme: {v.split(':', 1)[0].lower()}://…")
-        return v
-
-    @field_validator("storage_size")
-    @classmethod
-    def _quantity(cls, v: str) -> str:
-        if v and not STORAGE_SIZE.fullmatch(v):
-            raise ValueError("a size such as 50Gi, 500Gi or 1Ti (a whole number and Mi, Gi or Ti; G and T are "
-                             "powers of ten)")
-        if v and storage_bytes(v) < 2**30:
-            raise ValueError("at least 1Gi: a checkpoint of the smallest hub model is larger")
         return v
 
     @field_validator("checkpoint_every", mode="before")
@@ -410,17 +321,6 @@ class RunConfig(BaseModel):
             raise ValueError("env:NAME with NAME a variable name such as HF_TOKEN, or a file path")
         return v
 
-    def private_subnet_id_list(self) -> list[str]:
-        return [s for s in self.private_subnet_ids.split(",") if s]
-
-    def spot_type_list(self) -> list[str]:
-        """The GPU nodegroup's instance types beyond ``gpu_node_type`` (``--spot-types``), in order, once each."""
-        return [t for t in dict.fromkeys(self.spot_types.split(",")) if t and t != self.gpu_node_type]
-
-    def api_cidr_list(self) -> list[str]:
-        """The CIDRs given (none: the plan uses the caller's public address)."""
-        return [c for c in self.api_cidrs.split(",") if c]
-
     def wants_efa(self) -> bool:
         """Whether the GPU pods hold an EFA interface (they then need one on every GPU node)."""
         return self.effective_require_transport() in ("efa", "efa_gdr")
@@ -434,7 +334,7 @@ class RunConfig(BaseModel):
         synthetic cycle locally (no network)."""
         if self.data != "auto":
             return self.data
-        return default_dataset_uri() if self.target_facts().on_gpus else "cycle"
+        return default_dataset_uri() if self.target_traits().on_gpus else "cycle"
 
     def data_is_file(self) -> bool:
         return self.effective_data() not in ("random", "cycle")
@@ -442,13 +342,33 @@ class RunConfig(BaseModel):
     def data_is_hub(self) -> bool:
         return self.effective_data().startswith(HF_DATASETS)
 
-    def target_facts(self) -> TargetFacts:
+    @classmethod
+    def trust(cls, field: str) -> str | None:
+        """Why a checkout's file may not set ``field`` on its own (held), or None when it may (free); a field
+        no model along the way classifies is held."""
+        for model in cls.__mro__:
+            if field in vars(model).get("free_fields", ()):
+                return None
+            held = vars(model).get("held_fields", {})
+            if field in held:
+                return str(held[field])
+        return UNCLASSIFIED
+
+    @classmethod
+    def of(cls: type[C], config: RunConfig) -> C:
+        """``config`` as this model: a target's code takes its own settings from a run's config this way."""
+        if not isinstance(config, cls):
+            raise TypeError(f"a {cls.__name__} was expected, not a {type(config).__name__} "
+                            f"(a config of the {config.target} target)")
+        return config
+
+    def target_traits(self) -> TargetTraits:
         """This run's target, as the config asks it (``backend.targets.Target`` is all of it)."""
-        return target_facts(self.target)
+        return target_traits(self.target)
 
     def target_defaults(self) -> registry.Defaults:
         """What the fields left on auto resolve to on this run's target (each target says why)."""
-        return self.target_facts().defaults(self)
+        return self.target_traits().defaults(self)
 
     def effective_batch_size(self) -> int:
         if self.batch_size:
@@ -506,9 +426,7 @@ class RunConfig(BaseModel):
 
     def fields_of_target(self) -> tuple[str, ...]:
         """The fields this run's target reads, in declaration order (the others are never used by it)."""
-        specific = frozenset().union(*(target_facts(name).own_fields for name in registry.names()))
-        own = self.target_facts().own_fields
-        return tuple(f for f in FIELD_NAMES if f not in specific or f in own)
+        return tuple(type(self).model_fields)
 
     def effective_rows(self, sources: Mapping[str, str]) -> list[tuple[str, Any, str]]:
         """(field, the value the run uses, where it came from) for each field of the target.
@@ -527,7 +445,77 @@ class RunConfig(BaseModel):
         return rows
 
 
-FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)
+COMMON_FIELDS: tuple[str, ...] = tuple(RunConfig.model_fields)
+
+
+def config_model(target: str) -> type[RunConfig]:
+    """The config model of the target called ``target`` (KeyError: no target has that name)."""
+    return target_traits(target).config_model
+
+
+def field_owners() -> dict[str, tuple[str, ...]]:
+    """{field: the targets whose config has it} for every field of every known target's config, the common
+    fields first, then each target's own in its model's order: what the CLI makes flags of, and what
+    rtui.toml and ``RTUI_*`` may name."""
+    models = {name: config_model(name) for name in registry.names()}
+    owners: dict[str, tuple[str, ...]] = {field: tuple(models) for field in COMMON_FIELDS}
+    for name, model in models.items():
+        for field in model.model_fields:
+            if field not in COMMON_FIELDS:
+                owners[field] = (*owners.get(field, ()), name)
+    return owners
+
+
+def field_info(field: str) -> FieldInfo:
+    """The declaration of ``field`` in the first known target's config that has it (KeyError: none has)."""
+    for name in field_owners()[field]:
+        model = config_model(name)
+        if field in model.model_fields:
+            return model.model_fields[field]
+    raise KeyError(field)
+
+
+def reconfigured(config: RunConfig, update: Mapping[str, Any]) -> RunConfig:
+    """``config`` with ``update`` applied, as its (perhaps new) target's model: the fields that target has
+    not are left out, and the values are checked as a file's would be."""
+    model = config_model(str(update.get("target", config.target)))
+    merged = {**config.model_dump(mode="json"), **update}
+    return model.model_validate({k: v for k, v in merged.items() if k in model.model_fields}, strict=False)
+
+
+# A field no config model classifies (backend.trust): held.
+UNCLASSIFIED = "not on the allowlist of fields a checkout's file may set"
+
+
+def field_trust(field: str) -> str | None:
+    """Why a checkout's file may not set ``field`` on its own, or None when it may: as the model that
+    declares it says (a field no known target has is held)."""
+    owners = field_owners().get(field)
+    return config_model(owners[0]).trust(field) if owners else UNCLASSIFIED
+
+
+def free_fields() -> frozenset[str]:
+    """Every known target's fields a checkout's file may set on its own."""
+    return frozenset(f for f in field_owners() if is_free(f))
+
+
+def held_fields() -> dict[str, str]:
+    """{field: why it is held} for every known target's held fields (an unclassified one says so)."""
+    return {f: reason for f in field_owners() if (reason := field_trust(f)) is not None}
+
+
+def is_free(field: str) -> bool:
+    return field_trust(field) is None
+
+
+def held_reason(field: str) -> str:
+    """Why a checkout's file may not set ``field`` on its own (a free one waits only beside held ones)."""
+    return field_trust(field) or "waits with the file's held fields: it does not fit their defaults"
+
+
+def config_for(target: str, **fields: Any) -> RunConfig:
+    """A config of ``target`` with these fields set (validated, as a run's config is)."""
+    return config_model(target).model_validate({"target": target, **fields})
 
 
 # What an error line echoes of a user's value: enough to recognise it, never a screenful.
@@ -559,23 +547,28 @@ def env_name(field: str) -> str:
 
 # How this machine reaches a run's cluster rather than what the run is: taken from the environment
 # (RTUI_*) over a run's recorded config whenever a run is opened again (status, logs, down).
-SESSION_FIELDS = ("kube_timeout_s", "kube_stream_idle_s", "aws_timeout_s")
+# A target marks such a field ``Field(json_schema_extra=SESSION)``.
+SESSION: dict[str, JsonValue] = {"session": True}
+
+
+def session_fields(model: type[RunConfig]) -> tuple[str, ...]:
+    return tuple(f for f, info in model.model_fields.items() if info.json_schema_extra == SESSION)
 
 
 def with_session_settings(config: RunConfig, environ: Mapping[str, str] | None = None) -> RunConfig:
-    """``config`` with the ``SESSION_FIELDS`` that the environment sets now."""
+    """``config`` with the session fields (``SESSION``) that the environment sets now."""
     environ = os.environ if environ is None else environ
-    raw = {field: environ[env_name(field)] for field in SESSION_FIELDS if environ.get(env_name(field))}
+    raw = {field: environ[env_name(field)] for field in session_fields(type(config)) if environ.get(env_name(field))}
     if not raw:
         return config
     try:
-        return RunConfig.model_validate({**config.model_dump(mode="json"), **raw}, strict=False)
+        return type(config).model_validate({**config.model_dump(mode="json"), **raw}, strict=False)
     except ValidationError as exc:
         raise _describe_error(exc, {field: "env" for field in raw}, raw) from None
 
 
 class ResolvedConfig(BaseModel):
-    config: RunConfig
+    config: SerializeAsAny[RunConfig]  # its target's model, whole
     sources: dict[str, str]
     config_file: str | None = None
     # The held fields a checkout's file (./rtui.toml, or --config outside the user's config dir) sets
@@ -653,7 +646,7 @@ def _load_toml(path: Path, content: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})",
                         remedy="save the file as UTF-8 (TOML requires it)") from None
-    unknown = sorted(set(data) - set(FIELD_NAMES))
+    unknown = sorted(set(data) - set(field_owners()))
     if unknown:
         raise UserError(
             f"{path}: unknown config key {shown(unknown[0])}",
@@ -669,8 +662,8 @@ def _describe_error(exc: ValidationError, sources: Mapping[str, str], raw: Mappi
     name = flag_name(field) if where == "flag" else env_name(field) if where == "env" else field
     value = raw.get(field, err.get("input"))
     msg = err["msg"].removeprefix("Value error, ")
-    if field in RunConfig.model_fields:
-        annotation = RunConfig.model_fields[field].annotation
+    if field in field_owners():
+        annotation = field_info(field).annotation
         if "Literal" in str(annotation):
             msg = f"expected one of {', '.join(getattr(annotation, '__args__', ()))}"
     return UserError(f"invalid {name}={shown(value)} (from {where}): {msg}")
@@ -717,13 +710,14 @@ def _resolve(flags: Mapping[str, Any] | None, config_file: str | None, environ: 
         for key, value in _load_toml(path, content).items():
             raw[key] = value
             sources[key] = f"file:{path}"
-    for field in FIELD_NAMES:
+    known = field_owners()
+    for field in known:
         value = environ.get(env_name(field))
         if value is not None:
             raw[field] = value
             sources[field] = "env"
     unknown_env = sorted(
-        k for k in environ if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in FIELD_NAMES
+        k for k in environ if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() not in known
     )
     unknown_env = [k for k in unknown_env if k not in _NON_CONFIG_ENV]
     if unknown_env:
@@ -732,8 +726,6 @@ def _resolve(flags: Mapping[str, Any] | None, config_file: str | None, environ: 
         if value is not None:
             raw[field] = value
             sources[field] = "flag"
-    for field in FIELD_NAMES:
-        sources.setdefault(field, "default")
     unconfirmed = _unconfirmed(path, sha256, raw, sources, hold_whole_file)
     if unconfirmed and untrusted == "refuse":
         raise UserError(f"{path} sets {', '.join(unconfirmed)}, which you have not confirmed",
@@ -746,12 +738,16 @@ def _resolve(flags: Mapping[str, Any] | None, config_file: str | None, environ: 
         else:
             sources[field] += (f" (held, not confirmed: {held_reason(field)}; review, then "
                                f"`{trust_command(config_file)}`)")
-    # Empty strings from env/flags mean "unset" for optional fields.
-    for field in ("availability_zone", "profile", "tokenizer", "storage_path", "resume_from"):
-        if raw.get(field) == "":
+    model = _model_of(raw, sources)
+    for field in [f for f in raw if f not in model.model_fields]:
+        _not_this_targets(field, raw, sources, known)
+    for field in model.model_fields:
+        sources.setdefault(field, "default")
+        # Empty strings from env/flags mean "unset" for optional fields.
+        if raw.get(field) == "" and model.model_fields[field].default is None:
             raw[field] = None
     try:
-        config = RunConfig.model_validate(raw, strict=False)
+        config = model.model_validate(raw, strict=False)
     except ValidationError as exc:
         raise _describe_error(exc, sources, raw) from None
     if config.data_is_hub():
@@ -766,7 +762,7 @@ def _resolve(flags: Mapping[str, Any] | None, config_file: str | None, environ: 
             raise UserError(f"--data {shown(config.data)}: no such file or directory",
                             remedy="give a JSONL/Parquet file or folder, an s3:// URI, `random` or `cycle`")
         config = config.model_copy(update={"data": str(data_path)})
-    config = config.target_facts().check(config, cwd)
+    config = config.target_traits().check(config, cwd)
     if config.tokens_per_step:
         # lazy: the step planner only for --tokens-per-step; not on the first frame
         from training.stepplan import StepPlanError, plan_step
@@ -777,11 +773,34 @@ def _resolve(flags: Mapping[str, Any] | None, config_file: str | None, environ: 
         except StepPlanError as exc:
             raise UserError(str(exc)) from None
     config = _check_training(config, cwd)
-    if config.local_hidden_size % config.local_heads:
-        raise UserError(f"--local-hidden-size={config.local_hidden_size} is not a multiple of "
-                        f"--local-heads={config.local_heads}", remedy="pick sizes that divide evenly")
     return ResolvedConfig(config=config, sources=sources, config_file=str(path) if path else None,
                           unconfirmed=unconfirmed, config_sha256=sha256)
+
+
+def _model_of(raw: Mapping[str, Any], sources: Mapping[str, str]) -> type[RunConfig]:
+    """The config model of the target ``raw`` names (an unknown name is refused as the field's error)."""
+    target = raw.get("target", registry.DEFAULT)
+    if not isinstance(target, str) or not registry.known(target):
+        try:
+            RunConfig.model_validate({"target": target}, strict=False)
+        except ValidationError as exc:
+            raise _describe_error(exc, sources, raw) from None
+    return config_model(str(target))
+
+
+def _not_this_targets(field: str, raw: dict[str, Any], sources: dict[str, str],
+                      owners: Mapping[str, tuple[str, ...]]) -> None:
+    """A setting of other targets than the run's: a flag is refused (the user asked for it now, on a
+    target that would ignore it); a file's or a variable's is left out (one rtui.toml or shell may serve
+    several targets)."""
+    target, source = raw.get("target", registry.DEFAULT), sources[field]
+    whose = " and ".join(owners[field]) + (" targets" if len(owners[field]) > 1 else " target")
+    if source == "flag":
+        flag = flag_name(field)
+        raise UserError(f"{flag} is a setting of the {whose}; the {target} target has none",
+                        remedy=f"leave {flag} out here, or use --target {owners[field][0]}")
+    del raw[field]
+    sources[field] += f" (not used by the {target} target)"
 
 
 def trust_command(config_file: str | None, action: Literal["trust", "show"] = "trust") -> str:
@@ -799,8 +818,8 @@ def _unconfirmed(path: Path | None, sha256: str | None, raw: Mapping[str, Any], 
     held fields say so. ``hold_whole_file``: its free fields wait too, when held fields are in it."""
     if path is None or sha256 is None or is_users_own(path, config_dir()):
         return {}
-    from_file = [f for f in FIELD_NAMES if sources.get(f, "").startswith("file:")]
-    held = [f for f in from_file if f not in FREE_FIELDS]
+    from_file = [f for f in field_owners() if sources.get(f, "").startswith("file:")]
+    held = [f for f in from_file if not is_free(f)]
     if held and hold_whole_file and not is_trusted(path, sha256):
         held = from_file
     if not held:
@@ -822,15 +841,9 @@ def _check_training(config: RunConfig, cwd: Path) -> RunConfig:
     if config.shard == "hybrid" and workers % config.effective_shard_size():
         raise UserError(f"--shard hybrid: shard groups of {config.effective_shard_size()} GPUs do not divide the "
                         f"{workers} workers", remedy="set --shard-size to a divisor of the workers (the GPUs per node)")
-    if config.storage_size and "storage_size" not in config.target_facts().own_fields:
-        raise UserError(f"--storage-size is a volume in a kube cluster; the {config.target} target has none",
-                        remedy="drop --storage-size (--storage-path names where the data goes)")
-    if config.service_account and "service_account" not in config.target_facts().own_fields:
-        raise UserError(f"--service-account is for the kube target; the {config.target} target gives its pods "
-                        "their credentials itself", remedy="drop --service-account")
-    if not config.target_facts().shared_disk and (config.checkpoint_every or config.resume_from):
+    if not config.target_traits().shared_disk and (config.checkpoint_every or config.resume_from):
         storage = config.storage_path or ""
-        if not storage.startswith(SHARED_STORAGE_SCHEMES) and not config.storage_size:
+        if not storage.startswith(SHARED_STORAGE_SCHEMES) and not config.target_traits().gives_storage(config):
             what = "--checkpoint-every" if config.checkpoint_every else "--resume-from"
             where = f"--storage-path {shown(storage)} is" if storage else "without --storage-path, checkpoints go to"
             raise UserError(f"{what} on {config.target}: {where} each node's own disk, so no node holds a whole "

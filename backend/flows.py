@@ -61,9 +61,9 @@ async def up(session: RunSession, *, until: str | None = None, follow: bool = Tr
                 if isinstance(event.error, NoCapacity):
                     no_capacity = event.error
                 yield event
-            on_demand = session.config.spot_fallback == "on-demand"
+            # on_demand None: as the run's own settings allow (nobody is asked here)
             moved = None if no_capacity is None else fail_over(session, no_capacity, elsewhere=az_failover,
-                                                               on_demand=on_demand)
+                                                               on_demand=None)
             if moved is None or moved in moves:  # the same move again would fail the same way
                 break
             moves.add(moved)
@@ -83,7 +83,7 @@ async def up(session: RunSession, *, until: str | None = None, follow: bool = Tr
 
 
 def fail_over(session: RunSession, error: NoCapacity, *, elsewhere: bool = True,
-              on_demand: bool = True) -> str | None:
+              on_demand: bool | None = True) -> str | None:
     """Move what the provider had no capacity for, as the run's target does it (``Target.fail_over``);
     what moved, or None."""
     return session.target.fail_over(session.stack, session.ctx, error, elsewhere=elsewhere, on_demand=on_demand)

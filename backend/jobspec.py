@@ -170,11 +170,12 @@ def build_job_spec(config: RunConfig, model_revision: str | None = None, *, run_
         if model_id:  # a model directory on this machine, loaded as on a cluster (from_pretrained)
             args += ["--model-id", model_id]
         else:
+            tiny = config.target_defaults().tiny
             args += [
-                "--tiny-hidden-size", str(config.local_hidden_size),
-                "--tiny-layers", str(config.local_layers),
-                "--tiny-heads", str(config.local_heads),
-                "--tiny-vocab-size", str(config.local_vocab_size),
+                "--tiny-hidden-size", str(tiny.hidden_size),
+                "--tiny-layers", str(tiny.layers),
+                "--tiny-heads", str(tiny.heads),
+                "--tiny-vocab-size", str(tiny.vocab_size),
             ]
         env_vars.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                          # Ray Train's controller looks at its workers every 2 s by default, so a job

@@ -12,18 +12,21 @@ from __future__ import annotations
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializeAsAny, ValidationError, model_validator
 
-from backend.config import RunConfig
+from backend import registry
+from backend.config import RunConfig, config_model, field_owners
 from backend.ledger import ResourceRecord
 from backend.model import Leftover, Plan
 
+# 4: the config holds its target's fields only (its target's config model), the facts its target's own under
+#    "own" (its facts model); 3 held every target's fields, and the aws target's facts beside the common ones.
 # 3: config, plan, telemetry and facts are typed; teardown steps have their own map (2 prefixed their
 #    ids with "teardown:"); steps and resources carry their layer.
 # 2: ``resources`` is the ledger, {address: ResourceRecord}; 1 had an untyped dict.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class RunStatus(StrEnum):
@@ -146,68 +149,47 @@ class StoppedWhileIdle(BaseModel):
     dir: str | None = None
 
 
-class AzMove(BaseModel):
-    """The GPU nodes moved AZ after a capacity failure."""
-
-    from_az: str
-    to: str
-    why: str
-    at: float
+F = TypeVar("F", bound="Facts")
 
 
-class SpotFallback(BaseModel):
-    """The GPU nodes went On-Demand after AWS had no Spot capacity for them (``--spot-fallback``)."""
+class Facts(BaseModel):
+    """A target's own facts: what its layers decided once and keep across plans (the aws target's AZs).
+    A target's ``facts_model`` subclasses it; this base keeps, as written, the facts of a target that is
+    not installed now (nothing reads them)."""
 
-    az: str
-    why: str
-    at: float
+    model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def of(cls: type[F], facts: RunFacts) -> F:
+        """The run's own facts as this model (a run made before any were kept gets this model's defaults)."""
+        if not isinstance(facts.own, cls):
+            facts.own = cls.model_validate(facts.own.model_dump(mode="json"))
+        return facts.own
 
 
-class SpotRisk(BaseModel):
-    """How often Spot takes one GPU node back, as the plan read it (aws: the Spot Instance Advisor's bucket
-    for the GPU types in the region), for ``--checkpoint-every auto``."""
+class NoFacts(Facts):
+    """The facts of a target that keeps none of its own (``Target.facts_model``'s default)."""
 
-    per_node_hour: float
-    source: str
-
-
-class ReservationFact(BaseModel):
-    """The capacity reservation the GPU nodes use."""
-
-    az: str
-    id: str | None = None
-    kind: str | None = None
-    placement_group: str | None = None
+    model_config = ConfigDict(extra="forbid")
 
 
 class RunFacts(BaseModel):
-    """What a layer decided once and keeps across plans (the AZs an aws run chose, why it moved)."""
+    """What a layer decided once and keeps across plans: what every target's run keeps, and its target's own."""
 
     model_config = ConfigDict(extra="forbid")
 
     # Every target
     sweep: list[Leftover] | None = None  # what the last orphan sweep still found (None: no sweep yet)
     stopped_while_idle: StoppedWhileIdle | None = None  # local
-    # aws
-    api_cidrs: list[str] = Field(default_factory=list)  # the caller's public address, learned once
-    create_attempts: dict[str, int] = Field(default_factory=dict)  # per address: its idempotency tokens
-    gpu_az: str | None = None
-    network_azs: list[str] = Field(default_factory=list)
-    system_disk_gb: int | None = None
-    reservation: ReservationFact | None = None
-    failed_azs: list[str] = Field(default_factory=list)
-    az_moves: list[AzMove] = Field(default_factory=list)
-    spot_fallback: SpotFallback | None = None  # the GPU nodes run On-Demand since: --spot no longer holds
-    spot_risk: SpotRisk | None = None  # Spot GPU nodes: how often one is taken back, as the last plan read it
-    data_bucket: str | None = None  # the run's own S3 bucket (no --storage-path), named once the plan settled it
     # Where a layer put the run's data when the user named no --storage-path (the aws layer's bucket,
     # ``s3://<bucket>/runs``): read by the job and `rtui model/status/down`.
     storage_path: str | None = None
     # What `down` measured of the data it kept where rtui cannot look for free (a kube volume: a pod
     # reads it): DataUsage.to_dict(); cleared by `down --delete-data`.
     kept_data: dict[str, JsonValue] | None = None
-    # An installed target's own facts (targets outside this package: their keys are theirs to name).
-    target_facts: dict[str, JsonValue] = Field(default_factory=dict)
+    # The run's target's own facts, typed by it (``Target.facts_model``): its code reads them as
+    # ``AwsFacts.of(record.facts)``.
+    own: SerializeAsAny[Facts] = Field(default_factory=Facts)
 
 
 class JobRecord(BaseModel):
@@ -240,7 +222,7 @@ class RunRecord(BaseModel):
     target: str
     cluster_name: str
     status: RunStatus = RunStatus.PLANNED
-    config: RunConfig
+    config: SerializeAsAny[RunConfig]  # its target's config model, whole
     rejected_config: RejectedConfig | None = None
     plan: Plan | None = None
     steps: dict[str, StepState] = Field(default_factory=dict)  # the apply's, by step id (the change's address)
@@ -253,24 +235,46 @@ class RunRecord(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _keep_a_rejected_config(cls, data: Any) -> Any:
+    def _the_targets_own_models(cls, data: Any) -> Any:
+        """The config as its target's config model, and the facts' ``own`` as its facts model (a target not
+        installed now: the common models, its facts kept as written)."""
+        if not isinstance(data, dict):
+            return data
+        data = cls._keep_a_rejected_config(data)
+        target = data.get("target")
+        model = registry.load(target).facts_model if isinstance(target, str) and registry.known(target) else Facts
+        facts = data.get("facts")
+        if isinstance(facts, RunFacts):
+            facts = facts.model_copy()
+        elif isinstance(facts, dict):
+            facts = RunFacts.model_validate(facts)
+        else:
+            facts = RunFacts()
+        if type(facts.own) is not model:
+            facts.own = model.model_validate(facts.own.model_dump(mode="json"))
+        return {**data, "facts": facts}
+
+    @classmethod
+    def _keep_a_rejected_config(cls, data: dict[str, Any]) -> dict[str, Any]:
         """A config this rtui rejects does not make the record unreadable: the run keeps its target and
         cluster name (what teardown needs) and the config as written, with why it was refused."""
-        if not isinstance(data, dict) or isinstance(data.get("config"), RunConfig):
+        if isinstance(data.get("config"), RunConfig):
             return data
         written = data.get("config")
         if not isinstance(written, dict):
             return data
+        target = data.get("target")
+        model = config_model(target) if isinstance(target, str) and registry.known(target) else RunConfig
         try:
-            RunConfig.model_validate(written)
+            config = model.model_validate(written)
         except ValidationError as exc:
-            fallback: dict[str, Any] = {"target": data.get("target"), "cluster_name": data.get("cluster_name")}
+            fallback: dict[str, Any] = {"target": target, "cluster_name": data.get("cluster_name")}
             try:
-                config = RunConfig.model_validate(fallback)
+                config = model.model_validate(fallback)
             except ValidationError:  # its target is not installed now: kept unchecked, so the run is still
-                config = RunConfig.model_construct(**fallback)  # listed and refused in one line when opened
+                config = model.model_construct(**fallback)  # listed and refused in one line when opened
             return {**data, "config": config, "rejected_config": {"written": written, "reason": _first_error(exc)}}
-        return data
+        return {**data, "config": config}
 
     def use_config(self, config: RunConfig) -> None:
         """The run goes on with ``config`` (applied or reconfigured): a rejected one is history."""
@@ -318,7 +322,34 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
         data = _v1_to_v2(data)
     if data.get("schema_version") == 2:
         data = _v2_to_v3(data)
+    if data.get("schema_version") == 3:
+        data = _v3_to_v4(data)
     return data
+
+
+# The facts a v3 record kept beside every target's (the aws target's); an installed target's under "target_facts".
+_V3_TARGET_FACTS = ("api_cidrs", "create_attempts", "gpu_az", "network_azs", "system_disk_gb", "reservation",
+                    "failed_azs", "az_moves", "spot_fallback", "spot_risk", "data_bucket")
+
+
+def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 held every target's fields in each run's config, and the aws target's facts in every run's; v4
+    holds its target's only, its facts under ``facts.own``. The other targets' fields go (a v3 record holds
+    their defaults, or values its target never read); a field no target knows stays, for the record's check
+    to keep the config as written and say why it is refused."""
+    config, target, facts = data.get("config"), data.get("target"), data.get("facts")
+    known = isinstance(target, str) and registry.known(target)
+    if isinstance(config, dict) and known:
+        own, fields = config_model(str(target)).model_fields, field_owners()
+        config = {k: v for k, v in config.items() if k in own or k not in fields}
+    if isinstance(facts, dict):
+        kept = {k: facts[k] for k in _V3_TARGET_FACTS if k in facts}
+        own_facts = {**(facts.get("target_facts") or {}), **kept}
+        if known:
+            own_facts = {k: v for k, v in own_facts.items() if k in registry.load(target).facts_model.model_fields}
+        facts = {k: v for k, v in facts.items() if k not in _V3_TARGET_FACTS and k != "target_facts"}
+        facts["own"] = own_facts
+    return {**data, "config": config, "facts": facts, "schema_version": 4}
 
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:

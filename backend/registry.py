@@ -1,6 +1,6 @@
 """The targets rtui knows, by name, and what a target gives the settings left on auto (``Defaults``).
 
-Below the config, which asks a run's target through it (``backend.config.TargetFacts``); the contract a
+Below the config, which asks a run's target through it (``backend.config.TargetTraits``); the contract a
 target implements (``backend.targets.Target``) is built on it. Nothing here imports the rest of rtui: a
 target is imported by name (``importlib``) when first asked for, so the first frame pays for none.
 
@@ -29,6 +29,28 @@ ENTRY_POINT_GROUP = "rtui.targets"
 
 
 @dataclass(frozen=True)
+class TinyModel:
+    """The random Qwen2 a run trains when it names no model (``Defaults.model_id`` None): its shape."""
+
+    hidden_size: int = 64
+    layers: int = 2
+    heads: int = 4
+    vocab_size: int = 1024
+
+
+@dataclass(frozen=True)
+class GpuNodes:
+    """A run's GPU machines, as its target's config sets them: what the memory estimate and the
+    interruption rate read. ``count_field`` is the config field (and flag) that sets ``count``."""
+
+    instance_type: str
+    count: int
+    gpus_per_node: int
+    count_field: str
+    gpu: tuple[str, float] | None = None  # (the GPU's name, GiB of it a rank may use) when the target knows
+
+
+@dataclass(frozen=True)
 class Defaults:
     """What a config field left on auto (0, "auto", unset) resolves to on a target."""
 
@@ -42,6 +64,7 @@ class Defaults:
     seq_len: int = 128
     # With batch_size 0: the micro-batch for a config (a GPU target's is backend.stepfit.fitting_micro_batch).
     fit_batch: Callable[[Any], int] | None = None
+    tiny: TinyModel = TinyModel()  # the model's shape when ``model_id`` is None
 
 
 @cache

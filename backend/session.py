@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from training.export import ExportInfo
     from training.logparse.verdict import Verdict
 
-def target_of(name: str) -> Target:
+def target_of(name: str) -> Target[Any]:
     """The target called ``name``, or one clear line naming those this rtui knows."""
     try:
         return targets.get(name)

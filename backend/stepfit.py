@@ -88,11 +88,12 @@ def _shape(c: Mapping[str, Any]) -> Any:
 def model_shape(config: RunConfig) -> Any:
     """The ModelShape the step plan needs, when it can be known here (None: on the cluster only)."""
     model_id = config.effective_model_id()
-    if model_id is None:  # the tiny local model (training.loop.build_model)
-        h, heads = config.local_hidden_size, config.local_heads
+    if model_id is None:  # the tiny model (training.loop.build_model)
+        tiny = config.target_defaults().tiny
+        h, heads = tiny.hidden_size, tiny.heads
         return _shape({"model_type": "qwen2", "hidden_size": h, "intermediate_size": 4 * h,
-                       "num_hidden_layers": config.local_layers, "num_attention_heads": heads,
-                       "num_key_value_heads": max(1, heads // 2), "vocab_size": config.local_vocab_size,
+                       "num_hidden_layers": tiny.layers, "num_attention_heads": heads,
+                       "num_key_value_heads": max(1, heads // 2), "vocab_size": tiny.vocab_size,
                        "tie_word_embeddings": False})
     if model_id in KNOWN_MODEL_CONFIGS:
         return _shape(KNOWN_MODEL_CONFIGS[model_id])
@@ -109,9 +110,6 @@ def model_shape(config: RunConfig) -> Any:
         return None
 
 
-# GPU memory a rank may use, by instance family (docs/perf-model.md: "the L4's ~22 GiB free" of 24 GB;
-# g6 = NVIDIA L4 per the AWS G6 instance specifications). Other types: the job's own check decides.
-GPU_FREE_GIB = {"g6.": ("L4", 22.0)}
 # --batch-size left on auto on a GPU cluster (without --tokens-per-step): the largest of these that fits.
 AUTO_MICRO_BATCHES = (16, 8, 4, 2, 1)
 # Ways out named when a model does not fit: shorter sequences, and GPU nodes up to this many.
@@ -120,10 +118,9 @@ MAX_NODES_SUGGESTED = 16
 
 
 def known_gpu(config: RunConfig) -> tuple[str, float] | None:
-    """(name, GiB free) of the node type's GPU, when the target names a type rtui knows."""
-    if "gpu_node_type" not in config.target_facts().own_fields:
-        return None
-    return next((v for k, v in GPU_FREE_GIB.items() if config.gpu_node_type.startswith(k)), None)
+    """(name, GiB free) of the node type's GPU, when the target knows it (``GpuNodes.gpu``)."""
+    nodes = config.target_traits().gpu_nodes(config)
+    return None if nodes is None else nodes.gpu
 
 
 def gpu_budget_gib(config: RunConfig) -> float | None:
@@ -148,7 +145,7 @@ def estimate_for(config: RunConfig, shape: Any, plan: Any) -> Any:
     """The plan's MemoryEstimate per rank of one step of ``plan`` (docs/perf-model.md)."""
     from training.stepplan import estimate_memory  # lazy: the step planner loads when a step is sized
 
-    gpu = config.target_facts().on_gpus
+    gpu = config.target_traits().on_gpus
     reshard = config.reshard_after_forward == "yes" or (config.reshard_after_forward == "auto" and gpu)
     reduces_every_micro_step = config.effective_precision() == "bf16" and config.reduce_dtype == "bf16"
     return estimate_memory(shape, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
@@ -218,10 +215,11 @@ def memory_refusal(config: RunConfig) -> UserError | None:
         ways.append(f"--seq-len {shorter}")
     if not config.activation_checkpointing and fits(activation_checkpointing=True):
         ways.append("--activation-checkpointing")
-    more = next((n for n in range(config.gpu_node_count + 1, MAX_NODES_SUGGESTED + 1) if fits(gpu_node_count=n)),
-                None)
-    if more and config.shard == "full":
-        ways.append(f"--gpu-node-count {more} (its shards spread over more GPUs)")
+    nodes = config.target_traits().gpu_nodes(config)
+    more = None if nodes is None else next(
+        (n for n in range(nodes.count + 1, MAX_NODES_SUGGESTED + 1) if fits(**{nodes.count_field: n})), None)
+    if nodes is not None and more and config.shard == "full":
+        ways.append(f"--{nodes.count_field.replace('_', '-')} {more} (its shards spread over more GPUs)")
     elif config.shard == "hybrid" and fits(shard="full"):
         ways.append("--shard full")
     ways.append("a smaller --model-id")

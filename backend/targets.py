@@ -18,15 +18,26 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, ClassVar, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TextIO, TypeVar
 
-from backend.errors import UserError
-from backend.registry import BUILTIN, DEFAULT, ENTRY_POINT_GROUP, Defaults, known, load, names, spec
+from backend.config import RunConfig
+from backend.record import Facts, NoFacts
+from backend.registry import (
+    BUILTIN,
+    DEFAULT,
+    ENTRY_POINT_GROUP,
+    Defaults,
+    GpuNodes,
+    TinyModel,
+    known,
+    load,
+    names,
+    spec,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from backend.config import RunConfig
     from backend.delivery import DataStore
     from backend.errors import NoCapacity
     from backend.layers.base import Context
@@ -68,10 +79,15 @@ class FoundCluster:
     running: bool = True  # False: its marks are there but its processes are gone (nothing to stop)
 
 
-class Target(ABC):
+C = TypeVar("C", bound=RunConfig)
+
+
+class Target(ABC, Generic[C]):
     """One place a run can go. Subclass it, override what differs, register it (module docstring).
 
-    The class attributes are what generic code asks instead of a target's name."""
+    The class attributes are what generic code asks instead of a target's name. ``C`` is its config
+    model (``config_model``): every ``config`` a target's method gets is one, made by ``resolve_config``
+    or read from the run's record."""
 
     name: ClassVar[str]
     label: ClassVar[str]  # its line on the first screen
@@ -83,9 +99,11 @@ class Target(ABC):
     bench_ab_steps: ClassVar[int] = 20
     has_kubernetes: ClassVar[bool] = False  # its stack has Kubernetes objects (`rtui manifest`)
     has_feasibility: ClassVar[bool] = False  # `rtui check` shows a feasibility matrix (``feasibility``)
-    # The config fields it reads that not every target reads (a field no target claims is every target's):
-    # `rtui config show` lists a target's common fields and its own.
-    own_fields: ClassVar[frozenset[str]] = frozenset()
+    # Its settings: the common RunConfig's fields and its own (a subclass), each a flag, a RTUI_* variable
+    # and a rtui.toml key; `rtui config show` lists these.
+    config_model: ClassVar[type[RunConfig]] = RunConfig
+    # What its layers decide once and keep in the run's record (``RunFacts.own``), typed.
+    facts_model: ClassVar[type[Facts]] = NoFacts
     # "module:Class" of its first-screen panel (a Textual widget, imported by the screen only), or None.
     panel: ClassVar[str | None] = None
     # What the plan's cost line says when nothing is priced.
@@ -97,18 +115,18 @@ class Target(ABC):
     scale_up_s: ClassVar[float] = 0.0
 
     @abstractmethod
-    def stack(self, config: RunConfig) -> Stack:
+    def stack(self, config: C) -> Stack:
         """Its layers, bottom up (DESIGN.md §1). Import them here: they stay off the first frame."""
 
     @abstractmethod
-    def defaults(self, config: RunConfig) -> Defaults:
+    def defaults(self, config: C) -> Defaults:
         """What the fields left on auto resolve to for ``config``."""
 
-    def check(self, config: RunConfig, cwd: Path) -> RunConfig:
+    def check(self, config: C, cwd: Path) -> RunConfig:
         """Refuse (UserError) what this target cannot run; return the config, paths made absolute."""
         return config
 
-    def where(self, config: RunConfig) -> str:
+    def where(self, config: C) -> str:
         """Which cluster, in a few words, for the App's subtitle (after the target's name); "" for none."""
         return ""
 
@@ -116,46 +134,60 @@ class Target(ABC):
         """Its clusters live on this machine found without records (cheap: no network)."""
         return []
 
-    async def tagged_runs(self, config: RunConfig) -> list[str]:
+    async def tagged_runs(self, config: C) -> list[str]:
         """Run ids the provider holds resources of for ``config.cluster_name`` (may ask the network)."""
         return []
 
     def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity, *, elsewhere: bool = True,
-                  on_demand: bool = True) -> str | None:
+                  on_demand: bool | None = True) -> str | None:
         """Move what the provider had no capacity for (in the run's ``stack``, its record in ``ctx``): to
         another place (``elsewhere``) or, for machines bought on a spot market, to on-demand capacity
-        (``on_demand``), as the target can; what moved, in one line, or None when it cannot."""
+        (``on_demand``; None: when the run's own settings allow it), as the target can; what moved, in
+        one line, or None when it cannot."""
         return None
 
-    def fail_over_hint(self, config: RunConfig, facts: RunFacts) -> str | None:
+    def fail_over_hint(self, config: C, facts: RunFacts) -> str | None:
         """What `m` does after a capacity failure, in words (``fail_over_words``; None: nothing)."""
         return self.fail_over_words
 
-    def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
+    def data_store(self, state_root: Path, run_id: str, config: C) -> DataStore | None:
         """Where a run's checkpoints and model live, when rtui manages them on this target."""
         return None
 
-    def feasibility(self, config: RunConfig, *, regions: list[str] | None, all_regions: bool,
+    def feasibility(self, config: C, *, regions: list[str] | None, all_regions: bool,
                     request_quota: bool, yes: bool, as_json: bool, out: TextIO) -> int | None:
         """`rtui check` on this target when it has its own (an exit code), else None for the generic one."""
         return None
 
-    def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
+    def job_storage_path(self, config: C, run_id: str) -> str | None:
         """Where the job writes checkpoints and the model when the target gives the run its own storage
         and no --storage-path names any (kube: the run's volume, mounted in every Ray pod), else None."""
         return None
 
-    def storage_profile(self, config: RunConfig) -> str | None:
+    def storage_profile(self, config: C) -> str | None:
         """The AWS profile that writes --storage-path (None: the usual credential chain)."""
         return None
 
-    def job_nodes(self, config: RunConfig) -> int | None:
+    def job_nodes(self, config: C) -> int | None:
         """How many machines the training job's workers run on, when the config settles it (None: it
         does not). The NCCL badge and `rtui status` take it as the job's own node count: a job on one
         machine uses no network, whatever network NCCL announces (issue 39)."""
         return None
 
-    def interruption_rate(self, config: RunConfig, facts: RunFacts) -> InterruptionRate:
+    def manifest(self, config: C, run_id: str) -> str | None:
+        """`rtui manifest`: the Kubernetes objects a run's plan applies, as a YAML stream with ``# `` notes
+        first (None: its stack has none; ``has_kubernetes`` says so without loading anything)."""
+        return None
+
+    def gpu_nodes(self, config: C) -> GpuNodes | None:
+        """Its GPU machines as ``config`` sets them (None: it trains on CPUs, or does not choose them)."""
+        return None
+
+    def gives_storage(self, config: C) -> bool:
+        """Whether the run gets storage of the target's own that every node writes (kube: a volume)."""
+        return False
+
+    def interruption_rate(self, config: C, facts: RunFacts) -> InterruptionRate:
         """The expected interruptions per node-hour of the run's training nodes (``--checkpoint-every
         auto`` checkpoints by it; the job's rate is this times ``job_nodes``). By default the hardware and
         software failure rate of large GPU training (``INTERRUPTIONS_PER_GPU_HOUR``, Llama 3) times the
@@ -164,21 +196,14 @@ class Target(ABC):
         is generous to the host's own (CPU, memory, disk, network); it gives an optimum of hours even for
         a checkpoint of a tenth of a second (≈ 1.7 h), so a local run of minutes checkpoints at its end
         only. A target whose nodes can be taken back (Spot capacity) overrides it with that rate."""
-        gpus = config.gpus_per_node if self.on_gpus else 1
+        nodes = self.gpu_nodes(config)
+        gpus = nodes.gpus_per_node if self.on_gpus and nodes is not None else 1
         where = f"× {gpus} GPUs per node" if self.on_gpus else "one GPU's share for a CPU machine"
         return InterruptionRate(INTERRUPTIONS_PER_GPU_HOUR * gpus, f"{LLAMA3_SOURCE}, {where}")
 
 
-def refuse_spot(config: RunConfig) -> None:
-    """For a target that makes no GPU nodes of its own: ``--spot`` is refused, not ignored."""
-    if config.spot or config.spot_fallback != "none":
-        flag = "--spot" if config.spot else "--spot-fallback"
-        raise UserError(f"{flag}: only the aws target makes GPU nodes to buy on Spot capacity",
-                        remedy=f"leave {flag} out here, or use --target aws")
-
-
 @cache
-def get(name: str) -> Target:
+def get(name: str) -> Target[Any]:
     """The target called ``name``; KeyError when no built-in or installed target has that name."""
     target = load(name)
     if not isinstance(target, Target):
@@ -189,4 +214,4 @@ def get(name: str) -> Target:
 
 
 __all__ = ["BUILTIN", "DEFAULT", "ENTRY_POINT_GROUP", "GPU_SEQ_LEN", "INTERRUPTIONS_PER_GPU_HOUR", "Defaults",
-           "FoundCluster", "InterruptionRate", "Target", "get", "known", "names"]
+           "FoundCluster", "GpuNodes", "TinyModel", "InterruptionRate", "Target", "get", "known", "names"]

@@ -35,12 +35,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.config import RunConfig  # noqa: E402
 from backend.hub import default_dataset_uri  # noqa: E402
 from backend.planner import apply_steps, select_until  # noqa: E402
 from backend.runner import Runner, Step  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.store import RunStore  # noqa: E402
+from targets.aws.config import AwsConfig  # noqa: E402
 from targets.kube.k8s.handlers import kuberay_crds  # noqa: E402
 from tests.aws.bench_world import serve_aws_double  # noqa: E402
 from tests.aws.moto_ext import SCRIPT  # noqa: E402
@@ -130,7 +130,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
         SCRIPT.on_nodegroup_active = join_nodes(cluster)
         timings = Timings(addon_s=minute, pull_s=5 * minute, start_s=minute, stop_s=0.0)
         with FakeRegistry() as registry, FakeControlPlane(cluster, timings=timings):
-            config = RunConfig(target="aws", region="us-east-1", image=registry.image(),
+            config = AwsConfig(target="aws", region="us-east-1", image=registry.image(),
                                addon_registry=registry.host, kuberay_crds=str(crds), cluster_name=f"bench-{order}",
                                model_revision="0" * 40, data=default_dataset_uri("0" * 40),  # commits: no Hub asked
                                operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)

@@ -27,12 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.config import RunConfig  # noqa: E402
 from backend.hub import default_dataset_uri  # noqa: E402
 from backend.planner import apply_steps, select_until  # noqa: E402
 from backend.runner import Runner, Step  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.store import RunStore  # noqa: E402
+from targets.kube.config import KubeConfig  # noqa: E402
 from targets.kube.k8s.handlers import kuberay_crds  # noqa: E402
 from tests.kubernetes.conftest import KubeCluster  # noqa: E402
 from tests.kubernetes.crds import crd_dir  # noqa: E402
@@ -74,7 +74,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> float:
         timings = Timings(addon_s=minute, pull_s=5 * minute, start_s=minute, stop_s=0.0)
         with FakeRegistry() as registry, FakeControlPlane(cluster, timings=timings):
             gpu_cluster(cluster, 2)
-            config = RunConfig(target="kube", kubeconfig=str(cluster.kubeconfig), image=registry.image(),
+            config = KubeConfig(target="kube", kubeconfig=str(cluster.kubeconfig), image=registry.image(),
                                addon_registry=registry.host, kuberay_crds=str(crds),
                                model_revision="0" * 40, data=default_dataset_uri("0" * 40),  # commits: no Hub asked
                                operator_scope="cluster")  # as the seed installs KubeRay (before the namespace)

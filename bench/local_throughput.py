@@ -92,11 +92,12 @@ def main() -> None:
     workers, ray_tps = summary["world_size"], summary["tokens_per_s_mean"]
     per_worker_batch = config.effective_batch_size()
     global_batch = workers * per_worker_batch
+    tiny = config.target_defaults().tiny
     plain = subprocess.run(
         [sys.executable, str(REPO / "bench" / "plain_loop.py"), "--steps", str(args.steps),
          "--batch-size", str(global_batch), "--threads", str(cores), "--precision", "fp32",
-         "--hidden", str(config.local_hidden_size), "--layers", str(config.local_layers),
-         "--heads", str(config.local_heads), "--vocab", str(config.local_vocab_size),
+         "--hidden", str(tiny.hidden_size), "--layers", str(tiny.layers),
+         "--heads", str(tiny.heads), "--vocab", str(tiny.vocab_size),
          "--seq-len", str(config.effective_seq_len())],
         capture_output=True, text=True, check=True, cwd=REPO)
     plain_tps = json.loads(plain.stdout.strip().splitlines()[-1])["tokens_per_s_mean"]

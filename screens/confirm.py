@@ -14,10 +14,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
+from backend.config import held_reason
 from backend.errors import RtuiError
 from backend.model import Plan
 from backend.store import RunStore
-from backend.trust import held_reason
 from tui.plan_diff import money
 from tui.widgets import RtuiFooter
 

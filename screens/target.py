@@ -117,12 +117,13 @@ class TargetScreen(PanelHost):
 
     def on_mount(self) -> None:
         cfg = self.session.config
+        tiny = cfg.target_defaults().tiny
         rows = [("cluster", cfg.cluster_name), ("workers", str(cfg.effective_workers())),
                 ("steps", str(cfg.steps)),
                 ("seq len × batch", f"{cfg.effective_seq_len()} × {cfg.effective_batch_size()}"),
                 ("precision", cfg.effective_precision()),
                 ("model", cfg.effective_model_id()
-                 or f"tiny Qwen2 ({cfg.local_layers} layers, hidden {cfg.local_hidden_size})")]
+                 or f"tiny Qwen2 ({tiny.layers} layers, hidden {tiny.hidden_size})")]
         self.query_one("#config-summary", Static).update(render_config(rows + self.panel.config_rows()))
         choices = self.query_one("#targets", OptionList)
         if self.panel.compact:  # two rows of air fewer, so the checks fit beside the picker at 80×24

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig, resolve_config
+from backend.config import resolve_config
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStatus, RunStore
 from screens.run import RunScreen
+from targets.kube.config import KubeConfig
 from tests.conftest import run_rtui
 from tests.pilot_wait import wait_for
 from tests.telemetry.tel_support import NCCL_LOGS
@@ -110,7 +111,7 @@ async def test_a_whole_single_node_log_replayed_on_a_cluster_run_stays_intra_nod
 
 def saved_cluster_run(gpu_nodes: int, lines: list[str]) -> str:
     store = RunStore()
-    record = store.create(RunConfig(target="kube", gpu_node_count=gpu_nodes, gpus_per_node=4))
+    record = store.create(KubeConfig(target="kube", gpu_node_count=gpu_nodes, gpus_per_node=4))
     record.status = RunStatus.DOWN  # nothing live to ask: what the record and the spool hold
     record.jobs = [JobRecord(submission_id=f"rtui-{record.run_id}-1", submitted_at=T0, spec_hash="h",
                              status=JobState.SUCCEEDED)]

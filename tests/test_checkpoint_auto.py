@@ -25,6 +25,8 @@ from backend.errors import UserError
 from backend.jobspec import build_job_spec, describe_auto_checkpoint, job_interruptions_per_hour
 from backend.record import RunFacts
 from backend.targets import INTERRUPTIONS_PER_GPU_HOUR, InterruptionRate
+from targets.kube.config import KubeConfig
+from targets.local.config import LocalConfig
 from tests.conftest import REPO
 from training import checkpoint_interval as ci
 from training.config import TrainConfig, TrainConfigError, parse_args
@@ -143,8 +145,8 @@ def test_checkpoint_every_takes_a_number_or_auto_from_every_source(tmp_path: Pat
         resolve_config({}, environ={}, cwd=tmp_path)
     # A record written before auto existed (an int) still loads; a config dumps and loads back.
     for value in (0, 5, "auto"):
-        config = RunConfig(checkpoint_every=value)
-        assert RunConfig.model_validate(config.model_dump(mode="json")).checkpoint_every == value
+        config = LocalConfig(checkpoint_every=value)
+        assert LocalConfig.model_validate(config.model_dump(mode="json")).checkpoint_every == value
 
 
 @pytest.mark.parametrize("bad", ["often", "-1", "5.5", "", "AUTO"])
@@ -175,19 +177,19 @@ def test_the_default_rate_is_llama_3s_per_gpu_hour_times_the_gpus_of_a_node() ->
     per_gpu_hour = INTERRUPTIONS_PER_GPU_HOUR
     assert per_gpu_hour == pytest.approx(419 / (54 * 24 * 16_384))
     assert per_gpu_hour == pytest.approx(1.973e-5, rel=1e-3)
-    kube = RunConfig(target="kube", gpus_per_node=8)
+    kube = KubeConfig(target="kube", gpus_per_node=8)
     rate = targets.get("kube").interruption_rate(kube, RunFacts())
     assert rate.per_node_hour == pytest.approx(8 * INTERRUPTIONS_PER_GPU_HOUR)
     assert "Llama 3" in rate.source and "419" in rate.source and "8 GPUs per node" in rate.source
     # On CPUs (local): one GPU's share for the machine.
-    local = targets.get("local").interruption_rate(RunConfig(), RunFacts())
+    local = targets.get("local").interruption_rate(LocalConfig(), RunFacts())
     assert local.per_node_hour == pytest.approx(INTERRUPTIONS_PER_GPU_HOUR) and "CPU machine" in local.source
 
 
 def test_the_job_rate_is_the_node_rate_times_the_jobs_nodes() -> None:
     rate = InterruptionRate(0.01, "test")
-    two = RunConfig(target="kube", gpu_node_count=2, gpus_per_node=4)  # 8 workers on 2 nodes
-    one = RunConfig(target="kube", gpu_node_count=2, gpus_per_node=4, num_workers=4)  # PACK: one node
+    two = KubeConfig(target="kube", gpu_node_count=2, gpus_per_node=4)  # 8 workers on 2 nodes
+    one = KubeConfig(target="kube", gpu_node_count=2, gpus_per_node=4, num_workers=4)  # PACK: one node
     assert job_interruptions_per_hour(two, rate) == pytest.approx(0.02)
     assert job_interruptions_per_hour(one, rate) == pytest.approx(0.01)
 

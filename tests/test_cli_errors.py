@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
 from backend.store import RunStatus, RunStore
+from targets.local.config import LocalConfig
 from tests.conftest import REPO, run_rtui
 
 
@@ -28,7 +28,8 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: s
     ("args", "needle"),
     [
         (["plan", "--target", "gcp"], "expected one of local, aws, kube"),
-        (["plan", "--gpu-node-count", "-2"], "--gpu-node-count='-2'"),
+        (["plan", "--target", "kube", "--gpu-node-count", "-2"], "--gpu-node-count='-2'"),
+        (["plan", "--gpu-node-count", "2"], "--gpu-node-count is a setting of the aws and kube targets"),
         (["plan", "--local-worker-nodes", "-1"], "--local-worker-nodes"),
         (["plan", "--config", "/nonexistent/rtui.toml"], "does not exist"),
         (["plan", "--storage-path", "ftp://host/dir"], "ftp:// is none of them"),
@@ -46,9 +47,9 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, needle: s
         (["logs", "classify"], "no files to classify"),
         (["up", "--yes", "--until", "nowhere"], "--until 'nowhere' is neither an address nor a layer"),
         # Only the aws target makes GPU nodes to buy on Spot: elsewhere the flag is refused, not ignored.
-        (["plan", "--target", "local", "--spot"], "--spot: only the aws target makes GPU nodes"),
-        (["plan", "--target", "kube", "--spot"], "--spot: only the aws target makes GPU nodes"),
-        (["plan", "--target", "local", "--spot-fallback", "on-demand"], "--spot-fallback: only the aws target"),
+        (["plan", "--target", "local", "--spot"], "--spot is a setting of the aws target; the local target has"),
+        (["plan", "--target", "kube", "--spot"], "--spot is a setting of the aws target; the kube target has"),
+        (["plan", "--target", "local", "--spot-fallback", "on-demand"], "--spot-fallback is a setting of the aws"),
         (["plan", "--target", "aws", "--spot-fallback", "on-demand"], "--spot-fallback on-demand: only with --spot"),
         (["plan", "--target", "aws", "--spot", "--spot-fallback", "spot"], "--spot-fallback"),
     ],
@@ -80,7 +81,7 @@ def test_port_already_taken() -> None:
 
 def test_second_up_while_one_runs_changes_nothing(isolated_env: Path) -> None:
     store = RunStore()
-    rec = store.create(RunConfig())
+    rec = store.create(LocalConfig())
     rec.status = RunStatus.APPLYING
     store.save(rec)
     before = store.path_for(rec.run_id).read_bytes()
@@ -101,7 +102,7 @@ def test_second_up_while_one_runs_changes_nothing(isolated_env: Path) -> None:
 
 def test_corrupt_run_record(isolated_env: Path) -> None:
     store = RunStore()
-    rec = store.create(RunConfig())
+    rec = store.create(LocalConfig())
     store.path_for(rec.run_id).write_text("{ torn")
     proc = run_rtui("status", rec.run_id)
     assert_one_line(proc, 1, f"run record {rec.run_id} is corrupt")
@@ -122,7 +123,7 @@ def test_help_and_plan_work_without_any_state(isolated_env: Path) -> None:
 
 def test_resume_skips_runs_that_are_down(isolated_env: Path) -> None:
     store = RunStore()
-    rec = store.create(RunConfig())
+    rec = store.create(LocalConfig())
     rec.status = RunStatus.DOWN
     store.save(rec)
     assert_one_line(run_rtui("--resume"), 2, f"no runs to resume (the latest, {rec.run_id}, is down)")
@@ -195,18 +196,20 @@ def test_a_5000_character_value_is_not_echoed_in_full(args: list[str], env: dict
     assert "(5000 characters)" in proc.stderr or "…" in proc.stderr
 
 
-def _float_fields() -> list[str]:
-    from backend.config import RunConfig
+def _float_fields() -> list[tuple[str, str]]:
+    """(field, a target that reads it) for every float field of every target's config."""
+    from backend.config import field_info, field_owners
 
-    return [name for name, info in RunConfig.model_fields.items() if info.annotation in (float, float | None)]
+    return [(name, owners[-1]) for name, owners in field_owners().items()
+            if field_info(name).annotation in (float, float | None)]
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
-@pytest.mark.parametrize("field", _float_fields())
-def test_non_finite_numbers_are_rejected_plainly(field: str, value: str) -> None:
+@pytest.mark.parametrize(("field", "target"), _float_fields())
+def test_non_finite_numbers_are_rejected_plainly(field: str, target: str, value: str) -> None:
     flag = "--" + field.replace("_", "-")
     # FLAG=VALUE: argparse reads a separate "-inf" as an option, not as the flag's value.
-    proc = run_rtui("plan", f"{flag}={value}")
+    proc = run_rtui("plan", "--target", target, f"{flag}={value}")
     assert_one_line(proc, 2, f"invalid {flag}='{value}' (from flag): Input should be a finite number")
 
 

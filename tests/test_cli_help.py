@@ -8,7 +8,7 @@ from typing import get_args
 import pytest
 
 import targets
-from backend.config import FIELD_NAMES, Precision, RunConfig, Transport, flag_name
+from backend.config import Precision, Transport, field_info, field_owners, flag_name
 from tests.conftest import run_rtui
 from tui.cli import build_parser, config_metavar
 
@@ -47,12 +47,12 @@ def test_subcommand_only_flags_show_choices_and_defaults() -> None:
 
 def test_every_config_flag_has_a_placeholder_not_its_field_name() -> None:
     """Derived from the field's type and name: no upper-cased field name slips through for a new field."""
-    for field in FIELD_NAMES:
+    for field in field_owners():
         metavar = config_metavar(field)
         words = field.split("_")
         if len(words) > 1 and field not in ("vpc_id",):
             assert metavar != field.upper(), field
-        if RunConfig.model_fields[field].annotation is int:
+        if field_info(field).annotation is int:
             assert metavar in ("N", "PORT"), (field, metavar)
     options = {a.option_strings[0]: a for a in build_parser()._actions if a.option_strings}
-    assert all(options[flag_name(f)].help for f in FIELD_NAMES)
+    assert all(options[flag_name(f)].help for f in field_owners())

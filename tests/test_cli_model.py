@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
 from backend.delivery import local_data_dir
 from backend.store import RunStatus, RunStore
+from targets.local.config import LocalConfig
 from tests.conftest import json_lines, run_rtui
 from tests.test_cli_errors import assert_one_line
 from training.export import CHECK_FILE, INCOMPLETE, MODEL_MARKER, ExportInfo
@@ -39,7 +39,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def finished_run(exported: Path, *, partial: bool = False) -> tuple[str, Path]:
     """A finished local run whose job wrote its model under the run's data dir and its summary to the spool."""
     store = RunStore()
-    record = store.create(RunConfig())
+    record = store.create(LocalConfig())
     record.status = RunStatus.UP
     data = local_data_dir(store.root, record.run_id)
     job_dir = data / "rtui-1700000000"
@@ -116,7 +116,7 @@ def test_down_keeps_the_data_and_lists_it_then_delete_data_removes_it(exported: 
     assert (data / "rtui-1700000000" / "model" / MODEL_MARKER).is_file()
     assert json_lines(run_rtui("status", run_id, "--json", check=True).stdout)[0]["model"] is not None
     # The sweep of another run's status reports it as kept on purpose, not as a leftover.
-    other = RunStore().create(RunConfig(cluster_name="other"))
+    other = RunStore().create(LocalConfig(cluster_name="other"))
     swept = json_lines(run_rtui("status", other.run_id, "--json", check=True).stdout)[0]
     assert swept["orphans"] == [] and [k["run_id"] for k in swept["kept_data"]] == [run_id]
     assert swept["kept_data"][0]["kept_on_purpose"] is True and swept["kept_data"][0]["models"] == 1

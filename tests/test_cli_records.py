@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
 from backend.store import JobRecord, JobState, RunStatus, RunStore
+from targets.kube.config import KubeConfig
+from targets.local.config import LocalConfig
 from tests.conftest import run_rtui
 from tests.test_cli_errors import assert_one_line
 
 
 def saved_run(**changes: object) -> tuple[RunStore, str, Path]:
     store = RunStore()
-    record = store.create(RunConfig())
+    record = store.create(LocalConfig())
     record.status = RunStatus.UP
     store.save(record)
     path = store.path_for(record.run_id)
@@ -110,7 +111,7 @@ def test_logs_and_status_show_the_latest_job_and_earlier_ones_stay_readable(isol
 def test_status_honours_target(isolated_env: Path) -> None:
     """`rtui status --target kube` shows the latest kube run, not the latest run (issue 21, item 4)."""
     store = RunStore()
-    kube = store.create(RunConfig(target="kube"))
+    kube = store.create(KubeConfig(target="kube"))
     kube.status = RunStatus.DOWN
     store.save(kube)
     _, local_id, _ = saved_run()

@@ -4,25 +4,28 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import FIELD_NAMES, RunConfig, env_name, flag_name, resolve_config
+from backend.config import RunConfig, config_for, env_name, field_owners, flag_name, resolve_config
 from backend.errors import UserError
+from targets.aws.config import AwsConfig
+from targets.kube.config import KubeConfig
+from targets.local.config import LocalConfig
 from tests.conftest import json_lines, run_rtui
 
 
 def test_defaults_match_the_reference() -> None:
-    cfg = resolve_config({}, environ={}).config
-    assert cfg.target == "local"
+    assert resolve_config({}, environ={}).config.target == "local"
+    cfg = AwsConfig.of(resolve_config({"target": "aws"}, environ={}).config)
     assert (cfg.gpu_node_type, cfg.gpu_node_count, cfg.gpus_per_node) == ("g6.12xlarge", 2, 4)
     assert (cfg.system_node_type, cfg.system_node_count) == ("m7i.xlarge", 1)
     assert cfg.image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
-    assert cfg.model_id == "" and cfg.effective_model_id() is None  # locally: the tiny model
+    assert resolve_config({}, environ={}).config.effective_model_id() is None  # locally: the tiny model
     assert resolve_config({"target": "aws"}, environ={}).config.effective_model_id() == "Qwen/Qwen2.5-1.5B"
 
 
 def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
     (tmp_path / "rtui.toml").write_text('steps = 7\nregion = "eu-west-1"\nseq_len = 64\n')
-    resolved = resolve_config({"steps": "9"}, environ={"RTUI_REGION": "us-west-2"}, cwd=tmp_path)
-    cfg, src = resolved.config, resolved.sources
+    resolved = resolve_config({"target": "aws", "steps": "9"}, environ={"RTUI_REGION": "us-west-2"}, cwd=tmp_path)
+    cfg, src = AwsConfig.of(resolved.config), resolved.sources
     assert (cfg.steps, src["steps"]) == (9, "flag")
     assert (cfg.region, src["region"]) == ("us-west-2", "env")
     assert (cfg.seq_len, src["seq_len"]) == (64, f"file:{tmp_path / 'rtui.toml'}")
@@ -46,10 +49,10 @@ def test_xdg_config_file_used_when_cwd_has_none(tmp_path: Path, monkeypatch: pyt
     ("flags", "needle"),
     [
         ({"target": "gcp"}, "--target='gcp'"),
-        ({"gpu_node_count": "-1"}, "--gpu-node-count='-1'"),
+        ({"target": "kube", "gpu_node_count": "-1"}, "--gpu-node-count='-1'"),
         ({"steps": "many"}, "--steps='many'"),
         ({"cluster_name": "Bad_Name"}, "--cluster-name"),
-        ({"region": "mars-1"}, "--region"),
+        ({"target": "aws", "region": "mars-1"}, "--region"),
     ],
 )
 def test_bad_values_name_field_value_and_what_is_accepted(flags: dict[str, str], needle: str) -> None:
@@ -85,10 +88,12 @@ def test_every_field_has_a_flag_and_an_env_name() -> None:
     from tui.cli import build_parser
 
     help_text = build_parser().format_help()
-    for field in FIELD_NAMES:
+    owners = field_owners()
+    for field in owners:
         assert flag_name(field) in help_text
         assert env_name(field) == "RTUI_" + field.upper()
-    assert RunConfig.model_fields.keys() == set(FIELD_NAMES)
+    every = {f for model in (LocalConfig, KubeConfig, AwsConfig) for f in model.model_fields}
+    assert every == set(owners) and set(RunConfig.model_fields) <= set(LocalConfig.model_fields)
 
 
 def test_auto_values_depend_on_target() -> None:
@@ -102,7 +107,7 @@ def test_auto_values_depend_on_target() -> None:
 
 def test_config_show_json_reports_sources(tmp_path: Path) -> None:
     (tmp_path / "rtui.toml").write_text("steps = 11\n")
-    proc = run_rtui("config", "show", "--json", "--seq-len", "32", env={"RTUI_REGION": "ap-south-1"})
+    proc = run_rtui("config", "show", "--json", "--target", "aws", "--seq-len", "32", env={"RTUI_REGION": "ap-south-1"})
     assert proc.returncode == 0, proc.stderr
     data = json_lines(proc.stdout)[0]
     assert data["config"]["steps"] == 11 and data["sources"]["steps"].startswith("file:")
@@ -127,7 +132,7 @@ def _show_rows(*args: str) -> dict[str, list[str]]:
 )
 def test_config_show_prints_what_auto_resolves_to_on_the_target(target: str, expected: dict[str, str]) -> None:
     rows = _show_rows("--target", target)
-    expected = {**expected, "batch_size": str(RunConfig(target=target).effective_batch_size())}
+    expected = {**expected, "batch_size": str(config_for(target).effective_batch_size())}
     for field, value in expected.items():
         assert rows[field] == [value, "auto", "on", target, "(default)"], (field, rows[field])
 
@@ -187,6 +192,7 @@ def test_config_show_is_what_the_job_runs_with_and_only_the_targets_fields(targe
     shown_fields = set(rows)
     assert shown_fields >= {"target", "steps", "seq_len"}
     assert (aws_only <= shown_fields) is (target == "aws") and not (aws_only & shown_fields and target != "aws")
-    assert (kube_only <= shown_fields) is (target == "kube") and not (kube_only & shown_fields and target != "kube")
+    # The aws target's config builds on the kube target's (the kubernetes layer is theirs both).
+    assert (kube_only <= shown_fields) is (target != "local") and not (kube_only & shown_fields and target == "local")
     assert (local_only <= shown_fields) is (target == "local") and not (local_only & shown_fields and target != "local")
     assert ("namespace" in shown_fields) is (target != "local")

@@ -5,8 +5,8 @@ for ``rtui config trust``; ``resume_from`` alone made every Ray worker unpickle 
 (``torch.load(weights_only=False)`` and DCP's ``.metadata`` are pickles: see the warning in
 https://pytorch.org/docs/stable/generated/torch.load.html and torch.distributed.checkpoint's
 FileSystemReader, which reads the metadata with ``pickle.load``). So the rule is turned around: the
-file may set only the allowlisted knobs (backend.trust.FREE_FIELDS) without a confirmation; every other
-field (backend.trust.HELD_FIELDS) is held. ``--config FILE`` follows the same rule unless the file lies
+file may set only the allowlisted knobs (each config model's ``free_fields``) without a confirmation; every
+other field (``held_fields``, with why) is held. ``--config FILE`` follows the same rule unless the file lies
 in the user's own config dir (the XDG dir rtui reads on its own).
 """
 
@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from backend.config import RunConfig, resolve_config
+from backend.config import config_model, field_owners, resolve_config
 from backend.errors import UserError
+from targets.kube.config import KubeConfig
 
 # For every field the file must not decide on its own: a value an attacker might choose, with the
 # companions it needs to be valid (a kube-only field needs target = "kube", itself held).
@@ -82,42 +83,48 @@ def _trust_here() -> None:
 
 
 def test_every_config_field_is_classified_once() -> None:
-    """A new RunConfig field fails here until it is put on the allowlist or held with a reason."""
-    from backend.trust import FREE_FIELDS, HELD_FIELDS
+    """A new config field fails here until its model puts it on the allowlist or holds it with a reason."""
+    from backend.config import UNCLASSIFIED, held_fields
 
-    fields = set(RunConfig.model_fields)
-    unclassified = fields - FREE_FIELDS - set(HELD_FIELDS)
-    assert not unclassified, f"classify in backend/trust.py: {sorted(unclassified)}"
-    assert not FREE_FIELDS & set(HELD_FIELDS)
-    assert not (FREE_FIELDS | set(HELD_FIELDS)) - fields, "a classified name is no field"
-    assert all(reason.strip() and "\n" not in reason for reason in HELD_FIELDS.values())
+    unclassified = {f for f, reason in held_fields().items() if reason == UNCLASSIFIED}
+    assert not unclassified, f"classify in its config model's free_fields or held_fields: {sorted(unclassified)}"
+    for model in {config_model(name) for name in ("local", "kube", "aws")}:
+        for klass in model.__mro__:
+            free, held = vars(klass).get("free_fields", frozenset()), vars(klass).get("held_fields", {})
+            declared = set(vars(klass).get("__annotations__", {}))
+            assert not free & set(held), klass
+            assert not (free | set(held)) - declared, f"{klass.__name__} classifies a field it does not declare"
+    assert all(reason.strip() and "\n" not in reason for reason in held_fields().values())
     # Each held field has its attack below: the table grows with the classification.
-    assert set(HOSTILE) == set(HELD_FIELDS)
+    assert set(HOSTILE) == set(held_fields())
 
 
 @pytest.mark.parametrize("field", sorted(HOSTILE))
 def test_a_hostile_cwd_file_changes_nothing_until_confirmed(tmp_path: Path, field: str) -> None:
     values = HOSTILE[field]
+    # The run is on a target that reads the field (the user's flag; the file's own target is the attack)
+    owners = field_owners()[field]
+    run_on = {} if field == "target" or "local" in owners else {"target": owners[-1]}
     (tmp_path / "stolen.jsonl").write_text('{"text": "a"}\n')
     (tmp_path / "rtui.toml").write_text(_toml(values) + "steps = 7\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    default = getattr(resolve_config({}, environ={}, cwd=elsewhere).config, field)
+    default = getattr(resolve_config(run_on, environ={}, cwd=elsewhere).config, field)
 
     with pytest.raises(UserError) as refused:  # what `plan`, `up`, `manifest`… resolve with
-        resolve_config({}, environ={}, cwd=tmp_path)
+        resolve_config(run_on, environ={}, cwd=tmp_path)
     assert field in str(refused.value) and "rtui config trust" in str(refused.value)
     assert "\n" not in str(refused.value)
-    withheld = resolve_config({}, environ={}, cwd=tmp_path, untrusted="withhold")  # the wizard's session
+    withheld = resolve_config(run_on, environ={}, cwd=tmp_path, untrusted="withhold")  # the wizard's session
     assert getattr(withheld.config, field) == default
     assert field in withheld.unconfirmed
     assert withheld.config.steps == 7  # an allowlisted knob is taken as it is
-    shown = resolve_config({}, environ={}, cwd=tmp_path, untrusted="show")  # `rtui config show`
+    shown = resolve_config(run_on, environ={}, cwd=tmp_path, untrusted="show")  # `rtui config show`
     assert "not confirmed" in shown.sources[field]
 
     _trust_here()
-    taken = resolve_config({}, environ={}, cwd=tmp_path)
-    as_flags = resolve_config(values, environ={}, cwd=tmp_path).config
+    taken = resolve_config(run_on, environ={}, cwd=tmp_path)
+    as_flags = resolve_config({**run_on, **values}, environ={}, cwd=tmp_path).config
     assert getattr(taken.config, field) == getattr(as_flags, field) != default
     assert "confirmed" in taken.sources[field] and not taken.unconfirmed
 
@@ -146,7 +153,7 @@ def test_a_file_in_the_users_own_config_dir_is_the_users_word(tmp_path: Path) ->
     (own / "profiles" / "big.toml").write_text('resume_from = "/data/ckpt"\n')
     work = tmp_path / "work"
     work.mkdir()
-    assert resolve_config({}, environ={}, cwd=work).config.context == "mine"
+    assert KubeConfig.of(resolve_config({}, environ={}, cwd=work).config).context == "mine"
     named = resolve_config({}, config_file=str(own / "profiles" / "big.toml"), environ={}, cwd=work)
     assert named.config.resume_from == "/data/ckpt" and not named.unconfirmed
     # Only inside it: a sibling whose name merely starts the same is not the config dir.
@@ -159,9 +166,11 @@ def test_a_file_in_the_users_own_config_dir_is_the_users_word(tmp_path: Path) ->
 def test_flags_and_environment_stay_the_users_own_words(tmp_path: Path) -> None:
     """RTUI_* and flags set held fields without any confirmation, and win over the file's values."""
     (tmp_path / "rtui.toml").write_text('resume_from = "/tmp/attacker/checkpoint"\ncontext = "attacker"\n')
-    environ = {"RTUI_RESUME_FROM": "/data/mine", "RTUI_CONTEXT": "mine"}
+    environ = {"RTUI_RESUME_FROM": "/data/mine", "RTUI_CONTEXT": "mine", "RTUI_TARGET": "kube",
+               "RTUI_STORAGE_PATH": "s3://bucket/runs"}
     resolved = resolve_config({}, environ=environ, cwd=tmp_path)
-    assert (resolved.config.resume_from, resolved.config.context) == ("/data/mine", "mine")
+    assert (resolved.config.resume_from, KubeConfig.of(resolved.config).context) == ("/data/mine", "mine")
     assert not resolved.unconfirmed
-    flags = resolve_config({"resume_from": "/data/flag", "context": "flag"}, environ={}, cwd=tmp_path).config
-    assert (flags.resume_from, flags.context) == ("/data/flag", "flag")
+    flags = resolve_config({"target": "kube", "resume_from": "/data/flag", "context": "flag",
+                            "storage_path": "s3://bucket/runs"}, environ={}, cwd=tmp_path).config
+    assert (flags.resume_from, KubeConfig.of(flags).context) == ("/data/flag", "flag")

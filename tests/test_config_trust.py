@@ -15,6 +15,7 @@ import pytest
 
 from backend.config import resolve_config
 from backend.errors import UserError
+from targets.kube.config import KubeConfig
 from tests.conftest import run_rtui
 
 if TYPE_CHECKING:
@@ -54,20 +55,20 @@ def test_hostile_cwd_file_asks_for_confirmation_and_ships_nothing(tmp_path: Path
 
 
 def test_config_show_marks_unconfirmed_fields(tmp_path: Path) -> None:
-    from backend.trust import HELD_FIELDS
+    from backend.config import held_fields
 
     (tmp_path / "rtui.toml").write_text('target = "kube"\nimage = "evil.example.com/ray:latest"\nsteps = 7\n')
     proc = run_rtui("config", "show", "--json", timeout=60)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["unconfirmed"] == ["image", "target"]
-    assert data["held"] == {"image": HELD_FIELDS["image"], "target": HELD_FIELDS["target"]}
+    assert data["held"] == {"image": held_fields()["image"], "target": held_fields()["target"]}
     assert "not confirmed" in data["sources"]["image"]
     assert data["sources"]["steps"] == f"file:{tmp_path / 'rtui.toml'}"
     human = run_rtui("config", "show", timeout=60).stdout
     image_line = next(line for line in human.splitlines() if line.startswith("image"))
     assert "not confirmed" in image_line and "rtui config trust" in image_line
-    assert HELD_FIELDS["image"] in image_line  # why it is held, beside the value
+    assert held_fields()["image"] in image_line  # why it is held, beside the value
     assert "2 fields of" in human and "held until you confirm" in human
 
 
@@ -88,7 +89,7 @@ def test_trust_once_then_the_same_content_is_taken_and_a_change_asks_again(tmp_p
     assert trusted.returncode == 0, trusted.stderr
     assert "image" in trusted.stdout
     resolved = resolve_config({}, environ={}, cwd=tmp_path)
-    assert resolved.config.image == "registry.example.com/ray:2.58"
+    assert KubeConfig.of(resolved.config).image == "registry.example.com/ray:2.58"
     assert "confirmed" in resolved.sources["image"]
     toml.write_text('target = "kube"\nimage = "evil.example.com/ray:latest"\n')
     with pytest.raises(UserError, match="image"):
@@ -111,13 +112,15 @@ def test_flags_env_and_the_users_own_config_dir_stay_trusted(tmp_path: Path, mon
     monkeypatch.setenv("RTUI_CONFIG_DIR", str(xdg))
     work = tmp_path / "work"
     work.mkdir()
-    cfg = resolve_config({}, environ={}, cwd=work).config
+    cfg = KubeConfig.of(resolve_config({"target": "kube"}, environ={}, cwd=work).config)
     assert (cfg.image, cfg.hf_token) == ("mine.example.com/ray:1", "env:HF_TOKEN")
     # A held field set by a flag wins over the file, so the file's value needs no confirmation.
     (work / "rtui.toml").write_text('image = "other.example.com/ray:2"\nsteps = 3\n')
-    cfg = resolve_config({"image": "flag.example.com/ray:3"}, environ={}, cwd=work).config
+    cfg = KubeConfig.of(resolve_config({"target": "kube", "image": "flag.example.com/ray:3"}, environ={},
+                                       cwd=work).config)
     assert (cfg.image, cfg.steps) == ("flag.example.com/ray:3", 3)
-    cfg = resolve_config({}, environ={"RTUI_IMAGE": "env.example.com/ray:4"}, cwd=work).config
+    cfg = KubeConfig.of(resolve_config({"target": "kube"}, environ={"RTUI_IMAGE": "env.example.com/ray:4"},
+                                       cwd=work).config)
     assert cfg.image == "env.example.com/ray:4"
 
 
@@ -139,7 +142,7 @@ def test_job_env_still_passes_the_jobs_own_secrets() -> None:
 
 # --- the wizard: a modal asks, and nothing the file chose is used before a yes -------------------
 
-_WIZARD_FILE = ('target = "local"\nimage = "evil.example.com/ray:latest"\nhf_token = "~/.aws/credentials"\n'
+_WIZARD_FILE = ('target = "kube"\nimage = "evil.example.com/ray:latest"\nhf_token = "~/.aws/credentials"\n'
                 'job_env = "MY_SETTING"\nsteps = 7\n')
 
 
@@ -160,25 +163,25 @@ def test_wizard_refuses_a_job_env_naming_credentials_before_any_screen(tmp_path:
 
 
 async def test_wizard_asks_once_and_a_no_runs_nothing(tmp_path: Path) -> None:
-    from backend.trust import HELD_FIELDS
+    from backend.config import held_fields
     from screens.confirm import ConfirmConfigFile
     from tests.pilot_wait import wait_for
 
     (tmp_path / "rtui.toml").write_text(_WIZARD_FILE)
     app = _wizard_app(tmp_path)
-    default_image = app.session.config.image
-    assert "evil" not in default_image and app.session.config.job_env == ""
+    # Until the yes, none of the file's held fields: not its target, so not its image either
+    assert app.session.config.target == "local" and app.session.config.job_env == ""
     assert app.session.config.steps == 7  # what needs no confirmation is taken as it is
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmConfigFile), 5, "the config modal")
         text = " ".join(str(label.render()) for label in app.screen.query("Label"))
         assert "evil.example.com/ray:latest" in text and "~/.aws/credentials" in text and "job_env" in text
         for field in ("image", "hf_token", "job_env"):  # each held field says why it waits for a yes
-            assert HELD_FIELDS[field] in text
+            assert held_fields()[field] in text
         await pilot.press("n")
         await wait_for(pilot, lambda: app.return_code is not None, 5, "the app to quit")
     assert app.return_code == 2
-    assert app.session.config.image == default_image
+    assert app.session.config.target == "local" and not isinstance(app.session.config, KubeConfig)
     assert not (tmp_path / "state" / "trusted-config.json").exists()
 
 
@@ -192,11 +195,11 @@ async def test_wizard_yes_takes_the_values_and_remembers_the_content(tmp_path: P
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmConfigFile), 5, "the config modal")
         await pilot.press("y")
         await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "the target screen")
-        assert app.session.config.image == "evil.example.com/ray:latest"
+        assert KubeConfig.of(app.session.config).image == "evil.example.com/ray:latest"
         assert app.session.config.job_env == "MY_SETTING"
         assert "confirmed" in app.session.sources["image"]
     again = _wizard_app(tmp_path)  # the same content is not asked about again
-    assert again.confirm_config is None and again.session.config.image == "evil.example.com/ray:latest"
+    assert again.confirm_config is None and KubeConfig.of(again.session.config).image == "evil.example.com/ray:latest"
 
 
 async def test_wizard_modal_keeps_its_question_on_screen_with_many_held_fields(tmp_path: Path) -> None:
@@ -223,7 +226,7 @@ async def test_wizard_starts_when_the_files_knobs_need_its_held_target(tmp_path:
     """require_transport = "efa" is a free knob, but only valid with the file's (held) target = "kube":
     withheld, the session would be local + efa, which the local target refuses. Until the yes the
     whole file waits; the yes takes it all."""
-    from backend.trust import HELD_FIELDS
+    from backend.config import held_fields
     from screens.confirm import ConfirmConfigFile
     from tests.pilot_wait import wait_for
 
@@ -233,7 +236,7 @@ async def test_wizard_starts_when_the_files_knobs_need_its_held_target(tmp_path:
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmConfigFile), 5, "the config modal")
         text = " ".join(str(label.render()) for label in app.screen.query("Label"))
-        assert HELD_FIELDS["target"] in text and "require_transport" in text
+        assert held_fields()["target"] in text and "require_transport" in text
         await pilot.press("y")
         await wait_for(pilot, lambda: type(app.screen).__name__ == "TargetScreen", 5, "the target screen")
         config = app.session.config

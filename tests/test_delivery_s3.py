@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from backend.config import RunConfig
 from backend.delivery import S3_STANDARD_PER_GIB_MONTH, S3Store, data_store_for, run_storage_uri
 from backend.errors import OperationError
 from backend.jobspec import build_job_spec
 from backend.store import RunStatus, RunStore
+from targets.kube.config import KubeConfig
 from tests.conftest import json_lines, run_rtui
 from tests.moto_process import moto_server_process
 from training.export import MODEL_MARKER, upload_dir
@@ -82,14 +82,14 @@ def _upload(exported: Path, uri: str) -> list[str]:
 def kube_run(storage: str) -> str:
     """A finished kube run that wrote to ``storage`` (its cluster unreachable: the kubeconfig is gone)."""
     store = RunStore()
-    record = store.create(RunConfig(target="kube", cluster_name="rtui-ray", storage_path=storage))
+    record = store.create(KubeConfig(target="kube", cluster_name="rtui-ray", storage_path=storage))
     record.status = RunStatus.DOWN
     store.save(record)
     return record.run_id
 
 
 def test_the_job_writes_under_the_runs_own_prefix() -> None:
-    config = RunConfig(target="kube", storage_path="s3://bkt/p/")
+    config = KubeConfig(target="kube", storage_path="s3://bkt/p/")
     spec = build_job_spec(config, run_id="r-1")
     assert "--storage-path s3://bkt/p/r-1" in spec.entrypoint
     assert run_storage_uri("s3://bkt/p/", "r-1") == "s3://bkt/p/r-1"

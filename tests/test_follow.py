@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from backend import flows, follow
-from backend.config import RunConfig, resolve_config
+from backend.config import resolve_config
 from backend.errors import OperationError
 from backend.layers.base import Context
 from backend.ledger import ResourceStatus
 from backend.rayjobs import JobStatus, RayJobs
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStore
+from targets.local.config import LocalConfig
 
 
 class FakeJobs(RayJobs):
@@ -191,7 +192,7 @@ async def test_each_job_of_a_run_has_its_own_spool_metrics_and_summary(tmp_path:
     from backend.layers.ray_job import JOB, RayJobLayer
 
     store = RunStore(tmp_path / "state")
-    record = store.create(RunConfig(cluster_name="c"))
+    record = store.create(LocalConfig(cluster_name="c"))
     jobs = TwoJobs({f"rtui-{record.run_id}-1": metric_lines(20), f"rtui-{record.run_id}-2": metric_lines(5)})
 
     async def submit_and_follow(steps: int) -> list[str]:

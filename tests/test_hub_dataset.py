@@ -22,6 +22,7 @@ from backend.errors import OperationError, UserError
 from backend.hub import DEFAULT_DATASET, resolve_dataset
 from backend.jobspec import build_job_spec
 from backend.layers.ray_job import JOB, RayJobLayer
+from backend.record import RunFacts
 from tests.fake_hub import FakeHub, chat_parquet
 from training.data import _data_files, detect_data_mode, peek_records
 from training.train import parse_args
@@ -33,7 +34,7 @@ def _desired(config: RunConfig) -> dict[str, Any]:
     """What the ray-job layer plans for ``config``: its prepare (asks the Hub) and its desired job."""
     layer = RayJobLayer()
     ctx: Any = SimpleNamespace(config=config, record=SimpleNamespace(run_id="r1", jobs=[],
-                                                                      facts=SimpleNamespace(storage_path=None)))
+                                                                      facts=RunFacts()))
     asyncio.run(layer.prepare(ctx))
     [job] = layer.desired(ctx, [])
     assert job.address == JOB

@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from backend.config import RunConfig
 from backend.errors import ApiUnreachable, UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.ledger import ResourceStatus
@@ -21,6 +20,7 @@ from backend.model import Action, EventKind, Observed, Resource
 from backend.planner import Stack, apply_steps, discover, make_plan, reconcile, select_until, teardown_steps
 from backend.runner import Progress, Runner
 from backend.store import RunStore
+from targets.local.config import LocalConfig
 
 # The toy "cloud": name -> (kind, run tag, spec). Every call is logged.
 WORLD: dict[str, tuple[str, str, dict[str, Any]]] = {}
@@ -91,8 +91,8 @@ def clean_world() -> None:
 
 def context(tmp_path: Path, steps: int = 3, run_id: str | None = None) -> Context:
     store = RunStore(tmp_path / "state")
-    record = store.load(run_id) if run_id else store.create(RunConfig(cluster_name="toy"))
-    return Context(RunConfig(steps=steps), record, store)
+    record = store.load(run_id) if run_id else store.create(LocalConfig(cluster_name="toy"))
+    return Context(LocalConfig(steps=steps), record, store)
 
 
 async def apply(ctx: Context, until: str | None = None) -> list[str]:
@@ -235,8 +235,8 @@ async def test_a_steps_eta_is_its_typical_duration_on_this_machine(tmp_path: Pat
     store = RunStore(tmp_path / "state")
 
     def new_run() -> RunSession:
-        record = store.create(RunConfig(cluster_name="toy"))
-        session = RunSession(store, record, RunConfig(steps=3))
+        record = store.create(LocalConfig(cluster_name="toy"))
+        session = RunSession(store, record, LocalConfig(steps=3))
         session.__dict__["stack"] = STACK
         return session
 
@@ -317,8 +317,8 @@ async def test_a_steps_progress_messages_reach_the_record_without_forcing_it_to_
 
     monkeypatch.setattr(os, "fsync", counted_fsync)
     store = RunStore(tmp_path / "state")
-    record = store.create(RunConfig(cluster_name="toy"))
-    session = RunSession(store, record, RunConfig(steps=3))
+    record = store.create(LocalConfig(cluster_name="toy"))
+    session = RunSession(store, record, LocalConfig(steps=3))
     session.__dict__["stack"] = STACK
     plan = await session.plan()
     forced.clear()

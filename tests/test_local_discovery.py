@@ -11,12 +11,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backend.config import RunConfig
 from backend.errors import OperationError
 from backend.ledger import ResourceStatus
 from backend.procs import ProcRef
 from backend.store import RunStatus, RunStore
 from targets.local import cluster as lc
+from targets.local.config import LocalConfig
 from tests.conftest import json_lines, run_rtui
 from tests.eventually import eventually
 
@@ -90,7 +90,7 @@ def test_only_processes_rtui_started_for_that_exact_dir_are_ours(cluster: lc.Clu
 
 def test_down_never_touches_a_recorded_dir_without_the_marker(isolated_env: Path) -> None:
     store = RunStore()
-    record = store.create(RunConfig())
+    record = store.create(LocalConfig())
     decoy = lc.ROOT / f"rtui-{record.run_id}-dead"
     decoy.mkdir(mode=0o700)
     try:

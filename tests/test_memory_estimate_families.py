@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from backend.config import RunConfig
 from backend.jobspec import describe_step_plan
 from backend.stepfit import model_shape
+from targets.aws.config import AwsConfig
+from targets.kube.config import KubeConfig
 
 GIB = 2**30
 
@@ -41,7 +42,7 @@ def _dir(tmp_path: Path, name: str, config: dict[str, object]) -> str:
 def test_the_parameter_count_reads_each_familys_config(tmp_path: Path) -> None:
     for name, config, published in (("qwen", QWEN25_7B, 7_615_616_512), ("llama", LLAMA32_1B, 1_235_814_400),
                                     ("gemma", GEMMA_2B, 2_506_172_416)):
-        shape = model_shape(RunConfig(target="kube", model_id=_dir(tmp_path, name, config)))
+        shape = model_shape(KubeConfig(target="kube", model_id=_dir(tmp_path, name, config)))
         assert shape is not None and shape.n_params == published, name
 
 
@@ -61,7 +62,7 @@ def _perf_model_estimate(micro: int, seq: int, shard: int) -> float:
 
 
 def test_the_7b_estimate_on_eight_l4s_follows_the_perf_model_and_says_whether_it_fits() -> None:
-    config = RunConfig(target="aws", model_id="Qwen/Qwen2.5-7B", model_revision="0" * 40, data="cycle")
+    config = AwsConfig(target="aws", model_id="Qwen/Qwen2.5-7B", model_revision="0" * 40, data="cycle")
     line = describe_step_plan(config)
     micro, seq = config.effective_batch_size(), config.effective_seq_len()
     expected = _perf_model_estimate(micro, seq, shard=8)
@@ -71,7 +72,7 @@ def test_the_7b_estimate_on_eight_l4s_follows_the_perf_model_and_says_whether_it
     assert ("fits" in line) == (expected <= budget), line
     assert "L4" in line, line
     # A step that cannot fit is said in the plan, with what to change.
-    big = RunConfig(target="aws", model_id="Qwen/Qwen2.5-7B", model_revision="0" * 40, data="cycle", seq_len=4096,
+    big = AwsConfig(target="aws", model_id="Qwen/Qwen2.5-7B", model_revision="0" * 40, data="cycle", seq_len=4096,
                     batch_size=4)
     assert _perf_model_estimate(4, 4096, 8) > budget
     warned = describe_step_plan(big)

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
-from backend.config import RunConfig
 from backend.ledger import ResourceStatus
 from backend.model import Action, Change, Leftover, Plan
-from backend.record import AzMove, ReservationFact, StoppedWhileIdle, TelemetrySnapshot
+from backend.record import StoppedWhileIdle, TelemetrySnapshot
 from backend.store import SCHEMA_VERSION, JobRecord, JobState, RunRecord, RunStatus, RunStore, StepState, StepStatus
 from backend.telemetry import Telemetry
+from targets.aws.config import AwsConfig
+from targets.aws.facts import AwsFacts, AzMove, ReservationFact
+from targets.local.config import LocalConfig
 from tests.conftest import json_lines, run_rtui
 from tests.test_cli_errors import assert_one_line
 
@@ -38,7 +40,10 @@ def test_a_v2_local_record_loads_typed(tmp_path: Path) -> None:
     run_id, old = placed(store, "v2-local-down.json")
     record = store.load(run_id)
     assert old["schema_version"] == 2 and record.schema_version == SCHEMA_VERSION
-    assert record.config == RunConfig.model_validate(old["config"]) and record.config.steps == 5
+    # v4: a run's config holds its target's fields only (v2 and v3 held every target's)
+    mine = {k: v for k, v in old["config"].items() if k in LocalConfig.model_fields}
+    assert record.config == LocalConfig.model_validate(mine) and record.config.steps == 5
+    assert type(record.config) is LocalConfig and "region" in old["config"]
     assert record.rejected_config is None
     assert record.plan is not None and [c.address for c in record.plan.changes] == [
         "local.ray-head", "local.ray-worker.0", "ray.job.train"]
@@ -68,20 +73,22 @@ def test_a_v2_aws_record_loads_typed(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "s")
     run_id, old = placed(store, "v2-aws-failed.json")
     record = store.load(run_id)
-    assert record.config.target == "aws" and record.config.availability_zone == "us-east-1b"
+    assert record.config.target == "aws" and AwsConfig.of(record.config).availability_zone == "us-east-1b"
+    assert "local_cpus" in old["config"] and "local_cpus" not in record.config.model_dump()  # v4: aws's only
     assert record.plan is not None and record.plan.price_source == "estimate, us-east-1 prices"
     assert record.plan.change("aws.nodegroup.gpu") is not None
     assert record.plan.prices() == {"aws.nat-gateway": 0.045, "aws.eks-cluster": 0.10, "aws.nodegroup.gpu": 9.2032}
     assert record.steps["aws.nodegroup.gpu"].status is StepStatus.FAILED and record.teardown_steps == {}
     assert record.resources["aws.nodegroup.gpu"].layer == "aws"
-    facts = record.facts
+    facts = AwsFacts.of(record.facts)
+    assert type(record.facts.own) is AwsFacts  # v4: the aws target's facts, typed by it
     assert (facts.gpu_az, facts.network_azs, facts.failed_azs) == ("us-east-1b", ["us-east-1a", "us-east-1b"],
                                                                     ["us-east-1a"])
     assert facts.az_moves == [AzMove(from_az="us-east-1a", to="us-east-1b",
                                      why="InsufficientInstanceCapacity: none left", at=1765000040.0)]
     assert facts.api_cidrs == ["203.0.113.7/32"] and facts.create_attempts == {"aws.nodegroup.gpu": 2}
     assert facts.system_disk_gb == 60 and facts.reservation is None
-    assert facts.sweep == [Leftover("NAT gateway", "nat-0abc", "available", 0.045, "estimate, us-east-1 prices")]
+    assert record.facts.sweep == [Leftover("NAT gateway", "nat-0abc", "available", 0.045, "estimate, us-east-1 prices")]
     assert record.telemetry is None and record.status is RunStatus.FAILED
 
 
@@ -104,7 +111,7 @@ def test_loading_an_old_record_changes_nothing_until_it_is_saved(tmp_path: Path,
 
 def test_a_typed_record_round_trips_whole(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "s")
-    record = store.new(RunConfig(target="aws", cluster_name="c1", region="us-west-2", gpu_node_count=3))
+    record = store.new(AwsConfig(target="aws", cluster_name="c1", region="us-west-2", gpu_node_count=3))
     record.plan = Plan(target="aws", notes=["moved"], changes=[
         Change(address="aws.vpc", layer="aws", kind="vpc", action=Action.CREATE, after={"cidr": "10.0.0.0/16"}),
         Change(address="aws.nodegroup.gpu", layer="aws", kind="nodegroup", action=Action.REPLACE,
@@ -119,8 +126,8 @@ def test_a_typed_record_round_trips_whole(tmp_path: Path) -> None:
     snapshot = telemetry.snapshot()
     record.telemetry = snapshot
     record.jobs.append(JobRecord(submission_id="j1", submitted_at=3.0, spec_hash="h", telemetry=snapshot))
-    record.facts.az_moves.append(AzMove(from_az="us-west-2a", to="us-west-2b", why="no capacity", at=4.0))
-    record.facts.reservation = ReservationFact(az="us-west-2b", id="cr-1", kind="odcr")
+    AwsFacts.of(record.facts).az_moves.append(AzMove(from_az="us-west-2a", to="us-west-2b", why="no capacity", at=4.0))
+    AwsFacts.of(record.facts).reservation = ReservationFact(az="us-west-2b", id="cr-1", kind="odcr")
     record.facts.sweep = [Leftover("Elastic IP", "eipalloc-1", "", 0.005)]
     store.save(record)
     loaded = store.load(record.run_id)
@@ -149,7 +156,7 @@ def test_a_config_this_rtui_rejects_is_kept_as_written(tmp_path: Path) -> None:
     assert (record.config.target, record.config.cluster_name) == ("local", "rtui-ray")
     store.save(record)  # a teardown saves it: what was written is still there
     assert store.load(run_id).rejected_config == record.rejected_config
-    record.use_config(RunConfig(steps=7))  # applied again with a config this rtui takes
+    record.use_config(LocalConfig(steps=7))  # applied again with a config this rtui takes
     store.save(record)
     again = store.load(run_id)
     assert again.rejected_config is None and again.config.steps == 7

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.ledger import ResourceStatus
 from backend.spool import LogSpool
@@ -22,11 +21,12 @@ from backend.store import (
     RunStatus,
     RunStore,
 )
+from targets.local.config import LocalConfig
 from tests.eventually import eventually
 
 
 def make(store: RunStore) -> RunRecord:
-    return store.create(RunConfig(cluster_name="c1", steps=3))
+    return store.create(LocalConfig(cluster_name="c1", steps=3))
 
 
 def test_records_are_private_and_round_trip(tmp_path: Path) -> None:
@@ -65,18 +65,18 @@ def test_kill_during_many_saves_never_leaves_a_torn_record(tmp_path: Path) -> No
     code = (
         "import sys; from backend.store import RunStore; s=RunStore(__import__('pathlib').Path(sys.argv[1]));"
         "r=s.load(sys.argv[2])\n"
-        "for i in range(100000):\n r.facts.create_attempts['i']=i; r.facts.api_cidrs=['x'*4096*(i%7)]; s.save(r)\n"
+        "for i in range(100000):\n r.facts.kept_data={'i': i, 'pad': 'x'*4096*(i%7)}; s.save(r)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(root), rec.run_id], cwd=Path(__file__).parents[1])
     def saving() -> bool:  # killed in the middle of its saves
         assert proc.poll() is None, "the writer ended before it was killed"
-        return RunStore(root).load(rec.run_id).facts.create_attempts.get("i", 0) >= 50
+        return int(str((RunStore(root).load(rec.run_id).facts.kept_data or {}).get("i") or 0)) >= 50
 
     eventually("the writer to make 50 saves", saving, timeout=30)
     proc.kill()
     proc.wait()
     loaded = RunStore(root).load(rec.run_id)  # parses: never half-written
-    assert loaded.facts.create_attempts.get("i", 0) > 0
+    assert int(str((loaded.facts.kept_data or {}).get("i") or 0)) > 0
 
 
 def test_a_corrupt_record_is_reported_where_it_lies_and_set_aside_only_when_asked(tmp_path: Path) -> None:

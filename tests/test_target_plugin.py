@@ -16,26 +16,47 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from pydantic import ConfigDict, Field
+from textual.binding import Binding
 
 import targets
 from backend import flows
 from backend.config import RunConfig, resolve_config
+from backend.delivery import DataStore, LocalDirStore
 from backend.errors import NoCapacity
 from backend.layers.base import Context, Handler, Layer
 from backend.ledger import ResourceStatus
 from backend.model import EventKind, Observed, Resource
 from backend.planner import Stack
+from backend.record import Facts
 from backend.runner import Progress
 from backend.session import RunSession
 from targets import Defaults, Target
 from tests.conftest import REPO, run_rtui
+from tui.target_panel import Reconfigure, TargetPanel
 
 MARKER = "toyfile.marker"
 
 
-def world() -> Path:
-    """The toy's "cloud": a folder the test names (the layer's own setting, not rtui's)."""
-    return Path(os.environ["TOY_WORLD"])
+class ToyConfig(RunConfig):
+    """The toy's own settings: a flag (--toy-world), a RTUI_TOY_WORLD variable and a rtui.toml key, made by rtui
+    from this model; no file of rtui's names them."""
+
+    toy_world: str = Field(default="", description="The toy's cloud: a folder its marker files go to")
+
+
+def world(config: RunConfig) -> Path:
+    """The toy's "cloud": the folder its own setting names (the environment's when a test sets none)."""
+    return Path(ToyConfig.of(config).toy_world or os.environ["TOY_WORLD"])
+
+
+def toy_data(config: RunConfig, run_id: str) -> Path:
+    """Where a toy run's data goes: its world's data folder (what its data store reads, keeps and deletes)."""
+    return world(config) / "data" / run_id
+
+
+class ToyStore(LocalDirStore):
+    """The toy's data store: a folder of its world, kept by `rtui down`, deleted with --delete-data."""
 
 
 class MarkerHandler(Handler):
@@ -45,6 +66,9 @@ class MarkerHandler(Handler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         path = Path(want.spec["path"])
         path.write_text(ctx.record.run_id + "\n")
+        data = toy_data(ctx.config, ctx.record.run_id)  # what a job leaves: the run's data
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "weights.bin").write_bytes(b"\0" * 4096)
         ctx.ledger.update(want.address, status=ResourceStatus.CREATING, id=str(path))
         yield Progress("written", 1.0)
 
@@ -62,29 +86,49 @@ class MarkerLayer(Layer):
         return self._handlers
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
-        path = world() / f"{ctx.config.cluster_name}.marker"
+        path = world(ctx.config) / f"{ctx.config.cluster_name}.marker"
         return [Resource(address=MARKER, layer=self.name, kind=MarkerHandler.kind, spec={"path": str(path)})]
 
     async def discover(self, ctx: Context) -> list[Observed]:
-        path = world() / f"{ctx.config.cluster_name}.marker"
+        path = world(ctx.config) / f"{ctx.config.cluster_name}.marker"
         if not path.is_file() or path.read_text().strip() != ctx.record.run_id:
             return []
         return [Observed(address=MARKER, layer=self.name, kind=MarkerHandler.kind, id=str(path),
                          state={"path": str(path)})]
 
 
-class ToyTarget(Target):
+class ToyPanel(TargetPanel):
+    """The toy's part of the first screen: its world beside the configuration, and a key that moves the run
+    to the world next door (the App re-checks the run so configured: one generic message)."""
+
+    bindings = (Binding("w", "panel('next_world')", "Next world", id="next_world"),)
+
+    def config_rows(self) -> list[tuple[str, str]]:
+        return [("toy world", str(world(self.screen.session.config)))]
+
+    def act(self, action: str) -> None:
+        here = world(self.screen.session.config)
+        self.screen.post_message(Reconfigure({"toy_world": str(here.with_name(here.name + "-next"))},
+                                             f"world {here}", "or start rtui with --toy-world"))
+
+
+class ToyTarget(Target[ToyConfig]):
     name = "toy"
+    config_model = ToyConfig
+    panel = f"{__name__}:ToyPanel"
     label = "Toy — a marker file in a folder (tests/test_target_plugin.py)"
     on_gpus = False
     offline = True
     shared_disk = True
     bench_variants = ("gloo",)
 
-    def stack(self, config: RunConfig) -> Stack:
+    def stack(self, config: ToyConfig) -> Stack:
         return Stack(self.name, [MarkerLayer()])
 
-    def defaults(self, config: RunConfig) -> Defaults:
+    def data_store(self, state_root: Path, run_id: str, config: ToyConfig) -> DataStore | None:
+        return ToyStore(toy_data(config, run_id))
+
+    def defaults(self, config: ToyConfig) -> Defaults:
         return Defaults(batch_size=4, precision="fp32", learning_rate=1e-3, model_id=None, workers=1, shard_size=1,
                         require_transport="any")
 
@@ -102,12 +146,17 @@ def test_a_fourth_target_is_a_folder_and_an_entry_point(tmp_path: Path) -> None:
     site, toy_world = tmp_path / "site", tmp_path / "world"
     install_plugin(site)
     toy_world.mkdir()
-    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "TOY_WORLD": str(toy_world)}
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "RTUI_TOY_WORLD": str(toy_world)}
     marker = toy_world / "rtui-ray.marker"
 
     unknown = run_rtui("plan", "--target", "nope", env=env)
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1, unknown.stderr
     assert "expected one of local, aws, kube, toy" in unknown.stderr
+
+    help_text = run_rtui("plan", "--help", env=env, check=True).stdout
+    assert "toy target:" in help_text and "--toy-world" in help_text, help_text  # its own flag, from its model
+    elsewhere = run_rtui("plan", "--target", "local", "--toy-world", str(toy_world), env=env)
+    assert elsewhere.returncode == 2 and "--toy-world is a setting of the toy target" in elsewhere.stderr
 
     plan = run_rtui("plan", "--target", "toy", env=env, check=True)
     assert f"+ {MARKER}" in plan.stdout and "1 to create" in plan.stdout, plan.stdout
@@ -134,10 +183,15 @@ def test_a_fourth_target_is_a_folder_and_an_entry_point(tmp_path: Path) -> None:
         assert f"run {run_id} is on the toy target" in orphaned.stderr and "Traceback" not in orphaned.stderr
     assert marker.exists()
 
-    run_rtui("down", "--yes", "--target", "toy", env=env, check=True)
+    down = run_rtui("down", "--yes", "--target", "toy", env=env, check=True)
     assert not marker.exists()
     status = json.loads(run_rtui("status", "--json", run_id, env=env, check=True).stdout)
     assert status["status"] == "down"
+    # Its data store: kept by `down` and said so, deleted on request.
+    data = toy_world / "data" / run_id
+    assert (data / "weights.bin").is_file() and "kept on purpose" in down.stdout, down.stdout
+    run_rtui("down", run_id, "--yes", "--delete-data", env=env, check=True)
+    assert not data.exists()
 
 
 # --- a target's own failover policy, caught by the error's type --------------------------------------
@@ -155,27 +209,36 @@ class ZonedMarkerHandler(MarkerHandler):
             yield p
 
 
+class ToyFacts(Facts):
+    """The zoned toy's own facts in the run's record: where its marker went."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    zone: str | None = None
+
+
 class ZonedMarkerLayer(MarkerLayer):
     _handlers: ClassVar[dict[str, Handler]] = {ZonedMarkerHandler.kind: ZonedMarkerHandler()}
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
-        zone = ctx.record.facts.target_facts.get("zone", "zone-a")
-        path = world() / f"{ctx.config.cluster_name}.marker"
+        zone = ToyFacts.of(ctx.record.facts).zone or "zone-a"
+        path = world(ctx.config) / f"{ctx.config.cluster_name}.marker"
         return [Resource(address=MARKER, layer=self.name, kind=ZonedMarkerHandler.kind,
                          spec={"path": str(path), "zone": zone})]
 
 
 class ZonedToyTarget(ToyTarget):
     name = "zonedtoy"
+    facts_model = ToyFacts
 
-    def stack(self, config: RunConfig) -> Stack:
+    def stack(self, config: ToyConfig) -> Stack:
         return Stack(self.name, [ZonedMarkerLayer()])
 
     def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity, *, elsewhere: bool = True,
-                  on_demand: bool = True) -> str | None:
+                  on_demand: bool | None = True) -> str | None:
         if not elsewhere:
             return None
-        ctx.record.facts.target_facts["zone"] = "zone-b"
+        ToyFacts.of(ctx.record.facts).zone = "zone-b"
         ctx.store.save(ctx.record)
         return f"{error.code} in {error.az}: the marker moves to zone-b"
 
@@ -220,6 +283,30 @@ async def test_a_message_that_names_no_capacity_is_not_a_capacity_failure(zoned_
             mp.setattr(handler, "create", refuse)
             events = [e async for e in flows.up(session, az_failover=True)]
         assert not [e for e in events if "failover" in e.data] and events[-1].kind is EventKind.FAILED
-        assert "zone" not in session.record.facts.target_facts
+        assert ToyFacts.of(session.record.facts).zone is None
     finally:
         FULL_ZONES.add("zone-a")
+
+
+async def test_the_toy_panel_shows_its_world_and_its_key_reconfigures_the_run(zoned_toy: Path) -> None:
+    """Its panel on the first screen, from its module: its row beside the configuration, its key in the
+    footer, and the run checked afresh with its own setting changed (Reconfigure through the App)."""
+    from screens.target import TargetScreen
+    from tests.pilot_wait import screen_text, wait_for
+    from tui.app import RtuiApp
+
+    session = RunSession.for_config(resolve_config({"target": ZonedToyTarget.name, "toy_world": str(zoned_toy)},
+                                                   environ={}))
+    app = RtuiApp(session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, TargetScreen) and app.screen.checks is not None, 15,
+                       "the first screen's checks")
+        first = app.screen
+        assert isinstance(first, TargetScreen) and isinstance(first.panel, ToyPanel)
+        text = "\n".join(screen_text(pilot))
+        assert "toy world" in text and "w Next world" in text, text  # its row and its key
+        await pilot.press("w")
+        await wait_for(pilot, lambda: app.screen is not first and isinstance(app.screen, TargetScreen), 15,
+                       "the run checked again in the next world")
+        moved = ToyConfig.of(app.session.config)
+        assert moved.toy_world == f"{zoned_toy}-next" and app.session.run_id == session.run_id

@@ -76,7 +76,7 @@ class BareClusterLayer(Layer):
         return BareAccess()
 
 
-class BareTarget(Target):
+class BareTarget(Target[RunConfig]):
     name = "bare"
     label = "Bare — a Ray cluster reached through its Jobs API only (tests/test_target_plugin_job_env.py)"
     on_gpus = False

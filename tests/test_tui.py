@@ -28,7 +28,8 @@ FIXED_RUN_ID = "r20260101-000000-beef"
 
 
 def fixed_session(**flags: str) -> RunSession:
-    session = RunSession.for_config(resolve_config({"local_cpus": "2", **flags}, environ={}))
+    local = {"local_cpus": "2"} if flags.get("target", "local") == "local" else {}
+    session = RunSession.for_config(resolve_config({**local, **flags}, environ={}))
     session.record.run_id = FIXED_RUN_ID
     session.record.spool_path = str(RunStore().spool_dir / f"{FIXED_RUN_ID}.log")
     return session

@@ -27,6 +27,7 @@ from screens.plan import PlanScreen
 from screens.provision import ProvisionScreen
 from screens.run import RunScreen
 from screens.target import TargetScreen
+from targets.kube.config import KubeConfig
 from targets.kube.k8s.access import kube_contexts
 from tests.fake_hub import FakeHub
 from tests.kubernetes.conftest import CONTEXT, KubeCluster
@@ -165,8 +166,9 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
         await wait_for(pilot, lambda: target_screen(app), 15, "the checks again")
 
         await pilot.press("down", "enter")  # the second context: a new session, checked again
-        await wait_for(pilot, lambda: app.session.config.context == SECOND and target_screen(app) not in (None, first)
-                       and contexts_shown(app) == 2, 15, "the second context")
+        await wait_for(pilot, lambda: KubeConfig.of(app.session.config).context == SECOND
+                       and target_screen(app) not in (None, first) and contexts_shown(app) == 2, 15,
+                       "the second context")
         second = target_screen(app)
         assert second is not None
         assert f"context {SECOND} at {world.cluster.url}" in (checks_of(second)["kube.access"].detail or "")
@@ -204,7 +206,7 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
         ranks = app.session.config.effective_workers()
         assert f"GPU nodes 2/2, Ray worker pods 2/2 · {ranks} training ranks" in shown, shown
         record = app.session.record
-        assert RunStore().load(record.run_id).config.context == SECOND
+        assert KubeConfig.of(RunStore().load(record.run_id).config).context == SECOND
 
         await pilot.press("D")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTeardown), 5, "the confirm modal")
@@ -251,7 +253,7 @@ async def test_context_switch_is_refused_once_the_run_has_resources(world: KubeW
         await pilot.press("down", "enter")
         await wait_for(pilot, lambda: any("already has resources" in n.message for n in app._notifications), 5,
                        "the refusal")
-        assert app.session is session and session.config.context is None
+        assert app.session is session and KubeConfig.of(session.config).context is None
 
 
 SNAPSHOT_RUN_ID = "r20260101-000000-cafe"

@@ -19,6 +19,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import ModalScreen, Screen
 
+from backend.config import reconfigured
 from backend.errors import RtuiError, UserError
 from backend.model import GpuFleet
 from backend.planner import apply_steps
@@ -128,7 +129,7 @@ class RtuiApp(App[None]):
                                         remedy=f"tear it down first (`rtui down {old.run_id} --yes`), {otherwise}"))
             return
         self.release()  # a lock is the old session's (a failed apply that created nothing)
-        config = old.config.model_copy(update=update)
+        config = reconfigured(old.config, update)
         old.record.use_config(config)
         self._replace_session(RunSession(old.store, old.record, config))
         self._set_subtitle()
@@ -355,7 +356,7 @@ class RtuiApp(App[None]):
                                                  "values you want as flags, or review it and answer y")
                 return
             remember(Path(path), sha256)
-            update = {field: getattr(resolved.config, field) for field in resolved.unconfirmed}
+            update = dict(resolved.unconfirmed)
             self._reconfigure(update, path, "or run elsewhere")
             self.session.sources.update({f: f"file:{path} (confirmed)" for f in update})
 

@@ -18,9 +18,9 @@ from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 from backend import targets
 from backend.config import (
     ECHO_LIMIT,
-    FIELD_NAMES,
     ResolvedConfig,
-    RunConfig,
+    field_info,
+    field_owners,
     flag_name,
     shown,
 )
@@ -99,12 +99,12 @@ def _choices(annotation: Any) -> tuple[str, ...]:
 def field_choices(field: str) -> tuple[str, ...]:
     """The values a config field takes when they are few: a Literal's, or the built-in targets (an
     installed target is accepted too, but the help does not pay for looking them up)."""
-    return tuple(targets.BUILTIN) if field == "target" else _choices(RunConfig.model_fields[field].annotation)
+    return tuple(targets.BUILTIN) if field == "target" else _choices(field_info(field).annotation)
 
 
 def config_metavar(field: str) -> str:
     """What a config flag's value looks like: ``{local,aws,kube}``, ``N``, ``NAME``, never a field name."""
-    annotation = RunConfig.model_fields[field].annotation
+    annotation = field_info(field).annotation
     choices = field_choices(field)
     if choices:
         return "{" + ",".join(choices) + "}"
@@ -118,7 +118,7 @@ def config_metavar(field: str) -> str:
 
 def config_help(field: str) -> str:
     """The field's description, its choices when it has some, and its default (argparse-escaped)."""
-    info = RunConfig.model_fields[field]
+    info = field_info(field)
     text = info.description or ""
     choices = field_choices(field)
     if choices:
@@ -132,10 +132,21 @@ def config_help(field: str) -> str:
 
 def _config_parent() -> Parser:
     parent = Parser(add_help=False)
-    group = parent.add_argument_group("configuration (flag > RTUI_* env > rtui.toml > default)")
-    group.add_argument("--config", dest="config_file", metavar="FILE", default=argparse.SUPPRESS,
-                       help="rtui.toml to read instead of ./rtui.toml or the XDG config dir")
-    for field in FIELD_NAMES:
+    common = parent.add_argument_group("configuration (flag > RTUI_* env > rtui.toml > default)")
+    common.add_argument("--config", dest="config_file", metavar="FILE", default=argparse.SUPPRESS,
+                        help="rtui.toml to read instead of ./rtui.toml or the XDG config dir")
+    owners = field_owners()
+    every = max(owners.values(), key=len)
+    groups: dict[tuple[str, ...], Any] = {}
+    for field, whose in owners.items():
+        # A target's own settings under its name: each target's config model makes them (backend.config).
+        if whose == every:
+            group = common
+        elif whose not in groups:
+            group = groups[whose] = parent.add_argument_group(
+                f"{' and '.join(whose)} target{'s' if len(whose) > 1 else ''}")
+        else:
+            group = groups[whose]
         # --region may be repeated for `rtui check`; everywhere else the last one wins.
         extra: dict[str, Any] = {"action": "append"} if field == "region" else {}
         if config_metavar(field) == "{true,false}":

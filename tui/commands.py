@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from backend import targets
-from backend.config import ResolvedConfig, RunConfig, trust_command
+from backend.config import ResolvedConfig, config_for, held_reason, trust_command
 from backend.delivery import LOAD_HINT, human_bytes, model_summary
 from backend.errors import UserError
 from backend.model import CheckStatus, EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore, new_run_id
 from backend.textutil import strip_ansi
-from backend.trust import held_reason, remember
+from backend.trust import remember
 from training.fabric import format_table, human_size
 from tui.invocation import resolved_from, rtui_command
 from tui.render import eval_line, format_event, format_plan, format_status, status_row
@@ -75,7 +75,8 @@ def config_show(ns: argparse.Namespace, out: TextIO) -> int:
     rows = config.effective_rows(resolved.sources)
     shown_fields = {field for field, _, _ in rows}
     # The file's content is confirmed whole: a held field this target ignores is listed too.
-    rows += [(field, getattr(config, field), resolved.sources[field]) for field in held if field not in shown_fields]
+    rows += [(field, resolved.unconfirmed[field], resolved.sources[field])
+             for field in held if field not in shown_fields]
     width = max(len(field) for field, _, _ in rows)
     for field, value, source in rows:
         out.write(f"{field:<{width}}  {json.dumps(value):<48}  {source}\n")
@@ -126,13 +127,8 @@ def manifest(ns: argparse.Namespace, out: TextIO) -> int:
     if not targets.get(config.target).has_kubernetes:
         kube = " or ".join(f"--target {t}" for t in targets.names() if targets.get(t).has_kubernetes)
         raise UserError(f"the {config.target} target has no Kubernetes objects", remedy=f"use {kube}")
-    # lazy: the Kubernetes layer only for `rtui manifest`
-    from targets.kube.k8s.layer import every_object
-    from targets.kube.k8s.manifests import yaml_stream
-
-    objects, notes = every_object(config, new_run_id() if ns.run_id is None else ns.run_id)
-    out.write("".join(f"# {note}\n" for note in notes))
-    out.write(yaml_stream(objects))
+    text = targets.get(config.target).manifest(config, new_run_id() if ns.run_id is None else ns.run_id)
+    out.write(text or "")
     return 0
 
 
@@ -245,8 +241,10 @@ async def status(ns: argparse.Namespace, out: TextIO) -> int:
             data: dict[str, Any] | None = (await session.status_report()).to_dict()
     else:
         data = None
-    # Data dirs on this machine (the local target's): a default config's store says whether there are any.
-    keeps_data = targets.get(shown_target).data_store(store.root, "", RunConfig()) is not None
+    # Data dirs on this machine (the local target's): its store, for this invocation's config, says whether there
+    # are any (a default config when the config resolved is another target's).
+    probe = resolved.config if resolved.config.target == shown_target else config_for(shown_target)
+    keeps_data = targets.get(shown_target).data_store(store.root, "", probe) is not None
     # Kept elsewhere (a kube volume): listed with the target's runs.
     kept = [k for k in flows.kept_data(store) if (keeps_data if k.target is None else k.target == shown_target)
             and (session is None or k.run_id != session.run_id)]

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backend.config import FIELD_NAMES, ResolvedConfig, Untrusted, resolve_config
+from backend.config import ResolvedConfig, Untrusted, field_owners, resolve_config
 
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
-    flags = {f: getattr(ns, f"cfg_{f}") for f in FIELD_NAMES if hasattr(ns, f"cfg_{f}")}
+    flags = {f: getattr(ns, f"cfg_{f}") for f in field_owners() if hasattr(ns, f"cfg_{f}")}
     if isinstance(flags.get("region"), list):
         flags["region"] = flags["region"][-1]
     return flags

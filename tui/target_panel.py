@@ -102,7 +102,7 @@ class PanelHost(RtuiScreen):
         raise NotImplementedError
 
 
-def panel_for(target: Target, screen: PanelHost) -> TargetPanel:
+def panel_for(target: Target[Any], screen: PanelHost) -> TargetPanel:
     """The target's panel on ``screen``: its module is imported now (the first screen's, never before)."""
     if target.panel is None:
         return TargetPanel(screen)

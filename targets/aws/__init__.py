@@ -14,35 +14,41 @@ from typing import TYPE_CHECKING, TextIO
 from backend.clients import Clients
 from backend.errors import UserError
 from backend.planner import Stack
-from backend.targets import Defaults, InterruptionRate, Target
+from backend.targets import Defaults, GpuNodes, InterruptionRate, Target
 from targets.aws.check import feasibility
-from targets.kube import CLUSTER_FIELDS, GPU_SCALE_UP_S, gpu_cluster_defaults, gpu_cluster_job_nodes
+from targets.aws.config import AwsConfig
+from targets.aws.facts import AwsFacts
+from targets.kube import (
+    GPU_SCALE_UP_S,
+    gpu_cluster_defaults,
+    gpu_cluster_job_nodes,
+    gpu_cluster_nodes,
+    kubernetes_manifest,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from backend.config import RunConfig
     from backend.errors import NoCapacity
     from backend.layers.base import Context
     from backend.record import RunFacts
     from targets.kube.k8s.access import KubeApi
 
 
-class AwsTarget(Target):
+class AwsTarget(Target[AwsConfig]):
     name = "aws"
     label = "AWS — a new EKS cluster with EFA GPU nodes, in an AZ the checks pick"
     costs_money = True
     has_kubernetes = True
     has_feasibility = True
-    own_fields = CLUSTER_FIELDS | {"region", "availability_zone", "profile", "kubernetes_version", "vpc_id",
-                                   "private_subnet_ids", "api_cidrs", "access_scope", "system_node_type",
-                                   "system_node_count", "spot", "spot_fallback", "spot_types"}
+    config_model = AwsConfig
+    facts_model = AwsFacts
     panel = "targets.aws.panel:MatrixPanel"
     scale_up_s = GPU_SCALE_UP_S
     fail_over_words = ("AWS has no capacity for the GPU nodes in their AZ. m moves them to the next feasible AZ and "
                        "re-plans (`rtui up --az-failover` does the same)")
 
-    def stack(self, config: RunConfig) -> Stack:
+    def stack(self, config: AwsConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.ray_job import RayJobLayer
         from targets.aws.infra.access_scope import AccessScopeLayer
@@ -62,16 +68,22 @@ class AwsTarget(Target):
         # The access entry is narrowed (--access-scope namespace) after the kubernetes layer's installs.
         return Stack(self.name, [AwsLayer(), KubernetesLayer(below), AccessScopeLayer(), RayJobLayer()])
 
-    def defaults(self, config: RunConfig) -> Defaults:
+    def defaults(self, config: AwsConfig) -> Defaults:
         return gpu_cluster_defaults(config)
 
-    def job_nodes(self, config: RunConfig) -> int | None:
+    def job_nodes(self, config: AwsConfig) -> int | None:
         return gpu_cluster_job_nodes(config)
 
-    def where(self, config: RunConfig) -> str:
+    def manifest(self, config: AwsConfig, run_id: str) -> str | None:
+        return kubernetes_manifest(config, run_id)
+
+    def gpu_nodes(self, config: AwsConfig) -> GpuNodes | None:
+        return gpu_cluster_nodes(config)
+
+    def where(self, config: AwsConfig) -> str:
         return config.availability_zone or config.region  # the AZ once chosen, else the region
 
-    async def tagged_runs(self, config: RunConfig) -> list[str]:
+    async def tagged_runs(self, config: AwsConfig) -> list[str]:
         # lazy: boto3 (~400 ms) only on the aws target; listing the targets does without
         from targets.aws.infra.api import AwsApi
         from targets.aws.infra.sweep import runs_of_cluster
@@ -81,7 +93,7 @@ class AwsTarget(Target):
             return list(await runs_of_cluster(api, config.cluster_name))
 
     def fail_over(self, stack: Stack, ctx: Context, error: NoCapacity, *, elsewhere: bool = True,
-                  on_demand: bool = True) -> str | None:
+                  on_demand: bool | None = True) -> str | None:
         """Spot GPU nodes AWS has no Spot capacity for go On-Demand in their AZ (``on_demand``); else the
         GPU nodes move to the next feasible AZ (``elsewhere``). ``AwsLayer`` keeps why in the record."""
         # lazy: boto3 (~400 ms) only on the aws target; listing the targets does without
@@ -91,6 +103,8 @@ class AwsTarget(Target):
         if layer is None or layer.topology is None:
             return None
         old = error.az or layer.topology.gpu_az
+        if on_demand is None:
+            on_demand = AwsConfig.of(ctx.config).spot_fallback == "on-demand"
         if on_demand and layer.buys_spot(ctx):
             layer.fall_back_to_on_demand(ctx, old, error.message)
             return f"{error.code} for Spot in {old}: the GPU nodes go On-Demand there (at the On-Demand price)"
@@ -99,20 +113,21 @@ class AwsTarget(Target):
         new = layer.fail_over(ctx, old, error.message)
         return None if new is None else f"{error.code} in {old}: moving the GPU nodes to {new}"
 
-    def fail_over_hint(self, config: RunConfig, facts: RunFacts) -> str | None:
-        if config.spot and facts.spot_fallback is None:
+    def fail_over_hint(self, config: AwsConfig, facts: RunFacts) -> str | None:
+        if config.spot and AwsFacts.of(facts).spot_fallback is None:
             return ("AWS has no Spot capacity for the GPU nodes in their AZ. m moves them to On-Demand there, at the "
                     "On-Demand price, and re-plans (`rtui up --spot-fallback on-demand` does the same)")
         return self.fail_over_words
 
-    def interruption_rate(self, config: RunConfig, facts: RunFacts) -> InterruptionRate:
+    def interruption_rate(self, config: AwsConfig, facts: RunFacts) -> InterruptionRate:
         """Spot GPU nodes: how often Spot takes one back (the Spot Instance Advisor's bucket for the GPU
         types in the region, as the plan read it) on top of the failures every GPU node has. When the plan
         could not read the advisor, its worst bucket (">20%" a month): AWS publishes no higher edge."""
         base = super().interruption_rate(config, facts)
-        if not config.spot or facts.spot_fallback is not None:
+        own = AwsFacts.of(facts)
+        if not config.spot or own.spot_fallback is not None:
             return base
-        risk = facts.spot_risk
+        risk = own.spot_risk
         if risk is None:
             # lazy: the advisor's module (pydantic models of the preflight) only for a Spot plan
             from targets.aws.cloud.spot_advisor import rate_per_hour
@@ -122,7 +137,13 @@ class AwsTarget(Target):
             per_hour, source = risk.per_node_hour, risk.source
         return InterruptionRate(per_hour + base.per_node_hour, f"{source}, plus {base.source}")
 
-    def check(self, config: RunConfig, cwd: Path) -> RunConfig:
+    def check(self, config: AwsConfig, cwd: Path) -> AwsConfig:
+        if config.storage_size:
+            raise UserError(f"--storage-size is a volume in a kube cluster; the {self.name} target keeps the run's "
+                            "data in S3", remedy="drop --storage-size (--storage-path names where the data goes)")
+        if config.service_account:
+            raise UserError(f"--service-account is for the kube target; the {self.name} target gives its pods their "
+                            "credentials itself", remedy="drop --service-account")
         if config.spot_fallback != "none" and not config.spot:
             raise UserError(f"--spot-fallback {config.spot_fallback}: only with --spot (the GPU nodes are On-Demand "
                             "without it)", remedy="add --spot, or leave --spot-fallback out")
@@ -131,12 +152,12 @@ class AwsTarget(Target):
                             remedy="add --spot, or leave --spot-types out")
         return config
 
-    def feasibility(self, config: RunConfig, *, regions: list[str] | None, all_regions: bool,
+    def feasibility(self, config: AwsConfig, *, regions: list[str] | None, all_regions: bool,
                     request_quota: bool, yes: bool, as_json: bool, out: TextIO) -> int | None:
         return feasibility(config, regions=regions, all_regions=all_regions, request_quota=request_quota, yes=yes,
                            as_json=as_json, out=out)
 
-    def storage_profile(self, config: RunConfig) -> str | None:
+    def storage_profile(self, config: AwsConfig) -> str | None:
         return config.profile
 
     # Its ClusterAccess (targets.kube.k8s.clients): the kubernetes layer reaches the EKS cluster as EKS

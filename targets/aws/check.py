@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from backend.errors import UserError
-
-if TYPE_CHECKING:
-    from backend.config import RunConfig
+from targets.aws.config import AwsConfig
 
 
-def feasibility(config: RunConfig, *, regions: list[str] | None, all_regions: bool, request_quota: bool,
+def feasibility(config: AwsConfig, *, regions: list[str] | None, all_regions: bool, request_quota: bool,
                 yes: bool, as_json: bool, out: TextIO) -> int:
     # lazy: boto3 (~400 ms) only when the aws feasibility is asked for (`rtui check --target aws`)
     from targets.aws.cloud import check_command

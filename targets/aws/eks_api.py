@@ -13,6 +13,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from backend.aws_session import boto3_session
 from backend.layers.base import Context
 from targets.aws import eks
+from targets.aws.config import aws_config
 from targets.aws.infra.base import aws_api
 from targets.aws.infra.cluster import describe_cluster
 from targets.kube.k8s.clients import ClusterNotReady
@@ -41,12 +42,13 @@ def eks_api(ctx: Context) -> KubeApi:
 
 async def refresh_eks_api(ctx: Context) -> KubeApi:
     """Ask EKS again for the run's cluster: its API, or ClusterNotReady when there is none to use."""
-    cluster = await describe_cluster(aws_api(ctx), ctx.config.cluster_name)
+    cluster = await describe_cluster(aws_api(ctx), aws_config(ctx).cluster_name)
     return _remember_eks(ctx, cluster)
 
 
 def _eks_key(ctx: Context) -> tuple[str, str, str, str | None]:
-    return "eks", ctx.config.cluster_name, ctx.config.region, ctx.config.profile
+    config = aws_config(ctx)
+    return "eks", config.cluster_name, config.region, config.profile
 
 
 def _describe_eks(ctx: Context) -> Obj | None:
@@ -54,7 +56,7 @@ def _describe_eks(ctx: Context) -> Obj | None:
     only the first use in a session (``refresh_eks_api`` asks on the loop's terms)."""
     api = aws_api(ctx)
     try:
-        return dict(api.client("eks").describe_cluster(name=ctx.config.cluster_name)["cluster"])
+        return dict(api.client("eks").describe_cluster(name=aws_config(ctx).cluster_name)["cluster"])
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
             return None
@@ -67,7 +69,7 @@ def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
     # lazy: the kubernetes client (~1 s) only when a cluster is reached
     from targets.kube.k8s.access import KubeApi
 
-    config, key = ctx.config, _eks_key(ctx)
+    config, key = aws_config(ctx), _eks_key(ctx)
     endpoint = (cluster or {}).get("endpoint")
     ca_data = ((cluster or {}).get("certificateAuthority") or {}).get("data")
     if cluster is None or (cluster.get("tags") or {}).get(eks.RUN_TAG) != ctx.record.run_id \

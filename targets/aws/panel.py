@@ -17,6 +17,7 @@ from textual.binding import Binding
 from textual.widget import Widget
 
 from backend.model import CheckResult, CheckStatus
+from targets.aws.config import AwsConfig
 from targets.aws.matrix import FeasibilityPanel
 from targets.aws.quota_modal import ConfirmQuotaIncrease
 from tui.target_panel import ConfirmAsked, PanelUpdated, Reconfigure, TargetPanel
@@ -59,8 +60,13 @@ class MatrixPanel(TargetPanel):
     report: PreflightReport | None = None  # the finished matrix
     all_regions = False
 
+
+    @property
+    def config(self) -> AwsConfig:
+        return AwsConfig.of(self.screen.session.config)
+
     def above(self) -> Iterable[Widget]:
-        cfg = self.screen.session.config
+        cfg = self.config
         yield FeasibilityPanel(gpus=f"{cfg.gpu_node_count} × {cfg.gpu_node_type}", region=cfg.region,
                                chosen=(cfg.region, cfg.availability_zone) if cfg.availability_zone else None)
 
@@ -74,7 +80,7 @@ class MatrixPanel(TargetPanel):
         return next((x for x in self.screen.session.stack.layers if isinstance(x, AwsLayer)), None)
 
     def config_rows(self) -> list[tuple[str, str]]:
-        cfg = self.screen.session.config
+        cfg = self.config
         return [("region", cfg.region), ("GPU nodes", f"{cfg.gpu_node_count} × {cfg.gpu_node_type}"),
                 ("AZ", cfg.availability_zone or "the recommended one")]
 
@@ -126,7 +132,7 @@ class MatrixPanel(TargetPanel):
 
         region = self.feasibility().highlighted_region
         short = short_quotas(self.report.regions)
-        return [s for s in short if s[0] == region] or [s for s in short if s[0] == self.screen.session.config.region]
+        return [s for s in short if s[0] == region] or [s for s in short if s[0] == self.config.region]
 
     def enabled(self, action: str) -> bool:
         if action == "request_quota":
@@ -140,7 +146,7 @@ class MatrixPanel(TargetPanel):
         if self.feasibility().is_in_use(option_id):
             return False
         region, zone = option_id.split("/", 1)
-        cfg = self.screen.session.config
+        cfg = self.config
         if (region, zone) == (cfg.region, cfg.availability_zone):
             return False
         self.screen.post_message(Reconfigure({"region": region, "availability_zone": zone},

@@ -14,22 +14,15 @@ from backend.config import DEFAULT_MODEL_ID
 from backend.errors import UserError
 from backend.planner import Stack
 from backend.stepfit import fitting_micro_batch
-from backend.targets import GPU_SEQ_LEN, Defaults, Target, refuse_spot
+from backend.targets import GPU_SEQ_LEN, Defaults, GpuNodes, Target
+from targets.kube.config import KubeConfig
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from backend.config import RunConfig
     from backend.delivery import DataStore
 
-# The config fields every GPU cluster target reads (kube, aws).
-CLUSTER_FIELDS = frozenset({
-    "gpu_node_type", "gpu_node_count", "gpus_per_node", "namespace", "image", "kuberay_version", "ray_version",
-    "nvidia_device_plugin_version", "efa_device_plugin_version", "kuberay_crds", "hf_token", "model_id",
-    "model_revision", "operator_scope", "allow_unpinned", "addon_registry"})
-
-
-def gpu_cluster_defaults(config: RunConfig) -> Defaults:
+def gpu_cluster_defaults(config: KubeConfig) -> Defaults:
     """A GPU cluster's auto values: the hub model fine-tuned in bf16, one rank per GPU, EFA between nodes,
     conversations of up to GPU_SEQ_LEN tokens, as many per micro-batch as the GPU's memory fits.
 
@@ -40,7 +33,27 @@ def gpu_cluster_defaults(config: RunConfig) -> Defaults:
                     require_transport="efa", seq_len=GPU_SEQ_LEN, fit_batch=fitting_micro_batch)
 
 
-def gpu_cluster_job_nodes(config: RunConfig) -> int:
+def kubernetes_manifest(config: KubeConfig, run_id: str) -> str:
+    """The objects of a GPU cluster run's plan as `rtui manifest` prints them (``Target.manifest``)."""
+    # lazy: the Kubernetes layer only for `rtui manifest`
+    from targets.kube.k8s.layer import every_object
+    from targets.kube.k8s.manifests import yaml_stream
+
+    objects, notes = every_object(config, run_id)
+    return "".join(f"# {note}\n" for note in notes) + yaml_stream(objects)
+
+
+# GPU memory a rank may use, by instance family (docs/perf-model.md: "the L4's ~22 GiB free" of 24 GB;
+# g6 = NVIDIA L4 per the AWS G6 instance specifications). Other types: the job's own check decides.
+GPU_FREE_GIB = {"g6.": ("L4", 22.0)}
+
+
+def gpu_cluster_nodes(config: KubeConfig) -> GpuNodes:
+    gpu = next((v for k, v in GPU_FREE_GIB.items() if config.gpu_node_type.startswith(k)), None)
+    return GpuNodes(config.gpu_node_type, config.gpu_node_count, config.gpus_per_node, "gpu_node_count", gpu)
+
+
+def gpu_cluster_job_nodes(config: KubeConfig) -> int:
     """The GPU nodes the job's workers take: one GPU per Ray Train worker, ``gpus_per_node`` of them per
     GPU node (each Ray worker pod asks for a whole node's GPUs), and Ray Train's default placement
     (PACK) fills a node before the next, so ``--num-workers 4`` on 4-GPU nodes is one machine."""
@@ -54,36 +67,43 @@ def gpu_cluster_job_nodes(config: RunConfig) -> int:
 GPU_SCALE_UP_S = 60.0 + 90.0 + 30.0 + 240.0 + 20.0
 
 
-class KubeTarget(Target):
+class KubeTarget(Target[KubeConfig]):
     name = "kube"
     label = "Kubernetes — an existing cluster from kubeconfig"
     has_kubernetes = True
-    own_fields = CLUSTER_FIELDS | {"kubeconfig", "context", "storage_size",
-                                   "service_account"}
+    config_model = KubeConfig
     panel = "targets.kube.panel:ContextPanel"
     scale_up_s = GPU_SCALE_UP_S
 
-    def stack(self, config: RunConfig) -> Stack:
+    def stack(self, config: KubeConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.ray_job import RayJobLayer
         from targets.kube.k8s.layer import KubernetesLayer
 
         return Stack(self.name, [KubernetesLayer(), RayJobLayer()])
 
-    def defaults(self, config: RunConfig) -> Defaults:
+    def defaults(self, config: KubeConfig) -> Defaults:
         return gpu_cluster_defaults(config)
 
-    def job_nodes(self, config: RunConfig) -> int | None:
+    def job_nodes(self, config: KubeConfig) -> int | None:
         return gpu_cluster_job_nodes(config)
 
-    def check(self, config: RunConfig, cwd: Path) -> RunConfig:
-        refuse_spot(config)
+    def gpu_nodes(self, config: KubeConfig) -> GpuNodes | None:
+        return gpu_cluster_nodes(config)
+
+    def manifest(self, config: KubeConfig, run_id: str) -> str | None:
+        return kubernetes_manifest(config, run_id)
+
+    def gives_storage(self, config: KubeConfig) -> bool:
+        return bool(config.storage_size)
+
+    def check(self, config: KubeConfig, cwd: Path) -> KubeConfig:
         if config.storage_size and config.storage_path:
             raise UserError(f"--storage-size {config.storage_size} and --storage-path {config.storage_path} both say "
                             "where the run's data goes", remedy="pass one of them")
         return config
 
-    def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
+    def data_store(self, state_root: Path, run_id: str, config: KubeConfig) -> DataStore | None:
         """With --storage-size: the run's directory on its volume, read through short-lived pods."""
         if not config.storage_size:
             return None
@@ -92,12 +112,12 @@ class KubeTarget(Target):
 
         return VolumeStore(config, run_id, state_root)  # its record names the image its pods pinned
 
-    def job_storage_path(self, config: RunConfig, run_id: str) -> str | None:
+    def job_storage_path(self, config: KubeConfig, run_id: str) -> str | None:
         """With --storage-size: the run's own directory on its volume (``manifests.DATA_MOUNT``)."""
         # lazy: the kubernetes layer loads only when a run's stack is made; listing targets does without
         from targets.kube.k8s.manifests import job_storage_path
 
         return job_storage_path(run_id) if config.storage_size else None
 
-    def where(self, config: RunConfig) -> str:
+    def where(self, config: KubeConfig) -> str:
         return config.context or ""  # the kubeconfig's context when one is named (else its current one)

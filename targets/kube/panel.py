@@ -18,6 +18,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from backend.errors import RtuiError
+from targets.kube.config import KubeConfig
 from tui.checks import render_context
 from tui.target_panel import PanelUpdated, Reconfigure, TargetPanel
 
@@ -45,8 +46,12 @@ class ContextPanel(TargetPanel):
     def picker(self) -> OptionList:
         return self.screen.query_one("#contexts", OptionList)
 
+    @property
+    def config(self) -> KubeConfig:
+        return KubeConfig.of(self.screen.session.config)
+
     def config_rows(self) -> list[tuple[str, str]]:
-        cfg = self.screen.session.config
+        cfg = self.config
         return [("namespace", cfg.namespace), ("GPU nodes", f"{cfg.gpu_node_count} × {cfg.gpus_per_node} GPUs")]
 
     def mounted(self) -> Widget | None:
@@ -60,7 +65,7 @@ class ContextPanel(TargetPanel):
         from targets.kube.k8s.access import kube_contexts
 
         try:
-            contexts, current = await asyncio.to_thread(kube_contexts, self.screen.session.config.kubeconfig)
+            contexts, current = await asyncio.to_thread(kube_contexts, self.config.kubeconfig)
         except RtuiError as exc:  # the preflight's Kubernetes API check shows it with its remedy
             error = exc.message
             self.screen.post_message(ContextsLoaded(lambda: self.show_error(error)))
@@ -78,14 +83,14 @@ class ContextPanel(TargetPanel):
         picker = self.picker()
         picker.clear_options()
         self.kubeconfig_current = current
-        chosen = self.screen.session.config.context or current
+        chosen = self.config.context or current
         picker.add_options([Option(render_context(c, current=c.name == current), id=c.name) for c in contexts])
         names = [c.name for c in contexts]
         if chosen in names:
             picker.highlighted = names.index(chosen)
 
     def in_use(self) -> str | None:
-        return self.screen.session.config.context or self.kubeconfig_current
+        return self.config.context or self.kubeconfig_current
 
     def enter_picks(self, list_id: str, option_id: str) -> bool:
         return option_id != self.in_use()
@@ -93,7 +98,7 @@ class ContextPanel(TargetPanel):
     def choose(self, list_id: str, option_id: str) -> bool:
         if option_id == self.in_use():
             return False
-        had = self.screen.session.config.context or "(current)"
+        had = self.config.context or "(current)"
         self.screen.post_message(Reconfigure({"context": option_id}, f"context {had}", "or start rtui with --context"))
         return True
 

@@ -13,14 +13,14 @@ from backend.config import shown
 from backend.delivery import LocalDirStore, local_data_dir
 from backend.errors import UserError
 from backend.planner import Stack
-from backend.targets import Defaults, FoundCluster, Target, refuse_spot
+from backend.targets import Defaults, FoundCluster, Target, TinyModel
+from targets.local.config import LocalConfig
 
 if TYPE_CHECKING:
-    from backend.config import RunConfig
     from backend.delivery import DataStore
 
 
-class LocalTarget(Target):
+class LocalTarget(Target[LocalConfig]):
     name = "local"
     label = "Local — a real Ray cluster on this machine: tiny model, no cloud"
     on_gpus = False
@@ -28,18 +28,17 @@ class LocalTarget(Target):
     shared_disk = True
     bench_variants = ("gloo",)
     bench_ab_steps = 12
-    own_fields = frozenset({"local_cpus", "local_worker_nodes", "local_dashboard_port", "local_hidden_size",
-                            "local_layers", "local_heads", "local_vocab_size"})
+    config_model = LocalConfig
     unpriced = "free (local)"
 
-    def stack(self, config: RunConfig) -> Stack:
+    def stack(self, config: LocalConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.ray_job import RayJobLayer
         from targets.local.layer import LocalRay
 
         return Stack(self.name, [LocalRay(), RayJobLayer()])
 
-    def defaults(self, config: RunConfig) -> Defaults:
+    def defaults(self, config: LocalConfig) -> Defaults:
         workers = config.num_workers or 2
         # Locally a tiny model's step is dominated by per-step collective overheads: a bigger
         # per-worker batch keeps the CPU busy computing. bench/local_throughput.py measured FSDP2 vs a
@@ -48,10 +47,14 @@ class LocalTarget(Target):
         # 1e-3: the model starts from random weights, and at 1e-5 AdamW moves its logits too little in
         # 100 steps for any data to lower the loss by even 15 % (measured: a constant token, 6.77 -> 6.01).
         return Defaults(batch_size=32, precision="fp32", learning_rate=1e-3, model_id=None, workers=2,
-                        shard_size=workers, require_transport="any")
+                        shard_size=workers, require_transport="any",
+                        tiny=TinyModel(config.local_hidden_size, config.local_layers, config.local_heads,
+                                       config.local_vocab_size))
 
-    def check(self, config: RunConfig, cwd: Path) -> RunConfig:
-        refuse_spot(config)
+    def check(self, config: LocalConfig, cwd: Path) -> LocalConfig:
+        if config.local_hidden_size % config.local_heads:
+            raise UserError(f"--local-hidden-size={config.local_hidden_size} is not a multiple of "
+                            f"--local-heads={config.local_heads}", remedy="pick sizes that divide evenly")
         if config.effective_require_transport() != "any":
             raise UserError(f"--require-transport={config.require_transport} needs NCCL on GPUs",
                             remedy="the local target trains on CPU with gloo; use --target aws or kube")
@@ -68,7 +71,7 @@ class LocalTarget(Target):
             config = config.model_copy(update={"model_id": str(model_dir)})
         return config
 
-    def job_nodes(self, config: RunConfig) -> int | None:
+    def job_nodes(self, config: LocalConfig) -> int | None:
         """One: the head and any extra worker nodes (--local-worker-nodes) are processes of this machine."""
         return 1
 
@@ -84,5 +87,5 @@ class LocalTarget(Target):
                                       running=bool(cluster_family(c.path))))
         return found
 
-    def data_store(self, state_root: Path, run_id: str, config: RunConfig) -> DataStore | None:
+    def data_store(self, state_root: Path, run_id: str, config: LocalConfig) -> DataStore | None:
         return LocalDirStore(local_data_dir(state_root, run_id))

@@ -30,6 +30,7 @@ from backend.procs import ProcRef, check_port_free, free_ports, start_detached, 
 from backend.rayjobs import RayJobs
 from backend.runner import Progress
 from targets.local import cluster as lc
+from targets.local.config import local_config
 from training.passed_env import JOB_ENV_FILE
 from training.protocol import NODE_ENV
 from training.raytrain import RENDEZVOUS_DIR_ENV
@@ -60,7 +61,7 @@ def worker_address(index: int) -> str:
 
 def head_cpus(ctx: Context) -> int:
     # Ray Data's tokenising tasks need a CPU beyond the training workers' one each.
-    config = ctx.config
+    config = local_config(ctx)
     needed = config.effective_workers() + (1 if config.data_is_file() else 0)
     return config.local_cpus or max(os.cpu_count() or 1, needed)
 
@@ -178,16 +179,17 @@ class HeadHandler(Handler):
     backoff_s = 0.5
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = local_config(ctx)
         ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
-        if ctx.config.local_dashboard_port:
-            check_port_free(ctx.config.local_dashboard_port, what="dashboard port")
-            ports["dashboard"] = ctx.config.local_dashboard_port
+        if config.local_dashboard_port:
+            check_port_free(config.local_dashboard_port, what="dashboard port")
+            ports["dashboard"] = config.local_dashboard_port
         dashboard_url = f"http://127.0.0.1:{ports['dashboard']}"
         # The state dir says which rtui owns the cluster, so another one never calls it an orphan.
         facts: dict[str, Any] = {"ports": ports, "gcs_address": f"127.0.0.1:{ports['gcs']}",
                                  "dashboard_url": dashboard_url, "shape": dict(want.spec),
                                  "state_dir": str(ctx.store.root)}
-        cluster = await asyncio.to_thread(lc.make_cluster_dir, ctx.record.run_id, ctx.config.cluster_name, facts)
+        cluster = await asyncio.to_thread(lc.make_cluster_dir, ctx.record.run_id, config.cluster_name, facts)
         ctx.record.facts.stopped_while_idle = None  # a new head: the last one's idle stop is history
         # The one secret rtui writes: a fresh token, 0600 inside the 0700 dir, gone with it at teardown.
         token_fd = os.open(cluster.path / TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -342,15 +344,16 @@ class LocalRay(Layer):
         return self._handlers
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
+        config = local_config(ctx)
         spec: dict[str, Any] = {"cpus": head_cpus(ctx), "object_store_mib": OBJECT_STORE_BYTES // 2**20,
                                 # Worker nodes need the head on the host's address (see ray_env).
-                                "loopback": not ctx.config.local_worker_nodes,
+                                "loopback": not config.local_worker_nodes,
                                 # The idle stop's timeout, 0 for none: its watcher changes in place.
-                                IDLE_KEY: ctx.config.idle_timeout_s() or 0}
-        if ctx.config.local_dashboard_port:
-            spec["dashboard_port"] = ctx.config.local_dashboard_port
+                                IDLE_KEY: config.idle_timeout_s() or 0}
+        if config.local_dashboard_port:
+            spec["dashboard_port"] = config.local_dashboard_port
         out = [Resource(address=HEAD, layer=self.name, kind="ray-head", spec=spec, cost_per_hour=0.0)]
-        for i in range(ctx.config.local_worker_nodes):
+        for i in range(config.local_worker_nodes):
             out.append(Resource(address=worker_address(i), layer=self.name, kind="ray-worker",
                                 spec={"cpus": head_cpus(ctx)}, depends_on=(HEAD,), cost_per_hour=0.0))
         return out
@@ -385,6 +388,7 @@ class LocalRay(Layer):
         return observed
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
+        config = local_config(ctx)
         results = []
         try:
             ray_ok = importlib.util.find_spec("ray") is not None and importlib.util.find_spec("torch") is not None
@@ -400,13 +404,13 @@ class LocalRay(Layer):
             id="local.disk", title="Free space for Ray's temp dir", data={"free_gib": round(free_gib, 1)},
             status=CheckStatus.OK if free_gib > 2 else CheckStatus.WARN, detail=f"{free_gib:.1f} GiB free",
         ))
-        cores, workers = os.cpu_count() or 1, ctx.config.effective_workers()
+        cores, workers = os.cpu_count() or 1, config.effective_workers()
         if workers > cores:
             results.append(CheckResult(
                 id="local.cores", title="Cores for the training workers", status=CheckStatus.WARN,
                 detail=f"{workers} workers on {cores} cores: they will take turns and train slowly",
                 remedy=f"use --num-workers {cores} or fewer", data={"workers": workers, "cores": cores}))
-        port = ctx.config.local_dashboard_port
+        port = config.local_dashboard_port
         if port:
             try:
                 check_port_free(port, what="dashboard port")

@@ -12,6 +12,7 @@ import pytest
 from backend.errors import UserError
 from backend.ledger import ResourceStatus
 from backend.model import Action
+from targets.aws.config import AwsConfig
 from targets.aws.infra.access_scope import ACCESS_SCOPE, AccessScopeHandler
 from targets.kube.k8s.clients import cluster_api
 from tests.aws.conftest import EksKube, World
@@ -140,7 +141,7 @@ async def test_a_down_that_crashed_between_restoring_and_cleaning_up_is_finished
 async def test_the_default_scope_plans_no_narrowing(world: World, kube_file: Path) -> None:
     session = session_for()
     plan = await session.plan()
-    assert session.config.access_scope == "cluster"
+    assert AwsConfig.of(session.config).access_scope == "cluster"
     assert ACCESS_SCOPE not in {c.address for c in plan.changes}
     assert not [n for n in plan.notes if n.startswith("access scope:")]
 

@@ -21,6 +21,7 @@ from botocore.exceptions import ClientError
 
 from backend import flows
 from backend.model import Action
+from targets.aws.facts import AwsFacts
 from targets.aws.infra.storage import BUCKET, TLS_ONLY_SID
 from tests.aws.conftest import World
 from tests.aws.moto_s3_policy import plain_http_listener
@@ -79,7 +80,7 @@ async def test_the_runs_bucket_denies_requests_without_tls_and_down_still_delete
     session = session_for()
     done = await up(session, until=BUCKET)
     assert done.ok, done.failures()
-    name = str(session.record.facts.data_bucket)
+    name = str(AwsFacts.of(session.record.facts).data_bucket)
     arn = f"arn:aws:s3:::{name}"
 
     statements = json.loads(s3().get_bucket_policy(Bucket=name)["Policy"])["Statement"]
@@ -115,7 +116,7 @@ async def test_a_statement_someone_added_to_the_runs_bucket_policy_is_kept(world
     session = session_for()
     done = await up(session, until=BUCKET)
     assert done.ok, done.failures()
-    name = str(session.record.facts.data_bucket)
+    name = str(AwsFacts.of(session.record.facts).data_bucket)
     theirs = {"Sid": "AuditorsRead", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
               "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{name}/*"}
     s3().put_bucket_policy(Bucket=name, Policy=json.dumps({"Version": "2012-10-17", "Statement": [theirs]}))

@@ -12,8 +12,8 @@ import boto3
 import pytest
 from kubernetes.client import ApiClient
 
-from backend.config import RunConfig
 from backend.model import Action
+from targets.aws.config import AwsConfig
 from targets.aws.infra import node_autoscaler as na
 from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import REGION, down, eks, iam, session_for, tagged, up
@@ -21,8 +21,8 @@ from tests.aws.provision_world import REGION, down, eks, iam, session_for, tagge
 RUN = "r20261204-120000-abcd"
 
 
-def aws(**fields: object) -> RunConfig:
-    return RunConfig(target="aws", **fields)
+def aws(**fields: object) -> AwsConfig:
+    return AwsConfig(target="aws", **fields)
 
 
 def test_the_gpu_group_may_shrink_to_zero_only_when_idle_workers_go() -> None:
@@ -133,7 +133,7 @@ async def test_up_lets_the_gpu_group_shrink_to_zero_and_tags_its_asg_for_a_scale
     system = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-system")["nodegroup"]
     assert system["scalingConfig"]["minSize"] == system["scalingConfig"]["maxSize"]
     tags = _asg_tags(_gpu_asg())
-    wanted = na.gpu_asg_tags(session.config, "rtui-ray", session.run_id)
+    wanted = na.gpu_asg_tags(AwsConfig.of(session.config), "rtui-ray", session.run_id)
     assert {k: tags.get(k) for k in wanted} == wanted
     # DescribeAutoScalingGroups shows the same tags (what cluster-autoscaler's discovery reads).
     (group,) = autoscaling().describe_auto_scaling_groups(AutoScalingGroupNames=[_gpu_asg()])["AutoScalingGroups"]

@@ -18,6 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 from torch.distributed.checkpoint.metadata import Metadata
 
+from targets.aws.facts import AwsFacts
 from targets.aws.infra.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
 from targets.kube.k8s.handlers import RAYCLUSTER
 from tests.aws.conftest import World
@@ -93,7 +94,7 @@ async def test_ray_trains_storage_setup_and_first_checkpoint_work_with_the_pod_r
     session = session_for()
     done = await up(session)
     assert done.ok, done.failures()
-    bucket, run_id = str(session.record.facts.data_bucket), session.run_id
+    bucket, run_id = str(AwsFacts.of(session.record.facts).data_bucket), session.run_id
     creds = pod_credentials(session)
     fs = pod_filesystem(world, creds)
 
@@ -130,7 +131,7 @@ async def test_resume_finds_the_runs_checkpoints_with_the_pod_role(
     session = session_for()
     done = await up(session)
     assert done.ok, done.failures()
-    bucket, run_id = str(session.record.facts.data_bucket), session.run_id
+    bucket, run_id = str(AwsFacts.of(session.record.facts).data_bucket), session.run_id
     creds = pod_credentials(session)
     storage = f"s3://{bucket}/runs/{run_id}"
     for key, value in {"AWS_ACCESS_KEY_ID": creds["access_key"], "AWS_SECRET_ACCESS_KEY": creds["secret_key"],
@@ -152,7 +153,7 @@ async def test_the_pod_role_reaches_nothing_of_another_runs_prefix(world: World,
     session = session_for()
     done = await up(session)
     assert done.ok, done.failures()
-    bucket = str(session.record.facts.data_bucket)
+    bucket = str(AwsFacts.of(session.record.facts).data_bucket)
     boto3.client("s3", region_name=REGION).put_object(Bucket=bucket, Key="runs/other-run/secret", Body=b"x")
     client = pod_s3(world, pod_credentials(session))
     attempts: dict[str, Callable[[], Any]] = {
@@ -177,7 +178,7 @@ async def test_the_workers_own_account_gets_the_same_data_rights_and_the_rayclus
     session = session_for()
     done = await up(session)
     assert done.ok, done.failures()
-    bucket, run_id = str(session.record.facts.data_bucket), session.run_id
+    bucket, run_id = str(AwsFacts.of(session.record.facts).data_bucket), session.run_id
     client = pod_s3(world, pod_credentials(session, DATA_WORKERS_IDENTITY.service_account))
     client.head_bucket(Bucket=bucket)
     client.put_object(Bucket=bucket, Key=f"runs/{run_id}/from-a-worker", Body=b"x")

@@ -10,6 +10,8 @@ import pytest
 
 from backend.model import Action, EventKind
 from backend.session import cost_meter
+from targets.aws.config import AwsConfig
+from targets.aws.facts import AwsFacts
 from targets.aws.infra.api import AwsApi
 from tests.aws.conftest import World
 from tests.aws.provision_world import RUN_TAG, down, ec2, eks, given_vpc, iam, session_for, tagged, up
@@ -68,7 +70,7 @@ async def test_up_until_aws_makes_everything_once_then_down_leaves_nothing(world
     assert gpu["labels"]["nvidia.com/gpu.present"] == "true"
     assert gpu["scalingConfig"]["desiredSize"] == 2 and gpu["instanceTypes"] == ["g6.12xlarge"]
     assert gpu["launchTemplate"]["id"] == template["LaunchTemplateId"]
-    assert session.record.facts.gpu_az == subnets[gpu["subnets"][0]]["AvailabilityZone"]
+    assert AwsFacts.of(session.record.facts).gpu_az == subnets[gpu["subnets"][0]]["AvailabilityZone"]
     system = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-system")["nodegroup"]
     assert system["labels"]["role"] == "system" and system["instanceTypes"] == ["m7i.xlarge"]
     entries = eks().list_access_entries(clusterName="rtui-ray")["accessEntries"]
@@ -145,8 +147,8 @@ async def test_a_whole_up_and_down_through_throttling_and_5xx_on_every_call(worl
     # is not what this tests); the layers find it where they look for it.
     clock = FastClock(50.0)
     config = session.config
-    session.clients.get(("aws", config.region, config.profile),
-                        lambda: AwsApi(config.region, config.profile, clock=clock))
+    session.clients.get(("aws", AwsConfig.of(config).region, config.profile),
+                        lambda: AwsApi(AwsConfig.of(config).region, config.profile, clock=clock))
     made = await up(session)
     assert made.ok, made.failures()
     gone = await down(session)
@@ -185,9 +187,9 @@ async def test_no_capacity_in_the_gpu_az_fails_over_to_the_next_feasible_one(wor
     gpu = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
     az = ec2().describe_subnets(SubnetIds=gpu["subnets"])["Subnets"][0]["AvailabilityZone"]
     assert az != first and gpu["status"] == "ACTIVE"
-    assert stuck.record.facts.az_moves[0].from_az == first
-    assert "InsufficientInstanceCapacity" in stuck.record.facts.az_moves[0].why
-    assert stuck.record.facts.gpu_az == az
+    assert AwsFacts.of(stuck.record.facts).az_moves[0].from_az == first
+    assert "InsufficientInstanceCapacity" in AwsFacts.of(stuck.record.facts).az_moves[0].why
+    assert AwsFacts.of(stuck.record.facts).gpu_az == az
     meter = cost_meter(stuck.record)
     assert meter is not None and meter.resources["aws.nodegroup.gpu"].per_hour > 4  # billing again
     assert (await down(stuck)).ok

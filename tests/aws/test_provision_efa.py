@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import manifests
 from tests.aws.conftest import P, World
 from tests.aws.provision_world import RUN_TAG, down, ec2, session_for, tagged, up
@@ -27,7 +28,7 @@ async def test_the_plan_gives_each_network_card_its_efa_and_the_workers_ask_for_
         wanted = int((ray.after or {}).get("efa_interfaces") or 1)
         assert wanted == count, instance_type
         config = session_for(gpu_node_type=instance_type).config
-        worker = manifests.raycluster(config, "r", efa_interfaces=wanted)["spec"]["workerGroupSpecs"][0]
+        worker = manifests.raycluster(KubeConfig.of(config), "r", efa_interfaces=wanted)["spec"]["workerGroupSpecs"][0]
         limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert limits[manifests.EFA_RESOURCE] == str(count)
 

@@ -18,8 +18,10 @@ from backend import flows
 from backend.ledger import ResourceStatus
 from backend.model import Action, EventKind, StepEvent
 from backend.session import RunSession
+from targets.aws.facts import AwsFacts
 from targets.aws.infra.iam import DATA_IDENTITY, data_policy_for
 from targets.aws.infra.storage import BUCKET, bucket_name
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import manifests
 from targets.kube.k8s.handlers import RAYCLUSTER
 from targets.kube.k8s.serviceaccount import SERVICE_ACCOUNT
@@ -38,7 +40,7 @@ async def bucket_of(session: RunSession) -> str:
     """`up` as far as the bucket (it depends on nothing else of the aws layer)."""
     done = await up(session, until=BUCKET)
     assert done.ok, done.failures()
-    name = str(session.record.facts.data_bucket)
+    name = str(AwsFacts.of(session.record.facts).data_bucket)
     assert session.record.resources[BUCKET].id == name
     return name
 
@@ -119,7 +121,7 @@ async def test_a_bucket_of_the_runs_name_made_by_someone_else_is_refused(world: 
     session = session_for()
     plan = await session.plan()
     assert any(c.address == BUCKET for c in plan.changes)
-    name = str(session.record.facts.data_bucket)
+    name = str(AwsFacts.of(session.record.facts).data_bucket)
     s3().create_bucket(Bucket=name)  # same name, none of this run's tags
     done = await up(session, until=BUCKET)
     assert not done.ok
@@ -201,7 +203,7 @@ async def test_up_gives_the_ray_pods_a_role_for_the_runs_prefix_through_pod_iden
     session = session_for()
     done = await up(session)
     assert done.ok, done.failures()
-    name = str(session.record.facts.data_bucket)
+    name = str(AwsFacts.of(session.record.facts).data_bucket)
     prefix = f"runs/{session.run_id}"
     # The add-on that hands out the credentials, and the association for the Ray pods' account.
     addons = eks().list_addons(clusterName="rtui-ray")["addons"]
@@ -227,7 +229,7 @@ async def test_up_gives_the_ray_pods_a_role_for_the_runs_prefix_through_pod_iden
     association_change = next(c for c in plan.changes if c.address == DATA_IDENTITY.address)
     assert BUCKET in association_change.depends_on
     assert [c.address for c in plan.changes if c.layer == "aws" and c.action is not Action.NOOP] == []
-    spec = manifests.raycluster(session.config, session.run_id, service_account="rtui-ray")["spec"]
+    spec = manifests.raycluster(KubeConfig.of(session.config), session.run_id, service_account="rtui-ray")["spec"]
     assert [g["template"]["spec"]["serviceAccountName"] for g in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]] \
         == ["rtui-ray", "rtui-ray"]
 
@@ -244,7 +246,7 @@ async def test_a_storage_path_of_the_users_bucket_plans_no_bucket_and_scopes_the
     session = session_for(storage_path="s3://users-own-bucket/team/runs")
     plan = await session.plan()
     assert BUCKET not in [c.address for c in plan.changes]
-    assert session.record.facts.data_bucket is None and session.record.facts.storage_path is None
+    assert AwsFacts.of(session.record.facts).data_bucket is None and session.record.facts.storage_path is None
     role = next(c for c in plan.changes if c.address == DATA_IDENTITY.role_address)
     (document,) = (role.after or {})["inline"].values()
     uri = f"s3://users-own-bucket/team/runs/{session.run_id}"

@@ -17,6 +17,7 @@ from backend.session import cost_meter
 from targets.aws.cloud.catalog import QUOTA_G_VT, SPOT_QUOTA_G_VT, quota_code_for
 from targets.aws.cloud.pricing import SPOT_PRODUCT, spot_prices
 from targets.aws.cloud.quota import vcpus_in_use
+from targets.aws.facts import AwsFacts
 from tests.aws.conftest import World
 from tests.aws.moto_spot import PRODUCTS
 from tests.aws.provision_world import down, eks, session_for, tagged, up
@@ -187,7 +188,7 @@ async def test_without_spot_capacity_the_fallback_puts_the_gpu_nodes_on_demand_t
     assert moved.startswith("InsufficientInstanceCapacity for Spot in " + az) and "On-Demand" in moved, moved
     group = eks().describe_nodegroup(clusterName="rtui-ray", nodegroupName="rtui-ray-gpu")["nodegroup"]
     assert group["capacityType"] == "ON_DEMAND" and group["status"] == "ACTIVE"
-    fallback = session.record.facts.spot_fallback
+    fallback = AwsFacts.of(session.record.facts).spot_fallback
     assert fallback is not None and fallback.az == az and "InsufficientInstanceCapacity" in fallback.why
     again = await session.plan()
     assert [c.address for c in again.changes if c.layer == "aws" and c.action != "noop"] == []
@@ -205,7 +206,7 @@ async def test_the_meter_bills_spot_nodes_at_the_price_in_effect_each_moment_the
     world.script.spot_prices[("us-east-1", GPU)] = NOW
     session = session_for(spot=True)
     assert (await up(session)).ok
-    az = session.record.facts.gpu_az
+    az = AwsFacts.of(session.record.facts).gpu_az
     assert az is not None
     # The price moves while the nodes run: ten times what it was, from now on.
     moved = datetime.now(UTC).replace(microsecond=0)  # as EC2 times its lines: to the second

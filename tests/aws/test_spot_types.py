@@ -12,6 +12,7 @@ import boto3
 from backend.config import resolve_config
 from targets.aws.cloud.catalog import SPOT_QUOTA_G_VT
 from targets.aws.cloud.pricing import spot_prices
+from targets.aws.config import AwsConfig
 from tests.aws.conftest import World
 from tests.aws.eks_nodes import NODEGROUP_LABEL
 from tests.aws.provision_world import down, eks, session_for, tagged, up
@@ -78,8 +79,8 @@ def test_spot_types_need_spot_and_instance_type_names(world: World) -> None:
 
 
 def test_the_gpu_node_type_is_never_listed_twice(world: World) -> None:
-    config = resolve_config({"target": "aws", "spot": "true", "spot_types": f"{WIDER},{GPU},{WIDER}"},
-                            environ={}).config
+    config = AwsConfig.of(resolve_config({"target": "aws", "spot": "true", "spot_types": f"{WIDER},{GPU},{WIDER}"},
+                                         environ={}).config)
     assert config.spot_type_list() == [WIDER]
 
 

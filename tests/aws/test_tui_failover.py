@@ -6,6 +6,7 @@ from pathlib import Path
 
 from screens.plan import PlanScreen
 from screens.provision import ProvisionScreen
+from targets.aws.facts import AwsFacts
 from targets.aws.infra.nodes import CapacityError
 from tests.aws.conftest import World
 from tests.aws.provision_world import gpu_az, session_for
@@ -16,7 +17,7 @@ from tui.app import RtuiApp
 async def test_no_capacity_offers_the_move_and_the_plan_moves_the_gpu_nodes(world: World, kube_file: Path) -> None:
     session = session_for()
     await session.plan()
-    first = session.record.facts.gpu_az or gpu_az(session)
+    first = AwsFacts.of(session.record.facts).gpu_az or gpu_az(session)
     cause = f"nodegroup g: InsufficientInstanceCapacity in {first} (AsgInstanceLaunchFailures)"
     failed = CapacityError(cause, az=first)
     app = RtuiApp(session)
@@ -28,7 +29,7 @@ async def test_no_capacity_offers_the_move_and_the_plan_moves_the_gpu_nodes(worl
         app.post_message(ProvisionScreen.FailoverRequested(failed))
         await wait_for(pilot, lambda: type(app.screen).__name__ == "PlanScreen", 5, "the plan screen")
         await wait_for(pilot, lambda: getattr(app.screen, "plan", None) is not None, 30, "the new plan")
-        moved = session.record.facts.az_moves[0]
+        moved = AwsFacts.of(session.record.facts).az_moves[0]
         assert moved.from_az == first and moved.to != first
         plan = app.screen.plan if isinstance(app.screen, PlanScreen) else None
         assert plan is not None
@@ -43,7 +44,7 @@ async def test_no_spot_capacity_offers_on_demand_there_and_the_plan_makes_it(wor
     the plan after it makes them On-Demand in the same AZ; a later `m` would move the AZ."""
     session = session_for(spot=True)
     await session.plan()
-    first = session.record.facts.gpu_az or gpu_az(session)
+    first = AwsFacts.of(session.record.facts).gpu_az or gpu_az(session)
     failed = CapacityError(f"nodegroup g: InsufficientInstanceCapacity for Spot in {first} (AsgInstanceLaunchFailures)",
                            az=first)
     app = RtuiApp(session)
@@ -56,8 +57,8 @@ async def test_no_spot_capacity_offers_on_demand_there_and_the_plan_makes_it(wor
         app.post_message(ProvisionScreen.FailoverRequested(failed))
         await wait_for(pilot, lambda: type(app.screen).__name__ == "PlanScreen", 5, "the plan screen")
         await wait_for(pilot, lambda: getattr(app.screen, "plan", None) is not None, 30, "the new plan")
-        fallback = session.record.facts.spot_fallback
-        assert fallback is not None and fallback.az == first and session.record.facts.az_moves == []
+        fallback = AwsFacts.of(session.record.facts).spot_fallback
+        assert fallback is not None and fallback.az == first and AwsFacts.of(session.record.facts).az_moves == []
         plan = app.screen.plan if isinstance(app.screen, PlanScreen) else None
         assert plan is not None
         gpu = plan.change("aws.nodegroup.gpu")

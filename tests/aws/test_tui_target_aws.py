@@ -10,6 +10,7 @@ from textual.widgets import Static
 from backend.config import resolve_config
 from backend.session import RunSession
 from screens.target import TargetScreen
+from targets.aws.config import AwsConfig
 from targets.aws.matrix import AzMatrix, FeasibilityPanel
 from targets.aws.panel import MatrixPanel
 from targets.aws.quota_modal import ConfirmQuotaIncrease
@@ -114,8 +115,9 @@ async def test_choosing_another_az_makes_a_session_with_it(world: World) -> None
         await wait_for(pilot, lambda: chosen, 5, "Reconfigure")
         assert chosen[0].update == {"region": "us-east-1", "availability_zone": "us-east-1b"}
         await wait_for(pilot, lambda: checked(app) not in (None, first), 30, "the new target screen")
-        assert app.session is not session and app.session.config.availability_zone == "us-east-1b"
-        assert app.session.run_id == FIXED_RUN_ID and app.session.record.config.availability_zone == "us-east-1b"
+        assert app.session is not session and AwsConfig.of(app.session.config).availability_zone == "us-east-1b"
+        recorded = AwsConfig.of(app.session.record.config)
+        assert app.session.run_id == FIXED_RUN_ID and recorded.availability_zone == "us-east-1b"
         assert "@ us-east-1b" in str(app.sub_title)
         highlighted = matrix(app).highlighted_option
         assert highlighted is not None and highlighted.id == "us-east-1/us-east-1b"

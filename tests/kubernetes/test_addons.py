@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from backend.config import RunConfig
 from backend.errors import OperationError, UserError
+from targets.aws.config import AwsConfig
 from targets.kube.k8s import addons as a
 from targets.kube.k8s.manifests import labels
 from targets.kube.k8s.pods import unschedulable_reason
@@ -24,7 +24,7 @@ from tests.kubernetes.crds import crd_dir as _crd_dir
 from tests.serving import serve_in_thread
 
 RUN = "r20260101-120000-abcd"
-CONFIG = RunConfig(target="aws")
+CONFIG = AwsConfig(target="aws")
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from backend.ledger import ResourceStatus
 from backend.model import Resource
 from backend.session import RunSession
 from backend.store import RunStore
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import handlers, raycluster
 from targets.kube.k8s import manifests as m
 from targets.kube.k8s.layer import every_object
@@ -64,14 +65,15 @@ async def restricted_namespace(session: RunSession) -> None:
     """The run's namespace with what the Ray pods need (token, job-env, the workers' account), enforcing
     ``restricted``; everything but the RayCluster and the pre-pull, which the test applies through rtui."""
     api = RayClusterHandler().api(session.ctx)
-    objects, _ = every_object(session.config, session.run_id)
+    config = KubeConfig.of(session.config)
+    objects, _ = every_object(config, session.run_id)
     for obj in objects:
-        if obj["metadata"].get("namespace", session.config.namespace) != session.config.namespace:
+        if obj["metadata"].get("namespace", config.namespace) != config.namespace:
             continue
         if obj["kind"] == "Namespace":
             obj["metadata"]["labels"] = {k: v for k, v in obj["metadata"]["labels"].items()
                                          if not k.startswith(pss.LABEL_PREFIX)} | RESTRICTED
-        elif obj["kind"] == "Secret" and obj["metadata"]["name"] == m.ray_token_secret_name(session.config):
+        elif obj["kind"] == "Secret" and obj["metadata"]["name"] == m.ray_token_secret_name(config):
             obj["stringData"] = {m.RAY_TOKEN_KEY: "t0ken"}
         elif obj["kind"] not in ("Secret", "ServiceAccount"):
             continue
@@ -81,7 +83,7 @@ async def restricted_namespace(session: RunSession) -> None:
 def want(session: RunSession, address: str, kind: str) -> Resource:
     """What the plan asks of a step, and its ledger entry, as the planner writes it before the create."""
     session.ctx.ledger.set(address, kind, ResourceStatus.INTENDED, layer="kubernetes")
-    return Resource(address=address, layer="kubernetes", kind=kind, spec={"image": session.config.image})
+    return Resource(address=address, layer="kubernetes", kind=kind, spec={"image": KubeConfig.of(session.config).image})
 
 
 @pytest.mark.slow
@@ -95,7 +97,7 @@ async def test_a_root_image_in_a_restricted_namespace_is_refused_naming_the_rule
             pass
     line = str(refused.value)
     # What KubeRay saw comes first, then rtui's line names it: the rule, the level and the control.
-    rc = kube_cluster.read("RayCluster", session.config.cluster_name, session.config.namespace)
+    rc = kube_cluster.read("RayCluster", session.config.cluster_name, KubeConfig.of(session.config).namespace)
     failure = [c for c in rc["status"]["conditions"] if c["type"] == "ReplicaFailure"]
     assert failure and failure[0]["status"] == "True" and failure[0]["reason"] == "FailedCreateHeadPod"
     assert line.startswith('Pod Security "restricted:latest" in namespace rtui refused the head pod: '
@@ -160,9 +162,9 @@ async def test_a_refused_prepull_is_seen_from_the_daemonsets_events(
 def test_every_pod_of_a_non_root_image_passes_restricted_and_the_prepull_always() -> None:
     for image in (RAY_IMAGE, "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"):
         config = resolve_config({"target": "kube", "image": image}, environ={}).config
-        objects, _ = every_object(config, "r20260101-120000-abcd")
+        objects, _ = every_object(KubeConfig.of(config), "r20260101-120000-abcd")
         for obj in objects:
-            if obj["metadata"].get("namespace") != config.namespace:
+            if obj["metadata"].get("namespace") != KubeConfig.of(config).namespace:
                 continue
             for what, meta, spec in pss.pod_specs(obj):
                 found = pss.restricted_violations(meta, spec)
@@ -198,11 +200,12 @@ async def test_preflight_refuses_a_root_image_for_a_namespace_that_enforces_rest
     kube_cluster.add_namespace("team-b")
     session = session_for(tmp_path, namespace="team-a")
     api = RayClusterHandler().api(session.ctx)
-    refused = await pod_security_check(api, session.config)
+    refused = await pod_security_check(api, KubeConfig.of(session.config))
     assert refused is not None and refused.status is CheckStatus.FAIL
     assert 'enforces Pod Security "restricted:v1.33"' in refused.detail and "runs as root" in refused.detail
     assert refused.remedy and "rayproject/ray:2.58.0-gpu" in refused.remedy
-    ray = await pod_security_check(api, session.config.model_copy(update={"image": RAY_IMAGE}))
+    config = KubeConfig.of(session.config)
+    ray = await pod_security_check(api, config.model_copy(update={"image": RAY_IMAGE}))
     assert ray is not None and ray.status is CheckStatus.OK and "uid 1000" in ray.detail
-    assert await pod_security_check(api, session.config.model_copy(update={"namespace": "team-b"})) is None
+    assert await pod_security_check(api, config.model_copy(update={"namespace": "team-b"})) is None
     session.close()

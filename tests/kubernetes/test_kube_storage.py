@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import raycluster, volume_store
 from tests.eventually import eventually
 from tests.kubernetes.conftest import KubeCluster
@@ -225,10 +226,9 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     # The sweep of another kube run's `rtui status` lists it as kept on purpose (as `down` measured it:
     # no pod for it), with the command that deletes it.
     _in_process(world, monkeypatch)
-    from backend.config import RunConfig
     from backend.store import RunStore
 
-    other = RunStore().create(RunConfig(target="kube", cluster_name="other", kubeconfig=str(world.cluster.kubeconfig)))
+    other = RunStore().create(KubeConfig(target="kube", cluster_name="other", kubeconfig=str(world.cluster.kubeconfig)))
     status = world.rtui("status", other.run_id, "--json")
     [kept_json] = json.loads(status.stdout.splitlines()[-1])["kept_data"]
     assert kept_json["run_id"] == run_id and kept_json["kept_on_purpose"] is True and kept_json["models"] == 1
@@ -247,7 +247,7 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
 
     # The TUI's teardown modal asks for the usage on its event loop's thread: no nested asyncio.run.
     async def on_a_loop() -> str:
-        store = volume_store.VolumeStore(RunConfig(target="kube", storage_size="50Gi", kubeconfig=str(
+        store = volume_store.VolumeStore(KubeConfig(target="kube", storage_size="50Gi", kubeconfig=str(
             world.cluster.kubeconfig)), run_id)
         return store.usage().describe()
 
@@ -295,9 +295,8 @@ def test_a_stopped_copy_resumes_with_the_files_it_lacks(
     (to / "model-00001.safetensors").write_bytes(files["model-00001.safetensors"])  # copied before it stopped
     (to / "model-00002.safetensors").write_bytes(files["model-00002.safetensors"][:1000])  # cut short
     _in_process(world, monkeypatch)
-    from backend.config import RunConfig
 
-    store = volume_store.VolumeStore(RunConfig(target="kube", storage_size="50Gi", kubeconfig=str(
+    store = volume_store.VolumeStore(KubeConfig(target="kube", storage_size="50Gi", kubeconfig=str(
         world.cluster.kubeconfig)), run_id)
     model = store.latest_model()
     assert model is not None

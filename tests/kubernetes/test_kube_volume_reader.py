@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import volume_store
 from tests.kubernetes.kube_world import KubeWorld, world
 from tests.kubernetes.test_kube_storage import _in_process, _kept_run
@@ -122,17 +123,16 @@ def test_a_listing_line_that_is_not_an_entry_is_one_line(
 
 def test_a_run_without_a_recorded_digest_pins_the_tag_now_or_says_why_not(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend.config import RunConfig
     from backend.errors import UserError
     from tests.kubernetes.fake_registry import FakeRegistry
 
     monkeypatch.setenv("RTUI_STATE_DIR", str(tmp_path / "state"))
     with FakeRegistry() as registry:  # a run whose record holds no digest: the registry is asked, as at plan time
-        config = RunConfig(target="kube", storage_size="50Gi", image=registry.image())
+        config = KubeConfig(target="kube", storage_size="50Gi", image=registry.image())
         image = volume_store.run_image(config, "r20260101-000000-abcd", tmp_path / "state")
         assert image.startswith(registry.image() + "@sha256:")
-    gone = RunConfig(target="kube", storage_size="50Gi", image="127.0.0.1:9/rtui/ray:test")  # nothing listens
+    gone = KubeConfig(target="kube", storage_size="50Gi", image="127.0.0.1:9/rtui/ray:test")  # nothing listens
     with pytest.raises(UserError, match="cannot pin the image of the pod that reads the run's volume"):
         volume_store.run_image(gone, "r20260101-000000-abcd", tmp_path / "state")
-    allowed = RunConfig(target="kube", storage_size="50Gi", image=gone.image, allow_unpinned=True)
+    allowed = KubeConfig(target="kube", storage_size="50Gi", image=gone.image, allow_unpinned=True)
     assert volume_store.run_image(allowed, "r20260101-000000-abcd", tmp_path / "state") == gone.image

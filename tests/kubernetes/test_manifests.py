@@ -14,7 +14,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.config import RunConfig
+from targets.aws.config import AwsConfig
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import manifests as m
 from targets.kube.k8s.layer import every_object
 from tests.conftest import run_rtui
@@ -59,8 +60,8 @@ def schema_errors(obj: dict[str, Any]) -> list[str]:
     return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in _validator().iter_errors(obj)]
 
 
-def kube(**fields: Any) -> RunConfig:
-    return RunConfig(target="kube", **fields)
+def kube(**fields: Any) -> KubeConfig:
+    return KubeConfig(target="kube", **fields)
 
 
 def head(rc: dict[str, Any]) -> dict[str, Any]:
@@ -312,7 +313,7 @@ def test_rtui_manifest_for_aws_without_a_run_id_labels_everything_with_one_new_i
     ids = {o["metadata"]["labels"]["rtui.dev/run"] for o in printed}
     (run_id,) = ids
     assert re.fullmatch(r"r\d{8}-\d{6}-[0-9a-f]{4}", run_id) and LABEL_VALUE.fullmatch(run_id)
-    assert printed == every_object(RunConfig(target="aws"), run_id)[0]
+    assert printed == every_object(AwsConfig(target="aws"), run_id)[0]
     assert not isolated_env.exists()
 
 

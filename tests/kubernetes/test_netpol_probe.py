@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
-from backend.config import RunConfig
 from backend.store import RunStore
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import manifests
 from targets.kube.k8s.security import network_policy
 from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, world
@@ -115,7 +115,7 @@ def test_the_probe_pod_passes_pod_security_runs_the_pinned_image_and_is_no_pod_t
     a seccomp profile of RuntimeDefault or Localhost. The probe meets restricted."""
     from targets.kube.k8s.probe import probe_pod
 
-    config = RunConfig(target="kube")
+    config = KubeConfig(target="kube")
     digest = "sha256:" + "a" * 64
     image = manifests.pinned_image(config.image, digest)
     pod = probe_pod(config, "run1", f"{CLUSTER}-netpol-probe-x", image, "system-0", "10.244.0.2")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.config import RunConfig
+from targets.kube.config import KubeConfig
 from targets.kube.k8s.security import network_policy
 from tests.kubernetes.pod_network import Source, admitted
 
@@ -27,7 +27,7 @@ OUTSIDER = src("team-b", "nb", {"ray.io/cluster": "rtui-ray"})  # the same label
 
 
 def test_rtuis_policy_admits_the_ray_pods_on_any_port_and_the_api_server_on_the_dashboard_only() -> None:
-    policy = network_policy(RunConfig(target="kube"), RUN, ["10.0.0.2/32"])
+    policy = network_policy(KubeConfig(target="kube"), RUN, ["10.0.0.2/32"])
     assert admitted([], HEAD, OUTSIDER, 8265)  # no policy selects it: open
     assert admitted([policy], HEAD, WORKER, 6379) and admitted([policy], HEAD, WORKER, 8265)
     assert not admitted([policy], HEAD, OUTSIDER, 8265)  # podSelector alone: the policy's namespace only
@@ -36,7 +36,7 @@ def test_rtuis_policy_admits_the_ray_pods_on_any_port_and_the_api_server_on_the_
     assert admitted([policy], HEAD, apiserver, 8265) and not admitted([policy], HEAD, apiserver, 6379)
     assert not admitted([policy], HEAD, Source(ip="10.0.0.3"), 8265)
     assert admitted([policy], HEAD, Source(ip="10.1.1.1", node="n1"), 6379)  # its own node: always
-    without_apiserver = network_policy(RunConfig(target="kube"), RUN, [])
+    without_apiserver = network_policy(KubeConfig(target="kube"), RUN, [])
     assert not admitted([without_apiserver], HEAD, apiserver, 8265)
 
 
@@ -68,7 +68,7 @@ def test_rtuis_policy_is_a_valid_networking_v1_object() -> None:
 
     client = ApiClient()
     for cidrs in ([], ["10.0.0.2/32", "10.0.1.7/32"]):
-        policy = network_policy(RunConfig(target="kube", namespace="ml"), RUN, cidrs)
+        policy = network_policy(KubeConfig(target="kube", namespace="ml"), RUN, cidrs)
         model = client.deserialize(json.dumps(policy), "V1NetworkPolicy", "application/json")
         assert client.sanitize_for_serialization(model) == policy
         assert policy["metadata"]["namespace"] == "ml" and policy["spec"]["policyTypes"] == ["Ingress"]

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from backend.config import RunConfig
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import manifests as m
 from targets.kube.k8s.layer import every_object
 from targets.kube.k8s.volume_store import VolumeStore
@@ -31,18 +32,19 @@ from tests.kubernetes.test_manifests import schema_errors
 
 RUN = "r20260101-120000-abcd"
 CONFIGS = {
-    "idle scaling": RunConfig(target="kube"),
-    "fixed size": RunConfig(target="kube", idle_minutes=0),
-    "own volume": RunConfig(target="kube", storage_size="100Gi"),
-    "storage identity": RunConfig(target="kube", service_account="ray-s3"),
+    "idle scaling": KubeConfig(target="kube"),
+    "fixed size": KubeConfig(target="kube", idle_minutes=0),
+    "own volume": KubeConfig(target="kube", storage_size="100Gi"),
+    "storage identity": KubeConfig(target="kube", service_account="ray-s3"),
 }
 # What rtui does not claim of the Ray containers: the default image runs as root (restricted's
 # runAsNonRoot); Baseline does not ask it.
 NOT_CLAIMED = ("runAsNonRoot",)
 
 
-def pods_in_namespace(config: RunConfig) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+def pods_in_namespace(run_config: RunConfig) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """Every pod rtui makes in the run's namespace: from the objects it applies, and its volume reader."""
+    config = KubeConfig.of(run_config)
     objects, _ = every_object(config, RUN)
     out = [p for o in objects if (o["metadata"].get("namespace") == config.namespace)
            for p in pss.pod_specs(o)]
@@ -99,7 +101,7 @@ def test_the_raycluster_still_validates_against_kuberays_crd(case: str) -> None:
 
 
 def test_the_namespace_enforces_baseline_and_warns_and_audits_restricted() -> None:
-    labels = m.namespace(RunConfig(target="kube"), RUN)["metadata"]["labels"]
+    labels = m.namespace(KubeConfig(target="kube"), RUN)["metadata"]["labels"]
     version = m.POD_SECURITY_VERSION
     assert {k: v for k, v in labels.items() if k.startswith(pss.LABEL_PREFIX)} == {
         "pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": version,
@@ -148,16 +150,16 @@ async def test_the_emulator_refuses_a_pod_that_breaks_its_namespaces_enforce_lev
     from targets.kube.k8s.serviceaccount import ServiceAccountHandler
 
     api = ServiceAccountHandler().api(session.ctx)
-    await api.apply(m.namespace(session.config, session.run_id))
+    await api.apply(m.namespace(KubeConfig.of(session.config), session.run_id))
     pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "escape", "namespace": session.config.namespace},
+           "metadata": {"name": "escape", "namespace": KubeConfig.of(session.config).namespace},
            "spec": {"hostNetwork": True, "containers": [{"name": "c", "image": "busybox"}],
                     "volumes": [{"name": "root", "hostPath": {"path": "/"}}]}}
     with pytest.raises(RtuiError) as refused:
         await api.apply(pod)
     assert (f'violates PodSecurity "baseline:{m.POD_SECURITY_VERSION}": host namespaces (hostNetwork=true), '
             'hostPath volumes (volumes "root")') in str(refused.value)
-    assert await api.get("v1", "Pod", "escape", session.config.namespace) is None
+    assert await api.get("v1", "Pod", "escape", KubeConfig.of(session.config).namespace) is None
     # The same pod in a namespace without the labels (someone else's, say) is admitted.
     await api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "open"}})
     await api.apply({**pod, "metadata": {"name": "escape", "namespace": "open"}})
@@ -177,13 +179,13 @@ async def test_a_namespace_this_run_made_before_pod_security_gets_its_labels_on_
     session = session_for(tmp_path)
     handler = NamespaceHandler()
     api = handler.api(session.ctx)
-    old = m.namespace(session.config, session.run_id)
+    old = m.namespace(KubeConfig.of(session.config), session.run_id)
     old["metadata"]["labels"] = m.labels(session.run_id)
     await api.apply(old)
     have = await handler.observe(api, session.ctx)
     assert have is not None
     want = Resource(address=NAMESPACE, layer="kubernetes", kind=handler.kind,
-                    spec={"name": session.config.namespace, "pod_security": "baseline"})
+                    spec={"name": KubeConfig.of(session.config).namespace, "pod_security": "baseline"})
     action, reason = handler.compare(want, have)
     assert action is Action.UPDATE and "pod_security" in reason
     from backend.ledger import ResourceStatus
@@ -191,7 +193,7 @@ async def test_a_namespace_this_run_made_before_pod_security_gets_its_labels_on_
     session.ctx.ledger.set(NAMESPACE, handler.kind, ResourceStatus.READY, layer="kubernetes")  # made before
     async for _ in handler.update(session.ctx, want, have):
         pass
-    live = await api.get("v1", "Namespace", session.config.namespace)
+    live = await api.get("v1", "Namespace", KubeConfig.of(session.config).namespace)
     assert live is not None and live["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     again = await handler.observe(api, session.ctx)
     assert again is not None and handler.compare(want, again)[0] is Action.NOOP

@@ -11,6 +11,7 @@ from backend.ledger import ResourceStatus
 from backend.model import Resource
 from backend.session import RunSession
 from backend.store import RunStore
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import manifests
 from targets.kube.k8s.manifests import service_account
 from targets.kube.k8s.serviceaccount import SERVICE_ACCOUNT, ServiceAccountHandler
@@ -27,7 +28,7 @@ async def test_the_account_is_made_found_and_removed_as_this_runs(kube_cluster: 
     session = session_for(tmp_path)
     handler = ServiceAccountHandler()
     api = handler.api(session.ctx)
-    await api.apply(manifests.namespace(session.config, session.run_id))
+    await api.apply(manifests.namespace(KubeConfig.of(session.config), session.run_id))
     assert await handler.observe(api, session.ctx) is None
 
     want = Resource(address=SERVICE_ACCOUNT, layer="kubernetes", kind=handler.kind, spec={"name": "rtui-ray"})
@@ -35,18 +36,18 @@ async def test_the_account_is_made_found_and_removed_as_this_runs(kube_cluster: 
     session.ctx.ledger.set(SERVICE_ACCOUNT, handler.kind, ResourceStatus.INTENDED, layer="kubernetes")
     async for _ in handler.create(session.ctx, want):
         pass
-    live = await api.get("v1", "ServiceAccount", "rtui-ray", session.config.namespace)
+    live = await api.get("v1", "ServiceAccount", "rtui-ray", KubeConfig.of(session.config).namespace)
     assert live is not None and live["metadata"]["labels"]["rtui.dev/run"] == session.run_id
     # No token unless a pod asks: only the head does, on its pod spec, for KubeRay's autoscaler sidecar
     # (idle scaling), which talks to the API as the head pod's account (issue 33).
     assert live["automountServiceAccountToken"] is False
     found = await handler.observe(api, session.ctx)
-    assert found is not None and found.id == f"{session.config.namespace}/rtui-ray"
+    assert found is not None and found.id == f"{KubeConfig.of(session.config).namespace}/rtui-ray"
     assert found.state == {"name": "rtui-ray"}
 
     async for _ in handler.delete(session.ctx, found):
         pass
-    assert await api.get("v1", "ServiceAccount", "rtui-ray", session.config.namespace) is None
+    assert await api.get("v1", "ServiceAccount", "rtui-ray", KubeConfig.of(session.config).namespace) is None
     session.close()
 
 
@@ -54,8 +55,8 @@ async def test_another_runs_account_is_not_this_runs(kube_cluster: KubeCluster, 
     session = session_for(tmp_path)
     handler = ServiceAccountHandler()
     api = handler.api(session.ctx)
-    await api.apply(manifests.namespace(session.config, session.run_id))
-    await api.apply(service_account(session.config.namespace, "rtui-ray", "r20260101-000000-0000"))
+    await api.apply(manifests.namespace(KubeConfig.of(session.config), session.run_id))
+    await api.apply(service_account(KubeConfig.of(session.config).namespace, "rtui-ray", "r20260101-000000-0000"))
     assert await handler.observe(api, session.ctx) is None
     session.close()
 
@@ -67,9 +68,9 @@ async def test_the_operators_account_of_this_run_is_not_the_ray_pods(kube_cluste
     session = session_for(tmp_path)
     handler = ServiceAccountHandler()
     api = handler.api(session.ctx)
-    await api.apply(manifests.namespace(session.config, session.run_id))
+    await api.apply(manifests.namespace(KubeConfig.of(session.config), session.run_id))
     await api.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
-        "name": "kuberay-operator", "namespace": session.config.namespace,
+        "name": "kuberay-operator", "namespace": KubeConfig.of(session.config).namespace,
         "labels": manifests.labels(session.run_id)}})
     assert await handler.observe(api, session.ctx) is None
     session.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
+from backend.config import RunConfig, config_for
 from backend.errors import UserError
 from backend.jobspec import build_job_spec
 from backend.layers.base import Context
@@ -21,6 +21,8 @@ from backend.layers.ray_job import RayJobLayer
 from backend.stepfit import AUTO_MICRO_BATCHES, gpu_budget_gib, memory_refusal, model_shape, step_memory_gib
 from backend.store import RunStore
 from targets import GPU_SEQ_LEN
+from targets.aws.config import AwsConfig
+from targets.local.config import LocalConfig
 from tests.conftest import run_rtui
 
 
@@ -34,7 +36,7 @@ def _flag(args: list[str], name: str) -> str:
 
 @pytest.mark.parametrize("target", ["aws", "kube"])
 def test_a_gpu_run_left_on_auto_gets_a_real_sequence_and_the_largest_batch_that_fits(target: str) -> None:
-    config = RunConfig(target=target)
+    config = config_for(target)
     assert config.effective_seq_len() == GPU_SEQ_LEN >= 1024
     batch = config.effective_batch_size()
     budget = gpu_budget_gib(config)
@@ -48,30 +50,30 @@ def test_a_gpu_run_left_on_auto_gets_a_real_sequence_and_the_largest_batch_that_
     args = _entry(config)
     assert _flag(args, "--seq-len") == str(GPU_SEQ_LEN) and _flag(args, "--batch-size") == str(batch)
     # What the user sets is kept.
-    mine = RunConfig(target=target, seq_len=256, batch_size=3)
+    mine = config_for(target, seq_len=256, batch_size=3)
     assert (mine.effective_seq_len(), mine.effective_batch_size()) == (256, 3)
 
 
 def test_the_local_target_keeps_its_cpu_sizes() -> None:
-    config = RunConfig(target="local")
+    config = LocalConfig(target="local")
     assert (config.effective_seq_len(), config.effective_batch_size()) == (128, 32)
     assert gpu_budget_gib(config) is None and memory_refusal(config) is None
 
 
 def test_a_gpu_rtui_does_not_know_gets_one_sequence_and_the_jobs_own_check() -> None:
-    config = RunConfig(target="aws", gpu_node_type="p5.48xlarge", gpus_per_node=8)
+    config = AwsConfig(target="aws", gpu_node_type="p5.48xlarge", gpus_per_node=8)
     assert gpu_budget_gib(config) is None
     assert config.effective_batch_size() == 1 and memory_refusal(config) is None
 
 
 def test_a_sequence_length_below_eight_is_refused_and_zero_is_auto() -> None:
     with pytest.raises(ValueError, match="seq_len"):
-        RunConfig(seq_len=4)
-    assert RunConfig(target="aws", seq_len=0).effective_seq_len() == GPU_SEQ_LEN
+        LocalConfig(seq_len=4)
+    assert AwsConfig(target="aws", seq_len=0).effective_seq_len() == GPU_SEQ_LEN
 
 
 def test_a_model_that_does_not_fit_one_sequence_is_refused_with_what_would_fit() -> None:
-    config = RunConfig(target="aws", model_id="Qwen/Qwen2.5-7B")
+    config = AwsConfig(target="aws", model_id="Qwen/Qwen2.5-7B")
     assert config.effective_batch_size() == 1
     budget = gpu_budget_gib(config)
     assert budget is not None and step_memory_gib(config) > budget
@@ -87,12 +89,12 @@ def test_a_model_that_does_not_fit_one_sequence_is_refused_with_what_would_fit()
     assert step_memory_gib(config.model_copy(update={"gpu_node_count": nodes - 1})) > budget
     # A size that fits is not refused.
     assert memory_refusal(config.model_copy(update={"seq_len": seq})) is None
-    assert memory_refusal(RunConfig(target="aws")) is None
+    assert memory_refusal(AwsConfig(target="aws")) is None
 
 
 async def test_the_plan_refuses_it_before_asking_the_hub(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "state")
-    config = RunConfig(target="aws", model_id="Qwen/Qwen2.5-7B")
+    config = AwsConfig(target="aws", model_id="Qwen/Qwen2.5-7B")
     ctx = Context(config, store.create(config), store)
     with pytest.raises(UserError, match="does not fit"):
         await RayJobLayer().prepare(ctx)  # no Hub in this test: the refusal comes first
@@ -100,7 +102,7 @@ async def test_the_plan_refuses_it_before_asking_the_hub(tmp_path: Path) -> None
 
 def test_with_tokens_per_step_the_auto_batch_divides_the_sequences_each_rank_takes() -> None:
     # 24,576 tokens = 3 sequences of 1024 per rank on 8 GPUs: only 1 and 3 divide it (16, 8, 4, 2 do not).
-    config = RunConfig(target="aws", tokens_per_step=24576)
+    config = AwsConfig(target="aws", tokens_per_step=24576)
     assert config.effective_batch_size() == 1
     assert memory_refusal(config) is None
 

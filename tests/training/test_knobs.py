@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.config import RunConfig, resolve_config
+from backend.config import RunConfig, free_fields, resolve_config
 from backend.jobspec import build_job_spec
-from backend.trust import FREE_FIELDS
 from training.config import TrainConfig
 from training.train import parse_args
 
@@ -32,7 +31,7 @@ def test_each_knob_reaches_the_program_from_rtuis_config(target: str) -> None:
     config = resolve_config({"target": target, **KNOBS}, environ={}).config
     cfg = parse_args(build_job_spec(config).entrypoint.split()[3:])
     assert {k: getattr(cfg, k) for k in KNOBS} == KNOBS
-    assert set(KNOBS) <= FREE_FIELDS  # how the job trains: a checkout's rtui.toml may set them
+    assert set(KNOBS) <= free_fields()  # how the job trains: a checkout's rtui.toml may set them
 
 
 def test_the_defaults_are_the_programs_and_leave_the_entrypoint_as_it_was() -> None:

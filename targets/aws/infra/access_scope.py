@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from backend.layers.base import Context, Handler, Layer
 from backend.model import Observed, Resource
 from backend.runner import Progress
+from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, partition
 from targets.aws.infra.autoscaler import CLUSTER_AUTOSCALER
 from targets.aws.infra.base import ACCESS_ENTRY, EKS_CLUSTER, AwsHandler, aws_api
@@ -119,15 +120,16 @@ class AccessScopeHandler(AwsHandler):
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         # Looked for when this run asks for it or its ledger has it (a run narrowed once is found by `down`
         # whatever its flags): other runs pay no calls for it.
-        if ctx.config.access_scope != "namespace" and ACCESS_SCOPE not in ctx.record.resources:
+        config = aws_config(ctx)
+        if config.access_scope != "namespace" and ACCESS_SCOPE not in ctx.record.resources:
             return []
         found = await caller_access_entry(api, ctx)
         if found is None:
             return []
-        name = ctx.config.cluster_name
+        name = config.cluster_name
         principal, entry, policies = found
         groups = list(entry.get("kubernetesGroups") or [])
-        region = ctx.config.region
+        region = config.region
         narrow = [p for p in policies if p.get("policyArn") == namespace_policy(region)]
         admin = any(p.get("policyArn") == admin_policy(region) and (p.get("accessScope") or {}).get("type") == "cluster"
                     for p in policies)
@@ -146,12 +148,14 @@ class AccessScopeHandler(AwsHandler):
                          else "half narrowed: " + "; ".join(missing))]
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[dict[str, Any]]:
-        return rbac_objects(ctx.config.cluster_name, ctx.config.namespace, ctx.record.run_id)
+        config = aws_config(ctx)
+        return rbac_objects(config.cluster_name, config.namespace, ctx.record.run_id)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
 
+        config = aws_config(ctx)
         api = self.api(ctx)
-        name, namespace, region = ctx.config.cluster_name, ctx.config.namespace, ctx.config.region
+        name, namespace, region = config.cluster_name, config.namespace, config.region
         principal = await caller_principal(api)
         self.made(ctx, want, f"{name}|{principal}")
         # While still cluster admin: the grants the namespaced policy lacks, then the group that gets them.
@@ -169,16 +173,17 @@ class AccessScopeHandler(AwsHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
 
+        config = aws_config(ctx)
         api = self.api(ctx)
         name, principal = have.id.split("|", 1)
-        region = ctx.config.region
+        region = config.region
         # Cluster admin first: each later call (and every deletion that waits for this step) needs it.
         await api.call("eks", "associate_access_policy", clusterName=name, principalArn=principal,
                        policyArn=admin_policy(region), accessScope={"type": "cluster"})
         yield Progress(f"{principal} is cluster admin again", 0.5)
         await api.call("eks", "disassociate_access_policy", clusterName=name, principalArn=principal,
                        policyArn=namespace_policy(region), ok=_NOT_FOUND)
-        namespaces = list(have.state.get("namespaces") or []) or [ctx.config.namespace]
+        namespaces = list(have.state.get("namespaces") or []) or [config.namespace]
         try:
             kube = await cluster_api(ctx)
         except ClusterNotReady:
@@ -208,7 +213,7 @@ class AccessScopeLayer(Layer):
         return self._handlers
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
-        config = ctx.config
+        config = aws_config(ctx)
         if config.access_scope != "namespace":
             return []
         made = {r.address for r in below}
@@ -223,8 +228,9 @@ class AccessScopeLayer(Layer):
         return await handler.observe(aws_api(ctx), ctx)
 
     def plan_notes(self, ctx: Context) -> list[str]:
-        if ctx.config.access_scope != "namespace":
+        config = aws_config(ctx)
+        if config.access_scope != "namespace":
             return []
         return [f"access scope: once the cluster-wide objects are in, your access entry is admin of the namespace "
-                f"{ctx.config.namespace} only ({NAMESPACE_POLICY_NAME}), reads nodes, CRDs, DaemonSets and "
+                f"{config.namespace} only ({NAMESPACE_POLICY_NAME}), reads nodes, CRDs, DaemonSets and "
                 "Deployments, and manages RayClusters there; `rtui down` makes it cluster admin again first"]

@@ -20,6 +20,7 @@ from backend.layers.base import Context
 from backend.model import Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.aws.config import aws_config
 from targets.aws.infra import node_autoscaler as na
 from targets.aws.infra.api import AwsApi
 from targets.aws.infra.base import LAYER, AwsHandler
@@ -38,7 +39,8 @@ AVAILABLE_TIMEOUT_S = 180.0
 
 
 def _objects(ctx: Context) -> list[dict[str, Any]]:
-    return na.cluster_autoscaler_manifests(ctx.config, ctx.config.cluster_name, manifests.labels(ctx.record.run_id))
+    config = aws_config(ctx)
+    return na.cluster_autoscaler_manifests(config, config.cluster_name, manifests.labels(ctx.record.run_id))
 
 
 class ClusterAutoscalerHandler(AwsHandler):
@@ -84,7 +86,7 @@ class ClusterAutoscalerHandler(AwsHandler):
         async for p in wait_available(kube):
             yield p
         yield Progress(f"{want.spec['image']}: scales this run's GPU group between 0 and "
-                       f"{ctx.config.gpu_node_count} nodes", 1.0)
+                       f"{aws_config(ctx).gpu_node_count} nodes", 1.0)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
         async for p in self.create(ctx, want):

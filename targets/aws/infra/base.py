@@ -13,8 +13,9 @@ from typing import ClassVar
 from backend.layers.base import Context, Handler
 from backend.ledger import ResourceStatus
 from backend.model import Action, Observed, Resource
-from backend.record import ReservationFact
 from backend.runner import Progress
+from targets.aws.config import aws_config
+from targets.aws.facts import ReservationFact, aws_facts
 from targets.aws.infra.api import EC2_TOKEN, AwsApi, client_token
 
 LAYER = "aws"
@@ -182,7 +183,7 @@ class Topology:
 
 def aws_api(ctx: Context) -> AwsApi:
     """The region's API for this config, made once per session (the session closes it)."""
-    region, profile = ctx.config.region, ctx.config.profile
+    region, profile = aws_config(ctx).region, aws_config(ctx).profile
     return ctx.clients.get(("aws", region, profile), lambda: AwsApi(region, profile))
 
 
@@ -221,7 +222,7 @@ def create_token(ctx: Context, address: str, *parts: str, limits: tuple[int, int
     """The idempotency token of one create call of ``address``: the run, the resource, what places it
     (``parts``: an AZ, a placement group) and the attempt, counted in the run record, so a replacement
     or a failover never reuses the token of an earlier request with other parameters."""
-    attempts = ctx.record.facts.create_attempts
+    attempts = aws_facts(ctx).create_attempts
     attempts[address] = attempts.get(address, 0) + 1
     ctx.save()
     return client_token(ctx.record.run_id, address.removeprefix("aws."), *parts, str(attempts[address]),

@@ -19,6 +19,7 @@ from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.aws.config import aws_config
 from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from targets.aws.infra.base import (
     ACCESS_ENTRY,
@@ -91,7 +92,7 @@ class EksClusterHandler(AwsHandler):
     updatable = True
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        cluster = await describe_cluster(api, ctx.config.cluster_name)
+        cluster = await describe_cluster(api, aws_config(ctx).cluster_name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return []  # another's cluster of this name: preflight refuses it
         status = cluster["status"]
@@ -115,7 +116,7 @@ class EksClusterHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        name = ctx.config.cluster_name
+        name = aws_config(ctx).cluster_name
         existing = await describe_cluster(api, name)
         if existing is not None:
             refuse_foreign("EKS cluster", name, existing.get("tags") or {}, ctx.record.run_id)
@@ -202,7 +203,7 @@ class AddonHandler(AwsHandler):
     updatable = True  # its configuration values change in place (UpdateAddon)
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        name = ctx.config.cluster_name
+        name = aws_config(ctx).cluster_name
         cluster = await describe_cluster(api, name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return []
@@ -224,7 +225,7 @@ class AddonHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        name, addon = ctx.config.cluster_name, want.spec["name"]
+        name, addon = aws_config(ctx).cluster_name, want.spec["name"]
         configuration = want.spec.get("configuration")
         extra: dict[str, Any] = {"configurationValues": json.dumps(configuration)} if configuration else {}
         await api.call("eks", "create_addon", clusterName=name, addonName=addon, resolveConflicts="OVERWRITE",
@@ -283,7 +284,7 @@ class AddonHandler(AwsHandler):
 async def caller_access_entry(api: AwsApi, ctx: Context) -> tuple[str, dict[str, Any], list[dict[str, Any]]] | None:
     """The caller's access entry on this run's EKS cluster and its associated access policies, as
     (principal, entry, policies); None when the cluster is not this run's or the entry is not there."""
-    name = ctx.config.cluster_name
+    name = aws_config(ctx).cluster_name
     cluster = await describe_cluster(api, name)
     if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
         return None
@@ -303,13 +304,14 @@ class AccessEntryHandler(AwsHandler):
     expected_s = 3.0
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        config = aws_config(ctx)
         found = await caller_access_entry(api, ctx)
         if found is None:
             return []
-        name = ctx.config.cluster_name
+        name = config.cluster_name
         principal, _, policies = found
         associated = {p.get("policyArn") for p in policies}
-        admin = admin_policy(ctx.config.region) in associated
+        admin = admin_policy(config.region) in associated
         # Narrowed on purpose (--access-scope namespace): the access-scope layer's resource says so.
         narrowed = f":cluster-access-policy/{NAMESPACE_POLICY_NAME}" in " ".join(str(a) for a in associated)
         return [Observed(address=ACCESS_ENTRY, layer=LAYER, kind=self.kind, id=f"{name}|{principal}",
@@ -319,8 +321,9 @@ class AccessEntryHandler(AwsHandler):
                          else "the admin policy is not associated")]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = aws_config(ctx)
         api = self.api(ctx)
-        name = ctx.config.cluster_name
+        name = config.cluster_name
         principal = await caller_principal(api)
         await api.call("eks", "create_access_entry", clusterName=name, principalArn=principal, type="STANDARD",
                        tags=tags(ctx.record.run_id, name),
@@ -328,7 +331,7 @@ class AccessEntryHandler(AwsHandler):
                        ok=("ResourceInUseException",))
         self.made(ctx, want, f"{name}|{principal}")
         await api.call("eks", "associate_access_policy", clusterName=name, principalArn=principal,
-                       policyArn=admin_policy(ctx.config.region), accessScope={"type": "cluster"})
+                       policyArn=admin_policy(config.region), accessScope={"type": "cluster"})
         yield Progress(f"{principal} is cluster admin", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
@@ -342,7 +345,7 @@ def kubeconfig_path(ctx: Context) -> Path:
     # lazy: the kubeconfig writer only when applied; this module is on the aws target's first frame
     from targets.aws.eks import kubeconfig_path as path_for
 
-    return path_for(ctx.config.kubeconfig)
+    return path_for(aws_config(ctx).kubeconfig)
 
 
 def _entries(path: Path) -> dict[str, Any]:
@@ -363,7 +366,7 @@ class KubeconfigHandler(AwsHandler):
     updatable = True
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        cluster = await describe_cluster(api, ctx.config.cluster_name)
+        cluster = await describe_cluster(api, aws_config(ctx).cluster_name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return self._left_behind(ctx)
         path = kubeconfig_path(ctx)
@@ -395,15 +398,16 @@ class KubeconfigHandler(AwsHandler):
         # lazy: the kubeconfig writer only when applied; this module is on the aws target's first frame
         from targets.aws.eks import write_kubeconfig_entry
 
-        cluster = await describe_cluster(self.api(ctx), ctx.config.cluster_name)
+        config = aws_config(ctx)
+        cluster = await describe_cluster(self.api(ctx), config.cluster_name)
         if cluster is None or not cluster.get("endpoint"):
-            raise OperationError(f"EKS cluster {ctx.config.cluster_name} has no endpoint yet",
+            raise OperationError(f"EKS cluster {config.cluster_name} has no endpoint yet",
                                  remedy="run `rtui up` again once it is active")
         path = kubeconfig_path(ctx)
-        context = write_kubeconfig_entry(path, cluster_name=cluster["name"], region=ctx.config.region,
+        context = write_kubeconfig_entry(path, cluster_name=cluster["name"], region=config.region,
                                          endpoint=cluster["endpoint"],
                                          ca_data_b64=cluster["certificateAuthority"]["data"], arn=cluster["arn"],
-                                         profile=ctx.config.profile)
+                                         profile=config.profile)
         self.made(ctx, want, f"{path}|{context}")
         yield Progress(f"context {context} in {path}", 1.0)
 

@@ -20,6 +20,7 @@ from backend.errors import OperationError
 from backend.layers.base import Context
 from backend.model import Observed, Resource
 from backend.runner import Progress
+from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, client_token, run_filter, tag_spec
 from targets.aws.infra.base import LAYER, PRIVATE_RT, VPC, AwsHandler
 from targets.aws.infra.network import find, run_tags, vpc_id
@@ -72,7 +73,7 @@ class S3EndpointHandler(AwsHandler):
             request: dict[str, Any] = {
                 "VpcId": await vpc_id(api, ctx), "ServiceName": want.spec["service"],
                 "VpcEndpointType": want.spec["type"], "RouteTableIds": [tables[0]["RouteTableId"]],
-                "TagSpecifications": tag_spec("vpc-endpoint", run_tags(ctx), f"{ctx.config.cluster_name}-s3")}
+                "TagSpecifications": tag_spec("vpc-endpoint", run_tags(ctx), f"{aws_config(ctx).cluster_name}-s3")}
             made = await api.call("ec2", "create_vpc_endpoint", **request,
                                   ClientToken=client_token(ctx.record.run_id, "s3-endpoint", request=request))
             eid = str(made["VpcEndpoint"]["VpcEndpointId"])
@@ -98,7 +99,7 @@ def _role(table: dict[str, Any]) -> str:
 
 async def missing_endpoint_note(api: AwsApi, ctx: Context) -> str:
     """With --vpc-id: one line when a private subnet's route table has no S3 gateway endpoint; else ""."""
-    config = ctx.config
+    config = aws_config(ctx)
     if not config.vpc_id or not config.private_subnet_id_list():
         return ""
     vpc = [{"Name": "vpc-id", "Values": [config.vpc_id]}]

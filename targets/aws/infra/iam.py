@@ -21,6 +21,7 @@ from backend.config import RunConfig
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
+from targets.aws.config import AwsConfig, aws_config
 from targets.aws.infra import node_autoscaler
 from targets.aws.infra.api import IAM_PATH, RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from targets.aws.infra.base import CLUSTER_ROLE, LAYER, NODE_ROLE, AwsHandler, Names
@@ -53,7 +54,7 @@ class PodIdentity:
     # Its service account lives in the run's namespace (``--namespace``), not in ``namespace``.
     in_run_namespace: bool = False
 
-    def planned(self, config: RunConfig, data_uri: str | None = None) -> bool:
+    def planned(self, config: AwsConfig, data_uri: str | None = None) -> bool:
         return self.wanted is None or self.wanted(config, data_uri)
 
     def namespace_in(self, run_namespace: str) -> str:
@@ -100,7 +101,7 @@ POD_IDENTITIES: tuple[PodIdentity, ...] = (CNI_IDENTITY, AUTOSCALER_IDENTITY, DA
 INLINE_POLICY = "rtui-scoped"  # the name of a pod identity role's inline policy
 
 
-def planned_identities(config: RunConfig, data_uri: str | None = None) -> tuple[PodIdentity, ...]:
+def planned_identities(config: AwsConfig, data_uri: str | None = None) -> tuple[PodIdentity, ...]:
     """The pod identities a run plans; ``data_uri`` is the run's own S3 prefix (``s3://B/P/<run id>``)."""
     return tuple(p for p in POD_IDENTITIES if p.planned(config, data_uri))
 
@@ -146,12 +147,13 @@ def managed_policy_arn(policy: str, region: str) -> str:
 
 
 def role_name(ctx: Context, address: str) -> str:
-    names = Names(ctx.config.cluster_name)
+    config = aws_config(ctx)
+    names = Names(config.cluster_name)
     if address == CLUSTER_ROLE:
         return names.cluster_role
     if address == NODE_ROLE:
         return names.node_role
-    return f"rtui-{ctx.config.cluster_name}-pod-{address.removeprefix(POD_ROLE_PREFIX)}"[:64]
+    return f"rtui-{config.cluster_name}-pod-{address.removeprefix(POD_ROLE_PREFIX)}"[:64]
 
 
 def trust_statement(address: str, region: str, account: str, cluster: str, run_namespace: str) -> dict[str, Any]:
@@ -270,6 +272,7 @@ class RoleHandler(AwsHandler):
         return {t["Key"]: t["Value"] for t in listed}
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = aws_config(ctx)
         api = self.api(ctx)
         name = role_name(ctx, want.address)
         existing = await api.call("iam", "get_role", RoleName=name, ok=("NoSuchEntity",))
@@ -278,9 +281,9 @@ class RoleHandler(AwsHandler):
         else:
             await api.call("iam", "create_role", RoleName=name, Path=IAM_PATH,
                            AssumeRolePolicyDocument=trust_policy(await self._statement(api, ctx, want.address)),
-                           Description=f"rtui {ctx.config.cluster_name}: {want.address.rsplit('.', 1)[1]}",
+                           Description=f"rtui {config.cluster_name}: {want.address.rsplit('.', 1)[1]}",
                            Tags=[{"Key": k, "Value": v} for k, v in
-                                 tags(ctx.record.run_id, ctx.config.cluster_name).items()],
+                                 tags(ctx.record.run_id, config.cluster_name).items()],
                            ok=("EntityAlreadyExists",))
         self.made(ctx, want, name)
         async for p in self._policies(api, name, want.spec["policies"], want.spec.get("inline") or {}):
@@ -301,8 +304,9 @@ class RoleHandler(AwsHandler):
         return Action.NOOP, have.reason or "in place"
 
     async def _statement(self, api: AwsApi, ctx: Context, address: str) -> dict[str, Any]:
+        config = aws_config(ctx)
         account = str((await api.identity())["Account"])
-        return trust_statement(address, ctx.config.region, account, ctx.config.cluster_name, ctx.config.namespace)
+        return trust_statement(address, config.region, account, config.cluster_name, config.namespace)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)

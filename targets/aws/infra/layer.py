@@ -17,12 +17,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend.aio import all_or_none
-from backend.config import RunConfig
 from backend.delivery import S3_STANDARD_PER_GIB_MONTH, effective_storage_path, run_storage_uri
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, Leftover, NodeLoss, Observed, Resource
-from backend.record import AzMove, SpotFallback, SpotRisk
 from targets.aws.cloud import run_preflight
 from targets.aws.cloud.catalog import quota_code_for
 from targets.aws.cloud.pricing import (
@@ -36,6 +34,8 @@ from targets.aws.cloud.pricing import (
 from targets.aws.cloud.public_ip import public_cidr
 from targets.aws.cloud.report import reserved_nodes
 from targets.aws.cloud.spot_advisor import SpotAdvisor
+from targets.aws.config import AwsConfig, aws_config
+from targets.aws.facts import AzMove, SpotFallback, SpotRisk, aws_facts
 from targets.aws.infra import network, routes
 from targets.aws.infra.api import RUN_TAG
 from targets.aws.infra.autoscaler import CLUSTER_AUTOSCALER, ClusterAutoscalerHandler
@@ -179,10 +179,10 @@ class AwsLayer(Layer):
     async def node_cost(self, ctx: Context, address: str, *, since: float, now: float) -> float | None:
         """Spot GPU nodes at the Spot price in effect each moment they ran (``gpu_spot_cost``); On-Demand
         ones are left to the plan's price, which does not move."""
-        az = ctx.record.facts.gpu_az
+        az = aws_facts(ctx).gpu_az
         if address != GPU_NODES or not self.buys_spot(ctx) or not az:
             return None
-        disk = self.prices(ctx.config).ebs_per_hour(ROOT_VOLUME_GB)
+        disk = self.prices(aws_config(ctx)).ebs_per_hour(ROOT_VOLUME_GB)
         return await gpu_spot_cost(ctx, await self._gpu_group_at(ctx, now), since=since, now=now, az=az,
                                    disk_per_node_hour=disk)
 
@@ -201,15 +201,15 @@ class AwsLayer(Layer):
         """`rtui manifest`: the AZs and the bucket's name come from AWS; no Kubernetes object is made from
         either, so the region's first two AZs and a name standing for the bucket do. That the run has its own
         bucket (no --storage-path) is what matters: the Ray pods then get a service account for it."""
-        config = ctx.config
+        config = aws_config(ctx)
         if self.topology is None:
             azs = [config.availability_zone or f"{config.region}a"]
             azs.append(next(z for z in (f"{config.region}a", f"{config.region}b") if z not in azs))
             self.topology = Topology(network_azs=azs, gpu_az=azs[0], az_index={z: i for i, z in enumerate(azs)})
-        facts = ctx.record.facts
-        if not config.storage_path and not facts.data_bucket:
-            facts.data_bucket = f"{config.cluster_name}-data"
-            facts.storage_path = storage_uri(facts.data_bucket)
+        facts, own = ctx.record.facts, aws_facts(ctx)
+        if not config.storage_path and not own.data_bucket:
+            own.data_bucket = f"{config.cluster_name}-data"
+            facts.storage_path = storage_uri(own.data_bucket)
 
     # --- the AZs -----------------------------------------------------------------------------
     async def prepare(self, ctx: Context) -> None:
@@ -221,12 +221,12 @@ class AwsLayer(Layer):
     async def _data_bucket(self, ctx: Context) -> None:
         """Without --storage-path the run's data goes to its own bucket: its name (from the account) and
         the storage path the job and `rtui model/status/down` use, kept in the run record."""
-        if ctx.config.storage_path:
+        if aws_config(ctx).storage_path:
             return
         name = await name_for(aws_api(ctx), ctx)
-        facts = ctx.record.facts
-        if facts.data_bucket != name or facts.storage_path != storage_uri(name):
-            facts.data_bucket, facts.storage_path = name, storage_uri(name)
+        facts, own = ctx.record.facts, aws_facts(ctx)
+        if own.data_bucket != name or facts.storage_path != storage_uri(name):
+            own.data_bucket, facts.storage_path = name, storage_uri(name)
             ctx.save()
 
     async def explain_unanswered(self, ctx: Context, exc: ApiUnreachable) -> ApiUnreachable:
@@ -249,22 +249,22 @@ class AwsLayer(Layer):
     async def _api_cidrs(self, ctx: Context) -> list[str]:
         """Who may reach the EKS API endpoint: ``--api-cidrs``, else the caller's public address, learned
         once per run and kept in its record (a later plan from elsewhere does not move it by itself)."""
-        given = ctx.config.api_cidr_list()
+        given = aws_config(ctx).api_cidr_list()
         if given:
             return given
-        learned = ctx.record.facts.api_cidrs
+        learned = aws_facts(ctx).api_cidrs
         if not learned:
             learned = [await asyncio.to_thread(public_cidr)]
-            ctx.record.facts.api_cidrs = learned
+            aws_facts(ctx).api_cidrs = learned
             ctx.save()
         return learned
 
     @staticmethod
     def api_cidr_list(ctx: Context) -> list[str]:
-        return ctx.config.api_cidr_list() or list(ctx.record.facts.api_cidrs)
+        return aws_config(ctx).api_cidr_list() or list(aws_facts(ctx).api_cidrs)
 
     async def _region_prices(self, ctx: Context) -> RegionPrices:
-        config = ctx.config
+        config = aws_config(ctx)
         return await asyncio.to_thread(self.price_book(ctx).region, config.region,
                                        (config.gpu_node_type, config.system_node_type))
 
@@ -273,7 +273,7 @@ class AwsLayer(Layer):
             self._book = PriceBook(aws_api(ctx).session)
         return self._book
 
-    def prices(self, config: RunConfig) -> RegionPrices:
+    def prices(self, config: AwsConfig) -> RegionPrices:
         """The region's prices this session asked for; the table, labelled, before any was asked."""
         types = (config.gpu_node_type, config.system_node_type)
         known = self._book.known(config.region, types) if self._book is not None else None
@@ -321,7 +321,7 @@ class AwsLayer(Layer):
         return [*([f"+ ${prices.nat_per_gb:.3f}/GB NAT data processing"] if self._planned_nat else []), logs]
 
     async def _topology(self, ctx: Context) -> Topology:
-        config, facts = ctx.config, ctx.record.facts
+        config, facts = aws_config(ctx), aws_facts(ctx)
         request, watch = preflight_request(ctx), self.watch or MatrixWatch()
         if watch.all_regions:
             request = request.model_copy(update={"all_regions": True})
@@ -450,7 +450,7 @@ class AwsLayer(Layer):
 
     async def _given_subnet_azs(self, ctx: Context) -> dict[str, str]:
         """AZ -> subnet of ``--private-subnet-ids`` (EKS needs two AZs it accepts among them)."""
-        config = ctx.config
+        config = aws_config(ctx)
         ids = config.private_subnet_id_list()
         if not ids:
             raise UserError(f"--vpc-id {config.vpc_id} needs its private subnets",
@@ -478,7 +478,7 @@ class AwsLayer(Layer):
         """Keep the AZs this run builds in (called when it applies)."""
         if self.topology is not None:
             topo = self.topology
-            facts = ctx.record.facts
+            facts = aws_facts(ctx)
             facts.gpu_az, facts.network_azs, facts.system_disk_gb = topo.gpu_az, topo.network_azs, topo.system_disk_gb
             named = topo.gpu_reservation
             facts.reservation = named.to_fact(topo.gpu_az) if named else None
@@ -486,12 +486,12 @@ class AwsLayer(Layer):
 
     def buys_spot(self, ctx: Context) -> bool:
         """The GPU nodes are bought on Spot: ``--spot``, unless they went On-Demand when Spot had none."""
-        return ctx.config.spot and ctx.record.facts.spot_fallback is None
+        return aws_config(ctx).spot and aws_facts(ctx).spot_fallback is None
 
     def fall_back_to_on_demand(self, ctx: Context, az: str, why: str) -> None:
         """From now on the run's GPU nodes are On-Demand (``--spot-fallback on-demand``, or `m` in the
         TUI); the record says when and why, and every later plan keeps them so."""
-        ctx.record.facts.spot_fallback = SpotFallback(az=az, why=why[:300], at=time.time())
+        aws_facts(ctx).spot_fallback = SpotFallback(az=az, why=why[:300], at=time.time())
         ctx.save()
 
     def fail_over(self, ctx: Context, failed_az: str, why: str) -> str | None:
@@ -499,7 +499,7 @@ class AwsLayer(Layer):
         topology = self.topology
         if topology is None:
             return None
-        facts = ctx.record.facts
+        facts = aws_facts(ctx)
         failed = [*facts.failed_azs, failed_az]
         remaining = [z for z in topology.failover_azs if z not in failed]
         if not remaining:
@@ -513,7 +513,7 @@ class AwsLayer(Layer):
 
     # --- desired state ---------------------------------------------------------------------
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
-        config, topo = ctx.config, self.topology
+        config, topo = aws_config(ctx), self.topology
         if topo is None:
             raise UserError("the aws layer was asked for a plan before its AZs were settled")
         check_offered_version(config.kubernetes_version)  # idle GPU nodes need its cluster-autoscaler
@@ -559,9 +559,9 @@ class AwsLayer(Layer):
                 note=f"free: S3 traffic of the private subnets skips the NAT's ${prices.nat_per_gb:.3f}/GB")
         routes = () if adopted else (PRIVATE_RT,)
         res(NODE_SG, "aws-security-group", {"efa_rule": True}, VPC)
-        own_bucket = not config.storage_path and ctx.record.facts.data_bucket
+        own_bucket = not config.storage_path and aws_facts(ctx).data_bucket
         if own_bucket:
-            res(BUCKET, BucketHandler.kind, BucketHandler.spec(ctx.record.facts.data_bucket or ""),
+            res(BUCKET, BucketHandler.kind, BucketHandler.spec(aws_facts(ctx).data_bucket or ""),
                 note=f"${S3_STANDARD_PER_GIB_MONTH}/GB-month of what it holds")
         # The run's own prefix in S3 (its bucket's, or the user's --storage-path): the Ray pods' role reaches
         # that prefix only.
@@ -680,11 +680,12 @@ class AwsLayer(Layer):
     # --- checks ----------------------------------------------------------------------------
     async def preflight(self, ctx: Context) -> list[CheckResult]:
         # Always afresh: a preflight is what AWS says now (quota filed, capacity freed); plan re-prepares too.
+        config = aws_config(ctx)
         try:
             await self.prepare(ctx)
         except GivenVpcRefused as exc:
             return [*self.preflight_checks,
-                    CheckResult(id="aws.vpc", title=f"VPC {ctx.config.vpc_id}", status=CheckStatus.FAIL,
+                    CheckResult(id="aws.vpc", title=f"VPC {config.vpc_id}", status=CheckStatus.FAIL,
                                 detail=exc.message, remedy=exc.remedy)]
         except UserError as exc:
             return [*self.preflight_checks,
@@ -692,19 +693,20 @@ class AwsLayer(Layer):
                                 remedy=exc.remedy)]
         results = list(self.preflight_checks)
         results.extend(await self._names_taken(ctx))
-        if ctx.config.vpc_id:
+        if config.vpc_id:
             results.extend(await self._given_vpc(ctx))
         return results
 
     async def _names_taken(self, ctx: Context) -> list[CheckResult]:
+        config = aws_config(ctx)
         api = aws_api(ctx)
-        name = ctx.config.cluster_name
+        name = config.cluster_name
         out = []
         cluster = await describe_cluster(api, name)
         if cluster is not None and (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             owner = "another rtui run" if RUN_TAG in (cluster.get("tags") or {}) else "someone else"
             out.append(CheckResult(id="aws.name.cluster", title=f"EKS cluster {name}", status=CheckStatus.FAIL,
-                                   detail=f"exists in {ctx.config.region} and belongs to {owner}",
+                                   detail=f"exists in {config.region} and belongs to {owner}",
                                    remedy="choose another --cluster-name (rtui never takes over what it did not make)"))
         for stack in (f"eksctl-{name}-cluster", name):
             found = await api.call("cloudformation", "describe_stacks", StackName=stack, ok=("ValidationError",))
@@ -722,7 +724,7 @@ class AwsLayer(Layer):
         return out
 
     async def _given_vpc(self, ctx: Context) -> list[CheckResult]:
-        api, config, topo = aws_api(ctx), ctx.config, self.topology
+        api, config, topo = aws_api(ctx), aws_config(ctx), self.topology
         assert topo is not None
         ids = config.private_subnet_id_list()
         if not ids:
@@ -742,7 +744,7 @@ class AwsLayer(Layer):
                             remedy="fix the subnets or drop --vpc-id to let rtui build a VPC" if problems else None)]
 
     async def sweep(self, ctx: Context) -> list[Leftover]:
-        config = ctx.config
+        config = aws_config(ctx)
 
         async def prices(types: tuple[str, ...]) -> RegionPrices:
             return await asyncio.to_thread(self.price_book(ctx).region, config.region, types)
@@ -792,7 +794,7 @@ def _needs(later: str, earlier: str) -> bool:
 
 
 
-def _idle_note(config: RunConfig, cost: Mapping[str, Any], *, nat: bool) -> str:
+def _idle_note(config: AwsConfig, cost: Mapping[str, Any], *, nat: bool) -> str:
     """What still bills while cluster-autoscaler has taken every GPU node (the plan's priced parts but
     the GPU nodes), beside the full size; empty with ``--idle-minutes 0`` (the nodes never go)."""
     if not config.idle_timeout_s():

@@ -18,6 +18,7 @@ from backend.layers.base import Context
 from backend.ledger import ResourceStatus
 from backend.model import Observed, Resource
 from backend.runner import Progress
+from targets.aws.config import aws_config
 from targets.aws.infra.api import RUN_TAG, AwsApi, refuse_foreign, tags
 from targets.aws.infra.base import EKS_CLUSTER, LAYER, AwsHandler
 
@@ -60,7 +61,7 @@ class LogGroupHandler(AwsHandler):
     expected_s = 2.0
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        name = log_group_name(ctx.config.cluster_name)
+        name = log_group_name(aws_config(ctx).cluster_name)
         found = await find_group(api, name)
         if found is None:
             return []
@@ -74,17 +75,18 @@ class LogGroupHandler(AwsHandler):
                                                       "rtui never deletes it")]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = aws_config(ctx)
         api = self.api(ctx)
         name = want.spec["name"]
         made = await api.call("logs", "create_log_group", logGroupName=name,
-                              tags=tags(ctx.record.run_id, ctx.config.cluster_name),
+                              tags=tags(ctx.record.run_id, config.cluster_name),
                               ok=("ResourceAlreadyExistsException",))
         found = await find_group(api, name) if made is None else None
         if found is not None:  # made meanwhile: by EKS for our cluster (it started first), or by someone else
             arn, group_tags, _ = found
             if RUN_TAG not in group_tags and owned_by_run(ctx, group_tags):
                 await api.call("logs", "tag_resource", resourceArn=arn,
-                               tags=tags(ctx.record.run_id, ctx.config.cluster_name))
+                               tags=tags(ctx.record.run_id, config.cluster_name))
             else:
                 refuse_foreign("CloudWatch log group", name, group_tags, ctx.record.run_id)
         self.made(ctx, want, name)

@@ -15,6 +15,7 @@ from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, client_token, run_filter, tag_map, tag_spec, tags
 from targets.aws.infra.base import (
     IGW,
@@ -31,7 +32,7 @@ DEPENDENCY_TIMEOUT_S = 900.0  # ENIs of terminated nodes can take minutes to det
 
 
 def run_tags(ctx: Context, **extra: str) -> dict[str, str]:
-    return tags(ctx.record.run_id, ctx.config.cluster_name, **extra)
+    return tags(ctx.record.run_id, aws_config(ctx).cluster_name, **extra)
 
 
 async def find(api: AwsApi, ctx: Context, operation: str, key: str, **extra: str) -> list[dict[str, Any]]:
@@ -40,8 +41,9 @@ async def find(api: AwsApi, ctx: Context, operation: str, key: str, **extra: str
 
 
 async def vpc_id(api: AwsApi, ctx: Context) -> str:
-    if ctx.config.vpc_id:
-        return ctx.config.vpc_id
+    config = aws_config(ctx)
+    if config.vpc_id:
+        return config.vpc_id
     vpcs = await find(api, ctx, "describe_vpcs", "Vpcs")
     if not vpcs:
         raise OperationError("this run's VPC is gone", remedy="run `rtui up` again: the plan makes it anew")
@@ -50,9 +52,10 @@ async def vpc_id(api: AwsApi, ctx: Context) -> str:
 
 async def subnet_ids(api: AwsApi, ctx: Context, role: str, azs: list[str] | None = None) -> dict[str, str]:
     """AZ -> subnet id of this run's (or the given) ``role`` subnets."""
-    if role == "private" and ctx.config.private_subnet_ids:
+    config = aws_config(ctx)
+    if role == "private" and config.private_subnet_ids:
         subnets = await api.pages("ec2", "describe_subnets", "Subnets",
-                                  SubnetIds=ctx.config.private_subnet_id_list())
+                                  SubnetIds=config.private_subnet_id_list())
     else:
         subnets = await find(api, ctx, "describe_subnets", "Subnets", **{"rtui:role": role})
     out = {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
@@ -171,8 +174,9 @@ class VpcHandler(AwsHandler):
     expected_s = 5.0
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        if ctx.config.vpc_id:
-            vpcs = await api.pages("ec2", "describe_vpcs", "Vpcs", VpcIds=[ctx.config.vpc_id])
+        config = aws_config(ctx)
+        if config.vpc_id:
+            vpcs = await api.pages("ec2", "describe_vpcs", "Vpcs", VpcIds=[config.vpc_id])
             return [Observed(address=VPC, layer=LAYER, kind=self.kind, id=v["VpcId"], adopted=True,
                              state={"cidr": v["CidrBlock"]}, reason="given with --vpc-id: adopted") for v in vpcs]
         return [Observed(address=VPC, layer=LAYER, kind=self.kind, id=v["VpcId"], state={"cidr": v["CidrBlock"]},
@@ -185,7 +189,7 @@ class VpcHandler(AwsHandler):
             vid = found[0]["VpcId"]
         else:
             vpc = await api.call("ec2", "create_vpc", CidrBlock=VPC_CIDR,
-                                 TagSpecifications=tag_spec("vpc", run_tags(ctx), ctx.config.cluster_name))
+                                 TagSpecifications=tag_spec("vpc", run_tags(ctx), aws_config(ctx).cluster_name))
             vid = vpc["Vpc"]["VpcId"]
         self.made(ctx, want, vid)
         # EKS nodes need both: private DNS names for the kubelet, resolution for the endpoint.
@@ -196,7 +200,7 @@ class VpcHandler(AwsHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        async for p in delete_cluster_groups(api, have.id, ctx.config.cluster_name):
+        async for p in delete_cluster_groups(api, have.id, aws_config(ctx).cluster_name):
             yield p
         # The NAT gateway's address, when the gateway went without rtui (by hand, or failed): it bills.
         for address in await find(api, ctx, "describe_addresses", "Addresses"):
@@ -223,6 +227,7 @@ class SubnetHandler(AwsHandler):
         return super().step_title(address, action)
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        config = aws_config(ctx)
         out = []
         for s in await find(api, ctx, "describe_subnets", "Subnets"):
             role = tag_map(s.get("Tags")).get("rtui:role", "private")
@@ -230,9 +235,9 @@ class SubnetHandler(AwsHandler):
                                 id=s["SubnetId"], state={"az": s["AvailabilityZone"], "cidr": s["CidrBlock"],
                                                          "role": role},
                                 depends_on=(VPC,), reason="exists"))
-        if ctx.config.private_subnet_ids:
+        if config.private_subnet_ids:
             for s in await api.pages("ec2", "describe_subnets", "Subnets",
-                                     SubnetIds=ctx.config.private_subnet_id_list()):
+                                     SubnetIds=config.private_subnet_id_list()):
                 out.append(Observed(address=subnet_address("private", s["AvailabilityZone"]), layer=LAYER,
                                     kind=self.kind, id=s["SubnetId"], adopted=True, depends_on=(VPC,),
                                     state={"az": s["AvailabilityZone"], "cidr": s["CidrBlock"], "role": "private"},
@@ -249,7 +254,7 @@ class SubnetHandler(AwsHandler):
             subnet = await api.call("ec2", "create_subnet", VpcId=await vpc_id(api, ctx), CidrBlock=want.spec["cidr"],
                                     AvailabilityZone=az,
                                     TagSpecifications=tag_spec("subnet", run_tags(ctx, **{"rtui:role": role, elb: "1"}),
-                                                               f"{ctx.config.cluster_name}-{role}-{az}"))
+                                                               f"{aws_config(ctx).cluster_name}-{role}-{az}"))
             existing = subnet["Subnet"]["SubnetId"]
         self.made(ctx, want, existing)
         if role == "public":
@@ -284,7 +289,8 @@ class InternetGatewayHandler(AwsHandler):
             gid, attached = found[0]["InternetGatewayId"], bool(found[0].get("Attachments"))
         else:
             gw = await api.call("ec2", "create_internet_gateway",
-                                TagSpecifications=tag_spec("internet-gateway", run_tags(ctx), ctx.config.cluster_name))
+                                TagSpecifications=tag_spec("internet-gateway", run_tags(ctx),
+                                                           aws_config(ctx).cluster_name))
             gid, attached = gw["InternetGateway"]["InternetGatewayId"], False
         self.made(ctx, want, gid)
         if not attached:
@@ -329,6 +335,7 @@ class NatGatewayHandler(AwsHandler):
         return (Action.NOOP, "available") if have.healthy else (Action.REPLACE, have.reason)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = aws_config(ctx)
         api = self.api(ctx)
         live = [n for n in await find(api, ctx, "describe_nat_gateways", "NatGateways")
                 if n["State"] in ("pending", "available")]
@@ -338,14 +345,14 @@ class NatGatewayHandler(AwsHandler):
             addresses = await find(api, ctx, "describe_addresses", "Addresses")
             allocation = addresses[0]["AllocationId"] if addresses else (await api.call(
                 "ec2", "allocate_address", Domain="vpc",
-                TagSpecifications=tag_spec("elastic-ip", run_tags(ctx), f"{ctx.config.cluster_name}-nat")))[
+                TagSpecifications=tag_spec("elastic-ip", run_tags(ctx), f"{config.cluster_name}-nat")))[
                 "AllocationId"]
             subnet = (await subnet_ids(api, ctx, "public", [want.spec["az"]])).get(want.spec["az"])
             if subnet is None:
                 raise OperationError(f"no public subnet of this run in {want.spec['az']} for the NAT gateway",
                                      remedy="run `rtui up` again: the plan makes the subnet first")
             request: dict[str, Any] = {"SubnetId": subnet, "AllocationId": allocation,
-                       "TagSpecifications": tag_spec("natgateway", run_tags(ctx), ctx.config.cluster_name)}
+                       "TagSpecifications": tag_spec("natgateway", run_tags(ctx), config.cluster_name)}
             made_before = await api.pages("ec2", "describe_nat_gateways", "NatGateways",
                                           Filters=run_filter(ctx.record.run_id))
             token = client_token(ctx.record.run_id, "nat", str(len(made_before)), request=request)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.config import RunConfig
 from backend.errors import UserError
+from targets.aws.config import AwsConfig
 from targets.kube.k8s.manifests import EFA_RESOURCE, GPU_NODE_LABEL, GPU_RESOURCE
 
 TAG_PREFIX = "k8s.io/cluster-autoscaler"
@@ -38,7 +38,7 @@ OFFERED_KUBERNETES_VERSIONS = tuple(CLUSTER_AUTOSCALER_VERSIONS)
 IDLE_NOTE = "while idle (GPU nodes scaled to zero) the system node, EKS and the NAT keep billing (about $0.35/h)"
 
 
-def gpu_scaling_config(config: RunConfig) -> dict[str, int]:
+def gpu_scaling_config(config: AwsConfig) -> dict[str, int]:
     count = config.gpu_node_count
     return {"minSize": 0 if config.idle_timeout_s() else count, "maxSize": count, "desiredSize": count}
 
@@ -48,7 +48,7 @@ def discovery_tags(cluster_name: str) -> dict[str, str]:
     return {f"{TAG_PREFIX}/enabled": "true", f"{TAG_PREFIX}/{cluster_name}": "owned"}
 
 
-def gpu_asg_tags(config: RunConfig, cluster_name: str, run_id: str, efa_interfaces: int = 1) -> dict[str, str]:
+def gpu_asg_tags(config: AwsConfig, cluster_name: str, run_id: str, efa_interfaces: int = 1) -> dict[str, str]:
     """Every tag the GPU nodes' Auto Scaling group needs for cluster-autoscaler to scale it from zero:
     the template node's label, its taint (``value:effect``) and the extended resources a worker asks
     for; and this run's tag, which the policy's scaling statement requires (EKS tags the group with
@@ -162,7 +162,7 @@ _NAMESPACE_RULES = _rules(
 )
 
 
-def cluster_autoscaler_manifests(config: RunConfig, cluster_name: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+def cluster_autoscaler_manifests(config: AwsConfig, cluster_name: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     """cluster-autoscaler as its chart installs it with ``cloudProvider: aws`` and
     ``autoDiscovery.clusterName``: ServiceAccount (its IAM comes through a Pod Identity association,
     no annotation), ClusterRole/Role and bindings, and a one-replica Deployment on the system node."""

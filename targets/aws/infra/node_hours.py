@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from backend.errors import RtuiError
 from backend.model import NodeLoss
 from targets.aws.cloud.pricing import SPOT_PRODUCT
+from targets.aws.config import aws_config
 from targets.aws.infra.base import Names, aws_api
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ async def gpu_group(ctx: Context) -> GpuGroup | None:
     """The run's GPU nodegroup and its Auto Scaling groups' activities; None when they cannot be read
     (no group yet, the call refused): the caller says so."""
     api = aws_api(ctx)
-    cluster = ctx.config.cluster_name
+    cluster = aws_config(ctx).cluster_name
     try:
         group = (await api.call("eks", "describe_nodegroup", clusterName=cluster,
                                 nodegroupName=Names(cluster).gpu_nodegroup,
@@ -173,7 +174,8 @@ async def gpu_spot_cost(ctx: Context, found: GpuGroup | None, *, since: float, n
     if not spans:
         return None if spans is None else 0.0
     try:
-        prices = await spot_price_history(ctx, ctx.config.gpu_node_type, az, since=min(s for s, _ in spans), now=now)
+        prices = await spot_price_history(ctx, aws_config(ctx).gpu_node_type, az, since=min(s for s, _ in spans),
+                                          now=now)
     except RtuiError:
         return None
     cost = billed(spans, prices)

@@ -16,6 +16,7 @@ from backend.ledger import BILLING
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.aws.config import aws_config
 from targets.aws.infra import node_autoscaler as na
 from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, tag_map, tag_spec, tags
 from targets.aws.infra.base import (
@@ -69,7 +70,7 @@ class PlacementGroupHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        name = Names(ctx.config.cluster_name).placement_group(want.spec["az"])
+        name = Names(aws_config(ctx).cluster_name).placement_group(want.spec["az"])
         await api.call("ec2", "create_placement_group", GroupName=name, Strategy="cluster",
                        TagSpecifications=tag_spec("placement-group", run_tags(ctx, **{"rtui:az": want.spec["az"]})),
                        ok=("InvalidPlacementGroup.Duplicate",))
@@ -77,11 +78,12 @@ class PlacementGroupHandler(AwsHandler):
         yield Progress(f"{name} (cluster strategy: the GPU nodes on one network spine)", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        config = aws_config(ctx)
         api = self.api(ctx)
         # AWS refuses to delete a group its instances run in (InvalidPlacementGroup.InUse). When a
         # failover moves the GPU nodes, this step runs before the nodegroup's own replacement:
         # the nodegroup whose launch template names the group goes first, and is waited for.
-        cluster, name = ctx.config.cluster_name, Names(ctx.config.cluster_name).gpu_nodegroup
+        cluster, name = config.cluster_name, Names(config.cluster_name).gpu_nodegroup
         if await _placed_in(api, cluster, name, have.id):
             async for p in delete_nodegroup(api, cluster, name):
                 yield p
@@ -112,7 +114,7 @@ def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dic
         "MetadataOptions": dict(METADATA_OPTIONS),
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
             "VolumeSize": want.spec["volume_gb"], "VolumeType": "gp3", "DeleteOnTermination": True}}],
-        "TagSpecifications": [*tag_spec("instance", node_tags, f"{ctx.config.cluster_name}-gpu"),
+        "TagSpecifications": [*tag_spec("instance", node_tags, f"{aws_config(ctx).cluster_name}-gpu"),
                               *tag_spec("network-interface", node_tags), *tag_spec("volume", node_tags)],
     }
     if want.spec.get("placement_group"):  # none for a Capacity Block or an ODCR held outside any group
@@ -137,7 +139,7 @@ def system_launch_template_data(ctx: Context, want: Resource) -> dict[str, Any]:
         "MetadataOptions": dict(METADATA_OPTIONS),
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
             "VolumeSize": want.spec["volume_gb"], "VolumeType": "gp3", "DeleteOnTermination": True}}],
-        "TagSpecifications": [*tag_spec("instance", node_tags, f"{ctx.config.cluster_name}-system"),
+        "TagSpecifications": [*tag_spec("instance", node_tags, f"{aws_config(ctx).cluster_name}-system"),
                               *tag_spec("volume", node_tags)],
     }
 
@@ -159,10 +161,11 @@ def network_interfaces(groups: list[str], efa: int) -> list[dict[str, Any]]:
 async def node_groups(api: AwsApi, ctx: Context) -> list[str]:
     """The GPU nodes' security groups: the EKS cluster's own (reachability to the system node and the
     control plane) and this run's EFA group (all traffic between the GPU nodes)."""
-    cluster = await describe_cluster(api, ctx.config.cluster_name)
+    config = aws_config(ctx)
+    cluster = await describe_cluster(api, config.cluster_name)
     cluster_group = ((cluster or {}).get("resourcesVpcConfig") or {}).get("clusterSecurityGroupId")
     if not cluster_group:
-        raise OperationError(f"EKS cluster {ctx.config.cluster_name} reports no cluster security group yet",
+        raise OperationError(f"EKS cluster {config.cluster_name} reports no cluster security group yet",
                              remedy="run `rtui up` again once the cluster is active")
     return [str(cluster_group), await security_group_id(api, ctx)]
 
@@ -189,10 +192,11 @@ class LaunchTemplateHandler(AwsHandler):
         return super().compare(want, have)
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
+        config = aws_config(ctx)
         out = []
         templates = await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
-        cluster = await describe_cluster(api, ctx.config.cluster_name) if templates else None
-        system_name = Names(ctx.config.cluster_name).system_launch_template
+        cluster = await describe_cluster(api, config.cluster_name) if templates else None
+        system_name = Names(config.cluster_name).system_launch_template
         for template in templates:
             versions = await api.call("ec2", "describe_launch_template_versions",
                                       LaunchTemplateId=template["LaunchTemplateId"], Versions=["$Latest"])
@@ -228,7 +232,7 @@ class LaunchTemplateHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        names = Names(ctx.config.cluster_name)
+        names = Names(aws_config(ctx).cluster_name)
         system = want.address == SYSTEM_LAUNCH_TEMPLATE
         name = names.system_launch_template if system else names.launch_template
         found = [t for t in await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
@@ -304,11 +308,11 @@ class NodegroupHandler(AwsHandler):
         return super().step_title(address, action)
 
     def names(self, ctx: Context) -> dict[str, str]:
-        n = Names(ctx.config.cluster_name)
+        n = Names(aws_config(ctx).cluster_name)
         return {SYSTEM_NODES: n.system_nodegroup, GPU_NODES: n.gpu_nodegroup}
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        cluster = await describe_cluster(api, ctx.config.cluster_name)
+        cluster = await describe_cluster(api, aws_config(ctx).cluster_name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return []
         # Ours by tag, and those given with --private-subnet-ids (adopted, untagged).
@@ -371,7 +375,7 @@ class NodegroupHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        cluster, name = ctx.config.cluster_name, self.names(ctx)[want.address]
+        cluster, name = aws_config(ctx).cluster_name, self.names(ctx)[want.address]
         subnets = await subnet_ids(api, ctx, "private", list(want.spec["azs"]))
         request: dict[str, Any] = {
             "clusterName": cluster, "nodegroupName": name, "nodeRole": await role_arn(api, ctx, NODE_ROLE),
@@ -570,10 +574,11 @@ class AsgTagsHandler(AwsHandler):
         return {t["Key"]: t.get("Value", "") for t in listed}
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        cluster = await describe_cluster(api, ctx.config.cluster_name)
+        config = aws_config(ctx)
+        cluster = await describe_cluster(api, config.cluster_name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return []
-        group = await self._group(api, cluster["name"], Names(ctx.config.cluster_name).gpu_nodegroup)
+        group = await self._group(api, cluster["name"], Names(config.cluster_name).gpu_nodegroup)
         if group is None:
             return []
         ours = self._ours(await self._tags(api, group), cluster["name"])
@@ -584,7 +589,7 @@ class AsgTagsHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        cluster = ctx.config.cluster_name
+        cluster = aws_config(ctx).cluster_name
         group = await self._group(api, cluster, Names(cluster).gpu_nodegroup)
         if group is None:
             raise OperationError(f"the GPU nodegroup of {cluster} reports no Auto Scaling group",
@@ -611,7 +616,7 @@ class AsgTagsHandler(AwsHandler):
                        "nvidia.com/gpu, EFA)", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        keep = set(na.discovery_tags(ctx.config.cluster_name))  # EKS's own
+        keep = set(na.discovery_tags(aws_config(ctx).cluster_name))  # EKS's own
         mine = [k for k in have.state.get("tags") or {} if k not in keep]
         if mine:
             await self.api(ctx).call("autoscaling", "delete_tags", ok=("ValidationError",), Tags=[

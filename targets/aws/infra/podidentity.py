@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
+from targets.aws.config import aws_config
 from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, tags
 from targets.aws.infra.base import EKS_CLUSTER, LAYER, AwsHandler, create_token
 from targets.aws.infra.cluster import describe_cluster
@@ -39,7 +40,8 @@ class PodIdentityHandler(AwsHandler):
         return super().step_title(address, action)
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
-        name = ctx.config.cluster_name
+        config = aws_config(ctx)
+        name = config.cluster_name
         cluster = await describe_cluster(api, name)
         if cluster is None or (cluster.get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
             return []
@@ -47,7 +49,7 @@ class PodIdentityHandler(AwsHandler):
                   or {}).get("associations") or []
         out = []
         for identity in POD_IDENTITIES:
-            found = next((a for a in listed if a.get("namespace") == identity.namespace_in(ctx.config.namespace)
+            found = next((a for a in listed if a.get("namespace") == identity.namespace_in(config.namespace)
                           and a.get("serviceAccount") == identity.service_account), None)
             if found is None:
                 continue
@@ -56,7 +58,7 @@ class PodIdentityHandler(AwsHandler):
                 "association") or {}
             out.append(Observed(address=identity.address, layer=LAYER, kind=self.kind,
                                 id=f"{name}/{found['associationId']}", depends_on=(EKS_CLUSTER,),
-                                state=self._state(identity, ctx.config.namespace,
+                                state=self._state(identity, config.namespace,
                                                   str(association.get("roleArn", "")).rsplit("/", 1)[-1]),
                                 reason="exists"))
         return out
@@ -68,7 +70,7 @@ class PodIdentityHandler(AwsHandler):
 
     @staticmethod
     def spec(ctx: Context, identity: PodIdentity) -> dict[str, object]:
-        return {**PodIdentityHandler._state(identity, ctx.config.namespace, role_name(ctx, identity.role_address)),
+        return {**PodIdentityHandler._state(identity, aws_config(ctx).namespace, role_name(ctx, identity.role_address)),
                 "policies": list(identity.policies)}
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
@@ -76,10 +78,11 @@ class PodIdentityHandler(AwsHandler):
         return super().compare(trimmed, have)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = aws_config(ctx)
         api = self.api(ctx)
         identity = _identity(want.address)
-        name = ctx.config.cluster_name
-        namespace = identity.namespace_in(ctx.config.namespace)
+        name = config.cluster_name
+        namespace = identity.namespace_in(config.namespace)
         made = await api.call("eks", "create_pod_identity_association", clusterName=name,
                               namespace=namespace, serviceAccount=identity.service_account,
                               roleArn=await role_arn(api, ctx, identity.role_address),

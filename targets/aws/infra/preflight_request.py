@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from targets.aws.cloud import PreflightRequest
+from targets.aws.config import AwsConfig, aws_config
+from targets.aws.facts import aws_facts
 from targets.aws.infra.base import ROOT_VOLUME_GB, SYSTEM_DISK_UNKNOWN_GB
 
 if TYPE_CHECKING:
-    from backend.config import RunConfig
     from backend.layers.base import Context
 
 # How the other deadlines follow ``aws_timeout_s`` (the listing's): 12 s gives a region 30 s and the
@@ -17,7 +18,7 @@ REGION_FACTOR = 2.5
 DEADLINE_FACTOR = 5.0
 
 
-def request_for(config: RunConfig, *, regions: list[str] | None = None, all_regions: bool = False,
+def request_for(config: AwsConfig, *, regions: list[str] | None = None, all_regions: bool = False,
                 system_disk_gb: int = SYSTEM_DISK_UNKNOWN_GB, spot: bool | None = None) -> PreflightRequest:
     """What the matrix checks for ``config``: its node types and counts, its transport and its deadlines."""
     timeout = config.aws_timeout_s
@@ -33,7 +34,7 @@ def request_for(config: RunConfig, *, regions: list[str] | None = None, all_regi
     )
 
 
-def _spot_types(config: RunConfig) -> list[str]:
+def _spot_types(config: AwsConfig) -> list[str]:
     """``--spot-types`` as a list (the GPU type left out), whichever shape the config holds it in."""
     as_list = getattr(config, "spot_type_list", None)
     if callable(as_list):
@@ -45,6 +46,7 @@ def _spot_types(config: RunConfig) -> list[str]:
 def preflight_request(ctx: Context) -> PreflightRequest:
     """The run's own region, with the system disk its image needs (when the registry said), Spot unless
     its GPU nodes went On-Demand when Spot had none."""
-    return request_for(ctx.config, regions=[ctx.config.region],
-                       system_disk_gb=int(ctx.record.facts.system_disk_gb or SYSTEM_DISK_UNKNOWN_GB),
-                       spot=ctx.config.spot and ctx.record.facts.spot_fallback is None)
+    config = aws_config(ctx)
+    return request_for(config, regions=[config.region],
+                       system_disk_gb=int(aws_facts(ctx).system_disk_gb or SYSTEM_DISK_UNKNOWN_GB),
+                       spot=config.spot and aws_facts(ctx).spot_fallback is None)

@@ -9,6 +9,7 @@ from backend.errors import OperationError
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
+from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, client_token, tag_map, tag_spec
 from targets.aws.infra.base import LAYER, NODE_SG, PRIVATE_RT, PUBLIC_RT, VPC, AwsHandler, Names
 from targets.aws.infra.network import GONE_CODES, delete_or_blocked, find, run_tags, subnet_ids, until_free, vpc_id
@@ -51,7 +52,7 @@ class RouteTableHandler(AwsHandler):
         else:
             request: dict[str, Any] = {"VpcId": await vpc_id(api, ctx),
                        "TagSpecifications": tag_spec("route-table", run_tags(ctx, **{"rtui:role": role}),
-                                                     f"{ctx.config.cluster_name}-{role}")}
+                                                     f"{aws_config(ctx).cluster_name}-{role}")}
             table = await api.call("ec2", "create_route_table", **request,
                                    ClientToken=client_token(ctx.record.run_id, f"rt-{role}", request=request))
             tid = table["RouteTable"]["RouteTableId"]
@@ -124,14 +125,15 @@ class SecurityGroupHandler(AwsHandler):
         return out
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = aws_config(ctx)
         api = self.api(ctx)
         found = await find(api, ctx, "describe_security_groups", "SecurityGroups")
         if found:
             gid = found[0]["GroupId"]
         else:
-            name = Names(ctx.config.cluster_name).security_group
+            name = Names(config.cluster_name).security_group
             group = await api.call("ec2", "create_security_group", GroupName=name, VpcId=await vpc_id(api, ctx),
-                                   Description=f"rtui {ctx.config.cluster_name}: GPU nodes (EFA needs all traffic "
+                                   Description=f"rtui {config.cluster_name}: GPU nodes (EFA needs all traffic "
                                                "to and from this group)",
                                    TagSpecifications=tag_spec("security-group", run_tags(ctx), name))
             gid = group["GroupId"]

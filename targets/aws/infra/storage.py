@@ -31,6 +31,8 @@ from backend.layers.base import Context
 from backend.ledger import ResourceStatus
 from backend.model import Action, Leftover, Observed, Resource
 from backend.runner import Progress
+from targets.aws.config import aws_config
+from targets.aws.facts import aws_facts
 from targets.aws.infra.api import RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from targets.aws.infra.base import LAYER, AwsHandler
 
@@ -122,10 +124,11 @@ def _statements(policy: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 async def name_for(api: AwsApi, ctx: Context) -> str:
     """The run's bucket name: from the record once settled, else from the account (STS)."""
-    if ctx.record.facts.data_bucket:
-        return ctx.record.facts.data_bucket
+    config = aws_config(ctx)
+    if settled := aws_facts(ctx).data_bucket:
+        return settled
     account = str((await api.identity())["Account"])
-    return bucket_name(ctx.config.cluster_name, ctx.record.run_id, account, ctx.config.region)
+    return bucket_name(config.cluster_name, ctx.record.run_id, account, config.region)
 
 
 async def _owner_tags(api: AwsApi, name: str) -> dict[str, str] | None:
@@ -173,7 +176,7 @@ class BucketHandler(AwsHandler):
         if owner is None or owner.get(RUN_TAG) != ctx.record.run_id:
             return []  # none, or someone else's: create refuses it
         return [Observed(address=BUCKET, layer=LAYER, kind=self.kind, id=name, reason="exists",
-                         state=await self._settings(api, name, ctx.config.region))]
+                         state=await self._settings(api, name, aws_config(ctx).region))]
 
     async def _settings(self, api: AwsApi, name: str, region: str) -> dict[str, Any]:
         """What the bucket has of the spec's settings, in the spec's terms."""
@@ -203,9 +206,10 @@ class BucketHandler(AwsHandler):
         return super().compare(want, have)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = aws_config(ctx)
         api = self.api(ctx)
         name = str(want.spec["name"])
-        region = ctx.config.region
+        region = config.region
         # us-east-1 takes no LocationConstraint (InvalidLocationConstraint); every other region needs its
         # own (IllegalLocationConstraintException): S3 API reference, CreateBucket.
         where: dict[str, Any] = {} if region == "us-east-1" else {
@@ -218,11 +222,11 @@ class BucketHandler(AwsHandler):
         # account's bucket answers 403), it has no tags at all, and this run has called CreateBucket for
         # it before (counted in the record just before the call, below, after looking and finding none;
         # the ledger's entry starts afresh with each attempt, so it cannot say).
-        ours_untagged = owner == {} and ctx.record.facts.create_attempts.get(want.address, 0) > 0
+        ours_untagged = owner == {} and aws_facts(ctx).create_attempts.get(want.address, 0) > 0
         if owner is not None and owner.get(RUN_TAG) != ctx.record.run_id and not ours_untagged:
             refuse_foreign("S3 bucket", name, owner, ctx.record.run_id)
         if owner is None:
-            attempts = ctx.record.facts.create_attempts
+            attempts = aws_facts(ctx).create_attempts
             attempts[want.address] = attempts.get(want.address, 0) + 1
             ctx.save()  # before the call: a crash after it is healed above
             made = await api.call("s3", "create_bucket", Bucket=name,
@@ -231,12 +235,12 @@ class BucketHandler(AwsHandler):
                 refuse_foreign("S3 bucket", name, {}, ctx.record.run_id)
         self.made(ctx, want, name)
         await api.call("s3", "put_bucket_tagging", Bucket=name, Tagging={"TagSet": [
-            {"Key": k, "Value": v} for k, v in tags(ctx.record.run_id, ctx.config.cluster_name).items()]})
+            {"Key": k, "Value": v} for k, v in tags(ctx.record.run_id, config.cluster_name).items()]})
         async for p in self._configure(api, name, region, None):
             yield p
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
-        async for p in self._configure(self.api(ctx), have.id, ctx.config.region, have.state):
+        async for p in self._configure(self.api(ctx), have.id, aws_config(ctx).region, have.state):
             yield p
 
     async def _configure(self, api: AwsApi, name: str, region: str,

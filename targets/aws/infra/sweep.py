@@ -18,6 +18,7 @@ from backend.aio import all_or_none
 from backend.layers.base import Context
 from backend.model import Leftover
 from targets.aws.cloud.pricing import RegionPrices
+from targets.aws.config import aws_config
 from targets.aws.infra.api import CLUSTER_TAG, IAM_PATH, RUN_TAG, AwsApi, run_filter
 from targets.aws.infra.cluster import CLOUDWATCH_LOGS_GB_MONTH
 from targets.aws.infra.endpoints import live_endpoints
@@ -50,6 +51,7 @@ def _public_ip(prices: RegionPrices) -> float:
 async def sweep(api: AwsApi, ctx: Context, prices: PriceLookup) -> list[Leftover]:
     """What is left of the run; ``prices`` gives the region's prices for some instance types (the
     session's, so the plan, the matrix and the sweep quote the same figures)."""
+    config = aws_config(ctx)
     run = ctx.record.run_id
     bills: dict[int, Bill] = {}
     finders: list[Callable[[], Awaitable[list[Leftover]]]] = [
@@ -60,7 +62,7 @@ async def sweep(api: AwsApi, ctx: Context, prices: PriceLookup) -> list[Leftover
     billed = [item for item in found if id(item) in bills]
     if billed:
         types = tuple(sorted({item.state.split(",")[0] for item in billed if item.kind in ("instance", "nodegroup")}
-                             | {ctx.config.gpu_node_type, ctx.config.system_node_type}))
+                             | {config.gpu_node_type, config.system_node_type}))
         quote = await prices(types)
         found = [dataclasses.replace(item, cost_per_hour=round(bills[id(item)](quote), 4), price_source=quote.source)
                  if id(item) in bills else item for item in found]
@@ -75,7 +77,7 @@ def _billed(bills: dict[int, Bill], item: Leftover, bill: Bill) -> Leftover:
 
 async def _eks(api: AwsApi, ctx: Context, bills: dict[int, Bill]) -> list[Leftover]:
     out: list[Leftover] = []
-    name = ctx.config.cluster_name
+    name = aws_config(ctx).cluster_name
     cluster = await api.call("eks", "describe_cluster", name=name, ok=_NOT_FOUND)
     if cluster is None or (cluster["cluster"].get("tags") or {}).get(RUN_TAG) != ctx.record.run_id:
         return out
@@ -171,7 +173,7 @@ async def _in_vpcs(api: AwsApi, vpc_ids: list[str], bills: dict[int, Bill]) -> l
 async def _log_group(api: AwsApi, ctx: Context) -> list[Leftover]:
     """The control plane's log group, when it is this run's: EKS keeps it after the cluster, and its
     stored logs bill by the GB-month (no hourly figure)."""
-    name = log_group_name(ctx.config.cluster_name)
+    name = log_group_name(aws_config(ctx).cluster_name)
     found = await find_group(api, name)
     if found is None or not owned_by_run(ctx, found[1]):
         return []

@@ -27,9 +27,9 @@ from typing import Any, Literal
 
 import yaml
 
-from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.paths import config_dir
+from targets.kube.config import KubeConfig
 from targets.kube.k8s.manifests import (
     GPU_NODE_LABEL,
     GPU_RESOURCE,
@@ -154,14 +154,14 @@ EFA_PLUGIN_IMAGE = ("public.ecr.aws", "eks/aws-efa-k8s-device-plugin")
 OPERATOR_IMAGE = ("quay.io", "kuberay/operator")
 
 
-def addon_image(config: RunConfig, upstream: tuple[str, str], version: str, digest: str | None = None) -> str:
+def addon_image(config: KubeConfig, upstream: tuple[str, str], version: str, digest: str | None = None) -> str:
     """``registry/path:vX.Y.Z``, from the mirror when one is set, and ``@digest`` when one is known."""
     registry, path = upstream
     image = f"{config.addon_registry or registry}/{path}:{_tag(version)}"
     return f"{image}@{digest}" if digest else image
 
 
-def addon_images(config: RunConfig) -> dict[str, str]:
+def addon_images(config: KubeConfig) -> dict[str, str]:
     """{"nvidia" | "efa" | "operator": image by tag} of the add-ons this run installs."""
     images = {"nvidia": addon_image(config, NVIDIA_PLUGIN_IMAGE, config.nvidia_device_plugin_version)}
     if config.wants_efa():
@@ -170,7 +170,7 @@ def addon_images(config: RunConfig) -> dict[str, str]:
     return images
 
 
-def nvidia_device_plugin(config: RunConfig, run_id: str, digest: str | None = None) -> list[Manifest]:
+def nvidia_device_plugin(config: KubeConfig, run_id: str, digest: str | None = None) -> list[Manifest]:
     """NVIDIA's device plugin, on GPU nodes only: it makes ``nvidia.com/gpu`` allocatable.
 
     Which nodes: the chart's three labels (any one), NFD's PCI vendor 10de, NFD's Tegra CPU vendor,
@@ -204,7 +204,7 @@ def nvidia_device_plugin(config: RunConfig, run_id: str, digest: str | None = No
     return [_daemonset(NVIDIA_PLUGIN_NAME, run_id, spec)]
 
 
-def efa_device_plugin(config: RunConfig, run_id: str, digest: str | None = None) -> list[Manifest]:
+def efa_device_plugin(config: KubeConfig, run_id: str, digest: str | None = None) -> list[Manifest]:
     """AWS's EFA device plugin on EFA-capable GPU instance types: it makes ``vpc.amazonaws.com/efa`` allocatable.
 
     Placed like the chart (node affinity on the instance-type label, never on EKS Auto Mode nodes,
@@ -251,7 +251,8 @@ def _rules(rules: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
     return [{"apiGroups": list(g), "resources": list(r), "verbs": list(v)} for g, r, v in rules]
 
 
-def kuberay_operator(config: RunConfig, run_id: str, crds: list[Manifest], digest: str | None = None) -> list[Manifest]:
+def kuberay_operator(config: KubeConfig, run_id: str, crds: list[Manifest],
+                     digest: str | None = None) -> list[Manifest]:
     """KubeRay's CRDs and operator as the ``kuberay-operator`` chart installs them, in ``rtui-kuberay``.
 
     The chart's defaults, minus its metrics Service (nothing scrapes it) and feature-gate flags

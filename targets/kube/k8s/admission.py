@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import RtuiError
 from backend.model import CheckResult, CheckStatus
+from targets.kube.config import KubeConfig
 from targets.kube.k8s.manifests import image_user
 
 if TYPE_CHECKING:
-    from backend.config import RunConfig
     from targets.kube.k8s.access import KubeApi
 
 Manifest = dict[str, Any]
@@ -126,7 +126,7 @@ async def refused(api: KubeApi, namespace: str, owner: str, *, raycluster: Manif
 POD_SECURITY_LABEL = "pod-security.kubernetes.io/"
 
 
-async def pod_security_check(api: KubeApi, config: RunConfig) -> CheckResult | None:
+async def pod_security_check(api: KubeApi, config: KubeConfig) -> CheckResult | None:
     """Preflight: whether the namespace (the user's, adopted) enforces Pod Security ``restricted`` while the
     image runs as root, which no setting of rtui's can make pass (``runAsNonRoot``). None where there is
     nothing to say: no such namespace yet (rtui's own enforces baseline), another level, or not readable."""

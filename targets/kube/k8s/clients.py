@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from backend import targets
 from backend.errors import OperationError
 from backend.layers.base import Context
+from targets.kube.config import kube_config
 
 if TYPE_CHECKING:
     from targets.kube.k8s.access import KubeApi
@@ -37,13 +38,13 @@ class ClusterAccess(Protocol):
 
 def kube_api(ctx: Context) -> KubeApi:
     """The cluster's API for this config, made once per session."""
-    access = targets.get(ctx.config.target)
+    access = targets.get(kube_config(ctx).target)
     return access.kube_api(ctx) if isinstance(access, ClusterAccess) else kubeconfig_api(ctx)
 
 
 async def cluster_api(ctx: Context) -> KubeApi:
     """The cluster's API, checked first where the target can check it (an EKS cluster may have gone since)."""
-    access = targets.get(ctx.config.target)
+    access = targets.get(kube_config(ctx).target)
     return await access.cluster_api(ctx) if isinstance(access, ClusterAccess) else kubeconfig_api(ctx)
 
 
@@ -52,7 +53,7 @@ def kubeconfig_api(ctx: Context) -> KubeApi:
     # lazy: the kubernetes client (~1 s) only when a cluster is reached; making the stack does without
     from targets.kube.k8s.access import KubeApi
 
-    config = ctx.config
+    config = kube_config(ctx)
     key = ("kube", config.kubeconfig, config.context, config.kube_timeout_s, config.kube_stream_idle_s)
     return ctx.clients.get(key, lambda: KubeApi.from_kubeconfig(config.kubeconfig, config.context,
                                                                 timeout_s=config.kube_timeout_s,

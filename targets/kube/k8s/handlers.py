@@ -20,6 +20,7 @@ from backend.model import Action, Observed, Resource
 from backend.paths import cache_dir
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.kube.config import kube_config
 from targets.kube.k8s import addons, idle, manifests, pods
 from targets.kube.k8s.clients import kube_api
 
@@ -222,31 +223,33 @@ class NamespaceHandler(KubeHandler):
         return any(o.kind == "k8s-pvc" for o in observed)
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        live = await api.get("v1", "Namespace", ctx.config.namespace)
+        config = kube_config(ctx)
+        live = await api.get("v1", "Namespace", config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None  # someone else's: preflight refuses it
         enforce = (live["metadata"].get("labels") or {}).get(f"{manifests.POD_SECURITY_LABEL}enforce")
-        return Observed(address=NAMESPACE, layer=LAYER, kind=self.kind, id=ctx.config.namespace,
-                        state={"name": ctx.config.namespace, "pod_security": enforce}, reason="exists")
+        return Observed(address=NAMESPACE, layer=LAYER, kind=self.kind, id=config.namespace,
+                        state={"name": config.namespace, "pod_security": enforce}, reason="exists")
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
-        return [manifests.namespace(ctx.config, ctx.record.run_id)]
+        return [manifests.namespace(kube_config(ctx), ctx.record.run_id)]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = kube_config(ctx)
         api = self.api(ctx)
-        live = await api.get("v1", "Namespace", ctx.config.namespace)
+        live = await api.get("v1", "Namespace", config.namespace)
         if live is not None and live["metadata"].get("deletionTimestamp"):
             # Still going (a `down` just now): nothing can be created in it until it is gone.
-            async for p in wait_namespace_gone(api, ctx.config.namespace):
+            async for p in wait_namespace_gone(api, config.namespace):
                 yield p
             live = None
         if live is not None and not ours(live, ctx.record.run_id):
-            raise UserError(f"namespace {ctx.config.namespace} exists and is not this run's",
+            raise UserError(f"namespace {config.namespace} exists and is not this run's",
                             remedy="choose another with --namespace")
         async for p in apply_all(api, self.kube_objects(ctx, want)):
             yield p
-        ctx.ledger.update(want.address, id=ctx.config.namespace)
-        yield Progress(f"namespace {ctx.config.namespace}", 1.0)
+        ctx.ledger.update(want.address, id=config.namespace)
+        yield Progress(f"namespace {config.namespace}", 1.0)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
         async for p in self.create(ctx, want):
@@ -254,7 +257,7 @@ class NamespaceHandler(KubeHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        async for p in delete_ours(api, ctx, [manifests.namespace(ctx.config, ctx.record.run_id)]):
+        async for p in delete_ours(api, ctx, [manifests.namespace(kube_config(ctx), ctx.record.run_id)]):
             yield p
         async for p in wait_namespace_gone(api, have.id):
             yield p
@@ -267,15 +270,16 @@ class HfTokenHandler(KubeHandler):
     updatable = True
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        name = manifests.hf_token_secret_name(ctx.config)
-        live = await api.get("v1", "Secret", name, ctx.config.namespace)
+        config = kube_config(ctx)
+        name = manifests.hf_token_secret_name(config)
+        live = await api.get("v1", "Secret", name, config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None
-        return Observed(address=HF_SECRET, layer=LAYER, kind=self.kind, id=f"{ctx.config.namespace}/{name}",
-                        state={"source": ctx.config.hf_token}, depends_on=(NAMESPACE,), reason="exists")
+        return Observed(address=HF_SECRET, layer=LAYER, kind=self.kind, id=f"{config.namespace}/{name}",
+                        state={"source": config.hf_token}, depends_on=(NAMESPACE,), reason="exists")
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
-        return [manifests.hf_token_secret(ctx.config, ctx.record.run_id, f"<read from {want.spec['source']} when "
+        return [manifests.hf_token_secret(kube_config(ctx), ctx.record.run_id, f"<read from {want.spec['source']} when "
                                                                          "applied>")]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
@@ -290,7 +294,7 @@ class HfTokenHandler(KubeHandler):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        secret = manifests.hf_token_secret(ctx.config, ctx.record.run_id, "")
+        secret = manifests.hf_token_secret(kube_config(ctx), ctx.record.run_id, "")
         async for p in delete_ours(self.api(ctx), ctx, [secret]):
             yield p
 
@@ -375,7 +379,8 @@ class AddonHandler(KubeHandler):
 
 async def _scaled_to_zero(api: KubeApi, ctx: Context) -> bool:
     """This run's RayCluster is live and lets its GPU workers all go while idle."""
-    live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+    config = kube_config(ctx)
+    live = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name, config.namespace)
     return live is not None and ours(live, ctx.record.run_id) and idle.scales_to_zero(live)
 
 
@@ -387,7 +392,7 @@ class DevicePluginHandler(AddonHandler):
 
     def objects(self, ctx: Context, digest: str | None = None) -> list[Manifest]:
         make = addons.nvidia_device_plugin if self.which == "nvidia" else addons.efa_device_plugin
-        return make(ctx.config, ctx.record.run_id, digest)
+        return make(kube_config(ctx), ctx.record.run_id, digest)
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         found = addons.find_device_plugin(self.which, await api.list("apps/v1", "DaemonSet"))
@@ -466,7 +471,7 @@ class OperatorHandler(AddonHandler):
     follows_dependencies = False
 
     def objects(self, ctx: Context, crds: list[Manifest], digest: str | None = None) -> list[Manifest]:
-        return addons.kuberay_operator(ctx.config, ctx.record.run_id, crds, digest)
+        return addons.kuberay_operator(kube_config(ctx), ctx.record.run_id, crds, digest)
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         deployments = await api.list("apps/v1", "Deployment")
@@ -484,8 +489,9 @@ class OperatorHandler(AddonHandler):
         return self.objects(ctx, [], want.spec.get("digest"))
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        yield Progress(f"reading the KubeRay {ctx.config.kuberay_version} CRDs")
-        crds = await asyncio.to_thread(kuberay_crds, ctx.config.kuberay_crds, ctx.config.kuberay_version)
+        config = kube_config(ctx)
+        yield Progress(f"reading the KubeRay {config.kuberay_version} CRDs")
+        crds = await asyncio.to_thread(kuberay_crds, config.kuberay_crds, config.kuberay_version)
         objects = self.objects(ctx, crds, want.spec.get("digest"))
         definitions = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
         api = self.api(ctx)

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 from backend.errors import OperationError, TransientError
 from backend.jobsapi import TokenRefused
 from backend.rayjobs import RayJobs
+from targets.kube.config import KubeConfig
 from targets.kube.k8s.portforward import PortForwardForbidden
 
 if TYPE_CHECKING:
-    from backend.config import RunConfig
     from targets.kube.k8s.access import KubeApi
 
 # The service proxy's own dial timeout is 30 s on kube-apiserver: a fallback that gets no answer in
@@ -35,14 +35,14 @@ class _PathDropped(RayJobs):
         raise self.problem
 
 
-def path_remedy(config: RunConfig, policy: str) -> str:
+def path_remedy(config: KubeConfig, policy: str) -> str:
     return (f"ask for `create pods/portforward` in namespace {config.namespace} (the admin and edit roles have it; "
             "no NetworkPolicy filters that path), or have the NetworkPolicy "
             f"{config.namespace}/{policy} admit where your API server's traffic reaches pods from (a CNI "
             "tunnel address, the Konnectivity agents of GKE/AKS)")
 
 
-async def head_jobs(api: KubeApi, config: RunConfig, pod: str, port: int, service: str, port_name: str,
+async def head_jobs(api: KubeApi, config: KubeConfig, pod: str, port: int, service: str, port_name: str,
                     ray_auth: Mapping[str, str], policy: str) -> RayJobs:
     """The Jobs API of the head pod ``pod``: through a port-forward, else (no right to one) through the
     service proxy when that answers, else a client that refuses submissions with what to check."""
@@ -58,7 +58,7 @@ async def head_jobs(api: KubeApi, config: RunConfig, pod: str, port: int, servic
     return RayJobs(forward.url, headers=ray_auth, stream_idle_s=api.stream_idle_s)
 
 
-async def _through_service_proxy(api: KubeApi, config: RunConfig, service: str, port_name: str,
+async def _through_service_proxy(api: KubeApi, config: KubeConfig, service: str, port_name: str,
                                  ray_auth: Mapping[str, str], policy: str, denied: OperationError) -> RayJobs:
     jobs = api.ray_jobs(config.namespace, service, port_name, ray_auth=ray_auth)
     try:

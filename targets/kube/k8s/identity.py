@@ -10,14 +10,11 @@ never holds or passes the pods' credentials.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from backend.model import CheckResult, CheckStatus
+from targets.kube.config import KubeConfig
 
-if TYPE_CHECKING:
-    from backend.config import RunConfig
 
-def check(config: RunConfig) -> CheckResult:
+def check(config: KubeConfig) -> CheckResult:
     """What rtui can say about the pods' credentials: not what they may do (it never holds them)."""
     where = f" write {config.storage_path}" if config.storage_path and "://" in config.storage_path else ""
     return CheckResult(

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import RtuiError
 from backend.model import GpuFleet
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import manifests, pods
 
 if TYPE_CHECKING:
-    from backend.config import RunConfig
     from targets.kube.k8s.access import KubeApi
 
 Obj = dict[str, Any]
@@ -60,7 +60,7 @@ async def find_node_autoscaler(api: KubeApi) -> NodeAutoscaler:
     return NodeAutoscaler(found, looked=True)
 
 
-async def gpu_fleet(api: KubeApi, config: RunConfig, raycluster: Obj | None) -> GpuFleet:
+async def gpu_fleet(api: KubeApi, config: KubeConfig, raycluster: Obj | None) -> GpuFleet:
     workers = await api.list("v1", "Pod", config.namespace,
                              f"ray.io/cluster={config.cluster_name},ray.io/node-type=worker")
     nodes = [n for n in await api.list("v1", "Node") if pods.is_gpu_node(n)]

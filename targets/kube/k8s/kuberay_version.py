@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from backend.config import RunConfig
 from backend.errors import UserError
 from backend.layers.base import Context
+from targets.kube.config import KubeConfig, kube_config
 from targets.kube.k8s import addons, manifests
 from targets.kube.k8s.clients import ClusterNotReady, cluster_api
 
@@ -140,7 +140,7 @@ def operator_release(deployment: Obj) -> str | None:
     return label.removeprefix("v") if release(label) else None
 
 
-def schema_refusal(config: RunConfig, run_id: str, served: ServedSchema) -> UserError | None:
+def schema_refusal(config: KubeConfig, run_id: str, served: ServedSchema) -> UserError | None:
     """The one-line refusal when the served schema would prune a field of the RayCluster rtui applies."""
     missing = unknown_fields(manifests.raycluster(config, run_id), served.schema, root=True)
     if not missing:
@@ -175,10 +175,10 @@ async def refuse_unfit_kuberay(ctx: Context) -> None:
         api = await cluster_api(ctx)
     except ClusterNotReady:
         return
-    await check(api, ctx.config, ctx.record.run_id)
+    await check(api, kube_config(ctx), ctx.record.run_id)
 
 
-async def check(api: KubeApi, config: RunConfig, run_id: str) -> None:
+async def check(api: KubeApi, config: KubeConfig, run_id: str) -> None:
     """``refuse_unfit_kuberay`` on a cluster's API."""
     # lazy: the kubernetes client only when a cluster is reached (access imports it)
     from targets.kube.k8s.access import Forbidden

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from backend import targets
 from backend.aio import all_or_none
-from backend.config import RunConfig
 from backend.errors import OperationError, RtuiError, UserError
 from backend.hub import read_hf_token
 from backend.layers.base import Context, Handler, Layer
 from backend.model import CheckResult, CheckStatus, GpuFleet, Observed, Resource
+from targets.kube.config import KubeConfig, kube_config
 from targets.kube.k8s import addons, admission, capacity, identity, idle, manifests, pods, rights, storage
 from targets.kube.k8s.clients import ClusterNotReady, cluster_api, kube_api
 from targets.kube.k8s.handlers import (
@@ -102,7 +102,8 @@ class Below:
 
 def wants_volume(ctx: Context) -> bool:
     """Whether the run has its own volume (kube's --storage-size): the target says where the job writes."""
-    return targets.get(ctx.config.target).job_storage_path(ctx.config, ctx.record.run_id) is not None
+    config = kube_config(ctx)
+    return targets.get(config.target).job_storage_path(config, ctx.record.run_id) is not None
 
 
 class KubernetesLayer(Layer):
@@ -126,12 +127,13 @@ class KubernetesLayer(Layer):
 
     async def decide_rights(self, ctx: Context) -> rights.Rights:
         """Cluster-wide, or namespace-only (``rights.py``), as the API server answers for these credentials."""
+        config = kube_config(ctx)
         if self.below.makes_cluster:  # a cluster made below: its maker is its admin
-            return rights.Rights(ctx.config.namespace)
+            return rights.Rights(config.namespace)
         try:
-            found = await rights.decide(kube_api(ctx), ctx.config.namespace)
+            found = await rights.decide(kube_api(ctx), config.namespace)
         except ClusterNotReady:
-            return rights.Rights(ctx.config.namespace, asked=False)
+            return rights.Rights(config.namespace, asked=False)
         self._rights = found
         return found
 
@@ -144,7 +146,7 @@ class KubernetesLayer(Layer):
         An image that cannot be resolved stops the plan unless the user allows tags (--allow-unpinned):
         what runs on the cluster must be what the plan showed, also for a pod rescheduled a day later.
         """
-        config = ctx.config
+        config = kube_config(ctx)
         namespace_only = not (await self.decide_rights(ctx)).cluster_wide
         # Namespace-only: no add-on of rtui's is planned, so none of their images is asked for.
         wanted = [config.image, *([] if namespace_only else addons.addon_images(config).values())]
@@ -177,7 +179,7 @@ class KubernetesLayer(Layer):
         return {"image": manifests.pinned_image(image, resolved.digest), "digest": resolved.digest, "pinning": pinning}
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
-        config = ctx.config
+        config = kube_config(ctx)
         image = self._resolved(config.image)
         pinned = manifests.pinned_image(config.image, image.digest)
         addon = addons.addon_images(config)
@@ -317,15 +319,16 @@ class KubernetesLayer(Layer):
     async def _adopted_namespace(api: KubeApi, ctx: Context) -> Observed | None:
         """The user's namespace, named with --namespace and not made by rtui: used as it is, never deleted
         (namespace-only rights cannot make one; what rtui makes in it carries its labels and goes with down)."""
-        live = await api.get("v1", "Namespace", ctx.config.namespace)
+        config = kube_config(ctx)
+        live = await api.get("v1", "Namespace", config.namespace)
         if live is None or ours(live):
             return None
-        return Observed(address=NAMESPACE, layer=LAYER, kind="k8s-namespace", id=ctx.config.namespace,
-                        state={"name": ctx.config.namespace}, adopted=True,
+        return Observed(address=NAMESPACE, layer=LAYER, kind="k8s-namespace", id=config.namespace,
+                        state={"name": config.namespace}, adopted=True,
                         reason="exists, not made by rtui: adopted, never deleted")
 
     async def preflight(self, ctx: Context) -> list[CheckResult]:
-        config = ctx.config
+        config = kube_config(ctx)
         if self.below.makes_cluster:
             # The cluster and its nodes are the layer below's to make; the plan says what its CNI enforces.
             return self._token_check(config)
@@ -374,7 +377,7 @@ class KubernetesLayer(Layer):
     async def _namespace_preflight(self, api: KubeApi, ctx: Context, mode: rights.Rights) -> list[CheckResult]:
         """Namespace-only rights: the cluster's KubeRay or nothing, the namespace's own checks, and one
         line for every cluster-scope check that cannot be made."""
-        config = ctx.config
+        config = kube_config(ctx)
         results = [
             CheckResult(id="kube.access", title="Kubernetes API", status=CheckStatus.OK,
                         detail=f"context {api.context} at {api.server}"),
@@ -435,7 +438,8 @@ class KubernetesLayer(Layer):
 
     @staticmethod
     async def _scaled_to_zero(api: KubeApi, ctx: Context) -> bool:
-        live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+        config = kube_config(ctx)
+        live = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name, config.namespace)
         return live is not None and ours(live, ctx.record.run_id) and idle.scales_to_zero(live)
 
     @staticmethod
@@ -447,7 +451,7 @@ class KubernetesLayer(Layer):
             return None
 
     @staticmethod
-    def _gpu_node_check(config: RunConfig, nodes: list[dict[str, Any]], gpu: list[dict[str, Any]],
+    def _gpu_node_check(config: KubeConfig, nodes: list[dict[str, Any]], gpu: list[dict[str, Any]],
                         bound: list[dict[str, Any]] | None = None, *, run_id: str = "",
                         autoscaler: str | None = None) -> CheckResult:
         if not gpu:
@@ -491,7 +495,7 @@ class KubernetesLayer(Layer):
             remedy="--require-transport any runs without EFA" if problems and config.wants_efa() else None)
 
     @staticmethod
-    def _token_check(config: RunConfig) -> list[CheckResult]:
+    def _token_check(config: KubeConfig) -> list[CheckResult]:
         if not config.hf_token:
             return []
         try:
@@ -504,7 +508,7 @@ class KubernetesLayer(Layer):
 
     async def _foreign_objects(self, api: KubeApi, ctx: Context) -> list[CheckResult]:
         """A namespace or a RayCluster of our names that this run did not make: refused, never overwritten."""
-        config, run_id = ctx.config, ctx.record.run_id
+        config, run_id = kube_config(ctx), ctx.record.run_id
         out = []
         namespace = await api.get("v1", "Namespace", config.namespace)
         if namespace is not None and namespace["metadata"].get("deletionTimestamp"):
@@ -545,6 +549,7 @@ class KubernetesLayer(Layer):
     async def _operator_reach(api: KubeApi, ctx: Context) -> list[CheckResult]:
         """A KubeRay operator already running (rtui's for another run, or anyone's) that watches only
         other namespaces would never reconcile this run's RayCluster: said before anything is applied."""
+        config = kube_config(ctx)
         try:
             found = addons.find_kuberay_operator(await api.list("apps/v1", "Deployment"),
                                                  await list_if_served(api, "apiextensions.k8s.io/v1",
@@ -552,12 +557,12 @@ class KubernetesLayer(Layer):
         except UserError:
             return []  # the operator handler says what is wrong with it
         watched = None if found is None else addons.watched_namespaces(found)
-        if found is None or watched is None or ctx.config.namespace in watched:
+        if found is None or watched is None or config.namespace in watched:
             return []
         where = f"{found['metadata'].get('namespace')}/{found['metadata'].get('name')}"
         return [CheckResult(id="kube.operator-scope", title="KubeRay operator", status=CheckStatus.FAIL,
                             detail=f"the operator {where} watches only {', '.join(watched)}, "
-                                   f"not {ctx.config.namespace}",
+                                   f"not {config.namespace}",
                             remedy="run after the run that installed it is down (its last run removes it), or have "
                                    "one operator for every namespace (--operator-scope cluster on the first run)")]
 
@@ -567,18 +572,19 @@ class KubernetesLayer(Layer):
 
     async def jobs(self, ctx: Context) -> RayJobs | None:
         """The head's Jobs API through the API server, once this run's head pod is ready."""
+        config = kube_config(ctx)
         # lazy: the kubernetes client (~1 s) only when the cluster is reached; making the stack does without
         from targets.kube.k8s.access import Unreachable
         from targets.kube.k8s.head_route import head_jobs
 
         try:
             api = await cluster_api(ctx)
-            cluster = await api.get("ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+            cluster = await api.get("ray.io/v1", "RayCluster", config.cluster_name, config.namespace)
             if cluster is None or not ours(cluster, ctx.record.run_id):
                 return None
-            heads = await api.list("v1", "Pod", ctx.config.namespace,
-                                   ray_pods_selector(ctx.config.cluster_name, "head"))
-            token = await ray_token(api, ctx.config, ctx.record.run_id)
+            heads = await api.list("v1", "Pod", config.namespace,
+                                   ray_pods_selector(config.cluster_name, "head"))
+            token = await ray_token(api, config, ctx.record.run_id)
         except Unreachable:
             raise  # not "no Jobs API yet": the cluster cannot be asked at all (status says so, exit 1)
         except RtuiError:
@@ -590,9 +596,9 @@ class KubernetesLayer(Layer):
         # Ray refuses, and the refusal says so.
         auth = {manifests.RAY_TOKEN_HEADER: f"Bearer {token}"} if token else {}
         # A port-forward to the head, which no NetworkPolicy filters; the service proxy without the right.
-        return await head_jobs(api, ctx.config, ready[0]["metadata"]["name"], manifests.DASHBOARD_PORT,
-                               manifests.head_service_name(ctx.config), manifests.DASHBOARD_PORT_NAME, auth,
-                               network_policy_name(ctx.config))
+        return await head_jobs(api, config, ready[0]["metadata"]["name"], manifests.DASHBOARD_PORT,
+                               manifests.head_service_name(config), manifests.DASHBOARD_PORT_NAME, auth,
+                               network_policy_name(config))
 
     def job_env(self, ctx: Context) -> dict[str, str]:
         return {}
@@ -604,29 +610,31 @@ class KubernetesLayer(Layer):
 
     async def gpu_fleet(self, ctx: Context) -> GpuFleet | None:
         """GPU workers and nodes now (issue 26); the aws target prices its GPU nodegroup."""
+        config = kube_config(ctx)
         try:
             api = await cluster_api(ctx)
-            cluster = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name,
-                                          ctx.config.namespace)
+            cluster = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name,
+                                          config.namespace)
             if cluster is None or not ours(cluster, ctx.record.run_id):
                 return None
             mode = rights.known(api)
             if mode is not None and not mode.cluster_wide:
                 return None  # the GPU nodes are not visible with namespace rights: no line rather than a wrong one
-            fleet = await idle.gpu_fleet(api, ctx.config, cluster)
+            fleet = await idle.gpu_fleet(api, config, cluster)
         except RtuiError:
             return None
-        return replace(fleet, idle_timeout_s=ctx.config.idle_timeout_s(),
+        return replace(fleet, idle_timeout_s=config.idle_timeout_s(),
                        priced=self.below.gpu_nodes if self.below.gpu_nodes in ctx.record.resources else None)
 
     async def head_log(self, ctx: Context, *, since_time: str | None, follow: bool) -> AsyncIterator[str]:
+        config = kube_config(ctx)
         api = await cluster_api(ctx)
-        heads = await api.list("v1", "Pod", ctx.config.namespace, ray_pods_selector(ctx.config.cluster_name, "head"))
+        heads = await api.list("v1", "Pod", config.namespace, ray_pods_selector(config.cluster_name, "head"))
         if not heads:
-            raise OperationError(f"no head pod of RayCluster {ctx.config.cluster_name} in {ctx.config.namespace}",
+            raise OperationError(f"no head pod of RayCluster {config.cluster_name} in {config.namespace}",
                                  remedy="see `rtui status`")
         newest = max(heads, key=lambda p: p["metadata"].get("creationTimestamp") or "")
-        async for line in api.read_pod_log(ctx.config.namespace, newest["metadata"]["name"], "ray-head",
+        async for line in api.read_pod_log(config.namespace, newest["metadata"]["name"], "ray-head",
                                            since_time=since_time, follow=follow, timestamps=True):
             yield line
 
@@ -634,7 +642,7 @@ class KubernetesLayer(Layer):
         return None
 
 
-def every_object(config: RunConfig, run_id: str) -> tuple[list[manifests.Manifest], list[str]]:
+def every_object(config: KubeConfig, run_id: str) -> tuple[list[manifests.Manifest], list[str]]:
     """What ``rtui manifest`` prints: the Kubernetes objects of every resource of the run's plan, in the
     order it applies them, each from its handler's ``kube_objects``, the objects ``up`` applies for it
     (issue 38: a separate list here drifted from them); notes for what it cannot show (the CRDs come from

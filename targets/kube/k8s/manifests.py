@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from backend.config import RunConfig
 from backend.errors import UserError
+from targets.kube.config import KubeConfig
 from training.protocol import NODE_ENV
 
 Manifest = dict[str, Any]
@@ -70,12 +70,12 @@ def labels(run_id: str) -> dict[str, str]:
     return {MANAGED_BY_LABEL: MANAGED_BY, RUN_LABEL: run_id}
 
 
-def head_service_name(config: RunConfig) -> str:
+def head_service_name(config: KubeConfig) -> str:
     """KubeRay names the head service after the RayCluster; rtui creates no Service of its own."""
     return f"{config.cluster_name}-head-svc"
 
 
-def dashboard_proxy_path(config: RunConfig) -> str:
+def dashboard_proxy_path(config: KubeConfig) -> str:
     """The Jobs API through the API server's service proxy: no port opened outside the cluster."""
     return (f"/api/v1/namespaces/{config.namespace}/services/"
             f"{head_service_name(config)}:{DASHBOARD_PORT_NAME}/proxy/")
@@ -90,7 +90,7 @@ def pinned_image(image: str, digest: str | None) -> str:
     return f"{image.split('@', 1)[0]}@{digest}"
 
 
-def worker_resources(config: RunConfig, efa_interfaces: int = 1) -> dict[str, str]:
+def worker_resources(config: KubeConfig, efa_interfaces: int = 1) -> dict[str, str]:
     """Requests and limits of a GPU worker; the same dict for both keeps the pod Guaranteed.
     ``efa_interfaces``: the node's EFA interfaces (one per network card), all for its one worker."""
     gpus = config.gpus_per_node
@@ -105,7 +105,7 @@ def worker_resources(config: RunConfig, efa_interfaces: int = 1) -> dict[str, st
     return out
 
 
-def worker_env(config: RunConfig) -> dict[str, str]:
+def worker_env(config: KubeConfig) -> dict[str, str]:
     if config.wants_efa():
         return dict(WORKER_ENV)
     return {k: v for k, v in WORKER_ENV.items() if k not in ("FI_PROVIDER", "NCCL_NET_PLUGIN")}
@@ -114,11 +114,11 @@ def worker_env(config: RunConfig) -> dict[str, str]:
 HF_TOKEN_KEY = "HF_TOKEN"
 
 
-def hf_token_secret_name(config: RunConfig) -> str:
+def hf_token_secret_name(config: KubeConfig) -> str:
     return f"{config.cluster_name}-hf-token"
 
 
-def secret(config: RunConfig, run_id: str, name: str, key: str, value: str) -> Manifest:
+def secret(config: KubeConfig, run_id: str, name: str, key: str, value: str) -> Manifest:
     """A Secret of the run in its namespace holding ``value`` under ``key``: built in memory when it is
     applied, never written anywhere else."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
@@ -126,12 +126,12 @@ def secret(config: RunConfig, run_id: str, name: str, key: str, value: str) -> M
             "stringData": {key: value}}
 
 
-def hf_token_secret(config: RunConfig, run_id: str, token: str) -> Manifest:
+def hf_token_secret(config: KubeConfig, run_id: str, token: str) -> Manifest:
     """The Secret the pods read the Hugging Face token from."""
     return secret(config, run_id, hf_token_secret_name(config), HF_TOKEN_KEY, token)
 
 
-def _token_env(config: RunConfig) -> list[Manifest]:
+def _token_env(config: KubeConfig) -> list[Manifest]:
     if not config.hf_token:
         return []
     return [{"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": {"name": hf_token_secret_name(config),
@@ -147,16 +147,16 @@ RAY_TOKEN_KEY = "auth_token"
 RAY_TOKEN_HEADER = "X-Ray-Authorization"
 
 
-def ray_token_secret_name(config: RunConfig) -> str:
+def ray_token_secret_name(config: KubeConfig) -> str:
     return f"{config.cluster_name}-ray-token"
 
 
-def ray_token_secret(config: RunConfig, run_id: str, token: str) -> Manifest:
+def ray_token_secret(config: KubeConfig, run_id: str, token: str) -> Manifest:
     """The Secret holding the Ray cluster's auth token."""
     return secret(config, run_id, ray_token_secret_name(config), RAY_TOKEN_KEY, token)
 
 
-def with_token_auth(config: RunConfig, cluster: Manifest) -> Manifest:
+def with_token_auth(config: KubeConfig, cluster: Manifest) -> Manifest:
     """The RayCluster with Ray's token auth on: ``authOptions`` naming our Secret (KubeRay then creates
     none of its own), so the dashboard, the Jobs API and the GCS take no request without the token.
 
@@ -175,7 +175,7 @@ JOB_ENV_VOLUME = "rtui-job-env"
 JOB_ENV_MOUNT = "/var/run/rtui/job-env"
 
 
-def job_env_secret_name(config: RunConfig) -> str:
+def job_env_secret_name(config: KubeConfig) -> str:
     return f"{config.cluster_name}-job-env"
 
 
@@ -183,12 +183,12 @@ def job_env_file() -> str:
     return f"{JOB_ENV_MOUNT}/{JOB_ENV_KEY}"
 
 
-def job_env_secret(config: RunConfig, run_id: str, values: dict[str, str]) -> Manifest:
+def job_env_secret(config: KubeConfig, run_id: str, values: dict[str, str]) -> Manifest:
     """The Secret holding the ``--job-env`` values (JSON, as training.passed_env reads it)."""
     return secret(config, run_id, job_env_secret_name(config), JOB_ENV_KEY, json.dumps(values, sort_keys=True))
 
 
-def with_job_env_mount(config: RunConfig, cluster: Manifest) -> Manifest:
+def with_job_env_mount(config: KubeConfig, cluster: Manifest) -> Manifest:
     """The RayCluster with the job-env Secret mounted read-only in every Ray container (``optional``:
     a pod starts before or without it; the kubelet fills the volume once it exists)."""
     spec = cluster["spec"]
@@ -209,7 +209,7 @@ READ_WRITE_MANY = "ReadWriteMany"
 READ_WRITE_ONCE = "ReadWriteOnce"
 
 
-def data_claim_name(config: RunConfig) -> str:
+def data_claim_name(config: KubeConfig) -> str:
     return f"{config.cluster_name}-data"
 
 
@@ -218,7 +218,7 @@ def job_storage_path(run_id: str) -> str:
     return f"{DATA_MOUNT}/{run_id}"
 
 
-def data_claim(config: RunConfig, run_id: str, access_mode: str = READ_WRITE_MANY) -> Manifest:
+def data_claim(config: KubeConfig, run_id: str, access_mode: str = READ_WRITE_MANY) -> Manifest:
     """The run's PersistentVolumeClaim: no ``storageClassName``, so the cluster's default StorageClass
     provisions it (the DefaultStorageClass admission plugin fills the field in; kubernetes.io/docs/
     concepts/storage/persistent-volumes/ "Class"). ReadWriteMany: the head (Ray Train's controller
@@ -228,7 +228,7 @@ def data_claim(config: RunConfig, run_id: str, access_mode: str = READ_WRITE_MAN
             "spec": {"accessModes": [access_mode], "resources": {"requests": {"storage": config.storage_size}}}}
 
 
-def with_data_volume(config: RunConfig, cluster: Manifest) -> Manifest:
+def with_data_volume(config: KubeConfig, cluster: Manifest) -> Manifest:
     """The RayCluster with the run's claim mounted at ``DATA_MOUNT`` in every Ray container."""
     spec = cluster["spec"]
     for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
@@ -248,7 +248,7 @@ RAY_PODS = "ray-pods"
 RAY_WORKERS = "ray-workers"
 
 
-def worker_service_account_name(config: RunConfig) -> str:
+def worker_service_account_name(config: KubeConfig) -> str:
     """The workers' own account, when the run has no storage identity for them to share."""
     return f"{config.cluster_name}-ray-worker"
 
@@ -365,7 +365,7 @@ def with_pod_security(cluster: Manifest, image: str) -> Manifest:
     return cluster
 
 
-def namespace(config: RunConfig, run_id: str) -> Manifest:
+def namespace(config: KubeConfig, run_id: str) -> Manifest:
     """The run's namespace, which rtui creates (it never adopts one): ours, and Pod Security's labels."""
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": config.namespace, "labels": {**labels(run_id), **pod_security_labels()}}}
@@ -386,7 +386,7 @@ def _node_name_env() -> Manifest:
     return {"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 
 
-def _head_group(config: RunConfig, run_id: str, image: str) -> Manifest:
+def _head_group(config: KubeConfig, run_id: str, image: str) -> Manifest:
     volume, mount = _ray_tmp_volume()
     resources = {"cpu": HEAD_CPU, "memory": HEAD_MEMORY}
     # "The system node" is any node without GPUs: a kube cluster's CPU nodes carry no label
@@ -416,7 +416,7 @@ def _head_group(config: RunConfig, run_id: str, image: str) -> Manifest:
     }
 
 
-def _worker_group(config: RunConfig, run_id: str, image: str, efa_interfaces: int = 1) -> Manifest:
+def _worker_group(config: KubeConfig, run_id: str, image: str, efa_interfaces: int = 1) -> Manifest:
     volume, mount = _ray_tmp_volume()
     resources = worker_resources(config, efa_interfaces)
     count = config.gpu_node_count
@@ -456,7 +456,7 @@ def _worker_group(config: RunConfig, run_id: str, image: str, efa_interfaces: in
 AUTOSCALER_VERSION = "v2"
 
 
-def idle_scaling(config: RunConfig, spec: Manifest) -> Manifest:
+def idle_scaling(config: KubeConfig, spec: Manifest) -> Manifest:
     """``spec`` with KubeRay's in-tree autoscaler on when ``--idle-minutes`` is not 0 (issue 26).
 
     The operator then adds the autoscaler as a sidecar of the head pod and makes its ServiceAccount,
@@ -481,7 +481,7 @@ def idle_scaling(config: RunConfig, spec: Manifest) -> Manifest:
             "workerGroupSpecs": groups}
 
 
-def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = None,
+def raycluster(config: KubeConfig, run_id: str, *, image_digest: str | None = None,
                efa_interfaces: int = 1, service_account: str | None = None) -> Manifest:
     """The RayCluster for KubeRay (``ray.io/v1``): one head, ``gpu_node_count`` GPU workers, each asking
     for its node's ``efa_interfaces``; idle workers go when ``--idle-minutes`` says so. With
@@ -503,7 +503,7 @@ def raycluster(config: RunConfig, run_id: str, *, image_digest: str | None = Non
     return with_data_volume(config, cluster) if config.storage_size else cluster
 
 
-def manifests(config: RunConfig, run_id: str, *, image_digest: str | None = None) -> list[Manifest]:
+def manifests(config: KubeConfig, run_id: str, *, image_digest: str | None = None) -> list[Manifest]:
     """Every object rtui applies for a run, in the order they can be created."""
     return [namespace(config, run_id), raycluster(config, run_id, image_digest=image_digest)]
 
@@ -521,7 +521,7 @@ def yaml_stream(objects: list[Manifest]) -> str:
 PREPULL_NAME_SUFFIX = "image-prepull"
 
 
-def image_prepull(config: RunConfig, run_id: str, *, image_digest: str | None = None,
+def image_prepull(config: KubeConfig, run_id: str, *, image_digest: str | None = None,
                   gpu_nodes: Sequence[str] = ()) -> Manifest:
     """A DaemonSet that only pulls the Ray image, on the nodes the GPU workers can use.
 

@@ -28,13 +28,13 @@ from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.kube.config import KubeConfig, kube_config
 from targets.kube.k8s import manifests, pods
 from targets.kube.k8s.handlers import LAYER, RAYCLUSTER, KubeHandler, object_id, ours, pod_report
 from targets.kube.k8s.raycluster import ray_pods_selector
 from targets.kube.k8s.security import NETWORK_POLICY
 
 if TYPE_CHECKING:
-    from backend.config import RunConfig
     from targets.kube.k8s.access import KubeApi
 
 PROBE = "k8s.probe.netpol"
@@ -89,11 +89,11 @@ def verdict_line(verdict: Enforcement, detail: str) -> str:
     return f"NetworkPolicy enforcement unconfirmed: {detail}"
 
 
-def probe_pod_prefix(config: RunConfig) -> str:
+def probe_pod_prefix(config: KubeConfig) -> str:
     return f"{config.cluster_name}-netpol-probe"
 
 
-def verdict_name(config: RunConfig) -> str:
+def verdict_name(config: KubeConfig) -> str:
     return f"{config.cluster_name}-netpol-verdict"
 
 
@@ -101,7 +101,7 @@ def probe_selector(run_id: str) -> str:
     return f"{manifests.RUN_LABEL}={run_id},{ROLE_LABEL}={PROBE_ROLE}"
 
 
-def probe_pod(config: RunConfig, run_id: str, name: str, image: str, node: str | None, target_ip: str,
+def probe_pod(config: KubeConfig, run_id: str, name: str, image: str, node: str | None, target_ip: str,
               port: int = GCS_PORT) -> manifests.Manifest:
     """The probe pod: labelled the run's, never a Ray pod's (the policy must not admit it), restricted."""
     tiny = {"cpu": "50m", "memory": "64Mi"}
@@ -130,7 +130,7 @@ def probe_pod(config: RunConfig, run_id: str, name: str, image: str, node: str |
             "spec": spec}
 
 
-def verdict_map(config: RunConfig, run_id: str, verdict: Enforcement, detail: str) -> manifests.Manifest:
+def verdict_map(config: KubeConfig, run_id: str, verdict: Enforcement, detail: str) -> manifests.Manifest:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": verdict_name(config), "namespace": config.namespace,
                          "labels": {**manifests.labels(run_id), ROLE_LABEL: PROBE_ROLE}},
@@ -160,15 +160,16 @@ class NetworkPolicyProbeHandler(KubeHandler):
     expected_s = 10.0
 
     async def _probe_pods(self, api: KubeApi, ctx: Context) -> list[manifests.Manifest]:
-        found = await api.list("v1", "Pod", ctx.config.namespace, probe_selector(ctx.record.run_id))
+        found = await api.list("v1", "Pod", kube_config(ctx).namespace, probe_selector(ctx.record.run_id))
         # Checked here too (a list may ignore the selector); one already being deleted is not left over.
         return [p for p in found if ours(p, ctx.record.run_id)
                 and (p["metadata"].get("labels") or {}).get(ROLE_LABEL) == PROBE_ROLE
                 and not p["metadata"].get("deletionTimestamp")]
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
+        config = kube_config(ctx)
         left = [p["metadata"]["name"] for p in await self._probe_pods(api, ctx)]
-        live = await api.get("v1", "ConfigMap", verdict_name(ctx.config), ctx.config.namespace)
+        live = await api.get("v1", "ConfigMap", verdict_name(config), config.namespace)
         if live is not None and not ours(live, ctx.record.run_id):
             live = None
         if live is None and not left:
@@ -181,7 +182,7 @@ class NetworkPolicyProbeHandler(KubeHandler):
         if live is None or verdict is None or left:
             why = f"a probe pod left behind ({left[0]})" if left else "no verdict recorded"
             return Observed(address=PROBE, layer=LAYER, kind=self.kind,
-                            id=object_id(live) if live is not None else f"Pod/{ctx.config.namespace}/{left[0]}",
+                            id=object_id(live) if live is not None else f"Pod/{config.namespace}/{left[0]}",
                             state={"pods": left}, depends_on=(NETWORK_POLICY, RAYCLUSTER), healthy=False, reason=why)
         return Observed(address=PROBE, layer=LAYER, kind=self.kind, id=object_id(live),
                         state={"verdict": verdict.value, "pods": []}, depends_on=(NETWORK_POLICY, RAYCLUSTER),
@@ -193,7 +194,7 @@ class NetworkPolicyProbeHandler(KubeHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        config = ctx.config
+        config = kube_config(ctx)
         for left in await self._probe_pods(api, ctx):
             await api.delete("v1", "Pod", left["metadata"]["name"], config.namespace)
         verdict, detail = await self._try(api, ctx, want)
@@ -205,7 +206,7 @@ class NetworkPolicyProbeHandler(KubeHandler):
 
     async def _try(self, api: KubeApi, ctx: Context, want: Resource) -> tuple[Enforcement, str]:
         """Run one probe pod against the head and read its verdict (unconfirmed where it could not tell)."""
-        config = ctx.config
+        config = kube_config(ctx)
         heads = [p for p in await api.list("v1", "Pod", config.namespace,
                                            ray_pods_selector(config.cluster_name, "head"))
                  if pods.pod_running(p) and (p.get("status") or {}).get("podIP")]
@@ -239,11 +240,12 @@ class NetworkPolicyProbeHandler(KubeHandler):
         return read_verdict(lines, phase, target)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        config = kube_config(ctx)
         api = self.api(ctx)
         for left in await self._probe_pods(api, ctx):
-            await api.delete("v1", "Pod", left["metadata"]["name"], ctx.config.namespace)
+            await api.delete("v1", "Pod", left["metadata"]["name"], config.namespace)
             yield Progress(f"deleted the probe pod {left['metadata']['name']}")
-        live = await api.get("v1", "ConfigMap", verdict_name(ctx.config), ctx.config.namespace)
+        live = await api.get("v1", "ConfigMap", verdict_name(config), config.namespace)
         if live is not None and ours(live, ctx.record.run_id):
-            await api.delete("v1", "ConfigMap", verdict_name(ctx.config), ctx.config.namespace)
+            await api.delete("v1", "ConfigMap", verdict_name(config), config.namespace)
             yield Progress(f"deleted {object_id(live)}")

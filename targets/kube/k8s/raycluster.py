@@ -17,6 +17,7 @@ from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.kube.config import kube_config
 from targets.kube.k8s import admission, idle, manifests, pods, rights
 from targets.kube.k8s.handlers import (
     EFA_PLUGIN,
@@ -102,17 +103,19 @@ class Unscheduled:
 
 async def _ray_pods_refused(api: KubeApi, ctx: Context) -> admission.Refusal | None:
     """Why KubeRay could not create the run's Ray pods, when the API server refused them."""
-    live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+    config = kube_config(ctx)
+    live = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name, config.namespace)
     if live is None:
         return None
-    return await admission.refused(api, ctx.config.namespace, ctx.config.cluster_name, raycluster=live)
+    return await admission.refused(api, config.namespace, config.cluster_name, raycluster=live)
 
 
 async def refuse_if_refused(ctx: Context, refusal: admission.Refusal | None) -> None:
     """Stop at once on a refusal: its controller retries, and every retry is refused the same way."""
+    config = kube_config(ctx)
     if refusal is not None:
-        raise UserError(refusal.line(ctx.config.namespace),
-                        remedy=refusal.remedy(ctx.config.namespace, ctx.config.ray_version))
+        raise UserError(refusal.line(config.namespace),
+                        remedy=refusal.remedy(config.namespace, config.ray_version))
 
 
 class PrepullHandler(KubeHandler):
@@ -122,7 +125,7 @@ class PrepullHandler(KubeHandler):
     updatable = True
 
     def objects(self, ctx: Context, want: Resource, gpu_node_names: list[str] | None = None) -> list[Manifest]:
-        return [manifests.image_prepull(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"),
+        return [manifests.image_prepull(kube_config(ctx), ctx.record.run_id, image_digest=want.spec.get("digest"),
                                         gpu_nodes=gpu_node_names or ())]
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
@@ -130,8 +133,9 @@ class PrepullHandler(KubeHandler):
         return self.objects(ctx, want)
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        name = f"{ctx.config.cluster_name}-{manifests.PREPULL_NAME_SUFFIX}"
-        live = await api.get("apps/v1", "DaemonSet", name, ctx.config.namespace)
+        config = kube_config(ctx)
+        name = f"{config.cluster_name}-{manifests.PREPULL_NAME_SUFFIX}"
+        live = await api.get("apps/v1", "DaemonSet", name, config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None
         status = live.get("status") or {}
@@ -147,6 +151,7 @@ class PrepullHandler(KubeHandler):
         return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = kube_config(ctx)
         api = self.api(ctx)
         mode = rights.known(api)
         # The GPU nodes by name too (many carry no GPU label, only allocatable GPUs); with namespace rights
@@ -164,14 +169,14 @@ class PrepullHandler(KubeHandler):
             want_n, ready_n = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
             if live is not None and status.get("currentNumberScheduled", 0) < want_n:
                 await refuse_if_refused(ctx, await admission.refused(
-                    api, ctx.config.namespace, daemonset["metadata"]["name"], what="the pre-pull's pods"))
+                    api, config.namespace, daemonset["metadata"]["name"], what="the pre-pull's pods"))
             # The controller saw this generation and found no node for it (no GPU node yet, say): nothing
             # to wait for here; the workers' nodes pull the image as they start.
             seen = live is not None and status.get("observedGeneration", 0) >= live["metadata"].get("generation", 1)
             if seen and want_n == 0:
                 return Look(True, "no GPU node to pull onto yet: each pulls the image as its worker starts", 1.0)
-            problem = await pod_report(api, ctx.config.namespace,
-                                       await api.list("v1", "Pod", ctx.config.namespace, label))
+            problem = await pod_report(api, config.namespace,
+                                       await api.list("v1", "Pod", config.namespace, label))
             message = problem.message if problem else f"image on {ready_n}/{want_n} nodes"
             done = live is not None and want_n > 0 and ready_n >= want_n
             return Look(done, message, ready_n / want_n if want_n else None, unscheduled.fatal(problem))
@@ -200,7 +205,7 @@ class RayClusterHandler(KubeHandler):
     updatable = True  # "update" waits again for a head that is not ready; a new spec replaces
 
     def manifest(self, ctx: Context, want: Resource) -> Manifest:
-        obj = manifests.raycluster(ctx.config, ctx.record.run_id, image_digest=want.spec.get("digest"),
+        obj = manifests.raycluster(kube_config(ctx), ctx.record.run_id, image_digest=want.spec.get("digest"),
                                    efa_interfaces=int(want.spec.get("efa_interfaces") or 1),
                                    service_account=want.spec.get("service_account"))
         obj["metadata"]["annotations"] = {SPEC_ANNOTATION: json.dumps(want.spec, sort_keys=True)}
@@ -210,14 +215,15 @@ class RayClusterHandler(KubeHandler):
         return [self.manifest(ctx, want)]
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        live = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+        config = kube_config(ctx)
+        live = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name, config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None  # someone else's RayCluster of this name: preflight refuses it
         try:
             state = json.loads(live["metadata"].get("annotations", {}).get(SPEC_ANNOTATION, "{}"))
         except ValueError:
             state = {}
-        heads = await api.list("v1", "Pod", ctx.config.namespace, ray_pods_selector(ctx.config.cluster_name, "head"))
+        heads = await api.list("v1", "Pod", config.namespace, ray_pods_selector(config.cluster_name, "head"))
         ready = any(pods.pod_ready(p) for p in heads)
         # Teardown order: everything the pods used outlives them (job, RayCluster; then the rest).
         return Observed(address=RAYCLUSTER, layer=LAYER, kind=self.kind, id=object_id(live), state=state,
@@ -236,6 +242,7 @@ class RayClusterHandler(KubeHandler):
         return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = kube_config(ctx)
         api = self.api(ctx)
         obj = self.manifest(ctx, want)
         mode = rights.known(api)
@@ -244,14 +251,14 @@ class RayClusterHandler(KubeHandler):
                 yield p
         live = await api.get(*ref(obj))
         if live is not None and not ours(live, ctx.record.run_id):
-            raise UserError(f"a RayCluster {ctx.config.cluster_name} in namespace {ctx.config.namespace} "
+            raise UserError(f"a RayCluster {config.cluster_name} in namespace {config.namespace} "
                             "exists and is not this run's: rtui never overwrites it",
                             remedy="choose another --cluster-name")
         await api.apply(obj)
         ctx.ledger.update(want.address, id=object_id(obj),
                           outputs={"image": want.spec.get("image"), "digest": want.spec.get("digest"),
-                                   "ray_version": ctx.config.ray_version,
-                                   "kuberay_version": ctx.config.kuberay_version})
+                                   "ray_version": config.ray_version,
+                                   "kuberay_version": config.kuberay_version})
         yield Progress(f"applied {object_id(obj)}", 0.2)
         async for p in self._wait_head(api, ctx):
             yield p
@@ -261,34 +268,36 @@ class RayClusterHandler(KubeHandler):
             yield p
 
     async def _wait_head(self, api: KubeApi, ctx: Context) -> AsyncIterator[Progress]:
-        selector = ray_pods_selector(ctx.config.cluster_name, "head")
+        config = kube_config(ctx)
+        selector = ray_pods_selector(config.cluster_name, "head")
 
         async def head_ready() -> Look:
-            heads = await api.list("v1", "Pod", ctx.config.namespace, selector)
+            heads = await api.list("v1", "Pod", config.namespace, selector)
             if not heads:
                 await refuse_if_refused(ctx, await _ray_pods_refused(api, ctx))
                 return Look(False, "waiting for KubeRay to create the head pod", 0.3)
             if any(pods.pod_ready(p) for p in heads):
                 return Look(True, "head ready", 1.0)
-            problem = await pod_report(api, ctx.config.namespace, heads)
+            problem = await pod_report(api, config.namespace, heads)
             return Look(False, problem.message if problem else f"head pod {heads[0]['metadata']['name']} starting",
                          0.5, unscheduled.fatal(problem))
 
         unscheduled = Unscheduled()
 
         async for p in wait_until(head_ready, what="the Ray head", timeout_s=PULL_TIMEOUT_S,
-                                remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):
+                                remedy=f"see `kubectl -n {config.namespace} describe pod -l {selector}`"):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
+        config = kube_config(ctx)
         api = self.api(ctx)
         want = Resource(address=RAYCLUSTER, layer=LAYER, kind=self.kind)
         async for p in delete_ours(api, ctx, [self.manifest(ctx, want)]):
             yield p
-        selector = ray_pods_selector(ctx.config.cluster_name)
+        selector = ray_pods_selector(config.cluster_name)
 
         async def pods_gone() -> Look:
-            left = await api.list("v1", "Pod", ctx.config.namespace, selector)
+            left = await api.list("v1", "Pod", config.namespace, selector)
             return Look(not left, f"{len(left)} Ray pods terminating" if left else "every Ray pod gone")
 
         async for p in wait_until(pods_gone, what="the Ray pods going", timeout_s=600.0):
@@ -306,18 +315,19 @@ class WorkersHandler(KubeHandler):
     follows_dependencies = False  # pods, not an object of ours: KubeRay makes them again
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        cluster = await get_if_served(api, "ray.io/v1", "RayCluster", ctx.config.cluster_name, ctx.config.namespace)
+        config = kube_config(ctx)
+        cluster = await get_if_served(api, "ray.io/v1", "RayCluster", config.cluster_name, config.namespace)
         if cluster is None or not ours(cluster, ctx.record.run_id):
             return None
-        workers = await api.list("v1", "Pod", ctx.config.namespace,
-                                 ray_pods_selector(ctx.config.cluster_name, "worker"))
+        workers = await api.list("v1", "Pod", config.namespace,
+                                 ray_pods_selector(config.cluster_name, "worker"))
         running = sum(pods.pod_running(p) for p in workers)
-        want = ctx.config.gpu_node_count
+        want = config.gpu_node_count
         # Scaled down while idle (issue 26): as it should be. The job's placement group brings the
         # workers back through Ray's autoscaler; waiting for them here would wait for nobody.
         idle_down = running < want and idle.scales_to_zero(cluster)
         return Observed(address=WORKERS, layer=LAYER, kind=self.kind, id=object_id(cluster),
-                        state={"nodes": want, "gpus_per_node": ctx.config.gpus_per_node},
+                        state={"nodes": want, "gpus_per_node": config.gpus_per_node},
                         depends_on=(RAYCLUSTER,), healthy=running >= want or idle_down,
                         reason=f"{running}/{want} workers running"
                                + (": scaled down while idle, the job scales them up" if idle_down else ""))
@@ -326,45 +336,47 @@ class WorkersHandler(KubeHandler):
         return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = kube_config(ctx)
         api = self.api(ctx)
-        count = ctx.config.gpu_node_count
+        count = config.gpu_node_count
         mode = rights.known(api)
         if mode is not None and not mode.cluster_wide:  # nodes are not visible: the pods' state says it all
             yield Progress("the GPU nodes are not visible with namespace rights: waiting for the workers", 0.2)
         else:
             async for p in self._nodes_check(api, ctx):
                 yield p
-        selector = ray_pods_selector(ctx.config.cluster_name, "worker")
+        selector = ray_pods_selector(config.cluster_name, "worker")
 
         async def running() -> Look:
-            workers = await api.list("v1", "Pod", ctx.config.namespace, selector)
+            workers = await api.list("v1", "Pod", config.namespace, selector)
             up = sum(pods.pod_running(p) for p in workers)
             if up >= count:
                 return Look(True, f"{up}/{count} workers running", 1.0)
             if len(workers) < count:  # pods missing: KubeRay may have been refused them
                 await refuse_if_refused(ctx, await _ray_pods_refused(api, ctx))
-            problem = await pod_report(api, ctx.config.namespace, workers)
+            problem = await pod_report(api, config.namespace, workers)
             return Look(False, problem.message if problem else f"{up}/{count} workers running",
                          0.2 + 0.8 * up / count, unscheduled.fatal(problem))
 
         unscheduled = Unscheduled()
 
         async for p in wait_until(running, what="the GPU workers", timeout_s=PULL_TIMEOUT_S,
-                                remedy=f"see `kubectl -n {ctx.config.namespace} describe pod -l {selector}`"):
+                                remedy=f"see `kubectl -n {config.namespace} describe pod -l {selector}`"):
             yield p
 
     async def _nodes_check(self, api: KubeApi, ctx: Context) -> AsyncIterator[Progress]:
+        config = kube_config(ctx)
         yield Progress("checking what the GPU nodes advertise", 0.1)
-        problems = pods.allocatable_problems(await api.list("v1", "Node"), gpus_per_node=ctx.config.gpus_per_node,
-                                             node_count=ctx.config.gpu_node_count,
-                                             require_efa=ctx.config.wants_efa(),
-                                             requests=manifests.worker_resources(ctx.config))
+        problems = pods.allocatable_problems(await api.list("v1", "Node"), gpus_per_node=config.gpus_per_node,
+                                             node_count=config.gpu_node_count,
+                                             require_efa=config.wants_efa(),
+                                             requests=manifests.worker_resources(config))
         if problems:
             hint = (" (or --require-transport any to run over TCP)"
-                    if ctx.config.wants_efa() and any(manifests.EFA_RESOURCE in p for p in problems) else "")
+                    if config.wants_efa() and any(manifests.EFA_RESOURCE in p for p in problems) else "")
             raise OperationError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
                                  remedy=f"fix the node, or change --gpu-node-count / --gpus-per-node{hint}")
-        yield Progress(f"{len(await gpu_nodes(api))} GPU nodes advertise what {ctx.config.gpu_node_count} workers "
+        yield Progress(f"{len(await gpu_nodes(api))} GPU nodes advertise what {config.gpu_node_count} workers "
                        "need", 0.2)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:

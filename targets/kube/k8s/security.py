@@ -21,11 +21,11 @@ from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context
 from backend.model import Action, Observed, Resource
 from backend.runner import Progress
+from targets.kube.config import KubeConfig, kube_config
 from targets.kube.k8s import manifests, rights
 from targets.kube.k8s.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
 
 if TYPE_CHECKING:
-    from backend.config import RunConfig
     from targets.kube.k8s.access import KubeApi
 
 RAY_TOKEN = "k8s.secret.ray-token"
@@ -44,7 +44,7 @@ def secret_value(secret: manifests.Manifest | None, key: str) -> str | None:
         return None
 
 
-async def ray_token(api: KubeApi, config: RunConfig, run_id: str) -> str | None:
+async def ray_token(api: KubeApi, config: KubeConfig, run_id: str) -> str | None:
     """The run's Ray token from its Secret; None when there is none of this run's."""
     live = await api.get("v1", "Secret", manifests.ray_token_secret_name(config), config.namespace)
     if live is None or not ours(live, run_id):
@@ -58,8 +58,9 @@ class RayTokenHandler(KubeHandler):
     expected_s = 1.0
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        name = manifests.ray_token_secret_name(ctx.config)
-        live = await api.get("v1", "Secret", name, ctx.config.namespace)
+        config = kube_config(ctx)
+        name = manifests.ray_token_secret_name(config)
+        live = await api.get("v1", "Secret", name, config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None
         usable = secret_value(live, manifests.RAY_TOKEN_KEY) is not None
@@ -72,20 +73,21 @@ class RayTokenHandler(KubeHandler):
         return (Action.NOOP, have.reason) if have.healthy else (Action.REPLACE, have.reason)
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
-        return [manifests.ray_token_secret(ctx.config, ctx.record.run_id, "<random, made when applied>")]
+        return [manifests.ray_token_secret(kube_config(ctx), ctx.record.run_id, "<random, made when applied>")]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = kube_config(ctx)
         api = self.api(ctx)
-        if await ray_token(api, ctx.config, ctx.record.run_id) is None:
+        if await ray_token(api, config, ctx.record.run_id) is None:
             (secret,) = self.kube_objects(ctx, want)
             secret["stringData"] = {manifests.RAY_TOKEN_KEY: secrets.token_urlsafe(TOKEN_BYTES)}
             await api.apply(secret)
-        ctx.ledger.update(want.address, id=f"Secret/{ctx.config.namespace}/"
-                                           f"{manifests.ray_token_secret_name(ctx.config)}")
+        ctx.ledger.update(want.address, id=f"Secret/{config.namespace}/"
+                                           f"{manifests.ray_token_secret_name(config)}")
         yield Progress("Ray's auth token stored in the cluster", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        secret = manifests.ray_token_secret(ctx.config, ctx.record.run_id, "")
+        secret = manifests.ray_token_secret(kube_config(ctx), ctx.record.run_id, "")
         async for p in delete_ours(self.api(ctx), ctx, [secret]):
             yield p
 
@@ -106,11 +108,11 @@ VPC_CNI = "aws-node"
 VPC_CNI_POLICY_AGENT_FLAG = "--enable-network-policy=true"
 
 
-def network_policy_name(config: RunConfig) -> str:
+def network_policy_name(config: KubeConfig) -> str:
     return f"{config.cluster_name}-ray"
 
 
-def network_policy(config: RunConfig, run_id: str, apiserver: list[str]) -> manifests.Manifest:
+def network_policy(config: KubeConfig, run_id: str, apiserver: list[str]) -> manifests.Manifest:
     """Ingress to the Ray pods only from each other (any port: GCS, object store, workers) and from the
     API server's addresses (``apiserver``: CIDRs) to the dashboard port, for its service proxy: rtui's
     fallback when it may not port-forward (portforward.py; a port-forward passes no policy). Egress
@@ -175,7 +177,8 @@ class NetworkPolicyHandler(KubeHandler):
     updatable = True
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        live = await api.get(NETWORK_POLICY_API, "NetworkPolicy", network_policy_name(ctx.config), ctx.config.namespace)
+        config = kube_config(ctx)
+        live = await api.get(NETWORK_POLICY_API, "NetworkPolicy", network_policy_name(config), config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None
         have, now = _policy_cidrs(live), await apiserver_cidrs(api)
@@ -190,7 +193,7 @@ class NetworkPolicyHandler(KubeHandler):
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
         """Without the API server's addresses: read when applied (`rtui manifest` says so)."""
-        return [network_policy(ctx.config, ctx.record.run_id, [])]
+        return [network_policy(kube_config(ctx), ctx.record.run_id, [])]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -200,7 +203,7 @@ class NetworkPolicyHandler(KubeHandler):
                 f"cannot read the API server's addresses (Endpoints {'/'.join(APISERVER_ENDPOINTS)}), which the "
                 "NetworkPolicy must admit for rtui to reach Ray through the API server",
                 remedy="check that your credentials may get endpoints in the default namespace")
-        policy = network_policy(ctx.config, ctx.record.run_id, cidrs)
+        policy = network_policy(kube_config(ctx), ctx.record.run_id, cidrs)
         await api.apply(policy)
         ctx.ledger.update(want.address, id=object_id(policy))
         yield Progress(f"Ray pods admit each other and the API server ({', '.join(cidrs)})", 1.0)
@@ -210,7 +213,7 @@ class NetworkPolicyHandler(KubeHandler):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        async for p in delete_ours(self.api(ctx), ctx, [network_policy(ctx.config, ctx.record.run_id, [])]):
+        async for p in delete_ours(self.api(ctx), ctx, [network_policy(kube_config(ctx), ctx.record.run_id, [])]):
             yield p
 
 
@@ -218,7 +221,7 @@ class NetworkPolicyHandler(KubeHandler):
 JOB_ENV = "k8s.secret.job-env"
 
 
-def _job_env_values(config: RunConfig) -> dict[str, str]:
+def _job_env_values(config: KubeConfig) -> dict[str, str]:
     return passed_env_values(build_job_spec(config))
 
 
@@ -232,7 +235,8 @@ class JobEnvHandler(KubeHandler):
     updatable = True
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        live = await api.get("v1", "Secret", manifests.job_env_secret_name(ctx.config), ctx.config.namespace)
+        config = kube_config(ctx)
+        live = await api.get("v1", "Secret", manifests.job_env_secret_name(config), config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None
         try:
@@ -241,7 +245,7 @@ class JobEnvHandler(KubeHandler):
             stored = None
         names = sorted(stored) if isinstance(stored, dict) else []
         try:
-            current = stored == _job_env_values(ctx.config)
+            current = stored == _job_env_values(config)
         except UserError:  # a variable not set here (status, down): nothing to compare with
             current = True
         return Observed(address=JOB_ENV, layer=LAYER, kind=self.kind, id=object_id(live), state={"names": names},
@@ -254,12 +258,13 @@ class JobEnvHandler(KubeHandler):
         return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
-        return [manifests.job_env_secret(ctx.config, ctx.record.run_id, {
+        return [manifests.job_env_secret(kube_config(ctx), ctx.record.run_id, {
             str(n): "<read from rtui's environment when applied>" for n in want.spec.get("names") or []})]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        values = _job_env_values(ctx.config)
-        secret = manifests.job_env_secret(ctx.config, ctx.record.run_id, values)
+        config = kube_config(ctx)
+        values = _job_env_values(config)
+        secret = manifests.job_env_secret(config, ctx.record.run_id, values)
         await self.api(ctx).apply(secret)
         ctx.ledger.update(want.address, id=object_id(secret))
         yield Progress(f"{len(values)} --job-env values stored in the cluster" if values else "no --job-env values",
@@ -270,5 +275,6 @@ class JobEnvHandler(KubeHandler):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        async for p in delete_ours(self.api(ctx), ctx, [manifests.job_env_secret(ctx.config, ctx.record.run_id, {})]):
+        secret = manifests.job_env_secret(kube_config(ctx), ctx.record.run_id, {})
+        async for p in delete_ours(self.api(ctx), ctx, [secret]):
             yield p

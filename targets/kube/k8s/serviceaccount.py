@@ -33,6 +33,7 @@ from backend.errors import UserError
 from backend.layers.base import Context
 from backend.model import Observed, Resource
 from backend.runner import Progress
+from targets.kube.config import kube_config
 from targets.kube.k8s import manifests
 from targets.kube.k8s.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
 
@@ -53,23 +54,24 @@ class ServiceAccountHandler(KubeHandler):
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         # The account of the namespace labelled as this run's, for this purpose (its name is the stack's to choose).
-        live = next((a for a in await api.list("v1", "ServiceAccount", ctx.config.namespace)
+        config = kube_config(ctx)
+        live = next((a for a in await api.list("v1", "ServiceAccount", config.namespace)
                      if ours(a, ctx.record.run_id)
                      and (a["metadata"].get("labels") or {}).get(manifests.PURPOSE_LABEL) == self.purpose), None)
         if live is None:
             return None
         name = str(live["metadata"]["name"])
-        return Observed(address=self.address, layer=LAYER, kind=self.kind, id=f"{ctx.config.namespace}/{name}",
+        return Observed(address=self.address, layer=LAYER, kind=self.kind, id=f"{config.namespace}/{name}",
                         state={"name": name}, depends_on=(NAMESPACE,), reason="exists")
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
-        return [manifests.service_account(ctx.config.namespace, str(want.spec["name"]), ctx.record.run_id,
+        return [manifests.service_account(kube_config(ctx).namespace, str(want.spec["name"]), ctx.record.run_id,
                                           self.purpose)]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         (obj,) = self.kube_objects(ctx, want)
         api = self.api(ctx)
-        live = await api.get("v1", "ServiceAccount", str(want.spec["name"]), ctx.config.namespace)
+        live = await api.get("v1", "ServiceAccount", str(want.spec["name"]), kube_config(ctx).namespace)
         if live is not None and not ours(live, ctx.record.run_id):
             raise UserError(f"the ServiceAccount {object_id(obj)} exists and is not this run's",
                             remedy=self.conflict_remedy)
@@ -79,7 +81,7 @@ class ServiceAccountHandler(KubeHandler):
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         name = have.id.split("/", 1)[1]
-        async for p in delete_ours(self.api(ctx), ctx, [manifests.service_account(ctx.config.namespace, name,
+        async for p in delete_ours(self.api(ctx), ctx, [manifests.service_account(kube_config(ctx).namespace, name,
                                                                                   ctx.record.run_id, self.purpose)]):
             yield p
 

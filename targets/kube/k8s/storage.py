@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from backend.config import RunConfig
 from backend.layers.base import Context
 from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.kube.config import KubeConfig, kube_config
 from targets.kube.k8s import manifests
 from targets.kube.k8s.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
 
@@ -86,7 +86,7 @@ async def storage_facts(api: KubeApi) -> StorageFacts:
                         str(found.get("volumeBindingMode") or "Immediate"))
 
 
-def claim_spec(config: RunConfig, run_id: str, facts: StorageFacts | None) -> dict[str, Any]:
+def claim_spec(config: KubeConfig, run_id: str, facts: StorageFacts | None) -> dict[str, Any]:
     """What the plan shows of the run's volume."""
     if facts is None:
         where = "the cluster's default (not asked yet)"
@@ -100,7 +100,7 @@ def claim_spec(config: RunConfig, run_id: str, facts: StorageFacts | None) -> di
             "on_down": "kept unless --delete-data"}
 
 
-def check(config: RunConfig, facts: StorageFacts) -> CheckResult:
+def check(config: KubeConfig, facts: StorageFacts) -> CheckResult:
     """Whether the claim can be provisioned and mounted by every Ray pod: one line either way."""
     title = "Run volume (--storage-size)"
     if facts.class_name is None:
@@ -144,10 +144,11 @@ class DataClaimHandler(KubeHandler):
     expected_s = 10.0
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
-        if not ctx.config.storage_size:
+        config = kube_config(ctx)
+        if not config.storage_size:
             return None  # no run without one asks for claims (nor needs the permission to)
-        live = await api.get("v1", "PersistentVolumeClaim", manifests.data_claim_name(ctx.config),
-                             ctx.config.namespace)
+        live = await api.get("v1", "PersistentVolumeClaim", manifests.data_claim_name(config),
+                             config.namespace)
         if live is None or not ours(live, ctx.record.run_id):
             return None
         phase = (live.get("status") or {}).get("phase") or "Pending"
@@ -164,38 +165,39 @@ class DataClaimHandler(KubeHandler):
         return Action.NOOP, have.reason
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
-        return [manifests.data_claim(ctx.config, ctx.record.run_id,
+        return [manifests.data_claim(kube_config(ctx), ctx.record.run_id,
                                      str(want.spec.get("access_mode") or manifests.READ_WRITE_MANY))]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
+        config = kube_config(ctx)
         api = self.api(ctx)
         facts = await storage_facts(api)
-        claim = manifests.data_claim(ctx.config, ctx.record.run_id, facts.access_mode)
+        claim = manifests.data_claim(config, ctx.record.run_id, facts.access_mode)
         await api.apply(claim)
-        ctx.ledger.update(want.address, id=object_id(claim), outputs={"size": ctx.config.storage_size})
+        ctx.ledger.update(want.address, id=object_id(claim), outputs={"size": config.storage_size})
         if facts.binding_mode == "WaitForFirstConsumer":
-            yield Progress(f"{object_id(claim)}: {ctx.config.storage_size}, bound when the first Ray pod that "
+            yield Progress(f"{object_id(claim)}: {config.storage_size}, bound when the first Ray pod that "
                            f"mounts it is scheduled ({facts.class_name} waits for a consumer)", 1.0)
             return
 
         async def bound() -> Look:
-            live = await api.get(*_ref(ctx.config))
+            live = await api.get(*_ref(config))
             phase = ((live or {}).get("status") or {}).get("phase") or "Pending"
             return Look(phase == "Bound", f"claim {phase}")
 
         async for p in wait_until(bound, what=f"the volume {object_id(claim)} to be provisioned",
                                 timeout_s=BIND_TIMEOUT_S,
-                                remedy=f"see `kubectl -n {ctx.config.namespace} describe pvc "
-                                       f"{manifests.data_claim_name(ctx.config)}` (its events say why)"):
+                                remedy=f"see `kubectl -n {config.namespace} describe pvc "
+                                       f"{manifests.data_claim_name(config)}` (its events say why)"):
             yield p
 
     def kept_on_down(self, have: Observed, observed: Sequence[Observed]) -> bool:
         return True  # the run's checkpoints and model: `rtui down --delete-data` removes it (VolumeStore)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        async for p in delete_ours(self.api(ctx), ctx, [manifests.data_claim(ctx.config, ctx.record.run_id)]):
+        async for p in delete_ours(self.api(ctx), ctx, [manifests.data_claim(kube_config(ctx), ctx.record.run_id)]):
             yield p
 
 
-def _ref(config: RunConfig) -> tuple[str, str, str, str]:
+def _ref(config: KubeConfig) -> tuple[str, str, str, str]:
     return "v1", "PersistentVolumeClaim", manifests.data_claim_name(config), config.namespace

@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from backend.delivery import DataUsage
 from backend.errors import OperationError, RtuiError, UserError
 from backend.safepath import already_there, checked_target, partial_file
+from targets.kube.config import KubeConfig
 from targets.kube.k8s import manifests
 from targets.kube.k8s.handlers import namespace_conditions, ours
 from targets.kube.k8s.storage import claim_capacity
 from training.export import INCOMPLETE, MODEL_MARKER, ExportInfo
 
 if TYPE_CHECKING:
-    from backend.config import RunConfig
     from targets.kube.k8s.access import KubeApi
 
 T = TypeVar("T")
@@ -104,7 +104,7 @@ out("END")
 class VolumeStore:
     """The run's directory on its claim: ``pvc://<namespace>/<claim>/<run id>``."""
 
-    def __init__(self, config: RunConfig, run_id: str, state_root: Path | None = None) -> None:
+    def __init__(self, config: KubeConfig, run_id: str, state_root: Path | None = None) -> None:
         self.config, self.run_id = config, run_id
         self.state_root = state_root  # where the run's record is (None: the state dir of the environment)
         self._image: str | None = None  # the image reader pods run, settled at the first pod
@@ -507,7 +507,7 @@ async def _until_gone(api: KubeApi, api_version: str, kind: str, name: str, name
     return live
 
 
-def run_image(config: RunConfig, run_id: str, state_root: Path | None) -> str:
+def run_image(config: KubeConfig, run_id: str, state_root: Path | None) -> str:
     """The image a reader pod of the run pulls: the digest the run's plan pinned (the RayCluster's, kept
     in the run's record after `down`), never the tag, which may name other bits by now. A record
     without one (a run stopped before its plan was applied) pins the tag now, as the plan does: by tag
