@@ -31,8 +31,8 @@ from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.jobspec import JobSpec, build_job_spec, passed_env_values
 from backend.layers.base import job_secret_env
-from backend.model import EventKind, StepEvent
 from backend.rayjobs import RayJobs, submit_when_ready
+from backend.resources import EventKind, StepEvent
 from backend.store import JobState
 from backend.telemetry import Telemetry
 from training.protocol import FABRIC_TAG, parse_record

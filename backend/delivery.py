@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.errors import OperationError
-from backend.model import CheckResult, CheckStatus
+from backend.resources import CheckResult, CheckStatus
 from backend.safepath import already_there, checked_target, partial_file
 from training.export import INCOMPLETE, MODEL_MARKER, ExportInfo, find_models, read_marker, split_s3
 

@@ -18,9 +18,9 @@ from backend.delivery import DataUsage, LocalDirStore
 from backend.errors import NoCapacity, OperationError, RtuiError, UserError
 from backend.follow import JobFollower, JobUpdate
 from backend.layers.base import HeadLogSource
-from backend.model import Action, CheckStatus, EventKind, StepEvent
 from backend.planner import PlanResult, forget_missing
 from backend.rayjobs import JobStatus
+from backend.resources import Action, CheckStatus, EventKind, StepEvent
 from backend.runner import Progress, Runner, Step
 from backend.session import RunSession, target_of
 from backend.spool import LogSpool

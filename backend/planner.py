@@ -17,7 +17,7 @@ from backend.aio import all_or_none
 from backend.errors import ApiUnreachable, UserError
 from backend.layers.base import Context, Handler, Layer, Unanswered
 from backend.ledger import ResourceStatus
-from backend.model import Action, Change, Observed, Plan, Resource
+from backend.resources import Action, Change, Observed, Plan, Resource
 from backend.runner import Progress, Step
 
 

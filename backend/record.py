@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, SerializeAsAny, Va
 from backend import registry
 from backend.config import RunConfig, config_model, field_owners
 from backend.ledger import ResourceRecord
-from backend.model import Leftover, Plan
+from backend.resources import Leftover, Plan
 
 # 4: the config holds its target's fields only (its target's config model), the facts its target's own under
 #    "own" (its facts model); 3 held every target's fields, and the aws target's facts beside the common ones.

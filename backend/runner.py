@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from backend.errors import RtuiError, TransientError
-from backend.model import EventKind, StepEvent
+from backend.resources import EventKind, StepEvent
 from backend.retry import REAL_CLOCK, Backoff, Clock, Retry, Retrying, set_step_retry_sink
 from backend.store import StepState, StepStatus
 

@@ -21,16 +21,6 @@ from backend.config import ResolvedConfig, RunConfig, with_session_settings
 from backend.delivery import DataStore, DataUsage, data_store_for, effective_storage_path, model_summary
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, GpuFleetReporter, NodeBilling, NodeHistory, NodeLosses, Unanswered
-from backend.model import (
-    CostItem,
-    CostMeter,
-    GpuFleet,
-    Interruption,
-    NodeLoss,
-    StepEvent,
-    attribute,
-    interruptions_summary,
-)
 from backend.planner import (
     PlanResult,
     Stack,
@@ -42,13 +32,23 @@ from backend.planner import (
     select_until,
     teardown_steps,
 )
+from backend.resources import (
+    CostItem,
+    CostMeter,
+    GpuFleet,
+    Interruption,
+    NodeLoss,
+    StepEvent,
+    attribute,
+    interruptions_summary,
+)
 from backend.runner import Progress, Runner, Step
 from backend.spool import LogSpool
 from backend.store import JobRecord, RunRecord, RunStatus, RunStore, StepState, StepStatus
 
 if TYPE_CHECKING:
-    from backend.model import CheckResult, Observed
     from backend.rayjobs import RayJobs
+    from backend.resources import CheckResult, Observed
     from backend.targets import Target
     from backend.telemetry import Telemetry
     from backend.telemetry.metrics import MetricPoint

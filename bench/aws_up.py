@@ -153,7 +153,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
             elapsed = time.perf_counter() - started
             if runner.failed:
                 raise SystemExit(f"{order}: a step failed")
-            from targets.aws.infra.base import aws_api
+            from targets.aws.infra.common import aws_api
 
             counted = aws_api(session.ctx).counts
             calls = collections.Counter({f"up:{k}": v for k, v in counted.items()})

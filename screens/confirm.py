@@ -16,7 +16,7 @@ from textual.widgets.option_list import Option
 
 from backend.config import held_reason
 from backend.errors import RtuiError
-from backend.model import Plan
+from backend.resources import Plan
 from backend.store import RunStore
 from tui.plan_diff import money
 from tui.widgets import RtuiFooter

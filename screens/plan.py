@@ -11,8 +11,8 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Header, Static
 
-from backend.model import Action
 from backend.planner import PlanResult
+from backend.resources import Action
 from tui.plan_diff import PlanDiff, PlanSummary, render_plan
 from tui.screen import RtuiScreen
 from tui.widgets import RtuiFooter

@@ -17,8 +17,8 @@ from textual.worker import Worker
 
 from backend import flows
 from backend.errors import NoCapacity
-from backend.model import EventKind, StepEvent
 from backend.planner import PlanResult
+from backend.resources import EventKind, StepEvent
 from backend.runner import Step
 from tui.screen import RtuiScreen
 from tui.widgets import RtuiFooter, StepPane

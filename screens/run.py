@@ -23,7 +23,7 @@ from backend import flows
 from backend.errors import OperationError
 from backend.follow import JobUpdate
 from backend.layers.base import HeadLogSource
-from backend.model import CostMeter, GpuFleet, Interruption, interruptions_summary
+from backend.resources import CostMeter, GpuFleet, Interruption, interruptions_summary
 from backend.session import Billed, cost_meter
 from backend.store import JobState
 from backend.telemetry import MetricPoint, Telemetry

@@ -25,7 +25,7 @@ from textual.worker import Worker
 
 from backend import targets
 from backend.errors import RtuiError
-from backend.model import CheckResult, CheckStatus
+from backend.resources import CheckResult, CheckStatus
 from tui.checks import render_checks, render_config
 from tui.target_panel import PanelHost, PanelUpdated, TargetPanel, panel_for
 from tui.widgets import RtuiFooter

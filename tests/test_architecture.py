@@ -253,7 +253,7 @@ def test_imports_point_one_way() -> None:
 
 def test_the_direction_check_sees_a_backwards_import() -> None:
     cases = {("backend.session", "targets.aws.infra.api"): True,
-             ("targets.kube.k8s.clients", "targets.aws.infra"): True,
+             ("targets.kube.k8s.cluster_api", "targets.aws.infra"): True,
              ("targets.local.layer", "targets.kube.k8s.pods"): True,
              ("backend.config", "tui.app"): True,
              ("targets.kube.layer", "tui.checks"): True,

@@ -18,9 +18,9 @@ from backend import bench
 from backend.config import resolve_config
 from backend.errors import OperationError, UserError
 from backend.layers.base import Context
-from backend.model import Action, Change, EventKind, StepEvent
 from backend.planner import PlanResult
 from backend.rayjobs import JobStatus, RayJobs
+from backend.resources import Action, Change, EventKind, StepEvent
 from backend.session import RunSession
 from backend.store import JobState, RunStore
 from tests.conftest import REPO

@@ -229,7 +229,8 @@ def test_bench_timeout_must_be_a_finite_number() -> None:
 
 
 def test_there_is_a_float_field_to_check() -> None:
-    assert "learning_rate" in _float_fields()
+    fields = dict(_float_fields())
+    assert "learning_rate" in fields and fields.get("aws_timeout_s") == "aws"  # a common one, and a target's
 
 
 # --- wizard options given to a command ----------------------------------------------------

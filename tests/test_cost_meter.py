@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from backend.ledger import ResourceStatus
-from backend.model import Action, Change, Plan
+from backend.resources import Action, Change, Plan
 from backend.session import RunSession, cost_meter
 from targets.aws.infra.node_hours import RETENTION_S, node_hours
 from tests.test_tui import fixed_session

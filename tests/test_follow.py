@@ -251,7 +251,7 @@ async def test_stopping_a_running_job_records_its_stopped_message(tmp_path: Path
     """`D` during a running job: status then says STOPPED with Ray's message for it, not the
     running one it had before (issue 21, item 4)."""
     from backend.layers.ray_job import JOB, JobHandler
-    from backend.model import Observed
+    from backend.resources import Observed
     from tui.render import format_status
 
     jobs = StoppableJobs()
@@ -268,7 +268,7 @@ async def test_stopping_a_running_job_records_its_stopped_message(tmp_path: Path
 
 async def test_the_train_steps_eta_comes_from_earlier_jobs_on_this_machine(tmp_path: Path) -> None:
     """The first job's Train step guesses a minute; the next expects the seconds per step measured (item 8)."""
-    from backend.model import EventKind
+    from backend.resources import EventKind
 
     session = make_session(tmp_path, FakeJobs([METRICS], ["SUCCEEDED"]))
     first = [e async for e in flows.follow_steps(session) if e.kind is EventKind.STARTED]

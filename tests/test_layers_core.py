@@ -16,8 +16,8 @@ import pytest
 from backend.errors import ApiUnreachable, UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.ledger import ResourceStatus
-from backend.model import Action, EventKind, Observed, Resource
 from backend.planner import Stack, apply_steps, discover, make_plan, reconcile, select_until, teardown_steps
+from backend.resources import Action, EventKind, Observed, Resource
 from backend.runner import Progress, Runner
 from backend.store import RunStore
 from targets.local.config import LocalConfig

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from backend.ledger import ResourceStatus
-from backend.model import Action, Change, Leftover, Plan
 from backend.record import StoppedWhileIdle, TelemetrySnapshot
+from backend.resources import Action, Change, Leftover, Plan
 from backend.store import SCHEMA_VERSION, JobRecord, JobState, RunRecord, RunStatus, RunStore, StepState, StepStatus
 from backend.telemetry import Telemetry
 from targets.aws.config import AwsConfig

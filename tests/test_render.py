@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from backend.model import Action, Change, EventKind, Plan, StepEvent
+from backend.resources import Action, Change, EventKind, Plan, StepEvent
 from screens.plan import render_plan
 from tui.render import format_event, format_plan
 
@@ -83,7 +83,7 @@ def test_status_labels_line_up_and_say_what_the_transport_rests_on() -> None:
 
 def test_status_and_the_teardown_modal_say_the_cost_now_in_the_same_words() -> None:
     """`rtui status` and `D`'s modal both name the full-size price beside what bills now, when they differ."""
-    from backend.model import CostItem, CostMeter
+    from backend.resources import CostItem, CostMeter
     from tui.render import format_status, per_hour_words
 
     assert per_hour_words(9.3, 9.3) == "$9.30/hour now" == per_hour_words(9.3, None)

@@ -1,6 +1,6 @@
 """Issue 41: where a job stopped and went on from a checkpoint, read from its own log lines
 (``backend.restarts``), and what took its node, read from the provider's records
-(``targets.aws.infra.node_hours.node_losses``, ``backend.model.attribute``)."""
+(``targets.aws.infra.node_hours.node_losses``, ``backend.resources.attribute``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backend.model import NodeLoss, attribute
+from backend.resources import NodeLoss, attribute
 from backend.telemetry import Telemetry
 from targets.aws.infra.node_hours import node_losses
 from training.protocol import METRIC_TAG, RESUME_TAG, format_record

@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 import pytest
 
 from backend.errors import OperationError, TransientError, UserError
-from backend.model import EventKind, StepEvent
+from backend.resources import EventKind, StepEvent
 from backend.runner import Progress, Runner, Step
 from backend.store import StepState, StepStatus
 from tests.clock import TestClock

@@ -26,9 +26,9 @@ from backend.delivery import DataStore, LocalDirStore
 from backend.errors import NoCapacity
 from backend.layers.base import Context, Handler, Layer
 from backend.ledger import ResourceStatus
-from backend.model import EventKind, Observed, Resource
 from backend.planner import Stack
 from backend.record import Facts
+from backend.resources import EventKind, Observed, Resource
 from backend.runner import Progress
 from backend.session import RunSession
 from targets import Defaults, Target

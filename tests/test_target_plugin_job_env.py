@@ -23,9 +23,9 @@ from backend.config import RunConfig, resolve_config
 from backend.errors import UserError
 from backend.layers.base import Context, Handler, JobSecretCarrier, Layer, job_secret_env
 from backend.layers.ray_job import RayJobLayer
-from backend.model import Observed, Resource
 from backend.planner import Stack
 from backend.rayjobs import RayJobs
+from backend.resources import Observed, Resource
 from backend.runner import Progress
 from backend.session import RunSession
 from targets import Defaults, Target

@@ -143,8 +143,8 @@ async def test_pilot_drives_the_whole_local_flow(isolated_env: Path) -> None:
 async def test_quit_while_steps_run_asks_first(isolated_env: Path) -> None:
     import asyncio
 
-    from backend.model import Action, Change, EventKind, StepEvent
     from backend.planner import PlanResult
+    from backend.resources import Action, Change, EventKind, StepEvent
     from screens.confirm import ConfirmDetach
     from screens.provision import ProvisionScreen
 

@@ -14,7 +14,7 @@ from textual import work
 from textual.app import SystemCommand
 
 from backend.ledger import ResourceStatus
-from backend.model import Action, Change, Plan
+from backend.resources import Action, Change, Plan
 from backend.session import RunSession
 from backend.store import RunStatus
 from screens.confirm import ConfirmTeardown, PickRun

@@ -17,7 +17,7 @@ from textual.widgets import Sparkline
 from textual_plot import PlotWidget
 
 from backend.ledger import ResourceStatus
-from backend.model import Action, Change, GpuFleet, Plan
+from backend.resources import Action, Change, GpuFleet, Plan
 from backend.session import Billed, RunSession
 from backend.store import JobRecord, JobState, RunStatus
 from backend.telemetry import MetricSeries, Telemetry

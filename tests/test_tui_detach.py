@@ -16,8 +16,8 @@ from textual.pilot import Pilot
 from textual.widgets import Footer, Label
 from textual.widgets._footer import FooterKey
 
-from backend.model import Action, Change, EventKind, StepEvent
 from backend.planner import PlanResult
+from backend.resources import Action, Change, EventKind, StepEvent
 from screens.confirm import ConfirmDetach
 from screens.provision import ProvisionScreen
 from screens.run import RunScreen

@@ -19,7 +19,7 @@ from textual.widgets import Label, OptionList, Static
 
 from backend.config import resolve_config
 from backend.ledger import ResourceRecord
-from backend.model import Action, CheckResult, CheckStatus
+from backend.resources import Action, CheckResult, CheckStatus
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmApply, ConfirmTeardown
@@ -28,7 +28,7 @@ from screens.provision import ProvisionScreen
 from screens.run import RunScreen
 from screens.target import TargetScreen
 from targets.kube.config import KubeConfig
-from targets.kube.k8s.access import kube_contexts
+from targets.kube.k8s.kubeconfig import kube_contexts
 from tests.fake_hub import FakeHub
 from tests.kubernetes.conftest import CONTEXT, KubeCluster
 from tests.kubernetes.crds import crd_dir

@@ -10,8 +10,8 @@ from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.widgets import Label
 
-from backend.model import Action, Change
 from backend.planner import PlanResult
+from backend.resources import Action, Change
 from backend.session import RunSession
 from screens.confirm import ConfirmApply, apply_summary
 from screens.plan import PlanScreen

@@ -12,8 +12,8 @@ import pytest
 from textual.containers import VerticalScroll
 from textual.widgets import Label
 
-from backend.model import Action, Change, EventKind, StepEvent
 from backend.planner import PlanResult
+from backend.resources import Action, Change, EventKind, StepEvent
 from backend.runner import Progress, Step
 from screens.provision import ProvisionScreen
 from tests.pilot_wait import wait_for

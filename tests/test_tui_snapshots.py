@@ -28,13 +28,14 @@ from backend.config import resolve_config
 from backend.layers.base import Handler
 from backend.layers.ray_job import JOB, JobHandler
 from backend.ledger import BILLING, ResourceRecord, ResourceStatus
-from backend.model import Action, Change, EventKind, Plan, StepEvent
+from backend.resources import Action, Change, EventKind, Plan, StepEvent
 from backend.runner import Progress, Step
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmTeardown
 from screens.provision import ProvisionScreen
-from targets.aws.infra.base import (
+from targets.aws.infra.cluster import EksClusterHandler
+from targets.aws.infra.common import (
     ACCESS_ENTRY,
     CLUSTER_ROLE,
     EKS_CLUSTER,
@@ -53,7 +54,6 @@ from targets.aws.infra.base import (
     addon_address,
     subnet_address,
 )
-from targets.aws.infra.cluster import EksClusterHandler
 from targets.aws.infra.iam import RoleHandler
 from targets.aws.infra.network import VpcHandler
 from targets.aws.infra.nodes import CapacityError, NodegroupHandler

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.app import App, ComposeResult
 from textual.widgets import Label, Static
 
-from backend.model import EventKind, StepEvent
+from backend.resources import EventKind, StepEvent
 from tests.pilot_wait import wait_for
 from tui.widgets import StepPane
 

@@ -21,8 +21,8 @@ from textual.screen import ModalScreen, Screen
 
 from backend.config import reconfigured
 from backend.errors import RtuiError, UserError
-from backend.model import GpuFleet
 from backend.planner import apply_steps
+from backend.resources import GpuFleet
 from backend.session import Billed, RunSession, cost_meter
 from backend.store import RunStatus
 from backend.trust import remember

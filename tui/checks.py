@@ -8,10 +8,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from backend.model import CheckResult, CheckStatus
+from backend.resources import CheckResult, CheckStatus
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.access import KubeContext
+    from targets.kube.k8s.kubeconfig import KubeContext
 
 _CHECK_MARK = {CheckStatus.OK: ("✓", "green"), CheckStatus.WARN: ("!", "yellow"), CheckStatus.FAIL: ("✗", "red"),
                CheckStatus.INFO: ("i", "blue")}

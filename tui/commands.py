@@ -16,7 +16,7 @@ from backend import targets
 from backend.config import ResolvedConfig, config_for, held_reason, trust_command
 from backend.delivery import LOAD_HINT, human_bytes, model_summary
 from backend.errors import UserError
-from backend.model import CheckStatus, EventKind, Plan, StepEvent
+from backend.resources import CheckStatus, EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore, new_run_id
 from backend.textutil import strip_ansi

@@ -15,7 +15,7 @@ from textual.geometry import Size
 from textual.widgets import Static
 
 from backend import targets
-from backend.model import Action, Change, Plan
+from backend.resources import Action, Change, Plan
 
 ACTION_STYLE = {Action.CREATE: "green", Action.UPDATE: "yellow", Action.REPLACE: "magenta", Action.DELETE: "red",
                 Action.NOOP: "dim"}

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from backend.model import Action, EventKind, GpuFleet, Plan, StepEvent
+from backend.resources import Action, EventKind, GpuFleet, Plan, StepEvent
 
 _EVENT_MARK = {
     EventKind.STARTED: "…", EventKind.PROGRESS: "·", EventKind.RETRYING: "↻", EventKind.DONE: "✓",

@@ -28,7 +28,7 @@ from textual.widget import Widget
 from tui.screen import RtuiScreen
 
 if TYPE_CHECKING:
-    from backend.model import CheckResult
+    from backend.resources import CheckResult
     from backend.targets import Target
 
 

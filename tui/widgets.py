@@ -14,7 +14,7 @@ from textual.reactive import reactive
 from textual.visual import VisualType
 from textual.widgets import Footer, Label, ProgressBar, Static
 
-from backend.model import EventKind, StepEvent
+from backend.resources import EventKind, StepEvent
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 _STATUS_STYLE = {

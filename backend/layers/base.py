@@ -16,7 +16,7 @@ from backend.clients import Clients
 from backend.config import RunConfig
 from backend.errors import ApiUnreachable, UserError
 from backend.ledger import Ledger
-from backend.model import Action, CheckResult, GpuFleet, Leftover, NodeLoss, Observed, Resource
+from backend.resources import Action, CheckResult, GpuFleet, Leftover, NodeLoss, Observed, Resource
 from backend.runner import Progress
 from backend.store import RunRecord, RunStore
 

@@ -20,8 +20,8 @@ from backend.errors import OperationError, UserError
 from backend.hub import DatasetRevision, Revision, read_hf_token, resolve_dataset, resolve_revision
 from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context, Handler, Layer, job_secret_env, refuse_job_env_without_carrier
-from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.rayjobs import RayJobs, submit_when_ready
+from backend.resources import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.runner import Progress
 from backend.stepfit import memory_refusal
 from backend.store import JobRecord, JobState

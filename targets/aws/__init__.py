@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from backend.errors import NoCapacity
     from backend.layers.base import Context
     from backend.record import RunFacts
-    from targets.kube.k8s.access import KubeApi
+    from targets.kube.k8s.api import KubeApi
 
 
 class AwsTarget(Target[AwsConfig]):
@@ -52,7 +52,7 @@ class AwsTarget(Target[AwsConfig]):
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.ray_job import RayJobLayer
         from targets.aws.infra.access_scope import AccessScopeLayer
-        from targets.aws.infra.base import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
+        from targets.aws.infra.common import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
         from targets.aws.infra.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
         from targets.aws.infra.layer import AwsLayer
         from targets.kube.k8s.layer import Below, KubernetesLayer
@@ -160,7 +160,7 @@ class AwsTarget(Target[AwsConfig]):
     def storage_profile(self, config: AwsConfig) -> str | None:
         return config.profile
 
-    # Its ClusterAccess (targets.kube.k8s.clients): the kubernetes layer reaches the EKS cluster as EKS
+    # Its ClusterAccess (targets.kube.k8s.cluster_api): the kubernetes layer reaches the EKS cluster as EKS
     # describes it, never through a kubeconfig entry.
     def kube_api(self, ctx: Context) -> KubeApi:
         # lazy: boto3 and the kubernetes client only when the cluster is reached

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from textual.binding import Binding
 from textual.widget import Widget
 
-from backend.model import CheckResult, CheckStatus
+from backend.resources import CheckResult, CheckStatus
 from targets.aws.config import AwsConfig
 from targets.aws.matrix import FeasibilityPanel
 from targets.aws.quota_modal import ConfirmQuotaIncrease

@@ -25,9 +25,9 @@ import psutil
 from backend.delivery import local_data_dir
 from backend.errors import OperationError, TransientError, UserError
 from backend.layers.base import Context, Handler, Layer
-from backend.model import Action, CheckResult, CheckStatus, NodeLoss, Observed, Resource
 from backend.procs import ProcRef, check_port_free, free_ports, start_detached, stop_group
 from backend.rayjobs import RayJobs
+from backend.resources import Action, CheckResult, CheckStatus, NodeLoss, Observed, Resource
 from backend.runner import Progress
 from targets.local import cluster as lc
 from targets.local.config import local_config

@@ -39,7 +39,7 @@ _ENV = {
 _UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION")
 # The image every aws test runs unless it names one: served by the registry double on loopback, its
 # linux/amd64 layers 14 GB compressed, so the system disk is sized from the registry to 100 GB
-# (targets/aws/infra/base.py system_disk_gb), never by reaching public.ecr.aws.
+# (targets/aws/infra/common.py system_disk_gb), never by reaching public.ecr.aws.
 DEFAULT_IMAGE_LAYERS = [6_000_000_000, 5_000_000_000, 3_000_000_000]
 DEFAULT_IMAGE_ENV = "RTUI_IMAGE"
 ADDON_REGISTRY_ENV = "RTUI_ADDON_REGISTRY"

@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 from backend import flows
 from backend.config import resolve_config
 from backend.ledger import ResourceStatus
-from backend.model import EventKind, StepEvent
+from backend.resources import EventKind, StepEvent
 from backend.session import RunSession
 from targets.aws.infra.layer import AwsLayer
 from tests.aws.conftest import image_env

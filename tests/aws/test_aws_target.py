@@ -8,7 +8,7 @@ import os
 import pytest
 
 from backend.config import resolve_config
-from backend.model import CheckStatus
+from backend.resources import CheckStatus
 from backend.session import RunSession
 from tests.aws.conftest import World, image_env
 from tests.conftest import run_rtui

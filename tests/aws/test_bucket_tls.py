@@ -20,7 +20,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from backend import flows
-from backend.model import Action
+from backend.resources import Action
 from targets.aws.facts import AwsFacts
 from targets.aws.infra.storage import BUCKET, TLS_ONLY_SID
 from tests.aws.conftest import World

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from backend.errors import NoCapacity
-from backend.model import EventKind
+from backend.resources import EventKind
 from tests.aws.conftest import World
 from tests.aws.provision_world import down, eks, gpu_az, session_for, tagged, up
 

@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 import pytest
 
-from backend.model import EventKind
+from backend.resources import EventKind
 from tests.aws.conftest import World
 from tests.aws.provision_world import REGION, RUN_TAG, down, session_for, up
 

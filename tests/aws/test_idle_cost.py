@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from backend.model import CostMeter, GpuFleet
+from backend.resources import CostMeter, GpuFleet
 from backend.session import cost_meter
 from tests.aws.conftest import World
 from tests.aws.provision_world import REGION, down, eks, session_for, tagged, up

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from backend import flows
-from backend.model import EventKind
+from backend.resources import EventKind
 from tests.aws.checkip import CHECKIP
 from tests.aws.conftest import World
 from tests.aws.provision_world import collect, eks, session_for, tagged, up

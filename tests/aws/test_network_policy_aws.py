@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from backend.model import Action
-from targets.aws.infra.base import addon_address
+from backend.resources import Action
+from targets.aws.infra.common import addon_address
 from tests.aws.conftest import World
 from tests.aws.provision_world import down, eks, session_for, tagged, up
 from tests.aws.test_moto_provision import client, cluster, code, network

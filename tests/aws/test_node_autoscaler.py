@@ -12,7 +12,7 @@ import boto3
 import pytest
 from kubernetes.client import ApiClient
 
-from backend.model import Action
+from backend.resources import Action
 from targets.aws.config import AwsConfig
 from targets.aws.infra import node_autoscaler as na
 from tests.aws.conftest import EksKube, World

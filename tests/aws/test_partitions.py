@@ -32,8 +32,8 @@ def test_the_eks_token_is_signed_for_the_partitions_sts(region: str, host: str,
     ("cn-north-1", "arn:aws-cn:iam::aws:policy/AmazonEKS_CNI_Policy", "ec2.amazonaws.com.cn"),
     ("us-gov-west-1", "arn:aws-us-gov:iam::aws:policy/AmazonEKS_CNI_Policy", "ec2.amazonaws.com")])
 def test_policy_arns_and_service_principals_come_from_the_partition(region: str, arn: str, principal: str) -> None:
-    from targets.aws.infra.base import CLUSTER_ROLE, NODE_ROLE
     from targets.aws.infra.cluster import admin_policy
+    from targets.aws.infra.common import CLUSTER_ROLE, NODE_ROLE
     from targets.aws.infra.iam import managed_policy_arn, service_principal
 
     assert managed_policy_arn("AmazonEKS_CNI_Policy", region) == arn

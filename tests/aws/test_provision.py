@@ -8,7 +8,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from backend.model import Action, EventKind
+from backend.resources import Action, EventKind
 from backend.session import cost_meter
 from targets.aws.config import AwsConfig
 from targets.aws.facts import AwsFacts

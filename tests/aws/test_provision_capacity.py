@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.model import EventKind
+from backend.resources import EventKind
 from backend.session import cost_meter
 from tests.aws.conftest import World
 from tests.aws.provision_world import RUN_TAG, down, ec2, eks, gpu_az, session_for, tagged, up

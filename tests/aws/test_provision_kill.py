@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from targets.aws.infra.base import Names
+from targets.aws.infra.common import Names
 from tests.aws.conftest import World
 from tests.aws.provision_world import session_for, tagged
 from tests.aws.test_provision import EXPECTED

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from backend.model import Action
+from backend.resources import Action
 from tests.aws.conftest import World
 from tests.aws.provision_world import down, ec2, eks, gpu_az, session_for, tagged, up
 

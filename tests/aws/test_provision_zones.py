@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.model import Action
+from backend.resources import Action
 from tests.aws.conftest import World
 from tests.aws.provision_world import down, ec2, eks, given_vpc, session_for, tagged, up
 

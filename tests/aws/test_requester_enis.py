@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from backend import flows
-from backend.model import EventKind, StepEvent
+from backend.resources import EventKind, StepEvent
 from targets.aws.infra import network
 from tests.aws import moto_enis
 from tests.aws.conftest import World

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from backend import flows
 from backend.ledger import ResourceStatus
-from backend.model import Action, EventKind, StepEvent
+from backend.resources import Action, EventKind, StepEvent
 from backend.session import RunSession
 from targets.aws.facts import AwsFacts
 from targets.aws.infra.iam import DATA_IDENTITY, data_policy_for

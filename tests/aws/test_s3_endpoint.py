@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from backend.model import Action, EventKind
+from backend.resources import Action, EventKind
 from tests.aws.conftest import World
 from tests.aws.provision_world import RUN_TAG, down, ec2, given_vpc, session_for, tagged, up
 

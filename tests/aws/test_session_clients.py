@@ -45,7 +45,7 @@ def test_a_plan_through_the_cli_leaves_no_client_thread_behind(
 
 
 async def test_a_session_makes_each_client_once_and_closes_them_when_it_ends(world: World, kube_file: Path) -> None:
-    from targets.aws.infra.base import aws_api
+    from targets.aws.infra.common import aws_api
 
     before = {t.ident for t in threading.enumerate() if t.ident is not None}
     async with session_for() as session:

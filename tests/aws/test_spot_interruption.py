@@ -20,7 +20,7 @@ import pytest
 from backend import flows
 from backend.session import RunSession
 from screens.run import RunScreen
-from targets.aws.infra.base import Names
+from targets.aws.infra.common import Names
 from tests.aws import moto_spot
 from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import REGION, down, session_for, tagged, up

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.model import Action
+from backend.resources import Action
 from screens.confirm import ConfirmApply
 from tests.aws.conftest import World
 from tests.aws.provision_world import session_for

@@ -25,7 +25,7 @@ import pytest
 from backend.config import resolve_config
 from backend.errors import RtuiError
 from backend.ledger import ResourceStatus
-from backend.model import Resource
+from backend.resources import Resource
 from backend.session import RunSession
 from backend.store import RunStore
 from targets.kube.config import KubeConfig
@@ -192,7 +192,7 @@ async def test_preflight_refuses_a_root_image_for_a_namespace_that_enforces_rest
         kube_cluster: KubeCluster, tmp_path: Path) -> None:
     """The user's namespace (adopted, issue 35 item 1) enforces restricted: with a root image the plan refuses
     in one line naming the rule, before anything is applied; Ray's image passes; another level says nothing."""
-    from backend.model import CheckStatus
+    from backend.resources import CheckStatus
     from targets.kube.k8s.admission import pod_security_check
 
     kube_cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "labels": {

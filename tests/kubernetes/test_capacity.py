@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import resolve_config
-from backend.model import CheckResult, CheckStatus
+from backend.resources import CheckResult, CheckStatus
 from backend.session import RunSession
 from tests.kubernetes.conftest import KubeCluster
 

@@ -172,7 +172,7 @@ async def test_a_namespace_this_run_made_before_pod_security_gets_its_labels_on_
     """A run made by an rtui without these labels: its namespace is ours, so the plan updates it in place
     (a Namespace's labels change without touching its pods; PodSecurity only warns about running pods
     that break the new level: https://kubernetes.io/docs/concepts/security/pod-security-admission/)."""
-    from backend.model import Action, Resource
+    from backend.resources import Action, Resource
     from targets.kube.k8s.handlers import NAMESPACE, NamespaceHandler
     from tests.kubernetes.test_ray_service_account import session_for
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from backend.config import resolve_config
 from backend.ledger import ResourceStatus
-from backend.model import Resource
+from backend.resources import Resource
 from backend.session import RunSession
 from backend.store import RunStore
 from targets.kube.config import KubeConfig

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from backend.model import CheckResult, CheckStatus
+from backend.resources import CheckResult, CheckStatus
 from targets.aws.cloud.catalog import InstanceFacts
 
 

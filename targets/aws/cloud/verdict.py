@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from backend.model import CheckResult, CheckStatus
+from backend.resources import CheckResult, CheckStatus
 from targets.aws.cloud.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts
 from targets.aws.cloud.quota import increase_command
 from targets.aws.cloud.report import (

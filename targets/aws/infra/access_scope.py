@@ -30,20 +30,20 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from backend.layers.base import Context, Handler, Layer
-from backend.model import Observed, Resource
+from backend.resources import Observed, Resource
 from backend.runner import Progress
 from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, partition
 from targets.aws.infra.autoscaler import CLUSTER_AUTOSCALER
-from targets.aws.infra.base import ACCESS_ENTRY, EKS_CLUSTER, AwsHandler, aws_api
 from targets.aws.infra.cluster import (
     NAMESPACE_POLICY_NAME,
     admin_policy,
     caller_access_entry,
     caller_principal,
 )
+from targets.aws.infra.common import ACCESS_ENTRY, EKS_CLUSTER, AwsHandler, aws_api
 from targets.kube.k8s import manifests
-from targets.kube.k8s.clients import ClusterNotReady, cluster_api
+from targets.kube.k8s.cluster_api import ClusterNotReady, cluster_api
 from targets.kube.k8s.handlers import EFA_PLUGIN, NAMESPACE, NVIDIA_PLUGIN, OPERATOR, apply_all, delete_ours
 from targets.kube.k8s.security import APISERVER_ENDPOINTS
 

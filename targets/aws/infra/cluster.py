@@ -16,12 +16,12 @@ import yaml
 
 from backend.errors import OperationError
 from backend.layers.base import Context
-from backend.model import Action, Observed, Resource
+from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
 from targets.aws.config import aws_config
 from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, partition, refuse_foreign, tags
-from targets.aws.infra.base import (
+from targets.aws.infra.common import (
     ACCESS_ENTRY,
     CLUSTER_ROLE,
     EKS_CLUSTER,

@@ -18,11 +18,11 @@ from typing import Any
 
 from backend.errors import OperationError
 from backend.layers.base import Context
-from backend.model import Observed, Resource
+from backend.resources import Observed, Resource
 from backend.runner import Progress
 from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, client_token, run_filter, tag_spec
-from targets.aws.infra.base import LAYER, PRIVATE_RT, VPC, AwsHandler
+from targets.aws.infra.common import LAYER, PRIVATE_RT, VPC, AwsHandler
 from targets.aws.infra.network import find, run_tags, vpc_id
 
 S3_ENDPOINT = "aws.vpc-endpoint.s3"

@@ -19,12 +19,12 @@ from urllib.parse import unquote
 
 from backend.config import RunConfig
 from backend.layers.base import Context
-from backend.model import Action, Observed, Resource
+from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from targets.aws.config import AwsConfig, aws_config
 from targets.aws.infra import node_autoscaler
 from targets.aws.infra.api import IAM_PATH, RUN_TAG, AwsApi, partition, refuse_foreign, tags
-from targets.aws.infra.base import CLUSTER_ROLE, LAYER, NODE_ROLE, AwsHandler, Names
+from targets.aws.infra.common import CLUSTER_ROLE, LAYER, NODE_ROLE, AwsHandler, Names
 from targets.aws.infra.storage import RAY_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT, data_policy
 
 CLUSTER_POLICIES = ("AmazonEKSClusterPolicy",)

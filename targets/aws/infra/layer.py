@@ -20,7 +20,7 @@ from backend.aio import all_or_none
 from backend.delivery import S3_STANDARD_PER_GIB_MONTH, effective_storage_path, run_storage_uri
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, Handler, Layer
-from backend.model import CheckResult, CheckStatus, Leftover, NodeLoss, Observed, Resource
+from backend.resources import CheckResult, CheckStatus, Leftover, NodeLoss, Observed, Resource
 from targets.aws.cloud import run_preflight
 from targets.aws.cloud.catalog import quota_code_for
 from targets.aws.cloud.pricing import (
@@ -39,7 +39,17 @@ from targets.aws.facts import AzMove, SpotFallback, SpotRisk, aws_facts
 from targets.aws.infra import network, routes
 from targets.aws.infra.api import RUN_TAG
 from targets.aws.infra.autoscaler import CLUSTER_AUTOSCALER, ClusterAutoscalerHandler
-from targets.aws.infra.base import (
+from targets.aws.infra.cluster import (
+    CLOUDWATCH_LOGS_GB_MONTH,
+    CLOUDWATCH_LOGS_PER_GB,
+    CONTROL_PLANE_LOGS,
+    AccessEntryHandler,
+    AddonHandler,
+    EksClusterHandler,
+    KubeconfigHandler,
+    describe_cluster,
+)
+from targets.aws.infra.common import (
     ACCESS_ENTRY,
     ADDON_CONFIGURATION,
     ADDONS,
@@ -70,16 +80,6 @@ from targets.aws.infra.base import (
     subnet_address,
     subnet_cidr,
     system_disk_gb,
-)
-from targets.aws.infra.cluster import (
-    CLOUDWATCH_LOGS_GB_MONTH,
-    CLOUDWATCH_LOGS_PER_GB,
-    CONTROL_PLANE_LOGS,
-    AccessEntryHandler,
-    AddonHandler,
-    EksClusterHandler,
-    KubeconfigHandler,
-    describe_cluster,
 )
 from targets.aws.infra.endpoints import S3_ENDPOINT, S3EndpointHandler, missing_endpoint_note
 from targets.aws.infra.given_vpc import GivenVpcRefused, check_given_vpc, egress_note

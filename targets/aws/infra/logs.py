@@ -16,11 +16,11 @@ from typing import Any
 
 from backend.layers.base import Context
 from backend.ledger import ResourceStatus
-from backend.model import Observed, Resource
+from backend.resources import Observed, Resource
 from backend.runner import Progress
 from targets.aws.config import aws_config
 from targets.aws.infra.api import RUN_TAG, AwsApi, refuse_foreign, tags
-from targets.aws.infra.base import EKS_CLUSTER, LAYER, AwsHandler
+from targets.aws.infra.common import EKS_CLUSTER, LAYER, AwsHandler
 
 LOG_GROUP = "aws.log-group.cluster"
 _NOT_FOUND = ("ResourceNotFoundException",)

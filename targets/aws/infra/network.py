@@ -12,12 +12,12 @@ from typing import Any
 
 from backend.errors import OperationError
 from backend.layers.base import Context
-from backend.model import Action, Observed, Resource
+from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
 from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, client_token, run_filter, tag_map, tag_spec, tags
-from targets.aws.infra.base import (
+from targets.aws.infra.common import (
     IGW,
     LAYER,
     NAT,

@@ -23,10 +23,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import RtuiError
-from backend.model import NodeLoss
+from backend.resources import NodeLoss
 from targets.aws.cloud.pricing import SPOT_PRODUCT
 from targets.aws.config import aws_config
-from targets.aws.infra.base import Names, aws_api
+from targets.aws.infra.common import Names, aws_api
 
 if TYPE_CHECKING:
     from backend.layers.base import Context

@@ -13,13 +13,14 @@ from typing import Any
 from backend.errors import NoCapacity, OperationError
 from backend.layers.base import Context
 from backend.ledger import BILLING
-from backend.model import Action, Observed, Resource
+from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
 from targets.aws.config import aws_config
 from targets.aws.infra import node_autoscaler as na
 from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, tag_map, tag_spec, tags
-from targets.aws.infra.base import (
+from targets.aws.infra.cluster import describe_cluster
+from targets.aws.infra.common import (
     GPU_ASG_TAGS,
     GPU_NODES,
     LAUNCH_TEMPLATE,
@@ -32,7 +33,6 @@ from targets.aws.infra.base import (
     Names,
     create_token,
 )
-from targets.aws.infra.cluster import describe_cluster
 from targets.aws.infra.iam import role_arn
 from targets.aws.infra.network import find, run_tags, security_group_id, subnet_ids
 

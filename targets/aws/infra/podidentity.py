@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from backend.layers.base import Context
-from backend.model import Action, Observed, Resource
+from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from targets.aws.config import aws_config
 from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, tags
-from targets.aws.infra.base import EKS_CLUSTER, LAYER, AwsHandler, create_token
 from targets.aws.infra.cluster import describe_cluster
+from targets.aws.infra.common import EKS_CLUSTER, LAYER, AwsHandler, create_token
 from targets.aws.infra.iam import POD_IDENTITIES, PodIdentity, role_arn, role_name
 
 POD_IDENTITY_AGENT = "eks-pod-identity-agent"

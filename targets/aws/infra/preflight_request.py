@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from targets.aws.cloud import PreflightRequest
 from targets.aws.config import AwsConfig, aws_config
 from targets.aws.facts import aws_facts
-from targets.aws.infra.base import ROOT_VOLUME_GB, SYSTEM_DISK_UNKNOWN_GB
+from targets.aws.infra.common import ROOT_VOLUME_GB, SYSTEM_DISK_UNKNOWN_GB
 
 if TYPE_CHECKING:
     from backend.layers.base import Context

@@ -7,11 +7,11 @@ from typing import Any
 
 from backend.errors import OperationError
 from backend.layers.base import Context
-from backend.model import Action, Observed, Resource
+from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, client_token, tag_map, tag_spec
-from targets.aws.infra.base import LAYER, NODE_SG, PRIVATE_RT, PUBLIC_RT, VPC, AwsHandler, Names
+from targets.aws.infra.common import LAYER, NODE_SG, PRIVATE_RT, PUBLIC_RT, VPC, AwsHandler, Names
 from targets.aws.infra.network import GONE_CODES, delete_or_blocked, find, run_tags, subnet_ids, until_free, vpc_id
 
 

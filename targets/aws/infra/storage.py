@@ -29,12 +29,12 @@ from backend.delivery import S3_STANDARD_PER_GIB_MONTH, human_bytes
 from backend.errors import OperationError
 from backend.layers.base import Context
 from backend.ledger import ResourceStatus
-from backend.model import Action, Leftover, Observed, Resource
+from backend.resources import Action, Leftover, Observed, Resource
 from backend.runner import Progress
 from targets.aws.config import aws_config
 from targets.aws.facts import aws_facts
 from targets.aws.infra.api import RUN_TAG, AwsApi, partition, refuse_foreign, tags
-from targets.aws.infra.base import LAYER, AwsHandler
+from targets.aws.infra.common import LAYER, AwsHandler
 
 BUCKET = "aws.s3-bucket.data"
 KIND = "aws-s3-bucket"

@@ -16,7 +16,7 @@ from typing import Any
 
 from backend.aio import all_or_none
 from backend.layers.base import Context
-from backend.model import Leftover
+from backend.resources import Leftover
 from targets.aws.cloud.pricing import RegionPrices
 from targets.aws.config import aws_config
 from targets.aws.infra.api import CLUSTER_TAG, IAM_PATH, RUN_TAG, AwsApi, run_filter

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import RtuiError
-from backend.model import CheckResult, CheckStatus
+from backend.resources import CheckResult, CheckStatus
 from targets.kube.config import KubeConfig
 from targets.kube.k8s.manifests import image_user
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.access import KubeApi
+    from targets.kube.k8s.api import KubeApi
 
 Manifest = dict[str, Any]
 

@@ -15,7 +15,7 @@ from targets.kube.config import KubeConfig
 from targets.kube.k8s.portforward import PortForwardForbidden
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.access import KubeApi
+    from targets.kube.k8s.api import KubeApi
 
 # The service proxy's own dial timeout is 30 s on kube-apiserver: a fallback that gets no answer in
 # this long is taken as dropped.

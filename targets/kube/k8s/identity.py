@@ -10,7 +10,7 @@ never holds or passes the pods' credentials.
 
 from __future__ import annotations
 
-from backend.model import CheckResult, CheckStatus
+from backend.resources import CheckResult, CheckStatus
 from targets.kube.config import KubeConfig
 
 

@@ -17,10 +17,10 @@ from backend.aio import all_or_none
 from backend.errors import OperationError, RtuiError, UserError
 from backend.hub import read_hf_token
 from backend.layers.base import Context, Handler, Layer
-from backend.model import CheckResult, CheckStatus, GpuFleet, Observed, Resource
+from backend.resources import CheckResult, CheckStatus, GpuFleet, Observed, Resource
 from targets.kube.config import KubeConfig, kube_config
 from targets.kube.k8s import addons, admission, capacity, identity, idle, manifests, pods, rights, storage
-from targets.kube.k8s.clients import ClusterNotReady, cluster_api, kube_api
+from targets.kube.k8s.cluster_api import ClusterNotReady, cluster_api, kube_api
 from targets.kube.k8s.handlers import (
     EFA_PLUGIN,
     HF_SECRET,
@@ -72,7 +72,7 @@ from training.passed_env import JOB_ENV_FILE
 
 if TYPE_CHECKING:
     from backend.rayjobs import RayJobs
-    from targets.kube.k8s.access import KubeApi
+    from targets.kube.k8s.api import KubeApi
 
 Obj = dict[str, Any]
 @dataclass(frozen=True)
@@ -574,7 +574,7 @@ class KubernetesLayer(Layer):
         """The head's Jobs API through the API server, once this run's head pod is ready."""
         config = kube_config(ctx)
         # lazy: the kubernetes client (~1 s) only when the cluster is reached; making the stack does without
-        from targets.kube.k8s.access import Unreachable
+        from targets.kube.k8s.api import Unreachable
         from targets.kube.k8s.head_route import head_jobs
 
         try:

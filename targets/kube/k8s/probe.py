@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from backend.errors import RtuiError
 from backend.layers.base import Context
-from backend.model import Action, Observed, Resource
+from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
 from targets.kube.config import KubeConfig, kube_config
@@ -35,7 +35,7 @@ from targets.kube.k8s.raycluster import ray_pods_selector
 from targets.kube.k8s.security import NETWORK_POLICY
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.access import KubeApi
+    from targets.kube.k8s.api import KubeApi
 
 PROBE = "k8s.probe.netpol"
 # The key the volume reader's pods carry their role under too: rtui's pods that are no Ray pods.

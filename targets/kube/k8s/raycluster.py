@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import OperationError, UserError
 from backend.layers.base import Context
-from backend.model import Action, Observed, Resource
+from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
 from targets.kube.config import kube_config
@@ -45,7 +45,7 @@ from targets.kube.k8s.serviceaccount import SERVICE_ACCOUNT, WORKER_ACCOUNT
 from targets.kube.k8s.storage import DATA_CLAIM
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.access import KubeApi
+    from targets.kube.k8s.api import KubeApi
 
 Manifest = dict[str, Any]
 SPEC_ANNOTATION = "rtui.dev/spec"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from backend.layers.base import Context
-from backend.model import Action, CheckResult, CheckStatus, Observed, Resource
+from backend.resources import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
 from targets.kube.config import KubeConfig, kube_config
@@ -35,7 +35,7 @@ from targets.kube.k8s import manifests
 from targets.kube.k8s.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.access import KubeApi
+    from targets.kube.k8s.api import KubeApi
 
 Obj = dict[str, Any]
 DATA_CLAIM = "k8s.pvc.data"

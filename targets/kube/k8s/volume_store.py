@@ -42,7 +42,7 @@ from targets.kube.k8s.storage import claim_capacity
 from training.export import INCOMPLETE, MODEL_MARKER, ExportInfo
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.access import KubeApi
+    from targets.kube.k8s.api import KubeApi
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -117,7 +117,7 @@ class VolumeStore:
     # ---- the API, in a loop of its own (the store's methods are called in a worker thread) ----------
     def _with_api(self, fn: Callable[[KubeApi], Awaitable[T]]) -> T:
         # lazy: the kubernetes client (~1 s) only when a volume is read; `rtui status` of other runs does without
-        from targets.kube.k8s.access import KubeApi
+        from targets.kube.k8s.api import KubeApi
 
         async def run() -> T:
             api = KubeApi.from_kubeconfig(self.config.kubeconfig, self.config.context,
@@ -254,7 +254,7 @@ class VolumeStore:
     async def _exec_pod(self, api: KubeApi) -> AsyncIterator[str | None]:
         """A reader pod that sleeps until deleted, Running; None (after one line on stderr) where the
         cluster forbids ``pods/exec``: the caller reads through pod logs instead."""
-        from targets.kube.k8s.access import Forbidden  # lazy: as KubeApi, only when a volume is read
+        from targets.kube.k8s.api import Forbidden  # lazy: as KubeApi, only when a volume is read
 
         name = f"{self.claim}-read-{secrets.token_hex(3)}"
         ns = self.config.namespace

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import ssl
 import threading
@@ -22,16 +21,23 @@ from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
 import urllib3
-import yaml
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.rest import should_bypass_proxies
 from kubernetes.config import kube_config
-from kubernetes.config.config_exception import ConfigException
 
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.paths import private_cache_dir
 from backend.rayjobs import RayJobs
 from backend.retry import REAL_CLOCK, Backoff, Clock, Retry, Retrying, report_retry
+from targets.kube.k8s.kubeconfig import (
+    CONFIG_ERRORS,
+    cluster_entry,
+    first_current_context,
+    kubeconfig_files,
+    one_line,
+    route_like_kubectl,
+    user_entry,
+)
 from targets.kube.k8s.portforward import PortForward
 
 Obj = dict[str, Any]
@@ -42,7 +48,6 @@ T = TypeVar("T")
 
 FIELD_MANAGER = "rtui"
 # What the client's loader raises on a broken file: its own errors, YAML's, and lookups of missing keys.
-_CONFIG_ERRORS = (ConfigException, yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, OSError)
 _LOG_QUEUE_BATCHES = 64  # a slow consumer stalls the reading thread, not memory
 # A log stream silent this long is asked again from its last line: a quiet job costs one request a
 # minute, a connection a load balancer dropped without a FIN (nothing ever arrives) costs a minute.
@@ -158,14 +163,14 @@ class KubeApi:
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None, *, timeout_s: float = 10.0,
                         stream_idle_s: float = STREAM_IDLE_S, token_provider: TokenProvider | None = None) -> KubeApi:
-        source, files = _kubeconfig_files(path)
+        source, files = kubeconfig_files(path)
         try:
             contexts, current = kube_config.list_kube_config_contexts(source)  # type: ignore[no-untyped-call]
-        except _CONFIG_ERRORS as err:
-            raise UserError(f"the kubeconfig {source} is malformed: {_one_line(err)}",
+        except CONFIG_ERRORS as err:
+            raise UserError(f"the kubeconfig {source} is malformed: {one_line(err)}",
                             remedy="fix it or point --kubeconfig at another file") from err
         names = [c["name"] for c in contexts]
-        chosen = context or _first_current_context(files) or (current["name"] if current else None)
+        chosen = context or first_current_context(files) or (current["name"] if current else None)
         if chosen is None:
             raise UserError(f"the kubeconfig {source} has no current-context",
                             remedy=f"pass --context (known: {', '.join(names) or 'none'})")
@@ -177,17 +182,17 @@ class KubeApi:
             kube_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=source, context=chosen, client_configuration=configuration, persist_config=False,
                 temp_file_path=tls_files_dir())
-        except _CONFIG_ERRORS as err:
-            raise UserError(f"cannot use context {chosen!r} of {source}: {_one_line(err)}",
+        except CONFIG_ERRORS as err:
+            raise UserError(f"cannot use context {chosen!r} of {source}: {one_line(err)}",
                             remedy="fix the kubeconfig or refresh it (`aws eks update-kubeconfig`)") from err
         entry = next(c for c in contexts if c["name"] == chosen)
         namespace = (entry.get("context") or {}).get("namespace") or "default"
-        _route_like_kubectl(configuration, _cluster_entry(files, str((entry.get("context") or {}).get("cluster"))))
+        route_like_kubectl(configuration, cluster_entry(files, str((entry.get("context") or {}).get("cluster"))))
         api = cls(configuration, context=chosen, namespace=namespace, timeout_s=timeout_s,
                   stream_idle_s=stream_idle_s)
         if token_provider is not None:
             api.set_token_provider(token_provider)
-        elif _user_entry(files, str((entry.get("context") or {}).get("user"))).get("exec"):
+        elif user_entry(files, str((entry.get("context") or {}).get("user"))).get("exec"):
             def reload() -> Configuration:
                 fresh = Configuration()
                 kube_config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -503,12 +508,12 @@ class KubeApi:
                     message = str(json.loads(body).get("message") or "")
                 except ValueError:
                     message = body.decode("utf-8", "replace")
-                raise OperationError(f"cannot exec into {namespace}/{pod}: {_one_line(message) or 'not found'}",
+                raise OperationError(f"cannot exec into {namespace}/{pod}: {one_line(message) or 'not found'}",
                                      remedy=f"see `kubectl -n {namespace} describe pod {pod}`") from None
             raise self._error(int(err.status_code), body, what) from None
         except (OSError, WebSocketException) as err:
             raise Unreachable(f"cannot open an exec stream to {namespace}/{pod} on {self.server}: "
-                              f"{_one_line(err)}", remedy=f"check the network and the context {self._context!r}"
+                              f"{one_line(err)}", remedy=f"check the network and the context {self._context!r}"
                               ) from None
         ws.settimeout(self.stream_idle_s)
         try:
@@ -518,7 +523,7 @@ class KubeApi:
                 except WebSocketConnectionClosedException:
                     return
                 except (WebSocketTimeoutException, TimeoutError, OSError) as err:
-                    why = _one_line(err) or f"no data for {self.stream_idle_s:g}s"
+                    why = one_line(err) or f"no data for {self.stream_idle_s:g}s"
                     raise OperationError(f"the exec stream from {namespace}/{pod} stalled or broke ({why})",
                                          remedy="run it again: what was copied is kept") from None
                 if opcode == ABNF.OPCODE_CLOSE:
@@ -555,7 +560,7 @@ class KubeApi:
                                                                                      timeout=self.timeout_s)
             except ProxyError as err:  # the proxy answered, refusing: as unreachable as a refused connection
                 raise ConnectionError(f"the proxy {via.hostname}:{via.port} could not reach {host}:{port}: "
-                                      f"{_one_line(err)}") from err
+                                      f"{one_line(err)}") from err
         context = self.ssl_context()
         if context is None:
             return sock
@@ -603,7 +608,7 @@ class KubeApi:
             except Exception as err:  # noqa: BLE001 - crosses the thread boundary to be raised there
                 if not stop.is_set():
                     hand_over(OperationError(f"the log stream of pod {what.namespace}/{what.name} broke: "
-                                             f"{_one_line(err)}"))
+                                             f"{one_line(err)}"))
 
         reader = threading.Thread(target=pump, name=f"log-{what.name}", daemon=True)
         reader.start()
@@ -659,7 +664,7 @@ class KubeApi:
                 return True  # rotated meanwhile by another request's 401
             try:
                 fresh = self._reload_credentials()
-            except _CONFIG_ERRORS:
+            except CONFIG_ERRORS:
                 return False  # the plugin failed: the 401 is the answer
             token = fresh.api_key.get("BearerToken")
             if not token or token == used:
@@ -693,11 +698,11 @@ class KubeApi:
                 raw = self._client.call_api(method, url, headers, body, post, _request_timeout=timeout).response
         except urllib3.exceptions.HTTPError as err:
             raise Unreachable(f"cannot reach the Kubernetes API server at {self.server} within {self.timeout_s:g}s "
-                                 f"({_one_line(err)})", remedy=f"check the network and the context {self._context!r}",
+                                 f"({one_line(err)})", remedy=f"check the network and the context {self._context!r}",
                                  ) from err
         except Exception as err:
             if getattr(err, "status", None) == 0:  # the client turns TLS failures into status 0
-                raise OperationError(f"TLS to {self.server} failed: {_one_line(err)}",
+                raise OperationError(f"TLS to {self.server} failed: {one_line(err)}",
                                      remedy="check the kubeconfig's certificate-authority") from err
             raise
         if 200 <= raw.status < 300:
@@ -733,7 +738,7 @@ class KubeApi:
                                          "run it again")
         if status == 403:
             return Forbidden(f"forbidden: cannot {what.verb} {what.resource}{where}",
-                             remedy=f"ask the cluster's admin for that permission ({_one_line(message)})")
+                             remedy=f"ask the cluster's admin for that permission ({one_line(message)})")
         if status == 404:
             if details.get("name"):  # a known kind, a missing object (the server names it)
                 return _ObjectGone(message)
@@ -741,9 +746,9 @@ class KubeApi:
             return KindNotServed(f"the API server at {self.server} does not serve {what.resource}",
                                  remedy="is its CustomResourceDefinition installed (the KubeRay operator)?")
         if status == 409:
-            return OperationError(f"conflict: {_one_line(message) or what.resource}")
+            return OperationError(f"conflict: {one_line(message) or what.resource}")
         return OperationError(f"the Kubernetes API refused to {what.verb} {what.resource}{where}: "
-                              f"HTTP {status} {_one_line(message)}")
+                              f"HTTP {status} {one_line(message)}")
 
 
 @dataclass(frozen=True)
@@ -807,115 +812,6 @@ def _abort(response: urllib3.BaseHTTPResponse) -> None:
     threading.Thread(target=response.close, name="log-close", daemon=True).start()
 
 
-def _kubeconfig_entry(files: list[str], section: str, name: str) -> Obj:
-    """The kubeconfig's ``section`` ("clusters", "users") entry of that name, the first file naming it
-    winning (as kubectl merges)."""
-    key = section.removesuffix("s")  # the entry's body: "cluster", "user"
-    for file in files:
-        try:
-            with open(file) as f:
-                doc = yaml.safe_load(f)
-        except (OSError, yaml.YAMLError):
-            continue
-        for item in (doc.get(section) or []) if isinstance(doc, dict) else []:
-            if isinstance(item, dict) and str(item.get("name")) == name:
-                return dict(item.get(key) or {})
-    return {}
-
-
-def _cluster_entry(files: list[str], name: str) -> Obj:
-    return _kubeconfig_entry(files, "clusters", name)
-
-
-def _user_entry(files: list[str], name: str) -> Obj:
-    return _kubeconfig_entry(files, "users", name)
-
-
-def _route_like_kubectl(configuration: Configuration, cluster: Obj) -> None:
-    """Make the client route like kubectl (client-go) where the two differ.
-
-    - A ``proxy-url`` in the kubeconfig is used for every request to that cluster: client-go's
-      ``transport/cache.go`` takes ``Config.Proxy`` as it is and applies NO_PROXY only to the
-      environment's proxy (``utilnet.NewProxierWithNoProxyCIDR(http.ProxyFromEnvironment)``); the
-      Python client would let NO_PROXY bypass it.
-    - ``socks5://`` resolves the server's name at the proxy: Go's ``net/http`` (transport.go) hands
-      the SOCKS5 dialer the unresolved ``host:port``. urllib3 (PySocks) resolves locally unless the
-      scheme is ``socks5h``, which fails for a name only the far side knows (a bastion's DNS).
-    """
-    if cluster.get("proxy-url"):
-        configuration.no_proxy = ""
-    proxy = str(configuration.proxy or "")
-    if proxy.lower().startswith("socks5://"):
-        configuration.proxy = "socks5h://" + proxy[len("socks5://"):]
-
-
-def _first_current_context(files: list[str]) -> str | None:
-    """kubectl takes the first file's current-context; the client's merger takes the last one's."""
-    for name in files:
-        try:
-            with open(name) as f:
-                doc = yaml.safe_load(f)
-        except (OSError, yaml.YAMLError):
-            continue
-        if isinstance(doc, dict) and doc.get("current-context"):
-            return str(doc["current-context"])
-    return None
-
-
 def _seconds(ts: str) -> str:
     """``sinceTime`` takes whole seconds: round down, the skip-seen logic drops the overlap."""
     return ts.split(".")[0].rstrip("Z") + "Z"
-
-
-def _one_line(err: object) -> str:
-    return " ".join(str(err).split())[:300]
-
-
-def _kubeconfig_files(path: str | None) -> tuple[str, list[str]]:
-    """The kubeconfig source as kubectl picks it (flag, KUBECONFIG, ~/.kube/config) and its files."""
-    source = path or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    files = [os.path.expanduser(p) for p in source.split(os.pathsep) if p]
-    if not any(os.path.isfile(f) for f in files):
-        raise UserError(
-            f"no kubeconfig found (looked in {', '.join(files) or source})",
-            remedy="pass --kubeconfig PATH, run `aws eks update-kubeconfig --name CLUSTER`, or use --target local",
-        )
-    return source, files
-
-
-@dataclass(frozen=True)
-class KubeContext:
-    """One kubeconfig context as a picker shows it."""
-
-    name: str
-    cluster: str
-    server: str  # empty when no cluster entry of that name exists
-    namespace: str
-
-
-def kube_contexts(path: str | None = None) -> tuple[list[KubeContext], str | None]:
-    """The kubeconfig's contexts and its current one, merged like kubectl (the first file naming one wins).
-
-    Reads the files only: no credentials are loaded and no server is contacted.
-    """
-    _, files = _kubeconfig_files(path)
-    servers: dict[str, str] = {}
-    entries: dict[str, Obj] = {}
-    current: str | None = None
-    for name in (f for f in files if os.path.isfile(f)):
-        try:
-            with open(name) as f:
-                doc = yaml.safe_load(f)
-            if not isinstance(doc, dict):
-                raise ValueError("not a kubeconfig (empty, or not a mapping)")
-            for item in doc.get("clusters") or []:
-                servers.setdefault(str(item["name"]), str((item.get("cluster") or {}).get("server") or ""))
-            for item in doc.get("contexts") or []:
-                entries.setdefault(str(item["name"]), dict(item.get("context") or {}))
-            current = current or (str(doc["current-context"]) if doc.get("current-context") else None)
-        except _CONFIG_ERRORS as err:
-            raise UserError(f"the kubeconfig {name} is malformed: {_one_line(err)}",
-                            remedy="fix it or point --kubeconfig at another file") from err
-    contexts = [KubeContext(name, str(entry.get("cluster") or ""), servers.get(str(entry.get("cluster")), ""),
-                            str(entry.get("namespace") or "default")) for name, entry in entries.items()]
-    return contexts, current

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from backend.layers.base import Context, Handler
 from backend.ledger import ResourceStatus
-from backend.model import Action, Observed, Resource
+from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from targets.aws.config import aws_config
 from targets.aws.facts import ReservationFact, aws_facts
