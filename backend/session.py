@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend import targets
 from backend.clients import Clients
-from backend.config import ResolvedConfig, RunConfig, with_session_settings
+from backend.config import RunConfig
 from backend.delivery import DataStore, DataUsage, data_store_for, effective_storage_path, model_summary
 from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.layers.base import Context, GpuFleetReporter, NodeBilling, NodeHistory, NodeLosses, Unanswered
@@ -32,6 +32,7 @@ from backend.planner import (
     select_until,
     teardown_steps,
 )
+from backend.resolve import ResolvedConfig, with_session_settings
 from backend.resources import (
     CostItem,
     CostMeter,

@@ -39,9 +39,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.config import resolve_config  # noqa: E402
 from backend.follow import JobFollower  # noqa: E402
 from backend.rayjobs import RayJobs  # noqa: E402
+from backend.resolve import resolve_config  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.spool import LogSpool  # noqa: E402
 from backend.store import JobRecord, RunStore  # noqa: E402

@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.config import resolve_config  # noqa: E402
 from backend.hub import default_dataset_uri  # noqa: E402
+from backend.resolve import resolve_config  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from targets.aws.cloud.spot_advisor import CHECKPOINT_MINUTES, REPLACE_MINUTES, time_stretch  # noqa: E402
 from tests.aws.bench_world import serve_aws_double  # noqa: E402

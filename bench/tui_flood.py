@@ -89,7 +89,7 @@ async def flood(rate: int = 100_000, seconds: float = 10.0, idle_s: float = 5.0,
     with loading() if load_like_rtui else contextlib.nullcontext():
         import tui.cli  # noqa: F401 - loaded before the app, as `rtui` does
         from tui.app import RtuiApp
-    from backend.config import resolve_config
+    from backend.resolve import resolve_config
     from backend.resources import Action, Change, Plan
     from backend.session import RunSession
     from backend.store import JobRecord, JobState, RunStatus

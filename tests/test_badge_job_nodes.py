@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import resolve_config
+from backend.resolve import resolve_config
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStatus, RunStore
 from screens.run import RunScreen

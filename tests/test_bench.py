@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from backend import bench
-from backend.config import resolve_config
 from backend.errors import OperationError, UserError
 from backend.layers.base import Context
 from backend.planner import PlanResult
 from backend.rayjobs import JobStatus, RayJobs
+from backend.resolve import resolve_config
 from backend.resources import Action, Change, EventKind, StepEvent
 from backend.session import RunSession
 from backend.store import JobState, RunStore

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from backend import targets
-from backend.config import RunConfig, resolve_config
+from backend.config import RunConfig
 from backend.errors import UserError
 from backend.jobspec import build_job_spec, describe_auto_checkpoint, job_interruptions_per_hour
 from backend.record import RunFacts
+from backend.resolve import resolve_config
 from backend.targets import INTERRUPTIONS_PER_GPU_HOUR, InterruptionRate
 from targets.kube.config import KubeConfig
 from targets.local.config import LocalConfig

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import free_fields, resolve_config
+from backend.config import free_fields
 from backend.errors import UserError
 from backend.jobspec import build_job_spec
+from backend.resolve import resolve_config
 from training import train
 
 

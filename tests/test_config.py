@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig, config_for, env_name, field_owners, flag_name, resolve_config
+from backend.config import RunConfig, config_for, env_name, field_owners, flag_name
 from backend.errors import UserError
+from backend.resolve import resolve_config
 from targets.aws.config import AwsConfig
 from targets.kube.config import KubeConfig
 from targets.local.config import LocalConfig

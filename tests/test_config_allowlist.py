@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from backend.config import config_model, field_owners, resolve_config
+from backend.config import config_model, field_owners
 from backend.errors import UserError
+from backend.resolve import resolve_config
 from targets.kube.config import KubeConfig
 
 # For every field the file must not decide on its own: a value an attacker might choose, with the

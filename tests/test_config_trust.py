@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backend.config import resolve_config
 from backend.errors import UserError
+from backend.resolve import resolve_config
 from targets.kube.config import KubeConfig
 from tests.conftest import run_rtui
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from backend import flows, follow
-from backend.config import resolve_config
 from backend.errors import OperationError
 from backend.layers.base import Context
 from backend.ledger import ResourceStatus
 from backend.rayjobs import JobStatus, RayJobs
+from backend.resolve import resolve_config
 from backend.session import RunSession
 from backend.store import JobRecord, JobState, RunStore
 from targets.local.config import LocalConfig

@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from backend.config import RunConfig, resolve_config
+from backend.config import RunConfig
 from backend.errors import OperationError, UserError
 from backend.hub import DEFAULT_DATASET, resolve_dataset
 from backend.jobspec import build_job_spec
 from backend.layers.ray_job import JOB, RayJobLayer
 from backend.record import RunFacts
+from backend.resolve import resolve_config
 from tests.fake_hub import FakeHub, chat_parquet
 from training.data import _data_files, detect_data_mode, peek_records
 from training.train import parse_args

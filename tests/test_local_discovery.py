@@ -154,9 +154,9 @@ def test_ray_gets_a_minimal_environment_pinned_to_its_cluster(cluster: lc.Cluste
 
 
 def test_only_the_variables_the_user_names_reach_the_job() -> None:
-    from backend.config import resolve_config
     from backend.errors import UserError
     from backend.jobspec import build_job_spec, passed_env_values
+    from backend.resolve import resolve_config
 
     spec = build_job_spec(resolve_config({"job_env": "HF_TOKEN"}, environ={}).config)
     assert passed_env_values(spec, {"HF_TOKEN": "hf_x", "AWS_SECRET_ACCESS_KEY": "s"}) == {"HF_TOKEN": "hf_x"}

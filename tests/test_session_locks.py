@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import resolve_config
 from backend.errors import OperationError
+from backend.resolve import resolve_config
 from backend.session import RunSession
 
 

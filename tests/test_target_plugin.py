@@ -21,13 +21,14 @@ from textual.binding import Binding
 
 import targets
 from backend import flows
-from backend.config import RunConfig, resolve_config
+from backend.config import RunConfig
 from backend.delivery import DataStore, LocalDirStore
 from backend.errors import NoCapacity
 from backend.layers.base import Context, Handler, Layer
 from backend.ledger import ResourceStatus
 from backend.planner import Stack
 from backend.record import Facts
+from backend.resolve import resolve_config
 from backend.resources import EventKind, Observed, Resource
 from backend.runner import Progress
 from backend.session import RunSession

@@ -19,12 +19,13 @@ from typing import ClassVar
 import pytest
 
 import targets
-from backend.config import RunConfig, resolve_config
+from backend.config import RunConfig
 from backend.errors import UserError
 from backend.layers.base import Context, Handler, JobSecretCarrier, Layer, job_secret_env
 from backend.layers.ray_job import RayJobLayer
 from backend.planner import Stack
 from backend.rayjobs import RayJobs
+from backend.resolve import resolve_config
 from backend.resources import Observed, Resource
 from backend.runner import Progress
 from backend.session import RunSession

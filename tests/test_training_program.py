@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import resolve_config
 from backend.jobspec import build_job_spec
+from backend.resolve import resolve_config
 from tests.conftest import REPO
 from training import loop, train
 from training.config import TrainConfig

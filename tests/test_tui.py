@@ -11,7 +11,7 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widgets import Label
 
-from backend.config import resolve_config
+from backend.resolve import resolve_config
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from screens.confirm import ConfirmTeardown

@@ -17,8 +17,8 @@ import yaml
 from textual.pilot import Pilot
 from textual.widgets import Label, OptionList, Static
 
-from backend.config import resolve_config
 from backend.ledger import ResourceRecord
+from backend.resolve import resolve_config
 from backend.resources import Action, CheckResult, CheckStatus
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore

@@ -24,10 +24,10 @@ from textual import work
 from textual.pilot import Pilot
 from textual.screen import Screen
 
-from backend.config import resolve_config
 from backend.layers.base import Handler
 from backend.layers.ray_job import JOB, JobHandler
 from backend.ledger import BILLING, ResourceRecord, ResourceStatus
+from backend.resolve import resolve_config
 from backend.resources import Action, Change, EventKind, Plan, StepEvent
 from backend.runner import Progress, Step
 from backend.session import RunSession

@@ -36,8 +36,8 @@ from tui.render import accrued_words, per_hour_words
 from tui.target_panel import ConfirmAsked, Reconfigure
 
 if TYPE_CHECKING:
-    from backend.config import ResolvedConfig
     from backend.planner import PlanResult
+    from backend.resolve import ResolvedConfig
     from screens.provision import ProvisionScreen
     from screens.run import RunScreen
     from tui.screen import WizardApp

@@ -16,15 +16,9 @@ from types import UnionType
 from typing import Any, Literal, NoReturn, TextIO, Union, get_args, get_origin
 
 from backend import targets
-from backend.config import (
-    ECHO_LIMIT,
-    ResolvedConfig,
-    field_info,
-    field_owners,
-    flag_name,
-    shown,
-)
+from backend.config import ECHO_LIMIT, field_info, field_owners, flag_name, shown
 from backend.errors import RtuiError, UserError
+from backend.resolve import ResolvedConfig
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore
 from tui.heap import loading

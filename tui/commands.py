@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from backend import targets
-from backend.config import ResolvedConfig, config_for, held_reason, trust_command
+from backend.config import config_for, held_reason
 from backend.delivery import LOAD_HINT, human_bytes, model_summary
 from backend.errors import UserError
+from backend.resolve import ResolvedConfig, trust_command
 from backend.resources import CheckStatus, EventKind, Plan, StepEvent
 from backend.session import RunSession
 from backend.store import RunStatus, RunStore, new_run_id

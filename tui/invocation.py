@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backend.config import ResolvedConfig, Untrusted, field_owners, resolve_config
+from backend.config import field_owners
+from backend.resolve import ResolvedConfig, Untrusted, resolve_config
 
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:

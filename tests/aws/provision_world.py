@@ -13,8 +13,8 @@ import boto3
 from botocore.exceptions import ClientError
 
 from backend import flows
-from backend.config import resolve_config
 from backend.ledger import ResourceStatus
+from backend.resolve import resolve_config
 from backend.resources import EventKind, StepEvent
 from backend.session import RunSession
 from targets.aws.infra.layer import AwsLayer

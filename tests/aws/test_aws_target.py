@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from backend.config import resolve_config
+from backend.resolve import resolve_config
 from backend.resources import CheckStatus
 from backend.session import RunSession
 from tests.aws.conftest import World, image_env

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import boto3
 
-from backend.config import resolve_config
+from backend.resolve import resolve_config
 from targets.aws.cloud.catalog import SPOT_QUOTA_G_VT
 from targets.aws.cloud.pricing import spot_prices
 from targets.aws.config import AwsConfig

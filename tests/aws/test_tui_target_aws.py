@@ -7,7 +7,7 @@ from textual.message import Message
 from textual.pilot import Pilot
 from textual.widgets import Static
 
-from backend.config import resolve_config
+from backend.resolve import resolve_config
 from backend.session import RunSession
 from screens.target import TargetScreen
 from targets.aws.config import AwsConfig

@@ -38,7 +38,7 @@ import aiohttp
 import aiohttp.web
 from aiohttp.typedefs import Handler
 
-from backend.config import resolve_config
+from backend.resolve import resolve_config
 from backend.session import RunSession
 from backend.store import JobRecord, RunStore
 from training.protocol import METRIC_TAG, RESUME_TAG, format_record

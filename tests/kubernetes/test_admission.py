@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from backend.config import resolve_config
 from backend.errors import RtuiError
 from backend.ledger import ResourceStatus
+from backend.resolve import resolve_config
 from backend.resources import Resource
 from backend.session import RunSession
 from backend.store import RunStore

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import resolve_config
+from backend.resolve import resolve_config
 from backend.resources import CheckResult, CheckStatus
 from backend.session import RunSession
 from tests.kubernetes.conftest import KubeCluster

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.config import resolve_config
 from backend.ledger import ResourceStatus
+from backend.resolve import resolve_config
 from backend.resources import Resource
 from backend.session import RunSession
 from backend.store import RunStore

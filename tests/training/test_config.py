@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import resolve_config
 from backend.jobspec import build_job_spec
+from backend.resolve import resolve_config
 from training import checkpoint as ckpt
 from training.config import TrainConfig, TrainConfigError
 from training.loop import train_loop_per_worker

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.config import RunConfig, free_fields, resolve_config
+from backend.config import RunConfig, free_fields
 from backend.jobspec import build_job_spec
+from backend.resolve import resolve_config
 from training.config import TrainConfig
 from training.train import parse_args
 

@@ -121,8 +121,8 @@ def test_the_plan_refuses_a_local_model_of_another_shape(tmp_path: Path, config:
                                                          refused: bool) -> None:
     import json
 
-    from backend.config import resolve_config
     from backend.errors import UserError
+    from backend.resolve import resolve_config
 
     directory = tmp_path / "m"
     directory.mkdir()

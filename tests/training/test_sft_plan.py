@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import resolve_config
 from backend.datacheck import check_data
 from backend.errors import UserError
+from backend.resolve import resolve_config
 from tests.training.fixtures_chat import build_chat_tokenizer, write_chat_jsonl
 
 
