@@ -6,7 +6,8 @@ with a bearer token that expires (EKS: ~15 min) and a TLS context from the kubec
 machine that may not have Ray installed. So the base URL may carry a path prefix, the headers
 come from a provider called for every request (a refreshed token is used by the next one),
 and the wire format is read from Ray 2.58's ``dashboard/modules/job`` (sdk.py, job_head.py,
-common.py), ``dashboard_sdk.py`` and ``_private/runtime_env/packaging.py``.
+common.py), ``dashboard_sdk.py`` and ``_private/runtime_env/packaging.py`` (the package format itself is
+``backend.raypackage``).
 
 Sessions: a caller that opens the client (``async with JobsApi(...)``) shares one aiohttp
 session until ``aclose()``; otherwise each call opens and closes its own. Most callers build a
@@ -19,17 +20,13 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import hashlib
-import io
 import json
 import re
 import secrets
 import ssl as ssl_lib
-import zipfile
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatch
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -38,12 +35,10 @@ import aiohttp
 
 from backend.errors import OperationError, TransientError
 from backend.jsonstring import StringValueDecoder
+from backend.raypackage import DEFAULT_EXCLUDES, package_uri, zip_package
 
 HeaderProvider = Callable[[], Mapping[str, str]]
 
-# Ray 2.58's RAY_RUNTIME_ENV_DEFAULT_EXCLUDES: the same set gives the same package hash, so a
-# package Ray's own SDK uploaded is found and not sent again.
-DEFAULT_EXCLUDES = (".git", ".venv", "venv", "__pycache__")
 # Answers that say the server between us and the dashboard (the API server's proxy, a load
 # balancer) could not reach it right now: worth another try, unlike a refusal of the request.
 GATEWAY_STATUSES = (502, 503, 504)
@@ -415,72 +410,3 @@ def _seg(value: str) -> str:
 
 def _is_local(value: Any) -> bool:
     return isinstance(value, Path) or (isinstance(value, str) and "://" not in value)
-
-
-# --- Ray's package format (packaging.py), reimplemented so Ray need not be installed -------
-def _excluded(rel: PurePosixPath, excludes: Sequence[str]) -> bool:
-    """Ray matches gitignore-style patterns; a bare name (all of Ray's defaults) matches that
-    name at any depth, a pattern with a slash matches the path from the package root.
-    Ray also reads .gitignore/.rayignore files; this does not."""
-    for pattern in excludes:
-        if "/" in pattern.rstrip("/"):
-            if fnmatch(str(rel), pattern.strip("/")):
-                return True
-        elif fnmatch(rel.name, pattern.rstrip("/")):
-            return True
-    return False
-
-
-def _walk(root: Path, excludes: Sequence[str]) -> Iterator[Path]:
-    """The root and every path under it that is not excluded, parents before children."""
-    stack = [root]
-    while stack:
-        path = stack.pop()
-        if path != root and _excluded(PurePosixPath(path.relative_to(root).as_posix()), excludes):
-            continue  # an excluded directory hides everything under it
-        yield path
-        if path.is_dir():
-            stack.extend(path.iterdir())
-
-
-def _path_hash(path: Path, root: Path) -> bytes:
-    digest = hashlib.sha1(str(path.relative_to(root)).encode())  # noqa: S324 - Ray's naming, not security
-    if not path.is_dir():
-        with contextlib.suppress(OSError), path.open("rb") as f:
-            while data := f.read(4 * 1024 * 1024):
-                digest.update(data)
-    return digest.digest()
-
-
-def _xor(left: bytes, right: bytes) -> bytes:
-    return bytes(a ^ b for a, b in zip(left, right, strict=False))
-
-
-def package_uri(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES,
-                extra: Mapping[str, bytes] | None = None) -> str:
-    """``gcs://_ray_pkg_<hash>.zip``, the hash as Ray computes it: the XOR of the SHA-1 of each
-    path's name (and a file's content), folded into 8 bytes that start as ``b"0" * 8``; ``extra``:
-    files added at the package root (name -> content), hashed the same way."""
-    root = root.absolute()
-    acc = b"0" * 8
-    for path in _walk(root, excludes):
-        acc = _xor(acc, _path_hash(path, root))
-    for name, content in (extra or {}).items():
-        acc = _xor(acc, hashlib.sha1(name.encode() + content).digest())  # noqa: S324 - Ray's naming
-    return f"gcs://_ray_pkg_{acc.hex()}.zip"
-
-
-def zip_package(root: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES, include_parent_dir: bool = False,
-                extra: Mapping[str, bytes] | None = None) -> bytes:
-    """The zip Ray builds: every file and empty directory, named from the package root
-    (under the root's own name for a py_module); ``extra`` files at that root."""
-    root = root.absolute()
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED, strict_timestamps=False) as archive:
-        for path in _walk(root, excludes):
-            if path.is_file() or (path.is_dir() and next(path.iterdir(), None) is None):
-                name = path.relative_to(root)
-                archive.write(path, str(Path(root.name) / name if include_parent_dir else name))
-        for extra_name, content in (extra or {}).items():
-            archive.writestr(str(Path(root.name) / extra_name if include_parent_dir else extra_name), content)
-    return buffer.getvalue()

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from backend import jobsapi, rayjobs
+from backend import jobsapi, rayjobs, raypackage
 from backend.errors import OperationError, TransientError
 from backend.jobsapi import JobsApi
 from backend.rayjobs import RayJobs
@@ -253,7 +253,7 @@ async def test_a_package_is_uploaded_once_per_content(fake: FakeRay, tmp_path: P
     names = set(zipfile.ZipFile(io.BytesIO(fake.packages[uri])).namelist())
     assert names == {"pkg/__init__.py", "pkg/sub/mod.py", "pkg/empty/", f"pkg/{jobsapi.NONCE_FILE}"}, names
     # Not the name anyone can compute from the code alone (a package planted there would be used).
-    assert uri != jobsapi.package_uri(tmp_path / "pkg")
+    assert uri != raypackage.package_uri(tmp_path / "pkg")
     assert RayJobs(fake.url).api._nonce != jobs.api._nonce
 
     # A cache directory changing does not make a new package; a source file does.
@@ -271,9 +271,9 @@ async def test_a_package_is_uploaded_once_per_content(fake: FakeRay, tmp_path: P
 def test_the_package_name_is_the_one_ray_computes(tmp_path: Path) -> None:
     packaging = pytest.importorskip("ray._private.runtime_env.packaging")
     make_tree(tmp_path)
-    ours = jobsapi.package_uri(tmp_path / "pkg")
+    ours = raypackage.package_uri(tmp_path / "pkg")
     assert ours == packaging.get_uri_for_directory(str(tmp_path / "pkg"), include_gitignore=True,
-                                                   excludes=list(jobsapi.DEFAULT_EXCLUDES))
+                                                   excludes=list(raypackage.DEFAULT_EXCLUDES))
 
 
 async def test_submission_answers_keep_their_meaning(fake: FakeRay) -> None:

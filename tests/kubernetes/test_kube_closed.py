@@ -70,8 +70,8 @@ def test_a_package_planted_under_the_name_rtui_would_compute_is_not_what_the_job
     import io
     import zipfile
 
-    from backend.jobsapi import package_uri
     from backend.jobspec import training_package_dir
+    from backend.raypackage import package_uri
 
     gpu_cluster(world.cluster)
     guessed = package_uri(training_package_dir()).split("://", 1)[1]
