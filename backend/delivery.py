@@ -148,7 +148,7 @@ class S3Store:
     def _client(self) -> Any:
         if self._s3 is None:
             # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
-            from backend.aws_session import boto3_session
+            from backend.boto import boto3_session
 
             aws = boto3_session(self.profile)
             self._s3 = aws.client("s3", region_name=aws.region_name or "us-east-1")
@@ -358,7 +358,7 @@ def _check_s3(uri: str, *, profile: str | None, run_id: str) -> CheckResult:
     # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from backend.aws_session import boto3_session
+    from backend.boto import boto3_session
 
     bucket, prefix = split_s3(uri)
     key = f"{prefix}/.rtui-write-check-{run_id}" if prefix else f".rtui-write-check-{run_id}"

@@ -434,3 +434,12 @@ def test_the_lazy_rule_reads_a_reason_above_or_beside_an_import() -> None:
     assert _lazy_reason(at(3), lines) == "boto3 only on the aws target"
     assert _lazy_reason(at(5), lines) == "yaml only for manifests"
     assert _lazy_reason(at(7), lines) == ""
+
+
+def test_no_module_under_backend_is_named_for_a_target() -> None:
+    """Issue 38: a target's code is in its folder. What every target shares (the boto3 loader s3:// storage
+    uses, the ray-job layer) has a name of its own; a module named for a target belongs to the target."""
+    words = {*TARGET_NAMES - {"local"}, "k8s", "kubernetes", "eks", "ec2"}  # "local" also means this disk
+    named = [str(path.relative_to(REPO)) for path in sorted((REPO / "backend").rglob("*.py"))
+             if any(word in part for part in path.relative_to(REPO / "backend").parts for word in words)]
+    assert not named, named

@@ -23,7 +23,7 @@ from typing import Any
 import boto3
 import yaml
 
-from backend.aws_session import boto3_session
+from backend.boto import boto3_session
 from backend.paths import private_cache_dir
 from targets.aws.infra.api import partition
 from targets.kube.k8s import kubeconfig_text

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from backend.aws_session import boto3_session
+from backend.boto import boto3_session
 from backend.layers.base import Context
 from targets.aws import eks
 from targets.aws.config import aws_config

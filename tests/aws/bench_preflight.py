@@ -39,8 +39,8 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # the child process below impo
 
 from moto_ext import SCRIPT, ScriptedMotoServer, install  # noqa: E402
 
-from backend.aws_session import AwsSession  # noqa: E402
 from targets.aws.cloud import PreflightRequest, run_preflight  # noqa: E402
+from targets.aws.session import AwsSession  # noqa: E402
 
 CHILD = """
 import logging, sys

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from backend.aws_session import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, RETRY_ATTEMPTS, AwsSession
 from backend.errors import OperationError
 from targets.aws.cloud import PreflightRequest, check_command, run_preflight
+from targets.aws.session import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, RETRY_ATTEMPTS, AwsSession
 from tests.aws.conftest import _ENV, _UNSET, World
 from tests.conftest import RTUI
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from backend.aws_calls import Workers
-from backend.aws_session import AwsSession
+from targets.aws.calls import Workers
 from targets.aws.cloud import PreflightRequest, run_preflight
+from targets.aws.session import AwsSession
 from tests.aws.conftest import World
 from tests.eventually import eventually
 

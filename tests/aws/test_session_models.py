@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from botocore.loaders import JSONFileLoader
 
-from backend.aws_session import AwsSession
 from backend.errors import UserError
+from targets.aws.session import AwsSession
 
 
 @pytest.fixture(autouse=True)

@@ -12,13 +12,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TextIO, TypeVar
 
-from backend.aws_session import AwsSession
 from backend.config import clip
 from backend.errors import OperationError, RtuiError
 from targets.aws.cloud.preflight import run_preflight
 from targets.aws.cloud.quota import QuotaIncreaseRequest, increase_command
 from targets.aws.cloud.quota_requests import request_missing_quota
 from targets.aws.cloud.report import PreflightReport, PreflightRequest, RegionReport
+from targets.aws.session import AwsSession
 
 EXIT_FEASIBLE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NONE_FEASIBLE = 0, 1, 2, 3
 # The longest an AWS command stays quiet on stderr while it waits (TTY or not): a check that

@@ -11,10 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from backend.aws_calls import CallPool
-from backend.aws_session import AwsSession, describe_aws_error, error_code
 from backend.config import clip, shown
 from backend.errors import OperationError, UserError
+from targets.aws.calls import CallPool
 from targets.aws.cloud.catalog import EKS_REJECTED_ZONE_IDS, InstanceFacts, quota_code_for
 from targets.aws.cloud.pricing import PlanShape, PriceBook, RegionPrices, price_plan, spot_nodes_cost, spot_prices
 from targets.aws.cloud.quota import headroom, read_quota_limit, running_instances, vcpus_in_use
@@ -28,6 +27,7 @@ from targets.aws.cloud.report import (
 )
 from targets.aws.cloud.spot_advisor import SpotAdvisor
 from targets.aws.cloud.verdict import ZoneInputs, assess_zone, expected_cost, recommend
+from targets.aws.session import AwsSession, describe_aws_error, error_code
 
 T = TypeVar("T")
 ENABLED_OPT_IN = ("opt-in-not-required", "opted-in")

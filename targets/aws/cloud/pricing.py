@@ -14,8 +14,8 @@ from typing import Any
 
 from botocore.config import Config
 
-from backend.aws_session import AwsSession
 from targets.aws.cloud import catalog
+from targets.aws.session import AwsSession
 
 # The Pricing API lives in a few regions only; us-east-1 serves the whole aws partition.
 PRICING_REGION = "us-east-1"

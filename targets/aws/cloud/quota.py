@@ -12,9 +12,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
-from backend.aws_session import AwsSession, describe_aws_error, error_code
 from targets.aws.cloud.catalog import QUOTA_NAMES, QUOTA_SERVICE_CODE, quota_code_for
 from targets.aws.cloud.report import QuotaStatus
+from targets.aws.session import AwsSession, describe_aws_error, error_code
 
 # Instances in these states hold vCPUs of the running-instances quota.
 COUNTED_STATES = ("pending", "running", "stopping", "shutting-down")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from backend.aws_calls import CallPool
-from backend.aws_session import AwsSession
 from backend.errors import OperationError
+from targets.aws.calls import CallPool
 from targets.aws.cloud.preflight import run_preflight
 from targets.aws.cloud.quota import QuotaIncreaseRequest, request_quota_increase
 from targets.aws.cloud.report import PreflightRequest, QuotaStatus
+from targets.aws.session import AwsSession
 
 # One request is one small call; the standard retries run inside this limit.
 REQUEST_TIMEOUT_S = 20.0

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from targets.aws.cloud.report import InterruptionRate
 
 if TYPE_CHECKING:
-    from backend.aws_session import AwsSession
+    from targets.aws.session import AwsSession
 
 __all__ = [
     "ADVISOR_BUCKET",
@@ -120,7 +120,7 @@ def read_advisor(aws: AwsSession) -> dict[str, Any]:
     import botocore
     from botocore.config import Config
 
-    from backend.aws_session import boto3_session
+    from backend.boto import boto3_session
 
     config = Config(signature_version=botocore.UNSIGNED, retries={"mode": "standard", "max_attempts": 2},
                     connect_timeout=3, read_timeout=10)

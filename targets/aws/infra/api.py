@@ -27,8 +27,11 @@ from botocore.exceptions import (
 )
 from botocore.loaders import create_loader
 
-from backend.aws_calls import CallPool
-from backend.aws_session import (
+from backend.errors import OperationError, RtuiError, UserError
+from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
+from backend.waiting import polling
+from targets.aws.calls import CallPool
+from targets.aws.session import (
     THROTTLING_CODES,
     AwsSession,
     describe_aws_error,
@@ -37,9 +40,6 @@ from backend.aws_session import (
     login_hint,
     no_credentials_error,
 )
-from backend.errors import OperationError, RtuiError, UserError
-from backend.retry import REAL_CLOCK, Backoff, Clock, Retrying
-from backend.waiting import polling
 
 RUN_TAG = "rtui:run"
 CLUSTER_TAG = "rtui:cluster"

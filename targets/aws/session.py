@@ -1,9 +1,5 @@
-"""boto3 session and clients (the aws target's, and any s3:// storage's), and AWS errors turned into one clear line.
-
-Credentials come from the usual chain (explicit profile, ``AWS_PROFILE``, environment, SSO,
-instance roles); ``AWS_ENDPOINT_URL`` and its per-service variants are honoured by botocore
-itself, so nothing here knows or cares which endpoint it talks to.
-"""
+"""The aws target's boto3 session and clients (``AwsSession``, made with ``backend.boto``), and AWS errors
+turned into one clear line."""
 
 from __future__ import annotations
 
@@ -11,8 +7,6 @@ import os
 import threading
 from typing import Any
 
-import boto3
-import botocore.session
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -27,11 +21,11 @@ from botocore.exceptions import (
     TokenRetrievalError,
     UnauthorizedSSOTokenError,
 )
-from botocore.loaders import Loader, create_loader
 
-from backend.aws_calls import Workers
+from backend.boto import boto3_session
 from backend.config import clip
 from backend.errors import OperationError, RtuiError, UserError
+from targets.aws.calls import Workers
 
 # Standard mode retries throttling and transient errors with jittered backoff; six retries
 # (botocore's max_attempts counts retries: seven attempts in all) ride out the bursts a
@@ -59,31 +53,6 @@ _PERMISSION_CODES = frozenset({"AccessDenied", "AccessDeniedException", "Unautho
 THROTTLING_CODES = frozenset(
     {"Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException"}
 )
-
-
-# botocore's service models, parsed once per process: each boto3 session otherwise parses the EC2
-# model anew (~0.1 s of CPU, more than a preflight's own calls). Keyed by AWS_DATA_PATH (or a
-# profile's data_path), the one setting that changes what the loader finds.
-_LOADERS: dict[str | None, Loader] = {}
-_LOADERS_LOCK = threading.Lock()
-
-
-def boto3_session(profile: str | None = None, region: str | None = None) -> boto3.session.Session:
-    """``boto3.Session(profile_name=profile, region_name=region)``, its own profile, credentials and
-    clients, on the process's shared loader: what every boto3 session of rtui is made with."""
-    core = botocore.session.Session(profile=profile)
-    data_path = core.get_config_variable("data_path")  # reads the profile: ProfileNotFound here
-    with _LOADERS_LOCK:
-        loader = _LOADERS.get(data_path)
-        shared = loader is not None
-        if loader is None:
-            loader = _LOADERS[data_path] = create_loader(data_path)
-        core.register_component("data_loader", loader)
-        paths = list(loader.search_paths)
-        session = boto3.session.Session(botocore_session=core, region_name=region)
-        if shared:  # boto3 appends its data dir to the loader it is given: once is enough
-            loader.search_paths[:] = paths
-    return session
 
 
 class AwsSession:
