@@ -41,7 +41,7 @@ from backend.runner import Runner, Step  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.store import RunStore  # noqa: E402
 from targets.aws.config import AwsConfig  # noqa: E402
-from targets.kube.k8s.handlers import kuberay_crds  # noqa: E402
+from targets.kube.handlers import kuberay_crds  # noqa: E402
 from tests.aws.bench_world import serve_aws_double  # noqa: E402
 from tests.aws.moto_ext import SCRIPT  # noqa: E402
 from tests.kubernetes.conftest import KubeCluster  # noqa: E402

@@ -46,7 +46,7 @@ from backend.session import RunSession  # noqa: E402
 from backend.spool import LogSpool  # noqa: E402
 from backend.store import JobRecord, RunStore  # noqa: E402
 from backend.telemetry import Telemetry  # noqa: E402
-from targets.kube.k8s.api import KubeApi  # noqa: E402
+from targets.kube.api import KubeApi  # noqa: E402
 
 NS, SVC, POD = "default", "rtui-ray-head-svc", "rtui-ray-head-abcde"
 CHUNK_LINES = 10  # Ray's tail message

@@ -33,7 +33,7 @@ from backend.runner import Runner, Step  # noqa: E402
 from backend.session import RunSession  # noqa: E402
 from backend.store import RunStore  # noqa: E402
 from targets.kube.config import KubeConfig  # noqa: E402
-from targets.kube.k8s.handlers import kuberay_crds  # noqa: E402
+from targets.kube.handlers import kuberay_crds  # noqa: E402
 from tests.kubernetes.conftest import KubeCluster  # noqa: E402
 from tests.kubernetes.crds import crd_dir  # noqa: E402
 from tests.kubernetes.fake_control import FakeControlPlane, Timings  # noqa: E402

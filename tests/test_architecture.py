@@ -253,13 +253,13 @@ def test_imports_point_one_way() -> None:
 
 def test_the_direction_check_sees_a_backwards_import() -> None:
     cases = {("backend.session", "targets.aws.infra.api"): True,
-             ("targets.kube.k8s.cluster_api", "targets.aws.infra"): True,
-             ("targets.local.layer", "targets.kube.k8s.pods"): True,
+             ("targets.kube.cluster_api", "targets.aws.infra"): True,
+             ("targets.local.layer", "targets.kube.pods"): True,
              ("backend.config", "tui.app"): True,
              ("targets.kube.layer", "tui.checks"): True,
-             ("targets.aws.infra.layer", "targets.kube.k8s.manifests"): False,
+             ("targets.aws.infra.layer", "targets.kube.manifests"): False,
              ("tui.cli", "targets.kube"): False,
-             ("targets.kube.k8s.layer", "backend.targets"): False,
+             ("targets.kube.layer", "backend.targets"): False,
              ("targets.kube.panel", "tui.checks"): False}
     for (module, target), backwards in cases.items():
         found = backwards_imports([Import(module, REPO / "x.py", 1, 1, (target,), True, True)])

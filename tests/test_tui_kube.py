@@ -28,7 +28,7 @@ from screens.provision import ProvisionScreen
 from screens.run import RunScreen
 from screens.target import TargetScreen
 from targets.kube.config import KubeConfig
-from targets.kube.k8s.kubeconfig import kube_contexts
+from targets.kube.kubeconfig import kube_contexts
 from tests.fake_hub import FakeHub
 from tests.kubernetes.conftest import CONTEXT, KubeCluster
 from tests.kubernetes.crds import crd_dir

@@ -57,8 +57,8 @@ from targets.aws.infra.common import (
 from targets.aws.infra.iam import RoleHandler
 from targets.aws.infra.network import VpcHandler
 from targets.aws.infra.nodes import CapacityError, NodegroupHandler
-from targets.kube.k8s.handlers import NAMESPACE, OPERATOR, PREPULL, RAYCLUSTER, WORKERS
-from targets.kube.k8s.raycluster import RayClusterHandler, WorkersHandler
+from targets.kube.handlers import NAMESPACE, OPERATOR, PREPULL, RAYCLUSTER, WORKERS
+from targets.kube.raycluster import RayClusterHandler, WorkersHandler
 from tests.pilot_wait import wait_for
 from tests.snap import SnapCompare
 from tests.test_tui import FIXED_RUN_ID

@@ -11,7 +11,7 @@ from rich.text import Text
 from backend.resources import CheckResult, CheckStatus
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.kubeconfig import KubeContext
+    from targets.kube.kubeconfig import KubeContext
 
 _CHECK_MARK = {CheckStatus.OK: ("✓", "green"), CheckStatus.WARN: ("!", "yellow"), CheckStatus.FAIL: ("✗", "red"),
                CheckStatus.INFO: ("i", "blue")}

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from backend.errors import NoCapacity
     from backend.layers.base import Context
     from backend.record import RunFacts
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 
 class AwsTarget(Target[AwsConfig]):
@@ -55,7 +55,7 @@ class AwsTarget(Target[AwsConfig]):
         from targets.aws.infra.common import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
         from targets.aws.infra.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
         from targets.aws.infra.layer import AwsLayer
-        from targets.kube.k8s.layer import Below, KubernetesLayer
+        from targets.kube.layer import Below, KubernetesLayer
 
         below = Below(api_ready=KUBECONFIG, system_nodes=SYSTEM_NODES, gpu_nodes=GPU_NODES,
                       launch_template=LAUNCH_TEMPLATE,
@@ -160,7 +160,7 @@ class AwsTarget(Target[AwsConfig]):
     def storage_profile(self, config: AwsConfig) -> str | None:
         return config.profile
 
-    # Its ClusterAccess (targets.kube.k8s.cluster_api): the kubernetes layer reaches the EKS cluster as EKS
+    # Its ClusterAccess (targets.kube.cluster_api): the kubernetes layer reaches the EKS cluster as EKS
     # describes it, never through a kubeconfig entry.
     def kube_api(self, ctx: Context) -> KubeApi:
         # lazy: boto3 and the kubernetes client only when the cluster is reached

@@ -26,7 +26,7 @@ import yaml
 from backend.boto import boto3_session
 from backend.paths import private_cache_dir
 from targets.aws.infra.api import partition
-from targets.kube.k8s import kubeconfig_text
+from targets.kube import kubeconfig_text
 
 TOKEN_PREFIX = "k8s-aws-v1."
 RUN_TAG = "rtui:run"  # the aws layer's tag naming the run that made a resource (DESIGN.md §1)

@@ -16,10 +16,10 @@ from targets.aws import eks
 from targets.aws.config import aws_config
 from targets.aws.infra.cluster import describe_cluster
 from targets.aws.infra.common import aws_api
-from targets.kube.k8s.cluster_api import ClusterNotReady
+from targets.kube.cluster_api import ClusterNotReady
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 Obj = dict[str, Any]
 
@@ -32,7 +32,7 @@ def eks_api(ctx: Context) -> KubeApi:
     EKS token (no exec plugin runs). The first use in a session asks EKS itself.
     """
     # lazy: the kubernetes client (~1 s) only when a cluster is reached; making the stack does without
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
     known = ctx.clients.aliased(_eks_key(ctx))
     if isinstance(known, KubeApi):
@@ -67,7 +67,7 @@ def _describe_eks(ctx: Context) -> Obj | None:
 
 def _remember_eks(ctx: Context, cluster: Obj | None) -> KubeApi:
     # lazy: the kubernetes client (~1 s) only when a cluster is reached
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
     config, key = aws_config(ctx), _eks_key(ctx)
     endpoint = (cluster or {}).get("endpoint")

@@ -1,9 +1,11 @@
 """The kube target: an existing cluster from a kubeconfig (DESIGN.md §3).
 
-Layers: ``targets.kube.k8s`` (plugins, KubeRay, the RayCluster; shared with the aws
-target, which hands it the addresses of the cluster it made) and the ray-job layer. Nothing
-outside the namespace and the objects rtui labelled is ever deleted. The first screen's panel,
-the kubeconfig's contexts, is ``targets.kube.panel``.
+Layers: the kubernetes layer (``targets.kube.layer``: plugins, KubeRay, the RayCluster; shared with
+the aws target, which hands it the addresses of the cluster it made) and the ray-job layer. Nothing
+outside the namespace and the objects rtui labelled is ever deleted. The first screen's panel, the
+kubeconfig's contexts, is ``targets.kube.panel``. The names: the target is ``kube`` and so is its
+folder; its layer is named for what it manages, ``kubernetes``, and its resources' addresses start
+``k8s.`` (recorded in every run and typed in ``--until``, so they stay as they are).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ def gpu_cluster_defaults(config: KubeConfig) -> Defaults:
 def kubernetes_manifest(config: KubeConfig, run_id: str) -> str:
     """The objects of a GPU cluster run's plan as `rtui manifest` prints them (``Target.manifest``)."""
     # lazy: the Kubernetes layer only for `rtui manifest`
-    from targets.kube.k8s.layer import every_object
-    from targets.kube.k8s.manifests import yaml_stream
+    from targets.kube.layer import every_object
+    from targets.kube.manifests import yaml_stream
 
     objects, notes = every_object(config, run_id)
     return "".join(f"# {note}\n" for note in notes) + yaml_stream(objects)
@@ -78,7 +80,7 @@ class KubeTarget(Target[KubeConfig]):
     def stack(self, config: KubeConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.ray_job import RayJobLayer
-        from targets.kube.k8s.layer import KubernetesLayer
+        from targets.kube.layer import KubernetesLayer
 
         return Stack(self.name, [KubernetesLayer(), RayJobLayer()])
 
@@ -108,14 +110,14 @@ class KubeTarget(Target[KubeConfig]):
         if not config.storage_size:
             return None
         # lazy: the kubernetes layer loads only when a run's data is read; listing targets does without
-        from targets.kube.k8s.volume_store import VolumeStore
+        from targets.kube.volume_store import VolumeStore
 
         return VolumeStore(config, run_id, state_root)  # its record names the image its pods pinned
 
     def job_storage_path(self, config: KubeConfig, run_id: str) -> str | None:
         """With --storage-size: the run's own directory on its volume (``manifests.DATA_MOUNT``)."""
         # lazy: the kubernetes layer loads only when a run's stack is made; listing targets does without
-        from targets.kube.k8s.manifests import job_storage_path
+        from targets.kube.manifests import job_storage_path
 
         return job_storage_path(run_id) if config.storage_size else None
 

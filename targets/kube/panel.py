@@ -23,7 +23,7 @@ from tui.checks import render_context
 from tui.target_panel import PanelUpdated, Reconfigure, TargetPanel
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.kubeconfig import KubeContext
+    from targets.kube.kubeconfig import KubeContext
 
 
 @dataclass
@@ -62,7 +62,7 @@ class ContextPanel(TargetPanel):
 
     async def load_contexts(self) -> None:
         # lazy: the kubernetes client (~1 s) after the first frame: the picker paints, then fills
-        from targets.kube.k8s.kubeconfig import kube_contexts
+        from targets.kube.kubeconfig import kube_contexts
 
         try:
             contexts, current = await asyncio.to_thread(kube_contexts, self.config.kubeconfig)

@@ -14,7 +14,7 @@ from backend.ledger import ResourceStatus
 from backend.resources import Action
 from targets.aws.config import AwsConfig
 from targets.aws.infra.access_scope import ACCESS_SCOPE, AccessScopeHandler
-from targets.kube.k8s.cluster_api import cluster_api
+from targets.kube.cluster_api import cluster_api
 from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import down, eks, session_for, tagged, up
 from tests.kubernetes.conftest import KubeCluster

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from targets.kube.k8s.registry import image_size
+from targets.kube.registry import image_size
 from tests.aws import netguard
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from targets.kube.k8s.manifests import EFA_RESOURCE
+from targets.kube.manifests import EFA_RESOURCE
 from tests.aws.conftest import World
 from tests.conftest import run_rtui
 

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from targets.aws.facts import AwsFacts
 from targets.aws.infra.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
-from targets.kube.k8s.handlers import RAYCLUSTER
+from targets.kube.handlers import RAYCLUSTER
 from tests.aws.conftest import World
 from tests.aws.iam_strict import Decision, condition_holds, evaluate
 from tests.aws.provision_world import REGION, eks, iam, session_for, up

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from targets.kube import manifests
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import manifests
 from tests.aws.conftest import P, World
 from tests.aws.provision_world import RUN_TAG, down, ec2, session_for, tagged, up
 

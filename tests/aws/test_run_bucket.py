@@ -21,10 +21,10 @@ from backend.session import RunSession
 from targets.aws.facts import AwsFacts
 from targets.aws.infra.iam import DATA_IDENTITY, data_policy_for
 from targets.aws.infra.storage import BUCKET, bucket_name
+from targets.kube import manifests
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import manifests
-from targets.kube.k8s.handlers import RAYCLUSTER
-from targets.kube.k8s.serviceaccount import SERVICE_ACCOUNT
+from targets.kube.handlers import RAYCLUSTER
+from targets.kube.serviceaccount import SERVICE_ACCOUNT
 from tests.aws.conftest import World
 from tests.aws.moto_s3 import valid_bucket_name
 from tests.aws.provision_world import REGION, RUN_TAG, Outcome, collect, eks, iam, session_for, tagged, up

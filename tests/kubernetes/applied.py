@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from targets.kube.k8s.raycluster import SPEC_ANNOTATION
+from targets.kube.raycluster import SPEC_ANNOTATION
 from tests.kubernetes.conftest import KubeCluster
 
 RUN_LABEL = "rtui.dev/run"

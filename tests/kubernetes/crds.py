@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from targets.kube.k8s.addons import TRUSTED_CRDS_FILE
+from targets.kube.addons import TRUSTED_CRDS_FILE
 
 if TYPE_CHECKING:
     from tests.kubernetes.conftest import KubeCluster

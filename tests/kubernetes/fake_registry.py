@@ -179,7 +179,7 @@ class _Tags(dict[str, str]):
 class FakeRegistry:
     """The registry, served from a process of its own as a real one is: from a thread of the test's
     process it shared the GIL with moto, the Kubernetes emulator and the code under test, and on a
-    loaded machine an answer could miss rtui's 4 s deadline (``targets.kube.k8s.registry``),
+    loaded machine an answer could miss rtui's 4 s deadline (``targets.kube.registry``),
     as checkip's did (tests/aws/checkip.py). The test reads ``requests`` and changes ``tags`` through a
     control path (``/_control``) that rtui never asks for."""
 

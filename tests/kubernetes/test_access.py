@@ -15,7 +15,7 @@ import aiohttp.web
 import pytest
 
 from backend.errors import OperationError, UserError
-from targets.kube.k8s.api import KubeApi, split_timestamp
+from targets.kube.api import KubeApi, split_timestamp
 from tests.eventually import eventually, eventually_async
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import install_shared_crds
@@ -412,7 +412,7 @@ def test_exec_into_a_container_the_pod_lacks_is_refused(kube_cluster: KubeCluste
 
 
 def test_exec_forbidden_by_rbac_is_a_403_naming_the_permission(kube_cluster: KubeCluster, tmp_path: Path) -> None:
-    from targets.kube.k8s.api import Forbidden
+    from targets.kube.api import Forbidden
 
     _exec_pod(kube_cluster, tmp_path)
     kube_cluster.forbid("create", "pods/exec", "team")

@@ -16,9 +16,9 @@ from kubernetes.client import ApiClient
 
 from backend.errors import OperationError, UserError
 from targets.aws.config import AwsConfig
-from targets.kube.k8s import addons as a
-from targets.kube.k8s.manifests import labels
-from targets.kube.k8s.pods import unschedulable_reason
+from targets.kube import addons as a
+from targets.kube.manifests import labels
+from targets.kube.pods import unschedulable_reason
 from tests.kubernetes.crds import RAYSERVICE_CRD, SHARED, STANDIN_SHA256
 from tests.kubernetes.crds import crd_dir as _crd_dir
 from tests.serving import serve_in_thread

@@ -28,11 +28,11 @@ from backend.resolve import resolve_config
 from backend.resources import Resource
 from backend.session import RunSession
 from backend.store import RunStore
+from targets.kube import handlers, raycluster
+from targets.kube import manifests as m
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import handlers, raycluster
-from targets.kube.k8s import manifests as m
-from targets.kube.k8s.layer import every_object
-from targets.kube.k8s.raycluster import PrepullHandler, RayClusterHandler, WorkersHandler
+from targets.kube.layer import every_object
+from targets.kube.raycluster import PrepullHandler, RayClusterHandler, WorkersHandler
 from tests.kubernetes import pod_security as pss
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import install_shared_crds
@@ -183,7 +183,7 @@ def test_every_pod_of_a_non_root_image_passes_restricted_and_the_prepull_always(
      'limited: requests.cpu=10', 'ResourceQuota "compute"'),
 ])
 def test_the_refusal_names_the_rule(message: str, rule: str) -> None:
-    from targets.kube.k8s.admission import refusal_rule
+    from targets.kube.admission import refusal_rule
 
     assert refusal_rule(message) == rule
 
@@ -193,7 +193,7 @@ async def test_preflight_refuses_a_root_image_for_a_namespace_that_enforces_rest
     """The user's namespace (adopted, issue 35 item 1) enforces restricted: with a root image the plan refuses
     in one line naming the rule, before anything is applied; Ray's image passes; another level says nothing."""
     from backend.resources import CheckStatus
-    from targets.kube.k8s.admission import pod_security_check
+    from targets.kube.admission import pod_security_check
 
     kube_cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "labels": {
         **RESTRICTED, "pod-security.kubernetes.io/enforce-version": "v1.33"}}})

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from backend.errors import UserError
-from targets.kube.k8s.api import KubeApi
+from targets.kube.api import KubeApi
 from tests.kubernetes.conftest import KubeCluster
 
 PLUGIN = """\

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from targets.kube.k8s.api import KubeApi, Unreachable
+from targets.kube.api import KubeApi, Unreachable
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.test_kube_networks import ROUTES, Proxies, no_proxy_env
 from tests.netproxies import ConnectProxy, Socks5Proxy

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from targets.kube.k8s import raycluster
-from targets.kube.k8s.pods import PodProblem
+from targets.kube import raycluster
+from targets.kube.pods import PodProblem
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import load_yaml
 from tests.kubernetes.kube_world import RUN_LABEL, KubeWorld, events, failure, gpu_cluster, wait_until, world

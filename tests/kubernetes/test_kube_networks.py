@@ -31,7 +31,7 @@ from typing import TypedDict
 
 import pytest
 
-from targets.kube.k8s.api import KubeApi
+from targets.kube.api import KubeApi
 from tests.eventually import eventually_async
 from tests.kubernetes.conftest import SERVER_NAME, KubeCluster
 from tests.kubernetes.fake_ray import FakeRayHead

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from targets.kube import raycluster, volume_store
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import raycluster, volume_store
 from tests.eventually import eventually
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_control import FakeControlPlane

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from kubernetes.config import kube_config
 
-from targets.kube.k8s.api import KubeApi
+from targets.kube.api import KubeApi
 
 KEY = b"-----BEGIN PRIVATE KEY-----\nnot-a-real-key\n-----END PRIVATE KEY-----\n"
 CERT = b"-----BEGIN CERTIFICATE-----\nnot-a-real-cert\n-----END CERTIFICATE-----\n"

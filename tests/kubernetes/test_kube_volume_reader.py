@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from targets.kube import volume_store
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import volume_store
 from tests.kubernetes.kube_world import KubeWorld, world
 from tests.kubernetes.test_kube_storage import _in_process, _kept_run
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from targets.aws import eks
-from targets.kube.k8s.api import KubeApi
+from targets.kube.api import KubeApi
 from tests.kubernetes.conftest import KubeCluster
 
 REPO = Path(__file__).resolve().parents[2]

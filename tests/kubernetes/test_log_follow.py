@@ -18,7 +18,7 @@ from backend.follow import JobFollower
 from backend.rayjobs import RayJobs
 from backend.store import JobState
 from backend.telemetry import Telemetry
-from targets.kube.k8s.api import KubeApi
+from targets.kube.api import KubeApi
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_ray import BigLogRayHead, TrainingLog, session_following
 

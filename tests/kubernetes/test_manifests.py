@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from targets.aws.config import AwsConfig
+from targets.kube import manifests as m
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import manifests as m
-from targets.kube.k8s.layer import every_object
+from targets.kube.layer import every_object
 from tests.conftest import run_rtui
 from tests.kubernetes.crds import load_yaml
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 import json
 
 from backend.store import RunStore
+from targets.kube import manifests
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import manifests
-from targets.kube.k8s.security import network_policy
+from targets.kube.security import network_policy
 from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, world
 from tests.kubernetes.pod_network import Source, admitted
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
 NAMESPACE, CLUSTER = "rtui", "rtui-ray"
-PROBE = "k8s.probe.netpol"  # the probe's address (targets.kube.k8s.probe.PROBE)
+PROBE = "k8s.probe.netpol"  # the probe's address (targets.kube.probe.PROBE)
 ROLE = "rtui.dev/role"
 
 
@@ -113,7 +113,7 @@ def test_the_probe_pod_passes_pod_security_runs_the_pinned_image_and_is_no_pod_t
     forbids privileged, host namespaces, added capabilities beyond its list, hostPath, host ports;
     restricted also requires allowPrivilegeEscalation false, runAsNonRoot, capabilities drop ALL and
     a seccomp profile of RuntimeDefault or Localhost. The probe meets restricted."""
-    from targets.kube.k8s.probe import probe_pod
+    from targets.kube.probe import probe_pod
 
     config = KubeConfig(target="kube")
     digest = "sha256:" + "a" * 64
@@ -146,7 +146,7 @@ def test_the_probe_pod_passes_pod_security_runs_the_pinned_image_and_is_no_pod_t
 
 
 def test_a_probe_that_could_not_tell_is_unconfirmed_never_enforced() -> None:
-    from targets.kube.k8s.probe import Enforcement, read_verdict
+    from targets.kube.probe import Enforcement, read_verdict
 
     assert read_verdict(["rtui-probe: connected"], "Succeeded", "t")[0] is Enforcement.NOT_ENFORCED
     assert read_verdict(["rtui-probe: refused TimeoutError: timed out"], "Succeeded", "t")[0] is Enforcement.ENFORCED

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from targets.kube.k8s import addons, kuberay_version
+from targets.kube import addons, kuberay_version
 from tests.kubernetes.crds import install_shared_crds
 from tests.kubernetes.kube_world import KubeWorld, gpu_cluster, world
 from tests.kubernetes.kuberay_double import raycluster_crd

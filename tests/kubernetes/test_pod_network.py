@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from targets.kube.config import KubeConfig
-from targets.kube.k8s.security import network_policy
+from targets.kube.security import network_policy
 from tests.kubernetes.pod_network import Source, admitted
 
 RUN = "r20260101-120000-abcd"

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from backend.config import RunConfig
+from targets.kube import manifests as m
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import manifests as m
-from targets.kube.k8s.layer import every_object
-from targets.kube.k8s.volume_store import VolumeStore
+from targets.kube.layer import every_object
+from targets.kube.volume_store import VolumeStore
 from tests.kubernetes import pod_security as pss
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.test_manifests import schema_errors
@@ -147,7 +147,7 @@ async def test_the_emulator_refuses_a_pod_that_breaks_its_namespaces_enforce_lev
     from tests.kubernetes.test_ray_service_account import session_for
 
     session = session_for(tmp_path)
-    from targets.kube.k8s.serviceaccount import ServiceAccountHandler
+    from targets.kube.serviceaccount import ServiceAccountHandler
 
     api = ServiceAccountHandler().api(session.ctx)
     await api.apply(m.namespace(KubeConfig.of(session.config), session.run_id))
@@ -173,7 +173,7 @@ async def test_a_namespace_this_run_made_before_pod_security_gets_its_labels_on_
     (a Namespace's labels change without touching its pods; PodSecurity only warns about running pods
     that break the new level: https://kubernetes.io/docs/concepts/security/pod-security-admission/)."""
     from backend.resources import Action, Resource
-    from targets.kube.k8s.handlers import NAMESPACE, NamespaceHandler
+    from targets.kube.handlers import NAMESPACE, NamespaceHandler
     from tests.kubernetes.test_ray_service_account import session_for
 
     session = session_for(tmp_path)

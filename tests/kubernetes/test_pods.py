@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from targets.kube.k8s.pods import (
+from targets.kube.pods import (
     PodProblem,
     allocatable_problems,
     pod_problem,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from targets.kube.k8s.api import KubeApi
+from targets.kube.api import KubeApi
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.fake_ray import FakeRayHead
 from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world

@@ -11,10 +11,10 @@ from backend.resolve import resolve_config
 from backend.resources import Resource
 from backend.session import RunSession
 from backend.store import RunStore
+from targets.kube import manifests
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import manifests
-from targets.kube.k8s.manifests import service_account
-from targets.kube.k8s.serviceaccount import SERVICE_ACCOUNT, ServiceAccountHandler
+from targets.kube.manifests import service_account
+from targets.kube.serviceaccount import SERVICE_ACCOUNT, ServiceAccountHandler
 from tests.kubernetes.conftest import KubeCluster
 
 

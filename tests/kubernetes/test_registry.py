@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from targets.kube.k8s.registry import parse, resolve_digest
+from targets.kube.registry import parse, resolve_digest
 from tests.kubernetes.fake_registry import FakeRegistry
 
 
@@ -49,7 +49,7 @@ def test_image_names_are_read_as_docker_reads_them() -> None:
 
 
 def test_the_image_size_is_its_linux_amd64_layers_as_downloaded() -> None:
-    from targets.kube.k8s.registry import image_size
+    from targets.kube.registry import image_size
 
     with FakeRegistry(layers={"rtui/ray:test": [7_000_000_000, 3_000_000_000]}) as registry:
         sized = image_size(registry.image())

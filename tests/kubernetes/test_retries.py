@@ -16,7 +16,7 @@ import aiohttp.web
 import pytest
 
 from backend.errors import OperationError
-from targets.kube.k8s.api import KubeApi
+from targets.kube.api import KubeApi
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.kmock_ext import too_many_requests, unavailable
 

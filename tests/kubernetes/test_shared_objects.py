@@ -130,7 +130,7 @@ def test_a_create_in_a_terminating_namespace_is_not_called_forbidden(world: Kube
     import asyncio
 
     from backend.errors import OperationError
-    from targets.kube.k8s.api import Forbidden, KubeApi
+    from targets.kube.api import Forbidden, KubeApi
 
     world.cluster.add_namespace("team-d")
     world.cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "slow", "namespace": "team-d"},

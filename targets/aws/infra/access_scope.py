@@ -42,16 +42,16 @@ from targets.aws.infra.cluster import (
     caller_principal,
 )
 from targets.aws.infra.common import ACCESS_ENTRY, EKS_CLUSTER, AwsHandler, aws_api
-from targets.kube.k8s import manifests
-from targets.kube.k8s.cluster_api import ClusterNotReady, cluster_api
-from targets.kube.k8s.handlers import EFA_PLUGIN, NAMESPACE, NVIDIA_PLUGIN, OPERATOR, apply_all, delete_ours
-from targets.kube.k8s.security import APISERVER_ENDPOINTS
+from targets.kube import manifests
+from targets.kube.cluster_api import ClusterNotReady, cluster_api
+from targets.kube.handlers import EFA_PLUGIN, NAMESPACE, NVIDIA_PLUGIN, OPERATOR, apply_all, delete_ours
+from targets.kube.security import APISERVER_ENDPOINTS
 
 LAYER = "aws-access"
 ACCESS_SCOPE = "aws.access-scope"
 _NOT_FOUND = ("ResourceNotFoundException",)
 _READ = ["get", "list", "watch"]
-# What rtui's discovery reads outside the namespace (targets/kube/k8s: the device plugins, the
+# What rtui's discovery reads outside the namespace (targets/kube: the device plugins, the
 # operator and its CRDs, the nodes; targets/aws/infra/autoscaler.py: cluster-autoscaler's Deployment).
 CLUSTER_READS = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": _READ},

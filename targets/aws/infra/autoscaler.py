@@ -24,13 +24,13 @@ from targets.aws.config import aws_config
 from targets.aws.infra import node_autoscaler as na
 from targets.aws.infra.api import AwsApi
 from targets.aws.infra.common import LAYER, AwsHandler
-from targets.kube.k8s import manifests
-from targets.kube.k8s.addons import deployment_available
-from targets.kube.k8s.cluster_api import ClusterNotReady, cluster_api
-from targets.kube.k8s.handlers import apply_all, delete_ours, deployment_check, ours
+from targets.kube import manifests
+from targets.kube.addons import deployment_available
+from targets.kube.cluster_api import ClusterNotReady, cluster_api
+from targets.kube.handlers import apply_all, delete_ours, deployment_check, ours
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 CLUSTER_AUTOSCALER = "aws.cluster-autoscaler"
 # Its image (~30 MB) pulls and starts in well under a minute on a running system node; a pod that

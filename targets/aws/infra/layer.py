@@ -110,7 +110,7 @@ from targets.aws.infra.podidentity import POD_IDENTITY_AGENT, PodIdentityHandler
 from targets.aws.infra.preflight_request import preflight_request
 from targets.aws.infra.storage import BUCKET, BucketHandler, name_for, storage_uri
 from targets.aws.infra.sweep import sweep
-from targets.kube.k8s.registry import image_size
+from targets.kube.registry import image_size
 
 if TYPE_CHECKING:
     from targets.aws.cloud import PreflightReport

@@ -23,7 +23,7 @@ from typing import Any
 
 from backend.errors import UserError
 from targets.aws.config import AwsConfig
-from targets.kube.k8s.manifests import EFA_RESOURCE, GPU_NODE_LABEL, GPU_RESOURCE
+from targets.kube.manifests import EFA_RESOURCE, GPU_NODE_LABEL, GPU_RESOURCE
 
 TAG_PREFIX = "k8s.io/cluster-autoscaler"
 RUN_TAG = "rtui:run"

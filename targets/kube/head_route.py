@@ -12,10 +12,10 @@ from backend.errors import OperationError, TransientError
 from backend.jobsapi import TokenRefused
 from backend.rayjobs import RayJobs
 from targets.kube.config import KubeConfig
-from targets.kube.k8s.portforward import PortForwardForbidden
+from targets.kube.portforward import PortForwardForbidden
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 # The service proxy's own dial timeout is 30 s on kube-apiserver: a fallback that gets no answer in
 # this long is taken as dropped.

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import RtuiError
 from backend.resources import GpuFleet
+from targets.kube import manifests, pods
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import manifests, pods
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 Obj = dict[str, Any]
 # The names their upstream charts and manifests give the Deployment (kubernetes/autoscaler

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import UserError
 from backend.layers.base import Context
+from targets.kube import addons, manifests
+from targets.kube.cluster_api import ClusterNotReady, cluster_api
 from targets.kube.config import KubeConfig, kube_config
-from targets.kube.k8s import addons, manifests
-from targets.kube.k8s.cluster_api import ClusterNotReady, cluster_api
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 Obj = dict[str, Any]
 
@@ -93,7 +93,7 @@ def unknown_fields(value: Any, schema: Obj | None, path: str = "spec", *, root: 
 async def served_schema(api: KubeApi) -> ServedSchema | None:
     """The RayCluster ``ray.io/v1`` schema the API server validates with, None when no CRD serves it."""
     # lazy: the kubernetes client only when a cluster is reached (access imports it)
-    from targets.kube.k8s.api import Forbidden, KindNotServed
+    from targets.kube.api import Forbidden, KindNotServed
 
     try:
         crd = await api.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", RAYCLUSTER_CRD)
@@ -181,7 +181,7 @@ async def refuse_unfit_kuberay(ctx: Context) -> None:
 async def check(api: KubeApi, config: KubeConfig, run_id: str) -> None:
     """``refuse_unfit_kuberay`` on a cluster's API."""
     # lazy: the kubernetes client only when a cluster is reached (access imports it)
-    from targets.kube.k8s.api import Forbidden
+    from targets.kube.api import Forbidden
 
     served = await served_schema(api)
     refusal = schema_refusal(config, run_id, served) if served is not None else None

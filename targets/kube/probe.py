@@ -28,14 +28,14 @@ from backend.layers.base import Context
 from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.kube import manifests, pods
 from targets.kube.config import KubeConfig, kube_config
-from targets.kube.k8s import manifests, pods
-from targets.kube.k8s.handlers import LAYER, RAYCLUSTER, KubeHandler, object_id, ours, pod_report
-from targets.kube.k8s.raycluster import ray_pods_selector
-from targets.kube.k8s.security import NETWORK_POLICY
+from targets.kube.handlers import LAYER, RAYCLUSTER, KubeHandler, object_id, ours, pod_report
+from targets.kube.raycluster import ray_pods_selector
+from targets.kube.security import NETWORK_POLICY
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 PROBE = "k8s.probe.netpol"
 # The key the volume reader's pods carry their role under too: rtui's pods that are no Ray pods.

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 from backend.errors import RtuiError
 from backend.resources import CheckResult, CheckStatus
 from targets.kube.config import KubeConfig
-from targets.kube.k8s.manifests import image_user
+from targets.kube.manifests import image_user
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 Manifest = dict[str, Any]
 

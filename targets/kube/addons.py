@@ -30,7 +30,7 @@ import yaml
 from backend.errors import OperationError, UserError
 from backend.paths import config_dir
 from targets.kube.config import KubeConfig
-from targets.kube.k8s.manifests import (
+from targets.kube.manifests import (
     GPU_NODE_LABEL,
     GPU_RESOURCE,
     MANAGED_BY,
@@ -38,7 +38,7 @@ from targets.kube.k8s.manifests import (
     Manifest,
     labels,
 )
-from targets.kube.k8s.pods import unschedulable_reason
+from targets.kube.pods import unschedulable_reason
 
 INSTALLED_BY = "rtui.dev/installed-by-run"
 NAME_LABEL = "app.kubernetes.io/name"

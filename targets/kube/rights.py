@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from backend.errors import ApiUnreachable, RtuiError
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 # What the cluster-wide mode reads before it plans (discovery of the add-ons, the node checks):
 # (verb, resource, API group), each at the cluster scope.

@@ -29,7 +29,7 @@ from backend.errors import ApiUnreachable, OperationError, UserError
 from backend.paths import private_cache_dir
 from backend.rayjobs import RayJobs
 from backend.retry import REAL_CLOCK, Backoff, Clock, Retry, Retrying, report_retry
-from targets.kube.k8s.kubeconfig import (
+from targets.kube.kubeconfig import (
     CONFIG_ERRORS,
     cluster_entry,
     first_current_context,
@@ -38,7 +38,7 @@ from targets.kube.k8s.kubeconfig import (
     route_like_kubectl,
     user_entry,
 )
-from targets.kube.k8s.portforward import PortForward
+from targets.kube.portforward import PortForward
 
 Obj = dict[str, Any]
 Objs = list[Obj]  # aliases: inside KubeApi, ``list`` names the method

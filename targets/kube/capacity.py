@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from targets.kube.k8s import pods
-from targets.kube.k8s.manifests import GPU_RESOURCE, RUN_LABEL
+from targets.kube import pods
+from targets.kube.manifests import GPU_RESOURCE, RUN_LABEL
 
 Obj = Mapping[str, Any]
 

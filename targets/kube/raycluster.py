@@ -17,9 +17,9 @@ from backend.layers.base import Context
 from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.kube import admission, idle, manifests, pods, rights
 from targets.kube.config import kube_config
-from targets.kube.k8s import admission, idle, manifests, pods, rights
-from targets.kube.k8s.handlers import (
+from targets.kube.handlers import (
     EFA_PLUGIN,
     HF_SECRET,
     LAYER,
@@ -40,12 +40,12 @@ from targets.kube.k8s.handlers import (
     ref,
     wait_established,
 )
-from targets.kube.k8s.security import JOB_ENV, NETWORK_POLICY, RAY_TOKEN
-from targets.kube.k8s.serviceaccount import SERVICE_ACCOUNT, WORKER_ACCOUNT
-from targets.kube.k8s.storage import DATA_CLAIM
+from targets.kube.security import JOB_ENV, NETWORK_POLICY, RAY_TOKEN
+from targets.kube.serviceaccount import SERVICE_ACCOUNT, WORKER_ACCOUNT
+from targets.kube.storage import DATA_CLAIM
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 Manifest = dict[str, Any]
 SPEC_ANNOTATION = "rtui.dev/spec"

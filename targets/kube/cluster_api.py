@@ -16,7 +16,7 @@ from backend.layers.base import Context
 from targets.kube.config import kube_config
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 Obj = dict[str, Any]
 
@@ -51,7 +51,7 @@ async def cluster_api(ctx: Context) -> KubeApi:
 def kubeconfig_api(ctx: Context) -> KubeApi:
     """The API of the kubeconfig's cluster (``--kubeconfig``, ``--context``)."""
     # lazy: the kubernetes client (~1 s) only when a cluster is reached; making the stack does without
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
     config = kube_config(ctx)
     key = ("kube", config.kubeconfig, config.context, config.kube_timeout_s, config.kube_stream_idle_s)

@@ -30,12 +30,12 @@ from backend.layers.base import Context
 from backend.resources import Action, CheckResult, CheckStatus, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.kube import manifests
 from targets.kube.config import KubeConfig, kube_config
-from targets.kube.k8s import manifests
-from targets.kube.k8s.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
+from targets.kube.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 Obj = dict[str, Any]
 DATA_CLAIM = "k8s.pvc.data"

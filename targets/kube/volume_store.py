@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from backend.delivery import DataUsage
 from backend.errors import OperationError, RtuiError, UserError
 from backend.safepath import already_there, checked_target, partial_file
+from targets.kube import manifests
 from targets.kube.config import KubeConfig
-from targets.kube.k8s import manifests
-from targets.kube.k8s.handlers import namespace_conditions, ours
-from targets.kube.k8s.storage import claim_capacity
+from targets.kube.handlers import namespace_conditions, ours
+from targets.kube.storage import claim_capacity
 from training.export import INCOMPLETE, MODEL_MARKER, ExportInfo
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -117,7 +117,7 @@ class VolumeStore:
     # ---- the API, in a loop of its own (the store's methods are called in a worker thread) ----------
     def _with_api(self, fn: Callable[[KubeApi], Awaitable[T]]) -> T:
         # lazy: the kubernetes client (~1 s) only when a volume is read; `rtui status` of other runs does without
-        from targets.kube.k8s.api import KubeApi
+        from targets.kube.api import KubeApi
 
         async def run() -> T:
             api = KubeApi.from_kubeconfig(self.config.kubeconfig, self.config.context,
@@ -254,7 +254,7 @@ class VolumeStore:
     async def _exec_pod(self, api: KubeApi) -> AsyncIterator[str | None]:
         """A reader pod that sleeps until deleted, Running; None (after one line on stderr) where the
         cluster forbids ``pods/exec``: the caller reads through pod logs instead."""
-        from targets.kube.k8s.api import Forbidden  # lazy: as KubeApi, only when a volume is read
+        from targets.kube.api import Forbidden  # lazy: as KubeApi, only when a volume is read
 
         name = f"{self.claim}-read-{secrets.token_hex(3)}"
         ns = self.config.namespace
@@ -514,8 +514,8 @@ def run_image(config: KubeConfig, run_id: str, state_root: Path | None) -> str:
     only with --allow-unpinned."""
     # lazy: the record and the registry client only when a reader pod is made
     from backend.store import RunStore
-    from targets.kube.k8s.handlers import PREPULL, RAYCLUSTER
-    from targets.kube.k8s.registry import resolve_digest
+    from targets.kube.handlers import PREPULL, RAYCLUSTER
+    from targets.kube.registry import resolve_digest
 
     try:
         record = RunStore(state_root).load(run_id)

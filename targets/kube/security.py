@@ -21,12 +21,12 @@ from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context
 from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
+from targets.kube import manifests, rights
 from targets.kube.config import KubeConfig, kube_config
-from targets.kube.k8s import manifests, rights
-from targets.kube.k8s.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
+from targets.kube.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 RAY_TOKEN = "k8s.secret.ray-token"
 # 32 random bytes, as KubeRay's own generated Secret holds (raycluster_controller.go generateRandomToken(32)).

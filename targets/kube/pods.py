@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from targets.kube.k8s.manifests import EFA_RESOURCE, GPU_NODE_LABEL, GPU_RESOURCE
+from targets.kube.manifests import EFA_RESOURCE, GPU_NODE_LABEL, GPU_RESOURCE
 
 Obj = Mapping[str, Any]
 

@@ -20,12 +20,12 @@ from backend.paths import cache_dir
 from backend.resources import Action, Observed, Resource
 from backend.runner import Progress
 from backend.waiting import Look, wait_until
+from targets.kube import addons, idle, manifests, pods
+from targets.kube.cluster_api import kube_api
 from targets.kube.config import kube_config
-from targets.kube.k8s import addons, idle, manifests, pods
-from targets.kube.k8s.cluster_api import kube_api
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 Manifest = dict[str, Any]
 LAYER = "kubernetes"
@@ -103,7 +103,7 @@ async def get_if_served(api: KubeApi, api_version: str, kind: str, name: str,
                         namespace: str | None = None) -> Manifest | None:
     """The object, or None when it or its whole kind is missing (a fresh cluster serves no ray.io yet)."""
     # lazy: the kubernetes client only when a cluster is reached; not on the aws target's first frame
-    from targets.kube.k8s.api import KindNotServed
+    from targets.kube.api import KindNotServed
 
     try:
         return await api.get(api_version, kind, name, namespace)
@@ -115,7 +115,7 @@ async def list_if_served(api: KubeApi, api_version: str, kind: str, namespace: s
                          label_selector: str | None = None) -> list[Manifest]:
     """The objects, none when the server does not serve the kind (its CRD missing or not Established)."""
     # lazy: the kubernetes client only when a cluster is reached; not on the aws target's first frame
-    from targets.kube.k8s.api import KindNotServed
+    from targets.kube.api import KindNotServed
 
     try:
         return await api.list(api_version, kind, namespace, label_selector)

@@ -33,12 +33,12 @@ from backend.errors import UserError
 from backend.layers.base import Context
 from backend.resources import Observed, Resource
 from backend.runner import Progress
+from targets.kube import manifests
 from targets.kube.config import kube_config
-from targets.kube.k8s import manifests
-from targets.kube.k8s.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
+from targets.kube.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
 
 if TYPE_CHECKING:
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 SERVICE_ACCOUNT = "k8s.serviceaccount.ray"
 WORKER_ACCOUNT = "k8s.serviceaccount.ray-workers"

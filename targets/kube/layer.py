@@ -18,10 +18,10 @@ from backend.errors import OperationError, RtuiError, UserError
 from backend.hub import read_hf_token
 from backend.layers.base import Context, Handler, Layer
 from backend.resources import CheckResult, CheckStatus, GpuFleet, Observed, Resource
+from targets.kube import addons, admission, capacity, identity, idle, manifests, pods, rights, storage
+from targets.kube.cluster_api import ClusterNotReady, cluster_api, kube_api
 from targets.kube.config import KubeConfig, kube_config
-from targets.kube.k8s import addons, admission, capacity, identity, idle, manifests, pods, rights, storage
-from targets.kube.k8s.cluster_api import ClusterNotReady, cluster_api, kube_api
-from targets.kube.k8s.handlers import (
+from targets.kube.handlers import (
     EFA_PLUGIN,
     HF_SECRET,
     LAYER,
@@ -42,16 +42,16 @@ from targets.kube.k8s.handlers import (
     namespace_conditions,
     ours,
 )
-from targets.kube.k8s.kuberay_version import refuse_unfit_kuberay
-from targets.kube.k8s.probe import GCS_PORT, PROBE, NetworkPolicyProbeHandler, verdict_name
-from targets.kube.k8s.raycluster import (
+from targets.kube.kuberay_version import refuse_unfit_kuberay
+from targets.kube.probe import GCS_PORT, PROBE, NetworkPolicyProbeHandler, verdict_name
+from targets.kube.raycluster import (
     PrepullHandler,
     RayClusterHandler,
     WorkersHandler,
     ray_pods_selector,
 )
-from targets.kube.k8s.registry import Resolved, resolve_digest
-from targets.kube.k8s.security import (
+from targets.kube.registry import Resolved, resolve_digest
+from targets.kube.security import (
     JOB_ENV,
     NETWORK_POLICY,
     RAY_TOKEN,
@@ -62,7 +62,7 @@ from targets.kube.k8s.security import (
     policy_enforcer,
     ray_token,
 )
-from targets.kube.k8s.serviceaccount import (
+from targets.kube.serviceaccount import (
     SERVICE_ACCOUNT,
     WORKER_ACCOUNT,
     ServiceAccountHandler,
@@ -72,7 +72,7 @@ from training.passed_env import JOB_ENV_FILE
 
 if TYPE_CHECKING:
     from backend.rayjobs import RayJobs
-    from targets.kube.k8s.api import KubeApi
+    from targets.kube.api import KubeApi
 
 Obj = dict[str, Any]
 @dataclass(frozen=True)
@@ -574,8 +574,8 @@ class KubernetesLayer(Layer):
         """The head's Jobs API through the API server, once this run's head pod is ready."""
         config = kube_config(ctx)
         # lazy: the kubernetes client (~1 s) only when the cluster is reached; making the stack does without
-        from targets.kube.k8s.api import Unreachable
-        from targets.kube.k8s.head_route import head_jobs
+        from targets.kube.api import Unreachable
+        from targets.kube.head_route import head_jobs
 
         try:
             api = await cluster_api(ctx)
