@@ -138,7 +138,8 @@ class RunConfig(BaseModel):
 
     # allow_inf_nan=False: "nan" passes every gt/lt bound (each comparison is False), so a
     # non-finite number would otherwise be reported as out of range, or not at all.
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False,
+                              defer_build=True)
 
     # A registered target's name (registry.BUILTIN, or an installed package's): checked by _known_target.
     target: str = Field(default=registry.DEFAULT,

@@ -157,7 +157,7 @@ class Facts(BaseModel):
     A target's ``facts_model`` subclasses it; this base keeps, as written, the facts of a target that is
     not installed now (nothing reads them)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     @classmethod
     def of(cls: type[F], facts: RunFacts) -> F:
