@@ -115,8 +115,14 @@ async def test_sigkill_mid_job_then_status_resume_and_down(job: RunningJob, monk
             metric = getattr(app.screen, "metric", None)
             return bool(metric and metric.step is not None and metric.step > after[-1])
 
-        await eventually_async(lambda: f"a live metric past step {after[-1]} on {type(app.screen).__name__}",
-                               live_past_the_catch_up, timeout=90, interval=0.25, pause=pilot.pause)
+        def waited_for() -> str:  # built when the wait fails: did the job stall, or the screen's follow?
+            metric = getattr(app.screen, "metric", None)
+            shown = metric.step if metric is not None else None
+            spooled = metric_steps(spool)
+            return (f"a live metric past step {after[-1]} on {type(app.screen).__name__} (the screen shows step "
+                    f"{shown}; the job's spool has reached step {spooled[-1] if spooled else None})")
+
+        await eventually_async(waited_for, live_past_the_catch_up, timeout=90, interval=0.25, pause=pilot.pause)
         assert isinstance(app.screen, RunScreen)
         await pilot.press("q")
     # Textual cancels the app's workers on exit without waiting for them: the follow lets go of the
