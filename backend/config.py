@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast
@@ -443,9 +444,14 @@ def field_owners() -> dict[str, tuple[str, ...]]:
     """{field: the targets whose config has it} for every field of every known target's config, the common
     fields first, then each target's own in its model's order: what the CLI makes flags of, and what
     rtui.toml and ``RTUI_*`` may name."""
-    models = {name: config_model(name) for name in registry.names()}
-    owners: dict[str, tuple[str, ...]] = {field: tuple(models) for field in COMMON_FIELDS}
-    for name, model in models.items():
+    return dict(_owners(tuple((name, config_model(name)) for name in registry.names())))
+
+
+@cache
+def _owners(models: tuple[tuple[str, type[RunConfig]], ...]) -> dict[str, tuple[str, ...]]:
+    """``field_owners`` for these targets' models, made once per set of models (the CLI asks it for each flag)."""
+    owners: dict[str, tuple[str, ...]] = {field: tuple(name for name, _ in models) for field in COMMON_FIELDS}
+    for name, model in models:
         for field in model.model_fields:
             if field not in COMMON_FIELDS:
                 owners[field] = (*owners.get(field, ()), name)
@@ -454,11 +460,7 @@ def field_owners() -> dict[str, tuple[str, ...]]:
 
 def field_info(field: str) -> FieldInfo:
     """The declaration of ``field`` in the first known target's config that has it (KeyError: none has)."""
-    for name in field_owners()[field]:
-        model = config_model(name)
-        if field in model.model_fields:
-            return model.model_fields[field]
-    raise KeyError(field)
+    return config_model(field_owners()[field][0]).model_fields[field]
 
 
 def reconfigured(config: RunConfig, update: Mapping[str, Any]) -> RunConfig:
