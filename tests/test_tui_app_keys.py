@@ -26,13 +26,17 @@ from tui.invocation import rtui_command
 
 
 def with_resources(session: RunSession) -> RunSession:
-    """A run that made two priced resources an hour ago (as an aws apply records them)."""
+    """A run that made two priced resources about an hour ago (as an aws apply records them).
+
+    3,597 s ago, so the GPU nodes' $9.2032/hour has cost $9.1955 and reads "$9.20 so far" for the next
+    3.8 s of the test; made exactly an hour ago it read "$9.21" once 0.7 s had passed, which a loaded
+    machine took (a `make test-fast` run failed so). The cost meter reads the real clock."""
     session.store.save(session.record)
     ledger = session.ctx.ledger
     ledger.set("aws.nodegroup.gpu", "aws-nodegroup", ResourceStatus.READY, layer="aws", id="c/gpu")
     ledger.set("aws.vpc", "aws-vpc", ResourceStatus.READY, layer="aws", id="vpc-1")
     for entry in session.record.resources.values():
-        entry.created_at = time.time() - 3600
+        entry.created_at = time.time() - 3597
     session.record.plan = Plan(target="aws", changes=[
         Change(address="aws.nodegroup.gpu", layer="aws", kind="aws-nodegroup", action=Action.CREATE,
                cost_per_hour=9.2032),
