@@ -164,8 +164,10 @@ def eks_authorizer(kube: RtuiKube) -> Callable[[Access], str | None]:
             if subject is not None and _rbac_allows(kube, subject, want):
                 return None
             return subject.user if subject else "system:anonymous"
-        entries = [entry for backends in eks_backends.values() for backend in backends.values()
-                   for cluster in backend.clusters.values() for entry in _access(cluster).values()]
+        # Read on the emulator's loop while a moto request may change these dicts: each level is copied
+        # whole first (``list`` of a dict view is one step under the GIL), never walked while it changes.
+        entries = [entry for backends in list(eks_backends.values()) for backend in list(backends.values())
+                   for cluster in list(backend.clusters.values()) for entry in list(_access(cluster).values())]
         if not entries:
             return "anonymous"
         (entry,) = entries  # one cluster, one caller (see the module's docstring)

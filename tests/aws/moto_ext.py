@@ -157,6 +157,14 @@ class Script:
 
 SCRIPT = Script()
 
+# AWS answers each request whole: a read made while another caller writes sees the state before or
+# after, never an internal error. moto's backends are plain dicts walked without a lock
+# (``IAMBackend.get_role`` iterates ``self.roles.values()``) and its threaded server gives each
+# request a thread, so a role created mid-walk failed a reader with "dictionary changed size during
+# iteration" (a CI run's ``up``). One request at a time reaches moto's backends; the latency, hangs and
+# faults the script models are applied before, outside this lock, so calls still overlap in time.
+MOTO_STATE = threading.RLock()
+
 
 # --- moto extensions ------------------------------------------------------------------------
 
@@ -423,7 +431,7 @@ class FaultInjector:
                 time.sleep(self.script.latency_s)  # models time: the network and AWS's answer latency
             return moto_spot.serve_advisor(environ, start_response, self.script, _error)
         if not service:
-            return self.app(environ, start_response)  # moto's own API (reset) and the like
+            return self._moto(environ, start_response)  # moto's own API (reset) and the like
         length = int(environ.get("CONTENT_LENGTH") or 0)
         if length:
             body = environ["wsgi.input"].read(length)
@@ -475,14 +483,25 @@ class FaultInjector:
                 return _error(start_response, service, "ServiceUnavailable", "Service unavailable", 503)
             return _error(start_response, service, "InternalError", "Internal error", 500)
         if service == "s3":
-            allowed, why = iam_strict.authorise(environ, body)  # a pod's credentials: judged as IAM does
+            with MOTO_STATE:  # it reads moto's IAM, STS and S3 backends
+                allowed, why = iam_strict.authorise(environ, body)  # a pod's credentials: judged as IAM does
             if not allowed:
                 return iam_strict.access_denied(start_response, why)
         if service == "pricing":
             return _pricing(start_response, body, region)
         if service == "ec2":
             return self._idempotent(environ, start_response, region, action, body)
-        return self.app(environ, start_response)
+        return self._moto(environ, start_response)
+
+    def _moto(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        """moto's answer, made and read whole under ``MOTO_STATE``."""
+        with MOTO_STATE:
+            answer = self.app(environ, start_response)
+            try:
+                return list(answer)
+            finally:
+                if hasattr(answer, "close"):
+                    answer.close()
 
     def _idempotent(self, environ: dict[str, Any], start_response: Any, region: str, action: str,
                     body: bytes) -> Iterable[bytes]:
@@ -509,14 +528,14 @@ class FaultInjector:
             if lose:
                 script.lost_replies[action] -= 1
         if not token and not lose:
-            return self.app(environ, start_response)
+            return self._moto(environ, start_response)
         captured: dict[str, Any] = {}
 
         def capture(status: str, headers: list[Any], exc_info: Any = None) -> Any:
             captured.update(status=status, headers=headers)
             return lambda data: None
 
-        answer = b"".join(self.app(environ, capture))
+        answer = b"".join(self._moto(environ, capture))
         if token and str(captured.get("status", "")).startswith("2"):
             with script.lock:
                 script.client_tokens[(region, action, token)] = (params, captured["status"], captured["headers"],
