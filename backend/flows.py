@@ -26,6 +26,7 @@ from backend.session import RunSession, target_of
 from backend.spool import LogSpool
 from backend.store import JobState, RunStatus, RunStore, StepState, StepStatus
 from backend.telemetry import Telemetry
+from backend.waiting import Look, WaitTimedOut, wait_until
 
 RUN = "run"
 TRAIN = "train"
@@ -127,18 +128,20 @@ SCALE_UP_TIMEOUT_S = 1800.0
 
 async def _scale_up_progress(session: RunSession) -> AsyncIterator[Progress]:
     """The GPU nodes and workers arriving, until every worker runs (then the job trains)."""
-    deadline = time.monotonic() + SCALE_UP_TIMEOUT_S
-    shown = ""
-    while time.monotonic() < deadline:
+    async def arrived() -> Look:
         fleet = await session.gpu_fleet()
         if fleet is None or not fleet.short or await _job_over(session):
-            return  # up, or a job that ended first (it asks for nothing more): following it says the rest
-        line = f"scaling up from idle: {fleet.sizes()} (the job's placement group asked for them)"
-        if line != shown:
-            shown = line
-            yield Progress(line, 0.0)
-        await asyncio.sleep(SCALE_UP_POLL_S)
-    # Past the deadline the job's own state tells the rest (it fails or trains): no verdict here.
+            return Look(done=True, message="")  # up, or a job that ended first: following it says the rest
+        return Look(done=False, message=f"scaling up from idle: {fleet.sizes()} (the job's placement group "
+                                        "asked for them)")
+
+    try:
+        async for arriving in wait_until(arrived, what="the GPU nodes", timeout_s=SCALE_UP_TIMEOUT_S,
+                                         poll_s=SCALE_UP_POLL_S):
+            if arriving.message:
+                yield Progress(arriving.message, 0.0)
+    except WaitTimedOut:
+        return  # past the deadline the job's own state tells the rest (it fails or trains): no verdict here
 
 
 async def _job_over(session: RunSession) -> bool:

@@ -42,18 +42,23 @@ def minutes(seconds: float) -> str:
     return f"{seconds:.0f}s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def poll_backoff(expected_s: float | None) -> Backoff:
+class WaitTimedOut(OperationError):
+    """A wait's deadline passed before its look was done (the message says what it last saw)."""
+
+
+def poll_backoff(expected_s: float | None, poll_s: float | None = None) -> Backoff:
     cap = UNTIMED_MAX_POLL_S if expected_s is None else min(MAX_POLL_S, max(FIRST_POLL_S, expected_s / 20))
-    return Backoff(FIRST_POLL_S, POLL_FACTOR, cap)
+    return Backoff(FIRST_POLL_S, POLL_FACTOR, cap if poll_s is None else max(FIRST_POLL_S, poll_s))
 
 
 async def wait_until(look: Callable[[], Awaitable[Look]], *, what: str, timeout_s: float,
-                     expected_s: float | None = None, remedy: str | None = None,
+                     expected_s: float | None = None, remedy: str | None = None, poll_s: float | None = None,
                      clock: Clock = REAL_CLOCK) -> AsyncIterator[Progress]:
     """Poll ``look`` until done, yielding its message each time it changes (with ``expected_s``: the
     time left against it, and a fraction from the time). A fatal look ends the wait at once; the
-    deadline ends it with the last message."""
-    polls = Retrying(poll_backoff(expected_s), deadline_s=timeout_s, clock=clock)
+    deadline ends it with the last message (``WaitTimedOut``). ``poll_s``: the slowest the polls
+    get, where someone waits on each look (a short-lived pod read right after it ends)."""
+    polls = Retrying(poll_backoff(expected_s, poll_s), deadline_s=timeout_s, clock=clock)
     last = ""
     while True:
         token = polling.set(True)
@@ -78,4 +83,11 @@ async def wait_until(look: Callable[[], Awaitable[Look]], *, what: str, timeout_
         if state.done:
             return
         if not await polls.again():
-            raise OperationError(f"{what}: still {state.message} after {minutes(polls.elapsed)}", remedy=remedy)
+            raise WaitTimedOut(f"{what}: still {state.message} after {minutes(polls.elapsed)}", remedy=remedy)
+
+
+async def wait_done(look: Callable[[], Awaitable[Look]], *, what: str, timeout_s: float,
+                    remedy: str | None = None, poll_s: float | None = None, clock: Clock = REAL_CLOCK) -> None:
+    """``wait_until`` where nobody shows its progress: returns once done, raises as it does."""
+    async for _ in wait_until(look, what=what, timeout_s=timeout_s, remedy=remedy, poll_s=poll_s, clock=clock):
+        pass

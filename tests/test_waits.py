@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backend.errors import OperationError
-from backend.waiting import MAX_POLL_S, UNTIMED_MAX_POLL_S, Look, polling, wait_until
+from backend.waiting import MAX_POLL_S, UNTIMED_MAX_POLL_S, Look, WaitTimedOut, polling, wait_done, wait_until
 from tests.clock import TestClock
 
 
@@ -50,3 +50,25 @@ async def test_a_cluster_wait_ends_when_done_and_a_fatal_answer_ends_it_at_once(
     with pytest.raises(OperationError, match=r"the Ray head: still pending after 6\ds"):
         [p async for p in wait_until(never, what="the Ray head", timeout_s=60.0, clock=clock)]
     assert max(clock.slept) == UNTIMED_MAX_POLL_S  # no typical duration: a cluster's pace
+
+
+async def test_a_short_lived_thing_is_polled_no_slower_than_asked_and_its_deadline_is_its_own_error() -> None:
+    """``poll_s`` caps the polls where a caller reads the thing the moment it is done (a volume reader
+    pod); the deadline raises ``WaitTimedOut``, which a caller that goes on past it catches alone (an API
+    error while looking is not a timeout)."""
+    clock = TestClock()
+
+    async def pending() -> Look:
+        return Look(False, "phase Pending")
+
+    with pytest.raises(WaitTimedOut) as raised:
+        await wait_done(pending, what="the reader pod", timeout_s=30.0, poll_s=0.2, clock=clock)
+    assert max(clock.slept) == pytest.approx(0.2)
+    assert raised.value.message.startswith("the reader pod: still phase Pending after")
+
+    async def broken() -> Look:
+        raise OperationError("the API answered 500")
+
+    with pytest.raises(OperationError) as failed:
+        await wait_done(broken, what="the reader pod", timeout_s=30.0, clock=clock)
+    assert not isinstance(failed.value, WaitTimedOut)

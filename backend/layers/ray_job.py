@@ -8,6 +8,7 @@ reached through the Kubernetes API server. The job is found live by its metadata
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from backend.runner import Progress
 from backend.stepfit import memory_refusal
 from backend.store import JobRecord, JobState
 from backend.targets import InterruptionRate
+from backend.waiting import Look, WaitTimedOut, wait_done
 
 JOB = "ray.job.train"
 STOP_WAIT_S = 15.0
@@ -89,9 +91,16 @@ class JobHandler(Handler):
         if not status.terminal:
             yield Progress(f"stopping {have.id}")
             await jobs.stop(have.id)
-            deadline = time.monotonic() + STOP_WAIT_S
-            while time.monotonic() < deadline and not (status := await jobs.status(have.id)).terminal:
-                await asyncio.sleep(0.5)
+            seen = [status]
+
+            async def stopped() -> Look:
+                seen[0] = await jobs.status(have.id)
+                return Look(done=seen[0].terminal, message=seen[0].status.lower())
+
+            # Past the wait the job's own state is recorded as it is (Ray stops it in its own time).
+            with contextlib.suppress(WaitTimedOut):
+                await wait_done(stopped, what=f"job {have.id}", timeout_s=STOP_WAIT_S, poll_s=0.5)
+            status = seen[0]
         for job in ctx.record.jobs:
             if job.submission_id == have.id:  # the state and Ray's message for it, never one without the other
                 job.status, job.message, job.ended_at = status.state, status.message, status.end_time

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from backend.delivery import DataUsage
 from backend.errors import OperationError, RtuiError, UserError
 from backend.safepath import already_there, checked_target, partial_file
+from backend.waiting import Look, WaitTimedOut, wait_done
 from targets.kube import manifests
 from targets.kube.config import KubeConfig
 from targets.kube.handlers import namespace_conditions, ours
@@ -52,6 +53,7 @@ READER_ROLE = "data-reader"
 CHUNK_BYTES = 6 * 2**20
 LINE_BYTES = 6000  # 8,000 base64 characters a line: far from the 16 KiB where runtimes split lines
 READER_TIMEOUT_S = 300.0
+READER_POLL_S = 0.2  # a reader pod is read the moment it has run: polls never slower than this
 # A reader's ``sleep`` is PID 1 with no SIGTERM handler, so SIGTERM does nothing and the kubelet kills it
 # only when the grace period ends (30 s by default, "Pod Lifecycle: Termination of Pods"): one second is
 # all a reader that holds nothing needs, and its namespace can go right after.
@@ -181,18 +183,15 @@ class VolumeStore:
         ns = self.config.namespace
         await api.apply(self._reader_pod(name, args))
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + READER_TIMEOUT_S
-            while True:
-                pod = await api.get("v1", "Pod", name, ns) or {}
-                phase = (pod.get("status") or {}).get("phase")
-                if phase in ("Succeeded", "Failed"):
-                    break
-                if loop.time() > deadline:
-                    raise OperationError(f"the pod {ns}/{name} reading the run's volume did not finish in "
-                                         f"{READER_TIMEOUT_S:.0f}s (phase {phase or 'Pending'})",
-                                         remedy=f"see `kubectl -n {ns} describe pod {name}`, then run it again")
-                await asyncio.sleep(0.2)
+            seen = ["Pending"]
+
+            async def ended() -> Look:
+                seen[0] = _phase(await api.get("v1", "Pod", name, ns))
+                return Look(done=seen[0] in ("Succeeded", "Failed"), message=f"phase {seen[0]}")
+
+            await wait_done(ended, what=f"the pod {ns}/{name} reading the run's volume", timeout_s=READER_TIMEOUT_S,
+                            poll_s=READER_POLL_S, remedy=_describe(ns, name))
+            phase = seen[0]
             lines = [line async for line in api.read_pod_log(ns, name, "read", timestamps=False)]
         finally:
             await api.delete("v1", "Pod", name, ns)
@@ -260,20 +259,17 @@ class VolumeStore:
         ns = self.config.namespace
         await api.apply(self._reader_pod(name, [], ["sleep", str(EXEC_POD_S)]))
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + READER_TIMEOUT_S
-            while True:
-                pod = await api.get("v1", "Pod", name, ns) or {}
-                phase = (pod.get("status") or {}).get("phase")
-                running = [c for c in (pod.get("status") or {}).get("containerStatuses") or []
+            async def running() -> Look:
+                pod = await api.get("v1", "Pod", name, ns)
+                phase = _phase(pod)
+                started = [c for c in ((pod or {}).get("status") or {}).get("containerStatuses") or []
                            if "running" in (c.get("state") or {})]
-                if phase == "Running" and running:
-                    break
-                if phase in ("Succeeded", "Failed") or loop.time() > deadline:
-                    raise OperationError(f"the pod {ns}/{name} reading the run's volume did not start in "
-                                         f"{READER_TIMEOUT_S:.0f}s (phase {phase or 'Pending'})",
-                                         remedy=f"see `kubectl -n {ns} describe pod {name}`, then run it again")
-                await asyncio.sleep(0.2)
+                return Look(done=phase == "Running" and bool(started), message=f"phase {phase}",
+                            fatal=f"it ended before it could be read (phase {phase})"
+                            if phase in ("Succeeded", "Failed") else None)
+
+            await wait_done(running, what=f"the pod {ns}/{name} reading the run's volume",
+                            timeout_s=READER_TIMEOUT_S, poll_s=READER_POLL_S, remedy=_describe(ns, name))
             try:
                 await self._exec(api, name, ["true"])
             except Forbidden as err:
@@ -500,11 +496,25 @@ class VolumeStore:
 async def _until_gone(api: KubeApi, api_version: str, kind: str, name: str, namespace: str | None = None,
                       timeout_s: float = GONE_TIMEOUT_S) -> Obj | None:
     """Wait until the object is gone; what is left of it when ``timeout_s`` passes, else None."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while (live := await api.get(api_version, kind, name, namespace)) is not None and loop.time() < deadline:
-        await asyncio.sleep(0.2)
-    return live
+    left: list[Obj | None] = [None]
+
+    async def gone() -> Look:
+        left[0] = await api.get(api_version, kind, name, namespace)
+        return Look(done=left[0] is None, message="being deleted")
+
+    try:
+        await wait_done(gone, what=f"{kind} {name}", timeout_s=timeout_s, poll_s=READER_POLL_S)
+    except WaitTimedOut:
+        return left[0]
+    return None
+
+
+def _describe(namespace: str, pod: str) -> str:
+    return f"see `kubectl -n {namespace} describe pod {pod}`, then run it again"
+
+
+def _phase(pod: Obj | None) -> str:
+    return str(((pod or {}).get("status") or {}).get("phase") or "Pending")
 
 
 def run_image(config: KubeConfig, run_id: str, state_root: Path | None) -> str:
