@@ -136,6 +136,10 @@ class RunConfig(BaseModel):
         "resume_from": "chooses the checkpoint every worker loads (a checkpoint can carry a pickle)",
         "job_env": "chooses which of your environment variables reach the job",
     })
+    # Fields a model inherits from the one it builds on and its target does not take: field -> (what
+    # is said, what to do), one line each. They are no flag, variable or rtui.toml key of that target
+    # (``field_owners``): a flag is refused with these words, a file's value is left out and noted.
+    refused_fields: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType({})
 
     # allow_inf_nan=False: "nan" passes every gt/lt bound (each comparison is False), so a
     # non-finite number would otherwise be reported as out of range, or not at all.
@@ -453,7 +457,7 @@ def _owners(models: tuple[tuple[str, type[RunConfig]], ...]) -> dict[str, tuple[
     owners: dict[str, tuple[str, ...]] = {field: tuple(name for name, _ in models) for field in COMMON_FIELDS}
     for name, model in models:
         for field in model.model_fields:
-            if field not in COMMON_FIELDS:
+            if field not in COMMON_FIELDS and field not in model.refused_fields:
                 owners[field] = (*owners.get(field, ()), name)
     return owners
 
@@ -468,7 +472,8 @@ def reconfigured(config: RunConfig, update: Mapping[str, Any]) -> RunConfig:
     not are left out, and the values are checked as a file's would be."""
     model = config_model(str(update.get("target", config.target)))
     merged = {**config.model_dump(mode="json"), **update}
-    return model.model_validate({k: v for k, v in merged.items() if k in model.model_fields}, strict=False)
+    return model.model_validate({k: v for k, v in merged.items()
+                                 if k in model.model_fields and k not in model.refused_fields}, strict=False)
 
 
 # A field no config model classifies (backend.trust): held.

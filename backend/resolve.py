@@ -225,8 +225,8 @@ def _resolve(flags: Mapping[str, Any] | None, config_file: str | None, environ: 
             sources[field] += (f" (held, not confirmed: {held_reason(field)}; review, then "
                                f"`{trust_command(config_file)}`)")
     model = _model_of(raw, sources)
-    for field in [f for f in raw if f not in model.model_fields]:
-        _not_this_targets(field, raw, sources, known)
+    for field in [f for f in raw if f not in model.model_fields or f in model.refused_fields]:
+        _not_this_targets(field, raw, sources, known, model.refused_fields.get(field))
     for field in model.model_fields:
         sources.setdefault(field, "default")
         # Empty strings from env/flags mean "unset" for optional fields.
@@ -275,14 +275,16 @@ def _model_of(raw: Mapping[str, Any], sources: Mapping[str, str]) -> type[RunCon
 
 
 def _not_this_targets(field: str, raw: dict[str, Any], sources: dict[str, str],
-                      owners: Mapping[str, tuple[str, ...]]) -> None:
+                      owners: Mapping[str, tuple[str, ...]], refused: tuple[str, str] | None = None) -> None:
     """A setting of other targets than the run's: a flag is refused (the user asked for it now, on a
     target that would ignore it); a file's or a variable's is left out (one rtui.toml or shell may serve
-    several targets)."""
+    several targets). ``refused``: the run's target's own words for a field it inherits and does not take."""
     target, source = raw.get("target", registry.DEFAULT), sources[field]
     whose = " and ".join(owners[field]) + (" targets" if len(owners[field]) > 1 else " target")
     if source == "flag":
         flag = flag_name(field)
+        if refused is not None:
+            raise UserError(refused[0], remedy=refused[1])
         raise UserError(f"{flag} is a setting of the {whose}; the {target} target has none",
                         remedy=f"leave {flag} out here, or use --target {owners[field][0]}")
     del raw[field]

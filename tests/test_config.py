@@ -197,3 +197,28 @@ def test_config_show_is_what_the_job_runs_with_and_only_the_targets_fields(targe
     assert (kube_only <= shown_fields) is (target != "local") and not (kube_only & shown_fields and target == "local")
     assert (local_only <= shown_fields) is (target == "local") and not (local_only & shown_fields and target != "local")
     assert ("namespace" in shown_fields) is (target != "local")
+
+
+@pytest.mark.parametrize(("field", "flag_value", "needle"), [
+    ("storage_size", "50Gi", "--storage-size is a volume in a kube cluster; the aws target keeps the run's data in S3"),
+    ("service_account", "s3-writer", "--service-account is for the kube target"),
+    ("context", "kind-dev", "--context picks a cluster of your kubeconfig for the kube target"),
+])
+def test_a_kube_setting_the_aws_target_does_not_take_is_the_kube_targets_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, flag_value: str, needle: str) -> None:
+    """The aws config builds on the kube one and inherits these; the aws target does not take them. So
+    they are the kube target's settings alone (its help group), a flag of them on aws is refused in the
+    aws target's own words, and one rtui.toml serving both targets has its value left out on aws."""
+    assert field_owners()[field] == ("kube",)
+    with pytest.raises(UserError) as refused:
+        resolve_config({"target": "aws", field: flag_value}, environ={})
+    assert needle in refused.value.message
+    own = tmp_path / "xdg"  # the user's own file: nothing in it waits for a confirmation
+    own.mkdir()
+    (own / "rtui.toml").write_text(f'{field} = "{flag_value}"\n')
+    monkeypatch.setenv("RTUI_CONFIG_DIR", str(own))
+    resolved = resolve_config({"target": "aws"}, environ={}, cwd=tmp_path)
+    assert getattr(resolved.config, field) in ("", None)
+    assert "not used by the aws target" in resolved.sources[field]
+    kube = resolve_config({"target": "kube"}, environ={}, cwd=tmp_path)
+    assert getattr(kube.config, field) == flag_value

@@ -138,12 +138,9 @@ class AwsTarget(Target[AwsConfig]):
         return InterruptionRate(per_hour + base.per_node_hour, f"{source}, plus {base.source}")
 
     def check(self, config: AwsConfig, cwd: Path) -> AwsConfig:
-        if config.storage_size:
-            raise UserError(f"--storage-size is a volume in a kube cluster; the {self.name} target keeps the run's "
-                            "data in S3", remedy="drop --storage-size (--storage-path names where the data goes)")
-        if config.service_account:
-            raise UserError(f"--service-account is for the kube target; the {self.name} target gives its pods their "
-                            "credentials itself", remedy="drop --service-account")
+        for field, (message, remedy) in config.refused_fields.items():  # a config made otherwise than by flags
+            if getattr(config, field) != type(config).model_fields[field].default:
+                raise UserError(message, remedy=remedy)
         if config.spot_fallback != "none" and not config.spot:
             raise UserError(f"--spot-fallback {config.spot_fallback}: only with --spot (the GPU nodes are On-Demand "
                             "without it)", remedy="add --spot, or leave --spot-fallback out")

@@ -52,28 +52,37 @@ class AwsConfig(KubeConfig):
         "spot_fallback": "chooses to buy the GPU machines On-Demand, at the full price, when Spot has none",
     })
 
+    refused_fields: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType({
+        "storage_size": ("--storage-size is a volume in a kube cluster; the aws target keeps the run's data in S3",
+                         "drop --storage-size (--storage-path names where the data goes)"),
+        "service_account": ("--service-account is for the kube target; the aws target gives its pods their "
+                            "credentials itself", "drop --service-account"),
+        "context": ("--context picks a cluster of your kubeconfig for the kube target; the aws target makes its "
+                    "own cluster and reaches it through EKS", "drop --context"),
+    })
+
     region: str = Field(default="us-east-1", description="AWS region")
     availability_zone: str | None = Field(default=None,
         description="AZ for the GPU nodes (chosen by preflight when unset)")
     kubernetes_version: str = Field(default="1.34", description="EKS Kubernetes version")
     vpc_id: str | None = Field(default=None,
-        description="aws: an existing VPC to use (adopted: checked, never deleted)")
+        description="An existing VPC to use (adopted: checked, never deleted)")
     private_subnet_ids: str = Field(default="",
         description="aws with --vpc-id: its private subnets, comma-separated (two "
                                                     "AZs at least, one in the GPU AZ, each routed to a NAT gateway)")
     api_cidrs: str = Field(default="",
-        description="aws: public CIDRs allowed to reach the EKS API endpoint, comma-separated "
+        description="Public CIDRs allowed to reach the EKS API endpoint, comma-separated "
                                            "(default: your public address as AWS sees it; 0.0.0.0/0 opens it to "
                                            "everyone, flagged in the plan)")
     access_scope: Literal["cluster", "namespace"] = Field(
-        default="cluster", description="aws: what your EKS access entry grants once rtui's cluster-wide objects "
+        default="cluster", description="What your EKS access entry grants once rtui's cluster-wide objects "
                                        "are installed: admin of the whole cluster, or admin of the run's namespace "
                                        "only (AmazonEKSAdminPolicy there; `down` restores cluster admin first)")
     system_node_type: str = Field(default="m7i.xlarge",
         description="Instance type of the system node (Ray head, operator)")
     system_node_count: int = Field(default=1, ge=1, le=10, description="Number of system nodes")
     spot: bool = Field(default=False,
-        description="aws: the GPU nodes on Spot capacity (priced at the GPU AZ's Spot price, about a third of "
+        description="The GPU nodes on Spot capacity (priced at the GPU AZ's Spot price, about a third of "
                     "On-Demand's often; AWS may take a node back with two minutes' notice)")
     spot_types: str = Field(default="",
         description="aws with --spot: more instance types the GPU nodegroup may launch, comma-separated, each with "
@@ -83,7 +92,7 @@ class AwsConfig(KubeConfig):
                     "launching), move them to On-Demand in the same AZ and go on (`none`: stop and say so)")
     aws_timeout_s: float = Field(default=12.0, gt=0, le=600,
         description="How long the first AWS answers (the regions and instance types) may take before the "
-                    "endpoint is reported unreachable (aws target); a region's checks get 2.5× that and the "
+                    "endpoint is reported unreachable; a region's checks get 2.5× that and the "
                     "whole check 5×", json_schema_extra=SESSION)
 
     @field_validator("region", "system_node_type", "vpc_id", "private_subnet_ids", "api_cidrs", "spot_types")

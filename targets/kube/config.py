@@ -80,20 +80,21 @@ class KubeConfig(RunConfig):
     kuberay_crds: str = Field(default="",
         description="Where the KubeRay CRDs come from: a dir of ray.io_*.yaml or an https "
                                               "URL prefix (default: the KubeRay release; set a dir when offline)")
-    kubeconfig: str | None = Field(default=None, description="kubeconfig file (kube target; default: KUBECONFIG, else "
-                                                     "~/.kube/config)")
-    context: str | None = Field(default=None, description="kubeconfig context (kube target; default: the current one)")
+    kubeconfig: str | None = Field(default=None, description="kubeconfig file: the kube target reads its "
+        "cluster from it, the aws target writes its new cluster's context into it (default: KUBECONFIG, else "
+        "~/.kube/config)")
+    context: str | None = Field(default=None, description="kubeconfig context (default: the current one)")
     kube_timeout_s: float = Field(default=10.0, gt=0, le=600, json_schema_extra=SESSION,
-        description="Deadline of each Kubernetes API request (kube and aws targets): a server that does not "
+        description="Deadline of each Kubernetes API request: a server that does not "
                     "answer by then is reported unreachable")
     kube_stream_idle_s: float = Field(default=60.0, gt=0, le=3600, json_schema_extra=SESSION,
         description="A cluster log stream silent this long is asked again from its last line (a load balancer "
                     "may drop it without a word)")
-    storage_size: str = Field(default="", description="kube: a PersistentVolumeClaim of this size (e.g. 50Gi) in the "
+    storage_size: str = Field(default="", description="A PersistentVolumeClaim of this size (e.g. 50Gi) in the "
                                         "run's namespace, of the cluster's default StorageClass, mounted by the Ray "
                                         "head and workers: checkpoints and the model go there (instead of "
                                         "--storage-path); kept by `rtui down` unless --delete-data")
-    service_account: str = Field(default="", description="kube: the Ray pods run as this ServiceAccount, which rtui "
+    service_account: str = Field(default="", description="The Ray pods run as this ServiceAccount, which rtui "
                                            "makes in the run's namespace, so the cluster's own mechanism gives them "
                                            "credentials (an EKS Pod Identity association for NAMESPACE/NAME made "
                                            "beforehand) to write --storage-path s3://…")
