@@ -11,6 +11,7 @@ local directory (``fetch``) and delete everything (``delete``, only on ``--delet
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 import os
@@ -65,17 +66,20 @@ def human_bytes(n: int) -> str:
 
 
 class DataStore(Protocol):
-    """One place a run's data lives (local dir today; a PVC or an S3 prefix are stores of the same shape)."""
+    """One place a run's data lives: a local dir, an S3 prefix, a kube volume. Its methods are async: a
+    store that reaches a cluster does it with the session's own client, on the session's loop; one that
+    blocks (files, boto3) does it in a thread. ``fetch``'s ``progress`` may be called from that thread."""
 
     uri: str
 
-    def usage(self) -> DataUsage: ...
+    async def usage(self) -> DataUsage: ...
 
-    def latest_model(self) -> ExportInfo | None: ...
+    async def latest_model(self) -> ExportInfo | None: ...
 
-    def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]: ...
+    async def fetch(self, model: ExportInfo, to: Path,
+                    progress: Callable[[int, int], None] | None = None) -> list[str]: ...
 
-    def delete(self) -> None: ...
+    async def delete(self) -> None: ...
 
 
 class LocalDirStore:
@@ -95,22 +99,30 @@ class LocalDirStore:
         found = [m for root in self._model_roots() for m in find_models(str(root))]
         return sorted(found, key=lambda m: (m.final, m.step, os.path.getmtime(m.uri)), reverse=True)
 
-    def latest_model(self) -> ExportInfo | None:
+    def newest_model(self) -> ExportInfo | None:
         models = self.models()
         return models[0] if models else None
 
-    def usage(self) -> DataUsage:
+    def measure(self) -> DataUsage:
+        """``usage``, blocking (files only): for a caller with no loop (`rtui status` of every run)."""
         if not self.path.exists():
             return DataUsage(self.uri, 0, 0, 0)
         size = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file() and not f.is_symlink())
         checkpoints = sum(1 for _ in self.path.rglob("rtui_checkpoint.json"))
         return DataUsage(self.uri, size, len(self.models()), checkpoints)
 
-    def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
-        return copy_model_dir(Path(model.uri), model, to, progress)
+    async def latest_model(self) -> ExportInfo | None:
+        return await asyncio.to_thread(self.newest_model)
 
-    def delete(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+    async def usage(self) -> DataUsage:
+        return await asyncio.to_thread(self.measure)
+
+    async def fetch(self, model: ExportInfo, to: Path,
+                    progress: Callable[[int, int], None] | None = None) -> list[str]:
+        return await asyncio.to_thread(copy_model_dir, Path(model.uri), model, to, progress)
+
+    async def delete(self) -> None:
+        await asyncio.to_thread(shutil.rmtree, self.path, ignore_errors=True)
 
 
 # S3 Standard in us-east-1, first 50 TB: $0.023 per GB-month, where AWS bills a GB as 2^30 bytes
@@ -216,18 +228,28 @@ class S3Store:
         found.sort(key=lambda pair: (pair[0].final, pair[0].step, pair[1]), reverse=True)
         return [info for info, _ in found]
 
-    def latest_model(self) -> ExportInfo | None:
-        models = self.models()
+    async def latest_model(self) -> ExportInfo | None:
+        models = await asyncio.to_thread(self.models)
         return models[0] if models else None
 
-    def usage(self) -> DataUsage:
+    async def usage(self) -> DataUsage:
+        return await asyncio.to_thread(self._usage)
+
+    async def fetch(self, model: ExportInfo, to: Path,
+                    progress: Callable[[int, int], None] | None = None) -> list[str]:
+        return await asyncio.to_thread(self._fetch, model, to, progress)
+
+    async def delete(self) -> None:
+        await asyncio.to_thread(self._delete)
+
+    def _usage(self) -> DataUsage:
         objects = self._objects()
         size = sum(s for s, _ in objects.values())
         checkpoints = sum(1 for key in objects if key.rsplit("/", 1)[-1] == "rtui_checkpoint.json")
         return DataUsage(self.uri, size, len(self.models()) if objects else 0, checkpoints,
                          monthly_cost=size / 2**30 * S3_STANDARD_PER_GIB_MONTH)
 
-    def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
+    def _fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None) -> list[str]:
         """Download the listed files (resumable as ``copy_model_dir``: a file of the same size is kept).
         The marker's names are checked as a whole first (``safepath``): an S3 key may hold anything."""
         paths = checked_target(to, model.files, source=model.uri)
@@ -247,7 +269,7 @@ class S3Store:
                 progress(done, total)
         return copied
 
-    def delete(self) -> None:
+    def _delete(self) -> None:
         """Every object under the run's prefix, 1,000 keys a request (S3 DeleteObjects' limit)."""
         keys = [self._key(k) for k in self._objects()]
         for start in range(0, len(keys), 1000):

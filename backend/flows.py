@@ -328,11 +328,11 @@ DATA_STEP = "data"
 async def fetch_model(session: RunSession, to: Path) -> Path:
     """Copy the run's newest complete model to ``to`` (resumable); UserError when there is none."""
     store = session.data_store()
-    found = await asyncio.to_thread(store.latest_model) if store is not None else None
+    found = await store.latest_model() if store is not None else None
     if store is None or found is None:
         raise UserError(f"run {session.run_id} has no complete model rtui can fetch",
                         remedy="a run writes its model when training ends; see `rtui status`")
-    await asyncio.to_thread(store.fetch, found, to)
+    await store.fetch(found, to)
     return to
 
 
@@ -369,9 +369,9 @@ async def data_after_down(session: RunSession, delete_data: bool) -> AsyncIterat
     store = session.data_store()
     if store is None:
         return
-    usage = await asyncio.to_thread(store.usage)
+    usage = await store.usage()
     if usage.bytes == 0 and usage.empty:
-        await asyncio.to_thread(store.delete)  # nothing in it: removed with the rest
+        await store.delete()  # nothing in it: removed with the rest
         return
     # The step's title first (the teardown pane's heading), then what became of the data.
     if not delete_data:
@@ -383,7 +383,7 @@ async def data_after_down(session: RunSession, delete_data: bool) -> AsyncIterat
     yield StepEvent(step=DATA_STEP, kind=EventKind.STARTED, message="Delete the run's checkpoints and models")
     yield StepEvent(step=DATA_STEP, kind=EventKind.PROGRESS, message=f"deleting {usage.describe()}")
     try:
-        await asyncio.to_thread(store.delete)
+        await store.delete()
     except (OSError, OperationError) as exc:
         yield StepEvent(step=DATA_STEP, kind=EventKind.FAILED, message=f"deleting {store.uri} failed: {exc}",
                         cause=str(exc), remedy="check its permissions and run the same command again")
@@ -434,7 +434,7 @@ def kept_data(store: RunStore) -> list[KeptData]:
     root = store.root / "data"
     for path in sorted(root.iterdir()) if root.is_dir() else []:
         if path.is_dir() and path.name not in live:
-            usage = LocalDirStore(path).usage()
+            usage = LocalDirStore(path).measure()
             if usage.bytes:
                 out.append(KeptData(path.name, usage))
     listed = {k.run_id for k in out}

@@ -7,7 +7,6 @@ string these together live in ``backend.flows``; the UI layers only render what 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -429,8 +428,8 @@ class RunSession:
         up = self.record.status is not RunStatus.DOWN
         billed = await self.billed(now) if up else Billed()
         store = self.data_store()
-        model = await asyncio.to_thread(store.latest_model) if store is not None else None
-        usage = await asyncio.to_thread(store.usage) if store is not None else None
+        model = await store.latest_model() if store is not None else None
+        usage = await store.usage() if store is not None else None
         interruptions = await self.interruptions(telemetry, now)
         return StatusReport(self.record, alive, jobs.address if alive and jobs else None, status, message,
                             self.attached_elsewhere(), latest, telemetry.series.world_size,
@@ -460,7 +459,7 @@ class RunSession:
         `down`); None where the target keeps nothing rtui can reach."""
         storage = effective_storage_path(self.config.storage_path, self.record.facts.storage_path)
         if not storage:
-            return self.target.data_store(self.store.root, self.run_id, self.config)
+            return self.target.data_store(self.store.root, self.run_id, self.config, ctx=self.ctx)
         return data_store_for(storage, self.run_id, local_default=None, profile=self.config.profile,
                               own_bucket=not self.config.storage_path)
 

@@ -150,8 +150,9 @@ class Target(ABC, Generic[C]):
         """What `m` does after a capacity failure, in words (``fail_over_words``; None: nothing)."""
         return self.fail_over_words
 
-    def data_store(self, state_root: Path, run_id: str, config: C) -> DataStore | None:
-        """Where a run's checkpoints and model live, when rtui manages them on this target."""
+    def data_store(self, state_root: Path, run_id: str, config: C, *, ctx: Context | None = None) -> DataStore | None:
+        """Where a run's checkpoints and model live, when rtui manages them on this target. ``ctx``: the
+        run's session, whose clients a store that reaches the cluster uses (None: no session)."""
         return None
 
     def feasibility(self, config: C, *, regions: list[str] | None, all_regions: bool,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from textual import work
@@ -109,9 +109,9 @@ class ConfirmTeardown(ModalScreen[bool]):
     MEASURING = "Kept unless you say so: the run's data (measuring…)"
 
     def __init__(self, cluster_name: str, what: str, details: list[str] | None = None,
-                 data_line: Callable[[], str | None] | None = None, *, keeps_data: bool = True) -> None:
+                 data_line: Callable[[], Awaitable[str | None]] | None = None, *, keeps_data: bool = True) -> None:
         """``data_line`` says what data is kept (None: nothing); it may take seconds (a pod reads a kube
-        volume, S3 lists a prefix), so it runs in a thread while the modal shows "measuring…".
+        volume, S3 lists a prefix), so it runs in a worker while the modal shows "measuring…".
         ``keeps_data``: the run has a place for checkpoints and models (a kube run without storage has
         none): only then is deleting them offered."""
         super().__init__()
@@ -141,13 +141,13 @@ class ConfirmTeardown(ModalScreen[bool]):
         if self.data_line is not None:
             self._measure(self.data_line)
 
-    @work(thread=True, exclusive=True, group="measure-data", exit_on_error=False)
-    def _measure(self, data_line: Callable[[], str | None]) -> None:
+    @work(exclusive=True, group="measure-data", exit_on_error=False)
+    async def _measure(self, data_line: Callable[[], Awaitable[str | None]]) -> None:
         try:
-            line = data_line()
+            line = await data_line()
         except RtuiError as exc:  # the modal still tears down and says what it could not see; a bug goes up
             line = f"Kept unless you say so: the run's data (not measured: {str(exc).splitlines()[0][:120]})"
-        self.app.call_from_thread(self._show_data, line)
+        self._show_data(line)
 
     def _show_data(self, line: str | None) -> None:
         self.data_text = line

@@ -131,13 +131,14 @@ def test_a_resumed_fetch_keeps_what_it_has(s3: Any, exported: Path, tmp_path: Pa
     uri = run_storage_uri(storage, "r-2")
     _upload(exported, f"{uri}/job/model")
     store = S3Store(uri)
-    model = store.latest_model()
+    model = asyncio.run(store.latest_model())
     assert model is not None and model.step == 7 and MODEL_MARKER in model.files
     to = tmp_path / "to"
-    assert sorted(store.fetch(model, to)) == sorted(model.files)
+    assert sorted(asyncio.run(store.fetch(model, to))) == sorted(model.files)
     (to / "model.safetensors").unlink()
     seen: list[tuple[int, int]] = []
-    assert store.fetch(model, to, lambda done, total: seen.append((done, total))) == ["model.safetensors"]
+    assert asyncio.run(store.fetch(model, to, lambda done, total: seen.append((done, total)))) == [
+        "model.safetensors"]
     assert seen[-1][0] == seen[-1][1] == sum((to / name).stat().st_size for name in model.files)
 
 
@@ -174,7 +175,7 @@ def test_down_keeps_then_delete_data_removes_only_this_runs_prefix(s3: Any) -> N
 def test_a_listing_the_credentials_may_not_make_is_one_line(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     store = S3Store(f"s3://no-such-bucket-{os.getpid()}/runs/r")
     with pytest.raises(OperationError) as err:
-        store.usage()
+        asyncio.run(store.usage())
     assert err.value.message == f"listing s3://no-such-bucket-{os.getpid()}/runs/r failed: NoSuchBucket"
     assert "s3:ListBucket" in (err.value.remedy or "")
     assert json.dumps(err.value.message).count("\\n") == 0
@@ -212,11 +213,11 @@ def test_a_marker_naming_a_file_outside_to_is_refused_before_any_byte(
     uri = run_storage_uri(f"s3://{BUCKET}/hostile", "r-3")
     _hostile_model(s3, exported, "hostile/r-3/job/model", [bad])
     store = S3Store(uri)
-    model = store.latest_model()
+    model = asyncio.run(store.latest_model())
     assert model is not None and bad in model.files  # offered: every listed name is a key there
     before = _everything_under(home)
     with pytest.raises(UnsafeName) as err:
-        store.fetch(model, to)
+        asyncio.run(store.fetch(model, to))
     assert str(err.value).count("\n") == 0 and json.dumps(bad) in err.value.message, err.value.message
     assert "nothing was written" in err.value.message
     assert _everything_under(home) == before  # not `to`, not a .part, not the file
@@ -248,10 +249,10 @@ def test_a_symlinked_directory_inside_to_is_never_written_through(
     uri = run_storage_uri(f"s3://{BUCKET}/links", "r-4")
     _hostile_model(s3, exported, "links/r-4/job/model", ["sub/config.json"])
     store = S3Store(uri)
-    model = store.latest_model()
+    model = asyncio.run(store.latest_model())
     assert model is not None
     with pytest.raises(UnsafeName) as err:
-        store.fetch(model, to)
+        asyncio.run(store.fetch(model, to))
     assert '"sub/config.json"' in err.value.message and "symlink" in err.value.message
     assert list(outside.iterdir()) == []
     assert sorted(os.listdir(to)) == ["sub"]  # nothing else written before the refusal
@@ -269,10 +270,10 @@ def test_an_existing_symlink_in_place_of_a_model_file_is_refused(
     uri = run_storage_uri(f"s3://{BUCKET}/links", "r-5")
     _upload(exported, f"{uri}/job/model")
     store = S3Store(uri)
-    model = store.latest_model()
+    model = asyncio.run(store.latest_model())
     assert model is not None and "config.json" in model.files
     with pytest.raises(UnsafeName) as err:
-        store.fetch(model, to)
+        asyncio.run(store.fetch(model, to))
     assert '"config.json"' in err.value.message and "symlink" in err.value.message
     assert victim.read_bytes() == b"mine" and (to / "config.json").is_symlink()
     assert sorted(os.listdir(to)) == ["config.json"]

@@ -8,6 +8,7 @@ name is checked as a path of plain segments and every directory on its way is lo
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -73,9 +74,9 @@ def test_a_local_runs_marker_is_checked_as_a_buckets(tmp_path: Path) -> None:
               "bytes": 7, "export_s": 0.0, "state_bytes": 0, "tokenizer": False}
     (source / MODEL_MARKER).write_text(json.dumps(marker))
     store = LocalDirStore(root)
-    model = store.latest_model()
+    model = store.newest_model()
     assert model is not None and "../x" in model.files
     home = tmp_path / "home"
     with pytest.raises(UnsafeName, match=r'its file "\.\./x" has a \'\.\.\' segment; nothing was written'):
-        store.fetch(model, home / "to")
+        asyncio.run(store.fetch(model, home / "to"))
     assert not home.exists()

@@ -126,7 +126,8 @@ class ToyTarget(Target[ToyConfig]):
     def stack(self, config: ToyConfig) -> Stack:
         return Stack(self.name, [MarkerLayer()])
 
-    def data_store(self, state_root: Path, run_id: str, config: ToyConfig) -> DataStore | None:
+    def data_store(self, state_root: Path, run_id: str, config: ToyConfig, *,
+                   ctx: Context | None = None) -> DataStore | None:
         return ToyStore(toy_data(config, run_id))
 
     def defaults(self, config: ToyConfig) -> Defaults:
@@ -304,8 +305,12 @@ async def test_the_toy_panel_shows_its_world_and_its_key_reconfigures_the_run(zo
                        "the first screen's checks")
         first = app.screen
         assert isinstance(first, TargetScreen) and isinstance(first.panel, ToyPanel)
-        text = "\n".join(screen_text(pilot))
-        assert "toy world" in text and "w Next world" in text, text  # its row and its key
+        def shown() -> bool:  # its row and its key, once the screen has drawn them
+            text = "\n".join(screen_text(pilot))
+            return "toy world" in text and "w Next world" in text
+
+        await wait_for(pilot, shown, 15, lambda: "the toy panel's row and its key in the footer; the screen shows:\n"
+                       + "\n".join(screen_text(pilot)))
         await pilot.press("w")
         await wait_for(pilot, lambda: app.screen is not first and isinstance(app.screen, TargetScreen), 15,
                        "the run checked again in the next world")

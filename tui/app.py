@@ -430,11 +430,11 @@ def teardown_summary(session: RunSession, *, now: float | None = None, gpu: GpuF
     return lines or ["Nothing is recorded as made; discovery looks again before deleting."]
 
 
-def kept_data_line(session: RunSession) -> str | None:
-    """What teardown keeps of the run's data, None for nothing. Blocking, seconds at times (a kube
-    volume is read by a pod, S3 listed): the modal calls it in a thread, never on the event loop."""
+async def kept_data_line(session: RunSession) -> str | None:
+    """What teardown keeps of the run's data, None for nothing. Seconds at times (a kube volume is read
+    by a pod, S3 listed): the modal shows "measuring…" meanwhile."""
     store = session.data_store()
-    usage = store.usage() if store is not None else None
+    usage = await store.usage() if store is not None else None
     if usage is not None and not usage.empty:
         return f"Kept unless you say so: {usage.describe()}"
     return None

@@ -478,7 +478,7 @@ async def model(ns: argparse.Namespace, out: TextIO) -> int:
         if store is None:
             raise UserError(f"run {session.run_id} is on the {session.record.target} target, whose model rtui cannot "
                             "fetch yet", remedy="copy it from the --storage-path the run used")
-        found = await asyncio.to_thread(store.latest_model)
+        found = await store.latest_model()
         if found is None:
             raise UserError(f"run {session.run_id} has no complete model in {store.uri}",
                             remedy="a run writes its model when training ends: see `rtui status` for how the job did "
@@ -488,7 +488,7 @@ async def model(ns: argparse.Namespace, out: TextIO) -> int:
         to = Path(ns.to).expanduser().resolve() if ns.to else None
         if ns.json:
             if to is not None:
-                await asyncio.to_thread(store.fetch, found, to)
+                await store.fetch(found, to)
                 summary = {**summary, "copied_to": str(to)}
             _json_line(out, summary)
             return 0
@@ -499,7 +499,7 @@ async def model(ns: argparse.Namespace, out: TextIO) -> int:
             out.write(f"\rcopying {human_bytes(done)} / {human_bytes(total)}")
             out.flush()
 
-        await asyncio.to_thread(store.fetch, found, to, progress)
+        await store.fetch(found, to, progress)
         out.write(f"\nmodel of run {session.run_id} (step {found.step}) copied to {to}: {len(found.files)} files, "
                   f"{human_bytes(total)}\n")
         if summary.get("eval_loss_before") is not None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from backend.delivery import DataStore
+    from backend.layers.base import Context
 
 def gpu_cluster_defaults(config: KubeConfig) -> Defaults:
     """A GPU cluster's auto values: the hub model fine-tuned in bf16, one rank per GPU, EFA between nodes,
@@ -105,14 +106,18 @@ class KubeTarget(Target[KubeConfig]):
                             "where the run's data goes", remedy="pass one of them")
         return config
 
-    def data_store(self, state_root: Path, run_id: str, config: KubeConfig) -> DataStore | None:
-        """With --storage-size: the run's directory on its volume, read through short-lived pods."""
+    def data_store(self, state_root: Path, run_id: str, config: KubeConfig, *,
+                   ctx: Context | None = None) -> DataStore | None:
+        """With --storage-size: the run's directory on its volume, read through short-lived pods, with
+        the session's client to the cluster."""
         if not config.storage_size:
             return None
         # lazy: the kubernetes layer loads only when a run's data is read; listing targets does without
+        from targets.kube.cluster_api import cluster_api
         from targets.kube.volume_store import VolumeStore
 
-        return VolumeStore(config, run_id, state_root)  # its record names the image its pods pinned
+        # its record names the image its pods pinned
+        return VolumeStore(config, run_id, state_root, api=(lambda: cluster_api(ctx)) if ctx is not None else None)
 
     def job_storage_path(self, config: KubeConfig, run_id: str) -> str | None:
         """With --storage-size: the run's own directory on its volume (``manifests.DATA_MOUNT``)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import concurrent.futures
 import contextlib
 import io
 import json
@@ -106,9 +105,13 @@ out("END")
 class VolumeStore:
     """The run's directory on its claim: ``pvc://<namespace>/<claim>/<run id>``."""
 
-    def __init__(self, config: KubeConfig, run_id: str, state_root: Path | None = None) -> None:
+    def __init__(self, config: KubeConfig, run_id: str, state_root: Path | None = None, *,
+                 api: Callable[[], Awaitable[KubeApi]] | None = None) -> None:
+        """``api``: the session's client to the cluster (it closes it); without one (no session) each
+        call makes its own from the kubeconfig and closes it."""
         self.config, self.run_id = config, run_id
         self.state_root = state_root  # where the run's record is (None: the state dir of the environment)
+        self._session_api = api
         self._image: str | None = None  # the image reader pods run, settled at the first pod
         self.claim = manifests.data_claim_name(config)
         self.uri = f"pvc://{config.namespace}/{self.claim}/{run_id}"
@@ -116,43 +119,36 @@ class VolumeStore:
         self._exec_allowed = True  # until the cluster answers 403 to pods/exec
         self.notice: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
 
-    # ---- the API, in a loop of its own (the store's methods are called in a worker thread) ----------
-    def _with_api(self, fn: Callable[[KubeApi], Awaitable[T]]) -> T:
+    @contextlib.asynccontextmanager
+    async def _api(self) -> AsyncIterator[KubeApi]:
+        if self._session_api is not None:
+            yield await self._session_api()
+            return
         # lazy: the kubernetes client (~1 s) only when a volume is read; `rtui status` of other runs does without
         from targets.kube.api import KubeApi
 
-        async def run() -> T:
-            api = KubeApi.from_kubeconfig(self.config.kubeconfig, self.config.context,
-                                          timeout_s=self.config.kube_timeout_s,
-                                          stream_idle_s=self.config.kube_stream_idle_s)
-            try:
-                return await fn(api)
-            finally:
-                api.close()
-
+        api = KubeApi.from_kubeconfig(self.config.kubeconfig, self.config.context,
+                                      timeout_s=self.config.kube_timeout_s,
+                                      stream_idle_s=self.config.kube_stream_idle_s)
         try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(run())
-        # Called on a loop's own thread (the TUI's teardown modal asks for the usage): a loop of its own
-        # in another thread, as asyncio.run cannot nest.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, run()).result()
+            yield api
+        finally:
+            api.close()
 
     async def _live_claim(self, api: KubeApi) -> Obj | None:
         live = await api.get("v1", "PersistentVolumeClaim", self.claim, self.config.namespace)
         return live if ours(live, self.run_id) else None
 
-    def _reader_image(self) -> str:
+    async def _reader_image(self) -> str:
+        """The image reader pods run, settled at the first (the record, perhaps the registry: off the loop)."""
         if self._image is None:
-            self._image = run_image(self.config, self.run_id, self.state_root)
+            self._image = await asyncio.to_thread(run_image, self.config, self.run_id, self.state_root)
         return self._image
 
-    def _reader_pod(self, name: str, args: list[str], command: list[str] | None = None) -> Obj:
+    def _reader_pod(self, name: str, image: str, args: list[str], command: list[str] | None = None) -> Obj:
         off_gpu_nodes = {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": manifests.GPU_NODE_LABEL, "operator": "NotIn", "values": ["true"]}]}]}
         tiny = {"cpu": "100m", "memory": "256Mi"}
-        image = self._reader_image()
         return {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": self.config.namespace,
@@ -181,7 +177,7 @@ class VolumeStore:
         """Run one reader pod to its end and return its numbered lines' payloads (all of them, or an error)."""
         name = f"{self.claim}-read-{secrets.token_hex(3)}"
         ns = self.config.namespace
-        await api.apply(self._reader_pod(name, args))
+        await api.apply(self._reader_pod(name, await self._reader_image(), args))
         try:
             seen = ["Pending"]
 
@@ -245,7 +241,7 @@ class VolumeStore:
             raise OperationError(f"the listing of the run's volume {self.uri} holds a line that is not an entry: "
                                  f"{json.dumps(payload[:100])}",
                                  remedy="the reader pod did not run rtui's program as written: check the image "
-                                        f"{self._reader_image()}")
+                                        f"{self._image or 'the run pinned'}")
         return entry
 
     # ---- exec: one pod, the way `kubectl cp` reads -------------------------------------------------
@@ -257,7 +253,7 @@ class VolumeStore:
 
         name = f"{self.claim}-read-{secrets.token_hex(3)}"
         ns = self.config.namespace
-        await api.apply(self._reader_pod(name, [], ["sleep", str(EXEC_POD_S)]))
+        await api.apply(self._reader_pod(name, await self._reader_image(), [], ["sleep", str(EXEC_POD_S)]))
         try:
             async def running() -> Look:
                 pod = await api.get("v1", "Pod", name, ns)
@@ -344,14 +340,15 @@ class VolumeStore:
                 found.append(ExportInfo(**{**asdict(info), "uri": uri}))
         return sorted(found, key=lambda m: (m.final, m.step), reverse=True)
 
-    def models(self) -> list[ExportInfo]:
-        return self._models(self._with_api(self._listing))
+    async def models(self) -> list[ExportInfo]:
+        async with self._api() as api:
+            return self._models(await self._listing(api))
 
-    def latest_model(self) -> ExportInfo | None:
-        models = self.models()
+    async def latest_model(self) -> ExportInfo | None:
+        models = await self.models()
         return models[0] if models else None
 
-    def usage(self) -> DataUsage:
+    async def usage(self) -> DataUsage:
         async def look(api: KubeApi) -> tuple[Obj | None, list[Obj], str]:
             claim = await self._live_claim(api)
             if claim is None:
@@ -360,7 +357,8 @@ class VolumeStore:
             found = await api.get("storage.k8s.io/v1", "StorageClass", class_name) if class_name else None
             return claim, await self._listing(api), str((found or {}).get("provisioner") or "")
 
-        claim, listing, provisioner = self._with_api(look)
+        async with self._api() as api:
+            claim, listing, provisioner = await look(api)
         if claim is None:
             return DataUsage(self.uri, 0, 0, 0)
         size = sum(int(e["s"]) for e in listing)
@@ -371,7 +369,8 @@ class VolumeStore:
         return DataUsage(where, size, len(self._models(listing)), checkpoints,
                          monthly_cost=size / 2**30 * per_gib if per_gib is not None else None)
 
-    def fetch(self, model: ExportInfo, to: Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
+    async def fetch(self, model: ExportInfo, to: Path,
+                    progress: Callable[[int, int], None] | None = None) -> list[str]:
         """Copy the model's files through one reader pod: ``tar cf -`` of the files not here yet, streamed
         over ``exec``; a file already there with the right size is kept (an interrupted fetch goes on
         from the files it had not finished). The names come from the reader pod's output, which is
@@ -398,7 +397,8 @@ class VolumeStore:
             sizes = sizes_of(await self._listing(api))
             return await self._copy_by_logs(api, model, to, paths, inside, sizes, progress)
 
-        return self._with_api(copy)
+        async with self._api() as api:
+            return await copy(api)
 
     async def _copy_by_tar(self, api: KubeApi, pod: str, model: ExportInfo, to: Path, paths: dict[str, Path],
                            inside: str, sizes: dict[str, int],
@@ -472,7 +472,7 @@ class VolumeStore:
                 progress(done, total)
         return copied
 
-    def delete(self) -> None:
+    async def delete(self) -> None:
         """The claim (its volume goes with it where the class's reclaim policy is Delete, the default for
         provisioned volumes), then the run's namespace when nothing of the run runs there any more."""
 
@@ -490,7 +490,8 @@ class VolumeStore:
                 if left is not None:
                     self.notice(f"note: namespace {ns} is still being deleted: {namespace_conditions(left)}")
 
-        self._with_api(remove)
+        async with self._api() as api:
+            await remove(api)
 
 
 async def _until_gone(api: KubeApi, api_version: str, kind: str, name: str, namespace: str | None = None,

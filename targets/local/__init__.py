@@ -18,6 +18,7 @@ from targets.local.config import LocalConfig
 
 if TYPE_CHECKING:
     from backend.delivery import DataStore
+    from backend.layers.base import Context
 
 
 class LocalTarget(Target[LocalConfig]):
@@ -87,5 +88,6 @@ class LocalTarget(Target[LocalConfig]):
                                       running=bool(cluster_family(c.path))))
         return found
 
-    def data_store(self, state_root: Path, run_id: str, config: LocalConfig) -> DataStore | None:
+    def data_store(self, state_root: Path, run_id: str, config: LocalConfig, *,
+                   ctx: Context | None = None) -> DataStore | None:
         return LocalDirStore(local_data_dir(state_root, run_id))

@@ -245,11 +245,11 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     assert again.returncode == 2 and refused and run_id in refused[0], again.stdout + again.stderr
     assert f"rtui down {run_id} --delete-data --yes" in again.stdout + again.stderr
 
-    # The TUI's teardown modal asks for the usage on its event loop's thread: no nested asyncio.run.
+    # The TUI's teardown modal asks for the usage on its own event loop.
     async def on_a_loop() -> str:
         store = volume_store.VolumeStore(KubeConfig(target="kube", storage_size="50Gi", kubeconfig=str(
             world.cluster.kubeconfig)), run_id)
-        return store.usage().describe()
+        return (await store.usage()).describe()
 
     assert "1 model, 1 checkpoint" in asyncio.run(on_a_loop())
 
@@ -298,14 +298,14 @@ def test_a_stopped_copy_resumes_with_the_files_it_lacks(
 
     store = volume_store.VolumeStore(KubeConfig(target="kube", storage_size="50Gi", kubeconfig=str(
         world.cluster.kubeconfig)), run_id)
-    model = store.latest_model()
+    model = asyncio.run(store.latest_model())
     assert model is not None
-    assert sorted(store.fetch(model, to)) == ["config.json", "model-00002.safetensors"]
+    assert sorted(asyncio.run(store.fetch(model, to))) == ["config.json", "model-00002.safetensors"]
     for name, data in files.items():
         assert (to / name).read_bytes() == data
     [tar] = [s for s in world.cluster.requests(path_contains="/exec") if s.query.get("command") == "tar"]
     assert list(os.listdir(to)) and not [n for n in os.listdir(to) if n.endswith(".part")]
-    assert store.fetch(model, to) == []  # all there: nothing asked of the volume's pod but its listing
+    assert asyncio.run(store.fetch(model, to)) == []  # all there: nothing asked of the volume's pod but its listing
 
 
 def test_where_exec_is_forbidden_the_copy_says_so_once_and_reads_pod_logs(

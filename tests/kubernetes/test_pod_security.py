@@ -50,8 +50,9 @@ def pods_in_namespace(run_config: RunConfig) -> list[tuple[str, dict[str, Any], 
            for p in pss.pod_specs(o)]
     if config.storage_size:
         store = VolumeStore(config, RUN)
-        store._image = f"{config.image}@sha256:{'0' * 64}"  # as pinned at its first pod (no registry here)
-        for pod in (store._reader_pod("reader", ["list", RUN]), store._reader_pod("exec", [], ["sleep", "60"])):
+        image = f"{config.image}@sha256:{'0' * 64}"  # as pinned at its first pod (no registry here)
+        for pod in (store._reader_pod("reader", image, ["list", RUN]),
+                    store._reader_pod("exec", image, [], ["sleep", "60"])):
             out += list(pss.pod_specs(pod))
     return out
 

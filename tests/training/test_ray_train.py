@@ -102,7 +102,7 @@ def test_export_every_writes_a_model_at_that_step_and_the_final_one_is_offered(f
     models = LocalDirStore(store).models()
     assert [(m.step, m.final, os.path.basename(m.uri)) for m in models] == \
         [(16, True, "model"), (8, False, "model-step-00000008")]
-    assert LocalDirStore(store).latest_model() == models[0]
+    assert LocalDirStore(store).newest_model() == models[0]
 
 
 def test_metric_lines_parse_with_the_telemetry_parser(full_run: tuple[Run, Path]) -> None:
