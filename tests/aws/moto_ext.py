@@ -124,6 +124,11 @@ class Script:
     # them go: a state a test must meet whatever the machine's speed (AWS's take minutes; a loaded box
     # may outrun the seconds scripted here).
     held: set[str] = field(default_factory=set)
+    # Calls ((service, action)) whose answer waits until the test lets them go (``release_action``): a
+    # step a test must kill a client in, whatever the machine's speed. Released, the call goes on as AWS
+    # goes on with a request whose client has gone: it makes what was asked.
+    held_actions: set[tuple[str, str]] = field(default_factory=set)
+    hold_changed: threading.Condition = field(default_factory=threading.Condition)
     extra_offerings: list[dict[str, Any]] = field(default_factory=list)
     # Provisioning (tests/aws/moto_provision.py).
     timings: Timings = field(default_factory=Timings)
@@ -151,8 +156,19 @@ class Script:
         remove_offerings(self)
         fresh = Script()
         for name in self.__dataclass_fields__:
-            if name not in ("lock",):
+            if name not in ("lock", "hold_changed"):
                 setattr(self, name, getattr(fresh, name))
+        with self.hold_changed:  # and any held call
+            self.hold_changed.notify_all()
+
+    def release_action(self, service: str, action: str) -> None:
+        with self.hold_changed:
+            self.held_actions.discard((service, action))
+            self.hold_changed.notify_all()
+
+    def wait_while_held(self, service: str, action: str) -> None:
+        with self.hold_changed:
+            self.hold_changed.wait_for(lambda: (service, action) not in self.held_actions, timeout=120)
 
 
 SCRIPT = Script()
@@ -470,6 +486,8 @@ class FaultInjector:
             time.sleep(script.action_latency_s[(service, action)])  # models time: that action's own answer
         if region in script.hang_regions:
             script.release.wait(timeout=60)
+        if (service, action) in script.held_actions:
+            script.wait_while_held(service, action)
         code = script.errors.get((service, action)) or script.errors.get((service, "*"))
         if code:
             return _error(start_response, service, code, f"scripted failure {code}", 400)
