@@ -121,6 +121,8 @@ def diff(stack: Stack, wanted: Sequence[Resource], observed: dict[str, Observed]
     changes: dict[str, Change] = {}
     for want in wanted:  # layers bottom up, each in dependency order: dependencies are decided first
         handler = stack.handler(want.layer, want.kind)
+        if handler.spec_model is not None:
+            handler.spec_model.of(want)  # a spec its handler cannot read is rtui's bug: said here, not mid-apply
         have = observed.get(want.address)
         if have is None:
             action, reason = Action.CREATE, "does not exist"

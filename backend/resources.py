@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,8 +55,24 @@ ACTION_SYMBOL: dict[Action, str] = {
 }
 
 
+class Spec(BaseModel):
+    """What one kind of resource is made with, typed: its handler's ``spec_model``. A plan, a record and
+    the plan's diff hold its JSON form (``Resource.spec``), made with ``as_spec`` (the fields given, so
+    an optional one left out stays out of the diff) and read back, checked, with ``of``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def as_spec(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    @classmethod
+    def of(cls, resource: Resource) -> Self:
+        return cls.model_validate(resource.spec)
+
+
 class Resource(BaseModel):
-    """Something a layer wants to exist: its stable address, its kind and the spec that matters."""
+    """Something a layer wants to exist: its stable address, its kind and the spec that matters (the JSON
+    form of its handler's ``spec_model`` where it has one; a Kubernetes object is its own spec)."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -105,23 +105,24 @@ async def test_a_teardown_that_keeps_the_data_says_so_under_its_own_heading(
         assert "everything it created is gone but its data, kept on purpose" in outcome, outcome
 
 
-async def test_the_teardown_modal_measures_the_data_off_the_event_loop(isolated_env: Path, exported: Path,
-                                                                        monkeypatch: Any) -> None:
+async def test_the_teardown_modal_measures_the_data_while_keys_still_work(isolated_env: Path, exported: Path,
+                                                                          monkeypatch: Any) -> None:
     """A store that takes its time (a kube volume read by a pod, S3 listed): the modal shows "measuring…",
-    keys still work meanwhile, and the line comes when the measure does."""
-    import threading
+    keys still work meanwhile (the measure is a worker, awaited, never a wait on the event loop), and the
+    line comes when the measure does."""
+    import asyncio
 
     from backend.delivery import DataUsage
 
     session = dashboard_session(priced=False)
-    release, asked = threading.Event(), threading.Event()
+    release, asked = asyncio.Event(), asyncio.Event()
 
     class SlowStore:
         uri = "pvc://rtui/rtui-ray-data/r1"
 
-        def usage(self) -> DataUsage:
+        async def usage(self) -> DataUsage:
             asked.set()
-            assert release.wait(20), "never released"
+            await asyncio.wait_for(release.wait(), 20)
             return DataUsage(f"{self.uri} (a 50Gi volume)", 3 * 10**9, 1, 2, monthly_cost=0.9)
 
     monkeypatch.setattr(session, "data_store", lambda: SlowStore())

@@ -16,7 +16,7 @@ from backend.clients import Clients
 from backend.config import RunConfig
 from backend.errors import ApiUnreachable, UserError
 from backend.ledger import Ledger
-from backend.resources import Action, CheckResult, GpuFleet, Leftover, NodeLoss, Observed, Resource
+from backend.resources import Action, CheckResult, GpuFleet, Leftover, NodeLoss, Observed, Resource, Spec
 from backend.runner import Progress
 from backend.store import RunRecord, RunStore
 
@@ -180,6 +180,9 @@ class Handler(abc.ABC):
     updatable: ClassVar[bool] = False
     # When something this depends on is created or replaced, this must be made again too.
     follows_dependencies: ClassVar[bool] = True
+    # The type of what it is made with (``Resource.spec`` is its JSON form): every plan checks each wanted
+    # resource's spec against it. None: a spec that is a provider's own object (a Kubernetes manifest).
+    spec_model: ClassVar[type[Spec] | None] = None
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         """The action that turns ``have`` into ``want``, and why. Default: spec keys must match."""

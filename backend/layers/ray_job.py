@@ -22,7 +22,7 @@ from backend.hub import DatasetRevision, Revision, read_hf_token, resolve_datase
 from backend.jobspec import build_job_spec, passed_env_values
 from backend.layers.base import Context, Handler, Layer, job_secret_env, refuse_job_env_without_carrier
 from backend.rayjobs import RayJobs, submit_when_ready
-from backend.resources import Action, CheckResult, CheckStatus, Observed, Resource
+from backend.resources import Action, CheckResult, CheckStatus, Observed, Resource, Spec
 from backend.runner import Progress
 from backend.stepfit import memory_refusal
 from backend.store import JobRecord, JobState
@@ -44,8 +44,28 @@ def _hub_token(source: str) -> str | None:
         return None
 
 
+class JobSpecSummary(Spec):
+    """What the plan shows of the job, and what it is compared by (``spec_hash``): the full job is made
+    again from the config at submission (``build_job_spec``), pinned to the commits shown here."""
+
+    # In the order the plan shows them.
+    entrypoint: str
+    workers: int
+    step: str | None = None  # what one optimizer step is
+    checkpoint: str | None = None  # what --checkpoint-every auto means for this job
+    job_env: str | None = None  # the names of the variables passed
+    model_revision: str | None = None  # "<commit> (<what was asked>)"
+    data: str | None = None  # "<commit> ..." of a hub dataset, with its licence
+    spec_hash: str
+
+    def pinned(self, shown: str | None) -> str | None:
+        """The commit a shown pin starts with (``model_revision``, ``data``): the one submitted."""
+        return (shown or "").split(" ", 1)[0] or None
+
+
 class JobHandler(Handler):
     kind = "ray-job"
+    spec_model = JobSpecSummary
     title = "Submit the training job"
     delete_title = "Stop the training job"
     expected_s = 3.0
@@ -54,7 +74,7 @@ class JobHandler(Handler):
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         status = JobState(have.state.get("status", "FAILED"))
-        same = have.state.get("spec_hash") == want.spec.get("spec_hash")
+        same = have.state.get("spec_hash") == JobSpecSummary.of(want).spec_hash
         if same and status in (JobState.PENDING, JobState.RUNNING, JobState.SUCCEEDED):
             return Action.NOOP, f"same job already {status.value.lower()}"
         if not status.terminal:
@@ -64,8 +84,8 @@ class JobHandler(Handler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         jobs = await _jobs(ctx)
         # The commit the plan resolved and showed, never the branch's newer head.
-        revision = str(want.spec.get("model_revision") or "").split(" ", 1)[0] or None
-        data = str(want.spec.get("data") or "").split(" ", 1)[0] or None  # the dataset commit, likewise
+        shown = JobSpecSummary.of(want)
+        revision, data = shown.pinned(shown.model_revision), shown.pinned(shown.data)  # the dataset's, likewise
         spec = build_job_spec(_with_storage(ctx), revision, run_id=ctx.record.run_id, data=data,
                               interruption_rate=_interruption_rate(ctx))
         submission_id = f"rtui-{ctx.record.run_id}-{len(ctx.record.jobs) + 1}"
@@ -160,7 +180,7 @@ class RayJobLayer(Layer):
         if dataset:  # the plan names the dataset, its commit and its licence
             pinned["data"] = dataset.describe()
         return [Resource(address=JOB, layer=self.name, kind="ray-job", cost_per_hour=0.0,
-                         spec={**spec.summary(), **pinned, "spec_hash": spec.spec_hash},
+                         spec=JobSpecSummary(**spec.summary(), **pinned, spec_hash=spec.spec_hash).as_spec(),
                          depends_on=tuple(r.address for r in below))]
 
     def _revision(self, ctx: Context) -> Revision | None:

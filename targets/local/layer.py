@@ -27,7 +27,7 @@ from backend.errors import OperationError, TransientError, UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.procs import ProcRef, check_port_free, free_ports, start_detached, stop_group
 from backend.rayjobs import RayJobs
-from backend.resources import Action, CheckResult, CheckStatus, NodeLoss, Observed, Resource
+from backend.resources import Action, CheckResult, CheckStatus, NodeLoss, Observed, Resource, Spec
 from backend.runner import Progress
 from targets.local import cluster as lc
 from targets.local.config import local_config
@@ -170,8 +170,23 @@ def head_argv(cluster: lc.ClusterDir, ports: Mapping[str, int], *, cpus: int) ->
         "--disable-usage-stats", *_port_flags(ports))
 
 
+class HeadSpec(Spec):
+    """The head node: its CPUs and object store, loopback only or open to worker nodes, the idle stop."""
+
+    cpus: int
+    object_store_mib: int
+    loopback: bool  # worker nodes need the head on the host's address (see ray_env)
+    idle_stop_s: int  # IDLE_KEY: the idle stop's timeout, 0 for none; its watcher changes in place
+    dashboard_port: int | None = None  # --local-dashboard-port; else one of its own
+
+
+class WorkerSpec(Spec):
+    cpus: int
+
+
 class HeadHandler(Handler):
     kind = "ray-head"
+    spec_model = HeadSpec
     title = "Start the Ray head"
     delete_title = "Stop the Ray cluster and remove its dir"
     expected_s = 15.0
@@ -197,9 +212,10 @@ class HeadHandler(Handler):
             fh.write(secrets.token_hex(32))
         log = cluster.path / "rtui-head.log"
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={**facts, "head_log": str(log)})
-        argv = head_argv(cluster, ports, cpus=int(want.spec["cpus"]))
+        spec = HeadSpec.of(want)
+        argv = head_argv(cluster, ports, cpus=spec.cpus)
         yield Progress(f"starting ray head on 127.0.0.1:{ports['gcs']}", 0.05)
-        env = {**ray_env(cluster, loopback=bool(want.spec["loopback"])),
+        env = {**ray_env(cluster, loopback=spec.loopback),
                NODE_ENV: lc.node_name(cluster.cluster_name, None)}
         ref = start_detached(argv, log_path=log, env=env, cwd=cluster.path)
         lc.record_root(cluster, lc.node_name(cluster.cluster_name, None), ref)  # only what rtui started is stopped
@@ -217,8 +233,8 @@ class HeadHandler(Handler):
             try:
                 info = await jobs.version(timeout_s=1.0)
                 await asyncio.to_thread(lc.tighten, cluster.path)
-                idle_s = int(want.spec[IDLE_KEY])
-                if idle_s or not want.spec["loopback"]:  # worker nodes: the watcher replaces a lost one
+                idle_s = spec.idle_stop_s
+                if idle_s or not spec.loopback:  # worker nodes: the watcher replaces a lost one
                     _start_idle_watcher(cluster, idle_s)
                 yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})"
                                + (f"; stops after {idle_s}s without a job or an rtui" if idle_s else ""), 1.0)
@@ -237,7 +253,7 @@ class HeadHandler(Handler):
         action, why = super().compare(want, have)
         changed = [k for k, v in want.spec.items() if have.state.get(k) != v]
         if action is Action.REPLACE and have.healthy and changed == [IDLE_KEY]:
-            was, now = _idle_words(have.state.get(IDLE_KEY)), _idle_words(want.spec[IDLE_KEY])
+            was, now = _idle_words(have.state.get(IDLE_KEY)), _idle_words(HeadSpec.of(want).idle_stop_s)
             return Action.UPDATE, f"idle stop: {was} → {now}"
         return action, why
 
@@ -248,8 +264,9 @@ class HeadHandler(Handler):
         old = [proc for root in cluster.roots if root.role == lc.IDLE_WATCHER
                if (proc := root.ref.process()) is not None]
         await _terminate(lambda: [p for p in old if p.is_running()])
-        idle_s = int(want.spec[IDLE_KEY])
-        if idle_s or not want.spec["loopback"]:
+        spec = HeadSpec.of(want)
+        idle_s = spec.idle_stop_s
+        if idle_s or not spec.loopback:
             _start_idle_watcher(cluster, idle_s)
         yield Progress(f"idle stop: {_idle_words(idle_s)}", 1.0)
 
@@ -261,6 +278,7 @@ class HeadHandler(Handler):
 
 class WorkerHandler(Handler):
     kind = "ray-worker"
+    spec_model = WorkerSpec
     title = "Start a Ray worker node"
     expected_s = 8.0
     retries = 1
@@ -277,14 +295,14 @@ class WorkerHandler(Handler):
         if cluster is None:
             raise OperationError("no Ray head of this run is running to join")
         yield Progress(f"starting worker node {index}", 0.1)
-        ref, log = start_worker_node(cluster, index, int(want.spec["cpus"]))
+        ref, log = start_worker_node(cluster, index, WorkerSpec.of(want).cpus)
         ctx.ledger.update(want.address, id=str(cluster.path), outputs={"log": str(log), "pid": ref.pid})
         await asyncio.sleep(2.0)
         if not ref.alive():
             raise OperationError(f"ray worker node {index} exited: {_last_error_line(_tail(log))}",
                                  remedy=f"see {log}")
         # From here the cluster's watcher replaces it should it stop (targets.local.idle).
-        await asyncio.to_thread(want_worker_node, cluster.path, index, int(want.spec["cpus"]))
+        await asyncio.to_thread(want_worker_node, cluster.path, index, WorkerSpec.of(want).cpus)
         yield Progress(f"worker node {index} joined", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
@@ -345,17 +363,13 @@ class LocalRay(Layer):
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
         config = local_config(ctx)
-        spec: dict[str, Any] = {"cpus": head_cpus(ctx), "object_store_mib": OBJECT_STORE_BYTES // 2**20,
-                                # Worker nodes need the head on the host's address (see ray_env).
-                                "loopback": not config.local_worker_nodes,
-                                # The idle stop's timeout, 0 for none: its watcher changes in place.
-                                IDLE_KEY: config.idle_timeout_s() or 0}
-        if config.local_dashboard_port:
-            spec["dashboard_port"] = config.local_dashboard_port
-        out = [Resource(address=HEAD, layer=self.name, kind="ray-head", spec=spec, cost_per_hour=0.0)]
+        spec = HeadSpec(cpus=head_cpus(ctx), object_store_mib=OBJECT_STORE_BYTES // 2**20,
+                        loopback=not config.local_worker_nodes, idle_stop_s=int(config.idle_timeout_s() or 0),
+                        **({"dashboard_port": config.local_dashboard_port} if config.local_dashboard_port else {}))
+        out = [Resource(address=HEAD, layer=self.name, kind="ray-head", spec=spec.as_spec(), cost_per_hour=0.0)]
         for i in range(config.local_worker_nodes):
             out.append(Resource(address=worker_address(i), layer=self.name, kind="ray-worker",
-                                spec={"cpus": head_cpus(ctx)}, depends_on=(HEAD,), cost_per_hour=0.0))
+                                spec=WorkerSpec(cpus=head_cpus(ctx)).as_spec(), depends_on=(HEAD,), cost_per_hour=0.0))
         return out
 
     async def node_losses(self, ctx: Context, *, since: float, now: float) -> list[NodeLoss]:

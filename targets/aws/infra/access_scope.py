@@ -42,6 +42,7 @@ from targets.aws.infra.cluster import (
     caller_principal,
 )
 from targets.aws.infra.common import ACCESS_ENTRY, EKS_CLUSTER, AwsHandler, aws_api
+from targets.aws.infra.specs import AccessScopeSpec
 from targets.kube import manifests
 from targets.kube.cluster_api import ClusterNotReady, cluster_api
 from targets.kube.handlers import EFA_PLUGIN, NAMESPACE, NVIDIA_PLUGIN, OPERATOR, apply_all, delete_ours
@@ -111,6 +112,7 @@ def rbac_objects(cluster: str, namespace: str, run_id: str) -> list[dict[str, An
 
 class AccessScopeHandler(AwsHandler):
     kind = "aws-access-scope"
+    spec_model = AccessScopeSpec
     title = "Narrow your cluster admin to the run's namespace"
     delete_title = "Restore your cluster admin (before anything cluster-wide is deleted)"
     address = ACCESS_SCOPE
@@ -217,9 +219,9 @@ class AccessScopeLayer(Layer):
         if config.access_scope != "namespace":
             return []
         made = {r.address for r in below}
-        spec = {"scope": "namespace", "namespaces": [config.namespace], "policy": NAMESPACE_POLICY_NAME,
-                "group": caller_group(config.cluster_name)}
-        return [Resource(address=ACCESS_SCOPE, layer=LAYER, kind=AccessScopeHandler.kind, spec=spec,
+        spec = AccessScopeSpec(scope="namespace", namespaces=[config.namespace], policy=NAMESPACE_POLICY_NAME,
+                               group=caller_group(config.cluster_name))
+        return [Resource(address=ACCESS_SCOPE, layer=LAYER, kind=AccessScopeHandler.kind, spec=spec.as_spec(),
                          depends_on=tuple(a for a in _installed_first() if a in made))]
 
     async def discover(self, ctx: Context) -> list[Observed]:

@@ -24,6 +24,7 @@ from targets.aws.config import aws_config
 from targets.aws.infra import node_autoscaler as na
 from targets.aws.infra.api import AwsApi
 from targets.aws.infra.common import LAYER, AwsHandler
+from targets.aws.infra.specs import ClusterAutoscalerSpec
 from targets.kube import manifests
 from targets.kube.addons import deployment_available
 from targets.kube.cluster_api import ClusterNotReady, cluster_api
@@ -45,6 +46,7 @@ def _objects(ctx: Context) -> list[dict[str, Any]]:
 
 class ClusterAutoscalerHandler(AwsHandler):
     kind = "aws-cluster-autoscaler"
+    spec_model = ClusterAutoscalerSpec
     title = "Install cluster-autoscaler (empty GPU nodes go)"
     address = CLUSTER_AUTOSCALER
     expected_s = 3.0
@@ -71,9 +73,10 @@ class ClusterAutoscalerHandler(AwsHandler):
                          state=state, reason="installed" if available else why)]
 
     @staticmethod
-    def spec(ctx: Context, image: str) -> dict[str, Any]:
+    def spec(ctx: Context, image: str) -> ClusterAutoscalerSpec:
         deployment = next(o for o in _objects(ctx) if o["kind"] == "Deployment")
-        return {"image": image, "command": deployment["spec"]["template"]["spec"]["containers"][0]["command"]}
+        return ClusterAutoscalerSpec(image=image,
+                                     command=deployment["spec"]["template"]["spec"]["containers"][0]["command"])
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[dict[str, Any]]:
         return _objects(ctx)
@@ -85,7 +88,7 @@ class ClusterAutoscalerHandler(AwsHandler):
         self.made(ctx, want, f"{na.NAMESPACE}/{na.NAME}")
         async for p in wait_available(kube):
             yield p
-        yield Progress(f"{want.spec['image']}: scales this run's GPU group between 0 and "
+        yield Progress(f"{ClusterAutoscalerSpec.of(want).image}: scales this run's GPU group between 0 and "
                        f"{aws_config(ctx).gpu_node_count} nodes", 1.0)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:

@@ -32,6 +32,7 @@ from targets.aws.infra.common import (
 )
 from targets.aws.infra.iam import role_arn
 from targets.aws.infra.network import delete_cluster_groups, security_group_id, subnet_ids
+from targets.aws.infra.specs import AccessEntrySpec, AddonSpec, EksClusterSpec, KubeconfigSpec
 
 CLUSTER_EXPECTED_S = 600.0
 CLUSTER_DELETE_S = 300.0
@@ -86,6 +87,7 @@ async def caller_principal(api: AwsApi) -> str:
 
 class EksClusterHandler(AwsHandler):
     kind = "aws-eks-cluster"
+    spec_model = EksClusterSpec
     title = "Create the EKS control plane"
     address = EKS_CLUSTER
     expected_s = CLUSTER_EXPECTED_S
@@ -121,16 +123,17 @@ class EksClusterHandler(AwsHandler):
         if existing is not None:
             refuse_foreign("EKS cluster", name, existing.get("tags") or {}, ctx.record.run_id)
         else:
-            subnets = await subnet_ids(api, ctx, "private", list(want.spec["azs"]))
+            spec = EksClusterSpec.of(want)
+            subnets = await subnet_ids(api, ctx, "private", list(spec.azs))
             await api.call(
-                "eks", "create_cluster", name=name, version=want.spec["version"],
+                "eks", "create_cluster", name=name, version=spec.version,
                 roleArn=await role_arn(api, ctx, CLUSTER_ROLE),
-                resourcesVpcConfig={"subnetIds": [subnets[az] for az in want.spec["azs"]],
+                resourcesVpcConfig={"subnetIds": [subnets[az] for az in spec.azs],
                                     "securityGroupIds": [await security_group_id(api, ctx)],
                                     "endpointPrivateAccess": True, "endpointPublicAccess": True,
-                                    "publicAccessCidrs": list(want.spec["public_cidrs"])},
+                                    "publicAccessCidrs": list(spec.public_cidrs)},
                 accessConfig={"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": False},
-                logging=log_setting(list(want.spec.get("logs") or [])),
+                logging=log_setting(list(spec.logs)),
                 tags=tags(ctx.record.run_id, name),
                 clientRequestToken=create_token(ctx, want.address, limits=EKS_TOKEN),
                 ok=("ResourceInUseException",), new_role=True)
@@ -153,19 +156,18 @@ class EksClusterHandler(AwsHandler):
                           clock=api.clock)
 
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
-        api = self.api(ctx)
+        api, spec = self.api(ctx), EksClusterSpec.of(want)
         if not have.state.get("pending"):
-            if have.state.get("public_cidrs") != want.spec["public_cidrs"]:
+            if have.state.get("public_cidrs") != spec.public_cidrs:
                 await api.call("eks", "update_cluster_config", name=have.id, resourcesVpcConfig={
-                    "endpointPublicAccess": True, "publicAccessCidrs": list(want.spec["public_cidrs"])})
-                yield Progress(f"public endpoint limited to {', '.join(want.spec['public_cidrs'])}")
-            elif have.state.get("logs") != want.spec.get("logs"):
-                await api.call("eks", "update_cluster_config", name=have.id,
-                               logging=log_setting(list(want.spec.get("logs") or [])))
-                yield Progress(f"control-plane logs: {', '.join(want.spec.get('logs') or [])}")
-            elif have.state.get("version") != want.spec["version"]:
-                await api.call("eks", "update_cluster_version", name=have.id, version=want.spec["version"])
-                yield Progress(f"upgrading to Kubernetes {want.spec['version']}")
+                    "endpointPublicAccess": True, "publicAccessCidrs": list(spec.public_cidrs)})
+                yield Progress(f"public endpoint limited to {', '.join(spec.public_cidrs)}")
+            elif have.state.get("logs") != spec.logs:
+                await api.call("eks", "update_cluster_config", name=have.id, logging=log_setting(list(spec.logs)))
+                yield Progress(f"control-plane logs: {', '.join(spec.logs)}")
+            elif have.state.get("version") != spec.version:
+                await api.call("eks", "update_cluster_version", name=have.id, version=spec.version)
+                yield Progress(f"upgrading to Kubernetes {spec.version}")
         async for p in self.wait_ready(ctx, have.id):
             yield p
 
@@ -198,6 +200,7 @@ def _configuration(raw: str | None) -> dict[str, Any] | None:
 
 class AddonHandler(AwsHandler):
     kind = "aws-eks-addon"
+    spec_model = AddonSpec
     title = "Install an EKS add-on"
     expected_s = ADDON_EXPECTED_S
     updatable = True  # its configuration values change in place (UpdateAddon)
@@ -225,8 +228,9 @@ class AddonHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        name, addon = aws_config(ctx).cluster_name, want.spec["name"]
-        configuration = want.spec.get("configuration")
+        spec = AddonSpec.of(want)
+        name, addon = aws_config(ctx).cluster_name, spec.name
+        configuration = spec.configuration
         extra: dict[str, Any] = {"configurationValues": json.dumps(configuration)} if configuration else {}
         await api.call("eks", "create_addon", clusterName=name, addonName=addon, resolveConflicts="OVERWRITE",
                        tags=tags(ctx.record.run_id, name), **extra,
@@ -242,7 +246,7 @@ class AddonHandler(AwsHandler):
         api = self.api(ctx)
         cluster, addon = have.id.split("/", 1)
         await api.call("eks", "update_addon", clusterName=cluster, addonName=addon, resolveConflicts="OVERWRITE",
-                       configurationValues=json.dumps(want.spec.get("configuration") or {}))
+                       configurationValues=json.dumps(AddonSpec.of(want).configuration or {}))
         async for p in self.wait_ready(ctx, have.id):
             yield p
 
@@ -299,6 +303,7 @@ async def caller_access_entry(api: AwsApi, ctx: Context) -> tuple[str, dict[str,
 
 class AccessEntryHandler(AwsHandler):
     kind = "aws-access-entry"
+    spec_model = AccessEntrySpec
     title = "Make the caller cluster admin (access entry)"
     address = ACCESS_ENTRY
     expected_s = 3.0
@@ -360,6 +365,7 @@ class KubeconfigHandler(AwsHandler):
     """The context kubectl and k9s use afterwards; named by the cluster ARN, as the AWS CLI names it."""
 
     kind = "aws-kubeconfig"
+    spec_model = KubeconfigSpec
     title = "Write the kubeconfig context"
     address = KUBECONFIG
     expected_s = 1.0

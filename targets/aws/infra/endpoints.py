@@ -24,6 +24,7 @@ from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, client_token, run_filter, tag_spec
 from targets.aws.infra.common import LAYER, PRIVATE_RT, VPC, AwsHandler
 from targets.aws.infra.network import find, run_tags, vpc_id
+from targets.aws.infra.specs import S3EndpointSpec
 
 S3_ENDPOINT = "aws.vpc-endpoint.s3"
 GONE_STATES = ("deleting", "deleted", "failed", "rejected", "expired")
@@ -41,13 +42,14 @@ async def live_endpoints(api: AwsApi, filters: list[dict[str, Any]]) -> list[dic
 
 class S3EndpointHandler(AwsHandler):
     kind = "aws-vpc-endpoint"
+    spec_model = S3EndpointSpec
     title = "Route S3 past the NAT gateway (gateway endpoint)"
     address = S3_ENDPOINT
     expected_s = 3.0
 
     @staticmethod
-    def spec(region: str) -> dict[str, Any]:
-        return {"service": s3_service_name(region), "type": "Gateway", "route_tables": ["private"]}
+    def spec(region: str) -> S3EndpointSpec:
+        return S3EndpointSpec(service=s3_service_name(region), type="Gateway", route_tables=["private"])
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         tables = {t["RouteTableId"]: t for t in await find(api, ctx, "describe_route_tables", "RouteTables")}
@@ -61,7 +63,7 @@ class S3EndpointHandler(AwsHandler):
         return out
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
-        api = self.api(ctx)
+        api, spec = self.api(ctx), S3EndpointSpec.of(want)
         found = await live_endpoints(api, run_filter(ctx.record.run_id))
         if found:
             eid = str(found[0]["VpcEndpointId"])
@@ -71,8 +73,8 @@ class S3EndpointHandler(AwsHandler):
                 raise OperationError("this run's private route table is gone: the S3 endpoint has no route to add",
                                      remedy="run `rtui up` again: the plan makes the route table first")
             request: dict[str, Any] = {
-                "VpcId": await vpc_id(api, ctx), "ServiceName": want.spec["service"],
-                "VpcEndpointType": want.spec["type"], "RouteTableIds": [tables[0]["RouteTableId"]],
+                "VpcId": await vpc_id(api, ctx), "ServiceName": spec.service,
+                "VpcEndpointType": spec.type, "RouteTableIds": [tables[0]["RouteTableId"]],
                 "TagSpecifications": tag_spec("vpc-endpoint", run_tags(ctx), f"{aws_config(ctx).cluster_name}-s3")}
             made = await api.call("ec2", "create_vpc_endpoint", **request,
                                   ClientToken=client_token(ctx.record.run_id, "s3-endpoint", request=request))

@@ -25,6 +25,7 @@ from targets.aws.config import AwsConfig, aws_config
 from targets.aws.infra import node_autoscaler
 from targets.aws.infra.api import IAM_PATH, RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from targets.aws.infra.common import CLUSTER_ROLE, LAYER, NODE_ROLE, AwsHandler, Names
+from targets.aws.infra.specs import RoleSpec
 from targets.aws.infra.storage import RAY_SERVICE_ACCOUNT, RAY_WORKER_SERVICE_ACCOUNT, data_policy
 
 CLUSTER_POLICIES = ("AmazonEKSClusterPolicy",)
@@ -225,6 +226,7 @@ async def role_arn(api: AwsApi, ctx: Context, address: str) -> str:
 
 class RoleHandler(AwsHandler):
     kind = "aws-iam-role"
+    spec_model = RoleSpec
     title = "Create an IAM role"
     updatable = True
     expected_s = 5.0
@@ -286,7 +288,8 @@ class RoleHandler(AwsHandler):
                                  tags(ctx.record.run_id, config.cluster_name).items()],
                            ok=("EntityAlreadyExists",))
         self.made(ctx, want, name)
-        async for p in self._policies(api, name, want.spec["policies"], want.spec.get("inline") or {}):
+        spec = RoleSpec.of(want)
+        async for p in self._policies(api, name, spec.policies, spec.inline or {}):
             yield p
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
@@ -297,7 +300,8 @@ class RoleHandler(AwsHandler):
         changed = [k for k in ("policies", "service") if have.state.get(k) != want.spec.get(k)]
         if (have.state.get("inline") or {}) != (want.spec.get("inline") or {}):
             changed.append("inline policy")
-        if want.spec.get("trust") and have.state.get("trust_shape") != want.spec["trust"]:
+        trust = RoleSpec.of(want).trust
+        if trust and have.state.get("trust_shape") != trust:
             changed.append("trust")
         if changed:
             return Action.UPDATE, f"changed: {', '.join(changed)}"
@@ -314,7 +318,8 @@ class RoleHandler(AwsHandler):
         if have.state.get("trust") != _normal(statement):
             await api.call("iam", "update_assume_role_policy", RoleName=have.id, PolicyDocument=trust_policy(statement))
             yield Progress(f"{have.id}: trust policy narrowed")
-        async for p in self._policies(api, have.id, want.spec["policies"], want.spec.get("inline") or {}):
+        spec = RoleSpec.of(want)
+        async for p in self._policies(api, have.id, spec.policies, spec.inline or {}):
             yield p
 
     async def _policies(self, api: AwsApi, name: str, wanted: list[str],

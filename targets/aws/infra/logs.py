@@ -21,6 +21,7 @@ from backend.runner import Progress
 from targets.aws.config import aws_config
 from targets.aws.infra.api import RUN_TAG, AwsApi, refuse_foreign, tags
 from targets.aws.infra.common import EKS_CLUSTER, LAYER, AwsHandler
+from targets.aws.infra.specs import LogGroupSpec
 
 LOG_GROUP = "aws.log-group.cluster"
 _NOT_FOUND = ("ResourceNotFoundException",)
@@ -56,6 +57,7 @@ def owned_by_run(ctx: Context, group_tags: dict[str, str]) -> bool:
 
 class LogGroupHandler(AwsHandler):
     kind = "aws-log-group"
+    spec_model = LogGroupSpec
     title = "Create the control plane's log group"
     address = LOG_GROUP
     expected_s = 2.0
@@ -77,7 +79,7 @@ class LogGroupHandler(AwsHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         config = aws_config(ctx)
         api = self.api(ctx)
-        name = want.spec["name"]
+        name = LogGroupSpec.of(want).name
         made = await api.call("logs", "create_log_group", logGroupName=name,
                               tags=tags(ctx.record.run_id, config.cluster_name),
                               ok=("ResourceAlreadyExistsException",))

@@ -26,6 +26,7 @@ from targets.aws.infra.common import (
     AwsHandler,
     subnet_address,
 )
+from targets.aws.infra.specs import InternetGatewaySpec, NatGatewaySpec, SubnetSpec, VpcSpec
 
 NAT_EXPECTED_S = 90.0
 DEPENDENCY_TIMEOUT_S = 900.0  # ENIs of terminated nodes can take minutes to detach
@@ -169,6 +170,7 @@ GONE_CODES = ("InvalidVpcID.NotFound", "InvalidSubnetID.NotFound", "InvalidGroup
 
 class VpcHandler(AwsHandler):
     kind = "aws-vpc"
+    spec_model = VpcSpec
     title = "Create the VPC"
     address = VPC
     expected_s = 5.0
@@ -217,6 +219,7 @@ class VpcHandler(AwsHandler):
 
 class SubnetHandler(AwsHandler):
     kind = "aws-subnet"
+    spec_model = SubnetSpec
     title = "Create a subnet"
     expected_s = 3.0
 
@@ -246,12 +249,13 @@ class SubnetHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        role, az = want.spec["role"], want.spec["az"]
+        spec = SubnetSpec.of(want)
+        role, az = spec.role, spec.az
         existing = (await subnet_ids(api, ctx, role, [az])).get(az)
         if existing is None:
             # The load-balancer controller finds subnets by these tags (public: internet-facing).
             elb = "kubernetes.io/role/elb" if role == "public" else "kubernetes.io/role/internal-elb"
-            subnet = await api.call("ec2", "create_subnet", VpcId=await vpc_id(api, ctx), CidrBlock=want.spec["cidr"],
+            subnet = await api.call("ec2", "create_subnet", VpcId=await vpc_id(api, ctx), CidrBlock=spec.cidr,
                                     AvailabilityZone=az,
                                     TagSpecifications=tag_spec("subnet", run_tags(ctx, **{"rtui:role": role, elb: "1"}),
                                                                f"{aws_config(ctx).cluster_name}-{role}-{az}"))
@@ -259,7 +263,7 @@ class SubnetHandler(AwsHandler):
         self.made(ctx, want, existing)
         if role == "public":
             await api.call("ec2", "modify_subnet_attribute", SubnetId=existing, MapPublicIpOnLaunch={"Value": True})
-        yield Progress(f"{existing} ({want.spec['cidr']} in {az})", 1.0)
+        yield Progress(f"{existing} ({spec.cidr} in {az})", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -273,6 +277,7 @@ class SubnetHandler(AwsHandler):
 
 class InternetGatewayHandler(AwsHandler):
     kind = "aws-internet-gateway"
+    spec_model = InternetGatewaySpec
     title = "Create the internet gateway"
     address = IGW
     expected_s = 3.0
@@ -312,6 +317,7 @@ class NatGatewayHandler(AwsHandler):
     """The NAT gateway and its Elastic IP, one resource: the address exists only for the gateway."""
 
     kind = "aws-nat-gateway"
+    spec_model = NatGatewaySpec
     title = "Create the NAT gateway"
     address = NAT
     expected_s = NAT_EXPECTED_S
@@ -347,9 +353,10 @@ class NatGatewayHandler(AwsHandler):
                 "ec2", "allocate_address", Domain="vpc",
                 TagSpecifications=tag_spec("elastic-ip", run_tags(ctx), f"{config.cluster_name}-nat")))[
                 "AllocationId"]
-            subnet = (await subnet_ids(api, ctx, "public", [want.spec["az"]])).get(want.spec["az"])
+            az = NatGatewaySpec.of(want).az
+            subnet = (await subnet_ids(api, ctx, "public", [az])).get(az)
             if subnet is None:
-                raise OperationError(f"no public subnet of this run in {want.spec['az']} for the NAT gateway",
+                raise OperationError(f"no public subnet of this run in {az} for the NAT gateway",
                                      remedy="run `rtui up` again: the plan makes the subnet first")
             request: dict[str, Any] = {"SubnetId": subnet, "AllocationId": allocation,
                        "TagSpecifications": tag_spec("natgateway", run_tags(ctx), config.cluster_name)}

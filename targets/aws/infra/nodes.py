@@ -35,6 +35,7 @@ from targets.aws.infra.common import (
 )
 from targets.aws.infra.iam import role_arn
 from targets.aws.infra.network import find, run_tags, security_group_id, subnet_ids
+from targets.aws.infra.specs import AsgTagsSpec, LaunchTemplateSpec, NodegroupSpec, PlacementGroupSpec
 
 NODEGROUP_EXPECTED_S = 240.0
 NODEGROUP_DELETE_S = 300.0
@@ -57,6 +58,7 @@ class CapacityError(NoCapacity):
 
 class PlacementGroupHandler(AwsHandler):
     kind = "aws-placement-group"
+    spec_model = PlacementGroupSpec
     title = "Create the cluster placement group"
     address = PLACEMENT_GROUP
     expected_s = 2.0
@@ -70,9 +72,10 @@ class PlacementGroupHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        name = Names(aws_config(ctx).cluster_name).placement_group(want.spec["az"])
+        az = PlacementGroupSpec.of(want).az
+        name = Names(aws_config(ctx).cluster_name).placement_group(az)
         await api.call("ec2", "create_placement_group", GroupName=name, Strategy="cluster",
-                       TagSpecifications=tag_spec("placement-group", run_tags(ctx, **{"rtui:az": want.spec["az"]})),
+                       TagSpecifications=tag_spec("placement-group", run_tags(ctx, **{"rtui:az": az})),
                        ok=("InvalidPlacementGroup.Duplicate",))
         self.made(ctx, want, name)
         yield Progress(f"{name} (cluster strategy: the GPU nodes on one network spine)", 1.0)
@@ -107,25 +110,24 @@ def launch_template_data(ctx: Context, groups: list[str], want: Resource) -> dic
     """``groups``: the EKS cluster security group and the EFA group. EKS adds its cluster group only to
     nodes whose launch template names none; a template that names only the EFA group would cut the GPU
     nodes off the system node (the Ray head, CoreDNS), whose only group admits just itself."""
-    node_tags = run_tags(ctx)
+    node_tags, spec = run_tags(ctx), LaunchTemplateSpec.of(want)
     data: dict[str, Any] = {
-        "NetworkInterfaces": network_interfaces(groups, want.spec.get("efa_interfaces", 0) if want.spec["efa"]
-                                                else 0),
+        "NetworkInterfaces": network_interfaces(groups, spec.efa_interfaces if spec.efa else 0),
         "MetadataOptions": dict(METADATA_OPTIONS),
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
-            "VolumeSize": want.spec["volume_gb"], "VolumeType": "gp3", "DeleteOnTermination": True}}],
+            "VolumeSize": spec.volume_gb, "VolumeType": "gp3", "DeleteOnTermination": True}}],
         "TagSpecifications": [*tag_spec("instance", node_tags, f"{aws_config(ctx).cluster_name}-gpu"),
                               *tag_spec("network-interface", node_tags), *tag_spec("volume", node_tags)],
     }
-    if want.spec.get("placement_group"):  # none for a Capacity Block or an ODCR held outside any group
-        data["Placement"] = {"GroupName": want.spec["placement_group"]}
+    if spec.placement_group:  # none for a Capacity Block or an ODCR held outside any group
+        data["Placement"] = {"GroupName": spec.placement_group}
     # A targeted ODCR or a Capacity Block takes only instances that name it (EC2 API reference,
     # CapacityReservationSpecification); a Capacity Block also wants the capacity-block market (EKS User
     # Guide, capacity-blocks-mng). Open ODCRs need nothing: matching instances land in them by default.
-    if want.spec.get("reservation"):
+    if spec.reservation:
         data["CapacityReservationSpecification"] = {
-            "CapacityReservationTarget": {"CapacityReservationId": want.spec["reservation"]}}
-        if want.spec.get("capacity_block"):
+            "CapacityReservationTarget": {"CapacityReservationId": spec.reservation}}
+        if spec.capacity_block:
             data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     return data
 
@@ -138,7 +140,7 @@ def system_launch_template_data(ctx: Context, want: Resource) -> dict[str, Any]:
     return {
         "MetadataOptions": dict(METADATA_OPTIONS),
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
-            "VolumeSize": want.spec["volume_gb"], "VolumeType": "gp3", "DeleteOnTermination": True}}],
+            "VolumeSize": LaunchTemplateSpec.of(want).volume_gb, "VolumeType": "gp3", "DeleteOnTermination": True}}],
         "TagSpecifications": [*tag_spec("instance", node_tags, f"{aws_config(ctx).cluster_name}-system"),
                               *tag_spec("volume", node_tags)],
     }
@@ -175,6 +177,7 @@ class LaunchTemplateHandler(AwsHandler):
     the system nodes' (metadata options and disk only), told apart by their names."""
 
     kind = "aws-launch-template"
+    spec_model = LaunchTemplateSpec
     title = "Create the GPU launch template (EFA interface, IMDSv2)"
     address = LAUNCH_TEMPLATE
     expected_s = 2.0
@@ -186,8 +189,8 @@ class LaunchTemplateHandler(AwsHandler):
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         if want.address == SYSTEM_LAUNCH_TEMPLATE and have.healthy:
-            disk, needed = have.state.get("volume_gb"), want.spec.get("volume_gb")
-            if disk is not None and needed is not None and disk > needed:  # a bigger disk than needed stays
+            disk, needed = have.state.get("volume_gb"), LaunchTemplateSpec.of(want).volume_gb
+            if disk is not None and disk > needed:  # a bigger disk than needed stays
                 want = want.model_copy(update={"spec": {**want.spec, "volume_gb": disk}})
         return super().compare(want, have)
 
@@ -233,7 +236,7 @@ class LaunchTemplateHandler(AwsHandler):
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         names = Names(aws_config(ctx).cluster_name)
-        system = want.address == SYSTEM_LAUNCH_TEMPLATE
+        system, spec = want.address == SYSTEM_LAUNCH_TEMPLATE, LaunchTemplateSpec.of(want)
         name = names.system_launch_template if system else names.launch_template
         found = [t for t in await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
                  if t.get("LaunchTemplateName") == name]
@@ -245,15 +248,15 @@ class LaunchTemplateHandler(AwsHandler):
             template = await api.call(
                 "ec2", "create_launch_template", LaunchTemplateName=name,
                 ClientToken=create_token(ctx, want.address,
-                                         *([] if system else [want.spec["placement_group"] or "no-group"]),
+                                         *([] if system else [spec.placement_group or "no-group"]),
                                          limits=LAUNCH_TEMPLATE_TOKEN),
                 LaunchTemplateData=data, TagSpecifications=tag_spec("launch-template", run_tags(ctx)))
             tid = template["LaunchTemplate"]["LaunchTemplateId"]
         self.made(ctx, want, tid)
-        efa = want.spec.get("efa_interfaces", 0) if want.spec.get("efa") else 0
+        efa = spec.efa_interfaces if spec.efa else 0
         yield Progress(f"{tid}: " + (f"{efa} EFA interface{'s' if efa > 1 else ''} (one per network card), "
                                      if efa else "") + "IMDSv2 only, hop limit 1, "
-                       f"{want.spec['volume_gb']} GB root", 1.0)
+                       f"{spec.volume_gb} GB root", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         await self.api(ctx).call("ec2", "delete_launch_template", LaunchTemplateId=have.id,
@@ -298,6 +301,7 @@ async def launch_shortfall(api: AwsApi, nodegroup: dict[str, Any]) -> str | None
 
 class NodegroupHandler(AwsHandler):
     kind = "aws-nodegroup"
+    spec_model = NodegroupSpec
     title = "Create a managed nodegroup"
     expected_s = NODEGROUP_EXPECTED_S
     updatable = True
@@ -354,42 +358,44 @@ class NodegroupHandler(AwsHandler):
 
         replaced: list[str] = [k for k in ("instance_type", "azs", "capacity_type", "launch_template")
                                if k in want.spec and not same(k)]
-        if have.state.get("instance_types") and have.state["instance_types"] != instance_types(want.spec):
+        spec = NodegroupSpec.of(want)
+        if have.state.get("instance_types") and have.state["instance_types"] != spec.types():
             # UpdateNodegroupConfig changes sizes, labels and taints: the types are fixed when the group is made.
             replaced.append("instance types")
         if replaced:
             return Action.REPLACE, f"changed: {', '.join(replaced)}"
-        disk, needed = have.state.get("disk_gb"), want.spec.get("disk_gb")
+        disk, needed = have.state.get("disk_gb"), spec.disk_gb
         if disk is not None and needed is not None and disk < needed:  # a bigger disk than needed stays
             return Action.REPLACE, f"disk {disk} GB, the image needs {needed} GB"
         # The bounds are ours; the size within them is cluster-autoscaler's once the group may shrink
         # (min below max): a size it chose is not drift to undo.
-        low, high = _bounds(want)
+        low, high = spec.bounds()
         if (have.state.get("min_size"), have.state.get("max_size")) != (low, high):
             if have.state.get("max_size") != high:
-                return Action.UPDATE, f"size {have.state.get('size')} → {want.spec['size']}"
+                return Action.UPDATE, f"size {have.state.get('size')} → {spec.size}"
             return Action.UPDATE, f"minimum size {have.state.get('min_size')} → {low}"
-        if low == high and have.state.get("size") != want.spec["size"]:
-            return Action.UPDATE, f"size {have.state.get('size')} → {want.spec['size']}"
+        if low == high and have.state.get("size") != spec.size:
+            return Action.UPDATE, f"size {have.state.get('size')} → {spec.size}"
         return Action.NOOP, have.reason
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
         cluster, name = aws_config(ctx).cluster_name, self.names(ctx)[want.address]
-        subnets = await subnet_ids(api, ctx, "private", list(want.spec["azs"]))
+        spec = NodegroupSpec.of(want)
+        subnets = await subnet_ids(api, ctx, "private", list(spec.azs))
         request: dict[str, Any] = {
             "clusterName": cluster, "nodegroupName": name, "nodeRole": await role_arn(api, ctx, NODE_ROLE),
-            "subnets": [subnets[az] for az in want.spec["azs"]], "instanceTypes": instance_types(want.spec),
-            "amiType": want.spec["ami_type"], "labels": dict(want.spec["labels"]),
-            "scalingConfig": _scaling(want),
+            "subnets": [subnets[az] for az in spec.azs], "instanceTypes": spec.types(),
+            "amiType": spec.ami_type, "labels": dict(spec.labels),
+            "scalingConfig": _scaling(spec),
             "tags": tags(ctx.record.run_id, cluster),
-            "clientRequestToken": create_token(ctx, want.address, *want.spec["azs"], limits=EKS_TOKEN),
+            "clientRequestToken": create_token(ctx, want.address, *spec.azs, limits=EKS_TOKEN),
         }
-        if want.spec.get("taints"):
-            request["taints"] = list(want.spec["taints"])
-        if want.spec.get("capacity_type", "ON_DEMAND") != "ON_DEMAND":
-            request["capacityType"] = want.spec["capacity_type"]  # CAPACITY_BLOCK: the template names the block
-        if want.spec.get("launch_template"):
+        if spec.taints:
+            request["taints"] = list(spec.taints)
+        if (spec.capacity_type or "ON_DEMAND") != "ON_DEMAND":
+            request["capacityType"] = spec.capacity_type  # CAPACITY_BLOCK: the template names the block
+        if spec.launch_template:
             names = Names(cluster)
             template_name = names.launch_template if want.address == GPU_NODES else names.system_launch_template
             templates = [t for t in await find(api, ctx, "describe_launch_templates", "LaunchTemplates")
@@ -400,7 +406,7 @@ class NodegroupHandler(AwsHandler):
             request["launchTemplate"] = {"id": templates[0]["LaunchTemplateId"],
                                          "version": str(templates[0]["LatestVersionNumber"])}
         else:
-            request["diskSize"] = want.spec.get("disk_gb") or 50
+            request["diskSize"] = spec.disk_gb or 50
         await api.call("eks", "create_nodegroup", **request, ok=("ResourceInUseException",), new_role=True)
         self.made(ctx, want, f"{cluster}/{name}")
         async for p in self._until_ready(ctx, want, f"{cluster}/{name}"):
@@ -448,9 +454,10 @@ class NodegroupHandler(AwsHandler):
     async def update(self, ctx: Context, want: Resource, have: Observed) -> AsyncIterator[Progress]:
         if not have.state.get("pending"):
             cluster, name = have.id.split("/", 1)
-            size = want.spec["size"]
+            spec = NodegroupSpec.of(want)
+            size = spec.size
             await self.api(ctx).call("eks", "update_nodegroup_config", clusterName=cluster, nodegroupName=name,
-                                     scalingConfig=_scaling(want))
+                                     scalingConfig=_scaling(spec))
             yield Progress(f"{name}: {have.state.get('size')} → {size} nodes")
         async for p in self._until_ready(ctx, want, have.id):
             yield p
@@ -461,22 +468,11 @@ class NodegroupHandler(AwsHandler):
             yield p
 
 
-def instance_types(spec: dict[str, Any]) -> list[str]:
-    """The types the group may launch: the node type, then a Spot group's ``--spot-types``."""
-    return list(spec.get("instance_types") or [spec["instance_type"]])
-
-
-def _bounds(want: Resource) -> tuple[int, int]:
-    """The group's (minSize, maxSize): the planned size both ways unless the plan lets it shrink."""
-    size = int(want.spec["size"])
-    return int(want.spec.get("min_size", size)), int(want.spec.get("max_size", size))
-
-
-def _scaling(want: Resource) -> dict[str, int]:
+def _scaling(spec: NodegroupSpec) -> dict[str, int]:
     """The scaling config a create or an update asks for: the planned size (``rtui up`` wants the
     nodes), within the planned bounds."""
-    low, high = _bounds(want)
-    return {"minSize": low, "maxSize": high, "desiredSize": int(want.spec["size"])}
+    low, high = spec.bounds()
+    return {"minSize": low, "maxSize": high, "desiredSize": spec.size}
 
 
 async def delete_nodegroup(api: AwsApi, cluster: str, name: str) -> AsyncIterator[Progress]:
@@ -551,6 +547,7 @@ class AsgTagsHandler(AwsHandler):
     group that stays (EKS's own discovery tags are left to EKS)."""
 
     kind = "aws-asg-tags"
+    spec_model = AsgTagsSpec
     title = "Tag the GPU nodes' Auto Scaling group for cluster-autoscaler (scale from zero)"
     address = GPU_ASG_TAGS
     expected_s = 2.0
@@ -603,7 +600,7 @@ class AsgTagsHandler(AwsHandler):
 
     async def _apply(self, ctx: Context, want: Resource, group: str, had: dict[str, str]) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        wanted: dict[str, str] = dict(want.spec["tags"])
+        wanted = dict(AsgTagsSpec.of(want).tags)
         await api.call("autoscaling", "create_or_update_tags", Tags=[
             {"ResourceId": group, "ResourceType": "auto-scaling-group", "Key": k, "Value": v,
              "PropagateAtLaunch": False} for k, v in wanted.items()])

@@ -18,6 +18,7 @@ from targets.aws.infra.api import EKS_TOKEN, RUN_TAG, AwsApi, tags
 from targets.aws.infra.cluster import describe_cluster
 from targets.aws.infra.common import EKS_CLUSTER, LAYER, AwsHandler, create_token
 from targets.aws.infra.iam import POD_IDENTITIES, PodIdentity, role_arn, role_name
+from targets.aws.infra.specs import PodIdentitySpec
 
 POD_IDENTITY_AGENT = "eks-pod-identity-agent"
 _NOT_FOUND = ("ResourceNotFoundException",)
@@ -29,6 +30,7 @@ def _identity(address: str) -> PodIdentity:
 
 class PodIdentityHandler(AwsHandler):
     kind = "aws-pod-identity"
+    spec_model = PodIdentitySpec
     title = "Give a service account its own IAM role (EKS Pod Identity)"
     expected_s = 3.0
 
@@ -69,9 +71,9 @@ class PodIdentityHandler(AwsHandler):
                 "role": role}
 
     @staticmethod
-    def spec(ctx: Context, identity: PodIdentity) -> dict[str, object]:
-        return {**PodIdentityHandler._state(identity, aws_config(ctx).namespace, role_name(ctx, identity.role_address)),
-                "policies": list(identity.policies)}
+    def spec(ctx: Context, identity: PodIdentity) -> PodIdentitySpec:
+        state = PodIdentityHandler._state(identity, aws_config(ctx).namespace, role_name(ctx, identity.role_address))
+        return PodIdentitySpec(**state, policies=list(identity.policies))
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         trimmed = want.model_copy(update={"spec": {k: v for k, v in want.spec.items() if k != "policies"}})

@@ -13,12 +13,14 @@ from targets.aws.config import aws_config
 from targets.aws.infra.api import AwsApi, client_token, tag_map, tag_spec
 from targets.aws.infra.common import LAYER, NODE_SG, PRIVATE_RT, PUBLIC_RT, VPC, AwsHandler, Names
 from targets.aws.infra.network import GONE_CODES, delete_or_blocked, find, run_tags, subnet_ids, until_free, vpc_id
+from targets.aws.infra.specs import RouteTableSpec, SecurityGroupSpec
 
 
 class RouteTableHandler(AwsHandler):
     """Public: 0.0.0.0/0 to the internet gateway. Private: 0.0.0.0/0 to the NAT gateway."""
 
     kind = "aws-route-table"
+    spec_model = RouteTableSpec
     title = "Create a route table"
     updatable = True
     expected_s = 3.0
@@ -45,7 +47,7 @@ class RouteTableHandler(AwsHandler):
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         api = self.api(ctx)
-        role = want.spec["role"]
+        role = RouteTableSpec.of(want).role
         found = await find(api, ctx, "describe_route_tables", "RouteTables", **{"rtui:role": role})
         if found:
             tid = found[0]["RouteTableId"]
@@ -65,7 +67,7 @@ class RouteTableHandler(AwsHandler):
             yield p
 
     async def _converge(self, api: AwsApi, ctx: Context, tid: str, want: Resource) -> AsyncIterator[Progress]:
-        if want.spec["via"] == "internet-gateway":
+        if RouteTableSpec.of(want).via == "internet-gateway":
             gateways = await find(api, ctx, "describe_internet_gateways", "InternetGateways")
             if not gateways:
                 raise OperationError("this run's internet gateway is gone: the public subnets have no route out",
@@ -85,12 +87,13 @@ class RouteTableHandler(AwsHandler):
         elif not all(default[0].get(k) == v for k, v in target.items()):
             await api.call("ec2", "replace_route", RouteTableId=tid, DestinationCidrBlock="0.0.0.0/0", **target)
         associated = {a.get("SubnetId") for a in table.get("Associations") or []}
-        wanted = await subnet_ids(api, ctx, want.spec["role"], list(want.spec["azs"]))
+        spec = RouteTableSpec.of(want)
+        wanted = await subnet_ids(api, ctx, spec.role, list(spec.azs))
         for az, sid in sorted(wanted.items()):
             if sid not in associated:
                 await api.call("ec2", "associate_route_table", RouteTableId=tid, SubnetId=sid)
-                yield Progress(f"{sid} ({az}) routed via the {want.spec['via']}")
-        yield Progress(f"{tid}: 0.0.0.0/0 via the {want.spec['via']}", 1.0)
+                yield Progress(f"{sid} ({az}) routed via the {spec.via}")
+        yield Progress(f"{tid}: 0.0.0.0/0 via the {spec.via}", 1.0)
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         api = self.api(ctx)
@@ -110,6 +113,7 @@ class SecurityGroupHandler(AwsHandler):
     """The nodes' group, with the rule EFA needs: all traffic from and to itself, both ways."""
 
     kind = "aws-security-group"
+    spec_model = SecurityGroupSpec
     title = "Create the node security group (EFA rule)"
     address = NODE_SG
     updatable = True

@@ -35,6 +35,7 @@ from targets.aws.config import aws_config
 from targets.aws.facts import aws_facts
 from targets.aws.infra.api import RUN_TAG, AwsApi, partition, refuse_foreign, tags
 from targets.aws.infra.common import LAYER, AwsHandler
+from targets.aws.infra.specs import BucketSpec
 
 BUCKET = "aws.s3-bucket.data"
 KIND = "aws-s3-bucket"
@@ -159,15 +160,16 @@ def describe_holding(objects: list[dict[str, Any]]) -> str:
 
 class BucketHandler(AwsHandler):
     kind = KIND
+    spec_model = BucketSpec
     title = "Create the run's S3 bucket (private, encrypted)"
     delete_title = "Delete the run's S3 bucket (kept while it holds data)"
     updatable = True
     expected_s = 3.0
 
     @staticmethod
-    def spec(name: str) -> dict[str, Any]:
-        return {"name": name, "block_public_access": True, "encryption": "AES256", "versioning": "off",
-                "abort_incomplete_uploads_days": ABORT_INCOMPLETE_UPLOADS_DAYS, "tls_only": True}
+    def spec(name: str) -> BucketSpec:
+        return BucketSpec(name=name, block_public_access=True, encryption="AES256", versioning="off",
+                          abort_incomplete_uploads_days=ABORT_INCOMPLETE_UPLOADS_DAYS, tls_only=True)
 
     async def observe(self, api: AwsApi, ctx: Context) -> list[Observed]:
         # By name, also for a run whose record lost it (the name is the account's, the cluster's and the run's).
@@ -201,14 +203,14 @@ class BucketHandler(AwsHandler):
                 "tls_only": tls_only}
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
-        if have.healthy and have.state.get("name") != want.spec.get("name"):
+        if have.healthy and have.state.get("name") != BucketSpec.of(want).name:
             return Action.REPLACE, "another name"
         return super().compare(want, have)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         config = aws_config(ctx)
         api = self.api(ctx)
-        name = str(want.spec["name"])
+        name = BucketSpec.of(want).name
         region = config.region
         # us-east-1 takes no LocationConstraint (InvalidLocationConstraint); every other region needs its
         # own (IllegalLocationConstraintException): S3 API reference, CreateBucket.
