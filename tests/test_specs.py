@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from backend.layers.ray_job import JobHandler, JobSpecSummary
+from backend.layers.ray_job import JobSpecSummary
 from backend.planner import diff
 from backend.resolve import resolve_config
 from backend.resources import Resource
 from backend.targets import get as target
-from targets.aws.infra.layer import AwsLayer
 from targets.aws.infra.specs import AddonSpec, LaunchTemplateSpec, NodegroupSpec
 from targets.local.layer import HEAD, HeadSpec, LocalRay
 
@@ -32,9 +31,11 @@ def test_the_json_form_holds_the_fields_given_in_the_order_the_plan_shows() -> N
     assert group.bounds() == (0, 2) and group.types() == ["g6.12xlarge"]
 
 
-def test_every_aws_and_local_handler_and_the_job_declare_their_spec() -> None:
-    handlers = [*AwsLayer().handlers.values(), *LocalRay().handlers.values(), JobHandler()]
-    assert [h.kind for h in handlers if h.spec_model is None] == []
+@pytest.mark.parametrize("name", ["local", "kube", "aws"])
+def test_every_handler_of_a_built_in_target_declares_its_spec(name: str) -> None:
+    config = resolve_config({"target": name}, environ={}).config
+    handlers = [h for layer in target(name).stack(config).layers for h in layer.handlers.values()]
+    assert handlers and [h.kind for h in handlers if h.spec_model is None] == []
 
 
 def test_a_plan_refuses_a_spec_its_handler_cannot_read() -> None:

@@ -23,6 +23,7 @@ from backend.waiting import Look, wait_until
 from targets.kube import addons, idle, manifests, pods
 from targets.kube.cluster_api import kube_api
 from targets.kube.config import kube_config
+from targets.kube.specs import HfTokenSpec, NamespaceSpec, OperatorSpec, PinnedImageSpec
 
 if TYPE_CHECKING:
     from targets.kube.api import KubeApi
@@ -214,6 +215,7 @@ async def wait_namespace_gone(api: KubeApi, name: str) -> AsyncIterator[Progress
 
 class NamespaceHandler(KubeHandler):
     kind = "k8s-namespace"
+    spec_model = NamespaceSpec
     title = "Create the namespace"
     expected_s = 1.0
     updatable = True  # its labels: Pod Security's level, on a namespace an older rtui made (issue 33)
@@ -265,6 +267,7 @@ class NamespaceHandler(KubeHandler):
 
 class HfTokenHandler(KubeHandler):
     kind = "k8s-secret"
+    spec_model = HfTokenSpec
     title = "Store the Hugging Face token as a Secret"
     # The token may have changed: apply it again whenever asked (it is never kept to compare).
     updatable = True
@@ -279,12 +282,12 @@ class HfTokenHandler(KubeHandler):
                         state={"source": config.hf_token}, depends_on=(NAMESPACE,), reason="exists")
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
-        return [manifests.hf_token_secret(kube_config(ctx), ctx.record.run_id, f"<read from {want.spec['source']} when "
-                                                                         "applied>")]
+        source = HfTokenSpec.of(want).source
+        return [manifests.hf_token_secret(kube_config(ctx), ctx.record.run_id, f"<read from {source} when applied>")]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         (secret,) = self.kube_objects(ctx, want)
-        secret["stringData"] = {manifests.HF_TOKEN_KEY: read_hf_token(str(want.spec["source"]))}
+        secret["stringData"] = {manifests.HF_TOKEN_KEY: read_hf_token(HfTokenSpec.of(want).source)}
         await self.api(ctx).apply(secret)
         ctx.ledger.update(want.address, id=object_id(secret))
         yield Progress("token stored in the cluster", 1.0)
@@ -305,6 +308,12 @@ class AddonHandler(KubeHandler):
 
     address: ClassVar[str]
     updatable = True
+
+    def pinned(self, want: Resource) -> PinnedImageSpec:
+        """Its image and digest, as the plan pinned them."""
+        spec = (self.spec_model or PinnedImageSpec).of(want)
+        assert isinstance(spec, PinnedImageSpec)
+        return spec
 
     def observed(self, found: Manifest, ctx: Context, ready: bool, why: str) -> Observed:
         """Ours, another rtui run's (shared: used as it is, and removed by whichever run is the last
@@ -328,8 +337,9 @@ class AddonHandler(KubeHandler):
             return Action.NOOP, have.reason  # another run's: never changed under it
         if not have.healthy:
             return Action.UPDATE, have.reason
-        if have.state.get("image") != want.spec.get("image"):
-            return Action.UPDATE, f"image {have.state.get('image')} -> {want.spec.get('image')}"
+        image = self.pinned(want).image
+        if have.state.get("image") != image:
+            return Action.UPDATE, f"image {have.state.get('image')} -> {image}"
         return Action.NOOP, have.reason or "in place"
 
     async def users(self, api: KubeApi, objects: list[Manifest]) -> list[str]:
@@ -359,7 +369,7 @@ class AddonHandler(KubeHandler):
         workload = next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment"))
         ctx.ledger.update(want.address, id=object_id(workload),
                           outputs={"image": workload["spec"]["template"]["spec"]["containers"][0]["image"],
-                                   "digest": want.spec.get("digest")})
+                                   "digest": self.pinned(want).digest})
 
         async def ready() -> Look:
             live = await api.get(*ref(workload))
@@ -416,7 +426,7 @@ class DevicePluginHandler(AddonHandler):
                                f"{', ...' if len(advertising) > 3 else ''}): a plugin runs, adopted")
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
-        return self.objects(ctx, want.spec.get("digest"))
+        return self.objects(ctx, self.pinned(want).digest)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         async for p in self.install(ctx, want, self.kube_objects(ctx, want)):
@@ -442,6 +452,7 @@ class DevicePluginHandler(AddonHandler):
 
 class NvidiaPluginHandler(DevicePluginHandler):
     kind = "k8s-device-plugin-nvidia"
+    spec_model = PinnedImageSpec
     title = "Install the NVIDIA device plugin"
     which = "nvidia"
     address = NVIDIA_PLUGIN
@@ -449,6 +460,7 @@ class NvidiaPluginHandler(DevicePluginHandler):
 
 class EfaPluginHandler(DevicePluginHandler):
     kind = "k8s-device-plugin-efa"
+    spec_model = PinnedImageSpec
     title = "Install the EFA device plugin"
     which = "efa"
     address = EFA_PLUGIN
@@ -464,6 +476,7 @@ class OperatorHandler(AddonHandler):
     """The KubeRay operator and its CRDs; adopted, never installed twice, when one already runs."""
 
     kind = "kuberay-operator"
+    spec_model = OperatorSpec
     address = OPERATOR
     title = "Install the KubeRay operator"
     expected_s = 60.0
@@ -486,13 +499,13 @@ class OperatorHandler(AddonHandler):
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
         """Without the CRDs: read from their source when applied (`rtui manifest` says where from)."""
-        return self.objects(ctx, [], want.spec.get("digest"))
+        return self.objects(ctx, [], self.pinned(want).digest)
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         config = kube_config(ctx)
         yield Progress(f"reading the KubeRay {config.kuberay_version} CRDs")
         crds = await asyncio.to_thread(kuberay_crds, config.kuberay_crds, config.kuberay_version)
-        objects = self.objects(ctx, crds, want.spec.get("digest"))
+        objects = self.objects(ctx, crds, self.pinned(want).digest)
         definitions = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
         api = self.api(ctx)
         existing = {c["metadata"]["name"]: c for c in

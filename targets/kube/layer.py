@@ -17,7 +17,7 @@ from backend.aio import all_or_none
 from backend.errors import OperationError, RtuiError, UserError
 from backend.hub import read_hf_token
 from backend.layers.base import Context, Handler, Layer
-from backend.resources import CheckResult, CheckStatus, GpuFleet, Observed, Resource
+from backend.resources import CheckResult, CheckStatus, GpuFleet, Observed, Resource, Spec
 from targets.kube import addons, admission, capacity, identity, idle, manifests, pods, rights, storage
 from targets.kube.cluster_api import ClusterNotReady, cluster_api, kube_api
 from targets.kube.config import KubeConfig, kube_config
@@ -67,6 +67,20 @@ from targets.kube.serviceaccount import (
     WORKER_ACCOUNT,
     ServiceAccountHandler,
     WorkerAccountHandler,
+)
+from targets.kube.specs import (
+    HfTokenSpec,
+    JobEnvSpec,
+    NamespaceSpec,
+    NetworkPolicySpec,
+    OperatorSpec,
+    PinnedImageSpec,
+    PrepullSpec,
+    ProbeSpec,
+    RayClusterSpec,
+    RayTokenSpec,
+    ServiceAccountSpec,
+    WorkersSpec,
 )
 from training.passed_env import JOB_ENV_FILE
 
@@ -173,10 +187,11 @@ class KubernetesLayer(Layer):
     def _resolved(self, image: str) -> Resolved:
         return self._images.get(image) or Resolved(image, None, "unpinned: the registry was not asked")
 
-    def _pinned_spec(self, image: str) -> dict[str, Any]:
+    def _pinned_spec(self, image: str) -> PinnedImageSpec:
         resolved = self._resolved(image)
         pinning = resolved.reason if resolved.digest else f"{resolved.reason}; pulled by tag (--allow-unpinned)"
-        return {"image": manifests.pinned_image(image, resolved.digest), "digest": resolved.digest, "pinning": pinning}
+        return PinnedImageSpec(image=manifests.pinned_image(image, resolved.digest), digest=resolved.digest,
+                               pinning=pinning)
 
     def desired(self, ctx: Context, below: Sequence[Resource]) -> list[Resource]:
         config = kube_config(ctx)
@@ -191,20 +206,20 @@ class KubernetesLayer(Layer):
         system = tuple(a for a in (self.below.system_nodes,) if a in made_below)
         gpu = tuple(a for a in (self.below.gpu_nodes,) if a in made_below)
 
-        def res(address: str, kind: str, spec: dict[str, Any], *deps: str, cost: float = 0.0,
+        def res(address: str, kind: str, spec: Spec, *deps: str, cost: float = 0.0,
                 cluster_wide: str = "") -> Resource:
-            return Resource(address=address, layer=LAYER, kind=kind, spec=spec,
+            return Resource(address=address, layer=LAYER, kind=kind, spec=spec.as_spec(),
                             depends_on=tuple(dict.fromkeys([*deps, *api_ready])), cost_per_hour=cost,
                             cluster_wide=cluster_wide)
 
-        out = [res(NAMESPACE, "k8s-namespace", {"name": config.namespace,
-                                                 "pod_security": manifests.POD_SECURITY["enforce"]})]
+        out = [res(NAMESPACE, "k8s-namespace", NamespaceSpec(name=config.namespace,
+                                                             pod_security=manifests.POD_SECURITY["enforce"]))]
         if config.hf_token:
-            out.append(res(HF_SECRET, "k8s-secret", {"source": config.hf_token}, NAMESPACE))
+            out.append(res(HF_SECRET, "k8s-secret", HfTokenSpec(source=config.hf_token), NAMESPACE))
         # Made when applied, kept only in the cluster: the spec says where, never what.
-        out.append(res(RAY_TOKEN, "k8s-ray-token", {"key": manifests.RAY_TOKEN_KEY}, NAMESPACE))
+        out.append(res(RAY_TOKEN, "k8s-ray-token", RayTokenSpec(key=manifests.RAY_TOKEN_KEY), NAMESPACE))
         # Names only: the values are read from rtui's environment when applied.
-        out.append(res(JOB_ENV, "k8s-job-env", {"names": sorted(config.job_env_names())}, NAMESPACE))
+        out.append(res(JOB_ENV, "k8s-job-env", JobEnvSpec(names=sorted(config.job_env_names())), NAMESPACE))
         # Before the pods start: no moment where the pod network reaches them unfiltered.
         namespace_only = self._namespace_only()
         apiserver = (f"any address on port {manifests.DASHBOARD_PORT} (the API server's addresses are outside "
@@ -212,9 +227,10 @@ class KubernetesLayer(Layer):
                      "the API server's addresses (Endpoints default/kubernetes, read when applied) on port "
                      f"{manifests.DASHBOARD_PORT}")
         out.append(res(NETWORK_POLICY, "k8s-networkpolicy",
-                       {"admits": f"the Ray pods of this cluster; {apiserver}",
-                        # A hint until the probe below has tried the policy (the DaemonSets the cluster runs).
-                        "enforced": f"guessed: {self._enforcement}"},
+                       NetworkPolicySpec(admits=f"the Ray pods of this cluster; {apiserver}",
+                                         # A hint until the probe below has tried the policy (the DaemonSets
+                                         # the cluster runs).
+                                         enforced=f"guessed: {self._enforcement}"),
                        NAMESPACE))
         # The run's volume: before the Ray pods that mount it.
         volume = [storage.DATA_CLAIM] if wants_volume(ctx) else []
@@ -228,7 +244,7 @@ class KubernetesLayer(Layer):
         account_name = config.service_account or (self.below.ray_service_account if identity_below else None)
         account = [SERVICE_ACCOUNT] if account_name else []
         if account_name:
-            out.append(res(SERVICE_ACCOUNT, "k8s-serviceaccount", {"name": account_name}, NAMESPACE))
+            out.append(res(SERVICE_ACCOUNT, "k8s-serviceaccount", ServiceAccountSpec(name=account_name), NAMESPACE))
         # The workers never hold a token (issue 33): an account of their own, with its own AWS identity from
         # below when the pods get one there; only the user's one --service-account (kube) is shared.
         worker_identity = [a for a in (self.below.ray_worker_identity,) if a in made_below]
@@ -236,8 +252,8 @@ class KubernetesLayer(Layer):
                           or manifests.worker_service_account_name(config))
         workers = [] if config.service_account else [WORKER_ACCOUNT]
         if workers:
-            out.append(res(WORKER_ACCOUNT, "k8s-serviceaccount-workers", {"name": worker_account}, NAMESPACE,
-                           *worker_identity))
+            out.append(res(WORKER_ACCOUNT, "k8s-serviceaccount-workers", ServiceAccountSpec(name=worker_account),
+                           NAMESPACE, *worker_identity))
         # Namespace-only rights (rights.py): the cluster's own plugins and KubeRay, nothing cluster-wide.
         plugins: list[str] = []
         operator: list[str] = []
@@ -254,40 +270,39 @@ class KubernetesLayer(Layer):
             scoped = [NAMESPACE] if config.operator_scope == "namespace" else []
             reach = ("its Role in the run's namespace" if scoped else
                      "a ClusterRole over every namespace (--operator-scope cluster)")
-            out.append(res(OPERATOR, "kuberay-operator", {**self._pinned_spec(addon["operator"]),
-                                                          "scope": config.operator_scope}, *scoped, *system,
+            out.append(res(OPERATOR, "kuberay-operator",
+                           OperatorSpec(**self._pinned_spec(addon["operator"]).as_spec(), scope=config.operator_scope),
+                           *scoped, *system,
                            cluster_wide=f"KubeRay's CRDs, seen by every namespace; the operator with {reach}"))
             operator.append(OPERATOR)
-        out.append(res(PREPULL, "k8s-image-prepull", {"image": pinned, "digest": image.digest}, NAMESPACE))
-        spec = {**self._pinned_spec(config.image), "gpu_nodes": config.gpu_node_count,
-                "gpus_per_node": config.gpus_per_node, "efa": config.wants_efa(), "ray_version": config.ray_version,
-                "hf_token": bool(config.hf_token), "auth": "token",
-                # KubeRay adds the autoscaler (issue 26) only to a head pod it creates: a new idle time
-                # or turning it on or off is a new RayCluster.
-                "idle_timeout_s": config.idle_timeout_s()}
-        if volume:  # mounting a volume or not is a new RayCluster
-            spec["volume"] = manifests.data_claim_name(config)
-        if account_name:  # so is another service account
-            spec["service_account"] = account_name
-        # And the pods' hardening (issue 33): a cluster made before it is made again with it.
-        spec["worker_service_account"] = worker_account
-        spec["pod_security"] = manifests.POD_SECURITY["enforce"]
+        out.append(res(PREPULL, "k8s-image-prepull", PrepullSpec(image=pinned, digest=image.digest), NAMESPACE))
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
         efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below
                      if r.address == self.below.launch_template]
-        if config.wants_efa() and efa_below and efa_below[0] > 1:
-            spec["efa_interfaces"] = efa_below[0]
+        spec = RayClusterSpec(
+            **self._pinned_spec(config.image).as_spec(), gpu_nodes=config.gpu_node_count,
+            gpus_per_node=config.gpus_per_node, efa=config.wants_efa(), ray_version=config.ray_version,
+            hf_token=bool(config.hf_token), auth="token",
+            # KubeRay adds the autoscaler (issue 26) only to a head pod it creates: a new idle time
+            # or turning it on or off is a new RayCluster.
+            idle_timeout_s=config.idle_timeout_s(),
+            # Mounting a volume or not is a new RayCluster, so is another service account.
+            **({"volume": manifests.data_claim_name(config)} if volume else {}),
+            **({"service_account": account_name} if account_name else {}),
+            # And the pods' hardening (issue 33): a cluster made before it is made again with it.
+            worker_service_account=worker_account, pod_security=manifests.POD_SECURITY["enforce"],
+            **({"efa_interfaces": efa_below[0]} if config.wants_efa() and efa_below and efa_below[0] > 1 else {}))
         deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, *operator, *([HF_SECRET] if config.hf_token else []),
                 *volume, *account, *workers, *identity_below, *worker_identity, *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
-        out.append(res(WORKERS, "ray-gpu-workers", {"nodes": config.gpu_node_count,
-                                                    "gpus_per_node": config.gpus_per_node},
+        out.append(res(WORKERS, "ray-gpu-workers", WorkersSpec(nodes=config.gpu_node_count,
+                                                               gpus_per_node=config.gpus_per_node),
                        RAYCLUSTER, *plugins, *gpu))
         # Once the head runs: a pod the policy does not admit tries its GCS port (probe.py), with the image
         # the head runs, so the verdict comes from the cluster's network, not from the DaemonSets' names.
         out.append(res(PROBE, "k8s-netpol-probe",
-                       {"tries": "the Ray head's GCS port from a pod the policy does not admit",
-                        "image": pinned}, NETWORK_POLICY, RAYCLUSTER))
+                       ProbeSpec(tries="the Ray head's GCS port from a pod the policy does not admit", image=pinned),
+                       NETWORK_POLICY, RAYCLUSTER))
         return out
 
     def plan_notes(self, ctx: Context) -> list[str]:

@@ -33,6 +33,7 @@ from targets.kube.config import KubeConfig, kube_config
 from targets.kube.handlers import LAYER, RAYCLUSTER, KubeHandler, object_id, ours, pod_report
 from targets.kube.raycluster import ray_pods_selector
 from targets.kube.security import NETWORK_POLICY
+from targets.kube.specs import ProbeSpec
 
 if TYPE_CHECKING:
     from targets.kube.api import KubeApi
@@ -156,6 +157,7 @@ class NetworkPolicyProbeHandler(KubeHandler):
     create: the policy comes before any Ray pod, and a probe there would have nothing to reach."""
 
     kind = "k8s-netpol-probe"
+    spec_model = ProbeSpec
     title = "Confirm the NetworkPolicy is enforced (a probe pod it does not admit)"
     expected_s = 10.0
 
@@ -215,7 +217,7 @@ class NetworkPolicyProbeHandler(KubeHandler):
         head = heads[0]
         target_ip = head["status"]["podIP"]
         target = f"the Ray head's GCS port ({target_ip}:{GCS_PORT})"
-        image = str(want.spec.get("image") or head["spec"]["containers"][0]["image"])
+        image = ProbeSpec.of(want).image or str(head["spec"]["containers"][0]["image"])
         name = f"{probe_pod_prefix(config)}-{secrets.token_hex(3)}"
         await api.apply(probe_pod(config, ctx.record.run_id, name, image, head["spec"].get("nodeName"), target_ip))
         phase: str | None = None

@@ -42,6 +42,7 @@ from targets.kube.handlers import (
 )
 from targets.kube.security import JOB_ENV, NETWORK_POLICY, RAY_TOKEN
 from targets.kube.serviceaccount import SERVICE_ACCOUNT, WORKER_ACCOUNT
+from targets.kube.specs import PrepullSpec, RayClusterSpec, WorkersSpec
 from targets.kube.storage import DATA_CLAIM
 
 if TYPE_CHECKING:
@@ -120,12 +121,13 @@ async def refuse_if_refused(ctx: Context, refusal: admission.Refusal | None) -> 
 
 class PrepullHandler(KubeHandler):
     kind = "k8s-image-prepull"
+    spec_model = PrepullSpec
     title = "Pull the Ray image on the nodes"
     expected_s = 300.0
     updatable = True
 
     def objects(self, ctx: Context, want: Resource, gpu_node_names: list[str] | None = None) -> list[Manifest]:
-        return [manifests.image_prepull(kube_config(ctx), ctx.record.run_id, image_digest=want.spec.get("digest"),
+        return [manifests.image_prepull(kube_config(ctx), ctx.record.run_id, image_digest=PrepullSpec.of(want).digest,
                                         gpu_nodes=gpu_node_names or ())]
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[Manifest]:
@@ -192,22 +194,24 @@ class PrepullHandler(KubeHandler):
             yield p
 
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
-        want = Resource(address=PREPULL, layer=LAYER, kind=self.kind)
-        async for p in delete_ours(self.api(ctx), ctx, self.objects(ctx, want)):
+        # What is deleted is named by the config and the run alone (no plan: a teardown's spec is empty).
+        named = manifests.image_prepull(kube_config(ctx), ctx.record.run_id)
+        async for p in delete_ours(self.api(ctx), ctx, [named]):
             yield p
 
 
 class RayClusterHandler(KubeHandler):
     kind = "raycluster"
+    spec_model = RayClusterSpec
     title = "Create the RayCluster and wait for its head"
     delete_title = "Delete the RayCluster and wait for its pods to go"
     expected_s = 120.0
     updatable = True  # "update" waits again for a head that is not ready; a new spec replaces
 
     def manifest(self, ctx: Context, want: Resource) -> Manifest:
-        obj = manifests.raycluster(kube_config(ctx), ctx.record.run_id, image_digest=want.spec.get("digest"),
-                                   efa_interfaces=int(want.spec.get("efa_interfaces") or 1),
-                                   service_account=want.spec.get("service_account"))
+        spec = RayClusterSpec.of(want)
+        obj = manifests.raycluster(kube_config(ctx), ctx.record.run_id, image_digest=spec.digest,
+                                   efa_interfaces=spec.efa_interfaces or 1, service_account=spec.service_account)
         obj["metadata"]["annotations"] = {SPEC_ANNOTATION: json.dumps(want.spec, sort_keys=True)}
         return obj
 
@@ -256,7 +260,7 @@ class RayClusterHandler(KubeHandler):
                             remedy="choose another --cluster-name")
         await api.apply(obj)
         ctx.ledger.update(want.address, id=object_id(obj),
-                          outputs={"image": want.spec.get("image"), "digest": want.spec.get("digest"),
+                          outputs={"image": RayClusterSpec.of(want).image, "digest": RayClusterSpec.of(want).digest,
                                    "ray_version": config.ray_version,
                                    "kuberay_version": config.kuberay_version})
         yield Progress(f"applied {object_id(obj)}", 0.2)
@@ -291,8 +295,8 @@ class RayClusterHandler(KubeHandler):
     async def delete(self, ctx: Context, have: Observed) -> AsyncIterator[Progress]:
         config = kube_config(ctx)
         api = self.api(ctx)
-        want = Resource(address=RAYCLUSTER, layer=LAYER, kind=self.kind)
-        async for p in delete_ours(api, ctx, [self.manifest(ctx, want)]):
+        # What is deleted is named by the config and the run alone (no plan: a teardown's spec is empty).
+        async for p in delete_ours(api, ctx, [manifests.raycluster(config, ctx.record.run_id)]):
             yield p
         selector = ray_pods_selector(config.cluster_name)
 
@@ -308,6 +312,7 @@ class WorkersHandler(KubeHandler):
     """The GPU worker pods: the allocatable check, then every worker running."""
 
     kind = "ray-gpu-workers"
+    spec_model = WorkersSpec
     title = "Check the GPU nodes and wait for the workers"
     delete_title = "GPU workers (they go with the RayCluster)"
     expected_s = 60.0

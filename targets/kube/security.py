@@ -24,6 +24,7 @@ from backend.runner import Progress
 from targets.kube import manifests, rights
 from targets.kube.config import KubeConfig, kube_config
 from targets.kube.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
+from targets.kube.specs import JobEnvSpec, NetworkPolicySpec, RayTokenSpec
 
 if TYPE_CHECKING:
     from targets.kube.api import KubeApi
@@ -54,6 +55,7 @@ async def ray_token(api: KubeApi, config: KubeConfig, run_id: str) -> str | None
 
 class RayTokenHandler(KubeHandler):
     kind = "k8s-ray-token"
+    spec_model = RayTokenSpec
     title = "Store the Ray cluster's auth token as a Secret"
     expected_s = 1.0
 
@@ -172,6 +174,7 @@ def policy_enforcer(daemonsets: list[manifests.Manifest]) -> str | None:
 
 class NetworkPolicyHandler(KubeHandler):
     kind = "k8s-networkpolicy"
+    spec_model = NetworkPolicySpec
     title = "Admit to the Ray pods only each other and the API server"
     expected_s = 1.0
     updatable = True
@@ -230,6 +233,7 @@ class JobEnvHandler(KubeHandler):
     mount it from their start, so naming variables later never remakes the cluster)."""
 
     kind = "k8s-job-env"
+    spec_model = JobEnvSpec
     title = "Store the --job-env values as a Secret"
     expected_s = 1.0
     updatable = True
@@ -253,13 +257,14 @@ class JobEnvHandler(KubeHandler):
                         reason="in place" if current else "the values in rtui's environment changed")
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
-        if have.state.get("names") != want.spec.get("names"):
-            return Action.UPDATE, f"variables now: {', '.join(want.spec.get('names') or []) or 'none'}"
+        names = JobEnvSpec.of(want).names
+        if have.state.get("names") != names:
+            return Action.UPDATE, f"variables now: {', '.join(names) or 'none'}"
         return (Action.NOOP, have.reason) if have.healthy else (Action.UPDATE, have.reason)
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
         return [manifests.job_env_secret(kube_config(ctx), ctx.record.run_id, {
-            str(n): "<read from rtui's environment when applied>" for n in want.spec.get("names") or []})]
+            n: "<read from rtui's environment when applied>" for n in JobEnvSpec.of(want).names})]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         config = kube_config(ctx)

@@ -36,6 +36,7 @@ from backend.runner import Progress
 from targets.kube import manifests
 from targets.kube.config import kube_config
 from targets.kube.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
+from targets.kube.specs import ServiceAccountSpec
 
 if TYPE_CHECKING:
     from targets.kube.api import KubeApi
@@ -46,6 +47,7 @@ WORKER_ACCOUNT = "k8s.serviceaccount.ray-workers"
 
 class ServiceAccountHandler(KubeHandler):
     kind = "k8s-serviceaccount"
+    spec_model = ServiceAccountSpec
     title = "Create the Ray pods' service account (their AWS role comes through it)"
     expected_s = 1.0
     address = SERVICE_ACCOUNT
@@ -65,13 +67,13 @@ class ServiceAccountHandler(KubeHandler):
                         state={"name": name}, depends_on=(NAMESPACE,), reason="exists")
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
-        return [manifests.service_account(kube_config(ctx).namespace, str(want.spec["name"]), ctx.record.run_id,
-                                          self.purpose)]
+        name = ServiceAccountSpec.of(want).name
+        return [manifests.service_account(kube_config(ctx).namespace, name, ctx.record.run_id, self.purpose)]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         (obj,) = self.kube_objects(ctx, want)
         api = self.api(ctx)
-        live = await api.get("v1", "ServiceAccount", str(want.spec["name"]), kube_config(ctx).namespace)
+        live = await api.get("v1", "ServiceAccount", ServiceAccountSpec.of(want).name, kube_config(ctx).namespace)
         if live is not None and not ours(live, ctx.record.run_id):
             raise UserError(f"the ServiceAccount {object_id(obj)} exists and is not this run's",
                             remedy=self.conflict_remedy)

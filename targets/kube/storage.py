@@ -33,6 +33,7 @@ from backend.waiting import Look, wait_until
 from targets.kube import manifests
 from targets.kube.config import KubeConfig, kube_config
 from targets.kube.handlers import LAYER, NAMESPACE, KubeHandler, delete_ours, object_id, ours
+from targets.kube.specs import ClaimSpec
 
 if TYPE_CHECKING:
     from targets.kube.api import KubeApi
@@ -86,7 +87,7 @@ async def storage_facts(api: KubeApi) -> StorageFacts:
                         str(found.get("volumeBindingMode") or "Immediate"))
 
 
-def claim_spec(config: KubeConfig, run_id: str, facts: StorageFacts | None) -> dict[str, Any]:
+def claim_spec(config: KubeConfig, run_id: str, facts: StorageFacts | None) -> ClaimSpec:
     """What the plan shows of the run's volume."""
     if facts is None:
         where = "the cluster's default (not asked yet)"
@@ -94,10 +95,10 @@ def claim_spec(config: KubeConfig, run_id: str, facts: StorageFacts | None) -> d
         where = "none: the cluster has no default StorageClass"
     else:
         where = f"{facts.class_name} ({facts.provisioner or 'no provisioner named'}, the cluster's default)"
-    return {"name": manifests.data_claim_name(config), "size": config.storage_size, "storage_class": where,
-            "access_mode": facts.access_mode if facts else manifests.READ_WRITE_MANY,
-            "mounted_at": manifests.DATA_MOUNT, "job_writes_to": manifests.job_storage_path(run_id),
-            "on_down": "kept unless --delete-data"}
+    return ClaimSpec(name=manifests.data_claim_name(config), size=config.storage_size, storage_class=where,
+                     access_mode=facts.access_mode if facts else manifests.READ_WRITE_MANY,
+                     mounted_at=manifests.DATA_MOUNT, job_writes_to=manifests.job_storage_path(run_id),
+                     on_down="kept unless --delete-data")
 
 
 def check(config: KubeConfig, facts: StorageFacts) -> CheckResult:
@@ -140,6 +141,7 @@ def claim_capacity(claim: Obj) -> str:
 
 class DataClaimHandler(KubeHandler):
     kind = "k8s-pvc"
+    spec_model = ClaimSpec
     title = "Create the run's volume (PersistentVolumeClaim)"
     expected_s = 10.0
 
@@ -158,7 +160,7 @@ class DataClaimHandler(KubeHandler):
                         depends_on=(NAMESPACE,), reason=phase.lower())
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
-        if have.state.get("size") != want.spec.get("size"):
+        if have.state.get("size") != ClaimSpec.of(want).size:
             # A claim never shrinks, and grows only where its class allows expansion: the data stays.
             return Action.NOOP, f"kept at {have.state.get('size')} with the run's data (resize it with kubectl " \
                                 "where the StorageClass allows expansion)"
@@ -166,7 +168,7 @@ class DataClaimHandler(KubeHandler):
 
     def kube_objects(self, ctx: Context, want: Resource) -> list[manifests.Manifest]:
         return [manifests.data_claim(kube_config(ctx), ctx.record.run_id,
-                                     str(want.spec.get("access_mode") or manifests.READ_WRITE_MANY))]
+                                     ClaimSpec.of(want).access_mode or manifests.READ_WRITE_MANY)]
 
     async def create(self, ctx: Context, want: Resource) -> AsyncIterator[Progress]:
         config = kube_config(ctx)

@@ -25,7 +25,7 @@ import pytest
 from backend.errors import RtuiError
 from backend.ledger import ResourceStatus
 from backend.resolve import resolve_config
-from backend.resources import Resource
+from backend.resources import Resource, Spec
 from backend.session import RunSession
 from backend.store import RunStore
 from targets.kube import handlers, raycluster
@@ -33,6 +33,7 @@ from targets.kube import manifests as m
 from targets.kube.config import KubeConfig
 from targets.kube.layer import every_object
 from targets.kube.raycluster import PrepullHandler, RayClusterHandler, WorkersHandler
+from targets.kube.specs import PrepullSpec, RayClusterSpec
 from tests.kubernetes import pod_security as pss
 from tests.kubernetes.conftest import KubeCluster
 from tests.kubernetes.crds import install_shared_crds
@@ -81,9 +82,19 @@ async def restricted_namespace(session: RunSession) -> None:
 
 
 def want(session: RunSession, address: str, kind: str) -> Resource:
-    """What the plan asks of a step, and its ledger entry, as the planner writes it before the create."""
+    """What the plan asks of a step, and its ledger entry, as the planner writes it before the create (the
+    image by its tag: no registry here)."""
     session.ctx.ledger.set(address, kind, ResourceStatus.INTENDED, layer="kubernetes")
-    return Resource(address=address, layer="kubernetes", kind=kind, spec={"image": KubeConfig.of(session.config).image})
+    config = KubeConfig.of(session.config)
+    spec: Spec = PrepullSpec(image=config.image, digest=None)
+    if kind == RayClusterHandler.kind:
+        spec = RayClusterSpec(image=config.image, digest=None, pinning="by tag", gpu_nodes=config.gpu_node_count,
+                              gpus_per_node=config.gpus_per_node, efa=config.wants_efa(),
+                              ray_version=config.ray_version, hf_token=False, auth="token",
+                              idle_timeout_s=config.idle_timeout_s(),
+                              worker_service_account=m.worker_service_account_name(config),
+                              pod_security=m.POD_SECURITY["enforce"])
+    return Resource(address=address, layer="kubernetes", kind=kind, spec=spec.as_spec())
 
 
 @pytest.mark.slow
