@@ -135,7 +135,7 @@ def test_two_local_runs_at_once_closed_private_and_alone(tmp_path: Path) -> None
                                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     try:
         outs = [p.communicate(timeout=500) for _, p in runs]
-        assert [p.returncode for _, p in runs] == [0, 0], [(o[0][-3000:], o[1][-2000:]) for o in outs]
+        assert [p.returncode for _, p in runs] == [0, 0], [_what_failed(out, err) for out, err in outs]
         ids = [json_lines(out)[0]["data"]["run_id"] for out, _ in outs]
         clusters = [find_clusters(run_id=r)[0] for r in ids]
         ports = [set(c.facts["ports"].values()) for c in clusters]
@@ -159,6 +159,13 @@ def test_two_local_runs_at_once_closed_private_and_alone(tmp_path: Path) -> None
             if proc.poll() is None:
                 proc.kill()
             subprocess.run([rtui, "down", "--yes"], env=env, capture_output=True, timeout=120)
+
+
+def _what_failed(out: str, err: str) -> list[str]:
+    """A run's failed steps and the job's last lines, each whole (a raw tail is cut where it matters)."""
+    events = [e for e in json_lines(out) if e.get("kind") == "failed" or e.get("step") == "train"]
+    said = [f"{e['step']} {e['kind']}: {e.get('message')} (cause: {e.get('cause')})" for e in events]
+    return [*said[-8:], *err.splitlines()[-5:]]
 
 
 def job_status(cluster: ClusterDir, submission_id: str) -> str:

@@ -15,7 +15,6 @@ import secrets
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,6 +28,7 @@ from backend.procs import ProcRef, check_port_free, free_ports, start_detached, 
 from backend.rayjobs import RayJobs
 from backend.resources import Action, CheckResult, CheckStatus, NodeLoss, Observed, Resource, Spec
 from backend.runner import Progress
+from backend.waiting import Look, wait_until
 from targets.local import cluster as lc
 from targets.local.config import local_config
 from training.passed_env import JOB_ENV_FILE
@@ -41,6 +41,7 @@ PORT_NAMES = ("gcs", "dashboard", "client", "agent_listen", "agent_grpc", "runti
               "node_manager", "object_manager")
 WORKER_PORT_NAMES = ("agent_listen", "agent_grpc", "runtime_env", "metrics", "node_manager", "object_manager")
 DASHBOARD_TIMEOUT_S = 90.0
+DASHBOARD_EXPECTED_S = 10.0  # a head's dashboard answers in ~4 s here; polls settle at half a second
 _PORT_FLAGS = {
     "agent_listen": "--dashboard-agent-listen-port", "agent_grpc": "--dashboard-agent-grpc-port",
     "runtime_env": "--runtime-env-agent-port", "metrics": "--metrics-export-port",
@@ -221,31 +222,31 @@ class HeadHandler(Handler):
         lc.record_root(cluster, lc.node_name(cluster.cluster_name, None), ref)  # only what rtui started is stopped
         jobs = jobs_for(cluster)
         assert jobs is not None
-        started = time.monotonic()
-        while True:
-            elapsed = time.monotonic() - started
-            if not ref.alive():
+        info: dict[str, Any] = {}
+
+        async def answering() -> Look:
+            if not ref.alive():  # said at once, and the half-started cluster goes
                 tail = _tail(log)
                 retry = _bind_failed(tail) or await asyncio.to_thread(_a_ray_log_says_bind_failed, cluster)
                 await _stop_and_remove(cluster.path)
                 err = TransientError if retry else OperationError
                 raise err(f"ray head exited while starting: {_last_error_line(tail)}", remedy=f"see {log}")
             try:
-                info = await jobs.version(timeout_s=1.0)
-                await asyncio.to_thread(lc.tighten, cluster.path)
-                idle_s = spec.idle_stop_s
-                if idle_s or not spec.loopback:  # worker nodes: the watcher replaces a lost one
-                    _start_idle_watcher(cluster, idle_s)
-                yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})"
-                               + (f"; stops after {idle_s}s without a job or an rtui" if idle_s else ""), 1.0)
-                return
+                info.update(await jobs.version(timeout_s=1.0))
             except TransientError:
-                pass
-            if elapsed > DASHBOARD_TIMEOUT_S:
-                raise OperationError(f"Ray dashboard did not answer within {DASHBOARD_TIMEOUT_S:.0f}s",
-                                     remedy=f"see {log}")
-            yield Progress(f"waiting for the dashboard ({elapsed:.0f}s)", min(0.9, 0.1 + elapsed / 30))
-            await asyncio.sleep(0.5)
+                return Look(False, "waiting for the dashboard")
+            return Look(True, "dashboard up")
+
+        async for waiting in wait_until(answering, what="the Ray head", timeout_s=DASHBOARD_TIMEOUT_S,
+                                        expected_s=DASHBOARD_EXPECTED_S, remedy=f"see {log}"):
+            if not info:  # the last word is the one below
+                yield Progress(waiting.message, waiting.fraction)
+        await asyncio.to_thread(lc.tighten, cluster.path)
+        idle_s = spec.idle_stop_s
+        if idle_s or not spec.loopback:  # worker nodes: the watcher replaces a lost one
+            _start_idle_watcher(cluster, idle_s)
+        yield Progress(f"dashboard up at {jobs.address} (Ray {info.get('ray_version', '?')})"
+                       + (f"; stops after {idle_s}s without a job or an rtui" if idle_s else ""), 1.0)
 
     def compare(self, want: Resource, have: Observed) -> tuple[Action, str]:
         """A running head whose only change is the idle stop's timeout is updated in place: its watcher
