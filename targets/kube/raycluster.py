@@ -259,8 +259,9 @@ class RayClusterHandler(KubeHandler):
                             "exists and is not this run's: rtui never overwrites it",
                             remedy="choose another --cluster-name")
         await api.apply(obj)
+        spec = RayClusterSpec.of(want)
         ctx.ledger.update(want.address, id=object_id(obj),
-                          outputs={"image": RayClusterSpec.of(want).image, "digest": RayClusterSpec.of(want).digest,
+                          outputs={"image": spec.image, "digest": spec.digest,
                                    "ray_version": config.ray_version,
                                    "kuberay_version": config.kuberay_version})
         yield Progress(f"applied {object_id(obj)}", 0.2)
