@@ -145,7 +145,8 @@ def diff(stack: Stack, wanted: Sequence[Resource], observed: dict[str, Observed]
             changes[have.address] = Change(
                 address=have.address, layer=have.layer, kind=have.kind, action=Action.DELETE,
                 depends_on=have.depends_on, before=dict(have.state), reason="no longer wanted")
-    return PlanResult(target=stack.target, changes=list(changes.values()), observed=dict(observed))
+    return PlanResult(target=stack.target, changes=list(changes.values()), observed=dict(observed),
+                      layer_titles={layer.name: layer.title for layer in stack.layers if layer.title})
 
 
 def _effective_deps(change: Change, by_address: dict[str, Change]) -> tuple[str, ...]:

@@ -134,6 +134,8 @@ class Plan(BaseModel):
 
     target: str
     changes: list[Change] = Field(default_factory=list)
+    # What each layer's heading says beside its name ("Kubernetes objects"), from the layer itself.
+    layer_titles: dict[str, str] = Field(default_factory=dict)
     # Where the prices come from ("estimate, us-east-1 prices" when not quoted for the region), and
     # what bills by use beside the hourly total ("+ $0.045/GB NAT data processing").
     price_source: str = ""

@@ -443,3 +443,28 @@ def test_no_module_under_backend_is_named_for_a_target() -> None:
     named = [str(path.relative_to(REPO)) for path in sorted((REPO / "backend").rglob("*.py"))
              if any(word in part for part in path.relative_to(REPO / "backend").parts for word in words)]
     assert not named, named
+
+
+# The built-in targets' own layers (the shared ray-job layer is generic), spelled here as above.
+TARGET_LAYERS = frozenset({"local-ray", "kube", "kubernetes", "aws", "aws-access"})
+
+
+def keyed_by_target_layer(source: str, filename: str = "<src>") -> list[str]:
+    """``file:line: code`` of each dict literal with a key naming a target's own layer."""
+    tree = ast.parse(source, filename)
+    lines = source.splitlines()
+    hits = sorted({node.lineno for node in ast.walk(tree) if isinstance(node, ast.Dict)
+                   and any(isinstance(k, ast.Constant) and k.value in TARGET_LAYERS for k in node.keys)})
+    return [f"{filename}:{line}: {lines[line - 1].strip()}" for line in hits]
+
+
+def test_the_front_end_keeps_no_table_by_a_targets_layer() -> None:
+    """Issue 38: the plan's heading of a layer ("Kubernetes objects") came from a table in tui/ keyed by
+    each target's layer names; a fourth target's layers went without one. A layer says its own title."""
+    assert keyed_by_target_layer('T = {"aws": "AWS infrastructure", "ray-job": "Ray job"}')
+    assert not keyed_by_target_layer('T = {"ray-job": "Ray job"}')
+    found: list[str] = []
+    for pattern in ("tui/*.py", "screens/*.py"):
+        for path in sorted(REPO.glob(pattern)):
+            found += keyed_by_target_layer(path.read_text(), str(path.relative_to(REPO)))
+    assert not found, "\n".join(found)

@@ -47,7 +47,7 @@ def every_kind() -> PlanResult:
         Change(address="k8s.namespace", layer="kubernetes", kind="namespace", action=Action.NOOP),
         Change(address="ray.job.train", layer="ray-job", kind="ray-job", action=Action.CREATE,
                after={"entrypoint": LONG_ENTRYPOINT, "workers": 8}),
-    ])
+    ], layer_titles={"aws": "AWS infrastructure", "kubernetes": "Kubernetes objects", "ray-job": "Ray job"})
 
 
 class PlanApp(RtuiApp):

@@ -19,9 +19,6 @@ from backend.resources import Action, Change, Plan
 
 ACTION_STYLE = {Action.CREATE: "green", Action.UPDATE: "yellow", Action.REPLACE: "magenta", Action.DELETE: "red",
                 Action.NOOP: "dim"}
-LAYER_TITLE = {"aws": "AWS infrastructure", "kubernetes": "Kubernetes objects", "aws-access": "Your cluster access",
-               "ray-job": "Ray job",
-               "local-ray": "Ray on this machine"}
 VERB = {Action.CREATE: "to create", Action.UPDATE: "to update", Action.REPLACE: "to replace",
         Action.DELETE: "to delete"}
 CHANGE_INDENT = 2  # where a change's symbol column starts
@@ -123,7 +120,7 @@ def plan_lines(plan: Plan, width: int, *, show_unchanged: bool = False) -> list[
         changes = [c for c in plan.changes if c.layer == layer]
         if lines:
             lines.append(Text())
-        title = LAYER_TITLE.get(layer, "")
+        title = plan.layer_titles.get(layer, "")
         heading = Text.assemble((layer, "bold underline"), (f" — {title}" if title else "", "bold"),
                                 (f"   {layer_summary(changes, plan.layer_cost_per_hour(layer))}", "dim"))
         lines += hang(heading, 4, width)

@@ -225,6 +225,7 @@ class Handler(abc.ABC):
 
 class Layer(abc.ABC):
     name: ClassVar[str]
+    title: ClassVar[str] = ""  # what the plan's heading says of it beside its name ("Ray job")
     sweeps: ClassVar[bool] = False  # whether ``sweep`` looks for anything (teardown then shows its step)
     # What of this layer holds everything the layers above make (aws: "the EKS cluster"), so that their
     # teardown may go on without them when their API does not answer; None: nothing does.

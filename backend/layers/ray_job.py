@@ -130,6 +130,7 @@ class JobHandler(Handler):
 
 class RayJobLayer(Layer):
     name = "ray-job"
+    title = "Ray job"
     _handlers: ClassVar[dict[str, Handler]] = {"ray-job": JobHandler()}
 
     @property

@@ -122,6 +122,7 @@ def wants_volume(ctx: Context) -> bool:
 
 class KubernetesLayer(Layer):
     name = LAYER
+    title = "Kubernetes objects"
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
         NamespaceHandler(), HfTokenHandler(), RayTokenHandler(), JobEnvHandler(), NetworkPolicyHandler(),
         NvidiaPluginHandler(), storage.DataClaimHandler(), ServiceAccountHandler(), WorkerAccountHandler(),

@@ -356,6 +356,7 @@ def want_worker_node(path: Path, index: int, cpus: int | None) -> None:
 
 class LocalRay(Layer):
     name = "local-ray"
+    title = "Ray on this machine"
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (HeadHandler(), WorkerHandler())}
 
     @property

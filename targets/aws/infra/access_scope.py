@@ -208,6 +208,7 @@ class AccessScopeLayer(Layer):
     """The aws target's access entry, narrowed after the kubernetes layer (``--access-scope namespace``)."""
 
     name = LAYER
+    title = "Your cluster access"
     _handlers: ClassVar[dict[str, Handler]] = {AccessScopeHandler.kind: AccessScopeHandler()}
 
     @property

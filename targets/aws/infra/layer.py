@@ -82,6 +82,7 @@ class MatrixWatch:
 
 class AwsLayer(Layer):
     name = LAYER
+    title = "AWS infrastructure"
     sweeps = True
     holds_above = "the EKS cluster"  # deleting it deletes every Kubernetes object and Ray pod in it
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
