@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from backend.clients import Clients
 from backend.errors import OperationError
 from backend.resources import CheckResult, CheckStatus
 from backend.safepath import already_there, checked_target, partial_file
@@ -141,6 +142,19 @@ def run_storage_uri(storage_path: str, run_id: str) -> str:
     return f"{storage_path.rstrip('/')}/{run_id}"
 
 
+def aws_client(service: str, profile: str | None, clients: Clients | None) -> Any:
+    """The boto3 client of ``service`` for ``profile`` (its region, else us-east-1: S3 and STS answer there for
+    any bucket), from the session's ``clients`` when there is a session (one per session, closed with it)."""
+    def made() -> Any:
+        # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
+        from backend.boto import boto3_session
+
+        aws = boto3_session(profile)
+        return aws.client(service, region_name=aws.region_name or "us-east-1")
+
+    return clients.get((service, profile), made) if clients is not None else made()
+
+
 class S3Store:
     """A run's data under ``s3://bucket/prefix/<run id>/``, read with the user's own AWS credentials
     (boto3's chain: profile, environment, SSO; ``AWS_ENDPOINT_URL`` for an S3-compatible endpoint).
@@ -148,22 +162,20 @@ class S3Store:
     A model directory there is complete when its ``rtui_model.json`` exists and every file it lists is
     there: the training program uploads the marker last (``training.export.upload_dir``)."""
 
-    def __init__(self, uri: str, profile: str | None = None, *, bucket_goes_with_data: bool = False) -> None:
+    def __init__(self, uri: str, profile: str | None = None, *, bucket_goes_with_data: bool = False,
+                 clients: Clients | None = None) -> None:
         self.uri = uri.rstrip("/")
         self.bucket, self.prefix = split_s3(self.uri)
         self.profile = profile
         # The run's own bucket (aws, no --storage-path) is deleted with its data: gone, it holds nothing.
         # A user's bucket that is missing is an error to show (a typo, another account).
         self.bucket_goes_with_data = bucket_goes_with_data
+        self._clients = clients  # the session's: its S3 client is shared by its stores and closed with it
         self._s3: Any = None
 
     def _client(self) -> Any:
         if self._s3 is None:
-            # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
-            from backend.boto import boto3_session
-
-            aws = boto3_session(self.profile)
-            self._s3 = aws.client("s3", region_name=aws.region_name or "us-east-1")
+            self._s3 = aws_client("s3", self.profile, self._clients)
         return self._s3
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -284,13 +296,15 @@ class S3Store:
 
 
 def data_store_for(storage_path: str | None, run_id: str, *, local_default: Path | None,
-                   profile: str | None = None, own_bucket: bool = False) -> DataStore | None:
+                   profile: str | None = None, own_bucket: bool = False,
+                   clients: Clients | None = None) -> DataStore | None:
     """The store of one run: its prefix under ``--storage-path`` when given, else ``local_default``.
-    ``own_bucket``: the path is in a bucket the run made (and deletes with its data)."""
+    ``own_bucket``: the path is in a bucket the run made (and deletes with its data); ``clients``: the
+    session's, whose S3 client an s3:// store uses (None: a client of its own)."""
     if storage_path:
         uri = run_storage_uri(storage_path, run_id)
         if uri.startswith("s3://"):
-            return S3Store(uri, profile, bucket_goes_with_data=own_bucket)
+            return S3Store(uri, profile, bucket_goes_with_data=own_bucket, clients=clients)
         if "://" not in uri:
             return LocalDirStore(Path(uri).expanduser())
         return None  # gs://, abfs://, hdfs://: written by the job, not fetched by rtui yet
@@ -349,14 +363,15 @@ STORAGE_CHECK = "storage.writable"
 STORAGE_TITLE = "Storage path is writable"
 
 
-def check_storage_writable(uri: str, *, profile: str | None = None, run_id: str = "check") -> CheckResult:
+def check_storage_writable(uri: str, *, profile: str | None = None, run_id: str = "check",
+                           clients: Clients | None = None) -> CheckResult:
     """Write (then delete) one small object or file where the run's checkpoints and model will go.
 
     S3 answers a write its principal may not make with 403 AccessDenied (and a missing bucket with
     404 NoSuchBucket); the result names the principal (STS GetCallerIdentity) and the missing
     permission. A local directory is checked with the user it will be written as."""
     if uri.startswith("s3://"):
-        return _check_s3(uri, profile=profile, run_id=run_id)
+        return _check_s3(uri, profile=profile, run_id=run_id, clients=clients)
     if "://" in uri:  # gs://, abfs://, hdfs://: the job writes there with the cluster's own credentials
         return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.INFO,
                            detail=f"--storage-path {uri}: not checked (rtui checks s3:// and directories)")
@@ -376,22 +391,18 @@ def _check_dir(path: Path) -> CheckResult:
     return CheckResult(id=STORAGE_CHECK, title=STORAGE_TITLE, status=CheckStatus.OK, detail=str(path))
 
 
-def _check_s3(uri: str, *, profile: str | None, run_id: str) -> CheckResult:
+def _check_s3(uri: str, *, profile: str | None, run_id: str, clients: Clients | None) -> CheckResult:
     # lazy: boto3 (~400 ms) only for s3:// storage; a local run never loads it
     from botocore.exceptions import BotoCoreError, ClientError
-
-    from backend.boto import boto3_session
 
     bucket, prefix = split_s3(uri)
     key = f"{prefix}/.rtui-write-check-{run_id}" if prefix else f".rtui-write-check-{run_id}"
     resource = f"arn:aws:s3:::{bucket}/{key}"
-    aws = boto3_session(profile)
-    if aws.region_name is None:  # STS's regional endpoint needs one; any will do for a bucket check
-        aws = boto3_session(profile, "us-east-1")
     principal = "the AWS credentials in use"
     try:
-        principal = str(aws.client("sts").get_caller_identity()["Arn"])
-        s3 = aws.client("s3")
+        # STS's regional endpoint needs a region; any will do for a bucket check
+        principal = str(aws_client("sts", profile, clients).get_caller_identity()["Arn"])
+        s3 = aws_client("s3", profile, clients)
         s3.put_object(Bucket=bucket, Key=key, Body=b"rtui write check\n")
     except ClientError as exc:
         code = str(exc.response.get("Error", {}).get("Code", ""))

@@ -461,7 +461,7 @@ class RunSession:
         if not storage:
             return self.target.data_store(self.store.root, self.run_id, self.config, ctx=self.ctx)
         return data_store_for(storage, self.run_id, local_default=None, profile=self.config.profile,
-                              own_bucket=not self.config.storage_path)
+                              own_bucket=not self.config.storage_path, clients=self.ctx.clients)
 
     async def billed(self, now: float | None = None) -> Billed:
         """What the provider's own records say the run's nodes billed up to ``now``: ``node_hours`` and

@@ -20,9 +20,17 @@ from typing import Any
 
 import pytest
 
-from backend.delivery import S3_STANDARD_PER_GIB_MONTH, S3Store, data_store_for, run_storage_uri
+from backend.clients import Clients, ClientsClosed
+from backend.delivery import (
+    S3_STANDARD_PER_GIB_MONTH,
+    S3Store,
+    check_storage_writable,
+    data_store_for,
+    run_storage_uri,
+)
 from backend.errors import OperationError
 from backend.jobspec import build_job_spec
+from backend.resources import CheckStatus
 from backend.store import RunStatus, RunStore
 from targets.kube.config import KubeConfig
 from tests.conftest import json_lines, run_rtui
@@ -170,6 +178,23 @@ def test_down_keeps_then_delete_data_removes_only_this_runs_prefix(s3: Any) -> N
     assert done.data["deleted"]["checkpoints"] == 1_050
     left = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="shared/")["Contents"]]
     assert len(left) == 3 and all(k.startswith("shared/theirs/") for k in left)
+
+
+def test_a_sessions_stores_and_storage_check_share_its_s3_client_and_close_with_it(s3: Any) -> None:
+    """Issue 38: every client from the session. A store or a check made in a session asks S3 through the
+    session's one client (not a boto3 session each); when the session ends, that client is closed and a
+    store of that session may not open another behind its back."""
+    clients = Clients()
+    storage = f"s3://{BUCKET}/team"
+    one = data_store_for(storage, "r1", local_default=None, clients=clients)
+    two = data_store_for(storage, "r2", local_default=None, clients=clients)
+    assert isinstance(one, S3Store) and isinstance(two, S3Store)
+    assert asyncio.run(one.usage()).checkpoints == 0 and asyncio.run(two.usage()).checkpoints == 0
+    assert check_storage_writable(storage, run_id="r1", clients=clients).status is CheckStatus.OK
+    assert len(clients) == 2  # S3 and STS, one each, for both stores and the check
+    clients.close()
+    with pytest.raises(ClientsClosed):
+        asyncio.run(S3Store(run_storage_uri(storage, "r3"), clients=clients).usage())
 
 
 def test_a_listing_the_credentials_may_not_make_is_one_line(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -193,7 +193,8 @@ class RayJobLayer(Layer):
         if ctx.config.storage_path:  # where checkpoints and the model go: a write the run can make?
             results.append(await asyncio.to_thread(
                 check_storage_writable, ctx.config.storage_path,
-                profile=targets.get(ctx.config.target).storage_profile(ctx.config), run_id=ctx.record.run_id))
+                profile=targets.get(ctx.config.target).storage_profile(ctx.config), run_id=ctx.record.run_id,
+                clients=ctx.clients))
         names = ctx.config.job_env_names()
         if not names:
             return results
