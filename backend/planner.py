@@ -17,6 +17,7 @@ from backend.aio import all_or_none
 from backend.errors import ApiUnreachable, UserError
 from backend.layers.base import Context, Handler, Layer, Unanswered
 from backend.ledger import ResourceStatus
+from backend.record import current_name
 from backend.resources import Action, Change, Observed, Plan, Resource
 from backend.runner import Progress, Step
 
@@ -280,10 +281,12 @@ def select_until(steps: Sequence[Step], plan: Plan, until: str | None) -> list[S
         return list(steps)
     addresses = {c.address for c in plan.changes}
     layers = set(plan.layers())
-    if until not in addresses and until not in layers:
+    name = current_name(until)  # an older rtui's word for it (``--until kubernetes``) is still understood
+    if name not in addresses and name not in layers:
         names = ", ".join([*plan.layers(), *sorted(addresses)])
         raise UserError(f"--until {until!r} is neither an address nor a layer of this plan",
                         remedy=f"use one of {names}")
+    until = name
     by_id = {s.id: s for s in steps}
     layer_of = {c.address: c.layer for c in plan.changes}
     roots = [until] if until in addresses else [a for a, layer in layer_of.items() if layer == until]

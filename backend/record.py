@@ -21,12 +21,14 @@ from backend.config import RunConfig, config_model, field_owners
 from backend.ledger import ResourceRecord
 from backend.resources import Leftover, Plan
 
+# 5: one spelling for the kube layer: its layer "kube" (4: "kubernetes"), its addresses "kube." (4: "k8s."),
+#    its kinds "kube-" (4: "k8s-").
 # 4: the config holds its target's fields only (its target's config model), the facts its target's own under
 #    "own" (its facts model); 3 held every target's fields, and the aws target's facts beside the common ones.
 # 3: config, plan, telemetry and facts are typed; teardown steps have their own map (2 prefixed their
 #    ids with "teardown:"); steps and resources carry their layer.
 # 2: ``resources`` is the ledger, {address: ResourceRecord}; 1 had an untyped dict.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class RunStatus(StrEnum):
@@ -324,7 +326,65 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
         data = _v2_to_v3(data)
     if data.get("schema_version") == 3:
         data = _v3_to_v4(data)
+    if data.get("schema_version") == 4:
+        data = _v4_to_v5(data)
     return data
+
+
+# rtui 4 spelled the kube layer three ways. The old words, still found in a record, the durations kept
+# and a user's ``--until``, read as the new ones.
+_V4_LAYERS = {"kubernetes": "kube"}
+_V4_ADDRESS, _V4_KIND = ("k8s.", "kube."), ("k8s-", "kube-")
+
+
+def current_address(address: str) -> str:
+    old, new = _V4_ADDRESS
+    return new + address.removeprefix(old) if address.startswith(old) else address
+
+
+def current_kind(kind: str) -> str:
+    old, new = _V4_KIND
+    return new + kind.removeprefix(old) if kind.startswith(old) else kind
+
+
+def current_name(name: str) -> str:
+    """An address or a layer (``--until``'s argument) in this rtui's words."""
+    return _V4_LAYERS.get(name, current_address(name))
+
+
+def current_timing_key(key: str) -> str:
+    """A step's timing key (``target/kind/action``) in this rtui's words."""
+    parts = key.split("/")
+    return "/".join([parts[0], current_kind(parts[1]), *parts[2:]]) if len(parts) >= 2 else key
+
+
+def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """v4 named the kube layer "kubernetes", its addresses "k8s.…" and its kinds "k8s-…"."""
+    def entry(item: Any) -> Any:
+        if not isinstance(item, dict):
+            return item
+        out = dict(item)
+        if isinstance(out.get("layer"), str):
+            out["layer"] = _V4_LAYERS.get(out["layer"], out["layer"])
+        if isinstance(out.get("kind"), str):
+            out["kind"] = current_kind(out["kind"])
+        if isinstance(out.get("address"), str):
+            out["address"] = current_address(out["address"])
+        if isinstance(out.get("depends_on"), list):
+            out["depends_on"] = [current_address(d) if isinstance(d, str) else d for d in out["depends_on"]]
+        if isinstance(out.get("title"), str):  # a step's ("create k8s.raycluster")
+            out["title"] = " ".join(current_address(w) for w in out["title"].split(" "))
+        return out
+
+    def by_address(items: Any) -> Any:
+        return {current_address(k): entry(v) for k, v in items.items()} if isinstance(items, dict) else items
+
+    plan = data.get("plan")
+    if isinstance(plan, dict) and isinstance(plan.get("changes"), list):
+        plan = {**plan, "changes": [entry(c) for c in plan["changes"]]}
+    return {**data, "plan": plan, "steps": by_address(data.get("steps")),
+            "teardown_steps": by_address(data.get("teardown_steps")), "resources": by_address(data.get("resources")),
+            "schema_version": 5}
 
 
 # The facts a v3 record kept beside every target's (the aws target's); an installed target's under "target_facts".

@@ -42,6 +42,7 @@ from backend.record import (
     StepState,
     StepStatus,
     TelemetrySnapshot,
+    current_timing_key,
     migrate,
 )
 
@@ -272,7 +273,7 @@ class RunStore:
         for key, seen in data.items():
             values = [float(v) for v in seen if isinstance(v, int | float) and v >= 0] if isinstance(seen, list) else []
             if values:
-                typical[str(key)] = statistics.median(values)
+                typical[current_timing_key(str(key))] = statistics.median(values)
         return typical
 
     def record_duration(self, key: str, seconds: float) -> None:

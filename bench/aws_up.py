@@ -5,7 +5,7 @@
 Both orders run the real aws and Kubernetes layers: boto3 against the moto server (tests/aws)
 with AWS's typical durations scaled down (one minute -> ``--minute`` seconds): EKS control plane
 10 min, a nodegroup 4 min, an add-on 1 min, the NAT gateway 1.5 min; and the Kubernetes client
-against the emulated API server the new EKS cluster points at (tests/kubernetes), whose nodes
+against the emulated API server the new EKS cluster points at (tests/kube), whose nodes
 join when their nodegroup turns active, with the test playing the device plugins, KubeRay, the
 scheduler and the kubelets (a plugin or the operator 1 min, the image's first pull 5 min).
 
@@ -44,10 +44,10 @@ from targets.aws.config import AwsConfig  # noqa: E402
 from targets.kube.handlers import kuberay_crds  # noqa: E402
 from tests.aws.bench_world import serve_aws_double  # noqa: E402
 from tests.aws.moto_ext import SCRIPT  # noqa: E402
-from tests.kubernetes.conftest import KubeCluster  # noqa: E402
-from tests.kubernetes.crds import crd_dir  # noqa: E402
-from tests.kubernetes.fake_control import FakeControlPlane, Timings  # noqa: E402
-from tests.kubernetes.fake_registry import FakeRegistry  # noqa: E402
+from tests.kube.conftest import KubeCluster  # noqa: E402
+from tests.kube.crds import crd_dir  # noqa: E402
+from tests.kube.fake_control import FakeControlPlane, Timings  # noqa: E402
+from tests.kube.fake_registry import FakeRegistry  # noqa: E402
 
 # The run's Secrets and NetworkPolicy (issue 23) come with the namespace, before the pods that need them.
 # Since: the S3 gateway endpoint and the control plane's log group (issue 34), cluster-autoscaler and its
@@ -57,9 +57,9 @@ SEED_ORDER = [
     "aws.security-group.nodes", "aws.iam-role", "aws.s3-bucket", "aws.log-group", "aws.eks-cluster", "aws.addon",
     "aws.pod-identity", "aws.access-entry.admin", "aws.kubeconfig", "aws.launch-template.system",
     "aws.nodegroup.system", "aws.placement-group.gpu", "aws.launch-template.gpu",
-    "aws.nodegroup.gpu", "aws.asg-tags", "aws.cluster-autoscaler", "k8s.device-plugin.nvidia",
-    "k8s.device-plugin.efa", "k8s.kuberay-operator", "k8s.namespace", "k8s.serviceaccount", "k8s.secret.ray-token",
-    "k8s.secret.job-env", "k8s.networkpolicy.ray", "k8s.raycluster", "k8s.gpu-workers", "k8s.probe"]
+    "aws.nodegroup.gpu", "aws.asg-tags", "aws.cluster-autoscaler", "kube.device-plugin.nvidia",
+    "kube.device-plugin.efa", "kube.kuberay-operator", "kube.namespace", "kube.serviceaccount", "kube.secret.ray-token",
+    "kube.secret.job-env", "kube.networkpolicy.ray", "kube.raycluster", "kube.gpu-workers", "kube.probe"]
 
 
 def sequential(steps: list[Step]) -> list[Step]:
@@ -72,7 +72,7 @@ def sequential(steps: list[Step]) -> list[Step]:
                              "(add it to SEED_ORDER)")
         return found
 
-    chain = sorted((s for s in steps if s.id != "k8s.image-prepull"), key=rank)
+    chain = sorted((s for s in steps if s.id != "kube.image-prepull"), key=rank)
     for before, step in zip([None, *chain], chain, strict=False):
         step.deps = (before.id,) if before is not None else ()
     return chain
@@ -140,7 +140,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> tuple[float,
             plan = await session.plan()
             for layer in session.stack.layers:
                 layer.applying(session.ctx)
-            steps = select_until(apply_steps(session.stack, session.ctx, plan), plan, "kubernetes")
+            steps = select_until(apply_steps(session.stack, session.ctx, plan), plan, "kube")
             if order == "seed":
                 steps = sequential(steps)
             before = len(SCRIPT.calls)

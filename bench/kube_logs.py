@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/kube_logs.py [--lines 1000000]
 
-A child process runs the emulated API server (tests/kubernetes/conftest.py ``KubeCluster``)
+A child process runs the emulated API server (tests/kube/conftest.py ``KubeCluster``)
 and a fake Ray head behind its service proxy (``BigLogRayHead``, which tails the job's log as
 Ray does: 10 lines per websocket message), so this process's memory is the client's only.
 Measured here, each as ``flows`` runs it:
@@ -55,8 +55,8 @@ CHUNK_LINES = 10  # Ray's tail message
 # ---- the child: cluster, proxy and head -------------------------------------------------------
 
 def serve(lines: int, workdir: Path) -> None:
-    from tests.kubernetes.conftest import KubeCluster
-    from tests.kubernetes.fake_ray import BigLogRayHead, TrainingLog
+    from tests.kube.conftest import KubeCluster
+    from tests.kube.fake_ray import BigLogRayHead, TrainingLog
 
     log = TrainingLog(lines)
     with (workdir / "job.log").open("w") as f:  # the baseline's input, written here, not by the measurer

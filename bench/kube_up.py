@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/kube_up.py [--minute 0.1] [--reps 3]
 
-Both orders run the real Kubernetes layer against the emulated API server (tests/kubernetes),
+Both orders run the real Kubernetes layer against the emulated API server (tests/kube),
 with the test playing KubeRay, the device plugins, the scheduler and the kubelets at the seed's
 typical durations scaled down (one minute -> ``--minute`` seconds): a device plugin or the
 operator ~1 min, the Ray image's first pull on a node ~5 min, a pod's start ~1 min.
@@ -34,15 +34,15 @@ from backend.session import RunSession  # noqa: E402
 from backend.store import RunStore  # noqa: E402
 from targets.kube.config import KubeConfig  # noqa: E402
 from targets.kube.handlers import kuberay_crds  # noqa: E402
-from tests.kubernetes.conftest import KubeCluster  # noqa: E402
-from tests.kubernetes.crds import crd_dir  # noqa: E402
-from tests.kubernetes.fake_control import FakeControlPlane, Timings  # noqa: E402
-from tests.kubernetes.fake_registry import FakeRegistry  # noqa: E402
+from tests.kube.conftest import KubeCluster  # noqa: E402
+from tests.kube.crds import crd_dir  # noqa: E402
+from tests.kube.fake_control import FakeControlPlane, Timings  # noqa: E402
+from tests.kube.fake_registry import FakeRegistry  # noqa: E402
 
 # The Ray token's Secret (issue 23) comes with the namespace: the RayCluster's pods cannot start without it.
 # The workers' own service account (issue 33) too: their pods are refused without it.
-SEED_ORDER = ["k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator", "k8s.namespace",
-              "k8s.secret.ray-token", "k8s.serviceaccount.ray-workers", "k8s.raycluster", "k8s.gpu-workers"]
+SEED_ORDER = ["kube.device-plugin.nvidia", "kube.device-plugin.efa", "kube.kuberay-operator", "kube.namespace",
+              "kube.secret.ray-token", "kube.serviceaccount.ray-workers", "kube.raycluster", "kube.gpu-workers"]
 
 
 def sequential(steps: list[Step]) -> list[Step]:
@@ -82,7 +82,7 @@ async def one(order: str, minute: float, work: Path, crds: Path) -> float:
             record = store.new(config)
             session = RunSession(store, record, config)
             plan = await session.plan()
-            steps = select_until(apply_steps(session.stack, session.ctx, plan), plan, "kubernetes")
+            steps = select_until(apply_steps(session.stack, session.ctx, plan), plan, "kube")
             if order == "seed":
                 steps = sequential(steps)
             started = time.perf_counter()

@@ -3,7 +3,7 @@
 rtui runs unchanged, as its own process on this terminal. What it talks to is what the test suite
 uses: for ``aws`` the moto server with the extensions in ``tests/aws`` (quotas, EKS clusters and
 nodegroups that take their time, add-ons, access entries) reached through ``AWS_ENDPOINT_URL``
-with throwaway credentials; for both, the emulated Kubernetes API in ``tests/kubernetes`` (the
+with throwaway credentials; for both, the emulated Kubernetes API in ``tests/kube`` (the
 new EKS cluster's endpoint, or a kubeconfig context named ``sandbox``) whose controllers play
 KubeRay, the device plugins and the kubelets, and a Ray head whose job prints real NCCL lines of
 a two-node EFA run (from ``../shared/nccl_logs`` when that folder is there) and a metric line
@@ -44,7 +44,7 @@ def nccl_lines() -> list[str]:
     """A two-node EFA run's NCCL lines: the real log when this checkout sits beside ``shared/``."""
     if SHARED_NCCL.is_file():
         return [line for line in SHARED_NCCL.read_text().splitlines() if line and not line.startswith("#")]
-    from tests.kubernetes.fake_ray import NCCL_EFA_LINES
+    from tests.kube.fake_ray import NCCL_EFA_LINES
 
     # These carry a Ray worker's prefix already; job_script adds the sandbox's own.
     return [line.split(") ", 1)[1] if line.startswith("(") else line for line in NCCL_EFA_LINES]
@@ -80,7 +80,7 @@ class PacedHead:
 
     @staticmethod
     def start(step_s: float) -> Any:
-        from tests.kubernetes.fake_ray import FakeRayHead
+        from tests.kube.fake_ray import FakeRayHead
 
         class Head(FakeRayHead):
             async def _run(self, job: Any) -> None:
@@ -102,11 +102,11 @@ def kube_world(stack: ExitStack, tmp: Path, minute: float, env: dict[str, str], 
     """The emulated API server with its controllers, registry and Ray head; ``nodes``: a GPU cluster
     that is already there (kube), else nodes join as EKS nodegroups turn active (aws)."""
     from tests.fake_hub import FakeHub
-    from tests.kubernetes.conftest import KubeCluster
-    from tests.kubernetes.crds import crd_dir, standin_crd_dir
-    from tests.kubernetes.fake_control import FakeControlPlane, Timings
-    from tests.kubernetes.fake_registry import FakeRegistry
-    from tests.kubernetes.kube_world import gpu_cluster
+    from tests.kube.conftest import KubeCluster
+    from tests.kube.crds import crd_dir, standin_crd_dir
+    from tests.kube.fake_control import FakeControlPlane, Timings
+    from tests.kube.fake_registry import FakeRegistry
+    from tests.kube.kube_world import gpu_cluster
 
     cluster = KubeCluster()
     cluster.start()

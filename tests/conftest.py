@@ -104,7 +104,7 @@ def is_on_doubles(item: pytest.Item) -> bool:
     """The aws and kube targets' own suites, and any test that starts a server double: the ``doubles``
     mark, left out of `make test-fast` (they are most of the suite's time outside Ray)."""
     parts = Path(str(item.path)).relative_to(REPO).parts
-    return parts[:2] in (("tests", "aws"), ("tests", "kubernetes")) or bool(
+    return parts[:2] in (("tests", "aws"), ("tests", "kube")) or bool(
         SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 

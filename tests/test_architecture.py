@@ -209,7 +209,7 @@ def test_the_import_graph_has_no_cycle() -> None:
 
 
 # Issue 38: imports point one way. Each package may import those after it in its row, never one before it
-# or beside it: a target's package builds on backend (the aws target on the kube target's kubernetes layer),
+# or beside it: a target's package builds on backend (the aws target on the kube target's kube layer),
 # and backend names the built-in targets only as data (backend.targets.BUILTIN, imported by importlib).
 # TYPE_CHECKING imports count too: a type named across the line is a dependency all the same.
 LOWER: dict[str, tuple[str, ...]] = {

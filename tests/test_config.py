@@ -193,7 +193,7 @@ def test_config_show_is_what_the_job_runs_with_and_only_the_targets_fields(targe
     shown_fields = set(rows)
     assert shown_fields >= {"target", "steps", "seq_len"}
     assert (aws_only <= shown_fields) is (target == "aws") and not (aws_only & shown_fields and target != "aws")
-    # The aws target's config builds on the kube target's (the kubernetes layer is theirs both).
+    # The aws target's config builds on the kube target's (the kube layer is theirs both).
     assert (kube_only <= shown_fields) is (target != "local") and not (kube_only & shown_fields and target == "local")
     assert (local_only <= shown_fields) is (target == "local") and not (local_only & shown_fields and target != "local")
     assert ("namespace" in shown_fields) is (target != "local")

@@ -1,6 +1,6 @@
 """A job's follow ends when the job does, not when Ray gets round to closing its log tail.
 
-Real HTTP to the fake Ray head (tests/kubernetes/fake_ray.py), whose tail of an ended job stays open
+Real HTTP to the fake Ray head (tests/kube/fake_ray.py), whose tail of an ended job stays open
 as Ray's agent keeps it (``TAIL_CLOSES_AFTER_S``); here it stays open for ten minutes, so a follow
 that waited for it would hang, and the deadline turns that into a failure.
 """
@@ -18,7 +18,7 @@ from backend.follow import JobFollower, JobUpdate
 from backend.rayjobs import RayJobs
 from backend.store import JobState
 from tests.eventually import eventually_async
-from tests.kubernetes.fake_ray import FakeRayHead, session_following
+from tests.kube.fake_ray import FakeRayHead, session_following
 
 HANG_S = 600.0  # longer than any test may take: a follow that waits for the tail fails on the deadline
 

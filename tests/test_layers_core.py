@@ -17,8 +17,8 @@ from backend.errors import ApiUnreachable, UserError
 from backend.layers.base import Context, Handler, Layer
 from backend.ledger import ResourceStatus
 from backend.planner import Stack, apply_steps, discover, make_plan, reconcile, select_until, teardown_steps
-from backend.resources import Action, EventKind, Observed, Resource
-from backend.runner import Progress, Runner
+from backend.resources import Action, Change, EventKind, Observed, Plan, Resource
+from backend.runner import Progress, Runner, Step
 from backend.store import RunStore
 from targets.local.config import LocalConfig
 
@@ -125,6 +125,28 @@ async def test_until_an_address_or_a_layer(tmp_path: Path) -> None:
     assert await apply(ctx, until="toy") == ["toy.object"]
     with pytest.raises(UserError, match="neither an address nor a layer"):
         select_until([], plan, "toy.nothing")
+
+
+def test_until_takes_an_older_rtuis_word_for_the_kube_layer() -> None:
+    """rtui 4 named the kube layer "kubernetes" and its addresses "k8s.…" (issue 38: one spelling now): a
+    user's script with `--until kubernetes` or `--until k8s.raycluster` still stops where it did."""
+    plan = Plan(target="kube", changes=[
+        Change(address="kube.namespace", layer="kube", kind="kube-namespace", action=Action.CREATE),
+        Change(address="kube.raycluster", layer="kube", kind="raycluster", action=Action.CREATE,
+               depends_on=("kube.namespace",)),
+        Change(address="ray.job.train", layer="ray-job", kind="ray-job", action=Action.CREATE,
+               depends_on=("kube.raycluster",))])
+
+    async def nothing() -> AsyncIterator[Progress]:
+        yield Progress("")
+
+    steps = [Step(c.address, c.address, nothing, deps=c.depends_on, layer=c.layer) for c in plan.changes]
+    for old, new in (("kubernetes", "kube"), ("k8s.raycluster", "kube.raycluster"),
+                     ("k8s.namespace", "kube.namespace")):
+        assert [s.id for s in select_until(steps, plan, old)] == [s.id for s in select_until(steps, plan, new)], old
+    assert [s.id for s in select_until(steps, plan, "k8s.raycluster")] == ["kube.namespace", "kube.raycluster"]
+    with pytest.raises(UserError, match="'k8s.nothing' is neither"):
+        select_until(steps, plan, "k8s.nothing")
 
 
 async def test_a_changed_spec_replaces_it_and_what_depends_on_it(tmp_path: Path) -> None:

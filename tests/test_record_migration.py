@@ -78,6 +78,8 @@ def test_a_v2_aws_record_loads_typed(tmp_path: Path) -> None:
     assert record.plan is not None and record.plan.price_source == "estimate, us-east-1 prices"
     assert record.plan.change("aws.nodegroup.gpu") is not None
     assert record.plan.prices() == {"aws.nat-gateway": 0.045, "aws.eks-cluster": 0.10, "aws.nodegroup.gpu": 9.2032}
+    ray = record.plan.change("kube.raycluster.rtui.rtui-ray")  # v5: the kube layer's words (v2: "k8s.")
+    assert ray is not None and ray.layer == "kube" and ray.depends_on == ("aws.nodegroup.gpu",)
     assert record.steps["aws.nodegroup.gpu"].status is StepStatus.FAILED and record.teardown_steps == {}
     assert record.resources["aws.nodegroup.gpu"].layer == "aws"
     facts = AwsFacts.of(record.facts)
@@ -92,7 +94,42 @@ def test_a_v2_aws_record_loads_typed(tmp_path: Path) -> None:
     assert record.telemetry is None and record.status is RunStatus.FAILED
 
 
-@pytest.mark.parametrize("sample", ["v2-local-down.json", "v2-aws-failed.json"])
+def test_a_v4_kube_record_reads_in_one_spelling(tmp_path: Path) -> None:
+    """v4 named the kube layer "kubernetes", its addresses "k8s.…" and its kinds "k8s-…" (issue 38: one
+    spelling). Its plan, steps and ledger read as "kube" everywhere, so `down` and `--resume` find each
+    resource by the address the layer gives it now; nothing is left in the old words."""
+    store = RunStore(tmp_path / "s")
+    run_id, old = placed(store, "v4-kube-up.json")
+    assert old["schema_version"] == 4 and "k8s.raycluster" in old["resources"]
+    record = store.load(run_id)
+    assert record.plan is not None
+    assert [(c.address, c.layer, c.kind) for c in record.plan.changes] == [
+        ("kube.namespace", "kube", "kube-namespace"), ("kube.secret.ray-token", "kube", "kube-ray-token"),
+        ("kube.raycluster", "kube", "raycluster"), ("ray.job.train", "ray-job", "ray-job")]
+    ray = record.plan.change("kube.raycluster")
+    assert ray is not None and ray.depends_on == ("kube.namespace", "kube.secret.ray-token")
+    assert {a: (r.kind, r.layer, r.id) for a, r in record.resources.items()} == {
+        "kube.namespace": ("kube-namespace", "kube", "team-a"),
+        "kube.secret.ray-token": ("kube-ray-token", "kube", "team-a/rtui-ray-token"),
+        "kube.raycluster": ("raycluster", "kube", "RayCluster/team-a/rtui-ray"),
+        "ray.job.train": ("ray-job", "ray-job", "rtui-r20251207-090000-e5f6-1")}
+    assert {sid: (s.layer, s.title) for sid, s in record.steps.items()} == {
+        "kube.namespace": ("kube", "Namespace"), "kube.secret.ray-token": ("kube", "Ray token"),
+        "kube.raycluster": ("kube", "Replace kube.raycluster"), "ray.job.train": ("ray-job", "Submit the training job")}
+    assert record.status is RunStatus.UP and record.config.target == "kube"
+    store.save(record)
+    assert "k8s" not in store.path_for(run_id).read_text() and "kubernetes" not in store.path_for(run_id).read_text()
+
+
+def test_the_durations_an_older_rtui_kept_still_give_the_steps_their_eta(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "s")
+    store.ensure_writable()
+    shutil.copy(RECORDS / "v4-durations.json", store.durations_path)
+    assert store.durations() == {"kube/kube-namespace/create": 3.0, "kube/kube-ray-token/create": 3.0,
+                                 "kube/raycluster/create": 3.0, "kube/ray-job/create": 3.0}
+
+
+@pytest.mark.parametrize("sample", ["v2-local-down.json", "v2-aws-failed.json", "v4-kube-up.json"])
 def test_loading_an_old_record_changes_nothing_until_it_is_saved(tmp_path: Path, sample: str) -> None:
     store = RunStore(tmp_path / "s")
     run_id, _ = placed(store, sample)

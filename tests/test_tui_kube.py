@@ -1,6 +1,6 @@
 """`rtui --target kube` in the TUI, driven by Pilot against the emulated API server.
 
-The cluster runs in a thread (like ``tests/kubernetes/conftest.py``'s ``kube_cluster``), so the
+The cluster runs in a thread (like ``tests/kube/conftest.py``'s ``kube_cluster``), so the
 App's async workers talk to it over real HTTP on loopback; the test plays KubeRay and the
 kubelets (FakeControlPlane) and the head's Jobs API (FakeRayHead) behind the service proxy.
 """
@@ -30,11 +30,11 @@ from screens.target import TargetScreen
 from targets.kube.config import KubeConfig
 from targets.kube.kubeconfig import kube_contexts
 from tests.fake_hub import FakeHub
-from tests.kubernetes.conftest import CONTEXT, KubeCluster
-from tests.kubernetes.crds import crd_dir
-from tests.kubernetes.fake_control import FakeControlPlane, Timings
-from tests.kubernetes.fake_ray import FakeRayHead
-from tests.kubernetes.fake_registry import FakeRegistry
+from tests.kube.conftest import CONTEXT, KubeCluster
+from tests.kube.crds import crd_dir
+from tests.kube.fake_control import FakeControlPlane, Timings
+from tests.kube.fake_ray import FakeRayHead
+from tests.kube.fake_registry import FakeRegistry
 from tests.pilot_wait import wait_for
 from tests.snap import SnapCompare
 from tui.app import RtuiApp
@@ -178,14 +178,14 @@ async def test_pilot_drives_the_kube_flow_at_80x24_and_switches_context(world: K
         await wait_for(pilot, lambda: isinstance(app.screen, PlanScreen) and app.screen.plan, 15, "the plan")
         assert isinstance(app.screen, PlanScreen) and app.screen.plan is not None
         plan = app.screen.plan
-        assert plan.layers() == ["kubernetes", "ray-job"]
+        assert plan.layers() == ["kube", "ray-job"]
         shown = str(app.screen.query_one("#plan", Static).render())
-        assert "kubernetes" in shown and "k8s.raycluster" in shown and "ray.job.train" in shown
+        assert "kube" in shown and "kube.raycluster" in shown and "ray.job.train" in shown
 
         await pilot.press("a")
         # It installs the operator and device plugins on a cluster others share: asked twice (issue 40 item 7).
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmApply), 10, "the apply confirmation")
-        assert "k8s.kuberay-operator" in " ".join(str(label.render()) for label in app.screen.query(Label))
+        assert "kube.kuberay-operator" in " ".join(str(label.render()) for label in app.screen.query(Label))
         await pilot.press("y")
         # The panes as the provision screen mounts them: on a fast fake cluster the screen can come and go
         # between two polls, so it is not looked for on screen.
@@ -246,7 +246,7 @@ async def test_a_bad_kubeconfig_is_one_line_in_the_checks_and_enter_is_refused(
 async def test_context_switch_is_refused_once_the_run_has_resources(world: KubeWorld) -> None:
     """The run's resources live in the cluster it was applied to: another context would lose them."""
     session = world.session()
-    session.record.resources["k8s.namespace"] = ResourceRecord(kind="k8s-namespace", id="rtui")
+    session.record.resources["kube.namespace"] = ResourceRecord(kind="kube-namespace", id="rtui")
     app = RtuiApp(session)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: target_screen(app) and contexts_shown(app) == 2, 15, "the target screen")

@@ -44,10 +44,10 @@ def every_kind() -> PlanResult:
                quota={G: {"vcpus": 96, "headroom": 192}}),
         Change(address="aws.placement-group.old", layer="aws", kind="placement-group", action=Action.DELETE,
                before={"strategy": "cluster"}, reason="no longer wanted"),
-        Change(address="k8s.namespace", layer="kubernetes", kind="namespace", action=Action.NOOP),
+        Change(address="kube.namespace", layer="kube", kind="namespace", action=Action.NOOP),
         Change(address="ray.job.train", layer="ray-job", kind="ray-job", action=Action.CREATE,
                after={"entrypoint": LONG_ENTRYPOINT, "workers": 8}),
-    ], layer_titles={"aws": "AWS infrastructure", "kubernetes": "Kubernetes objects", "ray-job": "Ray job"})
+    ], layer_titles={"aws": "AWS infrastructure", "kube": "Kubernetes objects", "ray-job": "Ray job"})
 
 
 class PlanApp(RtuiApp):
@@ -96,7 +96,7 @@ async def test_every_change_kind_with_symbols_before_after_and_costs(isolated_en
         lines = text.splitlines()
         assert lines[0].startswith("aws — AWS infrastructure   1 to create, 1 to update, 1 to replace, "
                                    "1 to delete, 3 unchanged")
-        assert "kubernetes — Kubernetes objects" in text and "ray-job — Ray job" in text
+        assert "kube — Kubernetes objects" in text and "ray-job — Ray job" in text
         # The symbol is text, not only a colour: the plan reads with NO_COLOR.
         assert "  + aws.nat-gateway  $0.050/h" in text
         assert "  ~ aws.nodegroup.system  $0.40/h  # size differs" in text
@@ -110,7 +110,7 @@ async def test_every_change_kind_with_symbols_before_after_and_costs(isolated_en
         assert "uses 8 vCPUs of L-1216C47A, headroom 640" in text
         # No-ops: one dim line per layer until `u`.
         assert "3 unchanged (u shows them)" in text and "1 unchanged (u shows them)" in text
-        assert "aws.vpc" not in text and "k8s.namespace" not in text
+        assert "aws.vpc" not in text and "kube.namespace" not in text
         summary = summary_text(screen)
         assert "Plan: 2 to create, 1 to update, 1 to replace, 1 to delete, 4 unchanged." in summary
         assert "Cost: $9.76/hour while up" in summary  # no-ops count (they stay up), deletions do not
@@ -118,7 +118,7 @@ async def test_every_change_kind_with_symbols_before_after_and_costs(isolated_en
 
         await pilot.press("u")
         text = diff_text(screen)
-        assert "aws.vpc  # in place" in text and "k8s.namespace" in text and "aws.eks-cluster  $0.10/h" in text
+        assert "aws.vpc  # in place" in text and "kube.namespace" in text and "aws.eks-cluster  $0.10/h" in text
         assert "unchanged (u shows them)" not in text
         await pilot.press("u")
         assert "aws.vpc" not in diff_text(screen)
@@ -151,7 +151,7 @@ async def test_long_values_wrap_under_their_key_at_80_columns(isolated_env: Path
 
 
 def test_hanging_indent_for_a_value_with_no_spaces() -> None:
-    change = Change(address="k8s.secret", layer="kubernetes", kind="secret", action=Action.CREATE,
+    change = Change(address="kube.secret", layer="kube", kind="secret", action=Action.CREATE,
                     after={"data": "x" * 150})
     lines = [t.plain for t in plan_lines(PlanResult(target="kube", changes=[change]), 60)]
     assert [len(line) for line in lines[2:]] == [60, 60, 60, 15 + 15]
@@ -203,10 +203,10 @@ async def test_a_free_plan_that_changes_a_shared_cluster_asks_twice_naming_what(
     """Issue 40 item 7: kube applied on one key although it installs CRDs, an operator and device plugins on a
     cluster its user shares with others. Confirmation goes by consequence: cluster-wide objects ask twice."""
     plan = PlanResult(target="kube", changes=[
-        Change(address="k8s.namespace", layer="kubernetes", kind="k8s-namespace", action=Action.CREATE),
-        Change(address="k8s.kuberay-operator", layer="kubernetes", kind="kuberay-operator", action=Action.CREATE,
+        Change(address="kube.namespace", layer="kube", kind="kube-namespace", action=Action.CREATE),
+        Change(address="kube.kuberay-operator", layer="kube", kind="kuberay-operator", action=Action.CREATE,
                cluster_wide="KubeRay's CRDs, for every namespace"),
-        Change(address="k8s.device-plugin.nvidia", layer="kubernetes", kind="k8s-device-plugin-nvidia",
+        Change(address="kube.device-plugin.nvidia", layer="kube", kind="kube-device-plugin-nvidia",
                action=Action.NOOP, cluster_wide="a DaemonSet on every GPU node"),
     ])
     app = PlanApp(fixed_session(target="kube"), plan)
@@ -215,8 +215,8 @@ async def test_a_free_plan_that_changes_a_shared_cluster_asks_twice_naming_what(
         await pilot.press("a")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmApply), 5, "the apply confirmation")
         shown = " ".join(str(label.render()) for label in app.screen.query(Label))
-        assert "k8s.kuberay-operator" in shown and "KubeRay's CRDs, for every namespace" in shown, shown
-        assert "k8s.device-plugin.nvidia" not in shown, "a change that is a no-op changes nothing"
+        assert "kube.kuberay-operator" in shown and "KubeRay's CRDs, for every namespace" in shown, shown
+        assert "kube.device-plugin.nvidia" not in shown, "a change that is a no-op changes nothing"
         assert "costing money" not in shown, shown
         await refuse_then_apply(pilot, app, "n")
 

@@ -36,7 +36,7 @@ class ManyStepsApp(RtuiApp):
 
     def on_mount(self) -> None:
         plan = PlanResult(target="kube", changes=[
-            Change(address=s, layer="kubernetes", kind="k", action=Action.CREATE) for s in STEPS])
+            Change(address=s, layer="kube", kind="k", action=Action.CREATE) for s in STEPS])
         self.gate = asyncio.Event()
 
         async def apply(plan: PlanResult, *, until: str | None = None) -> AsyncIterator[StepEvent]:

@@ -201,10 +201,10 @@ def failed_apply_session() -> RunSession:
         # billing nothing (no instance was launched), as the nodegroup handler leaves it.
         GPU_NODES: _made("aws-nodegroup", f"rtui-ray/{GPU_GROUP}", 612.0, ResourceStatus.CREATING,
                          outputs={BILLING: False}),
-        NAMESPACE: _made("k8s-namespace", "Namespace/rtui", 615.0, layer="kubernetes"),
-        OPERATOR: _made("kuberay-operator", "Deployment/kuberay-operator", 801.8, layer="kubernetes"),
-        PREPULL: _made("k8s-image-prepull", "DaemonSet/rtui/rtui-ray-prepull", 615.0, layer="kubernetes"),
-        RAYCLUSTER: _made("raycluster", "RayCluster/rtui/rtui-ray", 813.1, layer="kubernetes"),
+        NAMESPACE: _made("kube-namespace", "Namespace/rtui", 615.0, layer="kube"),
+        OPERATOR: _made("kuberay-operator", "Deployment/kuberay-operator", 801.8, layer="kube"),
+        PREPULL: _made("kube-image-prepull", "DaemonSet/rtui/rtui-ray-prepull", 615.0, layer="kube"),
+        RAYCLUSTER: _made("raycluster", "RayCluster/rtui/rtui-ray", 813.1, layer="kube"),
     }
     record.plan = Plan(target="aws", changes=[
         Change(address=address, layer="aws", kind=record.resources[address].kind, action=Action.CREATE,
@@ -246,7 +246,7 @@ def test_teardown_modal_snapshot(snap_compare: SnapCompare, size: tuple[int, int
         modal = pilot.app.screen
         assert isinstance(modal, ConfirmTeardown)
         details = modal.details
-        assert details[0].startswith("aws: aws.vpc, ") and details[1].startswith("kubernetes: k8s.namespace, ")
+        assert details[0].startswith("aws: aws.vpc, ") and details[1].startswith("kube: kube.namespace, ")
         assert details[-1] == "These cost $0.35/hour now ($0.32 so far)."
 
     assert snap_compare(FailedApplyApp(failed_apply_session(), clock=lambda: NOW), run_before=teardown,

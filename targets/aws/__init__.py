@@ -52,13 +52,14 @@ class AwsTarget(Target[AwsConfig]):
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.ray_job import RayJobLayer
         from targets.aws.infra.access_scope import AccessScopeLayer
-        from targets.aws.infra.common import GPU_NODES, KUBECONFIG, LAUNCH_TEMPLATE, SYSTEM_NODES
+        from targets.aws.infra.common import GPU_NODES, KUBECONFIG, SYSTEM_NODES
+        from targets.aws.infra.desired import efa_per_gpu_node
         from targets.aws.infra.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
         from targets.aws.infra.layer import AwsLayer
         from targets.kube.layer import Below, KubernetesLayer
 
         below = Below(api_ready=KUBECONFIG, system_nodes=SYSTEM_NODES, gpu_nodes=GPU_NODES,
-                      launch_template=LAUNCH_TEMPLATE,
+                      efa_per_node=efa_per_gpu_node,
                       network_policy="enforced by the VPC CNI's network policy agent (the aws layer installs the "
                                      "vpc-cni add-on with enableNetworkPolicy on)",
                       # The run's data in S3: the Ray pods' account, its role by pod identity (issue 25).

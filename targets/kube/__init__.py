@@ -1,11 +1,12 @@
 """The kube target: an existing cluster from a kubeconfig (DESIGN.md §3).
 
-Layers: the kubernetes layer (``targets.kube.layer``: plugins, KubeRay, the RayCluster; shared with
-the aws target, which hands it the addresses of the cluster it made) and the ray-job layer. Nothing
-outside the namespace and the objects rtui labelled is ever deleted. The first screen's panel, the
-kubeconfig's contexts, is ``targets.kube.panel``. The names: the target is ``kube`` and so is its
-folder; its layer is named for what it manages, ``kubernetes``, and its resources' addresses start
-``k8s.`` (recorded in every run and typed in ``--until``, so they stay as they are).
+Layers: the kube layer (``targets.kube.layer``: plugins, KubeRay, the RayCluster; shared with the aws
+target, which hands it the addresses of the cluster it made) and the ray-job layer. Nothing outside the
+namespace and the objects rtui labelled is ever deleted. The first screen's panel, the kubeconfig's
+contexts, is ``targets.kube.panel``. One spelling: the target, its folder, its layer, its resources'
+addresses (``kube.raycluster``) and kinds (``kube-namespace``) all say ``kube``. Records of rtui 4 said
+``kubernetes`` and ``k8s.``: they are read in the new words (``backend.record``), and ``--until`` takes
+the old ones too.
 """
 
 from __future__ import annotations

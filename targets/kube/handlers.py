@@ -29,15 +29,15 @@ if TYPE_CHECKING:
     from targets.kube.api import KubeApi
 
 Manifest = dict[str, Any]
-LAYER = "kubernetes"
-NAMESPACE = "k8s.namespace"
-HF_SECRET = "k8s.secret.hf-token"
-NVIDIA_PLUGIN = "k8s.device-plugin.nvidia"
-EFA_PLUGIN = "k8s.device-plugin.efa"
-OPERATOR = "k8s.kuberay-operator"
-PREPULL = "k8s.image-prepull"
-RAYCLUSTER = "k8s.raycluster"
-WORKERS = "k8s.gpu-workers"
+LAYER = "kube"
+NAMESPACE = "kube.namespace"
+HF_SECRET = "kube.secret.hf-token"
+NVIDIA_PLUGIN = "kube.device-plugin.nvidia"
+EFA_PLUGIN = "kube.device-plugin.efa"
+OPERATOR = "kube.kuberay-operator"
+PREPULL = "kube.image-prepull"
+RAYCLUSTER = "kube.raycluster"
+WORKERS = "kube.gpu-workers"
 
 # Deadlines: a first image pull of the multi-GB Ray image is the slowest thing here.
 ADDON_TIMEOUT_S = 600.0
@@ -214,7 +214,7 @@ async def wait_namespace_gone(api: KubeApi, name: str) -> AsyncIterator[Progress
 
 
 class NamespaceHandler(KubeHandler):
-    kind = "k8s-namespace"
+    kind = "kube-namespace"
     spec_model = NamespaceSpec
     title = "Create the namespace"
     expected_s = 1.0
@@ -222,7 +222,7 @@ class NamespaceHandler(KubeHandler):
 
     def kept_on_down(self, have: Observed, observed: Sequence[Observed]) -> bool:
         """Kept while it holds the run's volume: deleting a namespace deletes its claims."""
-        return any(o.kind == "k8s-pvc" for o in observed)
+        return any(o.kind == "kube-pvc" for o in observed)
 
     async def observe(self, api: KubeApi, ctx: Context) -> Observed | None:
         config = kube_config(ctx)
@@ -266,7 +266,7 @@ class NamespaceHandler(KubeHandler):
 
 
 class HfTokenHandler(KubeHandler):
-    kind = "k8s-secret"
+    kind = "kube-secret"
     spec_model = HfTokenSpec
     title = "Store the Hugging Face token as a Secret"
     # The token may have changed: apply it again whenever asked (it is never kept to compare).
@@ -451,7 +451,7 @@ class DevicePluginHandler(AddonHandler):
 
 
 class NvidiaPluginHandler(DevicePluginHandler):
-    kind = "k8s-device-plugin-nvidia"
+    kind = "kube-device-plugin-nvidia"
     spec_model = PinnedImageSpec
     title = "Install the NVIDIA device plugin"
     which = "nvidia"
@@ -459,7 +459,7 @@ class NvidiaPluginHandler(DevicePluginHandler):
 
 
 class EfaPluginHandler(DevicePluginHandler):
-    kind = "k8s-device-plugin-efa"
+    kind = "kube-device-plugin-efa"
     spec_model = PinnedImageSpec
     title = "Install the EFA device plugin"
     which = "efa"

@@ -8,7 +8,7 @@ service proxy (DESIGN.md §4): no port is opened outside the cluster, no port-fo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -97,7 +97,9 @@ class Below:
     api_ready: str | None = None  # after it, the cluster's API answers (a kubeconfig entry)
     system_nodes: str | None = None  # the nodes of the operator and the Ray head
     gpu_nodes: str | None = None  # the GPU nodes: the workers and device plugins wait for them; priced
-    launch_template: str | None = None  # the GPU nodes' template: its spec's ``efa_interfaces`` per node
+    # How many EFA devices each GPU node made below has, read from what that layer plans (aws: the GPU launch
+    # template's network interfaces); None: the device plugin says, one per worker asked for.
+    efa_per_node: Callable[[Sequence[Resource]], int] | None = None
     # What enforces NetworkPolicy on the cluster made below (its CNI, as that layer installs it).
     network_policy: str | None = None
     # The Ray pods' service account and the address below that gives it AWS credentials (the aws layer's
@@ -213,21 +215,21 @@ class KubernetesLayer(Layer):
                             depends_on=tuple(dict.fromkeys([*deps, *api_ready])), cost_per_hour=cost,
                             cluster_wide=cluster_wide)
 
-        out = [res(NAMESPACE, "k8s-namespace", NamespaceSpec(name=config.namespace,
+        out = [res(NAMESPACE, "kube-namespace", NamespaceSpec(name=config.namespace,
                                                              pod_security=manifests.POD_SECURITY["enforce"]))]
         if config.hf_token:
-            out.append(res(HF_SECRET, "k8s-secret", HfTokenSpec(source=config.hf_token), NAMESPACE))
+            out.append(res(HF_SECRET, "kube-secret", HfTokenSpec(source=config.hf_token), NAMESPACE))
         # Made when applied, kept only in the cluster: the spec says where, never what.
-        out.append(res(RAY_TOKEN, "k8s-ray-token", RayTokenSpec(key=manifests.RAY_TOKEN_KEY), NAMESPACE))
+        out.append(res(RAY_TOKEN, "kube-ray-token", RayTokenSpec(key=manifests.RAY_TOKEN_KEY), NAMESPACE))
         # Names only: the values are read from rtui's environment when applied.
-        out.append(res(JOB_ENV, "k8s-job-env", JobEnvSpec(names=sorted(config.job_env_names())), NAMESPACE))
+        out.append(res(JOB_ENV, "kube-job-env", JobEnvSpec(names=sorted(config.job_env_names())), NAMESPACE))
         # Before the pods start: no moment where the pod network reaches them unfiltered.
         namespace_only = self._namespace_only()
         apiserver = (f"any address on port {manifests.DASHBOARD_PORT} (the API server's addresses are outside "
                      "the namespace; Ray's token refuses a caller without it)" if namespace_only else
                      "the API server's addresses (Endpoints default/kubernetes, read when applied) on port "
                      f"{manifests.DASHBOARD_PORT}")
-        out.append(res(NETWORK_POLICY, "k8s-networkpolicy",
+        out.append(res(NETWORK_POLICY, "kube-networkpolicy",
                        NetworkPolicySpec(admits=f"the Ray pods of this cluster; {apiserver}",
                                          # A hint until the probe below has tried the policy (the DaemonSets
                                          # the cluster runs).
@@ -236,7 +238,7 @@ class KubernetesLayer(Layer):
         # The run's volume: before the Ray pods that mount it.
         volume = [storage.DATA_CLAIM] if wants_volume(ctx) else []
         if volume:
-            out.append(res(storage.DATA_CLAIM, "k8s-pvc",
+            out.append(res(storage.DATA_CLAIM, "kube-pvc",
                            storage.claim_spec(config, ctx.record.run_id, self._storage), NAMESPACE))
         # The Ray pods' service account: the user's (kube, --service-account), else the one the cluster
         # below gives AWS credentials to (aws: the run's data role by Pod Identity, whose association
@@ -245,7 +247,7 @@ class KubernetesLayer(Layer):
         account_name = config.service_account or (self.below.ray_service_account if identity_below else None)
         account = [SERVICE_ACCOUNT] if account_name else []
         if account_name:
-            out.append(res(SERVICE_ACCOUNT, "k8s-serviceaccount", ServiceAccountSpec(name=account_name), NAMESPACE))
+            out.append(res(SERVICE_ACCOUNT, "kube-serviceaccount", ServiceAccountSpec(name=account_name), NAMESPACE))
         # The workers never hold a token (issue 33): an account of their own, with its own AWS identity from
         # below when the pods get one there; only the user's one --service-account (kube) is shared.
         worker_identity = [a for a in (self.below.ray_worker_identity,) if a in made_below]
@@ -253,18 +255,18 @@ class KubernetesLayer(Layer):
                           or manifests.worker_service_account_name(config))
         workers = [] if config.service_account else [WORKER_ACCOUNT]
         if workers:
-            out.append(res(WORKER_ACCOUNT, "k8s-serviceaccount-workers", ServiceAccountSpec(name=worker_account),
+            out.append(res(WORKER_ACCOUNT, "kube-serviceaccount-workers", ServiceAccountSpec(name=worker_account),
                            NAMESPACE, *worker_identity))
         # Namespace-only rights (rights.py): the cluster's own plugins and KubeRay, nothing cluster-wide.
         plugins: list[str] = []
         operator: list[str] = []
         if not namespace_only:
             # A plugin is ready once it runs on every GPU node: on aws, after the GPU nodes join.
-            out.append(res(NVIDIA_PLUGIN, "k8s-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu,
+            out.append(res(NVIDIA_PLUGIN, "kube-device-plugin-nvidia", self._pinned_spec(addon["nvidia"]), *gpu,
                            cluster_wide=f"a DaemonSet in {addons.SYSTEM_NAMESPACE} on every GPU node"))
             plugins.append(NVIDIA_PLUGIN)
             if config.wants_efa():
-                out.append(res(EFA_PLUGIN, "k8s-device-plugin-efa", self._pinned_spec(addon["efa"]), *gpu,
+                out.append(res(EFA_PLUGIN, "kube-device-plugin-efa", self._pinned_spec(addon["efa"]), *gpu,
                                cluster_wide=f"a DaemonSet in {addons.SYSTEM_NAMESPACE} on every EFA node"))
                 plugins.append(EFA_PLUGIN)
             # Scoped to the run's namespace, the operator's Role lives there: the namespace comes first.
@@ -276,10 +278,9 @@ class KubernetesLayer(Layer):
                            *scoped, *system,
                            cluster_wide=f"KubeRay's CRDs, seen by every namespace; the operator with {reach}"))
             operator.append(OPERATOR)
-        out.append(res(PREPULL, "k8s-image-prepull", PrepullSpec(image=pinned, digest=image.digest), NAMESPACE))
+        out.append(res(PREPULL, "kube-image-prepull", PrepullSpec(image=pinned, digest=image.digest), NAMESPACE))
         # On aws: as many EFA devices per worker as the GPU launch template gives each node.
-        efa_below = [int(r.spec.get("efa_interfaces") or 0) for r in below
-                     if r.address == self.below.launch_template]
+        efa_below = self.below.efa_per_node(below) if self.below.efa_per_node is not None else 0
         spec = RayClusterSpec(
             **self._pinned_spec(config.image).as_spec(), gpu_nodes=config.gpu_node_count,
             gpus_per_node=config.gpus_per_node, efa=config.wants_efa(), ray_version=config.ray_version,
@@ -292,7 +293,7 @@ class KubernetesLayer(Layer):
             **({"service_account": account_name} if account_name else {}),
             # And the pods' hardening (issue 33): a cluster made before it is made again with it.
             worker_service_account=worker_account, pod_security=manifests.POD_SECURITY["enforce"],
-            **({"efa_interfaces": efa_below[0]} if config.wants_efa() and efa_below and efa_below[0] > 1 else {}))
+            **({"efa_interfaces": efa_below} if config.wants_efa() and efa_below > 1 else {}))
         deps = [NAMESPACE, RAY_TOKEN, JOB_ENV, NETWORK_POLICY, *operator, *([HF_SECRET] if config.hf_token else []),
                 *volume, *account, *workers, *identity_below, *worker_identity, *system]
         out.append(res(RAYCLUSTER, "raycluster", spec, *deps))
@@ -301,7 +302,7 @@ class KubernetesLayer(Layer):
                        RAYCLUSTER, *plugins, *gpu))
         # Once the head runs: a pod the policy does not admit tries its GCS port (probe.py), with the image
         # the head runs, so the verdict comes from the cluster's network, not from the DaemonSets' names.
-        out.append(res(PROBE, "k8s-netpol-probe",
+        out.append(res(PROBE, "kube-netpol-probe",
                        ProbeSpec(tries="the Ray head's GCS port from a pod the policy does not admit", image=pinned),
                        NETWORK_POLICY, RAYCLUSTER))
         return out
@@ -339,7 +340,7 @@ class KubernetesLayer(Layer):
         live = await api.get("v1", "Namespace", config.namespace)
         if live is None or ours(live):
             return None
-        return Observed(address=NAMESPACE, layer=LAYER, kind="k8s-namespace", id=config.namespace,
+        return Observed(address=NAMESPACE, layer=LAYER, kind="kube-namespace", id=config.namespace,
                         state={"name": config.namespace}, adopted=True,
                         reason="exists, not made by rtui: adopted, never deleted")
 
@@ -620,7 +621,7 @@ class KubernetesLayer(Layer):
         return {}
 
     def carry_job_secrets(self, ctx: Context, submission_id: str, values: Mapping[str, str]) -> dict[str, str]:
-        """The values are in the run's job-env Secret (``k8s.secret.job-env``, applied before the job from
+        """The values are in the run's job-env Secret (``kube.secret.job-env``, applied before the job from
         the same environment), mounted in every Ray container: the job gets the file's path only."""
         return {JOB_ENV_FILE: manifests.job_env_file()}
 

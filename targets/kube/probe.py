@@ -38,7 +38,7 @@ from targets.kube.specs import ProbeSpec
 if TYPE_CHECKING:
     from targets.kube.api import KubeApi
 
-PROBE = "k8s.probe.netpol"
+PROBE = "kube.probe.netpol"
 # The key the volume reader's pods carry their role under too: rtui's pods that are no Ray pods.
 ROLE_LABEL = "rtui.dev/role"
 PROBE_ROLE = "netpol-probe"
@@ -156,7 +156,7 @@ class NetworkPolicyProbeHandler(KubeHandler):
     """A step of the plan after the RayCluster (it needs the head to try), not part of the policy's
     create: the policy comes before any Ray pod, and a probe there would have nothing to reach."""
 
-    kind = "k8s-netpol-probe"
+    kind = "kube-netpol-probe"
     spec_model = ProbeSpec
     title = "Confirm the NetworkPolicy is enforced (a probe pod it does not admit)"
     expected_s = 10.0

@@ -120,7 +120,7 @@ async def refuse_if_refused(ctx: Context, refusal: admission.Refusal | None) -> 
 
 
 class PrepullHandler(KubeHandler):
-    kind = "k8s-image-prepull"
+    kind = "kube-image-prepull"
     spec_model = PrepullSpec
     title = "Pull the Ray image on the nodes"
     expected_s = 300.0

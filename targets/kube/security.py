@@ -29,7 +29,7 @@ from targets.kube.specs import JobEnvSpec, NetworkPolicySpec, RayTokenSpec
 if TYPE_CHECKING:
     from targets.kube.api import KubeApi
 
-RAY_TOKEN = "k8s.secret.ray-token"
+RAY_TOKEN = "kube.secret.ray-token"
 # 32 random bytes, as KubeRay's own generated Secret holds (raycluster_controller.go generateRandomToken(32)).
 TOKEN_BYTES = 32
 
@@ -54,7 +54,7 @@ async def ray_token(api: KubeApi, config: KubeConfig, run_id: str) -> str | None
 
 
 class RayTokenHandler(KubeHandler):
-    kind = "k8s-ray-token"
+    kind = "kube-ray-token"
     spec_model = RayTokenSpec
     title = "Store the Ray cluster's auth token as a Secret"
     expected_s = 1.0
@@ -95,7 +95,7 @@ class RayTokenHandler(KubeHandler):
 
 
 # ---- the NetworkPolicy -----------------------------------------------------------------------------
-NETWORK_POLICY = "k8s.networkpolicy.ray"
+NETWORK_POLICY = "kube.networkpolicy.ray"
 NETWORK_POLICY_API = "networking.k8s.io/v1"
 CLUSTER_LABEL = "ray.io/cluster"  # KubeRay puts it on every pod of a RayCluster
 # Where the API server's proxy connects from: the addresses behind the ``kubernetes`` Service. On EKS
@@ -173,7 +173,7 @@ def policy_enforcer(daemonsets: list[manifests.Manifest]) -> str | None:
 
 
 class NetworkPolicyHandler(KubeHandler):
-    kind = "k8s-networkpolicy"
+    kind = "kube-networkpolicy"
     spec_model = NetworkPolicySpec
     title = "Admit to the Ray pods only each other and the API server"
     expected_s = 1.0
@@ -221,7 +221,7 @@ class NetworkPolicyHandler(KubeHandler):
 
 
 # ---- the --job-env values ----------------------------------------------------------------------------
-JOB_ENV = "k8s.secret.job-env"
+JOB_ENV = "kube.secret.job-env"
 
 
 def _job_env_values(config: KubeConfig) -> dict[str, str]:
@@ -232,7 +232,7 @@ class JobEnvHandler(KubeHandler):
     """The ``--job-env`` values in a Secret of the run (always there, ``{}`` without any: the Ray pods
     mount it from their start, so naming variables later never remakes the cluster)."""
 
-    kind = "k8s-job-env"
+    kind = "kube-job-env"
     spec_model = JobEnvSpec
     title = "Store the --job-env values as a Secret"
     expected_s = 1.0

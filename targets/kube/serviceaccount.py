@@ -41,12 +41,12 @@ from targets.kube.specs import ServiceAccountSpec
 if TYPE_CHECKING:
     from targets.kube.api import KubeApi
 
-SERVICE_ACCOUNT = "k8s.serviceaccount.ray"
-WORKER_ACCOUNT = "k8s.serviceaccount.ray-workers"
+SERVICE_ACCOUNT = "kube.serviceaccount.ray"
+WORKER_ACCOUNT = "kube.serviceaccount.ray-workers"
 
 
 class ServiceAccountHandler(KubeHandler):
-    kind = "k8s-serviceaccount"
+    kind = "kube-serviceaccount"
     spec_model = ServiceAccountSpec
     title = "Create the Ray pods' service account (their AWS role comes through it)"
     expected_s = 1.0
@@ -91,7 +91,7 @@ class ServiceAccountHandler(KubeHandler):
 class WorkerAccountHandler(ServiceAccountHandler):
     """The workers' own account, when no storage identity is theirs to share: no token, no role."""
 
-    kind = "k8s-serviceaccount-workers"
+    kind = "kube-serviceaccount-workers"
     title = "Create the Ray workers' service account (no token, no role)"
     address = WORKER_ACCOUNT
     purpose = manifests.RAY_WORKERS

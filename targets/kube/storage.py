@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from targets.kube.api import KubeApi
 
 Obj = dict[str, Any]
-DATA_CLAIM = "k8s.pvc.data"
+DATA_CLAIM = "kube.pvc.data"
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 # The CSI drivers (and in-tree names) of shared file systems: ReadWriteMany.
 MANY_NODE_PROVISIONERS = frozenset({
@@ -140,7 +140,7 @@ def claim_capacity(claim: Obj) -> str:
 
 
 class DataClaimHandler(KubeHandler):
-    kind = "k8s-pvc"
+    kind = "kube-pvc"
     spec_model = ClaimSpec
     title = "Create the run's volume (PersistentVolumeClaim)"
     expected_s = 10.0

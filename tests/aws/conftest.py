@@ -21,9 +21,9 @@ from tests.aws.checkip import CHECKIP
 from tests.aws.moto_ext import SCRIPT, Script, ScriptedMotoServer, install, offer, reservation
 from tests.aws.moto_provision import install_provisioning
 from tests.fake_hub import FakeHub
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.fake_control import FakeControlPlane
-from tests.kubernetes.fake_registry import FakeRegistry
+from tests.kube.conftest import KubeCluster
+from tests.kube.fake_control import FakeControlPlane
+from tests.kube.fake_registry import FakeRegistry
 
 G, P, STANDARD = "L-DB2E81BA", "L-417A185B", "L-1216C47A"
 SPOT_G, SPOT_STANDARD = "L-3819A6DF", "L-34B43A08"  # Spot's own quotas (EC2 User Guide, "Spot Instance quotas")
@@ -45,7 +45,7 @@ DEFAULT_IMAGE_ENV = "RTUI_IMAGE"
 ADDON_REGISTRY_ENV = "RTUI_ADDON_REGISTRY"
 # moto and the EKS API double answer from this process, so their answers wait on this machine's load: a
 # loaded 2-core CI machine once left moto's first listing unanswered past the 12 s a user's dead endpoint
-# gets. The world sets the deadlines a user on a slow link would (tests/kubernetes does the same); the
+# gets. The world sets the deadlines a user on a slow link would (tests/kube does the same); the
 # deadlines themselves are tested in test_dead_endpoint.py and with explicit values where a test is about one.
 WAIT_ENV = {"RTUI_AWS_TIMEOUT_S": "60", "RTUI_KUBE_TIMEOUT_S": "30"}
 
@@ -93,7 +93,7 @@ def _nothing_but_aws(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
     the aws tests plan on with tags where a digest cannot be had (as --allow-unpinned does) and a given
     model commit (a full sha is used without asking the Hub); the default dataset's commit comes from the
     Hub double (tests/fake_hub.py). Set after tests/conftest.py's isolated_env, which clears every RTUI_*
-    variable; pinning is tested in tests/kubernetes and tests/test_hub_dataset.py."""
+    variable; pinning is tested in tests/kube and tests/test_hub_dataset.py."""
     monkeypatch.setenv("RTUI_ALLOW_UNPINNED", "true")
     monkeypatch.setenv("RTUI_MODEL_REVISION", "0" * 40)
     with FakeHub() as hub:

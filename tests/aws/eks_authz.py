@@ -40,7 +40,7 @@ from typing import Any
 from moto.eks.models import eks_backends
 
 from tests.aws.moto_provision_api import _access
-from tests.kubernetes.kmock_ext import Access, RtuiKube
+from tests.kube.kmock_ext import Access, RtuiKube
 
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
 ADMIN = "AmazonEKSAdminPolicy"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from tests.kubernetes.conftest import KubeCluster
+from tests.kube.conftest import KubeCluster
 
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 # (vCPUs, memory, GPUs, EFA interfaces) of the instance types the tests use (EC2 instance types page).

@@ -65,7 +65,7 @@ OPEN: list[RunSession] = []
 
 def session_for(**values: Any) -> RunSession:
     # Images come from the registry double (conftest.image_env); one that cannot be pinned goes on
-    # by tag (--allow-unpinned). tests/kubernetes tests the pinning.
+    # by tag (--allow-unpinned). tests/kube tests the pinning.
     session = RunSession.for_config(resolve_config({"target": "aws", "region": REGION, "allow_unpinned": "true",
                                                     "model_revision": "0" * 40, **values}, environ=image_env()))
     OPEN.append(session)

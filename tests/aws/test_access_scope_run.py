@@ -1,6 +1,6 @@
 """Issue 23 item 7, second half: ``--access-scope namespace`` on the aws target, end to end against the
 AWS double and the Kubernetes emulator authorizing each request as EKS does (``tests.aws.eks_authz``),
-with the test as the cluster's controllers (``tests.kubernetes.fake_control``)."""
+with the test as the cluster's controllers (``tests.kube.fake_control``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from targets.aws.infra.access_scope import ACCESS_SCOPE, AccessScopeHandler
 from targets.kube.cluster_api import cluster_api
 from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import down, eks, session_for, tagged, up
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.crds import crd_dir
-from tests.kubernetes.fake_ray import FakeRayHead
+from tests.kube.conftest import KubeCluster
+from tests.kube.crds import crd_dir
+from tests.kube.fake_ray import FakeRayHead
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
@@ -60,8 +60,8 @@ async def test_namespace_scope_narrows_after_the_installs_and_down_restores_firs
     plan = await session.plan()
     (change,) = [c for c in plan.changes if c.address == ACCESS_SCOPE]
     # After everything that needs cluster admin to install, and shown as what it leaves.
-    assert set(change.depends_on) >= {"aws.access-entry.admin", "aws.cluster-autoscaler", "k8s.namespace",
-                                      "k8s.device-plugin.nvidia", "k8s.kuberay-operator"}
+    assert set(change.depends_on) >= {"aws.access-entry.admin", "aws.cluster-autoscaler", "kube.namespace",
+                                      "kube.device-plugin.nvidia", "kube.kuberay-operator"}
     assert change.after == {"scope": "namespace", "namespaces": ["rtui"], "policy": "AmazonEKSAdminPolicy",
                             "group": "rtui-rtui-ray-caller"}
     assert any(n.startswith("access scope:") for n in plan.notes)
@@ -86,7 +86,7 @@ async def test_namespace_scope_narrows_after_the_installs_and_down_restores_firs
 
     # A second plan sees what the first made through the narrowed access (reads granted by RBAC): no-op.
     made_here = {a for a, r in session.record.resources.items() if r.status is ResourceStatus.READY}
-    assert {ACCESS_SCOPE, "k8s.namespace", "k8s.kuberay-operator", "aws.cluster-autoscaler"} <= made_here
+    assert {ACCESS_SCOPE, "kube.namespace", "kube.kuberay-operator", "aws.cluster-autoscaler"} <= made_here
     again = await session.plan()
     changed = [(c.address, c.action, c.reason) for c in again.changes
                if c.address in made_here and c.action is not Action.NOOP]
@@ -109,7 +109,7 @@ async def test_namespace_scope_narrows_after_the_installs_and_down_restores_firs
     assert tagged(session.run_id) == {}
     # Restoring came before every deletion of a cluster-wide object.
     done = [e.step for e in gone.events if e.kind.value == "done"]
-    assert done.index(ACCESS_SCOPE) < min(done.index(a) for a in ("k8s.namespace", "k8s.kuberay-operator",
+    assert done.index(ACCESS_SCOPE) < min(done.index(a) for a in ("kube.namespace", "kube.kuberay-operator",
                                                                    "aws.cluster-autoscaler"))
 
 

@@ -11,8 +11,8 @@ import pytest
 from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import REGION, down, session_for, up
 from tests.conftest import run_rtui
-from tests.kubernetes.applied import applied, differences, printed
-from tests.kubernetes.crds import crd_dir
+from tests.kube.applied import applied, differences, printed
+from tests.kube.crds import crd_dir
 
 
 @pytest.mark.slow
@@ -22,7 +22,7 @@ async def test_rtui_manifest_for_aws_prints_exactly_the_objects_up_applies(
     crds = str(crd_dir(tmp_path))
     session = session_for(kuberay_crds=crds)
     assert (await up(session)).ok  # the aws layer: cluster-autoscaler is its resource
-    assert (await up(session, until="kubernetes")).ok
+    assert (await up(session, until="kube")).ok
     manifest = run_rtui("manifest", "--target", "aws", "--region", REGION, "--run-id", session.run_id,
                         "--kuberay-crds", crds,
                         timeout=60, check=True).stdout

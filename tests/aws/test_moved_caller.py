@@ -16,7 +16,7 @@ from backend.resources import EventKind
 from tests.aws.checkip import CHECKIP
 from tests.aws.conftest import World
 from tests.aws.provision_world import collect, eks, session_for, tagged, up
-from tests.kubernetes.crds import crd_dir
+from tests.kube.crds import crd_dir
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
@@ -24,7 +24,7 @@ MOVED_TO = "198.51.100.7"  # TEST-NET-2: the café's address, outside the /32 le
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("until", ["aws", "k8s.kuberay-operator"])
+@pytest.mark.parametrize("until", ["aws", "kube.kuberay-operator"])
 async def test_down_finishes_when_the_clusters_api_does_not_answer(world: World, kube_file: Path, tmp_path: Path,
                                                                      until: str) -> None:
     session = session_for(kube_timeout_s="5", kuberay_crds=str(crd_dir(tmp_path)))

@@ -44,7 +44,7 @@ async def test_the_vpc_cni_enforces_the_network_policy_on_aws(world: World, kube
     plan = await session.plan()
     changes = {c.address: c for c in plan.changes}
     assert (changes[addon_address("vpc-cni")].after or {})["configuration"] == {"enableNetworkPolicy": "true"}
-    enforced = (changes["k8s.networkpolicy.ray"].after or {})["enforced"]
+    enforced = (changes["kube.networkpolicy.ray"].after or {})["enforced"]
     assert "enforced by the VPC CNI's network policy agent" in enforced, enforced
 
     made = await up(session, until=addon_address("vpc-cni"))

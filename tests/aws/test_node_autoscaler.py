@@ -235,7 +235,7 @@ async def test_up_installs_cluster_autoscaler_for_this_clusters_groups_and_down_
                                                  "aws.pod-identity.cluster-autoscaler"} == set()
 
 
-# --- waiting for it to run (the emulator's Deployment controller: tests/kubernetes/fake_deployments.py) ---
+# --- waiting for it to run (the emulator's Deployment controller: tests/kube/fake_deployments.py) ---
 
 def _failed_step(outcome: Any, address: str) -> str:
     (line,) = [f for f in outcome.failures() if f.startswith(f"{address}:")]
@@ -436,7 +436,7 @@ async def test_cluster_autoscaler_scales_from_zero_with_only_the_rights_rtui_gav
     from kubernetes.client.exceptions import ApiException
 
     from tests.aws.eks_authz import eks_authorizer, service_account_of, service_account_token
-    from tests.kubernetes import kmock_ext
+    from tests.kube import kmock_ext
 
     for key, kind in _SERVED_FOR_CA.items():
         monkeypatch.setitem(kmock_ext.KINDS, key, kind)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.aws.conftest import World
 from tests.conftest import RTUI, run_rtui
-from tests.kubernetes.test_kubectl import kubectl
+from tests.kube.test_kubectl import kubectl
 
 AWS = ["--target", "aws", "--region", "us-east-1"]
 
@@ -29,7 +29,7 @@ def test_plan_shows_every_change_its_cost_and_the_quota_it_uses(world: World, ku
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     for address in ("aws.vpc", "aws.nat-gateway", "aws.eks-cluster", "aws.nodegroup.gpu", "aws.launch-template.gpu",
-                    "k8s.raycluster", "ray.job.train"):
+                    "kube.raycluster", "ray.job.train"):
         assert f"+ {address}" in text, address
     assert "$9.2470/h" in text  # 2 × g6.12xlarge and their 200 GB gp3 root volumes
     assert "uses 96 vCPUs of quota L-DB2E81BA (headroom 192)" in text

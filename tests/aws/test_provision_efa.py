@@ -23,7 +23,7 @@ async def test_the_plan_gives_each_network_card_its_efa_and_the_workers_ask_for_
         plan = await session_for(gpu_node_type=instance_type).plan()
         template = plan.change("aws.launch-template.gpu")
         assert template is not None and (template.after or {})["efa_interfaces"] == count, instance_type
-        ray = plan.change("k8s.raycluster")
+        ray = plan.change("kube.raycluster")
         assert ray is not None
         wanted = int((ray.after or {}).get("efa_interfaces") or 1)
         assert wanted == count, instance_type

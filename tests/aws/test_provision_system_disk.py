@@ -1,6 +1,6 @@
 """Issue 20 item 12: the system node's disk fits the image, sized from the image's registry.
 
-The registry is tests/kubernetes/fake_registry.py on loopback, reached through the config's image only.
+The registry is tests/kube/fake_registry.py on loopback, reached through the config's image only.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from backend.resources import Action
 from tests.aws.conftest import World
 from tests.aws.provision_world import down, ec2, eks, session_for, tagged, up
-from tests.kubernetes.fake_registry import FakeRegistry
+from tests.kube.fake_registry import FakeRegistry
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 

@@ -25,8 +25,8 @@ from tests.aws import moto_spot
 from tests.aws.conftest import EksKube, World
 from tests.aws.provision_world import REGION, down, session_for, tagged, up
 from tests.eventually import eventually_async
-from tests.kubernetes.crds import crd_dir
-from tests.kubernetes.fake_ray import RestartingRayHead
+from tests.kube.crds import crd_dir
+from tests.kube.fake_ray import RestartingRayHead
 from tests.pilot_wait import wait_for
 from tests.test_tui_dashboard import DashboardApp
 from tui.render import format_status

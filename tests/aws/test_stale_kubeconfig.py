@@ -18,7 +18,7 @@ import pytest
 from tests.aws.conftest import World
 from tests.conftest import run_rtui
 from tests.eventually import eventually
-from tests.kubernetes.conftest import KubeCluster
+from tests.kube.conftest import KubeCluster
 
 AWS = ["--target", "aws", "--region", "us-east-1"]
 ARN = "arn:aws:eks:us-east-1:123456789012:cluster/rtui-ray"  # moto's account
@@ -80,7 +80,7 @@ def test_a_stale_kubeconfig_entry_for_the_arn_is_never_trusted(
     kube_file.write_text(with_stale_entry(USERS_OWN, server))
     proc = run_rtui("plan", *AWS)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    for address in ("aws.eks-cluster", "k8s.namespace", "k8s.raycluster"):
+    for address in ("aws.eks-cluster", "kube.namespace", "kube.raycluster"):
         assert f"+ {address}" in proc.stdout, address
     assert elsewhere.requests() == []
 

@@ -16,7 +16,7 @@ from tests.aws.checkip import CHECKIP
 from tests.aws.conftest import World
 from tests.aws.provision_world import session_for, up
 from tests.conftest import run_rtui
-from tests.kubernetes.crds import crd_dir
+from tests.kube.crds import crd_dir
 
 pytestmark = pytest.mark.usefixtures("fast_backoff")
 
@@ -26,7 +26,7 @@ MOVED_TO = "52.94.76.99"  # a public address outside the /32 learned at `up` (CH
 async def test_status_says_the_endpoint_admits_only_the_learned_address(world: World, kube_file: Path,
                                                                          tmp_path: Path) -> None:
     session = session_for(kube_timeout_s="8", kuberay_crds=str(crd_dir(tmp_path)))
-    made = await up(session, until="k8s.kuberay-operator")
+    made = await up(session, until="kube.kuberay-operator")
     assert made.ok, made.failures()
     CHECKIP.answer = MOVED_TO
 

@@ -22,10 +22,10 @@ async def test_aws_plan_shows_its_layers_costs_and_quota(world: World, kube_file
     async with app.run_test(size=(120, 40)) as pilot:
         screen = await planned(pilot, timeout=30)
         plan = screen.plan
-        assert plan is not None and plan.layers() == ["aws", "kubernetes", "ray-job"]
+        assert plan is not None and plan.layers() == ["aws", "kube", "ray-job"]
         creates = sum(1 for c in plan.changes if c.action is Action.CREATE)
         text = diff_text(screen)
-        for heading in ("aws — AWS infrastructure", "kubernetes — Kubernetes objects", "ray-job — Ray job"):
+        for heading in ("aws — AWS infrastructure", "kube — Kubernetes objects", "ray-job — Ray job"):
             assert heading in text
         assert "  + aws.nodegroup.gpu  $9.25/h" in text and "  + aws.eks-cluster  $0.10/h" in text
         assert "cost: 2 × g6.12xlarge $4.6016/h + 2 × 200 GB gp3" in text

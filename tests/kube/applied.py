@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from targets.kube.raycluster import SPEC_ANNOTATION
-from tests.kubernetes.conftest import KubeCluster
+from tests.kube.conftest import KubeCluster
 
 RUN_LABEL = "rtui.dev/run"
 # Every kind rtui applies itself (what KubeRay's and the test's controllers make from them, such as pods,

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.eventually import eventually
-from tests.kubernetes.kmock_ext import (
+from tests.kube.kmock_ext import (
     CUSTOM_KINDS,
     KINDS,
     PLURAL_OF,
@@ -38,7 +38,7 @@ from tests.kubernetes.kmock_ext import (
     crd_condition,
     now_rfc3339,
 )
-from tests.kubernetes.pod_network import Source
+from tests.kube.pod_network import Source
 
 T = TypeVar("T")
 KIND_KEYS = {kind: key for key, (kind, _, _) in {**KINDS, **CUSTOM_KINDS}.items()}

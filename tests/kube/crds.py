@@ -15,7 +15,7 @@ import yaml
 from targets.kube.addons import TRUSTED_CRDS_FILE
 
 if TYPE_CHECKING:
-    from tests.kubernetes.conftest import KubeCluster
+    from tests.kube.conftest import KubeCluster
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay"
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.kubernetes.conftest import KubeCluster
+from tests.kube.conftest import KubeCluster
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"

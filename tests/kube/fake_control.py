@@ -33,13 +33,13 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity as _parse_quantity
 
 from tests.eventually import eventually
-from tests.kubernetes import fake_deployments
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.fake_ray import FakeRayHead
-from tests.kubernetes.fake_registry import FakeRegistry
-from tests.kubernetes.kmock_ext import ApiError, now_rfc3339
-from tests.kubernetes.kuberay_double import operator_env, operator_secret
-from tests.kubernetes.pod_network import Source, admitted
+from tests.kube import fake_deployments
+from tests.kube.conftest import KubeCluster
+from tests.kube.fake_ray import FakeRayHead
+from tests.kube.fake_registry import FakeRegistry
+from tests.kube.kmock_ext import ApiError, now_rfc3339
+from tests.kube.kuberay_double import operator_env, operator_secret
+from tests.kube.pod_network import Source, admitted
 
 Obj = dict[str, Any]
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"

@@ -26,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.kubernetes.fake_control import FakeControlPlane
+    from tests.kube.fake_control import FakeControlPlane
 
 Obj = dict[str, Any]
 

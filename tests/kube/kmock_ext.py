@@ -28,16 +28,16 @@ import yaml
 from kmock._internal import references
 from kmock._internal.k8s import KubernetesEmulator
 
-from tests.kubernetes import kubelet_portforward, pod_security
-from tests.kubernetes.kube_lifecycle import held, refuse_in_terminating
-from tests.kubernetes.kuberay_double import (
+from tests.kube import kubelet_portforward, pod_security
+from tests.kube.kube_lifecycle import held, refuse_in_terminating
+from tests.kube.kuberay_double import (
     missing_required,
     openapi_group_version,
     openapi_root,
     prune,
     served_schema,
 )
-from tests.kubernetes.pod_network import Source, admitted
+from tests.kube.pod_network import Source, admitted
 
 Obj = dict[str, Any]
 
@@ -249,7 +249,7 @@ class RtuiKube(KubernetesEmulator):
     proxies: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
     _rv: int = attrs.field(default=1, init=False)
     # Every write the store publishes (an add, a change, a delete): how the fake controllers know that
-    # nothing changed since their last pass (tests/kubernetes/fake_control.py).
+    # nothing changed since their last pass (tests/kube/fake_control.py).
     changes: int = attrs.field(default=0, init=False)
     _logs: dict[tuple[str, str], list[tuple[str, str]]] = attrs.field(factory=dict, init=False)
     _log_changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)

@@ -24,7 +24,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.kubernetes.kmock_ext import RtuiKube
+    from tests.kube.kmock_ext import RtuiKube
 
 Obj = dict[str, Any]
 POD_KEY = ("", "v1", "pods")
@@ -34,7 +34,7 @@ _timers: set[asyncio.TimerHandle] = set()
 
 
 def _now() -> str:
-    from tests.kubernetes.kmock_ext import now_rfc3339
+    from tests.kube.kmock_ext import now_rfc3339
 
     return now_rfc3339()
 
@@ -50,7 +50,7 @@ def terminating(namespace: Obj | None) -> bool:
 
 def refuse_in_terminating(kube: RtuiKube, key: tuple[str, str, str], namespace: str | None, name: str) -> None:
     """NamespaceLifecycle admission: no new content in a namespace being deleted."""
-    from tests.kubernetes.kmock_ext import ApiError
+    from tests.kube.kmock_ext import ApiError
 
     if namespace is None or key == NAMESPACE_KEY or not terminating(kube.find(NAMESPACE_KEY, None, namespace)):
         return

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.kubernetes.kmock_ext import Access, RtuiKube
+from tests.kube.kmock_ext import Access, RtuiKube
 
 Obj = dict[str, Any]
 RBAC = "rbac.authorization.k8s.io"

@@ -20,11 +20,11 @@ import pytest
 
 from tests.eventually import eventually
 from tests.fake_hub import FakeHub
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.crds import crd_dir
-from tests.kubernetes.fake_control import FakeControlPlane
-from tests.kubernetes.fake_ray import FakeRayHead
-from tests.kubernetes.fake_registry import FakeRegistry
+from tests.kube.conftest import KubeCluster
+from tests.kube.crds import crd_dir
+from tests.kube.fake_control import FakeControlPlane
+from tests.kube.fake_ray import FakeRayHead
+from tests.kube.fake_registry import FakeRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_LABEL = "rtui.dev/run"

@@ -33,7 +33,7 @@ import aiohttp
 import aiohttp.web
 
 if TYPE_CHECKING:
-    from tests.kubernetes.kmock_ext import RtuiKube
+    from tests.kube.kmock_ext import RtuiKube
 
 Obj = dict[str, Any]
 PROTOCOL = "v4.channel.k8s.io"
@@ -60,7 +60,7 @@ def backend_address(kube: RtuiKube, namespace: str, pod: Obj, port: int) -> tupl
 
 
 async def serve(kube: RtuiKube, raw: aiohttp.web.BaseRequest, namespace: str, name: str) -> aiohttp.web.StreamResponse:
-    from tests.kubernetes.kmock_ext import ApiError
+    from tests.kube.kmock_ext import ApiError
 
     pod = kube.find(("", "v1", "pods"), namespace, name)
     if pod is None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tests.kubernetes.crds import SHARED, load_yaml
+from tests.kube.crds import SHARED, load_yaml
 
 Obj = dict[str, Any]
 

@@ -17,8 +17,8 @@ import pytest
 from backend.errors import OperationError, UserError
 from targets.kube.api import KubeApi, split_timestamp
 from tests.eventually import eventually, eventually_async
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.crds import install_shared_crds
+from tests.kube.conftest import KubeCluster
+from tests.kube.crds import install_shared_crds
 
 RAYCLUSTER: dict[str, Any] = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
               "metadata": {"name": "rtui-ray", "namespace": "rtui", "labels": {"app.kubernetes.io/managed-by": "rtui"}},

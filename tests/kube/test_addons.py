@@ -19,8 +19,8 @@ from targets.aws.config import AwsConfig
 from targets.kube import addons as a
 from targets.kube.manifests import labels
 from targets.kube.pods import unschedulable_reason
-from tests.kubernetes.crds import RAYSERVICE_CRD, SHARED, STANDIN_SHA256
-from tests.kubernetes.crds import crd_dir as _crd_dir
+from tests.kube.crds import RAYSERVICE_CRD, SHARED, STANDIN_SHA256
+from tests.kube.crds import crd_dir as _crd_dir
 from tests.serving import serve_in_thread
 
 RUN = "r20260101-120000-abcd"

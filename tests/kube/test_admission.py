@@ -34,10 +34,10 @@ from targets.kube.config import KubeConfig
 from targets.kube.layer import every_object
 from targets.kube.raycluster import PrepullHandler, RayClusterHandler, WorkersHandler
 from targets.kube.specs import PrepullSpec, RayClusterSpec
-from tests.kubernetes import pod_security as pss
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.crds import install_shared_crds
-from tests.kubernetes.fake_control import FakeControlPlane
+from tests.kube import pod_security as pss
+from tests.kube.conftest import KubeCluster
+from tests.kube.crds import install_shared_crds
+from tests.kube.fake_control import FakeControlPlane
 
 RAY_IMAGE = "rayproject/ray:2.58.0-py311-gpu"
 # As a team's namespace often is: the level, no version (PodSecurity then checks "latest").
@@ -84,7 +84,7 @@ async def restricted_namespace(session: RunSession) -> None:
 def want(session: RunSession, address: str, kind: str) -> Resource:
     """What the plan asks of a step, and its ledger entry, as the planner writes it before the create (the
     image by its tag: no registry here)."""
-    session.ctx.ledger.set(address, kind, ResourceStatus.INTENDED, layer="kubernetes")
+    session.ctx.ledger.set(address, kind, ResourceStatus.INTENDED, layer="kube")
     config = KubeConfig.of(session.config)
     spec: Spec = PrepullSpec(image=config.image, digest=None)
     if kind == RayClusterHandler.kind:
@@ -94,7 +94,7 @@ def want(session: RunSession, address: str, kind: str) -> Resource:
                               idle_timeout_s=config.idle_timeout_s(),
                               worker_service_account=m.worker_service_account_name(config),
                               pod_security=m.POD_SECURITY["enforce"])
-    return Resource(address=address, layer="kubernetes", kind=kind, spec=spec.as_spec())
+    return Resource(address=address, layer="kube", kind=kind, spec=spec.as_spec())
 
 
 @pytest.mark.slow

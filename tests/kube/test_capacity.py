@@ -19,7 +19,7 @@ import pytest
 from backend.resolve import resolve_config
 from backend.resources import CheckResult, CheckStatus
 from backend.session import RunSession
-from tests.kubernetes.conftest import KubeCluster
+from tests.kube.conftest import KubeCluster
 
 
 @pytest.fixture

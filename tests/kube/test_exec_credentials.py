@@ -19,7 +19,7 @@ import pytest
 
 from backend.errors import UserError
 from targets.kube.api import KubeApi
-from tests.kubernetes.conftest import KubeCluster
+from tests.kube.conftest import KubeCluster
 
 PLUGIN = """\
 import fcntl, json, sys

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from targets.kube.api import KubeApi, Unreachable
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.test_kube_networks import ROUTES, Proxies, no_proxy_env
+from tests.kube.conftest import KubeCluster
+from tests.kube.test_kube_networks import ROUTES, Proxies, no_proxy_env
 from tests.netproxies import ConnectProxy, Socks5Proxy
 
 NAMES = {"apiserver.rtui.test": "127.0.0.1"}

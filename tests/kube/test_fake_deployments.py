@@ -1,5 +1,5 @@
 """The emulator's Deployment controller is no kinder than Kubernetes': Available only when its pods
-can be scheduled and pulled (tests/kubernetes/fake_deployments.py cites the references)."""
+can be scheduled and pulled (tests/kube/fake_deployments.py cites the references)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.eventually import eventually as wait_on
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.fake_control import FakeControlPlane
-from tests.kubernetes.fake_registry import FakeRegistry
+from tests.kube.conftest import KubeCluster
+from tests.kube.fake_control import FakeControlPlane
+from tests.kube.fake_registry import FakeRegistry
 
 Obj = dict[str, Any]
 TAINT = {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}

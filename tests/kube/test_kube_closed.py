@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, world
+from tests.kube.kube_world import KubeWorld, events, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -94,7 +94,7 @@ def test_the_network_policy_admits_the_ray_pods_and_the_api_servers_proxy_and_no
     """On a cluster whose CNI enforces policies (the emulator applies them, pod_network.py), the job runs
     through the API server's proxy (the proxy dials the head from the API server's address), a Ray
     worker reaches the head, and a pod of another namespace, or a non-Ray pod of ours, does not."""
-    from tests.kubernetes.pod_network import Source
+    from tests.kube.pod_network import Source
 
     gpu_cluster(world.cluster)
     world.cluster.enforce_network_policies()
@@ -141,7 +141,7 @@ def test_the_plan_says_when_the_cluster_does_not_enforce_network_policies(world:
     policy_check = next(c for c in check["checks"] if c["id"] == "kube.network-policy")
     assert policy_check["status"] == "warn" and "not enforced" in policy_check["detail"], policy_check
     plan = json.loads(world.rtui("plan", "--json").stdout)
-    (change,) = [c for c in plan["changes"] if c["address"] == "k8s.networkpolicy.ray"]
+    (change,) = [c for c in plan["changes"] if c["address"] == "kube.networkpolicy.ray"]
     assert "not enforced" in change["after"]["enforced"], change
     text = world.rtui("plan").stdout
     assert "not enforced" in text, text[-2000:]
@@ -186,7 +186,7 @@ def test_job_env_values_reach_the_job_through_a_secret_and_nowhere_the_jobs_api_
     world.env["WANDB_API_KEY"] = value + "-rotated"
     changed = world.rtui("plan", "--json", "--job-env", "WANDB_API_KEY").stdout
     assert {c["address"]: c["action"] for c in json.loads(changed)["changes"] if c["action"] != "noop"} == {
-        "k8s.secret.job-env": "update"}
+        "kube.secret.job-env": "update"}
     assert value not in changed
 
     assert_written_nowhere(value, world.state, up.stdout + up.stderr)

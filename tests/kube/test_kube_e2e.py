@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from tests.fake_hub import FakeHub
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.crds import crd_dir
-from tests.kubernetes.fake_control import FakeControlPlane
-from tests.kubernetes.fake_ray import FakeRayHead
-from tests.kubernetes.fake_registry import FakeRegistry
-from tests.kubernetes.kube_world import KUBE_TIMEOUT_ENV
+from tests.kube.conftest import KubeCluster
+from tests.kube.crds import crd_dir
+from tests.kube.fake_control import FakeControlPlane
+from tests.kube.fake_ray import FakeRayHead
+from tests.kube.fake_registry import FakeRegistry
+from tests.kube.kube_world import KUBE_TIMEOUT_ENV
 
 RTUI = str(Path(sys.executable).parent / "rtui")
 RUN_LABEL = "rtui.dev/run"
@@ -91,12 +91,12 @@ def test_fresh_cluster_plan_up_noop_status_logs_down(world: KubeWorld) -> None:
     plan = json.loads(world.rtui("plan", "--json").stdout)
     actions = {c["address"]: c["action"] for c in plan["changes"]}
     assert set(actions.values()) == {"create"}, actions
-    assert {"k8s.namespace", "k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator",
-            "k8s.image-prepull", "k8s.raycluster", "k8s.gpu-workers", "ray.job.train"} <= set(actions)
+    assert {"kube.namespace", "kube.device-plugin.nvidia", "kube.device-plugin.efa", "kube.kuberay-operator",
+            "kube.image-prepull", "kube.raycluster", "kube.gpu-workers", "ray.job.train"} <= set(actions)
     # What changes the cluster for everyone on it is said (issue 40 item 7: the TUI asks twice for it).
     shared = {c["address"] for c in plan["changes"] if c["cluster_wide"]}
-    assert shared == {"k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator"}, shared
-    raycluster = next(c for c in plan["changes"] if c["address"] == "k8s.raycluster")
+    assert shared == {"kube.device-plugin.nvidia", "kube.device-plugin.efa", "kube.kuberay-operator"}, shared
+    raycluster = next(c for c in plan["changes"] if c["address"] == "kube.raycluster")
     assert raycluster["after"]["digest"] == world.registry.tags["rtui/ray:test"]
     assert "@sha256:" in raycluster["after"]["image"]
 
@@ -109,7 +109,7 @@ def test_fresh_cluster_plan_up_noop_status_logs_down(world: KubeWorld) -> None:
 
     status = json.loads(world.rtui("status", "--json").stdout)
     assert status["transport"]["transport"] == "efa", status["transport"]
-    assert status["resources"]["k8s.raycluster"]["status"] == "ready"
+    assert status["resources"]["kube.raycluster"]["status"] == "ready"
     logs = world.rtui("logs").stdout
     assert "Using network AWS Libfabric" in logs and "RTUI_METRIC" in logs
 
@@ -132,7 +132,7 @@ def test_the_hugging_face_token_reaches_a_secret_and_nothing_else(world: KubeWor
     gpu_cluster(world.cluster)
     token = "hf_TestTokenValue1234567890"
     world.env["MY_HF"] = token
-    world.rtui("up", "--yes", "--hf-token", "env:MY_HF", "--until", "k8s.raycluster", timeout=120)
+    world.rtui("up", "--yes", "--hf-token", "env:MY_HF", "--until", "kube.raycluster", timeout=120)
     secret = world.cluster.get("Secret", "rtui-ray-hf-token", "rtui")
     assert secret is not None and base64.b64decode(secret["data"]["HF_TOKEN"]).decode() == token
     rc = world.cluster.get("RayCluster", "rtui-ray", "rtui")
@@ -154,11 +154,11 @@ def test_the_hugging_face_token_reaches_a_secret_and_nothing_else(world: KubeWor
 def test_rtui_manifest_prints_exactly_the_objects_up_applies(world: KubeWorld, args: tuple[str, ...]) -> None:
     """Issue 38: `rtui manifest` renders the plan's objects, so it is what `up` sends, kind for kind and
     field for field (less what only the moment of applying knows: a secret's value, a digest, addresses)."""
-    from tests.kubernetes.applied import applied, differences, printed
+    from tests.kube.applied import applied, differences, printed
 
     gpu_cluster(world.cluster)
     world.env["MY_HF"] = "hf_TestTokenValue1234567890"
-    world.rtui("up", "--yes", *args, "--until", "kubernetes", timeout=180)
+    world.rtui("up", "--yes", *args, "--until", "kube", timeout=180)
     run_id = world.cluster.read("Namespace", "rtui")["metadata"]["labels"][RUN_LABEL]
     manifest = world.rtui("manifest", *args, "--run-id", run_id).stdout
     found = differences(printed(manifest), applied(world.cluster, run_id))

@@ -17,9 +17,9 @@ import pytest
 
 from targets.kube import raycluster
 from targets.kube.pods import PodProblem
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.crds import load_yaml
-from tests.kubernetes.kube_world import RUN_LABEL, KubeWorld, events, failure, gpu_cluster, wait_until, world
+from tests.kube.conftest import KubeCluster
+from tests.kube.crds import load_yaml
+from tests.kube.kube_world import RUN_LABEL, KubeWorld, events, failure, gpu_cluster, wait_until, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -77,9 +77,9 @@ def test_existing_operator_and_device_plugins_are_adopted_untouched_and_kept(wor
 
     plan = json.loads(world.rtui("plan", "--json").stdout)
     changes = {c["address"]: c for c in plan["changes"]}
-    for address, where in (("k8s.kuberay-operator", "kuberay-system/kuberay-operator"),
-                           ("k8s.device-plugin.nvidia", "gpu-operator/nvidia-device-plugin-daemonset"),
-                           ("k8s.device-plugin.efa", "kube-system/aws-efa-k8s-device-plugin-daemonset")):
+    for address, where in (("kube.kuberay-operator", "kuberay-system/kuberay-operator"),
+                           ("kube.device-plugin.nvidia", "gpu-operator/nvidia-device-plugin-daemonset"),
+                           ("kube.device-plugin.efa", "kube-system/aws-efa-k8s-device-plugin-daemonset")):
         assert changes[address]["action"] == "noop", changes[address]
         assert "adopted" in changes[address]["reason"] and where in changes[address]["reason"], changes[address]
 

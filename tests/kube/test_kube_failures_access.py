@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.kubernetes.crds import install_shared_crds
-from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
-from tests.kubernetes.test_kube_failures import assert_no_secret
+from tests.kube.crds import install_shared_crds
+from tests.kube.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
+from tests.kube.test_kube_failures import assert_no_secret
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -87,7 +87,7 @@ def _reader(proc: subprocess.Popen[str]) -> list[str]:
 
 def test_head_log_follow_survives_dropped_streams_and_resumes_from_the_spool(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "k8s.raycluster", timeout=120)
+    world.rtui("up", "--yes", "--until", "kube.raycluster", timeout=120)
     ns, pod = "rtui", "rtui-ray-head-0"
     fed: list[str] = []
 
@@ -194,7 +194,7 @@ def test_forbidden_to_write_rayclusters_names_the_verb_and_resource(world: KubeW
     world.cluster.forbid("patch", "rayclusters", "rtui")
     done = world.rtui("up", "--yes", timeout=120, check=False)
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
-    failed = [ln for ln in done.stdout.splitlines() if " ✗ k8s.raycluster " in ln]
+    failed = [ln for ln in done.stdout.splitlines() if " ✗ kube.raycluster " in ln]
     assert len(failed) == 1 and "forbidden: cannot patch rayclusters.ray.io in namespace rtui" in failed[0], \
         done.stdout[-2000:]
     assert not world.cluster.objects("RayCluster")
@@ -217,7 +217,7 @@ def test_namespace_of_someone_else_is_refused(world: KubeWorld) -> None:
 
 def test_raycluster_not_made_by_rtui_is_refused_and_left_unchanged(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "k8s.namespace", timeout=60)
+    world.rtui("up", "--yes", "--until", "kube.namespace", timeout=60)
     install_shared_crds(world.cluster)
     theirs = world.cluster.create({"apiVersion": "ray.io/v1", "kind": "RayCluster",
                                    "metadata": {"name": "rtui-ray", "namespace": "rtui", "labels": {"team": "x"}},

@@ -14,10 +14,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.crds import load_yaml
-from tests.kubernetes.kmock_ext import NOT_SERVED
-from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
+from tests.kube.conftest import KubeCluster
+from tests.kube.crds import load_yaml
+from tests.kube.kmock_ext import NOT_SERVED
+from tests.kube.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -65,9 +65,9 @@ def test_a_fresh_cluster_plans_applies_and_tears_down_through_the_cli(world: Kub
     world.cluster.establish_after(3.0)  # longer than the operator takes: a call made without waiting fails
     plan = json.loads(world.rtui("plan", "--json").stdout)
     actions = {c["address"]: c["action"] for c in plan["changes"]}
-    assert actions["k8s.kuberay-operator"] == "create" and actions["k8s.raycluster"] == "create", actions
+    assert actions["kube.kuberay-operator"] == "create" and actions["kube.raycluster"] == "create", actions
 
-    up = world.rtui("up", "--yes", "--json", "--until", "k8s.raycluster", timeout=120)
+    up = world.rtui("up", "--yes", "--json", "--until", "kube.raycluster", timeout=120)
     assert events(up.stdout)[-1]["kind"] == "done", up.stdout[-2000:]
     assert world.cluster.get("RayCluster", "rtui-ray", "rtui") is not None
     # Once rtui applied the CRDs, it made no call on their kinds before the server served them.
@@ -84,7 +84,7 @@ def test_a_fresh_cluster_plans_applies_and_tears_down_through_the_cli(world: Kub
 
 def test_down_on_a_cluster_that_never_had_the_crds(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "k8s.namespace", timeout=60)
+    world.rtui("up", "--yes", "--until", "kube.namespace", timeout=60)
     assert world.cluster.get("CustomResourceDefinition", "rayclusters.ray.io") is None
     status = world.rtui("status", "--json")
     assert "Traceback" not in status.stderr

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 from targets.kube import GPU_SCALE_UP_S
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.fake_autoscalers import Autoscalers, NodeAutoscaler, RayAutoscaler
-from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
+from tests.kube.conftest import KubeCluster
+from tests.kube.fake_autoscalers import Autoscalers, NodeAutoscaler, RayAutoscaler
+from tests.kube.kube_world import KubeWorld, events, gpu_cluster, wait_until, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -106,10 +106,10 @@ def test_a_running_job_keeps_its_workers_past_the_idle_timeout(world: KubeWorld)
 
 def test_changing_the_idle_time_replaces_the_raycluster_and_the_same_one_is_a_noop(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", *IDLE, "--until", "k8s.raycluster", timeout=180)
+    world.rtui("up", "--yes", *IDLE, "--until", "kube.raycluster", timeout=180)
     same = json.loads(world.rtui("plan", "--json", *IDLE).stdout)
-    assert {c["address"]: c["action"] for c in same["changes"]}["k8s.raycluster"] == "noop"
+    assert {c["address"]: c["action"] for c in same["changes"]}["kube.raycluster"] == "noop"
     # The autoscaler's sidecar and options exist only in a new head pod: KubeRay applies them at creation.
     fixed = json.loads(world.rtui("plan", "--json", "--idle-minutes", "0").stdout)
-    change = next(c for c in fixed["changes"] if c["address"] == "k8s.raycluster")
+    change = next(c for c in fixed["changes"] if c["address"] == "kube.raycluster")
     assert change["action"] == "replace" and "idle_timeout_s" in change["reason"], change

@@ -33,9 +33,9 @@ import pytest
 
 from targets.kube.api import KubeApi
 from tests.eventually import eventually_async
-from tests.kubernetes.conftest import SERVER_NAME, KubeCluster
-from tests.kubernetes.fake_ray import FakeRayHead
-from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, world  # noqa: F401 - a fixture
+from tests.kube.conftest import SERVER_NAME, KubeCluster
+from tests.kube.fake_ray import FakeRayHead
+from tests.kube.kube_world import KubeWorld, events, gpu_cluster, world  # noqa: F401 - a fixture
 from tests.netproxies import ConnectProxy, Socks5Proxy, _Proxy
 
 NS, SVC, POD = "default", "rtui-ray-head-svc", "rtui-ray-head-x"
@@ -246,11 +246,11 @@ async def test_a_job_log_follow_notices_a_silent_drop_and_resumes_after_the_last
 
 def test_rtui_logs_follow_of_the_head_resumes_after_a_silent_drop(world: KubeWorld, proxies: Proxies) -> None:  # noqa: F811
     """The same through the CLI: `rtui logs --source head -f` behind a proxy that forgets the stream."""
-    from tests.kubernetes.kube_world import wait_until
-    from tests.kubernetes.test_kube_failures_access import _reader
+    from tests.kube.kube_world import wait_until
+    from tests.kube.test_kube_failures_access import _reader
 
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "k8s.raycluster", timeout=120)
+    world.rtui("up", "--yes", "--until", "kube.raycluster", timeout=120)
     world.cluster.write_kubeconfig(world.cluster.kubeconfig, host=SERVER_NAME, proxy_url=proxies.http.url)
     world.env["RTUI_KUBE_STREAM_IDLE_S"] = "1"
     ns, pod = "rtui", "rtui-ray-head-0"

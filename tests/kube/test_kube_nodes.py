@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from targets.kube import raycluster
-from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world
+from tests.kube.kube_world import KubeWorld, events, failure, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 

@@ -9,8 +9,8 @@ KubeRay's chart avoids with ``singleNamespaceInstall`` (v1.7.0 ``helm-chart/kube
 
 from __future__ import annotations
 
-from tests.kubernetes.crds import install_shared_crds
-from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world
+from tests.kube.crds import install_shared_crds
+from tests.kube.kube_world import KubeWorld, events, failure, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -26,7 +26,7 @@ def test_a_user_without_cluster_rbac_rights_gets_an_operator_bound_to_the_run_na
     for verb in ("create", "patch", "update"):
         for resource in ("clusterroles", "clusterrolebindings"):
             world.cluster.forbid(verb, resource)
-    up = world.rtui("up", "--yes", "--json", "--until", "kubernetes", timeout=150, check=False)
+    up = world.rtui("up", "--yes", "--json", "--until", "kube", timeout=150, check=False)
     assert up.returncode == 0, failure(up.stdout) if events(up.stdout) else up.stderr[-2000:]
     assert [o for o in world.cluster.objects("ClusterRole") + world.cluster.objects("ClusterRoleBinding")
             if "rtui.dev/run" in (o["metadata"].get("labels") or {})] == []
@@ -41,7 +41,7 @@ def test_a_user_without_cluster_rbac_rights_gets_an_operator_bound_to_the_run_na
 
 def test_cluster_wide_only_when_asked(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "kubernetes", "--operator-scope", "cluster", timeout=150)
+    world.rtui("up", "--yes", "--until", "kube", "--operator-scope", "cluster", timeout=150)
     assert world.cluster.get("ClusterRole", "rtui-kuberay-operator") is not None
     assert world.cluster.get("Role", "rtui-kuberay-operator", "rtui") is None
     assert "--watch-namespace" not in _operator_args(world)

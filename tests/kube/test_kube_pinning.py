@@ -12,14 +12,14 @@ import json
 from pathlib import Path
 
 from backend.store import RunStore
-from tests.kubernetes.crds import vouch_for
-from tests.kubernetes.kube_world import KubeWorld, failure, gpu_cluster, world
+from tests.kube.crds import vouch_for
+from tests.kube.kube_world import KubeWorld, failure, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
-ADDONS = {"k8s.device-plugin.nvidia": "nvidia/k8s-device-plugin:v0.18.0",
-          "k8s.device-plugin.efa": "eks/aws-efa-k8s-device-plugin:v0.5.6",
-          "k8s.kuberay-operator": "kuberay/operator:v1.7.0"}
+ADDONS = {"kube.device-plugin.nvidia": "nvidia/k8s-device-plugin:v0.18.0",
+          "kube.device-plugin.efa": "eks/aws-efa-k8s-device-plugin:v0.5.6",
+          "kube.kuberay-operator": "kuberay/operator:v1.7.0"}
 
 
 def test_every_image_of_the_plan_is_resolved_to_a_digest_shown_recorded_and_pulled_by_it(world: KubeWorld) -> None:
@@ -31,18 +31,18 @@ def test_every_image_of_the_plan_is_resolved_to_a_digest_shown_recorded_and_pull
         assert after[address]["digest"] == digest, (address, after[address])
         assert after[address]["image"] == f"{world.registry.host}/{tag}@{digest}"
         assert after[address]["pinning"].startswith("pinned")
-    assert after["k8s.raycluster"]["image"].endswith("@" + world.registry.tags["rtui/ray:test"])
+    assert after["kube.raycluster"]["image"].endswith("@" + world.registry.tags["rtui/ray:test"])
     # Each repository was asked with a token of its own scope (a registry refuses another's).
     heads = [(path, auth) for method, path, auth in world.registry.requests if method == "HEAD" and auth]
     assert {p.split("/manifests/")[0].removeprefix("/v2/") for p, _ in heads} == {
         "rtui/ray", "nvidia/k8s-device-plugin", "eks/aws-efa-k8s-device-plugin", "kuberay/operator"}
 
-    world.rtui("up", "--yes", "--until", "kubernetes", timeout=120)
+    world.rtui("up", "--yes", "--until", "kube", timeout=120)
     nvidia = world.cluster.read("DaemonSet", "rtui-nvidia-device-plugin", "kube-system")
     efa = world.cluster.read("DaemonSet", "rtui-efa-device-plugin", "kube-system")
     operator = world.cluster.read("Deployment", "kuberay-operator", "rtui-kuberay")
     applied = {address: obj["spec"]["template"]["spec"]["containers"][0]["image"] for address, obj in (
-        ("k8s.device-plugin.nvidia", nvidia), ("k8s.device-plugin.efa", efa), ("k8s.kuberay-operator", operator))}
+        ("kube.device-plugin.nvidia", nvidia), ("kube.device-plugin.efa", efa), ("kube.kuberay-operator", operator))}
     assert applied == {a: after[a]["image"] for a in ADDONS}
     run_id = json.loads(world.rtui("status", "--json").stdout)["run_id"]
     record = RunStore(world.state).load(run_id)
@@ -62,7 +62,7 @@ def test_an_image_that_cannot_be_pinned_stops_the_plan_in_one_line_unless_allowe
     assert "Traceback" not in refused.stderr and refused.stdout == ""
 
     allowed = world.rtui("plan", "--image", missing, "--allow-unpinned", "--json")
-    raycluster = next(c for c in json.loads(allowed.stdout)["changes"] if c["address"] == "k8s.raycluster")
+    raycluster = next(c for c in json.loads(allowed.stdout)["changes"] if c["address"] == "kube.raycluster")
     assert raycluster["after"]["image"] == missing and raycluster["after"]["digest"] is None
     assert "--allow-unpinned" in raycluster["after"]["pinning"] and "HTTP 404" in raycluster["after"]["pinning"]
     text = world.rtui("plan", "--image", missing, "--allow-unpinned").stdout
@@ -86,12 +86,12 @@ def test_crds_that_are_not_the_release_or_convert_through_a_webhook_never_reach_
         "  scope: Namespaced\n", "  scope: Namespaced\n  conversion:\n    strategy: Webhook\n    webhook:\n"
         "      conversionReviewVersions: [v1]\n      clientConfig: {url: 'https://convert.example.net/ray'}\n")
     (hooked / "ray.io_rayservices.yaml").write_text(service)
-    failed = world.rtui("up", "--yes", "--json", "--until", "k8s.kuberay-operator", check=False,
+    failed = world.rtui("up", "--yes", "--json", "--until", "kube.kuberay-operator", check=False,
                         env={**world.env, "RTUI_KUBERAY_CRDS": str(hooked)})
     assert failed.returncode != 0
     assert "not KubeRay 1.7.0's" in failure(failed.stdout)  # the stand-in's new bytes are not vouched for
     vouch_for(hooked / "ray.io_rayservices.yaml")  # vouched for: still refused for its webhook
-    failed = world.rtui("up", "--yes", "--json", "--until", "k8s.kuberay-operator", check=False,
+    failed = world.rtui("up", "--yes", "--json", "--until", "kube.kuberay-operator", check=False,
                         env={**world.env, "RTUI_KUBERAY_CRDS": str(hooked)})
     assert failed.returncode != 0 and "convert.example.net" in failure(failed.stdout)
     assert world.cluster.objects("CustomResourceDefinition") == []

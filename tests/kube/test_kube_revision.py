@@ -12,7 +12,7 @@ import json
 import socket
 
 from tests.fake_hub import DEFAULT_MODEL, commit
-from tests.kubernetes.kube_world import KubeWorld, gpu_cluster, world
+from tests.kube.kube_world import KubeWorld, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 

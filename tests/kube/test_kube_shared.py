@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.kubernetes.crds import load_yaml
-from tests.kubernetes.kube_world import RUN_LABEL, KubeWorld, events, gpu_cluster, world
+from tests.kube.crds import load_yaml
+from tests.kube.kube_world import RUN_LABEL, KubeWorld, events, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -42,7 +42,7 @@ def test_crds_someone_else_installed_and_another_teams_rayjob_survive_up_and_dow
     theirs = (*(("CustomResourceDefinition", n, None) for n in CRDS), ("RayJob", "nightly", "team-b"))
     before = _versions(world, *theirs)
 
-    up = world.rtui("up", "--yes", "--json", "--until", "k8s.raycluster", timeout=120)
+    up = world.rtui("up", "--yes", "--json", "--until", "kube.raycluster", timeout=120)
     assert events(up.stdout)[-1]["kind"] == "done", up.stdout[-2000:]
     assert world.cluster.get(*OPERATOR) is not None  # rtui ran its own operator against their CRDs
     assert _versions(world, *theirs) == before  # never applied over, never relabelled
@@ -57,7 +57,7 @@ def test_crds_someone_else_installed_and_another_teams_rayjob_survive_up_and_dow
 def test_two_runs_share_the_operator_and_plugins_and_the_last_one_out_removes_them(
         world: KubeWorld, tmp_path: Path) -> None:
     gpu_cluster(world.cluster)
-    until = ("--until", "k8s.gpu-workers")  # each run holds one GPU node
+    until = ("--until", "kube.gpu-workers")  # each run holds one GPU node
     second = {**world.env, "RTUI_STATE_DIR": str(tmp_path / "state-b")}
     # One operator for both namespaces: the first run installs it cluster-wide (by default it would
     # watch only the first run's namespace, and the second run's preflight says so).
@@ -66,7 +66,7 @@ def test_two_runs_share_the_operator_and_plugins_and_the_last_one_out_removes_th
     world.rtui("up", "--yes", *a, *until, timeout=120)
     plan = json.loads(world.rtui("plan", "--json", *b, env=second).stdout)
     shared = {c["address"]: c for c in plan["changes"] if c["address"] in (
-        "k8s.kuberay-operator", "k8s.device-plugin.nvidia", "k8s.device-plugin.efa")}
+        "kube.kuberay-operator", "kube.device-plugin.nvidia", "kube.device-plugin.efa")}
     assert {c["action"] for c in shared.values()} == {"noop"}, shared
     world.rtui("up", "--yes", *b, *until, timeout=120, env=second)
     assert world.cluster.get("RayCluster", "ray-b", "team-b") is not None
@@ -88,10 +88,10 @@ def test_gpu_nodes_that_already_advertise_gpus_get_no_plugin_of_rtuis(world: Kub
     gpu_cluster(world.cluster, advertised=True)
     plan = json.loads(world.rtui("plan", "--json").stdout)
     changes = {c["address"]: c for c in plan["changes"]}
-    for address, resource in (("k8s.device-plugin.nvidia", "nvidia.com/gpu"),
-                              ("k8s.device-plugin.efa", "vpc.amazonaws.com/efa")):
+    for address, resource in (("kube.device-plugin.nvidia", "nvidia.com/gpu"),
+                              ("kube.device-plugin.efa", "vpc.amazonaws.com/efa")):
         assert changes[address]["action"] == "noop" and resource in changes[address]["reason"], changes[address]
-    world.rtui("up", "--yes", "--until", "k8s.gpu-workers", timeout=120)
+    world.rtui("up", "--yes", "--until", "kube.gpu-workers", timeout=120)
     assert not [d["metadata"]["name"] for d in world.cluster.objects("DaemonSet") if "plugin" in d["metadata"]["name"]]
     world.rtui("down", "--yes", timeout=120)
     assert world.labelled() == []
@@ -100,7 +100,7 @@ def test_gpu_nodes_that_already_advertise_gpus_get_no_plugin_of_rtuis(world: Kub
 def test_rtuis_crds_stay_while_another_teams_rayjob_uses_them(world: KubeWorld) -> None:
     """Deleting a CRD deletes every object of its kind: a RayJob left anywhere keeps all of them."""
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "k8s.raycluster", timeout=120)
+    world.rtui("up", "--yes", "--until", "kube.raycluster", timeout=120)
     world.cluster.add_namespace("team-b")
     world.cluster.create({"apiVersion": "ray.io/v1", "kind": "RayJob",
                           "metadata": {"name": "nightly", "namespace": "team-b"}, "spec": {"entrypoint": "x"}})

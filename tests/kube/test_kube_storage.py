@@ -20,9 +20,9 @@ import pytest
 from targets.kube import raycluster, volume_store
 from targets.kube.config import KubeConfig
 from tests.eventually import eventually
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.fake_control import FakeControlPlane
-from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world
+from tests.kube.conftest import KubeCluster
+from tests.kube.fake_control import FakeControlPlane
+from tests.kube.kube_world import KubeWorld, events, failure, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -144,7 +144,7 @@ def test_the_plan_shows_the_volume(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
     storage_class(world.cluster, "efs", "efs.csi.aws.com")
     out = world.rtui("plan", "--storage-size", "50Gi").stdout
-    assert "k8s.pvc.data" in out, out
+    assert "kube.pvc.data" in out, out
     assert "50Gi" in out and "efs (efs.csi.aws.com, the cluster's default)" in out and "ReadWriteMany" in out, out
 
 
@@ -273,8 +273,8 @@ def test_down_keeps_the_volume_model_copies_it_and_delete_data_removes_it(
     print(f"\nrtui model --to: {mib:.1f} MiB in {took:.2f}s on the emulator ({took / mib * 1000:.0f} ms/MiB)")
 
     kept_record = json.loads(world.rtui("status", run_id, "--json").stdout.splitlines()[-1])["resources"]
-    assert {a: r["status"] for a, r in kept_record.items() if r["kind"] in ("k8s-pvc", "k8s-namespace")} == {
-        "k8s.pvc.data": "ready", "k8s.namespace": "ready"}, kept_record
+    assert {a: r["status"] for a, r in kept_record.items() if r["kind"] in ("kube-pvc", "kube-namespace")} == {
+        "kube.pvc.data": "ready", "kube.namespace": "ready"}, kept_record
     gone = world.rtui("down", run_id, "--delete-data", "--yes")
     assert "deleted" in gone.stdout + gone.stderr, gone.stdout + gone.stderr
     assert world.cluster.get("PersistentVolumeClaim", claim_name, "rtui") is None

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.kubernetes.kube_world import KubeWorld, gpu_cluster, world  # noqa: F401 - a fixture
-from tests.kubernetes.test_kube_failures_access import silent_server  # noqa: F401 - a fixture
+from tests.kube.kube_world import KubeWorld, gpu_cluster, world  # noqa: F401 - a fixture
+from tests.kube.test_kube_failures_access import silent_server  # noqa: F401 - a fixture
 
 DEADLINE_S = 1
 DEFAULT_DEADLINE_S = 10  # RunConfig.kube_timeout_s
@@ -32,7 +32,7 @@ def one_line(proc: subprocess.Popen[str], out: str, err: str) -> str:
 def test_an_unreachable_api_server_is_one_line_in_every_command(
         world: KubeWorld, silent_server: str, tmp_path: Path, how: str) -> None:  # noqa: F811
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "k8s.namespace", timeout=120)  # a run for status and down
+    world.rtui("up", "--yes", "--until", "kube.namespace", timeout=120)  # a run for status and down
     server = silent_server if how == "never answers" else "https://127.0.0.1:9"
     config = yaml.safe_load(world.cluster.kubeconfig.read_text())
     config["clusters"][0]["cluster"]["server"] = server

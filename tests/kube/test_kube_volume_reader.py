@@ -19,8 +19,8 @@ import pytest
 
 from targets.kube import volume_store
 from targets.kube.config import KubeConfig
-from tests.kubernetes.kube_world import KubeWorld, world
-from tests.kubernetes.test_kube_storage import _in_process, _kept_run
+from tests.kube.kube_world import KubeWorld, world
+from tests.kube.test_kube_storage import _in_process, _kept_run
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -124,7 +124,7 @@ def test_a_listing_line_that_is_not_an_entry_is_one_line(
 def test_a_run_without_a_recorded_digest_pins_the_tag_now_or_says_why_not(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from backend.errors import UserError
-    from tests.kubernetes.fake_registry import FakeRegistry
+    from tests.kube.fake_registry import FakeRegistry
 
     monkeypatch.setenv("RTUI_STATE_DIR", str(tmp_path / "state"))
     with FakeRegistry() as registry:  # a run whose record holds no digest: the registry is asked, as at plan time

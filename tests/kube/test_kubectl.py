@@ -16,7 +16,7 @@ import yaml
 
 from targets.aws import eks
 from targets.kube.api import KubeApi
-from tests.kubernetes.conftest import KubeCluster
+from tests.kube.conftest import KubeCluster
 
 REPO = Path(__file__).resolve().parents[2]
 ARN = "arn:aws:eks:us-west-2:123456789012:cluster/rtui-demo"

@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from tests.kubernetes.fake_control import secret_value
-from tests.kubernetes.kmock_ext import ApiError
-from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, world
-from tests.kubernetes.kuberay_double import operator_env, raycluster_crd
+from tests.kube.fake_control import secret_value
+from tests.kube.kmock_ext import ApiError
+from tests.kube.kube_world import KubeWorld, events, gpu_cluster, world
+from tests.kube.kuberay_double import operator_env, raycluster_crd
 
 __all__ = ["world"]  # the fixture, imported for pytest
 

@@ -19,8 +19,8 @@ from backend.rayjobs import RayJobs
 from backend.store import JobState
 from backend.telemetry import Telemetry
 from targets.kube.api import KubeApi
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.fake_ray import BigLogRayHead, TrainingLog, session_following
+from tests.kube.conftest import KubeCluster
+from tests.kube.fake_ray import BigLogRayHead, TrainingLog, session_following
 
 NS, SVC = "default", "rtui-ray-head-svc"
 LINES = 200_000

@@ -19,7 +19,7 @@ from targets.kube import manifests as m
 from targets.kube.config import KubeConfig
 from targets.kube.layer import every_object
 from tests.conftest import run_rtui
-from tests.kubernetes.crds import load_yaml
+from tests.kube.crds import load_yaml
 
 CRD = Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay" / "ray.io_rayclusters.yaml"
 RUN = "r20260101-120000-abcd"

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests.kubernetes import kube_rbac
-from tests.kubernetes.conftest import TOKEN, KubeCluster
-from tests.kubernetes.crds import install_shared_crds
-from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, make_world
+from tests.kube import kube_rbac
+from tests.kube.conftest import TOKEN, KubeCluster
+from tests.kube.crds import install_shared_crds
+from tests.kube.kube_world import KubeWorld, events, failure, gpu_cluster, make_world
 
 ALICE = "alice-token-0"
 TEAM = "team-a"
@@ -138,8 +138,8 @@ def test_plan_with_namespace_rights_uses_the_clusters_kuberay_and_writes_nothing
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     plan = json.loads(done.stdout)
     addresses = {c["address"] for c in plan["changes"]}
-    assert not addresses & {"k8s.device-plugin.nvidia", "k8s.device-plugin.efa", "k8s.kuberay-operator"}, addresses
-    namespace = next(c for c in plan["changes"] if c["address"] == "k8s.namespace")
+    assert not addresses & {"kube.device-plugin.nvidia", "kube.device-plugin.efa", "kube.kuberay-operator"}, addresses
+    namespace = next(c for c in plan["changes"] if c["address"] == "kube.namespace")
     assert namespace["action"] == "noop", namespace  # adopted: the user's, as it is
     # The plan says which mode and why, and what it could not see, in its notes.
     notes = [ln for ln in team.rtui("plan", "--namespace", TEAM).stdout.splitlines() if ln.startswith("Note:")]

@@ -16,13 +16,13 @@ from backend.store import RunStore
 from targets.kube import manifests
 from targets.kube.config import KubeConfig
 from targets.kube.security import network_policy
-from tests.kubernetes.kube_world import KubeWorld, events, gpu_cluster, world
-from tests.kubernetes.pod_network import Source, admitted
+from tests.kube.kube_world import KubeWorld, events, gpu_cluster, world
+from tests.kube.pod_network import Source, admitted
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
 NAMESPACE, CLUSTER = "rtui", "rtui-ray"
-PROBE = "k8s.probe.netpol"  # the probe's address (targets.kube.probe.PROBE)
+PROBE = "kube.probe.netpol"  # the probe's address (targets.kube.probe.PROBE)
 ROLE = "rtui.dev/role"
 
 
@@ -44,9 +44,9 @@ def test_a_cluster_that_does_not_enforce_network_policies_is_reported_so(world: 
     plan = json.loads(world.rtui("plan", "--json").stdout)
     changes = {c["address"]: c for c in plan["changes"]}
     # Before the probe: the DaemonSets' hint, said to be a guess; the probe is a step of the plan.
-    assert changes["k8s.networkpolicy.ray"]["after"]["enforced"].startswith("guessed: "), changes
+    assert changes["kube.networkpolicy.ray"]["after"]["enforced"].startswith("guessed: "), changes
     assert changes[PROBE]["action"] == "create" and set(changes[PROBE]["depends_on"]) == {
-        "k8s.networkpolicy.ray", "k8s.raycluster"}, changes[PROBE]
+        "kube.networkpolicy.ray", "kube.raycluster"}, changes[PROBE]
 
     up = world.rtui("up", "--yes", "--json", timeout=180)
     seen = events(up.stdout)

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from targets.kube import addons, kuberay_version
-from tests.kubernetes.crds import install_shared_crds
-from tests.kubernetes.kube_world import KubeWorld, gpu_cluster, world
-from tests.kubernetes.kuberay_double import raycluster_crd
+from tests.kube.crds import install_shared_crds
+from tests.kube.kube_world import KubeWorld, gpu_cluster, world
+from tests.kube.kuberay_double import raycluster_crd
 
 __all__ = ["world"]  # the fixture, imported for pytest
 

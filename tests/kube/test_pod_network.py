@@ -6,7 +6,7 @@ from typing import Any
 
 from targets.kube.config import KubeConfig
 from targets.kube.security import network_policy
-from tests.kubernetes.pod_network import Source, admitted
+from tests.kube.pod_network import Source, admitted
 
 RUN = "r20260101-120000-abcd"
 

@@ -26,9 +26,9 @@ from targets.kube import manifests as m
 from targets.kube.config import KubeConfig
 from targets.kube.layer import every_object
 from targets.kube.volume_store import VolumeStore
-from tests.kubernetes import pod_security as pss
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.test_manifests import schema_errors
+from tests.kube import pod_security as pss
+from tests.kube.conftest import KubeCluster
+from tests.kube.test_manifests import schema_errors
 
 RUN = "r20260101-120000-abcd"
 CONFIGS = {
@@ -145,7 +145,7 @@ async def test_the_emulator_refuses_a_pod_that_breaks_its_namespaces_enforce_lev
     """kube-apiserver's PodSecurity admission: a pod breaking the namespace's ``enforce`` level is refused
     with 403 Forbidden, every broken control named; an unlabelled namespace admits it (privileged)."""
     from backend.errors import RtuiError
-    from tests.kubernetes.test_ray_service_account import session_for
+    from tests.kube.test_ray_service_account import session_for
 
     session = session_for(tmp_path)
     from targets.kube.serviceaccount import ServiceAccountHandler
@@ -175,7 +175,7 @@ async def test_a_namespace_this_run_made_before_pod_security_gets_its_labels_on_
     that break the new level: https://kubernetes.io/docs/concepts/security/pod-security-admission/)."""
     from backend.resources import Action, Resource
     from targets.kube.handlers import NAMESPACE, NamespaceHandler
-    from tests.kubernetes.test_ray_service_account import session_for
+    from tests.kube.test_ray_service_account import session_for
 
     session = session_for(tmp_path)
     handler = NamespaceHandler()
@@ -185,13 +185,13 @@ async def test_a_namespace_this_run_made_before_pod_security_gets_its_labels_on_
     await api.apply(old)
     have = await handler.observe(api, session.ctx)
     assert have is not None
-    want = Resource(address=NAMESPACE, layer="kubernetes", kind=handler.kind,
+    want = Resource(address=NAMESPACE, layer="kube", kind=handler.kind,
                     spec={"name": KubeConfig.of(session.config).namespace, "pod_security": "baseline"})
     action, reason = handler.compare(want, have)
     assert action is Action.UPDATE and "pod_security" in reason
     from backend.ledger import ResourceStatus
 
-    session.ctx.ledger.set(NAMESPACE, handler.kind, ResourceStatus.READY, layer="kubernetes")  # made before
+    session.ctx.ledger.set(NAMESPACE, handler.kind, ResourceStatus.READY, layer="kube")  # made before
     async for _ in handler.update(session.ctx, want, have):
         pass
     live = await api.get("v1", "Namespace", KubeConfig.of(session.config).namespace)

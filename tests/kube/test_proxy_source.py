@@ -19,10 +19,10 @@ from collections.abc import Callable
 import pytest
 
 from targets.kube.api import KubeApi
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.fake_ray import FakeRayHead
-from tests.kubernetes.kube_world import KubeWorld, events, failure, gpu_cluster, world
-from tests.kubernetes.pod_network import Source, calico_tunnel, konnectivity_agent
+from tests.kube.conftest import KubeCluster
+from tests.kube.fake_ray import FakeRayHead
+from tests.kube.kube_world import KubeWorld, events, failure, gpu_cluster, world
+from tests.kube.pod_network import Source, calico_tunnel, konnectivity_agent
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -55,7 +55,7 @@ def test_the_emulated_service_proxy_is_dropped_from_a_source_the_policy_does_not
     gets in (and meets Ray's token), from a tunnel or Konnectivity address it times out."""
     gpu_cluster(world.cluster)
     world.cluster.enforce_network_policies()
-    world.rtui("up", "--yes", "--until", "k8s.raycluster", timeout=180)
+    world.rtui("up", "--yes", "--until", "kube.raycluster", timeout=180)
     status, _ = through_service_proxy(world.cluster, "/api/version")
     assert status == 401  # through the policy, then Ray's token
     dial_from(world.cluster, SOURCES[name]())
@@ -130,7 +130,7 @@ def test_without_the_port_forward_right_a_blocked_proxy_is_said_in_seconds_with_
     gpu_cluster(world.cluster)
     world.cluster.enforce_network_policies()
     world.cluster.forbid("create", "pods/portforward", NAMESPACE)
-    world.rtui("up", "--yes", "--until", "k8s.raycluster", timeout=180)
+    world.rtui("up", "--yes", "--until", "kube.raycluster", timeout=180)
     dial_from(world.cluster, konnectivity_agent())
     up = world.rtui("up", "--yes", "--json", timeout=180, check=False)
     assert up.returncode != 0

@@ -15,7 +15,7 @@ from targets.kube import manifests
 from targets.kube.config import KubeConfig
 from targets.kube.manifests import service_account
 from targets.kube.serviceaccount import SERVICE_ACCOUNT, ServiceAccountHandler
-from tests.kubernetes.conftest import KubeCluster
+from tests.kube.conftest import KubeCluster
 
 
 def session_for(tmp_path: Path) -> RunSession:
@@ -31,9 +31,9 @@ async def test_the_account_is_made_found_and_removed_as_this_runs(kube_cluster: 
     await api.apply(manifests.namespace(KubeConfig.of(session.config), session.run_id))
     assert await handler.observe(api, session.ctx) is None
 
-    want = Resource(address=SERVICE_ACCOUNT, layer="kubernetes", kind=handler.kind, spec={"name": "rtui-ray"})
+    want = Resource(address=SERVICE_ACCOUNT, layer="kube", kind=handler.kind, spec={"name": "rtui-ray"})
     # As the planner does before create:
-    session.ctx.ledger.set(SERVICE_ACCOUNT, handler.kind, ResourceStatus.INTENDED, layer="kubernetes")
+    session.ctx.ledger.set(SERVICE_ACCOUNT, handler.kind, ResourceStatus.INTENDED, layer="kube")
     async for _ in handler.create(session.ctx, want):
         pass
     live = await api.get("v1", "ServiceAccount", "rtui-ray", KubeConfig.of(session.config).namespace)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 from targets.kube.registry import parse, resolve_digest
-from tests.kubernetes.fake_registry import FakeRegistry
+from tests.kube.fake_registry import FakeRegistry
 
 
 def test_an_anonymous_token_challenge_is_answered_and_the_digest_pins_the_image() -> None:
@@ -62,7 +62,7 @@ def test_the_image_size_is_its_linux_amd64_layers_as_downloaded() -> None:
 
 
 def test_each_repository_is_opened_by_a_token_of_its_own_scope() -> None:
-    from tests.kubernetes.fake_registry import token_for
+    from tests.kube.fake_registry import token_for
 
     with FakeRegistry() as registry:
         operator = resolve_digest(registry.image("kuberay/operator:v1.7.0"))

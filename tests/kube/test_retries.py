@@ -17,8 +17,8 @@ import pytest
 
 from backend.errors import OperationError
 from targets.kube.api import KubeApi
-from tests.kubernetes.conftest import KubeCluster
-from tests.kubernetes.kmock_ext import too_many_requests, unavailable
+from tests.kube.conftest import KubeCluster
+from tests.kube.kmock_ext import too_many_requests, unavailable
 
 
 class RecordingClock:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kubernetes.kube_world import KubeWorld, gpu_cluster, world
+from tests.kube.kube_world import KubeWorld, gpu_cluster, world
 
 __all__ = ["world"]  # the fixture, imported for pytest
 
@@ -43,7 +43,7 @@ def _their_operator(world: KubeWorld, namespace: str) -> None:
 
 def test_another_teams_operator_keeps_rtuis_crds(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "k8s.raycluster", timeout=120)
+    world.rtui("up", "--yes", "--until", "kube.raycluster", timeout=120)
     _their_operator(world, "team-b")
     down = world.rtui("down", "--yes", timeout=120)
     assert {c["metadata"]["name"] for c in world.cluster.objects("CustomResourceDefinition")} == set(CRDS), \
@@ -55,7 +55,7 @@ def test_another_teams_operator_keeps_rtuis_crds(world: KubeWorld) -> None:
 
 def test_a_gpu_pod_that_is_not_rtuis_keeps_the_device_plugins(world: KubeWorld) -> None:
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--gpu-node-count", "1", "--until", "k8s.gpu-workers", timeout=120)
+    world.rtui("up", "--yes", "--gpu-node-count", "1", "--until", "kube.gpu-workers", timeout=120)
     assert world.cluster.get(*NVIDIA) is not None
     world.cluster.add_namespace("team-b")
     world.cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "infer", "namespace": "team-b"},
@@ -72,7 +72,7 @@ def test_a_gpu_pod_that_is_not_rtuis_keeps_the_device_plugins(world: KubeWorld) 
 def test_the_namespaced_operator_goes_with_its_last_run(world: KubeWorld) -> None:
     """A RayCluster in a namespace the operator does not watch is not its user."""
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "k8s.raycluster", timeout=120)
+    world.rtui("up", "--yes", "--until", "kube.raycluster", timeout=120)
     world.cluster.add_namespace("team-c")
     world.cluster.create({"apiVersion": "ray.io/v1", "kind": "RayCluster",
                           "metadata": {"name": "theirs", "namespace": "team-c"},
@@ -89,11 +89,11 @@ def test_down_delete_data_then_up_works(world: KubeWorld, tmp_path: Path) -> Non
     """`rtui model` reads through a ``sleep`` pod and deletes it; with a grace period that ``sleep`` (PID 1,
     no SIGTERM handler) waits out (kube_lifecycle), it stayed Terminating for 30 s, `down --delete-data`
     right after skipped the namespace, and the next `up` was refused."""
-    from tests.kubernetes.test_kube_storage import _write_model, storage_class
+    from tests.kube.test_kube_storage import _write_model, storage_class
 
     gpu_cluster(world.cluster)
     storage_class(world.cluster, "efs", "efs.csi.aws.com")
-    world.rtui("up", "--yes", "--storage-size", "50Gi", "--until", "k8s.raycluster", timeout=120)
+    world.rtui("up", "--yes", "--storage-size", "50Gi", "--until", "kube.raycluster", timeout=120)
     [pvc] = world.cluster.objects("PersistentVolumeClaim", "rtui")
     run_id = pvc["metadata"]["labels"]["rtui.dev/run"]
     world.control.volumes[("rtui", pvc["metadata"]["name"])] = tmp_path / "volume"
@@ -102,14 +102,14 @@ def test_down_delete_data_then_up_works(world: KubeWorld, tmp_path: Path) -> Non
     world.rtui("model", run_id, "--to", str(tmp_path / "copy"), timeout=120)
     gone = world.rtui("down", run_id, "--delete-data", "--yes", timeout=120)
     assert world.cluster.get("Namespace", "rtui") is None, gone.stdout[-2000:] + gone.stderr[-2000:]
-    world.rtui("up", "--yes", "--storage-size", "50Gi", "--until", "k8s.raycluster", timeout=120)
+    world.rtui("up", "--yes", "--storage-size", "50Gi", "--until", "kube.raycluster", timeout=120)
 
 
 def test_up_waits_for_a_namespace_still_terminating(world: KubeWorld, tmp_path: Path) -> None:
     """`down && up`: the last run's namespace is still Terminating (a pod in its grace period); up says so,
     with the namespace controller's conditions, waits, and makes it anew."""
     gpu_cluster(world.cluster)
-    world.rtui("up", "--yes", "--until", "k8s.namespace", timeout=120)
+    world.rtui("up", "--yes", "--until", "kube.namespace", timeout=120)
     world.cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "slow", "namespace": "rtui"},
                           "spec": {"terminationGracePeriodSeconds": 4,
                                    "containers": [{"name": "main", "image": "x", "command": ["sleep", "9999"]}]},
@@ -117,7 +117,7 @@ def test_up_waits_for_a_namespace_still_terminating(world: KubeWorld, tmp_path: 
     world.cluster.delete("Namespace", "rtui")
     assert (world.cluster.read("Namespace", "rtui").get("status") or {}).get("phase") == "Terminating"
     fresh = {**world.env, "RTUI_STATE_DIR": str(tmp_path / "state-b")}
-    up = world.rtui("up", "--yes", "--until", "k8s.namespace", check=False, timeout=120, env=fresh)
+    up = world.rtui("up", "--yes", "--until", "kube.namespace", check=False, timeout=120, env=fresh)
     text = up.stdout + up.stderr
     assert up.returncode == 0, text[-2000:]
     assert "still being deleted: Some resources are remaining: pods. has 1 resource instances" in text, text[-2000:]

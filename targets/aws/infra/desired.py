@@ -235,6 +235,13 @@ def desired_resources(ctx: Context, topo: Topology, prices: RegionPrices, *, spo
     return sorted(out, key=lambda r: rank(r.address)), idle
 
 
+def efa_per_gpu_node(planned: Sequence[Resource]) -> int:
+    """How many EFA devices each GPU node has, as the plan's GPU launch template gives it (0: none planned,
+    or a template without EFA): what the kube layer asks of each Ray worker."""
+    template = next((r for r in planned if r.address == LAUNCH_TEMPLATE), None)
+    return LaunchTemplateSpec.of(template).efa_interfaces if template is not None else 0
+
+
 def _quota(code: str | None, headroom: float | None, vcpus: int) -> dict[str, dict[str, float | None]]:
     return {code: {"vcpus": float(vcpus), "headroom": headroom}} if code else {}
 
