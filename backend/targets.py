@@ -8,7 +8,7 @@ Generic code (``backend/*.py``, ``tui/``, ``screens/``) asks the run's target an
 its name (``tests/test_architecture.py`` checks it).
 
 Imports point one way: a target's package imports ``backend`` (and the aws target the kube target's
-kubernetes layer); nothing in ``backend`` imports a target. The registry (``backend.registry``, below
+kube layer); nothing in ``backend`` imports a target. The registry (``backend.registry``, below
 the config) names the built-in ones as data and imports each only when asked for. The package
 ``targets`` re-exports these names, so ``targets.Target`` is the same class.
 """

@@ -35,7 +35,7 @@ STOP_WAIT_S = 15.0
 
 def _hub_token(source: str) -> str | None:
     """The --hf-token value for asking the Hub about a private model (None: not set or unreadable;
-    the kubernetes layer's preflight says what is wrong with it)."""
+    the kube layer's preflight says what is wrong with it)."""
     if not source:
         return None
     try:

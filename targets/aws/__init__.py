@@ -1,6 +1,6 @@
 """The aws target: a new EKS cluster with EFA GPU nodes in one AZ (DESIGN.md §3).
 
-Layers: ``targets.aws.infra`` (network, IAM, EKS, nodegroups), then the kubernetes layer (shared
+Layers: ``targets.aws.infra`` (network, IAM, EKS, nodegroups), then the kube layer (shared
 with the kube target: this target hands it the addresses of what the aws layer makes), the caller's
 access narrowed to the namespace when asked (``targets.aws.infra.access_scope``) and the ray-job layer.
 Read-only AWS (preflight matrix, pricing, quotas) is ``targets.aws.cloud``. The first
@@ -56,7 +56,7 @@ class AwsTarget(Target[AwsConfig]):
         from targets.aws.infra.desired import efa_per_gpu_node
         from targets.aws.infra.iam import DATA_IDENTITY, DATA_WORKERS_IDENTITY
         from targets.aws.infra.layer import AwsLayer
-        from targets.kube.layer import Below, KubernetesLayer
+        from targets.kube.layer import Below, KubeLayer
 
         below = Below(api_ready=KUBECONFIG, system_nodes=SYSTEM_NODES, gpu_nodes=GPU_NODES,
                       efa_per_node=efa_per_gpu_node,
@@ -66,8 +66,8 @@ class AwsTarget(Target[AwsConfig]):
                       ray_service_account=DATA_IDENTITY.service_account, ray_identity=DATA_IDENTITY.address,
                       ray_worker_service_account=DATA_WORKERS_IDENTITY.service_account,
                       ray_worker_identity=DATA_WORKERS_IDENTITY.address)
-        # The access entry is narrowed (--access-scope namespace) after the kubernetes layer's installs.
-        return Stack(self.name, [AwsLayer(), KubernetesLayer(below), AccessScopeLayer(), RayJobLayer()])
+        # The access entry is narrowed (--access-scope namespace) after the kube layer's installs.
+        return Stack(self.name, [AwsLayer(), KubeLayer(below), AccessScopeLayer(), RayJobLayer()])
 
     def defaults(self, config: AwsConfig) -> Defaults:
         return gpu_cluster_defaults(config)
@@ -158,7 +158,7 @@ class AwsTarget(Target[AwsConfig]):
     def storage_profile(self, config: AwsConfig) -> str | None:
         return config.profile
 
-    # Its ClusterAccess (targets.kube.cluster_api): the kubernetes layer reaches the EKS cluster as EKS
+    # Its ClusterAccess (targets.kube.cluster_api): the kube layer reaches the EKS cluster as EKS
     # describes it, never through a kubeconfig entry.
     def kube_api(self, ctx: Context) -> KubeApi:
         # lazy: boto3 and the kubernetes client only when the cluster is reached

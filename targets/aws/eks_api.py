@@ -1,4 +1,4 @@
-"""The EKS cluster's API for the kubernetes layer on the aws target (its ``ClusterAccess``).
+"""The EKS cluster's API for the kube layer on the aws target (its ``ClusterAccess``).
 
 Its endpoint and CA come from EKS (DescribeCluster), never from a kubeconfig entry, and rtui signs
 its own EKS token (``targets.aws.eks``).

@@ -39,7 +39,7 @@ def gpu_cluster_defaults(config: KubeConfig) -> Defaults:
 
 def kubernetes_manifest(config: KubeConfig, run_id: str) -> str:
     """The objects of a GPU cluster run's plan as `rtui manifest` prints them (``Target.manifest``)."""
-    # lazy: the Kubernetes layer only for `rtui manifest`
+    # lazy: the kube layer only for `rtui manifest`
     from targets.kube.layer import every_object
     from targets.kube.manifests import yaml_stream
 
@@ -82,9 +82,9 @@ class KubeTarget(Target[KubeConfig]):
     def stack(self, config: KubeConfig) -> Stack:
         # lazy: the layers (aiohttp, boto3, kubernetes) load when the stack is made; listing targets does without
         from backend.layers.ray_job import RayJobLayer
-        from targets.kube.layer import KubernetesLayer
+        from targets.kube.layer import KubeLayer
 
-        return Stack(self.name, [KubernetesLayer(), RayJobLayer()])
+        return Stack(self.name, [KubeLayer(), RayJobLayer()])
 
     def defaults(self, config: KubeConfig) -> Defaults:
         return gpu_cluster_defaults(config)
@@ -113,7 +113,7 @@ class KubeTarget(Target[KubeConfig]):
         the session's client to the cluster."""
         if not config.storage_size:
             return None
-        # lazy: the kubernetes layer loads only when a run's data is read; listing targets does without
+        # lazy: the kube layer loads only when a run's data is read; listing targets does without
         from targets.kube.cluster_api import cluster_api
         from targets.kube.volume_store import VolumeStore
 
@@ -122,7 +122,7 @@ class KubeTarget(Target[KubeConfig]):
 
     def job_storage_path(self, config: KubeConfig, run_id: str) -> str | None:
         """With --storage-size: the run's own directory on its volume (``manifests.DATA_MOUNT``)."""
-        # lazy: the kubernetes layer loads only when a run's stack is made; listing targets does without
+        # lazy: the kube layer loads only when a run's stack is made; listing targets does without
         from targets.kube.manifests import job_storage_path
 
         return job_storage_path(run_id) if config.storage_size else None

@@ -126,5 +126,5 @@ class KubeConfig(RunConfig):
 
 
 def kube_config(ctx: Context) -> KubeConfig:
-    """The run's config, as the kubernetes layer reads it (a kube or aws run's)."""
+    """The run's config, as the kube layer reads it (a kube or aws run's)."""
     return KubeConfig.of(ctx.config)

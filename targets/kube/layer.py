@@ -122,7 +122,7 @@ def wants_volume(ctx: Context) -> bool:
     return targets.get(config.target).job_storage_path(config, ctx.record.run_id) is not None
 
 
-class KubernetesLayer(Layer):
+class KubeLayer(Layer):
     name = LAYER
     title = "Kubernetes objects"
     _handlers: ClassVar[dict[str, Handler]] = {h.kind: h for h in (
@@ -584,7 +584,7 @@ class KubernetesLayer(Layer):
                                    "one operator for every namespace (--operator-scope cluster on the first run)")]
 
     # --- ClusterAccess -------------------------------------------------------------------
-    def access(self) -> KubernetesLayer:
+    def access(self) -> KubeLayer:
         return self
 
     async def jobs(self, ctx: Context) -> RayJobs | None:

@@ -1,4 +1,4 @@
-"""What each kind of resource of the kubernetes layer is made with (DESIGN.md §3: a handler's
+"""What each kind of resource of the kube layer is made with (DESIGN.md §3: a handler's
 ``spec_model``): what the plan shows and compares of it. The Kubernetes objects themselves are made from
 the config when applied (``manifests``), pinned to what the spec names (an image's digest); ``rtui
 manifest`` renders the same objects. Fields are in the order the plan shows them."""

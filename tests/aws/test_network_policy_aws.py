@@ -1,4 +1,4 @@
-"""Issue 23 item 1 on the aws target: EKS's VPC CNI enforces the NetworkPolicy the kubernetes layer
+"""Issue 23 item 1 on the aws target: EKS's VPC CNI enforces the NetworkPolicy the kube layer
 creates only when the vpc-cni add-on is installed with ``enableNetworkPolicy`` on (EKS User Guide,
 "Restrict Pod network traffic with Kubernetes network policies"). Through `plan` and `up` on the AWS
 double, whose add-ons keep their ``configurationValues`` and refuse what EKS refuses."""

@@ -1,7 +1,7 @@
 """``--access-scope namespace``: the caller's EKS access entry narrowed to the run's namespace once
 rtui's cluster-wide objects are installed, and widened back before teardown deletes any of them.
 
-A layer of its own, stacked by ``targets.aws`` above the kubernetes layer: its one resource depends on
+A layer of its own, stacked by ``targets.aws`` above the kube layer: its one resource depends on
 everything that needs cluster admin to install (the Namespace, the device plugins in kube-system, the
 KubeRay CRDs and operator, cluster-autoscaler, the access entry), so it comes after them; teardown runs
 in reverse dependency order, so restoring cluster admin comes before every deletion of a cluster-wide
@@ -205,7 +205,7 @@ class AccessScopeHandler(AwsHandler):
 
 
 class AccessScopeLayer(Layer):
-    """The aws target's access entry, narrowed after the kubernetes layer (``--access-scope namespace``)."""
+    """The aws target's access entry, narrowed after the kube layer (``--access-scope namespace``)."""
 
     name = LAYER
     title = "Your cluster access"

@@ -38,7 +38,7 @@ GPU_NODES = "aws.nodegroup.gpu"
 GPU_ASG_TAGS = "aws.asg-tags.gpu"  # cluster-autoscaler's tags on the GPU nodes' Auto Scaling group
 ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent")
 # The add-ons' configuration values. EKS's VPC CNI enforces Kubernetes NetworkPolicies (the one the
-# kubernetes layer creates around Ray) only with enableNetworkPolicy on, a string "true" in the add-on's
+# kube layer creates around Ray) only with enableNetworkPolicy on, a string "true" in the add-on's
 # configuration values: it then runs its network policy agent (the aws-node DaemonSet's
 # aws-network-policy-agent container) on every node. It needs vpc-cni 1.14+ on Kubernetes 1.25+ and a
 # Linux kernel 5.10+ (the EKS-optimized AL2023 AMIs rtui uses qualify). EKS User Guide, "Restrict Pod

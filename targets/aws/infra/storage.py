@@ -42,7 +42,7 @@ KIND = "aws-s3-bucket"
 DATA_PREFIX = "runs"
 ABORT_INCOMPLETE_UPLOADS_DAYS = 1
 LIFECYCLE_RULE = "rtui-abort-incomplete-multipart-uploads"
-# Ray's pods take their AWS credentials from this service account (kubernetes layer), and it from
+# Ray's pods take their AWS credentials from this service account (kube layer), and it from
 # the pod identity association (iam.DATA_IDENTITY).
 RAY_SERVICE_ACCOUNT = "rtui-ray"
 RAY_WORKER_SERVICE_ACCOUNT = "rtui-ray-worker"  # the workers' own: no Kubernetes token, the same S3 rights
