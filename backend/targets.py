@@ -111,6 +111,9 @@ class Target(ABC, Generic[C]):
     # What the steps screen says when the provider had no capacity and ``fail_over`` can move the
     # machines (its `m` key does); None: it cannot, and the screen offers a retry only.
     fail_over_words: ClassVar[str | None] = None
+    # What `m` says when ``fail_over`` found nowhere to move the machines to: the error and what to do next.
+    nowhere_to_move: ClassVar[tuple[str, str]] = ("the provider has no capacity for the run and nothing can move",
+                                                  "run `rtui up` again later")
     # How long a job's first step waits for GPU nodes that went away while idle (issue 26), in seconds.
     scale_up_s: ClassVar[float] = 0.0
 

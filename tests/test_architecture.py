@@ -468,3 +468,14 @@ def test_the_front_end_keeps_no_table_by_a_targets_layer() -> None:
         for path in sorted(REPO.glob(pattern)):
             found += keyed_by_target_layer(path.read_text(), str(path.relative_to(REPO)))
     assert not found, "\n".join(found)
+
+
+def test_the_front_end_tells_no_user_to_pass_a_built_in_target() -> None:
+    """Issue 38: the App's words when `m` found nowhere to move the machines named the aws target's AZs and
+    `rtui check --target aws` for every target. What a target's situation asks of the user is the target's."""
+    pattern = re.compile(r"--target[ =](?:" + "|".join(sorted(TARGET_NAMES)) + r")\b")
+    assert pattern.search("`rtui check --target aws --all-regions` shows other regions")
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+             for glob in ("tui/*.py", "screens/*.py") for path in sorted(REPO.glob(glob))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, "\n".join(found)

@@ -205,10 +205,10 @@ class RtuiApp(App[None]):
 
         moved = flows.fail_over(self.session, message.failed)
         if moved is None:
-            self.report_error(UserError("no other feasible AZ is left for the GPU nodes",
-                                        remedy="`rtui check --target aws --all-regions` shows other regions"))
+            nowhere, remedy = self.session.target.nowhere_to_move
+            self.report_error(UserError(nowhere, remedy=remedy))
             return
-        self.notify(moved, title="GPU nodes move", timeout=10)
+        self.notify(moved, title="Fail-over", timeout=10)
         self._go(PlanScreen())
 
     def on_run_screen_teardown_requested(self, _message: RunScreen.TeardownRequested) -> None:

@@ -45,6 +45,8 @@ class AwsTarget(Target[AwsConfig]):
     facts_model = AwsFacts
     panel = "targets.aws.panel:MatrixPanel"
     scale_up_s = GPU_SCALE_UP_S
+    nowhere_to_move = ("no other feasible AZ is left for the GPU nodes",
+                       "`rtui check --target aws --all-regions` shows other regions")
     fail_over_words = ("AWS has no capacity for the GPU nodes in their AZ. m moves them to the next feasible AZ and "
                        "re-plans (`rtui up --az-failover` does the same)")
 
