@@ -1,8 +1,9 @@
 """A kube target world for subprocess tests: the emulated API server, its controllers, a Ray head, a registry.
 
-Like test_kube_e2e's fixture, but it runs the CLI from this checkout (``python -m tui.cli`` with
-the checkout first on PYTHONPATH), so a test of a branch exercises that branch's code, and it can
-start ``rtui`` in the background (to kill it, or to follow a log while the test feeds it).
+It runs the CLI from this checkout (``python -m tui.cli`` with the checkout first on PYTHONPATH), so a
+test of a branch exercises that branch's code, and it can start ``rtui`` in the background (to kill it,
+or to follow a log while the test feeds it); with ``installed`` (test_kube_e2e), the installed ``rtui``
+binary as a user runs it, on the environment as it is.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tests.kube.fake_ray import FakeRayHead
 from tests.kube.fake_registry import FakeRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
+RTUI = str(Path(sys.executable).parent / "rtui")
 RUN_LABEL = "rtui.dev/run"
 # The emulated API server answers from a thread of the test process. Beside a CPU-bound process a whole
 # batch of `down`'s deletes got no answer within rtui's default 10 s and then all answered at once
@@ -46,9 +48,10 @@ class KubeWorld:
     env: dict[str, str]
     state: Path
     hub: FakeHub
+    installed: bool = False  # the installed `rtui` binary, not this checkout's module
 
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "tui.cli", *args]
+        return [RTUI, *args] if self.installed else [sys.executable, "-m", "tui.cli", *args]
 
     def rtui(self, *args: str, timeout: float = 120, check: bool = True,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -87,7 +90,7 @@ def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1, label
         cluster.set_status("Node", f"gpu-{i}", None, {**node["status"], "allocatable": allocatable})
 
 
-def make_world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
+def make_world(kube_cluster: KubeCluster, tmp_path: Path, *, installed: bool = False) -> Iterator[KubeWorld]:
     head = FakeRayHead(steps=5).start()
     with FakeRegistry() as registry, FakeHub() as hub, FakeControlPlane(kube_cluster, jobs_url=head.url,
                                                                        registry=registry) as control:
@@ -95,10 +98,11 @@ def make_world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]
                "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
                "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,
                "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig),
-               **KUBE_TIMEOUT_ENV,
-               "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+               **KUBE_TIMEOUT_ENV}
+        if not installed:
+            env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         try:
-            yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state", hub)
+            yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state", hub, installed)
         finally:
             head.stop()
         assert not control.errors, control.errors[:3]

@@ -9,81 +9,19 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.fake_hub import FakeHub
 from tests.kube.conftest import KubeCluster
-from tests.kube.crds import crd_dir
-from tests.kube.fake_control import FakeControlPlane
-from tests.kube.fake_ray import FakeRayHead
-from tests.kube.fake_registry import FakeRegistry
-from tests.kube.kube_world import KUBE_TIMEOUT_ENV
-
-RTUI = str(Path(sys.executable).parent / "rtui")
-RUN_LABEL = "rtui.dev/run"
-
-
-@dataclass
-class KubeWorld:
-    cluster: KubeCluster
-    head: FakeRayHead
-    control: FakeControlPlane
-    registry: FakeRegistry
-    env: dict[str, str]
-    state: Path
-
-    def rtui(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([RTUI, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
-        if check:
-            assert done.returncode == 0, (args, done.stdout[-3000:], done.stderr[-3000:])
-        return done
-
-    def labelled(self) -> list[str]:
-        """Every object of ours still in the cluster (any kind rtui applies)."""
-        kinds = ["Namespace", "Secret", "ServiceAccount", "DaemonSet", "Deployment", "ClusterRole",
-                 "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "RayCluster", "NetworkPolicy"]
-        return [f"{kind}/{o['metadata']['name']}" for kind in kinds for o in self.cluster.objects(kind)
-                if RUN_LABEL in (o["metadata"].get("labels") or {})]
-
-
-def gpu_cluster(cluster: KubeCluster, *, gpu_nodes: int = 2, efa: int = 1) -> None:
-    """One system node and GPU nodes whose GPUs and EFA appear only once the device plugins run."""
-    cluster.add_node("system-0", gpus=0, efa=0)
-    for i in range(gpu_nodes):
-        node = cluster.add_node(f"gpu-{i}", gpus=4, efa=efa,
-                                labels={"node.kubernetes.io/instance-type": "g6.12xlarge"})
-        # A merge patch keeps a key that is left out: None takes it away.
-        allocatable = {**node["status"]["allocatable"], "nvidia.com/gpu": None, "vpc.amazonaws.com/efa": None}
-        cluster.set_status("Node", f"gpu-{i}", None, {**node["status"], "allocatable": allocatable})
+from tests.kube.kube_world import RUN_LABEL, KubeWorld, events, gpu_cluster, make_world
 
 
 @pytest.fixture
 def world(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[KubeWorld]:
-    head = FakeRayHead(steps=5).start()
-    with FakeRegistry() as registry, FakeHub() as hub, FakeControlPlane(kube_cluster, jobs_url=head.url,
-                                                                       registry=registry) as control:
-        env = {**os.environ, "RTUI_STATE_DIR": str(tmp_path / "state"), "RTUI_TARGET": "kube",
-               "RTUI_KUBERAY_CRDS": str(crd_dir(tmp_path)), "RTUI_IMAGE": registry.image(),
-               "RTUI_ADDON_REGISTRY": registry.host, "HF_ENDPOINT": hub.url,
-               "RTUI_CACHE_DIR": str(tmp_path / "cache"), "KUBECONFIG": str(kube_cluster.kubeconfig),
-               **KUBE_TIMEOUT_ENV}
-        try:
-            yield KubeWorld(kube_cluster, head, control, registry, env, tmp_path / "state")
-        finally:
-            head.stop()
-        assert not control.errors, control.errors[:3]
-
-
-def events(out: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    """The world of tests.kube.kube_world, driven through the installed `rtui` binary."""
+    yield from make_world(kube_cluster, tmp_path, installed=True)
 
 
 def test_fresh_cluster_plan_up_noop_status_logs_down(world: KubeWorld) -> None:
