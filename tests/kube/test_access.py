@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +269,18 @@ async def test_pod_log_without_follow_keeps_timestamps(kube_cluster: KubeCluster
     assert ts is not None and ts.endswith("Z") and text == "NCCL INFO Using network AWS Libfabric"
 
 
+@contextlib.asynccontextmanager
+async def serving(app: aiohttp.web.Application) -> AsyncIterator[int]:
+    """``app`` served on a free loopback port (yielded) until the block ends."""
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    await aiohttp.web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
 async def test_service_proxy_carries_our_auth_headers(kube_cluster: KubeCluster) -> None:
     """The Ray Jobs client's path: aiohttp with KubeApi's headers, through the API server's proxy."""
     seen: list[dict[str, str]] = []
@@ -278,12 +291,7 @@ async def test_service_proxy_carries_our_auth_headers(kube_cluster: KubeCluster)
 
     app = aiohttp.web.Application()
     app.router.add_get("/{tail:.*}", dashboard)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with serving(app) as port:
         api = KubeApi.from_kubeconfig()
         url = api.proxy_url("rtui", "rtui-ray-head-svc", "dashboard")
         connector = aiohttp.TCPConnector(ssl=api.ssl_context() or True)
@@ -298,8 +306,6 @@ async def test_service_proxy_carries_our_auth_headers(kube_cluster: KubeCluster)
                     anonymous.get(f"{url}/api/jobs/", ssl=api.ssl_context() or True) as resp:
                 assert resp.status == 401
         assert seen[0]["X-Ray"] == "1" and "Authorization" not in seen[0]
-    finally:
-        await runner.cleanup()
 
 
 async def test_service_proxy_forwards_websockets(kube_cluster: KubeCluster) -> None:
@@ -314,12 +320,7 @@ async def test_service_proxy_forwards_websockets(kube_cluster: KubeCluster) -> N
 
     app = aiohttp.web.Application()
     app.router.add_get("/logs/tail", echo)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with serving(app) as port:
         api = KubeApi.from_kubeconfig()
         kube_cluster.proxy_to("rtui", "head-svc", "dashboard", f"http://127.0.0.1:{port}")
         url = api.proxy_url("rtui", "head-svc", "dashboard") + "/logs/tail"
@@ -328,8 +329,6 @@ async def test_service_proxy_forwards_websockets(kube_cluster: KubeCluster) -> N
             await ws.send_str("hello")
             reply = await asyncio.wait_for(ws.receive(), 5)
             assert reply.data == "echo hello"
-    finally:
-        await runner.cleanup()
 
 
 async def test_log_of_a_missing_pod_is_empty(kube_cluster: KubeCluster) -> None:
